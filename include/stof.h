@@ -1,0 +1,399 @@
+/*
+ * stof.h - public API of stof, a library that makes masked ("sparse")
+ * Transformer inference fast on NVIDIA GPUs.
+ *
+ * This header is the whole contract with users. It needs no CUDA header:
+ * device pointers are passed as `void *` / `const void *` and streams as
+ * `void *` (a CUstream or a cudaStream_t; NULL is the legacy default stream).
+ *
+ * Conventions
+ * - Every function that can fail returns a stof_status. STOF_OK is 0.
+ *   The detailed message of the last failure on a context is returned by
+ *   stof_errmsg(ctx): it names the offending argument, quotes the position in
+ *   a mask spec, or carries the NVRTC log / CUDA error name.
+ * - Objects are created through an out-parameter (marked OUT) and destroyed
+ *   through a double pointer that is set to NULL. Destroying NULL is harmless.
+ * - Whatever stof allocates, stof frees. Strings leave stof only through
+ *   caller buffers; such functions report the size they needed.
+ * - Threads: a stof_context and everything made from it may be used by one
+ *   thread at a time (like an SQLite connection in multi-thread mode). Use
+ *   one context per thread, or serialise. stof_status_str(), stof_version*()
+ *   and stof_default_settings() are thread-safe. stof_attention_run() may be
+ *   called from any thread once its plan exists, as long as the calls on one
+ *   plan do not overlap with stof_plan_free() of that plan.
+ * - GPU work uses the primary context of the chosen device, so pointers from
+ *   PyTorch, cudaMalloc or cuMemAlloc work as they are. libcuda and libnvrtc
+ *   are loaded at run time: without a GPU the library still opens, the mask
+ *   and format calls work, and GPU calls return STOF_ERR_NO_DEVICE.
+ *
+ * Usage (error handling shortened):
+ *
+ *     stof_settings s;
+ *     stof_default_settings(&s);
+ *     stof_context *ctx;
+ *     if (stof_open(&ctx, &s) != STOF_OK) { ... stof_errmsg(ctx) ...; }
+ *
+ *     stof_mask *m;
+ *     stof_mask_from_spec(ctx, "sliding:256", 4096, 4096, &m);
+ *
+ *     stof_attention_desc d;
+ *     stof_attention_desc_init(&d, 4, 16, 4096, 4096, 64, STOF_DTYPE_FP16,
+ *                              STOF_LAYOUT_BHSD);
+ *     stof_plan *p;
+ *     stof_attention_plan(ctx, &d, m, &p);       // warm-up: compile/load
+ *     stof_attention_run(p, q, k, v, o, stream); // many times, async
+ *
+ *     stof_plan_free(&p);
+ *     stof_mask_free(&m);
+ *     stof_close(&ctx);
+ */
+#ifndef STOF_H
+#define STOF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  define STOF_API __declspec(dllexport)
+#elif defined(__GNUC__) && __GNUC__ >= 4
+#  define STOF_API __attribute__((visibility("default")))
+#else
+#  define STOF_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Versions                                                                  */
+/* ------------------------------------------------------------------------ */
+
+#define STOF_VERSION_MAJOR 0
+#define STOF_VERSION_MINOR 1
+#define STOF_VERSION_PATCH 0
+#define STOF_VERSION_NUMBER \
+    (STOF_VERSION_MAJOR * 10000 + STOF_VERSION_MINOR * 100 + STOF_VERSION_PATCH)
+
+/* The version of the library actually linked, as a number built like
+ * STOF_VERSION_NUMBER and as a static string "MAJOR.MINOR.PATCH". */
+STOF_API unsigned stof_version(void);
+STOF_API const char *stof_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* X(name, value, description). New codes are added at the end only. */
+#define STOF_STATUS_MAP(X)                                                     \
+    X(OK, 0, "success")                                                        \
+    X(ERR_INVALID_ARGUMENT, 1, "invalid argument")                             \
+    X(ERR_OUT_OF_MEMORY, 2, "out of host memory")                              \
+    X(ERR_NO_DEVICE, 3, "no usable CUDA device or driver")                     \
+    X(ERR_CUDA, 4, "CUDA driver error")                                        \
+    X(ERR_NVRTC, 5, "NVRTC error (run-time compilation failed)")               \
+    X(ERR_UNSUPPORTED, 6, "unsupported problem or configuration")              \
+    X(ERR_DATABASE, 7, "tuning database error")                                \
+    X(ERR_NOT_FOUND, 8, "not found")                                           \
+    X(ERR_VERIFY, 9, "kernel output failed verification")                      \
+    X(ERR_BUFFER_TOO_SMALL, 10, "caller buffer too small")                     \
+    X(ERR_IO, 11, "input/output error")                                        \
+    X(ERR_INTERNAL, 12, "internal error (a bug in stof)")
+
+typedef enum stof_status {
+#define STOF__STATUS_ENUM(name, value, text) STOF_##name = value,
+    STOF_STATUS_MAP(STOF__STATUS_ENUM)
+#undef STOF__STATUS_ENUM
+    STOF_STATUS_COUNT_ /* not a status; one past the last */
+} stof_status;
+
+/* A static description of a status, e.g. "invalid argument". Never NULL;
+ * unknown values give "unknown status". Thread-safe. */
+STOF_API const char *stof_status_str(stof_status st);
+
+/* The enumerator's name without the prefix, e.g. "ERR_INVALID_ARGUMENT". */
+STOF_API const char *stof_status_name(stof_status st);
+
+/* ------------------------------------------------------------------------ */
+/* Context                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct stof_context stof_context;
+
+typedef enum stof_log_level {
+    STOF_LOG_ERROR = 0,
+    STOF_LOG_WARN = 1,
+    STOF_LOG_INFO = 2,
+    STOF_LOG_DEBUG = 3
+} stof_log_level;
+
+/* Called synchronously on the thread that made the stof call. `msg` is valid
+ * only during the call and has no trailing newline. */
+typedef void (*stof_log_fn)(void *user, stof_log_level level, const char *msg);
+
+typedef enum stof_tuning_mode {
+    STOF_TUNE_DEFAULT = 0,  /* use the database; tune what is missing */
+    STOF_TUNE_CACHE_ONLY = 1, /* never tune; fall back and record misses */
+    STOF_TUNE_FORCE = 2     /* always re-tune, replacing stored records */
+} stof_tuning_mode;
+
+typedef struct stof_settings {
+    int device;               /* CUDA device ordinal (default 0) */
+    int require_device;       /* 1: stof_open fails with STOF_ERR_NO_DEVICE
+                                 when no GPU is usable (default 0: open
+                                 anyway, GPU calls fail later) */
+    const char *user_db;      /* writable tuning DB path; NULL = default
+                                 location (not used before the DB exists) */
+    const char *const *system_dbs; /* NULL-terminated read-only DB paths */
+    stof_tuning_mode tuning_mode;
+    double tuning_budget_s;   /* per problem; 0 = no limit */
+    int compile_threads;      /* 0 = number of cores */
+    stof_log_fn log_fn;       /* NULL = no logging */
+    void *log_user;           /* passed to log_fn */
+    stof_log_level log_level; /* most verbose level passed to log_fn */
+    uint8_t reserved[128];    /* must be zero (stof_default_settings does) */
+} stof_settings;
+
+/* Fill `s` with the defaults. Always call it before changing fields, so that
+ * fields added in later versions get their defaults. Thread-safe. */
+STOF_API void stof_default_settings(stof_settings *s /* OUT */);
+
+/* Open a context. On success *ctx is a new context. On failure *ctx is still
+ * set when memory allowed it (so stof_errmsg(*ctx) explains the failure) and
+ * must be closed; otherwise it is NULL. `s` may be NULL for the defaults. */
+STOF_API stof_status stof_open(stof_context **ctx /* OUT */,
+                               const stof_settings *s);
+
+/* Close a context and set *ctx to NULL. Masks and plans made from it must be
+ * freed first. stof_close(NULL) and closing a NULL *ctx are harmless. */
+STOF_API void stof_close(stof_context **ctx);
+
+/* The message of the last failed call on `ctx`; "" after a success. The text
+ * is owned by the context and valid until its next call. NULL ctx gives a
+ * static text. */
+STOF_API const char *stof_errmsg(const stof_context *ctx);
+
+/* The status of the last call on `ctx`. */
+STOF_API stof_status stof_errcode(const stof_context *ctx);
+
+/* 1 when the context has a usable GPU, else 0. */
+STOF_API int stof_has_device(const stof_context *ctx);
+
+/* Describe the device as JSON: name, compute capability, SM count, memory,
+ * driver and NVRTC versions, the architecture code NVRTC targets.
+ * Writes at most `n` bytes (always NUL-terminated when n > 0) and stores the
+ * size needed, without the NUL, in *needed when it is not NULL.
+ * STOF_ERR_BUFFER_TOO_SMALL when truncated; STOF_ERR_NO_DEVICE without GPU. */
+STOF_API stof_status stof_device_describe(stof_context *ctx, char *buf,
+                                          size_t n, size_t *needed /* OUT */);
+
+/* The XXH3-64 hash of every embedded kernel template, as part of every cache
+ * key. Thread-safe. */
+STOF_API uint64_t stof_template_hash(void);
+
+/* ------------------------------------------------------------------------ */
+/* Masks                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* A boolean seq_q x seq_k attention mask (1 = the query may attend to the
+ * key), stored bit-packed. Immutable once made. */
+typedef struct stof_mask stof_mask;
+
+/* Make a mask from a spec. Positions are element indices, q = query row,
+ * k = key column:
+ *   dense                 every key
+ *   causal                k <= q
+ *   sliding:W             |q-k| < W
+ *   causal_sliding:W      k <= q and q-k < W
+ *   dilated:W:D           |q-k| < W and (q-k) % D == 0
+ *   longformer:W:G        |q-k| < W or q < G or k < G
+ *   bigbird:B:W:G:R:SEED  on B x B blocks (block row i, block column j):
+ *                         |i-j| <= W/2 (W window blocks, centred), or i < G
+ *                         or j < G (global blocks), or one of R random
+ *                         block columns drawn for row i from SEED
+ *   strided:S             |q-k| < S or k % S == S-1
+ *   random:P:SEED         each element kept with probability P (0..1)
+ *   none                  no key at all (an empty mask)
+ * combined with `a&b` (intersection, binds tighter), `a|b` (union) and
+ * parentheses. Spaces are ignored. W, D, S, G, B must be positive integers
+ * (G may be 0), R >= 0, SEED any unsigned 64-bit integer.
+ * seq_q, seq_k: any sizes from 1 to 1048576 (2^20).
+ * Errors: STOF_ERR_INVALID_ARGUMENT with a message naming the column of the
+ * spec and what was expected. On failure *mask is NULL. */
+STOF_API stof_status stof_mask_from_spec(stof_context *ctx, const char *spec,
+                                         int seq_q, int seq_k,
+                                         stof_mask **mask /* OUT */);
+
+/* Make a mask from row-major bytes: element (q, k) is bytes[q*seq_k + k],
+ * nonzero = allowed. The bytes are copied; the caller keeps them. */
+STOF_API stof_status stof_mask_from_dense(stof_context *ctx,
+                                          const uint8_t *bytes, int seq_q,
+                                          int seq_k,
+                                          stof_mask **mask /* OUT */);
+
+/* Free a mask and set *mask to NULL; NULL is harmless. */
+STOF_API void stof_mask_free(stof_mask **mask);
+
+STOF_API int stof_mask_seq_q(const stof_mask *m);
+STOF_API int stof_mask_seq_k(const stof_mask *m);
+/* The number of allowed elements. */
+STOF_API uint64_t stof_mask_count(const stof_mask *m);
+/* count / (seq_q * seq_k). */
+STOF_API double stof_mask_density(const stof_mask *m);
+/* 1 if (q, k) is allowed, 0 if not or out of range. */
+STOF_API int stof_mask_get(const stof_mask *m, int q, int k);
+
+/* XXH3-128 over the canonical bit-packed mask and its dimensions, as two
+ * 64-bit halves (high first) and as 32 lowercase hex digits + NUL. Two masks
+ * have the same digest exactly when they are equal (up to hash collisions).
+ * Either out-pointer may be NULL. */
+STOF_API void stof_mask_digest(const stof_mask *m, uint64_t digest[2] /* OUT */,
+                               char hex[33] /* OUT */);
+
+/* Unpack into row-major bytes (0/1), seq_q*seq_k bytes, caller-owned. */
+STOF_API void stof_mask_to_dense(const stof_mask *m, uint8_t *bytes /* OUT */);
+
+/* ------------------------------------------------------------------------ */
+/* Sparse formats                                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef enum stof_tile_kind {
+    STOF_TILE_EMPTY = 0,
+    STOF_TILE_PARTIAL = 1,
+    STOF_TILE_FULL = 2
+} stof_tile_kind;
+
+/* The formats the kernels consume, built from a mask for a BM x BN tiling.
+ * All arrays are owned by the format and freed by stof_format_free().
+ *
+ * Block-wise (tile-level BSR): query row-block i (rows i*BM .. i*BM+BM-1,
+ * clipped at seq_q) has non-empty tiles at entries row_ptr[i] ..
+ * row_ptr[i+1]-1 of col_idx (key block index, ascending) and kind
+ * (STOF_TILE_FULL or STOF_TILE_PARTIAL). For a partial tile, bitmap_idx[e]
+ * is its index among partial tiles and its bitmap is the BM rows of
+ * bitmap_words_per_row 32-bit words at bitmaps + bitmap_idx[e] * BM *
+ * bitmap_words_per_row; bit (r, c) is word c/32, bit c%32 of row r. For a
+ * full tile bitmap_idx[e] is -1. A tile is full when every element inside
+ * the matrix is allowed: the parts of an edge tile beyond seq_q or seq_k do
+ * not count (they are always 0 in bitmaps).
+ *
+ * Row-wise: query row-block i uses the keys rw_keys[rw_ptr[i] ..
+ * rw_ptr[i+1]-1] (ascending; a key is listed when any row of the block
+ * allows it). Its bitmap has BM rows of rw_words[i] 32-bit words starting at
+ * rw_bitmaps + rw_bitmap_off[i]; bit (r, j) says whether row r allows the
+ * j-th listed key. */
+typedef struct stof_format {
+    int seq_q, seq_k, block_m, block_n;
+    int n_row_blocks, n_col_blocks;
+    /* block-wise */
+    int64_t n_full, n_partial, n_empty; /* tile counts */
+    int64_t *row_ptr;    /* n_row_blocks + 1 */
+    int32_t *col_idx;    /* row_ptr[n_row_blocks] */
+    uint8_t *kind;       /* row_ptr[n_row_blocks] */
+    int32_t *bitmap_idx; /* row_ptr[n_row_blocks] */
+    int bitmap_words_per_row;
+    uint32_t *bitmaps;   /* n_partial * block_m * bitmap_words_per_row */
+    /* row-wise */
+    int64_t *rw_ptr;        /* n_row_blocks + 1 */
+    int32_t *rw_keys;       /* rw_ptr[n_row_blocks] */
+    int32_t *rw_words;      /* n_row_blocks: 32-bit words per bitmap row */
+    int64_t *rw_bitmap_off; /* n_row_blocks + 1, in words */
+    uint32_t *rw_bitmaps;   /* rw_bitmap_off[n_row_blocks] words */
+    /* statistics */
+    uint64_t allowed;       /* allowed elements of the mask */
+    double partial_fill;    /* allowed elements inside partial tiles over
+                               their in-matrix area; 0 if none */
+    double rowwise_fill;    /* allowed / sum over blocks of (rows * keys) */
+    uint8_t reserved[64];
+} stof_format;
+
+/* Build every format for a BM x BN tiling. block_m and block_n: powers of
+ * two from 16 to 256. The result is owned by the caller: free it with
+ * stof_format_free(). */
+STOF_API stof_status stof_format_build(stof_context *ctx, const stof_mask *m,
+                                       int block_m, int block_n,
+                                       stof_format **fmt /* OUT */);
+
+STOF_API void stof_format_free(stof_format **fmt);
+
+/* ------------------------------------------------------------------------ */
+/* Attention                                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef enum stof_dtype {
+    STOF_DTYPE_FP16 = 0,
+    STOF_DTYPE_BF16 = 1
+} stof_dtype;
+
+typedef enum stof_layout {
+    STOF_LAYOUT_BHSD = 0,   /* [batch][heads][seq][head_dim] contiguous */
+    STOF_LAYOUT_BSHD = 1,   /* [batch][seq][heads][head_dim] contiguous */
+    STOF_LAYOUT_STRIDED = 2 /* the *_stride fields say (head_dim must be
+                               contiguous) */
+} stof_layout;
+
+/* One attention problem: O = softmax(scale * Q K^T + mask) V per batch and
+ * head, with the same mask for every batch and head. A query row whose mask
+ * row allows no key produces a row of zeros (not NaN).
+ * Strides are in elements, in the order {batch, head, seq}. */
+typedef struct stof_attention_desc {
+    int batch, heads, seq_q, seq_k, head_dim;
+    stof_dtype dtype;
+    float scale;          /* 0 means 1/sqrt(head_dim) */
+    stof_layout layout;
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+    uint8_t reserved[64]; /* must be zero */
+} stof_attention_desc;
+
+/* Fill a descriptor, with the strides of `layout` (BHSD or BSHD) and the
+ * default scale. Returns STOF_ERR_INVALID_ARGUMENT for a bad layout. */
+STOF_API stof_status stof_attention_desc_init(stof_attention_desc *d /* OUT */,
+                                              int batch, int heads, int seq_q,
+                                              int seq_k, int head_dim,
+                                              stof_dtype dtype,
+                                              stof_layout layout);
+
+typedef struct stof_plan stof_plan;
+
+/* The warm-up: validate the problem, prepare the mask's formats on the
+ * device and load (compile if needed) the kernel. The plan copies what it
+ * needs from `d` and `m`; both may be freed afterwards.
+ * head_dim: 16..256, a multiple of 8. Device pointers passed to
+ * stof_attention_run must be 16-byte aligned, and every stride a multiple of
+ * 8 elements.
+ * Errors: STOF_ERR_INVALID_ARGUMENT (bad descriptor, or the mask's sizes
+ * differ from seq_q/seq_k), STOF_ERR_NO_DEVICE, STOF_ERR_NVRTC, STOF_ERR_CUDA.
+ */
+STOF_API stof_status stof_attention_plan(stof_context *ctx,
+                                         const stof_attention_desc *d,
+                                         const stof_mask *m,
+                                         stof_plan **plan /* OUT */);
+
+/* Enqueue the attention on `stream` (CUstream / cudaStream_t; NULL = the
+ * legacy default stream). q, k, v: inputs, o: output, device pointers laid
+ * out as the plan's descriptor says. Returns after enqueueing; errors of
+ * the launch itself are reported, errors during execution surface at the
+ * caller's next synchronisation. Thread-safe for distinct plans. */
+STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
+                                        const void *k, const void *v, void *o,
+                                        void *stream);
+
+/* JSON description of a plan: kernel kind and parameters, where it came
+ * from, measured time if any. Size-then-fetch like stof_device_describe. */
+STOF_API stof_status stof_plan_describe(const stof_plan *plan, char *buf,
+                                        size_t n, size_t *needed /* OUT */);
+
+/* The message of the last failed stof_attention_run on this plan (runs may
+ * happen on threads other than the context's). */
+STOF_API const char *stof_plan_errmsg(const stof_plan *plan);
+
+/* Free a plan (its device memory and module) and set *plan to NULL. The
+ * caller must make sure no enqueued run still uses it (synchronise first).
+ */
+STOF_API void stof_plan_free(stof_plan **plan);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STOF_H */

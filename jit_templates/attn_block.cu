@@ -1,0 +1,675 @@
+// attn_block.cu - block-wise sparse attention, FlashAttention-2 style.
+//
+// One CTA computes BLOCK_M query rows of one (batch, head): grid.x = query
+// row block, grid.y = batch * heads + head... i.e. blockIdx.y = b * heads + h.
+// It walks only the non-empty BLOCK_M x BLOCK_N tiles of its row block, as
+// listed by the tile-level BSR of a stof_format built with the same
+// BLOCK_M/BLOCK_N (see stof_format in stof.h):
+//   FULL tiles    no mask at all, except that columns >= seq_k of the last
+//                 key block are -inf;
+//   PARTIAL tiles the tile's BLOCK_M x BLOCK_N bitmap (word c/32, bit c%32 of
+//                 row r) sets the masked scores to -inf.
+// Softmax is online, in the exp2 domain (scale*log2(e) folded into the
+// scores). A row that has seen no allowed key keeps m = -inf and the
+// exponent offset used for it is 0 ("safe max"), so nothing becomes NaN; at
+// the end O/l with l == 0 gives exact zeros.
+//
+// Compile-time parameters (-D):
+//   HEAD_DIM  32, 64, 128 or 256         DTYPE  0 fp16, 1 bf16
+//   BLOCK_M   64 or 128 (query rows per CTA)
+//   BLOCK_N   32, 64 or 128 (keys per tile)
+//   WARPS     4 or 8; each warp owns BLOCK_M/WARPS rows, a multiple of 16
+//   STAGES    1..3: K/V tiles in flight (see "Pipeline" below)
+//   Q_IN_REGS 0/1: keep the Q fragments in registers for the whole loop
+//             (default: 1 when a warp's Q fits in 32 registers)
+//   MIN_BLOCKS  __launch_bounds__ minimum CTAs per SM (default 1)
+//   STOF_BLOCK_CHECKS  1: trap on inconsistent launch data (debugging)
+//
+// Shared memory (dynamic; bytes, in this order, see stof__block_smem_bytes
+// in src/attn_block.c, which must compute the same total):
+//   sQ   BLOCK_M x HEAD_DIM 16-bit, swizzled (reused to stage O at the end)
+//   sK   STAGES x BLOCK_N x HEAD_DIM, swizzled
+//   sV   STAGES x BLOCK_N x HEAD_DIM, swizzled
+//   sB   STAGES x BLOCK_M x BLOCK_N/32 words: the partial tiles' bitmaps
+//   meta STAGES x {key block, kind} ints, padded to 16 bytes
+// Swizzle: a row of HEAD_DIM elements is HEAD_DIM/8 16-byte chunks; chunk c
+// of row r is stored at chunk c ^ SW(r), SW(r) = r & 7 (rows of >= 128
+// bytes) or (r >> 1) & 3 (HEAD_DIM 32: 64-byte rows, two per 128 bytes).
+// Eight consecutive rows at one logical chunk then hit eight different
+// 16-byte bank groups: ldmatrix and the 16-byte cp.async stores are
+// conflict-free.
+//
+// Pipeline (cp.async groups, committed strictly in the order
+// Q, K0, V0, K1, V1, ...; empty groups keep the count uniform at the tail):
+//   prologue: Q, K0, V0, ..., K(S-2), V(S-2), K(S-1)      (S = STAGES)
+//   tile t:   wait K(t); sync; issue V(t+S-1); S = Q K(t)^T; mask; softmax
+//             wait V(t); sync; issue K(t+S);   O += P V(t)
+// so at every wait exactly 2S-2 younger groups may stay in flight. With
+// STAGES=1 this is FlashAttention-2's schedule (V(t) loads under Q K^T, K(t+1)
+// under P V); each extra stage adds one tile of look-ahead. A partial
+// tile's bitmap travels in K's group into the stage's sB slot.
+//
+// Fragments (mma.sync m16n8k16, g = lane/4, q = lane%4):
+//   A (Q, P): a0 (row g, k 2q..2q+1), a1 (row g+8), a2 (k+8), a3 (row g+8, k+8)
+//   B (K^T, V): b0 (k 2q..2q+1, col g), b1 (k+8)
+//   C: c0,c1 (row g, cols 2q, 2q+1), c2,c3 (row g+8)
+//   Q: ldmatrix.x4 (rows 0-15 x k 0-7 | k 8-15) -> a0..a3
+//   K: ldmatrix.x4 non-transposed on K rows (= B columns): two n8 tiles
+//   V: ldmatrix.x4.trans on V rows (= B k-rows): two n8 tiles of head_dim
+//   P: the S accumulators of n-tiles 2k, 2k+1 packed in pairs are exactly
+//      the A fragment of k-step k, so P never leaves the registers.
+//
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=128,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=128,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=2 | HEAD_DIM=128,DTYPE=1,BLOCK_M=128,BLOCK_N=32,WARPS=8,STAGES=3 | HEAD_DIM=128,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=4,STAGES=1 | HEAD_DIM=32,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=32,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=1 | HEAD_DIM=256,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1
+#include "stof_common.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M 128
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 64
+#endif
+#ifndef WARPS
+#define WARPS 8
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+#ifndef STOF_BLOCK_CHECKS
+#define STOF_BLOCK_CHECKS 0
+#endif
+
+#define BK_THREADS (WARPS * 32)
+#define BK_WM (BLOCK_M / WARPS)      // query rows per warp
+#define BK_MT (BK_WM / 16)           // m16 tiles per warp
+#define BK_NT (BLOCK_N / 8)          // n8 tiles of S per warp
+#define BK_DT (HEAD_DIM / 8)         // n8 tiles of O per warp
+#define BK_CPR (HEAD_DIM / 8)        // 16-byte chunks per smem row
+#define BK_ROWB (HEAD_DIM * 2)       // bytes per smem row
+#define BK_WPR (BLOCK_N / 32)        // bitmap words per tile row
+
+#ifndef Q_IN_REGS
+#define Q_IN_REGS (BK_MT * HEAD_DIM <= 128)
+#endif
+
+#define BK_Q_BYTES (BLOCK_M * BK_ROWB)
+#define BK_KV_BYTES (BLOCK_N * BK_ROWB)          // one stage of K (or V)
+#define BK_BITS_BYTES (BLOCK_M * BK_WPR * 4)     // one stage of bitmap
+#define BK_OFF_K (BK_Q_BYTES)
+#define BK_OFF_V (BK_OFF_K + STAGES * BK_KV_BYTES)
+#define BK_OFF_B (BK_OFF_V + STAGES * BK_KV_BYTES)
+#define BK_OFF_META (BK_OFF_B + STAGES * BK_BITS_BYTES)
+#define BK_SMEM_BYTES (BK_OFF_META + ((STAGES * 8 + 15) / 16) * 16)
+
+static_assert(HEAD_DIM == 32 || HEAD_DIM == 64 || HEAD_DIM == 128 ||
+                  HEAD_DIM == 256,
+              "HEAD_DIM must be 32, 64, 128 or 256");
+static_assert(BLOCK_N == 32 || BLOCK_N == 64 || BLOCK_N == 128,
+              "BLOCK_N must be 32, 64 or 128");
+static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M must be 64 or 128");
+static_assert(WARPS == 4 || WARPS == 8, "WARPS must be 4 or 8");
+static_assert(BLOCK_M % (16 * WARPS) == 0,
+              "each warp must own a multiple of 16 query rows");
+static_assert(STAGES >= 1 && STAGES <= 3, "STAGES must be 1..3");
+static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
+static_assert((BK_BITS_BYTES % 16) == 0, "bitmap stage must be 16-byte chunks");
+
+#define STOF_TILE_PARTIAL_ 1 // STOF_TILE_PARTIAL in stof.h
+
+// The launch parameters, by value. Mirrored by stof_attn_block_params in
+// src/attn_block.c; both sides check the size.
+struct stof_attn_block_params {
+    const unsigned short *q, *k, *v; // inputs (16-bit), 16-byte aligned
+    unsigned short *o;               // output
+    const int *row_ptr;          // n_row_blocks + 1: tiles of row block i are
+                                 // entries row_ptr[i] .. row_ptr[i+1]-1
+    const int *col_idx;          // per tile: key block index (ascending)
+    const unsigned char *kind;   // per tile: 1 partial, 2 full
+    const int *bitmap_idx;       // per tile: index among partial tiles / -1
+    const unsigned *bitmaps;     // per partial tile: BLOCK_M rows of
+                                 // bitmap_words_per_row words
+    stof_i64 q_stride[3], k_stride[3], v_stride[3], o_stride[3]; // b, h, seq
+    int batch, heads, seq_q, seq_k;
+    int n_row_blocks;
+    int bitmap_words_per_row;    // must be BLOCK_N / 32
+    float scale_log2;            // softmax scale * log2(e)
+    int flags;                   // reserved, 0
+};
+static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 8 * 4,
+              "stof_attn_block_params layout");
+
+// ---------------------------------------------------------------------------
+// PTX helpers
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned bk_smem_addr(const void *p)
+{
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+        : "=r"(a)
+        : "l"(p));
+    return a;
+}
+
+// 16-byte global -> shared copy; src_bytes 0 writes 16 zero bytes and
+// reads nothing.
+__device__ __forceinline__ void bk_cp_async16(unsigned dst, const void *src,
+                                              int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bk_cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void bk_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void bk_ldsm_x4(unsigned r[4], unsigned addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bk_ldsm_x4_t(unsigned r[4], unsigned addr)
+{
+    asm volatile(
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(addr)
+        : "memory");
+}
+
+// C += A * B, m16n8k16, fp32 accumulators.
+__device__ __forceinline__ void bk_mma(float c[4], const unsigned a[4],
+                                       unsigned b0, unsigned b1)
+{
+#if DTYPE == 0
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two floats -> one register of two 16-bit values, `lo` in bits 0..15 (the
+// lower column index, as mma fragments and memory order expect).
+__device__ __forceinline__ unsigned bk_pack2(float lo, float hi)
+{
+    unsigned r;
+#if DTYPE == 0
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ float bk_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x)); // ex2(-inf) = +0
+    return y;
+}
+
+__device__ __forceinline__ int bk_ldg_i32(const int *p)
+{
+    int v;
+    asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ int bk_ldg_u8(const unsigned char *p)
+{
+    unsigned short v;
+    asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=h"(v) : "l"(p));
+    return (int)v;
+}
+
+// ---------------------------------------------------------------------------
+// Swizzled shared-memory addressing
+// ---------------------------------------------------------------------------
+
+// The XOR applied to the chunk index of row r. Only bits 0..2 of r matter,
+// so adding a multiple of 8 to r does not change it.
+__device__ __forceinline__ int bk_sw(int r)
+{
+#if BK_CPR >= 8
+    return r & 7;
+#else
+    return (r >> 1) & 3;
+#endif
+}
+
+// Byte offset of chunk c of row r inside a swizzled tile.
+__device__ __forceinline__ unsigned bk_off(int r, int c)
+{
+    return (unsigned)(r * BK_ROWB + ((c ^ bk_sw(r)) << 4));
+}
+
+// ---------------------------------------------------------------------------
+// Global -> shared tile loads (all threads take part; 16-byte cp.async)
+// ---------------------------------------------------------------------------
+
+// Copy `ROWS` rows of HEAD_DIM elements starting at global row `row0` of `g`
+// (element stride `stride` between rows) into the swizzled tile at shared
+// address `dst`. Rows >= `limit` are zero-filled without being read.
+template <int ROWS>
+__device__ __forceinline__ void bk_load_rows(unsigned dst,
+                                             const unsigned short *g,
+                                             stof_i64 stride, int row0,
+                                             int limit, int tid)
+{
+    constexpr int CHUNKS = ROWS * BK_CPR;
+    constexpr int ITERS = (CHUNKS + BK_THREADS - 1) / BK_THREADS;
+#pragma unroll
+    for (int i = 0; i < ITERS; i++) {
+        const int idx = tid + i * BK_THREADS;
+        if (CHUNKS % BK_THREADS == 0 || idx < CHUNKS) {
+            const int r = idx / BK_CPR, c = idx % BK_CPR;
+            const int gr = row0 + r;
+            const bool ok = gr < limit;
+            const unsigned short *src =
+                g + (ok ? (stof_i64)gr * stride : (stof_i64)0) + c * 8;
+            bk_cp_async16(dst + bk_off(r, c), src, ok ? 16 : 0);
+        }
+    }
+}
+
+// Copy one partial tile's bitmap (BLOCK_M * BK_WPR contiguous words, the
+// start 16-byte aligned because BLOCK_M * BK_WPR * 4 is a multiple of 256).
+__device__ __forceinline__ void bk_load_bits(unsigned dst,
+                                             const unsigned *bitmaps,
+                                             int bidx, int tid)
+{
+    constexpr int CHUNKS = BK_BITS_BYTES / 16;
+    const unsigned *src = bitmaps + (stof_i64)bidx * (BLOCK_M * BK_WPR);
+#pragma unroll
+    for (int i = 0; i < (CHUNKS + BK_THREADS - 1) / BK_THREADS; i++) {
+        const int idx = tid + i * BK_THREADS;
+        if (CHUNKS % BK_THREADS == 0 || idx < CHUNKS)
+            bk_cp_async16(dst + idx * 16, src + idx * 4, 16);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(BK_THREADS, MIN_BLOCKS)
+stof_attn_block(const stof_attn_block_params p)
+{
+    extern __shared__ __align__(128) unsigned char bk_smem[];
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tq = lane & 3; // fragment row group / quad lane
+    const int rb = blockIdx.x;              // query row block
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh - b * p.heads;
+    const int q0 = rb * BLOCK_M;
+    const int wrow = warp * BK_WM; // first row of this warp inside the block
+
+    const unsigned short *qg = p.q + b * p.q_stride[0] + h * p.q_stride[1];
+    const unsigned short *kg = p.k + b * p.k_stride[0] + h * p.k_stride[1];
+    const unsigned short *vg = p.v + b * p.v_stride[0] + h * p.v_stride[1];
+    unsigned short *og = p.o + b * p.o_stride[0] + h * p.o_stride[1];
+
+    const unsigned sQ = bk_smem_addr(bk_smem);
+    const unsigned sK = sQ + BK_OFF_K;
+    const unsigned sV = sQ + BK_OFF_V;
+    const unsigned sB = sQ + BK_OFF_B;
+    const unsigned *s_bits = (const unsigned *)(bk_smem + BK_OFF_B);
+    int *s_meta = (int *)(bk_smem + BK_OFF_META); // [stage][2]: col, kind
+
+    const int e0 = bk_ldg_i32(p.row_ptr + rb);
+    const int n = bk_ldg_i32(p.row_ptr + rb + 1) - e0; // non-empty tiles
+
+#if STOF_BLOCK_CHECKS
+    if (p.bitmap_words_per_row != BK_WPR || n < 0 || rb >= p.n_row_blocks ||
+        bh >= p.batch * p.heads)
+        __trap();
+#endif
+
+    // Running softmax state per fragment row (g and g+8 of each m16 tile),
+    // in the log2 domain, and the O accumulators.
+    float m_run[BK_MT][2], l_run[BK_MT][2];
+    float oacc[BK_MT][BK_DT][4];
+#pragma unroll
+    for (int mt = 0; mt < BK_MT; mt++) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            m_run[mt][hh] = STOF_NEG_INF;
+            l_run[mt][hh] = 0.0f;
+        }
+#pragma unroll
+        for (int dt = 0; dt < BK_DT; dt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                oacc[mt][dt][i] = 0.0f;
+    }
+
+    // Per-lane ldmatrix coordinates (rows relative to a multiple of 8, so
+    // the swizzle depends on the lane only).
+    //   Q (A, x4): row lane%16, chunk 2kk + lane/16
+    //   K (B, x4): row lane%8 + 8*(lane/16), chunk 2kk + (lane/8)%2
+    //   V (B, x4.trans): row lane%16, chunk 2dp + lane/16
+    const int q_lr = lane & 15, q_lc = lane >> 4;
+    const int k_lr = (lane & 7) + ((lane >> 4) << 3), k_lc = (lane >> 3) & 1;
+    const int v_lr = lane & 15, v_lc = lane >> 4;
+
+#if Q_IN_REGS
+    unsigned qf[BK_MT][HEAD_DIM / 16][4];
+#endif
+
+    if (n > 0) {
+        // ---- prologue: Q, K0, V0, ..., K(S-2), V(S-2), K(S-1) -------------
+        bk_load_rows<BLOCK_M>(sQ, qg, p.q_stride[2], q0, p.seq_q, tid);
+        bk_cp_commit();
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            if (s < n) {
+                const int col = bk_ldg_i32(p.col_idx + e0 + s);
+                const int kind = bk_ldg_u8(p.kind + e0 + s);
+                bk_load_rows<BLOCK_N>(sK + s * BK_KV_BYTES, kg, p.k_stride[2],
+                                      col * BLOCK_N, p.seq_k, tid);
+                if (kind == STOF_TILE_PARTIAL_)
+                    bk_load_bits(sB + s * BK_BITS_BYTES, p.bitmaps,
+                                 bk_ldg_i32(p.bitmap_idx + e0 + s), tid);
+                if (tid == 0) {
+                    s_meta[2 * s] = col;
+                    s_meta[2 * s + 1] = kind;
+                }
+            }
+            bk_cp_commit();
+            if (s < STAGES - 1) {
+                if (s < n) {
+                    const int col = bk_ldg_i32(p.col_idx + e0 + s);
+                    bk_load_rows<BLOCK_N>(sV + s * BK_KV_BYTES, vg,
+                                          p.v_stride[2], col * BLOCK_N,
+                                          p.seq_k, tid);
+                }
+                bk_cp_commit();
+            }
+        }
+#if Q_IN_REGS
+        // Q is the oldest group: 2S-1 younger ones may stay in flight.
+        bk_cp_wait<2 * STAGES - 1>();
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < BK_MT; mt++)
+#pragma unroll
+            for (int kk = 0; kk < HEAD_DIM / 16; kk++)
+                bk_ldsm_x4(qf[mt][kk],
+                           sQ + bk_off(wrow + 16 * mt + q_lr, 2 * kk + q_lc));
+#endif
+    }
+
+    // Metadata of the tile whose K is issued next (tile t + STAGES),
+    // prefetched one iteration ahead.
+    int nk_col = 0, nk_kind = 0, nk_bidx = 0;
+    if (STAGES < n) {
+        nk_col = bk_ldg_i32(p.col_idx + e0 + STAGES);
+        nk_kind = bk_ldg_u8(p.kind + e0 + STAGES);
+        nk_bidx = bk_ldg_i32(p.bitmap_idx + e0 + STAGES);
+    }
+
+    const float sl2 = p.scale_log2;
+    int slot = 0; // t % STAGES
+
+    for (int t = 0; t < n; t++) {
+        // Prefetch the metadata of tile t + STAGES + 1 (its K goes out in
+        // the next iteration).
+        int f_col = 0, f_kind = 0, f_bidx = 0;
+        if (t + STAGES + 1 < n) {
+            const int e = e0 + t + STAGES + 1;
+            f_col = bk_ldg_i32(p.col_idx + e);
+            f_kind = bk_ldg_u8(p.kind + e);
+            f_bidx = bk_ldg_i32(p.bitmap_idx + e);
+        }
+
+        // ---- K(t) (and its bitmap) has landed; V(t-1) is free -----------
+        bk_cp_wait<2 * STAGES - 2>();
+        __syncthreads();
+        {
+            const int u = t + STAGES - 1;
+            const int vs = slot + STAGES - 1 >= STAGES ? slot - 1 : slot + STAGES - 1;
+            if (u < n)
+                bk_load_rows<BLOCK_N>(sV + vs * BK_KV_BYTES, vg, p.v_stride[2],
+                                      s_meta[2 * vs] * BLOCK_N, p.seq_k, tid);
+            bk_cp_commit();
+        }
+        const int col = s_meta[2 * slot];
+        const int kind = s_meta[2 * slot + 1];
+
+        // ---- S = Q K^T ----------------------------------------------------
+        float sacc[BK_MT][BK_NT][4];
+#pragma unroll
+        for (int mt = 0; mt < BK_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < BK_NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    sacc[mt][nt][i] = 0.0f;
+
+        const unsigned kt = sK + slot * BK_KV_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+            unsigned qa[BK_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < BK_MT; mt++) {
+#if Q_IN_REGS
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    qa[mt][i] = qf[mt][kk][i];
+#else
+                bk_ldsm_x4(qa[mt],
+                           sQ + bk_off(wrow + 16 * mt + q_lr, 2 * kk + q_lc));
+#endif
+            }
+#pragma unroll
+            for (int np = 0; np < BK_NT / 2; np++) {
+                unsigned kb[4]; // b0,b1 of n-tile 2np; b0,b1 of n-tile 2np+1
+                bk_ldsm_x4(kb, kt + bk_off(16 * np + k_lr, 2 * kk + k_lc));
+#pragma unroll
+                for (int mt = 0; mt < BK_MT; mt++) {
+                    bk_mma(sacc[mt][2 * np], qa[mt], kb[0], kb[1]);
+                    bk_mma(sacc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                }
+            }
+        }
+
+        // ---- scale (log2 domain) and mask --------------------------------
+        // Element (mt, nt, i): row wrow + 16mt + g + 8*(i/2), column
+        // 8nt + 2tq + (i%2) of the tile.
+#pragma unroll
+        for (int mt = 0; mt < BK_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < BK_NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    sacc[mt][nt][i] *= sl2;
+
+        if (kind == STOF_TILE_PARTIAL_) {
+            const unsigned *bits = s_bits + slot * (BLOCK_M * BK_WPR);
+#pragma unroll
+            for (int mt = 0; mt < BK_MT; mt++) {
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = wrow + 16 * mt + g + 8 * hh;
+                    unsigned w[BK_WPR];
+#pragma unroll
+                    for (int j = 0; j < BK_WPR; j++)
+                        w[j] = bits[r * BK_WPR + j] >> (2 * tq);
+#pragma unroll
+                    for (int nt = 0; nt < BK_NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            if (!((w[nt >> 2] >> (8 * (nt & 3) + e)) & 1u))
+                                sacc[mt][nt][2 * hh + e] = STOF_NEG_INF;
+                }
+            }
+        } else if (col * BLOCK_N + BLOCK_N > p.seq_k) {
+            // A full tile hanging past seq_k: columns >= seq_k are -inf.
+            const int lim = p.seq_k - col * BLOCK_N - 2 * tq;
+#pragma unroll
+            for (int mt = 0; mt < BK_MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < BK_NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        if (8 * nt + (i & 1) >= lim)
+                            sacc[mt][nt][i] = STOF_NEG_INF;
+        }
+
+        // ---- online softmax ----------------------------------------------
+#pragma unroll
+        for (int mt = 0; mt < BK_MT; mt++) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                float mx = m_run[mt][hh];
+#pragma unroll
+                for (int nt = 0; nt < BK_NT; nt++) {
+                    mx = fmaxf(mx, sacc[mt][nt][2 * hh]);
+                    mx = fmaxf(mx, sacc[mt][nt][2 * hh + 1]);
+                }
+                // The four lanes of a quad hold the same row.
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                // Safe max: a row with no allowed key so far keeps
+                // m = -inf but subtracts 0, so exp2 gives 0, never NaN.
+                const float mu = mx == STOF_NEG_INF ? 0.0f : mx;
+                const float alpha = bk_exp2(m_run[mt][hh] - mu);
+                m_run[mt][hh] = mx;
+                float rs = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < BK_NT; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float pe = bk_exp2(sacc[mt][nt][2 * hh + e] - mu);
+                        sacc[mt][nt][2 * hh + e] = pe;
+                        rs += pe;
+                    }
+                }
+                l_run[mt][hh] = l_run[mt][hh] * alpha + rs; // partial (quad)
+#pragma unroll
+                for (int dt = 0; dt < BK_DT; dt++) {
+                    oacc[mt][dt][2 * hh] *= alpha;
+                    oacc[mt][dt][2 * hh + 1] *= alpha;
+                }
+            }
+        }
+
+        // ---- V(t) has landed; every warp is done with K(t) ---------------
+        bk_cp_wait<2 * STAGES - 2>();
+        __syncthreads();
+        {
+            if (t + STAGES < n) {
+                bk_load_rows<BLOCK_N>(sK + slot * BK_KV_BYTES, kg,
+                                      p.k_stride[2], nk_col * BLOCK_N,
+                                      p.seq_k, tid);
+                if (nk_kind == STOF_TILE_PARTIAL_)
+                    bk_load_bits(sB + slot * BK_BITS_BYTES, p.bitmaps, nk_bidx,
+                                 tid);
+                if (tid == 0) {
+                    s_meta[2 * slot] = nk_col;
+                    s_meta[2 * slot + 1] = nk_kind;
+                }
+            }
+            bk_cp_commit();
+        }
+
+        // ---- O += P V(t) -------------------------------------------------
+        const unsigned vt = sV + slot * BK_KV_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+            unsigned pa[BK_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < BK_MT; mt++) {
+                pa[mt][0] = bk_pack2(sacc[mt][2 * kk][0], sacc[mt][2 * kk][1]);
+                pa[mt][1] = bk_pack2(sacc[mt][2 * kk][2], sacc[mt][2 * kk][3]);
+                pa[mt][2] =
+                    bk_pack2(sacc[mt][2 * kk + 1][0], sacc[mt][2 * kk + 1][1]);
+                pa[mt][3] =
+                    bk_pack2(sacc[mt][2 * kk + 1][2], sacc[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < HEAD_DIM / 16; dp++) {
+                unsigned vb[4]; // b0,b1 of d-tile 2dp; b0,b1 of d-tile 2dp+1
+                bk_ldsm_x4_t(vb, vt + bk_off(16 * kk + v_lr, 2 * dp + v_lc));
+#pragma unroll
+                for (int mt = 0; mt < BK_MT; mt++) {
+                    bk_mma(oacc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                    bk_mma(oacc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                }
+            }
+        }
+
+        nk_col = f_col;
+        nk_kind = f_kind;
+        nk_bidx = f_bidx;
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
+    }
+
+    // ---- epilogue: O / l, staged through this warp's own sQ rows ----------
+    // Only this warp ever reads its sQ rows, and every cp.async that wrote
+    // them completed before the first tile (none was issued when n == 0).
+#pragma unroll
+    for (int mt = 0; mt < BK_MT; mt++) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            float l = l_run[mt][hh];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            l_run[mt][hh] = l > 0.0f ? 1.0f / l : 0.0f; // 0 keys -> zeros
+        }
+    }
+    __syncwarp();
+    unsigned char *sq_bytes = bk_smem;
+#pragma unroll
+    for (int mt = 0; mt < BK_MT; mt++) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = wrow + 16 * mt + g + 8 * hh;
+            const float inv = l_run[mt][hh];
+#pragma unroll
+            for (int dt = 0; dt < BK_DT; dt++) {
+                const unsigned v2 = bk_pack2(oacc[mt][dt][2 * hh] * inv,
+                                             oacc[mt][dt][2 * hh + 1] * inv);
+                *(unsigned *)(sq_bytes + bk_off(r, dt) + 4 * tq) = v2;
+            }
+        }
+    }
+    __syncwarp();
+    constexpr int OUT_CHUNKS = BK_WM * BK_CPR;
+#pragma unroll
+    for (int i = 0; i < (OUT_CHUNKS + 31) / 32; i++) {
+        const int idx = lane + 32 * i;
+        if (OUT_CHUNKS % 32 == 0 || idx < OUT_CHUNKS) {
+            const int r = wrow + idx / BK_CPR, c = idx % BK_CPR;
+            const int gr = q0 + r;
+            if (gr < p.seq_q) {
+                const uint4 v4 = *(const uint4 *)(sq_bytes + bk_off(r, c));
+                *(uint4 *)(og + (stof_i64)gr * p.o_stride[2] + c * 8) = v4;
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+// stof_common.cuh - helpers shared by every kernel template. Compiled by
+// NVRTC only; it includes no CUDA header so that it needs no include path.
+#pragma once
+
+#define STOF_NEG_INF __int_as_float(0xff800000u)
+
+typedef unsigned short stof_f16_t;   // raw IEEE half bits
+typedef unsigned short stof_bf16_t;  // raw bfloat16 bits
+typedef long long stof_i64;
+typedef unsigned long long stof_u64;
+
+// DTYPE: 0 = fp16, 1 = bf16 (matches stof_dtype in stof.h).
+#ifndef DTYPE
+#define DTYPE 0
+#endif
+
+__device__ __forceinline__ float stof_f16_to_f32(unsigned short h)
+{
+    float f;
+    asm("{ .reg .f16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ unsigned short stof_f32_to_f16(float f)
+{
+    unsigned short h;
+    asm("{ .reg .f16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float stof_bf16_to_f32(unsigned short h)
+{
+    return __uint_as_float(((unsigned)h) << 16);
+}
+
+__device__ __forceinline__ unsigned short stof_f32_to_bf16(float f)
+{
+    // Round to nearest even; NaN stays NaN.
+    unsigned x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (unsigned short)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (unsigned short)(x >> 16);
+}
+
+__device__ __forceinline__ float stof_load(const unsigned short *p)
+{
+#if DTYPE == 0
+    return stof_f16_to_f32(*p);
+#else
+    return stof_bf16_to_f32(*p);
+#endif
+}
+
+__device__ __forceinline__ void stof_store(unsigned short *p, float f)
+{
+#if DTYPE == 0
+    *p = stof_f32_to_f16(f);
+#else
+    *p = stof_f32_to_bf16(f);
+#endif
+}
+
+__device__ __forceinline__ float stof_warp_sum(float x)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// The launch parameters every attention kernel receives, by value. The same
+// layout is declared in src/attention.c (stof_attn_params); both sides check
+// its size.
+struct stof_attn_params {
+    const unsigned short *q, *k, *v;
+    unsigned short *o;
+    const stof_u64 *mask_bits;     // seq_q rows of mask_words 64-bit words
+    stof_i64 q_stride[3], k_stride[3], v_stride[3], o_stride[3]; // b, h, s
+    int batch, heads, seq_q, seq_k;
+    int mask_words;
+    float scale;
+};
+static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
+              "stof_attn_params layout");
+
+#ifdef STOF_JIT_FORCE_ERROR
+#error "compile error forced by STOF_JIT_FORCE_ERROR"
+#endif

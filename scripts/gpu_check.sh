@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On a GPU host: the GPU suite, the CPU suites, the demo and the format
+# benchmark, with logs under $OUT (or ./gpu-logs). Uses the programs that
+# scripts/gpu_prepare.sh put in .carry/, or ./build when there is no .carry.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+if [ -d .carry/bin ]; then
+    BIN=.carry/bin
+    export LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    DEMO=$BIN/stof-demo BENCH=$BIN/stof-bench-formats T=$BIN
+else
+    DEMO=build/tools/stof-demo BENCH=build/bench/stof-bench-formats T=build/tests
+fi
+export STOF_SOURCE_ROOT=$PWD
+{
+    date -u +%FT%TZ
+    git rev-parse HEAD 2>/dev/null || echo "commit: unknown"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+} | tee "$OUT/env.txt"
+fail=0
+# At most 8 files come back from $OUT: one log per group.
+run() { # log name, command...
+    local log=$1; shift
+    echo "== $*" | tee -a "$OUT/$log.log"
+    "$@" >>"$OUT/$log.log" 2>&1
+    local rc=$?
+    tail -n 3 "$OUT/$log.log"
+    echo "== exit $rc" | tee -a "$OUT/$log.log"
+    [ $rc -eq 0 ] || fail=1
+}
+run gpu "$T/test_gpu" --verbose --jobs=4
+run jit "$T/test_jit" --jobs=8
+for t in test_api test_reference test_mask test_spec test_format; do
+    [ -x "$T/$t" ] && run cpu "$T/$t" --jobs=8
+done
+run demo "$DEMO"
+[ -x "$BENCH" ] && run bench "$BENCH"
+echo "== demo table"; tail -n 12 "$OUT/demo.log"
+grep -h "rel err" "$OUT/gpu.log" | head -40
+exit $fail

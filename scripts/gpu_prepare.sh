@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Prepare what a lent GPU machine needs (it has no -dev packages, no libuv
+# and no Criterion): build here in build-dev, then copy the programs into
+# .carry/bin and the shared libraries they need beyond the base system into
+# .carry/lib. Then run scripts/gpu_check.sh there with .carry carried.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f build-dev/build.ninja ] || meson setup build-dev --buildtype=release \
+    -Db_ndebug=false >/dev/null
+ninja -C build-dev
+rm -rf .carry && mkdir -p .carry/bin .carry/lib
+for f in build-dev/tests/test_* build-dev/tools/stof-* build-dev/bench/stof-*; do
+    [ -x "$f" ] && [ -f "$f" ] && cp "$f" .carry/bin/
+done
+# Every library the programs load, except the C runtime itself.
+for f in .carry/bin/*; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" .carry/lib/; done
+du -sh .carry

@@ -1,0 +1,416 @@
+/*
+ * attention.c - attention descriptors and plans. A plan owns everything a
+ * launch needs on the device (the mask bits, the loaded module) so that
+ * stof_attention_run only enqueues a kernel.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Mirrors struct stof_attn_params in jit_templates/stof_common.cuh. */
+typedef struct stof_attn_params {
+    CUdeviceptr q, k, v, o;
+    CUdeviceptr mask_bits;
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+    int batch, heads, seq_q, seq_k;
+    int mask_words;
+    float scale;
+} stof_attn_params;
+_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
+               "stof_attn_params must match stof_common.cuh");
+
+#define REF_WARPS 4 /* STOF_REF_WARPS in attn_reference.cu */
+
+struct stof_plan {
+    stof_context *ctx;
+    stof_attention_desc desc;
+    float scale;
+    char mask_hex[33];
+    double mask_density;
+    int mask_words;
+    CUdeviceptr d_mask;
+    CUmodule module;
+    CUfunction fn;
+    unsigned grid[3], block[3];
+    char arch[16];
+    double compile_ms, load_ms;
+    char errmsg[1024];
+};
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static void set_layout_strides(int64_t st[3], stof_layout layout, int heads,
+                               int seq, int head_dim)
+{
+    if (layout == STOF_LAYOUT_BHSD) {
+        st[2] = head_dim;
+        st[1] = (int64_t)seq * head_dim;
+        st[0] = (int64_t)heads * seq * head_dim;
+    } else {
+        st[2] = (int64_t)heads * head_dim;
+        st[1] = head_dim;
+        st[0] = (int64_t)seq * heads * head_dim;
+    }
+}
+
+stof_status stof_attention_desc_init(stof_attention_desc *d, int batch,
+                                     int heads, int seq_q, int seq_k,
+                                     int head_dim, stof_dtype dtype,
+                                     stof_layout layout)
+{
+    if (!d)
+        return STOF_ERR_INVALID_ARGUMENT;
+    memset(d, 0, sizeof(*d));
+    d->batch = batch;
+    d->heads = heads;
+    d->seq_q = seq_q;
+    d->seq_k = seq_k;
+    d->head_dim = head_dim;
+    d->dtype = dtype;
+    d->scale = 0.0f;
+    d->layout = layout;
+    if (layout != STOF_LAYOUT_BHSD && layout != STOF_LAYOUT_BSHD)
+        return STOF_ERR_INVALID_ARGUMENT;
+    set_layout_strides(d->q_stride, layout, heads, seq_q, head_dim);
+    set_layout_strides(d->o_stride, layout, heads, seq_q, head_dim);
+    set_layout_strides(d->k_stride, layout, heads, seq_k, head_dim);
+    set_layout_strides(d->v_stride, layout, heads, seq_k, head_dim);
+    return STOF_OK;
+}
+
+/* The largest element offset reachable through strides st (plus one row),
+ * or -1 on overflow. Used to reject descriptors whose indexing would not fit
+ * in 64 bits. */
+static int64_t extent(const int64_t st[3], int batch, int heads, int seq,
+                      int head_dim)
+{
+    const int64_t lim = INT64_MAX / 4;
+    int64_t e = head_dim;
+    const int64_t n[3] = {batch, heads, seq};
+    for (int i = 0; i < 3; i++) {
+        if (st[i] != 0 && (n[i] - 1) > (lim - e) / st[i])
+            return -1;
+        e += (n[i] - 1) * st[i];
+    }
+    return e;
+}
+
+static stof_status check_strides(stof_context *ctx, const char *name,
+                                 const int64_t st[3], int batch, int heads,
+                                 int seq, int head_dim)
+{
+    static const char *const dim[3] = {"batch", "head", "seq"};
+    for (int i = 0; i < 3; i++) {
+        STOF_CHECK_ARG(ctx, st[i] >= 0,
+                       "desc.%s_stride[%d] (%s): %lld is negative", name, i,
+                       dim[i], (long long)st[i]);
+        STOF_CHECK_ARG(ctx, st[i] % 8 == 0,
+                       "desc.%s_stride[%d] (%s): %lld is not a multiple of 8 "
+                       "elements (16-byte rows are required)",
+                       name, i, dim[i], (long long)st[i]);
+    }
+    STOF_CHECK_ARG(ctx, st[2] >= head_dim || seq == 1,
+                   "desc.%s_stride[2] (seq): %lld is smaller than head_dim %d, "
+                   "so rows would overlap",
+                   name, (long long)st[2], head_dim);
+    STOF_CHECK_ARG(ctx, extent(st, batch, heads, seq, head_dim) > 0,
+                   "desc.%s strides: the tensor's extent overflows 64 bits",
+                   name);
+    return STOF_OK;
+}
+
+/* Validate a descriptor against a mask; on success *scale is the scale to
+ * use. Messages name the offending field. */
+static stof_status check_desc(stof_context *ctx, const stof_attention_desc *d,
+                              const stof_mask *m, float *scale)
+{
+    STOF_CHECK_ARG(ctx, d, "desc is NULL");
+    STOF_CHECK_ARG(ctx, m, "mask is NULL");
+    STOF_CHECK_ARG(ctx, all_zero(d->reserved, sizeof(d->reserved)),
+                   "desc: reserved bytes are not zero (fill it with "
+                   "stof_attention_desc_init() or memset it first)");
+    STOF_CHECK_ARG(ctx, d->batch >= 1 && d->batch <= 65535,
+                   "desc.batch: %d is outside 1..65535", d->batch);
+    STOF_CHECK_ARG(ctx, d->heads >= 1 && d->heads <= 4096,
+                   "desc.heads: %d is outside 1..4096", d->heads);
+    STOF_CHECK_ARG(ctx, (int64_t)d->batch * d->heads <= 65535,
+                   "desc.batch * desc.heads: %lld exceeds 65535",
+                   (long long)d->batch * d->heads);
+    STOF_CHECK_ARG(ctx, d->seq_q >= 1, "desc.seq_q: %d is not positive",
+                   d->seq_q);
+    STOF_CHECK_ARG(ctx, d->seq_k >= 1, "desc.seq_k: %d is not positive",
+                   d->seq_k);
+    STOF_CHECK_ARG(ctx, d->seq_q == m->seq_q && d->seq_k == m->seq_k,
+                   "mask is %d x %d but desc.seq_q x desc.seq_k is %d x %d",
+                   m->seq_q, m->seq_k, d->seq_q, d->seq_k);
+    STOF_CHECK_ARG(ctx,
+                   d->head_dim >= 16 && d->head_dim <= 256 &&
+                       d->head_dim % 8 == 0,
+                   "desc.head_dim: %d is not a multiple of 8 in 16..256",
+                   d->head_dim);
+    STOF_CHECK_ARG(ctx,
+                   d->dtype == STOF_DTYPE_FP16 || d->dtype == STOF_DTYPE_BF16,
+                   "desc.dtype: %d is not a stof_dtype", (int)d->dtype);
+    STOF_CHECK_ARG(ctx,
+                   d->layout == STOF_LAYOUT_BHSD ||
+                       d->layout == STOF_LAYOUT_BSHD ||
+                       d->layout == STOF_LAYOUT_STRIDED,
+                   "desc.layout: %d is not a stof_layout", (int)d->layout);
+    STOF_CHECK_ARG(ctx, isfinite(d->scale),
+                   "desc.scale: %g is not finite", (double)d->scale);
+    stof_status st;
+    if ((st = check_strides(ctx, "q", d->q_stride, d->batch, d->heads,
+                            d->seq_q, d->head_dim)) ||
+        (st = check_strides(ctx, "k", d->k_stride, d->batch, d->heads,
+                            d->seq_k, d->head_dim)) ||
+        (st = check_strides(ctx, "v", d->v_stride, d->batch, d->heads,
+                            d->seq_k, d->head_dim)) ||
+        (st = check_strides(ctx, "o", d->o_stride, d->batch, d->heads,
+                            d->seq_q, d->head_dim)))
+        return st;
+    *scale = d->scale != 0.0f ? d->scale : 1.0f / sqrtf((float)d->head_dim);
+    return STOF_OK;
+}
+
+/* The effective descriptor: for BHSD/BSHD the strides follow the layout,
+ * whatever the fields held. */
+static void normalise_desc(stof_attention_desc *d)
+{
+    if (d->layout == STOF_LAYOUT_STRIDED)
+        return;
+    set_layout_strides(d->q_stride, d->layout, d->heads, d->seq_q,
+                       d->head_dim);
+    set_layout_strides(d->o_stride, d->layout, d->heads, d->seq_q,
+                       d->head_dim);
+    set_layout_strides(d->k_stride, d->layout, d->heads, d->seq_k,
+                       d->head_dim);
+    set_layout_strides(d->v_stride, d->layout, d->heads, d->seq_k,
+                       d->head_dim);
+}
+
+static void plan_release(stof_plan *p)
+{
+    if (!p)
+        return;
+    const stof_api *api = p->ctx->api;
+    if ((p->d_mask || p->module) && stof__ctx_push(p->ctx) == STOF_OK) {
+        if (p->d_mask)
+            api->cuMemFree(p->d_mask);
+        if (p->module)
+            api->cuModuleUnload(p->module);
+        stof__ctx_pop(p->ctx);
+    }
+    free(p);
+}
+
+/* Compile (or, in later versions, load from the tuning database) the
+ * reference kernel for this problem and prepare its launch. */
+static stof_status plan_load_reference(stof_context *ctx, stof_plan *p)
+{
+    const stof_api *api = ctx->api;
+    char hd[32], dt[32];
+    snprintf(hd, sizeof(hd), "HEAD_DIM=%d", p->desc.head_dim);
+    snprintf(dt, sizeof(dt), "DTYPE=%d", (int)p->desc.dtype);
+    const char *defs[] = {hd, dt};
+    void *cubin = NULL;
+    size_t cubin_size = 0;
+    double t0 = now_ms();
+    stof_status st = (stof_status)stof__jit_compile(
+        ctx, "attn_reference.cu", defs, 2, NULL, &cubin, &cubin_size);
+    p->compile_ms = now_ms() - t0;
+    if (st != STOF_OK)
+        return st;
+    snprintf(p->arch, sizeof(p->arch), "%s", ctx->device.arch);
+    t0 = now_ms();
+    CUresult r = api->cuModuleLoadData(&p->module, cubin);
+    free(cubin);
+    if (r != CUDA_SUCCESS)
+        return (stof_status)stof__cuda_fail(ctx, r, "cuModuleLoadData",
+                                            __FILE__, __LINE__);
+    STOF_CU(ctx, api->cuModuleGetFunction(&p->fn, p->module,
+                                          "stof_attn_reference"));
+    p->load_ms = now_ms() - t0;
+    p->block[0] = 32 * REF_WARPS;
+    p->block[1] = p->block[2] = 1;
+    p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS);
+    p->grid[1] = (unsigned)(p->desc.batch * p->desc.heads);
+    p->grid[2] = 1;
+    return STOF_OK;
+}
+
+stof_status stof_attention_plan(stof_context *ctx,
+                                const stof_attention_desc *d,
+                                const stof_mask *m, stof_plan **out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
+    *out = NULL;
+    float scale = 0.0f;
+    stof_status st = check_desc(ctx, d, m, &scale);
+    if (st != STOF_OK)
+        return st;
+    if (!ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "stof_attention_plan needs a GPU: %s",
+                          ctx->device.why[0] ? ctx->device.why
+                                             : "no usable CUDA device");
+
+    stof_plan *p = calloc(1, sizeof(*p));
+    if (!p)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory allocating a plan");
+    p->ctx = ctx;
+    p->desc = *d;
+    normalise_desc(&p->desc);
+    p->scale = scale;
+    p->mask_words = m->words_per_row;
+    p->mask_density = stof_mask_density(m);
+    stof_mask_digest(m, NULL, p->mask_hex);
+
+    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {
+        free(p);
+        return st;
+    }
+    const stof_api *api = ctx->api;
+    size_t mask_bytes = (size_t)m->seq_q * (size_t)m->words_per_row * 8u;
+    STOF_CU_GOTO(ctx, st, fail, api->cuMemAlloc(&p->d_mask, mask_bytes));
+    STOF_CU_GOTO(ctx, st, fail,
+                 api->cuMemcpyHtoD(p->d_mask, m->bits, mask_bytes));
+    if ((st = plan_load_reference(ctx, p)) != STOF_OK)
+        goto fail;
+    stof__ctx_pop(ctx);
+    stof__log(ctx, STOF_LOG_INFO,
+              "planned attention %dx%dx%dx%d d=%d: reference kernel, "
+              "compile %.1f ms",
+              d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
+              p->compile_ms);
+    *out = p;
+    return stof__ok(ctx);
+fail:
+    stof__ctx_pop(ctx);
+    plan_release(p);
+    return st;
+}
+
+static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
+                             const char *arg)
+{
+    snprintf(p->errmsg, sizeof(p->errmsg), fmt, arg);
+    return st;
+}
+
+stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
+                               const void *v, void *o, void *stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const void *ptrs[4] = {q, k, v, o};
+    static const char *const names[4] = {"q", "k", "v", "o"};
+    for (int i = 0; i < 4; i++) {
+        if (!ptrs[i])
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "stof_attention_run: %s is NULL", names[i]);
+        if ((uintptr_t)ptrs[i] % 16u)
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "stof_attention_run: %s is not 16-byte aligned",
+                             names[i]);
+    }
+    stof_attn_params prm;
+    memset(&prm, 0, sizeof(prm));
+    prm.q = (CUdeviceptr)(uintptr_t)q;
+    prm.k = (CUdeviceptr)(uintptr_t)k;
+    prm.v = (CUdeviceptr)(uintptr_t)v;
+    prm.o = (CUdeviceptr)(uintptr_t)o;
+    prm.mask_bits = p->d_mask;
+    memcpy(prm.q_stride, p->desc.q_stride, sizeof(prm.q_stride));
+    memcpy(prm.k_stride, p->desc.k_stride, sizeof(prm.k_stride));
+    memcpy(prm.v_stride, p->desc.v_stride, sizeof(prm.v_stride));
+    memcpy(prm.o_stride, p->desc.o_stride, sizeof(prm.o_stride));
+    prm.batch = p->desc.batch;
+    prm.heads = p->desc.heads;
+    prm.seq_q = p->desc.seq_q;
+    prm.seq_k = p->desc.seq_k;
+    prm.mask_words = p->mask_words;
+    prm.scale = p->scale;
+
+    const stof_api *api = p->ctx->api;
+    CUcontext pctx = p->ctx->device.pctx;
+    CUresult r = api->cuCtxPushCurrent(pctx);
+    if (r == CUDA_SUCCESS) {
+        void *args[] = {&prm};
+        r = api->cuLaunchKernel(p->fn, p->grid[0], p->grid[1], p->grid[2],
+                                p->block[0], p->block[1], p->block[2], 0,
+                                (CUstream)stream, args, NULL);
+        CUcontext popped;
+        api->cuCtxPopCurrent(&popped);
+    }
+    if (r != CUDA_SUCCESS) {
+        const char *name = NULL;
+        if (!api->cuGetErrorName || api->cuGetErrorName(r, &name) != CUDA_SUCCESS)
+            name = "unknown CUDA error";
+        return plan_fail(p, STOF_ERR_CUDA,
+                         "stof_attention_run: kernel launch failed: %s", name);
+    }
+    p->errmsg[0] = '\0';
+    return STOF_OK;
+}
+
+const char *stof_plan_errmsg(const stof_plan *p)
+{
+    return p ? p->errmsg : "plan is NULL";
+}
+
+stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
+                               size_t *needed)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const stof_attention_desc *d = &p->desc;
+    static const char *const layouts[] = {"BHSD", "BSHD", "strided"};
+    stof_str s = {0};
+    stof__str_printf(
+        &s,
+        "{\"op\":\"attention\",\"kernel\":\"reference\","
+        "\"template\":\"attn_reference.cu\",\"source\":\"compiled\","
+        "\"arch\":\"%s\",\"params\":{\"HEAD_DIM\":%d,\"DTYPE\":\"%s\","
+        "\"WARPS\":%d},"
+        "\"problem\":{\"batch\":%d,\"heads\":%d,\"seq_q\":%d,\"seq_k\":%d,"
+        "\"head_dim\":%d,\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g},"
+        "\"mask\":{\"digest\":\"%s\",\"density\":%.6f},"
+        "\"template_hash\":\"%016llx\",\"compile_ms\":%.3f,\"load_ms\":%.3f,"
+        "\"time_ms\":null}",
+        p->arch, d->head_dim, d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16",
+        REF_WARPS, d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
+        d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16", layouts[d->layout],
+        (double)p->scale, p->mask_hex, p->mask_density,
+        (unsigned long long)stof_template_hash(), p->compile_ms, p->load_ms);
+    stof_status st = stof__str_out(&s, buf, n, needed);
+    stof__str_free(&s);
+    return st;
+}
+
+void stof_plan_free(stof_plan **pp)
+{
+    if (!pp || !*pp)
+        return;
+    plan_release(*pp);
+    *pp = NULL;
+}

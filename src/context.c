@@ -1,0 +1,145 @@
+/*
+ * context.c - the root handle: settings, the last error and its message,
+ * logging, and the device the context works on.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void stof_default_settings(stof_settings *s)
+{
+    if (!s)
+        return;
+    memset(s, 0, sizeof(*s));
+    s->device = 0;
+    s->require_device = 0;
+    s->tuning_mode = STOF_TUNE_DEFAULT;
+    s->tuning_budget_s = 0.0;
+    s->compile_threads = 0;
+    s->log_level = STOF_LOG_WARN;
+}
+
+static void vlog(stof_context *ctx, stof_log_level level, const char *fmt,
+                 va_list ap)
+{
+    if (!ctx || !ctx->settings.log_fn || level > ctx->settings.log_level)
+        return;
+    char msg[2048];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    ctx->settings.log_fn(ctx->settings.log_user, level, msg);
+}
+
+void stof__log(stof_context *ctx, stof_log_level level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(ctx, level, fmt, ap);
+    va_end(ap);
+}
+
+stof_status stof__fail(stof_context *ctx, stof_status st, const char *fmt, ...)
+{
+    if (!ctx)
+        return st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->errmsg, sizeof(ctx->errmsg), fmt, ap);
+    va_end(ap);
+    ctx->last_status = st;
+    stof__log(ctx, STOF_LOG_ERROR, "%s", ctx->errmsg);
+    return st;
+}
+
+stof_status stof__ok(stof_context *ctx)
+{
+    if (ctx) {
+        ctx->last_status = STOF_OK;
+        ctx->errmsg[0] = '\0';
+    }
+    return STOF_OK;
+}
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+stof_status stof_open(stof_context **out, const stof_settings *s)
+{
+    if (!out)
+        return STOF_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    stof_context *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return STOF_ERR_OUT_OF_MEMORY;
+    *out = ctx;
+    if (s)
+        ctx->settings = *s;
+    else
+        stof_default_settings(&ctx->settings);
+    const stof_settings *cs = &ctx->settings;
+    STOF_CHECK_ARG(ctx, all_zero(cs->reserved, sizeof(cs->reserved)),
+                   "settings: reserved bytes are not zero (fill the struct "
+                   "with stof_default_settings() first)");
+    STOF_CHECK_ARG(ctx, cs->device >= 0, "settings.device: %d is negative",
+                   cs->device);
+    STOF_CHECK_ARG(ctx, cs->tuning_mode >= STOF_TUNE_DEFAULT &&
+                            cs->tuning_mode <= STOF_TUNE_FORCE,
+                   "settings.tuning_mode: %d is not a stof_tuning_mode",
+                   (int)cs->tuning_mode);
+    STOF_CHECK_ARG(ctx, cs->tuning_budget_s >= 0.0,
+                   "settings.tuning_budget_s: %g is negative",
+                   cs->tuning_budget_s);
+    STOF_CHECK_ARG(ctx, cs->compile_threads >= 0,
+                   "settings.compile_threads: %d is negative",
+                   cs->compile_threads);
+    /* Pointers in the settings are borrowed only during stof_open. */
+    ctx->settings.user_db = NULL;
+    ctx->settings.system_dbs = NULL;
+
+    ctx->api = stof__api();
+    stof_status st = (stof_status)stof__device_init(ctx, cs->device);
+    if (st != STOF_OK) {
+        size_t n = strlen(ctx->errmsg);
+        if (n >= sizeof(ctx->device.why))
+            n = sizeof(ctx->device.why) - 1;
+        memcpy(ctx->device.why, ctx->errmsg, n);
+        ctx->device.why[n] = '\0';
+        if (cs->require_device)
+            return st; /* message already recorded */
+        stof__log(ctx, STOF_LOG_INFO, "no GPU: %s", ctx->errmsg);
+    }
+    return stof__ok(ctx);
+}
+
+void stof_close(stof_context **pctx)
+{
+    if (!pctx || !*pctx)
+        return;
+    stof__device_release(*pctx);
+    free(*pctx);
+    *pctx = NULL;
+}
+
+const char *stof_errmsg(const stof_context *ctx)
+{
+    if (!ctx)
+        return "no context (stof_open failed for lack of memory or was "
+               "given NULL)";
+    return ctx->errmsg;
+}
+
+stof_status stof_errcode(const stof_context *ctx)
+{
+    return ctx ? ctx->last_status : STOF_ERR_INVALID_ARGUMENT;
+}
+
+int stof_has_device(const stof_context *ctx)
+{
+    return ctx && ctx->device.ok;
+}

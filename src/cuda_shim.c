@@ -1,0 +1,297 @@
+/*
+ * cuda_shim.c - load libcuda and libnvrtc at run time into one function
+ * table (see cuda_shim.h), and turn failed driver calls into messages.
+ *
+ * Nothing links against either library: a machine without a driver or
+ * without the toolkit still runs everything that does not need them, and
+ * the reason a half is missing is kept in the table for error messages.
+ */
+#include "internal.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Stringify after macro expansion: cuda.h maps many driver names to their
+ * versioned ABI symbols (cuMemAlloc -> cuMemAlloc_v2), and dlsym must look
+ * up the symbol that matches the prototype we call through. */
+#define STOF__STR2(x) #x
+#define STOF__STR(x) STOF__STR2(x)
+
+/* The table's pointer types must match cuda.h / nvrtc.h exactly; a
+ * mismatch in cuda_shim.h would otherwise be a silent ABI bug. */
+#if defined(__GNUC__)
+#define STOF__CHECK_PROTO(name, ret, args)                                     \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&name),             \
+                                                ret(*) args),                  \
+                   "cuda_shim.h: the type of " #name " differs from the "      \
+                   "CUDA headers");
+STOF__CU_FN(STOF__CHECK_PROTO)
+STOF__NVRTC_FN(STOF__CHECK_PROTO)
+#undef STOF__CHECK_PROTO
+#endif
+
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)),
+               "function pointers must fit in void * for dlsym");
+
+static stof_api g_loaded;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static const stof_api *g_override;
+/* The NVRTC builtins library preloaded next to libnvrtc (kept open). */
+static void *g_nvrtc_builtins;
+
+/* Append "what: detail" (or "detail" when what is NULL) to a reason
+ * buffer, separated by "; ". */
+static void why_append(char *why, size_t n, const char *what,
+                       const char *detail)
+{
+    size_t len = strlen(why);
+    if (len + 1 >= n)
+        return;
+    snprintf(why + len, n - len, "%s%s%s%s", len ? "; " : "",
+             what ? what : "", what ? ": " : "",
+             detail ? detail : "unknown error");
+}
+
+/* dlopen `path`; on failure record dlerror() in `why`. */
+static void *try_open(const char *path, char *why, size_t n)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        why_append(why, n, NULL, dlerror()); /* dlerror names the path */
+    return h;
+}
+
+/* Store a dlsym result into a function-pointer field without the
+ * object-to-function pointer conversion that ISO C leaves undefined. */
+#define STOF__SET_FN(field, ptr) memcpy(&(field), &(ptr), sizeof(void *))
+
+/* ---------------------------------------------------------------- libcuda */
+
+typedef CUresult (*proc_address_fn)(const char *, void **, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult *);
+#if defined(__GNUC__)
+_Static_assert(__builtin_types_compatible_p(__typeof__(&cuGetProcAddress),
+                                            proc_address_fn),
+               "cuGetProcAddress differs from the CUDA headers");
+#endif
+
+/* Resolve a driver entry point: first the ABI name that cuda.h maps the
+ * call to, then (for drivers that lack that version) cuGetProcAddress with
+ * the base name and the header's CUDA_VERSION. */
+static void *cu_sym(void *lib, proc_address_fn gpa, const char *abi,
+                    const char *base)
+{
+    void *p = dlsym(lib, abi);
+    if (p || !gpa)
+        return p;
+    CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    void *f = NULL;
+    if (gpa(base, &f, CUDA_VERSION, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &q) ==
+            CUDA_SUCCESS &&
+        q == CU_GET_PROC_ADDRESS_SUCCESS)
+        return f;
+    return NULL;
+}
+
+static void load_cuda(stof_api *a)
+{
+    const char *env = getenv("STOF_LIBCUDA");
+    void *lib = NULL;
+    if (env && *env) {
+        /* An explicit choice is exclusive: silently using another driver
+         * would hide the mistake (and "STOF_LIBCUDA=none" disables CUDA). */
+        lib = try_open(env, a->cuda_why, sizeof(a->cuda_why));
+    } else {
+        static const char *const names[] = {"libcuda.so.1", "libcuda.so"};
+        for (size_t i = 0; !lib && i < sizeof(names) / sizeof(names[0]); i++)
+            lib = try_open(names[i], a->cuda_why, sizeof(a->cuda_why));
+    }
+    if (!lib)
+        return;
+    a->cuda_why[0] = '\0';
+
+    proc_address_fn gpa = NULL;
+    void *g = dlsym(lib, STOF__STR(cuGetProcAddress));
+    STOF__SET_FN(gpa, g);
+
+    const char *missing = NULL;
+#define STOF__LOAD_CU(name, ret, args)                                         \
+    if (!missing) {                                                            \
+        void *p_ = cu_sym(lib, gpa, STOF__STR(name), #name);                   \
+        if (p_)                                                                \
+            STOF__SET_FN(a->name, p_);                                         \
+        else                                                                   \
+            missing = STOF__STR(name);                                         \
+    }
+    STOF__CU_FN(STOF__LOAD_CU)
+#undef STOF__LOAD_CU
+    if (missing) {
+        const char *e = dlerror();
+        Dl_info info;
+        const char *path = env && *env ? env : "libcuda";
+        if (g && dladdr(g, &info) && info.dli_fname)
+            path = info.dli_fname;
+        snprintf(a->cuda_why, sizeof(a->cuda_why),
+                 "%s lacks the driver entry point %s (%s); the driver is "
+                 "too old for these CUDA %d.%d headers",
+                 path, missing, e ? e : "not found", CUDA_VERSION / 1000,
+                 CUDA_VERSION % 1000 / 10);
+#define STOF__CLEAR(name, ret, args) a->name = NULL;
+        STOF__CU_FN(STOF__CLEAR)
+#undef STOF__CLEAR
+        dlclose(lib);
+        return;
+    }
+    a->cuda_lib = lib;
+    a->has_cuda = 1;
+}
+
+/* --------------------------------------------------------------- libnvrtc */
+
+/* libnvrtc opens libnvrtc-builtins.so.MAJOR.MINOR by its bare name when it
+ * first compiles. When libnvrtc itself came from a toolkit directory that
+ * is not on the library path, that lookup would fail; opening the builtins
+ * from the same directory first makes the later lookup find the loaded
+ * copy by its soname. Harmless when the builtins are found anyway. */
+static void preload_builtins(void *lib, int major, int minor)
+{
+    char dir[PATH_MAX];
+    if (dlinfo(lib, RTLD_DI_ORIGIN, dir) != 0)
+        return;
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/libnvrtc-builtins.so.%d.%d", dir, major,
+             minor);
+    if (access(path, R_OK) == 0)
+        g_nvrtc_builtins = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
+static void *open_nvrtc(char *why, size_t n)
+{
+    const char *env = getenv("STOF_LIBNVRTC");
+    if (env && *env)
+        return try_open(env, why, n); /* exclusive, like STOF_LIBCUDA */
+
+    static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12",
+                                        "libnvrtc.so"};
+    const size_t nn = sizeof(names) / sizeof(names[0]);
+    void *lib = NULL;
+    for (size_t i = 0; !lib && i < nn; i++)
+        lib = try_open(names[i], why, n);
+    /* An application may not have the toolkit on its library path. */
+    const char *dirs[2] = {"/usr/local/cuda/lib64", getenv("CUDA_HOME")};
+    for (int d = 0; d < 2 && !lib; d++) {
+        if (!dirs[d] || !*dirs[d])
+            continue;
+        const char *sub = d == 0 ? "" : "/lib64";
+        for (size_t i = 0; !lib && i < nn; i++) {
+            char path[PATH_MAX];
+            int len = snprintf(path, sizeof(path), "%s%s/%s", dirs[d], sub,
+                               names[i]);
+            if (len < 0 || (size_t)len >= sizeof(path))
+                continue;
+            if (access(path, F_OK) != 0)
+                continue; /* keep the reason short: only real candidates */
+            lib = try_open(path, why, n);
+        }
+    }
+    return lib;
+}
+
+static void load_nvrtc(stof_api *a)
+{
+    void *lib = open_nvrtc(a->nvrtc_why, sizeof(a->nvrtc_why));
+    if (!lib)
+        return;
+    a->nvrtc_why[0] = '\0';
+
+    const char *missing = NULL;
+#define STOF__LOAD_NVRTC(name, ret, args)                                      \
+    if (!missing) {                                                            \
+        void *p_ = dlsym(lib, STOF__STR(name));                                \
+        if (p_)                                                                \
+            STOF__SET_FN(a->name, p_);                                         \
+        else                                                                   \
+            missing = STOF__STR(name);                                         \
+    }
+    STOF__NVRTC_FN(STOF__LOAD_NVRTC)
+#undef STOF__LOAD_NVRTC
+    int major = 0, minor = 0;
+    if (!missing && a->nvrtcVersion(&major, &minor) != NVRTC_SUCCESS)
+        missing = "nvrtcVersion (call failed)";
+    if (missing) {
+        const char *e = dlerror();
+        char path[PATH_MAX] = "libnvrtc";
+        dlinfo(lib, RTLD_DI_ORIGIN, path);
+        snprintf(a->nvrtc_why, sizeof(a->nvrtc_why),
+                 "libnvrtc in %.200s lacks %s (%.200s)", path, missing,
+                 e ? e : "not found");
+#define STOF__CLEAR(name, ret, args) a->name = NULL;
+        STOF__NVRTC_FN(STOF__CLEAR)
+#undef STOF__CLEAR
+        dlclose(lib);
+        return;
+    }
+    preload_builtins(lib, major, minor);
+    a->nvrtc_lib = lib;
+    a->has_nvrtc = 1;
+}
+
+static void load_all(void)
+{
+    load_cuda(&g_loaded);
+    load_nvrtc(&g_loaded);
+}
+
+const stof_api *stof__api(void)
+{
+    const stof_api *o = __atomic_load_n(&g_override, __ATOMIC_ACQUIRE);
+    if (o)
+        return o;
+    pthread_once(&g_once, load_all);
+    return &g_loaded;
+}
+
+void stof__api_override(const stof_api *api)
+{
+    __atomic_store_n(&g_override, api, __ATOMIC_RELEASE);
+}
+
+/* ----------------------------------------------------------------- errors */
+
+/* Drop the "../" that out-of-tree builds put in front of __FILE__, so that
+ * messages say "src/attention.c". */
+static const char *short_path(const char *file)
+{
+    if (!file)
+        return "?";
+    while (strncmp(file, "../", 3) == 0 || strncmp(file, "./", 2) == 0)
+        file += file[1] == '/' ? 2 : 3;
+    return file;
+}
+
+int stof__cuda_fail(struct stof_context *ctx, CUresult r, const char *what,
+                    const char *file, int line)
+{
+    const stof_api *a = ctx && ctx->api ? ctx->api : stof__api();
+    const char *name = NULL, *text = NULL;
+    if (a->cuGetErrorName && a->cuGetErrorName(r, &name) != CUDA_SUCCESS)
+        name = NULL;
+    if (a->cuGetErrorString && a->cuGetErrorString(r, &text) != CUDA_SUCCESS)
+        text = NULL;
+    char num[32];
+    if (!name) {
+        snprintf(num, sizeof(num), "CUresult %d", (int)r);
+        name = num;
+    }
+    if (text)
+        return stof__fail(ctx, STOF_ERR_CUDA, "%s failed: %s (%s) at %s:%d",
+                          what ? what : "CUDA call", name, text,
+                          short_path(file), line);
+    return stof__fail(ctx, STOF_ERR_CUDA, "%s failed: %s at %s:%d",
+                      what ? what : "CUDA call", name, short_path(file), line);
+}

@@ -1,0 +1,144 @@
+/*
+ * cuda_shim.h - the CUDA driver and NVRTC entry points stof uses, loaded at
+ * run time with dlopen into one function table. Nothing links against
+ * libcuda or libnvrtc, so the library works (minus the GPU) on machines
+ * without a driver, and tests can swap the table to inject failures.
+ */
+#ifndef STOF_CUDA_SHIM_H
+#define STOF_CUDA_SHIM_H
+
+#include <cuda.h>
+#include <nvrtc.h>
+
+#define STOF__CU_FN(X)                                                         \
+    X(cuInit, CUresult, (unsigned int))                                        \
+    X(cuDriverGetVersion, CUresult, (int *))                                   \
+    X(cuGetErrorName, CUresult, (CUresult, const char **))                     \
+    X(cuGetErrorString, CUresult, (CUresult, const char **))                   \
+    X(cuDeviceGetCount, CUresult, (int *))                                     \
+    X(cuDeviceGet, CUresult, (CUdevice *, int))                                \
+    X(cuDeviceGetName, CUresult, (char *, int, CUdevice))                      \
+    X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))   \
+    X(cuDeviceTotalMem, CUresult, (size_t *, CUdevice))                        \
+    X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *, CUdevice))             \
+    X(cuDevicePrimaryCtxRelease, CUresult, (CUdevice))                         \
+    X(cuCtxPushCurrent, CUresult, (CUcontext))                                 \
+    X(cuCtxPopCurrent, CUresult, (CUcontext *))                                \
+    X(cuCtxSynchronize, CUresult, (void))                                      \
+    X(cuModuleLoadData, CUresult, (CUmodule *, const void *))                  \
+    X(cuModuleUnload, CUresult, (CUmodule))                                    \
+    X(cuModuleGetFunction, CUresult, (CUfunction *, CUmodule, const char *))   \
+    X(cuFuncSetAttribute, CUresult, (CUfunction, CUfunction_attribute, int))   \
+    X(cuFuncGetAttribute, CUresult, (int *, CUfunction_attribute, CUfunction)) \
+    X(cuLaunchKernel, CUresult,                                                \
+      (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, \
+       unsigned, CUstream, void **, void **))                                  \
+    X(cuMemAlloc, CUresult, (CUdeviceptr *, size_t))                           \
+    X(cuMemFree, CUresult, (CUdeviceptr))                                      \
+    X(cuMemGetInfo, CUresult, (size_t *, size_t *))                            \
+    X(cuMemcpyHtoD, CUresult, (CUdeviceptr, const void *, size_t))             \
+    X(cuMemcpyDtoH, CUresult, (void *, CUdeviceptr, size_t))                   \
+    X(cuMemsetD8, CUresult, (CUdeviceptr, unsigned char, size_t))              \
+    X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                    \
+    X(cuStreamDestroy, CUresult, (CUstream))                                   \
+    X(cuStreamSynchronize, CUresult, (CUstream))                               \
+    X(cuEventCreate, CUresult, (CUevent *, unsigned int))                      \
+    X(cuEventDestroy, CUresult, (CUevent))                                     \
+    X(cuEventRecord, CUresult, (CUevent, CUstream))                            \
+    X(cuEventSynchronize, CUresult, (CUevent))                                 \
+    X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))
+
+#define STOF__NVRTC_FN(X)                                                      \
+    X(nvrtcVersion, nvrtcResult, (int *, int *))                               \
+    X(nvrtcGetErrorString, const char *, (nvrtcResult))                        \
+    X(nvrtcCreateProgram, nvrtcResult,                                         \
+      (nvrtcProgram *, const char *, const char *, int, const char *const *,   \
+       const char *const *))                                                   \
+    X(nvrtcDestroyProgram, nvrtcResult, (nvrtcProgram *))                      \
+    X(nvrtcCompileProgram, nvrtcResult, (nvrtcProgram, int, const char *const *)) \
+    X(nvrtcGetProgramLogSize, nvrtcResult, (nvrtcProgram, size_t *))           \
+    X(nvrtcGetProgramLog, nvrtcResult, (nvrtcProgram, char *))                 \
+    X(nvrtcGetCUBINSize, nvrtcResult, (nvrtcProgram, size_t *))                \
+    X(nvrtcGetCUBIN, nvrtcResult, (nvrtcProgram, char *))                      \
+    X(nvrtcGetNumSupportedArchs, nvrtcResult, (int *))                         \
+    X(nvrtcGetSupportedArchs, nvrtcResult, (int *))
+
+/* The table. `has_cuda` / `has_nvrtc` say which half loaded; when a half is
+ * missing its pointers are NULL and `cuda_why` / `nvrtc_why` say why. */
+typedef struct stof_api {
+    int has_cuda, has_nvrtc;
+    char cuda_why[512], nvrtc_why[512];
+    void *cuda_lib, *nvrtc_lib;
+#define STOF__FN_PTR(name, ret, args) ret(*name) args;
+    STOF__CU_FN(STOF__FN_PTR)
+    STOF__NVRTC_FN(STOF__FN_PTR)
+#undef STOF__FN_PTR
+} stof_api;
+
+/* The process-wide table, loaded on first use (thread-safe, never fails:
+ * check has_cuda / has_nvrtc). The library names tried can be overridden
+ * with the environment variables STOF_LIBCUDA and STOF_LIBNVRTC. */
+const stof_api *stof__api(void);
+
+/* For tests: use `api` instead of the loaded table from now on (NULL
+ * restores the loaded one). Not thread-safe; call before opening contexts. */
+void stof__api_override(const stof_api *api);
+
+struct stof_context;
+
+/* Record a failed driver call: the message names the call, the CUDA error
+ * name and text, file and line. Returns STOF_ERR_CUDA (device memory
+ * exhaustion too: the message then says CUDA_ERROR_OUT_OF_MEMORY). */
+int stof__cuda_fail(struct stof_context *ctx, CUresult r, const char *what,
+                    const char *file, int line);
+
+/* Check a driver call; on failure record it on `ctx` and return. */
+#define STOF_CU(ctx, call)                                                     \
+    do {                                                                       \
+        CUresult stof_r_ = (call);                                             \
+        if (stof_r_ != CUDA_SUCCESS)                                           \
+            return (stof_status)stof__cuda_fail((ctx), stof_r_, #call,         \
+                                                __FILE__, __LINE__);           \
+    } while (0)
+
+/* Like STOF_CU but jumps to `label` after recording, with `st` set. */
+#define STOF_CU_GOTO(ctx, st, label, call)                                     \
+    do {                                                                       \
+        CUresult stof_r_ = (call);                                             \
+        if (stof_r_ != CUDA_SUCCESS) {                                         \
+            (st) = (stof_status)stof__cuda_fail((ctx), stof_r_, #call,         \
+                                                __FILE__, __LINE__);           \
+            goto label;                                                        \
+        }                                                                      \
+    } while (0)
+
+/* Device and primary context (device.c). */
+struct stof_device;
+/* Initialise ctx->device for ordinal `ordinal`: cuInit, fingerprint, retain
+ * the primary context, pick the NVRTC target arch. STOF_ERR_NO_DEVICE with a
+ * reason when there is no driver, no device, or the ordinal is out of range.
+ */
+int stof__device_init(struct stof_context *ctx, int ordinal);
+void stof__device_release(struct stof_context *ctx);
+/* Make the device's primary context current on this thread (push) / undo
+ * it (pop). Every entry point that touches the GPU brackets its work. */
+int stof__ctx_push(struct stof_context *ctx);
+void stof__ctx_pop(struct stof_context *ctx);
+
+/* Run-time compilation (jit.c). Compile the embedded template `name` with
+ * the given -D definitions (each "NAME=VALUE" or "NAME") for `arch`
+ * ("sm_80", "sm_90", "sm_90a"; NULL = the context's device). On success
+ * *cubin is malloc'd (caller frees) and *size set. Failure:
+ * STOF_ERR_NVRTC with the compile log in the message, STOF_ERR_NO_DEVICE
+ * when NVRTC cannot be loaded, STOF_ERR_NOT_FOUND for an unknown template.
+ * Thread-safe when ctx is NULL (no message is recorded then). */
+int stof__jit_compile(struct stof_context *ctx, const char *name,
+                      const char *const *defines, int n_defines,
+                      const char *arch, void **cubin /* OUT */,
+                      size_t *size /* OUT */);
+
+/* Number of NVRTC compiles performed by this process (for tests that check
+ * that a cache hit compiles nothing). */
+long stof__jit_compile_count(void);
+
+#endif /* STOF_CUDA_SHIM_H */

@@ -1,0 +1,267 @@
+/*
+ * jit.c - run-time compilation of the embedded kernel templates with NVRTC
+ * into cubins.
+ *
+ * A compile touches no shared state besides the atomic compile counter, so
+ * compiles with ctx == NULL may run on several threads at once (the tuner
+ * compiles its candidates on a thread pool).
+ */
+#include "internal.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_long g_compiles;
+
+long stof__jit_compile_count(void)
+{
+    return atomic_load(&g_compiles);
+}
+
+/* Fail with NOT_FOUND, listing the templates that exist. */
+static int not_found(stof_context *ctx, const char *name)
+{
+    stof_str known = {0};
+    for (int i = 0; i < stof__n_templates; i++)
+        stof__str_printf(&known, "%s%s", i ? ", " : "",
+                         stof__templates[i].name);
+    int st = stof__fail(ctx, STOF_ERR_NOT_FOUND,
+                        "no kernel template named \"%s\" (known: %s)", name,
+                        known.p && !known.oom ? known.p : "none");
+    stof__str_free(&known);
+    return st;
+}
+
+/* A real architecture gives a cubin: "sm_" digits, optionally "a" or "f". */
+static int arch_is_real(const char *arch)
+{
+    if (strncmp(arch, "sm_", 3) != 0)
+        return 0;
+    const char *p = arch + 3;
+    if (*p < '0' || *p > '9')
+        return 0;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    if (*p == 'a' || *p == 'f')
+        p++;
+    return *p == '\0' && p - arch < 16;
+}
+
+/* " -DA -DB=1" for messages. */
+static void defines_text(stof_str *s, const char *const *defines,
+                         int n_defines)
+{
+    if (n_defines == 0)
+        stof__str_printf(s, " (no defines)");
+    for (int i = 0; i < n_defines; i++)
+        stof__str_printf(s, " -D%s", defines[i]);
+}
+
+/* Fail with STOF_ERR_NVRTC: what happened, for which template, arch and
+ * defines, then as much of the log as fits. Compilers report the first
+ * errors first, so the tail is what gets cut. */
+static int nvrtc_fail(stof_context *ctx, const stof_api *a, const char *what,
+                      nvrtcResult r, const char *name, const char *arch,
+                      const char *const *defines, int n_defines,
+                      const char *log)
+{
+    if (!ctx)
+        return STOF_ERR_NVRTC;
+    stof_str head = {0};
+    stof__str_printf(&head, "%s failed (%s) for template %s, %s,", what,
+                     a->nvrtcGetErrorString ? a->nvrtcGetErrorString(r)
+                                            : "NVRTC error",
+                     name, arch);
+    defines_text(&head, defines, n_defines);
+    const char *h = head.p && !head.oom ? head.p : what;
+    size_t loglen = log ? strlen(log) : 0;
+    while (loglen && (log[loglen - 1] == '\n' || log[loglen - 1] == ' ' ||
+                      log[loglen - 1] == '\r'))
+        loglen--;
+    int st;
+    if (!loglen) {
+        st = stof__fail(ctx, STOF_ERR_NVRTC, "%s", h);
+    } else {
+        /* Room left for the log after the head, ":\n" and a note. */
+        size_t hl = strlen(h);
+        size_t room = STOF_ERRMSG_MAX - 1 > hl + 80 ? STOF_ERRMSG_MAX - 1 - hl - 80
+                                                    : 0;
+        if (loglen <= room)
+            st = stof__fail(ctx, STOF_ERR_NVRTC, "%s:\n%.*s", h, (int)loglen,
+                            log);
+        else
+            st = stof__fail(ctx, STOF_ERR_NVRTC,
+                            "%s:\n%.*s\n[log cut: %zu of %zu bytes shown]", h,
+                            (int)room, log, room, loglen);
+    }
+    stof__str_free(&head);
+    return st;
+}
+
+/* Read the program log (malloc'd, NUL-terminated) or NULL. */
+static char *program_log(const stof_api *a, nvrtcProgram prog)
+{
+    size_t n = 0;
+    if (a->nvrtcGetProgramLogSize(prog, &n) != NVRTC_SUCCESS || n == 0)
+        return NULL;
+    char *log = malloc(n + 1);
+    if (!log)
+        return NULL;
+    if (a->nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) {
+        free(log);
+        return NULL;
+    }
+    log[n] = '\0';
+    return log;
+}
+
+int stof__jit_compile(struct stof_context *ctx, const char *name,
+                      const char *const *defines, int n_defines,
+                      const char *arch, void **cubin, size_t *size)
+{
+    STOF_CHECK_ARG(ctx, cubin && size, "cubin, size: NULL output pointer");
+    *cubin = NULL;
+    *size = 0;
+    STOF_CHECK_ARG(ctx, name, "name: NULL template name");
+    STOF_CHECK_ARG(ctx, n_defines >= 0 && (n_defines == 0 || defines),
+                   "defines: %d defines but %s", n_defines,
+                   n_defines < 0 ? "a negative count" : "a NULL array");
+    for (int i = 0; i < n_defines; i++)
+        STOF_CHECK_ARG(ctx, defines[i] && defines[i][0],
+                       "defines[%d]: NULL or empty", i);
+
+    const stof_template *tpl = stof__template_find(name);
+    if (!tpl)
+        return not_found(ctx, name);
+
+    if (!arch) {
+        if (!ctx || !ctx->device.ok)
+            return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                              "cannot compile %s: no architecture given and "
+                              "no CUDA device to take it from",
+                              name);
+        arch = ctx->device.arch;
+    }
+    STOF_CHECK_ARG(ctx, arch_is_real(arch),
+                   "arch: \"%s\" is not a real architecture like sm_90 or "
+                   "sm_90a (only those give a cubin)",
+                   arch);
+
+    const stof_api *a = ctx && ctx->api ? ctx->api : stof__api();
+    if (!a->has_nvrtc)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "cannot compile %s: NVRTC is not available: %s",
+                          name, a->nvrtc_why);
+
+    /* Every other header template, so that #include "x.cuh" works. */
+    int n_headers = 0;
+    const char **hsrc = malloc((size_t)stof__n_templates * sizeof(*hsrc) + 1);
+    const char **hname =
+        malloc((size_t)stof__n_templates * sizeof(*hname) + 1);
+    /* The fixed options, then one -D per define. */
+    enum { N_FIXED = 5 };
+    const char **opts = malloc((size_t)(N_FIXED + n_defines) * sizeof(*opts));
+    char **dopts = calloc((size_t)n_defines + 1, sizeof(*dopts));
+    nvrtcProgram prog = NULL;
+    nvrtcResult r;
+    char *log = NULL;
+    void *bin = NULL;
+    size_t n = 0;
+    char arch_opt[48];
+    int n_opts = 0;
+    int st = STOF_OK;
+    if (!hsrc || !hname || !opts || !dopts) {
+        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                        "out of memory preparing the compile of %s", name);
+        goto done;
+    }
+    for (int i = 0; i < stof__n_templates; i++) {
+        const stof_template *t = &stof__templates[i];
+        size_t len = strlen(t->name);
+        if (t == tpl || len < 4 || strcmp(t->name + len - 4, ".cuh") != 0)
+            continue;
+        hsrc[n_headers] = t->source;
+        hname[n_headers] = t->name;
+        n_headers++;
+    }
+
+    snprintf(arch_opt, sizeof(arch_opt), "--gpu-architecture=%s", arch);
+    opts[n_opts++] = arch_opt;
+    opts[n_opts++] = "-std=c++17";
+    opts[n_opts++] = "-default-device";
+    opts[n_opts++] = "-lineinfo"; /* source lines for profilers; no cost */
+    opts[n_opts++] = "-DSTOF_JIT=1";
+    for (int i = 0; i < n_defines; i++) {
+        size_t len = strlen(defines[i]);
+        dopts[i] = malloc(len + 3);
+        if (!dopts[i]) {
+            st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                            "out of memory preparing the compile of %s",
+                            name);
+            goto done;
+        }
+        memcpy(dopts[i], "-D", 2);
+        memcpy(dopts[i] + 2, defines[i], len + 1);
+        opts[n_opts++] = dopts[i];
+    }
+
+    r = a->nvrtcCreateProgram(&prog, tpl->source, tpl->name,
+                                          n_headers, hsrc, hname);
+    if (r != NVRTC_SUCCESS) {
+        prog = NULL;
+        st = nvrtc_fail(ctx, a, "nvrtcCreateProgram", r, name, arch, defines,
+                        n_defines, NULL);
+        goto done;
+    }
+    atomic_fetch_add(&g_compiles, 1);
+    r = a->nvrtcCompileProgram(prog, n_opts, opts);
+    if (r != NVRTC_SUCCESS) {
+        log = program_log(a, prog);
+        st = nvrtc_fail(ctx, a, "nvrtcCompileProgram", r, name, arch, defines,
+                        n_defines, log);
+        goto done;
+    }
+    r = a->nvrtcGetCUBINSize(prog, &n);
+    if (r != NVRTC_SUCCESS) {
+        st = nvrtc_fail(ctx, a, "nvrtcGetCUBINSize", r, name, arch, defines,
+                        n_defines, NULL);
+        goto done;
+    }
+    if (n == 0) {
+        st = stof__fail(ctx, STOF_ERR_NVRTC,
+                        "NVRTC compiled %s for %s but produced no cubin",
+                        name, arch);
+        goto done;
+    }
+    bin = malloc(n);
+    if (!bin) {
+        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                        "out of memory for the %zu-byte cubin of %s", n,
+                        name);
+        goto done;
+    }
+    r = a->nvrtcGetCUBIN(prog, bin);
+    if (r != NVRTC_SUCCESS) {
+        free(bin);
+        st = nvrtc_fail(ctx, a, "nvrtcGetCUBIN", r, name, arch, defines,
+                        n_defines, NULL);
+        goto done;
+    }
+    *cubin = bin;
+    *size = n;
+
+done:
+    if (prog)
+        a->nvrtcDestroyProgram(&prog);
+    free(log);
+    if (dopts)
+        for (int i = 0; i < n_defines; i++)
+            free(dopts[i]);
+    free(dopts);
+    free(opts);
+    free(hname);
+    free(hsrc);
+    return st;
+}

@@ -1,0 +1,62 @@
+/*
+ * strbuf.c - a growable string for JSON and text that leaves stof through
+ * caller buffers (size-then-fetch).
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void stof__str_printf(stof_str *s, const char *fmt, ...)
+{
+    if (s->oom)
+        return;
+    for (;;) {
+        size_t room = s->cap - s->len;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(s->p ? s->p + s->len : NULL, s->p ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            s->oom = 1;
+            return;
+        }
+        if (s->p && (size_t)n < room) {
+            s->len += (size_t)n;
+            return;
+        }
+        size_t cap = s->cap ? s->cap : 256;
+        while (cap < s->len + (size_t)n + 1)
+            cap *= 2;
+        char *p = realloc(s->p, cap);
+        if (!p) {
+            s->oom = 1;
+            return;
+        }
+        s->p = p;
+        s->cap = cap;
+    }
+}
+
+void stof__str_free(stof_str *s)
+{
+    free(s->p);
+    memset(s, 0, sizeof(*s));
+}
+
+stof_status stof__str_out(const stof_str *s, char *buf, size_t n,
+                          size_t *needed)
+{
+    if (s->oom)
+        return STOF_ERR_OUT_OF_MEMORY;
+    if (needed)
+        *needed = s->len;
+    if (buf && n > 0) {
+        size_t c = s->len < n - 1 ? s->len : n - 1;
+        if (c)
+            memcpy(buf, s->p, c);
+        buf[c] = '\0';
+    }
+    return (buf && n > s->len) ? STOF_OK : STOF_ERR_BUFFER_TOO_SMALL;
+}

@@ -1,0 +1,203 @@
+/*
+ * test_api.c - the public API on the CPU: statuses, versions, settings,
+ * context lifetime, descriptor validation and its messages.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "stof.h"
+#include "testutil.h"
+
+Test(api, status_strings_are_static_and_distinct)
+{
+    for (int i = 0; i < STOF_STATUS_COUNT_; i++) {
+        const char *a = stof_status_str((stof_status)i);
+        cr_assert(a && *a);
+        cr_assert_str_neq(a, "unknown status", "status %d has no text", i);
+        for (int j = 0; j < i; j++)
+            cr_assert_str_neq(a, stof_status_str((stof_status)j));
+    }
+    cr_assert_str_eq(stof_status_str(STOF_OK), "success");
+    cr_assert_str_eq(stof_status_name(STOF_ERR_NO_DEVICE), "ERR_NO_DEVICE");
+    cr_assert_str_eq(stof_status_str((stof_status)999), "unknown status");
+    cr_assert_str_eq(stof_status_str((stof_status)-1), "unknown status");
+}
+
+Test(api, versions_agree)
+{
+    cr_assert_eq(stof_version(), STOF_VERSION_NUMBER);
+    char want[32];
+    snprintf(want, sizeof(want), "%d.%d.%d", STOF_VERSION_MAJOR,
+             STOF_VERSION_MINOR, STOF_VERSION_PATCH);
+    cr_assert_str_eq(stof_version_string(), want);
+    cr_assert_neq(stof_template_hash(), 0);
+    cr_assert_eq(stof_template_hash(), stof_template_hash());
+}
+
+Test(api, open_close_without_requiring_a_device)
+{
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK, "%s", stof_errmsg(ctx));
+    cr_assert_not_null(ctx);
+    cr_assert_str_eq(stof_errmsg(ctx), "");
+    stof_close(&ctx);
+    cr_assert_null(ctx);
+    stof_close(&ctx);  /* harmless */
+    stof_close(NULL);  /* harmless */
+    cr_assert(strlen(stof_errmsg(NULL)) > 0);
+    cr_assert_eq(stof_open(NULL, NULL), STOF_ERR_INVALID_ARGUMENT);
+}
+
+Test(api, bad_settings_are_named)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.reserved[5] = 1;
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "reserved"), "%s", stof_errmsg(ctx));
+    stof_close(&ctx);
+
+    stof_default_settings(&s);
+    s.device = -2;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "settings.device"), "%s",
+              stof_errmsg(ctx));
+    stof_close(&ctx);
+
+    stof_default_settings(&s);
+    s.tuning_mode = (stof_tuning_mode)7;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "tuning_mode"), "%s", stof_errmsg(ctx));
+    stof_close(&ctx);
+}
+
+Test(api, device_required_but_absent_or_present)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.require_device = 1;
+    stof_context *ctx = NULL;
+    stof_status st = stof_open(&ctx, &s);
+    if (st == STOF_OK) {
+        cr_assert(stof_has_device(ctx));
+    } else {
+        cr_assert_eq(st, STOF_ERR_NO_DEVICE, "%s", stof_errmsg(ctx));
+        cr_assert(strlen(stof_errmsg(ctx)) > 10);
+        cr_assert_eq(stof_errcode(ctx), STOF_ERR_NO_DEVICE);
+    }
+    stof_close(&ctx);
+}
+
+typedef struct log_capture {
+    int n;
+    char last[512];
+} log_capture;
+
+static void capture(void *user, stof_log_level level, const char *msg)
+{
+    log_capture *c = user;
+    (void)level;
+    c->n++;
+    snprintf(c->last, sizeof(c->last), "%s", msg);
+}
+
+static stof_context *open_plain(log_capture *cap)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    if (cap) {
+        s.log_fn = capture;
+        s.log_user = cap;
+        s.log_level = STOF_LOG_ERROR;
+    }
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
+    return ctx;
+}
+
+/* Plan a problem and expect STOF_ERR_INVALID_ARGUMENT with `needle` in the
+ * message. Validation runs before any GPU work, so this needs no device. */
+static void expect_bad(stof_context *ctx, const stof_attention_desc *d,
+                       const stof_mask *m, const char *needle)
+{
+    stof_plan *p = (stof_plan *)0x1;
+    cr_assert_eq(stof_attention_plan(ctx, d, m, &p), STOF_ERR_INVALID_ARGUMENT,
+                 "expected a refusal mentioning \"%s\"", needle);
+    cr_assert_null(p);
+    cr_assert(strstr(stof_errmsg(ctx), needle), "message \"%s\" lacks \"%s\"",
+              stof_errmsg(ctx), needle);
+}
+
+Test(api, descriptor_validation_names_the_field)
+{
+    log_capture cap = {0};
+    stof_context *ctx = open_plain(&cap);
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 128, 96, &m), STOF_OK);
+    stof_attention_desc d0, d;
+    cr_assert_eq(stof_attention_desc_init(&d0, 2, 4, 128, 96, 64,
+                                          STOF_DTYPE_FP16, STOF_LAYOUT_BHSD),
+                 STOF_OK);
+    cr_assert_eq(d0.q_stride[2], 64);
+    cr_assert_eq(d0.q_stride[1], 128 * 64);
+    cr_assert_eq(d0.k_stride[0], 4 * 96 * 64);
+
+    d = d0; d.batch = 0;            expect_bad(ctx, &d, m, "desc.batch");
+    d = d0; d.heads = -1;           expect_bad(ctx, &d, m, "desc.heads");
+    d = d0; d.seq_q = 64;           expect_bad(ctx, &d, m, "mask is 128 x 96");
+    d = d0; d.head_dim = 12;        expect_bad(ctx, &d, m, "desc.head_dim");
+    d = d0; d.head_dim = 264;       expect_bad(ctx, &d, m, "desc.head_dim");
+    d = d0; d.dtype = (stof_dtype)5; expect_bad(ctx, &d, m, "desc.dtype");
+    d = d0; d.layout = (stof_layout)9; expect_bad(ctx, &d, m, "desc.layout");
+    d = d0; d.scale = 1.0f / 0.0f;  expect_bad(ctx, &d, m, "desc.scale");
+    d = d0; d.reserved[3] = 1;      expect_bad(ctx, &d, m, "reserved");
+    d = d0; d.layout = STOF_LAYOUT_STRIDED; d.k_stride[2] = 60;
+    expect_bad(ctx, &d, m, "desc.k_stride[2]");
+    d = d0; d.layout = STOF_LAYOUT_STRIDED; d.v_stride[0] = -8;
+    expect_bad(ctx, &d, m, "desc.v_stride[0]");
+    d = d0; d.layout = STOF_LAYOUT_STRIDED; d.o_stride[2] = 32;
+    expect_bad(ctx, &d, m, "overlap");
+    d = d0; d.layout = STOF_LAYOUT_STRIDED; d.q_stride[0] = INT64_MAX / 8 * 8;
+    expect_bad(ctx, &d, m, "overflows");
+    expect_bad(ctx, NULL, m, "desc is NULL");
+    expect_bad(ctx, &d0, NULL, "mask is NULL");
+    cr_assert_gt(cap.n, 0, "errors reach the log callback");
+    cr_assert(strstr(cap.last, "mask is NULL"), "%s", cap.last);
+
+    cr_assert_eq(stof_attention_plan(ctx, &d0, m, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof_attention_plan(NULL, &d0, m, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof_attention_desc_init(&d, 1, 1, 8, 8, 64, STOF_DTYPE_FP16,
+                                          STOF_LAYOUT_STRIDED),
+                 STOF_ERR_INVALID_ARGUMENT);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+Test(api, plan_without_device_says_so)
+{
+    stof_context *ctx = open_plain(NULL);
+    if (stof_has_device(ctx)) {
+        stof_close(&ctx);
+        cr_skip_test("a GPU is present; the no-device path is not reachable");
+    }
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "dense", 64, 64, &m), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 1, 64, 64, 64, STOF_DTYPE_BF16,
+                             STOF_LAYOUT_BSHD);
+    stof_plan *p = NULL;
+    cr_assert_eq(stof_attention_plan(ctx, &d, m, &p), STOF_ERR_NO_DEVICE);
+    cr_assert_null(p);
+    cr_assert(strstr(stof_errmsg(ctx), "GPU"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_device_describe(ctx, NULL, 0, NULL), STOF_ERR_NO_DEVICE);
+    stof_mask_free(&m);
+    stof_plan_free(&p);
+    stof_plan_free(NULL);
+    cr_assert_eq(stof_plan_describe(NULL, NULL, 0, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    stof_close(&ctx);
+}

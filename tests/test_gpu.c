@@ -1,0 +1,349 @@
+/*
+ * test_gpu.c - the "gpu" suite: kernels against the C reference on fresh
+ * random inputs, outputs poisoned first. Every test skips with a message
+ * when no GPU is usable.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cuda_shim.h"
+#include "internal.h"
+#include "testutil.h"
+
+/* Open a context or skip the test. */
+static stof_context *open_or_skip(void)
+{
+    stof_context *ctx = NULL;
+    stof_settings s;
+    stof_default_settings(&s);
+    stof_status st = stof_open(&ctx, &s);
+    cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
+    if (!stof_has_device(ctx)) {
+        /* The open succeeded without a device; ask again, requiring one,
+         * to get the reason. */
+        stof_close(&ctx);
+        stof_settings r;
+        stof_default_settings(&r);
+        r.require_device = 1;
+        stof_open(&ctx, &r);
+        char why[512];
+        snprintf(why, sizeof(why), "%s", stof_errmsg(ctx));
+        stof_close(&ctx);
+        cr_skip_test("no usable GPU, skipping: %s", why);
+    }
+    return ctx;
+}
+
+typedef struct gpu_case {
+    const char *spec;
+    int batch, heads, seq_q, seq_k, head_dim;
+    stof_dtype dtype;
+    stof_layout layout;
+    int pad; /* extra elements per row for STOF_LAYOUT_STRIDED */
+} gpu_case;
+
+static size_t tensor_elems(const int64_t st[3], int b, int h, int s, int d)
+{
+    return (size_t)((b - 1) * st[0] + (h - 1) * st[1] + (int64_t)(s - 1) * st[2] +
+                    d);
+}
+
+static void fill_random(tu_rng *r, uint16_t *raw, float *f, size_t n,
+                        stof_dtype dt, float amp)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)(tu_uniform(r) * 2.0 - 1.0) * amp;
+        raw[i] = dt == STOF_DTYPE_FP16 ? tu_f32_to_f16(x) : tu_f32_to_bf16(x);
+        f[i] = dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(raw[i])
+                                     : tu_bf16_to_f32(raw[i]);
+    }
+}
+
+/* Run one case through stof_attention_plan/run and compare with the C
+ * reference; returns the relative error. */
+static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
+{
+    stof_mask *m = NULL;
+    stof_status st = stof_mask_from_spec(ctx, c->spec, c->seq_q, c->seq_k, &m);
+    cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
+
+    stof_attention_desc d;
+    cr_assert_eq(stof_attention_desc_init(&d, c->batch, c->heads, c->seq_q,
+                                          c->seq_k, c->head_dim, c->dtype,
+                                          c->layout == STOF_LAYOUT_STRIDED
+                                              ? STOF_LAYOUT_BSHD
+                                              : c->layout),
+                 STOF_OK);
+    if (c->layout == STOF_LAYOUT_STRIDED) {
+        /* BSHD with padded rows and a different pad for k/v. */
+        int64_t row = (int64_t)c->heads * (c->head_dim + c->pad);
+        d.layout = STOF_LAYOUT_STRIDED;
+        d.q_stride[2] = d.o_stride[2] = row;
+        d.q_stride[1] = d.o_stride[1] = c->head_dim + c->pad;
+        d.q_stride[0] = d.o_stride[0] = row * c->seq_q;
+        int64_t krow = (int64_t)c->heads * (c->head_dim + 2 * c->pad);
+        d.k_stride[2] = d.v_stride[2] = krow;
+        d.k_stride[1] = d.v_stride[1] = c->head_dim + 2 * c->pad;
+        d.k_stride[0] = d.v_stride[0] = krow * c->seq_k;
+    }
+    size_t nq = tensor_elems(d.q_stride, c->batch, c->heads, c->seq_q, c->head_dim);
+    size_t nk = tensor_elems(d.k_stride, c->batch, c->heads, c->seq_k, c->head_dim);
+    uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2),
+             *ho = malloc(nq * 2);
+    float *fq = calloc(nq, 4), *fk = calloc(nk, 4), *fv = calloc(nk, 4),
+          *fo = calloc(nq, 4);
+    cr_assert(hq && hk && hv && ho && fq && fk && fv && fo);
+    fill_random(rng, hq, fq, nq, c->dtype, 2.0f);
+    fill_random(rng, hk, fk, nk, c->dtype, 2.0f);
+    fill_random(rng, hv, fv, nk, c->dtype, 1.0f);
+
+    stof_plan *plan = NULL;
+    st = stof_attention_plan(ctx, &d, m, &plan);
+    cr_assert_eq(st, STOF_OK, "plan %s: %s", c->spec, stof_errmsg(ctx));
+
+    const stof_api *api = stof__api();
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    CUdeviceptr dq, dk, dv, dout;
+    cr_assert_eq(api->cuMemAlloc(&dq, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dk, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dv, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dout, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dq, hq, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dk, hk, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dv, hv, nk * 2), CUDA_SUCCESS);
+    /* Poison: 0xffff is a NaN in fp16 and bf16, so any element the kernel
+     * fails to write makes the comparison fail. */
+    cr_assert_eq(api->cuMemsetD8(dout, 0xff, nq * 2), CUDA_SUCCESS);
+    stof__ctx_pop(ctx);
+
+    st = stof_attention_run(plan, (void *)(uintptr_t)dq, (void *)(uintptr_t)dk,
+                            (void *)(uintptr_t)dv, (void *)(uintptr_t)dout, NULL);
+    cr_assert_eq(st, STOF_OK, "run: %s", stof_plan_errmsg(plan));
+
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    CUresult r = api->cuCtxSynchronize();
+    const char *en = NULL;
+    if (r != CUDA_SUCCESS)
+        api->cuGetErrorName(r, &en);
+    cr_assert_eq(r, CUDA_SUCCESS, "kernel failed: %s", en ? en : "?");
+    cr_assert_eq(api->cuMemcpyDtoH(ho, dout, nq * 2), CUDA_SUCCESS);
+    api->cuMemFree(dq);
+    api->cuMemFree(dk);
+    api->cuMemFree(dv);
+    api->cuMemFree(dout);
+    stof__ctx_pop(ctx);
+
+    cr_assert_eq(stof__ref_attention(&d, m, fq, fk, fv, fo), STOF_OK);
+
+    /* Compare only the elements of the output tensor (not the padding). */
+    size_t n = (size_t)c->batch * c->heads * c->seq_q * c->head_dim;
+    double *got = malloc(n * sizeof(double)), *want = malloc(n * sizeof(double));
+    cr_assert(got && want);
+    size_t t = 0;
+    int empty_rows_nonzero = 0;
+    for (int b = 0; b < c->batch; b++)
+        for (int h = 0; h < c->heads; h++)
+            for (int i = 0; i < c->seq_q; i++) {
+                int row_empty = 1;
+                for (int j = 0; j < c->seq_k && row_empty; j++)
+                    row_empty = !stof_mask_get(m, i, j);
+                for (int e = 0; e < c->head_dim; e++) {
+                    size_t off = (size_t)(b * d.o_stride[0] + h * d.o_stride[1] +
+                                          (int64_t)i * d.o_stride[2] + e);
+                    got[t] = c->dtype == STOF_DTYPE_FP16 ? tu_f16_to_f32(ho[off])
+                                                         : tu_bf16_to_f32(ho[off]);
+                    want[t] = fo[off];
+                    if (row_empty && got[t] != 0.0)
+                        empty_rows_nonzero++;
+                    t++;
+                }
+            }
+    double err = tu_rel_err(got, want, n);
+    cr_assert_eq(empty_rows_nonzero, 0,
+                 "%s: %d outputs of rows with no allowed key are not 0",
+                 c->spec, empty_rows_nonzero);
+
+    free(got);
+    free(want);
+    free(hq), free(hk), free(hv), free(ho);
+    free(fq), free(fk), free(fv), free(fo);
+    stof_plan_free(&plan);
+    cr_assert_null(plan);
+    stof_mask_free(&m);
+    return err;
+}
+
+static void check_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
+{
+    double tol = c->dtype == STOF_DTYPE_FP16 ? 2e-3 : 1e-2;
+    double err = run_case(ctx, c, rng);
+    cr_log_info("%-24s %dx%dx%dx%d d=%d %s layout=%d: rel err %.2e", c->spec,
+                c->batch, c->heads, c->seq_q, c->seq_k, c->head_dim,
+                c->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16", (int)c->layout,
+                err);
+    cr_expect(err < tol, "%s %dx%d d=%d %s: relative error %.3e >= %.1e",
+              c->spec, c->seq_q, c->seq_k, c->head_dim,
+              c->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16", err, tol);
+}
+
+static const char *const suite_specs[] = {
+    "dense",          "causal",     "sliding:256",
+    "dilated:512:2",  "longformer:256:64", "bigbird:64:3:2:3:1",
+    "strided:128",
+};
+
+Test(gpu, reference_public_suite_fp16)
+{
+    stof_context *ctx = open_or_skip();
+    tu_rng rng = {tu_seed() ^ 1};
+    for (size_t i = 0; i < sizeof(suite_specs) / sizeof(*suite_specs); i++) {
+        gpu_case c = {suite_specs[i], 2, 3, 1024, 1024, 64, STOF_DTYPE_FP16,
+                      STOF_LAYOUT_BHSD, 0};
+        check_case(ctx, &c, &rng);
+    }
+    stof_close(&ctx);
+}
+
+Test(gpu, reference_public_suite_bf16_d128)
+{
+    stof_context *ctx = open_or_skip();
+    tu_rng rng = {tu_seed() ^ 2};
+    for (size_t i = 0; i < sizeof(suite_specs) / sizeof(*suite_specs); i++) {
+        gpu_case c = {suite_specs[i], 1, 2, 1024, 1024, 128, STOF_DTYPE_BF16,
+                      STOF_LAYOUT_BSHD, 0};
+        check_case(ctx, &c, &rng);
+    }
+    stof_close(&ctx);
+}
+
+Test(gpu, reference_odd_sizes)
+{
+    stof_context *ctx = open_or_skip();
+    tu_rng rng = {tu_seed() ^ 3};
+    const gpu_case cases[] = {
+        {"causal", 1, 2, 1000, 1000, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0},
+        {"sliding:100|strided:37", 2, 1, 1000, 3000, 40, STOF_DTYPE_BF16,
+         STOF_LAYOUT_BHSD, 0},
+        {"bigbird:64:3:2:3:7", 1, 3, 3000, 1000, 128, STOF_DTYPE_FP16,
+         STOF_LAYOUT_BSHD, 0},
+        {"dense", 1, 1, 1, 1, 16, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0},
+        {"dense", 3, 1, 1, 777, 256, STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, 0},
+        {"random:0.05:9", 1, 2, 333, 65, 96, STOF_DTYPE_FP16,
+         STOF_LAYOUT_STRIDED, 8},
+        {"causal_sliding:64", 2, 2, 129, 4097, 64, STOF_DTYPE_BF16,
+         STOF_LAYOUT_STRIDED, 16},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++)
+        check_case(ctx, &cases[i], &rng);
+    stof_close(&ctx);
+}
+
+Test(gpu, reference_rows_without_keys)
+{
+    stof_context *ctx = open_or_skip();
+    tu_rng rng = {tu_seed() ^ 4};
+    /* "none" has no key at all; the others leave some rows empty. */
+    const gpu_case cases[] = {
+        {"none", 1, 2, 100, 200, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0},
+        {"random:0.002:5", 1, 2, 500, 300, 64, STOF_DTYPE_FP16,
+         STOF_LAYOUT_BHSD, 0},
+        {"causal&sliding:8&strided:200", 1, 1, 700, 700, 128,
+         STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++)
+        check_case(ctx, &cases[i], &rng);
+    stof_close(&ctx);
+}
+
+Test(gpu, plan_describe_and_errors)
+{
+    stof_context *ctx = open_or_skip();
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 256, 256, &m), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 1, 256, 256, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    stof_plan *p = NULL;
+    cr_assert_eq(stof_attention_plan(ctx, &d, m, &p), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    size_t need = 0;
+    cr_assert_eq(stof_plan_describe(p, NULL, 0, &need),
+                 STOF_ERR_BUFFER_TOO_SMALL);
+    cr_assert_gt(need, 10);
+    char *buf = malloc(need + 1);
+    cr_assert_eq(stof_plan_describe(p, buf, need + 1, NULL), STOF_OK);
+    cr_assert(strstr(buf, "\"kernel\":\"reference\""), "%s", buf);
+    cr_assert(strstr(buf, "\"seq_q\":256"), "%s", buf);
+    free(buf);
+    /* Misaligned and NULL pointers are refused before any launch. */
+    char dummy[64];
+    void *al = (void *)(((uintptr_t)dummy + 15) & ~(uintptr_t)15);
+    cr_assert_eq(stof_attention_run(p, NULL, al, al, al, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_plan_errmsg(p), "q is NULL"));
+    cr_assert_eq(stof_attention_run(p, (char *)al + 2, al, al, al, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_plan_errmsg(p), "aligned"));
+    stof_plan_free(&p);
+    stof_mask_free(&m);
+
+    /* Device description. */
+    size_t n = 0;
+    cr_assert_eq(stof_device_describe(ctx, NULL, 0, &n),
+                 STOF_ERR_BUFFER_TOO_SMALL);
+    char *dj = malloc(n + 1);
+    cr_assert_eq(stof_device_describe(ctx, dj, n + 1, NULL), STOF_OK);
+    cr_log_info("device: %s", dj);
+    free(dj);
+    stof_close(&ctx);
+}
+
+/* Without a usable GPU the whole suite reports itself skipped (exit 77, which
+ * meson counts as SKIP) with the reason. The probe runs in a child process:
+ * CUDA must not be initialised in the parent before Criterion starts the
+ * workers that run the tests. */
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    /* Criterion re-executes this program for each test worker; probe only
+     * in the runner (the workers inherit the variable). */
+    int fds[2];
+    if (!getenv("STOF_GPU_PROBED") && setenv("STOF_GPU_PROBED", "1", 1) == 0 &&
+        pipe(fds) == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fds[0]);
+            stof_settings s;
+            stof_default_settings(&s);
+            s.require_device = 1;
+            stof_context *ctx = NULL;
+            stof_status st = stof_open(&ctx, &s);
+            const char *msg = stof_errmsg(ctx);
+            if (write(fds[1], msg, strlen(msg)) < 0)
+                _exit(3);
+            stof_close(&ctx);
+            _exit(st == STOF_OK ? 0 : 1);
+        }
+        close(fds[1]);
+        char why[1024] = {0};
+        ssize_t n = read(fds[0], why, sizeof(why) - 1);
+        (void)n;
+        close(fds[0]);
+        int status = 0;
+        if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+            WEXITSTATUS(status) == 1) {
+            printf("gpu suite skipped: no usable GPU: %s\n", why);
+            return 77;
+        }
+    }
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true))
+        result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
+}

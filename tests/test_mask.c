@@ -1,0 +1,324 @@
+/*
+ * test_mask.c - the bit-packed mask: packing from dense bytes and back,
+ * accessors, the digest (its canonical stream, a recorded value, stability
+ * across constructions and sensitivity to every bit and to the sizes), and
+ * argument checks.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "internal.h"
+#include "stof.h"
+#include "testutil.h"
+
+static stof_context *open_ctx(void)
+{
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK, "%s", stof_errmsg(ctx));
+    return ctx;
+}
+
+static stof_mask *from_dense(stof_context *ctx, const uint8_t *b, int sq, int sk)
+{
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_dense(ctx, b, sq, sk, &m), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_not_null(m);
+    return m;
+}
+
+static stof_mask *from_spec(stof_context *ctx, const char *s, int sq, int sk)
+{
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, s, sq, sk, &m), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    return m;
+}
+
+static const int dims[][2] = {
+    {1, 1},   {1, 7},    {7, 1},     {3, 63},   {5, 64},   {6, 65},
+    {9, 127}, {4, 128},  {11, 129},  {64, 64},  {65, 63},  {100, 1000},
+    {33, 3001}, {1000, 33}, {257, 520},
+};
+#define N_DIMS ((int)(sizeof(dims) / sizeof(dims[0])))
+
+Test(mask, dense_round_trip_and_accessors)
+{
+    stof_context *ctx = open_ctx();
+    tu_rng rng = {tu_seed()};
+    const double ps[] = {0.0, 0.01, 0.5, 0.93, 1.0};
+    for (int d = 0; d < N_DIMS; d++) {
+        for (size_t pi = 0; pi < sizeof(ps) / sizeof(ps[0]); pi++) {
+            int sq = dims[d][0], sk = dims[d][1];
+            size_t n = (size_t)sq * sk;
+            uint8_t *b = tu_random_dense(&rng, sq, sk, ps[pi]);
+            cr_assert_not_null(b);
+            /* Any nonzero byte counts as allowed. */
+            uint64_t count = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (b[i])
+                    b[i] = (uint8_t)(1 + tu_below(&rng, 255));
+                count += b[i] != 0;
+            }
+            stof_mask *m = from_dense(ctx, b, sq, sk);
+            cr_assert_eq(stof_mask_seq_q(m), sq);
+            cr_assert_eq(stof_mask_seq_k(m), sk);
+            cr_assert_eq(stof_mask_count(m), count, "%dx%d p=%g", sq, sk,
+                         ps[pi]);
+            cr_assert_float_eq(stof_mask_density(m), (double)count / (double)n,
+                               1e-15);
+            cr_assert_eq(m->words_per_row, (sk + 63) / 64);
+            uint8_t *back = malloc(n);
+            memset(back, 0x55, n);
+            stof_mask_to_dense(m, back);
+            for (size_t i = 0; i < n; i++)
+                if (back[i] != (b[i] != 0))
+                    cr_assert_fail("%dx%d p=%g: element %zu is %d, expected %d", sq,
+                             sk, ps[pi], i, back[i], b[i] != 0);
+            for (int q = 0; q < sq; q += 1 + sq / 7)
+                for (int k = 0; k < sk; k++)
+                    cr_assert_eq(stof_mask_get(m, q, k), b[(size_t)q * sk + k] != 0);
+            cr_assert_eq(stof_mask_get(m, -1, 0), 0);
+            cr_assert_eq(stof_mask_get(m, 0, -1), 0);
+            cr_assert_eq(stof_mask_get(m, sq, 0), 0);
+            cr_assert_eq(stof_mask_get(m, 0, sk), 0);
+            /* Padding bits are zero even for all-ones rows. */
+            if (sk % 64)
+                for (int q = 0; q < sq; q++)
+                    cr_assert_eq(m->bits[(size_t)q * m->words_per_row +
+                                         m->words_per_row - 1] >>
+                                     (sk % 64),
+                                 0);
+            free(back);
+            free(b);
+            stof_mask_free(&m);
+            cr_assert_null(m);
+        }
+    }
+    stof_close(&ctx);
+}
+
+Test(mask, every_byte_value_and_position_packs)
+{
+    /* One nonzero byte at each position of a 3 x 200 matrix, every value. */
+    stof_context *ctx = open_ctx();
+    uint8_t b[600];
+    for (int pos = 0; pos < 600; pos++) {
+        memset(b, 0, sizeof(b));
+        b[pos] = (uint8_t)(1 + pos % 255);
+        stof_mask *m = from_dense(ctx, b, 3, 200);
+        cr_assert_eq(stof_mask_count(m), 1);
+        cr_assert_eq(stof_mask_get(m, pos / 200, pos % 200), 1);
+        stof_mask_free(&m);
+    }
+    for (int v = 1; v < 256; v++) {
+        memset(b, v, sizeof(b));
+        stof_mask *m = from_dense(ctx, b, 3, 200);
+        cr_assert_eq(stof_mask_count(m), 600, "byte value %d", v);
+        stof_mask_free(&m);
+    }
+    stof_close(&ctx);
+}
+
+Test(mask, spec_and_dense_agree)
+{
+    stof_context *ctx = open_ctx();
+    const char *specs[] = {"causal", "sliding:5|strided:9", "random:0.4:3",
+                           "none", "dense", "bigbird:4:3:1:2:9"};
+    for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {
+        stof_mask *a = from_spec(ctx, specs[s], 70, 133);
+        uint8_t *b = malloc(70 * 133);
+        stof_mask_to_dense(a, b);
+        stof_mask *c = from_dense(ctx, b, 70, 133);
+        cr_assert_eq(memcmp(a->bits, c->bits,
+                            (size_t)70 * a->words_per_row * sizeof(uint64_t)),
+                     0, "%s", specs[s]);
+        uint64_t da[2], dc[2];
+        char ha[33], hc[33];
+        stof_mask_digest(a, da, ha);
+        stof_mask_digest(c, dc, hc);
+        cr_assert(da[0] == dc[0] && da[1] == dc[1], "%s", specs[s]);
+        cr_assert_str_eq(ha, hc);
+        free(b);
+        stof_mask_free(&a);
+        stof_mask_free(&c);
+    }
+    stof_close(&ctx);
+}
+
+/* The digest as stof.h defines it, computed here from the public accessors:
+ * the tag, the sizes and every row's 64-bit words, all little-endian. */
+static void reference_digest(const stof_mask *m, uint64_t out[2])
+{
+    int sq = stof_mask_seq_q(m), sk = stof_mask_seq_k(m);
+    int wpr = (sk + 63) / 64;
+    size_t n = 24 + (size_t)sq * wpr * 8;
+    uint8_t *buf = calloc(n, 1);
+    cr_assert_not_null(buf);
+    memcpy(buf, "STOFMSK1", 8);
+    for (int i = 0; i < 8; i++) {
+        buf[8 + i] = (uint8_t)((uint64_t)sq >> (8 * i));
+        buf[16 + i] = (uint8_t)((uint64_t)sk >> (8 * i));
+    }
+    for (int q = 0; q < sq; q++)
+        for (int k = 0; k < sk; k++)
+            if (stof_mask_get(m, q, k))
+                buf[24 + ((size_t)q * wpr + k / 64) * 8 + (k % 64) / 8] |=
+                    (uint8_t)(1u << (k % 8));
+    XXH128_hash_t h = XXH3_128bits(buf, n);
+    out[0] = h.high64;
+    out[1] = h.low64;
+    free(buf);
+}
+
+Test(mask, digest_follows_the_documented_stream)
+{
+    stof_context *ctx = open_ctx();
+    const char *specs[] = {"causal", "strided:7", "random:0.5:1", "none"};
+    for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++) {
+        for (int d = 0; d < N_DIMS; d++) {
+            stof_mask *m = from_spec(ctx, specs[s], dims[d][0], dims[d][1]);
+            uint64_t got[2], want[2];
+            char hex[33], whex[33];
+            stof_mask_digest(m, got, hex);
+            reference_digest(m, want);
+            cr_assert(got[0] == want[0] && got[1] == want[1], "%s %dx%d",
+                      specs[s], dims[d][0], dims[d][1]);
+            snprintf(whex, sizeof(whex), "%016llx%016llx",
+                     (unsigned long long)want[0], (unsigned long long)want[1]);
+            cr_assert_str_eq(hex, whex);
+            cr_assert_eq(strlen(hex), 32);
+            stof_mask_free(&m);
+        }
+    }
+    stof_close(&ctx);
+}
+
+Test(mask, digest_recorded_value)
+{
+    /* A recorded digest: if this changes, every tuning database key changes
+     * with it. Change it only together with the stream's tag. */
+    stof_context *ctx = open_ctx();
+    stof_mask *m = from_spec(ctx, "causal|strided:3", 5, 70);
+    char hex[33];
+    stof_mask_digest(m, NULL, hex);
+    cr_assert_str_eq(hex, "fd638d6818ee4cc0f03401215eeb6298");
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+Test(mask, digest_sensitivity)
+{
+    stof_context *ctx = open_ctx();
+    tu_rng rng = {tu_seed() ^ 0x1234};
+    int sq = 37, sk = 150;
+    uint8_t *b = tu_random_dense(&rng, sq, sk, 0.3);
+    stof_mask *m = from_dense(ctx, b, sq, sk);
+    uint64_t d0[2];
+    stof_mask_digest(m, d0, NULL);
+    for (int t = 0; t < 300; t++) {
+        size_t i = (size_t)tu_below(&rng, (uint64_t)sq * sk);
+        b[i] ^= 1;
+        stof_mask *f = from_dense(ctx, b, sq, sk);
+        uint64_t d1[2];
+        stof_mask_digest(f, d1, NULL);
+        cr_assert(d0[0] != d1[0] || d0[1] != d1[1], "flip of element %zu", i);
+        stof_mask_free(&f);
+        b[i] ^= 1;
+    }
+    free(b);
+    stof_mask_free(&m);
+
+    /* Same bits, different sizes. */
+    const int shapes[][2] = {{1, 128}, {2, 64}, {128, 1}, {64, 2}, {1, 127},
+                             {1, 64}, {64, 1}, {2, 32}};
+    uint64_t seen[8][2];
+    for (int s = 0; s < 8; s++) {
+        stof_mask *z = from_spec(ctx, "none", shapes[s][0], shapes[s][1]);
+        stof_mask_digest(z, seen[s], NULL);
+        for (int t = 0; t < s; t++)
+            cr_assert(seen[s][0] != seen[t][0] || seen[s][1] != seen[t][1],
+                      "%dx%d and %dx%d", shapes[s][0], shapes[s][1],
+                      shapes[t][0], shapes[t][1]);
+        stof_mask_free(&z);
+    }
+    /* Dense 1x64 vs dense 64x1: one all-ones word each, different sizes. */
+    stof_mask *a = from_spec(ctx, "dense", 1, 64), *c = from_spec(ctx, "dense", 64, 1);
+    uint64_t da[2], dc[2];
+    stof_mask_digest(a, da, NULL);
+    stof_mask_digest(c, dc, NULL);
+    cr_assert(da[0] != dc[0] || da[1] != dc[1]);
+    stof_mask_free(&a);
+    stof_mask_free(&c);
+    stof_close(&ctx);
+}
+
+Test(mask, null_arguments)
+{
+    stof_context *ctx = open_ctx();
+    uint8_t b[16] = {1};
+    stof_mask *m = (stof_mask *)(uintptr_t)1;
+    cr_assert_eq(stof_mask_from_dense(ctx, NULL, 4, 4, &m),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_null(m);
+    cr_assert(strstr(stof_errmsg(ctx), "bytes"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_mask_from_dense(ctx, b, 4, 4, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "mask"), "%s", stof_errmsg(ctx));
+    const int badsz[] = {0, -5, 1048577};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(stof_mask_from_dense(ctx, b, badsz[i], 4, &m),
+                     STOF_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(stof_errmsg(ctx), "seq_q"), "%s", stof_errmsg(ctx));
+        cr_assert_eq(stof_mask_from_dense(ctx, b, 4, badsz[i], &m),
+                     STOF_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(stof_errmsg(ctx), "seq_k"), "%s", stof_errmsg(ctx));
+    }
+    cr_assert_eq(stof_mask_from_dense(NULL, b, 4, 4, &m), STOF_OK);
+    cr_assert_eq(stof_mask_count(m), 1);
+    stof_mask_free(&m);
+
+    stof_mask_free(NULL);
+    stof_mask_free(&m);
+    cr_assert_eq(stof_mask_seq_q(NULL), 0);
+    cr_assert_eq(stof_mask_seq_k(NULL), 0);
+    cr_assert_eq(stof_mask_count(NULL), 0);
+    cr_assert_eq(stof_mask_density(NULL), 0.0);
+    cr_assert_eq(stof_mask_get(NULL, 0, 0), 0);
+    stof_mask_to_dense(NULL, b);
+    uint64_t d[2] = {1, 1};
+    char hex[33];
+    stof_mask_digest(NULL, d, hex);
+    cr_assert(d[0] == 0 && d[1] == 0);
+    cr_assert_str_eq(hex, "00000000000000000000000000000000");
+    m = from_spec(ctx, "causal", 4, 4);
+    stof_mask_to_dense(m, NULL);
+    stof_mask_digest(m, NULL, NULL);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+Test(mask, extreme_shapes)
+{
+    stof_context *ctx = open_ctx();
+    size_t n = 1048576;
+    uint8_t *b = malloc(n);
+    cr_assert_not_null(b);
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)(i % 3 == 0);
+    stof_mask *r = from_dense(ctx, b, 1, 1048576);
+    stof_mask *c = from_dense(ctx, b, 1048576, 1);
+    cr_assert_eq(stof_mask_count(r), (n + 2) / 3);
+    cr_assert_eq(stof_mask_count(c), (n + 2) / 3);
+    cr_assert_eq(stof_mask_get(r, 0, 1048575), 1048575 % 3 == 0);
+    cr_assert_eq(stof_mask_get(c, 1048575, 0), 1048575 % 3 == 0);
+    stof_mask_free(&r);
+    stof_mask_free(&c);
+    free(b);
+    stof_close(&ctx);
+}

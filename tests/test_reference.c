@@ -1,0 +1,123 @@
+/*
+ * test_reference.c - the C reference attention (what every GPU kernel is
+ * checked against) against an independent double-precision computation.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "internal.h"
+#include "testutil.h"
+
+/* Straightforward double-precision masked attention over dense bytes. */
+static void attention_f64(const stof_attention_desc *d, const uint8_t *mask,
+                          const float *q, const float *k, const float *v,
+                          double *o)
+{
+    const double scale =
+        d->scale != 0.0f ? d->scale : 1.0 / sqrt((double)d->head_dim);
+    double *s = malloc(sizeof(double) * d->seq_k);
+    for (int b = 0; b < d->batch; b++)
+        for (int h = 0; h < d->heads; h++)
+            for (int i = 0; i < d->seq_q; i++) {
+                double mx = -INFINITY, sum = 0.0;
+                for (int j = 0; j < d->seq_k; j++) {
+                    if (!mask[(size_t)i * d->seq_k + j])
+                        continue;
+                    double acc = 0.0;
+                    for (int c = 0; c < d->head_dim; c++)
+                        acc += (double)q[b * d->q_stride[0] + h * d->q_stride[1] +
+                                         i * d->q_stride[2] + c] *
+                               k[b * d->k_stride[0] + h * d->k_stride[1] +
+                                 j * d->k_stride[2] + c];
+                    s[j] = acc * scale;
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j < d->seq_k; j++)
+                    if (mask[(size_t)i * d->seq_k + j])
+                        sum += exp(s[j] - mx);
+                for (int c = 0; c < d->head_dim; c++) {
+                    double acc = 0.0;
+                    for (int j = 0; j < d->seq_k; j++)
+                        if (mask[(size_t)i * d->seq_k + j])
+                            acc += exp(s[j] - mx) / sum *
+                                   v[b * d->v_stride[0] + h * d->v_stride[1] +
+                                     j * d->v_stride[2] + c];
+                    o[b * d->o_stride[0] + h * d->o_stride[1] +
+                      i * d->o_stride[2] + c] = sum > 0 ? acc : 0.0;
+                }
+            }
+    free(s);
+}
+
+static void check(int batch, int heads, int sq, int sk, int hd, double p,
+                  stof_layout layout, float scale, uint64_t salt)
+{
+    tu_rng r = {tu_seed() ^ salt};
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    uint8_t *bytes = tu_random_dense(&r, sq, sk, p);
+    /* Leave some rows with no key at all. */
+    for (int i = 0; i < sq; i += 7)
+        for (int j = 0; j < sk; j++)
+            bytes[(size_t)i * sk + j] = 0;
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_dense(ctx, bytes, sq, sk, &m), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, batch, heads, sq, sk, hd, STOF_DTYPE_FP16,
+                             layout);
+    d.scale = scale;
+    size_t nq = (size_t)batch * heads * sq * hd, nk = (size_t)batch * heads * sk * hd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4),
+          *o = malloc(nq * 4);
+    double *o64 = malloc(nq * 8), *of = malloc(nq * 8);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = (float)(tu_uniform(&r) * 4 - 2), o[i] = NAN;
+    for (size_t i = 0; i < nk; i++)
+        k[i] = (float)(tu_uniform(&r) * 4 - 2), v[i] = (float)(tu_uniform(&r) * 2 - 1);
+    cr_assert_eq(stof__ref_attention(&d, m, q, k, v, o), STOF_OK);
+    attention_f64(&d, bytes, q, k, v, o64);
+    for (size_t i = 0; i < nq; i++)
+        of[i] = o[i];
+    double err = tu_rel_err(of, o64, nq);
+    cr_assert_lt(err, 1e-5, "%dx%dx%dx%d d=%d p=%.2f: rel err %.3e", batch,
+                 heads, sq, sk, hd, p, err);
+    /* Rows with no key are exactly zero. */
+    for (int b = 0; b < batch; b++)
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < sq; i += 7)
+                for (int c = 0; c < hd; c++)
+                    cr_assert_eq(o[b * d.o_stride[0] + h * d.o_stride[1] +
+                                   i * d.o_stride[2] + c], 0.0f);
+    free(q), free(k), free(v), free(o), free(o64), free(of), free(bytes);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+Test(reference, matches_double_precision)
+{
+    check(1, 1, 33, 65, 16, 0.5, STOF_LAYOUT_BHSD, 0.0f, 1);
+    check(2, 3, 100, 37, 64, 0.2, STOF_LAYOUT_BSHD, 0.0f, 2);
+    check(1, 2, 64, 200, 40, 0.9, STOF_LAYOUT_BHSD, 0.3f, 3);
+    check(1, 1, 257, 129, 128, 0.05, STOF_LAYOUT_BSHD, 0.0f, 4);
+}
+
+Test(reference, detects_a_wrong_answer)
+{
+    /* The comparison used by every GPU test must notice a small error. */
+    double a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4.1};
+    cr_assert_gt(tu_rel_err(a, b, 4), 1e-2);
+    double n[2] = {NAN, 1};
+    cr_assert(isinf(tu_rel_err(n, b, 2)));
+    cr_assert(isinf(tu_rel_err(b, n, 2)));
+}
+
+Test(reference, rejects_bad_arguments)
+{
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 1, 4, 4, 16, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    float x[64];
+    cr_assert_eq(stof__ref_attention(&d, NULL, x, x, x, x),
+                 STOF_ERR_INVALID_ARGUMENT);
+}

@@ -1,0 +1,157 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+uint64_t tu_next(tu_rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double tu_uniform(tu_rng *r)
+{
+    return (double)(tu_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+uint64_t tu_below(tu_rng *r, uint64_t n)
+{
+    return n ? tu_next(r) % n : 0;
+}
+
+uint64_t tu_seed(void)
+{
+    static uint64_t seed;
+    static int done;
+    if (!done) {
+        const char *e = getenv("STOF_TEST_SEED");
+        if (e && *e) {
+            seed = strtoull(e, NULL, 0);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;
+        }
+        fprintf(stderr, "test seed: STOF_TEST_SEED=%llu\n",
+                (unsigned long long)seed);
+        done = 1;
+    }
+    return seed;
+}
+
+uint16_t tu_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t man = x & 0x7fffffu;
+    if (((x >> 23) & 0xff) == 0xff)
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - e);
+        uint32_t h = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+float tu_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ffu;
+    uint32_t x;
+    if (e == 0) {
+        if (man == 0) {
+            x = sign;
+        } else {
+            e = 127 - 15 + 1;
+            while (!(man & 0x400u)) {
+                man <<= 1;
+                e--;
+            }
+            man &= 0x3ffu;
+            x = sign | (e << 23) | (man << 13);
+        }
+    } else if (e == 31) {
+        x = sign | 0x7f800000u | (man << 13);
+    } else {
+        x = sign | ((e - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+uint16_t tu_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+float tu_bf16_to_f32(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+double tu_rel_err(const double *a, const double *b, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        double d = a[i] - b[i];
+        num += d * d;
+        den += b[i] * b[i];
+    }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+uint8_t *tu_random_dense(tu_rng *r, int seq_q, int seq_k, double p)
+{
+    size_t n = (size_t)seq_q * (size_t)seq_k;
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        b[i] = tu_uniform(r) < p;
+    return b;
+}
+
+const char *tu_src_path(const char *rel)
+{
+    static char buf[4096];
+    const char *root = getenv("STOF_SOURCE_ROOT");
+#ifdef STOF_SOURCE_ROOT
+    if (!root)
+        root = STOF_SOURCE_ROOT;
+#endif
+    snprintf(buf, sizeof(buf), "%s/%s", root ? root : ".", rel);
+    return buf;
+}

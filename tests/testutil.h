@@ -1,0 +1,42 @@
+/*
+ * testutil.h - helpers shared by the Criterion suites: a seeded generator,
+ * fp16/bf16 conversion, relative error, and the GPU skip.
+ */
+#ifndef STOF_TESTUTIL_H
+#define STOF_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stof.h"
+
+/* splitmix64: small, seedable, good enough for test data. */
+typedef struct tu_rng {
+    uint64_t s;
+} tu_rng;
+uint64_t tu_next(tu_rng *r);
+/* Uniform in [0, 1). */
+double tu_uniform(tu_rng *r);
+/* Uniform integer in [0, n). */
+uint64_t tu_below(tu_rng *r, uint64_t n);
+/* A seed that differs between runs unless STOF_TEST_SEED is set; printed
+ * once so a failure can be replayed. */
+uint64_t tu_seed(void);
+
+uint16_t tu_f32_to_f16(float f);
+float tu_f16_to_f32(uint16_t h);
+uint16_t tu_f32_to_bf16(float f);
+float tu_bf16_to_f32(uint16_t h);
+
+/* ||a - b|| / ||b|| over n doubles; NaN or Inf anywhere gives +Inf. When
+ * ||b|| is 0 the result is ||a - b||. */
+double tu_rel_err(const double *a, const double *b, size_t n);
+
+/* A random dense mask with each element kept with probability p
+ * (caller frees). */
+uint8_t *tu_random_dense(tu_rng *r, int seq_q, int seq_k, double p);
+
+/* The path of a file under the source tree (static buffer). */
+const char *tu_src_path(const char *rel);
+
+#endif
