@@ -12,7 +12,7 @@
  *     ninja -C /tmp/build-fuzz fuzz/fuzz_mask
  *     mkdir -p fuzz/corpus-run
  *     /tmp/build-fuzz/fuzz/fuzz_mask fuzz/corpus-run fuzz/corpus \
- *         -max_total_time=60 -max_len=512
+ *         -dict=fuzz/mask.dict -max_total_time=60 -max_len=512
  * fuzz/corpus is the seed corpus (kept in git, replayed by every build via
  * tests/test_fuzz_corpus.c); fuzz/corpus-run collects new inputs (ignored).
  */

@@ -208,7 +208,7 @@ typedef struct stof_mask stof_mask;
  *   dilated:W:D           |q-k| < W and (q-k) % D == 0
  *   longformer:W:G        |q-k| < W or q < G or k < G
  *   bigbird:B:W:G:R:SEED  on B x B blocks (block row i, block column j):
- *                         |i-j| <= W/2 (W window blocks, centred), or i < G
+ *                         i-(W-1)/2 <= j <= i+W/2 (W window blocks), or i < G
  *                         or j < G (global blocks), or one of R random
  *                         block columns drawn for row i from SEED
  *   strided:S             |q-k| < S or k % S == S-1

@@ -17,13 +17,29 @@
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
-/* Population count. Without a hardware popcount in the target (baseline
- * x86-64), __builtin_popcountll becomes a slow library call, so use the
- * classic SWAR sum instead. */
+/* The builder is dominated by popcounts. Baseline x86-64 has no popcount
+ * instruction (__builtin_popcountll becomes a slow library call), so on
+ * x86-64 ELF targets the builder is compiled twice and the loader picks the
+ * popcnt version on CPUs that have it (all recent ones); elsewhere a SWAR
+ * popcount (or the builtin, where the target has the instruction) is used. */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__GLIBC__) &&           \
+    !defined(__POPCNT__) &&                                                    \
+    ((defined(__clang__) && __clang_major__ >= 14) ||                          \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 7))
+#define FORMAT_CLONES __attribute__((target_clones("popcnt", "default")))
+#define FORMAT_INLINE inline __attribute__((always_inline))
+#define POPCNT(x) __builtin_popcountll(x)
+#else
+#define FORMAT_CLONES
+#define FORMAT_INLINE inline
+#define POPCNT(x) popcount64(x)
 static inline int popcount64(uint64_t x)
 {
-#if defined(__POPCNT__) || defined(__ARM_NEON) || defined(__aarch64__)
+#if defined(__POPCNT__) || defined(__aarch64__)
     return __builtin_popcountll(x);
 #else
     x = x - ((x >> 1) & 0x5555555555555555ull);
@@ -32,34 +48,12 @@ static inline int popcount64(uint64_t x)
     return (int)((x * 0x0101010101010101ull) >> 56);
 #endif
 }
-
-/* A growable array: *p holds *cap elements of `elem` bytes. Makes room for
- * `need` elements, zero-filling the new part. 0 on success. */
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) {
-        if (nc > SIZE_MAX / 2)
-            return -1;
-        nc *= 2;
-    }
-    if (nc > SIZE_MAX / elem)
-        return -1;
-    void *q = realloc(*p, nc * elem);
-    if (!q)
-        return -1;
-    memset((char *)q + *cap * elem, 0, (nc - *cap) * elem);
-    *p = q;
-    *cap = nc;
-    return 0;
-}
+#endif
 
 /* Gather the bits of x selected by m into the low popcount(m) bits (a
  * software PEXT that moves one run of consecutive mask bits at a time:
  * masks made of intervals cost one or two steps per word). */
-static uint64_t extract_bits(uint64_t x, uint64_t m)
+static FORMAT_INLINE uint64_t extract_bits(uint64_t x, uint64_t m)
 {
     uint64_t r = 0;
     int o = 0;
@@ -83,7 +77,7 @@ typedef struct bit_writer {
     int n;
 } bit_writer;
 
-static void bw_put32(bit_writer *b, uint32_t bits, int n)
+static FORMAT_INLINE void bw_put32(bit_writer *b, uint32_t bits, int n)
 {
     b->acc |= (uint64_t)bits << b->n;
     b->n += n;
@@ -95,7 +89,7 @@ static void bw_put32(bit_writer *b, uint32_t bits, int n)
 }
 
 /* bits must have no bit set at or above n (n <= 64). */
-static void bw_put(bit_writer *b, uint64_t bits, int n)
+static FORMAT_INLINE void bw_put(bit_writer *b, uint64_t bits, int n)
 {
     if (n > 32) {
         bw_put32(b, (uint32_t)bits, 32);
@@ -106,7 +100,7 @@ static void bw_put(bit_writer *b, uint64_t bits, int n)
         bw_put32(b, (uint32_t)bits, n);
 }
 
-static void bw_flush(bit_writer *b)
+static FORMAT_INLINE void bw_flush(bit_writer *b)
 {
     if (b->n > 0)
         *b->dst++ = (uint32_t)b->acc;
@@ -138,14 +132,87 @@ void stof_format_free(stof_format **fmt)
     *fmt = NULL;
 }
 
-/* The builder's growable arrays and per-row-block scratch. */
+/* Per-row-block scratch of the builder. */
 typedef struct builder {
-    size_t cap_tiles, cap_bitmaps, cap_keys, cap_rw;
-    uint32_t *cnt;   /* n_col_blocks: allowed elements per tile */
+    uint32_t *cnt;   /* n_cnt >= n_col_blocks: allowed elements per tile */
+    size_t n_cnt;
     uint64_t *uni;   /* words_per_row: OR of the block's rows */
     int32_t *nzw;    /* words_per_row: indices of nonzero words of uni */
+    uint8_t *nzp;    /* words_per_row: their popcounts */
 } builder;
 
+/* Scan row block i: the population of each of its tiles (b->cnt) and the OR
+ * of its rows (b->uni). Zero words are skipped and all-ones words need no
+ * popcount, so the cost follows the mask's nonzero words. */
+static FORMAT_INLINE void scan_block(const stof_mask *m, int i, int bm, int bn,
+                                     builder *b)
+{
+    const int wpr = m->words_per_row;
+    const int r0 = i * bm;
+    const int rows = m->seq_q - r0 < bm ? m->seq_q - r0 : bm;
+    /* Mask words per tile (bn >= 64) or tiles per mask word (bn < 64). */
+    const int tile_shift = bn >= 64 ? __builtin_ctz((unsigned)bn / 64) : 0;
+    const uint64_t *blk = m->bits + (size_t)r0 * (size_t)wpr;
+    memset(b->cnt, 0, b->n_cnt * sizeof(uint32_t));
+    memset(b->uni, 0, (size_t)wpr * sizeof(uint64_t));
+    for (int r = 0; r < rows; r++) {
+        const uint64_t *row = blk + (size_t)r * (size_t)wpr;
+        for (int w = 0; w < wpr; w++) {
+            uint64_t x = row[w];
+            if (!x)
+                continue;
+            b->uni[w] |= x;
+            if (x == ~0ull) {
+                if (bn >= 64) {
+                    b->cnt[w >> tile_shift] += 64;
+                } else {
+                    for (int t = 0; t < 64 / bn; t++)
+                        b->cnt[(64 / bn) * w + t] += (uint32_t)bn;
+                }
+            } else if (bn >= 64) {
+                b->cnt[w >> tile_shift] += (uint32_t)POPCNT(x);
+            } else if (bn == 32) {
+                b->cnt[2 * w] += (uint32_t)POPCNT(x & 0xffffffffull);
+                b->cnt[2 * w + 1] += (uint32_t)POPCNT(x >> 32);
+            } else {
+                for (int t = 0; t < 4; t++)
+                    b->cnt[4 * w + t] +=
+                        (uint32_t)POPCNT((x >> (16 * t)) & 0xffffull);
+            }
+        }
+    }
+}
+
+/* malloc of n elements (at least one, so that no array of a valid format is
+ * NULL), with the size product checked. */
+static void *alloc_array(int64_t n, size_t elem)
+{
+    if (n < 1)
+        n = 1;
+    if ((uint64_t)n > SIZE_MAX / elem)
+        return NULL;
+    size_t bytes = (size_t)n * elem;
+#if defined(MADV_HUGEPAGE)
+    /* Large arrays are written once, front to back, right after this: with
+     * 4 KiB pages the page faults cost more than the writing. Ask for
+     * transparent huge pages (a hint; ignored where unsupported). */
+    const size_t huge = (size_t)2 << 20;
+    if (bytes >= 2 * huge && bytes <= SIZE_MAX - huge) {
+        size_t rounded = (bytes + huge - 1) / huge * huge;
+        void *p = aligned_alloc(huge, rounded);
+        if (p)
+            madvise(p, rounded, MADV_HUGEPAGE);
+        return p;
+    }
+#endif
+    return malloc(bytes);
+}
+
+/* Build the formats in two passes over the row blocks: the first sizes
+ * every array (and fills the pointer arrays), the second fills them. Exact
+ * sizes avoid growing arrays, whose copies and page faults would cost more
+ * than scanning the mask twice. */
+FORMAT_CLONES
 static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
                          builder *b)
 {
@@ -153,151 +220,130 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
     const int wpr = m->words_per_row;
     const int n_rb = f->n_row_blocks, n_cb = f->n_col_blocks;
     const int bwpr = f->bitmap_words_per_row;
-    /* Mask words per tile (bn >= 64) or tiles per mask word (bn < 64). */
-    const int tile_shift = bn >= 64 ? __builtin_ctz((unsigned)bn / 64) : 0;
 
-    int64_t n_tiles = 0, n_partial = 0, n_full = 0;
-    int64_t n_keys = 0, rw_off = 0;
-    double partial_in = 0.0, partial_area = 0.0, rw_area = 0.0;
-
+    /* Pass 1: sizes. */
+    int64_t n_tiles = 0, n_partial = 0, n_keys = 0, rw_off = 0;
     f->row_ptr[0] = 0;
     f->rw_ptr[0] = 0;
     f->rw_bitmap_off[0] = 0;
     for (int i = 0; i < n_rb; i++) {
+        const int rows = m->seq_q - i * bm < bm ? m->seq_q - i * bm : bm;
+        scan_block(m, i, bm, bn, b);
+        for (int j = 0; j < n_cb; j++) {
+            if (!b->cnt[j])
+                continue;
+            const int cols = m->seq_k - j * bn < bn ? m->seq_k - j * bn : bn;
+            n_tiles++;
+            n_partial += b->cnt[j] != (uint32_t)rows * (uint32_t)cols;
+        }
+        int64_t nk = 0;
+        for (int w = 0; w < wpr; w++)
+            nk += POPCNT(b->uni[w]);
+        const int64_t rww = (nk + 31) / 32;
+        f->row_ptr[i + 1] = n_tiles;
+        f->rw_ptr[i + 1] = n_keys += nk;
+        f->rw_words[i] = (int32_t)rww; /* nk <= 2^20: fits */
+        f->rw_bitmap_off[i + 1] = rw_off += (int64_t)bm * rww;
+    }
+    if (n_partial > INT32_MAX)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "stof_format_build: %lld partial tiles, at most %d "
+                          "are supported",
+                          (long long)n_partial, INT32_MAX);
+    const int64_t bitmap_words = n_partial * bm * bwpr;
+    if (!(f->col_idx = alloc_array(n_tiles, sizeof(int32_t))) ||
+        !(f->kind = alloc_array(n_tiles, 1)) ||
+        !(f->bitmap_idx = alloc_array(n_tiles, sizeof(int32_t))) ||
+        !(f->bitmaps = alloc_array(bitmap_words, sizeof(uint32_t))) ||
+        !(f->rw_keys = alloc_array(n_keys, sizeof(int32_t))) ||
+        !(f->rw_bitmaps = alloc_array(rw_off, sizeof(uint32_t))))
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory building the %dx%d formats of a %d x "
+                          "%d mask (%lld tiles, %lld bitmap words, %lld keys, "
+                          "%lld row-wise words)",
+                          bm, bn, m->seq_q, m->seq_k, (long long)n_tiles,
+                          (long long)bitmap_words, (long long)n_keys,
+                          (long long)rw_off);
+
+    /* Pass 2: contents. */
+    int64_t e = 0, n_full = 0, part = 0;
+    double partial_in = 0.0, partial_area = 0.0, rw_area = 0.0;
+    for (int i = 0; i < n_rb; i++) {
         const int r0 = i * bm;
         const int rows = m->seq_q - r0 < bm ? m->seq_q - r0 : bm;
         const uint64_t *blk = m->bits + (size_t)r0 * (size_t)wpr;
+        scan_block(m, i, bm, bn, b);
 
-        /* Pass 1: tile populations and the union of the rows. */
-        memset(b->cnt, 0, (size_t)n_cb * sizeof(uint32_t));
-        memset(b->uni, 0, (size_t)wpr * sizeof(uint64_t));
-        for (int r = 0; r < rows; r++) {
-            const uint64_t *row = blk + (size_t)r * (size_t)wpr;
-            for (int w = 0; w < wpr; w++) {
-                uint64_t x = row[w];
-                if (!x)
-                    continue;
-                b->uni[w] |= x;
-                if (x == ~0ull) {
-                    if (bn >= 64) {
-                        b->cnt[w >> tile_shift] += 64;
-                    } else {
-                        for (int t = 0; t < 64 / bn; t++)
-                            b->cnt[(64 / bn) * w + t] += (uint32_t)bn;
-                    }
-                } else if (bn >= 64) {
-                    b->cnt[w >> tile_shift] += (uint32_t)popcount64(x);
-                } else if (bn == 32) {
-                    b->cnt[2 * w] +=
-                        (uint32_t)popcount64(x & 0xffffffffull);
-                    b->cnt[2 * w + 1] +=
-                        (uint32_t)popcount64(x >> 32);
-                } else {
-                    for (int t = 0; t < 4; t++)
-                        b->cnt[4 * w + t] += (uint32_t)popcount64(
-                            (x >> (16 * t)) & 0xffffull);
-                }
-            }
-        }
-
-        /* Block-wise entries of this row block. */
+        /* Block-wise entries. */
         for (int j = 0; j < n_cb; j++) {
             if (!b->cnt[j])
                 continue;
             const int c0 = j * bn;
             const int cols = m->seq_k - c0 < bn ? m->seq_k - c0 : bn;
             const uint32_t area = (uint32_t)rows * (uint32_t)cols;
-            /* The three per-tile arrays share one capacity. */
-            const size_t old_cap = b->cap_tiles;
-            if (grow((void **)&f->col_idx, &b->cap_tiles, (size_t)n_tiles + 1,
-                     sizeof(int32_t)) != 0)
-                goto oom;
-            if (b->cap_tiles != old_cap) {
-                uint8_t *nk = realloc(f->kind, b->cap_tiles);
-                if (!nk)
-                    goto oom;
-                f->kind = nk;
-                int32_t *nb =
-                    realloc(f->bitmap_idx, b->cap_tiles * sizeof(int32_t));
-                if (!nb)
-                    goto oom;
-                f->bitmap_idx = nb;
-            }
-            f->col_idx[n_tiles] = j;
+            f->col_idx[e] = j;
             if (b->cnt[j] == area) {
-                f->kind[n_tiles] = STOF_TILE_FULL;
-                f->bitmap_idx[n_tiles] = -1;
+                f->kind[e] = STOF_TILE_FULL;
+                f->bitmap_idx[e] = -1;
                 n_full++;
             } else {
-                if (n_partial >= INT32_MAX)
-                    return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
-                                      "stof_format_build: more than %d partial "
-                                      "tiles",
-                                      INT32_MAX);
-                f->kind[n_tiles] = STOF_TILE_PARTIAL;
-                f->bitmap_idx[n_tiles] = (int32_t)n_partial;
-                size_t base = (size_t)n_partial * (size_t)bm * (size_t)bwpr;
-                if (grow((void **)&f->bitmaps, &b->cap_bitmaps,
-                         base + (size_t)bm * (size_t)bwpr,
-                         sizeof(uint32_t)) != 0)
-                    goto oom;
-                uint32_t *bmp = f->bitmaps + base;
+                f->kind[e] = STOF_TILE_PARTIAL;
+                f->bitmap_idx[e] = (int32_t)part;
+                /* Bits past seq_k are 0 in the mask; words past it and rows
+                 * past seq_q are written as 0. */
+                uint32_t *bmp =
+                    f->bitmaps + (size_t)part * (size_t)bm * (size_t)bwpr;
                 for (int r = 0; r < rows; r++) {
                     const uint64_t *row = blk + (size_t)r * (size_t)wpr;
                     for (int t = 0; t < bwpr; t++) {
                         int k0 = c0 + 32 * t;
-                        if (k0 >= m->seq_k)
-                            break;
-                        uint64_t x = row[k0 >> 6] >> (k0 & 63);
-                        bmp[r * bwpr + t] =
-                            bn == 16 ? (uint32_t)(x & 0xffffu) : (uint32_t)x;
+                        uint32_t v = 0;
+                        if (k0 < m->seq_k) {
+                            uint64_t x = row[k0 >> 6] >> (k0 & 63);
+                            v = bn == 16 ? (uint32_t)(x & 0xffffu)
+                                         : (uint32_t)x;
+                        }
+                        bmp[r * bwpr + t] = v;
                     }
                 }
-                n_partial++;
+                if (rows < bm)
+                    memset(bmp + (size_t)rows * (size_t)bwpr, 0,
+                           (size_t)(bm - rows) * (size_t)bwpr *
+                               sizeof(uint32_t));
+                part++;
                 partial_in += b->cnt[j];
                 partial_area += area;
             }
-            n_tiles++;
+            e++;
         }
-        f->row_ptr[i + 1] = n_tiles;
 
-        /* Row-wise: the keys are the set bits of the union. */
+        /* Row-wise: the keys are the set bits of the union, and each row's
+         * bitmap is the row compressed by the union. */
         int n_nzw = 0;
         int64_t nk = 0;
         for (int w = 0; w < wpr; w++) {
             if (b->uni[w]) {
+                int c = POPCNT(b->uni[w]);
+                b->nzp[n_nzw] = (uint8_t)c;
                 b->nzw[n_nzw++] = w;
-                nk += popcount64(b->uni[w]);
+                nk += c;
             }
         }
-        if (grow((void **)&f->rw_keys, &b->cap_keys, (size_t)(n_keys + nk),
-                 sizeof(int32_t)) != 0)
-            goto oom;
-        int32_t *keys = f->rw_keys + n_keys;
+        int32_t *keys = f->rw_keys + f->rw_ptr[i];
         for (int z = 0; z < n_nzw; z++) {
             int w = b->nzw[z];
             for (uint64_t u = b->uni[w]; u; u &= u - 1)
                 *keys++ = 64 * w + __builtin_ctzll(u);
         }
-        n_keys += nk;
-        f->rw_ptr[i + 1] = n_keys;
-        const int64_t rww = (nk + 31) / 32;
-        if (rww > INT32_MAX)
-            return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
-                              "stof_format_build: row block %d lists too many "
-                              "keys",
-                              i);
-        f->rw_words[i] = (int32_t)rww;
-        if (grow((void **)&f->rw_bitmaps, &b->cap_rw,
-                 (size_t)(rw_off + (int64_t)bm * rww), sizeof(uint32_t)) != 0)
-            goto oom;
+        const int64_t rww = f->rw_words[i];
+        uint32_t *rwb = f->rw_bitmaps + f->rw_bitmap_off[i];
         for (int r = 0; r < rows && rww > 0; r++) {
             const uint64_t *row = blk + (size_t)r * (size_t)wpr;
-            bit_writer bw = {f->rw_bitmaps + rw_off + (int64_t)r * rww, 0, 0};
+            bit_writer bw = {rwb + (int64_t)r * rww, 0, 0};
             for (int z = 0; z < n_nzw; z++) {
                 int w = b->nzw[z];
                 uint64_t u = b->uni[w], x = row[w];
-                int n = popcount64(u);
+                int n = b->nzp[z];
                 uint64_t bits;
                 if (u == ~0ull)
                     bits = x;
@@ -309,10 +355,11 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
                     bits = extract_bits(x, u);
                 bw_put(&bw, bits, n);
             }
-            bw_flush(&bw);
+            bw_flush(&bw); /* the row's nk bits fill exactly rww words */
         }
-        rw_off += (int64_t)bm * rww;
-        f->rw_bitmap_off[i + 1] = rw_off;
+        if (rows < bm && rww > 0)
+            memset(rwb + (int64_t)rows * rww, 0,
+                   (size_t)((int64_t)(bm - rows) * rww) * sizeof(uint32_t));
         rw_area += (double)rows * (double)nk;
     }
 
@@ -323,12 +370,6 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
     f->partial_fill = partial_area > 0.0 ? partial_in / partial_area : 0.0;
     f->rowwise_fill = rw_area > 0.0 ? (double)m->count / rw_area : 0.0;
     return STOF_OK;
-
-oom:
-    return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                      "out of memory building the %dx%d formats of a %d x %d "
-                      "mask",
-                      bm, bn, m->seq_q, m->seq_k);
 }
 
 stof_status stof_format_build(stof_context *ctx, const stof_mask *m,
@@ -361,33 +402,32 @@ stof_status stof_format_build(stof_context *ctx, const stof_mask *m,
     const size_t nrb = (size_t)f->n_row_blocks;
     builder b;
     memset(&b, 0, sizeof(b));
+    /* For BN < 64 the last mask word can span tiles past the last column
+     * block (their counts stay 0); size cnt for whole words. */
+    b.n_cnt = (size_t)m->words_per_row * 4;
+    if (b.n_cnt < (size_t)f->n_col_blocks)
+        b.n_cnt = (size_t)f->n_col_blocks;
     f->row_ptr = malloc((nrb + 1) * sizeof(int64_t));
     f->rw_ptr = malloc((nrb + 1) * sizeof(int64_t));
     f->rw_words = malloc(nrb * sizeof(int32_t));
     f->rw_bitmap_off = malloc((nrb + 1) * sizeof(int64_t));
-    b.cnt = malloc((size_t)f->n_col_blocks * sizeof(uint32_t));
+    b.cnt = malloc(b.n_cnt * sizeof(uint32_t));
     b.uni = malloc((size_t)m->words_per_row * sizeof(uint64_t));
     b.nzw = malloc((size_t)m->words_per_row * sizeof(int32_t));
-    /* Start every growable array non-empty, so that no pointer of a valid
-     * format is NULL even when the mask is empty. */
-    stof_status st = STOF_OK;
+    b.nzp = malloc((size_t)m->words_per_row);
+    stof_status st;
     if (!f->row_ptr || !f->rw_ptr || !f->rw_words || !f->rw_bitmap_off ||
-        !b.cnt || !b.uni || !b.nzw ||
-        grow((void **)&f->col_idx, &b.cap_tiles, 1, sizeof(int32_t)) != 0 ||
-        !(f->kind = calloc(b.cap_tiles, 1)) ||
-        !(f->bitmap_idx = calloc(b.cap_tiles, sizeof(int32_t))) ||
-        grow((void **)&f->bitmaps, &b.cap_bitmaps, 1, sizeof(uint32_t)) != 0 ||
-        grow((void **)&f->rw_keys, &b.cap_keys, 1, sizeof(int32_t)) != 0 ||
-        grow((void **)&f->rw_bitmaps, &b.cap_rw, 1, sizeof(uint32_t)) != 0)
+        !b.cnt || !b.uni || !b.nzw || !b.nzp)
         st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
                         "out of memory allocating the formats of a %d x %d "
                         "mask",
                         m->seq_q, m->seq_k);
-    if (st == STOF_OK)
+    else
         st = build(ctx, m, f, &b);
     free(b.cnt);
     free(b.uni);
     free(b.nzw);
+    free(b.nzp);
     if (st != STOF_OK) {
         stof_format_free(&f);
         return st;

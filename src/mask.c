@@ -13,12 +13,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Population count. Without a hardware popcount in the target (baseline
- * x86-64), __builtin_popcountll becomes a slow library call, so use the
- * classic SWAR sum instead. */
+/* Counting the allowed elements is a popcount over the whole mask.
+ * Baseline x86-64 has no popcount instruction (__builtin_popcountll becomes
+ * a slow library call), so on x86-64 ELF targets count_bits() is compiled
+ * twice and the loader picks the popcnt version on CPUs that have it;
+ * elsewhere a SWAR popcount (or the builtin, where the target has the
+ * instruction) is used. */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__GLIBC__) &&           \
+    !defined(__POPCNT__) &&                                                    \
+    ((defined(__clang__) && __clang_major__ >= 14) ||                          \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 7))
+#define MASK_CLONES __attribute__((target_clones("popcnt", "default")))
+#define POPCNT(x) __builtin_popcountll(x)
+#else
+#define MASK_CLONES
+#define POPCNT(x) popcount64(x)
 static inline int popcount64(uint64_t x)
 {
-#if defined(__POPCNT__) || defined(__ARM_NEON) || defined(__aarch64__)
+#if defined(__POPCNT__) || defined(__aarch64__)
     return __builtin_popcountll(x);
 #else
     x = x - ((x >> 1) & 0x5555555555555555ull);
@@ -26,6 +38,23 @@ static inline int popcount64(uint64_t x)
     x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
     return (int)((x * 0x0101010101010101ull) >> 56);
 #endif
+}
+#endif
+
+/* The number of set bits in n words. */
+MASK_CLONES
+static uint64_t count_bits(const uint64_t *b, size_t n)
+{
+    uint64_t c0 = 0, c1 = 0;
+    size_t i = 0;
+    /* Two accumulators let two popcounts issue per cycle. */
+    for (; i + 2 <= n; i += 2) {
+        c0 += (uint64_t)POPCNT(b[i]);
+        c1 += (uint64_t)POPCNT(b[i + 1]);
+    }
+    for (; i < n; i++)
+        c0 += (uint64_t)POPCNT(b[i]);
+    return c0 + c1;
 }
 
 #if defined(__SSE2__)
@@ -90,18 +119,7 @@ void stof__mask_recount(stof_mask *m)
 {
     if (!m)
         return;
-    size_t n = (size_t)m->seq_q * (size_t)m->words_per_row;
-    const uint64_t *b = m->bits;
-    uint64_t c0 = 0, c1 = 0;
-    size_t i = 0;
-    /* Two accumulators let two popcounts issue per cycle. */
-    for (; i + 2 <= n; i += 2) {
-        c0 += (uint64_t)popcount64(b[i]);
-        c1 += (uint64_t)popcount64(b[i + 1]);
-    }
-    for (; i < n; i++)
-        c0 += (uint64_t)popcount64(b[i]);
-    m->count = c0 + c1;
+    m->count = count_bits(m->bits, (size_t)m->seq_q * (size_t)m->words_per_row);
 }
 
 static uint64_t load_u64(const uint8_t *p)
@@ -187,16 +205,12 @@ stof_status stof_mask_from_dense(stof_context *ctx, const uint8_t *bytes,
     for (int q = 0; q < seq_q; q++) {
         const uint8_t *src = bytes + (size_t)q * (size_t)seq_k;
         uint64_t *dst = m->bits + (size_t)q * (size_t)wpr;
-        for (int w = 0; w < full_words; w++) {
-            uint64_t x = pack64(src + 64 * (size_t)w);
-            dst[w] = x;
-            count += (uint64_t)popcount64(x);
-        }
-        if (tail) {
-            uint64_t x = pack_tail(src + 64 * (size_t)full_words, tail);
-            dst[full_words] = x;
-            count += (uint64_t)popcount64(x);
-        }
+        for (int w = 0; w < full_words; w++)
+            dst[w] = pack64(src + 64 * (size_t)w);
+        if (tail)
+            dst[full_words] = pack_tail(src + 64 * (size_t)full_words, tail);
+        /* Counted per row while the row is still in cache. */
+        count += count_bits(dst, (size_t)wpr);
     }
     m->count = count;
     *mask = m;

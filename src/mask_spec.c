@@ -726,10 +726,32 @@ static void bigbird_block_row(node *n, int64_t i, const eval_env *e)
     }
 }
 
+/* OR into row the elements of a Bernoulli(p) row, found by skipping
+ * geometric gaps: the cost is one draw per kept element. */
+static void random_sparse(double p, uint64_t *s, uint64_t *row,
+                          const eval_env *e)
+{
+    const double inv = 1.0 / log1p(-p);
+    double k = -1.0;
+    for (;;) {
+        /* u in (0, 1]; gap = failures before the next success. */
+        double u = ((double)(splitmix64(s) >> 11) + 1.0) *
+                   (1.0 / 9007199254740992.0);
+        k += floor(log(u) * inv) + 1.0;
+        if (k >= (double)e->seq_k)
+            break;
+        int64_t ki = (int64_t)k;
+        row[ki >> 6] |= 1ull << (ki & 63);
+    }
+}
+
 /* Each element of row q kept with probability P, from a generator seeded by
- * SEED and q. Sparse rows skip geometric gaps (cost per kept element);
- * denser rows build each word from a few random words, one per binary digit
- * of P (32-bit precision). */
+ * SEED and q (so a row does not depend on the others). For P > 1/2 the
+ * complement is drawn with 1 - P. Then P = a + (1 - a) r with a = P rounded
+ * down to 10 binary digits: whole words with bit probability a come from
+ * one random word per binary digit of a (an AND/OR cascade), and the
+ * remainder r < 1/512 is ORed in by geometric skipping. Tiny P uses the
+ * skipping alone. The result is exactly Bernoulli(P) per element. */
 static void random_row(const node *n, int64_t q, uint64_t *row,
                        const eval_env *e)
 {
@@ -740,37 +762,30 @@ static void random_row(const node *n, int64_t q, uint64_t *row,
         set_full(row, e);
         return;
     }
+    const int invert = p > 0.5;
+    if (invert)
+        p = 1.0 - p;
     uint64_t s = mix64(n->v[1] ^ mix64((uint64_t)q + 0x2545f4914f6cdd1dull));
-    if (p < 1.0 / 16.0) {
-        const double inv = 1.0 / log1p(-p);
-        double k = -1.0;
-        for (;;) {
-            /* u in (0, 1]; gap ~ Geometric(p) failures before a success. */
-            double u = ((double)(splitmix64(&s) >> 11) + 1.0) *
-                       (1.0 / 9007199254740992.0);
-            double gap = floor(log(u) * inv);
-            k += gap + 1.0;
-            if (k >= (double)e->seq_k)
-                break;
-            int64_t ki = (int64_t)k;
-            row[ki >> 6] |= 1ull << (ki & 63);
+    double r = p;
+    if (p >= 1.0 / 256.0) {
+        const unsigned a10 = (unsigned)(p * 1024.0); /* 4..512 */
+        const double a = (double)a10 / 1024.0;
+        r = (p - a) / (1.0 - a);
+        const int first = __builtin_ctz(a10);
+        for (int w = 0; w < e->wpr; w++) {
+            uint64_t x = 0;
+            for (int b = first; b < 10; b++) {
+                uint64_t y = splitmix64(&s);
+                x = ((a10 >> b) & 1u) ? (x | y) : (x & y);
+            }
+            row[w] = x;
         }
-        return;
     }
-    uint64_t p32 = (uint64_t)llround(p * 4294967296.0);
-    if (p32 >= 4294967296ull) {
-        set_full(row, e);
-        return;
-    }
-    int first = __builtin_ctzll(p32);
-    for (int w = 0; w < e->wpr; w++) {
-        uint64_t x = 0;
-        for (int b = first; b < 32; b++) {
-            uint64_t r = splitmix64(&s);
-            x = ((p32 >> b) & 1) ? (x | r) : (x & r);
-        }
-        row[w] = x;
-    }
+    if (r > 0.0)
+        random_sparse(r, &s, row, e);
+    if (invert)
+        for (int w = 0; w < e->wpr; w++)
+            row[w] = ~row[w];
     row[e->wpr - 1] &= e->last_mask;
 }
 
