@@ -1,7 +1,8 @@
 // attn_block.cu - block-wise sparse attention, FlashAttention-2 style.
 //
 // One CTA computes BLOCK_M query rows of one (batch, head): grid.x = query
-// row block, grid.y = batch * heads + head... i.e. blockIdx.y = b * heads + h.
+// row block (n_row_blocks of the format), grid.y = batch * heads with
+// blockIdx.y = b * heads + h; WARPS * 32 threads.
 // It walks only the non-empty BLOCK_M x BLOCK_N tiles of its row block, as
 // listed by the tile-level BSR of a stof_format built with the same
 // BLOCK_M/BLOCK_N (see stof_format in stof.h):
@@ -59,7 +60,20 @@
 //   P: the S accumulators of n-tiles 2k, 2k+1 packed in pairs are exactly
 //      the A fragment of k-step k, so P never leaves the registers.
 //
-// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=128,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=128,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=2 | HEAD_DIM=128,DTYPE=1,BLOCK_M=128,BLOCK_N=32,WARPS=8,STAGES=3 | HEAD_DIM=128,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=4,STAGES=1 | HEAD_DIM=32,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=32,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=1 | HEAD_DIM=256,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1
+// Tuning notes (H200, 4x16x4096x4096, fp16, dense): 4 warps owning 32 rows
+// each (BLOCK_M=128, WARPS=4) beat 8 warps of 16 rows: every K/V ldmatrix
+// then feeds twice the mma's (d=128: BLOCK_N=32, STAGES=2 reached ~300
+// TFLOP/s; d=64: BLOCK_N=64 ~280). Configurations whose accumulators
+// exceed 176 registers a thread spill and are refused by
+// stof__block_cfg_valid.
+//
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=128,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=128,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=2 | HEAD_DIM=128,DTYPE=1,BLOCK_M=128,BLOCK_N=32,WARPS=8,STAGES=3
+// STOF_VARIANTS: HEAD_DIM=128,DTYPE=0,BLOCK_M=128,BLOCK_N=32,WARPS=4,STAGES=1 | HEAD_DIM=64,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=4,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=32,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=32,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=1
+// STOF_VARIANTS: HEAD_DIM=256,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1 | HEAD_DIM=256,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2
 #include "stof_common.cuh"
 
 #ifndef HEAD_DIM
@@ -239,8 +253,8 @@ __device__ __forceinline__ int bk_ldg_i32(const int *p)
 
 __device__ __forceinline__ int bk_ldg_u8(const unsigned char *p)
 {
-    unsigned short v;
-    asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=h"(v) : "l"(p));
+    unsigned v;
+    asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=r"(v) : "l"(p));
     return (int)v;
 }
 
@@ -265,6 +279,23 @@ __device__ __forceinline__ unsigned bk_off(int r, int c)
     return (unsigned)(r * BK_ROWB + ((c ^ bk_sw(r)) << 4));
 }
 
+// ldmatrix addressing, split into a per-lane part computed once and
+// compile-time constants. A lane reads row R + lr, chunk C + lc, where R is
+// a multiple of 8 and C is even (both compile-time after unrolling), lr is
+// the lane's row (0..15) and lc its chunk parity (0/1). Then
+//   bk_off(R + lr, C + lc) = bk_lane(lr, lc) ^ ((C & 7) << 4)
+//                            + R * BK_ROWB + ((C & ~7) << 4)
+// because sw(R + lr) = sw(lr), (C + lc) ^ x = (C & ~7) + ((C & 7) ^ lc ^ x)
+// for x < 8, and lr * BK_ROWB has no bit where (C & 7) << 4 does. So each
+// ldmatrix costs at most one XOR with an immediate.
+__device__ __forceinline__ unsigned bk_lane(int lr, int lc)
+{
+    return (unsigned)(lr * BK_ROWB + ((lc ^ bk_sw(lr)) << 4));
+}
+#define BK_ADDR(lane_off, R, C)                                               \
+    (((lane_off) ^ (unsigned)(((C) & 7) << 4)) +                              \
+     (unsigned)((R) * BK_ROWB + (((C) & ~7) << 4)))
+
 // ---------------------------------------------------------------------------
 // Global -> shared tile loads (all threads take part; 16-byte cp.async)
 // ---------------------------------------------------------------------------
@@ -278,18 +309,23 @@ __device__ __forceinline__ void bk_load_rows(unsigned dst,
                                              stof_i64 stride, int row0,
                                              int limit, int tid)
 {
-    constexpr int CHUNKS = ROWS * BK_CPR;
-    constexpr int ITERS = (CHUNKS + BK_THREADS - 1) / BK_THREADS;
+    // Thread tid copies chunk tid % CPR of rows tid / CPR + i * RPP.
+    constexpr int RPP = BK_THREADS / BK_CPR; // rows per pass
+    constexpr int ITERS = (ROWS + RPP - 1) / RPP;
+    const int r0 = tid / BK_CPR, c = tid % BK_CPR;
+    const unsigned d0 = bk_off(r0, c);
 #pragma unroll
     for (int i = 0; i < ITERS; i++) {
-        const int idx = tid + i * BK_THREADS;
-        if (CHUNKS % BK_THREADS == 0 || idx < CHUNKS) {
-            const int r = idx / BK_CPR, c = idx % BK_CPR;
+        const int r = r0 + i * RPP;
+        if (ROWS % RPP == 0 || r < ROWS) {
             const int gr = row0 + r;
             const bool ok = gr < limit;
             const unsigned short *src =
                 g + (ok ? (stof_i64)gr * stride : (stof_i64)0) + c * 8;
-            bk_cp_async16(dst + bk_off(r, c), src, ok ? 16 : 0);
+            // RPP a multiple of 8: the swizzle of r equals that of r0.
+            const unsigned d = RPP % 8 == 0 ? d0 + i * RPP * BK_ROWB
+                                            : bk_off(r, c);
+            bk_cp_async16(dst + d, src, ok ? 16 : 0);
         }
     }
 }
@@ -372,9 +408,10 @@ stof_attn_block(const stof_attn_block_params p)
     //   Q (A, x4): row lane%16, chunk 2kk + lane/16
     //   K (B, x4): row lane%8 + 8*(lane/16), chunk 2kk + (lane/8)%2
     //   V (B, x4.trans): row lane%16, chunk 2dp + lane/16
-    const int q_lr = lane & 15, q_lc = lane >> 4;
-    const int k_lr = (lane & 7) + ((lane >> 4) << 3), k_lc = (lane >> 3) & 1;
-    const int v_lr = lane & 15, v_lc = lane >> 4;
+    const unsigned q_lane = bk_lane(lane & 15, lane >> 4);
+    const unsigned k_lane = bk_lane((lane & 7) + ((lane >> 4) << 3),
+                                    (lane >> 3) & 1);
+    const unsigned v_lane = bk_lane(lane & 15, lane >> 4);
 
 #if Q_IN_REGS
     unsigned qf[BK_MT][HEAD_DIM / 16][4];
@@ -419,7 +456,8 @@ stof_attn_block(const stof_attn_block_params p)
 #pragma unroll
             for (int kk = 0; kk < HEAD_DIM / 16; kk++)
                 bk_ldsm_x4(qf[mt][kk],
-                           sQ + bk_off(wrow + 16 * mt + q_lr, 2 * kk + q_lc));
+                           sQ + wrow * BK_ROWB +
+                               BK_ADDR(q_lane, 16 * mt, 2 * kk));
 #endif
     }
 
@@ -481,14 +519,14 @@ stof_attn_block(const stof_attn_block_params p)
                 for (int i = 0; i < 4; i++)
                     qa[mt][i] = qf[mt][kk][i];
 #else
-                bk_ldsm_x4(qa[mt],
-                           sQ + bk_off(wrow + 16 * mt + q_lr, 2 * kk + q_lc));
+                bk_ldsm_x4(qa[mt], sQ + wrow * BK_ROWB +
+                                       BK_ADDR(q_lane, 16 * mt, 2 * kk));
 #endif
             }
 #pragma unroll
             for (int np = 0; np < BK_NT / 2; np++) {
                 unsigned kb[4]; // b0,b1 of n-tile 2np; b0,b1 of n-tile 2np+1
-                bk_ldsm_x4(kb, kt + bk_off(16 * np + k_lr, 2 * kk + k_lc));
+                bk_ldsm_x4(kb, kt + BK_ADDR(k_lane, 16 * np, 2 * kk));
 #pragma unroll
                 for (int mt = 0; mt < BK_MT; mt++) {
                     bk_mma(sacc[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -614,7 +652,7 @@ stof_attn_block(const stof_attn_block_params p)
 #pragma unroll
             for (int dp = 0; dp < HEAD_DIM / 16; dp++) {
                 unsigned vb[4]; // b0,b1 of d-tile 2dp; b0,b1 of d-tile 2dp+1
-                bk_ldsm_x4_t(vb, vt + bk_off(16 * kk + v_lr, 2 * dp + v_lc));
+                bk_ldsm_x4_t(vb, vt + BK_ADDR(v_lane, 16 * kk, 2 * dp));
 #pragma unroll
                 for (int mt = 0; mt < BK_MT; mt++) {
                     bk_mma(oacc[mt][2 * dp], pa[mt], vb[0], vb[1]);

@@ -116,4 +116,88 @@ extern const stof_template stof__templates[];
 extern const int stof__n_templates;
 const stof_template *stof__template_find(const char *name);
 
+/* ------------------------------------------------------------------------ */
+/* Block-wise kernel (attn_block.c)                                          */
+/* ------------------------------------------------------------------------ */
+/* The block-wise sparse FlashAttention-2 kernel, jit_templates/attn_block.cu:
+ * one CTA per (query row block, batch * head) walking the non-empty tiles of
+ * a stof_format's tile BSR built with the same block_m / block_n. */
+#ifndef STOF_ATTN_BLOCK_DECLS
+#define STOF_ATTN_BLOCK_DECLS
+
+/* Tile shape and pipeline of the kernel: BLOCK_M query rows x BLOCK_N keys
+ * per tile (64/128 x 32/64/128), WARPS warps (4 or 8; each owns
+ * block_m / warps rows, a multiple of 16), STAGES K/V tiles in flight
+ * (1..3). */
+typedef struct stof_block_cfg {
+    int block_m, block_n, warps, stages;
+} stof_block_cfg;
+
+/* 1 when the kernel supports (head_dim, *c): head_dim 32/64/128/256, the
+ * sizes above, the accumulators fit the registers without spilling, and,
+ * when `dev` is given, the shared memory fits its opt-in limit. Otherwise 0
+ * with the reason in why[n] (may be NULL). */
+int stof__block_cfg_valid(const stof_device *dev, int head_dim,
+                          const stof_block_cfg *c, char *why, size_t n);
+
+/* Dynamic shared memory of one CTA in bytes:
+ *   block_m*head_dim*2 (Q) + 2 * stages*block_n*head_dim*2 (K, V)
+ *   + stages*block_m*(block_n/32)*4 (bitmaps) + round16(stages*8) (meta). */
+size_t stof__block_smem_bytes(int head_dim, const stof_block_cfg *c);
+
+/* Device copy of a format's tile BSR, in one allocation (`mem`), each array
+ * 256-byte aligned. row_ptr is converted to int32 (it always fits for the
+ * kernel's tile sizes: at most 2^14 x 2^15 tiles; upload fails with
+ * STOF_ERR_UNSUPPORTED otherwise). Arrays of zero length still get a valid
+ * pointer. */
+typedef struct stof_block_format {
+    CUdeviceptr mem;        /* the allocation; 0 when empty/freed */
+    size_t bytes;           /* its size */
+    CUdeviceptr row_ptr;    /* int32[n_row_blocks + 1] */
+    CUdeviceptr col_idx;    /* int32[n_tiles]: key block of each tile */
+    CUdeviceptr kind;       /* uint8[n_tiles]: STOF_TILE_PARTIAL / _FULL */
+    CUdeviceptr bitmap_idx; /* int32[n_tiles]: partial index or -1 */
+    CUdeviceptr bitmaps;    /* uint32[n_partial * block_m * words_per_row] */
+    int seq_q, seq_k, block_m, block_n;
+    int n_row_blocks, n_col_blocks, bitmap_words_per_row;
+    int64_t n_tiles, n_partial;
+} stof_block_format;
+
+/* Upload `f` (any block sizes; the kernel needs block_m/block_n equal to its
+ * cfg's). On failure *out is zeroed and nothing stays allocated. Brackets
+ * its driver calls with stof__ctx_push/pop. */
+stof_status stof__block_format_upload(stof_context *ctx, const stof_format *f,
+                                      stof_block_format *out /* OUT */);
+/* Free the device memory (NULL or an already freed one is harmless) and zero
+ * *bf. */
+void stof__block_format_free(stof_context *ctx, stof_block_format *bf);
+
+/* Compile attn_block.cu for (head_dim, dt, *c) with NVRTC for `arch_or_NULL`
+ * (NULL = the context's device), load it into the device's primary context
+ * and set the function's dynamic shared memory limit. On success the caller
+ * owns *mod (cuModuleUnload inside stof__ctx_push/pop). Errors:
+ * STOF_ERR_UNSUPPORTED (cfg invalid, message says why), STOF_ERR_NVRTC,
+ * STOF_ERR_NO_DEVICE, STOF_ERR_CUDA. */
+stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
+                             const stof_block_cfg *c, const char *arch_or_NULL,
+                             CUmodule *mod /* OUT */, CUfunction *fn /* OUT */);
+
+/* Enqueue the kernel on stream `s`: grid (bf->n_row_blocks, batch * heads),
+ * warps*32 threads, stof__block_smem_bytes() of dynamic shared memory.
+ * `d` must have its strides filled (as stof_attention_desc_init does) and
+ * match bf (seq_q, seq_k) and the kernel (head_dim, dtype); `c` must be the
+ * cfg fn was loaded with and match bf's block sizes. scale: the softmax
+ * scale (0 = 1/sqrt(head_dim)). The caller makes the device's context
+ * current (stof_attention_run pushes it). Touches no context: thread-safe.
+ * Returns STOF_ERR_INVALID_ARGUMENT on a mismatch, STOF_ERR_CUDA when the
+ * launch fails. */
+stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
+                               int head_dim, const stof_attention_desc *d,
+                               float scale, const stof_block_format *bf,
+                               CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                               CUdeviceptr o, CUstream s, const stof_api *api);
+
+#endif /* STOF_ATTN_BLOCK_DECLS */
+/* ---------------------- end of block-wise kernel ------------------------ */
+
 #endif /* STOF_INTERNAL_H */

@@ -303,47 +303,9 @@ Test(gpu, plan_describe_and_errors)
     stof_close(&ctx);
 }
 
-/* Without a usable GPU the whole suite reports itself skipped (exit 77, which
- * meson counts as SKIP) with the reason. The probe runs in a child process:
- * CUDA must not be initialised in the parent before Criterion starts the
- * workers that run the tests. */
+/* Criterion's main, after a probe that reports the suite skipped (exit 77)
+ * when no GPU is usable. */
 __attribute__((visibility("default"))) int main(int argc, char **argv)
 {
-    /* Criterion re-executes this program for each test worker; probe only
-     * in the runner (the workers inherit the variable). */
-    int fds[2];
-    if (!getenv("STOF_GPU_PROBED") && setenv("STOF_GPU_PROBED", "1", 1) == 0 &&
-        pipe(fds) == 0) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            close(fds[0]);
-            stof_settings s;
-            stof_default_settings(&s);
-            s.require_device = 1;
-            stof_context *ctx = NULL;
-            stof_status st = stof_open(&ctx, &s);
-            const char *msg = stof_errmsg(ctx);
-            if (write(fds[1], msg, strlen(msg)) < 0)
-                _exit(3);
-            stof_close(&ctx);
-            _exit(st == STOF_OK ? 0 : 1);
-        }
-        close(fds[1]);
-        char why[1024] = {0};
-        ssize_t n = read(fds[0], why, sizeof(why) - 1);
-        (void)n;
-        close(fds[0]);
-        int status = 0;
-        if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
-            WEXITSTATUS(status) == 1) {
-            printf("gpu suite skipped: no usable GPU: %s\n", why);
-            return 77;
-        }
-    }
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true))
-        result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
+    return tu_gpu_suite_main("gpu", argc, argv);
 }

@@ -5,6 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
 
 uint64_t tu_next(tu_rng *r)
 {
@@ -154,4 +158,45 @@ const char *tu_src_path(const char *rel)
 #endif
     snprintf(buf, sizeof(buf), "%s/%s", root ? root : ".", rel);
     return buf;
+}
+
+int tu_gpu_suite_main(const char *suite, int argc, char **argv)
+{
+    int fds[2];
+    /* Criterion re-executes this program for its workers; they inherit the
+     * variable and skip the probe. */
+    if (!getenv("STOF_GPU_PROBED") && setenv("STOF_GPU_PROBED", "1", 1) == 0 &&
+        pipe(fds) == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fds[0]);
+            stof_settings s;
+            stof_default_settings(&s);
+            s.require_device = 1;
+            stof_context *ctx = NULL;
+            stof_status st = stof_open(&ctx, &s);
+            const char *msg = stof_errmsg(ctx);
+            if (write(fds[1], msg, strlen(msg)) < 0)
+                _exit(3);
+            stof_close(&ctx);
+            _exit(st == STOF_OK ? 0 : 1);
+        }
+        close(fds[1]);
+        char why[1024] = {0};
+        ssize_t n = read(fds[0], why, sizeof(why) - 1);
+        (void)n;
+        close(fds[0]);
+        int status = 0;
+        if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+            WEXITSTATUS(status) == 1) {
+            printf("%s suite skipped: no usable GPU: %s\n", suite, why);
+            return 77;
+        }
+    }
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true))
+        result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
 }

@@ -39,4 +39,12 @@ uint8_t *tu_random_dense(tu_rng *r, int seq_q, int seq_k, double p);
 /* The path of a file under the source tree (static buffer). */
 const char *tu_src_path(const char *rel);
 
+/* main() for a GPU suite: when no GPU is usable, print why and return 77
+ * (meson counts it as skipped); otherwise run the Criterion tests. The
+ * probe runs in a child process, and only in Criterion's runner process, so
+ * CUDA is never initialised in a process that Criterion forks from. Call it
+ * from a main() with default visibility: Criterion re-enters main by
+ * symbol. */
+int tu_gpu_suite_main(const char *suite, int argc, char **argv);
+
 #endif

@@ -1,0 +1,358 @@
+/*
+ * attn_block.c - host side of the block-wise sparse attention kernel
+ * (jit_templates/attn_block.cu): which configurations it supports, its
+ * shared memory, the device copy of a format's tile BSR, compile + load,
+ * and the launch. Declarations and contracts: internal.h, section
+ * "Block-wise kernel (attn_block.c)".
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Mirrors struct stof_attn_block_params in jit_templates/attn_block.cu
+ * (same field order and types); both sides check the size. */
+typedef struct stof_attn_block_params {
+    CUdeviceptr q, k, v, o;
+    CUdeviceptr row_ptr, col_idx, kind, bitmap_idx, bitmaps;
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+    int batch, heads, seq_q, seq_k;
+    int n_row_blocks, bitmap_words_per_row;
+    float scale_log2;
+    int flags;
+} stof_attn_block_params;
+_Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 8 * 4,
+               "stof_attn_block_params must match attn_block.cu");
+
+/* The largest opt-in shared memory of any GPU the kernel targets (sm_90:
+ * 227 KiB); used when no device is given. */
+#define BLOCK_SMEM_MAX_ANY (227 * 1024)
+
+/* Accumulator registers per thread the kernel can afford without spilling
+ * (measured with ptxas -v for sm_80/sm_90 over the whole space: 176 floats
+ * never spill, 192 do). See block_acc_regs(). */
+#define BLOCK_ACC_REGS_MAX 176
+
+static int why_set(char *why, size_t n, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int why_set(char *why, size_t n, const char *fmt, ...)
+{
+    if (why && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, n, fmt, ap);
+        va_end(ap);
+    }
+    return 0;
+}
+
+/* Floats each thread keeps live across the key loop: the S tile
+ * (MT*block_n/2), the O tile (MT*head_dim/2) and, when the template keeps Q
+ * in registers (Q_IN_REGS default: MT*head_dim <= 128), Q (MT*head_dim/4),
+ * with MT = block_m / warps / 16. */
+static int block_acc_regs(int head_dim, const stof_block_cfg *c)
+{
+    const int mt = c->block_m / c->warps / 16;
+    int r = mt * (c->block_n / 2 + head_dim / 2);
+    if (mt * head_dim <= 128)
+        r += mt * head_dim / 4;
+    return r;
+}
+
+size_t stof__block_smem_bytes(int head_dim, const stof_block_cfg *c)
+{
+    if (!c || head_dim <= 0 || c->block_m <= 0 || c->block_n <= 0 ||
+        c->stages <= 0)
+        return 0;
+    const size_t row = (size_t)head_dim * 2u;
+    const size_t s = (size_t)c->stages;
+    size_t bytes = (size_t)c->block_m * row;                 /* Q */
+    bytes += 2u * s * (size_t)c->block_n * row;              /* K, V */
+    bytes += s * (size_t)c->block_m * (size_t)(c->block_n / 32) * 4u; /* bits */
+    bytes += (s * 8u + 15u) / 16u * 16u;                     /* meta */
+    return bytes;
+}
+
+int stof__block_cfg_valid(const stof_device *dev, int head_dim,
+                          const stof_block_cfg *c, char *why, size_t n)
+{
+    if (why && n)
+        why[0] = '\0';
+    if (!c)
+        return why_set(why, n, "no configuration (NULL)");
+    if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256)
+        return why_set(why, n,
+                       "head_dim %d: the block kernel supports 32, 64, 128 "
+                       "and 256",
+                       head_dim);
+    if (c->block_m != 64 && c->block_m != 128)
+        return why_set(why, n, "block_m %d: must be 64 or 128", c->block_m);
+    if (c->block_n != 32 && c->block_n != 64 && c->block_n != 128)
+        return why_set(why, n, "block_n %d: must be 32, 64 or 128",
+                       c->block_n);
+    if (c->warps != 4 && c->warps != 8)
+        return why_set(why, n, "warps %d: must be 4 or 8", c->warps);
+    if (c->block_m % (16 * c->warps) != 0)
+        return why_set(why, n,
+                       "block_m %d with %d warps: each warp must own a "
+                       "multiple of 16 query rows",
+                       c->block_m, c->warps);
+    if (c->stages < 1 || c->stages > 3)
+        return why_set(why, n, "stages %d: must be 1..3", c->stages);
+    const int acc = block_acc_regs(head_dim, c);
+    if (acc > BLOCK_ACC_REGS_MAX)
+        return why_set(why, n,
+                       "head_dim %d, block %dx%d, %d warps: %d accumulator "
+                       "registers per thread (more than %d would spill)",
+                       head_dim, c->block_m, c->block_n, c->warps, acc,
+                       BLOCK_ACC_REGS_MAX);
+    const size_t smem = stof__block_smem_bytes(head_dim, c);
+    const size_t lim = dev && dev->ok && dev->max_smem_optin > 0
+                           ? (size_t)dev->max_smem_optin
+                           : (size_t)BLOCK_SMEM_MAX_ANY;
+    if (smem > lim)
+        return why_set(why, n,
+                       "head_dim %d, block %dx%d, %d stages: %zu bytes of "
+                       "shared memory, more than the %zu the %s allows",
+                       head_dim, c->block_m, c->block_n, c->stages, smem, lim,
+                       dev && dev->ok ? "device" : "largest supported GPU");
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Device copy of the tile BSR                                               */
+/* ------------------------------------------------------------------------ */
+
+static size_t align256(size_t x)
+{
+    return (x + 255u) & ~(size_t)255u;
+}
+
+void stof__block_format_free(stof_context *ctx, stof_block_format *bf)
+{
+    if (!bf)
+        return;
+    if (bf->mem && ctx && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuMemFree(bf->mem);
+        stof__ctx_pop(ctx);
+    }
+    memset(bf, 0, sizeof(*bf));
+}
+
+stof_status stof__block_format_upload(stof_context *ctx, const stof_format *f,
+                                      stof_block_format *out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "out (the block format) is NULL");
+    memset(out, 0, sizeof(*out));
+    STOF_CHECK_ARG(ctx, f, "format is NULL");
+    STOF_CHECK_ARG(ctx, f->row_ptr && f->n_row_blocks >= 1,
+                   "format has no tile BSR (row_ptr NULL or no row block)");
+    const int64_t n_tiles = f->row_ptr[f->n_row_blocks];
+    if (n_tiles < 0 || n_tiles > INT32_MAX || f->n_partial < 0 ||
+        f->n_partial > INT32_MAX)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "block format: %lld tiles (%lld partial) do not "
+                          "fit the kernel's 32-bit indices",
+                          (long long)n_tiles, (long long)f->n_partial);
+    const int wpr = f->bitmap_words_per_row;
+    const size_t bitmap_words =
+        (size_t)f->n_partial * (size_t)f->block_m * (size_t)wpr;
+    if (f->n_partial > 0 &&
+        bitmap_words / (size_t)f->n_partial !=
+            (size_t)f->block_m * (size_t)wpr)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "block format: bitmap size overflows");
+
+    const size_t nrp = (size_t)f->n_row_blocks + 1u;
+    const size_t nt = (size_t)n_tiles;
+    const size_t off_row = 0;
+    const size_t off_col = off_row + align256(nrp * 4u);
+    const size_t off_kind = off_col + align256(nt * 4u);
+    const size_t off_bidx = off_kind + align256(nt);
+    const size_t off_bits = off_bidx + align256(nt * 4u);
+    const size_t total = off_bits + align256(bitmap_words * 4u);
+    /* Every array gets at least 256 bytes: an empty one still has a valid,
+     * distinct pointer. */
+    const size_t total_alloc = total + 256u;
+
+    uint8_t *h = calloc(1, total_alloc);
+    if (!h)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory staging a %zu-byte block format",
+                          total_alloc);
+    int32_t *rp = (int32_t *)(void *)(h + off_row);
+    for (size_t i = 0; i < nrp; i++)
+        rp[i] = (int32_t)f->row_ptr[i];
+    if (nt) {
+        memcpy(h + off_col, f->col_idx, nt * 4u);
+        memcpy(h + off_kind, f->kind, nt);
+        memcpy(h + off_bidx, f->bitmap_idx, nt * 4u);
+    }
+    if (bitmap_words)
+        memcpy(h + off_bits, f->bitmaps, bitmap_words * 4u);
+
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK) {
+        free(h);
+        return st;
+    }
+    const stof_api *api = ctx->api;
+    CUdeviceptr mem = 0;
+    STOF_CU_GOTO(ctx, st, fail, api->cuMemAlloc(&mem, total_alloc));
+    STOF_CU_GOTO(ctx, st, fail, api->cuMemcpyHtoD(mem, h, total_alloc));
+    stof__ctx_pop(ctx);
+    free(h);
+
+    out->mem = mem;
+    out->bytes = total_alloc;
+    out->row_ptr = mem + off_row;
+    out->col_idx = mem + off_col;
+    out->kind = mem + off_kind;
+    out->bitmap_idx = mem + off_bidx;
+    out->bitmaps = mem + off_bits;
+    out->seq_q = f->seq_q;
+    out->seq_k = f->seq_k;
+    out->block_m = f->block_m;
+    out->block_n = f->block_n;
+    out->n_row_blocks = f->n_row_blocks;
+    out->n_col_blocks = f->n_col_blocks;
+    out->bitmap_words_per_row = wpr;
+    out->n_tiles = n_tiles;
+    out->n_partial = f->n_partial;
+    return stof__ok(ctx);
+fail:
+    if (mem)
+        api->cuMemFree(mem);
+    stof__ctx_pop(ctx);
+    free(h);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Compile, load, launch                                                     */
+/* ------------------------------------------------------------------------ */
+
+stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
+                             const stof_block_cfg *c, const char *arch_or_NULL,
+                             CUmodule *mod, CUfunction *fn)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, mod && fn, "mod, fn: NULL output pointer");
+    *mod = NULL;
+    *fn = NULL;
+    STOF_CHECK_ARG(ctx, dt == STOF_DTYPE_FP16 || dt == STOF_DTYPE_BF16,
+                   "dtype %d is not a stof_dtype", (int)dt);
+    char why[256];
+    if (!stof__block_cfg_valid(ctx->device.ok ? &ctx->device : NULL,
+                               head_dim, c, why, sizeof(why)))
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "block kernel configuration not supported: %s",
+                          why);
+    if (!ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "loading the block kernel needs a GPU: no usable "
+                          "CUDA device in this context");
+
+    char d_hd[32], d_dt[32], d_bm[32], d_bn[32], d_w[32], d_s[32];
+    snprintf(d_hd, sizeof(d_hd), "HEAD_DIM=%d", head_dim);
+    snprintf(d_dt, sizeof(d_dt), "DTYPE=%d", (int)dt);
+    snprintf(d_bm, sizeof(d_bm), "BLOCK_M=%d", c->block_m);
+    snprintf(d_bn, sizeof(d_bn), "BLOCK_N=%d", c->block_n);
+    snprintf(d_w, sizeof(d_w), "WARPS=%d", c->warps);
+    snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
+    const char *defs[] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s};
+    void *cubin = NULL;
+    size_t cubin_size = 0;
+    stof_status st = (stof_status)stof__jit_compile(
+        ctx, "attn_block.cu", defs, (int)(sizeof(defs) / sizeof(*defs)),
+        arch_or_NULL, &cubin, &cubin_size);
+    if (st != STOF_OK)
+        return st;
+
+    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {
+        free(cubin);
+        return st;
+    }
+    const stof_api *api = ctx->api;
+    CUmodule m = NULL;
+    CUfunction f = NULL;
+    STOF_CU_GOTO(ctx, st, fail, api->cuModuleLoadData(&m, cubin));
+    STOF_CU_GOTO(ctx, st, fail,
+                 api->cuModuleGetFunction(&f, m, "stof_attn_block"));
+    STOF_CU_GOTO(ctx, st, fail,
+                 api->cuFuncSetAttribute(
+                     f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                     (int)stof__block_smem_bytes(head_dim, c)));
+    stof__ctx_pop(ctx);
+    free(cubin);
+    *mod = m;
+    *fn = f;
+    return stof__ok(ctx);
+fail:
+    if (m)
+        api->cuModuleUnload(m);
+    stof__ctx_pop(ctx);
+    free(cubin);
+    return st;
+}
+
+stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
+                               int head_dim, const stof_attention_desc *d,
+                               float scale, const stof_block_format *bf,
+                               CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                               CUdeviceptr o, CUstream s, const stof_api *api)
+{
+    if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (d->head_dim != head_dim || bf->block_m != c->block_m ||
+        bf->block_n != c->block_n || bf->seq_q != d->seq_q ||
+        bf->seq_k != d->seq_k || bf->bitmap_words_per_row != c->block_n / 32 ||
+        !bf->mem || d->batch < 1 || d->heads < 1 ||
+        (int64_t)d->batch * d->heads > 65535 || bf->n_row_blocks < 1)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!q || !k || !v || !o || (q | k | v | o) % 16u)
+        return STOF_ERR_INVALID_ARGUMENT;
+
+    stof_attn_block_params p;
+    memset(&p, 0, sizeof(p));
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.o = o;
+    p.row_ptr = bf->row_ptr;
+    p.col_idx = bf->col_idx;
+    p.kind = bf->kind;
+    p.bitmap_idx = bf->bitmap_idx;
+    p.bitmaps = bf->bitmaps;
+    memcpy(p.q_stride, d->q_stride, sizeof(p.q_stride));
+    memcpy(p.k_stride, d->k_stride, sizeof(p.k_stride));
+    memcpy(p.v_stride, d->v_stride, sizeof(p.v_stride));
+    memcpy(p.o_stride, d->o_stride, sizeof(p.o_stride));
+    p.batch = d->batch;
+    p.heads = d->heads;
+    p.seq_q = d->seq_q;
+    p.seq_k = d->seq_k;
+    p.n_row_blocks = bf->n_row_blocks;
+    p.bitmap_words_per_row = bf->bitmap_words_per_row;
+    if (scale == 0.0f)
+        scale = 1.0f / sqrtf((float)head_dim);
+    p.scale_log2 = (float)((double)scale * 1.4426950408889634);
+    p.flags = 0;
+
+    const size_t smem = stof__block_smem_bytes(head_dim, c);
+    void *args[] = {&p};
+    CUresult r = api->cuLaunchKernel(
+        fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
+        (unsigned)(32 * c->warps), 1, 1, (unsigned)smem, s, args, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
