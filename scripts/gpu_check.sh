@@ -31,12 +31,21 @@ run() { # log name, command...
     [ $rc -eq 0 ] || fail=1
 }
 run gpu "$T/test_gpu" --verbose --jobs=4
+[ -x "$T/test_gpu_block" ] && run gpu "$T/test_gpu_block" --jobs=4
 run jit "$T/test_jit" --jobs=8
-for t in test_api test_reference test_mask test_spec test_format; do
+for t in test_api test_reference test_mask test_spec test_format test_cost; do
     [ -x "$T/$t" ] && run cpu "$T/$t" --jobs=8
 done
 run demo "$DEMO"
 [ -x "$BENCH" ] && run bench "$BENCH"
+# The comparison with FlexAttention and SDPA (needs torch; BENCH_ARGS to
+# narrow it).
+if [ "${STOF_BENCH:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
+    [ -f .carry/lib/libstof.so ] && export STOF_LIBRARY=$PWD/.carry/lib/libstof.so
+    run bench env -u LD_LIBRARY_PATH PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+        python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ${BENCH_ARGS:-}
+    grep -A40 "^ *shape " "$OUT/bench.log" | head -40
+fi
 echo "== demo table"; tail -n 12 "$OUT/demo.log"
 grep -h "rel err" "$OUT/gpu.log" | head -40
 exit $fail

@@ -12,8 +12,9 @@ rm -rf .carry && mkdir -p .carry/bin .carry/lib
 for f in build-dev/tests/test_* build-dev/tools/stof-* build-dev/bench/stof-*; do
     [ -x "$f" ] && [ -f "$f" ] && cp "$f" .carry/bin/
 done
+cp -L build-dev/src/libstof.so .carry/lib/libstof.so
 # Every library the programs load, except the C runtime itself.
-for f in .carry/bin/*; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
+for f in .carry/bin/* .carry/lib/libstof.so; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" .carry/lib/; done
 du -sh .carry

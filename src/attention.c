@@ -4,6 +4,7 @@
  * stof_attention_run only enqueues a kernel.
  */
 #include "internal.h"
+#include "cost_model.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -27,6 +28,11 @@ _Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
 
 struct stof_plan {
     stof_context *ctx;
+    int kind;                 /* STOF_KERNEL_* */
+    stof_block_cfg cfg;       /* block / row-wise kernels */
+    stof_block_format bf;     /* block kernel: the device tile BSR */
+    double predicted_ms;      /* cost model; 0 for the reference kernel */
+    int n_candidates;         /* candidates the model ranked */
     stof_attention_desc desc;
     float scale;
     char mask_hex[33];
@@ -210,6 +216,7 @@ static void plan_release(stof_plan *p)
     if (!p)
         return;
     const stof_api *api = p->ctx->api;
+    stof__block_format_free(p->ctx, &p->bf);
     if ((p->d_mask || p->module) && stof__ctx_push(p->ctx) == STOF_OK) {
         if (p->d_mask)
             api->cuMemFree(p->d_mask);
@@ -255,9 +262,31 @@ static stof_status plan_load_reference(stof_context *ctx, stof_plan *p)
     return STOF_OK;
 }
 
-stof_status stof_attention_plan(stof_context *ctx,
-                                const stof_attention_desc *d,
-                                const stof_mask *m, stof_plan **out)
+/* Build the block kernel's format for cfg, upload it and load the kernel. */
+static stof_status plan_load_block(stof_context *ctx, stof_plan *p,
+                                   const stof_mask *m)
+{
+    stof_format *f = NULL;
+    stof_status st = stof_format_build(ctx, m, p->cfg.block_m, p->cfg.block_n, &f);
+    if (st != STOF_OK)
+        return st;
+    st = stof__block_format_upload(ctx, f, &p->bf);
+    stof_format_free(&f);
+    if (st != STOF_OK)
+        return st;
+    double t0 = now_ms();
+    st = stof__block_load(ctx, p->desc.head_dim, p->desc.dtype, &p->cfg, NULL,
+                          &p->module, &p->fn);
+    p->compile_ms = now_ms() - t0;
+    snprintf(p->arch, sizeof(p->arch), "%s", ctx->device.arch);
+    return st;
+}
+
+stof_status stof__attention_plan_kernel(stof_context *ctx,
+                                        const stof_attention_desc *d,
+                                        const stof_mask *m,
+                                        const stof_candidate *choice,
+                                        stof_plan **out)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -285,22 +314,56 @@ stof_status stof_attention_plan(stof_context *ctx,
     p->mask_density = stof_mask_density(m);
     stof_mask_digest(m, NULL, p->mask_hex);
 
+    /* Stage 1: the cost model's choice, unless the caller chose. */
+    stof_candidate pick;
+    memset(&pick, 0, sizeof(pick));
+    if (choice) {
+        pick = *choice;
+    } else {
+        int n = 0;
+        st = stof__cost_rank(ctx, &p->desc, m, &pick, 1, &n);
+        if (st == STOF_ERR_UNSUPPORTED) {
+            pick.kind = STOF_KERNEL_REFERENCE; /* e.g. head_dim 40 */
+        } else if (st != STOF_OK) {
+            free(p);
+            return st;
+        }
+        p->n_candidates = n;
+    }
+    p->kind = pick.kind;
+    p->cfg = pick.cfg;
+    p->predicted_ms = pick.predicted_ms;
+    if (p->kind != STOF_KERNEL_REFERENCE && p->kind != STOF_KERNEL_BLOCK) {
+        free(p);
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "kernel kind %d is not available", pick.kind);
+    }
+
     if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {
         free(p);
         return st;
     }
     const stof_api *api = ctx->api;
-    size_t mask_bytes = (size_t)m->seq_q * (size_t)m->words_per_row * 8u;
-    STOF_CU_GOTO(ctx, st, fail, api->cuMemAlloc(&p->d_mask, mask_bytes));
-    STOF_CU_GOTO(ctx, st, fail,
-                 api->cuMemcpyHtoD(p->d_mask, m->bits, mask_bytes));
-    if ((st = plan_load_reference(ctx, p)) != STOF_OK)
-        goto fail;
-    stof__ctx_pop(ctx);
+    if (p->kind == STOF_KERNEL_BLOCK) {
+        stof__ctx_pop(ctx);
+        st = plan_load_block(ctx, p, m);
+        if (st != STOF_OK) {
+            plan_release(p);
+            return st;
+        }
+    } else {
+        size_t mask_bytes = (size_t)m->seq_q * (size_t)m->words_per_row * 8u;
+        STOF_CU_GOTO(ctx, st, fail, api->cuMemAlloc(&p->d_mask, mask_bytes));
+        STOF_CU_GOTO(ctx, st, fail,
+                     api->cuMemcpyHtoD(p->d_mask, m->bits, mask_bytes));
+        if ((st = plan_load_reference(ctx, p)) != STOF_OK)
+            goto fail;
+        stof__ctx_pop(ctx);
+    }
     stof__log(ctx, STOF_LOG_INFO,
-              "planned attention %dx%dx%dx%d d=%d: reference kernel, "
-              "compile %.1f ms",
+              "planned attention %dx%dx%dx%d d=%d: %s kernel, compile %.1f ms",
               d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
+              p->kind == STOF_KERNEL_BLOCK ? "block-wise" : "reference",
               p->compile_ms);
     *out = p;
     return stof__ok(ctx);
@@ -308,6 +371,13 @@ fail:
     stof__ctx_pop(ctx);
     plan_release(p);
     return st;
+}
+
+stof_status stof_attention_plan(stof_context *ctx,
+                                const stof_attention_desc *d,
+                                const stof_mask *m, stof_plan **out)
+{
+    return stof__attention_plan_kernel(ctx, d, m, NULL, out);
 }
 
 static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
@@ -333,41 +403,53 @@ stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
                              "stof_attention_run: %s is not 16-byte aligned",
                              names[i]);
     }
-    stof_attn_params prm;
-    memset(&prm, 0, sizeof(prm));
-    prm.q = (CUdeviceptr)(uintptr_t)q;
-    prm.k = (CUdeviceptr)(uintptr_t)k;
-    prm.v = (CUdeviceptr)(uintptr_t)v;
-    prm.o = (CUdeviceptr)(uintptr_t)o;
-    prm.mask_bits = p->d_mask;
-    memcpy(prm.q_stride, p->desc.q_stride, sizeof(prm.q_stride));
-    memcpy(prm.k_stride, p->desc.k_stride, sizeof(prm.k_stride));
-    memcpy(prm.v_stride, p->desc.v_stride, sizeof(prm.v_stride));
-    memcpy(prm.o_stride, p->desc.o_stride, sizeof(prm.o_stride));
-    prm.batch = p->desc.batch;
-    prm.heads = p->desc.heads;
-    prm.seq_q = p->desc.seq_q;
-    prm.seq_k = p->desc.seq_k;
-    prm.mask_words = p->mask_words;
-    prm.scale = p->scale;
-
     const stof_api *api = p->ctx->api;
     CUcontext pctx = p->ctx->device.pctx;
     CUresult r = api->cuCtxPushCurrent(pctx);
-    if (r == CUDA_SUCCESS) {
+    if (r != CUDA_SUCCESS)
+        return plan_fail(p, STOF_ERR_CUDA, "stof_attention_run: %s",
+                         "cannot make the device's primary context current");
+    stof_status st = STOF_OK;
+    if (p->kind == STOF_KERNEL_BLOCK) {
+        st = stof__block_launch(p->fn, &p->cfg, p->desc.head_dim, &p->desc,
+                                p->scale, &p->bf, (CUdeviceptr)(uintptr_t)q,
+                                (CUdeviceptr)(uintptr_t)k,
+                                (CUdeviceptr)(uintptr_t)v,
+                                (CUdeviceptr)(uintptr_t)o, (CUstream)stream, api);
+    } else {
+        stof_attn_params prm;
+        memset(&prm, 0, sizeof(prm));
+        prm.q = (CUdeviceptr)(uintptr_t)q;
+        prm.k = (CUdeviceptr)(uintptr_t)k;
+        prm.v = (CUdeviceptr)(uintptr_t)v;
+        prm.o = (CUdeviceptr)(uintptr_t)o;
+        prm.mask_bits = p->d_mask;
+        memcpy(prm.q_stride, p->desc.q_stride, sizeof(prm.q_stride));
+        memcpy(prm.k_stride, p->desc.k_stride, sizeof(prm.k_stride));
+        memcpy(prm.v_stride, p->desc.v_stride, sizeof(prm.v_stride));
+        memcpy(prm.o_stride, p->desc.o_stride, sizeof(prm.o_stride));
+        prm.batch = p->desc.batch;
+        prm.heads = p->desc.heads;
+        prm.seq_q = p->desc.seq_q;
+        prm.seq_k = p->desc.seq_k;
+        prm.mask_words = p->mask_words;
+        prm.scale = p->scale;
         void *args[] = {&prm};
         r = api->cuLaunchKernel(p->fn, p->grid[0], p->grid[1], p->grid[2],
                                 p->block[0], p->block[1], p->block[2], 0,
                                 (CUstream)stream, args, NULL);
-        CUcontext popped;
-        api->cuCtxPopCurrent(&popped);
+        if (r != CUDA_SUCCESS)
+            st = STOF_ERR_CUDA;
     }
-    if (r != CUDA_SUCCESS) {
+    CUcontext popped;
+    api->cuCtxPopCurrent(&popped);
+    if (st != STOF_OK) {
         const char *name = NULL;
-        if (!api->cuGetErrorName || api->cuGetErrorName(r, &name) != CUDA_SUCCESS)
-            name = "unknown CUDA error";
-        return plan_fail(p, STOF_ERR_CUDA,
-                         "stof_attention_run: kernel launch failed: %s", name);
+        if (r == CUDA_SUCCESS || !api->cuGetErrorName ||
+            api->cuGetErrorName(r, &name) != CUDA_SUCCESS)
+            name = stof_status_str(st);
+        return plan_fail(p, st, "stof_attention_run: kernel launch failed: %s",
+                         name);
     }
     p->errmsg[0] = '\0';
     return STOF_OK;
@@ -378,6 +460,18 @@ const char *stof_plan_errmsg(const stof_plan *p)
     return p ? p->errmsg : "plan is NULL";
 }
 
+static const char *kind_name(int kind)
+{
+    switch (kind) {
+    case STOF_KERNEL_BLOCK:
+        return "block";
+    case STOF_KERNEL_ROWWISE:
+        return "rowwise";
+    default:
+        return "reference";
+    }
+}
+
 stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
                                size_t *needed)
 {
@@ -385,23 +479,36 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
         return STOF_ERR_INVALID_ARGUMENT;
     const stof_attention_desc *d = &p->desc;
     static const char *const layouts[] = {"BHSD", "BSHD", "strided"};
+    const char *dt = d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16";
     stof_str s = {0};
+    stof__str_printf(&s, "{\"op\":\"attention\",\"kernel\":\"%s\",",
+                     kind_name(p->kind));
+    if (p->kind == STOF_KERNEL_REFERENCE)
+        stof__str_printf(&s,
+                         "\"template\":\"attn_reference.cu\",\"params\":{"
+                         "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"WARPS\":%d},",
+                         d->head_dim, dt, REF_WARPS);
+    else
+        stof__str_printf(&s,
+                         "\"template\":\"attn_block.cu\",\"params\":{"
+                         "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"BLOCK_M\":%d,"
+                         "\"BLOCK_N\":%d,\"WARPS\":%d,\"STAGES\":%d},",
+                         d->head_dim, dt, p->cfg.block_m, p->cfg.block_n,
+                         p->cfg.warps, p->cfg.stages);
     stof__str_printf(
         &s,
-        "{\"op\":\"attention\",\"kernel\":\"reference\","
-        "\"template\":\"attn_reference.cu\",\"source\":\"compiled\","
-        "\"arch\":\"%s\",\"params\":{\"HEAD_DIM\":%d,\"DTYPE\":\"%s\","
-        "\"WARPS\":%d},"
+        "\"source\":\"%s\",\"arch\":\"%s\","
         "\"problem\":{\"batch\":%d,\"heads\":%d,\"seq_q\":%d,\"seq_k\":%d,"
         "\"head_dim\":%d,\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g},"
         "\"mask\":{\"digest\":\"%s\",\"density\":%.6f},"
-        "\"template_hash\":\"%016llx\",\"compile_ms\":%.3f,\"load_ms\":%.3f,"
+        "\"template_hash\":\"%016llx\",\"candidates\":%d,"
+        "\"predicted_ms\":%.6g,\"compile_ms\":%.3f,\"load_ms\":%.3f,"
         "\"time_ms\":null}",
-        p->arch, d->head_dim, d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16",
-        REF_WARPS, d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
-        d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16", layouts[d->layout],
-        (double)p->scale, p->mask_hex, p->mask_density,
-        (unsigned long long)stof_template_hash(), p->compile_ms, p->load_ms);
+        p->kind == STOF_KERNEL_REFERENCE ? "fallback" : "model",
+        p->arch, d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim, dt,
+        layouts[d->layout], (double)p->scale, p->mask_hex, p->mask_density,
+        (unsigned long long)stof_template_hash(), p->n_candidates,
+        p->predicted_ms, p->compile_ms, p->load_ms);
     stof_status st = stof__str_out(&s, buf, n, needed);
     stof__str_free(&s);
     return st;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cuda_shim.h"
+#include "cost_model.h"
 #include "internal.h"
 #include "testutil.h"
 
@@ -45,6 +46,7 @@ typedef struct gpu_case {
     stof_dtype dtype;
     stof_layout layout;
     int pad; /* extra elements per row for STOF_LAYOUT_STRIDED */
+    int reference; /* 1: force the reference kernel, else the model's pick */
 } gpu_case;
 
 static size_t tensor_elems(const int64_t st[3], int b, int h, int s, int d)
@@ -103,7 +105,9 @@ static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
     fill_random(rng, hv, fv, nk, c->dtype, 1.0f);
 
     stof_plan *plan = NULL;
-    st = stof_attention_plan(ctx, &d, m, &plan);
+    stof_candidate ref_choice = {.kind = STOF_KERNEL_REFERENCE};
+    st = stof__attention_plan_kernel(ctx, &d, m, c->reference ? &ref_choice : NULL,
+                                     &plan);
     cr_assert_eq(st, STOF_OK, "plan %s: %s", c->spec, stof_errmsg(ctx));
 
     const stof_api *api = stof__api();
@@ -182,10 +186,10 @@ static void check_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
 {
     double tol = c->dtype == STOF_DTYPE_FP16 ? 2e-3 : 1e-2;
     double err = run_case(ctx, c, rng);
-    cr_log_info("%-24s %dx%dx%dx%d d=%d %s layout=%d: rel err %.2e", c->spec,
+    cr_log_info("%-24s %dx%dx%dx%d d=%d %s layout=%d %s: rel err %.2e", c->spec,
                 c->batch, c->heads, c->seq_q, c->seq_k, c->head_dim,
                 c->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16", (int)c->layout,
-                err);
+                c->reference ? "reference" : "model", err);
     cr_expect(err < tol, "%s %dx%d d=%d %s: relative error %.3e >= %.1e",
               c->spec, c->seq_q, c->seq_k, c->head_dim,
               c->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16", err, tol);
@@ -202,9 +206,11 @@ Test(gpu, reference_public_suite_fp16)
     stof_context *ctx = open_or_skip();
     tu_rng rng = {tu_seed() ^ 1};
     for (size_t i = 0; i < sizeof(suite_specs) / sizeof(*suite_specs); i++) {
-        gpu_case c = {suite_specs[i], 2, 3, 1024, 1024, 64, STOF_DTYPE_FP16,
-                      STOF_LAYOUT_BHSD, 0};
-        check_case(ctx, &c, &rng);
+        for (int ref = 0; ref < 2; ref++) {
+            gpu_case c = {suite_specs[i], 2, 3, 1024, 1024, 64, STOF_DTYPE_FP16,
+                          STOF_LAYOUT_BHSD, 0, ref};
+            check_case(ctx, &c, &rng);
+        }
     }
     stof_close(&ctx);
 }
@@ -214,9 +220,11 @@ Test(gpu, reference_public_suite_bf16_d128)
     stof_context *ctx = open_or_skip();
     tu_rng rng = {tu_seed() ^ 2};
     for (size_t i = 0; i < sizeof(suite_specs) / sizeof(*suite_specs); i++) {
-        gpu_case c = {suite_specs[i], 1, 2, 1024, 1024, 128, STOF_DTYPE_BF16,
-                      STOF_LAYOUT_BSHD, 0};
-        check_case(ctx, &c, &rng);
+        for (int ref = 0; ref < 2; ref++) {
+            gpu_case c = {suite_specs[i], 1, 2, 1024, 1024, 128, STOF_DTYPE_BF16,
+                          STOF_LAYOUT_BSHD, 0, ref};
+            check_case(ctx, &c, &rng);
+        }
     }
     stof_close(&ctx);
 }
@@ -226,20 +234,24 @@ Test(gpu, reference_odd_sizes)
     stof_context *ctx = open_or_skip();
     tu_rng rng = {tu_seed() ^ 3};
     const gpu_case cases[] = {
-        {"causal", 1, 2, 1000, 1000, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0},
+        {"causal", 1, 2, 1000, 1000, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0, 0},
         {"sliding:100|strided:37", 2, 1, 1000, 3000, 40, STOF_DTYPE_BF16,
-         STOF_LAYOUT_BHSD, 0},
+         STOF_LAYOUT_BHSD, 0, 0},
         {"bigbird:64:3:2:3:7", 1, 3, 3000, 1000, 128, STOF_DTYPE_FP16,
-         STOF_LAYOUT_BSHD, 0},
-        {"dense", 1, 1, 1, 1, 16, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0},
-        {"dense", 3, 1, 1, 777, 256, STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, 0},
+         STOF_LAYOUT_BSHD, 0, 0},
+        {"dense", 1, 1, 1, 1, 16, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0, 0},
+        {"dense", 3, 1, 1, 777, 256, STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, 0, 0},
         {"random:0.05:9", 1, 2, 333, 65, 96, STOF_DTYPE_FP16,
-         STOF_LAYOUT_STRIDED, 8},
+         STOF_LAYOUT_STRIDED, 8, 0},
         {"causal_sliding:64", 2, 2, 129, 4097, 64, STOF_DTYPE_BF16,
-         STOF_LAYOUT_STRIDED, 16},
+         STOF_LAYOUT_STRIDED, 16, 0},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++)
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
         check_case(ctx, &cases[i], &rng);
+        gpu_case r = cases[i];
+        r.reference = 1;
+        check_case(ctx, &r, &rng);
+    }
     stof_close(&ctx);
 }
 
@@ -249,14 +261,18 @@ Test(gpu, reference_rows_without_keys)
     tu_rng rng = {tu_seed() ^ 4};
     /* "none" has no key at all; the others leave some rows empty. */
     const gpu_case cases[] = {
-        {"none", 1, 2, 100, 200, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0},
+        {"none", 1, 2, 100, 200, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0, 0},
         {"random:0.002:5", 1, 2, 500, 300, 64, STOF_DTYPE_FP16,
-         STOF_LAYOUT_BHSD, 0},
+         STOF_LAYOUT_BHSD, 0, 0},
         {"causal&sliding:8&strided:200", 1, 1, 700, 700, 128,
-         STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, 0},
+         STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, 0, 0},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++)
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
         check_case(ctx, &cases[i], &rng);
+        gpu_case r = cases[i];
+        r.reference = 1;
+        check_case(ctx, &r, &rng);
+    }
     stof_close(&ctx);
 }
 
@@ -277,7 +293,8 @@ Test(gpu, plan_describe_and_errors)
     cr_assert_gt(need, 10);
     char *buf = malloc(need + 1);
     cr_assert_eq(stof_plan_describe(p, buf, need + 1, NULL), STOF_OK);
-    cr_assert(strstr(buf, "\"kernel\":\"reference\""), "%s", buf);
+    cr_assert(strstr(buf, "\"kernel\":\"block\""), "%s", buf);
+    cr_assert(strstr(buf, "\"BLOCK_M\""), "%s", buf);
     cr_assert(strstr(buf, "\"seq_q\":256"), "%s", buf);
     free(buf);
     /* Misaligned and NULL pointers are refused before any launch. */

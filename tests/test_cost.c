@@ -1,0 +1,114 @@
+/*
+ * test_cost.c - the analytical cost model and stage-1 ranking on the CPU,
+ * with a described (not real) H100-class device.
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "cost_model.h"
+#include "internal.h"
+#include "testutil.h"
+
+static stof_context *open_fake_h100(void)
+{
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    /* The model reads only these fields. */
+    ctx->device.sm_count = 132;
+    ctx->device.cc_major = 9;
+    ctx->device.cc_minor = 0;
+    ctx->device.max_smem_optin = 232448;
+    return ctx;
+}
+
+static double best_ms(stof_context *ctx, const char *spec, int n, int hd,
+                      stof_candidate *best)
+{
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, spec, n, n, &m), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 4, 16, n, n, hd, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    stof_candidate c[256];
+    int k = 0;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 256, &k), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_gt(k, 4);
+    for (int i = 1; i < k; i++)
+        cr_assert_leq(c[i - 1].predicted_ms, c[i].predicted_ms,
+                      "ranking is not sorted");
+    for (int i = 0; i < k; i++)
+        cr_assert(stof__block_cfg_valid(&ctx->device, hd, &c[i].cfg, NULL, 0),
+                  "an invalid configuration was ranked");
+    if (best)
+        *best = c[0];
+    stof_mask_free(&m);
+    return c[0].predicted_ms;
+}
+
+Test(cost, sparser_masks_are_predicted_faster)
+{
+    stof_context *ctx = open_fake_h100();
+    double dense = best_ms(ctx, "dense", 4096, 64, NULL);
+    double causal = best_ms(ctx, "causal", 4096, 64, NULL);
+    double sliding = best_ms(ctx, "sliding:256", 4096, 64, NULL);
+    cr_assert_lt(causal, dense * 0.7, "causal %.3f vs dense %.3f", causal, dense);
+    cr_assert_gt(causal, dense * 0.4, "causal %.3f vs dense %.3f", causal, dense);
+    cr_assert_lt(sliding, dense * 0.25, "sliding %.3f vs dense %.3f", sliding, dense);
+    /* Dense 4x16x4096x4096 d=64 is 275 GFLOP: at 200..700 TFLOP/s. */
+    cr_assert(dense > 0.39 && dense < 1.4, "dense predicted %.3f ms", dense);
+    stof_close(&ctx);
+}
+
+Test(cost, unsupported_head_dim_falls_back)
+{
+    stof_context *ctx = open_fake_h100();
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 256, 256, &m), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 1, 256, 256, 40, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    stof_candidate c[4];
+    int k = 7;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 4, &k), STOF_ERR_UNSUPPORTED);
+    cr_assert_eq(k, 0);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+Test(cost, imbalance_is_modelled)
+{
+    /* Same number of tiles, but in one problem a single row block holds all
+     * of them: the makespan must reflect the long CTA. */
+    stof_context *ctx = open_fake_h100();
+    stof_device *dev = &ctx->device;
+    stof_block_cfg cfg = {128, 64, 4, 2};
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 1, 4096, 4096, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    stof_mask *even = NULL, *skew = NULL;
+    /* even: a 128-wide band (2 tiles per row block); skew: rows 0..127 see
+     * every key, the rest see only their diagonal tile. */
+    cr_assert_eq(stof_mask_from_spec(ctx, "sliding:64", 4096, 4096, &even),
+                 STOF_OK);
+    uint8_t *b = calloc(4096u * 4096u, 1);
+    for (int q = 0; q < 4096; q++)
+        for (int k = 0; k < 4096; k++)
+            b[(size_t)q * 4096 + k] = q < 128 || q / 64 == k / 64;
+    cr_assert_eq(stof_mask_from_dense(ctx, b, 4096, 4096, &skew), STOF_OK);
+    free(b);
+    stof_format *fe = NULL, *fs = NULL;
+    cr_assert_eq(stof_format_build(ctx, even, 128, 64, &fe), STOF_OK);
+    cr_assert_eq(stof_format_build(ctx, skew, 128, 64, &fs), STOF_OK);
+    stof_candidate ce, cs;
+    stof__cost_predict(dev, &d, fe, STOF_KERNEL_BLOCK, &cfg, &ce);
+    stof__cost_predict(dev, &d, fs, STOF_KERNEL_BLOCK, &cfg, &cs);
+    cr_assert_gt(cs.predicted_ms, ce.predicted_ms * 2.0,
+                 "skewed %.4f ms vs even %.4f ms", cs.predicted_ms,
+                 ce.predicted_ms);
+    stof_format_free(&fe);
+    stof_format_free(&fs);
+    stof_mask_free(&even);
+    stof_mask_free(&skew);
+    stof_close(&ctx);
+}

@@ -1,0 +1,71 @@
+/*
+ * cost_model.h - the analytical model that predicts the time of an
+ * attention kernel candidate from the mask's sparse format and the device,
+ * and the candidate list it ranks (stage 1 of the search).
+ *
+ * The model, for a candidate (kind, cfg) on format f (built with the cfg's
+ * BLOCK_M x BLOCK_N):
+ *
+ *   work of query row block i, in tile units:
+ *     block-wise: w_i = full_i + (1 + mu) * partial_i
+ *     row-wise:   w_i = gamma * ceil(keys_i / BN) * (1 + mu * (1 - fill))
+ *   tile time on a fully occupied SM:
+ *     tau = 4 * BM * BN * D / (R_sm * e(cfg, D))
+ *   CTA time (one CTA per row block and batch*head, o CTAs share an SM):
+ *     t_i = o * (w_i * tau + tau0)
+ *   kernel time = makespan of the CTAs in launch order on SMs * o slots
+ *                 (greedy list scheduling), plus the launch latency.
+ *
+ * R_sm is the tensor-core rate per SM for mma.sync (by compute
+ * capability), e(cfg, D) the fraction a configuration reaches on dense
+ * work (calibrated on an H200: see COST_MODEL.md), mu the extra cost of a
+ * masked tile, gamma that of gathering K/V rows, tau0 the per-CTA cost of
+ * loading Q and writing O, o the CTAs per SM that fit (registers, shared
+ * memory, threads). The makespan captures waves and imbalance (causal's
+ * long last rows, bigbird's global rows).
+ */
+#ifndef STOF_COST_MODEL_H
+#define STOF_COST_MODEL_H
+
+#include "internal.h"
+
+enum {
+    STOF_KERNEL_REFERENCE = 0,
+    STOF_KERNEL_BLOCK = 1,
+    STOF_KERNEL_ROWWISE = 2
+};
+
+typedef struct stof_candidate {
+    int kind;               /* STOF_KERNEL_* */
+    stof_block_cfg cfg;     /* unused for the reference kernel */
+    double predicted_ms;    /* model time */
+    double work_tiles;      /* sum of w_i over row blocks (one batch*head) */
+    int ctas_per_sm;        /* o */
+} stof_candidate;
+
+/* Predict the time of (kind, cfg) on format f for descriptor d on device
+ * dev. f must have been built with cfg's block sizes. Returns the time in
+ * ms (fills the other fields of *out when not NULL). */
+double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
+                          const stof_format *f, int kind,
+                          const stof_block_cfg *cfg, stof_candidate *out);
+
+/* Stage 1: enumerate every valid (kind, cfg) for the problem, build the
+ * formats they need, predict each and sort by predicted time (fastest
+ * first). At most `max` candidates are written to `cands`; *n is set to the
+ * number written. Returns STOF_ERR_UNSUPPORTED when no fast kernel supports
+ * the problem (the caller falls back to the reference kernel). */
+stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
+                            const stof_mask *m, stof_candidate *cands,
+                            int max, int *n /* OUT */);
+
+/* Plan with a given kernel choice (NULL = the cost model's first choice;
+ * kind STOF_KERNEL_REFERENCE = the reference kernel). Used by
+ * stof_attention_plan, the tests and the search. */
+stof_status stof__attention_plan_kernel(stof_context *ctx,
+                                        const stof_attention_desc *d,
+                                        const stof_mask *m,
+                                        const stof_candidate *choice,
+                                        stof_plan **out /* OUT */);
+
+#endif
