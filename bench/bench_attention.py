@@ -74,6 +74,12 @@ def rel_err(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def cfg_str(p):
+    if not p or "BLOCK_M" not in p:
+        return "-"
+    return f"{p['BLOCK_M']}/{p['BLOCK_N']}/{p['WARPS']}/{p['STAGES']}"
+
+
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
@@ -91,7 +97,14 @@ def main():
     args = ap.parse_args()
 
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    flex = torch.compile(flex_attention, dynamic=False)
+    import torch._dynamo
+    # Each mask_mod is a new function: without room for the recompiles,
+    # dynamo gives up after a few and FlexAttention silently runs eagerly
+    # (materialising the scores: 100x slower). Each case gets its own
+    # compiled function, compiled once.
+    torch._dynamo.config.cache_size_limit = 1024
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 1024
 
     dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     ctx = stof.Context()
@@ -119,7 +132,10 @@ def main():
             t0 = time.perf_counter()
             plan = ctx.attention_plan(q, k, v, mask, out=out)
             r["stof_plan_s"] = time.perf_counter() - t0
-            r["stof_kernel"] = plan.describe().get("kernel")
+            desc = plan.describe()
+            r["stof_kernel"] = desc.get("kernel")
+            r["stof_params"] = desc.get("params")
+            r["stof_predicted_ms"] = desc.get("predicted_ms")
             out.fill_(float("nan"))
             plan.run(q, k, v, out)
             torch.cuda.synchronize()
@@ -127,6 +143,7 @@ def main():
             r["stof_ms"] = bench(lambda: plan.run(q, k, v, out))
 
             if not args.no_flex:
+                flex = torch.compile(flex_attention, dynamic=False)
                 t0 = time.perf_counter()
                 bm = create_block_mask(mask_mod_for(name, dense), None, None, N, N,
                                        device="cuda")
@@ -152,7 +169,7 @@ def main():
 
     hdr = (f"{'shape':>14} {'mask':>10} {'dens':>6} {'stof ms':>8} {'flex ms':>8} "
            f"{'sdpa+m':>8} {'x flex':>7} {'x sdpa':>7} {'stof TF':>8} {'flex TF':>8} "
-           f"{'err':>8} {'kernel':>10}")
+           f"{'err':>8} {'kernel':>10} {'config':>12} {'pred ms':>8}")
     print(hdr)
     for r in results:
         shape = "x".join(str(x) for x in r["shape"])
@@ -163,7 +180,8 @@ def main():
               f"{fl:8.3f} {r['sdpa_mask_ms']:8.3f} {fl / r['stof_ms']:7.2f} "
               f"{base / r['stof_ms']:7.2f} {r['stof_tflops']:8.1f} "
               f"{r.get('flex_tflops', float('nan')):8.1f} {r['stof_err']:8.1e} "
-              f"{r['stof_kernel']:>10}")
+              f"{r['stof_kernel']:>10} {cfg_str(r.get('stof_params')):>12} "
+              f"{r.get('stof_predicted_ms') or float('nan'):8.3f}")
     print("x flex = FlexAttention time / stof time; x sdpa = SDPA time / stof time "
           "(flash SDPA for none, is_causal for causal, bool mask otherwise)")
     bad = [r for r in results if not r["stof_err"] < 1e-2]

@@ -10,6 +10,8 @@
 //                 key block are -inf;
 //   PARTIAL tiles the tile's BLOCK_M x BLOCK_N bitmap (word c/32, bit c%32 of
 //                 row r) sets the masked scores to -inf.
+// With GATHER=1 the CTA walks the row-wise format instead (see "Gather
+// mode" below).
 // Softmax is online, in the exp2 domain (scale*log2(e) folded into the
 // scores). A row that has seen no allowed key keeps m = -inf and the
 // exponent offset used for it is 0 ("safe max"), so nothing becomes NaN; at
@@ -24,6 +26,8 @@
 //   Q_IN_REGS 0/1: keep the Q fragments in registers for the whole loop
 //             (default: 1 when a warp's Q fits in 32 registers)
 //   MIN_BLOCKS  __launch_bounds__ minimum CTAs per SM (default 1)
+//   GATHER    0/1: block-wise tiles (0, default) or gathered row-wise
+//             tiles (1)
 //   STOF_BLOCK_CHECKS  1: trap on inconsistent launch data (debugging)
 //
 // Shared memory (dynamic; bytes, in this order, see stof__block_smem_bytes
@@ -33,6 +37,7 @@
 //   sV   STAGES x BLOCK_N x HEAD_DIM, swizzled
 //   sB   STAGES x BLOCK_M x BLOCK_N/32 words: the partial tiles' bitmaps
 //   meta STAGES x {key block, kind} ints, padded to 16 bytes
+//   sI   (GATHER only) (STAGES+1) x 2 x BLOCK_N u32: row offsets of tiles
 // Swizzle: a row of HEAD_DIM elements is HEAD_DIM/8 16-byte chunks; chunk c
 // of row r is stored at chunk c ^ SW(r), SW(r) = r & 7 (rows of >= 128
 // bytes) or (r >> 1) & 3 (HEAD_DIM 32: 64-byte rows, two per 128 bytes).
@@ -49,6 +54,27 @@
 // STAGES=1 this is FlashAttention-2's schedule (V(t) loads under Q K^T, K(t+1)
 // under P V); each extra stage adds one tile of look-ahead. A partial
 // tile's bitmap travels in K's group into the stage's sB slot.
+//
+// Gather mode (GATHER=1): the CTA's keys are its row block's compacted key
+// list (rw_keys of the format: ascending, a key listed when any row of the
+// block allows it), and its tile t is list entries t*BLOCK_N .. t*BLOCK_N +
+// BLOCK_N - 1. K and V rows are copied by key index into the same dense,
+// swizzled tiles, so the loop above runs unchanged over the compacted key
+// sequence; entries past the list's end are zero-filled and masked.
+// The host (stof__rowwise_format_upload) repacks the row-wise bitmaps per
+// compacted tile (BLOCK_M rows x BLOCK_N/32 words, as block mode) and marks
+// a tile FULL when every row of the block that exists allows every listed
+// key of the tile; full tiles skip the bitmap as in block mode.
+// Key indices travel through shared memory: sI is a ring of STAGES+1
+// slots, tile u in slot u % (STAGES+1); a slot holds, per tile row, the
+// K and the V row offset (key * seq stride, in 16-byte units, 0 past the
+// list's end: the host guarantees they fit 32 bits). Threads tid < BLOCK_N
+// read the keys of tile t+STAGES+1 from global at the start of iteration t
+// and store the offsets at its end, into the slot of tile t (free by then:
+// K(t) and V(t) were issued earlier, and a barrier separates their issue
+// from the store). K(t+S) and V(t+S-1) are issued in iteration t from sI
+// after a barrier, so the index latency stays off the critical path, and a
+// loader thread spends one shared load and one multiply-add per row.
 //
 // Fragments (mma.sync m16n8k16, g = lane/4, q = lane%4):
 //   A (Q, P): a0 (row g, k 2q..2q+1), a1 (row g+8), a2 (k+8), a3 (row g+8, k+8)
@@ -74,6 +100,8 @@
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=0,BLOCK_M=128,BLOCK_N=32,WARPS=4,STAGES=1 | HEAD_DIM=64,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=4,STAGES=2
 // STOF_VARIANTS: HEAD_DIM=32,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2 | HEAD_DIM=32,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=1
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1 | HEAD_DIM=256,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3,GATHER=1
+// STOF_VARIANTS: HEAD_DIM=32,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=1,GATHER=1 | HEAD_DIM=256,DTYPE=1,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1,GATHER=1
 #include "stof_common.cuh"
 
 #ifndef HEAD_DIM
@@ -97,6 +125,9 @@
 #ifndef STOF_BLOCK_CHECKS
 #define STOF_BLOCK_CHECKS 0
 #endif
+#ifndef GATHER
+#define GATHER 0
+#endif
 
 #define BK_THREADS (WARPS * 32)
 #define BK_WM (BLOCK_M / WARPS)      // query rows per warp
@@ -118,7 +149,13 @@
 #define BK_OFF_V (BK_OFF_K + STAGES * BK_KV_BYTES)
 #define BK_OFF_B (BK_OFF_V + STAGES * BK_KV_BYTES)
 #define BK_OFF_META (BK_OFF_B + STAGES * BK_BITS_BYTES)
-#define BK_SMEM_BYTES (BK_OFF_META + ((STAGES * 8 + 15) / 16) * 16)
+#define BK_OFF_IDX (BK_OFF_META + ((STAGES * 8 + 15) / 16) * 16)
+#if GATHER
+#define BK_IDX_BYTES ((STAGES + 1) * 2 * BLOCK_N * 4)
+#else
+#define BK_IDX_BYTES 0
+#endif
+#define BK_SMEM_BYTES (BK_OFF_IDX + BK_IDX_BYTES)
 
 static_assert(HEAD_DIM == 32 || HEAD_DIM == 64 || HEAD_DIM == 128 ||
                   HEAD_DIM == 256,
@@ -131,6 +168,8 @@ static_assert(BLOCK_M % (16 * WARPS) == 0,
               "each warp must own a multiple of 16 query rows");
 static_assert(STAGES >= 1 && STAGES <= 3, "STAGES must be 1..3");
 static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
+static_assert(GATHER == 0 || GATHER == 1, "GATHER must be 0 or 1");
+static_assert(BLOCK_N <= BK_THREADS, "one key index per thread and tile");
 static_assert((BK_BITS_BYTES % 16) == 0, "bitmap stage must be 16-byte chunks");
 
 #define STOF_TILE_PARTIAL_ 1 // STOF_TILE_PARTIAL in stof.h
@@ -153,8 +192,17 @@ struct stof_attn_block_params {
     int bitmap_words_per_row;    // must be BLOCK_N / 32
     float scale_log2;            // softmax scale * log2(e)
     int flags;                   // reserved, 0
+#if GATHER
+    // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
+    // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
+    // col_idx is unused. Row block i's keys are keys[key_ptr[i] ..
+    // key_ptr[i+1]-1]. Mirrored by stof_attn_gather_params.
+    const int *key_ptr;          // n_row_blocks + 1
+    const int *keys;             // key indices (< seq_k), ascending per block
+#endif
 };
-static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 8 * 4,
+static_assert(sizeof(stof_attn_block_params) ==
+                  9 * 8 + 12 * 8 + 8 * 4 + GATHER * 2 * 8,
               "stof_attn_block_params layout");
 
 // ---------------------------------------------------------------------------
@@ -330,6 +378,57 @@ __device__ __forceinline__ void bk_load_rows(unsigned dst,
     }
 }
 
+#if GATHER
+// Gather version of bk_load_rows: row r of the tile starts off[r] 16-byte
+// units after g (off in shared memory); rows r >= lim are zero-filled
+// without being read (their offset is 0, a valid address).
+template <int ROWS>
+__device__ __forceinline__ void bk_gather_rows(unsigned dst,
+                                               const unsigned short *g,
+                                               const unsigned *off, int lim,
+                                               int tid)
+{
+    constexpr int RPP = BK_THREADS / BK_CPR; // rows per pass
+    constexpr int ITERS = (ROWS + RPP - 1) / RPP;
+    const int r0 = tid / BK_CPR, c = tid % BK_CPR;
+    const unsigned d0 = bk_off(r0, c);
+    const unsigned char *gc = (const unsigned char *)(g + c * 8);
+    // All offsets first: the cp.async asm clobbers memory, so a shared load
+    // after one would wait for it, serialising the rows.
+    unsigned o[ITERS];
+#pragma unroll
+    for (int i = 0; i < ITERS; i++) {
+        const int r = r0 + i * RPP;
+        o[i] = ROWS % RPP == 0 || r < ROWS ? off[r] : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < ITERS; i++) {
+        const int r = r0 + i * RPP;
+        if (ROWS % RPP == 0 || r < ROWS) {
+            const unsigned char *src = gc + (stof_u64)o[i] * 16u;
+            const unsigned d = RPP % 8 == 0 ? d0 + i * RPP * BK_ROWB
+                                            : bk_off(r, c);
+            bk_cp_async16(dst + d, src, r < lim ? 16 : 0);
+        }
+    }
+}
+
+// Store the K and V row offsets of key `key` (-1: past the list's end) as
+// row `j` of index slot `so` (2 * BLOCK_N words: K offsets, then V).
+__device__ __forceinline__ void bk_idx_store(unsigned *so, int j, int key,
+                                             stof_i64 k16, stof_i64 v16)
+{
+    so[j] = key >= 0 ? (unsigned)(key * k16) : 0u;
+    so[BLOCK_N + j] = key >= 0 ? (unsigned)(key * v16) : 0u;
+}
+
+// The key index of entry `pos` of a CTA's compacted list, -1 past its end.
+__device__ __forceinline__ int bk_key_at(const int *keys, int pos, int nk)
+{
+    return pos < nk ? bk_ldg_i32(keys + pos) : -1;
+}
+#endif
+
 // Copy one partial tile's bitmap (BLOCK_M * BK_WPR contiguous words, the
 // start 16-byte aligned because BLOCK_M * BK_WPR * 4 is a multiple of 256).
 __device__ __forceinline__ void bk_load_bits(unsigned dst,
@@ -378,11 +477,22 @@ stof_attn_block(const stof_attn_block_params p)
 
     const int e0 = bk_ldg_i32(p.row_ptr + rb);
     const int n = bk_ldg_i32(p.row_ptr + rb + 1) - e0; // non-empty tiles
+#if GATHER
+    unsigned *s_idx = (unsigned *)(bk_smem + BK_OFF_IDX); // [S+1][2][BN]
+    const stof_i64 k16 = p.k_stride[2] >> 3, v16 = p.v_stride[2] >> 3;
+    const int *keys = p.keys + bk_ldg_i32(p.key_ptr + rb);
+    const int nk = bk_ldg_i32(p.key_ptr + rb + 1) -
+                   bk_ldg_i32(p.key_ptr + rb); // listed keys
+#endif
 
 #if STOF_BLOCK_CHECKS
     if (p.bitmap_words_per_row != BK_WPR || n < 0 || rb >= p.n_row_blocks ||
         bh >= p.batch * p.heads)
         __trap();
+#if GATHER
+    if (nk < 0 || n != (nk + BLOCK_N - 1) / BLOCK_N)
+        __trap();
+#endif
 #endif
 
     // Running softmax state per fragment row (g and g+8 of each m16 tile),
@@ -418,16 +528,36 @@ stof_attn_block(const stof_attn_block_params p)
 #endif
 
     if (n > 0) {
+#if GATHER
+        // Key indices of tiles 0..STAGES into ring slots 0..STAGES.
+        if (tid < BLOCK_N) {
+#pragma unroll
+            for (int s = 0; s <= STAGES; s++)
+                if (s < n)
+                    bk_idx_store(s_idx + s * 2 * BLOCK_N, tid,
+                                 bk_key_at(keys, s * BLOCK_N + tid, nk), k16,
+                                 v16);
+        }
+        __syncthreads();
+#endif
         // ---- prologue: Q, K0, V0, ..., K(S-2), V(S-2), K(S-1) -------------
         bk_load_rows<BLOCK_M>(sQ, qg, p.q_stride[2], q0, p.seq_q, tid);
         bk_cp_commit();
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             if (s < n) {
+#if GATHER
+                const int col = 0; // unused: the indices are in sI
+                const int kind = bk_ldg_u8(p.kind + e0 + s);
+                bk_gather_rows<BLOCK_N>(sK + s * BK_KV_BYTES, kg,
+                                        s_idx + s * 2 * BLOCK_N,
+                                        nk - s * BLOCK_N, tid);
+#else
                 const int col = bk_ldg_i32(p.col_idx + e0 + s);
                 const int kind = bk_ldg_u8(p.kind + e0 + s);
                 bk_load_rows<BLOCK_N>(sK + s * BK_KV_BYTES, kg, p.k_stride[2],
                                       col * BLOCK_N, p.seq_k, tid);
+#endif
                 if (kind == STOF_TILE_PARTIAL_)
                     bk_load_bits(sB + s * BK_BITS_BYTES, p.bitmaps,
                                  bk_ldg_i32(p.bitmap_idx + e0 + s), tid);
@@ -439,10 +569,16 @@ stof_attn_block(const stof_attn_block_params p)
             bk_cp_commit();
             if (s < STAGES - 1) {
                 if (s < n) {
+#if GATHER
+                    bk_gather_rows<BLOCK_N>(sV + s * BK_KV_BYTES, vg,
+                                            s_idx + (2 * s + 1) * BLOCK_N,
+                                            nk - s * BLOCK_N, tid);
+#else
                     const int col = bk_ldg_i32(p.col_idx + e0 + s);
                     bk_load_rows<BLOCK_N>(sV + s * BK_KV_BYTES, vg,
                                           p.v_stride[2], col * BLOCK_N,
                                           p.seq_k, tid);
+#endif
                 }
                 bk_cp_commit();
             }
@@ -465,21 +601,34 @@ stof_attn_block(const stof_attn_block_params p)
     // prefetched one iteration ahead.
     int nk_col = 0, nk_kind = 0, nk_bidx = 0;
     if (STAGES < n) {
+#if !GATHER
         nk_col = bk_ldg_i32(p.col_idx + e0 + STAGES);
+#endif
         nk_kind = bk_ldg_u8(p.kind + e0 + STAGES);
         nk_bidx = bk_ldg_i32(p.bitmap_idx + e0 + STAGES);
     }
 
     const float sl2 = p.scale_log2;
     int slot = 0; // t % STAGES
+#if GATHER
+    int islot = 0; // t % (STAGES + 1): tile t's slot in the index ring
+#endif
 
     for (int t = 0; t < n; t++) {
         // Prefetch the metadata of tile t + STAGES + 1 (its K goes out in
         // the next iteration).
         int f_col = 0, f_kind = 0, f_bidx = 0;
+#if GATHER
+        int f_key = -1;
+#endif
         if (t + STAGES + 1 < n) {
             const int e = e0 + t + STAGES + 1;
+#if GATHER
+            if (tid < BLOCK_N)
+                f_key = bk_key_at(keys, (t + STAGES + 1) * BLOCK_N + tid, nk);
+#else
             f_col = bk_ldg_i32(p.col_idx + e);
+#endif
             f_kind = bk_ldg_u8(p.kind + e);
             f_bidx = bk_ldg_i32(p.bitmap_idx + e);
         }
@@ -490,12 +639,23 @@ stof_attn_block(const stof_attn_block_params p)
         {
             const int u = t + STAGES - 1;
             const int vs = slot + STAGES - 1 >= STAGES ? slot - 1 : slot + STAGES - 1;
+#if GATHER
+            // Tile u = t + S - 1 is in index slot (t + S - 1) % (S + 1).
+            const int is = islot >= 2 ? islot - 2 : islot + STAGES - 1;
+            if (u < n)
+                bk_gather_rows<BLOCK_N>(sV + vs * BK_KV_BYTES, vg,
+                                        s_idx + (2 * is + 1) * BLOCK_N,
+                                        nk - u * BLOCK_N, tid);
+#else
             if (u < n)
                 bk_load_rows<BLOCK_N>(sV + vs * BK_KV_BYTES, vg, p.v_stride[2],
                                       s_meta[2 * vs] * BLOCK_N, p.seq_k, tid);
+#endif
             bk_cp_commit();
         }
+#if !GATHER
         const int col = s_meta[2 * slot];
+#endif
         const int kind = s_meta[2 * slot + 1];
 
         // ---- S = Q K^T ----------------------------------------------------
@@ -565,9 +725,16 @@ stof_attn_block(const stof_attn_block_params p)
                                 sacc[mt][nt][2 * hh + e] = STOF_NEG_INF;
                 }
             }
-        } else if (col * BLOCK_N + BLOCK_N > p.seq_k) {
+        }
+#if GATHER
+        else if (t * BLOCK_N + BLOCK_N > nk) {
+            // The last tile of the list: entries >= nk are -inf.
+            const int lim = nk - t * BLOCK_N - 2 * tq;
+#else
+        else if (col * BLOCK_N + BLOCK_N > p.seq_k) {
             // A full tile hanging past seq_k: columns >= seq_k are -inf.
             const int lim = p.seq_k - col * BLOCK_N - 2 * tq;
+#endif
 #pragma unroll
             for (int mt = 0; mt < BK_MT; mt++)
 #pragma unroll
@@ -621,9 +788,17 @@ stof_attn_block(const stof_attn_block_params p)
         __syncthreads();
         {
             if (t + STAGES < n) {
+#if GATHER
+                // Tile t + S is in index slot (t + S) % (S + 1).
+                const int is = islot == 0 ? STAGES : islot - 1;
+                bk_gather_rows<BLOCK_N>(sK + slot * BK_KV_BYTES, kg,
+                                        s_idx + 2 * is * BLOCK_N,
+                                        nk - (t + STAGES) * BLOCK_N, tid);
+#else
                 bk_load_rows<BLOCK_N>(sK + slot * BK_KV_BYTES, kg,
                                       p.k_stride[2], nk_col * BLOCK_N,
                                       p.seq_k, tid);
+#endif
                 if (nk_kind == STOF_TILE_PARTIAL_)
                     bk_load_bits(sB + slot * BK_BITS_BYTES, p.bitmaps, nk_bidx,
                                  tid);
@@ -665,6 +840,13 @@ stof_attn_block(const stof_attn_block_params p)
         nk_kind = f_kind;
         nk_bidx = f_bidx;
         slot = slot + 1 == STAGES ? 0 : slot + 1;
+#if GATHER
+        // Tile t + S + 1 takes tile t's index slot: K(t) and V(t) were
+        // issued before this iteration's second barrier.
+        if (tid < BLOCK_N && t + STAGES + 1 < n)
+            bk_idx_store(s_idx + islot * 2 * BLOCK_N, tid, f_key, k16, v16);
+        islot = islot == STAGES ? 0 : islot + 1;
+#endif
     }
 
     // ---- epilogue: O / l, staged through this warp's own sQ rows ----------

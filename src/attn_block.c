@@ -1,9 +1,10 @@
 /*
  * attn_block.c - host side of the block-wise sparse attention kernel
- * (jit_templates/attn_block.cu): which configurations it supports, its
- * shared memory, the device copy of a format's tile BSR, compile + load,
- * and the launch. Declarations and contracts: internal.h, section
- * "Block-wise kernel (attn_block.c)".
+ * (jit_templates/attn_block.cu) and of its gather (row-wise) mode: which
+ * configurations it supports, its shared memory, the device copies of a
+ * format's tile BSR and of its row-wise lists (repacked per compacted tile),
+ * compile + load, and the launches. Declarations and contracts: internal.h,
+ * section "Block-wise kernel (attn_block.c)".
  */
 #include "internal.h"
 
@@ -26,6 +27,17 @@ typedef struct stof_attn_block_params {
 } stof_attn_block_params;
 _Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 8 * 4,
                "stof_attn_block_params must match attn_block.cu");
+
+/* The gather kernel's parameters (GATHER=1): the block ones, row_ptr /
+ * kind / bitmap_idx / bitmaps describing the compacted tiles, then the key
+ * lists. */
+typedef struct stof_attn_gather_params {
+    stof_attn_block_params b;
+    CUdeviceptr key_ptr, keys;
+} stof_attn_gather_params;
+_Static_assert(sizeof(stof_attn_gather_params) ==
+                   sizeof(stof_attn_block_params) + 2 * 8,
+               "stof_attn_gather_params must match attn_block.cu");
 
 /* The largest opt-in shared memory of any GPU the kernel targets (sm_90:
  * 227 KiB); used when no device is given. */
@@ -77,6 +89,8 @@ size_t stof__block_smem_bytes(int head_dim, const stof_block_cfg *c)
     bytes += 2u * s * (size_t)c->block_n * row;              /* K, V */
     bytes += s * (size_t)c->block_m * (size_t)(c->block_n / 32) * 4u; /* bits */
     bytes += (s * 8u + 15u) / 16u * 16u;                     /* meta */
+    if (c->gather)
+        bytes += (s + 1u) * 2u * (size_t)c->block_n * 4u;    /* offsets */
     return bytes;
 }
 
@@ -106,6 +120,8 @@ int stof__block_cfg_valid(const stof_device *dev, int head_dim,
                        c->block_m, c->warps);
     if (c->stages < 1 || c->stages > 3)
         return why_set(why, n, "stages %d: must be 1..3", c->stages);
+    if (c->gather != 0 && c->gather != 1)
+        return why_set(why, n, "gather %d: must be 0 or 1", c->gather);
     const int acc = block_acc_regs(head_dim, c);
     if (acc > BLOCK_ACC_REGS_MAX)
         return why_set(why, n,
@@ -238,6 +254,236 @@ fail:
 }
 
 /* ------------------------------------------------------------------------ */
+/* Device copy of the row-wise lists, repacked per compacted tile            */
+/* ------------------------------------------------------------------------ */
+
+/* Bits pos .. pos+width-1 (width <= 32) of a row-wise bitmap row of `w`
+ * words, in the low bits; bits past the row read as 0. */
+static uint32_t rw_field(const uint32_t *row, int64_t w, int64_t pos,
+                         int width)
+{
+    const int64_t wi = pos >> 5;
+    const int sh = (int)(pos & 31);
+    uint64_t x = wi < w ? row[wi] : 0u;
+    if (sh && wi + 1 < w)
+        x |= (uint64_t)row[wi + 1] << 32;
+    x >>= sh;
+    return width >= 32 ? (uint32_t)x : (uint32_t)x & ((1u << width) - 1u);
+}
+
+/* Where rw_pack writes (NULL: it only counts). The arrays are sized by a
+ * counting pass: tile_ptr n_row_blocks + 1, kind and bitmap_idx n_tiles,
+ * bitmaps n_partial * block_m * words_per_row words, zeroed. */
+typedef struct rw_pack_out {
+    int32_t *tile_ptr;
+    uint8_t *kind;
+    int32_t *bitmap_idx;
+    uint32_t *bitmaps;
+} rw_pack_out;
+
+/* Cut every row block's key list into tiles of block_n entries, classify
+ * each (full: every row of the block inside seq_q allows every listed key
+ * of the tile) and, with `o`, write the tile arrays and the partial tiles'
+ * bitmaps. */
+static void rw_pack(const stof_format *f, const rw_pack_out *o,
+                    int64_t *n_tiles, int64_t *n_partial, int *max_tiles)
+{
+    const int bm = f->block_m, bn = f->block_n;
+    const int wpr = (bn + 31) / 32;
+    const int width = bn < 32 ? bn : 32; /* bits of a tile's bitmap word */
+    int64_t e = 0, part = 0;
+    int most = 0;
+    for (int i = 0; i < f->n_row_blocks; i++) {
+        const int rows = f->seq_q - i * bm < bm ? f->seq_q - i * bm : bm;
+        const int64_t nk = f->rw_ptr[i + 1] - f->rw_ptr[i];
+        const int64_t w = f->rw_words[i];
+        const uint32_t *base = f->rw_bitmaps + f->rw_bitmap_off[i];
+        const int64_t nt = (nk + bn - 1) / bn;
+        if (o)
+            o->tile_ptr[i] = (int32_t)e;
+        if (nt > most)
+            most = (int)nt;
+        for (int64_t t = 0; t < nt; t++, e++) {
+            const int64_t cnt = nk - t * bn < bn ? nk - t * bn : bn;
+            int full = 1;
+            for (int r = 0; r < rows && full; r++) {
+                const uint32_t *row = base + (int64_t)r * w;
+                for (int j = 0; j < wpr; j++) {
+                    const int64_t vb = cnt - 32 * j; /* valid bits */
+                    const uint32_t need =
+                        vb >= width ? (width == 32 ? ~0u : (1u << width) - 1u)
+                        : vb > 0    ? (1u << vb) - 1u
+                                    : 0u;
+                    if ((rw_field(row, w, t * bn + 32 * j, width) & need) !=
+                        need) {
+                        full = 0;
+                        break;
+                    }
+                }
+            }
+            if (o) {
+                o->kind[e] = full ? STOF_TILE_FULL : STOF_TILE_PARTIAL;
+                o->bitmap_idx[e] = full ? -1 : (int32_t)part;
+            }
+            if (!full && o) {
+                uint32_t *dst = o->bitmaps + part * bm * wpr;
+                for (int r = 0; r < rows; r++) {
+                    const uint32_t *row = base + (int64_t)r * w;
+                    for (int j = 0; j < wpr; j++) {
+                        const int64_t vb = cnt - 32 * j;
+                        const uint32_t keep =
+                            vb >= 32 ? ~0u : vb > 0 ? (1u << vb) - 1u : 0u;
+                        dst[r * wpr + j] =
+                            rw_field(row, w, t * bn + 32 * j, width) & keep;
+                    }
+                }
+            }
+            part += !full;
+        }
+    }
+    if (o)
+        o->tile_ptr[f->n_row_blocks] = (int32_t)e;
+    *n_tiles = e;
+    *n_partial = part;
+    *max_tiles = most;
+}
+
+static int has_rowwise(const stof_format *f)
+{
+    return f && f->n_row_blocks >= 1 && f->block_m >= 1 && f->block_n >= 1 &&
+           f->rw_ptr && f->rw_keys && f->rw_words && f->rw_bitmap_off &&
+           f->rw_bitmaps;
+}
+
+stof_status stof__rowwise_stats(const stof_format *f, int64_t *n_keys,
+                                int64_t *n_tiles, int64_t *n_partial,
+                                int *max_tiles)
+{
+    if (!has_rowwise(f))
+        return STOF_ERR_INVALID_ARGUMENT;
+    int64_t nt, np;
+    int most;
+    rw_pack(f, NULL, &nt, &np, &most);
+    if (n_keys)
+        *n_keys = f->rw_ptr[f->n_row_blocks];
+    if (n_tiles)
+        *n_tiles = nt;
+    if (n_partial)
+        *n_partial = np;
+    if (max_tiles)
+        *max_tiles = most;
+    return STOF_OK;
+}
+
+void stof__rowwise_format_free(stof_context *ctx, stof_rowwise_format *rf)
+{
+    if (!rf)
+        return;
+    if (rf->mem && ctx && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuMemFree(rf->mem);
+        stof__ctx_pop(ctx);
+    }
+    memset(rf, 0, sizeof(*rf));
+}
+
+stof_status stof__rowwise_format_upload(stof_context *ctx,
+                                        const stof_format *f,
+                                        stof_rowwise_format *out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "out (the row-wise format) is NULL");
+    memset(out, 0, sizeof(*out));
+    STOF_CHECK_ARG(ctx, f, "format is NULL");
+    STOF_CHECK_ARG(ctx, has_rowwise(f),
+                   "format has no row-wise part (rw_* NULL or no row "
+                   "block)");
+    const int64_t n_keys = f->rw_ptr[f->n_row_blocks];
+    int64_t n_tiles, n_partial;
+    int most;
+    rw_pack(f, NULL, &n_tiles, &n_partial, &most);
+    const int wpr = (f->block_n + 31) / 32;
+    const size_t tile_words = (size_t)f->block_m * (size_t)wpr;
+    if (n_keys < 0 || n_keys > INT32_MAX || n_tiles > INT32_MAX ||
+        (uint64_t)n_partial > SIZE_MAX / 4u / tile_words)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "row-wise format: %lld keys in %lld tiles (%lld "
+                          "partial) do not fit the kernel's 32-bit indices",
+                          (long long)n_keys, (long long)n_tiles,
+                          (long long)n_partial);
+    const size_t bitmap_words = (size_t)n_partial * tile_words;
+
+    const size_t nrp = (size_t)f->n_row_blocks + 1u;
+    const size_t nt = (size_t)n_tiles;
+    const size_t off_kptr = 0;
+    const size_t off_keys = off_kptr + align256(nrp * 4u);
+    const size_t off_tptr = off_keys + align256((size_t)n_keys * 4u);
+    const size_t off_kind = off_tptr + align256(nrp * 4u);
+    const size_t off_bidx = off_kind + align256(nt);
+    const size_t off_bits = off_bidx + align256(nt * 4u);
+    const size_t total = off_bits + align256(bitmap_words * 4u);
+    if (total < off_bits) /* wrapped */
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "row-wise format: size overflows");
+    /* Every array gets at least 256 bytes: an empty one still has a valid,
+     * distinct pointer. */
+    const size_t total_alloc = total + 256u;
+
+    uint8_t *h = calloc(1, total_alloc);
+    if (!h)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory staging a %zu-byte row-wise format",
+                          total_alloc);
+    int32_t *kp = (int32_t *)(void *)(h + off_kptr);
+    for (size_t i = 0; i < nrp; i++)
+        kp[i] = (int32_t)f->rw_ptr[i];
+    if (n_keys)
+        memcpy(h + off_keys, f->rw_keys, (size_t)n_keys * 4u);
+    const rw_pack_out o = {(int32_t *)(void *)(h + off_tptr), h + off_kind,
+                           (int32_t *)(void *)(h + off_bidx),
+                           (uint32_t *)(void *)(h + off_bits)};
+    rw_pack(f, &o, &n_tiles, &n_partial, &most);
+
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK) {
+        free(h);
+        return st;
+    }
+    const stof_api *api = ctx->api;
+    CUdeviceptr mem = 0;
+    STOF_CU_GOTO(ctx, st, fail, api->cuMemAlloc(&mem, total_alloc));
+    STOF_CU_GOTO(ctx, st, fail, api->cuMemcpyHtoD(mem, h, total_alloc));
+    stof__ctx_pop(ctx);
+    free(h);
+
+    out->mem = mem;
+    out->bytes = total_alloc;
+    out->key_ptr = mem + off_kptr;
+    out->keys = mem + off_keys;
+    out->tile_ptr = mem + off_tptr;
+    out->kind = mem + off_kind;
+    out->bitmap_idx = mem + off_bidx;
+    out->bitmaps = mem + off_bits;
+    out->seq_q = f->seq_q;
+    out->seq_k = f->seq_k;
+    out->block_m = f->block_m;
+    out->block_n = f->block_n;
+    out->n_row_blocks = f->n_row_blocks;
+    out->bitmap_words_per_row = wpr;
+    out->max_tiles = most;
+    out->n_keys = n_keys;
+    out->n_tiles = n_tiles;
+    out->n_partial = n_partial;
+    return stof__ok(ctx);
+fail:
+    if (mem)
+        api->cuMemFree(mem);
+    stof__ctx_pop(ctx);
+    free(h);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Compile, load, launch                                                     */
 /* ------------------------------------------------------------------------ */
 
@@ -270,12 +516,15 @@ stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
     snprintf(d_bn, sizeof(d_bn), "BLOCK_N=%d", c->block_n);
     snprintf(d_w, sizeof(d_w), "WARPS=%d", c->warps);
     snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
-    const char *defs[] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s};
+    /* GATHER is defined only when set, so block-wise kernels compile from
+     * exactly the defines they always had. */
+    const char *defs[] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s, "GATHER=1"};
+    const int n_defs = (int)(sizeof(defs) / sizeof(*defs)) - !c->gather;
     void *cubin = NULL;
     size_t cubin_size = 0;
     stof_status st = (stof_status)stof__jit_compile(
-        ctx, "attn_block.cu", defs, (int)(sizeof(defs) / sizeof(*defs)),
-        arch_or_NULL, &cubin, &cubin_size);
+        ctx, "attn_block.cu", defs, n_defs, arch_or_NULL, &cubin,
+        &cubin_size);
     if (st != STOF_OK)
         return st;
 
@@ -306,13 +555,38 @@ fail:
     return st;
 }
 
+/* The parameters every launch shares: tensors, strides, sizes, scale. */
+static void fill_params(stof_attn_block_params *p, int head_dim,
+                        const stof_attention_desc *d, float scale,
+                        CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                        CUdeviceptr o)
+{
+    memset(p, 0, sizeof(*p));
+    p->q = q;
+    p->k = k;
+    p->v = v;
+    p->o = o;
+    memcpy(p->q_stride, d->q_stride, sizeof(p->q_stride));
+    memcpy(p->k_stride, d->k_stride, sizeof(p->k_stride));
+    memcpy(p->v_stride, d->v_stride, sizeof(p->v_stride));
+    memcpy(p->o_stride, d->o_stride, sizeof(p->o_stride));
+    p->batch = d->batch;
+    p->heads = d->heads;
+    p->seq_q = d->seq_q;
+    p->seq_k = d->seq_k;
+    if (scale == 0.0f)
+        scale = 1.0f / sqrtf((float)head_dim);
+    p->scale_log2 = (float)((double)scale * 1.4426950408889634);
+    p->flags = 0;
+}
+
 stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
                                int head_dim, const stof_attention_desc *d,
                                float scale, const stof_block_format *bf,
                                CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                                CUdeviceptr o, CUstream s, const stof_api *api)
 {
-    if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel)
+    if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel || c->gather)
         return STOF_ERR_INVALID_ARGUMENT;
     if (d->head_dim != head_dim || bf->block_m != c->block_m ||
         bf->block_n != c->block_n || bf->seq_q != d->seq_q ||
@@ -324,35 +598,64 @@ stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
 
     stof_attn_block_params p;
-    memset(&p, 0, sizeof(p));
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.o = o;
+    fill_params(&p, head_dim, d, scale, q, k, v, o);
     p.row_ptr = bf->row_ptr;
     p.col_idx = bf->col_idx;
     p.kind = bf->kind;
     p.bitmap_idx = bf->bitmap_idx;
     p.bitmaps = bf->bitmaps;
-    memcpy(p.q_stride, d->q_stride, sizeof(p.q_stride));
-    memcpy(p.k_stride, d->k_stride, sizeof(p.k_stride));
-    memcpy(p.v_stride, d->v_stride, sizeof(p.v_stride));
-    memcpy(p.o_stride, d->o_stride, sizeof(p.o_stride));
-    p.batch = d->batch;
-    p.heads = d->heads;
-    p.seq_q = d->seq_q;
-    p.seq_k = d->seq_k;
     p.n_row_blocks = bf->n_row_blocks;
     p.bitmap_words_per_row = bf->bitmap_words_per_row;
-    if (scale == 0.0f)
-        scale = 1.0f / sqrtf((float)head_dim);
-    p.scale_log2 = (float)((double)scale * 1.4426950408889634);
-    p.flags = 0;
 
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};
     CUresult r = api->cuLaunchKernel(
         fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
+        (unsigned)(32 * c->warps), 1, 1, (unsigned)smem, s, args, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
+stof_status stof__rowwise_launch(CUfunction fn, const stof_block_cfg *c,
+                                 int head_dim, const stof_attention_desc *d,
+                                 float scale, const stof_rowwise_format *rf,
+                                 CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                                 CUdeviceptr o, CUstream s,
+                                 const stof_api *api)
+{
+    if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
+        c->gather != 1)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (d->head_dim != head_dim || rf->block_m != c->block_m ||
+        rf->block_n != c->block_n || rf->seq_q != d->seq_q ||
+        rf->seq_k != d->seq_k || rf->bitmap_words_per_row != c->block_n / 32 ||
+        !rf->mem || d->batch < 1 || d->heads < 1 ||
+        (int64_t)d->batch * d->heads > 65535 || rf->n_row_blocks < 1)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!q || !k || !v || !o || (q | k | v | o) % 16u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    /* The kernel keeps key row offsets in 16-byte units in 32 bits. */
+    for (int t = 0; t < 2; t++) {
+        const int64_t st = t ? d->v_stride[2] : d->k_stride[2];
+        if (st < 0 || st % 8 || (st / 8) * (int64_t)(d->seq_k - 1) > UINT32_MAX)
+            return STOF_ERR_INVALID_ARGUMENT;
+    }
+
+    stof_attn_gather_params p;
+    fill_params(&p.b, head_dim, d, scale, q, k, v, o);
+    p.b.row_ptr = rf->tile_ptr;
+    p.b.col_idx = 0; /* unused in gather mode */
+    p.b.kind = rf->kind;
+    p.b.bitmap_idx = rf->bitmap_idx;
+    p.b.bitmaps = rf->bitmaps;
+    p.b.n_row_blocks = rf->n_row_blocks;
+    p.b.bitmap_words_per_row = rf->bitmap_words_per_row;
+    p.key_ptr = rf->key_ptr;
+    p.keys = rf->keys;
+
+    const size_t smem = stof__block_smem_bytes(head_dim, c);
+    void *args[] = {&p};
+    CUresult r = api->cuLaunchKernel(
+        fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
         (unsigned)(32 * c->warps), 1, 1, (unsigned)smem, s, args, NULL);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }

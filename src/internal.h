@@ -97,6 +97,18 @@ stof_status stof__mask_alloc(stof_context *ctx, int seq_q, int seq_k,
                              stof_mask **out);
 void stof__mask_recount(stof_mask *m);
 
+/* Query-row grouping (mask_group.c). The smallest period D in 2..16 such
+ * that every allowed (q, k) has (q - k) % D == 0, or 1 when there is none
+ * (or the mask is tiny or empty). */
+int stof__mask_row_period(const stof_mask *m);
+/* A copy of m with its rows ordered by residue class mod `period` (row q's
+ * class is q % period; within a class, ascending q), and the permutation:
+ * row i of *out is row (*perm)[i] of m. Both are owned by the caller
+ * (stof_mask_free, free). */
+stof_status stof__mask_group_rows(stof_context *ctx, const stof_mask *m,
+                                  int period, stof_mask **out /* OUT */,
+                                  int32_t **perm /* OUT */);
+
 /* The C reference for masked attention (ref_cpu.c): inputs and output are
  * fp32 arrays laid out with the descriptor's strides (call it with a
  * descriptor whose strides are filled, e.g. by stof_attention_desc_init).
@@ -128,21 +140,27 @@ const stof_template *stof__template_find(const char *name);
 /* Tile shape and pipeline of the kernel: BLOCK_M query rows x BLOCK_N keys
  * per tile (64/128 x 32/64/128), WARPS warps (4 or 8; each owns
  * block_m / warps rows, a multiple of 16), STAGES K/V tiles in flight
- * (1..3). */
+ * (1..3). gather: 0 = block-wise tiles of the tile BSR (stof_block_format,
+ * stof__block_launch); 1 = the row-wise kernel (GATHER=1): each row block
+ * gathers the keys of its compacted list into dense tiles
+ * (stof_rowwise_format, stof__rowwise_launch). A zero-initialised cfg is
+ * block-wise. */
 typedef struct stof_block_cfg {
     int block_m, block_n, warps, stages;
+    int gather;
 } stof_block_cfg;
 
 /* 1 when the kernel supports (head_dim, *c): head_dim 32/64/128/256, the
- * sizes above, the accumulators fit the registers without spilling, and,
- * when `dev` is given, the shared memory fits its opt-in limit. Otherwise 0
- * with the reason in why[n] (may be NULL). */
+ * sizes above, gather 0 or 1, the accumulators fit the registers without
+ * spilling, and, when `dev` is given, the shared memory fits its opt-in
+ * limit. Otherwise 0 with the reason in why[n] (may be NULL). */
 int stof__block_cfg_valid(const stof_device *dev, int head_dim,
                           const stof_block_cfg *c, char *why, size_t n);
 
 /* Dynamic shared memory of one CTA in bytes:
  *   block_m*head_dim*2 (Q) + 2 * stages*block_n*head_dim*2 (K, V)
- *   + stages*block_m*(block_n/32)*4 (bitmaps) + round16(stages*8) (meta). */
+ *   + stages*block_m*(block_n/32)*4 (bitmaps) + round16(stages*8) (meta)
+ *   + gather ? (stages+1)*2*block_n*4 (key row offsets) : 0. */
 size_t stof__block_smem_bytes(int head_dim, const stof_block_cfg *c);
 
 /* Device copy of a format's tile BSR, in one allocation (`mem`), each array
@@ -172,7 +190,8 @@ stof_status stof__block_format_upload(stof_context *ctx, const stof_format *f,
  * *bf. */
 void stof__block_format_free(stof_context *ctx, stof_block_format *bf);
 
-/* Compile attn_block.cu for (head_dim, dt, *c) with NVRTC for `arch_or_NULL`
+/* Compile attn_block.cu for (head_dim, dt, *c) (with GATHER=1 when
+ * c->gather) with NVRTC for `arch_or_NULL`
  * (NULL = the context's device), load it into the device's primary context
  * and set the function's dynamic shared memory limit. On success the caller
  * owns *mod (cuModuleUnload inside stof__ctx_push/pop). Errors:
@@ -186,7 +205,7 @@ stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
  * warps*32 threads, stof__block_smem_bytes() of dynamic shared memory.
  * `d` must have its strides filled (as stof_attention_desc_init does) and
  * match bf (seq_q, seq_k) and the kernel (head_dim, dtype); `c` must be the
- * cfg fn was loaded with and match bf's block sizes. scale: the softmax
+ * cfg fn was loaded with (gather = 0) and match bf's block sizes. scale: the softmax
  * scale (0 = 1/sqrt(head_dim)). The caller makes the device's context
  * current (stof_attention_run pushes it). Touches no context: thread-safe.
  * Returns STOF_ERR_INVALID_ARGUMENT on a mismatch, STOF_ERR_CUDA when the
@@ -196,6 +215,71 @@ stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
                                float scale, const stof_block_format *bf,
                                CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                                CUdeviceptr o, CUstream s, const stof_api *api);
+
+/* Row-wise (gather) kernel: the device form of a format's row-wise part for
+ * the kernel's BLOCK_N (the format's block_n). Row block i's keys are
+ * keys[key_ptr[i] .. key_ptr[i+1]-1] (rw_ptr / rw_keys, as int32); its
+ * compacted tiles, ceil(keys / block_n) of them, are entries tile_ptr[i] ..
+ * tile_ptr[i+1]-1: tile t holds list entries t*block_n .. t*block_n +
+ * block_n - 1. A tile is STOF_TILE_FULL when every row of the block inside
+ * seq_q allows every listed key of the tile (entries past the list's end do
+ * not count), else STOF_TILE_PARTIAL; a partial tile's bitmap is the
+ * row-wise bitmap (rw_bitmaps at rw_bitmap_off, rw_words words a row)
+ * repacked per tile as in the block format: block_m rows of
+ * bitmap_words_per_row = ceil(block_n / 32) words at bitmaps + bitmap_idx[e]
+ * * block_m * bitmap_words_per_row, bit (r, j) = word j/32, bit j%32 of row
+ * r; bits past the list's end and rows past seq_q are 0. So every tile
+ * start is 16-byte aligned and full tiles cost no bitmap. One allocation,
+ * each array 256-byte aligned; counts beyond int32 fail with
+ * STOF_ERR_UNSUPPORTED. */
+typedef struct stof_rowwise_format {
+    CUdeviceptr mem;        /* the allocation; 0 when empty/freed */
+    size_t bytes;           /* its size */
+    CUdeviceptr key_ptr;    /* int32[n_row_blocks + 1] */
+    CUdeviceptr keys;       /* int32[n_keys] */
+    CUdeviceptr tile_ptr;   /* int32[n_row_blocks + 1] */
+    CUdeviceptr kind;       /* uint8[n_tiles]: STOF_TILE_PARTIAL / _FULL */
+    CUdeviceptr bitmap_idx; /* int32[n_tiles]: partial index or -1 */
+    CUdeviceptr bitmaps;    /* uint32[n_partial * block_m * words_per_row] */
+    int seq_q, seq_k, block_m, block_n;
+    int n_row_blocks, bitmap_words_per_row;
+    int max_tiles;          /* the most compacted tiles of one row block */
+    int64_t n_keys, n_tiles, n_partial;
+} stof_rowwise_format;
+
+/* The compacted tiling of `f`'s row-wise part for its block_n, without a
+ * GPU (for cost models): the number of listed keys, compacted tiles, partial
+ * ones among them, and the most tiles of one row block. Any out-pointer may
+ * be NULL. Returns STOF_ERR_INVALID_ARGUMENT for a format without row-wise
+ * part. */
+stof_status stof__rowwise_stats(const stof_format *f, int64_t *n_keys,
+                                int64_t *n_tiles, int64_t *n_partial,
+                                int *max_tiles);
+
+/* Upload `f`'s row-wise part for the gather kernel (tiles of f->block_n
+ * keys; the kernel needs block_m/block_n equal to its cfg's). On failure
+ * *out is zeroed and nothing stays allocated. Brackets its driver calls with
+ * stof__ctx_push/pop. */
+stof_status stof__rowwise_format_upload(stof_context *ctx,
+                                        const stof_format *f,
+                                        stof_rowwise_format *out /* OUT */);
+/* Free the device memory (NULL or an already freed one is harmless) and zero
+ * *rf. */
+void stof__rowwise_format_free(stof_context *ctx, stof_rowwise_format *rf);
+
+/* Enqueue the gather kernel (fn loaded by stof__block_load with c->gather =
+ * 1) on stream `s`: grid (rf->n_row_blocks, batch * heads), warps*32
+ * threads, stof__block_smem_bytes() of dynamic shared memory. Contract and
+ * errors as stof__block_launch (thread-safe, touches no context); `c` must
+ * have gather = 1 and match rf's block sizes, and the K and V sequence
+ * strides must be multiples of 8 elements with (seq_k - 1) * stride / 8 <
+ * 2^32 (the kernel keeps row offsets in 16-byte units in 32 bits). */
+stof_status stof__rowwise_launch(CUfunction fn, const stof_block_cfg *c,
+                                 int head_dim, const stof_attention_desc *d,
+                                 float scale, const stof_rowwise_format *rf,
+                                 CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                                 CUdeviceptr o, CUstream s,
+                                 const stof_api *api);
 
 #endif /* STOF_ATTN_BLOCK_DECLS */
 /* ---------------------- end of block-wise kernel ------------------------ */

@@ -82,7 +82,7 @@ Test(cost, imbalance_is_modelled)
      * of them: the makespan must reflect the long CTA. */
     stof_context *ctx = open_fake_h100();
     stof_device *dev = &ctx->device;
-    stof_block_cfg cfg = {128, 64, 4, 2};
+    stof_block_cfg cfg = {.block_m = 128, .block_n = 64, .warps = 4, .stages = 2};
     stof_attention_desc d;
     stof_attention_desc_init(&d, 1, 1, 4096, 4096, 64, STOF_DTYPE_FP16,
                              STOF_LAYOUT_BHSD);

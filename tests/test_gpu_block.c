@@ -1,9 +1,10 @@
 /*
  * test_gpu_block.c - the "gpu" suite for the block-wise sparse kernel
- * (jit_templates/attn_block.cu, src/attn_block.c): every configuration of a
- * list covering the template's STOF_VARIANTS runs a set of masks, sizes,
- * layouts on fresh random inputs with the output poisoned first, and is
- * compared with the C reference (stof__ref_attention):
+ * (jit_templates/attn_block.cu, src/attn_block.c) and its gather (row-wise)
+ * mode: every configuration of a list covering the template's
+ * STOF_VARIANTS runs a set of masks, sizes, layouts on fresh random inputs
+ * with the output poisoned first, and is compared with the C reference
+ * (stof__ref_attention):
  *   - relative error ||out - ref|| / ||ref|| < 1e-2;
  *   - rows whose mask row allows no key are exactly 0;
  *   - every output element was written (no NaN left from the poison);
@@ -58,22 +59,38 @@ typedef struct blk_cfg {
 
 /* The template's STOF_VARIANTS, and a few more. */
 static const blk_cfg configs[] = {
-    {64, STOF_DTYPE_FP16, {128, 64, 8, 2}},  /* 0 */
-    {64, STOF_DTYPE_BF16, {128, 64, 8, 2}},  /* 1 */
-    {128, STOF_DTYPE_FP16, {128, 64, 8, 2}}, /* 2 */
-    {128, STOF_DTYPE_BF16, {128, 64, 8, 2}}, /* 3 */
-    {64, STOF_DTYPE_FP16, {64, 128, 4, 3}},  /* 4 */
-    {128, STOF_DTYPE_BF16, {64, 128, 4, 3}}, /* 5 */
-    {64, STOF_DTYPE_FP16, {64, 32, 4, 2}},   /* 6 */
-    {128, STOF_DTYPE_BF16, {128, 32, 8, 3}}, /* 7 */
-    {128, STOF_DTYPE_FP16, {128, 32, 4, 1}}, /* 8: two m16 tiles a warp */
-    {64, STOF_DTYPE_BF16, {128, 64, 4, 2}},  /* 9: two m16 tiles a warp */
-    {32, STOF_DTYPE_FP16, {128, 64, 8, 2}},  /* 10 */
-    {32, STOF_DTYPE_BF16, {64, 128, 4, 1}},  /* 11 */
-    {256, STOF_DTYPE_FP16, {64, 32, 4, 1}},  /* 12 */
-    {256, STOF_DTYPE_BF16, {128, 64, 8, 2}}, /* 13 */
-    {64, STOF_DTYPE_FP16, {64, 64, 4, 1}},   /* 14 */
-    {128, STOF_DTYPE_FP16, {64, 64, 4, 2}},  /* 15 */
+    {64, STOF_DTYPE_FP16, {128, 64, 8, 2, 0}},  /* 0 */
+    {64, STOF_DTYPE_BF16, {128, 64, 8, 2, 0}},  /* 1 */
+    {128, STOF_DTYPE_FP16, {128, 64, 8, 2, 0}}, /* 2 */
+    {128, STOF_DTYPE_BF16, {128, 64, 8, 2, 0}}, /* 3 */
+    {64, STOF_DTYPE_FP16, {64, 128, 4, 3, 0}},  /* 4 */
+    {128, STOF_DTYPE_BF16, {64, 128, 4, 3, 0}}, /* 5 */
+    {64, STOF_DTYPE_FP16, {64, 32, 4, 2, 0}},   /* 6 */
+    {128, STOF_DTYPE_BF16, {128, 32, 8, 3, 0}}, /* 7 */
+    {128, STOF_DTYPE_FP16, {128, 32, 4, 1, 0}}, /* 8: two m16 tiles a warp */
+    {64, STOF_DTYPE_BF16, {128, 64, 4, 2, 0}},  /* 9: two m16 tiles a warp */
+    {32, STOF_DTYPE_FP16, {128, 64, 8, 2, 0}},  /* 10 */
+    {32, STOF_DTYPE_BF16, {64, 128, 4, 1, 0}},  /* 11 */
+    {256, STOF_DTYPE_FP16, {64, 32, 4, 1, 0}},  /* 12 */
+    {256, STOF_DTYPE_BF16, {128, 64, 8, 2, 0}}, /* 13 */
+    {64, STOF_DTYPE_FP16, {64, 64, 4, 1, 0}},   /* 14 */
+    {128, STOF_DTYPE_FP16, {64, 64, 4, 2, 0}},  /* 15 */
+};
+
+/* Gather mode: the template's GATHER=1 variants, and more. */
+static const blk_cfg gather_configs[] = {
+    {64, STOF_DTYPE_FP16, {128, 64, 8, 2, 1}},  /* 0 */
+    {64, STOF_DTYPE_BF16, {128, 64, 4, 2, 1}},  /* 1: two m16 tiles a warp */
+    {128, STOF_DTYPE_FP16, {128, 64, 8, 2, 1}}, /* 2 */
+    {128, STOF_DTYPE_BF16, {64, 128, 4, 3, 1}}, /* 3 */
+    {64, STOF_DTYPE_FP16, {64, 128, 4, 3, 1}},  /* 4 */
+    {32, STOF_DTYPE_FP16, {128, 64, 8, 1, 1}},  /* 5 */
+    {256, STOF_DTYPE_BF16, {64, 32, 4, 1, 1}},  /* 6 */
+    {128, STOF_DTYPE_FP16, {128, 32, 4, 2, 1}}, /* 7: two m16 tiles a warp */
+    {256, STOF_DTYPE_FP16, {128, 64, 8, 2, 1}}, /* 8 */
+    {32, STOF_DTYPE_BF16, {64, 32, 4, 3, 1}},   /* 9 */
+    {64, STOF_DTYPE_BF16, {64, 64, 4, 1, 1}},   /* 10 */
+    {128, STOF_DTYPE_BF16, {128, 128, 8, 2, 1}}, /* 11 */
 };
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
@@ -82,7 +99,10 @@ static const blk_cfg configs[] = {
  *   "#lastcol" each row allows only the last key, seq_k - 1 (a tile that
  *              hangs past seq_k with one column set);
  *   "#halfempty" even rows dense, odd rows empty (empty rows inside
- *              partial tiles). */
+ *              partial tiles);
+ *   "#colsparse" row i allows the keys k with (k * 7 + i / 5) % 11 == 0 and
+ *              rows i % 13 == 0 are empty (compacted lists with partial
+ *              tiles and empty rows inside them). */
 typedef struct blk_case {
     const char *spec;
     int batch, heads, seq_q, seq_k;
@@ -113,6 +133,13 @@ static const blk_case cases[] = {
     {"#single", 1, 2, 333, 197, STOF_LAYOUT_BHSD, 0},
     {"#lastcol", 1, 1, 200, 97, STOF_LAYOUT_STRIDED, 8},
     {"#halfempty", 1, 1, 130, 250, STOF_LAYOUT_BSHD, 0},
+    /* Sparse inside the tiles, where the gather kernel matters. */
+    {"strided:128", 1, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8},
+    {"dilated:64:3", 1, 2, 1000, 1000, STOF_LAYOUT_BSHD, 0},
+    {"random:0.05:9", 1, 1, 3000, 1000, STOF_LAYOUT_BHSD, 0},
+    {"random:0.3:2&causal", 1, 1, 1000, 3000, STOF_LAYOUT_BHSD, 0},
+    {"strided:64&causal|none", 1, 1, 77, 65, STOF_LAYOUT_STRIDED, 8},
+    {"#colsparse", 1, 1, 1000, 1000, STOF_LAYOUT_BSHD, 0},
 };
 
 #define N_CASES ((int)(sizeof(cases) / sizeof(*cases)))
@@ -136,6 +163,10 @@ static stof_mask *make_mask(stof_context *ctx, const blk_case *c)
             row[c->seq_k - 1] = 1;
         else if (strcmp(c->spec, "#halfempty") == 0)
             memset(row, i % 2 == 0, (size_t)c->seq_k);
+        else if (strcmp(c->spec, "#colsparse") == 0) {
+            for (int j = 0; j < c->seq_k && i % 13 != 0; j++)
+                row[j] = (uint8_t)((j * 7 + i / 5) % 11 == 0);
+        }
         else
             cr_assert_fail("unknown generated mask %s", c->spec);
     }
@@ -197,17 +228,23 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
     const stof_api *api = stof__api();
     char tag[256];
     snprintf(tag, sizeof(tag),
-             "[d=%d %s bm=%d bn=%d w=%d s=%d] %s %dx%dx%dx%d layout=%d",
-             k->head_dim, dt_name(k->dtype), k->c.block_m, k->c.block_n,
-             k->c.warps, k->c.stages, c->spec, c->batch, c->heads, c->seq_q,
-             c->seq_k, (int)c->layout);
+             "[%s d=%d %s bm=%d bn=%d w=%d s=%d] %s %dx%dx%dx%d layout=%d",
+             k->c.gather ? "gather" : "block", k->head_dim, dt_name(k->dtype),
+             k->c.block_m, k->c.block_n, k->c.warps, k->c.stages, c->spec,
+             c->batch, c->heads, c->seq_q, c->seq_k, (int)c->layout);
 
     stof_mask *m = make_mask(ctx, c);
     stof_format *f = NULL;
     stof_status st = stof_format_build(ctx, m, k->c.block_m, k->c.block_n, &f);
     cr_assert_eq(st, STOF_OK, "%s: format: %s", tag, stof_errmsg(ctx));
     stof_block_format bf;
-    st = stof__block_format_upload(ctx, f, &bf);
+    stof_rowwise_format rf;
+    memset(&bf, 0, sizeof(bf));
+    memset(&rf, 0, sizeof(rf));
+    if (k->c.gather)
+        st = stof__rowwise_format_upload(ctx, f, &rf);
+    else
+        st = stof__block_format_upload(ctx, f, &bf);
     cr_assert_eq(st, STOF_OK, "%s: upload: %s", tag, stof_errmsg(ctx));
 
     stof_attention_desc d;
@@ -236,8 +273,12 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
     cr_assert_eq(api->cuMemcpyHtoD(dv, hv, nk * 2), CUDA_SUCCESS);
     /* Poison: 0xffff is a NaN in fp16 and bf16. */
     cr_assert_eq(api->cuMemsetD8(dout, 0xff, nq * 2), CUDA_SUCCESS);
-    st = stof__block_launch(fn, &k->c, k->head_dim, &d, 0.0f, &bf, dq, dk, dv,
-                            dout, NULL, api);
+    if (k->c.gather)
+        st = stof__rowwise_launch(fn, &k->c, k->head_dim, &d, 0.0f, &rf, dq,
+                                  dk, dv, dout, NULL, api);
+    else
+        st = stof__block_launch(fn, &k->c, k->head_dim, &d, 0.0f, &bf, dq,
+                                dk, dv, dout, NULL, api);
     cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag, stof_status_str(st));
     CUresult r = api->cuCtxSynchronize();
     const char *en = NULL;
@@ -252,6 +293,8 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
     api->cuMemFree(dout);
     stof__ctx_pop(ctx);
     stof__block_format_free(ctx, &bf);
+    const int64_t g_tiles = rf.n_tiles, g_partial = rf.n_partial;
+    stof__rowwise_format_free(ctx, &rf);
 
     cr_assert_eq(stof__ref_attention(&d, m, fq, fk, fv, fo), STOF_OK);
 
@@ -302,8 +345,11 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
             pad_written++;
     double err = tu_rel_err(got, want, n);
     cr_log_info("%s: %lld tiles (%lld partial), %d empty rows: rel err %.2e",
-                tag, (long long)f->row_ptr[f->n_row_blocks],
-                (long long)f->n_partial, n_empty_rows, err);
+                tag,
+                (long long)(k->c.gather ? g_tiles
+                                        : f->row_ptr[f->n_row_blocks]),
+                (long long)(k->c.gather ? g_partial : f->n_partial),
+                n_empty_rows, err);
     cr_expect_eq(nan_count, 0, "%s: %zu outputs not written (NaN)", tag,
                  nan_count);
     cr_expect_eq(empty_nonzero, 0,
@@ -323,10 +369,10 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
     stof_mask_free(&m);
 }
 
-/* Compile and load configuration `idx`, run every case. */
-static void run_config(int idx)
+/* Compile and load configuration `idx` of `list`, run every case. */
+static void run_config_of(const blk_cfg *list, int idx)
 {
-    const blk_cfg *k = &configs[idx];
+    const blk_cfg *k = &list[idx];
     char why[256];
     cr_assert(stof__block_cfg_valid(NULL, k->head_dim, &k->c, why,
                                     sizeof(why)),
@@ -344,12 +390,13 @@ static void run_config(int idx)
     stof_status st =
         stof__block_load(ctx, k->head_dim, k->dtype, &k->c, NULL, &mod, &fn);
     cr_assert_eq(st, STOF_OK, "config %d: load: %s", idx, stof_errmsg(ctx));
-    cr_log_info("config %d: d=%d %s bm=%d bn=%d warps=%d stages=%d, %zu B "
-                "shared memory",
-                idx, k->head_dim, dt_name(k->dtype), k->c.block_m,
-                k->c.block_n, k->c.warps, k->c.stages,
-                stof__block_smem_bytes(k->head_dim, &k->c));
-    tu_rng rng = {tu_seed() ^ (0x9e3779b97f4a7c15ull * (uint64_t)(idx + 1))};
+    cr_log_info("config %d: %s d=%d %s bm=%d bn=%d warps=%d stages=%d, %zu "
+                "B shared memory",
+                idx, k->c.gather ? "gather" : "block", k->head_dim,
+                dt_name(k->dtype), k->c.block_m, k->c.block_n, k->c.warps,
+                k->c.stages, stof__block_smem_bytes(k->head_dim, &k->c));
+    tu_rng rng = {tu_seed() ^ (0x9e3779b97f4a7c15ull * (uint64_t)(idx + 1)) ^
+                  (k->c.gather ? 0x5bd1e995ull : 0u)};
     const char *quick = getenv("STOF_TEST_QUICK");
     const int is_quick = quick && quick[0] && strcmp(quick, "0") != 0;
     for (int i = 0; i < N_CASES; i++)
@@ -361,8 +408,20 @@ static void run_config(int idx)
     stof_close(&ctx);
 }
 
+static void run_config(int idx)
+{
+    run_config_of(configs, idx);
+}
+
+static void run_gather_config(int idx)
+{
+    run_config_of(gather_configs, idx);
+}
+
 #define BLOCK_CONFIG_TEST(i)                                                   \
     Test(gpu, block_config_##i) { run_config(i); }
+#define GATHER_CONFIG_TEST(i)                                                  \
+    Test(gpu, gather_config_##i) { run_gather_config(i); }
 
 BLOCK_CONFIG_TEST(0)
 BLOCK_CONFIG_TEST(1)
@@ -384,21 +443,37 @@ BLOCK_CONFIG_TEST(15)
 _Static_assert(sizeof(configs) / sizeof(*configs) == 16,
                "one BLOCK_CONFIG_TEST per configuration");
 
+GATHER_CONFIG_TEST(0)
+GATHER_CONFIG_TEST(1)
+GATHER_CONFIG_TEST(2)
+GATHER_CONFIG_TEST(3)
+GATHER_CONFIG_TEST(4)
+GATHER_CONFIG_TEST(5)
+GATHER_CONFIG_TEST(6)
+GATHER_CONFIG_TEST(7)
+GATHER_CONFIG_TEST(8)
+GATHER_CONFIG_TEST(9)
+GATHER_CONFIG_TEST(10)
+GATHER_CONFIG_TEST(11)
+
+_Static_assert(sizeof(gather_configs) / sizeof(*gather_configs) == 12,
+               "one GATHER_CONFIG_TEST per configuration");
+
 /* The host-side rules, and the launch's argument checks (no kernel runs). */
 Test(gpu, block_cfg_rules_and_launch_checks)
 {
     char why[256];
-    const stof_block_cfg bad_warps = {64, 64, 8, 2}; /* 8 rows a warp */
+    const stof_block_cfg bad_warps = {64, 64, 8, 2, 0}; /* 8 rows a warp */
     cr_expect_not(stof__block_cfg_valid(NULL, 64, &bad_warps, why,
                                         sizeof(why)));
     cr_expect(strstr(why, "multiple of 16"), "%s", why);
-    const stof_block_cfg ok = {128, 64, 8, 2};
+    const stof_block_cfg ok = {128, 64, 8, 2, 0};
     cr_expect_not(stof__block_cfg_valid(NULL, 96, &ok, why, sizeof(why)));
     cr_expect(strstr(why, "head_dim"), "%s", why);
-    const stof_block_cfg spill = {128, 128, 4, 2}; /* 2 m-tiles, d=128 */
+    const stof_block_cfg spill = {128, 128, 4, 2, 0}; /* 2 m-tiles, d=128 */
     cr_expect_not(stof__block_cfg_valid(NULL, 128, &spill, why, sizeof(why)));
     cr_expect(strstr(why, "registers"), "%s", why);
-    const stof_block_cfg stages4 = {128, 64, 8, 4};
+    const stof_block_cfg stages4 = {128, 64, 8, 4, 0};
     cr_expect_not(stof__block_cfg_valid(NULL, 64, &stages4, why, sizeof(why)));
     cr_expect(stof__block_cfg_valid(NULL, 64, &ok, why, sizeof(why)), "%s",
               why);
@@ -433,6 +508,175 @@ Test(gpu, block_cfg_rules_and_launch_checks)
     stof__block_format_free(ctx, &bf);
     cr_expect_eq(bf.mem, 0);
     stof__block_format_free(ctx, &bf); /* twice is harmless */
+    stof_format_free(&f);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* Brute force from the mask: row block i's keys, its tiles of bn keys and
+ * which are full, compared with the row-wise upload (downloaded back) and
+ * with stof__rowwise_stats. */
+static void check_rowwise_format(stof_context *ctx, const char *spec,
+                                 int seq_q, int seq_k, int bm, int bn)
+{
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, spec, seq_q, seq_k, &m), STOF_OK,
+                 "%s: %s", spec, stof_errmsg(ctx));
+    stof_format *f = NULL;
+    cr_assert_eq(stof_format_build(ctx, m, bm, bn, &f), STOF_OK);
+    stof_rowwise_format rf;
+    cr_assert_eq(stof__rowwise_format_upload(ctx, f, &rf), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    uint8_t *h = malloc(rf.bytes);
+    cr_assert(h);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    cr_assert_eq(stof__api()->cuMemcpyDtoH(h, rf.mem, rf.bytes),
+                 CUDA_SUCCESS);
+    stof__ctx_pop(ctx);
+    const int32_t *kptr = (const int32_t *)(h + (rf.key_ptr - rf.mem));
+    const int32_t *keys = (const int32_t *)(h + (rf.keys - rf.mem));
+    const int32_t *tptr = (const int32_t *)(h + (rf.tile_ptr - rf.mem));
+    const uint8_t *kind = h + (rf.kind - rf.mem);
+    const int32_t *bidx = (const int32_t *)(h + (rf.bitmap_idx - rf.mem));
+    const uint32_t *bits = (const uint32_t *)(h + (rf.bitmaps - rf.mem));
+    const int wpr = (bn + 31) / 32;
+    int *list = malloc((size_t)seq_k * sizeof(int));
+    cr_assert(list);
+    int64_t tiles = 0, partial = 0, n_keys = 0;
+    int most = 0;
+    for (int i = 0; i < f->n_row_blocks; i++) {
+        const int r0 = i * bm, rows = seq_q - r0 < bm ? seq_q - r0 : bm;
+        int nk = 0;
+        for (int k = 0; k < seq_k; k++) {
+            int any = 0;
+            for (int r = 0; r < rows && !any; r++)
+                any = stof_mask_get(m, r0 + r, k);
+            if (any)
+                list[nk++] = k;
+        }
+        cr_assert_eq(kptr[i], n_keys, "%s: key_ptr[%d]", spec, i);
+        for (int j = 0; j < nk; j++)
+            cr_assert_eq(keys[n_keys + j], list[j], "%s: key %d of block %d",
+                         spec, j, i);
+        n_keys += nk;
+        const int nt = (nk + bn - 1) / bn;
+        most = nt > most ? nt : most;
+        cr_assert_eq(tptr[i], tiles, "%s: tile_ptr[%d]", spec, i);
+        for (int t = 0; t < nt; t++, tiles++) {
+            int full = 1;
+            for (int r = 0; r < rows; r++)
+                for (int j = t * bn; j < nk && j < t * bn + bn; j++)
+                    full &= stof_mask_get(m, r0 + r, list[j]);
+            cr_assert_eq(kind[tiles], full ? STOF_TILE_FULL : STOF_TILE_PARTIAL,
+                         "%s: block %d tile %d", spec, i, t);
+            if (full) {
+                cr_assert_eq(bidx[tiles], -1);
+                continue;
+            }
+            cr_assert_eq(bidx[tiles], partial, "%s: bitmap_idx", spec);
+            const uint32_t *b = bits + (size_t)partial * bm * wpr;
+            for (int r = 0; r < bm; r++)
+                for (int c = 0; c < bn; c++) {
+                    const int j = t * bn + c;
+                    const int want = r < rows && j < nk &&
+                                     stof_mask_get(m, r0 + r, list[j]);
+                    const int got = (b[r * wpr + c / 32] >> (c % 32)) & 1;
+                    cr_assert_eq(got, want, "%s: block %d tile %d bit (%d, %d)",
+                                 spec, i, t, r, c);
+                }
+            partial++;
+        }
+    }
+    cr_assert_eq(kptr[f->n_row_blocks], n_keys);
+    cr_assert_eq(tptr[f->n_row_blocks], tiles);
+    cr_expect_eq(rf.n_keys, n_keys);
+    cr_expect_eq(rf.n_tiles, tiles);
+    cr_expect_eq(rf.n_partial, partial);
+    cr_expect_eq(rf.max_tiles, most);
+    int64_t sk = -1, st = -1, sp = -1;
+    int sm = -1;
+    cr_assert_eq(stof__rowwise_stats(f, &sk, &st, &sp, &sm), STOF_OK);
+    cr_expect(sk == n_keys && st == tiles && sp == partial && sm == most,
+              "%s: stats %lld %lld %lld %d", spec, (long long)sk,
+              (long long)st, (long long)sp, sm);
+    cr_log_info("row-wise %s %dx%d (%dx%d): %lld keys, %lld tiles, %lld "
+                "partial",
+                spec, seq_q, seq_k, bm, bn, (long long)n_keys,
+                (long long)tiles, (long long)partial);
+    free(list);
+    free(h);
+    stof__rowwise_format_free(ctx, &rf);
+    cr_expect_eq(rf.mem, 0);
+    stof__rowwise_format_free(ctx, &rf); /* twice is harmless */
+    stof_format_free(&f);
+    stof_mask_free(&m);
+}
+
+/* The gather mode's host side: cfg rules, shared memory, the repacked
+ * row-wise format against brute force, the launch's argument checks. */
+Test(gpu, gather_format_and_launch_checks)
+{
+    char why[256];
+    const stof_block_cfg g = {128, 64, 8, 2, 1};
+    cr_expect(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)), "%s",
+              why);
+    /* The block kernel's bytes + 3 slots of 2 x 64 row offsets. */
+    cr_expect_eq(stof__block_smem_bytes(64, &g),
+                 16384u + 32768u + 2048u + 16u + 1536u);
+    const stof_block_cfg g2 = {128, 64, 8, 2, 2};
+    cr_expect_not(stof__block_cfg_valid(NULL, 64, &g2, why, sizeof(why)));
+    cr_expect(strstr(why, "gather"), "%s", why);
+
+    stof_context *ctx = open_or_skip();
+    check_rowwise_format(ctx, "strided:128", 1000, 3000, 128, 64);
+    check_rowwise_format(ctx, "strided:128", 300, 1000, 64, 128);
+    check_rowwise_format(ctx, "causal", 200, 200, 64, 32);
+    check_rowwise_format(ctx, "dense", 77, 65, 64, 64);
+    check_rowwise_format(ctx, "none", 77, 65, 64, 64);
+    check_rowwise_format(ctx, "random:0.05:3", 77, 65, 64, 32);
+    check_rowwise_format(ctx, "random:0.3:1&causal", 300, 500, 128, 64);
+    check_rowwise_format(ctx, "dilated:64:3", 250, 250, 64, 32);
+    check_rowwise_format(ctx, "bigbird:16:3:1:2:7", 200, 333, 16, 16);
+
+    /* Launch checks, refused before any launch. */
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 256, 256, &m), STOF_OK);
+    stof_format *f = NULL;
+    cr_assert_eq(stof_format_build(ctx, m, 128, 64, &f), STOF_OK);
+    stof_rowwise_format rf;
+    stof_block_format bf;
+    cr_assert_eq(stof__rowwise_format_upload(ctx, f, &rf), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_eq(stof__block_format_upload(ctx, f, &bf), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 1, 256, 256, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    const stof_block_cfg b = {128, 64, 8, 2, 0};
+    const stof_block_cfg g64 = {64, 64, 4, 2, 1};
+    const CUfunction fake = (CUfunction)(uintptr_t)1;
+    /* A gather cfg through the block launch and the other way round. */
+    cr_expect_eq(stof__block_launch(fake, &g, 64, &d, 0.0f, &bf, 256, 256,
+                                    256, 256, NULL, stof__api()),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__rowwise_launch(fake, &b, 64, &d, 0.0f, &rf, 256, 256,
+                                      256, 256, NULL, stof__api()),
+                 STOF_ERR_INVALID_ARGUMENT);
+    /* block_m 64 against a 128-row format; misaligned pointer. */
+    cr_expect_eq(stof__rowwise_launch(fake, &g64, 64, &d, 0.0f, &rf, 256, 256,
+                                      256, 256, NULL, stof__api()),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__rowwise_launch(fake, &g, 64, &d, 0.0f, &rf, 256, 264,
+                                      256, 256, NULL, stof__api()),
+                 STOF_ERR_INVALID_ARGUMENT);
+    /* A K row stride that is no multiple of 8 elements. */
+    stof_attention_desc d3 = d;
+    d3.k_stride[2] = 68;
+    cr_expect_eq(stof__rowwise_launch(fake, &g, 64, &d3, 0.0f, &rf, 256, 256,
+                                      256, 256, NULL, stof__api()),
+                 STOF_ERR_INVALID_ARGUMENT);
+    stof__rowwise_format_free(ctx, &rf);
+    stof__block_format_free(ctx, &bf);
     stof_format_free(&f);
     stof_mask_free(&m);
     stof_close(&ctx);

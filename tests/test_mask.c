@@ -322,3 +322,47 @@ Test(mask, extreme_shapes)
     free(b);
     stof_close(&ctx);
 }
+
+/* Row grouping for masks whose allowed (q, k) all satisfy q = k mod D. */
+Test(mask_group, period_detection_and_permutation)
+{
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    static const struct {
+        const char *spec;
+        int period;
+    } cases[] = {
+        {"dilated:512:2", 2},  {"dilated:64:3", 3},  {"dilated:100:6", 2},
+        {"dilated:33:5", 5},   {"causal", 1},        {"strided:16", 1},
+        {"sliding:9", 1},      {"dilated:40:4&causal", 2},
+        {"dense", 1},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(*cases); c++) {
+        stof_mask *m = NULL;
+        cr_assert_eq(stof_mask_from_spec(ctx, cases[c].spec, 301, 257, &m),
+                     STOF_OK);
+        int d = stof__mask_row_period(m);
+        cr_assert_eq(d, cases[c].period, "%s: period %d, expected %d",
+                     cases[c].spec, d, cases[c].period);
+        stof_mask *g = NULL;
+        int32_t *perm = NULL;
+        cr_assert_eq(stof__mask_group_rows(ctx, m, d, &g, &perm), STOF_OK);
+        /* perm is a permutation, grouped by class, and rows moved intact. */
+        uint8_t *seen = calloc(301, 1);
+        for (int i = 0; i < 301; i++) {
+            cr_assert(perm[i] >= 0 && perm[i] < 301 && !seen[perm[i]]);
+            seen[perm[i]] = 1;
+            if (i > 0)
+                cr_assert(perm[i - 1] % d < perm[i] % d ||
+                          (perm[i - 1] % d == perm[i] % d && perm[i - 1] < perm[i]));
+            for (int k = 0; k < 257; k++)
+                cr_assert_eq(stof_mask_get(g, i, k), stof_mask_get(m, perm[i], k));
+        }
+        cr_assert_eq(stof_mask_count(g), stof_mask_count(m));
+        free(seen);
+        free(perm);
+        stof_mask_free(&g);
+        stof_mask_free(&m);
+    }
+    stof_close(&ctx);
+}

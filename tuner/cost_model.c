@@ -189,7 +189,7 @@ stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
             int have_valid = 0;
             for (int x = 0; x < 2 && !have_valid; x++)
                 for (int y = 0; y < 3 && !have_valid; y++) {
-                    stof_block_cfg c = {bms[a], bns[b], ws[x], ss[y]};
+                    stof_block_cfg c = {.block_m = bms[a], .block_n = bns[b], .warps = ws[x], .stages = ss[y]};
                     have_valid = stof__block_cfg_valid(&ctx->device,
                                                        d->head_dim, &c, NULL, 0);
                 }
@@ -200,7 +200,7 @@ stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
                 goto done;
             for (int x = 0; x < 2; x++)
                 for (int y = 0; y < 3; y++) {
-                    stof_block_cfg c = {bms[a], bns[b], ws[x], ss[y]};
+                    stof_block_cfg c = {.block_m = bms[a], .block_n = bns[b], .warps = ws[x], .stages = ss[y]};
                     if (!stof__block_cfg_valid(&ctx->device, d->head_dim, &c,
                                                NULL, 0))
                         continue;

@@ -32,7 +32,8 @@
 enum {
     STOF_KERNEL_REFERENCE = 0,
     STOF_KERNEL_BLOCK = 1,
-    STOF_KERNEL_ROWWISE = 2
+    STOF_KERNEL_ROWWISE = 2,
+    STOF_KERNEL_WGMMA = 3
 };
 
 typedef struct stof_candidate {

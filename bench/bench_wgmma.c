@@ -1,0 +1,528 @@
+/*
+ * bench_wgmma.c - stof-bench-wgmma: kernel time of the Hopper wgmma kernel
+ * (attn_wgmma.cu) against the mma.sync block kernel (attn_block.cu) on the
+ * public mask suite (BENCH.md), fp16, BHSD, at 4x16x4096x64 and
+ * 1x32x8192x128. CUDA events around each launch, warm-up first, median of
+ * the repetitions; the inputs rotate over enough copies to exceed the L2,
+ * so every launch reads q, k, v from memory. Effective TF/s counts only the
+ * allowed elements: 4 * B * H * N * N * D * density / t. The last column
+ * is the largest relative difference between the outputs of the wgmma
+ * configurations and the mma.sync kernel (same inputs).
+ *
+ * Usage: stof-bench-wgmma [repetitions] [--sweep]   (default 30)
+ * --sweep also times every valid wgmma configuration (block_n, stages,
+ * overlap) on the dense and causal masks of both problems.
+ * Needs a compute capability 9.0 GPU (exits 77 otherwise).
+ */
+#include "attn_wgmma.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static const struct {
+    const char *name, *spec;
+} suite[] = {
+    {"none", "dense"},
+    {"causal", "causal"},
+    {"sliding", "sliding:256"},
+    {"dilated", "dilated:512:2"},
+    {"longformer", "longformer:256:64"},
+    {"bigbird", "bigbird:64:3:2:3:1"},
+    {"strided", "strided:128"},
+};
+#define N_MASKS ((int)(sizeof(suite) / sizeof(suite[0])))
+
+typedef struct problem {
+    int batch, heads, seq, head_dim;
+    stof_block_cfg block;  /* the mma.sync kernel's cfg */
+    stof_wgmma_cfg wg[2];  /* wgmma cfgs timed */
+    double sdpa_dense_ms, sdpa_causal_ms; /* PyTorch SDPA, H200 (brief) */
+} problem;
+
+static const problem problems[] = {
+    {4, 16, 4096, 64, {128, 64, 4, 2, 0}, {{128, 2, 1}, {64, 4, 1}},
+     4.0 * 4 * 16 * 4096.0 * 4096.0 * 64 / 452e12 * 1e3, 0.340},
+    {1, 32, 8192, 128, {128, 32, 4, 2, 0}, {{128, 2, 1}, {64, 3, 1}},
+     4.0 * 1 * 32 * 8192.0 * 8192.0 * 128 / 593e12 * 1e3, 1.059},
+};
+
+/* One kernel to time: which, its format on the device, its row order. */
+typedef struct kern {
+    int is_wg;
+    const stof_wgmma_cfg *wc;
+    const stof_block_cfg *bc;
+    CUfunction fn;
+    stof_block_format *bf;
+    CUdeviceptr order;
+} kern;
+
+#define MAX_REPS 200
+#define MAX_SETS 8
+
+typedef struct bufs {
+    int nsets;
+    CUdeviceptr q[MAX_SETS], k[MAX_SETS], v[MAX_SETS], o[MAX_SETS];
+    size_t elems;
+} bufs;
+
+static stof_status launch(const kern *kn, int head_dim,
+                          const stof_attention_desc *d, const bufs *b, int set,
+                          const stof_api *api)
+{
+    if (kn->is_wg)
+        return stof__wgmma_launch(kn->fn, kn->wc, head_dim, d, 0.0f, kn->bf,
+                                  kn->order, b->q[set], b->k[set], b->v[set],
+                                  b->o[set], NULL, api);
+    return stof__block_launch(kn->fn, kn->bc, head_dim, d, 0.0f, kn->bf,
+                              b->q[set], b->k[set], b->v[set], b->o[set],
+                              NULL, api);
+}
+
+/* Median milliseconds of `reps` launches (after 3 warm-up ones); -1 on
+ * failure. */
+static double time_kernel(const kern *kn, int head_dim,
+                          const stof_attention_desc *d, const bufs *b,
+                          int reps, const stof_api *api)
+{
+    CUevent ev[2 * MAX_REPS];
+    for (int i = 0; i < 2 * reps; i++)
+        if (api->cuEventCreate(&ev[i], 0) != CUDA_SUCCESS)
+            return -1.0;
+    double res = -1.0;
+    for (int i = 0; i < 3; i++)
+        if (launch(kn, head_dim, d, b, i % b->nsets, api) != STOF_OK)
+            goto done;
+    for (int i = 0; i < reps; i++) {
+        api->cuEventRecord(ev[2 * i], NULL);
+        if (launch(kn, head_dim, d, b, (i + 3) % b->nsets, api) != STOF_OK)
+            goto done;
+        api->cuEventRecord(ev[2 * i + 1], NULL);
+    }
+    if (api->cuCtxSynchronize() != CUDA_SUCCESS)
+        goto done;
+    float ms[MAX_REPS];
+    for (int i = 0; i < reps; i++)
+        api->cuEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]);
+    qsort(ms, (size_t)reps, sizeof(float), cmp_float);
+    res = reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
+done:
+    for (int i = 0; i < 2 * reps; i++)
+        api->cuEventDestroy(ev[i]);
+    return res;
+}
+
+static float h2f(uint16_t h)
+{
+    const uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31u,
+                   m = h & 1023u;
+    uint32_t x;
+    if (e == 0) {
+        if (!m) {
+            x = s;
+        } else { /* subnormal */
+            int k = 0;
+            uint32_t mm = m;
+            while (!(mm & 1024u)) {
+                mm <<= 1;
+                k++;
+            }
+            x = s | ((uint32_t)(113 - k) << 23) | ((mm & 1023u) << 13);
+        }
+    } else if (e == 31) {
+        x = s | 0x7f800000u | (m << 13);
+    } else {
+        x = s | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* Uniform in [-1, 1) as fp16 bits (exact: 1/1024 steps). */
+static uint16_t rand_h(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    const int v = (int)((*s >> 33) % 2048u) - 1024; /* -1024..1023 */
+    if (v == 0)
+        return 0;
+    const uint16_t sign = v < 0 ? 0x8000u : 0u;
+    uint32_t a = (uint32_t)(v < 0 ? -v : v); /* 1..1024, value a/1024 */
+    int e = 0;
+    while (a < 1024u) {
+        a <<= 1;
+        e++;
+    }
+    /* a/1024 * 2^-e with a in [1024, 2048): exponent 15 - e. */
+    return (uint16_t)(sign | (uint16_t)((15 - e) << 10) | (a & 1023u));
+}
+
+static double out_rel_diff(const uint16_t *a, const uint16_t *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = h2f(a[i]), y = h2f(ref[i]);
+        if (isnan(x))
+            return INFINITY;
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int run_problem(stof_context *ctx, const problem *pb, int reps)
+{
+    const stof_api *api = ctx->api;
+    const int D = pb->head_dim;
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, pb->batch, pb->heads, pb->seq, pb->seq, D,
+                             STOF_DTYPE_FP16, STOF_LAYOUT_BHSD);
+    bufs b;
+    memset(&b, 0, sizeof(b));
+    b.elems = (size_t)pb->batch * pb->heads * pb->seq * D;
+    /* Enough copies that q, k, v of one launch are out of the L2 by the
+     * time the same set comes again: at least 256 MB in all. */
+    const size_t set_bytes = 4u * b.elems * 2u;
+    b.nsets = (int)((256u << 20) / set_bytes) + 1;
+    if (b.nsets < 2)
+        b.nsets = 2;
+    if (b.nsets > MAX_SETS)
+        b.nsets = MAX_SETS;
+
+    uint16_t *h = malloc(b.elems * 2u), *h_ref = malloc(b.elems * 2u),
+             *h_out = malloc(b.elems * 2u);
+    if (!h || !h_ref || !h_out) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    uint64_t seed = 0x5eedull + (uint64_t)D;
+    int rc = 0;
+    if (stof__ctx_push(ctx) != STOF_OK)
+        return 1;
+    for (int s = 0; s < b.nsets && !rc; s++) {
+        CUdeviceptr *p[4] = {&b.q[s], &b.k[s], &b.v[s], &b.o[s]};
+        for (int t = 0; t < 4 && !rc; t++) {
+            if (api->cuMemAlloc(p[t], b.elems * 2u) != CUDA_SUCCESS) {
+                fprintf(stderr, "cuMemAlloc of %zu bytes failed\n",
+                        b.elems * 2u);
+                rc = 1;
+                break;
+            }
+            if (t < 3 && s < 3) { /* three distinct input sets, reused */
+                for (size_t i = 0; i < b.elems; i++)
+                    h[i] = rand_h(&seed);
+            }
+            if (t < 3)
+                api->cuMemcpyHtoD(*p[t], h, b.elems * 2u);
+            else
+                api->cuMemsetD8(*p[t], 0, b.elems * 2u);
+        }
+    }
+    stof__ctx_pop(ctx);
+
+    /* Load the kernels once per problem. */
+    CUmodule mods[3] = {0};
+    CUfunction fns[3] = {0};
+    if (!rc && stof__block_load(ctx, D, STOF_DTYPE_FP16, &pb->block, NULL,
+                                &mods[0], &fns[0]) != STOF_OK) {
+        fprintf(stderr, "block kernel: %s\n", stof_errmsg(ctx));
+        rc = 1;
+    }
+    for (int w = 0; w < 2 && !rc; w++)
+        if (stof__wgmma_load(ctx, D, STOF_DTYPE_FP16, &pb->wg[w],
+                             &mods[1 + w], &fns[1 + w]) != STOF_OK) {
+            fprintf(stderr, "wgmma kernel: %s\n", stof_errmsg(ctx));
+            rc = 1;
+        }
+
+    printf("\n%dx%dx%dx%d fp16 BHSD, %d input sets, median of %d; "
+           "ms and effective TF/s\n",
+           pb->batch, pb->heads, pb->seq, D, b.nsets, reps);
+    printf("%-11s %7s | %-17s | %-17s | %-17s | %-17s | %8s\n", "mask",
+           "density", "mma.sync", "wgmma A ordered", "wgmma A plain",
+           "wgmma B ordered", "max diff");
+    printf("%-11s %7s | bm%d bn%d w%d s%-7d | bn%d s%d ov%d        | "
+           "(same)            | bn%d s%d ov%d        |\n",
+           "", "", pb->block.block_m, pb->block.block_n, pb->block.warps,
+           pb->block.stages, pb->wg[0].block_n, pb->wg[0].stages,
+           pb->wg[0].overlap, pb->wg[1].block_n, pb->wg[1].stages,
+           pb->wg[1].overlap);
+    const double flop_dense =
+        4.0 * pb->batch * pb->heads * (double)pb->seq * pb->seq * D;
+
+    for (int mi = 0; mi < N_MASKS && !rc; mi++) {
+        stof_mask *m = NULL;
+        if (stof_mask_from_spec(ctx, suite[mi].spec, pb->seq, pb->seq, &m) !=
+            STOF_OK) {
+            fprintf(stderr, "%s: %s\n", suite[mi].spec, stof_errmsg(ctx));
+            rc = 1;
+            break;
+        }
+        const double dens = stof_mask_density(m);
+        stof_format *fb = NULL, *fw[2] = {NULL, NULL};
+        stof_block_format bfb, bfw[2];
+        memset(&bfb, 0, sizeof(bfb));
+        memset(bfw, 0, sizeof(bfw));
+        CUdeviceptr ord[2] = {0, 0};
+        if (stof_format_build(ctx, m, pb->block.block_m, pb->block.block_n,
+                              &fb) != STOF_OK ||
+            stof__block_format_upload(ctx, fb, &bfb) != STOF_OK)
+            rc = 1;
+        for (int w = 0; w < 2 && !rc; w++) {
+            if (stof_format_build(ctx, m, STOF_WGMMA_BLOCK_M,
+                                  pb->wg[w].block_n, &fw[w]) != STOF_OK ||
+                stof__block_format_upload(ctx, fw[w], &bfw[w]) != STOF_OK) {
+                rc = 1;
+                break;
+            }
+            int32_t *o = malloc((size_t)fw[w]->n_row_blocks * 4u);
+            if (!o) {
+                rc = 1;
+                break;
+            }
+            stof__wgmma_row_order(fw[w], o);
+            stof__ctx_push(ctx);
+            if (api->cuMemAlloc(&ord[w], (size_t)fw[w]->n_row_blocks * 4u) !=
+                    CUDA_SUCCESS ||
+                api->cuMemcpyHtoD(ord[w], o,
+                                  (size_t)fw[w]->n_row_blocks * 4u) !=
+                    CUDA_SUCCESS)
+                rc = 1;
+            stof__ctx_pop(ctx);
+            free(o);
+        }
+        if (rc) {
+            fprintf(stderr, "%s: formats: %s\n", suite[mi].name,
+                    stof_errmsg(ctx));
+            stof_mask_free(&m);
+            break;
+        }
+        const kern kerns[4] = {
+            {0, NULL, &pb->block, fns[0], &bfb, 0},
+            {1, &pb->wg[0], NULL, fns[1], &bfw[0], ord[0]},
+            {1, &pb->wg[0], NULL, fns[1], &bfw[0], 0},
+            {1, &pb->wg[1], NULL, fns[2], &bfw[1], ord[1]},
+        };
+        double ms[4];
+        double maxdiff = 0.0;
+        stof__ctx_push(ctx);
+        for (int kI = 0; kI < 4; kI++) {
+            ms[kI] = time_kernel(&kerns[kI], D, &d, &b, reps, api);
+            /* Output of set 0 (the same inputs for every kernel). */
+            api->cuMemsetD8(b.o[0], 0xff, b.elems * 2u);
+            if (launch(&kerns[kI], D, &d, &b, 0, api) != STOF_OK ||
+                api->cuCtxSynchronize() != CUDA_SUCCESS ||
+                api->cuMemcpyDtoH(kI ? h_out : h_ref, b.o[0],
+                                  b.elems * 2u) != CUDA_SUCCESS) {
+                ms[kI] = -1.0;
+                continue;
+            }
+            if (kI) {
+                const double df = out_rel_diff(h_out, h_ref, b.elems);
+                if (df > maxdiff)
+                    maxdiff = df;
+            }
+        }
+        stof__ctx_pop(ctx);
+        printf("%-11s %7.4f |", suite[mi].name, dens);
+        for (int kI = 0; kI < 4; kI++) {
+            if (ms[kI] < 0)
+                printf(" %-17s |", "failed");
+            else
+                printf(" %7.3f %6.1f TF/s|", ms[kI],
+                       flop_dense * dens / (ms[kI] * 1e-3) / 1e12);
+        }
+        printf(" %8.1e\n", maxdiff);
+        if (mi == 0)
+            printf("%-11s %7s | SDPA (H200) %7.3f ms = %5.1f TF/s; 75%%: "
+                   "%.3f ms\n",
+                   "", "", pb->sdpa_dense_ms,
+                   flop_dense / (pb->sdpa_dense_ms * 1e-3) / 1e12,
+                   pb->sdpa_dense_ms / 0.75);
+        if (mi == 1)
+            printf("%-11s %7s | SDPA is_causal (H200) %.3f ms; 1.3x: %.3f "
+                   "ms\n",
+                   "", "", pb->sdpa_causal_ms, pb->sdpa_causal_ms * 1.3);
+        fflush(stdout);
+        stof__ctx_push(ctx);
+        for (int w = 0; w < 2; w++)
+            if (ord[w])
+                api->cuMemFree(ord[w]);
+        stof__ctx_pop(ctx);
+        stof__block_format_free(ctx, &bfb);
+        for (int w = 0; w < 2; w++) {
+            stof__block_format_free(ctx, &bfw[w]);
+            stof_format_free(&fw[w]);
+        }
+        stof_format_free(&fb);
+        stof_mask_free(&m);
+    }
+
+    stof__ctx_push(ctx);
+    for (int i = 0; i < 3; i++)
+        if (mods[i])
+            api->cuModuleUnload(mods[i]);
+    for (int s = 0; s < b.nsets; s++) {
+        CUdeviceptr p[4] = {b.q[s], b.k[s], b.v[s], b.o[s]};
+        for (int t = 0; t < 4; t++)
+            if (p[t])
+                api->cuMemFree(p[t]);
+    }
+    stof__ctx_pop(ctx);
+    free(h);
+    free(h_ref);
+    free(h_out);
+    return rc;
+}
+
+/* Time every valid wgmma cfg on the dense and causal masks of `pb`. */
+static int sweep_problem(stof_context *ctx, const problem *pb, int reps)
+{
+    const stof_api *api = ctx->api;
+    const int D = pb->head_dim;
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, pb->batch, pb->heads, pb->seq, pb->seq, D,
+                             STOF_DTYPE_FP16, STOF_LAYOUT_BHSD);
+    bufs b;
+    memset(&b, 0, sizeof(b));
+    b.elems = (size_t)pb->batch * pb->heads * pb->seq * D;
+    b.nsets = 2;
+    uint16_t *h = malloc(b.elems * 2u);
+    if (!h)
+        return 1;
+    uint64_t seed = 0x5eedull;
+    for (size_t i = 0; i < b.elems; i++)
+        h[i] = rand_h(&seed);
+    int rc = 0;
+    stof__ctx_push(ctx);
+    for (int s = 0; s < b.nsets && !rc; s++) {
+        CUdeviceptr *p[4] = {&b.q[s], &b.k[s], &b.v[s], &b.o[s]};
+        for (int t = 0; t < 4 && !rc; t++) {
+            if (api->cuMemAlloc(p[t], b.elems * 2u) != CUDA_SUCCESS)
+                rc = 1;
+            else
+                api->cuMemcpyHtoD(*p[t], h, b.elems * 2u);
+        }
+    }
+    stof__ctx_pop(ctx);
+    free(h);
+    const double flop_dense =
+        4.0 * pb->batch * pb->heads * (double)pb->seq * pb->seq * D;
+    printf("\nsweep %dx%dx%dx%d fp16: ms (TF/s), dense | causal ordered\n",
+           pb->batch, pb->heads, pb->seq, D);
+    static const char *specs[2] = {"dense", "causal"};
+    for (int bn = 64; bn <= 128 && !rc; bn *= 2)
+        for (int st = 2; st <= 4 && !rc; st++)
+            for (int ov = 0; ov <= 1 && !rc; ov++) {
+                const stof_wgmma_cfg c = {bn, st, ov};
+                if (!stof__wgmma_cfg_valid(&ctx->device, D, &c, NULL, 0))
+                    continue;
+                CUmodule mod = NULL;
+                CUfunction fn = NULL;
+                if (stof__wgmma_load(ctx, D, STOF_DTYPE_FP16, &c, &mod,
+                                     &fn) != STOF_OK) {
+                    fprintf(stderr, "load: %s\n", stof_errmsg(ctx));
+                    rc = 1;
+                    break;
+                }
+                printf("bn%-3d s%d ov%d |", bn, st, ov);
+                for (int mi = 0; mi < 2 && !rc; mi++) {
+                    stof_mask *m = NULL;
+                    stof_format *f = NULL;
+                    stof_block_format bf;
+                    memset(&bf, 0, sizeof(bf));
+                    CUdeviceptr ord = 0;
+                    int32_t *o = NULL;
+                    if (stof_mask_from_spec(ctx, specs[mi], pb->seq, pb->seq,
+                                            &m) != STOF_OK ||
+                        stof_format_build(ctx, m, STOF_WGMMA_BLOCK_M, bn,
+                                          &f) != STOF_OK ||
+                        stof__block_format_upload(ctx, f, &bf) != STOF_OK ||
+                        !(o = malloc((size_t)f->n_row_blocks * 4u))) {
+                        rc = 1;
+                    } else {
+                        stof__wgmma_row_order(f, o);
+                        stof__ctx_push(ctx);
+                        if (api->cuMemAlloc(&ord, (size_t)f->n_row_blocks *
+                                                      4u) != CUDA_SUCCESS)
+                            rc = 1;
+                        else
+                            api->cuMemcpyHtoD(ord, o,
+                                              (size_t)f->n_row_blocks * 4u);
+                        const kern kn = {1, &c, NULL, fn, &bf, ord};
+                        const double ms =
+                            rc ? -1.0 : time_kernel(&kn, D, &d, &b, reps, api);
+                        if (ord)
+                            api->cuMemFree(ord);
+                        stof__ctx_pop(ctx);
+                        printf(" %7.3f (%5.1f) |", ms,
+                               flop_dense * stof_mask_density(m) /
+                                   (ms * 1e-3) / 1e12);
+                    }
+                    free(o);
+                    stof__block_format_free(ctx, &bf);
+                    stof_format_free(&f);
+                    stof_mask_free(&m);
+                }
+                printf("\n");
+                fflush(stdout);
+                stof__ctx_push(ctx);
+                api->cuModuleUnload(mod);
+                stof__ctx_pop(ctx);
+            }
+    stof__ctx_push(ctx);
+    for (int s = 0; s < b.nsets; s++) {
+        CUdeviceptr p[4] = {b.q[s], b.k[s], b.v[s], b.o[s]};
+        for (int t = 0; t < 4; t++)
+            if (p[t])
+                api->cuMemFree(p[t]);
+    }
+    stof__ctx_pop(ctx);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 30;
+    const int sweep = argc > 2 && strcmp(argv[2], "--sweep") == 0;
+    if (reps < 1 || reps > MAX_REPS || (argc > 2 && !sweep)) {
+        fprintf(stderr, "usage: %s [repetitions 1..%d] [--sweep]\n",
+                argv[0], MAX_REPS);
+        return 2;
+    }
+    stof_context *ctx = NULL;
+    stof_settings s;
+    stof_default_settings(&s);
+    s.require_device = 1;
+    if (stof_open(&ctx, &s) != STOF_OK) {
+        fprintf(stderr, "stof_open: %s\n", stof_errmsg(ctx));
+        stof_close(&ctx);
+        return 77;
+    }
+    if (!stof__wgmma_device_ok(&ctx->device)) {
+        fprintf(stderr, "%s is cc %d.%d: the wgmma kernel needs 9.0\n",
+                ctx->device.name, ctx->device.cc_major, ctx->device.cc_minor);
+        stof_close(&ctx);
+        return 77;
+    }
+    printf("stof-bench-wgmma on %s (%d SMs)\n", ctx->device.name,
+           ctx->device.sm_count);
+    int rc = 0;
+    for (size_t i = 0; i < sizeof(problems) / sizeof(problems[0]) && !rc; i++)
+        rc = run_problem(ctx, &problems[i], reps);
+    for (size_t i = 0; sweep && i < sizeof(problems) / sizeof(problems[0]) &&
+                       !rc;
+         i++)
+        rc = sweep_problem(ctx, &problems[i], reps);
+    stof_close(&ctx);
+    return rc;
+}

@@ -1,0 +1,754 @@
+// attn_wgmma.cu - block-wise sparse attention for sm_90a (Hopper):
+// warp-specialised, TMA loads, wgmma for both GEMMs. STOF_NEEDS_SM90A
+//
+// Same problem and semantics as the block mode of attn_block.cu: one CTA
+// computes the BLOCK_M = 128 query rows of row block rb of one (batch, head)
+// and walks only the non-empty BLOCK_M x BLOCK_N tiles of that row block
+// (row_ptr / col_idx / kind / bitmap_idx / bitmaps of a stof_format built
+// with block_m 128 and this BLOCK_N):
+//   FULL tiles    no mask, except columns >= seq_k of the last key block;
+//   PARTIAL tiles the tile's bitmap (word c/32, bit c%32 of row r) masks.
+// Rows without any allowed key produce exact zeros. grid.x = row blocks
+// (rb = row_order[blockIdx.x] when row_order is not NULL, so the host can
+// start the heavy row blocks first), grid.y = batch * heads (b * heads + h).
+//
+// Roles (384 threads = 3 warpgroups, __launch_bounds__(384, 1)):
+//   warpgroup 0   producer: one thread issues every load (setmaxnreg.dec
+//                 gives the registers to the consumers);
+//   warpgroups 1, 2  consumers: warpgroup 1 + c owns query rows 64c..64c+63
+//                 of the block (one wgmma M = 64 each).
+// Loads: Q once, then K(t) and V(t) of every tile t into STAGES slots, with
+// cp.async.bulk.tensor (TMA, 4-D tensor maps over (head_dim, seq, heads,
+// batch), built per launch on the host, 128-byte swizzle). Rows past seq_q /
+// seq_k come in as zeros (the maps carry the real sizes), so any sequence
+// length works; the key columns past seq_k are masked as in attn_block.cu.
+// A partial tile's bitmap (BLOCK_M x BLOCK_N/32 words) travels with K, by a
+// 1-D cp.async.bulk on the same mbarrier; the tile's {key block, kind} is
+// stored into the slot's meta by the producer before it arms the barrier.
+// mbarriers: Q (1 arrival + tx), fullK[s], fullV[s] (1 arrival + tx),
+// emptyK[s], emptyV[s] (8 arrivals: lane 0 of each consumer warp).
+//
+// Consumers (per warpgroup, FlashAttention-3 style):
+//   S = Q K^T   wgmma m64 n BLOCK_N k16, A (Q) and B (K) from shared memory,
+//               both K-major, 128-byte swizzle (SBO 1024 bytes);
+//   mask, online softmax in registers (exp2 domain, scale folded into one
+//               FFMA; "safe max": a row with no key so far subtracts 0, so
+//               nothing becomes NaN, and O / l with l == 0 gives zeros);
+//   O += P V    wgmma m64 n HEAD_DIM k16 with A = P from registers (the S
+//               accumulators of n-tiles 2k, 2k+1 are exactly the A fragment
+//               of k-step k) and B = V from shared memory, MN-major
+//               (imm-trans-b = 1; LBO = the 64-column block stride,
+//               SBO = 1024 bytes per 8 keys).
+// OVERLAP = 1 (default) pipelines inside the warpgroup: iteration t issues
+// S(t) = Q K(t)^T and then O += P(t-1) V(t-1), waits only for S(t), runs the
+// softmax of tile t while the P V wgmma runs, then waits for it and rescales
+// O. OVERLAP = 0 runs the two GEMMs back to back (simpler, for checking).
+//
+// Shared memory (dynamic; offsets from the first 1024-byte boundary, see
+// stof__wgmma_smem_bytes in src/attn_wgmma.c, which adds the 1024 bytes of
+// alignment slack):
+//   sQ   BLOCK_M x HEAD_DIM: HEAD_DIM/64 column blocks of 128 rows x 128 B
+//        (TMA / wgmma 128-byte swizzle: 16-byte chunk c of row r stored at
+//        chunk c ^ (r & 7)); reused to stage O at the end
+//   sK   STAGES x (HEAD_DIM/64 column blocks of BLOCK_N rows x 128 B)
+//   sV   the same
+//   sB   STAGES x BLOCK_M x BLOCK_N/32 words (partial tiles' bitmaps)
+//   bar  1 + 4*STAGES mbarriers (Q, fullK, fullV, emptyK, emptyV)
+//   meta STAGES x {key block, kind}
+//
+// Compile-time parameters (-D):
+//   HEAD_DIM 64 or 128    DTYPE 0 fp16, 1 bf16    BLOCK_N 64 or 128
+//   STAGES   2..4 K/V slots    OVERLAP 0/1 (default 1)
+// Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
+//
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=3
+// STOF_VARIANTS: HEAD_DIM=128,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=4 | HEAD_DIM=128,DTYPE=1,BLOCK_N=64,STAGES=3
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=2,OVERLAP=0 | HEAD_DIM=128,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0
+#include "stof_common.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 128
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef OVERLAP
+#define OVERLAP 1
+#endif
+
+#define WG_BLOCK_M 128
+#define WG_THREADS 384
+#define WG_DB (HEAD_DIM / 64)                  // 64-column blocks
+#define WG_Q_BYTES (WG_BLOCK_M * HEAD_DIM * 2)
+#define WG_KV_BYTES (BLOCK_N * HEAD_DIM * 2)   // one slot of K (or V)
+#define WG_WPR (BLOCK_N / 32)                  // bitmap words per tile row
+#define WG_BITS_BYTES (WG_BLOCK_M * WG_WPR * 4)
+#define WG_OFF_K (WG_Q_BYTES)
+#define WG_OFF_V (WG_OFF_K + STAGES * WG_KV_BYTES)
+#define WG_OFF_B (WG_OFF_V + STAGES * WG_KV_BYTES)
+#define WG_OFF_BAR (WG_OFF_B + STAGES * WG_BITS_BYTES)
+#define WG_N_BARS (1 + 4 * STAGES)
+#define WG_OFF_META (WG_OFF_BAR + 8 * WG_N_BARS)
+#define WG_SMEM_USED (WG_OFF_META + 8 * STAGES)
+#define WG_SMEM_BYTES (WG_SMEM_USED + 1024)    // + alignment slack
+
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
+static_assert(BLOCK_N == 64 || BLOCK_N == 128, "BLOCK_N must be 64 or 128");
+static_assert(STAGES >= 2 && STAGES <= 4, "STAGES must be 2..4");
+static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
+static_assert(OVERLAP == 0 || OVERLAP == 1, "OVERLAP must be 0 or 1");
+static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
+              "swizzle atoms must stay 1024-byte aligned");
+
+#define STOF_TILE_PARTIAL_ 1 // STOF_TILE_PARTIAL in stof.h
+
+// An opaque CUtensorMap (128 bytes, 128-byte aligned as in cuda.h).
+struct __align__(128) stof_tmap {
+    stof_u64 w[16];
+};
+
+// The launch parameters, by value (__grid_constant__: the tensor maps are
+// read in place). Mirrored by stof_attn_wgmma_params in src/attn_wgmma.c;
+// both sides check the size and the offset of `o`.
+struct stof_attn_wgmma_params {
+    stof_tmap tm_q, tm_k, tm_v;   // (head_dim, seq, heads, batch) maps
+    unsigned short *o;            // output, 16-byte aligned
+    const int *row_ptr;           // n_row_blocks + 1
+    const int *col_idx;           // per tile: key block (ascending)
+    const unsigned char *kind;    // per tile: 1 partial, 2 full
+    const int *bitmap_idx;        // per tile: partial index / -1
+    const unsigned *bitmaps;      // per partial tile: BLOCK_M x WG_WPR words
+    const int *row_order;         // NULL or gridDim.x row block indices
+    stof_i64 o_stride[3];         // b, h, seq (elements)
+    int batch, heads, seq_q, seq_k;
+    int n_row_blocks;
+    int bitmap_words_per_row;     // must be BLOCK_N / 32
+    float scale_log2;             // softmax scale * log2(e), > 0
+    int flags;                    // reserved, 0
+};
+static_assert(sizeof(stof_attn_wgmma_params) == 512,
+              "stof_attn_wgmma_params layout");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// ---------------------------------------------------------------------------
+// PTX helpers
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned wg_smem_addr(const void *p)
+{
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+        : "=r"(a)
+        : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void mb_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
+                 "r"(count)
+                 : "memory");
+}
+
+// One arrival that also expects `bytes` of asynchronous copies.
+__device__ __forceinline__ void mb_expect_tx(unsigned bar, unsigned bytes)
+{
+    asm volatile(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+        "r"(bytes)
+        : "memory");
+}
+
+__device__ __forceinline__ void mb_arrive(unsigned bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar)
+                 : "memory");
+}
+
+// Wait until the phase with parity `parity` has completed.
+__device__ __forceinline__ void mb_wait(unsigned bar, unsigned parity)
+{
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n"
+                     " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+// TMA: box at coordinates (c0, c1, c2, c3) of the 4-D map into `dst`,
+// completing `bytes` of transactions on `bar`.
+__device__ __forceinline__ void tma_load4(unsigned dst, const stof_tmap *map,
+                                          int c0, int c1, int c2, int c3,
+                                          unsigned bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile."
+                 "mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+                 "[%6];\n" ::"r"(dst),
+                 "l"((stof_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                 "r"(bar)
+                 : "memory");
+}
+
+// 1-D bulk copy (16-byte aligned addresses, size a multiple of 16).
+__device__ __forceinline__ void bulk_load(unsigned dst, const void *src,
+                                          unsigned bytes, unsigned bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx"
+                 "::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const stof_tmap *map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((stof_u64)map) : "memory");
+}
+
+__device__ __forceinline__ void named_bar_sync(int id, int count)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ int wg_ldg_i32(const int *p)
+{
+    int v;
+    asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ int wg_ldg_u8(const unsigned char *p)
+{
+    unsigned v;
+    asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return (int)v;
+}
+
+__device__ __forceinline__ float wg_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x)); // ex2(-inf) = +0
+    return y;
+}
+
+// Two floats -> one register of two 16-bit values, `lo` in bits 0..15.
+__device__ __forceinline__ unsigned wg_pack2(float lo, float hi)
+{
+    unsigned r;
+#if DTYPE == 0
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+// ---------------------------------------------------------------------------
+// wgmma
+// ---------------------------------------------------------------------------
+
+#if DTYPE == 0
+#define WG_AB ".f16.f16"
+#else
+#define WG_AB ".bf16.bf16"
+#endif
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading
+// and stride byte offsets (all >> 4), swizzle mode 1 in bits 62..63.
+__device__ __forceinline__ stof_u64 wg_desc(unsigned addr, unsigned lbo,
+                                            unsigned sbo)
+{
+    return (stof_u64)((addr & 0x3ffffu) >> 4) |
+           ((stof_u64)((lbo >> 4) & 0x3fffu) << 16) |
+           ((stof_u64)((sbo >> 4) & 0x3fffu) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence()
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keep the compiler from moving accesses of x across a wgmma wait.
+template <int N> __device__ __forceinline__ void wg_keep(float (&x)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(x[i])::"memory");
+}
+
+#define WG_F8(d, i)                                                           \
+    "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]),   \
+        "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define WG_F32(d) WG_F8(d, 0), WG_F8(d, 8), WG_F8(d, 16), WG_F8(d, 24)
+#define WG_F64(d)                                                             \
+    WG_F32(d), WG_F8(d, 32), WG_F8(d, 40), WG_F8(d, 48), WG_F8(d, 56)
+#define WG_R32                                                                \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"  \
+    "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_R64                                                                \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"  \
+    "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37," \
+    "%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55," \
+    "%56,%57,%58,%59,%60,%61,%62,%63}"
+
+// D (64 x N, f32) (+)= A (64 x 16, smem, K-major) * B (16 x N, smem,
+// K-major); accum 0 overwrites D.
+__device__ __forceinline__ void wg_mma_ss(float (&d)[32], stof_u64 da,
+                                          stof_u64 db, int accum)
+{
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n64k16.f32" WG_AB
+                 " " WG_R32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_F32(d)
+                 : "l"(da), "l"(db), "r"(accum));
+}
+
+__device__ __forceinline__ void wg_mma_ss(float (&d)[64], stof_u64 da,
+                                          stof_u64 db, int accum)
+{
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32" WG_AB
+                 " " WG_R64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WG_F64(d)
+                 : "l"(da), "l"(db), "r"(accum));
+}
+
+// D (64 x N) += A (64 x 16, registers) * B (16 x N, smem, MN-major).
+__device__ __forceinline__ void wg_mma_rs(float (&d)[32], const unsigned (&a)[4],
+                                          stof_u64 db)
+{
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n64k16.f32" WG_AB
+                 " " WG_R32 ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+                 : WG_F32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db),
+                   "r"(1));
+}
+
+__device__ __forceinline__ void wg_mma_rs(float (&d)[64], const unsigned (&a)[4],
+                                          stof_u64 db)
+{
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32" WG_AB
+                 " " WG_R64 ", {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+                 : WG_F64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db),
+                   "r"(1));
+}
+
+// ---------------------------------------------------------------------------
+// Consumer steps
+// ---------------------------------------------------------------------------
+
+#define WG_SN (BLOCK_N / 2)   // S floats per thread
+#define WG_ON (HEAD_DIM / 2)  // O floats per thread
+#define WG_PK (BLOCK_N / 16)  // k-steps of P V
+
+// S = Q K^T over HEAD_DIM/16 k-steps. dq, dk: descriptors of the first
+// k-step; k-step kk is column block kk/4, byte offset 32*(kk%4) in a row.
+__device__ __forceinline__ void wg_qk(float (&s)[WG_SN], stof_u64 dq,
+                                      stof_u64 dk)
+{
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+        const unsigned qo = ((kk >> 2) * (WG_BLOCK_M * 128) + (kk & 3) * 32) >> 4;
+        const unsigned ko = ((kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32) >> 4;
+        wg_mma_ss(s, dq + qo, dk + ko, kk > 0);
+    }
+}
+
+// O += P V over BLOCK_N/16 k-steps of 16 keys (2048 bytes of V each).
+__device__ __forceinline__ void wg_pv(float (&o)[WG_ON],
+                                      const unsigned (&pa)[WG_PK][4],
+                                      stof_u64 dv)
+{
+#pragma unroll
+    for (int ks = 0; ks < WG_PK; ks++)
+        wg_mma_rs(o, pa[ks], dv + (stof_u64)((ks * 2048) >> 4));
+}
+
+// Element j of S: n-tile j/4, row (warp rows) g + 8*((j%4)/2), column
+// 8*(j/4) + 2*tq + j%2. r0: the tile row of g (hh = 0).
+__device__ __forceinline__ void wg_mask(float (&s)[WG_SN], int kind, int col,
+                                        const unsigned *bits, int r0, int tq,
+                                        int seq_k)
+{
+    if (kind == STOF_TILE_PARTIAL_) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const unsigned *row = bits + (r0 + 8 * hh) * WG_WPR;
+            unsigned w[WG_WPR];
+#pragma unroll
+            for (int j = 0; j < WG_WPR; j++)
+                w[j] = row[j] >> (2 * tq);
+#pragma unroll
+            for (int nt = 0; nt < BLOCK_N / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    if (!((w[nt >> 2] >> (8 * (nt & 3) + e)) & 1u))
+                        s[4 * nt + 2 * hh + e] = STOF_NEG_INF;
+        }
+    } else if (col * BLOCK_N + BLOCK_N > seq_k) {
+        // A full tile hanging past seq_k: columns >= seq_k are -inf.
+        const int lim = seq_k - col * BLOCK_N - 2 * tq;
+#pragma unroll
+        for (int j = 0; j < WG_SN; j++)
+            if (8 * (j >> 2) + (j & 1) >= lim)
+                s[j] = STOF_NEG_INF;
+    }
+}
+
+// Online softmax of one tile: updates the running max (scaled, log2
+// domain) and sum, turns s into the probabilities and returns the factor
+// the O rows must be rescaled by.
+__device__ __forceinline__ void wg_softmax(float (&s)[WG_SN], float (&m_run)[2],
+                                           float (&l_run)[2], float (&alpha)[2],
+                                           float sl2)
+{
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        float mx = STOF_NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < BLOCK_N / 8; nt++) {
+            mx = fmaxf(mx, s[4 * nt + 2 * hh]);
+            mx = fmaxf(mx, s[4 * nt + 2 * hh + 1]);
+        }
+        // The four lanes of a quad hold the same row.
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[hh], mx * sl2); // -inf stays -inf
+        // Safe max: no allowed key so far -> subtract 0; exp2(-inf) = 0.
+        const float mu = m_new == STOF_NEG_INF ? 0.0f : m_new;
+        alpha[hh] = wg_exp2(m_run[hh] - mu);
+        m_run[hh] = m_new;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < BLOCK_N / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int j = 4 * nt + 2 * hh + e;
+                const float pe = wg_exp2(fmaf(s[j], sl2, -mu));
+                s[j] = pe;
+                rs += pe;
+            }
+        }
+        l_run[hh] = l_run[hh] * alpha[hh] + rs; // partial (this lane's cols)
+    }
+}
+
+__device__ __forceinline__ void wg_rescale(float (&o)[WG_ON],
+                                           const float (&alpha)[2])
+{
+#pragma unroll
+    for (int dt = 0; dt < HEAD_DIM / 8; dt++) {
+        o[4 * dt + 0] *= alpha[0];
+        o[4 * dt + 1] *= alpha[0];
+        o[4 * dt + 2] *= alpha[1];
+        o[4 * dt + 3] *= alpha[1];
+    }
+}
+
+// P (16-bit) as the A fragments of the P V k-steps.
+__device__ __forceinline__ void wg_convert(const float (&s)[WG_SN],
+                                           unsigned (&pa)[WG_PK][4])
+{
+#pragma unroll
+    for (int ks = 0; ks < WG_PK; ks++) {
+        pa[ks][0] = wg_pack2(s[8 * ks + 0], s[8 * ks + 1]);
+        pa[ks][1] = wg_pack2(s[8 * ks + 2], s[8 * ks + 3]);
+        pa[ks][2] = wg_pack2(s[8 * ks + 4], s[8 * ks + 5]);
+        pa[ks][3] = wg_pack2(s[8 * ks + 6], s[8 * ks + 7]);
+    }
+}
+
+#endif // __CUDA_ARCH_FEAT_SM90_ALL
+
+// ---------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2; // 0 producer, 1..2 consumers
+    const int rb = p.row_order ? wg_ldg_i32(p.row_order + blockIdx.x)
+                               : (int)blockIdx.x;
+    const int bh = blockIdx.y;
+    const int b = bh / p.heads, h = bh - b * p.heads;
+    const int q0 = rb * WG_BLOCK_M;
+
+    // Every offset below is from the first 1024-byte boundary.
+    const unsigned raw = wg_smem_addr(wg_smem_raw);
+    const unsigned pad = ((raw + 1023u) & ~1023u) - raw;
+    unsigned char *smem = wg_smem_raw + pad;
+    const unsigned sQ = raw + pad;
+    const unsigned sK = sQ + WG_OFF_K;
+    const unsigned sV = sQ + WG_OFF_V;
+    const unsigned sB = sQ + WG_OFF_B;
+    const unsigned bar_q = sQ + WG_OFF_BAR;
+#define BAR_FULL_K(s) (bar_q + 8u * (1 + (s)))
+#define BAR_FULL_V(s) (bar_q + 8u * (1 + STAGES + (s)))
+#define BAR_EMPTY_K(s) (bar_q + 8u * (1 + 2 * STAGES + (s)))
+#define BAR_EMPTY_V(s) (bar_q + 8u * (1 + 3 * STAGES + (s)))
+    int *s_meta = (int *)(smem + WG_OFF_META); // [stage][2]: col, kind
+
+    const int e0 = wg_ldg_i32(p.row_ptr + rb);
+    const int n = wg_ldg_i32(p.row_ptr + rb + 1) - e0; // non-empty tiles
+
+    if (tid == 0) {
+        mb_init(bar_q, 1);
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            mb_init(BAR_FULL_K(s), 1);
+            mb_init(BAR_FULL_V(s), 1);
+            mb_init(BAR_EMPTY_K(s), 8);
+            mb_init(BAR_EMPTY_V(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ------------------------------------------------------------------
+        // Producer
+        // ------------------------------------------------------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (warp == 0 && lane == 0 && n > 0) {
+            tma_prefetch_map(&p.tm_q);
+            tma_prefetch_map(&p.tm_k);
+            tma_prefetch_map(&p.tm_v);
+            mb_expect_tx(bar_q, WG_Q_BYTES);
+#pragma unroll
+            for (int db = 0; db < WG_DB; db++)
+                tma_load4(sQ + db * (WG_BLOCK_M * 128), &p.tm_q, db * 64, q0,
+                          h, b, bar_q);
+            int s = 0;
+            unsigned ph = 0;
+            // Tile metadata, loaded one tile ahead.
+            int col = wg_ldg_i32(p.col_idx + e0);
+            int kind = wg_ldg_u8(p.kind + e0);
+            int bidx = wg_ldg_i32(p.bitmap_idx + e0);
+            for (int t = 0; t < n; t++) {
+                int n_col = 0, n_kind = 0, n_bidx = 0;
+                if (t + 1 < n) {
+                    n_col = wg_ldg_i32(p.col_idx + e0 + t + 1);
+                    n_kind = wg_ldg_u8(p.kind + e0 + t + 1);
+                    n_bidx = wg_ldg_i32(p.bitmap_idx + e0 + t + 1);
+                }
+                const int part = kind == STOF_TILE_PARTIAL_;
+                if (t >= STAGES)
+                    mb_wait(BAR_EMPTY_K(s), ph ^ 1u);
+                s_meta[2 * s] = col;
+                s_meta[2 * s + 1] = kind;
+                mb_expect_tx(BAR_FULL_K(s),
+                             WG_KV_BYTES + (part ? WG_BITS_BYTES : 0));
+#pragma unroll
+                for (int db = 0; db < WG_DB; db++)
+                    tma_load4(sK + s * WG_KV_BYTES + db * (BLOCK_N * 128),
+                              &p.tm_k, db * 64, col * BLOCK_N, h, b,
+                              BAR_FULL_K(s));
+                if (part)
+                    bulk_load(sB + s * WG_BITS_BYTES,
+                              p.bitmaps + (stof_i64)bidx * (WG_BLOCK_M * WG_WPR),
+                              WG_BITS_BYTES, BAR_FULL_K(s));
+                if (t >= STAGES)
+                    mb_wait(BAR_EMPTY_V(s), ph ^ 1u);
+                mb_expect_tx(BAR_FULL_V(s), WG_KV_BYTES);
+#pragma unroll
+                for (int db = 0; db < WG_DB; db++)
+                    tma_load4(sV + s * WG_KV_BYTES + db * (BLOCK_N * 128),
+                              &p.tm_v, db * 64, col * BLOCK_N, h, b,
+                              BAR_FULL_V(s));
+                if (++s == STAGES) {
+                    s = 0;
+                    ph ^= 1u;
+                }
+                col = n_col;
+                kind = n_kind;
+                bidx = n_bidx;
+            }
+        }
+        return;
+    }
+
+    // ----------------------------------------------------------------------
+    // Consumers
+    // ----------------------------------------------------------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int cw = wg - 1;        // rows 64 cw .. 64 cw + 63 of the block
+    const int wl = warp & 3;      // warp inside the warpgroup: 16 rows
+    const int g = lane >> 2, tq = lane & 3;
+    const int r0 = cw * 64 + wl * 16 + g; // tile row of fragment row g
+    const float sl2 = p.scale_log2;
+    const unsigned *s_bits = (const unsigned *)(smem + WG_OFF_B);
+
+    float oacc[WG_ON], sacc[WG_SN];
+    unsigned pa[WG_PK][4];
+    float m_run[2] = {STOF_NEG_INF, STOF_NEG_INF}, l_run[2] = {0.0f, 0.0f};
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < WG_ON; i++)
+        oacc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < WG_SN; i++)
+        sacc[i] = 0.0f;
+
+    if (n > 0) {
+        // Descriptors of k-step 0: Q rows 64 cw.., K and V of slot 0.
+        const stof_u64 dq = wg_desc(sQ + cw * 64 * 128, 16, 1024);
+        const stof_u64 dk0 = wg_desc(sK, 16, 1024);
+        const stof_u64 dv0 = wg_desc(sV, BLOCK_N * 128, 1024);
+        const stof_u64 dslot = (stof_u64)(WG_KV_BYTES >> 4);
+        mb_wait(bar_q, 0);
+        int s = 0;
+        unsigned ph = 0;
+#if OVERLAP
+        // Tile 0: S, softmax, P (nothing to overlap with yet).
+        mb_wait(BAR_FULL_K(0), 0);
+        wg_fence();
+        wg_qk(sacc, dq, dk0);
+        wg_commit();
+        wg_wait<0>();
+        wg_keep(sacc);
+        wg_mask(sacc, s_meta[1], s_meta[0], s_bits, r0, tq, p.seq_k);
+        __syncwarp();
+        if (lane == 0)
+            mb_arrive(BAR_EMPTY_K(0));
+        wg_softmax(sacc, m_run, l_run, alpha, sl2);
+        wg_convert(sacc, pa);
+        for (int t = 1; t < n; t++) {
+            const int ps = s;
+            const unsigned pph = ph;
+            if (++s == STAGES) {
+                s = 0;
+                ph ^= 1u;
+            }
+            mb_wait(BAR_FULL_K(s), ph);
+            mb_wait(BAR_FULL_V(ps), pph);
+            wg_fence();
+            wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
+            wg_commit();
+            wg_pv(oacc, pa, dv0 + (stof_u64)ps * dslot);
+            wg_commit();
+            wg_wait<1>(); // S(t) done; P(t-1) V(t-1) may still run
+            wg_keep(sacc);
+            wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
+                    s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, p.seq_k);
+            __syncwarp();
+            if (lane == 0)
+                mb_arrive(BAR_EMPTY_K(s));
+            wg_softmax(sacc, m_run, l_run, alpha, sl2);
+            wg_wait<0>();
+            wg_keep(oacc);
+            __syncwarp();
+            if (lane == 0)
+                mb_arrive(BAR_EMPTY_V(ps));
+            wg_rescale(oacc, alpha);
+            wg_convert(sacc, pa);
+        }
+        mb_wait(BAR_FULL_V(s), ph);
+        wg_fence();
+        wg_pv(oacc, pa, dv0 + (stof_u64)s * dslot);
+        wg_commit();
+        wg_wait<0>();
+        wg_keep(oacc);
+#else
+        for (int t = 0; t < n; t++) {
+            mb_wait(BAR_FULL_K(s), ph);
+            wg_fence();
+            wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(sacc);
+            wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
+                    s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, p.seq_k);
+            __syncwarp();
+            if (lane == 0)
+                mb_arrive(BAR_EMPTY_K(s));
+            wg_softmax(sacc, m_run, l_run, alpha, sl2);
+            wg_rescale(oacc, alpha);
+            wg_convert(sacc, pa);
+            mb_wait(BAR_FULL_V(s), ph);
+            wg_fence();
+            wg_pv(oacc, pa, dv0 + (stof_u64)s * dslot);
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(oacc);
+            __syncwarp();
+            if (lane == 0)
+                mb_arrive(BAR_EMPTY_V(s));
+            if (++s == STAGES) {
+                s = 0;
+                ph ^= 1u;
+            }
+        }
+#endif
+    }
+
+    // ---- epilogue: O / l, staged through this warpgroup's own sQ rows -----
+    float inv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        float l = l_run[hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[hh] = l > 0.0f ? 1.0f / l : 0.0f; // no key -> zeros
+    }
+    // Every warp of the warpgroup has waited for its last wgmma: nothing
+    // reads these Q rows any more.
+    named_bar_sync(1 + cw, 128);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = r0 + 8 * hh;
+#pragma unroll
+        for (int dt = 0; dt < HEAD_DIM / 8; dt++) {
+            const unsigned off = (dt >> 3) * (WG_BLOCK_M * 128) + r * 128 +
+                                 (((dt & 7) ^ (r & 7)) << 4) + 4 * tq;
+            *(unsigned *)(smem + off) =
+                wg_pack2(oacc[4 * dt + 2 * hh] * inv[hh],
+                         oacc[4 * dt + 2 * hh + 1] * inv[hh]);
+        }
+    }
+    named_bar_sync(1 + cw, 128);
+    unsigned short *og = p.o + b * p.o_stride[0] + h * p.o_stride[1];
+    constexpr int CPR = HEAD_DIM / 8; // 16-byte chunks per row
+    const int ti = tid & 127;
+#pragma unroll
+    for (int i = 0; i < 64 * CPR / 128; i++) {
+        const int idx = ti + 128 * i;
+        const int r = cw * 64 + idx / CPR, c = idx % CPR;
+        const int gr = q0 + r;
+        if (gr < p.seq_q) {
+            const unsigned off =
+                (c >> 3) * (WG_BLOCK_M * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+            const uint4 v4 = *(const uint4 *)(smem + off);
+            *(uint4 *)(og + (stof_i64)gr * p.o_stride[2] + c * 8) = v4;
+        }
+    }
+#else
+    __trap(); // needs sm_90a (wgmma, setmaxnreg)
+#endif
+}

@@ -1,0 +1,359 @@
+/*
+ * attn_wgmma.c - host side of the Hopper block-wise sparse attention kernel
+ * (jit_templates/attn_wgmma.cu): configuration rules, shared memory,
+ * compile + load for sm_90a, the TMA tensor maps and the launch.
+ * Declarations and contracts: attn_wgmma.h.
+ */
+#include "attn_wgmma.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Mirrors struct stof_attn_wgmma_params in jit_templates/attn_wgmma.cu
+ * (same field order and types); both sides check the size. */
+typedef struct stof_attn_wgmma_params {
+    CUtensorMap tm_q, tm_k, tm_v;
+    CUdeviceptr o;
+    CUdeviceptr row_ptr, col_idx, kind, bitmap_idx, bitmaps, row_order;
+    int64_t o_stride[3];
+    int batch, heads, seq_q, seq_k;
+    int n_row_blocks, bitmap_words_per_row;
+    float scale_log2;
+    int flags;
+} stof_attn_wgmma_params;
+_Static_assert(sizeof(stof_attn_wgmma_params) == 512,
+               "stof_attn_wgmma_params must match attn_wgmma.cu");
+_Static_assert(offsetof(stof_attn_wgmma_params, o) == 384,
+               "stof_attn_wgmma_params must match attn_wgmma.cu");
+
+/* The largest opt-in shared memory of a cc 9.0 GPU (227 KiB). */
+#define WGMMA_SMEM_MAX (227 * 1024)
+
+static int why_set(char *why, size_t n, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int why_set(char *why, size_t n, const char *fmt, ...)
+{
+    if (why && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, n, fmt, ap);
+        va_end(ap);
+    }
+    return 0;
+}
+
+size_t stof__wgmma_smem_bytes(int head_dim, const stof_wgmma_cfg *c)
+{
+    if (!c || head_dim <= 0 || c->block_n <= 0 || c->stages <= 0)
+        return 0;
+    const size_t row = (size_t)head_dim * 2u;
+    const size_t s = (size_t)c->stages;
+    size_t bytes = (size_t)STOF_WGMMA_BLOCK_M * row;           /* Q */
+    bytes += 2u * s * (size_t)c->block_n * row;                /* K, V */
+    bytes += s * STOF_WGMMA_BLOCK_M * (size_t)(c->block_n / 32) * 4u; /* bits */
+    bytes += 8u * (1u + 4u * s);                               /* mbarriers */
+    bytes += 8u * s;                                           /* meta */
+    return bytes + 1024u;                                      /* alignment */
+}
+
+int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
+                          const stof_wgmma_cfg *c, char *why, size_t n)
+{
+    if (why && n)
+        why[0] = '\0';
+    if (!c)
+        return why_set(why, n, "no configuration (NULL)");
+    if (head_dim != 64 && head_dim != 128)
+        return why_set(why, n,
+                       "head_dim %d: the wgmma kernel supports 64 and 128",
+                       head_dim);
+    if (c->block_n != 64 && c->block_n != 128)
+        return why_set(why, n, "block_n %d: must be 64 or 128", c->block_n);
+    if (c->stages < 2 || c->stages > 4)
+        return why_set(why, n, "stages %d: must be 2..4", c->stages);
+    if (c->overlap != 0 && c->overlap != 1)
+        return why_set(why, n, "overlap %d: must be 0 or 1", c->overlap);
+    const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
+    const size_t lim = dev && dev->ok && dev->max_smem_optin > 0
+                           ? (size_t)dev->max_smem_optin
+                           : (size_t)WGMMA_SMEM_MAX;
+    if (smem > lim)
+        return why_set(why, n,
+                       "head_dim %d, block_n %d, %d stages: %zu bytes of "
+                       "shared memory, more than the %zu the %s allows",
+                       head_dim, c->block_n, c->stages, smem, lim,
+                       dev && dev->ok ? "device" : "largest cc 9.0 GPU");
+    return 1;
+}
+
+int stof__wgmma_device_ok(const stof_device *dev)
+{
+    return dev && dev->ok && dev->cc_major == 9 && dev->cc_minor == 0;
+}
+
+stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
+                             const stof_wgmma_cfg *c, CUmodule *mod,
+                             CUfunction *fn)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, mod && fn, "mod, fn: NULL output pointer");
+    *mod = NULL;
+    *fn = NULL;
+    STOF_CHECK_ARG(ctx, dt == STOF_DTYPE_FP16 || dt == STOF_DTYPE_BF16,
+                   "dtype %d is not a stof_dtype", (int)dt);
+    char why[256];
+    if (!stof__wgmma_cfg_valid(ctx->device.ok ? &ctx->device : NULL,
+                               head_dim, c, why, sizeof(why)))
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "wgmma kernel configuration not supported: %s",
+                          why);
+    if (!ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "loading the wgmma kernel needs a GPU: no usable "
+                          "CUDA device in this context");
+    if (!stof__wgmma_device_ok(&ctx->device))
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "the wgmma kernel needs compute capability 9.0 "
+                          "(sm_90a); %s is %d.%d",
+                          ctx->device.name, ctx->device.cc_major,
+                          ctx->device.cc_minor);
+
+    char d_hd[32], d_dt[32], d_bn[32], d_s[32], d_o[32];
+    snprintf(d_hd, sizeof(d_hd), "HEAD_DIM=%d", head_dim);
+    snprintf(d_dt, sizeof(d_dt), "DTYPE=%d", (int)dt);
+    snprintf(d_bn, sizeof(d_bn), "BLOCK_N=%d", c->block_n);
+    snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
+    snprintf(d_o, sizeof(d_o), "OVERLAP=%d", c->overlap);
+    const char *defs[] = {d_hd, d_dt, d_bn, d_s, d_o};
+    void *cubin = NULL;
+    size_t cubin_size = 0;
+    stof_status st = (stof_status)stof__jit_compile(
+        ctx, "attn_wgmma.cu", defs, (int)(sizeof(defs) / sizeof(*defs)),
+        "sm_90a", &cubin, &cubin_size);
+    if (st != STOF_OK)
+        return st;
+
+    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {
+        free(cubin);
+        return st;
+    }
+    const stof_api *api = ctx->api;
+    CUmodule m = NULL;
+    CUfunction f = NULL;
+    STOF_CU_GOTO(ctx, st, fail, api->cuModuleLoadData(&m, cubin));
+    STOF_CU_GOTO(ctx, st, fail,
+                 api->cuModuleGetFunction(&f, m, "stof_attn_wgmma"));
+    STOF_CU_GOTO(ctx, st, fail,
+                 api->cuFuncSetAttribute(
+                     f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                     (int)stof__wgmma_smem_bytes(head_dim, c)));
+    stof__ctx_pop(ctx);
+    free(cubin);
+    *mod = m;
+    *fn = f;
+    return stof__ok(ctx);
+fail:
+    if (m)
+        api->cuModuleUnload(m);
+    stof__ctx_pop(ctx);
+    free(cubin);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* TMA tensor maps                                                           */
+/* ------------------------------------------------------------------------ */
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType,
+                                    cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                    CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled from the libcuda the table loaded (or, when the
+ * table was swapped, whichever libcuda the process already has); cached. */
+static encode_tiled_fn encode_fn(const stof_api *api)
+{
+    static _Atomic(encode_tiled_fn) cached;
+    encode_tiled_fn f = atomic_load(&cached);
+    if (f)
+        return f;
+    void *sym = NULL;
+    if (api && api->cuda_lib)
+        sym = dlsym(api->cuda_lib, "cuTensorMapEncodeTiled");
+    if (!sym) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
+        if (h) {
+            sym = dlsym(h, "cuTensorMapEncodeTiled");
+            dlclose(h); /* NOLOAD took a reference; the library stays */
+        }
+    }
+    if (!sym)
+        return NULL;
+    /* dlsym returns data pointers; POSIX guarantees the conversion. */
+    memcpy(&f, &sym, sizeof(f));
+    atomic_store(&cached, f);
+    return f;
+}
+
+/* A 4-D map over (head_dim, seq, heads, batch) of 16-bit elements, boxes of
+ * 64 columns x box_rows rows, 128-byte swizzle, zero fill out of bounds. */
+static CUresult make_map(encode_tiled_fn enc, CUtensorMap *m, stof_dtype dt,
+                         CUdeviceptr base, int head_dim, int seq, int heads,
+                         int batch, const int64_t st[3], unsigned box_rows)
+{
+    const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)seq,
+                                (cuuint64_t)heads, (cuuint64_t)batch};
+    /* A dimension of size 1 is never stepped: any legal stride does. */
+    const cuuint64_t strides[3] = {
+        (cuuint64_t)st[2] * 2u,
+        heads > 1 ? (cuuint64_t)st[1] * 2u : 16u,
+        batch > 1 ? (cuuint64_t)st[0] * 2u : 16u,
+    };
+    const cuuint32_t box[4] = {64u, box_rows, 1u, 1u};
+    const cuuint32_t estr[4] = {1u, 1u, 1u, 1u};
+    return enc(m,
+               dt == STOF_DTYPE_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+               4u, (void *)(uintptr_t)base, dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+/* Strides usable by the kernel: non-negative multiples of 8 elements, the
+ * sequence stride positive when the sequence has more than one row, and
+ * small enough for the TMA (< 2^40 bytes). */
+static int strides_ok(const int64_t st[3], int seq, int heads, int batch)
+{
+    const int64_t lim = (int64_t)1 << 38; /* elements: 2^39 bytes */
+    for (int i = 0; i < 3; i++)
+        if (st[i] < 0 || st[i] % 8 != 0 || st[i] >= lim)
+            return 0;
+    if ((seq > 1 && st[2] == 0) || (heads > 1 && st[1] == 0) ||
+        (batch > 1 && st[0] == 0))
+        return 0;
+    return 1;
+}
+
+stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
+                               int head_dim, const stof_attention_desc *d,
+                               float scale, const stof_block_format *bf,
+                               CUdeviceptr row_order, CUdeviceptr q,
+                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
+                               CUstream s, const stof_api *api)
+{
+    if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!stof__wgmma_cfg_valid(NULL, head_dim, c, NULL, 0))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (d->head_dim != head_dim ||
+        (d->dtype != STOF_DTYPE_FP16 && d->dtype != STOF_DTYPE_BF16) ||
+        bf->block_m != STOF_WGMMA_BLOCK_M || bf->block_n != c->block_n ||
+        bf->seq_q != d->seq_q || bf->seq_k != d->seq_k ||
+        bf->bitmap_words_per_row != c->block_n / 32 || !bf->mem ||
+        d->batch < 1 || d->heads < 1 ||
+        (int64_t)d->batch * d->heads > 65535 || bf->n_row_blocks < 1)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) ||
+        !strides_ok(d->o_stride, d->seq_q, d->heads, d->batch) ||
+        !strides_ok(d->k_stride, d->seq_k, d->heads, d->batch) ||
+        !strides_ok(d->v_stride, d->seq_k, d->heads, d->batch))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (scale == 0.0f)
+        scale = 1.0f / sqrtf((float)head_dim);
+    if (!(scale > 0.0f) || isinf(scale))
+        return STOF_ERR_INVALID_ARGUMENT;
+
+    encode_tiled_fn enc = encode_fn(api);
+    if (!enc)
+        return STOF_ERR_UNSUPPORTED;
+
+    stof_attn_wgmma_params p;
+    memset(&p, 0, sizeof(p));
+    if (make_map(enc, &p.tm_q, d->dtype, q, head_dim, d->seq_q, d->heads,
+                 d->batch, d->q_stride, STOF_WGMMA_BLOCK_M) != CUDA_SUCCESS ||
+        make_map(enc, &p.tm_k, d->dtype, k, head_dim, d->seq_k, d->heads,
+                 d->batch, d->k_stride, (unsigned)c->block_n) != CUDA_SUCCESS ||
+        make_map(enc, &p.tm_v, d->dtype, v, head_dim, d->seq_k, d->heads,
+                 d->batch, d->v_stride, (unsigned)c->block_n) != CUDA_SUCCESS)
+        return STOF_ERR_CUDA;
+    p.o = o;
+    p.row_ptr = bf->row_ptr;
+    p.col_idx = bf->col_idx;
+    p.kind = bf->kind;
+    p.bitmap_idx = bf->bitmap_idx;
+    p.bitmaps = bf->bitmaps;
+    p.row_order = row_order;
+    memcpy(p.o_stride, d->o_stride, sizeof(p.o_stride));
+    p.batch = d->batch;
+    p.heads = d->heads;
+    p.seq_q = d->seq_q;
+    p.seq_k = d->seq_k;
+    p.n_row_blocks = bf->n_row_blocks;
+    p.bitmap_words_per_row = bf->bitmap_words_per_row;
+    p.scale_log2 = (float)((double)scale * 1.4426950408889634);
+    p.flags = 0;
+
+    const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
+    void *args[] = {&p};
+    CUresult r = api->cuLaunchKernel(
+        fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
+        384u, 1, 1, (unsigned)smem, s, args, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Heavy-first row order                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct row_work {
+    int64_t w; /* 4 per full tile, 5 per partial one */
+    int32_t i;
+} row_work;
+
+static int cmp_work(const void *a, const void *b)
+{
+    const row_work *x = a, *y = b;
+    if (x->w != y->w)
+        return x->w < y->w ? 1 : -1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+void stof__wgmma_row_order(const stof_format *f, int32_t *order)
+{
+    if (!f || !order || f->n_row_blocks < 1)
+        return;
+    const int nb = f->n_row_blocks;
+    row_work *rw = malloc((size_t)nb * sizeof(*rw));
+    if (!rw) {
+        for (int i = 0; i < nb; i++)
+            order[i] = i;
+        return;
+    }
+    for (int i = 0; i < nb; i++) {
+        int64_t w = 0;
+        for (int64_t e = f->row_ptr[i]; e < f->row_ptr[i + 1]; e++)
+            w += f->kind[e] == STOF_TILE_PARTIAL ? 5 : 4;
+        rw[i].w = w;
+        rw[i].i = i;
+    }
+    qsort(rw, (size_t)nb, sizeof(*rw), cmp_work);
+    for (int i = 0; i < nb; i++)
+        order[i] = rw[i].i;
+    free(rw);
+}

@@ -1,0 +1,80 @@
+/*
+ * attn_wgmma.h - host side of the Hopper (sm_90a) block-wise sparse
+ * attention kernel, jit_templates/attn_wgmma.cu: warp-specialised, TMA
+ * loads, wgmma for Q K^T and P V. It consumes the same device tile BSR as
+ * the mma.sync kernel (stof_block_format, uploaded by
+ * stof__block_format_upload from a stof_format built with block_m 128 and
+ * the cfg's block_n) and has the same semantics (see attn_block.cu).
+ * Runs only on compute capability 9.0 (the cubin is sm_90a).
+ */
+#ifndef STOF_ATTN_WGMMA_H
+#define STOF_ATTN_WGMMA_H
+
+#include "internal.h"
+
+/* Query rows per CTA (two consumer warpgroups of 64 rows). */
+#define STOF_WGMMA_BLOCK_M 128
+
+/* Kernel configuration: block_n keys per tile (64 or 128), stages K/V slots
+ * in flight (2..4), overlap 1 = the softmax of tile t runs while the P V
+ * wgmma of tile t-1 does (FlashAttention-3's intra-warpgroup pipelining),
+ * 0 = the two GEMMs back to back. */
+typedef struct stof_wgmma_cfg {
+    int block_n, stages, overlap;
+} stof_wgmma_cfg;
+
+/* 1 when the kernel supports (head_dim, *c): head_dim 64 or 128, the sizes
+ * above and, when `dev` is given, its shared memory fits the device's
+ * opt-in limit. Otherwise 0 with the reason in why[n] (may be NULL). Says
+ * nothing about the device's architecture (see stof__wgmma_device_ok). */
+int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
+                          const stof_wgmma_cfg *c, char *why, size_t n);
+
+/* 1 when `dev` can run the kernel (usable, compute capability 9.0). */
+int stof__wgmma_device_ok(const stof_device *dev);
+
+/* Dynamic shared memory of one CTA in bytes:
+ *   128*head_dim*2 (Q) + 2 * stages*block_n*head_dim*2 (K, V)
+ *   + stages*128*(block_n/32)*4 (bitmaps) + 8*(1 + 4*stages) (mbarriers)
+ *   + 8*stages (meta) + 1024 (alignment slack: the kernel aligns its
+ * buffers to 1024 bytes for the 128-byte swizzle). 0 for a NULL cfg. */
+size_t stof__wgmma_smem_bytes(int head_dim, const stof_wgmma_cfg *c);
+
+/* Compile attn_wgmma.cu for (head_dim, dt, *c) with NVRTC for sm_90a, load
+ * it into the device's primary context and set its dynamic shared memory
+ * limit. The caller owns *mod (cuModuleUnload inside stof__ctx_push/pop).
+ * Errors: STOF_ERR_UNSUPPORTED (cfg invalid, or the device is not cc 9.0;
+ * the message says why), STOF_ERR_NVRTC, STOF_ERR_NO_DEVICE, STOF_ERR_CUDA. */
+stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
+                             const stof_wgmma_cfg *c, CUmodule *mod /* OUT */,
+                             CUfunction *fn /* OUT */);
+
+/* Enqueue the kernel on stream `s`: grid (bf->n_row_blocks, batch * heads),
+ * 384 threads, stof__wgmma_smem_bytes() of dynamic shared memory. Builds
+ * the three TMA tensor maps (q, k, v over (head_dim, seq, heads, batch))
+ * from the pointers and d's strides with cuTensorMapEncodeTiled, resolved
+ * from the already loaded libcuda.
+ * d: strides filled, dtype and head_dim those fn was loaded with, every
+ * stride >= 0 and a multiple of 8 elements; q, k, v, o 16-byte aligned.
+ * bf: block_m 128, block_n c->block_n, seq_q / seq_k as d.
+ * row_order: 0, or a device array of bf->n_row_blocks int32 (a permutation
+ * of the row blocks): CTA x then computes row block row_order[x] (the host
+ * puts heavy row blocks first, see stof__wgmma_row_order).
+ * scale: softmax scale, 0 = 1/sqrt(head_dim); must be > 0.
+ * The caller makes the device's context current. Touches no context:
+ * thread-safe. STOF_ERR_INVALID_ARGUMENT on a mismatch, STOF_ERR_UNSUPPORTED
+ * when cuTensorMapEncodeTiled is missing, STOF_ERR_CUDA when encoding a map
+ * or the launch fails. */
+stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
+                               int head_dim, const stof_attention_desc *d,
+                               float scale, const stof_block_format *bf,
+                               CUdeviceptr row_order, CUdeviceptr q,
+                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
+                               CUstream s, const stof_api *api);
+
+/* A heavy-first order of f's row blocks: order[0 .. n_row_blocks-1] gets
+ * the row block indices sorted by decreasing work (tiles, a partial tile
+ * counting 1.25), ties by index. For the kernel's row_order (upload it). */
+void stof__wgmma_row_order(const stof_format *f, int32_t *order /* OUT */);
+
+#endif /* STOF_ATTN_WGMMA_H */

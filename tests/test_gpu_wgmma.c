@@ -1,0 +1,477 @@
+/*
+ * test_gpu_wgmma.c - the "gpu" suite for the Hopper block-wise sparse kernel
+ * (jit_templates/attn_wgmma.cu, src/attn_wgmma.c): every configuration of a
+ * list covering the template's STOF_VARIANTS runs a set of masks, sizes and
+ * layouts on fresh random inputs with the output poisoned first, and is
+ * compared with the C reference (stof__ref_attention):
+ *   - relative error ||out - ref|| / ||ref|| < 1e-2;
+ *   - rows whose mask row allows no key are exactly 0;
+ *   - every output element was written (no NaN left from the poison);
+ *   - nothing outside the output elements (strided padding) was written.
+ * Every other case runs with a heavy-first row order (the kernel's
+ * row_order argument). Without a usable GPU the program prints why and
+ * exits 77 (skip); on a GPU other than compute capability 9.0 the kernel
+ * tests skip. STOF_TEST_QUICK=1 runs only the cases of at most 300k mask
+ * elements (for runs under compute-sanitizer).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_wgmma.h"
+#include "cuda_shim.h"
+#include "internal.h"
+#include "testutil.h"
+
+/* Open a context or skip the test. */
+static stof_context *open_or_skip(void)
+{
+    stof_context *ctx = NULL;
+    stof_settings s;
+    stof_default_settings(&s);
+    stof_status st = stof_open(&ctx, &s);
+    cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
+    if (!stof_has_device(ctx)) {
+        stof_close(&ctx);
+        stof_settings r;
+        stof_default_settings(&r);
+        r.require_device = 1;
+        stof_open(&ctx, &r);
+        char why[512];
+        snprintf(why, sizeof(why), "%s", stof_errmsg(ctx));
+        stof_close(&ctx);
+        cr_skip_test("no usable GPU, skipping: %s", why);
+    }
+    return ctx;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Configurations and cases                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct wg_cfg {
+    int head_dim;
+    stof_dtype dtype;
+    stof_wgmma_cfg c;
+} wg_cfg;
+
+/* The template's STOF_VARIANTS. */
+static const wg_cfg configs[] = {
+    {64, STOF_DTYPE_FP16, {128, 2, 1}},  /* 0 */
+    {64, STOF_DTYPE_BF16, {128, 3, 1}},  /* 1 */
+    {128, STOF_DTYPE_FP16, {128, 2, 1}}, /* 2 */
+    {128, STOF_DTYPE_BF16, {128, 2, 1}}, /* 3 */
+    {64, STOF_DTYPE_FP16, {64, 4, 1}},   /* 4 */
+    {128, STOF_DTYPE_BF16, {64, 3, 1}},  /* 5 */
+    {64, STOF_DTYPE_BF16, {128, 2, 0}},  /* 6: no overlap */
+    {128, STOF_DTYPE_FP16, {64, 2, 0}},  /* 7: no overlap */
+};
+
+/* A mask: a spec, or (spec starting with '#') a generated one:
+ *   "#single"  each row i allows exactly key (7 i + 3) mod seq_k, so the
+ *              output row must be that V row;
+ *   "#lastcol" each row allows only the last key, seq_k - 1 (a tile that
+ *              hangs past seq_k with one column set);
+ *   "#halfempty" even rows dense, odd rows empty (empty rows inside
+ *              partial tiles). */
+typedef struct wg_case {
+    const char *spec;
+    int batch, heads, seq_q, seq_k;
+    stof_layout layout; /* STRIDED: BSHD with padded rows */
+    int pad;
+} wg_case;
+
+static const wg_case cases[] = {
+    {"dense", 1, 2, 1024, 1024, STOF_LAYOUT_BHSD, 0},
+    {"dense", 2, 3, 1000, 1000, STOF_LAYOUT_BSHD, 0},
+    {"causal", 1, 1, 1000, 1000, STOF_LAYOUT_BSHD, 0},
+    {"causal", 2, 2, 1024, 1024, STOF_LAYOUT_BHSD, 0},
+    {"sliding:256", 1, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8},
+    {"dilated:512:2", 1, 1, 3000, 1000, STOF_LAYOUT_BHSD, 0},
+    {"longformer:256:64", 1, 1, 1024, 1024, STOF_LAYOUT_BSHD, 0},
+    {"bigbird:64:3:2:3:1", 1, 1, 1024, 1024, STOF_LAYOUT_STRIDED, 16},
+    {"strided:128", 2, 1, 1000, 1000, STOF_LAYOUT_BHSD, 0},
+    {"random:0.05:3", 2, 3, 77, 65, STOF_LAYOUT_BSHD, 0},
+    {"none", 1, 2, 77, 65, STOF_LAYOUT_BHSD, 0},
+    {"causal&strided:300", 1, 1, 1000, 1000, STOF_LAYOUT_STRIDED, 8},
+    {"random:0.002:5", 1, 2, 500, 300, STOF_LAYOUT_BHSD, 0},
+    {"random:0.05:3&random:0.05:4", 1, 1, 700, 900, STOF_LAYOUT_BSHD, 0},
+    {"dense", 1, 1, 1, 1, STOF_LAYOUT_BHSD, 0},
+    {"none", 1, 1, 1, 1, STOF_LAYOUT_BSHD, 0},
+    {"dense", 3, 1, 1, 777, STOF_LAYOUT_BSHD, 0},
+    {"dense", 1, 1, 200, 1000, STOF_LAYOUT_BSHD, 0},
+    {"longformer:128:200", 1, 2, 500, 1000, STOF_LAYOUT_STRIDED, 8},
+    {"causal_sliding:64", 2, 2, 129, 4097, STOF_LAYOUT_STRIDED, 16},
+    {"sliding:100|strided:37", 1, 1, 300, 1000, STOF_LAYOUT_BHSD, 0},
+    {"#single", 1, 2, 333, 197, STOF_LAYOUT_BHSD, 0},
+    {"#lastcol", 1, 1, 200, 97, STOF_LAYOUT_STRIDED, 8},
+    {"#halfempty", 1, 1, 130, 250, STOF_LAYOUT_BSHD, 0},
+};
+
+#define N_CASES ((int)(sizeof(cases) / sizeof(*cases)))
+
+static stof_mask *make_mask(stof_context *ctx, const wg_case *c)
+{
+    stof_mask *m = NULL;
+    if (c->spec[0] != '#') {
+        stof_status st =
+            stof_mask_from_spec(ctx, c->spec, c->seq_q, c->seq_k, &m);
+        cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
+        return m;
+    }
+    uint8_t *b = calloc((size_t)c->seq_q * (size_t)c->seq_k, 1);
+    cr_assert(b);
+    for (int i = 0; i < c->seq_q; i++) {
+        uint8_t *row = b + (size_t)i * (size_t)c->seq_k;
+        if (strcmp(c->spec, "#single") == 0)
+            row[(7 * i + 3) % c->seq_k] = 1;
+        else if (strcmp(c->spec, "#lastcol") == 0)
+            row[c->seq_k - 1] = 1;
+        else if (strcmp(c->spec, "#halfempty") == 0)
+            memset(row, i % 2 == 0, (size_t)c->seq_k);
+        else
+            cr_assert_fail("unknown generated mask %s", c->spec);
+    }
+    stof_status st = stof_mask_from_dense(ctx, b, c->seq_q, c->seq_k, &m);
+    free(b);
+    cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
+    return m;
+}
+
+static size_t tensor_elems(const int64_t st[3], int b, int h, int s, int d)
+{
+    return (size_t)((b - 1) * st[0] + (h - 1) * st[1] +
+                    (int64_t)(s - 1) * st[2] + d);
+}
+
+static void fill_random(tu_rng *r, uint16_t *raw, float *f, size_t n,
+                        stof_dtype dt, float amp)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)(tu_uniform(r) * 2.0 - 1.0) * amp;
+        raw[i] = dt == STOF_DTYPE_FP16 ? tu_f32_to_f16(x) : tu_f32_to_bf16(x);
+        f[i] = dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(raw[i])
+                                     : tu_bf16_to_f32(raw[i]);
+    }
+}
+
+static void make_desc(const wg_cfg *k, const wg_case *c,
+                      stof_attention_desc *d)
+{
+    cr_assert_eq(stof_attention_desc_init(d, c->batch, c->heads, c->seq_q,
+                                          c->seq_k, k->head_dim, k->dtype,
+                                          c->layout == STOF_LAYOUT_STRIDED
+                                              ? STOF_LAYOUT_BSHD
+                                              : c->layout),
+                 STOF_OK);
+    if (c->layout == STOF_LAYOUT_STRIDED) {
+        /* BSHD with padded rows, a different pad for k/v. */
+        int64_t row = (int64_t)c->heads * (k->head_dim + c->pad);
+        d->layout = STOF_LAYOUT_STRIDED;
+        d->q_stride[2] = d->o_stride[2] = row;
+        d->q_stride[1] = d->o_stride[1] = k->head_dim + c->pad;
+        d->q_stride[0] = d->o_stride[0] = row * c->seq_q;
+        int64_t krow = (int64_t)c->heads * (k->head_dim + 2 * c->pad);
+        d->k_stride[2] = d->v_stride[2] = krow;
+        d->k_stride[1] = d->v_stride[1] = k->head_dim + 2 * c->pad;
+        d->k_stride[0] = d->v_stride[0] = krow * c->seq_k;
+    }
+}
+
+static const char *dt_name(stof_dtype dt)
+{
+    return dt == STOF_DTYPE_FP16 ? "fp16" : "bf16";
+}
+
+/* Run one case on a loaded kernel; fails the test on any mismatch. */
+static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
+                     const wg_case *c, int with_order, tu_rng *rng)
+{
+    const stof_api *api = stof__api();
+    char tag[256];
+    snprintf(tag, sizeof(tag),
+             "[d=%d %s bn=%d s=%d ov=%d%s] %s %dx%dx%dx%d layout=%d",
+             k->head_dim, dt_name(k->dtype), k->c.block_n, k->c.stages,
+             k->c.overlap, with_order ? " ordered" : "", c->spec, c->batch,
+             c->heads, c->seq_q, c->seq_k, (int)c->layout);
+
+    stof_mask *m = make_mask(ctx, c);
+    stof_format *f = NULL;
+    stof_status st = stof_format_build(ctx, m, STOF_WGMMA_BLOCK_M,
+                                       k->c.block_n, &f);
+    cr_assert_eq(st, STOF_OK, "%s: format: %s", tag, stof_errmsg(ctx));
+    stof_block_format bf;
+    st = stof__block_format_upload(ctx, f, &bf);
+    cr_assert_eq(st, STOF_OK, "%s: upload: %s", tag, stof_errmsg(ctx));
+
+    stof_attention_desc d;
+    make_desc(k, c, &d);
+    size_t nq = tensor_elems(d.q_stride, c->batch, c->heads, c->seq_q,
+                             k->head_dim);
+    size_t nk = tensor_elems(d.k_stride, c->batch, c->heads, c->seq_k,
+                             k->head_dim);
+    uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2),
+             *ho = malloc(nq * 2);
+    float *fq = calloc(nq, 4), *fk = calloc(nk, 4), *fv = calloc(nk, 4),
+          *fo = calloc(nq, 4);
+    cr_assert(hq && hk && hv && ho && fq && fk && fv && fo);
+    fill_random(rng, hq, fq, nq, k->dtype, 2.0f);
+    fill_random(rng, hk, fk, nk, k->dtype, 2.0f);
+    fill_random(rng, hv, fv, nk, k->dtype, 1.0f);
+    int32_t *order = NULL;
+    if (with_order) {
+        order = malloc((size_t)f->n_row_blocks * sizeof(*order));
+        cr_assert(order);
+        stof__wgmma_row_order(f, order);
+    }
+
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    CUdeviceptr dq, dk, dv, dout, dord = 0;
+    cr_assert_eq(api->cuMemAlloc(&dq, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dk, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dv, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dout, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dq, hq, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dk, hk, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dv, hv, nk * 2), CUDA_SUCCESS);
+    if (order) {
+        size_t ob = (size_t)f->n_row_blocks * sizeof(*order);
+        cr_assert_eq(api->cuMemAlloc(&dord, ob), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyHtoD(dord, order, ob), CUDA_SUCCESS);
+    }
+    /* Poison: 0xffff is a NaN in fp16 and bf16. */
+    cr_assert_eq(api->cuMemsetD8(dout, 0xff, nq * 2), CUDA_SUCCESS);
+    st = stof__wgmma_launch(fn, &k->c, k->head_dim, &d, 0.0f, &bf, dord, dq,
+                            dk, dv, dout, NULL, api);
+    cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag, stof_status_str(st));
+    CUresult r = api->cuCtxSynchronize();
+    const char *en = NULL;
+    if (r != CUDA_SUCCESS)
+        api->cuGetErrorName(r, &en);
+    cr_assert_eq(r, CUDA_SUCCESS, "%s: kernel failed: %s", tag,
+                 en ? en : "?");
+    cr_assert_eq(api->cuMemcpyDtoH(ho, dout, nq * 2), CUDA_SUCCESS);
+    api->cuMemFree(dq);
+    api->cuMemFree(dk);
+    api->cuMemFree(dv);
+    api->cuMemFree(dout);
+    if (dord)
+        api->cuMemFree(dord);
+    stof__ctx_pop(ctx);
+    stof__block_format_free(ctx, &bf);
+    free(order);
+
+    cr_assert_eq(stof__ref_attention(&d, m, fq, fk, fv, fo), STOF_OK);
+
+    /* Which elements of o belong to the tensor (the rest is padding). */
+    uint8_t *is_out = calloc(nq, 1);
+    cr_assert(is_out);
+    size_t n = (size_t)c->batch * c->heads * c->seq_q * k->head_dim;
+    double *got = malloc(n * sizeof(double)),
+           *want = malloc(n * sizeof(double));
+    cr_assert(got && want);
+    uint8_t *row_empty = malloc((size_t)c->seq_q);
+    cr_assert(row_empty);
+    int n_empty_rows = 0;
+    for (int i = 0; i < c->seq_q; i++) {
+        int e = 1;
+        for (int j = 0; j < c->seq_k && e; j++)
+            e = !stof_mask_get(m, i, j);
+        row_empty[i] = (uint8_t)e;
+        n_empty_rows += e;
+    }
+    size_t t = 0, nan_count = 0, empty_nonzero = 0;
+    for (int b = 0; b < c->batch; b++)
+        for (int h = 0; h < c->heads; h++)
+            for (int i = 0; i < c->seq_q; i++)
+                for (int e = 0; e < k->head_dim; e++) {
+                    size_t off = (size_t)(b * d.o_stride[0] +
+                                          h * d.o_stride[1] +
+                                          (int64_t)i * d.o_stride[2] + e);
+                    is_out[off] = 1;
+                    got[t] = k->dtype == STOF_DTYPE_FP16
+                                 ? tu_f16_to_f32(ho[off])
+                                 : tu_bf16_to_f32(ho[off]);
+                    want[t] = fo[off];
+                    if (isnan(got[t])) {
+                        if (nan_count < 3)
+                            cr_log_error("%s: NaN at b=%d h=%d row=%d "
+                                         "col=%d",
+                                         tag, b, h, i, e);
+                        nan_count++;
+                    }
+                    if (row_empty[i] && got[t] != 0.0)
+                        empty_nonzero++;
+                    t++;
+                }
+    size_t pad_written = 0;
+    for (size_t i = 0; i < nq; i++)
+        if (!is_out[i] && ho[i] != 0xffffu)
+            pad_written++;
+    double err = tu_rel_err(got, want, n);
+    cr_log_info("%s: %lld tiles (%lld partial), %d empty rows: rel err %.2e",
+                tag, (long long)f->row_ptr[f->n_row_blocks],
+                (long long)f->n_partial, n_empty_rows, err);
+    cr_expect_eq(nan_count, 0, "%s: %zu outputs not written (NaN)", tag,
+                 nan_count);
+    cr_expect_eq(empty_nonzero, 0,
+                 "%s: %zu outputs of rows with no allowed key are not 0", tag,
+                 empty_nonzero);
+    cr_expect_eq(pad_written, 0, "%s: %zu padding elements written", tag,
+                 pad_written);
+    cr_expect(err < 1e-2, "%s: relative error %.3e >= 1e-2", tag, err);
+
+    free(row_empty);
+    free(is_out);
+    free(got);
+    free(want);
+    free(hq), free(hk), free(hv), free(ho);
+    free(fq), free(fk), free(fv), free(fo);
+    stof_format_free(&f);
+    stof_mask_free(&m);
+}
+
+/* Compile and load configuration `idx`, run every case. */
+static void run_config(int idx)
+{
+    const wg_cfg *k = &configs[idx];
+    char why[256];
+    cr_assert(stof__wgmma_cfg_valid(NULL, k->head_dim, &k->c, why,
+                                    sizeof(why)),
+              "config %d is not valid: %s", idx, why);
+    stof_context *ctx = open_or_skip();
+    stof_device *dev = &ctx->device;
+    if (!stof__wgmma_device_ok(dev)) {
+        char name[320];
+        snprintf(name, sizeof(name), "%.255s (cc %d.%d)", dev->name,
+                 dev->cc_major, dev->cc_minor);
+        stof_close(&ctx);
+        cr_skip_test("the wgmma kernel needs compute capability 9.0; %s",
+                     name);
+    }
+    if (!stof__wgmma_cfg_valid(dev, k->head_dim, &k->c, why, sizeof(why))) {
+        cr_log_warn("config %d does not fit this device, skipped: %s", idx,
+                    why);
+        stof_close(&ctx);
+        return;
+    }
+    CUmodule mod = NULL;
+    CUfunction fn = NULL;
+    stof_status st =
+        stof__wgmma_load(ctx, k->head_dim, k->dtype, &k->c, &mod, &fn);
+    cr_assert_eq(st, STOF_OK, "config %d: load: %s", idx, stof_errmsg(ctx));
+    cr_log_info("config %d: d=%d %s bn=%d stages=%d overlap=%d, %zu B "
+                "shared memory",
+                idx, k->head_dim, dt_name(k->dtype), k->c.block_n,
+                k->c.stages, k->c.overlap,
+                stof__wgmma_smem_bytes(k->head_dim, &k->c));
+    tu_rng rng = {tu_seed() ^ (0x9e3779b97f4a7c15ull * (uint64_t)(idx + 1))};
+    const char *quick = getenv("STOF_TEST_QUICK");
+    const int is_quick = quick && quick[0] && strcmp(quick, "0") != 0;
+    for (int i = 0; i < N_CASES; i++)
+        if (!is_quick || (int64_t)cases[i].seq_q * cases[i].seq_k <= 300000)
+            run_case(ctx, k, fn, &cases[i], i % 2, &rng);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    ctx->api->cuModuleUnload(mod);
+    stof__ctx_pop(ctx);
+    stof_close(&ctx);
+}
+
+#define WGMMA_CONFIG_TEST(i)                                                   \
+    Test(gpu, wgmma_config_##i) { run_config(i); }
+
+WGMMA_CONFIG_TEST(0)
+WGMMA_CONFIG_TEST(1)
+WGMMA_CONFIG_TEST(2)
+WGMMA_CONFIG_TEST(3)
+WGMMA_CONFIG_TEST(4)
+WGMMA_CONFIG_TEST(5)
+WGMMA_CONFIG_TEST(6)
+WGMMA_CONFIG_TEST(7)
+
+_Static_assert(sizeof(configs) / sizeof(*configs) == 8,
+               "one WGMMA_CONFIG_TEST per configuration");
+
+/* The host-side rules, the row order, and the launch's argument checks (no
+ * kernel runs). */
+Test(gpu, wgmma_cfg_rules_and_launch_checks)
+{
+    char why[256];
+    const stof_wgmma_cfg ok = {128, 2, 1};
+    cr_expect(stof__wgmma_cfg_valid(NULL, 64, &ok, why, sizeof(why)), "%s",
+              why);
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 96, &ok, why, sizeof(why)));
+    cr_expect(strstr(why, "head_dim"), "%s", why);
+    const stof_wgmma_cfg bn32 = {32, 2, 1};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &bn32, why, sizeof(why)));
+    cr_expect(strstr(why, "block_n"), "%s", why);
+    const stof_wgmma_cfg st1 = {128, 1, 1};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &st1, why, sizeof(why)));
+    cr_expect(strstr(why, "stages"), "%s", why);
+    const stof_wgmma_cfg big = {128, 3, 1}; /* d=128: 3 x 64 KiB of K/V */
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 128, &big, why, sizeof(why)));
+    cr_expect(strstr(why, "shared memory"), "%s", why);
+    /* Q 16 KiB + K,V 2 x 2 x 16 KiB + bitmaps 2 x 2 KiB + 9 barriers +
+     * meta 16 + 1024 of alignment slack. */
+    cr_expect_eq(stof__wgmma_smem_bytes(64, &ok),
+                 16384u + 65536u + 4096u + 72u + 16u + 1024u);
+
+    /* Heavy-first order of a causal mask: the last row block first. */
+    stof_context *ctx = open_or_skip();
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 1000, 1000, &m), STOF_OK);
+    stof_format *f = NULL;
+    cr_assert_eq(stof_format_build(ctx, m, 128, 128, &f), STOF_OK);
+    int32_t order[8];
+    cr_assert_eq(f->n_row_blocks, 8);
+    stof__wgmma_row_order(f, order);
+    int seen = 0;
+    for (int i = 0; i < 8; i++) {
+        cr_expect_eq(order[i], 7 - i, "order[%d] = %d", i, order[i]);
+        seen |= 1 << order[i];
+    }
+    cr_expect_eq(seen, 0xff);
+
+    /* Mismatched format / descriptor: refused before any launch. */
+    stof_block_format bf;
+    cr_assert_eq(stof__block_format_upload(ctx, f, &bf), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 1, 1000, 1000, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    const CUfunction fake = (CUfunction)(uintptr_t)1;
+    const stof_api *api = stof__api();
+    /* ok has block_n 128 = the format's: only the other checks fail. */
+    const stof_wgmma_cfg bn64 = {64, 2, 1};
+    cr_expect_eq(stof__wgmma_launch(fake, &bn64, 64, &d, 0.0f, &bf, 0, 256,
+                                    256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__wgmma_launch(fake, &ok, 128, &d, 0.0f, &bf, 0, 256,
+                                    256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT); /* head_dim mismatch */
+    cr_expect_eq(stof__wgmma_launch(fake, &ok, 64, &d, 0.0f, &bf, 0, 264,
+                                    256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT); /* q not 16-byte aligned */
+    cr_expect_eq(stof__wgmma_launch(fake, &ok, 64, &d, -1.0f, &bf, 0, 256,
+                                    256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT); /* negative scale */
+    stof_attention_desc odd = d;
+    odd.layout = STOF_LAYOUT_STRIDED;
+    odd.k_stride[2] = 68; /* not a multiple of 8 elements */
+    cr_expect_eq(stof__wgmma_launch(fake, &ok, 64, &odd, 0.0f, &bf, 0, 256,
+                                    256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    stof__block_format_free(ctx, &bf);
+    stof_format_free(&f);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* Criterion's main, after a probe that reports the suite skipped (exit 77)
+ * when no GPU is usable. */
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu wgmma", argc, argv);
+}
