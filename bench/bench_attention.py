@@ -77,7 +77,7 @@ def rel_err(x, ref):
 def cfg_str(p):
     if not p or "BLOCK_M" not in p:
         return "-"
-    return f"{p['BLOCK_M']}/{p['BLOCK_N']}/{p['WARPS']}/{p['STAGES']}"
+    return f"{p['BLOCK_M']}/{p['BLOCK_N']}/{p.get('WARPS', 'wg')}/{p['STAGES']}"
 
 
 def bench(fn):

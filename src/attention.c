@@ -30,7 +30,10 @@ struct stof_plan {
     stof_context *ctx;
     int kind;                 /* STOF_KERNEL_* */
     stof_block_cfg cfg;       /* block / row-wise kernels */
-    stof_block_format bf;     /* block kernel: the device tile BSR */
+    stof_wgmma_cfg wcfg;      /* wgmma kernel */
+    stof_block_format bf;     /* block / wgmma kernels: the device tile BSR */
+    stof_rowwise_format rf;   /* row-wise kernel: compacted key tiles */
+    CUdeviceptr d_row_order;  /* wgmma kernel: row blocks, heaviest first */
     double predicted_ms;      /* cost model; 0 for the reference kernel */
     int n_candidates;         /* candidates the model ranked */
     stof_attention_desc desc;
@@ -217,9 +220,13 @@ static void plan_release(stof_plan *p)
         return;
     const stof_api *api = p->ctx->api;
     stof__block_format_free(p->ctx, &p->bf);
-    if ((p->d_mask || p->module) && stof__ctx_push(p->ctx) == STOF_OK) {
+    stof__rowwise_format_free(p->ctx, &p->rf);
+    if ((p->d_mask || p->module || p->d_row_order) &&
+        stof__ctx_push(p->ctx) == STOF_OK) {
         if (p->d_mask)
             api->cuMemFree(p->d_mask);
+        if (p->d_row_order)
+            api->cuMemFree(p->d_row_order);
         if (p->module)
             api->cuModuleUnload(p->module);
         stof__ctx_pop(p->ctx);
@@ -262,7 +269,22 @@ static stof_status plan_load_reference(stof_context *ctx, stof_plan *p)
     return STOF_OK;
 }
 
-/* Build the block kernel's format for cfg, upload it and load the kernel. */
+static const char *kind_name(int kind)
+{
+    switch (kind) {
+    case STOF_KERNEL_BLOCK:
+        return "block";
+    case STOF_KERNEL_ROWWISE:
+        return "rowwise";
+    case STOF_KERNEL_WGMMA:
+        return "wgmma";
+    default:
+        return "reference";
+    }
+}
+
+/* Build the block or row-wise kernel's format for cfg, upload it and load
+ * the kernel. */
 static stof_status plan_load_block(stof_context *ctx, stof_plan *p,
                                    const stof_mask *m)
 {
@@ -270,7 +292,9 @@ static stof_status plan_load_block(stof_context *ctx, stof_plan *p,
     stof_status st = stof_format_build(ctx, m, p->cfg.block_m, p->cfg.block_n, &f);
     if (st != STOF_OK)
         return st;
-    st = stof__block_format_upload(ctx, f, &p->bf);
+    p->cfg.gather = p->kind == STOF_KERNEL_ROWWISE;
+    st = p->cfg.gather ? stof__rowwise_format_upload(ctx, f, &p->rf)
+                       : stof__block_format_upload(ctx, f, &p->bf);
     stof_format_free(&f);
     if (st != STOF_OK)
         return st;
@@ -279,6 +303,47 @@ static stof_status plan_load_block(stof_context *ctx, stof_plan *p,
                           &p->module, &p->fn);
     p->compile_ms = now_ms() - t0;
     snprintf(p->arch, sizeof(p->arch), "%s", ctx->device.arch);
+    return st;
+}
+
+/* The wgmma kernel: the 128 x block_n format, its heavy-first row order,
+ * and the sm_90a module. */
+static stof_status plan_load_wgmma(stof_context *ctx, stof_plan *p,
+                                   const stof_mask *m)
+{
+    stof_format *f = NULL;
+    stof_status st =
+        stof_format_build(ctx, m, STOF_WGMMA_BLOCK_M, p->wcfg.block_n, &f);
+    if (st != STOF_OK)
+        return st;
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)f->n_row_blocks);
+    if (!order) {
+        stof_format_free(&f);
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory ordering row blocks");
+    }
+    stof__wgmma_row_order(f, order);
+    st = stof__block_format_upload(ctx, f, &p->bf);
+    const size_t order_bytes = sizeof(int32_t) * (size_t)f->n_row_blocks;
+    stof_format_free(&f);
+    if (st == STOF_OK && (st = (stof_status)stof__ctx_push(ctx)) == STOF_OK) {
+        const stof_api *api = ctx->api;
+        CUresult r = api->cuMemAlloc(&p->d_row_order, order_bytes);
+        if (r == CUDA_SUCCESS)
+            r = api->cuMemcpyHtoD(p->d_row_order, order, order_bytes);
+        if (r != CUDA_SUCCESS)
+            st = (stof_status)stof__cuda_fail(ctx, r, "uploading the row order",
+                                              __FILE__, __LINE__);
+        stof__ctx_pop(ctx);
+    }
+    free(order);
+    if (st != STOF_OK)
+        return st;
+    double t0 = now_ms();
+    st = stof__wgmma_load(ctx, p->desc.head_dim, p->desc.dtype, &p->wcfg,
+                          &p->module, &p->fn);
+    p->compile_ms = now_ms() - t0;
+    snprintf(p->arch, sizeof(p->arch), "sm_90a");
     return st;
 }
 
@@ -332,8 +397,9 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     }
     p->kind = pick.kind;
     p->cfg = pick.cfg;
+    p->wcfg = pick.wcfg;
     p->predicted_ms = pick.predicted_ms;
-    if (p->kind != STOF_KERNEL_REFERENCE && p->kind != STOF_KERNEL_BLOCK) {
+    if (p->kind < STOF_KERNEL_REFERENCE || p->kind > STOF_KERNEL_WGMMA) {
         free(p);
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "kernel kind %d is not available", pick.kind);
@@ -344,9 +410,10 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
         return st;
     }
     const stof_api *api = ctx->api;
-    if (p->kind == STOF_KERNEL_BLOCK) {
+    if (p->kind != STOF_KERNEL_REFERENCE) {
         stof__ctx_pop(ctx);
-        st = plan_load_block(ctx, p, m);
+        st = p->kind == STOF_KERNEL_WGMMA ? plan_load_wgmma(ctx, p, m)
+                                          : plan_load_block(ctx, p, m);
         if (st != STOF_OK) {
             plan_release(p);
             return st;
@@ -363,7 +430,7 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     stof__log(ctx, STOF_LOG_INFO,
               "planned attention %dx%dx%dx%d d=%d: %s kernel, compile %.1f ms",
               d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
-              p->kind == STOF_KERNEL_BLOCK ? "block-wise" : "reference",
+              kind_name(p->kind),
               p->compile_ms);
     *out = p;
     return stof__ok(ctx);
@@ -410,7 +477,21 @@ stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
         return plan_fail(p, STOF_ERR_CUDA, "stof_attention_run: %s",
                          "cannot make the device's primary context current");
     stof_status st = STOF_OK;
-    if (p->kind == STOF_KERNEL_BLOCK) {
+    if (p->kind == STOF_KERNEL_WGMMA) {
+        st = stof__wgmma_launch(p->fn, &p->wcfg, p->desc.head_dim, &p->desc,
+                                p->scale, &p->bf, p->d_row_order,
+                                (CUdeviceptr)(uintptr_t)q,
+                                (CUdeviceptr)(uintptr_t)k,
+                                (CUdeviceptr)(uintptr_t)v,
+                                (CUdeviceptr)(uintptr_t)o, (CUstream)stream, api);
+    } else if (p->kind == STOF_KERNEL_ROWWISE) {
+        st = stof__rowwise_launch(p->fn, &p->cfg, p->desc.head_dim, &p->desc,
+                                  p->scale, &p->rf, (CUdeviceptr)(uintptr_t)q,
+                                  (CUdeviceptr)(uintptr_t)k,
+                                  (CUdeviceptr)(uintptr_t)v,
+                                  (CUdeviceptr)(uintptr_t)o, (CUstream)stream,
+                                  api);
+    } else if (p->kind == STOF_KERNEL_BLOCK) {
         st = stof__block_launch(p->fn, &p->cfg, p->desc.head_dim, &p->desc,
                                 p->scale, &p->bf, (CUdeviceptr)(uintptr_t)q,
                                 (CUdeviceptr)(uintptr_t)k,
@@ -460,18 +541,6 @@ const char *stof_plan_errmsg(const stof_plan *p)
     return p ? p->errmsg : "plan is NULL";
 }
 
-static const char *kind_name(int kind)
-{
-    switch (kind) {
-    case STOF_KERNEL_BLOCK:
-        return "block";
-    case STOF_KERNEL_ROWWISE:
-        return "rowwise";
-    default:
-        return "reference";
-    }
-}
-
 stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
                                size_t *needed)
 {
@@ -488,13 +557,21 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
                          "\"template\":\"attn_reference.cu\",\"params\":{"
                          "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"WARPS\":%d},",
                          d->head_dim, dt, REF_WARPS);
+    else if (p->kind == STOF_KERNEL_WGMMA)
+        stof__str_printf(&s,
+                         "\"template\":\"attn_wgmma.cu\",\"params\":{"
+                         "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"BLOCK_M\":%d,"
+                         "\"BLOCK_N\":%d,\"STAGES\":%d,\"OVERLAP\":%d},",
+                         d->head_dim, dt, STOF_WGMMA_BLOCK_M, p->wcfg.block_n,
+                         p->wcfg.stages, p->wcfg.overlap);
     else
         stof__str_printf(&s,
                          "\"template\":\"attn_block.cu\",\"params\":{"
                          "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"BLOCK_M\":%d,"
-                         "\"BLOCK_N\":%d,\"WARPS\":%d,\"STAGES\":%d},",
+                         "\"BLOCK_N\":%d,\"WARPS\":%d,\"STAGES\":%d,"
+                         "\"GATHER\":%d},",
                          d->head_dim, dt, p->cfg.block_m, p->cfg.block_n,
-                         p->cfg.warps, p->cfg.stages);
+                         p->cfg.warps, p->cfg.stages, p->cfg.gather);
     stof__str_printf(
         &s,
         "\"source\":\"%s\",\"arch\":\"%s\","

@@ -112,3 +112,37 @@ Test(cost, imbalance_is_modelled)
     stof_mask_free(&skew);
     stof_close(&ctx);
 }
+
+Test(cost, wgmma_is_ranked_on_hopper_only)
+{
+    stof_context *ctx = open_fake_h100();
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "dense", 4096, 4096, &m), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 32, 4096, 4096, 128, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    stof_candidate c[256];
+    int k = 0;
+    ctx->device.ok = 1; /* the model reads the fields only */
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 256, &k), STOF_OK);
+    int n_wg = 0;
+    for (int i = 0; i < k; i++)
+        n_wg += c[i].kind == STOF_KERNEL_WGMMA;
+    cr_assert_gt(n_wg, 0);
+    cr_assert_eq(c[0].kind, STOF_KERNEL_WGMMA, "dense d=128 on Hopper: wgmma");
+    /* A negative scale is not supported by the wgmma kernel. */
+    d.scale = -0.1f;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 256, &k), STOF_OK);
+    for (int i = 0; i < k; i++)
+        cr_assert_neq(c[i].kind, STOF_KERNEL_WGMMA);
+    d.scale = 0.0f;
+    /* An A100 gets no wgmma candidate. */
+    ctx->device.cc_major = 8;
+    ctx->device.max_smem_optin = 166912;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 256, &k), STOF_OK);
+    for (int i = 0; i < k; i++)
+        cr_assert_neq(c[i].kind, STOF_KERNEL_WGMMA);
+    ctx->device.ok = 0;
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}

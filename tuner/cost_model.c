@@ -10,7 +10,7 @@
 
 /* 1 once the row-wise (gather) kernel exists. */
 #ifndef STOF__ROWWISE_AVAILABLE
-#define STOF__ROWWISE_AVAILABLE 0
+#define STOF__ROWWISE_AVAILABLE 1
 #endif
 
 /* Tensor-core rate of one SM for mma.sync m16n8k16 with fp32 accumulation,
@@ -31,13 +31,16 @@ static double sm_rate_flop_per_us(const stof_device *dev)
 static double cfg_efficiency(int head_dim, const stof_block_cfg *c)
 {
     const int rows_per_warp = c->block_m / c->warps;
-    double e = 0.62;
+    /* Calibrated on an H200 (stof-bench-kernels, 2026-11-21): 128x64 w4 s2
+     * reaches 283 TFLOP/s at head_dim 64 and 128x32 w4 s2 306 at 128, i.e.
+     * 0.43 and 0.46 of 660. */
+    double e = 0.45;
     if (head_dim <= 32)
-        e = 0.40;
+        e = 0.30;
     else if (head_dim == 64)
-        e = 0.56;
+        e = 0.39;
     else if (head_dim >= 256)
-        e = 0.60;
+        e = 0.42;
     if (rows_per_warp >= 32)
         e *= 1.10;
     if (c->block_n == 32)
@@ -74,7 +77,7 @@ static int ctas_per_sm(const stof_device *dev, int head_dim,
 /* Extra cost of a masked tile relative to a full one (bitmap load and
  * apply), and of gathering K/V rows by index. */
 #define MU_PARTIAL 0.18
-#define GAMMA_GATHER 1.08
+#define GAMMA_GATHER 1.03
 /* Per-CTA fixed cost in tile units: loading Q, the epilogue, the start. */
 #define TAU0_TILES 1.5
 #define LAUNCH_US 4.0
@@ -101,26 +104,29 @@ static void heap_down(slot_heap *h, int i)
     }
 }
 
-double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
-                          const stof_format *f, int kind,
-                          const stof_block_cfg *cfg, stof_candidate *out)
+/* Tile work of each row block (w_i of the model). */
+static double *row_work(const stof_format *f, int kind, int block_n,
+                        double mu, double *total)
 {
-    const int D = d->head_dim;
-    const double rate = sm_rate_flop_per_us(dev) * cfg_efficiency(D, cfg);
-    const double tau = 4.0 * cfg->block_m * cfg->block_n * D / rate; /* us */
-    const int o = ctas_per_sm(dev, D, cfg);
     const int nrb = f->n_row_blocks;
+    /* Row-wise: the share of compacted tiles that need their bitmap. */
+    double pfrac = 1.0;
+    if (kind == STOF_KERNEL_ROWWISE) {
+        int64_t tiles = 0, partial = 0;
+        if (stof__rowwise_stats(f, NULL, &tiles, &partial, NULL) == STOF_OK &&
+            tiles > 0)
+            pfrac = (double)partial / (double)tiles;
+    }
     double *w = malloc(sizeof(double) * (size_t)(nrb > 0 ? nrb : 1));
     if (!w)
-        return INFINITY;
-    double total = 0.0;
+        return NULL;
+    *total = 0.0;
     for (int i = 0; i < nrb; i++) {
         double wi;
         if (kind == STOF_KERNEL_ROWWISE) {
             int64_t keys = f->rw_ptr[i + 1] - f->rw_ptr[i];
-            double tiles = (double)((keys + cfg->block_n - 1) / cfg->block_n);
-            double fill = f->rowwise_fill;
-            wi = GAMMA_GATHER * tiles * (1.0 + MU_PARTIAL * (1.0 - fill));
+            double tiles = (double)((keys + block_n - 1) / block_n);
+            wi = GAMMA_GATHER * tiles * (1.0 + mu * pfrac);
         } else {
             int64_t full = 0, part = 0;
             for (int64_t e = f->row_ptr[i]; e < f->row_ptr[i + 1]; e++) {
@@ -129,21 +135,33 @@ double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
                 else
                     part++;
             }
-            wi = (double)full + (1.0 + MU_PARTIAL) * (double)part;
+            wi = (double)full + (1.0 + mu) * (double)part;
         }
         w[i] = wi;
-        total += wi;
+        *total += wi;
     }
-    /* Greedy list scheduling in launch order (blockIdx.x = row block
-     * fastest, then batch*head) over SMs * o slots. */
-    const int slots = dev->sm_count * o > 0 ? dev->sm_count * o : 1;
+    return w;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* Makespan in us of batch*heads copies of the row blocks' CTAs (work w[i]
+ * tiles of tau us each, plus TAU0_TILES) on `slots` slots of which o share
+ * an SM, in launch order (row block fastest), greedy list scheduling. With
+ * heavy_first the row blocks are launched heaviest first. */
+static double makespan_us(double *w, int nrb, int64_t bh, int slots, int o,
+                          double tau, int heavy_first)
+{
+    if (heavy_first)
+        qsort(w, (size_t)nrb, sizeof(double), cmp_desc);
     slot_heap h = {calloc((size_t)slots, sizeof(double)), slots};
-    double makespan = 0.0;
-    if (!h.t) {
-        free(w);
+    if (!h.t)
         return INFINITY;
-    }
-    const int64_t bh = (int64_t)d->batch * d->heads;
+    double makespan = 0.0;
     for (int64_t b = 0; b < bh; b++) {
         for (int i = 0; i < nrb; i++) {
             double t = h.t[0] + o * (w[i] + TAU0_TILES) * tau;
@@ -154,8 +172,26 @@ double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
         }
     }
     free(h.t);
+    return makespan;
+}
+
+double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
+                          const stof_format *f, int kind,
+                          const stof_block_cfg *cfg, stof_candidate *out)
+{
+    const int D = d->head_dim;
+    const double rate = sm_rate_flop_per_us(dev) * cfg_efficiency(D, cfg);
+    const double tau = 4.0 * cfg->block_m * cfg->block_n * D / rate; /* us */
+    const int o = ctas_per_sm(dev, D, cfg);
+    double total = 0.0;
+    double *w = row_work(f, kind, cfg->block_n, MU_PARTIAL, &total);
+    if (!w)
+        return INFINITY;
+    const int slots = dev->sm_count * o > 0 ? dev->sm_count * o : 1;
+    double ms = (makespan_us(w, f->n_row_blocks, (int64_t)d->batch * d->heads,
+                             slots, o, tau, 0) +
+                 LAUNCH_US) * 1e-3;
     free(w);
-    double ms = (makespan + LAUNCH_US) * 1e-3;
     if (out) {
         memset(out, 0, sizeof(*out));
         out->kind = kind;
@@ -167,10 +203,76 @@ double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
     return ms;
 }
 
+/* wgmma: about 990 TFLOP/s dense fp16 on an H100/H200 (7.5 TFLOP/s per
+ * SM); the fraction reached on dense work, measured on an H200 with
+ * stof-bench-wgmma: 688 TFLOP/s at head_dim 128, 446 at 64 (block_n 128;
+ * block_n 64 a little lower). Masked tiles cost relatively more than with
+ * mma.sync, since the GEMMs are faster while the mask work is the same. */
+#define WGMMA_SM_RATE 7.5e6
+#define MU_PARTIAL_WGMMA 0.35
+
+static double wgmma_efficiency(int head_dim, const stof_wgmma_cfg *c)
+{
+    double e = head_dim >= 128 ? 0.70 : 0.46;
+    if (c->block_n == 64)
+        e *= 0.90;
+    if (!c->overlap)
+        e *= 0.89;
+    return e;
+}
+
+double stof__cost_predict_wgmma(const stof_device *dev,
+                                const stof_attention_desc *d,
+                                const stof_format *f, const stof_wgmma_cfg *wc,
+                                stof_candidate *out)
+{
+    const int D = d->head_dim;
+    const double rate = WGMMA_SM_RATE * wgmma_efficiency(D, wc);
+    const double tau = 4.0 * STOF_WGMMA_BLOCK_M * wc->block_n * D / rate;
+    double total = 0.0;
+    double *w = row_work(f, STOF_KERNEL_BLOCK, wc->block_n, MU_PARTIAL_WGMMA,
+                         &total);
+    if (!w)
+        return INFINITY;
+    const int slots = dev->sm_count > 0 ? dev->sm_count : 1;
+    double ms = (makespan_us(w, f->n_row_blocks, (int64_t)d->batch * d->heads,
+                             slots, 1, tau, 1) +
+                 LAUNCH_US) * 1e-3;
+    free(w);
+    if (out) {
+        memset(out, 0, sizeof(*out));
+        out->kind = STOF_KERNEL_WGMMA;
+        out->cfg.block_m = STOF_WGMMA_BLOCK_M;
+        out->cfg.block_n = wc->block_n;
+        out->cfg.warps = 12;
+        out->cfg.stages = wc->stages;
+        out->wcfg = *wc;
+        out->predicted_ms = ms;
+        out->work_tiles = total;
+        out->ctas_per_sm = 1;
+    }
+    return ms;
+}
+
 static int cmp_cand(const void *a, const void *b)
 {
     const stof_candidate *x = a, *y = b;
     return (x->predicted_ms > y->predicted_ms) - (x->predicted_ms < y->predicted_ms);
+}
+
+/* The next free element of a growing candidate array, or NULL when out of
+ * memory. */
+static stof_candidate *next_slot(stof_candidate **all, int *count, int *cap)
+{
+    if (*count == *cap) {
+        int nc = *cap ? 2 * *cap : 64;
+        stof_candidate *p = realloc(*all, sizeof(**all) * (size_t)nc);
+        if (!p)
+            return NULL;
+        *all = p;
+        *cap = nc;
+    }
+    return &(*all)[(*count)++];
 }
 
 stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
@@ -183,10 +285,20 @@ stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
     stof_candidate *all = NULL;
     int count = 0, cap = 0;
     stof_status st = STOF_OK;
+    /* The gather kernel keeps K/V row offsets in 16-byte units in 32 bits. */
+    const int rowwise_ok =
+        STOF__ROWWISE_AVAILABLE &&
+        (double)(d->seq_k - 1) * (double)(d->k_stride[2] > d->v_stride[2]
+                                              ? d->k_stride[2]
+                                              : d->v_stride[2]) /
+                8.0 <
+            4294967296.0;
     for (int a = 0; a < 2; a++) {
         for (int b = 0; b < 3; b++) {
             stof_format *f = NULL;
-            int have_valid = 0;
+            int have_valid = bms[a] == STOF_WGMMA_BLOCK_M &&
+                             stof__wgmma_device_ok(&ctx->device) &&
+                             bns[b] >= 64;
             for (int x = 0; x < 2 && !have_valid; x++)
                 for (int y = 0; y < 3 && !have_valid; y++) {
                     stof_block_cfg c = {.block_m = bms[a], .block_n = bns[b], .warps = ws[x], .stages = ss[y]};
@@ -205,24 +317,35 @@ stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
                                                NULL, 0))
                         continue;
                     for (int kind = STOF_KERNEL_BLOCK;
-                         kind <= STOF_KERNEL_BLOCK + STOF__ROWWISE_AVAILABLE;
-                         kind++) {
-                        if (count == cap) {
-                            cap = cap ? 2 * cap : 64;
-                            stof_candidate *p = realloc(all, sizeof(*all) * cap);
-                            if (!p) {
-                                stof_format_free(&f);
-                                st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                                                "out of memory ranking kernels");
-                                goto done;
-                            }
-                            all = p;
-                        }
-                        stof__cost_predict(&ctx->device, d, f, kind, &c,
-                                           &all[count++]);
+                         kind <= STOF_KERNEL_BLOCK + rowwise_ok; kind++) {
+                        stof_candidate *slot = next_slot(&all, &count, &cap);
+                        if (!slot)
+                            goto oom;
+                        stof__cost_predict(&ctx->device, d, f, kind, &c, slot);
                     }
                 }
+            /* The wgmma kernel on the same 128-row format. */
+            for (int y = 0; bms[a] == STOF_WGMMA_BLOCK_M && y < 3 &&
+                            stof__wgmma_device_ok(&ctx->device) &&
+                            !(d->scale < 0.0f);
+                 y++) {
+                stof_wgmma_cfg wc = {.block_n = bns[b], .stages = 2 + y,
+                                     .overlap = 1};
+                if (!stof__wgmma_cfg_valid(&ctx->device, d->head_dim, &wc,
+                                           NULL, 0))
+                    continue;
+                stof_candidate *slot = next_slot(&all, &count, &cap);
+                if (!slot)
+                    goto oom;
+                stof__cost_predict_wgmma(&ctx->device, d, f, &wc, slot);
+            }
             stof_format_free(&f);
+            continue;
+        oom:
+            stof_format_free(&f);
+            st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                            "out of memory ranking kernels");
+            goto done;
         }
     }
     if (count == 0) {

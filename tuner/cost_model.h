@@ -16,7 +16,11 @@
  *   kernel time = makespan of the CTAs in launch order on SMs * o slots
  *                 (greedy list scheduling), plus the launch latency.
  *
- * R_sm is the tensor-core rate per SM for mma.sync (by compute
+ * The wgmma kernel (sm_90a) runs one CTA per SM and is modelled the same
+ * way with its own rate and efficiencies; it walks its row blocks heaviest
+ * first, so its CTAs are scheduled in that order.
+ *
+ * R_sm is the tensor-core rate per SM for mma.sync or wgmma (by compute
  * capability), e(cfg, D) the fraction a configuration reaches on dense
  * work (calibrated on an H200: see COST_MODEL.md), mu the extra cost of a
  * masked tile, gamma that of gathering K/V rows, tau0 the per-CTA cost of
@@ -27,6 +31,7 @@
 #ifndef STOF_COST_MODEL_H
 #define STOF_COST_MODEL_H
 
+#include "attn_wgmma.h"
 #include "internal.h"
 
 enum {
@@ -38,7 +43,9 @@ enum {
 
 typedef struct stof_candidate {
     int kind;               /* STOF_KERNEL_* */
-    stof_block_cfg cfg;     /* unused for the reference kernel */
+    stof_block_cfg cfg;     /* block / row-wise kernels; for wgmma,
+                               block_m = 128 and block_n as in wcfg */
+    stof_wgmma_cfg wcfg;    /* wgmma kernel */
     double predicted_ms;    /* model time */
     double work_tiles;      /* sum of w_i over row blocks (one batch*head) */
     int ctas_per_sm;        /* o */
@@ -50,6 +57,11 @@ typedef struct stof_candidate {
 double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
                           const stof_format *f, int kind,
                           const stof_block_cfg *cfg, stof_candidate *out);
+/* The same for the wgmma kernel (f built with 128 x wc->block_n). */
+double stof__cost_predict_wgmma(const stof_device *dev,
+                                const stof_attention_desc *d,
+                                const stof_format *f, const stof_wgmma_cfg *wc,
+                                stof_candidate *out);
 
 /* Stage 1: enumerate every valid (kind, cfg) for the problem, build the
  * formats they need, predict each and sort by predicted time (fastest
