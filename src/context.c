@@ -3,6 +3,7 @@
  * logging, and the device the context works on.
  */
 #include "internal.h"
+#include "db.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,7 +99,21 @@ stof_status stof_open(stof_context **out, const stof_settings *s)
     STOF_CHECK_ARG(ctx, cs->compile_threads >= 0,
                    "settings.compile_threads: %d is negative",
                    cs->compile_threads);
-    /* Pointers in the settings are borrowed only during stof_open. */
+    /* Pointers in the settings are borrowed only during stof_open: keep
+     * copies. */
+    if (cs->user_db && !(ctx->user_db = strdup(cs->user_db)))
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    if (cs->system_dbs) {
+        size_t n = 0;
+        while (cs->system_dbs[n])
+            n++;
+        ctx->system_dbs = calloc(n + 1, sizeof(char *));
+        if (!ctx->system_dbs)
+            return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        for (size_t i = 0; i < n; i++)
+            if (!(ctx->system_dbs[i] = strdup(cs->system_dbs[i])))
+                return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    }
     ctx->settings.user_db = NULL;
     ctx->settings.system_dbs = NULL;
 
@@ -121,8 +136,15 @@ void stof_close(stof_context **pctx)
 {
     if (!pctx || !*pctx)
         return;
-    stof__device_release(*pctx);
-    free(*pctx);
+    stof_context *ctx = *pctx;
+    stof__db_close(&ctx->db);
+    free(ctx->user_db);
+    if (ctx->system_dbs)
+        for (size_t i = 0; ctx->system_dbs[i]; i++)
+            free(ctx->system_dbs[i]);
+    free(ctx->system_dbs);
+    stof__device_release(ctx);
+    free(ctx);
     *pctx = NULL;
 }
 

@@ -33,12 +33,21 @@ typedef struct stof_device {
     char why[512];          /* when !ok: why the device is unusable */
 } stof_device;
 
+struct stof_db;
+
 struct stof_context {
     stof_settings settings;
     stof_status last_status;
     char errmsg[STOF_ERRMSG_MAX];
     stof_device device;
     const stof_api *api;    /* loaded driver/NVRTC table (may lack either) */
+    /* The tuning database, opened at the first plan (stof_db.c). The paths
+     * are copies of the settings' (which are borrowed only during
+     * stof_open); user_db NULL = the default location, "" = none. */
+    char *user_db;
+    char **system_dbs;      /* NULL-terminated, or NULL */
+    struct stof_db *db;
+    int db_tried;           /* the open was attempted (success or not) */
 };
 
 struct stof_mask {
@@ -96,6 +105,13 @@ stof_status stof__str_out(const stof_str *s, char *buf, size_t n,
 stof_status stof__mask_alloc(stof_context *ctx, int seq_q, int seq_k,
                              stof_mask **out);
 void stof__mask_recount(stof_mask *m);
+
+/* The tuning-database key of an attention problem on ctx's device
+ * (problem_key.c): 32 hex digits into key; the hashed canonical text into
+ * text[text_n] when text is not NULL. */
+void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
+                         const char *mask_hex, char key[33], char *text,
+                         size_t text_n);
 
 /* Query-row grouping (mask_group.c). The smallest period D in 2..16 such
  * that every allowed (q, k) has (q - k) % D == 0, or 1 when there is none
@@ -273,13 +289,31 @@ void stof__rowwise_format_free(stof_context *ctx, stof_rowwise_format *rf);
  * errors as stof__block_launch (thread-safe, touches no context); `c` must
  * have gather = 1 and match rf's block sizes, and the K and V sequence
  * strides must be multiples of 8 elements with (seq_k - 1) * stride / 8 <
- * 2^32 (the kernel keeps row offsets in 16-byte units in 32 bits). */
+ * 2^32 (the kernel keeps row offsets in 16-byte units in 32 bits).
+ * Query rows in format order (stof__rowwise_launch_qperm with q_rows 0). */
 stof_status stof__rowwise_launch(CUfunction fn, const stof_block_cfg *c,
                                  int head_dim, const stof_attention_desc *d,
                                  float scale, const stof_rowwise_format *rf,
                                  CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                                  CUdeviceptr o, CUstream s,
                                  const stof_api *api);
+
+/* The same with a query-row permutation (QPERM). q_rows: 0, or a device
+ * array of d->seq_q int32 (4-byte aligned): row r of the format is row
+ * q_rows[r] of q and o (each tensor row at most once). Use it with a format
+ * built on a row-permuted mask, e.g. the perm of stof__mask_group_rows: for
+ * dilated:W:D every row block then lists only the keys of one residue class
+ * (half the tiles for D = 2). STOF_ERR_INVALID_ARGUMENT also when q_rows is
+ * not 4-byte aligned. */
+stof_status stof__rowwise_launch_qperm(CUfunction fn, const stof_block_cfg *c,
+                                       int head_dim,
+                                       const stof_attention_desc *d,
+                                       float scale,
+                                       const stof_rowwise_format *rf,
+                                       CUdeviceptr q_rows, CUdeviceptr q,
+                                       CUdeviceptr k, CUdeviceptr v,
+                                       CUdeviceptr o, CUstream s,
+                                       const stof_api *api);
 
 #endif /* STOF_ATTN_BLOCK_DECLS */
 /* ---------------------- end of block-wise kernel ------------------------ */

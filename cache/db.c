@@ -1,0 +1,1203 @@
+/*
+ * db.c - the SQLite tuning database (see db.h): one writable user database
+ * layered over read-only system databases, its schema and migrations.
+ *
+ * Identification. A stof database carries PRAGMA application_id =
+ * STOF_DB_APPLICATION_ID and PRAGMA user_version = its schema version, both
+ * set in the transaction that creates the schema, so a file is either an
+ * empty SQLite database, a complete stof database, or something else
+ * ("foreign"). A `meta` table repeats this in readable form.
+ *
+ * What happens to each kind of file (every case is logged, none fails
+ * stof__db_open):
+ *   - missing user database: created, with its directory (mode 0700);
+ *   - empty user database (0 bytes or no tables): the schema is created;
+ *   - user database that cannot be written (file or directory read-only,
+ *     read-only file system): used read-only (STOF_LOG_WARN); when even
+ *     the -shm file cannot be created it is opened immutable;
+ *   - system database: always read-only; immutable when its directory is
+ *     not writable (STOF_LOG_INFO, the normal case for /usr/share);
+ *   - not a database, corrupt, truncated, foreign (another application's
+ *     SQLite file, or an empty one in a read-only layer), or an older schema
+ *     in a read-only layer: skipped (STOF_LOG_WARN); the file is never
+ *     modified;
+ *   - a NEWER schema than this build (written by a later stof): skipped
+ *     entirely, neither read nor written, in any layer (STOF_LOG_WARN). A
+ *     later schema may change what columns mean, so reading it is not safe;
+ *     users mixing versions point STOF_USER_DB at separate files.
+ *   - corruption found later (during a lookup): logged once per layer, the
+ *     lookup treats the layer as a miss and goes on to the next one.
+ *
+ * Concurrency. The user database runs in WAL mode (readers never wait for
+ * writers) with a busy timeout of DB_BUSY_TIMEOUT_MS; every write is one
+ * statement inside BEGIN IMMEDIATE ... COMMIT, so a process killed at any
+ * point leaves the last committed state, and two tuners storing the same
+ * key converge on the fastest verified record. Schema creation re-reads the
+ * version after taking the write lock, so processes creating the same file
+ * at once create it once.
+ *
+ * A stof_db is one connection per layer, used by one thread at a time (the
+ * context's thread): connections are opened with SQLITE_OPEN_NOMUTEX.
+ */
+#include "db.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+/* "STOF" in ASCII. */
+#define STOF_DB_APPLICATION_ID 0x53544f46
+#define DB_BUSY_TIMEOUT_MS 10000
+
+/* The columns of `records` that map one to one onto stof_db_record fields:
+ * T text (char array), I int, L int64, D double. The cubin and hits columns
+ * follow them in every statement. The v1 DDL below is written out in full
+ * (a migration must never change), so a new field means a new migration
+ * step plus an entry here. */
+#define DB_FIELDS(T, I, L, D)                                                  \
+    T(key) T(op) T(mask_digest) T(mask_spec)                                   \
+    I(batch) I(heads) I(seq_q) I(seq_k) I(head_dim) T(dtype) T(layout)         \
+    T(device_name) I(cc_major) I(cc_minor) I(sm_count) I(driver_version)       \
+    T(nvrtc_version) T(stof_version) T(template_hash)                          \
+    T(kernel) T(config) T(arch)                                                \
+    D(time_ms) D(runner_up_ms) D(model_ms) I(n_candidates) I(verified)         \
+    T(measured) L(created_at) T(host)
+
+#define DB_NAME_(f) #f ","
+#define DB_PARAM_(f) "?,"
+#define DB_SET_(f) #f "=excluded." #f ","
+#define DB_COLUMNS DB_FIELDS(DB_NAME_, DB_NAME_, DB_NAME_, DB_NAME_) "cubin,hits"
+
+/* ------------------------------------------------------------- schema */
+
+/* Migration steps: steps[i] upgrades schema version steps[i].to - 1 to
+ * steps[i].to. Version 0 is an empty database. Adding version 2 means
+ * adding {2, "ALTER TABLE ..."} here and raising STOF_DB_SCHEMA_VERSION. */
+typedef struct db_migration {
+    int to;
+    const char *sql;
+} db_migration;
+
+static const db_migration db_migrations[] = {
+    {1,
+     "CREATE TABLE meta(\n"
+     "  key TEXT PRIMARY KEY NOT NULL,\n"
+     "  value NOT NULL);\n"
+     "INSERT INTO meta(key, value) VALUES\n"
+     "  ('application', 'stof tuning database'),\n"
+     "  ('created_at', CAST(strftime('%s', 'now') AS INTEGER));\n"
+     "CREATE TABLE records(\n"
+     "  key TEXT PRIMARY KEY NOT NULL,\n"
+     "  op TEXT NOT NULL,\n"
+     "  mask_digest TEXT NOT NULL,\n"
+     "  mask_spec TEXT NOT NULL,\n"
+     "  batch INTEGER NOT NULL,\n"
+     "  heads INTEGER NOT NULL,\n"
+     "  seq_q INTEGER NOT NULL,\n"
+     "  seq_k INTEGER NOT NULL,\n"
+     "  head_dim INTEGER NOT NULL,\n"
+     "  dtype TEXT NOT NULL,\n"
+     "  layout TEXT NOT NULL,\n"
+     "  device_name TEXT NOT NULL,\n"
+     "  cc_major INTEGER NOT NULL,\n"
+     "  cc_minor INTEGER NOT NULL,\n"
+     "  sm_count INTEGER NOT NULL,\n"
+     "  driver_version INTEGER NOT NULL,\n"
+     "  nvrtc_version TEXT NOT NULL,\n"
+     "  stof_version TEXT NOT NULL,\n"
+     "  template_hash TEXT NOT NULL,\n"
+     "  kernel TEXT NOT NULL,\n"
+     "  config TEXT NOT NULL,\n"
+     "  arch TEXT NOT NULL,\n"
+     "  time_ms REAL NOT NULL,\n"
+     "  runner_up_ms REAL NOT NULL,\n"
+     "  model_ms REAL NOT NULL,\n"
+     "  n_candidates INTEGER NOT NULL,\n"
+     "  verified INTEGER NOT NULL,\n"
+     "  measured TEXT NOT NULL,\n"
+     "  created_at INTEGER NOT NULL,\n"
+     "  host TEXT NOT NULL,\n"
+     "  cubin BLOB,\n"
+     "  hits INTEGER NOT NULL DEFAULT 0);\n"
+     "CREATE TABLE misses(\n"
+     "  key TEXT PRIMARY KEY NOT NULL,\n"
+     "  problem TEXT NOT NULL,\n"
+     "  mask BLOB,\n"
+     "  count INTEGER NOT NULL DEFAULT 1,\n"
+     "  first_seen INTEGER NOT NULL,\n"
+     "  last_seen INTEGER NOT NULL);\n"},
+};
+
+/* One step per version, in order. */
+_Static_assert(sizeof(db_migrations) / sizeof(db_migrations[0]) ==
+                   STOF_DB_SCHEMA_VERSION,
+               "every schema version needs its migration step");
+
+/* --------------------------------------------------------- statements */
+
+enum {
+    ST_LOOKUP,
+    ST_HIT,
+    ST_STORE,
+    ST_NEXT_RECORD,
+    ST_MISS,
+    ST_NEXT_MISS,
+    ST_DELETE_MISS,
+    ST_COUNT_
+};
+
+static const char *const db_sql[ST_COUNT_] = {
+    [ST_LOOKUP] = "SELECT " DB_COLUMNS " FROM records WHERE key = ?1",
+    [ST_HIT] = "UPDATE records SET hits = hits + 1 WHERE key = ?1",
+    /* The conflict rule: replace when asked, else only with a verified
+     * record that is faster than the stored one or replaces an unverified
+     * one; hits are kept. */
+    [ST_STORE] =
+        "INSERT INTO records(" DB_COLUMNS ") VALUES("
+        DB_FIELDS(DB_PARAM_, DB_PARAM_, DB_PARAM_, DB_PARAM_) "?, 0)"
+        " ON CONFLICT(key) DO UPDATE SET "
+        DB_FIELDS(DB_SET_, DB_SET_, DB_SET_, DB_SET_) "cubin=excluded.cubin"
+        " WHERE :replace OR (excluded.verified <> 0 AND"
+        " (records.verified = 0 OR excluded.time_ms < records.time_ms))",
+    [ST_NEXT_RECORD] = "SELECT " DB_COLUMNS
+                       " FROM records WHERE key > ?1 ORDER BY key LIMIT 1",
+    [ST_MISS] = "INSERT INTO misses(key, problem, mask, count, first_seen,"
+                " last_seen) VALUES(?1, ?2, ?3, 1, ?4, ?4)"
+                " ON CONFLICT(key) DO UPDATE SET count = misses.count + 1,"
+                " last_seen = excluded.last_seen,"
+                " mask = coalesce(misses.mask, excluded.mask)",
+    [ST_NEXT_MISS] = "SELECT key, problem, mask, count FROM misses"
+                     " WHERE key > ?1 ORDER BY key LIMIT 1",
+    [ST_DELETE_MISS] = "DELETE FROM misses WHERE key = ?1",
+};
+
+/* ------------------------------------------------------------- layers */
+
+typedef enum db_mode { MODE_RW, MODE_RO, MODE_IMMUTABLE } db_mode;
+
+typedef struct db_layer {
+    char *path;            /* NULL: no database in this slot */
+    sqlite3 *conn;         /* NULL when unusable */
+    int writable;
+    db_mode mode;
+    int warned;            /* a lookup error was logged */
+    char why[512];         /* why unusable or read-only */
+    sqlite3_stmt *st[ST_COUNT_];
+} db_layer;
+
+struct stof_db {
+    stof_context *ctx;
+    int n_layers;          /* 1 + number of system paths */
+    db_layer layers[];     /* [0] user, [i + 1] system_paths[i] */
+};
+
+/* Record a failed SQLite call on ctx: the message names what failed, the
+ * SQLite message and code, the file, and where in this file. */
+static stof_status db_fail_at(stof_db *db, const db_layer *L, int rc,
+                              const char *what, int line)
+{
+    const char *msg = L && L->conn ? sqlite3_errmsg(L->conn)
+                                   : sqlite3_errstr(rc);
+    return stof__fail(db ? db->ctx : NULL, STOF_ERR_DATABASE,
+                      "%s: %s (SQLite error %d) in tuning database %s at "
+                      "cache/db.c:%d",
+                      what, msg, rc, L && L->path ? L->path : "(none)", line);
+}
+#define DB_FAIL(db, L, rc, what) db_fail_at((db), (L), (rc), (what), __LINE__)
+
+/* Errors that mean "cannot write here" (or cannot create the -wal/-shm
+ * files) rather than "this is not a good database": worth retrying with a
+ * weaker open mode. */
+static int rc_is_access(int rc)
+{
+    switch (rc & 0xff) {
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+    case SQLITE_PERM:
+    case SQLITE_IOERR:
+    case SQLITE_AUTH:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* A "file:" URI for path with the given query, percent-encoding what a URI
+ * reserves, so any file name works. Caller frees. */
+static char *path_uri(const char *path, const char *query)
+{
+    size_t n = strlen(path);
+    char *u = malloc(3 * n + strlen(query) + 16);
+    if (!u)
+        return NULL;
+    char *p = u;
+    memcpy(p, "file:", 5);
+    p += 5;
+    if (path[0] == '/') {
+        /* An empty authority, so "//x" stays a path. */
+        memcpy(p, "//", 2);
+        p += 2;
+    }
+    static const char hex[] = "0123456789ABCDEF";
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)path[i];
+        if (c <= 0x20 || c >= 0x7f || c == '%' || c == '?' || c == '#') {
+            *p++ = '%';
+            *p++ = hex[c >> 4];
+            *p++ = hex[c & 15];
+        } else {
+            *p++ = (char)c;
+        }
+    }
+    strcpy(p, query);
+    return u;
+}
+
+/* mkdir -p of the directory that holds `path`. 0, or -1 with errno. */
+static int make_parent_dirs(const char *path)
+{
+    char *p = strdup(path);
+    if (!p)
+        return -1;
+    char *slash = strrchr(p, '/');
+    if (!slash || slash == p) {
+        free(p);
+        return 0;
+    }
+    *slash = '\0';
+    for (char *q = p + 1;; q++) {
+        if (*q != '/' && *q != '\0')
+            continue;
+        char c = *q;
+        *q = '\0';
+        if (mkdir(p, 0700) != 0) {
+            int e = errno;
+            struct stat sb;
+            if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+                free(p);
+                errno = e;
+                return -1;
+            }
+        }
+        if (c == '\0')
+            break;
+        *q = c;
+    }
+    free(p);
+    return 0;
+}
+
+/* Open L->path in `mode`; on failure *out is NULL and the SQLite code is
+ * returned (with its message in why). */
+static int layer_connect(db_layer *L, db_mode mode, sqlite3 **out)
+{
+    *out = NULL;
+    const char *query = mode == MODE_RW   ? ""
+                        : mode == MODE_RO ? "?mode=ro"
+                                          : "?mode=ro&immutable=1";
+    char *uri = path_uri(L->path, query);
+    if (!uri)
+        return SQLITE_NOMEM;
+    int flags = SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |
+                (mode == MODE_RW ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+                                 : SQLITE_OPEN_READONLY);
+    sqlite3 *c = NULL;
+    int rc = sqlite3_open_v2(uri, &c, flags, NULL);
+    free(uri);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_extended_result_codes(c, 1);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_busy_timeout(c, DB_BUSY_TIMEOUT_MS);
+    if (rc != SQLITE_OK) {
+        snprintf(L->why, sizeof(L->why), "%s",
+                 c ? sqlite3_errmsg(c) : sqlite3_errstr(rc));
+        sqlite3_close(c);
+        return rc;
+    }
+    *out = c;
+    return SQLITE_OK;
+}
+
+/* Header facts of an open database, read in one statement (one read
+ * transaction). This is where "not a database", truncated and corrupt
+ * files show up. */
+typedef struct db_header {
+    int app_id, version, n_objects;
+} db_header;
+
+static int read_header(sqlite3 *c, db_header *h)
+{
+    static const char sql[] =
+        "SELECT (SELECT application_id FROM pragma_application_id),"
+        " (SELECT user_version FROM pragma_user_version),"
+        " (SELECT count(*) FROM sqlite_master)";
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(c, sql, -1, &s, NULL);
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+            h->app_id = sqlite3_column_int(s, 0);
+            h->version = sqlite3_column_int(s, 1);
+            h->n_objects = sqlite3_column_int(s, 2);
+            rc = SQLITE_OK;
+        }
+    }
+    sqlite3_finalize(s);
+    return rc;
+}
+
+/* How a header is to be treated. */
+typedef enum db_kind {
+    KIND_CURRENT,  /* a stof database of this schema version */
+    KIND_OLDER,    /* a stof database (or empty) that needs migrations */
+    KIND_NEWER,    /* written by a later stof */
+    KIND_FOREIGN,  /* some other SQLite file */
+    KIND_BROKEN    /* stof's id with an impossible version */
+} db_kind;
+
+static db_kind classify(const db_header *h)
+{
+    if (h->app_id == 0 && h->version == 0 && h->n_objects == 0)
+        return KIND_OLDER; /* empty: version 0 */
+    if (h->app_id != STOF_DB_APPLICATION_ID)
+        return KIND_FOREIGN;
+    if (h->version > STOF_DB_SCHEMA_VERSION)
+        return KIND_NEWER;
+    if (h->version < 1)
+        return KIND_BROKEN;
+    return h->version == STOF_DB_SCHEMA_VERSION ? KIND_CURRENT : KIND_OLDER;
+}
+
+static const char *kind_why(db_kind k, const db_header *h, char *buf,
+                            size_t n)
+{
+    switch (k) {
+    case KIND_NEWER:
+        snprintf(buf, n,
+                 "schema version %d is newer than this build's (%d): written "
+                 "by a later stof",
+                 h->version, STOF_DB_SCHEMA_VERSION);
+        break;
+    case KIND_FOREIGN:
+        if (h->app_id == 0 && h->n_objects == 0)
+            snprintf(buf, n, "empty SQLite file, not a stof database");
+        else
+            snprintf(buf, n,
+                     "not a stof tuning database (application_id 0x%08x, "
+                     "%d schema objects)",
+                     (unsigned)h->app_id, h->n_objects);
+        break;
+    case KIND_BROKEN:
+        snprintf(buf, n, "stof database without a schema version");
+        break;
+    case KIND_OLDER:
+        snprintf(buf, n,
+                 "schema version %d is older than this build's (%d) and the "
+                 "file cannot be upgraded (read-only)",
+                 h->version, STOF_DB_SCHEMA_VERSION);
+        break;
+    default:
+        snprintf(buf, n, "usable");
+        break;
+    }
+    return buf;
+}
+
+static int exec_sql(sqlite3 *c, const char *sql)
+{
+    return sqlite3_exec(c, sql, NULL, NULL, NULL);
+}
+
+/* Undo an open transaction after a failure (nothing when none is open). */
+static void rollback_if_open(sqlite3 *c)
+{
+    if (!sqlite3_get_autocommit(c))
+        (void)exec_sql(c, "ROLLBACK");
+}
+
+/* Bring an empty or older stof database up to STOF_DB_SCHEMA_VERSION under
+ * the write lock. The header is read again inside the transaction: another
+ * process may have created or upgraded the file since it was read. Returns
+ * the SQLite code; *kind says what the file turned out to be. */
+static int migrate(sqlite3 *c, db_kind *kind, db_header *h)
+{
+    int rc = exec_sql(c, "BEGIN IMMEDIATE");
+    if (rc != SQLITE_OK)
+        return rc;
+    rc = read_header(c, h);
+    if (rc != SQLITE_OK)
+        goto fail;
+    *kind = classify(h);
+    if (*kind != KIND_OLDER) {
+        rc = exec_sql(c, "COMMIT");
+        goto done;
+    }
+    for (size_t i = 0; i < sizeof(db_migrations) / sizeof(db_migrations[0]);
+         i++) {
+        if (db_migrations[i].to <= h->version)
+            continue;
+        rc = exec_sql(c, db_migrations[i].sql);
+        if (rc != SQLITE_OK)
+            goto fail;
+    }
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "PRAGMA application_id = %d;"
+             "PRAGMA user_version = %d;"
+             "INSERT OR REPLACE INTO meta(key, value) VALUES"
+             " ('schema_version', %d), ('stof_version', '%s');",
+             STOF_DB_APPLICATION_ID, STOF_DB_SCHEMA_VERSION,
+             STOF_DB_SCHEMA_VERSION, stof_version_string());
+    rc = exec_sql(c, sql);
+    if (rc != SQLITE_OK)
+        goto fail;
+    rc = exec_sql(c, "COMMIT");
+    if (rc != SQLITE_OK)
+        goto fail;
+    h->app_id = STOF_DB_APPLICATION_ID;
+    h->version = STOF_DB_SCHEMA_VERSION;
+    *kind = KIND_CURRENT;
+done:
+    return rc;
+fail:
+    rollback_if_open(c);
+    return rc;
+}
+
+/* The prepared statement `which` of L (prepared once, kept until close). */
+static int layer_stmt(db_layer *L, int which, sqlite3_stmt **out)
+{
+    if (!L->st[which]) {
+        int rc = sqlite3_prepare_v3(L->conn, db_sql[which], -1,
+                                    SQLITE_PREPARE_PERSISTENT, &L->st[which],
+                                    NULL);
+        if (rc != SQLITE_OK) {
+            *out = NULL;
+            return rc;
+        }
+    }
+    *out = L->st[which];
+    return SQLITE_OK;
+}
+
+static void layer_close(db_layer *L)
+{
+    for (int i = 0; i < ST_COUNT_; i++) {
+        sqlite3_finalize(L->st[i]);
+        L->st[i] = NULL;
+    }
+    if (L->conn)
+        sqlite3_close(L->conn);
+    L->conn = NULL;
+    L->writable = 0;
+}
+
+/* 1 when the tables have what this build reads and writes (preparing the
+ * statements checks every column); else 0 with the reason in why. */
+static int records_match(sqlite3 *c, char *why, size_t n)
+{
+    static const int check[] = {ST_LOOKUP, ST_STORE, ST_MISS};
+    for (size_t i = 0; i < sizeof(check) / sizeof(check[0]); i++) {
+        sqlite3_stmt *s = NULL;
+        int rc = sqlite3_prepare_v2(c, db_sql[check[i]], -1, &s, NULL);
+        sqlite3_finalize(s);
+        if (rc != SQLITE_OK) {
+            snprintf(why, n, "its tables do not match this build: %s",
+                     sqlite3_errmsg(c));
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Open layer L: the user database (user = 1: writable if possible, created
+ * when missing) or a system database. Leaves L->conn NULL when unusable;
+ * logs what it did. */
+static void layer_open(stof_context *ctx, db_layer *L, int user)
+{
+    const char *role = user ? "user" : "system";
+    char first_why[sizeof(L->why)] = "";
+    char kwhy[256];
+    int mkdir_errno = 0;
+
+    if (user && make_parent_dirs(L->path) != 0)
+        mkdir_errno = errno;
+
+    for (db_mode mode = user ? MODE_RW : MODE_RO; mode <= MODE_IMMUTABLE;
+         mode++) {
+        sqlite3 *c = NULL;
+        int rc = layer_connect(L, mode, &c);
+        if (rc != SQLITE_OK) {
+            if (!first_why[0])
+                memcpy(first_why, L->why, sizeof(first_why));
+            if (rc_is_access(rc))
+                continue;
+            break;
+        }
+        int writable = mode == MODE_RW && !sqlite3_db_readonly(c, "main");
+        if (mode == MODE_RW && !writable && !first_why[0])
+            snprintf(first_why, sizeof(first_why),
+                     "the file is not writable");
+        db_header h = {0, 0, 0};
+        rc = read_header(c, &h);
+        if (rc != SQLITE_OK) {
+            snprintf(L->why, sizeof(L->why), "%s", sqlite3_errmsg(c));
+            if (!first_why[0])
+                memcpy(first_why, L->why, sizeof(first_why));
+            sqlite3_close(c);
+            if (rc_is_access(rc))
+                continue;
+            break;
+        }
+        db_kind kind = classify(&h);
+        if (kind == KIND_OLDER && !writable) {
+            /* An empty file (version 0) where nothing can be created reads
+             * as "not a stof database". */
+            if (h.version == 0)
+                kind = KIND_FOREIGN;
+        }
+        if (kind != KIND_CURRENT && !(kind == KIND_OLDER && writable)) {
+            kind_why(kind, &h, kwhy, sizeof(kwhy));
+            snprintf(L->why, sizeof(L->why), "%s", kwhy);
+            sqlite3_close(c);
+            break;
+        }
+        if (kind == KIND_CURRENT && !records_match(c, L->why,
+                                                   sizeof(L->why))) {
+            /* Checked before anything is written (the journal mode is in
+             * the header): a file that is not ours is never modified. */
+            sqlite3_close(c);
+            break;
+        }
+        if (writable) {
+            /* WAL lets readers and one writer work at once; when it cannot
+             * be had (a file system without shared memory), the rollback
+             * journal with the busy timeout still works. */
+            sqlite3_stmt *s = NULL;
+            rc = sqlite3_prepare_v2(c, "PRAGMA journal_mode=WAL", -1, &s,
+                                    NULL);
+            if (rc == SQLITE_OK) {
+                rc = sqlite3_step(s);
+                if (rc == SQLITE_ROW) {
+                    const char *jm = (const char *)sqlite3_column_text(s, 0);
+                    if (!jm || strcmp(jm, "wal") != 0)
+                        stof__log(ctx, STOF_LOG_INFO,
+                                  "tuning database %s: WAL mode not "
+                                  "available (journal mode %s)",
+                                  L->path, jm ? jm : "?");
+                    rc = SQLITE_OK;
+                }
+            }
+            sqlite3_finalize(s);
+            if (rc == SQLITE_OK)
+                rc = exec_sql(c, "PRAGMA synchronous=NORMAL");
+            if (rc == SQLITE_OK && kind == KIND_OLDER) {
+                rc = migrate(c, &kind, &h);
+                if (rc == SQLITE_OK && kind != KIND_CURRENT) {
+                    kind_why(kind, &h, kwhy, sizeof(kwhy));
+                    snprintf(L->why, sizeof(L->why), "%s", kwhy);
+                    sqlite3_close(c);
+                    break;
+                }
+            }
+            if (rc != SQLITE_OK) {
+                snprintf(L->why, sizeof(L->why), "%s", sqlite3_errmsg(c));
+                if (!first_why[0])
+                    memcpy(first_why, L->why, sizeof(first_why));
+                sqlite3_close(c);
+                if (rc_is_access(rc) || (rc & 0xff) == SQLITE_BUSY)
+                    continue;
+                break;
+            }
+        }
+        L->conn = c;
+        L->writable = writable;
+        L->mode = mode;
+        sqlite3_stmt *s;
+        rc = layer_stmt(L, ST_LOOKUP, &s);
+        if (rc != SQLITE_OK) {
+            snprintf(L->why, sizeof(L->why), "preparing lookups: %s",
+                     sqlite3_errmsg(c));
+            layer_close(L);
+            break;
+        }
+        if (writable) {
+            L->why[0] = '\0';
+            return;
+        }
+        snprintf(L->why, sizeof(L->why), "%s",
+                 first_why[0] ? first_why : "opened read-only");
+        if (user)
+            stof__log(ctx, STOF_LOG_WARN,
+                      "tuning database %s (user): cannot be written (%s%s); "
+                      "using it read-only%s, tuning results will not be "
+                      "stored",
+                      L->path, L->why,
+                      mkdir_errno ? ", creating its directory failed" : "",
+                      mode == MODE_IMMUTABLE
+                          ? " and immutable (its directory is not writable, "
+                            "so SQLite cannot make its -shm file; changes by "
+                            "others are not seen)"
+                          : "");
+        else if (mode == MODE_IMMUTABLE)
+            stof__log(ctx, STOF_LOG_INFO,
+                      "tuning database %s (system): opened immutable (%s)",
+                      L->path, L->why);
+        return;
+    }
+    if (mkdir_errno && user) {
+        size_t k = strlen(L->why);
+        snprintf(L->why + k, sizeof(L->why) - k,
+                 " (creating its directory failed: %s)",
+                 strerror(mkdir_errno));
+    }
+    stof__log(ctx, STOF_LOG_WARN, "tuning database %s (%s): skipped: %s",
+              L->path, role, L->why[0] ? L->why : "cannot be opened");
+}
+
+/* --------------------------------------------------------- public API */
+
+void stof__db_record_clear(stof_db_record *r)
+{
+    if (!r)
+        return;
+    free(r->cubin);
+    memset(r, 0, sizeof(*r));
+}
+
+int stof__db_default_path(char *buf, size_t n)
+{
+    if (!buf || n == 0)
+        return 0;
+    const char *env = getenv("STOF_USER_DB");
+    int len;
+    if (env && *env) {
+        len = snprintf(buf, n, "%s", env);
+    } else if ((env = getenv("XDG_CACHE_HOME")) && env[0] == '/') {
+        /* The XDG spec says relative values are to be ignored. */
+        len = snprintf(buf, n, "%s/stof/tuning.db", env);
+    } else if ((env = getenv("HOME")) && *env) {
+        len = snprintf(buf, n, "%s/.cache/stof/tuning.db", env);
+    } else {
+        buf[0] = '\0';
+        return 0;
+    }
+    if (len < 0 || (size_t)len >= n) {
+        buf[0] = '\0';
+        return 0;
+    }
+    return 1;
+}
+
+stof_status stof__db_open(stof_context *ctx, const char *user_path,
+                          const char *const *system_paths, stof_db **out)
+{
+    if (!out)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "stof__db_open: out is NULL");
+    *out = NULL;
+    int n_sys = 0;
+    while (system_paths && system_paths[n_sys])
+        n_sys++;
+    stof_db *db = calloc(1, sizeof(*db) + (size_t)(n_sys + 1) *
+                                              sizeof(db_layer));
+    if (!db)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "tuning database: out of memory");
+    db->ctx = ctx;
+    db->n_layers = n_sys + 1;
+
+    char def[4096];
+    if (!user_path) {
+        if (stof__db_default_path(def, sizeof(def)))
+            user_path = def;
+        else
+            stof__log(ctx, STOF_LOG_INFO,
+                      "no user tuning database: none of STOF_USER_DB, "
+                      "XDG_CACHE_HOME, HOME is set");
+    }
+    if (user_path && *user_path) {
+        db->layers[0].path = strdup(user_path);
+        if (!db->layers[0].path)
+            goto oom;
+    } else {
+        snprintf(db->layers[0].why, sizeof(db->layers[0].why),
+                 "there is no user database");
+    }
+    for (int i = 0; i < n_sys; i++) {
+        db->layers[i + 1].path = strdup(system_paths[i]);
+        if (!db->layers[i + 1].path)
+            goto oom;
+    }
+
+    if (db->layers[0].path)
+        layer_open(ctx, &db->layers[0], 1);
+    for (int i = 1; i < db->n_layers; i++) {
+        if (!db->layers[i].path[0]) {
+            snprintf(db->layers[i].why, sizeof(db->layers[i].why),
+                     "empty path");
+            stof__log(ctx, STOF_LOG_WARN,
+                      "tuning database (system %d): skipped: empty path", i);
+            continue;
+        }
+        layer_open(ctx, &db->layers[i], 0);
+    }
+    *out = db;
+    return STOF_OK;
+oom:
+    stof__db_close(&db);
+    return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                      "tuning database: out of memory");
+}
+
+void stof__db_close(stof_db **pdb)
+{
+    if (!pdb || !*pdb)
+        return;
+    stof_db *db = *pdb;
+    for (int i = 0; i < db->n_layers; i++) {
+        layer_close(&db->layers[i]);
+        free(db->layers[i].path);
+    }
+    free(db);
+    *pdb = NULL;
+}
+
+int stof__db_writable(const stof_db *db)
+{
+    return db && db->layers[0].conn && db->layers[0].writable;
+}
+
+/* Copy a text column into a char array, truncating. */
+static void col_text(char *dst, size_t n, sqlite3_stmt *s, int col)
+{
+    const unsigned char *t = sqlite3_column_text(s, col);
+    size_t len = t ? (size_t)sqlite3_column_bytes(s, col) : 0;
+    if (len >= n)
+        len = n - 1;
+    if (len)
+        memcpy(dst, t, len);
+    dst[len] = '\0';
+}
+
+/* Fill r from a row of DB_COLUMNS. Returns SQLITE_NOMEM when the cubin
+ * cannot be copied. */
+static int read_record(sqlite3_stmt *s, stof_db_record *r)
+{
+    int col = 0;
+    memset(r, 0, sizeof(*r));
+#define GET_T_(f) col_text(r->f, sizeof(r->f), s, col++);
+#define GET_I_(f) r->f = sqlite3_column_int(s, col++);
+#define GET_L_(f) r->f = sqlite3_column_int64(s, col++);
+#define GET_D_(f) r->f = sqlite3_column_double(s, col++);
+    DB_FIELDS(GET_T_, GET_I_, GET_L_, GET_D_)
+#undef GET_T_
+#undef GET_I_
+#undef GET_L_
+#undef GET_D_
+    /* A NULL pointer with a nonzero size is SQLite running out of memory
+     * (an empty or NULL cubin gives NULL with size 0). */
+    const void *blob = sqlite3_column_blob(s, col);
+    int bytes = sqlite3_column_bytes(s, col);
+    col++;
+    if (!blob && bytes > 0)
+        return SQLITE_NOMEM;
+    size_t size = blob ? (size_t)bytes : 0;
+    if (size) {
+        r->cubin = malloc(size);
+        if (!r->cubin)
+            return SQLITE_NOMEM;
+        memcpy(r->cubin, blob, size);
+        r->cubin_size = size;
+    }
+    r->hits = sqlite3_column_int64(s, col++);
+    return SQLITE_OK;
+}
+
+static void done_stmt(sqlite3_stmt *s)
+{
+    if (s) {
+        sqlite3_reset(s);
+        sqlite3_clear_bindings(s);
+    }
+}
+
+/* Count a hit in the user database without waiting: a lookup must not
+ * stall behind another process's write for a statistic. Returns 1 when
+ * counted. */
+static int count_hit(db_layer *L, const char *key)
+{
+    sqlite3_stmt *s;
+    if (layer_stmt(L, ST_HIT, &s) != SQLITE_OK)
+        return 0;
+    int ok = 0;
+    if (sqlite3_busy_timeout(L->conn, 0) == SQLITE_OK &&
+        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_DONE)
+        ok = sqlite3_changes(L->conn) > 0;
+    done_stmt(s);
+    (void)sqlite3_busy_timeout(L->conn, DB_BUSY_TIMEOUT_MS);
+    return ok;
+}
+
+stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
+{
+    if (out)
+        memset(out, 0, sizeof(*out));
+    if (!db || !out || !key || !*key)
+        return stof__fail(db ? db->ctx : NULL, STOF_ERR_INVALID_ARGUMENT,
+                          "stof__db_lookup: %s is NULL or empty",
+                          !db ? "db" : !out ? "out" : "key");
+    for (int i = 0; i < db->n_layers; i++) {
+        db_layer *L = &db->layers[i];
+        if (!L->conn)
+            continue;
+        sqlite3_stmt *s;
+        int rc = layer_stmt(L, ST_LOOKUP, &s);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+            rc = read_record(s, out);
+            done_stmt(s);
+            if (rc != SQLITE_OK) {
+                stof__db_record_clear(out);
+                return stof__fail(db->ctx, STOF_ERR_OUT_OF_MEMORY,
+                                  "tuning database %s: out of memory reading "
+                                  "record %s",
+                                  L->path, key);
+            }
+            snprintf(out->source, sizeof(out->source), "%s",
+                     i == 0 ? "user" : "system");
+            if (i == 0 && L->writable && count_hit(L, key))
+                out->hits++;
+            return STOF_OK;
+        }
+        done_stmt(s);
+        if (rc != SQLITE_DONE && !L->warned) {
+            L->warned = 1;
+            stof__log(db->ctx, STOF_LOG_WARN,
+                      "tuning database %s (%s): lookup failed: %s (SQLite "
+                      "error %d); treating it as a miss",
+                      L->path, i == 0 ? "user" : "system",
+                      sqlite3_errmsg(L->conn), rc);
+        }
+    }
+    return STOF_ERR_NOT_FOUND;
+}
+
+/* The writable user layer, or a failure recorded on ctx. */
+static stof_status user_layer(stof_db *db, db_layer **out)
+{
+    db_layer *L = &db->layers[0];
+    *out = NULL;
+    if (!L->conn || !L->writable)
+        return stof__fail(db->ctx, STOF_ERR_DATABASE,
+                          "no writable user tuning database: %s%s%s",
+                          L->path ? L->path : "", L->path ? ": " : "",
+                          L->why[0] ? L->why : "not open");
+    *out = L;
+    return STOF_OK;
+}
+
+/* Run the bound write statement s of L in its own IMMEDIATE transaction:
+ * the write lock is taken (waiting up to the busy timeout) before anything
+ * is read, so concurrent writers queue instead of failing. */
+static stof_status run_write(stof_db *db, db_layer *L, sqlite3_stmt *s,
+                             const char *what)
+{
+    int rc = exec_sql(L->conn, "BEGIN IMMEDIATE");
+    if (rc != SQLITE_OK) {
+        stof_status st = DB_FAIL(db, L, rc, what);
+        done_stmt(s);
+        return st;
+    }
+    rc = sqlite3_step(s);
+    if (rc != SQLITE_DONE) {
+        stof_status st = DB_FAIL(db, L, rc, what);
+        done_stmt(s);
+        rollback_if_open(L->conn);
+        return st;
+    }
+    done_stmt(s);
+    rc = exec_sql(L->conn, "COMMIT");
+    if (rc != SQLITE_OK) {
+        stof_status st = DB_FAIL(db, L, rc, what);
+        rollback_if_open(L->conn);
+        return st;
+    }
+    return STOF_OK;
+}
+
+static int bind_array_text(sqlite3_stmt *s, int col, const char *t, size_t n)
+{
+    return sqlite3_bind_text(s, col, t, (int)strnlen(t, n), SQLITE_STATIC);
+}
+
+stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    stof_context *ctx = db->ctx;
+    STOF_CHECK_ARG(ctx, r, "stof__db_store: record is NULL");
+    STOF_CHECK_ARG(ctx, r->key[0], "stof__db_store: record has no key");
+    STOF_CHECK_ARG(ctx,
+                   isfinite(r->time_ms) && isfinite(r->runner_up_ms) &&
+                       isfinite(r->model_ms),
+                   "stof__db_store: record %s: times must be finite", r->key);
+    STOF_CHECK_ARG(ctx, r->cubin || r->cubin_size == 0,
+                   "stof__db_store: record %s: cubin is NULL with size %zu",
+                   r->key, r->cubin_size);
+    db_layer *L;
+    stof_status st = user_layer(db, &L);
+    if (st != STOF_OK)
+        return st;
+
+    stof_db_record c = *r; /* the filled-in copy that is bound */
+    c.cubin = NULL;
+    c.verified = r->verified != 0;
+    if (!c.created_at)
+        c.created_at = (int64_t)time(NULL);
+    if (!c.host[0] && gethostname(c.host, sizeof(c.host)) != 0)
+        snprintf(c.host, sizeof(c.host), "unknown");
+    c.host[sizeof(c.host) - 1] = '\0';
+
+    sqlite3_stmt *s;
+    int rc = layer_stmt(L, ST_STORE, &s);
+    if (rc != SQLITE_OK)
+        return DB_FAIL(db, L, rc, "preparing the record store");
+    int col = 1;
+#define BIND_T_(f)                                                             \
+    if (rc == SQLITE_OK)                                                       \
+        rc = bind_array_text(s, col++, c.f, sizeof(c.f));
+#define BIND_I_(f)                                                             \
+    if (rc == SQLITE_OK)                                                       \
+        rc = sqlite3_bind_int(s, col++, c.f);
+#define BIND_L_(f)                                                             \
+    if (rc == SQLITE_OK)                                                       \
+        rc = sqlite3_bind_int64(s, col++, c.f);
+#define BIND_D_(f)                                                             \
+    if (rc == SQLITE_OK)                                                       \
+        rc = sqlite3_bind_double(s, col++, c.f);
+    DB_FIELDS(BIND_T_, BIND_I_, BIND_L_, BIND_D_)
+#undef BIND_T_
+#undef BIND_I_
+#undef BIND_L_
+#undef BIND_D_
+    if (rc == SQLITE_OK)
+        rc = r->cubin_size ? sqlite3_bind_blob64(s, col, r->cubin,
+                                                 (sqlite3_uint64)r->cubin_size,
+                                                 SQLITE_STATIC)
+                           : sqlite3_bind_null(s, col);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(s, sqlite3_bind_parameter_index(s, ":replace"),
+                              replace != 0);
+    if (rc != SQLITE_OK) {
+        done_stmt(s);
+        return DB_FAIL(db, L, rc, "binding the record");
+    }
+    return run_write(db, L, s, "storing a record");
+}
+
+stof_status stof__db_record_miss(stof_db *db, const char *key,
+                                 const char *problem_json,
+                                 const void *mask_bits, size_t mask_bytes)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(db->ctx, key && *key, "stof__db_record_miss: no key");
+    STOF_CHECK_ARG(db->ctx, mask_bits || mask_bytes == 0,
+                   "stof__db_record_miss: mask_bits is NULL with size %zu",
+                   mask_bytes);
+    db_layer *L;
+    stof_status st = user_layer(db, &L);
+    if (st != STOF_OK)
+        return st;
+    sqlite3_stmt *s;
+    int rc = layer_stmt(L, ST_MISS, &s);
+    if (rc != SQLITE_OK)
+        return DB_FAIL(db, L, rc, "preparing the miss record");
+    rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 2, problem_json ? problem_json : "{}", -1,
+                               SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = mask_bytes ? sqlite3_bind_blob64(s, 3, mask_bits,
+                                              (sqlite3_uint64)mask_bytes,
+                                              SQLITE_STATIC)
+                        : sqlite3_bind_null(s, 3);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 4, (sqlite3_int64)time(NULL));
+    if (rc != SQLITE_OK) {
+        done_stmt(s);
+        return DB_FAIL(db, L, rc, "binding the miss");
+    }
+    return run_write(db, L, s, "recording a miss");
+}
+
+/* Advance an iteration: `last` (malloc'd, NULL before the first row) is
+ * replaced by the key of the row now in s. The full key is kept (not the
+ * record's truncated copy) so that the next "key > last" moves on. */
+static int save_key(sqlite3_stmt *s, char **last)
+{
+    const unsigned char *k = sqlite3_column_text(s, 0);
+    char *dup = strdup(k ? (const char *)k : "");
+    if (!dup)
+        return SQLITE_NOMEM;
+    free(*last);
+    *last = dup;
+    return SQLITE_OK;
+}
+
+/* Both iterations read one row per statement, by key order, and reset the
+ * statement before calling back: no read transaction is open during the
+ * callback, so it may store, record or delete through the same db. */
+stof_status stof__db_foreach(stof_db *db, int layer, stof_db_record_fn fn,
+                             void *user)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(db->ctx, fn, "stof__db_foreach: fn is NULL");
+    STOF_CHECK_ARG(db->ctx, layer >= 0 && layer < db->n_layers,
+                   "stof__db_foreach: layer %d is out of range (0..%d)",
+                   layer, db->n_layers - 1);
+    db_layer *L = &db->layers[layer];
+    if (!L->conn)
+        return stof__fail(db->ctx, STOF_ERR_DATABASE,
+                          "tuning database layer %d%s%s is not open: %s",
+                          layer, L->path ? " " : "", L->path ? L->path : "",
+                          L->why[0] ? L->why : "unusable");
+    char *last = NULL;
+    stof_status st = STOF_OK;
+    for (;;) {
+        sqlite3_stmt *s;
+        int rc = layer_stmt(L, ST_NEXT_RECORD, &s);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_text(s, 1, last ? last : "", -1,
+                                   SQLITE_TRANSIENT);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE) {
+            done_stmt(s);
+            break;
+        }
+        stof_db_record r;
+        memset(&r, 0, sizeof(r));
+        if (rc == SQLITE_ROW)
+            rc = save_key(s, &last);
+        if (rc == SQLITE_OK)
+            rc = read_record(s, &r);
+        if (rc != SQLITE_OK) {
+            st = rc == SQLITE_NOMEM
+                     ? stof__fail(db->ctx, STOF_ERR_OUT_OF_MEMORY,
+                                  "tuning database %s: out of memory",
+                                  L->path)
+                     : DB_FAIL(db, L, rc, "reading records");
+            done_stmt(s);
+            stof__db_record_clear(&r);
+            break;
+        }
+        done_stmt(s);
+        snprintf(r.source, sizeof(r.source), "%s",
+                 layer == 0 ? "user" : "system");
+        int stop = fn(user, &r);
+        stof__db_record_clear(&r);
+        if (stop)
+            break;
+    }
+    free(last);
+    return st;
+}
+
+stof_status stof__db_foreach_miss(stof_db *db, stof_db_miss_fn fn, void *user)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(db->ctx, fn, "stof__db_foreach_miss: fn is NULL");
+    db_layer *L = &db->layers[0];
+    if (!L->conn)
+        return stof__fail(db->ctx, STOF_ERR_DATABASE,
+                          "no user tuning database: %s%s%s",
+                          L->path ? L->path : "", L->path ? ": " : "",
+                          L->why[0] ? L->why : "not open");
+    char *last = NULL;
+    stof_status st = STOF_OK;
+    for (;;) {
+        sqlite3_stmt *s;
+        int rc = layer_stmt(L, ST_NEXT_MISS, &s);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_text(s, 1, last ? last : "", -1,
+                                   SQLITE_TRANSIENT);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE) {
+            done_stmt(s);
+            break;
+        }
+        char *problem = NULL;
+        void *bits = NULL;
+        size_t nbits = 0;
+        int64_t count = 0;
+        if (rc == SQLITE_ROW)
+            rc = save_key(s, &last);
+        if (rc == SQLITE_OK) {
+            const unsigned char *p = sqlite3_column_text(s, 1);
+            problem = strdup(p ? (const char *)p : "");
+            const void *b = sqlite3_column_blob(s, 2);
+            nbits = b ? (size_t)sqlite3_column_bytes(s, 2) : 0;
+            bits = nbits ? malloc(nbits) : NULL;
+            if (!problem || (nbits && !bits))
+                rc = SQLITE_NOMEM;
+            else if (nbits)
+                memcpy(bits, b, nbits);
+            count = sqlite3_column_int64(s, 3);
+        }
+        if (rc != SQLITE_OK) {
+            st = rc == SQLITE_NOMEM
+                     ? stof__fail(db->ctx, STOF_ERR_OUT_OF_MEMORY,
+                                  "tuning database %s: out of memory",
+                                  L->path)
+                     : DB_FAIL(db, L, rc, "reading misses");
+            done_stmt(s);
+            free(problem);
+            free(bits);
+            break;
+        }
+        done_stmt(s);
+        int stop = fn(user, last, problem, bits, nbits, count);
+        free(problem);
+        free(bits);
+        if (stop)
+            break;
+    }
+    free(last);
+    return st;
+}
+
+stof_status stof__db_delete_miss(stof_db *db, const char *key)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(db->ctx, key && *key, "stof__db_delete_miss: no key");
+    db_layer *L;
+    stof_status st = user_layer(db, &L);
+    if (st != STOF_OK)
+        return st;
+    sqlite3_stmt *s;
+    int rc = layer_stmt(L, ST_DELETE_MISS, &s);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    if (rc != SQLITE_OK) {
+        done_stmt(s);
+        return DB_FAIL(db, L, rc, "deleting a miss");
+    }
+    return run_write(db, L, s, "deleting a miss");
+}

@@ -1,0 +1,116 @@
+/*
+ * db.h - the SQLite tuning database: one writable user database layered
+ * over any number of read-only system databases. Records hold the winning
+ * kernel of a problem (its configuration and cubin) with how and where it
+ * was measured; misses recorded by cache-only runs are kept for later
+ * tuning. Every failure (missing, corrupt, foreign, read-only or newer-
+ * schema file) is logged and degrades to "miss" or "read-only", never a
+ * crash.
+ */
+#ifndef STOF_DB_H
+#define STOF_DB_H
+
+#include "internal.h"
+
+#define STOF_DB_SCHEMA_VERSION 1
+
+typedef struct stof_db stof_db;
+
+/* One record. Strings are NUL-terminated and truncated to their arrays. */
+typedef struct stof_db_record {
+    char key[33];            /* problem key: 32 hex digits (XXH3-128) */
+    /* the problem, readable */
+    char op[16];             /* "attention" */
+    char mask_digest[33];
+    char mask_spec[256];     /* the spec when the mask came from one, else "" */
+    int batch, heads, seq_q, seq_k, head_dim;
+    char dtype[8];           /* "fp16" / "bf16" */
+    char layout[16];         /* "BHSD" / "BSHD" / "strided" */
+    /* where it is valid */
+    char device_name[128];
+    int cc_major, cc_minor, sm_count;
+    int driver_version;      /* e.g. 13000 */
+    char nvrtc_version[16];  /* "13.0" */
+    char stof_version[16];   /* "0.1.0" */
+    char template_hash[17];  /* 16 hex digits */
+    /* the winner */
+    char kernel[16];         /* "block", "rowwise", "wgmma", "reference" */
+    char config[256];        /* JSON object of the kernel's parameters */
+    char arch[16];           /* what the cubin was compiled for */
+    void *cubin;             /* owned by the record (malloc) */
+    size_t cubin_size;
+    /* how it was measured */
+    double time_ms;          /* winner's median time */
+    double runner_up_ms;     /* second best (0 if none) */
+    double model_ms;         /* time of the cost model's first choice */
+    int n_candidates;        /* candidates timed in stage 2 */
+    int verified;            /* 1: checked against the reference */
+    char measured[256];      /* JSON: method, repetitions, seed */
+    int64_t created_at;      /* unix seconds */
+    char host[64];
+    /* filled by lookups */
+    int64_t hits;
+    char source[16];         /* "user" or "system" */
+} stof_db_record;
+
+/* Free what a record owns (the cubin) and zero it. */
+void stof__db_record_clear(stof_db_record *r);
+
+/* The default user database path: $STOF_USER_DB if set, else
+ * $XDG_CACHE_HOME/stof/tuning.db, else $HOME/.cache/stof/tuning.db. Written
+ * into buf (n bytes); returns 0 when no path can be formed. */
+int stof__db_default_path(char *buf, size_t n);
+
+/* Open the layered database. user_path: NULL = the default path, "" = no
+ * user database. The user database is created (with its directory) when
+ * missing, opened in WAL mode with a busy timeout; if it cannot be opened
+ * for writing it is used read-only, and if it is unusable (corrupt,
+ * foreign, newer schema) it is skipped: both are logged at STOF_LOG_WARN
+ * on ctx. system_paths: NULL-terminated list (may be NULL), opened
+ * read-only, each skipped with a warning when unusable. Never fails for a
+ * bad file; fails only for out-of-memory. */
+stof_status stof__db_open(stof_context *ctx, const char *user_path,
+                          const char *const *system_paths,
+                          stof_db **out /* OUT */);
+void stof__db_close(stof_db **db);
+
+/* 1 when the user database is open for writing. */
+int stof__db_writable(const stof_db *db);
+
+/* Look a key up: the user database first, then the system databases in
+ * order. STOF_OK with *out filled (caller clears it), STOF_ERR_NOT_FOUND on
+ * a miss (also when every layer is unusable). Counts the hit in the user
+ * database when it is writable (best effort). */
+stof_status stof__db_lookup(stof_db *db, const char *key,
+                            stof_db_record *out /* OUT */);
+
+/* Store a record in the user database in one transaction. When a record
+ * with the same key exists, the new one replaces it only if `replace` is
+ * set, or it is verified and either faster or the stored one is unverified
+ * (so concurrent tuners converge on the fastest verified record; ties and
+ * unverified records never replace). STOF_ERR_DATABASE when there is no
+ * writable user database. */
+stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace);
+
+/* Record a miss (a problem planned in cache-only mode): the key, the
+ * problem as JSON (descriptor and mask spec) and, when the mask has no
+ * spec, its packed bits. Increments the count when already recorded. */
+stof_status stof__db_record_miss(stof_db *db, const char *key,
+                                 const char *problem_json,
+                                 const void *mask_bits, size_t mask_bytes);
+
+/* Iterate the records of the user database (layer 0) or system database
+ * i (layer i+1), calling fn for each; fn returns nonzero to stop. Records
+ * passed to fn are cleared after the call. */
+typedef int (*stof_db_record_fn)(void *user, const stof_db_record *r);
+stof_status stof__db_foreach(stof_db *db, int layer, stof_db_record_fn fn,
+                             void *user);
+
+/* Misses: iterate, and delete one (after tuning it). */
+typedef int (*stof_db_miss_fn)(void *user, const char *key,
+                               const char *problem_json, const void *mask_bits,
+                               size_t mask_bytes, int64_t count);
+stof_status stof__db_foreach_miss(stof_db *db, stof_db_miss_fn fn, void *user);
+stof_status stof__db_delete_miss(stof_db *db, const char *key);
+
+#endif /* STOF_DB_H */

@@ -1,0 +1,53 @@
+/*
+ * problem_key.c - the key a tuned attention kernel is stored under: XXH3-128
+ * over everything that decides which kernel wins and whether its cubin is
+ * valid: the operation, the mask digest, the problem's sizes, dtype and
+ * layout, the device fingerprint (name, compute capability, SM count), the
+ * driver and NVRTC versions, the stof version and the template hash. A
+ * record from another GPU, driver, NVRTC or template version never matches.
+ */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *layout_name(stof_layout l)
+{
+    return l == STOF_LAYOUT_BHSD ? "BHSD" : l == STOF_LAYOUT_BSHD ? "BSHD"
+                                                                  : "strided";
+}
+
+void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
+                         const char *mask_hex, char key[33], char *text,
+                         size_t text_n)
+{
+    const stof_device *dev = &ctx->device;
+    char buf[1024];
+    /* The canonical text is hashed; it is also a readable record of what
+     * the key covers. Strides matter only through the layout (they are
+     * run-time parameters of every kernel). */
+    int n = snprintf(buf, sizeof(buf),
+                     "op=attention;v=1;mask=%s;batch=%d;heads=%d;seq_q=%d;"
+                     "seq_k=%d;head_dim=%d;dtype=%s;layout=%s;neg_scale=%d;"
+                     "device=%s;cc=%d.%d;sms=%d;driver=%d;nvrtc=%d.%d;"
+                     "stof=%s;templates=%016llx",
+                     mask_hex, d->batch, d->heads, d->seq_q, d->seq_k,
+                     d->head_dim, d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16",
+                     layout_name(d->layout), d->scale < 0.0f, dev->name,
+                     dev->cc_major, dev->cc_minor, dev->sm_count,
+                     dev->driver_version, dev->nvrtc_major, dev->nvrtc_minor,
+                     stof_version_string(),
+                     (unsigned long long)stof_template_hash());
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof(buf))
+        n = (int)sizeof(buf) - 1;
+    XXH128_hash_t h = XXH3_128bits(buf, (size_t)n);
+    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64,
+             (unsigned long long)h.low64);
+    if (text && text_n)
+        snprintf(text, text_n, "%s", buf);
+}
