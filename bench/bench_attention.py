@@ -94,6 +94,8 @@ def main():
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
     ap.add_argument("--json", help="write all results to this file")
+    ap.add_argument("--user-db", help="tuning database (default: stof's default "
+                    "location); the first plan of each problem tunes, the second loads")
     args = ap.parse_args()
 
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -107,7 +109,7 @@ def main():
         torch._dynamo.config.recompile_limit = 1024
 
     dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
-    ctx = stof.Context()
+    ctx = stof.Context(user_db=args.user_db)
     dev = ctx.device()
     print(f"# {dev['name']}, driver {dev.get('driver_version')}, torch {torch.__version__}, "
           f"stof {stof._load().stof_version_string().decode()}", flush=True)
@@ -132,7 +134,15 @@ def main():
             t0 = time.perf_counter()
             plan = ctx.attention_plan(q, k, v, mask, out=out)
             r["stof_plan_s"] = time.perf_counter() - t0
+            # Warm plan: a second plan of the same problem is a database hit.
+            t0 = time.perf_counter()
+            plan2 = ctx.attention_plan(q, k, v, mask, out=out)
+            r["stof_warm_plan_s"] = time.perf_counter() - t0
+            r["stof_warm_source"] = plan2.describe().get("source")
+            del plan2
             desc = plan.describe()
+            r["stof_source"] = desc.get("source")
+            r["stof_tuned_ms"] = desc.get("time_ms")
             r["stof_kernel"] = desc.get("kernel")
             r["stof_params"] = desc.get("params")
             r["stof_predicted_ms"] = desc.get("predicted_ms")
@@ -184,6 +194,14 @@ def main():
               f"{r.get('stof_predicted_ms') or float('nan'):8.3f}")
     print("x flex = FlexAttention time / stof time; x sdpa = SDPA time / stof time "
           "(flash SDPA for none, is_causal for causal, bool mask otherwise)")
+    print()
+    print(f"{'shape':>14} {'mask':>10} {'cold plan s':>11} {'source':>8} "
+          f"{'warm plan ms':>12} {'source':>9} {'flex 1st s':>10}")
+    for r in results:
+        shape = "x".join(str(x) for x in r["shape"])
+        print(f"{shape:>14} {r['mask']:>10} {r['stof_plan_s']:11.2f} "
+              f"{r.get('stof_source', '-'):>8} {r['stof_warm_plan_s'] * 1e3:12.2f} "
+              f"{r.get('stof_warm_source', '-'):>9} {r.get('flex_first_s', float('nan')):10.2f}")
     bad = [r for r in results if not r["stof_err"] < 1e-2]
     if args.json:
         with open(args.json, "w") as f:

@@ -65,6 +65,11 @@
 // compacted tile (BLOCK_M rows x BLOCK_N/32 words, as block mode) and marks
 // a tile FULL when every row of the block that exists allows every listed
 // key of the tile; full tiles skip the bitmap as in block mode.
+// QPERM: with q_rows set (a launch argument of the gather kernel), row r of
+// the format is query row q_rows[r] of the tensors, for the Q loads and the
+// O stores. The host builds the format on a mask whose rows were grouped
+// (stof__mask_group_rows: for dilated:W:D, by residue class mod D), so a
+// row block lists only the keys of its class: half the tiles for D = 2.
 // Key indices travel through shared memory: sI is a ring of STAGES+1
 // slots, tile u in slot u % (STAGES+1); a slot holds, per tile row, the
 // K and the V row offset (key * seq stride, in 16-byte units, 0 past the
@@ -74,7 +79,12 @@
 // K(t) and V(t) were issued earlier, and a barrier separates their issue
 // from the store). K(t+S) and V(t+S-1) are issued in iteration t from sI
 // after a barrier, so the index latency stays off the critical path, and a
-// loader thread spends one shared load and one multiply-add per row.
+// loader thread spends one shared load and one multiply-add per row (all
+// loads before the first cp.async: its memory clobber would otherwise
+// serialise them, which cost 10-40% of the loop).
+// Measured (H200, fp16, 2026-11-21, stof-bench-kernels): on the same tiles
+// gather runs within -2..+3% of block mode; strided:128 at 4x16x4096x64 and
+// 1x32x8192x128 took 0.137 / 0.244 ms (block best 0.420 / 1.126).
 //
 // Fragments (mma.sync m16n8k16, g = lane/4, q = lane%4):
 //   A (Q, P): a0 (row g, k 2q..2q+1), a1 (row g+8), a2 (k+8), a3 (row g+8, k+8)
@@ -199,10 +209,12 @@ struct stof_attn_block_params {
     // key_ptr[i+1]-1]. Mirrored by stof_attn_gather_params.
     const int *key_ptr;          // n_row_blocks + 1
     const int *keys;             // key indices (< seq_k), ascending per block
+    const int *q_rows;           // NULL, or seq_q rows: row r of the format
+                                 // is row q_rows[r] of q and o (QPERM)
 #endif
 };
 static_assert(sizeof(stof_attn_block_params) ==
-                  9 * 8 + 12 * 8 + 8 * 4 + GATHER * 2 * 8,
+                  9 * 8 + 12 * 8 + 8 * 4 + GATHER * 3 * 8,
               "stof_attn_block_params layout");
 
 // ---------------------------------------------------------------------------
@@ -413,6 +425,49 @@ __device__ __forceinline__ void bk_gather_rows(unsigned dst,
     }
 }
 
+// Q rows row0 .. row0 + ROWS - 1 of the format into the swizzled tile at
+// `dst`, as bk_load_rows, but row gr of the format is tensor row
+// rows[gr] when `rows` is not NULL (QPERM); rows >= limit are zero-filled.
+// The row indices are all loaded (non-volatile, so batched) before the
+// first copy.
+template <int ROWS>
+__device__ __forceinline__ void bk_load_qrows(unsigned dst,
+                                              const unsigned short *g,
+                                              stof_i64 stride, int row0,
+                                              int limit, const int *rows,
+                                              int tid)
+{
+    constexpr int RPP = BK_THREADS / BK_CPR; // rows per pass
+    constexpr int ITERS = (ROWS + RPP - 1) / RPP;
+    const int r0 = tid / BK_CPR, c = tid % BK_CPR;
+    const unsigned d0 = bk_off(r0, c);
+    int src[ITERS];
+#pragma unroll
+    for (int i = 0; i < ITERS; i++) {
+        const int r = r0 + i * RPP, gr = row0 + r;
+        int x = -1;
+        if ((ROWS % RPP == 0 || r < ROWS) && gr < limit) {
+            if (rows)
+                asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(x) : "l"(rows + gr));
+            else
+                x = gr;
+        }
+        src[i] = x;
+    }
+#pragma unroll
+    for (int i = 0; i < ITERS; i++) {
+        const int r = r0 + i * RPP;
+        if (ROWS % RPP == 0 || r < ROWS) {
+            const unsigned short *sp =
+                g + (src[i] >= 0 ? (stof_i64)src[i] * stride : (stof_i64)0) +
+                c * 8;
+            const unsigned d = RPP % 8 == 0 ? d0 + i * RPP * BK_ROWB
+                                            : bk_off(r, c);
+            bk_cp_async16(dst + d, sp, src[i] >= 0 ? 16 : 0);
+        }
+    }
+}
+
 // Store the K and V row offsets of key `key` (-1: past the list's end) as
 // row `j` of index slot `so` (2 * BLOCK_N words: K offsets, then V).
 __device__ __forceinline__ void bk_idx_store(unsigned *so, int j, int key,
@@ -541,7 +596,12 @@ stof_attn_block(const stof_attn_block_params p)
         __syncthreads();
 #endif
         // ---- prologue: Q, K0, V0, ..., K(S-2), V(S-2), K(S-1) -------------
+#if GATHER
+        bk_load_qrows<BLOCK_M>(sQ, qg, p.q_stride[2], q0, p.seq_q, p.q_rows,
+                               tid);
+#else
         bk_load_rows<BLOCK_M>(sQ, qg, p.q_stride[2], q0, p.seq_q, tid);
+#endif
         bk_cp_commit();
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
@@ -888,7 +948,16 @@ stof_attn_block(const stof_attn_block_params p)
             const int gr = q0 + r;
             if (gr < p.seq_q) {
                 const uint4 v4 = *(const uint4 *)(sq_bytes + bk_off(r, c));
-                *(uint4 *)(og + (stof_i64)gr * p.o_stride[2] + c * 8) = v4;
+#if GATHER
+                int orow = gr;
+                if (p.q_rows)
+                    asm("ld.global.nc.b32 %0, [%1];\n"
+                        : "=r"(orow)
+                        : "l"(p.q_rows + gr));
+#else
+                const int orow = gr;
+#endif
+                *(uint4 *)(og + (stof_i64)orow * p.o_stride[2] + c * 8) = v4;
             }
         }
     }

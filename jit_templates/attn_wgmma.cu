@@ -2,21 +2,29 @@
 // warp-specialised, TMA loads, wgmma for both GEMMs. STOF_NEEDS_SM90A
 //
 // Same problem and semantics as the block mode of attn_block.cu: one CTA
-// computes the BLOCK_M = 128 query rows of row block rb of one (batch, head)
-// and walks only the non-empty BLOCK_M x BLOCK_N tiles of that row block
-// (row_ptr / col_idx / kind / bitmap_idx / bitmaps of a stof_format built
-// with block_m 128 and this BLOCK_N):
+// computes the BLOCK_M (128, or 64) query rows of row block rb of one
+// (batch, head) and walks only the non-empty BLOCK_M x BLOCK_N tiles of that
+// row block (row_ptr / col_idx / kind / bitmap_idx / bitmaps of a
+// stof_format built with this BLOCK_M and BLOCK_N):
 //   FULL tiles    no mask, except columns >= seq_k of the last key block;
 //   PARTIAL tiles the tile's bitmap (word c/32, bit c%32 of row r) masks.
 // Rows without any allowed key produce exact zeros. grid.x = row blocks
 // (rb = row_order[blockIdx.x] when row_order is not NULL, so the host can
 // start the heavy row blocks first), grid.y = batch * heads (b * heads + h).
 //
-// Roles (384 threads = 3 warpgroups, __launch_bounds__(384, 1)):
+// Roles (BLOCK_M 128: 384 threads = 3 warpgroups, __launch_bounds__(384,
+// 1); BLOCK_M 64: 256 threads = 2 warpgroups, __launch_bounds__(256, 2)):
 //   warpgroup 0   producer: one thread issues every load (setmaxnreg.dec
-//                 gives the registers to the consumers);
-//   warpgroups 1, 2  consumers: warpgroup 1 + c owns query rows 64c..64c+63
+//                 gives the registers to the consumers); in gather mode all
+//                 128 threads issue cp.async (see "Gather mode" below);
+//   warpgroups 1.. consumers: warpgroup 1 + c owns query rows 64c..64c+63
 //                 of the block (one wgmma M = 64 each).
+// BLOCK_M 64 is for masks whose structure is 64 rows fine (bigbird:64's
+// blocks are exactly full 64 x 64 tiles; 128-row blocks union two block
+// rows' columns): one consumer warpgroup, and two CTAs share an SM (at
+// most 113 KB of shared memory each: d=64, or d=128 with BLOCK_N 64), so
+// one CTA's prologue (Q and the first tiles from memory) and epilogue run
+// under the other's wgmmas.
 // Loads: Q once, then K(t) and V(t) of every tile t into STAGES slots, with
 // cp.async.bulk.tensor (TMA, 4-D tensor maps over (head_dim, seq, heads,
 // batch), built per launch on the host, 128-byte swizzle). Rows past seq_q /
@@ -26,7 +34,8 @@
 // 1-D cp.async.bulk on the same mbarrier; the tile's {key block, kind} is
 // stored into the slot's meta by the producer before it arms the barrier.
 // mbarriers: Q (1 arrival + tx), fullK[s], fullV[s] (1 arrival + tx),
-// emptyK[s], emptyV[s] (8 arrivals: lane 0 of each consumer warp).
+// emptyK[s], emptyV[s] (4 * BLOCK_M/64 arrivals: lane 0 of each consumer
+// warp).
 //
 // Consumers (per warpgroup, FlashAttention-3 style):
 //   S = Q K^T   wgmma m64 n BLOCK_N k16, A (Q) and B (K) from shared memory,
@@ -54,17 +63,63 @@
 //   sV   the same
 //   sB   STAGES x BLOCK_M x BLOCK_N/32 words (partial tiles' bitmaps)
 //   bar  1 + 4*STAGES mbarriers (Q, fullK, fullV, emptyK, emptyV)
-//   meta STAGES x {key block, kind}
+//   meta STAGES x {key block (gather: list tile), kind}
+//   idx  (GATHER only) 2 slots x {K, V} x BLOCK_N u32 key row offsets
+//
+// Gather mode (GATHER=1): the CTA walks the row-wise format instead (the
+// same device arrays as the mma.sync gather kernel, stof_rowwise_format
+// uploaded with this BLOCK_M and BLOCK_N): row block rb's keys are the
+// compacted list keys[key_ptr[rb] .. key_ptr[rb+1]-1] and its tile t is list
+// entries t*BLOCK_N .. t*BLOCK_N + BLOCK_N-1, FULL or PARTIAL (bitmap
+// repacked per compacted tile, BLOCK_M x BLOCK_N/32 words, as above). The
+// TMA cannot gather rows, so every load is a 16-byte cp.async issued by all
+// 128 producer threads (32 registers each, see WG_PRODUCER_REGS), written
+// straight into the 128-byte-swizzled layout the wgmma descriptors read
+// (chunk c of row r of a 64-column block at chunk c ^ (r & 7)); rows past
+// the list's end (or seq_q) are zero-filled (src-size 0) and masked as the
+// columns >= seq_k of block mode (the list length stands in for seq_k).
+// Thread pt copies chunk pt % (HEAD_DIM/8) of rows pt / (HEAD_DIM/8) + i *
+// (1024/HEAD_DIM): eight (sixteen) consecutive threads read one 128 (256)
+// byte row, and a row's swizzle stays the same over i. Completion: each
+// producer thread's cp.async.mbarrier.arrive.noinc on the stage's barrier
+// (fullK: 128 of them + the arrival of thread 0 after it stored the meta;
+// fullV and Q: 128), so a phase completes when all 128 threads' copies have
+// landed; consumers run fence.proxy.async after the wait (cp.async writes in
+// the generic proxy, wgmma reads in the async proxy). Key row offsets (key *
+// seq stride, 16-byte units, 32 bits: the host checks they fit) travel
+// through a 2-slot ring in shared memory: threads pt < BLOCK_N load tile
+// t+1's key early in iteration t and store its K and V offsets at the end;
+// a producer-only named barrier at the top of each iteration separates the
+// stores from the reads. Q is always loaded by cp.async in gather mode
+// (once per CTA), optionally permuted:
+// q_rows (NULL or int32[seq_q]): row r of the format is query row q_rows[r]
+// of the tensors, for the Q loads and the O stores (the host builds the
+// format on a mask whose rows were grouped, e.g. by residue mod D for
+// dilated masks, so each row block lists the keys of one class only).
+// Measured (H200, fp16, 2026-11-21, stof-bench-wgmma, ms): dense
+// 4x16x4096x64 gather 0.682 vs TMA block 0.615 (d=128 at 1x32x8192: 1.996
+// vs 1.614: 16-byte cp.async moves K/V less efficiently than the TMA);
+// dilated:512:2 with grouped rows 0.166 (BLOCK_M 64: 0.160; block mode
+// 0.236), strided:128 0.158 (BLOCK_M 64: 0.121; block 0.515); at
+// 1x32x8192x128 dilated grouped 0.236 / 0.233, strided 0.211 / 0.182.
+// BLOCK_M 64 block mode on bigbird:64:3:2:3:1: 0.165 (4096, d=64) and
+// 0.269 ms (8192, d=128), against 0.228 / 0.349 for the best 128-row cfg.
 //
 // Compile-time parameters (-D):
 //   HEAD_DIM 64 or 128    DTYPE 0 fp16, 1 bf16    BLOCK_N 64 or 128
 //   STAGES   2..4 K/V slots    OVERLAP 0/1 (default 1)
+//   GATHER   0 tile BSR + TMA (default), 1 row-wise lists + cp.async
+//   BLOCK_M  128 (default) or 64 query rows per CTA
 // Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
 //
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=3
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=4 | HEAD_DIM=128,DTYPE=1,BLOCK_N=64,STAGES=3
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=2,OVERLAP=0 | HEAD_DIM=128,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,GATHER=1
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_N=64,STAGES=4,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0,GATHER=1
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=4 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
 #include "stof_common.cuh"
 
 #ifndef HEAD_DIM
@@ -79,9 +134,17 @@
 #ifndef OVERLAP
 #define OVERLAP 1
 #endif
+#ifndef GATHER
+#define GATHER 0
+#endif
 
-#define WG_BLOCK_M 128
-#define WG_THREADS 384
+#ifndef BLOCK_M
+#define BLOCK_M 128
+#endif
+#define WG_BLOCK_M BLOCK_M
+#define WG_NCW (BLOCK_M / 64)              // consumer warpgroups
+#define WG_THREADS (128 * (1 + WG_NCW))
+#define WG_MIN_BLOCKS (BLOCK_M == 64 ? 2 : 1) // CTAs per SM (registers)
 #define WG_DB (HEAD_DIM / 64)                  // 64-column blocks
 #define WG_Q_BYTES (WG_BLOCK_M * HEAD_DIM * 2)
 #define WG_KV_BYTES (BLOCK_N * HEAD_DIM * 2)   // one slot of K (or V)
@@ -93,18 +156,50 @@
 #define WG_OFF_BAR (WG_OFF_B + STAGES * WG_BITS_BYTES)
 #define WG_N_BARS (1 + 4 * STAGES)
 #define WG_OFF_META (WG_OFF_BAR + 8 * WG_N_BARS)
-#define WG_SMEM_USED (WG_OFF_META + 8 * STAGES)
+#define WG_OFF_IDX (WG_OFF_META + 8 * STAGES)
+#if GATHER
+#define WG_IDX_BYTES (2 * 2 * BLOCK_N * 4) // 2 slots x (K, V) x BLOCK_N
+#else
+#define WG_IDX_BYTES 0
+#endif
+#define WG_SMEM_USED (WG_OFF_IDX + WG_IDX_BYTES)
 #define WG_SMEM_BYTES (WG_SMEM_USED + 1024)    // + alignment slack
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
+static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M must be 64 or 128");
 static_assert(BLOCK_N == 64 || BLOCK_N == 128, "BLOCK_N must be 64 or 128");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES must be 2..4");
 static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
 static_assert(OVERLAP == 0 || OVERLAP == 1, "OVERLAP must be 0 or 1");
+static_assert(GATHER == 0 || GATHER == 1, "GATHER must be 0 or 1");
 static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
               "swizzle atoms must stay 1024-byte aligned");
 
 #define STOF_TILE_PARTIAL_ 1 // STOF_TILE_PARTIAL in stof.h
+
+// Registers per thread after setmaxnreg: what the producer gives back, the
+// consumers take. BLOCK_M 128: the launch gives 168 to each of the 384
+// threads; BLOCK_M 64: 128 to each of 256 (two CTAs per SM). The gather
+// producer computes addresses: 32 registers (24 spill), so its consumers
+// get 8 (BLOCK_M 128) or 32 (64) fewer; d=128 still fits without spilling
+// (ptxas -v).
+#if BLOCK_M == 128
+#if GATHER
+#define WG_PRODUCER_REGS "32"
+#define WG_CONSUMER_REGS "232"
+#else
+#define WG_PRODUCER_REGS "24"
+#define WG_CONSUMER_REGS "240"
+#endif
+#else
+#if GATHER
+#define WG_PRODUCER_REGS "32"
+#define WG_CONSUMER_REGS "224"
+#else
+#define WG_PRODUCER_REGS "24"
+#define WG_CONSUMER_REGS "232"
+#endif
+#endif
 
 // An opaque CUtensorMap (128 bytes, 128-byte aligned as in cuda.h).
 struct __align__(128) stof_tmap {
@@ -113,12 +208,13 @@ struct __align__(128) stof_tmap {
 
 // The launch parameters, by value (__grid_constant__: the tensor maps are
 // read in place). Mirrored by stof_attn_wgmma_params in src/attn_wgmma.c;
-// both sides check the size and the offset of `o`.
+// both sides check the size and the offsets of `o` and `q`.
 struct stof_attn_wgmma_params {
     stof_tmap tm_q, tm_k, tm_v;   // (head_dim, seq, heads, batch) maps
+                                  // (block mode only)
     unsigned short *o;            // output, 16-byte aligned
-    const int *row_ptr;           // n_row_blocks + 1
-    const int *col_idx;           // per tile: key block (ascending)
+    const int *row_ptr;           // n_row_blocks + 1 (gather: tile_ptr)
+    const int *col_idx;           // per tile: key block (gather: unused)
     const unsigned char *kind;    // per tile: 1 partial, 2 full
     const int *bitmap_idx;        // per tile: partial index / -1
     const unsigned *bitmaps;      // per partial tile: BLOCK_M x WG_WPR words
@@ -129,8 +225,14 @@ struct stof_attn_wgmma_params {
     int bitmap_words_per_row;     // must be BLOCK_N / 32
     float scale_log2;             // softmax scale * log2(e), > 0
     int flags;                    // reserved, 0
+    // Gather mode only (0 in block mode):
+    const unsigned short *q, *k, *v; // inputs, 16-byte aligned
+    const int *key_ptr;           // n_row_blocks + 1
+    const int *keys;              // ascending key indices per row block
+    const int *q_rows;            // NULL or seq_q tensor rows (see above)
+    stof_i64 q_stride[3], k_stride[3], v_stride[3]; // b, h, seq (elements)
 };
-static_assert(sizeof(stof_attn_wgmma_params) == 512,
+static_assert(sizeof(stof_attn_wgmma_params) == 640,
               "stof_attn_wgmma_params layout");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -213,6 +315,38 @@ __device__ __forceinline__ void tma_prefetch_map(const stof_tmap *map)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((stof_u64)map) : "memory");
 }
 
+// 16-byte global -> shared copy; src_bytes 0 writes 16 zero bytes and reads
+// nothing. No memory clobber: the shared loads of the row offsets may move
+// ahead of it (the named barriers and mbarrier waits, which do clobber,
+// keep the order that matters).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void *src,
+                                           unsigned src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(src_bytes));
+}
+
+// One arrival on `bar` when every cp.async this thread issued so far has
+// landed; the barrier's expected count includes it (noinc).
+__device__ __forceinline__ void cp_async_arrive(unsigned bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(
+                     bar)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all()
+{
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// Generic-proxy writes (cp.async) seen through an mbarrier -> visible to
+// the async proxy (wgmma operand reads).
+__device__ __forceinline__ void fence_proxy_async()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void named_bar_sync(int id, int count)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -222,6 +356,14 @@ __device__ __forceinline__ int wg_ldg_i32(const int *p)
 {
     int v;
     asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// The same without volatile: the compiler may hoist and batch it.
+__device__ __forceinline__ int wg_ldg_i32_nv(const int *p)
+{
+    int v;
+    asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
     return v;
 }
 
@@ -479,13 +621,89 @@ __device__ __forceinline__ void wg_convert(const float (&s)[WG_SN],
     }
 }
 
+#if GATHER
+// ---------------------------------------------------------------------------
+// Gather producer (all 128 threads of warpgroup 0; pt = 0..127)
+// ---------------------------------------------------------------------------
+
+#define WG_CPR (HEAD_DIM / 8) // 16-byte chunks per row
+#define WG_RPP (128 / WG_CPR) // rows per pass of the 128 producer threads
+static_assert(WG_RPP % 8 == 0 && BLOCK_N % (4 * WG_RPP) == 0 &&
+                  WG_BLOCK_M % (4 * WG_RPP) == 0,
+              "gather passes keep the swizzle and come in groups of 4");
+static_assert(WG_BITS_BYTES / 16 <= 128, "one bitmap chunk per thread");
+
+// Q rows q0 .. q0 + BLOCK_M - 1 of the format (tensor rows q_rows[.] when
+// q_rows is set), rows >= seq_q zero-filled; one arrival on bar_q when they
+// landed.
+__device__ __forceinline__ void wg_gather_q(const stof_attn_wgmma_params &p,
+                                            int pt, int b, int h, int q0,
+                                            unsigned dst, unsigned bar_q)
+{
+    const int pr = pt / WG_CPR, pc = pt % WG_CPR;
+    const unsigned d0 = dst + (unsigned)((pc >> 3) * (WG_BLOCK_M * 128) +
+                                         pr * 128 +
+                                         (((pc & 7) ^ (pr & 7)) << 4));
+    const unsigned short *qg =
+        p.q + b * p.q_stride[0] + h * p.q_stride[1] + pc * 8;
+#pragma unroll
+    for (int i0 = 0; i0 < WG_BLOCK_M / WG_RPP; i0 += 4) {
+        int row[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int gr = q0 + pr + (i0 + j) * WG_RPP;
+            row[j] = gr < p.seq_q
+                         ? (p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr)
+                         : -1;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            cp_async16(d0 + (i0 + j) * (WG_RPP * 128),
+                       qg + (row[j] >= 0 ? (stof_i64)row[j] * p.q_stride[2]
+                                         : (stof_i64)0),
+                       row[j] >= 0 ? 16u : 0u);
+    }
+    cp_async_arrive(bar_q);
+}
+
+// One K or V tile: row r (= pr + i * RPP) from `g` + off[r] * 16 bytes,
+// zero-filled when r >= lim.
+__device__ __forceinline__ void wg_gather_tile(unsigned dst,
+                                               const unsigned char *g,
+                                               const unsigned *off, int pr,
+                                               int lim)
+{
+#pragma unroll
+    for (int i0 = 0; i0 < BLOCK_N / WG_RPP; i0 += 4) {
+        unsigned o[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            o[j] = off[pr + (i0 + j) * WG_RPP];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            cp_async16(dst + (i0 + j) * (WG_RPP * 128),
+                       g + (stof_u64)o[j] * 16u,
+                       pr + (i0 + j) * WG_RPP < lim ? 16u : 0u);
+    }
+}
+
+// K and V row offsets of key `key` (-1: past the list's end: offset 0, a
+// valid address that is never read) as row j of index slot `so`.
+__device__ __forceinline__ void wg_idx_store(unsigned *so, int j, int key,
+                                             stof_i64 k16, stof_i64 v16)
+{
+    so[j] = key >= 0 ? (unsigned)(key * k16) : 0u;
+    so[BLOCK_N + j] = key >= 0 ? (unsigned)(key * v16) : 0u;
+}
+#endif // GATHER
+
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
 // ---------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------
 
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS)
 stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -493,7 +711,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2; // 0 producer, 1..2 consumers
+    const int wg = warp >> 2; // 0 producer, 1.. consumers
     const int rb = p.row_order ? wg_ldg_i32(p.row_order + blockIdx.x)
                                : (int)blockIdx.x;
     const int bh = blockIdx.y;
@@ -517,15 +735,32 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 
     const int e0 = wg_ldg_i32(p.row_ptr + rb);
     const int n = wg_ldg_i32(p.row_ptr + rb + 1) - e0; // non-empty tiles
+#if GATHER
+    // The compacted key list; its length stands in for seq_k in the mask.
+    const int kb0 = wg_ldg_i32(p.key_ptr + rb);
+    const int klim = wg_ldg_i32(p.key_ptr + rb + 1) - kb0;
+    // Arrivals: one cp.async.mbarrier.arrive.noinc per producer thread
+    // (+ thread 0's after the meta store on fullK).
+#define WG_NQ 128u
+#define WG_NK 129u
+#define WG_NV 128u
+#define WG_GFENCE() fence_proxy_async()
+#else
+    const int klim = p.seq_k;
+#define WG_NQ 1u
+#define WG_NK 1u
+#define WG_NV 1u
+#define WG_GFENCE() ((void)0)
+#endif
 
     if (tid == 0) {
-        mb_init(bar_q, 1);
+        mb_init(bar_q, WG_NQ);
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
-            mb_init(BAR_FULL_K(s), 1);
-            mb_init(BAR_FULL_V(s), 1);
-            mb_init(BAR_EMPTY_K(s), 8);
-            mb_init(BAR_EMPTY_V(s), 8);
+            mb_init(BAR_FULL_K(s), WG_NK);
+            mb_init(BAR_FULL_V(s), WG_NV);
+            mb_init(BAR_EMPTY_K(s), 4 * WG_NCW);
+            mb_init(BAR_EMPTY_V(s), 4 * WG_NCW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -535,7 +770,79 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         // ------------------------------------------------------------------
         // Producer
         // ------------------------------------------------------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 " WG_PRODUCER_REGS ";\n" ::: "memory");
+#if GATHER
+        if (n > 0) {
+            const int pt = tid;
+            wg_gather_q(p, pt, b, h, q0, sQ, bar_q);
+            const int pr = pt / WG_CPR, pc = pt % WG_CPR;
+            const unsigned dkv = (unsigned)((pc >> 3) * (BLOCK_N * 128) +
+                                            pr * 128 +
+                                            (((pc & 7) ^ (pr & 7)) << 4));
+            const unsigned char *kg =
+                (const unsigned char *)(p.k + b * p.k_stride[0] +
+                                        h * p.k_stride[1] + pc * 8);
+            const unsigned char *vg =
+                (const unsigned char *)(p.v + b * p.v_stride[0] +
+                                        h * p.v_stride[1] + pc * 8);
+            const stof_i64 k16 = p.k_stride[2] >> 3, v16 = p.v_stride[2] >> 3;
+            const int *keys = p.keys + kb0;
+            unsigned *s_idx = (unsigned *)(smem + WG_OFF_IDX); // [2][2][BN]
+            if (pt < BLOCK_N)
+                wg_idx_store(s_idx, pt, pt < klim ? wg_ldg_i32(keys + pt) : -1,
+                             k16, v16);
+            int kind = wg_ldg_u8(p.kind + e0);
+            int bidx = wg_ldg_i32(p.bitmap_idx + e0);
+            int s = 0;
+            unsigned ph = 0;
+            for (int t = 0; t < n; t++) {
+                // Tile t+1: its key (stored at the end) and metadata.
+                int kn = -1, n_kind = 0, n_bidx = 0;
+                if (t + 1 < n) {
+                    const int pos = (t + 1) * BLOCK_N + pt;
+                    if (pt < BLOCK_N && pos < klim)
+                        kn = wg_ldg_i32(keys + pos);
+                    n_kind = wg_ldg_u8(p.kind + e0 + t + 1);
+                    n_bidx = wg_ldg_i32(p.bitmap_idx + e0 + t + 1);
+                }
+                if (t >= STAGES)
+                    mb_wait(BAR_EMPTY_K(s), ph ^ 1u);
+                // Tile t's offsets (stored in iteration t-1) are visible.
+                named_bar_sync(3, 128);
+                const unsigned *so = s_idx + (t & 1) * (2 * BLOCK_N);
+                const int lim = klim - t * BLOCK_N;
+                wg_gather_tile(sK + s * WG_KV_BYTES + dkv, kg, so, pr, lim);
+                if (kind == STOF_TILE_PARTIAL_ && pt < WG_BITS_BYTES / 16)
+                    cp_async16(sB + s * WG_BITS_BYTES + pt * 16,
+                               p.bitmaps +
+                                   (stof_i64)bidx * (WG_BLOCK_M * WG_WPR) +
+                                   pt * 4,
+                               16u);
+                if (pt == 0) {
+                    s_meta[2 * s] = t; // the list position stands in for
+                    s_meta[2 * s + 1] = kind; // the key block
+                    mb_arrive(BAR_FULL_K(s));
+                }
+                cp_async_arrive(BAR_FULL_K(s));
+                if (t >= STAGES)
+                    mb_wait(BAR_EMPTY_V(s), ph ^ 1u);
+                wg_gather_tile(sV + s * WG_KV_BYTES + dkv, vg, so + BLOCK_N,
+                               pr, lim);
+                cp_async_arrive(BAR_FULL_V(s));
+                if (pt < BLOCK_N && t + 1 < n)
+                    wg_idx_store(s_idx + ((t + 1) & 1) * (2 * BLOCK_N), pt, kn,
+                                 k16, v16);
+                kind = n_kind;
+                bidx = n_bidx;
+                if (++s == STAGES) {
+                    s = 0;
+                    ph ^= 1u;
+                }
+            }
+            // Leave only once this thread's copies have landed.
+            cp_async_wait_all();
+        }
+#else
         if (warp == 0 && lane == 0 && n > 0) {
             tma_prefetch_map(&p.tm_q);
             tma_prefetch_map(&p.tm_k);
@@ -591,13 +898,14 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                 bidx = n_bidx;
             }
         }
+#endif
         return;
     }
 
     // ----------------------------------------------------------------------
     // Consumers
     // ----------------------------------------------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " WG_CONSUMER_REGS ";\n" ::: "memory");
     const int cw = wg - 1;        // rows 64 cw .. 64 cw + 63 of the block
     const int wl = warp & 3;      // warp inside the warpgroup: 16 rows
     const int g = lane >> 2, tq = lane & 3;
@@ -623,17 +931,19 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         const stof_u64 dv0 = wg_desc(sV, BLOCK_N * 128, 1024);
         const stof_u64 dslot = (stof_u64)(WG_KV_BYTES >> 4);
         mb_wait(bar_q, 0);
+        WG_GFENCE();
         int s = 0;
         unsigned ph = 0;
 #if OVERLAP
         // Tile 0: S, softmax, P (nothing to overlap with yet).
         mb_wait(BAR_FULL_K(0), 0);
+        WG_GFENCE();
         wg_fence();
         wg_qk(sacc, dq, dk0);
         wg_commit();
         wg_wait<0>();
         wg_keep(sacc);
-        wg_mask(sacc, s_meta[1], s_meta[0], s_bits, r0, tq, p.seq_k);
+        wg_mask(sacc, s_meta[1], s_meta[0], s_bits, r0, tq, klim);
         __syncwarp();
         if (lane == 0)
             mb_arrive(BAR_EMPTY_K(0));
@@ -648,6 +958,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             }
             mb_wait(BAR_FULL_K(s), ph);
             mb_wait(BAR_FULL_V(ps), pph);
+            WG_GFENCE();
             wg_fence();
             wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
             wg_commit();
@@ -656,7 +967,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             wg_wait<1>(); // S(t) done; P(t-1) V(t-1) may still run
             wg_keep(sacc);
             wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
-                    s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, p.seq_k);
+                    s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
             __syncwarp();
             if (lane == 0)
                 mb_arrive(BAR_EMPTY_K(s));
@@ -670,6 +981,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             wg_convert(sacc, pa);
         }
         mb_wait(BAR_FULL_V(s), ph);
+        WG_GFENCE();
         wg_fence();
         wg_pv(oacc, pa, dv0 + (stof_u64)s * dslot);
         wg_commit();
@@ -678,13 +990,14 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #else
         for (int t = 0; t < n; t++) {
             mb_wait(BAR_FULL_K(s), ph);
+            WG_GFENCE();
             wg_fence();
             wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
             wg_commit();
             wg_wait<0>();
             wg_keep(sacc);
             wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
-                    s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, p.seq_k);
+                    s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
             __syncwarp();
             if (lane == 0)
                 mb_arrive(BAR_EMPTY_K(s));
@@ -692,6 +1005,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             wg_rescale(oacc, alpha);
             wg_convert(sacc, pa);
             mb_wait(BAR_FULL_V(s), ph);
+            WG_GFENCE();
             wg_fence();
             wg_pv(oacc, pa, dv0 + (stof_u64)s * dslot);
             wg_commit();
@@ -745,7 +1059,12 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             const unsigned off =
                 (c >> 3) * (WG_BLOCK_M * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
             const uint4 v4 = *(const uint4 *)(smem + off);
-            *(uint4 *)(og + (stof_i64)gr * p.o_stride[2] + c * 8) = v4;
+#if GATHER
+            const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
+#else
+            const int orow = gr;
+#endif
+            *(uint4 *)(og + (stof_i64)orow * p.o_stride[2] + c * 8) = v4;
         }
     }
 #else

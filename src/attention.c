@@ -5,6 +5,9 @@
  */
 #include "internal.h"
 #include "cost_model.h"
+#include "db.h"
+#include "gpu_backend.h"
+#include "search.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -33,9 +36,17 @@ struct stof_plan {
     stof_wgmma_cfg wcfg;      /* wgmma kernel */
     stof_block_format bf;     /* block / wgmma kernels: the device tile BSR */
     stof_rowwise_format rf;   /* row-wise kernel: compacted key tiles */
-    CUdeviceptr d_row_order;  /* wgmma kernel: row blocks, heaviest first */
+    CUdeviceptr d_row_order;  /* wgmma kernels: row blocks, heaviest first */
+    int group;                /* row grouping period (row-wise kinds) */
+    CUdeviceptr d_q_rows;     /* with group > 1: query row of each format
+                                 row (int32[seq_q]) */
     double predicted_ms;      /* cost model; 0 for the reference kernel */
-    int n_candidates;         /* candidates the model ranked */
+    int n_candidates;         /* candidates ranked (stage 1) / timed */
+    const char *source;       /* "compiled", "tuned", "user db", "system db",
+                                 "fallback" */
+    double time_ms;           /* measured by the search, or 0 */
+    double runner_up_ms, model_ms;
+    char key[33];             /* tuning-database key */
     stof_attention_desc desc;
     float scale;
     char mask_hex[33];
@@ -221,10 +232,12 @@ static void plan_release(stof_plan *p)
     const stof_api *api = p->ctx->api;
     stof__block_format_free(p->ctx, &p->bf);
     stof__rowwise_format_free(p->ctx, &p->rf);
-    if ((p->d_mask || p->module || p->d_row_order) &&
+    if ((p->d_mask || p->module || p->d_row_order || p->d_q_rows) &&
         stof__ctx_push(p->ctx) == STOF_OK) {
         if (p->d_mask)
             api->cuMemFree(p->d_mask);
+        if (p->d_q_rows)
+            api->cuMemFree(p->d_q_rows);
         if (p->d_row_order)
             api->cuMemFree(p->d_row_order);
         if (p->module)
@@ -232,41 +245,6 @@ static void plan_release(stof_plan *p)
         stof__ctx_pop(p->ctx);
     }
     free(p);
-}
-
-/* Compile (or, in later versions, load from the tuning database) the
- * reference kernel for this problem and prepare its launch. */
-static stof_status plan_load_reference(stof_context *ctx, stof_plan *p)
-{
-    const stof_api *api = ctx->api;
-    char hd[32], dt[32];
-    snprintf(hd, sizeof(hd), "HEAD_DIM=%d", p->desc.head_dim);
-    snprintf(dt, sizeof(dt), "DTYPE=%d", (int)p->desc.dtype);
-    const char *defs[] = {hd, dt};
-    void *cubin = NULL;
-    size_t cubin_size = 0;
-    double t0 = now_ms();
-    stof_status st = (stof_status)stof__jit_compile(
-        ctx, "attn_reference.cu", defs, 2, NULL, &cubin, &cubin_size);
-    p->compile_ms = now_ms() - t0;
-    if (st != STOF_OK)
-        return st;
-    snprintf(p->arch, sizeof(p->arch), "%s", ctx->device.arch);
-    t0 = now_ms();
-    CUresult r = api->cuModuleLoadData(&p->module, cubin);
-    free(cubin);
-    if (r != CUDA_SUCCESS)
-        return (stof_status)stof__cuda_fail(ctx, r, "cuModuleLoadData",
-                                            __FILE__, __LINE__);
-    STOF_CU(ctx, api->cuModuleGetFunction(&p->fn, p->module,
-                                          "stof_attn_reference"));
-    p->load_ms = now_ms() - t0;
-    p->block[0] = 32 * REF_WARPS;
-    p->block[1] = p->block[2] = 1;
-    p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS);
-    p->grid[1] = (unsigned)(p->desc.batch * p->desc.heads);
-    p->grid[2] = 1;
-    return STOF_OK;
 }
 
 static const char *kind_name(int kind)
@@ -278,84 +256,186 @@ static const char *kind_name(int kind)
         return "rowwise";
     case STOF_KERNEL_WGMMA:
         return "wgmma";
+    case STOF_KERNEL_WGMMA_GATHER:
+        return "wgmma-gather";
     default:
         return "reference";
     }
 }
 
-/* Build the block or row-wise kernel's format for cfg, upload it and load
- * the kernel. */
-static stof_status plan_load_block(stof_context *ctx, stof_plan *p,
-                                   const stof_mask *m)
+/* --- compiling and loading kernels ------------------------------------- */
+
+stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
+                                 int head_dim, stof_dtype dt, void **cubin,
+                                 size_t *size)
 {
-    stof_format *f = NULL;
-    stof_status st = stof_format_build(ctx, m, p->cfg.block_m, p->cfg.block_n, &f);
-    if (st != STOF_OK)
-        return st;
-    p->cfg.gather = p->kind == STOF_KERNEL_ROWWISE;
-    st = p->cfg.gather ? stof__rowwise_format_upload(ctx, f, &p->rf)
-                       : stof__block_format_upload(ctx, f, &p->bf);
-    stof_format_free(&f);
-    if (st != STOF_OK)
-        return st;
-    double t0 = now_ms();
-    st = stof__block_load(ctx, p->desc.head_dim, p->desc.dtype, &p->cfg, NULL,
-                          &p->module, &p->fn);
-    p->compile_ms = now_ms() - t0;
-    snprintf(p->arch, sizeof(p->arch), "%s", ctx->device.arch);
-    return st;
+    *cubin = NULL;
+    *size = 0;
+    switch (c->kind) {
+    case STOF_KERNEL_REFERENCE: {
+        char hd[32], dd[32];
+        snprintf(hd, sizeof(hd), "HEAD_DIM=%d", head_dim);
+        snprintf(dd, sizeof(dd), "DTYPE=%d", (int)dt);
+        const char *defs[] = {hd, dd};
+        return (stof_status)stof__jit_compile(ctx, "attn_reference.cu", defs,
+                                              2, NULL, cubin, size);
+    }
+    case STOF_KERNEL_BLOCK:
+    case STOF_KERNEL_ROWWISE: {
+        stof_block_cfg cfg = c->cfg;
+        cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
+        return stof__block_compile(ctx, head_dim, dt, &cfg, NULL, cubin, size);
+    }
+    case STOF_KERNEL_WGMMA:
+    case STOF_KERNEL_WGMMA_GATHER: {
+        stof_wgmma_cfg wc = c->wcfg;
+        wc.gather = c->kind == STOF_KERNEL_WGMMA_GATHER;
+        return stof__wgmma_compile(ctx, head_dim, dt, &wc, cubin, size);
+    }
+    default:
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "kernel kind %d is not available", c->kind);
+    }
 }
 
-/* The wgmma kernel: the 128 x block_n format, its heavy-first row order,
- * and the sm_90a module. */
-static stof_status plan_load_wgmma(stof_context *ctx, stof_plan *p,
-                                   const stof_mask *m)
+/* Load a cubin into the plan: module, function, its shared memory limit
+ * and, for the reference kernel, the launch shape. */
+static stof_status plan_attach(stof_context *ctx, stof_plan *p,
+                               const void *cubin)
 {
-    stof_format *f = NULL;
-    stof_status st =
-        stof_format_build(ctx, m, STOF_WGMMA_BLOCK_M, p->wcfg.block_n, &f);
-    if (st != STOF_OK)
-        return st;
-    int32_t *order = malloc(sizeof(int32_t) * (size_t)f->n_row_blocks);
-    if (!order) {
-        stof_format_free(&f);
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                          "out of memory ordering row blocks");
-    }
-    stof__wgmma_row_order(f, order);
-    st = stof__block_format_upload(ctx, f, &p->bf);
-    const size_t order_bytes = sizeof(int32_t) * (size_t)f->n_row_blocks;
-    stof_format_free(&f);
-    if (st == STOF_OK && (st = (stof_status)stof__ctx_push(ctx)) == STOF_OK) {
+    const double t0 = now_ms();
+    stof_status st;
+    switch (p->kind) {
+    case STOF_KERNEL_BLOCK:
+    case STOF_KERNEL_ROWWISE:
+        st = stof__block_load_cubin(ctx, p->desc.head_dim, &p->cfg, cubin,
+                                    &p->module, &p->fn);
+        break;
+    case STOF_KERNEL_WGMMA:
+    case STOF_KERNEL_WGMMA_GATHER:
+        st = stof__wgmma_load_cubin(ctx, p->desc.head_dim, &p->wcfg, cubin,
+                                    &p->module, &p->fn);
+        break;
+    default:
+        if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK)
+            break;
         const stof_api *api = ctx->api;
-        CUresult r = api->cuMemAlloc(&p->d_row_order, order_bytes);
+        CUresult r = api->cuModuleLoadData(&p->module, cubin);
         if (r == CUDA_SUCCESS)
-            r = api->cuMemcpyHtoD(p->d_row_order, order, order_bytes);
+            r = api->cuModuleGetFunction(&p->fn, p->module,
+                                         "stof_attn_reference");
         if (r != CUDA_SUCCESS)
-            st = (stof_status)stof__cuda_fail(ctx, r, "uploading the row order",
-                                              __FILE__, __LINE__);
+            st = (stof_status)stof__cuda_fail(ctx, r, "loading the reference "
+                                              "kernel", __FILE__, __LINE__);
         stof__ctx_pop(ctx);
+        p->block[0] = 32 * REF_WARPS;
+        p->block[1] = p->block[2] = 1;
+        p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS);
+        p->grid[1] = (unsigned)(p->desc.batch * p->desc.heads);
+        p->grid[2] = 1;
+        break;
     }
-    free(order);
-    if (st != STOF_OK)
-        return st;
-    double t0 = now_ms();
-    st = stof__wgmma_load(ctx, p->desc.head_dim, p->desc.dtype, &p->wcfg,
-                          &p->module, &p->fn);
-    p->compile_ms = now_ms() - t0;
-    snprintf(p->arch, sizeof(p->arch), "sm_90a");
+    p->load_ms = now_ms() - t0;
+    snprintf(p->arch, sizeof(p->arch), "%s",
+             p->kind >= STOF_KERNEL_WGMMA ? "sm_90a" : ctx->device.arch);
     return st;
 }
 
-stof_status stof__attention_plan_kernel(stof_context *ctx,
-                                        const stof_attention_desc *d,
-                                        const stof_mask *m,
-                                        const stof_candidate *choice,
-                                        stof_plan **out)
+/* --- preparing a plan's device data ------------------------------------ */
+
+/* The mask bits (reference kernel). */
+static stof_status prepare_reference(stof_context *ctx, stof_plan *p,
+                                     const stof_mask *m)
 {
-    if (!ctx)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    size_t bytes = (size_t)m->seq_q * (size_t)m->words_per_row * 8u;
+    CUresult r = api->cuMemAlloc(&p->d_mask, bytes);
+    if (r == CUDA_SUCCESS)
+        r = api->cuMemcpyHtoD(p->d_mask, m->bits, bytes);
+    if (r != CUDA_SUCCESS)
+        st = (stof_status)stof__cuda_fail(ctx, r, "uploading the mask",
+                                          __FILE__, __LINE__);
+    stof__ctx_pop(ctx);
+    return st;
+}
+
+/* Upload n int32 values to a new device array. */
+static stof_status upload_i32(stof_context *ctx, const int32_t *x, size_t n,
+                              CUdeviceptr *out, const char *what)
+{
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    CUresult r = api->cuMemAlloc(out, n * sizeof(int32_t));
+    if (r == CUDA_SUCCESS)
+        r = api->cuMemcpyHtoD(*out, x, n * sizeof(int32_t));
+    if (r != CUDA_SUCCESS)
+        st = (stof_status)stof__cuda_fail(ctx, r, what, __FILE__, __LINE__);
+    stof__ctx_pop(ctx);
+    return st;
+}
+
+/* The tile BSR (block-wise kinds) or compacted key tiles (row-wise kinds)
+ * for the plan's tile shape, built on the mask with its query rows grouped
+ * when the plan groups them (then the permutation goes up as q_rows), and
+ * for the wgmma kinds the heavy-first row order. */
+static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
+                                 const stof_mask *m)
+{
+    const int wg = p->kind == STOF_KERNEL_WGMMA ||
+                   p->kind == STOF_KERNEL_WGMMA_GATHER;
+    const int rowwise = p->kind == STOF_KERNEL_ROWWISE ||
+                        p->kind == STOF_KERNEL_WGMMA_GATHER;
+    const int bm = wg ? stof__wgmma_block_m(&p->wcfg) : p->cfg.block_m;
+    const int bn = wg ? p->wcfg.block_n : p->cfg.block_n;
+    stof_status st = STOF_OK;
+    stof_mask *grouped = NULL;
+    int32_t *perm = NULL, *order = NULL;
+    stof_format *f = NULL;
+    if (p->group > 1) {
+        st = stof__mask_group_rows(ctx, m, p->group, &grouped, &perm);
+        if (st == STOF_OK)
+            st = upload_i32(ctx, perm, (size_t)m->seq_q, &p->d_q_rows,
+                            "uploading the query row order");
+        if (st != STOF_OK)
+            goto done;
+    }
+    if ((st = stof_format_build(ctx, grouped ? grouped : m, bm, bn, &f)) !=
+        STOF_OK)
+        goto done;
+    st = rowwise ? stof__rowwise_format_upload(ctx, f, &p->rf)
+                 : stof__block_format_upload(ctx, f, &p->bf);
+    if (st != STOF_OK || !wg)
+        goto done;
+    if (!(order = malloc(sizeof(int32_t) * (size_t)f->n_row_blocks))) {
+        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                        "out of memory ordering row blocks");
+        goto done;
+    }
+    if (rowwise)
+        stof__wgmma_gather_row_order(f, order);
+    else
+        stof__wgmma_row_order(f, order);
+    st = upload_i32(ctx, order, (size_t)f->n_row_blocks, &p->d_row_order,
+                    "uploading the row order");
+done:
+    free(order);
+    free(perm);
+    stof_mask_free(&grouped);
+    stof_format_free(&f);
+    return st;
+}
+
+/* Validate, allocate a plan for candidate c and upload its data; no
+ * kernel yet. */
+static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
+                                const stof_mask *m, const stof_candidate *c,
+                                stof_plan **out)
+{
     *out = NULL;
     float scale = 0.0f;
     stof_status st = check_desc(ctx, d, m, &scale);
@@ -366,7 +446,9 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
                           "stof_attention_plan needs a GPU: %s",
                           ctx->device.why[0] ? ctx->device.why
                                              : "no usable CUDA device");
-
+    if (c->kind < STOF_KERNEL_REFERENCE || c->kind > STOF_KERNEL_WGMMA_GATHER)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "kernel kind %d is not available", c->kind);
     stof_plan *p = calloc(1, sizeof(*p));
     if (!p)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
@@ -378,65 +460,260 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     p->mask_words = m->words_per_row;
     p->mask_density = stof_mask_density(m);
     stof_mask_digest(m, NULL, p->mask_hex);
-
-    /* Stage 1: the cost model's choice, unless the caller chose. */
-    stof_candidate pick;
-    memset(&pick, 0, sizeof(pick));
-    if (choice) {
-        pick = *choice;
-    } else {
-        int n = 0;
-        st = stof__cost_rank(ctx, &p->desc, m, &pick, 1, &n);
-        if (st == STOF_ERR_UNSUPPORTED) {
-            pick.kind = STOF_KERNEL_REFERENCE; /* e.g. head_dim 40 */
-        } else if (st != STOF_OK) {
-            free(p);
-            return st;
-        }
-        p->n_candidates = n;
-    }
-    p->kind = pick.kind;
-    p->cfg = pick.cfg;
-    p->wcfg = pick.wcfg;
-    p->predicted_ms = pick.predicted_ms;
-    if (p->kind < STOF_KERNEL_REFERENCE || p->kind > STOF_KERNEL_WGMMA) {
-        free(p);
-        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
-                          "kernel kind %d is not available", pick.kind);
-    }
-
-    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {
-        free(p);
+    p->kind = c->kind;
+    p->cfg = c->cfg;
+    p->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
+    p->wcfg = c->wcfg;
+    p->wcfg.gather = c->kind == STOF_KERNEL_WGMMA_GATHER;
+    p->group = c->kind == STOF_KERNEL_ROWWISE ||
+                       c->kind == STOF_KERNEL_WGMMA_GATHER
+                   ? c->group
+                   : 0;
+    p->predicted_ms = c->predicted_ms;
+    p->source = "compiled";
+    st = c->kind == STOF_KERNEL_REFERENCE ? prepare_reference(ctx, p, m)
+                                          : prepare_tiles(ctx, p, m);
+    if (st != STOF_OK) {
+        plan_release(p);
         return st;
     }
-    const stof_api *api = ctx->api;
-    if (p->kind != STOF_KERNEL_REFERENCE) {
-        stof__ctx_pop(ctx);
-        st = p->kind == STOF_KERNEL_WGMMA ? plan_load_wgmma(ctx, p, m)
-                                          : plan_load_block(ctx, p, m);
-        if (st != STOF_OK) {
-            plan_release(p);
-            return st;
-        }
-    } else {
-        size_t mask_bytes = (size_t)m->seq_q * (size_t)m->words_per_row * 8u;
-        STOF_CU_GOTO(ctx, st, fail, api->cuMemAlloc(&p->d_mask, mask_bytes));
-        STOF_CU_GOTO(ctx, st, fail,
-                     api->cuMemcpyHtoD(p->d_mask, m->bits, mask_bytes));
-        if ((st = plan_load_reference(ctx, p)) != STOF_OK)
-            goto fail;
-        stof__ctx_pop(ctx);
+    *out = p;
+    return STOF_OK;
+}
+
+stof_status stof__plan_from_cubin(stof_context *ctx,
+                                  const stof_attention_desc *d,
+                                  const stof_mask *m, const stof_candidate *c,
+                                  const void *cubin, size_t size,
+                                  stof_plan **out)
+{
+    *out = NULL;
+    if (!cubin || size < 4)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "no cubin to load");
+    stof_plan *p = NULL;
+    stof_status st = plan_prepare(ctx, d, m, c, &p);
+    if (st != STOF_OK)
+        return st;
+    if ((st = plan_attach(ctx, p, cubin)) != STOF_OK) {
+        plan_release(p);
+        return st;
     }
-    stof__log(ctx, STOF_LOG_INFO,
-              "planned attention %dx%dx%dx%d d=%d: %s kernel, compile %.1f ms",
-              d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
-              kind_name(p->kind),
-              p->compile_ms);
     *out = p;
     return stof__ok(ctx);
-fail:
-    stof__ctx_pop(ctx);
-    plan_release(p);
+}
+
+/* Compile candidate c (NULL = the cost model's first choice, or the
+ * reference kernel when no fast kernel supports the problem) and plan it. */
+stof_status stof__attention_plan_kernel(stof_context *ctx,
+                                        const stof_attention_desc *d,
+                                        const stof_mask *m,
+                                        const stof_candidate *choice,
+                                        stof_plan **out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
+    *out = NULL;
+    float scale;
+    stof_status st = check_desc(ctx, d, m, &scale);
+    if (st != STOF_OK)
+        return st;
+    stof_candidate pick;
+    memset(&pick, 0, sizeof(pick));
+    int ranked = 0;
+    if (choice) {
+        pick = *choice;
+    } else if (ctx->device.ok) {
+        stof_attention_desc nd = *d;
+        normalise_desc(&nd);
+        st = stof__cost_rank(ctx, &nd, m, &pick, 1, &ranked);
+        if (st == STOF_ERR_UNSUPPORTED)
+            pick.kind = STOF_KERNEL_REFERENCE; /* e.g. head_dim 40 */
+        else if (st != STOF_OK)
+            return st;
+    }
+    stof_plan *p = NULL;
+    if ((st = plan_prepare(ctx, d, m, &pick, &p)) != STOF_OK)
+        return st;
+    p->n_candidates = ranked;
+    void *cubin = NULL;
+    size_t size = 0;
+    const double t0 = now_ms();
+    st = stof__kernel_compile(ctx, &pick, d->head_dim, d->dtype, &cubin, &size);
+    p->compile_ms = now_ms() - t0;
+    if (st == STOF_OK)
+        st = plan_attach(ctx, p, cubin);
+    free(cubin);
+    if (st != STOF_OK) {
+        plan_release(p);
+        return st;
+    }
+    if (pick.kind == STOF_KERNEL_REFERENCE && !choice)
+        p->source = "fallback";
+    *out = p;
+    return stof__ok(ctx);
+}
+
+/* --- the tuning database ----------------------------------------------- */
+
+/* Open the context's database once (a failure only logs: stof works
+ * without one). */
+static stof_db *ctx_db(stof_context *ctx)
+{
+    if (!ctx->db_tried) {
+        ctx->db_tried = 1;
+        if (stof__db_open(ctx, ctx->user_db,
+                          (const char *const *)ctx->system_dbs,
+                          &ctx->db) != STOF_OK)
+            stof__log(ctx, STOF_LOG_WARN, "tuning database unavailable: %s",
+                      stof_errmsg(ctx));
+    }
+    return ctx->db;
+}
+
+static const char *dtype_name(stof_dtype t)
+{
+    return t == STOF_DTYPE_FP16 ? "fp16" : "bf16";
+}
+
+static const char *layout_str(stof_layout l)
+{
+    return l == STOF_LAYOUT_BHSD ? "BHSD" : l == STOF_LAYOUT_BSHD ? "BSHD"
+                                                                  : "strided";
+}
+
+/* A candidate's configuration as the JSON stored in records, and back. */
+static void cand_to_json(const stof_candidate *c, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "{\"kind\":\"%s\",\"block_m\":%d,\"block_n\":%d,\"warps\":%d,"
+             "\"stages\":%d,\"overlap\":%d,\"group\":%d}",
+             kind_name(c->kind), c->cfg.block_m, c->cfg.block_n, c->cfg.warps,
+             c->cfg.stages, c->wcfg.overlap, c->group);
+}
+
+static int json_int(const char *js, const char *name, int *out)
+{
+    char pat[40];
+    snprintf(pat, sizeof(pat), "\"%s\":", name);
+    const char *q = strstr(js, pat);
+    return q && sscanf(q + strlen(pat), "%d", out) == 1;
+}
+
+static int cand_from_record(const stof_db_record *r, stof_candidate *c)
+{
+    memset(c, 0, sizeof(*c));
+    if (!strcmp(r->kernel, "block"))
+        c->kind = STOF_KERNEL_BLOCK;
+    else if (!strcmp(r->kernel, "rowwise"))
+        c->kind = STOF_KERNEL_ROWWISE;
+    else if (!strcmp(r->kernel, "wgmma"))
+        c->kind = STOF_KERNEL_WGMMA;
+    else if (!strcmp(r->kernel, "wgmma-gather"))
+        c->kind = STOF_KERNEL_WGMMA_GATHER;
+    else if (!strcmp(r->kernel, "reference"))
+        c->kind = STOF_KERNEL_REFERENCE;
+    else
+        return 0;
+    int ok = json_int(r->config, "block_m", &c->cfg.block_m) &&
+             json_int(r->config, "block_n", &c->cfg.block_n) &&
+             json_int(r->config, "warps", &c->cfg.warps) &&
+             json_int(r->config, "stages", &c->cfg.stages) &&
+             json_int(r->config, "overlap", &c->wcfg.overlap) &&
+             json_int(r->config, "group", &c->group);
+    c->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
+    c->wcfg.block_n = c->cfg.block_n;
+    c->wcfg.stages = c->cfg.stages;
+    c->wcfg.block_m = c->cfg.block_m;
+    c->wcfg.gather = c->kind == STOF_KERNEL_WGMMA_GATHER;
+    c->predicted_ms = r->model_ms;
+    return ok;
+}
+
+static void fill_record(stof_context *ctx, const stof_attention_desc *d,
+                        const char *key, const char *mask_hex,
+                        const stof_search_result *res,
+                        const stof_search_opts *o, uint64_t seed,
+                        stof_db_record *r)
+{
+    memset(r, 0, sizeof(*r));
+    const stof_device *dev = &ctx->device;
+    snprintf(r->key, sizeof(r->key), "%s", key);
+    snprintf(r->op, sizeof(r->op), "attention");
+    snprintf(r->mask_digest, sizeof(r->mask_digest), "%s", mask_hex);
+    r->batch = d->batch;
+    r->heads = d->heads;
+    r->seq_q = d->seq_q;
+    r->seq_k = d->seq_k;
+    r->head_dim = d->head_dim;
+    snprintf(r->dtype, sizeof(r->dtype), "%s", dtype_name(d->dtype));
+    snprintf(r->layout, sizeof(r->layout), "%s", layout_str(d->layout));
+    /* Device names are short; truncation only guards the array. */
+    size_t nl = strlen(dev->name);
+    if (nl >= sizeof(r->device_name))
+        nl = sizeof(r->device_name) - 1;
+    memcpy(r->device_name, dev->name, nl);
+    r->device_name[nl] = '\0';
+    r->cc_major = dev->cc_major;
+    r->cc_minor = dev->cc_minor;
+    r->sm_count = dev->sm_count;
+    r->driver_version = dev->driver_version;
+    snprintf(r->nvrtc_version, sizeof(r->nvrtc_version), "%d.%d",
+             dev->nvrtc_major, dev->nvrtc_minor);
+    snprintf(r->stof_version, sizeof(r->stof_version), "%s",
+             stof_version_string());
+    snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
+             (unsigned long long)stof_template_hash());
+    snprintf(r->kernel, sizeof(r->kernel), "%s", kind_name(res->winner.kind));
+    cand_to_json(&res->winner, r->config, sizeof(r->config));
+    snprintf(r->arch, sizeof(r->arch), "%s",
+             res->winner.kind >= STOF_KERNEL_WGMMA ? "sm_90a" : dev->arch);
+    r->cubin = res->winner_art;
+    r->cubin_size = res->winner_art_size;
+    r->time_ms = res->winner_ms;
+    r->runner_up_ms = res->runner_up_ms;
+    r->model_ms = res->model_ms;
+    r->n_candidates = res->n_timed;
+    r->verified = 1;
+    snprintf(r->measured, sizeof(r->measured),
+             "{\"method\":\"cuda events, median, L2 flushed\","
+             "\"candidates\":%d,\"rejected\":%d,\"failed\":%d,"
+             "\"tolerance\":%g,\"seed\":%llu}",
+             res->n_selected, res->n_rejected, res->n_failed, o->tolerance,
+             (unsigned long long)seed);
+}
+
+/* Stage 1 + stage 2 for one problem. On success *res owns the winner's
+ * cubin. */
+static stof_status tune(stof_context *ctx, const stof_attention_desc *d,
+                        const stof_mask *m, stof_search_opts *o,
+                        uint64_t seed, stof_search_result *res)
+{
+    enum { MAX_RANKED = 512, MAX_SELECTED = 32 };
+    stof_candidate *ranked = malloc(sizeof(*ranked) * MAX_RANKED);
+    stof_candidate sel[MAX_SELECTED];
+    if (!ranked)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    int n = 0;
+    stof_status st = stof__cost_rank(ctx, d, m, ranked, MAX_RANKED, &n);
+    if (st != STOF_OK) {
+        free(ranked);
+        return st;
+    }
+    int k = stof__search_select(ranked, n, o->top_k, sel, MAX_SELECTED);
+    free(ranked);
+    stof__log(ctx, STOF_LOG_INFO,
+              "tuning attention %dx%dx%dx%d d=%d %s: %d candidates ranked, "
+              "%d kept",
+              d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
+              dtype_name(d->dtype), n, k);
+    stof_gpu_backend *gb = NULL;
+    if ((st = stof__gpu_backend_new(ctx, d, m, seed, 0, &gb)) != STOF_OK)
+        return st;
+    stof_search_backend ops = stof__gpu_backend_ops(gb);
+    st = stof__search_run(ctx, sel, k, o, &ops, res);
+    stof__gpu_backend_free(&gb);
     return st;
 }
 
@@ -444,7 +721,117 @@ stof_status stof_attention_plan(stof_context *ctx,
                                 const stof_attention_desc *d,
                                 const stof_mask *m, stof_plan **out)
 {
-    return stof__attention_plan_kernel(ctx, d, m, NULL, out);
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
+    *out = NULL;
+    float scale;
+    stof_status st = check_desc(ctx, d, m, &scale);
+    if (st != STOF_OK)
+        return st;
+    if (!ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "stof_attention_plan needs a GPU: %s",
+                          ctx->device.why[0] ? ctx->device.why
+                                             : "no usable CUDA device");
+    stof_attention_desc nd = *d;
+    normalise_desc(&nd);
+    char mask_hex[33], key[33];
+    stof_mask_digest(m, NULL, mask_hex);
+    stof__attention_key(ctx, &nd, mask_hex, key, NULL, 0);
+    stof_db *db = ctx_db(ctx);
+    const stof_tuning_mode mode = ctx->settings.tuning_mode;
+
+    /* A stored winner: load its cubin, compile nothing. */
+    if (db && mode != STOF_TUNE_FORCE) {
+        stof_db_record rec;
+        if (stof__db_lookup(db, key, &rec) == STOF_OK) {
+            stof_candidate c;
+            stof_plan *p = NULL;
+            if (!cand_from_record(&rec, &c))
+                stof__log(ctx, STOF_LOG_WARN,
+                          "tuning record %s has an unreadable configuration "
+                          "(%s): ignored", key, rec.config);
+            else if (stof__plan_from_cubin(ctx, &nd, m, &c, rec.cubin,
+                                           rec.cubin_size, &p) != STOF_OK)
+                stof__log(ctx, STOF_LOG_WARN,
+                          "tuning record %s could not be loaded (%s): "
+                          "ignored", key, stof_errmsg(ctx));
+            if (p) {
+                p->source = !strcmp(rec.source, "user") ? "user db"
+                                                        : "system db";
+                p->time_ms = rec.time_ms;
+                p->runner_up_ms = rec.runner_up_ms;
+                p->model_ms = rec.model_ms;
+                p->n_candidates = rec.n_candidates;
+                snprintf(p->key, sizeof(p->key), "%s", key);
+                stof__db_record_clear(&rec);
+                *out = p;
+                return stof__ok(ctx);
+            }
+            stof__db_record_clear(&rec);
+        }
+    }
+
+    /* Cache-only: the model's choice now, and a note to tune it later. */
+    if (mode == STOF_TUNE_CACHE_ONLY) {
+        if (db && stof__db_writable(db)) {
+            char problem[512];
+            snprintf(problem, sizeof(problem),
+                     "{\"op\":\"attention\",\"batch\":%d,\"heads\":%d,"
+                     "\"seq_q\":%d,\"seq_k\":%d,\"head_dim\":%d,"
+                     "\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g,"
+                     "\"mask_digest\":\"%s\"}",
+                     nd.batch, nd.heads, nd.seq_q, nd.seq_k, nd.head_dim,
+                     dtype_name(nd.dtype), layout_str(nd.layout),
+                     (double)nd.scale, mask_hex);
+            if (stof__db_record_miss(db, key, problem, m->bits,
+                                     (size_t)m->seq_q * m->words_per_row *
+                                         8u) != STOF_OK)
+                stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
+                          stof_errmsg(ctx));
+        }
+        st = stof__attention_plan_kernel(ctx, d, m, NULL, out);
+        if (st == STOF_OK) {
+            (*out)->source = "fallback";
+            snprintf((*out)->key, sizeof((*out)->key), "%s", key);
+        }
+        return st;
+    }
+
+    /* Tune: stage 1 and 2, store the winner, plan from its cubin. */
+    stof_search_opts o = {.top_k = 3,
+                          .threads = ctx->settings.compile_threads,
+                          .budget_s = ctx->settings.tuning_budget_s,
+                          .tolerance = 1e-2};
+    const uint64_t seed = 0x5eed0f57ull;
+    stof_search_result res;
+    st = tune(ctx, &nd, m, &o, seed, &res);
+    if (st == STOF_ERR_UNSUPPORTED) /* no fast kernel: the reference */
+        return stof__attention_plan_kernel(ctx, d, m, NULL, out);
+    if (st != STOF_OK)
+        return st;
+    if (db && stof__db_writable(db)) {
+        stof_db_record rec;
+        fill_record(ctx, &nd, key, mask_hex, &res, &o, seed, &rec);
+        if (stof__db_store(db, &rec, mode == STOF_TUNE_FORCE) != STOF_OK)
+            stof__log(ctx, STOF_LOG_WARN, "could not store the tuning "
+                      "result: %s", stof_errmsg(ctx));
+    }
+    stof_plan *p = NULL;
+    st = stof__plan_from_cubin(ctx, &nd, m, &res.winner, res.winner_art,
+                               res.winner_art_size, &p);
+    free(res.winner_art);
+    if (st != STOF_OK)
+        return st;
+    p->source = "tuned";
+    p->time_ms = res.winner_ms;
+    p->runner_up_ms = res.runner_up_ms;
+    p->model_ms = res.model_ms;
+    p->n_candidates = res.n_timed;
+    snprintf(p->key, sizeof(p->key), "%s", key);
+    *out = p;
+    return stof__ok(ctx);
 }
 
 static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
@@ -484,13 +871,18 @@ stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
                                 (CUdeviceptr)(uintptr_t)k,
                                 (CUdeviceptr)(uintptr_t)v,
                                 (CUdeviceptr)(uintptr_t)o, (CUstream)stream, api);
+    } else if (p->kind == STOF_KERNEL_WGMMA_GATHER) {
+        st = stof__wgmma_gather_launch(
+            p->fn, &p->wcfg, p->desc.head_dim, &p->desc, p->scale, &p->rf,
+            p->d_row_order, p->d_q_rows, (CUdeviceptr)(uintptr_t)q,
+            (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,
+            (CUdeviceptr)(uintptr_t)o, (CUstream)stream, api);
     } else if (p->kind == STOF_KERNEL_ROWWISE) {
-        st = stof__rowwise_launch(p->fn, &p->cfg, p->desc.head_dim, &p->desc,
-                                  p->scale, &p->rf, (CUdeviceptr)(uintptr_t)q,
-                                  (CUdeviceptr)(uintptr_t)k,
-                                  (CUdeviceptr)(uintptr_t)v,
-                                  (CUdeviceptr)(uintptr_t)o, (CUstream)stream,
-                                  api);
+        st = stof__rowwise_launch_qperm(
+            p->fn, &p->cfg, p->desc.head_dim, &p->desc, p->scale, &p->rf,
+            p->d_q_rows, (CUdeviceptr)(uintptr_t)q, (CUdeviceptr)(uintptr_t)k,
+            (CUdeviceptr)(uintptr_t)v, (CUdeviceptr)(uintptr_t)o,
+            (CUstream)stream, api);
     } else if (p->kind == STOF_KERNEL_BLOCK) {
         st = stof__block_launch(p->fn, &p->cfg, p->desc.head_dim, &p->desc,
                                 p->scale, &p->bf, (CUdeviceptr)(uintptr_t)q,
@@ -557,35 +949,44 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
                          "\"template\":\"attn_reference.cu\",\"params\":{"
                          "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"WARPS\":%d},",
                          d->head_dim, dt, REF_WARPS);
-    else if (p->kind == STOF_KERNEL_WGMMA)
+    else if (p->kind >= STOF_KERNEL_WGMMA)
         stof__str_printf(&s,
                          "\"template\":\"attn_wgmma.cu\",\"params\":{"
                          "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"BLOCK_M\":%d,"
-                         "\"BLOCK_N\":%d,\"STAGES\":%d,\"OVERLAP\":%d},",
-                         d->head_dim, dt, STOF_WGMMA_BLOCK_M, p->wcfg.block_n,
-                         p->wcfg.stages, p->wcfg.overlap);
+                         "\"BLOCK_N\":%d,\"STAGES\":%d,\"OVERLAP\":%d,"
+                         "\"GATHER\":%d,\"ROW_GROUP\":%d},",
+                         d->head_dim, dt, stof__wgmma_block_m(&p->wcfg),
+                         p->wcfg.block_n, p->wcfg.stages, p->wcfg.overlap,
+                         p->wcfg.gather, p->group > 1 ? p->group : 1);
     else
         stof__str_printf(&s,
                          "\"template\":\"attn_block.cu\",\"params\":{"
                          "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"BLOCK_M\":%d,"
                          "\"BLOCK_N\":%d,\"WARPS\":%d,\"STAGES\":%d,"
-                         "\"GATHER\":%d},",
+                         "\"GATHER\":%d,\"ROW_GROUP\":%d},",
                          d->head_dim, dt, p->cfg.block_m, p->cfg.block_n,
-                         p->cfg.warps, p->cfg.stages, p->cfg.gather);
+                         p->cfg.warps, p->cfg.stages, p->cfg.gather,
+                         p->group > 1 ? p->group : 1);
     stof__str_printf(
         &s,
-        "\"source\":\"%s\",\"arch\":\"%s\","
+        "\"source\":\"%s\",\"key\":\"%s\",\"arch\":\"%s\","
         "\"problem\":{\"batch\":%d,\"heads\":%d,\"seq_q\":%d,\"seq_k\":%d,"
         "\"head_dim\":%d,\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g},"
         "\"mask\":{\"digest\":\"%s\",\"density\":%.6f},"
         "\"template_hash\":\"%016llx\",\"candidates\":%d,"
-        "\"predicted_ms\":%.6g,\"compile_ms\":%.3f,\"load_ms\":%.3f,"
-        "\"time_ms\":null}",
-        p->kind == STOF_KERNEL_REFERENCE ? "fallback" : "model",
-        p->arch, d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim, dt,
-        layouts[d->layout], (double)p->scale, p->mask_hex, p->mask_density,
+        "\"predicted_ms\":%.6g,\"compile_ms\":%.3f,\"load_ms\":%.3f,",
+        p->source ? p->source : "compiled", p->key, p->arch, d->batch,
+        d->heads, d->seq_q, d->seq_k, d->head_dim, dt, layouts[d->layout],
+        (double)p->scale, p->mask_hex, p->mask_density,
         (unsigned long long)stof_template_hash(), p->n_candidates,
         p->predicted_ms, p->compile_ms, p->load_ms);
+    if (p->time_ms > 0)
+        stof__str_printf(&s,
+                         "\"time_ms\":%.6g,\"runner_up_ms\":%.6g,"
+                         "\"model_choice_ms\":%.6g}",
+                         p->time_ms, p->runner_up_ms, p->model_ms);
+    else
+        stof__str_printf(&s, "\"time_ms\":null}");
     stof_status st = stof__str_out(&s, buf, n, needed);
     stof__str_free(&s);
     return st;

@@ -34,9 +34,10 @@ _Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 8 * 4,
 typedef struct stof_attn_gather_params {
     stof_attn_block_params b;
     CUdeviceptr key_ptr, keys;
+    CUdeviceptr q_rows; /* 0 or seq_q int32: format row -> tensor row */
 } stof_attn_gather_params;
 _Static_assert(sizeof(stof_attn_gather_params) ==
-                   sizeof(stof_attn_block_params) + 2 * 8,
+                   sizeof(stof_attn_block_params) + 3 * 8,
                "stof_attn_gather_params must match attn_block.cu");
 
 /* The largest opt-in shared memory of any GPU the kernel targets (sm_90:
@@ -487,15 +488,15 @@ fail:
 /* Compile, load, launch                                                     */
 /* ------------------------------------------------------------------------ */
 
-stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
-                             const stof_block_cfg *c, const char *arch_or_NULL,
-                             CUmodule *mod, CUfunction *fn)
+stof_status stof__block_compile(stof_context *ctx, int head_dim,
+                                stof_dtype dt, const stof_block_cfg *c,
+                                const char *arch_or_NULL, void **cubin,
+                                size_t *size)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, mod && fn, "mod, fn: NULL output pointer");
-    *mod = NULL;
-    *fn = NULL;
+    *cubin = NULL;
+    *size = 0;
     STOF_CHECK_ARG(ctx, dt == STOF_DTYPE_FP16 || dt == STOF_DTYPE_BF16,
                    "dtype %d is not a stof_dtype", (int)dt);
     char why[256];
@@ -504,11 +505,6 @@ stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "block kernel configuration not supported: %s",
                           why);
-    if (!ctx->device.ok)
-        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
-                          "loading the block kernel needs a GPU: no usable "
-                          "CUDA device in this context");
-
     char d_hd[32], d_dt[32], d_bm[32], d_bn[32], d_w[32], d_s[32];
     snprintf(d_hd, sizeof(d_hd), "HEAD_DIM=%d", head_dim);
     snprintf(d_dt, sizeof(d_dt), "DTYPE=%d", (int)dt);
@@ -520,18 +516,22 @@ stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
      * exactly the defines they always had. */
     const char *defs[] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s, "GATHER=1"};
     const int n_defs = (int)(sizeof(defs) / sizeof(*defs)) - !c->gather;
-    void *cubin = NULL;
-    size_t cubin_size = 0;
-    stof_status st = (stof_status)stof__jit_compile(
-        ctx, "attn_block.cu", defs, n_defs, arch_or_NULL, &cubin,
-        &cubin_size);
+    return (stof_status)stof__jit_compile(ctx, "attn_block.cu", defs, n_defs,
+                                          arch_or_NULL, cubin, size);
+}
+
+stof_status stof__block_load_cubin(stof_context *ctx, int head_dim,
+                                   const stof_block_cfg *c, const void *cubin,
+                                   CUmodule *mod, CUfunction *fn)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, mod && fn && cubin, "NULL cubin or output pointer");
+    *mod = NULL;
+    *fn = NULL;
+    stof_status st = (stof_status)stof__ctx_push(ctx);
     if (st != STOF_OK)
         return st;
-
-    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {
-        free(cubin);
-        return st;
-    }
     const stof_api *api = ctx->api;
     CUmodule m = NULL;
     CUfunction f = NULL;
@@ -543,7 +543,6 @@ stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
                      f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                      (int)stof__block_smem_bytes(head_dim, c)));
     stof__ctx_pop(ctx);
-    free(cubin);
     *mod = m;
     *fn = f;
     return stof__ok(ctx);
@@ -551,6 +550,28 @@ fail:
     if (m)
         api->cuModuleUnload(m);
     stof__ctx_pop(ctx);
+    return st;
+}
+
+stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
+                             const stof_block_cfg *c, const char *arch_or_NULL,
+                             CUmodule *mod, CUfunction *fn)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, mod && fn, "mod, fn: NULL output pointer");
+    *mod = NULL;
+    *fn = NULL;
+    if (!ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "loading the block kernel needs a GPU: no usable "
+                          "CUDA device in this context");
+    void *cubin = NULL;
+    size_t size = 0;
+    stof_status st =
+        stof__block_compile(ctx, head_dim, dt, c, arch_or_NULL, &cubin, &size);
+    if (st == STOF_OK)
+        st = stof__block_load_cubin(ctx, head_dim, c, cubin, mod, fn);
     free(cubin);
     return st;
 }
@@ -622,6 +643,20 @@ stof_status stof__rowwise_launch(CUfunction fn, const stof_block_cfg *c,
                                  CUdeviceptr o, CUstream s,
                                  const stof_api *api)
 {
+    return stof__rowwise_launch_qperm(fn, c, head_dim, d, scale, rf, 0, q, k,
+                                      v, o, s, api);
+}
+
+stof_status stof__rowwise_launch_qperm(CUfunction fn, const stof_block_cfg *c,
+                                       int head_dim,
+                                       const stof_attention_desc *d,
+                                       float scale,
+                                       const stof_rowwise_format *rf,
+                                       CUdeviceptr q_rows, CUdeviceptr q,
+                                       CUdeviceptr k, CUdeviceptr v,
+                                       CUdeviceptr o, CUstream s,
+                                       const stof_api *api)
+{
     if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
         c->gather != 1)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -631,7 +666,7 @@ stof_status stof__rowwise_launch(CUfunction fn, const stof_block_cfg *c,
         !rf->mem || d->batch < 1 || d->heads < 1 ||
         (int64_t)d->batch * d->heads > 65535 || rf->n_row_blocks < 1)
         return STOF_ERR_INVALID_ARGUMENT;
-    if (!q || !k || !v || !o || (q | k | v | o) % 16u)
+    if (!q || !k || !v || !o || (q | k | v | o) % 16u || q_rows % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
     /* The kernel keeps key row offsets in 16-byte units in 32 bits. */
     for (int t = 0; t < 2; t++) {
@@ -651,6 +686,7 @@ stof_status stof__rowwise_launch(CUfunction fn, const stof_block_cfg *c,
     p.b.bitmap_words_per_row = rf->bitmap_words_per_row;
     p.key_ptr = rf->key_ptr;
     p.keys = rf->keys;
+    p.q_rows = q_rows;
 
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};

@@ -26,10 +26,16 @@ typedef struct stof_attn_wgmma_params {
     int n_row_blocks, bitmap_words_per_row;
     float scale_log2;
     int flags;
+    /* gather mode only */
+    CUdeviceptr q, k, v;
+    CUdeviceptr key_ptr, keys, q_rows;
+    int64_t q_stride[3], k_stride[3], v_stride[3];
 } stof_attn_wgmma_params;
-_Static_assert(sizeof(stof_attn_wgmma_params) == 512,
+_Static_assert(sizeof(stof_attn_wgmma_params) == 640,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 _Static_assert(offsetof(stof_attn_wgmma_params, o) == 384,
+               "stof_attn_wgmma_params must match attn_wgmma.cu");
+_Static_assert(offsetof(stof_attn_wgmma_params, q) == 496,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 
 /* The largest opt-in shared memory of a cc 9.0 GPU (227 KiB). */
@@ -52,17 +58,25 @@ static int why_set(char *why, size_t n, const char *fmt, ...)
     return 0;
 }
 
+int stof__wgmma_block_m(const stof_wgmma_cfg *c)
+{
+    return c && c->block_m == 64 ? 64 : STOF_WGMMA_BLOCK_M;
+}
+
 size_t stof__wgmma_smem_bytes(int head_dim, const stof_wgmma_cfg *c)
 {
     if (!c || head_dim <= 0 || c->block_n <= 0 || c->stages <= 0)
         return 0;
     const size_t row = (size_t)head_dim * 2u;
     const size_t s = (size_t)c->stages;
-    size_t bytes = (size_t)STOF_WGMMA_BLOCK_M * row;           /* Q */
+    const size_t bm = (size_t)stof__wgmma_block_m(c);
+    size_t bytes = bm * row;                                   /* Q */
     bytes += 2u * s * (size_t)c->block_n * row;                /* K, V */
-    bytes += s * STOF_WGMMA_BLOCK_M * (size_t)(c->block_n / 32) * 4u; /* bits */
+    bytes += s * bm * (size_t)(c->block_n / 32) * 4u;          /* bits */
     bytes += 8u * (1u + 4u * s);                               /* mbarriers */
     bytes += 8u * s;                                           /* meta */
+    if (c->gather)
+        bytes += 2u * 2u * (size_t)c->block_n * 4u;            /* offsets */
     return bytes + 1024u;                                      /* alignment */
 }
 
@@ -83,6 +97,11 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
         return why_set(why, n, "stages %d: must be 2..4", c->stages);
     if (c->overlap != 0 && c->overlap != 1)
         return why_set(why, n, "overlap %d: must be 0 or 1", c->overlap);
+    if (c->gather != 0 && c->gather != 1)
+        return why_set(why, n, "gather %d: must be 0 or 1", c->gather);
+    if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
+        return why_set(why, n, "block_m %d: must be 64 or 128 (0: 128)",
+                       c->block_m);
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     const size_t lim = dev && dev->ok && dev->max_smem_optin > 0
                            ? (size_t)dev->max_smem_optin
@@ -101,15 +120,10 @@ int stof__wgmma_device_ok(const stof_device *dev)
     return dev && dev->ok && dev->cc_major == 9 && dev->cc_minor == 0;
 }
 
-stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
-                             const stof_wgmma_cfg *c, CUmodule *mod,
-                             CUfunction *fn)
+/* Check (head_dim, dt, c) for this device; STOF_OK or a recorded error. */
+static stof_status wgmma_check(stof_context *ctx, int head_dim, stof_dtype dt,
+                               const stof_wgmma_cfg *c)
 {
-    if (!ctx)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, mod && fn, "mod, fn: NULL output pointer");
-    *mod = NULL;
-    *fn = NULL;
     STOF_CHECK_ARG(ctx, dt == STOF_DTYPE_FP16 || dt == STOF_DTYPE_BF16,
                    "dtype %d is not a stof_dtype", (int)dt);
     char why[256];
@@ -120,34 +134,59 @@ stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
                           why);
     if (!ctx->device.ok)
         return stof__fail(ctx, STOF_ERR_NO_DEVICE,
-                          "loading the wgmma kernel needs a GPU: no usable "
-                          "CUDA device in this context");
+                          "the wgmma kernel needs a GPU: no usable CUDA "
+                          "device in this context");
     if (!stof__wgmma_device_ok(&ctx->device))
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "the wgmma kernel needs compute capability 9.0 "
                           "(sm_90a); %s is %d.%d",
                           ctx->device.name, ctx->device.cc_major,
                           ctx->device.cc_minor);
+    return STOF_OK;
+}
 
+stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
+                                stof_dtype dt, const stof_wgmma_cfg *c,
+                                void **cubin, size_t *size)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    *cubin = NULL;
+    *size = 0;
+    stof_status st = wgmma_check(ctx, head_dim, dt, c);
+    if (st != STOF_OK)
+        return st;
     char d_hd[32], d_dt[32], d_bn[32], d_s[32], d_o[32];
     snprintf(d_hd, sizeof(d_hd), "HEAD_DIM=%d", head_dim);
     snprintf(d_dt, sizeof(d_dt), "DTYPE=%d", (int)dt);
     snprintf(d_bn, sizeof(d_bn), "BLOCK_N=%d", c->block_n);
     snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
     snprintf(d_o, sizeof(d_o), "OVERLAP=%d", c->overlap);
-    const char *defs[] = {d_hd, d_dt, d_bn, d_s, d_o};
-    void *cubin = NULL;
-    size_t cubin_size = 0;
-    stof_status st = (stof_status)stof__jit_compile(
-        ctx, "attn_wgmma.cu", defs, (int)(sizeof(defs) / sizeof(*defs)),
-        "sm_90a", &cubin, &cubin_size);
+    /* GATHER and BLOCK_M are defined only when they differ from the
+     * defaults: the 128-row block-mode kernels compile from exactly the
+     * defines they always had. */
+    const char *defs[7] = {d_hd, d_dt, d_bn, d_s, d_o};
+    int n_defs = 5;
+    if (c->gather)
+        defs[n_defs++] = "GATHER=1";
+    if (stof__wgmma_block_m(c) == 64)
+        defs[n_defs++] = "BLOCK_M=64";
+    return (stof_status)stof__jit_compile(ctx, "attn_wgmma.cu", defs, n_defs,
+                                          "sm_90a", cubin, size);
+}
+
+stof_status stof__wgmma_load_cubin(stof_context *ctx, int head_dim,
+                                   const stof_wgmma_cfg *c, const void *cubin,
+                                   CUmodule *mod, CUfunction *fn)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, mod && fn && cubin, "NULL cubin or output pointer");
+    *mod = NULL;
+    *fn = NULL;
+    stof_status st = (stof_status)stof__ctx_push(ctx);
     if (st != STOF_OK)
         return st;
-
-    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {
-        free(cubin);
-        return st;
-    }
     const stof_api *api = ctx->api;
     CUmodule m = NULL;
     CUfunction f = NULL;
@@ -159,7 +198,6 @@ stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
                      f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                      (int)stof__wgmma_smem_bytes(head_dim, c)));
     stof__ctx_pop(ctx);
-    free(cubin);
     *mod = m;
     *fn = f;
     return stof__ok(ctx);
@@ -167,6 +205,23 @@ fail:
     if (m)
         api->cuModuleUnload(m);
     stof__ctx_pop(ctx);
+    return st;
+}
+
+stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
+                             const stof_wgmma_cfg *c, CUmodule *mod,
+                             CUfunction *fn)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, mod && fn, "mod, fn: NULL output pointer");
+    *mod = NULL;
+    *fn = NULL;
+    void *cubin = NULL;
+    size_t size = 0;
+    stof_status st = stof__wgmma_compile(ctx, head_dim, dt, c, &cubin, &size);
+    if (st == STOF_OK)
+        st = stof__wgmma_load_cubin(ctx, head_dim, c, cubin, mod, fn);
     free(cubin);
     return st;
 }
@@ -255,13 +310,13 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
                                CUstream s, const stof_api *api)
 {
-    if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel)
+    if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel || c->gather)
         return STOF_ERR_INVALID_ARGUMENT;
     if (!stof__wgmma_cfg_valid(NULL, head_dim, c, NULL, 0))
         return STOF_ERR_INVALID_ARGUMENT;
     if (d->head_dim != head_dim ||
         (d->dtype != STOF_DTYPE_FP16 && d->dtype != STOF_DTYPE_BF16) ||
-        bf->block_m != STOF_WGMMA_BLOCK_M || bf->block_n != c->block_n ||
+        bf->block_m != stof__wgmma_block_m(c) || bf->block_n != c->block_n ||
         bf->seq_q != d->seq_q || bf->seq_k != d->seq_k ||
         bf->bitmap_words_per_row != c->block_n / 32 || !bf->mem ||
         d->batch < 1 || d->heads < 1 ||
@@ -286,7 +341,8 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
     stof_attn_wgmma_params p;
     memset(&p, 0, sizeof(p));
     if (make_map(enc, &p.tm_q, d->dtype, q, head_dim, d->seq_q, d->heads,
-                 d->batch, d->q_stride, STOF_WGMMA_BLOCK_M) != CUDA_SUCCESS ||
+                 d->batch, d->q_stride,
+                 (unsigned)stof__wgmma_block_m(c)) != CUDA_SUCCESS ||
         make_map(enc, &p.tm_k, d->dtype, k, head_dim, d->seq_k, d->heads,
                  d->batch, d->k_stride, (unsigned)c->block_n) != CUDA_SUCCESS ||
         make_map(enc, &p.tm_v, d->dtype, v, head_dim, d->seq_k, d->heads,
@@ -313,7 +369,86 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
     void *args[] = {&p};
     CUresult r = api->cuLaunchKernel(
         fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
-        384u, 1, 1, (unsigned)smem, s, args, NULL);
+        128u + 2u * (unsigned)stof__wgmma_block_m(c), 1, 1, (unsigned)smem, s,
+        args, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
+stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
+                                      int head_dim,
+                                      const stof_attention_desc *d,
+                                      float scale,
+                                      const stof_rowwise_format *rf,
+                                      CUdeviceptr row_order,
+                                      CUdeviceptr q_rows, CUdeviceptr q,
+                                      CUdeviceptr k, CUdeviceptr v,
+                                      CUdeviceptr o, CUstream s,
+                                      const stof_api *api)
+{
+    if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
+        c->gather != 1)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!stof__wgmma_cfg_valid(NULL, head_dim, c, NULL, 0))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (d->head_dim != head_dim ||
+        (d->dtype != STOF_DTYPE_FP16 && d->dtype != STOF_DTYPE_BF16) ||
+        rf->block_m != stof__wgmma_block_m(c) || rf->block_n != c->block_n ||
+        rf->seq_q != d->seq_q || rf->seq_k != d->seq_k ||
+        rf->bitmap_words_per_row != c->block_n / 32 || !rf->mem ||
+        d->batch < 1 || d->heads < 1 ||
+        (int64_t)d->batch * d->heads > 65535 || rf->n_row_blocks < 1)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u ||
+        q_rows % 4u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) ||
+        !strides_ok(d->o_stride, d->seq_q, d->heads, d->batch) ||
+        !strides_ok(d->k_stride, d->seq_k, d->heads, d->batch) ||
+        !strides_ok(d->v_stride, d->seq_k, d->heads, d->batch))
+        return STOF_ERR_INVALID_ARGUMENT;
+    /* The kernel keeps key row offsets in 16-byte units in 32 bits. */
+    if ((d->k_stride[2] / 8) * (int64_t)(d->seq_k - 1) > (int64_t)UINT32_MAX ||
+        (d->v_stride[2] / 8) * (int64_t)(d->seq_k - 1) > (int64_t)UINT32_MAX)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (scale == 0.0f)
+        scale = 1.0f / sqrtf((float)head_dim);
+    if (!(scale > 0.0f) || isinf(scale))
+        return STOF_ERR_INVALID_ARGUMENT;
+
+    stof_attn_wgmma_params p;
+    memset(&p, 0, sizeof(p));
+    p.o = o;
+    p.row_ptr = rf->tile_ptr;
+    p.col_idx = 0; /* unused in gather mode */
+    p.kind = rf->kind;
+    p.bitmap_idx = rf->bitmap_idx;
+    p.bitmaps = rf->bitmaps;
+    p.row_order = row_order;
+    memcpy(p.o_stride, d->o_stride, sizeof(p.o_stride));
+    p.batch = d->batch;
+    p.heads = d->heads;
+    p.seq_q = d->seq_q;
+    p.seq_k = d->seq_k;
+    p.n_row_blocks = rf->n_row_blocks;
+    p.bitmap_words_per_row = rf->bitmap_words_per_row;
+    p.scale_log2 = (float)((double)scale * 1.4426950408889634);
+    p.flags = 0;
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.key_ptr = rf->key_ptr;
+    p.keys = rf->keys;
+    p.q_rows = q_rows;
+    memcpy(p.q_stride, d->q_stride, sizeof(p.q_stride));
+    memcpy(p.k_stride, d->k_stride, sizeof(p.k_stride));
+    memcpy(p.v_stride, d->v_stride, sizeof(p.v_stride));
+
+    const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
+    void *args[] = {&p};
+    CUresult r = api->cuLaunchKernel(
+        fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
+        128u + 2u * (unsigned)stof__wgmma_block_m(c), 1, 1, (unsigned)smem, s,
+        args, NULL);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
@@ -350,6 +485,27 @@ void stof__wgmma_row_order(const stof_format *f, int32_t *order)
         for (int64_t e = f->row_ptr[i]; e < f->row_ptr[i + 1]; e++)
             w += f->kind[e] == STOF_TILE_PARTIAL ? 5 : 4;
         rw[i].w = w;
+        rw[i].i = i;
+    }
+    qsort(rw, (size_t)nb, sizeof(*rw), cmp_work);
+    for (int i = 0; i < nb; i++)
+        order[i] = rw[i].i;
+    free(rw);
+}
+
+void stof__wgmma_gather_row_order(const stof_format *f, int32_t *order)
+{
+    if (!f || !order || f->n_row_blocks < 1)
+        return;
+    const int nb = f->n_row_blocks;
+    row_work *rw = f->rw_ptr ? malloc((size_t)nb * sizeof(*rw)) : NULL;
+    if (!rw) {
+        for (int i = 0; i < nb; i++)
+            order[i] = i;
+        return;
+    }
+    for (int i = 0; i < nb; i++) {
+        rw[i].w = f->rw_ptr[i + 1] - f->rw_ptr[i];
         rw[i].i = i;
     }
     qsort(rw, (size_t)nb, sizeof(*rw), cmp_work);

@@ -12,19 +12,35 @@
 
 #include "internal.h"
 
-/* Query rows per CTA (two consumer warpgroups of 64 rows). */
+/* Query rows per CTA by default (two consumer warpgroups of 64 rows); see
+ * stof_wgmma_cfg.block_m for the 64-row mode. */
 #define STOF_WGMMA_BLOCK_M 128
 
 /* Kernel configuration: block_n keys per tile (64 or 128), stages K/V slots
  * in flight (2..4), overlap 1 = the softmax of tile t runs while the P V
  * wgmma of tile t-1 does (FlashAttention-3's intra-warpgroup pipelining),
- * 0 = the two GEMMs back to back. */
+ * 0 = the two GEMMs back to back. gather 0 = block mode: the tile BSR
+ * (stof_block_format), TMA loads (stof__wgmma_launch); 1 = gather mode
+ * (GATHER=1): each row block's compacted key list (stof_rowwise_format,
+ * built with block_m 128), K/V rows copied by key index with cp.async,
+ * optional query-row permutation (stof__wgmma_gather_launch).
+ * block_m: query rows per CTA, 128 (or 0, the same) = two consumer
+ * warpgroups, or 64 = one consumer warpgroup and 256 threads, two CTAs per
+ * SM when the shared memory allows (for masks structured in 64-row blocks,
+ * e.g. bigbird:64, whose 64 x 64 blocks are exactly full). The format
+ * must be built with stof__wgmma_block_m(c) rows. A cfg initialised with
+ * only the first three fields is block mode with 128 rows. */
 typedef struct stof_wgmma_cfg {
     int block_n, stages, overlap;
+    int gather;
+    int block_m;
 } stof_wgmma_cfg;
 
+/* The query rows per CTA of c: 64 or 128 (block_m 0 counts as 128). */
+int stof__wgmma_block_m(const stof_wgmma_cfg *c);
+
 /* 1 when the kernel supports (head_dim, *c): head_dim 64 or 128, the sizes
- * above and, when `dev` is given, its shared memory fits the device's
+ * above, gather 0 or 1, block_m 0, 64 or 128 and, when `dev` is given, its shared memory fits the device's
  * opt-in limit. Otherwise 0 with the reason in why[n] (may be NULL). Says
  * nothing about the device's architecture (see stof__wgmma_device_ok). */
 int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
@@ -33,34 +49,51 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
 /* 1 when `dev` can run the kernel (usable, compute capability 9.0). */
 int stof__wgmma_device_ok(const stof_device *dev);
 
-/* Dynamic shared memory of one CTA in bytes:
- *   128*head_dim*2 (Q) + 2 * stages*block_n*head_dim*2 (K, V)
- *   + stages*128*(block_n/32)*4 (bitmaps) + 8*(1 + 4*stages) (mbarriers)
- *   + 8*stages (meta) + 1024 (alignment slack: the kernel aligns its
- * buffers to 1024 bytes for the 128-byte swizzle). 0 for a NULL cfg. */
+/* Dynamic shared memory of one CTA in bytes, with bm = stof__wgmma_block_m:
+ *   bm*head_dim*2 (Q) + 2 * stages*block_n*head_dim*2 (K, V)
+ *   + stages*bm*(block_n/32)*4 (bitmaps) + 8*(1 + 4*stages) (mbarriers)
+ *   + 8*stages (meta) + (gather ? 2*2*block_n*4 : 0) (key row offsets)
+ *   + 1024 (alignment slack: the kernel aligns its buffers to 1024 bytes
+ * for the 128-byte swizzle). 0 for a NULL cfg. */
 size_t stof__wgmma_smem_bytes(int head_dim, const stof_wgmma_cfg *c);
 
-/* Compile attn_wgmma.cu for (head_dim, dt, *c) with NVRTC for sm_90a, load
+/* Compile attn_wgmma.cu for (head_dim, dt, *c) (with GATHER=1 when
+ * c->gather, BLOCK_M=64 for 64-row cfgs) with NVRTC for sm_90a, load
  * it into the device's primary context and set its dynamic shared memory
  * limit. The caller owns *mod (cuModuleUnload inside stof__ctx_push/pop).
  * Errors: STOF_ERR_UNSUPPORTED (cfg invalid, or the device is not cc 9.0;
  * the message says why), STOF_ERR_NVRTC, STOF_ERR_NO_DEVICE, STOF_ERR_CUDA. */
+/* The two halves of stof__wgmma_load: the NVRTC compile for sm_90a
+ * (*cubin malloc'd; no GPU work, so pool threads may call it with private
+ * contexts), and loading a cubin (from a compile or the tuning database)
+ * with its shared memory limit set. */
+stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
+                                stof_dtype dt, const stof_wgmma_cfg *c,
+                                void **cubin /* OUT */, size_t *size /* OUT */);
+stof_status stof__wgmma_load_cubin(stof_context *ctx, int head_dim,
+                                   const stof_wgmma_cfg *c, const void *cubin,
+                                   CUmodule *mod /* OUT */,
+                                   CUfunction *fn /* OUT */);
+
 stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
                              const stof_wgmma_cfg *c, CUmodule *mod /* OUT */,
                              CUfunction *fn /* OUT */);
 
 /* Enqueue the kernel on stream `s`: grid (bf->n_row_blocks, batch * heads),
- * 384 threads, stof__wgmma_smem_bytes() of dynamic shared memory. Builds
+ * 128 + 2 * block_m threads, stof__wgmma_smem_bytes() of dynamic shared
+ * memory. Builds
  * the three TMA tensor maps (q, k, v over (head_dim, seq, heads, batch))
  * from the pointers and d's strides with cuTensorMapEncodeTiled, resolved
  * from the already loaded libcuda.
  * d: strides filled, dtype and head_dim those fn was loaded with, every
  * stride >= 0 and a multiple of 8 elements; q, k, v, o 16-byte aligned.
- * bf: block_m 128, block_n c->block_n, seq_q / seq_k as d.
+ * bf: block_m stof__wgmma_block_m(c), block_n c->block_n, seq_q / seq_k as
+ * d.
  * row_order: 0, or a device array of bf->n_row_blocks int32 (a permutation
  * of the row blocks): CTA x then computes row block row_order[x] (the host
  * puts heavy row blocks first, see stof__wgmma_row_order).
  * scale: softmax scale, 0 = 1/sqrt(head_dim); must be > 0.
+ * c->gather must be 0 (gather kernels go through stof__wgmma_gather_launch).
  * The caller makes the device's context current. Touches no context:
  * thread-safe. STOF_ERR_INVALID_ARGUMENT on a mismatch, STOF_ERR_UNSUPPORTED
  * when cuTensorMapEncodeTiled is missing, STOF_ERR_CUDA when encoding a map
@@ -72,9 +105,43 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
                                CUstream s, const stof_api *api);
 
+/* Enqueue the gather kernel (fn loaded with c->gather = 1): grid
+ * (rf->n_row_blocks, batch * heads), 128 + 2 * block_m threads,
+ * stof__wgmma_smem_bytes() of dynamic shared memory. No tensor maps: every
+ * load is a cp.async.
+ * rf: uploaded by stof__rowwise_format_upload from a format built with
+ * block_m stof__wgmma_block_m(c) and block_n c->block_n; seq_q / seq_k as
+ * d.
+ * row_order: 0 or a device array of rf->n_row_blocks int32 (see
+ * stof__wgmma_gather_row_order).
+ * q_rows: 0 or a device array of d->seq_q int32: row r of the format is row
+ * q_rows[r] of q and o (each tensor row at most once, e.g. the perm of
+ * stof__mask_group_rows when the format was built on the grouped mask).
+ * d: strides filled, every stride >= 0 and a multiple of 8 elements, and
+ * (seq_k - 1) * k/v seq stride / 8 < 2^32 (row offsets are kept in 16-byte
+ * units in 32 bits); q, k, v, o 16-byte aligned.
+ * Otherwise as stof__wgmma_launch (STOF_ERR_INVALID_ARGUMENT on a
+ * mismatch, STOF_ERR_CUDA when the launch fails). */
+stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
+                                      int head_dim,
+                                      const stof_attention_desc *d,
+                                      float scale,
+                                      const stof_rowwise_format *rf,
+                                      CUdeviceptr row_order,
+                                      CUdeviceptr q_rows, CUdeviceptr q,
+                                      CUdeviceptr k, CUdeviceptr v,
+                                      CUdeviceptr o, CUstream s,
+                                      const stof_api *api);
+
 /* A heavy-first order of f's row blocks: order[0 .. n_row_blocks-1] gets
  * the row block indices sorted by decreasing work (tiles, a partial tile
  * counting 1.25), ties by index. For the kernel's row_order (upload it). */
 void stof__wgmma_row_order(const stof_format *f, int32_t *order /* OUT */);
+
+/* The same for the gather kernel: row blocks by decreasing number of listed
+ * keys (f's row-wise part; the compacted tiles follow from it), ties by
+ * index. Falls back to the identity when f has no row-wise part. */
+void stof__wgmma_gather_row_order(const stof_format *f,
+                                  int32_t *order /* OUT */);
 
 #endif /* STOF_ATTN_WGMMA_H */

@@ -206,6 +206,19 @@ stof_status stof__block_format_upload(stof_context *ctx, const stof_format *f,
  * *bf. */
 void stof__block_format_free(stof_context *ctx, stof_block_format *bf);
 
+/* The two halves of stof__block_load: the NVRTC compile (*cubin malloc'd;
+ * no GPU work: pool threads call it with private contexts, and with an
+ * explicit arch it needs no device), and loading a cubin (from a compile
+ * or the tuning database) with its shared memory limit set. */
+stof_status stof__block_compile(stof_context *ctx, int head_dim,
+                                stof_dtype dt, const stof_block_cfg *c,
+                                const char *arch_or_NULL,
+                                void **cubin /* OUT */, size_t *size /* OUT */);
+stof_status stof__block_load_cubin(stof_context *ctx, int head_dim,
+                                   const stof_block_cfg *c, const void *cubin,
+                                   CUmodule *mod /* OUT */,
+                                   CUfunction *fn /* OUT */);
+
 /* Compile attn_block.cu for (head_dim, dt, *c) (with GATHER=1 when
  * c->gather) with NVRTC for `arch_or_NULL`
  * (NULL = the context's device), load it into the device's primary context

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_shim.h"
@@ -22,6 +23,7 @@ static stof_context *open_or_skip(void)
     stof_context *ctx = NULL;
     stof_settings s;
     stof_default_settings(&s);
+    s.user_db = ""; /* tests never touch the user's tuning database */
     stof_status st = stof_open(&ctx, &s);
     cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
     if (!stof_has_device(ctx)) {
@@ -320,6 +322,105 @@ Test(gpu, plan_describe_and_errors)
     cr_log_info("device: %s", dj);
     free(dj);
     stof_close(&ctx);
+}
+
+/* Plan one problem in a child process with the tuning database at `db`;
+ * write "<compiles> <plan ms> <describe JSON>" to fd. Runs in a fresh
+ * process so that CUDA is initialised only there. */
+static void plan_in_child(const char *db, int fd)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = db;
+    s.require_device = 1;
+    stof_context *ctx = NULL;
+    if (stof_open(&ctx, &s) != STOF_OK)
+        _exit(3);
+    stof_mask *m = NULL;
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 2, 4, 1024, 1024, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    if (stof_mask_from_spec(ctx, "bigbird:64:3:2:3:1", 1024, 1024, &m))
+        _exit(4);
+    long before = stof__jit_compile_count();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    stof_plan *p = NULL;
+    if (stof_attention_plan(ctx, &d, m, &p) != STOF_OK) {
+        dprintf(fd, "error %s", stof_errmsg(ctx));
+        _exit(5);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    char js[4096];
+    stof_plan_describe(p, js, sizeof(js), NULL);
+    dprintf(fd, "%ld %.3f %s", stof__jit_compile_count() - before,
+            (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6,
+            js);
+    stof_plan_free(&p);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+    _exit(0);
+}
+
+static void run_child(const char *db, char *out, size_t n)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        plan_in_child(db, fds[1]);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < n && (r = read(fds[0], out + got, n - 1 - got)) > 0)
+        got += (size_t)r;
+    out[got] = '\0';
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "child failed (status %d): %s", status, out);
+}
+
+/* The config part of a describe JSON ("params":{...}). */
+static void params_of(const char *js, char *out, size_t n)
+{
+    const char *a = strstr(js, "\"params\":{");
+    const char *b = a ? strchr(a, '}') : NULL;
+    cr_assert(a && b, "no params in %s", js);
+    snprintf(out, n, "%.*s", (int)(b - a + 1), a);
+}
+
+Test(gpu, second_process_loads_from_the_database_without_compiling,
+     .timeout = 600)
+{
+    char dir[] = "/tmp/stof-gpu-db-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char db[512];
+    snprintf(db, sizeof(db), "%s/tuning.db", dir);
+    static char first[8192], second[8192];
+    run_child(db, first, sizeof(first));
+    run_child(db, second, sizeof(second));
+    long c1 = 0, c2 = -1;
+    double ms1 = 0, ms2 = 0;
+    cr_assert_eq(sscanf(first, "%ld %lf", &c1, &ms1), 2, "%s", first);
+    cr_assert_eq(sscanf(second, "%ld %lf", &c2, &ms2), 2, "%s", second);
+    cr_log_info("cold plan (tuned): %ld NVRTC compiles, %.1f ms", c1, ms1);
+    cr_log_info("warm plan (database): %ld NVRTC compiles, %.2f ms", c2, ms2);
+    cr_assert_gt(c1, 1, "the first plan should have tuned: %s", first);
+    cr_assert(strstr(first, "\"source\":\"tuned\""), "%s", first);
+    cr_assert_eq(c2, 0, "the second process compiled %ld kernels", c2);
+    cr_assert(strstr(second, "\"source\":\"user db\""), "%s", second);
+    char p1[512], p2[512];
+    params_of(first, p1, sizeof(p1));
+    params_of(second, p2, sizeof(p2));
+    cr_assert_str_eq(p1, p2, "different configurations");
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
 }
 
 /* Criterion's main, after a probe that reports the suite skipped (exit 77)

@@ -9,6 +9,12 @@
  *   - rows whose mask row allows no key are exactly 0;
  *   - every output element was written (no NaN left from the poison);
  *   - nothing outside the output elements (strided padding) was written.
+ * The gather configurations run every other case, and every mask with a
+ * row period (dilated), with query rows permuted (QPERM): the format is
+ * built on the mask with its rows grouped by residue class
+ * (stof__mask_group_rows) or, without a period, shuffled, and the kernel
+ * gets the permutation as q_rows (stof__rowwise_launch_qperm); the
+ * reference always runs on the original mask and tensors.
  * Without a usable GPU the program prints why and exits 77 (skip).
  * STOF_TEST_QUICK=1 runs only the cases of at most 300k mask elements (for
  * runs under compute-sanitizer).
@@ -176,6 +182,42 @@ static stof_mask *make_mask(stof_context *ctx, const blk_case *c)
     return m;
 }
 
+/* The mask a QPERM format is built on: m's rows grouped by residue class
+ * when m has a row period (dilated), else shuffled; row r of the result is
+ * row (*perm)[r] of m. */
+static stof_mask *permuted_mask(stof_context *ctx, const stof_mask *m,
+                                tu_rng *rng, int32_t **perm, int *period)
+{
+    stof_mask *g = NULL;
+    *period = stof__mask_row_period(m);
+    if (*period > 1) {
+        cr_assert_eq(stof__mask_group_rows(ctx, m, *period, &g, perm),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        return g;
+    }
+    const int sq = stof_mask_seq_q(m), sk = stof_mask_seq_k(m);
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)sq);
+    uint8_t *dense = malloc((size_t)sq * (size_t)sk),
+            *pd = malloc((size_t)sq * (size_t)sk);
+    cr_assert(p && dense && pd);
+    for (int i = 0; i < sq; i++)
+        p[i] = i;
+    for (int i = sq - 1; i > 0; i--) {
+        const int j = (int)tu_below(rng, (uint64_t)i + 1u);
+        const int32_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+    stof_mask_to_dense(m, dense);
+    for (int i = 0; i < sq; i++)
+        memcpy(pd + (size_t)i * sk, dense + (size_t)p[i] * sk, (size_t)sk);
+    cr_assert_eq(stof_mask_from_dense(ctx, pd, sq, sk, &g), STOF_OK);
+    free(dense);
+    free(pd);
+    *perm = p;
+    return g;
+}
+
 static size_t tensor_elems(const int64_t st[3], int b, int h, int s, int d)
 {
     return (size_t)((b - 1) * st[0] + (h - 1) * st[1] +
@@ -221,21 +263,30 @@ static const char *dt_name(stof_dtype dt)
     return dt == STOF_DTYPE_FP16 ? "fp16" : "bf16";
 }
 
-/* Run one case on a loaded kernel; fails the test on any mismatch. */
+/* Run one case on a loaded kernel; fails the test on any mismatch.
+ * qperm (gather only): the format is built on permuted_mask() and the
+ * kernel gets the permutation. */
 static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
-                     const blk_case *c, tu_rng *rng)
+                     const blk_case *c, int qperm, tu_rng *rng)
 {
     const stof_api *api = stof__api();
     char tag[256];
     snprintf(tag, sizeof(tag),
-             "[%s d=%d %s bm=%d bn=%d w=%d s=%d] %s %dx%dx%dx%d layout=%d",
+             "[%s d=%d %s bm=%d bn=%d w=%d s=%d%s] %s %dx%dx%dx%d layout=%d",
              k->c.gather ? "gather" : "block", k->head_dim, dt_name(k->dtype),
-             k->c.block_m, k->c.block_n, k->c.warps, k->c.stages, c->spec,
-             c->batch, c->heads, c->seq_q, c->seq_k, (int)c->layout);
+             k->c.block_m, k->c.block_n, k->c.warps, k->c.stages,
+             qperm ? " qperm" : "", c->spec, c->batch, c->heads, c->seq_q,
+             c->seq_k, (int)c->layout);
 
     stof_mask *m = make_mask(ctx, c);
+    stof_mask *fm = m; /* the mask the format is built on */
+    int32_t *perm = NULL;
+    int period = 1;
+    if (qperm)
+        fm = permuted_mask(ctx, m, rng, &perm, &period);
     stof_format *f = NULL;
-    stof_status st = stof_format_build(ctx, m, k->c.block_m, k->c.block_n, &f);
+    stof_status st =
+        stof_format_build(ctx, fm, k->c.block_m, k->c.block_n, &f);
     cr_assert_eq(st, STOF_OK, "%s: format: %s", tag, stof_errmsg(ctx));
     stof_block_format bf;
     stof_rowwise_format rf;
@@ -263,7 +314,12 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
     fill_random(rng, hv, fv, nk, k->dtype, 1.0f);
 
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
-    CUdeviceptr dq, dk, dv, dout;
+    CUdeviceptr dq, dk, dv, dout, dperm = 0;
+    if (perm) {
+        size_t pb = (size_t)c->seq_q * sizeof(*perm);
+        cr_assert_eq(api->cuMemAlloc(&dperm, pb), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyHtoD(dperm, perm, pb), CUDA_SUCCESS);
+    }
     cr_assert_eq(api->cuMemAlloc(&dq, nq * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&dk, nk * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&dv, nk * 2), CUDA_SUCCESS);
@@ -274,8 +330,9 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
     /* Poison: 0xffff is a NaN in fp16 and bf16. */
     cr_assert_eq(api->cuMemsetD8(dout, 0xff, nq * 2), CUDA_SUCCESS);
     if (k->c.gather)
-        st = stof__rowwise_launch(fn, &k->c, k->head_dim, &d, 0.0f, &rf, dq,
-                                  dk, dv, dout, NULL, api);
+        st = stof__rowwise_launch_qperm(fn, &k->c, k->head_dim, &d, 0.0f,
+                                        &rf, dperm, dq, dk, dv, dout, NULL,
+                                        api);
     else
         st = stof__block_launch(fn, &k->c, k->head_dim, &d, 0.0f, &bf, dq,
                                 dk, dv, dout, NULL, api);
@@ -291,6 +348,8 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
     api->cuMemFree(dk);
     api->cuMemFree(dv);
     api->cuMemFree(dout);
+    if (dperm)
+        api->cuMemFree(dperm);
     stof__ctx_pop(ctx);
     stof__block_format_free(ctx, &bf);
     const int64_t g_tiles = rf.n_tiles, g_partial = rf.n_partial;
@@ -344,11 +403,12 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
         if (!is_out[i] && ho[i] != 0xffffu)
             pad_written++;
     double err = tu_rel_err(got, want, n);
-    cr_log_info("%s: %lld tiles (%lld partial), %d empty rows: rel err %.2e",
+    cr_log_info("%s: %lld tiles (%lld partial), period %d, %d empty rows: "
+                "rel err %.2e",
                 tag,
                 (long long)(k->c.gather ? g_tiles
                                         : f->row_ptr[f->n_row_blocks]),
-                (long long)(k->c.gather ? g_partial : f->n_partial),
+                (long long)(k->c.gather ? g_partial : f->n_partial), period,
                 n_empty_rows, err);
     cr_expect_eq(nan_count, 0, "%s: %zu outputs not written (NaN)", tag,
                  nan_count);
@@ -366,6 +426,9 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
     free(hq), free(hk), free(hv), free(ho);
     free(fq), free(fk), free(fv), free(fo);
     stof_format_free(&f);
+    if (fm != m)
+        stof_mask_free(&fm);
+    free(perm);
     stof_mask_free(&m);
 }
 
@@ -401,7 +464,10 @@ static void run_config_of(const blk_cfg *list, int idx)
     const int is_quick = quick && quick[0] && strcmp(quick, "0") != 0;
     for (int i = 0; i < N_CASES; i++)
         if (!is_quick || (int64_t)cases[i].seq_q * cases[i].seq_k <= 300000)
-            run_case(ctx, k, fn, &cases[i], &rng);
+            run_case(ctx, k, fn, &cases[i],
+                     k->c.gather && (i % 2 || strncmp(cases[i].spec,
+                                                      "dilated", 7) == 0),
+                     &rng);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     ctx->api->cuModuleUnload(mod);
     stof__ctx_pop(ctx);
@@ -675,6 +741,45 @@ Test(gpu, gather_format_and_launch_checks)
     cr_expect_eq(stof__rowwise_launch(fake, &g, 64, &d3, 0.0f, &rf, 256, 256,
                                       256, 256, NULL, stof__api()),
                  STOF_ERR_INVALID_ARGUMENT);
+    /* q_rows not 4-byte aligned; a block cfg with q_rows. */
+    cr_expect_eq(stof__rowwise_launch_qperm(fake, &g, 64, &d, 0.0f, &rf, 258,
+                                            256, 256, 256, 256, NULL,
+                                            stof__api()),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__rowwise_launch_qperm(fake, &b, 64, &d, 0.0f, &rf, 256,
+                                            256, 256, 256, 256, NULL,
+                                            stof__api()),
+                 STOF_ERR_INVALID_ARGUMENT);
+
+    /* Grouping dilated:512:2's rows by parity nearly halves the gathered
+     * tiles: a grouped block of 128 rows spans 256 query positions, so it
+     * lists (1024 + 256) / 2 keys instead of 1024 + 128 (measured 296 of
+     * 536 tiles at 128 x 64). */
+    stof_mask *dm = NULL, *gm = NULL;
+    int32_t *perm = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "dilated:512:2", 4096, 4096, &dm),
+                 STOF_OK);
+    cr_assert_eq(stof__mask_row_period(dm), 2);
+    cr_assert_eq(stof__mask_group_rows(ctx, dm, 2, &gm, &perm), STOF_OK);
+    int64_t tiles[2], keys[2];
+    for (int i = 0; i < 2; i++) {
+        stof_format *df = NULL;
+        cr_assert_eq(stof_format_build(ctx, i ? gm : dm, 128, 64, &df),
+                     STOF_OK);
+        cr_assert_eq(stof__rowwise_stats(df, &keys[i], &tiles[i], NULL, NULL),
+                     STOF_OK);
+        stof_format_free(&df);
+    }
+    cr_log_info("dilated:512:2 4096: %lld keys / %lld tiles, grouped %lld / "
+                "%lld",
+                (long long)keys[0], (long long)tiles[0], (long long)keys[1],
+                (long long)tiles[1]);
+    cr_expect(10 * tiles[1] <= 6 * tiles[0] && 10 * keys[1] <= 6 * keys[0],
+              "grouped tiles %lld, ungrouped %lld", (long long)tiles[1],
+              (long long)tiles[0]);
+    free(perm);
+    stof_mask_free(&gm);
+    stof_mask_free(&dm);
     stof__rowwise_format_free(ctx, &rf);
     stof__block_format_free(ctx, &bf);
     stof_format_free(&f);

@@ -9,7 +9,13 @@
  *   - every output element was written (no NaN left from the poison);
  *   - nothing outside the output elements (strided padding) was written.
  * Every other case runs with a heavy-first row order (the kernel's
- * row_order argument). Without a usable GPU the program prints why and
+ * row_order argument). Configurations 12-15 use 64 query rows per CTA. The gather configurations (GATHER=1: row-wise
+ * lists, cp.async) run every case too; every other one, and every mask
+ * with a row period (dilated), with query rows permuted (QPERM): the
+ * format is built on the mask with its rows grouped by residue class
+ * (stof__mask_group_rows) or, without a period, shuffled, and the kernel
+ * gets the permutation as q_rows; the reference always runs on the
+ * original mask and tensors. Without a usable GPU the program prints why and
  * exits 77 (skip); on a GPU other than compute capability 9.0 the kernel
  * tests skip. STOF_TEST_QUICK=1 runs only the cases of at most 300k mask
  * elements (for runs under compute-sanitizer).
@@ -59,14 +65,24 @@ typedef struct wg_cfg {
 
 /* The template's STOF_VARIANTS. */
 static const wg_cfg configs[] = {
-    {64, STOF_DTYPE_FP16, {128, 2, 1}},  /* 0 */
-    {64, STOF_DTYPE_BF16, {128, 3, 1}},  /* 1 */
-    {128, STOF_DTYPE_FP16, {128, 2, 1}}, /* 2 */
-    {128, STOF_DTYPE_BF16, {128, 2, 1}}, /* 3 */
-    {64, STOF_DTYPE_FP16, {64, 4, 1}},   /* 4 */
-    {128, STOF_DTYPE_BF16, {64, 3, 1}},  /* 5 */
-    {64, STOF_DTYPE_BF16, {128, 2, 0}},  /* 6: no overlap */
-    {128, STOF_DTYPE_FP16, {64, 2, 0}},  /* 7: no overlap */
+    {64, STOF_DTYPE_FP16, {128, 2, 1, 0, 0}},  /* 0 */
+    {64, STOF_DTYPE_BF16, {128, 3, 1, 0, 0}},  /* 1 */
+    {128, STOF_DTYPE_FP16, {128, 2, 1, 0, 0}}, /* 2 */
+    {128, STOF_DTYPE_BF16, {128, 2, 1, 0, 0}}, /* 3 */
+    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 0}},   /* 4 */
+    {128, STOF_DTYPE_BF16, {64, 3, 1, 0, 0}},  /* 5 */
+    {64, STOF_DTYPE_BF16, {128, 2, 0, 0, 0}},  /* 6: no overlap */
+    {128, STOF_DTYPE_FP16, {64, 2, 0, 0, 0}},  /* 7: no overlap */
+    /* gather mode (GATHER=1) */
+    {64, STOF_DTYPE_FP16, {128, 2, 1, 1, 0}},  /* 8 */
+    {128, STOF_DTYPE_BF16, {128, 2, 1, 1, 0}}, /* 9 */
+    {64, STOF_DTYPE_BF16, {64, 4, 1, 1, 0}},   /* 10 */
+    {128, STOF_DTYPE_FP16, {64, 2, 0, 1, 0}},  /* 11: no overlap */
+    /* 64 query rows per CTA (BLOCK_M=64) */
+    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 64}},   /* 12 */
+    {128, STOF_DTYPE_BF16, {64, 2, 1, 0, 64}},  /* 13 */
+    {64, STOF_DTYPE_BF16, {128, 2, 1, 1, 64}},  /* 14: gather */
+    {128, STOF_DTYPE_FP16, {64, 2, 1, 1, 64}},  /* 15: gather */
 };
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
@@ -108,6 +124,12 @@ static const wg_case cases[] = {
     {"#single", 1, 2, 333, 197, STOF_LAYOUT_BHSD, 0},
     {"#lastcol", 1, 1, 200, 97, STOF_LAYOUT_STRIDED, 8},
     {"#halfempty", 1, 1, 130, 250, STOF_LAYOUT_BSHD, 0},
+    /* Sparse inside the tiles, where the gather mode matters. */
+    {"dilated:64:3", 1, 2, 1000, 1000, STOF_LAYOUT_BSHD, 0},
+    {"strided:128", 1, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8},
+    {"random:0.05:9", 1, 1, 3000, 1000, STOF_LAYOUT_BHSD, 0},
+    {"#colsparse", 1, 1, 1000, 1000, STOF_LAYOUT_BSHD, 0},
+    {"dilated:512:2", 2, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8},
 };
 
 #define N_CASES ((int)(sizeof(cases) / sizeof(*cases)))
@@ -131,6 +153,10 @@ static stof_mask *make_mask(stof_context *ctx, const wg_case *c)
             row[c->seq_k - 1] = 1;
         else if (strcmp(c->spec, "#halfempty") == 0)
             memset(row, i % 2 == 0, (size_t)c->seq_k);
+        else if (strcmp(c->spec, "#colsparse") == 0) {
+            for (int j = 0; j < c->seq_k && i % 13 != 0; j++)
+                row[j] = (uint8_t)((j * 7 + i / 5) % 11 == 0);
+        }
         else
             cr_assert_fail("unknown generated mask %s", c->spec);
     }
@@ -138,6 +164,42 @@ static stof_mask *make_mask(stof_context *ctx, const wg_case *c)
     free(b);
     cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
     return m;
+}
+
+/* The mask a QPERM format is built on: m's rows grouped by residue class
+ * when m has a row period (dilated), else shuffled; row r of the result is
+ * row (*perm)[r] of m. */
+static stof_mask *permuted_mask(stof_context *ctx, const stof_mask *m,
+                                tu_rng *rng, int32_t **perm, int *period)
+{
+    stof_mask *g = NULL;
+    *period = stof__mask_row_period(m);
+    if (*period > 1) {
+        cr_assert_eq(stof__mask_group_rows(ctx, m, *period, &g, perm),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        return g;
+    }
+    const int sq = stof_mask_seq_q(m), sk = stof_mask_seq_k(m);
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)sq);
+    uint8_t *dense = malloc((size_t)sq * (size_t)sk),
+            *pd = malloc((size_t)sq * (size_t)sk);
+    cr_assert(p && dense && pd);
+    for (int i = 0; i < sq; i++)
+        p[i] = i;
+    for (int i = sq - 1; i > 0; i--) {
+        const int j = (int)tu_below(rng, (uint64_t)i + 1u);
+        const int32_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+    stof_mask_to_dense(m, dense);
+    for (int i = 0; i < sq; i++)
+        memcpy(pd + (size_t)i * sk, dense + (size_t)p[i] * sk, (size_t)sk);
+    cr_assert_eq(stof_mask_from_dense(ctx, pd, sq, sk, &g), STOF_OK);
+    free(dense);
+    free(pd);
+    *perm = p;
+    return g;
 }
 
 static size_t tensor_elems(const int64_t st[3], int b, int h, int s, int d)
@@ -185,25 +247,42 @@ static const char *dt_name(stof_dtype dt)
     return dt == STOF_DTYPE_FP16 ? "fp16" : "bf16";
 }
 
-/* Run one case on a loaded kernel; fails the test on any mismatch. */
+/* Run one case on a loaded kernel; fails the test on any mismatch.
+ * with_order: heavy-first row order; qperm (gather only): the format is
+ * built on permuted_mask() and the kernel gets the permutation. */
 static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
-                     const wg_case *c, int with_order, tu_rng *rng)
+                     const wg_case *c, int with_order, int qperm, tu_rng *rng)
 {
     const stof_api *api = stof__api();
+    const int gather = k->c.gather;
     char tag[256];
     snprintf(tag, sizeof(tag),
-             "[d=%d %s bn=%d s=%d ov=%d%s] %s %dx%dx%dx%d layout=%d",
-             k->head_dim, dt_name(k->dtype), k->c.block_n, k->c.stages,
-             k->c.overlap, with_order ? " ordered" : "", c->spec, c->batch,
-             c->heads, c->seq_q, c->seq_k, (int)c->layout);
+             "[%s d=%d %s bm=%d bn=%d s=%d ov=%d%s%s] %s %dx%dx%dx%d "
+             "layout=%d",
+             gather ? "gather" : "block", k->head_dim, dt_name(k->dtype),
+             stof__wgmma_block_m(&k->c), k->c.block_n, k->c.stages,
+             k->c.overlap,
+             with_order ? " ordered" : "", qperm ? " qperm" : "", c->spec,
+             c->batch, c->heads, c->seq_q, c->seq_k, (int)c->layout);
 
     stof_mask *m = make_mask(ctx, c);
+    stof_mask *fm = m; /* the mask the format is built on */
+    int32_t *perm = NULL;
+    int period = 1;
+    if (qperm)
+        fm = permuted_mask(ctx, m, rng, &perm, &period);
     stof_format *f = NULL;
-    stof_status st = stof_format_build(ctx, m, STOF_WGMMA_BLOCK_M,
+    stof_status st = stof_format_build(ctx, fm, stof__wgmma_block_m(&k->c),
                                        k->c.block_n, &f);
     cr_assert_eq(st, STOF_OK, "%s: format: %s", tag, stof_errmsg(ctx));
     stof_block_format bf;
-    st = stof__block_format_upload(ctx, f, &bf);
+    stof_rowwise_format rf;
+    memset(&bf, 0, sizeof(bf));
+    memset(&rf, 0, sizeof(rf));
+    if (gather)
+        st = stof__rowwise_format_upload(ctx, f, &rf);
+    else
+        st = stof__block_format_upload(ctx, f, &bf);
     cr_assert_eq(st, STOF_OK, "%s: upload: %s", tag, stof_errmsg(ctx));
 
     stof_attention_desc d;
@@ -224,11 +303,19 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     if (with_order) {
         order = malloc((size_t)f->n_row_blocks * sizeof(*order));
         cr_assert(order);
-        stof__wgmma_row_order(f, order);
+        if (gather)
+            stof__wgmma_gather_row_order(f, order);
+        else
+            stof__wgmma_row_order(f, order);
     }
 
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
-    CUdeviceptr dq, dk, dv, dout, dord = 0;
+    CUdeviceptr dq, dk, dv, dout, dord = 0, dperm = 0;
+    if (perm) {
+        size_t pb = (size_t)c->seq_q * sizeof(*perm);
+        cr_assert_eq(api->cuMemAlloc(&dperm, pb), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyHtoD(dperm, perm, pb), CUDA_SUCCESS);
+    }
     cr_assert_eq(api->cuMemAlloc(&dq, nq * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&dk, nk * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&dv, nk * 2), CUDA_SUCCESS);
@@ -243,8 +330,13 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     }
     /* Poison: 0xffff is a NaN in fp16 and bf16. */
     cr_assert_eq(api->cuMemsetD8(dout, 0xff, nq * 2), CUDA_SUCCESS);
-    st = stof__wgmma_launch(fn, &k->c, k->head_dim, &d, 0.0f, &bf, dord, dq,
-                            dk, dv, dout, NULL, api);
+    if (gather)
+        st = stof__wgmma_gather_launch(fn, &k->c, k->head_dim, &d, 0.0f, &rf,
+                                       dord, dperm, dq, dk, dv, dout, NULL,
+                                       api);
+    else
+        st = stof__wgmma_launch(fn, &k->c, k->head_dim, &d, 0.0f, &bf, dord,
+                                dq, dk, dv, dout, NULL, api);
     cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag, stof_status_str(st));
     CUresult r = api->cuCtxSynchronize();
     const char *en = NULL;
@@ -259,8 +351,12 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     api->cuMemFree(dout);
     if (dord)
         api->cuMemFree(dord);
+    if (dperm)
+        api->cuMemFree(dperm);
     stof__ctx_pop(ctx);
     stof__block_format_free(ctx, &bf);
+    const int64_t g_tiles = rf.n_tiles, g_partial = rf.n_partial;
+    stof__rowwise_format_free(ctx, &rf);
     free(order);
 
     cr_assert_eq(stof__ref_attention(&d, m, fq, fk, fv, fo), STOF_OK);
@@ -311,9 +407,12 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
         if (!is_out[i] && ho[i] != 0xffffu)
             pad_written++;
     double err = tu_rel_err(got, want, n);
-    cr_log_info("%s: %lld tiles (%lld partial), %d empty rows: rel err %.2e",
-                tag, (long long)f->row_ptr[f->n_row_blocks],
-                (long long)f->n_partial, n_empty_rows, err);
+    cr_log_info("%s: %lld tiles (%lld partial), period %d, %d empty rows: "
+                "rel err %.2e",
+                tag,
+                (long long)(gather ? g_tiles : f->row_ptr[f->n_row_blocks]),
+                (long long)(gather ? g_partial : f->n_partial), period,
+                n_empty_rows, err);
     cr_expect_eq(nan_count, 0, "%s: %zu outputs not written (NaN)", tag,
                  nan_count);
     cr_expect_eq(empty_nonzero, 0,
@@ -330,6 +429,9 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     free(hq), free(hk), free(hv), free(ho);
     free(fq), free(fk), free(fv), free(fo);
     stof_format_free(&f);
+    if (fm != m)
+        stof_mask_free(&fm);
+    free(perm);
     stof_mask_free(&m);
 }
 
@@ -362,9 +464,10 @@ static void run_config(int idx)
     stof_status st =
         stof__wgmma_load(ctx, k->head_dim, k->dtype, &k->c, &mod, &fn);
     cr_assert_eq(st, STOF_OK, "config %d: load: %s", idx, stof_errmsg(ctx));
-    cr_log_info("config %d: d=%d %s bn=%d stages=%d overlap=%d, %zu B "
-                "shared memory",
-                idx, k->head_dim, dt_name(k->dtype), k->c.block_n,
+    cr_log_info("config %d: %s d=%d %s bm=%d bn=%d stages=%d overlap=%d, "
+                "%zu B shared memory",
+                idx, k->c.gather ? "gather" : "block", k->head_dim,
+                dt_name(k->dtype), stof__wgmma_block_m(&k->c), k->c.block_n,
                 k->c.stages, k->c.overlap,
                 stof__wgmma_smem_bytes(k->head_dim, &k->c));
     tu_rng rng = {tu_seed() ^ (0x9e3779b97f4a7c15ull * (uint64_t)(idx + 1))};
@@ -372,7 +475,11 @@ static void run_config(int idx)
     const int is_quick = quick && quick[0] && strcmp(quick, "0") != 0;
     for (int i = 0; i < N_CASES; i++)
         if (!is_quick || (int64_t)cases[i].seq_q * cases[i].seq_k <= 300000)
-            run_case(ctx, k, fn, &cases[i], i % 2, &rng);
+            run_case(ctx, k, fn, &cases[i], i % 2,
+                     k->c.gather &&
+                         ((i / 2) % 2 || strncmp(cases[i].spec, "dilated",
+                                                 7) == 0),
+                     &rng);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     ctx->api->cuModuleUnload(mod);
     stof__ctx_pop(ctx);
@@ -390,8 +497,16 @@ WGMMA_CONFIG_TEST(4)
 WGMMA_CONFIG_TEST(5)
 WGMMA_CONFIG_TEST(6)
 WGMMA_CONFIG_TEST(7)
+WGMMA_CONFIG_TEST(8)
+WGMMA_CONFIG_TEST(9)
+WGMMA_CONFIG_TEST(10)
+WGMMA_CONFIG_TEST(11)
+WGMMA_CONFIG_TEST(12)
+WGMMA_CONFIG_TEST(13)
+WGMMA_CONFIG_TEST(14)
+WGMMA_CONFIG_TEST(15)
 
-_Static_assert(sizeof(configs) / sizeof(*configs) == 8,
+_Static_assert(sizeof(configs) / sizeof(*configs) == 16,
                "one WGMMA_CONFIG_TEST per configuration");
 
 /* The host-side rules, the row order, and the launch's argument checks (no
@@ -399,24 +514,42 @@ _Static_assert(sizeof(configs) / sizeof(*configs) == 8,
 Test(gpu, wgmma_cfg_rules_and_launch_checks)
 {
     char why[256];
-    const stof_wgmma_cfg ok = {128, 2, 1};
+    const stof_wgmma_cfg ok = {128, 2, 1, 0, 0};
     cr_expect(stof__wgmma_cfg_valid(NULL, 64, &ok, why, sizeof(why)), "%s",
               why);
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 96, &ok, why, sizeof(why)));
     cr_expect(strstr(why, "head_dim"), "%s", why);
-    const stof_wgmma_cfg bn32 = {32, 2, 1};
+    const stof_wgmma_cfg bn32 = {32, 2, 1, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &bn32, why, sizeof(why)));
     cr_expect(strstr(why, "block_n"), "%s", why);
-    const stof_wgmma_cfg st1 = {128, 1, 1};
+    const stof_wgmma_cfg st1 = {128, 1, 1, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &st1, why, sizeof(why)));
     cr_expect(strstr(why, "stages"), "%s", why);
-    const stof_wgmma_cfg big = {128, 3, 1}; /* d=128: 3 x 64 KiB of K/V */
+    const stof_wgmma_cfg big = {128, 3, 1, 0, 0}; /* d=128: 3 x 64 KiB of K/V */
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 128, &big, why, sizeof(why)));
     cr_expect(strstr(why, "shared memory"), "%s", why);
     /* Q 16 KiB + K,V 2 x 2 x 16 KiB + bitmaps 2 x 2 KiB + 9 barriers +
      * meta 16 + 1024 of alignment slack. */
     cr_expect_eq(stof__wgmma_smem_bytes(64, &ok),
                  16384u + 65536u + 4096u + 72u + 16u + 1024u);
+    /* Gather: + 2 slots x (K, V) x 128 row offsets. */
+    const stof_wgmma_cfg g = {128, 2, 1, 1, 0};
+    cr_expect(stof__wgmma_cfg_valid(NULL, 64, &g, why, sizeof(why)), "%s",
+              why);
+    cr_expect_eq(stof__wgmma_smem_bytes(64, &g),
+                 16384u + 65536u + 4096u + 72u + 16u + 2048u + 1024u);
+    const stof_wgmma_cfg g2 = {128, 2, 1, 2, 0};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &g2, why, sizeof(why)));
+    cr_expect(strstr(why, "gather"), "%s", why);
+    /* 64 rows: Q 8 KiB, bitmaps 2 x 1 KiB; block_m 32 is refused. */
+    const stof_wgmma_cfg m64 = {128, 2, 1, 0, 64};
+    cr_expect_eq(stof__wgmma_block_m(&m64), 64);
+    cr_expect_eq(stof__wgmma_block_m(&ok), 128);
+    cr_expect_eq(stof__wgmma_smem_bytes(64, &m64),
+                 8192u + 65536u + 2048u + 72u + 16u + 1024u);
+    const stof_wgmma_cfg m32 = {128, 2, 1, 0, 32};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &m32, why, sizeof(why)));
+    cr_expect(strstr(why, "block_m"), "%s", why);
 
     /* Heavy-first order of a causal mask: the last row block first. */
     stof_context *ctx = open_or_skip();
@@ -444,7 +577,7 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
     const CUfunction fake = (CUfunction)(uintptr_t)1;
     const stof_api *api = stof__api();
     /* ok has block_n 128 = the format's: only the other checks fail. */
-    const stof_wgmma_cfg bn64 = {64, 2, 1};
+    const stof_wgmma_cfg bn64 = {64, 2, 1, 0, 0};
     cr_expect_eq(stof__wgmma_launch(fake, &bn64, 64, &d, 0.0f, &bf, 0, 256,
                                     256, 256, 256, NULL, api),
                  STOF_ERR_INVALID_ARGUMENT);
@@ -463,6 +596,47 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
     cr_expect_eq(stof__wgmma_launch(fake, &ok, 64, &odd, 0.0f, &bf, 0, 256,
                                     256, 256, 256, NULL, api),
                  STOF_ERR_INVALID_ARGUMENT);
+    /* A gather cfg through the block launch; a 64-row cfg on the 128-row
+     * format. */
+    cr_expect_eq(stof__wgmma_launch(fake, &g, 64, &d, 0.0f, &bf, 0, 256,
+                                    256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__wgmma_launch(fake, &m64, 64, &d, 0.0f, &bf, 0, 256,
+                                    256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+
+    /* Gather launch: the row-wise format of the same mask. */
+    stof_rowwise_format rf;
+    cr_assert_eq(stof__rowwise_format_upload(ctx, f, &rf), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    /* A block cfg; q_rows / row_order not 4-byte aligned; k misaligned. */
+    cr_expect_eq(stof__wgmma_gather_launch(fake, &ok, 64, &d, 0.0f, &rf, 0,
+                                           0, 256, 256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__wgmma_gather_launch(fake, &g, 64, &d, 0.0f, &rf, 0,
+                                           258, 256, 256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__wgmma_gather_launch(fake, &g, 64, &d, 0.0f, &rf, 2, 0,
+                                           256, 256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__wgmma_gather_launch(fake, &g, 64, &d, 0.0f, &rf, 0, 0,
+                                           256, 264, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    /* block_n 64 against the 128-key format; a k stride of 68. */
+    const stof_wgmma_cfg g64 = {64, 2, 1, 1, 0};
+    cr_expect_eq(stof__wgmma_gather_launch(fake, &g64, 64, &d, 0.0f, &rf, 0,
+                                           0, 256, 256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__wgmma_gather_launch(fake, &g, 64, &odd, 0.0f, &rf, 0,
+                                           0, 256, 256, 256, 256, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT);
+    stof__rowwise_format_free(ctx, &rf);
+
+    /* Gather row order: most listed keys first (causal: the last block). */
+    stof__wgmma_gather_row_order(f, order);
+    for (int i = 0; i < 8; i++)
+        cr_expect_eq(order[i], 7 - i, "gather order[%d] = %d", i, order[i]);
+
     stof__block_format_free(ctx, &bf);
     stof_format_free(&f);
     stof_mask_free(&m);

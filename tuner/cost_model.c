@@ -8,10 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 1 once the row-wise (gather) kernel exists. */
-#ifndef STOF__ROWWISE_AVAILABLE
-#define STOF__ROWWISE_AVAILABLE 1
-#endif
 
 /* Tensor-core rate of one SM for mma.sync m16n8k16 with fp32 accumulation,
  * in FLOP per microsecond: H100/H200 (sm_90) reach about 5.0 TFLOP/s per SM
@@ -213,11 +209,21 @@ double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
 
 static double wgmma_efficiency(int head_dim, const stof_wgmma_cfg *c)
 {
-    double e = head_dim >= 128 ? 0.70 : 0.46;
+    const int big = head_dim >= 128;
+    double e = big ? 0.70 : 0.46;
     if (c->block_n == 64)
         e *= 0.90;
     if (!c->overlap)
         e *= 0.89;
+    /* 64-row CTAs (two per SM) and gathered K/V (cp.async instead of TMA),
+     * dense, relative to 128-row TMA (H200, stof-bench-wgmma). */
+    const int m64 = stof__wgmma_block_m(c) == 64;
+    if (m64 && c->gather)
+        e *= big ? 0.63 : 0.82;
+    else if (m64)
+        e *= big ? 0.83 : 0.86;
+    else if (c->gather)
+        e *= big ? 0.81 : 0.90;
     return e;
 }
 
@@ -227,29 +233,31 @@ double stof__cost_predict_wgmma(const stof_device *dev,
                                 stof_candidate *out)
 {
     const int D = d->head_dim;
+    const int bm = stof__wgmma_block_m(wc);
+    const int o = bm == 64 ? 2 : 1;
     const double rate = WGMMA_SM_RATE * wgmma_efficiency(D, wc);
-    const double tau = 4.0 * STOF_WGMMA_BLOCK_M * wc->block_n * D / rate;
+    const double tau = 4.0 * bm * wc->block_n * D / rate;
     double total = 0.0;
-    double *w = row_work(f, STOF_KERNEL_BLOCK, wc->block_n, MU_PARTIAL_WGMMA,
-                         &total);
+    double *w = row_work(f, wc->gather ? STOF_KERNEL_ROWWISE : STOF_KERNEL_BLOCK,
+                         wc->block_n, MU_PARTIAL_WGMMA, &total);
     if (!w)
         return INFINITY;
-    const int slots = dev->sm_count > 0 ? dev->sm_count : 1;
+    const int slots = dev->sm_count * o > 0 ? dev->sm_count * o : 1;
     double ms = (makespan_us(w, f->n_row_blocks, (int64_t)d->batch * d->heads,
-                             slots, 1, tau, 1) +
+                             slots, o, tau, 1) +
                  LAUNCH_US) * 1e-3;
     free(w);
     if (out) {
         memset(out, 0, sizeof(*out));
-        out->kind = STOF_KERNEL_WGMMA;
-        out->cfg.block_m = STOF_WGMMA_BLOCK_M;
+        out->kind = wc->gather ? STOF_KERNEL_WGMMA_GATHER : STOF_KERNEL_WGMMA;
+        out->cfg.block_m = bm;
         out->cfg.block_n = wc->block_n;
-        out->cfg.warps = 12;
+        out->cfg.warps = bm == 64 ? 8 : 12;
         out->cfg.stages = wc->stages;
         out->wcfg = *wc;
         out->predicted_ms = ms;
         out->work_tiles = total;
-        out->ctas_per_sm = 1;
+        out->ctas_per_sm = o;
     }
     return ms;
 }
@@ -257,7 +265,8 @@ double stof__cost_predict_wgmma(const stof_device *dev,
 static int cmp_cand(const void *a, const void *b)
 {
     const stof_candidate *x = a, *y = b;
-    return (x->predicted_ms > y->predicted_ms) - (x->predicted_ms < y->predicted_ms);
+    return (x->predicted_ms > y->predicted_ms) -
+           (x->predicted_ms < y->predicted_ms);
 }
 
 /* The next free element of a growing candidate array, or NULL when out of
@@ -275,87 +284,103 @@ static stof_candidate *next_slot(stof_candidate **all, int *count, int *cap)
     return &(*all)[(*count)++];
 }
 
-stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
-                            const stof_mask *m, stof_candidate *cands,
-                            int max, int *n)
+/* Rank every candidate on masks m (group 1) and, when the mask's rows
+ * group by a period, on the grouped mask g (row-wise kinds only). */
+static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
+                           const stof_mask *m, int group, int rowwise_ok,
+                           stof_candidate **all, int *count, int *cap)
 {
     static const int bms[] = {64, 128}, bns[] = {32, 64, 128}, ws[] = {4, 8},
                      ss[] = {1, 2, 3};
-    *n = 0;
-    stof_candidate *all = NULL;
-    int count = 0, cap = 0;
-    stof_status st = STOF_OK;
-    /* The gather kernel keeps K/V row offsets in 16-byte units in 32 bits. */
-    const int rowwise_ok =
-        STOF__ROWWISE_AVAILABLE &&
-        (double)(d->seq_k - 1) * (double)(d->k_stride[2] > d->v_stride[2]
-                                              ? d->k_stride[2]
-                                              : d->v_stride[2]) /
-                8.0 <
-            4294967296.0;
+    const int wgmma_ok =
+        stof__wgmma_device_ok(&ctx->device) && !(d->scale < 0.0f);
     for (int a = 0; a < 2; a++) {
         for (int b = 0; b < 3; b++) {
             stof_format *f = NULL;
-            int have_valid = bms[a] == STOF_WGMMA_BLOCK_M &&
-                             stof__wgmma_device_ok(&ctx->device) &&
-                             bns[b] >= 64;
-            for (int x = 0; x < 2 && !have_valid; x++)
-                for (int y = 0; y < 3 && !have_valid; y++) {
-                    stof_block_cfg c = {.block_m = bms[a], .block_n = bns[b], .warps = ws[x], .stages = ss[y]};
-                    have_valid = stof__block_cfg_valid(&ctx->device,
-                                                       d->head_dim, &c, NULL, 0);
-                }
-            if (!have_valid)
-                continue;
-            st = stof_format_build(ctx, m, bms[a], bns[b], &f);
+            stof_status st = stof_format_build(ctx, m, bms[a], bns[b], &f);
             if (st != STOF_OK)
-                goto done;
+                return st;
+            /* mma.sync: block-wise (ungrouped only) and row-wise. */
             for (int x = 0; x < 2; x++)
                 for (int y = 0; y < 3; y++) {
-                    stof_block_cfg c = {.block_m = bms[a], .block_n = bns[b], .warps = ws[x], .stages = ss[y]};
+                    stof_block_cfg c = {.block_m = bms[a], .block_n = bns[b],
+                                        .warps = ws[x], .stages = ss[y]};
                     if (!stof__block_cfg_valid(&ctx->device, d->head_dim, &c,
                                                NULL, 0))
                         continue;
                     for (int kind = STOF_KERNEL_BLOCK;
-                         kind <= STOF_KERNEL_BLOCK + rowwise_ok; kind++) {
-                        stof_candidate *slot = next_slot(&all, &count, &cap);
+                         kind <= STOF_KERNEL_ROWWISE; kind++) {
+                        if ((kind == STOF_KERNEL_BLOCK && group > 1) ||
+                            (kind == STOF_KERNEL_ROWWISE && !rowwise_ok))
+                            continue;
+                        c.gather = kind == STOF_KERNEL_ROWWISE;
+                        stof_candidate *slot = next_slot(all, count, cap);
                         if (!slot)
                             goto oom;
                         stof__cost_predict(&ctx->device, d, f, kind, &c, slot);
+                        slot->group = group;
                     }
                 }
-            /* The wgmma kernel on the same 128-row format. */
-            for (int y = 0; bms[a] == STOF_WGMMA_BLOCK_M && y < 3 &&
-                            stof__wgmma_device_ok(&ctx->device) &&
-                            !(d->scale < 0.0f);
-                 y++) {
-                stof_wgmma_cfg wc = {.block_n = bns[b], .stages = 2 + y,
-                                     .overlap = 1};
-                if (!stof__wgmma_cfg_valid(&ctx->device, d->head_dim, &wc,
-                                           NULL, 0))
+            /* wgmma: 64- or 128-row CTAs, block-wise and gather. */
+            for (int g = 0; wgmma_ok && g < 2; g++) {
+                if ((g == 0 && group > 1) || (g == 1 && !rowwise_ok))
                     continue;
-                stof_candidate *slot = next_slot(&all, &count, &cap);
-                if (!slot)
-                    goto oom;
-                stof__cost_predict_wgmma(&ctx->device, d, f, &wc, slot);
+                for (int y = 0; y < 3; y++) {
+                    stof_wgmma_cfg wc = {.block_n = bns[b], .stages = 2 + y,
+                                         .overlap = 1, .gather = g,
+                                         .block_m = bms[a]};
+                    if (!stof__wgmma_cfg_valid(&ctx->device, d->head_dim, &wc,
+                                               NULL, 0))
+                        continue;
+                    stof_candidate *slot = next_slot(all, count, cap);
+                    if (!slot)
+                        goto oom;
+                    stof__cost_predict_wgmma(&ctx->device, d, f, &wc, slot);
+                    slot->group = group;
+                }
             }
             stof_format_free(&f);
             continue;
         oom:
             stof_format_free(&f);
-            st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                            "out of memory ranking kernels");
-            goto done;
+            return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                              "out of memory ranking kernels");
         }
     }
-    if (count == 0) {
-        st = STOF_ERR_UNSUPPORTED;
-        goto done;
+    return STOF_OK;
+}
+
+stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
+                            const stof_mask *m, stof_candidate *cands,
+                            int max, int *n)
+{
+    *n = 0;
+    stof_candidate *all = NULL;
+    int count = 0, cap = 0;
+    /* The gather kernels keep K/V row offsets in 16-byte units in 32
+     * bits. */
+    const int64_t kv_stride = d->k_stride[2] > d->v_stride[2] ? d->k_stride[2]
+                                                              : d->v_stride[2];
+    const int rowwise_ok = (double)(d->seq_k - 1) * (double)kv_stride / 8.0 <
+                           4294967296.0;
+    stof_status st = rank_on(ctx, d, m, 1, rowwise_ok, &all, &count, &cap);
+    const int period = rowwise_ok ? stof__mask_row_period(m) : 1;
+    if (st == STOF_OK && period > 1) {
+        stof_mask *g = NULL;
+        int32_t *perm = NULL;
+        st = stof__mask_group_rows(ctx, m, period, &g, &perm);
+        if (st == STOF_OK)
+            st = rank_on(ctx, d, g, period, 1, &all, &count, &cap);
+        stof_mask_free(&g);
+        free(perm);
     }
-    qsort(all, (size_t)count, sizeof(*all), cmp_cand);
-    *n = count < max ? count : max;
-    memcpy(cands, all, sizeof(*all) * (size_t)*n);
-done:
+    if (st == STOF_OK && count == 0)
+        st = STOF_ERR_UNSUPPORTED;
+    if (st == STOF_OK) {
+        qsort(all, (size_t)count, sizeof(*all), cmp_cand);
+        *n = count < max ? count : max;
+        memcpy(cands, all, sizeof(*all) * (size_t)*n);
+    }
     free(all);
     return st;
 }

@@ -38,14 +38,18 @@ enum {
     STOF_KERNEL_REFERENCE = 0,
     STOF_KERNEL_BLOCK = 1,
     STOF_KERNEL_ROWWISE = 2,
-    STOF_KERNEL_WGMMA = 3
+    STOF_KERNEL_WGMMA = 3,       /* wgmma over the tile BSR */
+    STOF_KERNEL_WGMMA_GATHER = 4 /* wgmma over compacted key lists */
 };
 
 typedef struct stof_candidate {
     int kind;               /* STOF_KERNEL_* */
     stof_block_cfg cfg;     /* block / row-wise kernels; for wgmma,
                                block_m = 128 and block_n as in wcfg */
-    stof_wgmma_cfg wcfg;    /* wgmma kernel */
+    stof_wgmma_cfg wcfg;    /* wgmma kernels (gather set for
+                               STOF_KERNEL_WGMMA_GATHER) */
+    int group;              /* row-wise kernels: query rows grouped by
+                               residue class mod `group` (0/1: not) */
     double predicted_ms;    /* model time */
     double work_tiles;      /* sum of w_i over row blocks (one batch*head) */
     int ctas_per_sm;        /* o */
@@ -57,7 +61,8 @@ typedef struct stof_candidate {
 double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
                           const stof_format *f, int kind,
                           const stof_block_cfg *cfg, stof_candidate *out);
-/* The same for the wgmma kernel (f built with 128 x wc->block_n). */
+/* The same for the wgmma kernels (f built with stof__wgmma_block_m(wc) x
+ * wc->block_n; wc->gather selects the gather kernel). */
 double stof__cost_predict_wgmma(const stof_device *dev,
                                 const stof_attention_desc *d,
                                 const stof_format *f, const stof_wgmma_cfg *wc,

@@ -14,10 +14,13 @@
 void stof__candidate_str(const stof_candidate *c, char *buf, size_t n)
 {
     static const char *const kinds[] = {"reference", "block", "rowwise",
-                                        "wgmma"};
-    const char *k = c->kind >= 0 && c->kind < 4 ? kinds[c->kind] : "?";
+                                        "wgmma", "wgmma-gather"};
+    const char *k = c->kind >= 0 && c->kind < 5 ? kinds[c->kind] : "?";
     if (c->kind == STOF_KERNEL_REFERENCE)
         snprintf(buf, n, "%s", k);
+    else if (c->group > 1)
+        snprintf(buf, n, "%s %dx%d w%d s%d rows%%%d", k, c->cfg.block_m,
+                 c->cfg.block_n, c->cfg.warps, c->cfg.stages, c->group);
     else
         snprintf(buf, n, "%s %dx%d w%d s%d", k, c->cfg.block_m, c->cfg.block_n,
                  c->cfg.warps, c->cfg.stages);

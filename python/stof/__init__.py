@@ -133,7 +133,12 @@ def _json_out(fn, handle):
 class Context:
     """A stof context on one CUDA device (default: torch's current one)."""
 
-    def __init__(self, device=None, require_device=True):
+    def __init__(self, device=None, require_device=True, user_db=None,
+                 system_dbs=(), tuning_mode="default", budget_s=0.0):
+        """user_db: tuning database path (None: the default location, "":
+        none); system_dbs: read-only databases under it; tuning_mode:
+        "default" (tune misses), "cache-only" (never tune; record misses) or
+        "force" (always re-tune); budget_s: tuning budget per problem."""
         lib = _load()
         s = _Settings()
         lib.stof_default_settings(ctypes.byref(s))
@@ -145,6 +150,17 @@ class Context:
                 device = 0
         s.device = int(device)
         s.require_device = 1 if require_device else 0
+        modes = {"default": 0, "cache-only": 1, "force": 2}
+        if tuning_mode not in modes:
+            raise ValueError("tuning_mode must be one of %s" % sorted(modes))
+        s.tuning_mode = modes[tuning_mode]
+        s.tuning_budget_s = float(budget_s)
+        # Keep the encoded strings alive for the duration of stof_open.
+        self._db_bytes = user_db.encode() if user_db is not None else None
+        s.user_db = self._db_bytes
+        sys_list = [p.encode() for p in system_dbs]
+        arr = (ctypes.c_char_p * (len(sys_list) + 1))(*sys_list, None)
+        s.system_dbs = ctypes.cast(arr, ctypes.c_void_p) if sys_list else None
         self._h = ctypes.c_void_p()
         st = lib.stof_open(ctypes.byref(self._h), ctypes.byref(s))
         if st != 0:
