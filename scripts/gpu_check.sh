@@ -31,21 +31,25 @@ run() { # log name, command...
     [ $rc -eq 0 ] || fail=1
 }
 run gpu "$T/test_gpu" --verbose --jobs=4
-[ -x "$T/test_gpu_block" ] && run gpu "$T/test_gpu_block" --jobs=4
+for t in test_gpu_block test_gpu_wgmma; do
+    [ -x "$T/$t" ] && run gpu "$T/$t" --jobs=4
+done
 run jit "$T/test_jit" --jobs=8
-for t in test_api test_reference test_mask test_spec test_format test_cost; do
+for t in test_api test_reference test_mask test_spec test_format test_cost \
+         test_search test_db; do
     [ -x "$T/$t" ] && run cpu "$T/$t" --jobs=8
 done
 run demo "$DEMO"
-[ -x "$BENCH" ] && run bench "$BENCH"
+[ -x "$BENCH" ] && run formats "$BENCH"
 # The comparison with FlexAttention and SDPA (needs torch; BENCH_ARGS to
 # narrow it).
 if [ "${STOF_BENCH:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
     [ -f .carry/lib/libstof.so ] && export STOF_LIBRARY=$PWD/.carry/lib/libstof.so
     run bench env -u LD_LIBRARY_PATH PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-        python3 bench/bench_attention.py --json "$OUT/bench_attention.json" ${BENCH_ARGS:-}
-    grep -A40 "^ *shape " "$OUT/bench.log" | head -40
+        python3 bench/bench_attention.py --json "$OUT/bench_attention.json" \
+        --user-db /tmp/stof-bench-tuning.db ${BENCH_ARGS:-}
+    grep -A40 "^ *shape " "$OUT/bench.log" | head -50
 fi
 echo "== demo table"; tail -n 12 "$OUT/demo.log"
-grep -h "rel err" "$OUT/gpu.log" | head -40
+grep -h "NVRTC compiles" "$OUT/gpu.log"
 exit $fail
