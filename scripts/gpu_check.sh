@@ -45,7 +45,8 @@ run demo "$DEMO"
 # narrow it).
 if [ "${STOF_BENCH:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
     [ -f .carry/lib/libstof.so ] && export STOF_LIBRARY=$PWD/.carry/lib/libstof.so
-    run bench env -u LD_LIBRARY_PATH PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+    run bench env LD_LIBRARY_PATH=$PWD/.carry/pylib PYTHONPATH=$PWD/python \
+        PYTHONUNBUFFERED=1 \
         python3 bench/bench_attention.py --json "$OUT/bench_attention.json" \
         --user-db /tmp/stof-bench-tuning.db ${BENCH_ARGS:-}
     grep -A40 "^ *shape " "$OUT/bench.log" | head -50

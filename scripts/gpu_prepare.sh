@@ -17,4 +17,12 @@ cp -L build-dev/src/libstof.so .carry/lib/libstof.so
 for f in .carry/bin/* .carry/lib/libstof.so; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" .carry/lib/; done
+# Python loads libstof.so without the rest of .carry/lib on its path (the
+# Debian copies of libcrypto and friends must not shadow the system's):
+# give it only what libstof itself needs beyond the base system.
+mkdir -p .carry/pylib
+ldd .carry/lib/libstof.so | awk '/=> \//{print $3}' |
+    grep -E '/libuv\.so' | while read -r lib; do
+        cp -L "$lib" .carry/pylib/
+    done
 du -sh .carry

@@ -37,9 +37,16 @@ static double best_ms(stof_context *ctx, const char *spec, int n, int hd,
     for (int i = 1; i < k; i++)
         cr_assert_leq(c[i - 1].predicted_ms, c[i].predicted_ms,
                       "ranking is not sorted");
-    for (int i = 0; i < k; i++)
-        cr_assert(stof__block_cfg_valid(&ctx->device, hd, &c[i].cfg, NULL, 0),
-                  "an invalid configuration was ranked");
+    for (int i = 0; i < k; i++) {
+        int valid = c[i].kind == STOF_KERNEL_WGMMA ||
+                            c[i].kind == STOF_KERNEL_WGMMA_GATHER
+                        ? stof__wgmma_cfg_valid(&ctx->device, hd, &c[i].wcfg,
+                                                NULL, 0)
+                        : stof__block_cfg_valid(&ctx->device, hd, &c[i].cfg,
+                                                NULL, 0);
+        cr_assert(valid, "an invalid configuration was ranked (kind %d)",
+                  c[i].kind);
+    }
     if (best)
         *best = c[0];
     stof_mask_free(&m);
