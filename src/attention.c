@@ -404,7 +404,9 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
         if (st != STOF_OK)
             goto done;
     }
-    if ((st = stof_format_build(ctx, grouped ? grouped : m, bm, bn, &f)) !=
+    if ((st = stof__format_build_parts(
+             ctx, grouped ? grouped : m, bm, bn,
+             rowwise ? STOF__FORMAT_ROWWISE : STOF__FORMAT_BLOCK, &f)) !=
         STOF_OK)
         goto done;
     st = rowwise ? stof__rowwise_format_upload(ctx, f, &p->rf)

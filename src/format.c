@@ -139,6 +139,8 @@ typedef struct builder {
     uint64_t *uni;   /* words_per_row: OR of the block's rows */
     int32_t *nzw;    /* words_per_row: indices of nonzero words of uni */
     uint8_t *nzp;    /* words_per_row: their popcounts */
+    int block;       /* build the block-wise part */
+    int rowwise;     /* build the row-wise part */
 } builder;
 
 /* Scan row block i: the population of each of its tiles (b->cnt) and the OR
@@ -229,7 +231,7 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
     for (int i = 0; i < n_rb; i++) {
         const int rows = m->seq_q - i * bm < bm ? m->seq_q - i * bm : bm;
         scan_block(m, i, bm, bn, b);
-        for (int j = 0; j < n_cb; j++) {
+        for (int j = 0; j < n_cb && b->block; j++) {
             if (!b->cnt[j])
                 continue;
             const int cols = m->seq_k - j * bn < bn ? m->seq_k - j * bn : bn;
@@ -239,6 +241,8 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
         int64_t nk = 0;
         for (int w = 0; w < wpr; w++)
             nk += POPCNT(b->uni[w]);
+        if (!b->rowwise)
+            nk = 0; /* an empty row-wise part: no keys, no words */
         const int64_t rww = (nk + 31) / 32;
         f->row_ptr[i + 1] = n_tiles;
         f->rw_ptr[i + 1] = n_keys += nk;
@@ -275,7 +279,7 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
         scan_block(m, i, bm, bn, b);
 
         /* Block-wise entries. */
-        for (int j = 0; j < n_cb; j++) {
+        for (int j = 0; j < n_cb && b->block; j++) {
             if (!b->cnt[j])
                 continue;
             const int c0 = j * bn;
@@ -319,6 +323,8 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
 
         /* Row-wise: the keys are the set bits of the union, and each row's
          * bitmap is the row compressed by the union. */
+        if (!b->rowwise)
+            continue;
         int n_nzw = 0;
         int64_t nk = 0;
         for (int w = 0; w < wpr; w++) {
@@ -365,7 +371,8 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
 
     f->n_full = n_full;
     f->n_partial = n_partial;
-    f->n_empty = (int64_t)n_rb * (int64_t)n_cb - n_full - n_partial;
+    f->n_empty = b->block ? (int64_t)n_rb * (int64_t)n_cb - n_full - n_partial
+                          : 0;
     f->allowed = m->count;
     f->partial_fill = partial_area > 0.0 ? partial_in / partial_area : 0.0;
     f->rowwise_fill = rw_area > 0.0 ? (double)m->count / rw_area : 0.0;
@@ -374,6 +381,15 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
 
 stof_status stof_format_build(stof_context *ctx, const stof_mask *m,
                               int block_m, int block_n, stof_format **fmt)
+{
+    return stof__format_build_parts(
+        ctx, m, block_m, block_n, STOF__FORMAT_BLOCK | STOF__FORMAT_ROWWISE,
+        fmt);
+}
+
+stof_status stof__format_build_parts(stof_context *ctx, const stof_mask *m,
+                                     int block_m, int block_n, int parts,
+                                     stof_format **fmt)
 {
     STOF_CHECK_ARG(ctx, fmt != NULL, "stof_format_build: fmt is NULL");
     *fmt = NULL;
@@ -402,6 +418,8 @@ stof_status stof_format_build(stof_context *ctx, const stof_mask *m,
     const size_t nrb = (size_t)f->n_row_blocks;
     builder b;
     memset(&b, 0, sizeof(b));
+    b.block = !!(parts & STOF__FORMAT_BLOCK);
+    b.rowwise = !!(parts & STOF__FORMAT_ROWWISE);
     /* For BN < 64 the last mask word can span tiles past the last column
      * block (their counts stay 0); size cnt for whole words. */
     b.n_cnt = (size_t)m->words_per_row * 4;

@@ -106,6 +106,16 @@ stof_status stof__mask_alloc(stof_context *ctx, int seq_q, int seq_k,
                              stof_mask **out);
 void stof__mask_recount(stof_mask *m);
 
+/* stof_format_build with either part optional (a kernel needs one): a part
+ * left out is empty (block-wise: no tiles, row_ptr all 0, counts 0;
+ * row-wise: no keys, rw_ptr all 0, rowwise_fill 0). Skipping the part a
+ * kernel does not read makes warm plans of large masks several times
+ * cheaper. */
+enum { STOF__FORMAT_BLOCK = 1, STOF__FORMAT_ROWWISE = 2 };
+stof_status stof__format_build_parts(stof_context *ctx, const stof_mask *m,
+                                     int block_m, int block_n, int parts,
+                                     stof_format **fmt /* OUT */);
+
 /* The tuning-database key of an attention problem on ctx's device
  * (problem_key.c): 32 hex digits into key; the hashed canonical text into
  * text[text_n] when text is not NULL. */

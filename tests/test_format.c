@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
+
 #include "stof.h"
 #include "testutil.h"
 
@@ -326,5 +328,52 @@ Test(format, bad_arguments)
     stof_format_free(&f);
     stof_format_free(NULL);
     stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* Building one part only gives that part exactly as the full build does
+ * and leaves the other empty. */
+Test(format, parts_build_alone)
+{
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    const char *specs[] = {"bigbird:16:3:1:2:5", "strided:37|causal", "dense",
+                           "none", "random:0.2:4"};
+    for (size_t i = 0; i < sizeof(specs) / sizeof(*specs); i++) {
+        stof_mask *m = NULL;
+        cr_assert_eq(stof_mask_from_spec(ctx, specs[i], 300, 271, &m), STOF_OK);
+        stof_format *all = NULL, *blk = NULL, *rw = NULL;
+        cr_assert_eq(stof_format_build(ctx, m, 32, 64, &all), STOF_OK);
+        cr_assert_eq(stof__format_build_parts(ctx, m, 32, 64,
+                                              STOF__FORMAT_BLOCK, &blk),
+                     STOF_OK);
+        cr_assert_eq(stof__format_build_parts(ctx, m, 32, 64,
+                                              STOF__FORMAT_ROWWISE, &rw),
+                     STOF_OK);
+        const int nrb = all->n_row_blocks;
+        const int64_t nt = all->row_ptr[nrb];
+        cr_assert_eq(blk->row_ptr[nrb], nt);
+        cr_assert_eq(blk->n_full, all->n_full);
+        cr_assert_eq(blk->n_partial, all->n_partial);
+        cr_assert_eq(memcmp(blk->col_idx, all->col_idx, 4 * (size_t)nt), 0);
+        cr_assert_eq(memcmp(blk->kind, all->kind, (size_t)nt), 0);
+        cr_assert_eq(memcmp(blk->bitmaps, all->bitmaps,
+                            4 * (size_t)all->n_partial * 32 *
+                                (size_t)all->bitmap_words_per_row),
+                     0);
+        cr_assert_eq(blk->rw_ptr[nrb], 0, "%s: block-only has keys", specs[i]);
+        const int64_t nk = all->rw_ptr[nrb];
+        cr_assert_eq(rw->rw_ptr[nrb], nk);
+        cr_assert_eq(memcmp(rw->rw_keys, all->rw_keys, 4 * (size_t)nk), 0);
+        cr_assert_eq(memcmp(rw->rw_bitmaps, all->rw_bitmaps,
+                            4 * (size_t)all->rw_bitmap_off[nrb]),
+                     0);
+        cr_assert_eq(rw->row_ptr[nrb], 0, "%s: row-wise-only has tiles",
+                     specs[i]);
+        stof_format_free(&all);
+        stof_format_free(&blk);
+        stof_format_free(&rw);
+        stof_mask_free(&m);
+    }
     stof_close(&ctx);
 }
