@@ -355,8 +355,14 @@ STOF_API stof_status stof_attention_desc_init(stof_attention_desc *d /* OUT */,
 
 typedef struct stof_plan stof_plan;
 
-/* The warm-up: validate the problem, prepare the mask's formats on the
- * device and load (compile if needed) the kernel. The plan copies what it
+/* The warm-up: validate the problem, look it up in the tuning database
+ * (user database, then the system databases) and load the stored kernel
+ * without compiling anything; on a miss, tune it (stage 1: the cost model
+ * ranks every kernel configuration; stage 2: the best few of each kind
+ * are compiled in parallel, checked against the reference kernel on random
+ * inputs and timed, and the fastest is stored), or, in
+ * STOF_TUNE_CACHE_ONLY mode, use the cost model's choice and record the
+ * miss for `stof-tune pending`. stof_plan_describe says which happened. The plan copies what it
  * needs from `d` and `m`; both may be freed afterwards.
  * head_dim: 16..256, a multiple of 8. Device pointers passed to
  * stof_attention_run must be 16-byte aligned, and every stride a multiple of
@@ -368,6 +374,18 @@ STOF_API stof_status stof_attention_plan(stof_context *ctx,
                                          const stof_attention_desc *d,
                                          const stof_mask *m,
                                          stof_plan **plan /* OUT */);
+
+/* The batch warm-up: plan n problems (descs[i] with masks[i]) at once.
+ * Database hits load as in stof_attention_plan; the misses are tuned
+ * together, with every distinct kernel of all their candidates compiled
+ * once, in one parallel pool. plans[i] is set for each problem that
+ * succeeded and NULL for the others. Returns STOF_OK when all succeeded,
+ * else the status of the first failure, whose message names its index.
+ * Callers own every plan (stof_plan_free). */
+STOF_API stof_status stof_attention_plan_batch(stof_context *ctx, int n,
+                                               const stof_attention_desc *descs,
+                                               const stof_mask *const *masks,
+                                               stof_plan **plans /* OUT */);
 
 /* Enqueue the attention on `stream` (CUstream / cudaStream_t; NULL = the
  * legacy default stream). q, k, v: inputs, o: output, device pointers laid

@@ -686,32 +686,44 @@ static void fill_record(stof_context *ctx, const stof_attention_desc *d,
              (unsigned long long)seed);
 }
 
-/* Stage 1 + stage 2 for one problem. On success *res owns the winner's
- * cubin. */
-static stof_status tune(stof_context *ctx, const stof_attention_desc *d,
-                        const stof_mask *m, stof_search_opts *o,
-                        uint64_t seed, stof_search_result *res)
+enum { MAX_RANKED = 512, MAX_SELECTED = 32 };
+
+/* Stage 1 for one problem: the candidates to time, into sel (at most
+ * MAX_SELECTED); *k is their number. */
+static stof_status select_candidates(stof_context *ctx,
+                                     const stof_attention_desc *d,
+                                     const stof_mask *m, int top_k,
+                                     stof_candidate *sel, int *k)
 {
-    enum { MAX_RANKED = 512, MAX_SELECTED = 32 };
+    *k = 0;
     stof_candidate *ranked = malloc(sizeof(*ranked) * MAX_RANKED);
-    stof_candidate sel[MAX_SELECTED];
     if (!ranked)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
     int n = 0;
     stof_status st = stof__cost_rank(ctx, d, m, ranked, MAX_RANKED, &n);
-    if (st != STOF_OK) {
-        free(ranked);
-        return st;
+    if (st == STOF_OK) {
+        *k = stof__search_select(ranked, n, top_k, sel, MAX_SELECTED);
+        stof__log(ctx, STOF_LOG_INFO,
+                  "tuning attention %dx%dx%dx%d d=%d %s: %d candidates "
+                  "ranked, %d kept",
+                  d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
+                  dtype_name(d->dtype), n, *k);
     }
-    int k = stof__search_select(ranked, n, o->top_k, sel, MAX_SELECTED);
     free(ranked);
-    stof__log(ctx, STOF_LOG_INFO,
-              "tuning attention %dx%dx%dx%d d=%d %s: %d candidates ranked, "
-              "%d kept",
-              d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
-              dtype_name(d->dtype), n, k);
+    return st;
+}
+
+/* Stage 2 for one problem over sel (o->pre_art may hold precompiled
+ * cubins). On success *res owns the winner's cubin. */
+static stof_status search_problem(stof_context *ctx,
+                                  const stof_attention_desc *d,
+                                  const stof_mask *m, const stof_candidate *sel,
+                                  int k, const stof_search_opts *o,
+                                  uint64_t seed, stof_search_result *res)
+{
     stof_gpu_backend *gb = NULL;
-    if ((st = stof__gpu_backend_new(ctx, d, m, seed, 0, &gb)) != STOF_OK)
+    stof_status st = stof__gpu_backend_new(ctx, d, m, seed, 0, &gb);
+    if (st != STOF_OK)
         return st;
     stof_search_backend ops = stof__gpu_backend_ops(gb);
     st = stof__search_run(ctx, sel, k, o, &ops, res);
@@ -719,14 +731,12 @@ static stof_status tune(stof_context *ctx, const stof_attention_desc *d,
     return st;
 }
 
-stof_status stof_attention_plan(stof_context *ctx,
-                                const stof_attention_desc *d,
-                                const stof_mask *m, stof_plan **out)
+/* Validate and normalise a problem, compute its key; NO_DEVICE without a
+ * GPU. */
+static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
+                              const stof_mask *m, stof_attention_desc *nd,
+                              char mask_hex[33], char key[33])
 {
-    if (!ctx)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
-    *out = NULL;
     float scale;
     stof_status st = check_desc(ctx, d, m, &scale);
     if (st != STOF_OK)
@@ -736,103 +746,323 @@ stof_status stof_attention_plan(stof_context *ctx,
                           "stof_attention_plan needs a GPU: %s",
                           ctx->device.why[0] ? ctx->device.why
                                              : "no usable CUDA device");
-    stof_attention_desc nd = *d;
-    normalise_desc(&nd);
-    char mask_hex[33], key[33];
+    *nd = *d;
+    normalise_desc(nd);
     stof_mask_digest(m, NULL, mask_hex);
-    stof__attention_key(ctx, &nd, mask_hex, key, NULL, 0);
+    stof__attention_key(ctx, nd, mask_hex, key, NULL, 0);
+    return STOF_OK;
+}
+
+/* A plan from the database, or NULL (a miss, or an unusable record: logged
+ * and treated as a miss). */
+static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
+                               const stof_mask *m, const char *key)
+{
     stof_db *db = ctx_db(ctx);
-    const stof_tuning_mode mode = ctx->settings.tuning_mode;
+    stof_db_record rec;
+    if (!db || ctx->settings.tuning_mode == STOF_TUNE_FORCE ||
+        stof__db_lookup(db, key, &rec) != STOF_OK)
+        return NULL;
+    stof_candidate c;
+    stof_plan *p = NULL;
+    if (!cand_from_record(&rec, &c))
+        stof__log(ctx, STOF_LOG_WARN,
+                  "tuning record %s has an unreadable configuration (%s): "
+                  "ignored", key, rec.config);
+    else if (stof__plan_from_cubin(ctx, nd, m, &c, rec.cubin, rec.cubin_size,
+                                   &p) != STOF_OK)
+        stof__log(ctx, STOF_LOG_WARN,
+                  "tuning record %s could not be loaded (%s): ignored", key,
+                  stof_errmsg(ctx));
+    if (p) {
+        p->source = !strcmp(rec.source, "user") ? "user db" : "system db";
+        p->time_ms = rec.time_ms;
+        p->runner_up_ms = rec.runner_up_ms;
+        p->model_ms = rec.model_ms;
+        p->n_candidates = rec.n_candidates;
+        snprintf(p->key, sizeof(p->key), "%s", key);
+    }
+    stof__db_record_clear(&rec);
+    return p;
+}
 
-    /* A stored winner: load its cubin, compile nothing. */
-    if (db && mode != STOF_TUNE_FORCE) {
+/* Cache-only mode: record the miss and plan the model's choice. */
+static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d,
+                                 const stof_attention_desc *nd,
+                                 const stof_mask *m, const char *mask_hex,
+                                 const char *key, stof_plan **out)
+{
+    stof_db *db = ctx_db(ctx);
+    if (db && stof__db_writable(db)) {
+        char problem[512];
+        snprintf(problem, sizeof(problem),
+                 "{\"op\":\"attention\",\"batch\":%d,\"heads\":%d,"
+                 "\"seq_q\":%d,\"seq_k\":%d,\"head_dim\":%d,"
+                 "\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g,"
+                 "\"mask_digest\":\"%s\"}",
+                 nd->batch, nd->heads, nd->seq_q, nd->seq_k, nd->head_dim,
+                 dtype_name(nd->dtype), layout_str(nd->layout),
+                 (double)nd->scale, mask_hex);
+        if (stof__db_record_miss(db, key, problem, m->bits,
+                                 (size_t)m->seq_q * m->words_per_row * 8u) !=
+            STOF_OK)
+            stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
+                      stof_errmsg(ctx));
+    }
+    stof_status st = stof__attention_plan_kernel(ctx, d, m, NULL, out);
+    if (st == STOF_OK) {
+        (*out)->source = "fallback";
+        snprintf((*out)->key, sizeof((*out)->key), "%s", key);
+    }
+    return st;
+}
+
+/* After a search: store the winner and plan from its cubin (consumed). */
+static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
+                              const stof_mask *m, const char *mask_hex,
+                              const char *key, stof_search_result *res,
+                              const stof_search_opts *o, uint64_t seed,
+                              stof_plan **out)
+{
+    stof_db *db = ctx_db(ctx);
+    if (db && stof__db_writable(db)) {
         stof_db_record rec;
-        if (stof__db_lookup(db, key, &rec) == STOF_OK) {
-            stof_candidate c;
-            stof_plan *p = NULL;
-            if (!cand_from_record(&rec, &c))
-                stof__log(ctx, STOF_LOG_WARN,
-                          "tuning record %s has an unreadable configuration "
-                          "(%s): ignored", key, rec.config);
-            else if (stof__plan_from_cubin(ctx, &nd, m, &c, rec.cubin,
-                                           rec.cubin_size, &p) != STOF_OK)
-                stof__log(ctx, STOF_LOG_WARN,
-                          "tuning record %s could not be loaded (%s): "
-                          "ignored", key, stof_errmsg(ctx));
-            if (p) {
-                p->source = !strcmp(rec.source, "user") ? "user db"
-                                                        : "system db";
-                p->time_ms = rec.time_ms;
-                p->runner_up_ms = rec.runner_up_ms;
-                p->model_ms = rec.model_ms;
-                p->n_candidates = rec.n_candidates;
-                snprintf(p->key, sizeof(p->key), "%s", key);
-                stof__db_record_clear(&rec);
-                *out = p;
-                return stof__ok(ctx);
-            }
-            stof__db_record_clear(&rec);
-        }
+        fill_record(ctx, nd, key, mask_hex, res, o, seed, &rec);
+        if (stof__db_store(db, &rec,
+                           ctx->settings.tuning_mode == STOF_TUNE_FORCE) !=
+            STOF_OK)
+            stof__log(ctx, STOF_LOG_WARN,
+                      "could not store the tuning result: %s",
+                      stof_errmsg(ctx));
     }
-
-    /* Cache-only: the model's choice now, and a note to tune it later. */
-    if (mode == STOF_TUNE_CACHE_ONLY) {
-        if (db && stof__db_writable(db)) {
-            char problem[512];
-            snprintf(problem, sizeof(problem),
-                     "{\"op\":\"attention\",\"batch\":%d,\"heads\":%d,"
-                     "\"seq_q\":%d,\"seq_k\":%d,\"head_dim\":%d,"
-                     "\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g,"
-                     "\"mask_digest\":\"%s\"}",
-                     nd.batch, nd.heads, nd.seq_q, nd.seq_k, nd.head_dim,
-                     dtype_name(nd.dtype), layout_str(nd.layout),
-                     (double)nd.scale, mask_hex);
-            if (stof__db_record_miss(db, key, problem, m->bits,
-                                     (size_t)m->seq_q * m->words_per_row *
-                                         8u) != STOF_OK)
-                stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
-                          stof_errmsg(ctx));
-        }
-        st = stof__attention_plan_kernel(ctx, d, m, NULL, out);
-        if (st == STOF_OK) {
-            (*out)->source = "fallback";
-            snprintf((*out)->key, sizeof((*out)->key), "%s", key);
-        }
+    stof_plan *p = NULL;
+    stof_status st = stof__plan_from_cubin(ctx, nd, m, &res->winner,
+                                           res->winner_art,
+                                           res->winner_art_size, &p);
+    free(res->winner_art);
+    res->winner_art = NULL;
+    if (st != STOF_OK)
         return st;
-    }
+    p->source = "tuned";
+    p->time_ms = res->winner_ms;
+    p->runner_up_ms = res->runner_up_ms;
+    p->model_ms = res->model_ms;
+    p->n_candidates = res->n_timed;
+    snprintf(p->key, sizeof(p->key), "%s", key);
+    *out = p;
+    return STOF_OK;
+}
 
-    /* Tune: stage 1 and 2, store the winner, plan from its cubin. */
+static stof_search_opts search_opts(const stof_context *ctx)
+{
     stof_search_opts o = {.top_k = 3,
                           .threads = ctx->settings.compile_threads,
                           .budget_s = ctx->settings.tuning_budget_s,
                           .tolerance = 1e-2};
-    const uint64_t seed = 0x5eed0f57ull;
-    stof_search_result res;
-    st = tune(ctx, &nd, m, &o, seed, &res);
+    return o;
+}
+
+#define SEARCH_SEED 0x5eed0f57ull
+
+stof_status stof_attention_plan(stof_context *ctx,
+                                const stof_attention_desc *d,
+                                const stof_mask *m, stof_plan **out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
+    *out = NULL;
+    stof_attention_desc nd;
+    char mask_hex[33], key[33];
+    stof_status st = plan_begin(ctx, d, m, &nd, mask_hex, key);
+    if (st != STOF_OK)
+        return st;
+    if ((*out = plan_from_db(ctx, &nd, m, key)))
+        return stof__ok(ctx);
+    if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
+        return plan_fallback(ctx, d, &nd, m, mask_hex, key, out);
+
+    stof_search_opts o = search_opts(ctx);
+    stof_candidate sel[MAX_SELECTED];
+    int k = 0;
+    st = select_candidates(ctx, &nd, m, o.top_k, sel, &k);
     if (st == STOF_ERR_UNSUPPORTED) /* no fast kernel: the reference */
         return stof__attention_plan_kernel(ctx, d, m, NULL, out);
-    if (st != STOF_OK)
-        return st;
-    if (db && stof__db_writable(db)) {
-        stof_db_record rec;
-        fill_record(ctx, &nd, key, mask_hex, &res, &o, seed, &rec);
-        if (stof__db_store(db, &rec, mode == STOF_TUNE_FORCE) != STOF_OK)
-            stof__log(ctx, STOF_LOG_WARN, "could not store the tuning "
-                      "result: %s", stof_errmsg(ctx));
+    stof_search_result res;
+    if (st == STOF_OK)
+        st = search_problem(ctx, &nd, m, sel, k, &o, SEARCH_SEED, &res);
+    if (st == STOF_OK)
+        st = plan_tuned(ctx, &nd, m, mask_hex, key, &res, &o, SEARCH_SEED,
+                        out);
+    return st == STOF_OK ? stof__ok(ctx) : st;
+}
+
+/* The batch warm-up's shared compile: every distinct kernel once. */
+typedef struct batch_kernel {
+    stof_candidate c;
+    int head_dim;
+    stof_dtype dtype;
+    void *cubin;
+    size_t size;
+    stof_context *tmp; /* private context: its errmsg holds a failure */
+} batch_kernel;
+
+static int same_kernel(const batch_kernel *k, const stof_candidate *c,
+                       int head_dim, stof_dtype dt)
+{
+    return k->c.kind == c->kind && k->head_dim == head_dim &&
+           k->dtype == dt && k->c.cfg.block_m == c->cfg.block_m &&
+           k->c.cfg.block_n == c->cfg.block_n &&
+           k->c.cfg.warps == c->cfg.warps &&
+           k->c.cfg.stages == c->cfg.stages &&
+           k->c.wcfg.overlap == c->wcfg.overlap &&
+           k->c.wcfg.block_m == c->wcfg.block_m;
+}
+
+static void batch_compile_one(void *user, int i)
+{
+    batch_kernel *k = (batch_kernel *)user + i;
+    if (k->tmp)
+        stof__kernel_compile(k->tmp, &k->c, k->head_dim, k->dtype, &k->cubin,
+                             &k->size);
+}
+
+stof_status stof_attention_plan_batch(stof_context *ctx, int n,
+                                      const stof_attention_desc *descs,
+                                      const stof_mask *const *masks,
+                                      stof_plan **plans)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, n >= 0, "n: %d is negative", n);
+    STOF_CHECK_ARG(ctx, n == 0 || (descs && masks && plans),
+                   "descs, masks and plans must not be NULL");
+    for (int i = 0; i < n; i++)
+        plans[i] = NULL;
+    stof_status first = STOF_OK;
+    char first_msg[1024] = "";
+#define BATCH_FAIL(i, st)                                                      \
+    do {                                                                       \
+        if (first == STOF_OK) {                                                \
+            first = (st);                                                      \
+            snprintf(first_msg, sizeof(first_msg), "problem %d: %s", (i),      \
+                     stof_errmsg(ctx));                                        \
+        }                                                                      \
+    } while (0)
+
+    typedef struct miss {
+        int i;
+        stof_attention_desc nd;
+        char mask_hex[33], key[33];
+        stof_candidate sel[MAX_SELECTED];
+        int k;
+    } miss;
+    miss *ms = calloc((size_t)(n > 0 ? n : 1), sizeof(*ms));
+    batch_kernel *ks = calloc((size_t)(n > 0 ? n : 1) * MAX_SELECTED,
+                              sizeof(*ks));
+    if (!ms || !ks) {
+        free(ms);
+        free(ks);
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
     }
-    stof_plan *p = NULL;
-    st = stof__plan_from_cubin(ctx, &nd, m, &res.winner, res.winner_art,
-                               res.winner_art_size, &p);
-    free(res.winner_art);
-    if (st != STOF_OK)
-        return st;
-    p->source = "tuned";
-    p->time_ms = res.winner_ms;
-    p->runner_up_ms = res.runner_up_ms;
-    p->model_ms = res.model_ms;
-    p->n_candidates = res.n_timed;
-    snprintf(p->key, sizeof(p->key), "%s", key);
-    *out = p;
+    int n_miss = 0, n_k = 0;
+
+    /* Lookups, fallbacks, and stage 1 for the misses. */
+    stof_search_opts o = search_opts(ctx);
+    for (int i = 0; i < n; i++) {
+        miss *x = &ms[n_miss];
+        stof_status st = plan_begin(ctx, &descs[i], masks[i], &x->nd,
+                                    x->mask_hex, x->key);
+        if (st != STOF_OK) {
+            BATCH_FAIL(i, st);
+            continue;
+        }
+        if ((plans[i] = plan_from_db(ctx, &x->nd, masks[i], x->key)))
+            continue;
+        if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY) {
+            st = plan_fallback(ctx, &descs[i], &x->nd, masks[i], x->mask_hex,
+                               x->key, &plans[i]);
+            if (st != STOF_OK)
+                BATCH_FAIL(i, st);
+            continue;
+        }
+        st = select_candidates(ctx, &x->nd, masks[i], o.top_k, x->sel, &x->k);
+        if (st == STOF_ERR_UNSUPPORTED) {
+            st = stof__attention_plan_kernel(ctx, &descs[i], masks[i], NULL,
+                                             &plans[i]);
+            if (st != STOF_OK)
+                BATCH_FAIL(i, st);
+            continue;
+        }
+        if (st != STOF_OK) {
+            BATCH_FAIL(i, st);
+            continue;
+        }
+        x->i = i;
+        for (int j = 0; j < x->k; j++) {
+            int found = 0;
+            for (int t = 0; t < n_k && !found; t++)
+                found = same_kernel(&ks[t], &x->sel[j], x->nd.head_dim,
+                                    x->nd.dtype);
+            if (!found) {
+                ks[n_k].c = x->sel[j];
+                ks[n_k].head_dim = x->nd.head_dim;
+                ks[n_k].dtype = x->nd.dtype;
+                if ((ks[n_k].tmp = calloc(1, sizeof(stof_context)))) {
+                    ks[n_k].tmp->api = ctx->api;
+                    ks[n_k].tmp->device = ctx->device;
+                }
+                n_k++;
+            }
+        }
+        n_miss++;
+    }
+
+    /* Every distinct kernel of every miss, compiled in one pool. */
+    if (n_k > 0) {
+        stof__log(ctx, STOF_LOG_INFO,
+                  "batch warm-up: %d problems to tune, %d distinct kernels",
+                  n_miss, n_k);
+        stof__pool_run(ctx->settings.compile_threads, n_k, batch_compile_one,
+                       ks);
+    }
+
+    /* Stage 2 per miss, on the precompiled kernels. */
+    for (int x = 0; x < n_miss; x++) {
+        miss *mm = &ms[x];
+        void *pre[MAX_SELECTED] = {0};
+        size_t pre_size[MAX_SELECTED] = {0};
+        for (int j = 0; j < mm->k; j++)
+            for (int t = 0; t < n_k; t++)
+                if (same_kernel(&ks[t], &mm->sel[j], mm->nd.head_dim,
+                                mm->nd.dtype)) {
+                    pre[j] = ks[t].cubin; /* NULL if it failed: recompiled,
+                                             and the failure reported */
+                    pre_size[j] = ks[t].size;
+                    break;
+                }
+        stof_search_opts po = o;
+        po.pre_art = pre;
+        po.pre_size = pre_size;
+        stof_search_result res;
+        const stof_mask *m = masks[mm->i];
+        stof_status st = search_problem(ctx, &mm->nd, m, mm->sel, mm->k, &po,
+                                        SEARCH_SEED, &res);
+        if (st == STOF_OK)
+            st = plan_tuned(ctx, &mm->nd, m, mm->mask_hex, mm->key, &res, &po,
+                            SEARCH_SEED, &plans[mm->i]);
+        if (st != STOF_OK)
+            BATCH_FAIL(mm->i, st);
+    }
+    for (int t = 0; t < n_k; t++) {
+        free(ks[t].cubin);
+        free(ks[t].tmp);
+    }
+    free(ks);
+    free(ms);
+#undef BATCH_FAIL
+    if (first != STOF_OK)
+        return stof__fail(ctx, first, "%s", first_msg);
     return stof__ok(ctx);
 }
 

@@ -194,6 +194,18 @@ Test(api, plan_without_device_says_so)
     cr_assert_null(p);
     cr_assert(strstr(stof_errmsg(ctx), "GPU"), "%s", stof_errmsg(ctx));
     cr_assert_eq(stof_device_describe(ctx, NULL, 0, NULL), STOF_ERR_NO_DEVICE);
+    /* The batch warm-up says which problem failed and why. */
+    stof_plan *ps[2] = {(stof_plan *)0x1, (stof_plan *)0x1};
+    stof_attention_desc ds[2] = {d, d};
+    const stof_mask *ms[2] = {m, m};
+    cr_assert_eq(stof_attention_plan_batch(ctx, 2, ds, ms, ps),
+                 STOF_ERR_NO_DEVICE);
+    cr_assert_null(ps[0]);
+    cr_assert_null(ps[1]);
+    cr_assert(strstr(stof_errmsg(ctx), "problem 0"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_attention_plan_batch(ctx, 0, NULL, NULL, NULL), STOF_OK);
+    cr_assert_eq(stof_attention_plan_batch(ctx, -1, ds, ms, ps),
+                 STOF_ERR_INVALID_ARGUMENT);
     stof_mask_free(&m);
     stof_plan_free(&p);
     stof_plan_free(NULL);

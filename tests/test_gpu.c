@@ -423,6 +423,61 @@ Test(gpu, second_process_loads_from_the_database_without_compiling,
     cr_assert_eq(system(cmd), 0);
 }
 
+Test(gpu, batch_warm_up_tunes_misses_together_then_hits, .timeout = 600)
+{
+    char dir[] = "/tmp/stof-gpu-batch-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char db[512];
+    snprintf(db, sizeof(db), "%s/tuning.db", dir);
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = db;
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
+    const char *specs[4] = {"causal", "sliding:128", "strided:64", "causal"};
+    stof_mask *m[4] = {0};
+    stof_attention_desc d[4];
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(stof_mask_from_spec(ctx, specs[i], 512, 512, &m[i]),
+                     STOF_OK);
+        stof_attention_desc_init(&d[i], 1, 4, 512, 512, i == 1 ? 128 : 64,
+                                 STOF_DTYPE_FP16, STOF_LAYOUT_BHSD);
+    }
+    d[3].head_dim = 12; /* invalid: reported, the others still planned */
+    stof_plan *p[4];
+    long c0 = stof__jit_compile_count();
+    stof_status st = stof_attention_plan_batch(
+        ctx, 4, d, (const stof_mask *const *)m, p);
+    long compiled = stof__jit_compile_count() - c0;
+    cr_assert_eq(st, STOF_ERR_INVALID_ARGUMENT, "%s", stof_errmsg(ctx));
+    cr_assert(strstr(stof_errmsg(ctx), "problem 3"), "%s", stof_errmsg(ctx));
+    cr_assert_null(p[3]);
+    char js[4096];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_not_null(p[i], "problem %d not planned", i);
+        stof_plan_describe(p[i], js, sizeof(js), NULL);
+        cr_assert(strstr(js, "\"source\":\"tuned\""), "%s", js);
+        stof_plan_free(&p[i]);
+    }
+    cr_log_info("batch of 3 misses: %ld NVRTC compiles", compiled);
+    /* Again: every problem from the database, nothing compiled. */
+    c0 = stof__jit_compile_count();
+    st = stof_attention_plan_batch(ctx, 3, d, (const stof_mask *const *)m, p);
+    cr_assert_eq(st, STOF_OK, "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof__jit_compile_count() - c0, 0);
+    for (int i = 0; i < 3; i++) {
+        stof_plan_describe(p[i], js, sizeof(js), NULL);
+        cr_assert(strstr(js, "\"source\":\"user db\""), "%s", js);
+        stof_plan_free(&p[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        stof_mask_free(&m[i]);
+    stof_close(&ctx);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* Criterion's main, after a probe that reports the suite skipped (exit 77)
  * when no GPU is usable. */
 __attribute__((visibility("default"))) int main(int argc, char **argv)

@@ -47,34 +47,6 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* One compile job on the pool. */
-typedef struct job {
-    uv_work_t req;
-    const stof_search_backend *b;
-    const stof_candidate *c;
-    void *art;
-    size_t art_size;
-    int rc;
-    char err[1024];
-} job;
-
-static void job_work(uv_work_t *req)
-{
-    job *j = req->data;
-    j->rc = j->b->compile(j->b->user, j->c, &j->art, &j->art_size, j->err,
-                          sizeof(j->err));
-}
-
-static void job_done(uv_work_t *req, int status)
-{
-    job *j = req->data;
-    if (status != 0 && j->rc == 0) {
-        j->rc = -1;
-        snprintf(j->err, sizeof(j->err), "compile job cancelled: %s",
-                 uv_strerror(status));
-    }
-}
-
 /* libuv's pool size is read once per process from UV_THREADPOOL_SIZE, at
  * its first use: set it (when the caller did not) before that. */
 static void size_pool(int threads)
@@ -90,6 +62,69 @@ static void size_pool(int threads)
     char v[16];
     snprintf(v, sizeof(v), "%d", threads);
     setenv("UV_THREADPOOL_SIZE", v, 0);
+}
+
+typedef struct pool_item {
+    uv_work_t req;
+    void (*fn)(void *user, int i);
+    void *user;
+    int i;
+} pool_item;
+
+static void pool_work(uv_work_t *req)
+{
+    pool_item *it = req->data;
+    it->fn(it->user, it->i);
+}
+
+static void pool_after(uv_work_t *req, int status)
+{
+    (void)req;
+    (void)status; /* a cancelled item leaves its result unset: the caller
+                     sees that as a failure */
+}
+
+void stof__pool_run(int threads, int n, void (*fn)(void *user, int i),
+                    void *user)
+{
+    pool_item *items = calloc((size_t)(n > 0 ? n : 1), sizeof(*items));
+    uv_loop_t loop;
+    const int loop_ok = items && uv_loop_init(&loop) == 0;
+    int queue_ok = loop_ok;
+    if (loop_ok)
+        size_pool(threads);
+    for (int i = 0; i < n; i++) {
+        if (queue_ok) {
+            items[i] = (pool_item){.fn = fn, .user = user, .i = i};
+            items[i].req.data = &items[i];
+            if (uv_queue_work(&loop, &items[i].req, pool_work, pool_after) == 0)
+                continue;
+            queue_ok = 0;
+        }
+        fn(user, i); /* no pool: here */
+    }
+    if (loop_ok) {
+        uv_run(&loop, UV_RUN_DEFAULT);
+        uv_loop_close(&loop);
+    }
+    free(items);
+}
+
+/* One compile job. */
+typedef struct job {
+    const stof_search_backend *b;
+    const stof_candidate *c;
+    void *art;
+    size_t art_size;
+    int rc;
+    char err[1024];
+} job;
+
+static void job_run(void *user, int i)
+{
+    job *j = (job *)user + i;
+    j->rc = j->b->compile(j->b->user, j->c, &j->art, &j->art_size, j->err,
+                          sizeof(j->err));
 }
 
 stof_status stof__search_run(stof_context *ctx, const stof_candidate *sel,
@@ -108,23 +143,45 @@ stof_status stof__search_run(stof_context *ctx, const stof_candidate *sel,
                           "out of memory starting the search");
     const double t0 = now_s();
 
-    /* Compile every candidate in parallel. */
-    size_pool(o->threads);
-    uv_loop_t loop;
-    int uvr = uv_loop_init(&loop);
+    /* Compile every candidate in parallel (or take the precompiled). */
+    int to_compile = 0;
     for (int i = 0; i < n; i++) {
-        jobs[i].req.data = &jobs[i];
         jobs[i].b = b;
         jobs[i].c = &sel[i];
-        if (uvr == 0)
-            uvr = uv_queue_work(&loop, &jobs[i].req, job_work, job_done);
-        if (uvr != 0) /* no pool: compile here */
-            job_work(&jobs[i].req);
+        if (o->pre_art && o->pre_art[i]) {
+            jobs[i].art = malloc(o->pre_size[i]);
+            if (!jobs[i].art) {
+                jobs[i].rc = -1;
+                snprintf(jobs[i].err, sizeof(jobs[i].err), "out of memory");
+            } else {
+                memcpy(jobs[i].art, o->pre_art[i], o->pre_size[i]);
+                jobs[i].art_size = o->pre_size[i];
+            }
+        } else {
+            jobs[i].rc = -2; /* to compile */
+            to_compile++;
+        }
     }
-    uv_run(&loop, UV_RUN_DEFAULT);
-    uv_loop_close(&loop);
-    stof__log(ctx, STOF_LOG_INFO, "search: compiled %d candidates in %.2f s",
-              n, now_s() - t0);
+    if (to_compile) {
+        /* Only the jobs marked -2 are compiled. */
+        job *pending = calloc((size_t)to_compile, sizeof(*pending));
+        if (!pending) {
+            free(jobs);
+            return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                              "out of memory starting the search");
+        }
+        for (int i = 0, k = 0; i < n; i++)
+            if (jobs[i].rc == -2)
+                pending[k++] = jobs[i];
+        stof__pool_run(o->threads, to_compile, job_run, pending);
+        for (int i = 0, k = 0; i < n; i++)
+            if (jobs[i].rc == -2)
+                jobs[i] = pending[k++];
+        free(pending);
+    }
+    stof__log(ctx, STOF_LOG_INFO,
+              "search: compiled %d candidates (%d precompiled) in %.2f s",
+              to_compile, n - to_compile, now_s() - t0);
 
     /* Load, verify and time them in rank order, on this thread. */
     int best = -1, second = -1;

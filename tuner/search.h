@@ -40,6 +40,11 @@ typedef struct stof_search_opts {
     double budget_s;    /* stage 2 wall-clock budget (0 = none); at least
                            one candidate is always timed */
     double tolerance;   /* verification: largest accepted relative error */
+    /* Optional: artifacts compiled beforehand (the batch warm-up compiles
+     * every problem's candidates in one pool): pre_art[i] non-NULL means
+     * candidate i needs no compile (the search copies it). */
+    void *const *pre_art;
+    const size_t *pre_size;
 } stof_search_opts;
 
 typedef struct stof_search_result {
@@ -69,6 +74,13 @@ stof_status stof__search_run(stof_context *ctx, const stof_candidate *sel,
                              int n, const stof_search_opts *o,
                              const stof_search_backend *b,
                              stof_search_result *res /* OUT */);
+
+/* Run fn(user, i) for i in 0..n-1 on libuv's thread pool (threads: 0 =
+ * number of cores; the pool's size is fixed at its first use in the
+ * process), returning when all are done. Falls back to this thread when no
+ * pool can be had. */
+void stof__pool_run(int threads, int n, void (*fn)(void *user, int i),
+                    void *user);
 
 /* A one-line description of a candidate, e.g. "block 128x64 w4 s2". */
 void stof__candidate_str(const stof_candidate *c, char *buf, size_t n);
