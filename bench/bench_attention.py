@@ -111,7 +111,7 @@ def main():
     dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     ctx = stof.Context(user_db=args.user_db)
     dev = ctx.device()
-    print(f"# {dev["name"]}, CUDA driver API {dev.get("driver_version")}, torch {torch.__version__}, "
+    print(f"# {dev['name']}, CUDA driver API {dev.get('driver_version')}, torch {torch.__version__}, "
           f"stof {stof._load().stof_version_string().decode()}", flush=True)
     names = args.masks.split(",")
     results = []
