@@ -143,6 +143,7 @@ def main():
             desc = plan.describe()
             r["stof_source"] = desc.get("source")
             r["stof_tuned_ms"] = desc.get("time_ms")
+            r["stof_model_choice_ms"] = desc.get("model_choice_ms")
             r["stof_kernel"] = desc.get("kernel")
             r["stof_params"] = desc.get("params")
             r["stof_predicted_ms"] = desc.get("predicted_ms")
@@ -202,6 +203,17 @@ def main():
         print(f"{shape:>14} {r['mask']:>10} {r['stof_plan_s']:11.2f} "
               f"{r.get('stof_source', '-'):>8} {r['stof_warm_plan_s'] * 1e3:12.2f} "
               f"{r.get('stof_warm_source', '-'):>9} {r.get('flex_first_s', float('nan')):10.2f}")
+    print()
+    print("cost model: its first choice, timed by the search, against the "
+          "search's winner (same run)")
+    print(f"{'shape':>14} {'mask':>10} {'model 1st ms':>12} {'winner ms':>9} "
+          f"{'ratio':>6} {'winner pred ms':>14}")
+    for r in results:
+        shape = "x".join(str(x) for x in r["shape"])
+        mc, w = r.get("stof_model_choice_ms") or float("nan"), r.get("stof_tuned_ms")
+        w = w or float("nan")
+        print(f"{shape:>14} {r['mask']:>10} {mc:12.3f} {w:9.3f} {mc / w:6.2f} "
+              f"{r.get('stof_predicted_ms') or float('nan'):14.3f}")
     bad = [r for r in results if not r["stof_err"] < 1e-2]
     if args.json:
         with open(args.json, "w") as f:
