@@ -151,7 +151,13 @@ typedef struct stof_settings {
     stof_log_fn log_fn;       /* NULL = no logging */
     void *log_user;           /* passed to log_fn */
     stof_log_level log_level; /* most verbose level passed to log_fn */
-    uint8_t reserved[128];    /* must be zero (stof_default_settings does) */
+    int tuning_top_k;         /* stage 1 keeps this many candidates of each
+                                 kernel kind for the timed stage (0 = 3) */
+    int tuning_reps;          /* timed runs per candidate (0 = 15) */
+    uint64_t tuning_seed;     /* seed of the verification inputs; the same
+                                 seed gives the same inputs and candidate
+                                 order (0 = the built-in seed) */
+    uint8_t reserved[112];    /* must be zero (stof_default_settings does) */
 } stof_settings;
 
 /* Fill `s` with the defaults. Always call it before changing fields, so that

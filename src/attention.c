@@ -722,7 +722,8 @@ static stof_status search_problem(stof_context *ctx,
                                   uint64_t seed, stof_search_result *res)
 {
     stof_gpu_backend *gb = NULL;
-    stof_status st = stof__gpu_backend_new(ctx, d, m, seed, 0, &gb);
+    stof_status st = stof__gpu_backend_new(ctx, d, m, seed,
+                                           ctx->settings.tuning_reps, &gb);
     if (st != STOF_OK)
         return st;
     stof_search_backend ops = stof__gpu_backend_ops(gb);
@@ -855,14 +856,16 @@ static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
 
 static stof_search_opts search_opts(const stof_context *ctx)
 {
-    stof_search_opts o = {.top_k = 3,
-                          .threads = ctx->settings.compile_threads,
-                          .budget_s = ctx->settings.tuning_budget_s,
+    const stof_settings *st = &ctx->settings;
+    stof_search_opts o = {.top_k = st->tuning_top_k > 0 ? st->tuning_top_k : 3,
+                          .threads = st->compile_threads,
+                          .budget_s = st->tuning_budget_s,
                           .tolerance = 1e-2};
     return o;
 }
 
-#define SEARCH_SEED 0x5eed0f57ull
+#define SEARCH_SEED                                                            \
+    (ctx->settings.tuning_seed ? ctx->settings.tuning_seed : 0x5eed0f57ull)
 
 stof_status stof_attention_plan(stof_context *ctx,
                                 const stof_attention_desc *d,

@@ -99,6 +99,12 @@ stof_status stof_open(stof_context **out, const stof_settings *s)
     STOF_CHECK_ARG(ctx, cs->compile_threads >= 0,
                    "settings.compile_threads: %d is negative",
                    cs->compile_threads);
+    STOF_CHECK_ARG(ctx, cs->tuning_top_k >= 0 && cs->tuning_top_k <= 16,
+                   "settings.tuning_top_k: %d is outside 0..16",
+                   cs->tuning_top_k);
+    STOF_CHECK_ARG(ctx, cs->tuning_reps >= 0 && cs->tuning_reps <= 1000,
+                   "settings.tuning_reps: %d is outside 0..1000",
+                   cs->tuning_reps);
     /* Pointers in the settings are borrowed only during stof_open: keep
      * copies. */
     if (cs->user_db && !(ctx->user_db = strdup(cs->user_db)))

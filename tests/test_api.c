@@ -67,6 +67,12 @@ Test(api, bad_settings_are_named)
     stof_close(&ctx);
 
     stof_default_settings(&s);
+    s.tuning_top_k = 99;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "tuning_top_k"), "%s", stof_errmsg(ctx));
+    stof_close(&ctx);
+
+    stof_default_settings(&s);
     s.tuning_mode = (stof_tuning_mode)7;
     cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(stof_errmsg(ctx), "tuning_mode"), "%s", stof_errmsg(ctx));

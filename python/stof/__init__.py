@@ -57,7 +57,10 @@ class _Settings(ctypes.Structure):
         ("log_fn", ctypes.c_void_p),
         ("log_user", ctypes.c_void_p),
         ("log_level", ctypes.c_int),
-        ("reserved", ctypes.c_uint8 * 128),
+        ("tuning_top_k", ctypes.c_int),
+        ("tuning_reps", ctypes.c_int),
+        ("tuning_seed", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint8 * 112),
     ]
 
 
