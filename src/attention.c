@@ -317,17 +317,8 @@ static stof_status plan_attach(stof_context *ctx, stof_plan *p,
                                     &p->module, &p->fn);
         break;
     default:
-        if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK)
-            break;
-        const stof_api *api = ctx->api;
-        CUresult r = api->cuModuleLoadData(&p->module, cubin);
-        if (r == CUDA_SUCCESS)
-            r = api->cuModuleGetFunction(&p->fn, p->module,
-                                         "stof_attn_reference");
-        if (r != CUDA_SUCCESS)
-            st = (stof_status)stof__cuda_fail(ctx, r, "loading the reference "
-                                              "kernel", __FILE__, __LINE__);
-        stof__ctx_pop(ctx);
+        st = (stof_status)stof__module_load(ctx, cubin, "stof_attn_reference",
+                                            0, &p->module, &p->fn);
         p->block[0] = 32 * REF_WARPS;
         p->block[1] = p->block[2] = 1;
         p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS);

@@ -524,33 +524,9 @@ stof_status stof__block_load_cubin(stof_context *ctx, int head_dim,
                                    const stof_block_cfg *c, const void *cubin,
                                    CUmodule *mod, CUfunction *fn)
 {
-    if (!ctx)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, mod && fn && cubin, "NULL cubin or output pointer");
-    *mod = NULL;
-    *fn = NULL;
-    stof_status st = (stof_status)stof__ctx_push(ctx);
-    if (st != STOF_OK)
-        return st;
-    const stof_api *api = ctx->api;
-    CUmodule m = NULL;
-    CUfunction f = NULL;
-    STOF_CU_GOTO(ctx, st, fail, api->cuModuleLoadData(&m, cubin));
-    STOF_CU_GOTO(ctx, st, fail,
-                 api->cuModuleGetFunction(&f, m, "stof_attn_block"));
-    STOF_CU_GOTO(ctx, st, fail,
-                 api->cuFuncSetAttribute(
-                     f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                     (int)stof__block_smem_bytes(head_dim, c)));
-    stof__ctx_pop(ctx);
-    *mod = m;
-    *fn = f;
-    return stof__ok(ctx);
-fail:
-    if (m)
-        api->cuModuleUnload(m);
-    stof__ctx_pop(ctx);
-    return st;
+    return (stof_status)stof__module_load(
+        ctx, cubin, "stof_attn_block", stof__block_smem_bytes(head_dim, c),
+        mod, fn);
 }
 
 stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,

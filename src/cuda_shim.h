@@ -137,6 +137,13 @@ int stof__jit_compile(struct stof_context *ctx, const char *name,
                       const char *arch, void **cubin /* OUT */,
                       size_t *size /* OUT */);
 
+/* Load a cubin into the device's primary context and get its kernel
+ * `fn_name`, raising its dynamic shared memory limit to smem_bytes when
+ * that is not 0. On failure nothing stays loaded. */
+int stof__module_load(struct stof_context *ctx, const void *cubin,
+                      const char *fn_name, size_t smem_bytes,
+                      CUmodule *mod /* OUT */, CUfunction *fn /* OUT */);
+
 /* Number of NVRTC compiles performed by this process (for tests that check
  * that a cache hit compiles nothing). */
 long stof__jit_compile_count(void);

@@ -265,3 +265,36 @@ done:
     free(hsrc);
     return st;
 }
+
+int stof__module_load(struct stof_context *ctx, const void *cubin,
+                      const char *fn_name, size_t smem_bytes, CUmodule *mod,
+                      CUfunction *fn)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, mod && fn && cubin, "NULL cubin or output pointer");
+    *mod = NULL;
+    *fn = NULL;
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    CUmodule m = NULL;
+    CUfunction f = NULL;
+    STOF_CU_GOTO(ctx, st, fail, api->cuModuleLoadData(&m, cubin));
+    STOF_CU_GOTO(ctx, st, fail, api->cuModuleGetFunction(&f, m, fn_name));
+    if (smem_bytes > 0)
+        STOF_CU_GOTO(ctx, st, fail,
+                     api->cuFuncSetAttribute(
+                         f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                         (int)smem_bytes));
+    stof__ctx_pop(ctx);
+    *mod = m;
+    *fn = f;
+    return stof__ok(ctx);
+fail:
+    if (m)
+        api->cuModuleUnload(m);
+    stof__ctx_pop(ctx);
+    return st;
+}

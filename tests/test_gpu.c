@@ -51,23 +51,6 @@ typedef struct gpu_case {
     int reference; /* 1: force the reference kernel, else the model's pick */
 } gpu_case;
 
-static size_t tensor_elems(const int64_t st[3], int b, int h, int s, int d)
-{
-    return (size_t)((b - 1) * st[0] + (h - 1) * st[1] + (int64_t)(s - 1) * st[2] +
-                    d);
-}
-
-static void fill_random(tu_rng *r, uint16_t *raw, float *f, size_t n,
-                        stof_dtype dt, float amp)
-{
-    for (size_t i = 0; i < n; i++) {
-        float x = (float)(tu_uniform(r) * 2.0 - 1.0) * amp;
-        raw[i] = dt == STOF_DTYPE_FP16 ? tu_f32_to_f16(x) : tu_f32_to_bf16(x);
-        f[i] = dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(raw[i])
-                                     : tu_bf16_to_f32(raw[i]);
-    }
-}
-
 /* Run one case through stof_attention_plan/run and compare with the C
  * reference; returns the relative error. */
 static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
@@ -77,34 +60,18 @@ static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
     cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
 
     stof_attention_desc d;
-    cr_assert_eq(stof_attention_desc_init(&d, c->batch, c->heads, c->seq_q,
-                                          c->seq_k, c->head_dim, c->dtype,
-                                          c->layout == STOF_LAYOUT_STRIDED
-                                              ? STOF_LAYOUT_BSHD
-                                              : c->layout),
-                 STOF_OK);
-    if (c->layout == STOF_LAYOUT_STRIDED) {
-        /* BSHD with padded rows and a different pad for k/v. */
-        int64_t row = (int64_t)c->heads * (c->head_dim + c->pad);
-        d.layout = STOF_LAYOUT_STRIDED;
-        d.q_stride[2] = d.o_stride[2] = row;
-        d.q_stride[1] = d.o_stride[1] = c->head_dim + c->pad;
-        d.q_stride[0] = d.o_stride[0] = row * c->seq_q;
-        int64_t krow = (int64_t)c->heads * (c->head_dim + 2 * c->pad);
-        d.k_stride[2] = d.v_stride[2] = krow;
-        d.k_stride[1] = d.v_stride[1] = c->head_dim + 2 * c->pad;
-        d.k_stride[0] = d.v_stride[0] = krow * c->seq_k;
-    }
-    size_t nq = tensor_elems(d.q_stride, c->batch, c->heads, c->seq_q, c->head_dim);
-    size_t nk = tensor_elems(d.k_stride, c->batch, c->heads, c->seq_k, c->head_dim);
+    tu_make_desc(&d, c->batch, c->heads, c->seq_q, c->seq_k, c->head_dim,
+                 c->dtype, c->layout, c->pad);
+    size_t nq = tu_tensor_elems(d.q_stride, c->batch, c->heads, c->seq_q, c->head_dim);
+    size_t nk = tu_tensor_elems(d.k_stride, c->batch, c->heads, c->seq_k, c->head_dim);
     uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2),
              *ho = malloc(nq * 2);
     float *fq = calloc(nq, 4), *fk = calloc(nk, 4), *fv = calloc(nk, 4),
           *fo = calloc(nq, 4);
     cr_assert(hq && hk && hv && ho && fq && fk && fv && fo);
-    fill_random(rng, hq, fq, nq, c->dtype, 2.0f);
-    fill_random(rng, hk, fk, nk, c->dtype, 2.0f);
-    fill_random(rng, hv, fv, nk, c->dtype, 1.0f);
+    tu_fill_random(rng, hq, fq, nq, c->dtype, 2.0f);
+    tu_fill_random(rng, hk, fk, nk, c->dtype, 2.0f);
+    tu_fill_random(rng, hv, fv, nk, c->dtype, 1.0f);
 
     stof_plan *plan = NULL;
     stof_candidate ref_choice = {.kind = STOF_KERNEL_REFERENCE};

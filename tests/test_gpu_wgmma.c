@@ -134,114 +134,6 @@ static const wg_case cases[] = {
 
 #define N_CASES ((int)(sizeof(cases) / sizeof(*cases)))
 
-static stof_mask *make_mask(stof_context *ctx, const wg_case *c)
-{
-    stof_mask *m = NULL;
-    if (c->spec[0] != '#') {
-        stof_status st =
-            stof_mask_from_spec(ctx, c->spec, c->seq_q, c->seq_k, &m);
-        cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
-        return m;
-    }
-    uint8_t *b = calloc((size_t)c->seq_q * (size_t)c->seq_k, 1);
-    cr_assert(b);
-    for (int i = 0; i < c->seq_q; i++) {
-        uint8_t *row = b + (size_t)i * (size_t)c->seq_k;
-        if (strcmp(c->spec, "#single") == 0)
-            row[(7 * i + 3) % c->seq_k] = 1;
-        else if (strcmp(c->spec, "#lastcol") == 0)
-            row[c->seq_k - 1] = 1;
-        else if (strcmp(c->spec, "#halfempty") == 0)
-            memset(row, i % 2 == 0, (size_t)c->seq_k);
-        else if (strcmp(c->spec, "#colsparse") == 0) {
-            for (int j = 0; j < c->seq_k && i % 13 != 0; j++)
-                row[j] = (uint8_t)((j * 7 + i / 5) % 11 == 0);
-        }
-        else
-            cr_assert_fail("unknown generated mask %s", c->spec);
-    }
-    stof_status st = stof_mask_from_dense(ctx, b, c->seq_q, c->seq_k, &m);
-    free(b);
-    cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
-    return m;
-}
-
-/* The mask a QPERM format is built on: m's rows grouped by residue class
- * when m has a row period (dilated), else shuffled; row r of the result is
- * row (*perm)[r] of m. */
-static stof_mask *permuted_mask(stof_context *ctx, const stof_mask *m,
-                                tu_rng *rng, int32_t **perm, int *period)
-{
-    stof_mask *g = NULL;
-    *period = stof__mask_row_period(m);
-    if (*period > 1) {
-        cr_assert_eq(stof__mask_group_rows(ctx, m, *period, &g, perm),
-                     STOF_OK, "%s", stof_errmsg(ctx));
-        return g;
-    }
-    const int sq = stof_mask_seq_q(m), sk = stof_mask_seq_k(m);
-    int32_t *p = malloc(sizeof(int32_t) * (size_t)sq);
-    uint8_t *dense = malloc((size_t)sq * (size_t)sk),
-            *pd = malloc((size_t)sq * (size_t)sk);
-    cr_assert(p && dense && pd);
-    for (int i = 0; i < sq; i++)
-        p[i] = i;
-    for (int i = sq - 1; i > 0; i--) {
-        const int j = (int)tu_below(rng, (uint64_t)i + 1u);
-        const int32_t t = p[i];
-        p[i] = p[j];
-        p[j] = t;
-    }
-    stof_mask_to_dense(m, dense);
-    for (int i = 0; i < sq; i++)
-        memcpy(pd + (size_t)i * sk, dense + (size_t)p[i] * sk, (size_t)sk);
-    cr_assert_eq(stof_mask_from_dense(ctx, pd, sq, sk, &g), STOF_OK);
-    free(dense);
-    free(pd);
-    *perm = p;
-    return g;
-}
-
-static size_t tensor_elems(const int64_t st[3], int b, int h, int s, int d)
-{
-    return (size_t)((b - 1) * st[0] + (h - 1) * st[1] +
-                    (int64_t)(s - 1) * st[2] + d);
-}
-
-static void fill_random(tu_rng *r, uint16_t *raw, float *f, size_t n,
-                        stof_dtype dt, float amp)
-{
-    for (size_t i = 0; i < n; i++) {
-        float x = (float)(tu_uniform(r) * 2.0 - 1.0) * amp;
-        raw[i] = dt == STOF_DTYPE_FP16 ? tu_f32_to_f16(x) : tu_f32_to_bf16(x);
-        f[i] = dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(raw[i])
-                                     : tu_bf16_to_f32(raw[i]);
-    }
-}
-
-static void make_desc(const wg_cfg *k, const wg_case *c,
-                      stof_attention_desc *d)
-{
-    cr_assert_eq(stof_attention_desc_init(d, c->batch, c->heads, c->seq_q,
-                                          c->seq_k, k->head_dim, k->dtype,
-                                          c->layout == STOF_LAYOUT_STRIDED
-                                              ? STOF_LAYOUT_BSHD
-                                              : c->layout),
-                 STOF_OK);
-    if (c->layout == STOF_LAYOUT_STRIDED) {
-        /* BSHD with padded rows, a different pad for k/v. */
-        int64_t row = (int64_t)c->heads * (k->head_dim + c->pad);
-        d->layout = STOF_LAYOUT_STRIDED;
-        d->q_stride[2] = d->o_stride[2] = row;
-        d->q_stride[1] = d->o_stride[1] = k->head_dim + c->pad;
-        d->q_stride[0] = d->o_stride[0] = row * c->seq_q;
-        int64_t krow = (int64_t)c->heads * (k->head_dim + 2 * c->pad);
-        d->k_stride[2] = d->v_stride[2] = krow;
-        d->k_stride[1] = d->v_stride[1] = k->head_dim + 2 * c->pad;
-        d->k_stride[0] = d->v_stride[0] = krow * c->seq_k;
-    }
-}
-
 static const char *dt_name(stof_dtype dt)
 {
     return dt == STOF_DTYPE_FP16 ? "fp16" : "bf16";
@@ -265,12 +157,12 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
              with_order ? " ordered" : "", qperm ? " qperm" : "", c->spec,
              c->batch, c->heads, c->seq_q, c->seq_k, (int)c->layout);
 
-    stof_mask *m = make_mask(ctx, c);
+    stof_mask *m = tu_make_mask(ctx, c->spec, c->seq_q, c->seq_k);
     stof_mask *fm = m; /* the mask the format is built on */
     int32_t *perm = NULL;
     int period = 1;
     if (qperm)
-        fm = permuted_mask(ctx, m, rng, &perm, &period);
+        fm = tu_permuted_mask(ctx, m, rng, &perm, &period);
     stof_format *f = NULL;
     stof_status st = stof_format_build(ctx, fm, stof__wgmma_block_m(&k->c),
                                        k->c.block_n, &f);
@@ -286,19 +178,20 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     cr_assert_eq(st, STOF_OK, "%s: upload: %s", tag, stof_errmsg(ctx));
 
     stof_attention_desc d;
-    make_desc(k, c, &d);
-    size_t nq = tensor_elems(d.q_stride, c->batch, c->heads, c->seq_q,
+    tu_make_desc(&d, c->batch, c->heads, c->seq_q, c->seq_k, k->head_dim,
+                 k->dtype, c->layout, c->pad);
+    size_t nq = tu_tensor_elems(d.q_stride, c->batch, c->heads, c->seq_q,
                              k->head_dim);
-    size_t nk = tensor_elems(d.k_stride, c->batch, c->heads, c->seq_k,
+    size_t nk = tu_tensor_elems(d.k_stride, c->batch, c->heads, c->seq_k,
                              k->head_dim);
     uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2),
              *ho = malloc(nq * 2);
     float *fq = calloc(nq, 4), *fk = calloc(nk, 4), *fv = calloc(nk, 4),
           *fo = calloc(nq, 4);
     cr_assert(hq && hk && hv && ho && fq && fk && fv && fo);
-    fill_random(rng, hq, fq, nq, k->dtype, 2.0f);
-    fill_random(rng, hk, fk, nk, k->dtype, 2.0f);
-    fill_random(rng, hv, fv, nk, k->dtype, 1.0f);
+    tu_fill_random(rng, hq, fq, nq, k->dtype, 2.0f);
+    tu_fill_random(rng, hk, fk, nk, k->dtype, 2.0f);
+    tu_fill_random(rng, hv, fv, nk, k->dtype, 1.0f);
     int32_t *order = NULL;
     if (with_order) {
         order = malloc((size_t)f->n_row_blocks * sizeof(*order));

@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include "internal.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,3 +202,115 @@ int tu_gpu_suite_main(const char *suite, int argc, char **argv)
     criterion_finalize(tests);
     return result;
 }
+
+/* --- GPU test harness pieces (shared by the kernel suites) --------------- */
+
+stof_mask *tu_make_mask(stof_context *ctx, const char *spec, int seq_q, int seq_k)
+{
+    stof_mask *m = NULL;
+    if (spec[0] != '#') {
+        stof_status st =
+            stof_mask_from_spec(ctx, spec, seq_q, seq_k, &m);
+        cr_assert_eq(st, STOF_OK, "mask %s: %s", spec, stof_errmsg(ctx));
+        return m;
+    }
+    uint8_t *b = calloc((size_t)seq_q * (size_t)seq_k, 1);
+    cr_assert(b);
+    for (int i = 0; i < seq_q; i++) {
+        uint8_t *row = b + (size_t)i * (size_t)seq_k;
+        if (strcmp(spec, "#single") == 0)
+            row[(7 * i + 3) % seq_k] = 1;
+        else if (strcmp(spec, "#lastcol") == 0)
+            row[seq_k - 1] = 1;
+        else if (strcmp(spec, "#halfempty") == 0)
+            memset(row, i % 2 == 0, (size_t)seq_k);
+        else if (strcmp(spec, "#colsparse") == 0) {
+            for (int j = 0; j < seq_k && i % 13 != 0; j++)
+                row[j] = (uint8_t)((j * 7 + i / 5) % 11 == 0);
+        }
+        else
+            cr_assert_fail("unknown generated mask %s", spec);
+    }
+    stof_status st = stof_mask_from_dense(ctx, b, seq_q, seq_k, &m);
+    free(b);
+    cr_assert_eq(st, STOF_OK, "mask %s: %s", spec, stof_errmsg(ctx));
+    return m;
+}
+
+/* The mask a QPERM format is built on: m's rows grouped by residue class
+ * when m has a row period (dilated), else shuffled; row r of the result is
+ * row (*perm)[r] of m. */
+stof_mask *tu_permuted_mask(stof_context *ctx, const stof_mask *m,
+                                tu_rng *rng, int32_t **perm, int *period)
+{
+    stof_mask *g = NULL;
+    *period = stof__mask_row_period(m);
+    if (*period > 1) {
+        cr_assert_eq(stof__mask_group_rows(ctx, m, *period, &g, perm),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        return g;
+    }
+    const int sq = stof_mask_seq_q(m), sk = stof_mask_seq_k(m);
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)sq);
+    uint8_t *dense = malloc((size_t)sq * (size_t)sk),
+            *pd = malloc((size_t)sq * (size_t)sk);
+    cr_assert(p && dense && pd);
+    for (int i = 0; i < sq; i++)
+        p[i] = i;
+    for (int i = sq - 1; i > 0; i--) {
+        const int j = (int)tu_below(rng, (uint64_t)i + 1u);
+        const int32_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+    stof_mask_to_dense(m, dense);
+    for (int i = 0; i < sq; i++)
+        memcpy(pd + (size_t)i * sk, dense + (size_t)p[i] * sk, (size_t)sk);
+    cr_assert_eq(stof_mask_from_dense(ctx, pd, sq, sk, &g), STOF_OK);
+    free(dense);
+    free(pd);
+    *perm = p;
+    return g;
+}
+
+size_t tu_tensor_elems(const int64_t st[3], int b, int h, int s, int d)
+{
+    return (size_t)((b - 1) * st[0] + (h - 1) * st[1] +
+                    (int64_t)(s - 1) * st[2] + d);
+}
+
+void tu_fill_random(tu_rng *r, uint16_t *raw, float *f, size_t n,
+                        stof_dtype dt, float amp)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)(tu_uniform(r) * 2.0 - 1.0) * amp;
+        raw[i] = dt == STOF_DTYPE_FP16 ? tu_f32_to_f16(x) : tu_f32_to_bf16(x);
+        f[i] = dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(raw[i])
+                                     : tu_bf16_to_f32(raw[i]);
+    }
+}
+
+void tu_make_desc(stof_attention_desc *d, int batch, int heads, int seq_q,
+                  int seq_k, int head_dim, stof_dtype dt, stof_layout layout,
+                  int pad)
+{
+    cr_assert_eq(stof_attention_desc_init(d, batch, heads, seq_q,
+                                          seq_k, head_dim, dt,
+                                          layout == STOF_LAYOUT_STRIDED
+                                              ? STOF_LAYOUT_BSHD
+                                              : layout),
+                 STOF_OK);
+    if (layout == STOF_LAYOUT_STRIDED) {
+        /* BSHD with padded rows, a different pad for k/v. */
+        int64_t row = (int64_t)heads * (head_dim + pad);
+        d->layout = STOF_LAYOUT_STRIDED;
+        d->q_stride[2] = d->o_stride[2] = row;
+        d->q_stride[1] = d->o_stride[1] = head_dim + pad;
+        d->q_stride[0] = d->o_stride[0] = row * seq_q;
+        int64_t krow = (int64_t)heads * (head_dim + 2 * pad);
+        d->k_stride[2] = d->v_stride[2] = krow;
+        d->k_stride[1] = d->v_stride[1] = head_dim + 2 * pad;
+        d->k_stride[0] = d->v_stride[0] = krow * seq_k;
+    }
+}
+

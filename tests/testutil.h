@@ -39,6 +39,28 @@ uint8_t *tu_random_dense(tu_rng *r, int seq_q, int seq_k, double p);
 /* The path of a file under the source tree (static buffer). */
 const char *tu_src_path(const char *rel);
 
+/* A mask from a spec, or one of the generated masks named "#single" (one
+ * key per row), "#lastcol" (only the last key), "#halfempty" (every other
+ * row empty) and "#colsparse" (scattered keys, every 13th row empty).
+ * Asserts on failure. */
+stof_mask *tu_make_mask(stof_context *ctx, const char *spec, int seq_q,
+                        int seq_k);
+/* m with its rows grouped by residue class when m has a row period (see
+ * stof__mask_row_period), else shuffled with rng; row r of the result is
+ * row (*perm)[r] of m (*perm malloc'd). *period is the period (1: none). */
+stof_mask *tu_permuted_mask(stof_context *ctx, const stof_mask *m,
+                            tu_rng *rng, int32_t **perm, int *period);
+/* Elements spanned by a tensor with strides st (b, h, s) and rows of d. */
+size_t tu_tensor_elems(const int64_t st[3], int b, int h, int s, int d);
+/* n random fp16/bf16 values in [-amp, amp]: raw bits and their floats. */
+void tu_fill_random(tu_rng *r, uint16_t *raw, float *f, size_t n,
+                    stof_dtype dt, float amp);
+/* A descriptor; STOF_LAYOUT_STRIDED means BSHD with `pad` extra elements
+ * per q/o row and 2*pad per k/v row. */
+void tu_make_desc(stof_attention_desc *d, int batch, int heads, int seq_q,
+                  int seq_k, int head_dim, stof_dtype dt, stof_layout layout,
+                  int pad);
+
 /* main() for a GPU suite: when no GPU is usable, print why and return 77
  * (meson counts it as skipped); otherwise run the Criterion tests. The
  * probe runs in a child process, and only in Criterion's runner process, so
