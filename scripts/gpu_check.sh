@@ -40,7 +40,32 @@ for t in test_api test_reference test_mask test_spec test_format test_cost \
     [ -x "$T/$t" ] && run cpu "$T/$t" --jobs=8
 done
 run demo "$DEMO"
-[ -x "$BENCH" ] && run formats "$BENCH"
+[ -x "$BENCH" ] && run cpu "$BENCH"
+# stof-tune on the GPU: tune the public suite from its workload file, verify
+# the records, record a miss in cache-only mode and tune it with `pending`.
+if [ -x "$BIN/stof-tune" ] || [ -x build/tools/stof-tune ]; then
+    TUNE=${BIN:-build/tools}/stof-tune
+    [ -x "$TUNE" ] || TUNE=build/tools/stof-tune
+    DB=/tmp/stof-suite.db
+    rm -f "$DB"*
+    run tune "$TUNE" tune examples/suite.workload --db "$DB"
+    run tune "$TUNE" verify --db "$DB"
+    run tune "$TUNE" stats --db "$DB"
+    run tune "$TUNE" ls --db "$DB"
+    if python3 -c "import torch" 2>/dev/null; then
+        run tune env LD_LIBRARY_PATH=$PWD/.carry/pylib \
+            STOF_LIBRARY=${STOF_LIBRARY:-$PWD/.carry/lib/libstof.so} \
+            PYTHONPATH=$PWD/python python3 -c "
+import torch, stof
+ctx = stof.Context(user_db='$DB', tuning_mode='cache-only')
+q = torch.randn(2, 8, 2048, 64, device='cuda', dtype=torch.float16)
+m = ctx.mask('causal_sliding:512', 2048, 2048)
+p = ctx.attention_plan(q, q, q, m, out=torch.empty_like(q))
+print('cache-only plan:', p.describe()['source'])"
+        run tune "$TUNE" pending --db "$DB"
+        run tune "$TUNE" stats --db "$DB"
+    fi
+fi
 # The comparison with FlexAttention and SDPA (needs torch; BENCH_ARGS to
 # narrow it).
 if [ "${STOF_BENCH:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then

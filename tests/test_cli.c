@@ -1,0 +1,693 @@
+/*
+ * test_cli.c - the stof-tune command line, without a GPU: every command's
+ * --help, bad inputs (one line, the right exit code, no partial output),
+ * export -> import round trips, merge commutativity and idempotence, and
+ * conflict reports. Fixture databases are written here through the db
+ * module (stof__db_store), so no GPU is needed. The binary comes from
+ * $STOF_TUNE (set by tests/meson.build).
+ */
+#include <criterion/criterion.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "db.h"
+#include "internal.h"
+#include "testutil.h"
+
+/* ------------------------------------------------------------ helpers */
+
+static char tmpdir[256];
+
+static void setup(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/stof-cli-XXXXXX");
+    cr_assert(mkdtemp(tmpdir), "mkdtemp failed");
+}
+
+static void teardown(void)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmpdir);
+}
+
+TestSuite(cli, .init = setup, .fini = teardown, .timeout = 120);
+
+static const char *P(const char *name)
+{
+    static char bufs[8][512];
+    static int k;
+    char *b = bufs[k++ & 7];
+    snprintf(b, sizeof(bufs[0]), "%s/%s", tmpdir, name);
+    return b;
+}
+
+static char out_buf[1 << 16], err_buf[1 << 16];
+
+static void slurp(const char *path, char *buf, size_t n)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t r = fread(buf, 1, n - 1, f);
+    buf[r] = '\0';
+    fclose(f);
+}
+
+/* Run stof-tune with the arguments (a shell fragment); returns its exit
+ * status; stdout and stderr land in out_buf and err_buf. */
+static int run(const char *fmt, ...)
+{
+    const char *exe = getenv("STOF_TUNE");
+    cr_assert(exe && *exe, "STOF_TUNE is not set (run through meson test)");
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof(args), fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof(cmd),
+             "STOF_USER_DB='%s/user.db' '%s' %s >'%s/out.txt' 2>'%s/err.txt'",
+             tmpdir, exe, args, tmpdir, tmpdir);
+    int st = system(cmd);
+    slurp(P("out.txt"), out_buf, sizeof(out_buf));
+    slurp(P("err.txt"), err_buf, sizeof(err_buf));
+    cr_assert(WIFEXITED(st), "stof-tune %s did not exit normally", args);
+    return WEXITSTATUS(st);
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+static int exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* Does the directory hold a leftover temporary file? */
+static int has_tmp_files(void)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "ls '%s' | grep -q '\\.tmp-'", tmpdir);
+    return system(cmd) == 0;
+}
+
+/* ----------------------------------------------------------- fixtures */
+
+static stof_context *ctx_new(void)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = "";
+    stof_context *ctx = NULL;
+    stof_open(&ctx, &s);
+    cr_assert(ctx);
+    return ctx;
+}
+
+typedef struct fx {
+    int key;           /* the key is this number in 32 hex digits */
+    const char *gpu;
+    int driver;
+    double ms;
+    int verified;
+    const char *host;
+    int64_t created;
+    unsigned char cubin_byte;
+    const char *version; /* NULL: this build */
+} fx;
+
+static void fx_record(const fx *f, stof_db_record *r)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->key, sizeof(r->key), "%032x", f->key);
+    snprintf(r->op, sizeof(r->op), "attention");
+    snprintf(r->mask_digest, sizeof(r->mask_digest), "%032x", f->key * 7);
+    snprintf(r->mask_spec, sizeof(r->mask_spec), "sliding:%d", 64 * f->key);
+    r->batch = 1;
+    r->heads = 8;
+    r->seq_q = r->seq_k = 4096;
+    r->head_dim = 64;
+    snprintf(r->dtype, sizeof(r->dtype), "fp16");
+    snprintf(r->layout, sizeof(r->layout), "BHSD");
+    snprintf(r->device_name, sizeof(r->device_name), "%s", f->gpu);
+    r->cc_major = 9;
+    r->sm_count = 132;
+    r->driver_version = f->driver;
+    snprintf(r->nvrtc_version, sizeof(r->nvrtc_version), "13.0");
+    snprintf(r->stof_version, sizeof(r->stof_version), "%s",
+             f->version ? f->version : stof_version_string());
+    snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
+             (unsigned long long)stof_template_hash());
+    snprintf(r->kernel, sizeof(r->kernel), "wgmma");
+    snprintf(r->config, sizeof(r->config), "{\"BLOCK_M\":128}");
+    snprintf(r->arch, sizeof(r->arch), "sm_90a");
+    r->time_ms = f->ms;
+    r->model_ms = f->ms * 1.5;
+    r->n_candidates = 6;
+    r->verified = f->verified;
+    snprintf(r->measured, sizeof(r->measured), "{}");
+    r->created_at = f->created ? f->created : 1700000000;
+    snprintf(r->host, sizeof(r->host), "%s", f->host ? f->host : "host-a");
+}
+
+/* A database at path holding the records (stored with replace). */
+static void make_db(const char *path, const fx *recs, int n)
+{
+    stof_context *ctx = ctx_new();
+    stof_db *db = NULL;
+    cr_assert_eq(stof__db_open(ctx, path, NULL, &db), STOF_OK);
+    cr_assert(stof__db_writable(db), "%s not writable", path);
+    for (int i = 0; i < n; i++) {
+        stof_db_record r;
+        fx_record(&recs[i], &r);
+        unsigned char cubin[64];
+        memset(cubin, recs[i].cubin_byte, sizeof(cubin));
+        r.cubin = cubin;
+        r.cubin_size = sizeof(cubin);
+        cr_assert_eq(stof__db_store(db, &r, 1), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+    }
+    stof__db_close(&db);
+    stof_close(&ctx);
+}
+
+/* Add hits (lookups) and misses to a database. */
+static void add_hits(const char *path, int key, int n)
+{
+    stof_context *ctx = ctx_new();
+    stof_db *db = NULL;
+    cr_assert_eq(stof__db_open(ctx, path, NULL, &db), STOF_OK);
+    char k[33];
+    snprintf(k, sizeof(k), "%032x", key);
+    for (int i = 0; i < n; i++) {
+        stof_db_record r;
+        cr_assert_eq(stof__db_lookup(db, k, &r), STOF_OK);
+        stof__db_record_clear(&r);
+    }
+    stof__db_close(&db);
+    stof_close(&ctx);
+}
+
+static void add_miss(const char *path, const char *key, int times)
+{
+    stof_context *ctx = ctx_new();
+    stof_db *db = NULL;
+    cr_assert_eq(stof__db_open(ctx, path, NULL, &db), STOF_OK);
+    uint64_t bits[4] = {1, 2, 3, 4};
+    for (int i = 0; i < times; i++)
+        cr_assert_eq(stof__db_record_miss(db, key,
+                                          "{\"op\":\"attention\",\"batch\":1}",
+                                          bits, sizeof(bits)),
+                     STOF_OK);
+    stof__db_close(&db);
+    stof_close(&ctx);
+}
+
+/* Everything a database holds, as text: records (every column, blobs in
+ * hex, ordered by key) then misses without their time stamps. */
+static char *dump(const char *path)
+{
+    sqlite3 *c = NULL;
+    cr_assert_eq(sqlite3_open_v2(path, &c, SQLITE_OPEN_READONLY, NULL),
+                 SQLITE_OK);
+    size_t cap = 1 << 16, len = 0;
+    char *s = malloc(cap);
+    s[0] = '\0';
+    static const char *const q[] = {
+        "SELECT * FROM records ORDER BY key",
+        "SELECT key, problem, mask, count FROM misses ORDER BY key"};
+    for (int t = 0; t < 2; t++) {
+        sqlite3_stmt *st = NULL;
+        cr_assert_eq(sqlite3_prepare_v2(c, q[t], -1, &st, NULL), SQLITE_OK);
+        while (sqlite3_step(st) == SQLITE_ROW) {
+            for (int i = 0; i < sqlite3_column_count(st); i++) {
+                char cell[1024];
+                if (sqlite3_column_type(st, i) == SQLITE_BLOB) {
+                    const unsigned char *b = sqlite3_column_blob(st, i);
+                    int n = sqlite3_column_bytes(st, i), j = 0;
+                    for (int x = 0; x < n && j < 1000; x++)
+                        j += snprintf(cell + j, sizeof(cell) - (size_t)j,
+                                      "%02x", b[x]);
+                    cell[j] = '\0';
+                } else {
+                    const unsigned char *v = sqlite3_column_text(st, i);
+                    snprintf(cell, sizeof(cell), "%s", v ? (const char *)v
+                                                         : "NULL");
+                }
+                size_t need = strlen(cell) + 2;
+                if (len + need + 1 > cap) {
+                    cap = 2 * (cap + need);
+                    s = realloc(s, cap);
+                }
+                len += (size_t)sprintf(s + len, "%s|", cell);
+            }
+            s[len++] = '\n';
+            s[len] = '\0';
+        }
+        sqlite3_finalize(st);
+        if (len + 8 > cap)
+            s = realloc(s, cap += 16);
+        len += (size_t)sprintf(s + len, "--\n");
+    }
+    sqlite3_close(c);
+    return s;
+}
+
+static int64_t count_rows(const char *path, const char *table)
+{
+    sqlite3 *c = NULL;
+    cr_assert_eq(sqlite3_open_v2(path, &c, SQLITE_OPEN_READONLY, NULL),
+                 SQLITE_OK);
+    char sql[128];
+    snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s", table);
+    sqlite3_stmt *st = NULL;
+    cr_assert_eq(sqlite3_prepare_v2(c, sql, -1, &st, NULL), SQLITE_OK);
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+    int64_t n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(c);
+    return n;
+}
+
+/* Three overlapping databases from three hosts. Key 1 differs everywhere
+ * (B's is fastest); key 2: A verified and slow, C unverified and fast (A
+ * wins); key 3: A and B hold the same time, different cubins (a tie);
+ * keys 4, 5, 6: one each; key 7: the same record in A and C. */
+static void make_fleet(void)
+{
+    const fx a[] = {
+        {1, "NVIDIA H100", 13000, 0.30, 1, "a", 0, 0xa1, NULL},
+        {2, "NVIDIA H100", 13000, 0.50, 1, "a", 0, 0xa2, NULL},
+        {3, "NVIDIA H100", 13000, 0.20, 1, "a", 0, 0xa3, NULL},
+        {4, "NVIDIA H100", 13000, 0.10, 1, "a", 0, 0xa4, NULL},
+        {7, "NVIDIA H100", 13000, 0.70, 1, "x", 0, 0x77, NULL},
+    };
+    const fx b[] = {
+        {1, "NVIDIA H100", 13000, 0.25, 1, "b", 0, 0xb1, NULL},
+        {3, "NVIDIA H100", 13000, 0.20, 1, "b", 0, 0xb3, NULL},
+        {5, "NVIDIA H200", 13000, 0.15, 1, "b", 0, 0xb5, NULL},
+    };
+    const fx c[] = {
+        {1, "NVIDIA H100", 13000, 0.40, 1, "c", 0, 0xc1, NULL},
+        {2, "NVIDIA H100", 13000, 0.10, 0, "c", 0, 0xc2, NULL},
+        {6, "NVIDIA H200", 12080, 0.12, 1, "c", 0, 0xc6, NULL},
+        {7, "NVIDIA H100", 13000, 0.70, 1, "x", 0, 0x77, NULL},
+    };
+    make_db(P("a.db"), a, 5);
+    make_db(P("b.db"), b, 3);
+    make_db(P("c.db"), c, 4);
+    add_hits(P("a.db"), 1, 3);
+    add_hits(P("c.db"), 1, 5);
+    add_miss(P("a.db"), "00000000000000000000000000000099", 2);
+    add_miss(P("b.db"), "00000000000000000000000000000099", 4);
+    add_miss(P("c.db"), "00000000000000000000000000000098", 1);
+    /* A miss that C answers with a record: dropped from merges. */
+    add_miss(P("b.db"), "00000000000000000000000000000006", 1);
+}
+
+static int gpu_present(void)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = "";
+    s.require_device = 1;
+    stof_context *ctx = NULL;
+    stof_status st = stof_open(&ctx, &s);
+    stof_close(&ctx);
+    return st == STOF_OK;
+}
+
+/* -------------------------------------------------------------- help */
+
+static const char *const commands[] = {"tune",   "pending", "ls",
+                                       "show",   "stats",   "export",
+                                       "import", "merge",   "verify", "gc"};
+
+Test(cli, help_for_every_command)
+{
+    cr_assert_eq(run("--help"), 0);
+    cr_assert(strstr(out_buf, "usage: stof-tune"));
+    cr_assert(strstr(out_buf, "exit status"));
+    for (size_t i = 0; i < sizeof(commands) / sizeof(*commands); i++) {
+        cr_assert_eq(run("%s --help", commands[i]), 0, "%s --help: %s",
+                     commands[i], err_buf);
+        char want[64];
+        snprintf(want, sizeof(want), "usage: stof-tune %s", commands[i]);
+        cr_assert(strstr(out_buf, want), "%s --help printed: %s", commands[i],
+                  out_buf);
+        cr_assert(strstr(out_buf, "3 no GPU found"), "%s: exit codes",
+                  commands[i]);
+        cr_assert_eq(run("help %s", commands[i]), 0);
+        cr_assert(strstr(out_buf, want));
+    }
+    cr_assert_eq(run("--version"), 0);
+    cr_assert(strstr(out_buf, stof_version_string()));
+}
+
+Test(cli, usage_errors)
+{
+    cr_assert_eq(run(""), 2);
+    cr_assert_eq(run("frobnicate"), 2);
+    cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
+    cr_assert(strstr(err_buf, "unknown command"));
+    cr_assert_eq(run("ls --bogus"), 2);
+    cr_assert_eq(count_lines(err_buf), 1);
+    cr_assert_eq(run("ls --db"), 2);
+    cr_assert_eq(run("show"), 2);
+    cr_assert_eq(run("merge -o %s", P("x.db")), 2);
+    cr_assert_eq(run("merge %s", P("a.db")), 2); /* no -o */
+    cr_assert_eq(run("export"), 2);
+    cr_assert_eq(run("gc --json=1"), 2);
+    cr_assert_eq(run("export -o %s --driver abc", P("x.db")), 2);
+    cr_assert_eq(run("tune"), 2);
+    cr_assert_eq(run("tune --mask causal --shape 1x2x3"), 2);
+    cr_assert(strstr(err_buf, "bad shape"), "%s", err_buf);
+    cr_assert_eq(run("tune --mask causal --shape 1x2x64x64 --dtype fp8"), 2);
+}
+
+/* ------------------------------------------------------- bad inputs */
+
+Test(cli, missing_and_bad_databases)
+{
+    cr_assert_eq(run("ls --db %s", P("missing.db")), 4);
+    cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
+    cr_assert(strstr(err_buf, "not found"), "%s", err_buf);
+    cr_assert(!exists(P("missing.db")), "ls created the database");
+
+    FILE *f = fopen(P("text.db"), "w");
+    fputs("this is not a database, just some text that is long enough\n", f);
+    fclose(f);
+    cr_assert_eq(run("stats --db %s", P("text.db")), 4);
+    cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
+    cr_assert(strstr(err_buf, "not a SQLite database"), "%s", err_buf);
+
+    f = fopen(P("empty.db"), "w");
+    fclose(f);
+    cr_assert_eq(run("ls --db %s", P("empty.db")), 4);
+    cr_assert(strstr(err_buf, "empty"), "%s", err_buf);
+
+    sqlite3 *c = NULL;
+    cr_assert_eq(sqlite3_open(P("foreign.db"), &c), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(c, "CREATE TABLE t(x)", NULL, NULL, NULL),
+                 SQLITE_OK);
+    sqlite3_close(c);
+    cr_assert_eq(run("ls --db %s", P("foreign.db")), 4);
+    cr_assert(strstr(err_buf, "not a stof tuning database"), "%s", err_buf);
+
+    /* A database from a newer schema: never read, never written. */
+    const fx one[] = {{1, "NVIDIA H100", 13000, 0.3, 1, "a", 0, 1, NULL}};
+    make_db(P("newer.db"), one, 1);
+    cr_assert_eq(sqlite3_open(P("newer.db"), &c), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(c, "PRAGMA user_version = 99", NULL, NULL, NULL),
+                 SQLITE_OK);
+    sqlite3_close(c);
+    char *before = NULL;
+    cr_assert_eq(run("ls --db %s", P("newer.db")), 4);
+    cr_assert(strstr(err_buf, "newer"), "%s", err_buf);
+    cr_assert_eq(count_lines(err_buf), 1);
+    cr_assert_eq(run("import %s --db %s", P("newer.db"), P("u.db")), 4);
+    cr_assert_eq(run("gc --db %s", P("newer.db")), 4);
+    cr_assert_eq(run("merge %s %s -o %s", P("newer.db"), P("newer.db"),
+                     P("m.db")),
+                 4);
+    cr_assert(!exists(P("m.db")));
+    free(before);
+}
+
+Test(cli, failed_merge_leaves_no_partial_file)
+{
+    make_fleet();
+    /* An existing output stays as it was when an input is bad. */
+    cr_assert_eq(run("merge %s -o %s", P("a.db"), P("out.db")), 0, "%s",
+                 err_buf);
+    char *before = dump(P("out.db"));
+    cr_assert_eq(run("merge %s %s -o %s", P("b.db"), P("nope.db"),
+                     P("out.db")),
+                 4);
+    cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
+    char *after = dump(P("out.db"));
+    cr_assert_str_eq(before, after);
+    cr_assert(!has_tmp_files(), "a temporary file was left behind");
+    /* An output directory that does not exist. */
+    cr_assert_neq(run("merge %s -o %s/no/such/dir/x.db", P("a.db"), tmpdir),
+                  0);
+    cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
+    free(before);
+    free(after);
+}
+
+Test(cli, gpu_commands_without_gpu)
+{
+    if (gpu_present()) {
+        cr_skip_test("a GPU is present: the no-GPU paths do not apply");
+        return;
+    }
+    const fx one[] = {{1, "NVIDIA H100", 13000, 0.3, 1, "a", 0, 1, NULL}};
+    make_db(P("user.db"), one, 1);
+    cr_assert_eq(run("tune --mask causal --shape 1x2x128x64"), 3);
+    cr_assert(!strncmp(err_buf, "stof-tune: no GPU found: ", 25), "%s",
+                 err_buf);
+    cr_assert_eq(count_lines(err_buf), 1);
+    cr_assert_eq(run("tune %s", tu_src_path("examples/suite.workload")), 3,
+                 "%s", err_buf);
+    cr_assert(strstr(err_buf, "no GPU found"), "%s", err_buf);
+    cr_assert_eq(run("pending"), 3);
+    cr_assert(strstr(err_buf, "no GPU found"));
+    cr_assert_eq(run("verify"), 3);
+    cr_assert(strstr(err_buf, "no GPU found"));
+    /* A missing database is a database error before the GPU is looked
+     * for. */
+    cr_assert_eq(run("verify --db %s", P("none.db")), 4);
+}
+
+Test(cli, bad_workload_files)
+{
+    cr_assert_eq(run("tune %s", P("missing.workload")), 1);
+    cr_assert(strstr(err_buf, "missing.workload"), "%s", err_buf);
+    cr_assert_eq(count_lines(err_buf), 1);
+
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"mask causal\nshape 1x2x64x64\nfrobnicate 3\n", "bad.workload:3:"},
+        {"mask causal\nshape 1x2x64\n", "bad.workload:2: bad shape"},
+        {"mask causal\nshape 1x2x64x12\n", "head_dim"},
+        {"# nothing\nshape 1x2x64x64\n", "no mask"},
+        {"mask causal\n", "no shape"},
+        {"mask causal\nshape 1x2x64x64\ndtype fp8\n", "bad.workload:3:"},
+        {"mask causal\nshape 1x2x64x64\nlayout xyz\n", "bad.workload:3:"},
+        {"\n\nmask sliding:\nshape 1x2x64x64\n", "bad.workload:3: bad mask"},
+        {"mask\nshape 1x2x64x64\n", "bad.workload:1:"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+        FILE *f = fopen(P("bad.workload"), "w");
+        fputs(cases[i].text, f);
+        fclose(f);
+        cr_assert_eq(run("tune %s", P("bad.workload")), 1, "case %zu: %s", i,
+                     err_buf);
+        cr_assert(strstr(err_buf, cases[i].want), "case %zu: %s", i, err_buf);
+        cr_assert_eq(count_lines(err_buf), 1, "case %zu: %s", i, err_buf);
+    }
+}
+
+/* ------------------------------------------------ export and import */
+
+Test(cli, export_import_round_trip)
+{
+    make_fleet();
+    cr_assert_eq(run("export --db %s -o %s", P("a.db"), P("exp.db")), 0, "%s",
+                 err_buf);
+    cr_assert_eq(count_rows(P("exp.db"), "records"), 5);
+    cr_assert_eq(count_rows(P("exp.db"), "misses"), 0);
+    cr_assert_eq(run("import %s --db %s", P("exp.db"), P("new.db")), 0, "%s",
+                 err_buf);
+    /* The records (and their hits) come back exactly. */
+    char *x = dump(P("a.db")), *y = dump(P("new.db"));
+    char *xm = strstr(x, "--\n"), *ym = strstr(y, "--\n");
+    cr_assert(xm && ym);
+    xm[0] = ym[0] = '\0';
+    cr_assert_str_eq(x, y);
+    free(x);
+    free(y);
+    /* Importing again changes nothing. */
+    char *before = dump(P("new.db"));
+    cr_assert_eq(run("import %s --db %s", P("exp.db"), P("new.db")), 0);
+    char *after = dump(P("new.db"));
+    cr_assert_str_eq(before, after);
+    free(before);
+    free(after);
+    /* The default database is the user database ($STOF_USER_DB). */
+    cr_assert_eq(run("import %s", P("exp.db")), 0, "%s", err_buf);
+    cr_assert_eq(count_rows(P("user.db"), "records"), 5);
+}
+
+Test(cli, export_filters_by_gpu_and_driver)
+{
+    make_fleet();
+    cr_assert_eq(run("export --db %s --gpu 'nvidia h200' -o %s", P("c.db"),
+                     P("h200.db")),
+                 0, "%s", err_buf);
+    cr_assert_eq(count_rows(P("h200.db"), "records"), 1);
+    cr_assert_eq(run("export --db %s --gpu 'NVIDIA H100' --driver 13000 -o %s",
+                     P("c.db"), P("h100.db")),
+                 0);
+    cr_assert_eq(count_rows(P("h100.db"), "records"), 3);
+    cr_assert_eq(run("export --db %s --driver 1 -o %s --json", P("c.db"),
+                     P("none.db")),
+                 0);
+    cr_assert_eq(count_rows(P("none.db"), "records"), 0);
+    cr_assert(strstr(out_buf, "\"records\":0"), "%s", out_buf);
+    cr_assert(!has_tmp_files());
+}
+
+/* ------------------------------------------------------------- merge */
+
+Test(cli, merge_is_commutative_and_idempotent)
+{
+    make_fleet();
+    cr_assert_eq(run("merge %s %s %s -o %s", P("a.db"), P("b.db"), P("c.db"),
+                     P("abc.db")),
+                 0, "%s", err_buf);
+    cr_assert_eq(run("merge %s %s %s -o %s", P("c.db"), P("a.db"), P("b.db"),
+                     P("cab.db")),
+                 0);
+    cr_assert_eq(run("merge %s %s %s -o %s", P("b.db"), P("c.db"), P("a.db"),
+                     P("bca.db")),
+                 0);
+    /* Associative: (A B) C. */
+    cr_assert_eq(run("merge %s %s -o %s", P("a.db"), P("b.db"), P("ab.db")),
+                 0);
+    cr_assert_eq(run("merge %s %s -o %s", P("ab.db"), P("c.db"),
+                     P("ab_c.db")),
+                 0);
+    /* Idempotent: merging the result again, or with an input again. */
+    cr_assert_eq(run("merge %s %s -o %s", P("abc.db"), P("abc.db"),
+                     P("abc2.db")),
+                 0);
+    cr_assert_eq(run("merge %s %s %s -o %s", P("abc.db"), P("a.db"),
+                     P("c.db"), P("abc3.db")),
+                 0);
+    char *ref = dump(P("abc.db"));
+    const char *others[] = {"cab.db", "bca.db", "ab_c.db", "abc2.db",
+                            "abc3.db"};
+    for (size_t i = 0; i < sizeof(others) / sizeof(*others); i++) {
+        char *d = dump(P(others[i]));
+        cr_assert_str_eq(ref, d, "%s differs from abc.db", others[i]);
+        free(d);
+    }
+    /* The winners: key 1 from b (fastest), key 2 from a (verified), key 7
+     * once; all 7 keys; hits take the maximum (5 on key 1). */
+    cr_assert_eq(count_rows(P("abc.db"), "records"), 7);
+    cr_assert(strstr(ref, "00000000000000000000000000000001|") != NULL);
+    cr_assert_eq(run("show 00000000000000000000000000000001 --db %s --json",
+                     P("abc.db")),
+                 0, "%s", err_buf);
+    cr_assert(strstr(out_buf, "\"host\":\"b\""), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"hits\":5"), "%s", out_buf);
+    cr_assert_eq(run("show 0000000000000000000000000000000 --db %s",
+                     P("abc.db")),
+                 1); /* ambiguous prefix */
+    cr_assert_eq(run("show 00000000000000000000000000000002 --db %s --json",
+                     P("abc.db")),
+                 0);
+    cr_assert(strstr(out_buf, "\"host\":\"a\""), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"verified\":true"), "%s", out_buf);
+    /* Misses: 99 and 98 kept (99 with the larger count), 06 answered. */
+    cr_assert_eq(count_rows(P("abc.db"), "misses"), 2);
+    cr_assert(strstr(ref, "00000000000000000000000000000099|{\"op\":"
+                          "\"attention\",\"batch\":1}|"));
+    cr_assert(strstr(ref, "|4|\n"), "%s", ref);
+    free(ref);
+    cr_assert(!has_tmp_files());
+}
+
+Test(cli, merge_reports_conflicts)
+{
+    make_fleet();
+    cr_assert_eq(run("merge %s %s %s -o %s --json", P("a.db"), P("b.db"),
+                     P("c.db"), P("m.db")),
+                 0, "%s", err_buf);
+    /* Key 1: a and c lose to b; key 2: c loses (unverified); key 3: a tie
+     * broken by content; key 7 is the same record: no conflict. */
+    cr_assert(strstr(out_buf, "\"conflicting_keys\":3"), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"dropped_records\":4"), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"reason\":\"unverified\""), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"reason\":\"slower\""), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"reason\":\"tie, broken by content\""), "%s",
+              out_buf);
+    cr_assert(!strstr(out_buf, "00000000000000000000000000000007"), "%s",
+              out_buf);
+    /* The plain report: one line per dropped record, then a summary. */
+    cr_assert_eq(run("merge %s %s %s -o %s", P("a.db"), P("b.db"), P("c.db"),
+                     P("m.db")),
+                 0);
+    cr_assert_eq(count_lines(out_buf), 5, "%s", out_buf);
+    cr_assert(strstr(out_buf, "conflict 00000000000000000000000000000002: "
+                              "kept wgmma 0.5 ms (a) over wgmma 0.1 ms (c, "
+                              "unverified)"),
+              "%s", out_buf);
+    /* Without overlap there is no conflict. */
+    cr_assert_eq(run("merge %s %s -o %s", P("b.db"), P("a.db"), P("m2.db")),
+                 0);
+    cr_assert(strstr(out_buf, "2 conflicting keys"), "%s", out_buf);
+}
+
+/* ------------------------------------------------- ls / stats / gc */
+
+Test(cli, ls_stats_show)
+{
+    make_fleet();
+    cr_assert_eq(run("ls --db %s", P("c.db")), 0, "%s", err_buf);
+    cr_assert(strstr(out_buf, "4 records"), "%s", out_buf);
+    cr_assert(strstr(out_buf, "(unverified)"));
+    cr_assert_eq(run("ls --db %s --gpu 'NVIDIA H200' --json", P("c.db")), 0);
+    cr_assert(strstr(out_buf, "\"device_name\":\"NVIDIA H200\""));
+    cr_assert(!strstr(out_buf, "\"device_name\":\"NVIDIA H100\""));
+    cr_assert_eq(run("stats --db %s --json", P("a.db")), 0, "%s", err_buf);
+    cr_assert(strstr(out_buf, "\"records\":5"), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"hits\":3"), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"misses\":1,\"miss_count\":2"), "%s", out_buf);
+    cr_assert_eq(run("stats --db %s", P("a.db")), 0);
+    cr_assert(strstr(out_buf, "by GPU:"));
+    cr_assert(strstr(out_buf, "by mask:"));
+    cr_assert(strstr(out_buf, "by age:"));
+    cr_assert_eq(run("show 00000000000000000000000000000004 --db %s",
+                     P("a.db")),
+                 0);
+    cr_assert(strstr(out_buf, "sliding:256"), "%s", out_buf);
+    cr_assert_eq(run("show ffff --db %s", P("a.db")), 1);
+    cr_assert_eq(count_lines(err_buf), 1);
+}
+
+Test(cli, gc_drops_other_versions)
+{
+    const fx recs[] = {
+        {1, "NVIDIA H100", 13000, 0.3, 1, "a", 0, 1, NULL},
+        {2, "NVIDIA H100", 13000, 0.3, 1, "a", 0, 2, "0.0.1"},
+        {3, "NVIDIA H100", 13000, 0.3, 1, "a", 0, 3, "9.9.9"},
+    };
+    make_db(P("g.db"), recs, 3);
+    cr_assert_eq(run("gc --db %s --dry-run --json", P("g.db")), 0, "%s",
+                 err_buf);
+    cr_assert(strstr(out_buf, "\"dropped\":2,\"kept\":1"), "%s", out_buf);
+    cr_assert_eq(count_rows(P("g.db"), "records"), 3);
+    cr_assert_eq(run("gc --db %s", P("g.db")), 0);
+    cr_assert_eq(count_rows(P("g.db"), "records"), 1);
+    cr_assert_eq(run("gc --db %s", P("g.db")), 0);
+    cr_assert(strstr(out_buf, "dropped 0 records"), "%s", out_buf);
+}

@@ -1,0 +1,358 @@
+/*
+ * tune_verify.c - `stof-tune verify`: for every record made for this GPU,
+ * driver, NVRTC and build, plan its problem from the database alone (the
+ * database is the only, read-only, layer and the context never tunes), so
+ * the stored cubin is what gets loaded; run it on random inputs and compare
+ * head 0 of batch 0 with the C reference.
+ */
+#include "tune_verify.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_shim.h"
+#include "db.h"
+#include "db_tools.h"
+#include "internal.h"
+
+typedef struct tv_list {
+    stof_db_record *v;
+    int n, cap;
+} tv_list;
+
+static int tv_collect(void *user, const stof_db_record *r)
+{
+    tv_list *l = user;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        stof_db_record *v = realloc(l->v, (size_t)cap * sizeof(*v));
+        if (!v)
+            return 1;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n] = *r;
+    l->v[l->n].cubin = NULL;
+    l->n++;
+    return 0;
+}
+
+static uint16_t tv_to_half(float f, stof_dtype dt)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if (dt == STOF_DTYPE_BF16)
+        return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    /* Inputs are in [-1, 1]: normal numbers or zero. */
+    uint32_t sign = (x >> 16) & 0x8000u;
+    int e = (int)((x >> 23) & 0xff) - 112;
+    if (e <= 0)
+        return (uint16_t)sign;
+    uint32_t mant = x & 0x7fffffu, h = ((uint32_t)e << 10) | (mant >> 13),
+             rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+static float tv_from_half(uint16_t h, stof_dtype dt)
+{
+    uint32_t x;
+    if (dt == STOF_DTYPE_BF16) {
+        x = (uint32_t)h << 16;
+    } else {
+        uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu,
+                 mant = h & 0x3ffu;
+        if (e == 0)
+            return (sign ? -1.0f : 1.0f) * (float)mant * 5.9604644775390625e-8f;
+        x = e == 31 ? sign | 0x7f800000u | (mant << 13)
+                    : sign | ((e + 112) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* Run plan on random inputs and compare batch 0, head 0 with the C
+ * reference: the relative error, or a negative value with why set. */
+static double tv_check(stof_context *ctx, stof_plan *plan,
+                       const stof_attention_desc *d, const stof_mask *m,
+                       char *why, size_t wn)
+{
+    const stof_api *api = stof__api();
+    size_t nq = (size_t)d->batch * d->heads * d->seq_q * d->head_dim;
+    size_t nk = (size_t)d->batch * d->heads * d->seq_k * d->head_dim;
+    uint16_t *hq = malloc(2 * nq), *hk = malloc(2 * nk), *hv = malloc(2 * nk),
+             *ho = malloc(2 * nq);
+    size_t rq = (size_t)d->seq_q * d->head_dim, rk = (size_t)d->seq_k * d->head_dim;
+    float *f = malloc(sizeof(float) * (2 * rq + 2 * rk));
+    double result = -1;
+    CUdeviceptr dq = 0, dk = 0, dv = 0, dout = 0;
+    int pushed = 0;
+    if (!hq || !hk || !hv || !ho || !f) {
+        snprintf(why, wn, "out of host memory");
+        goto out;
+    }
+    uint64_t s = 0x5eedf00dull;
+    for (size_t i = 0; i < nq + 2 * nk; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        float x = (float)((double)(s >> 40) / 16777216.0 * 2.0 - 1.0);
+        uint16_t h = tv_to_half(x, d->dtype);
+        if (i < nq)
+            hq[i] = h;
+        else if (i < nq + nk)
+            hk[i - nq] = h;
+        else
+            hv[i - nq - nk] = h;
+    }
+    if (stof__ctx_push(ctx) != STOF_OK) {
+        snprintf(why, wn, "%s", stof_errmsg(ctx));
+        goto out;
+    }
+    pushed = 1;
+    if (api->cuMemAlloc(&dq, 2 * nq) || api->cuMemAlloc(&dk, 2 * nk) ||
+        api->cuMemAlloc(&dv, 2 * nk) || api->cuMemAlloc(&dout, 2 * nq) ||
+        api->cuMemcpyHtoD(dq, hq, 2 * nq) || api->cuMemcpyHtoD(dk, hk, 2 * nk) ||
+        api->cuMemcpyHtoD(dv, hv, 2 * nk) ||
+        api->cuMemsetD8(dout, 0xff, 2 * nq)) {
+        snprintf(why, wn, "device memory setup failed");
+        goto out;
+    }
+    if (stof_attention_run(plan, (void *)(uintptr_t)dq, (void *)(uintptr_t)dk,
+                           (void *)(uintptr_t)dv, (void *)(uintptr_t)dout,
+                           NULL) != STOF_OK ||
+        api->cuCtxSynchronize() != CUDA_SUCCESS ||
+        api->cuMemcpyDtoH(ho, dout, 2 * nq) != CUDA_SUCCESS) {
+        snprintf(why, wn, "run failed: %s", stof_plan_errmsg(plan));
+        goto out;
+    }
+    /* Batch 0, head 0: element (s, c) sits at s * seq_stride + c. */
+    size_t sq_stride = (size_t)(d->layout == STOF_LAYOUT_BSHD ? d->heads : 1) *
+                       (size_t)d->head_dim;
+    float *q = f, *k = f + rq, *v = f + rq + rk, *o = f + rq + 2 * rk;
+    for (int r = 0; r < d->seq_q; r++)
+        for (int c = 0; c < d->head_dim; c++)
+            q[(size_t)r * d->head_dim + c] =
+                tv_from_half(hq[(size_t)r * sq_stride + c], d->dtype);
+    for (int r = 0; r < d->seq_k; r++)
+        for (int c = 0; c < d->head_dim; c++) {
+            k[(size_t)r * d->head_dim + c] =
+                tv_from_half(hk[(size_t)r * sq_stride + c], d->dtype);
+            v[(size_t)r * d->head_dim + c] =
+                tv_from_half(hv[(size_t)r * sq_stride + c], d->dtype);
+        }
+    stof_attention_desc one;
+    stof_attention_desc_init(&one, 1, 1, d->seq_q, d->seq_k, d->head_dim,
+                             d->dtype, STOF_LAYOUT_BHSD);
+    one.scale = d->scale;
+    if (stof__ref_attention(&one, m, q, k, v, o) != STOF_OK) {
+        snprintf(why, wn, "the reference failed");
+        goto out;
+    }
+    double num = 0, den = 0;
+    for (int r = 0; r < d->seq_q; r++)
+        for (int c = 0; c < d->head_dim; c++) {
+            double g = tv_from_half(ho[(size_t)r * sq_stride + c], d->dtype);
+            double w = o[(size_t)r * d->head_dim + c];
+            if (!isfinite(g))
+                num = INFINITY;
+            num += (g - w) * (g - w);
+            den += w * w;
+        }
+    result = den > 0 ? sqrt(num / den) : sqrt(num);
+out:
+    if (dq)
+        api->cuMemFree(dq);
+    if (dk)
+        api->cuMemFree(dk);
+    if (dv)
+        api->cuMemFree(dv);
+    if (dout)
+        api->cuMemFree(dout);
+    if (pushed)
+        stof__ctx_pop(ctx);
+    free(hq);
+    free(hk);
+    free(hv);
+    free(ho);
+    free(f);
+    return result;
+}
+
+/* Was the record made for the device and build of ctx? */
+static int tv_matches(const stof_context *ctx, const stof_db_record *r)
+{
+    const stof_device *dev = &ctx->device;
+    char nv[16], th[17];
+    snprintf(nv, sizeof(nv), "%d.%d", dev->nvrtc_major, dev->nvrtc_minor);
+    snprintf(th, sizeof(th), "%016llx",
+             (unsigned long long)stof_template_hash());
+    return !strncmp(r->device_name, dev->name, sizeof(r->device_name) - 1) &&
+           r->cc_major == dev->cc_major && r->cc_minor == dev->cc_minor &&
+           r->sm_count == dev->sm_count &&
+           r->driver_version == dev->driver_version &&
+           !strcmp(r->nvrtc_version, nv) &&
+           !strcmp(r->stof_version, stof_version_string()) &&
+           !strcmp(r->template_hash, th);
+}
+
+static const char *tv_jstr(const char *s, char *b, size_t n)
+{
+    size_t j = 0;
+    b[j++] = '"';
+    for (; *s && j + 8 < n; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            b[j++] = '\\';
+        if (c < 0x20)
+            c = ' ';
+        b[j++] = (char)c;
+    }
+    b[j++] = '"';
+    b[j] = '\0';
+    return b;
+}
+
+int tv_verify(stof_context *cpu, const char *path, int drop, int json,
+              tv_open_gpu_fn open_gpu)
+{
+    tv_list l = {0};
+    const char *sys[] = {path, NULL};
+    stof_db *db = NULL;
+    stof_status st = stof__db_open(cpu, "", sys, &db);
+    if (st == STOF_OK)
+        st = stof__db_foreach(db, 1, tv_collect, &l);
+    stof__db_close(&db);
+    if (st != STOF_OK) {
+        fprintf(stderr, "stof-tune: database error: %s\n", stof_errmsg(cpu));
+        free(l.v);
+        return 4;
+    }
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = "";
+    s.system_dbs = sys;
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
+    stof_context *ctx = NULL;
+    int rc = open_gpu(&s, &ctx);
+    if (rc) {
+        free(l.v);
+        return rc;
+    }
+    char (*bad)[33] = calloc((size_t)l.n + 1, sizeof(*bad));
+    int n_ok = 0, n_bad = 0, n_skip = 0, n_other = 0, n_dropped = 0;
+    if (json)
+        printf("{\"database\":\"%s\",\"records\":[", path);
+    int first = 1;
+    for (int i = 0; bad && i < l.n; i++) {
+        const stof_db_record *r = &l.v[i];
+        if (!tv_matches(ctx, r)) {
+            n_other++;
+            continue;
+        }
+        char why[512] = "";
+        const char *verdict = "ok";
+        double rel = -1;
+        stof_attention_desc d;
+        stof_mask *m = NULL;
+        stof_plan *plan = NULL;
+        int is_bhsd = !strcmp(r->layout, "BHSD"), is_bshd = !strcmp(r->layout, "BSHD");
+        if (!r->mask_spec[0] || (!is_bhsd && !is_bshd)) {
+            verdict = "skipped";
+            snprintf(why, sizeof(why), "%s",
+                     !r->mask_spec[0] ? "no mask spec: the mask cannot be rebuilt"
+                                      : "strided layout: strides unknown");
+        } else if (stof_mask_from_spec(ctx, r->mask_spec, r->seq_q, r->seq_k,
+                                       &m) != STOF_OK ||
+                   stof_attention_desc_init(
+                       &d, r->batch, r->heads, r->seq_q, r->seq_k, r->head_dim,
+                       strcmp(r->dtype, "bf16") ? STOF_DTYPE_FP16
+                                                : STOF_DTYPE_BF16,
+                       is_bshd ? STOF_LAYOUT_BSHD : STOF_LAYOUT_BHSD) !=
+                       STOF_OK) {
+            verdict = "bad";
+            snprintf(why, sizeof(why), "cannot rebuild the problem: %s",
+                     stof_errmsg(ctx));
+        } else {
+            char hex[33];
+            stof_mask_digest(m, NULL, hex);
+            if (strcmp(hex, r->mask_digest)) {
+                verdict = "bad";
+                snprintf(why, sizeof(why),
+                         "mask spec '%s' does not give the recorded digest",
+                         r->mask_spec);
+            } else if (stof_attention_plan(ctx, &d, m, &plan) != STOF_OK) {
+                verdict = "bad";
+                snprintf(why, sizeof(why), "plan failed: %s", stof_errmsg(ctx));
+            } else {
+                char js[8192] = "";
+                stof_plan_describe(plan, js, sizeof(js), NULL);
+                if (!strstr(js, "\"source\":\"system db\"") ||
+                    !strstr(js, r->key)) {
+                    verdict = "bad";
+                    snprintf(why, sizeof(why),
+                             "the stored kernel does not load");
+                } else {
+                    rel = tv_check(ctx, plan, &d, m, why, sizeof(why));
+                    double tol = d.dtype == STOF_DTYPE_BF16 ? 2e-2 : 1e-2;
+                    if (rel < 0)
+                        verdict = "bad";
+                    else if (!(rel <= tol)) {
+                        verdict = "bad";
+                        snprintf(why, sizeof(why),
+                                 "relative error %.3g exceeds %.3g", rel, tol);
+                    }
+                }
+            }
+        }
+        stof_plan_free(&plan);
+        stof_mask_free(&m);
+        if (!strcmp(verdict, "ok"))
+            n_ok++;
+        else if (!strcmp(verdict, "skipped"))
+            n_skip++;
+        else
+            snprintf(bad[n_bad++], sizeof(bad[0]), "%s", r->key);
+        if (json) {
+            char b1[600];
+            printf("%s\n{\"key\":\"%s\",\"verdict\":\"%s\",\"rel_err\":%.4g,"
+                   "\"why\":%s}",
+                   first ? "" : ",", r->key, verdict, rel,
+                   tv_jstr(why, b1, sizeof(b1)));
+            first = 0;
+        } else {
+            printf("%-8s %.12s  %s %dx%dx%dx%dx%d %s  %s%s%s\n", verdict,
+                   r->key, r->mask_spec[0] ? r->mask_spec : "(no spec)",
+                   r->batch, r->heads, r->seq_q, r->seq_k, r->head_dim,
+                   r->dtype, r->kernel, why[0] ? ": " : "", why);
+        }
+        fflush(stdout);
+    }
+    stof_close(&ctx);
+    int db_failed = 0;
+    for (int i = 0; drop && i < n_bad; i++) {
+        if (stof__dbt_delete(cpu, path, bad[i]) == STOF_OK)
+            n_dropped++;
+        else {
+            fprintf(stderr, "stof-tune: database error: %s\n",
+                    stof_errmsg(cpu));
+            db_failed = 1;
+            break;
+        }
+    }
+    if (json)
+        printf("\n],\"ok\":%d,\"bad\":%d,\"skipped\":%d,\"other_gpu_or_build\":"
+               "%d,\"dropped\":%d}\n",
+               n_ok, n_bad, n_skip, n_other, n_dropped);
+    else
+        printf("%d ok, %d bad%s, %d skipped, %d for another GPU, driver or "
+               "build\n",
+               n_ok, n_bad, drop ? " (dropped)" : "", n_skip, n_other);
+    free(bad);
+    free(l.v);
+    if (db_failed)
+        return 4;
+    return n_bad > n_dropped ? 1 : 0;
+}

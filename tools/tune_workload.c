@@ -1,0 +1,329 @@
+/*
+ * tune_workload.c - parse the workload files of `stof-tune tune` (format in
+ * tune_workload.h and examples/suite.workload).
+ */
+#include "tune_workload.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+void tw_init(tw_workload *w)
+{
+    memset(w, 0, sizeof(*w));
+}
+
+void tw_free(tw_workload *w)
+{
+    for (int i = 0; i < w->n_masks; i++)
+        free(w->masks[i]);
+    memset(w, 0, sizeof(*w));
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+/* "where: " for messages: FILE:LINE or the command line. */
+static void where(const tw_workload *w, int line, char *buf, size_t n)
+{
+    if (line > 0)
+        snprintf(buf, n, "%s:%d", w->source, line);
+    else
+        snprintf(buf, n, "%s", w->source);
+}
+
+static int add_mask(tw_workload *w, const char *spec, int line, char *msg,
+                    size_t n)
+{
+    char at[600];
+    where(w, line, at, sizeof(at));
+    if (!*spec) {
+        snprintf(msg, n, "%s: 'mask' needs a spec, e.g. mask sliding:256", at);
+        return 1;
+    }
+    if (w->n_masks == TW_MAX) {
+        snprintf(msg, n, "%s: more than %d masks", at, TW_MAX);
+        return 1;
+    }
+    if (!(w->masks[w->n_masks] = strdup(spec))) {
+        snprintf(msg, n, "%s: out of memory", at);
+        return 1;
+    }
+    w->mask_line[w->n_masks++] = line;
+    return 0;
+}
+
+/* BxHxNxD, BxHxSQxSKxD, or the same separated by spaces. */
+static int add_shape(tw_workload *w, const char *text, int line, char *msg,
+                     size_t n)
+{
+    char at[600];
+    where(w, line, at, sizeof(at));
+    long v[6];
+    int k = 0;
+    const char *p = text;
+    while (*p) {
+        while (isspace((unsigned char)*p) || *p == 'x' || *p == 'X')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || k == 6) {
+            k = -1;
+            break;
+        }
+        v[k++] = x;
+        p = end;
+        if (*p && !isspace((unsigned char)*p) && *p != 'x' && *p != 'X') {
+            k = -1;
+            break;
+        }
+    }
+    if (k != 4 && k != 5) {
+        snprintf(msg, n,
+                 "%s: bad shape '%s': expected BxHxNxD or BxHxSQxSKxD "
+                 "(e.g. 4x16x4096x64)",
+                 at, text);
+        return 1;
+    }
+    int s[5] = {(int)v[0], (int)v[1], (int)v[2], (int)v[k == 4 ? 2 : 3],
+                (int)v[k - 1]};
+    for (int i = 0; i < k; i++)
+        if (v[i] < 1 || v[i] > (1 << 20)) {
+            snprintf(msg, n, "%s: bad shape '%s': %ld is out of range 1..%d",
+                     at, text, v[i], 1 << 20);
+            return 1;
+        }
+    if (s[4] < 16 || s[4] > 256 || s[4] % 8) {
+        snprintf(msg, n,
+                 "%s: bad shape '%s': head_dim %d must be 16..256 and a "
+                 "multiple of 8",
+                 at, text, s[4]);
+        return 1;
+    }
+    if (w->n_shapes == TW_MAX) {
+        snprintf(msg, n, "%s: more than %d shapes", at, TW_MAX);
+        return 1;
+    }
+    memcpy(w->shapes[w->n_shapes++], s, sizeof(s));
+    return 0;
+}
+
+/* A list of words into dtypes or layouts (no duplicates). */
+static int add_words(tw_workload *w, int is_dtype, char *words, int line,
+                     char *msg, size_t n)
+{
+    char at[600];
+    where(w, line, at, sizeof(at));
+    int any = 0;
+    for (char *t = strtok(words, " \t,"); t; t = strtok(NULL, " \t,")) {
+        int val;
+        if (is_dtype) {
+            if (!strcasecmp(t, "fp16"))
+                val = STOF_DTYPE_FP16;
+            else if (!strcasecmp(t, "bf16"))
+                val = STOF_DTYPE_BF16;
+            else {
+                snprintf(msg, n, "%s: unknown dtype '%s' (fp16 or bf16)", at,
+                         t);
+                return 1;
+            }
+        } else {
+            if (!strcasecmp(t, "bhsd"))
+                val = STOF_LAYOUT_BHSD;
+            else if (!strcasecmp(t, "bshd"))
+                val = STOF_LAYOUT_BSHD;
+            else {
+                snprintf(msg, n, "%s: unknown layout '%s' (bhsd or bshd)", at,
+                         t);
+                return 1;
+            }
+        }
+        any = 1;
+        int dup = 0;
+        int cnt = is_dtype ? w->n_dtypes : w->n_layouts;
+        for (int i = 0; i < cnt; i++)
+            dup |= (is_dtype ? (int)w->dtypes[i] : (int)w->layouts[i]) == val;
+        if (dup)
+            continue;
+        if (is_dtype)
+            w->dtypes[w->n_dtypes++] = (stof_dtype)val;
+        else
+            w->layouts[w->n_layouts++] = (stof_layout)val;
+    }
+    if (!any) {
+        snprintf(msg, n, "%s: '%s' needs a value", at,
+                 is_dtype ? "dtype" : "layout");
+        return 1;
+    }
+    return 0;
+}
+
+static int finish(tw_workload *w, char *msg, size_t n)
+{
+    if (!w->n_masks || !w->n_shapes) {
+        snprintf(msg, n, "%s: no %s given (a workload needs at least one "
+                 "'mask' and one 'shape' line)",
+                 w->source, !w->n_masks ? "mask" : "shape");
+        return 1;
+    }
+    if (!w->n_dtypes)
+        w->dtypes[w->n_dtypes++] = STOF_DTYPE_FP16;
+    if (!w->n_layouts)
+        w->layouts[w->n_layouts++] = STOF_LAYOUT_BHSD;
+    return 0;
+}
+
+int tw_parse_file(const char *path, tw_workload *w, char *msg, size_t n)
+{
+    tw_init(w);
+    snprintf(w->source, sizeof(w->source), "%s", path);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(msg, n, "%s: %s", path, strerror(errno));
+        return 1;
+    }
+    char line[4096];
+    int ln = 0, bad = 0;
+    while (!bad && fgets(line, sizeof(line), f)) {
+        ln++;
+        size_t len = strlen(line);
+        if (len == sizeof(line) - 1 && line[len - 1] != '\n') {
+            snprintf(msg, n, "%s:%d: line too long", path, ln);
+            bad = 1;
+            break;
+        }
+        if (memchr(line, '\0', len) != NULL && strlen(line) != len) {
+            snprintf(msg, n, "%s:%d: not a text file", path, ln);
+            bad = 1;
+            break;
+        }
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line);
+        if (!*s)
+            continue;
+        char *arg = s;
+        while (*arg && !isspace((unsigned char)*arg))
+            arg++;
+        if (*arg)
+            *arg++ = '\0';
+        arg = trim(arg);
+        if (!strcmp(s, "mask"))
+            bad = add_mask(w, arg, ln, msg, n);
+        else if (!strcmp(s, "shape"))
+            bad = add_shape(w, arg, ln, msg, n);
+        else if (!strcmp(s, "dtype"))
+            bad = add_words(w, 1, arg, ln, msg, n);
+        else if (!strcmp(s, "layout"))
+            bad = add_words(w, 0, arg, ln, msg, n);
+        else {
+            snprintf(msg, n,
+                     "%s:%d: unknown directive '%.40s' (expected mask, shape, "
+                     "dtype or layout)",
+                     path, ln, s);
+            bad = 1;
+        }
+    }
+    if (!bad && ferror(f)) {
+        snprintf(msg, n, "%s: read error", path);
+        bad = 1;
+    }
+    fclose(f);
+    if (!bad)
+        bad = finish(w, msg, n);
+    if (bad)
+        tw_free(w);
+    return bad;
+}
+
+int tw_from_args(const char *const *masks, int n_masks,
+                 const char *const *shapes, int n_shapes, const char *dtype,
+                 const char *layout, tw_workload *w, char *msg, size_t n)
+{
+    tw_init(w);
+    snprintf(w->source, sizeof(w->source), "command line");
+    int bad = 0;
+    for (int i = 0; !bad && i < n_masks; i++)
+        bad = add_mask(w, masks[i], 0, msg, n);
+    for (int i = 0; !bad && i < n_shapes; i++)
+        bad = add_shape(w, shapes[i], 0, msg, n);
+    char buf[256];
+    if (!bad && dtype) {
+        snprintf(buf, sizeof(buf), "%s", dtype);
+        bad = add_words(w, 1, buf, 0, msg, n);
+    }
+    if (!bad && layout) {
+        snprintf(buf, sizeof(buf), "%s", layout);
+        bad = add_words(w, 0, buf, 0, msg, n);
+    }
+    if (!bad)
+        bad = finish(w, msg, n);
+    if (bad)
+        tw_free(w);
+    return bad;
+}
+
+int tw_check_masks(stof_context *ctx, const tw_workload *w, char *msg,
+                   size_t n)
+{
+    for (int i = 0; i < w->n_masks; i++)
+        for (int j = 0; j < w->n_shapes; j++) {
+            stof_mask *m = NULL;
+            if (stof_mask_from_spec(ctx, w->masks[i], w->shapes[j][2],
+                                    w->shapes[j][3], &m) != STOF_OK) {
+                char at[600];
+                where(w, w->mask_line[i], at, sizeof(at));
+                snprintf(msg, n, "%s: bad mask '%s' at %d x %d: %s", at,
+                         w->masks[i], w->shapes[j][2], w->shapes[j][3],
+                         stof_errmsg(ctx));
+                return 1;
+            }
+            stof_mask_free(&m);
+        }
+    return 0;
+}
+
+int tw_count(const tw_workload *w)
+{
+    return w->n_masks * w->n_shapes * w->n_dtypes * w->n_layouts;
+}
+
+void tw_get(const tw_workload *w, int i, tw_problem *p)
+{
+    int l = i % w->n_layouts;
+    i /= w->n_layouts;
+    int d = i % w->n_dtypes;
+    i /= w->n_dtypes;
+    int s = i % w->n_shapes;
+    int m = i / w->n_shapes;
+    p->mask = w->masks[m];
+    p->batch = w->shapes[s][0];
+    p->heads = w->shapes[s][1];
+    p->seq_q = w->shapes[s][2];
+    p->seq_k = w->shapes[s][3];
+    p->head_dim = w->shapes[s][4];
+    p->dtype = w->dtypes[d];
+    p->layout = w->layouts[l];
+}
+
+void tw_describe(const tw_problem *p, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s %dx%dx%dx%dx%d %s %s", p->mask, p->batch, p->heads,
+             p->seq_q, p->seq_k, p->head_dim,
+             p->dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16",
+             p->layout == STOF_LAYOUT_BSHD ? "bshd" : "bhsd");
+}

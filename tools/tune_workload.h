@@ -1,0 +1,66 @@
+/*
+ * tune_workload.h - the workload files of `stof-tune tune`: which masks,
+ * shapes, dtypes and layouts to tune (their cross product). The format is
+ * documented in examples/suite.workload:
+ *
+ *     # comment              blank lines and comments are ignored
+ *     mask SPEC              a mask spec (the rest of the line)
+ *     shape BxHxNxD          seq_q = seq_k = N
+ *     shape BxHxSQxSKxD      (or the numbers separated by spaces)
+ *     dtype fp16 [bf16]      default fp16
+ *     layout bhsd [bshd]     default bhsd
+ *
+ * Every directive may repeat; at least one mask and one shape are needed.
+ */
+#ifndef STOF_TUNE_WORKLOAD_H
+#define STOF_TUNE_WORKLOAD_H
+
+#include <stddef.h>
+
+#include "stof.h"
+
+#define TW_MAX 256
+
+typedef struct tw_workload {
+    char *masks[TW_MAX];
+    int mask_line[TW_MAX];   /* where each mask was given (0: command line) */
+    int n_masks;
+    int shapes[TW_MAX][5];   /* batch, heads, seq_q, seq_k, head_dim */
+    int n_shapes;
+    stof_dtype dtypes[2];
+    int n_dtypes;
+    stof_layout layouts[2];
+    int n_layouts;
+    char source[512];        /* file name, or "command line" */
+} tw_workload;
+
+typedef struct tw_problem {
+    const char *mask;
+    int batch, heads, seq_q, seq_k, head_dim;
+    stof_dtype dtype;
+    stof_layout layout;
+} tw_problem;
+
+void tw_init(tw_workload *w /* OUT */);
+void tw_free(tw_workload *w);
+
+/* Parse a workload file. 0 on success; else nonzero with a one-line
+ * message "FILE:LINE: what" (or "FILE: why" when it cannot be read). */
+int tw_parse_file(const char *path, tw_workload *w, char *msg, size_t n);
+
+/* The same from command-line values (dtype, layout may be NULL). */
+int tw_from_args(const char *const *masks, int n_masks,
+                 const char *const *shapes, int n_shapes, const char *dtype,
+                 const char *layout, tw_workload *w, char *msg, size_t n);
+
+/* Build every mask at every shape's sizes on the CPU: 0, or nonzero with a
+ * message naming the file and line of the bad mask. */
+int tw_check_masks(stof_context *ctx, const tw_workload *w, char *msg,
+                   size_t n);
+
+/* The number of problems, problem i of them, and a one-line name. */
+int tw_count(const tw_workload *w);
+void tw_get(const tw_workload *w, int i, tw_problem *p /* OUT */);
+void tw_describe(const tw_problem *p, char *buf, size_t n);
+
+#endif
