@@ -35,8 +35,9 @@ for t in test_gpu_block test_gpu_wgmma; do
     [ -x "$T/$t" ] && run gpu "$T/$t" --jobs=4
 done
 run jit "$T/test_jit" --jobs=8
+export STOF_TUNE=$PWD/${BIN:-build/tools}/stof-tune
 for t in test_api test_reference test_mask test_spec test_format test_cost \
-         test_search test_db; do
+         test_search test_db test_cli; do
     [ -x "$T/$t" ] && run cpu "$T/$t" --jobs=8
 done
 run demo "$DEMO"
