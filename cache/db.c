@@ -517,6 +517,38 @@ static int records_match(sqlite3 *c, char *why, size_t n)
     return 1;
 }
 
+/* Make an open, writable user database ready: WAL journal, synchronous
+ * NORMAL, and the schema (created or migrated) when *kind is KIND_OLDER.
+ * Returns the SQLite code; *kind becomes KIND_CURRENT, or what the file
+ * turned out to be. */
+static int setup_writable(stof_context *ctx, db_layer *L, sqlite3 *c,
+                          db_kind *kind, db_header *h)
+{
+    /* WAL lets readers and one writer work at once; when it cannot be had
+     * (a file system without shared memory), the rollback journal with the
+     * busy timeout still works. */
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(c, "PRAGMA journal_mode=WAL", -1, &s, NULL);
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+            const char *jm = (const char *)sqlite3_column_text(s, 0);
+            if (!jm || strcmp(jm, "wal") != 0)
+                stof__log(ctx, STOF_LOG_INFO,
+                          "tuning database %s: WAL mode not available "
+                          "(journal mode %s)",
+                          L->path, jm ? jm : "?");
+            rc = SQLITE_OK;
+        }
+    }
+    sqlite3_finalize(s);
+    if (rc == SQLITE_OK)
+        rc = exec_sql(c, "PRAGMA synchronous=NORMAL");
+    if (rc == SQLITE_OK && *kind == KIND_OLDER)
+        rc = migrate(c, kind, h);
+    return rc;
+}
+
 /* Open layer L: the user database (user = 1: writable if possible, created
  * when missing) or a system database. Leaves L->conn NULL when unusable;
  * logs what it did. */
@@ -533,8 +565,25 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
     for (db_mode mode = user ? MODE_RW : MODE_RO; mode <= MODE_IMMUTABLE;
          mode++) {
         sqlite3 *c = NULL;
-        int rc = layer_connect(L, mode, &c);
-        if (rc != SQLITE_OK) {
+        db_header h = {0, 0, 0};
+        int rc = SQLITE_OK;
+        /* Another process may be creating the file or switching it to WAL
+         * right now: an I/O or lock error on the header is retried before
+         * the file is taken as read-only or unusable. */
+        for (int attempt = 0;; attempt++) {
+            rc = layer_connect(L, mode, &c);
+            if (rc == SQLITE_OK)
+                rc = read_header(c, &h);
+            const int transient = (rc & 0xff) == SQLITE_IOERR ||
+                                  (rc & 0xff) == SQLITE_BUSY ||
+                                  (rc & 0xff) == SQLITE_LOCKED;
+            if (rc == SQLITE_OK || !transient || attempt >= 20)
+                break;
+            sqlite3_close(c);
+            c = NULL;
+            usleep(5000u * (unsigned)(attempt + 1));
+        }
+        if (!c) {
             if (!first_why[0])
                 memcpy(first_why, L->why, sizeof(first_why));
             if (rc_is_access(rc))
@@ -545,8 +594,6 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
         if (mode == MODE_RW && !writable && !first_why[0])
             snprintf(first_why, sizeof(first_why),
                      "the file is not writable");
-        db_header h = {0, 0, 0};
-        rc = read_header(c, &h);
         if (rc != SQLITE_OK) {
             snprintf(L->why, sizeof(L->why), "%s", sqlite3_errmsg(c));
             if (!first_why[0])
@@ -577,35 +624,23 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
             break;
         }
         if (writable) {
-            /* WAL lets readers and one writer work at once; when it cannot
-             * be had (a file system without shared memory), the rollback
-             * journal with the busy timeout still works. */
-            sqlite3_stmt *s = NULL;
-            rc = sqlite3_prepare_v2(c, "PRAGMA journal_mode=WAL", -1, &s,
-                                    NULL);
-            if (rc == SQLITE_OK) {
-                rc = sqlite3_step(s);
-                if (rc == SQLITE_ROW) {
-                    const char *jm = (const char *)sqlite3_column_text(s, 0);
-                    if (!jm || strcmp(jm, "wal") != 0)
-                        stof__log(ctx, STOF_LOG_INFO,
-                                  "tuning database %s: WAL mode not "
-                                  "available (journal mode %s)",
-                                  L->path, jm ? jm : "?");
-                    rc = SQLITE_OK;
-                }
-            }
-            sqlite3_finalize(s);
-            if (rc == SQLITE_OK)
-                rc = exec_sql(c, "PRAGMA synchronous=NORMAL");
-            if (rc == SQLITE_OK && kind == KIND_OLDER) {
-                rc = migrate(c, &kind, &h);
-                if (rc == SQLITE_OK && kind != KIND_CURRENT) {
-                    kind_why(kind, &h, kwhy, sizeof(kwhy));
-                    snprintf(L->why, sizeof(L->why), "%s", kwhy);
-                    sqlite3_close(c);
+            /* Switching to WAL and creating the schema need locks that
+             * SQLite may refuse at once (SQLITE_BUSY without waiting on the
+             * busy handler) while other processes open the same new file:
+             * retry for as long as the busy timeout would have waited. */
+            for (int attempt = 0;; attempt++) {
+                rc = setup_writable(ctx, L, c, &kind, &h);
+                const int locked = (rc & 0xff) == SQLITE_BUSY ||
+                                   (rc & 0xff) == SQLITE_LOCKED;
+                if (!locked || attempt >= 400)
                     break;
-                }
+                usleep(attempt < 20 ? 2000u : 25000u);
+            }
+            if (rc == SQLITE_OK && kind != KIND_CURRENT) {
+                kind_why(kind, &h, kwhy, sizeof(kwhy));
+                snprintf(L->why, sizeof(L->why), "%s", kwhy);
+                sqlite3_close(c);
+                break;
             }
             if (rc != SQLITE_OK) {
                 snprintf(L->why, sizeof(L->why), "%s", sqlite3_errmsg(c));

@@ -625,7 +625,8 @@ static int cand_from_record(const stof_db_record *r, stof_candidate *c)
 }
 
 static void fill_record(stof_context *ctx, const stof_attention_desc *d,
-                        const char *key, const char *mask_hex,
+                        const stof_mask *m, const char *key,
+                        const char *mask_hex,
                         const stof_search_result *res,
                         const stof_search_opts *o, uint64_t seed,
                         stof_db_record *r)
@@ -635,6 +636,8 @@ static void fill_record(stof_context *ctx, const stof_attention_desc *d,
     snprintf(r->key, sizeof(r->key), "%s", key);
     snprintf(r->op, sizeof(r->op), "attention");
     snprintf(r->mask_digest, sizeof(r->mask_digest), "%s", mask_hex);
+    if (m->spec)
+        snprintf(r->mask_spec, sizeof(r->mask_spec), "%s", m->spec);
     r->batch = d->batch;
     r->heads = d->heads;
     r->seq_q = d->seq_q;
@@ -786,15 +789,30 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
 {
     stof_db *db = ctx_db(ctx);
     if (db && stof__db_writable(db)) {
-        char problem[512];
+        /* Everything `stof-tune pending` needs to plan it again: the
+         * problem with its strides, and the mask (spec, and its bits
+         * below). Specs never contain quotes or backslashes. */
+        char problem[1024];
+        const int64_t *st4[4] = {nd->q_stride, nd->k_stride, nd->v_stride,
+                                 nd->o_stride};
         snprintf(problem, sizeof(problem),
                  "{\"op\":\"attention\",\"batch\":%d,\"heads\":%d,"
                  "\"seq_q\":%d,\"seq_k\":%d,\"head_dim\":%d,"
                  "\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g,"
-                 "\"mask_digest\":\"%s\"}",
+                 "\"q_s0\":%lld,\"q_s1\":%lld,\"q_s2\":%lld,"
+                 "\"k_s0\":%lld,\"k_s1\":%lld,\"k_s2\":%lld,"
+                 "\"v_s0\":%lld,\"v_s1\":%lld,\"v_s2\":%lld,"
+                 "\"o_s0\":%lld,\"o_s1\":%lld,\"o_s2\":%lld,"
+                 "\"mask_spec\":\"%s\",\"mask_digest\":\"%s\"}",
                  nd->batch, nd->heads, nd->seq_q, nd->seq_k, nd->head_dim,
                  dtype_name(nd->dtype), layout_str(nd->layout),
-                 (double)nd->scale, mask_hex);
+                 (double)nd->scale, (long long)st4[0][0], (long long)st4[0][1],
+                 (long long)st4[0][2], (long long)st4[1][0],
+                 (long long)st4[1][1], (long long)st4[1][2],
+                 (long long)st4[2][0], (long long)st4[2][1],
+                 (long long)st4[2][2], (long long)st4[3][0],
+                 (long long)st4[3][1], (long long)st4[3][2],
+                 m->spec ? m->spec : "", mask_hex);
         if (stof__db_record_miss(db, key, problem, m->bits,
                                  (size_t)m->seq_q * m->words_per_row * 8u) !=
             STOF_OK)
@@ -819,7 +837,7 @@ static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
     stof_db *db = ctx_db(ctx);
     if (db && stof__db_writable(db)) {
         stof_db_record rec;
-        fill_record(ctx, nd, key, mask_hex, res, o, seed, &rec);
+        fill_record(ctx, nd, m, key, mask_hex, res, o, seed, &rec);
         if (stof__db_store(db, &rec,
                            ctx->settings.tuning_mode == STOF_TUNE_FORCE) !=
             STOF_OK)

@@ -50,7 +50,12 @@ struct stof_context {
     int db_tried;           /* the open was attempted (success or not) */
 };
 
+/* Longest spec a mask keeps (the tuning records' mask_spec field). */
+#define STOF_MASK_SPEC_MAX 256
+
 struct stof_mask {
+    char *spec;             /* the spec it was made from, or NULL (dense, or
+                               longer than STOF_MASK_SPEC_MAX - 1) */
     int seq_q, seq_k;
     int words_per_row;      /* 64-bit words per row: ceil(seq_k / 64) */
     uint64_t *bits;         /* seq_q * words_per_row; bits past seq_k are 0 */

@@ -222,6 +222,7 @@ void stof_mask_free(stof_mask **mask)
     if (!mask || !*mask)
         return;
     free((*mask)->bits);
+    free((*mask)->spec);
     free(*mask);
     *mask = NULL;
 }

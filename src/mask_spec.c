@@ -920,6 +920,10 @@ stof_status stof_mask_from_spec(stof_context *ctx, const char *spec, int seq_q,
             free(tmp[i]);
     free(tmp);
     node_free(root);
+    /* The spec is kept so that tuning records can be rebuilt from it
+     * (stof-tune verify / pending); a long one is not kept. */
+    if (ok && strlen(spec) < STOF_MASK_SPEC_MAX)
+        ok = (m->spec = strdup(spec)) != NULL;
     if (!ok) {
         stof_mask_free(&m);
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,

@@ -1641,3 +1641,40 @@ Test(db, misses_are_counted_listed_and_deleted)
     tmpdir_free(dir);
     free(ctx);
 }
+
+/* Many processes opening the same new database at once (as a fleet of
+ * workers starting together does) all get it writable: SQLite may refuse
+ * the WAL switch or the schema creation with SQLITE_BUSY without waiting,
+ * which must be retried rather than taken as "read-only" or "foreign". */
+Test(db, many_processes_creating_one_file_all_get_it_writable, .timeout = 120)
+{
+    char *dir = tmpdir_new();
+    enum { ROUNDS = 6, PROCS = 24 };
+    int refused = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/fleet-%d.db", dir, r);
+        for (int i = 0; i < PROCS; i++) {
+            pid_t pid = fork();
+            cr_assert_geq(pid, 0);
+            if (pid == 0) {
+                logcap lc;
+                stof_context *ctx = ctx_new_raw(&lc);
+                stof_db *db = NULL;
+                stof__db_open(ctx, path, NULL, &db);
+                int ok = db && stof__db_writable(db);
+                stof__db_close(&db);
+                _exit(ok ? 0 : 1);
+            }
+        }
+        for (int i = 0; i < PROCS; i++) {
+            int st = 0;
+            wait(&st);
+            refused += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        }
+    }
+    cr_assert_eq(refused, 0, "%d of %d opens were not writable", refused,
+                 ROUNDS * PROCS);
+    rm_tree(dir);
+    free(dir);
+}

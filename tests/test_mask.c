@@ -366,3 +366,22 @@ Test(mask_group, period_detection_and_permutation)
     }
     stof_close(&ctx);
 }
+
+/* A mask remembers the spec it came from (tuning records keep it so that
+ * `stof-tune verify` can rebuild the mask); dense masks have none. */
+Test(mask, keeps_its_spec)
+{
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal & sliding:9", 20, 30, &m),
+                 STOF_OK);
+    cr_assert_str_eq(m->spec, "causal & sliding:9");
+    uint8_t b[4] = {1, 0, 1, 1};
+    stof_mask *d = NULL;
+    cr_assert_eq(stof_mask_from_dense(ctx, b, 2, 2, &d), STOF_OK);
+    cr_assert_null(d->spec);
+    stof_mask_free(&m);
+    stof_mask_free(&d);
+    stof_close(&ctx);
+}

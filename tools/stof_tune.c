@@ -923,11 +923,11 @@ static int miss_problem(stof_context *ctx, const miss *ms,
     char dt[16], lay[16];
     json_field_str(js, "dtype", dt, sizeof(dt));
     json_field_str(js, "layout", lay, sizeof(lay));
+    const int strided = !strcasecmp(lay, "strided");
     stof_layout L = !strcasecmp(lay, "BSHD") ? STOF_LAYOUT_BSHD
                                              : STOF_LAYOUT_BHSD;
-    if (strcasecmp(lay, "BSHD") && strcasecmp(lay, "BHSD")) {
-        snprintf(why, wn, "layout '%s' cannot be rebuilt (strides unknown)",
-                 lay);
+    if (strcasecmp(lay, "BSHD") && strcasecmp(lay, "BHSD") && !strided) {
+        snprintf(why, wn, "layout '%s' is not known", lay);
         return 0;
     }
     if (stof_attention_desc_init(d, b, h, sq, sk, hd,
@@ -937,7 +937,37 @@ static int miss_problem(stof_context *ctx, const miss *ms,
         snprintf(why, wn, "unreadable problem %s", js);
         return 0;
     }
+    if (strided) {
+        /* Strided misses carry their strides (q_s0 .. o_s2). */
+        static const char *const names[4] = {"q", "k", "v", "o"};
+        int64_t *dst[4] = {d->q_stride, d->k_stride, d->v_stride, d->o_stride};
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 3; i++) {
+                char f[8];
+                snprintf(f, sizeof(f), "%s_s%d", names[t], i);
+                if (!strstr(js, f)) {
+                    snprintf(why, wn, "strided layout recorded without "
+                                      "strides");
+                    return 0;
+                }
+                dst[t][i] = (int64_t)json_field_num(js, f);
+            }
+        d->layout = STOF_LAYOUT_STRIDED;
+    }
     d->scale = (float)json_field_num(js, "scale");
+    /* From its spec when it had one (so the tuned record keeps the spec
+     * and `verify` can rebuild it), checked against the recorded digest;
+     * else from the recorded bits. */
+    char spec[256] = "", digest[40] = "";
+    json_field_str(js, "mask_spec", spec, sizeof(spec));
+    json_field_str(js, "mask_digest", digest, sizeof(digest));
+    if (spec[0] && stof_mask_from_spec(ctx, spec, sq, sk, m) == STOF_OK) {
+        char hex[33];
+        stof_mask_digest(*m, NULL, hex);
+        if (!strcmp(hex, digest))
+            return 1;
+        stof_mask_free(m);
+    }
     size_t wpr = ((size_t)sk + 63) / 64;
     if (!ms->bits || ms->nbits != (size_t)sq * wpr * 8) {
         snprintf(why, wn, "no mask recorded for it");
