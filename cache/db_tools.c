@@ -811,3 +811,21 @@ stof_status stof__dbt_miss_counts(stof_context *ctx, const char *path,
     sqlite3_close(c);
     return st == STOF_OK ? stof__ok(ctx) : st;
 }
+
+int stof__dbt_collect(void *user, const stof_db_record *r)
+{
+    stof_dbt_records *l = user;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        stof_db_record *v = realloc(l->v, (size_t)cap * sizeof(*v));
+        if (!v)
+            return 1; /* stops the iteration; the caller sees a short list */
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n] = *r;
+    l->v[l->n].cubin = NULL; /* owned by the iteration, freed after the call */
+    l->v[l->n].cubin_size = 0;
+    l->n++;
+    return 0;
+}

@@ -96,4 +96,12 @@ stof_status stof__dbt_miss_counts(stof_context *ctx, const char *path,
                                   int64_t *n /* OUT */,
                                   int64_t *total /* OUT */);
 
+/* A growing list of records without their cubins, filled by passing
+ * stof__dbt_collect and the list to stof__db_foreach. Free v with free(). */
+typedef struct stof_dbt_records {
+    stof_db_record *v;
+    int n, cap;
+} stof_dbt_records;
+int stof__dbt_collect(void *user, const stof_db_record *r);
+
 #endif /* STOF_DB_TOOLS_H */

@@ -128,6 +128,10 @@ void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
                          const char *mask_hex, char key[33], char *text,
                          size_t text_n);
 
+/* fp16 / bf16 on the host (half.c): round to nearest even. */
+uint16_t stof__f32_to_half(float f, stof_dtype dt);
+float stof__half_to_f32(uint16_t h, stof_dtype dt);
+
 /* Query-row grouping (mask_group.c). The smallest period D in 2..16 such
  * that every allowed (q, k) has (q - k) % D == 0, or 1 when there is none
  * (or the mask is tiny or empty). */

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 #include "testutil.h"
@@ -120,4 +121,38 @@ Test(reference, rejects_bad_arguments)
     float x[64];
     cr_assert_eq(stof__ref_attention(&d, NULL, x, x, x, x),
                  STOF_ERR_INVALID_ARGUMENT);
+}
+
+/* The library's fp16/bf16 conversions (used by the programs and the search
+ * backend to make inputs and read outputs) agree with the tests' own,
+ * independently written ones, on random values of every magnitude and on
+ * the special cases. */
+Test(reference, half_conversions_agree_with_the_tests)
+{
+    tu_rng r = {tu_seed() ^ 77};
+    for (int i = 0; i < 200000; i++) {
+        uint32_t bits = (uint32_t)tu_next(&r);
+        float f;
+        memcpy(&f, &bits, 4);
+        if (isnan(f))
+            continue;
+        cr_assert_eq(stof__f32_to_half(f, STOF_DTYPE_FP16), tu_f32_to_f16(f),
+                     "fp16 of %a", (double)f);
+        cr_assert_eq(stof__f32_to_half(f, STOF_DTYPE_BF16), tu_f32_to_bf16(f),
+                     "bf16 of %a", (double)f);
+    }
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = stof__half_to_f32((uint16_t)h, STOF_DTYPE_FP16),
+              b = tu_f16_to_f32((uint16_t)h);
+        cr_assert(memcmp(&a, &b, 4) == 0 || (isnan(a) && isnan(b)),
+                  "fp16 0x%04x", h);
+        a = stof__half_to_f32((uint16_t)h, STOF_DTYPE_BF16);
+        b = tu_bf16_to_f32((uint16_t)h);
+        cr_assert(memcmp(&a, &b, 4) == 0 || (isnan(a) && isnan(b)),
+                  "bf16 0x%04x", h);
+    }
+    cr_assert(isnan(stof__half_to_f32(stof__f32_to_half(NAN, STOF_DTYPE_FP16),
+                                      STOF_DTYPE_FP16)));
+    cr_assert(isnan(stof__half_to_f32(stof__f32_to_half(NAN, STOF_DTYPE_BF16),
+                                      STOF_DTYPE_BF16)));
 }

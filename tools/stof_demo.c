@@ -75,8 +75,6 @@ typedef struct demo_opts {
     stof_dtype dtype;
 } demo_opts;
 
-static uint16_t f32_to_half(float f, stof_dtype dt);
-static float half_to_f32(uint16_t h, stof_dtype dt);
 
 /* Run one mask on the GPU: plan, run, time, check sampled rows. Returns 0 on
  * success, 1 on a failed check, 2 on an error. */
@@ -119,7 +117,7 @@ static int gpu_one(stof_context *ctx, const demo_opts *o, const stof_mask *m,
     for (size_t i = 0; i < 3 * n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         float x = (float)((s >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
-        h[i] = f32_to_half(x, o->dtype);
+        h[i] = stof__f32_to_half(x, o->dtype);
     }
     CUdeviceptr dq = 0, dk = 0, dv = 0, dout = 0;
     CUevent e0 = NULL, e1 = NULL;
@@ -167,9 +165,9 @@ static int gpu_one(stof_context *ctx, const demo_opts *o, const stof_mask *m,
         if (!f)
             goto out;
         for (size_t i = 0; i < n1; i++) {
-            f[i] = half_to_f32(hq[i], o->dtype);
-            f[n1 + i] = half_to_f32(hk[i], o->dtype);
-            f[2 * n1 + i] = half_to_f32(hv[i], o->dtype);
+            f[i] = stof__half_to_f32(hq[i], o->dtype);
+            f[n1 + i] = stof__half_to_f32(hk[i], o->dtype);
+            f[2 * n1 + i] = stof__half_to_f32(hv[i], o->dtype);
         }
         stof__ref_attention(&one, m, f, f + n1, f + 2 * n1, f + 3 * n1);
         double num = 0, den = 0;
@@ -177,7 +175,7 @@ static int gpu_one(stof_context *ctx, const demo_opts *o, const stof_mask *m,
             int row = (int)((size_t)t * (o->seq - 1) / 15);
             for (int c = 0; c < o->head_dim; c++) {
                 size_t idx = (size_t)row * o->head_dim + c;
-                double g = half_to_f32(ho[idx], o->dtype), w = f[3 * n1 + idx];
+                double g = stof__half_to_f32(ho[idx], o->dtype), w = f[3 * n1 + idx];
                 if (!isfinite(g))
                     num = INFINITY;
                 num += (g - w) * (g - w);
@@ -208,48 +206,7 @@ out_nopop:
     return rc;
 }
 
-static uint16_t f32_to_half(float f, stof_dtype dt)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if (dt == STOF_DTYPE_BF16) {
-        x += 0x7fffu + ((x >> 16) & 1u);
-        return (uint16_t)(x >> 16);
-    }
-    /* |f| <= 1 here, normal or zero: a plain rounding conversion. */
-    uint32_t sign = (x >> 16) & 0x8000u;
-    int e = (int)((x >> 23) & 0xff) - 127 + 15;
-    if (e <= 0)
-        return (uint16_t)sign;
-    uint32_t mant = x & 0x7fffffu;
-    uint32_t hbits = ((uint32_t)e << 10) | (mant >> 13);
-    uint32_t rem = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (hbits & 1)))
-        hbits++;
-    return (uint16_t)(sign | hbits);
-}
 
-static float half_to_f32(uint16_t h, stof_dtype dt)
-{
-    uint32_t x;
-    if (dt == STOF_DTYPE_BF16) {
-        x = (uint32_t)h << 16;
-    } else {
-        uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f,
-                 mant = h & 0x3ffu;
-        if (e == 0 && mant == 0)
-            x = sign;
-        else if (e == 31)
-            x = sign | 0x7f800000u | (mant << 13);
-        else if (e == 0)
-            return (sign ? -1.0f : 1.0f) * (float)mant * 5.9604644775390625e-8f;
-        else
-            x = sign | ((e - 15 + 127) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
 
 int main(int argc, char **argv)
 {

@@ -151,31 +151,9 @@ static int open_gpu_ctx(const stof_settings *s, stof_context **out)
     return EXIT_NO_GPU;
 }
 
-/* A light copy of a record (no cubin). */
-typedef struct rec_list {
-    stof_db_record *v;
-    int n, cap;
-} rec_list;
-
-static int collect_rec(void *user, const stof_db_record *r)
-{
-    rec_list *l = user;
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 64;
-        stof_db_record *v = realloc(l->v, (size_t)cap * sizeof(*v));
-        if (!v)
-            return 1;
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n] = *r;
-    l->v[l->n].cubin = NULL;
-    l->n++;
-    return 0;
-}
 
 /* Read every record of the database file at path (checked first). */
-static int read_records(stof_context *ctx, const char *path, rec_list *l)
+static int read_records(stof_context *ctx, const char *path, stof_dbt_records *l)
 {
     memset(l, 0, sizeof(*l));
     stof_status st = stof__dbt_check(ctx, path);
@@ -185,7 +163,7 @@ static int read_records(stof_context *ctx, const char *path, rec_list *l)
     stof_db *db = NULL;
     st = stof__db_open(ctx, "", sys, &db);
     if (st == STOF_OK)
-        st = stof__db_foreach(db, 1, collect_rec, l);
+        st = stof__db_foreach(db, 1, stof__dbt_collect, l);
     stof__db_close(&db);
     if (st != STOF_OK) {
         free(l->v);
@@ -259,7 +237,7 @@ static int cmd_ls(stof_context *ctx, const opts *o)
         err("no database path: set --db or STOF_USER_DB");
         return EXIT_USAGE;
     }
-    rec_list l;
+    stof_dbt_records l;
     int rc = read_records(ctx, path, &l);
     if (rc)
         return rc;
@@ -315,7 +293,7 @@ static int cmd_show(stof_context *ctx, const opts *o)
     }
     const char *key = o->pos[0];
     size_t kn = strlen(key);
-    rec_list l;
+    stof_dbt_records l;
     int rc = read_records(ctx, path, &l);
     if (rc)
         return rc;
@@ -426,7 +404,7 @@ static int cmd_stats(stof_context *ctx, const opts *o)
         err("no database path: set --db or STOF_USER_DB");
         return EXIT_USAGE;
     }
-    rec_list l;
+    stof_dbt_records l;
     int rc = read_records(ctx, path, &l);
     if (rc)
         return rc;

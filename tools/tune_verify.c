@@ -17,63 +17,8 @@
 #include "db_tools.h"
 #include "internal.h"
 
-typedef struct tv_list {
-    stof_db_record *v;
-    int n, cap;
-} tv_list;
 
-static int tv_collect(void *user, const stof_db_record *r)
-{
-    tv_list *l = user;
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 64;
-        stof_db_record *v = realloc(l->v, (size_t)cap * sizeof(*v));
-        if (!v)
-            return 1;
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n] = *r;
-    l->v[l->n].cubin = NULL;
-    l->n++;
-    return 0;
-}
 
-static uint16_t tv_to_half(float f, stof_dtype dt)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if (dt == STOF_DTYPE_BF16)
-        return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-    /* Inputs are in [-1, 1]: normal numbers or zero. */
-    uint32_t sign = (x >> 16) & 0x8000u;
-    int e = (int)((x >> 23) & 0xff) - 112;
-    if (e <= 0)
-        return (uint16_t)sign;
-    uint32_t mant = x & 0x7fffffu, h = ((uint32_t)e << 10) | (mant >> 13),
-             rem = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
-        h++;
-    return (uint16_t)(sign | h);
-}
-
-static float tv_from_half(uint16_t h, stof_dtype dt)
-{
-    uint32_t x;
-    if (dt == STOF_DTYPE_BF16) {
-        x = (uint32_t)h << 16;
-    } else {
-        uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu,
-                 mant = h & 0x3ffu;
-        if (e == 0)
-            return (sign ? -1.0f : 1.0f) * (float)mant * 5.9604644775390625e-8f;
-        x = e == 31 ? sign | 0x7f800000u | (mant << 13)
-                    : sign | ((e + 112) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
 
 /* Run plan on random inputs and compare batch 0, head 0 with the C
  * reference: the relative error, or a negative value with why set. */
@@ -99,7 +44,7 @@ static double tv_check(stof_context *ctx, stof_plan *plan,
     for (size_t i = 0; i < nq + 2 * nk; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         float x = (float)((double)(s >> 40) / 16777216.0 * 2.0 - 1.0);
-        uint16_t h = tv_to_half(x, d->dtype);
+        uint16_t h = stof__f32_to_half(x, d->dtype);
         if (i < nq)
             hq[i] = h;
         else if (i < nq + nk)
@@ -135,13 +80,13 @@ static double tv_check(stof_context *ctx, stof_plan *plan,
     for (int r = 0; r < d->seq_q; r++)
         for (int c = 0; c < d->head_dim; c++)
             q[(size_t)r * d->head_dim + c] =
-                tv_from_half(hq[(size_t)r * sq_stride + c], d->dtype);
+                stof__half_to_f32(hq[(size_t)r * sq_stride + c], d->dtype);
     for (int r = 0; r < d->seq_k; r++)
         for (int c = 0; c < d->head_dim; c++) {
             k[(size_t)r * d->head_dim + c] =
-                tv_from_half(hk[(size_t)r * sq_stride + c], d->dtype);
+                stof__half_to_f32(hk[(size_t)r * sq_stride + c], d->dtype);
             v[(size_t)r * d->head_dim + c] =
-                tv_from_half(hv[(size_t)r * sq_stride + c], d->dtype);
+                stof__half_to_f32(hv[(size_t)r * sq_stride + c], d->dtype);
         }
     stof_attention_desc one;
     stof_attention_desc_init(&one, 1, 1, d->seq_q, d->seq_k, d->head_dim,
@@ -154,7 +99,7 @@ static double tv_check(stof_context *ctx, stof_plan *plan,
     double num = 0, den = 0;
     for (int r = 0; r < d->seq_q; r++)
         for (int c = 0; c < d->head_dim; c++) {
-            double g = tv_from_half(ho[(size_t)r * sq_stride + c], d->dtype);
+            double g = stof__half_to_f32(ho[(size_t)r * sq_stride + c], d->dtype);
             double w = o[(size_t)r * d->head_dim + c];
             if (!isfinite(g))
                 num = INFINITY;
@@ -218,12 +163,12 @@ static const char *tv_jstr(const char *s, char *b, size_t n)
 int tv_verify(stof_context *cpu, const char *path, int drop, int json,
               tv_open_gpu_fn open_gpu)
 {
-    tv_list l = {0};
+    stof_dbt_records l = {0};
     const char *sys[] = {path, NULL};
     stof_db *db = NULL;
     stof_status st = stof__db_open(cpu, "", sys, &db);
     if (st == STOF_OK)
-        st = stof__db_foreach(db, 1, tv_collect, &l);
+        st = stof__db_foreach(db, 1, stof__dbt_collect, &l);
     stof__db_close(&db);
     if (st != STOF_OK) {
         fprintf(stderr, "stof-tune: database error: %s\n", stof_errmsg(cpu));

@@ -44,41 +44,10 @@ static void fill(uint16_t *x, size_t n, uint64_t *state, stof_dtype dt,
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
         z ^= z >> 31;
         float f = ((float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        if (dt == STOF_DTYPE_BF16) {
-            u += 0x7fffu + ((u >> 16) & 1u);
-            x[i] = (uint16_t)(u >> 16);
-        } else {
-            /* |f| <= amp <= 2: normal or tiny; round to nearest even. */
-            uint32_t sign = (u >> 16) & 0x8000u;
-            int e = (int)((u >> 23) & 0xff) - 127 + 15;
-            if (e <= 0) {
-                x[i] = (uint16_t)sign;
-                continue;
-            }
-            uint32_t man = u & 0x7fffffu, h = ((uint32_t)e << 10) | (man >> 13);
-            uint32_t rem = man & 0x1fffu;
-            if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
-                h++;
-            x[i] = (uint16_t)(sign | h);
-        }
+        x[i] = stof__f32_to_half(f, dt);
     }
 }
 
-static double to_f(uint16_t h, stof_dtype dt)
-{
-    if (dt == STOF_DTYPE_BF16) {
-        uint32_t u = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY)
-                                                : ldexp(m + 1024, e - 25);
-    return (h & 0x8000u) ? -v : v;
-}
 
 void stof__gpu_backend_free(stof_gpu_backend **pb)
 {
@@ -273,8 +242,8 @@ static int gb_verify(void *user, void *handle, double *rel, char *err,
                                       (int64_t)h * d->o_stride[1] +
                                       (int64_t)i * d->o_stride[2]);
                 for (int e = 0; e < d->head_dim; e++) {
-                    double g = to_f(b->h_out[off + e], d->dtype);
-                    double w = to_f(b->h_ref[off + e], d->dtype);
+                    double g = stof__half_to_f32(b->h_out[off + e], d->dtype);
+                    double w = stof__half_to_f32(b->h_ref[off + e], d->dtype);
                     if (!isfinite(g) || !isfinite(w))
                         return 0; /* *rel stays +inf: rejected */
                     num += (g - w) * (g - w);
