@@ -18,7 +18,9 @@
  * - Threads: a stof_context and everything made from it may be used by one
  *   thread at a time (like an SQLite connection in multi-thread mode). Use
  *   one context per thread, or serialise. stof_status_str(), stof_version*()
- *   and stof_default_settings() are thread-safe. stof_attention_run() may be
+ *   and stof_default_settings() are thread-safe. Tuning compiles its
+ *   candidates on libuv's thread pool inside the planning call; GPU work
+ *   stays on the calling thread. stof_attention_run() may be
  *   called from any thread once its plan exists, as long as the calls on one
  *   plan do not overlap with stof_plan_free() of that plan.
  * - GPU work uses the primary context of the chosen device, so pointers from
@@ -40,7 +42,9 @@
  *     stof_attention_desc_init(&d, 4, 16, 4096, 4096, 64, STOF_DTYPE_FP16,
  *                              STOF_LAYOUT_BHSD);
  *     stof_plan *p;
- *     stof_attention_plan(ctx, &d, m, &p);       // warm-up: compile/load
+ *     stof_attention_plan(ctx, &d, m, &p);       // warm-up: tuned once,
+ *                                                // then loaded from the
+ *                                                // tuning database
  *     stof_attention_run(p, q, k, v, o, stream); // many times, async
  *
  *     stof_plan_free(&p);
