@@ -231,7 +231,7 @@ static int rc_is_access(int rc)
 
 /* A "file:" URI for path with the given query, percent-encoding what a URI
  * reserves, so any file name works. Caller frees. */
-static char *path_uri(const char *path, const char *query)
+char *stof__db_path_uri(const char *path, const char *query)
 {
     size_t n = strlen(path);
     char *u = malloc(3 * n + strlen(query) + 16);
@@ -302,7 +302,7 @@ static int layer_connect(db_layer *L, db_mode mode, sqlite3 **out)
     const char *query = mode == MODE_RW   ? ""
                         : mode == MODE_RO ? "?mode=ro"
                                           : "?mode=ro&immutable=1";
-    char *uri = path_uri(L->path, query);
+    char *uri = stof__db_path_uri(L->path, query);
     if (!uri)
         return SQLITE_NOMEM;
     int flags = SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |

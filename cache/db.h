@@ -113,4 +113,9 @@ typedef int (*stof_db_miss_fn)(void *user, const char *key,
 stof_status stof__db_foreach_miss(stof_db *db, stof_db_miss_fn fn, void *user);
 stof_status stof__db_delete_miss(stof_db *db, const char *key);
 
+/* A "file:" URI for path with the given query (e.g. "?mode=ro"),
+ * percent-encoding what a URI reserves, so any file name works. NULL when
+ * out of memory; the caller frees. */
+char *stof__db_path_uri(const char *path, const char *query);
+
 #endif /* STOF_DB_H */

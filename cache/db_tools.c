@@ -36,40 +36,11 @@ static stof_status dbt_sql_fail(stof_context *ctx, sqlite3 *c, int rc,
                       rc);
 }
 
-/* A "file:" URI for path with the given query (percent-encoding what a URI
- * reserves). Caller frees. */
-static char *dbt_uri(const char *path, const char *query)
-{
-    size_t n = strlen(path);
-    char *u = malloc(3 * n + strlen(query) + 16);
-    if (!u)
-        return NULL;
-    char *p = u;
-    memcpy(p, "file:", 5);
-    p += 5;
-    if (path[0] == '/') {
-        memcpy(p, "//", 2);
-        p += 2;
-    }
-    static const char hex[] = "0123456789ABCDEF";
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)path[i];
-        if (c <= 0x20 || c >= 0x7f || c == '%' || c == '?' || c == '#') {
-            *p++ = '%';
-            *p++ = hex[c >> 4];
-            *p++ = hex[c & 15];
-        } else {
-            *p++ = (char)c;
-        }
-    }
-    strcpy(p, query);
-    return u;
-}
 
 static int dbt_connect(const char *path, int writable, sqlite3 **out)
 {
     *out = NULL;
-    char *uri = dbt_uri(path, writable ? "" : "?mode=ro");
+    char *uri = stof__db_path_uri(path, writable ? "" : "?mode=ro");
     if (!uri)
         return SQLITE_NOMEM;
     int flags = SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |
@@ -427,7 +398,7 @@ static int dbt_run_filtered(sqlite3 *c, const char *sql,
 
 static int dbt_attach(sqlite3 *c, const char *path)
 {
-    char *uri = dbt_uri(path, "?mode=ro");
+    char *uri = stof__db_path_uri(path, "?mode=ro");
     if (!uri)
         return SQLITE_NOMEM;
     int rc = dbt_exec(c, "ATTACH DATABASE ?1 AS src", uri, NULL);

@@ -49,22 +49,6 @@ _Static_assert(sizeof(stof_attn_gather_params) ==
  * never spill, 192 do). See block_acc_regs(). */
 #define BLOCK_ACC_REGS_MAX 176
 
-static int why_set(char *why, size_t n, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static int why_set(char *why, size_t n, const char *fmt, ...)
-{
-    if (why && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, n, fmt, ap);
-        va_end(ap);
-    }
-    return 0;
-}
 
 /* Floats each thread keeps live across the key loop: the S tile
  * (MT*block_n/2), the O tile (MT*head_dim/2) and, when the template keeps Q
@@ -101,31 +85,31 @@ int stof__block_cfg_valid(const stof_device *dev, int head_dim,
     if (why && n)
         why[0] = '\0';
     if (!c)
-        return why_set(why, n, "no configuration (NULL)");
+        return stof__why(why, n, "no configuration (NULL)");
     if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256)
-        return why_set(why, n,
+        return stof__why(why, n,
                        "head_dim %d: the block kernel supports 32, 64, 128 "
                        "and 256",
                        head_dim);
     if (c->block_m != 64 && c->block_m != 128)
-        return why_set(why, n, "block_m %d: must be 64 or 128", c->block_m);
+        return stof__why(why, n, "block_m %d: must be 64 or 128", c->block_m);
     if (c->block_n != 32 && c->block_n != 64 && c->block_n != 128)
-        return why_set(why, n, "block_n %d: must be 32, 64 or 128",
+        return stof__why(why, n, "block_n %d: must be 32, 64 or 128",
                        c->block_n);
     if (c->warps != 4 && c->warps != 8)
-        return why_set(why, n, "warps %d: must be 4 or 8", c->warps);
+        return stof__why(why, n, "warps %d: must be 4 or 8", c->warps);
     if (c->block_m % (16 * c->warps) != 0)
-        return why_set(why, n,
+        return stof__why(why, n,
                        "block_m %d with %d warps: each warp must own a "
                        "multiple of 16 query rows",
                        c->block_m, c->warps);
     if (c->stages < 1 || c->stages > 3)
-        return why_set(why, n, "stages %d: must be 1..3", c->stages);
+        return stof__why(why, n, "stages %d: must be 1..3", c->stages);
     if (c->gather != 0 && c->gather != 1)
-        return why_set(why, n, "gather %d: must be 0 or 1", c->gather);
+        return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
     const int acc = block_acc_regs(head_dim, c);
     if (acc > BLOCK_ACC_REGS_MAX)
-        return why_set(why, n,
+        return stof__why(why, n,
                        "head_dim %d, block %dx%d, %d warps: %d accumulator "
                        "registers per thread (more than %d would spill)",
                        head_dim, c->block_m, c->block_n, c->warps, acc,
@@ -135,7 +119,7 @@ int stof__block_cfg_valid(const stof_device *dev, int head_dim,
                            ? (size_t)dev->max_smem_optin
                            : (size_t)BLOCK_SMEM_MAX_ANY;
     if (smem > lim)
-        return why_set(why, n,
+        return stof__why(why, n,
                        "head_dim %d, block %dx%d, %d stages: %zu bytes of "
                        "shared memory, more than the %zu the %s allows",
                        head_dim, c->block_m, c->block_n, c->stages, smem, lim,

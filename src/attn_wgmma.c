@@ -41,22 +41,6 @@ _Static_assert(offsetof(stof_attn_wgmma_params, q) == 496,
 /* The largest opt-in shared memory of a cc 9.0 GPU (227 KiB). */
 #define WGMMA_SMEM_MAX (227 * 1024)
 
-static int why_set(char *why, size_t n, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static int why_set(char *why, size_t n, const char *fmt, ...)
-{
-    if (why && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, n, fmt, ap);
-        va_end(ap);
-    }
-    return 0;
-}
 
 int stof__wgmma_block_m(const stof_wgmma_cfg *c)
 {
@@ -86,28 +70,28 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
     if (why && n)
         why[0] = '\0';
     if (!c)
-        return why_set(why, n, "no configuration (NULL)");
+        return stof__why(why, n, "no configuration (NULL)");
     if (head_dim != 64 && head_dim != 128)
-        return why_set(why, n,
+        return stof__why(why, n,
                        "head_dim %d: the wgmma kernel supports 64 and 128",
                        head_dim);
     if (c->block_n != 64 && c->block_n != 128)
-        return why_set(why, n, "block_n %d: must be 64 or 128", c->block_n);
+        return stof__why(why, n, "block_n %d: must be 64 or 128", c->block_n);
     if (c->stages < 2 || c->stages > 4)
-        return why_set(why, n, "stages %d: must be 2..4", c->stages);
+        return stof__why(why, n, "stages %d: must be 2..4", c->stages);
     if (c->overlap != 0 && c->overlap != 1)
-        return why_set(why, n, "overlap %d: must be 0 or 1", c->overlap);
+        return stof__why(why, n, "overlap %d: must be 0 or 1", c->overlap);
     if (c->gather != 0 && c->gather != 1)
-        return why_set(why, n, "gather %d: must be 0 or 1", c->gather);
+        return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
     if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
-        return why_set(why, n, "block_m %d: must be 64 or 128 (0: 128)",
+        return stof__why(why, n, "block_m %d: must be 64 or 128 (0: 128)",
                        c->block_m);
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     const size_t lim = dev && dev->ok && dev->max_smem_optin > 0
                            ? (size_t)dev->max_smem_optin
                            : (size_t)WGMMA_SMEM_MAX;
     if (smem > lim)
-        return why_set(why, n,
+        return stof__why(why, n,
                        "head_dim %d, block_n %d, %d stages: %zu bytes of "
                        "shared memory, more than the %zu the %s allows",
                        head_dim, c->block_n, c->stages, smem, lim,

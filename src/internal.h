@@ -102,6 +102,13 @@ void stof__str_printf(stof_str *s, const char *fmt, ...)
 #endif
     ;
 void stof__str_free(stof_str *s);
+/* Write a reason into why[n] (either may be NULL/0) and return 0: the
+ * "not valid, because ..." of the *_cfg_valid checks. */
+int stof__why(char *why, size_t n, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 /* Copy s into a caller buffer with the size-then-fetch convention. */
 stof_status stof__str_out(const stof_str *s, char *buf, size_t n,
                           size_t *needed);

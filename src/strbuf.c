@@ -60,3 +60,14 @@ stof_status stof__str_out(const stof_str *s, char *buf, size_t n,
     }
     return (buf && n > s->len) ? STOF_OK : STOF_ERR_BUFFER_TOO_SMALL;
 }
+
+int stof__why(char *why, size_t n, const char *fmt, ...)
+{
+    if (why && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, n, fmt, ap);
+        va_end(ap);
+    }
+    return 0;
+}
