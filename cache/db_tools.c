@@ -36,7 +36,6 @@ static stof_status dbt_sql_fail(stof_context *ctx, sqlite3 *c, int rc,
                       rc);
 }
 
-
 static int dbt_connect(const char *path, int writable, sqlite3 **out)
 {
     *out = NULL;
