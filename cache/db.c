@@ -173,8 +173,8 @@ static const char *const db_sql[ST_COUNT_] = {
                 " ON CONFLICT(key) DO UPDATE SET count = misses.count + 1,"
                 " last_seen = excluded.last_seen,"
                 " mask = coalesce(misses.mask, excluded.mask)",
-    [ST_NEXT_MISS] = "SELECT key, problem, mask, count FROM misses"
-                     " WHERE key > ?1 ORDER BY key LIMIT 1",
+    [ST_NEXT_MISS] = ("SELECT key, problem, mask, count FROM misses"
+                      " WHERE key > ?1 ORDER BY key LIMIT 1"),
     [ST_DELETE_MISS] = "DELETE FROM misses WHERE key = ?1",
 };
 
