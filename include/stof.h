@@ -420,6 +420,126 @@ STOF_API const char *stof_plan_errmsg(const stof_plan *plan);
  */
 STOF_API void stof_plan_free(stof_plan **plan);
 
+
+/* ------------------------------------------------------------------------ */
+/* Transformer layers: the chain after (and around) attention, fused.      */
+/* ------------------------------------------------------------------------ */
+
+/* The FFN's activation. GELU_TANH is the tanh approximation (GPT-2,
+ * PyTorch gelu(approximate="tanh")); GELU_ERF the exact one (BERT). */
+typedef enum stof_activation {
+    STOF_ACT_NONE = 0,
+    STOF_ACT_GELU_TANH = 1,
+    STOF_ACT_GELU_ERF = 2,
+    STOF_ACT_RELU = 3,
+    STOF_ACT_SILU = 4
+} stof_activation;
+
+typedef enum stof_norm_kind {
+    STOF_NORM_LAYER = 0, /* (v - mean) / sqrt(var + eps) * gamma + beta */
+    STOF_NORM_RMS = 1    /* v / sqrt(mean(v^2) + eps) * gamma (no beta) */
+} stof_norm_kind;
+
+/* One encoder layer over `batch` sequences of `seq` tokens, hidden size
+ * `hidden` = heads * head_dim (head_dim 64 or 128 and the mask decide the
+ * attention kernels), FFN size `ffn`. Tensors are row-major [tokens][...]
+ * with tokens = batch * seq, in `dtype`; accumulation is in fp32.
+ *   post-norm (BERT):   h = norm1(x + attn(x) Wo^T + bo)
+ *                       y = norm2(h + ffn(h))
+ *   pre-norm (GPT-2, ViT): h = x + attn(norm1(x)) Wo^T + bo
+ *                       y = h + ffn(norm2(h))
+ * with attn the masked multi-head attention of the QKV projection
+ * x Wqkv^T + bqkv (1/sqrt(head_dim) scale) and
+ * ffn(u) = act(u W1^T + b1) W2^T + b2. */
+typedef struct stof_layer_desc {
+    int batch, seq;
+    int hidden, heads, ffn;
+    stof_dtype dtype;
+    stof_activation act;
+    stof_norm_kind norm;
+    int pre_norm;         /* 0: post-norm, 1: pre-norm */
+    float norm_eps;       /* 0 means 1e-5 */
+    uint8_t reserved[64]; /* must be zero */
+} stof_layer_desc;
+
+/* Fill a descriptor with defaults: GELU (tanh), LayerNorm, post-norm,
+ * eps 1e-5, ffn = 4 * hidden. */
+STOF_API stof_status stof_layer_desc_init(stof_layer_desc *d /* OUT */,
+                                          int batch, int seq, int hidden,
+                                          int heads, stof_dtype dtype);
+
+/* A layer's weights: device pointers in the descriptor's dtype, laid out
+ * like PyTorch's nn.Linear (weight [out][in], row-major). w_qkv stacks the
+ * Q, K and V projections: rows [0, hidden) make Q, [hidden, 2 hidden) K,
+ * [2 hidden, 3 hidden) V; head h uses columns [h*head_dim, (h+1)*head_dim)
+ * of each. Every pointer is required (norm beta: only for LayerNorm) and
+ * must be 16-byte aligned. */
+typedef struct stof_layer_weights {
+    const void *w_qkv, *b_qkv;     /* [3 hidden][hidden], [3 hidden] */
+    const void *w_o, *b_o;         /* [hidden][hidden], [hidden] */
+    const void *w_ffn1, *b_ffn1;   /* [ffn][hidden], [ffn] */
+    const void *w_ffn2, *b_ffn2;   /* [hidden][ffn], [hidden] */
+    const void *norm1_gamma, *norm1_beta; /* [hidden] */
+    const void *norm2_gamma, *norm2_beta; /* [hidden] */
+} stof_layer_weights;
+
+typedef struct stof_layer stof_layer; /* a planned layer */
+
+/* The layer warm-up. Plans the attention (stof_attention_plan, with the
+ * QKV projection's output read in place through strides), then chooses a
+ * fusion scheme: how the chain is cut into kernels (e.g. the output
+ * projection with bias and residual in its epilogue followed by a
+ * bias+residual+norm kernel, or one GEMM whose tiles hold whole rows and
+ * normalise them) and, for every GEMM, the kernel (stof's templates or
+ * cuBLASLt when it can be loaded). Like attention plans: a database hit
+ * loads the stored choice and kernels; a miss is tuned (stage 1: the cost
+ * model ranks the candidates; stage 2: the best are compiled, checked
+ * against a reference and timed on scratch buffers) and stored under the
+ * layer's key; STOF_TUNE_CACHE_ONLY takes the cost model's choice. The
+ * planned layer owns the intermediate buffers for batch * seq tokens. `m` must be
+ * seq x seq; it applies to every sequence and head.
+ * Errors: STOF_ERR_INVALID_ARGUMENT, STOF_ERR_UNSUPPORTED, STOF_ERR_NO_DEVICE,
+ * STOF_ERR_NVRTC, STOF_ERR_CUDA. */
+STOF_API stof_status stof_layer_plan(stof_context *ctx,
+                                     const stof_layer_desc *d,
+                                     const stof_mask *m,
+                                     stof_layer **layer /* OUT */);
+
+/* Enqueue one layer on `stream`: y = layer(x), [tokens][hidden] each. y
+ * may equal x. Never synchronises or allocates, so it can be captured
+ * into a CUDA graph (stream capture) by the caller. Runs of one plan must
+ * not overlap (they share its intermediate buffers). x must not alias the
+ * layer's buffers; weights stay the caller's. */
+STOF_API stof_status stof_layer_run(stof_layer *layer,
+                                    const stof_layer_weights *w,
+                                    const void *x, void *y, void *stream);
+
+/* Flags of stof_layer_stack_run. */
+#define STOF_STACK_GRAPH 1u /* capture the stack into a CUDA graph on the
+                               first call and replay it while the pointers
+                               (weights, x, y) stay the same */
+
+/* Run n_layers layers with the same shape: layer i uses w[i]; x -> y
+ * (y may equal x). With STOF_STACK_GRAPH the launches are recorded once
+ * and later calls enqueue one graph launch; a call with other pointers
+ * records again. Not capturable itself with STOF_STACK_GRAPH (use 0). */
+STOF_API stof_status stof_layer_stack_run(stof_layer *layer, int n_layers,
+                                          const stof_layer_weights *w,
+                                          const void *x, void *y,
+                                          void *stream, unsigned flags);
+
+/* JSON: the descriptor, the fusion scheme (kernels in order with their
+ * parameters), where it came from and measured times. Size-then-fetch. */
+STOF_API stof_status stof_layer_describe(const stof_layer *layer,
+                                              char *buf, size_t n,
+                                              size_t *needed /* OUT */);
+
+/* The message of the last failed run on this plan. */
+STOF_API const char *stof_layer_errmsg(const stof_layer *layer);
+
+/* Free a planned layer (synchronise first) and set *layer to NULL. */
+STOF_API void stof_layer_free(stof_layer **layer);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,26 +3,30 @@
 # and no Criterion): build here in build-dev, then copy the programs into
 # .carry/bin and the shared libraries they need beyond the base system into
 # .carry/lib. Then run scripts/gpu_check.sh there with .carry carried.
+# BUILD (default build-dev) and CARRY (default .carry) name the build and
+# staging directories, so that several checkouts' jobs can be staged apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -f build-dev/build.ninja ] || meson setup build-dev --buildtype=release \
+B=${BUILD:-build-dev}
+C=${CARRY:-.carry}
+[ -f "$B/build.ninja" ] || meson setup "$B" --buildtype=release \
     -Db_ndebug=false >/dev/null
-ninja -C build-dev
-rm -rf .carry && mkdir -p .carry/bin .carry/lib
-for f in build-dev/tests/test_* build-dev/tools/stof-* build-dev/bench/stof-*; do
-    [ -x "$f" ] && [ -f "$f" ] && cp "$f" .carry/bin/
+ninja -C "$B"
+rm -rf "$C" && mkdir -p "$C/bin" "$C/lib"
+for f in "$B"/tests/test_* "$B"/tools/stof-* "$B"/bench/stof-*; do
+    [ -x "$f" ] && [ -f "$f" ] && cp "$f" "$C/bin/"
 done
-cp -L build-dev/src/libstof.so .carry/lib/libstof.so
+cp -L "$B/src/libstof.so" "$C/lib/libstof.so"
 # Every library the programs load, except the C runtime itself.
-for f in .carry/bin/* .carry/lib/libstof.so; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
+for f in "$C"/bin/* "$C/lib/libstof.so"; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' |
-    while read -r lib; do cp -L "$lib" .carry/lib/; done
+    while read -r lib; do cp -L "$lib" "$C/lib/"; done
 # Python loads libstof.so without the rest of .carry/lib on its path (the
 # Debian copies of libcrypto and friends must not shadow the system's):
 # give it only what libstof itself needs beyond the base system.
-mkdir -p .carry/pylib
-ldd .carry/lib/libstof.so | awk '/=> \//{print $3}' |
+mkdir -p "$C/pylib"
+ldd "$C/lib/libstof.so" | awk '/=> \//{print $3}' |
     grep -E '/libuv\.so' | while read -r lib; do
-        cp -L "$lib" .carry/pylib/
+        cp -L "$lib" "$C/pylib/"
     done
-du -sh .carry
+du -sh "$C"

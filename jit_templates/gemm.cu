@@ -1,0 +1,3 @@
+/*
+ * gemm.cu - placeholder, being written.
+ */

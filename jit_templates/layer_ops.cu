@@ -1,0 +1,3 @@
+/*
+ * layer_ops.cu - placeholder, being written.
+ */

@@ -1,0 +1,2 @@
+/* blaslt.c - placeholder, being written. */
+#include "blaslt.h"

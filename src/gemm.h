@@ -1,0 +1,113 @@
+/*
+ * gemm.h - GEMMs of the layer chain: C = epilogue(A W^T), with A [M][K]
+ * and W [N][K] row-major (W is an nn.Linear weight), on tensor cores
+ * (jit_templates/gemm.cu, mma.sync, sm_80+) or through cuBLASLt
+ * (blaslt.h). The epilogue is fixed at compile time.
+ */
+#ifndef STOF_GEMM_H
+#define STOF_GEMM_H
+
+#include "internal.h"
+
+/* What follows the product, in this order, on v = acc (fp32):
+ *   bias:     v += bias[n]
+ *   act:      v = act(v)                    (stof_activation)
+ *   residual: v += residual[m][n]
+ *   norm:     out = norm(v over the whole row n = 0..N-1), with gamma/beta
+ *             (1 = STOF_NORM_LAYER + 1, 2 = STOF_NORM_RMS + 1); only in the
+ *             row-complete variant (a CTA owns block_m whole rows), and
+ *             only with act = STOF_ACT_NONE. v is rounded to the dtype
+ *             before the norm (as an unfused chain would store it).
+ *   write_pre: with norm, also store the rounded v to pre[m][n].
+ * The output (and residual, pre) use leading dimension ldc. */
+typedef struct stof_gemm_epi {
+    int bias;
+    int act;
+    int residual;
+    int norm;
+    int write_pre;
+} stof_gemm_epi;
+
+/* Template configuration: CTA tile block_m x block_n x block_k, a
+ * warps_m x warps_n grid of warps, `stages` cp.async stages. In the
+ * row-complete (norm) variant block_n is the width of one pass and the
+ * CTA loops over all of N. */
+typedef struct stof_gemm_cfg {
+    int block_m, block_n, block_k;
+    int warps_m, warps_n;
+    int stages;
+} stof_gemm_cfg;
+
+/* Launch arguments. Pointers the epilogue does not use may be 0. */
+typedef struct stof_gemm_args {
+    CUdeviceptr a, w, c;
+    CUdeviceptr bias, residual, gamma, beta, pre;
+    int M, N, K;
+    int64_t lda, ldw, ldc; /* elements */
+    float eps;
+} stof_gemm_args;
+
+/* Shape rules of the template: N and K multiples of 8, lda/ldw/ldc
+ * multiples of 8, pointers 16-byte aligned; M, N, K tails are handled. */
+
+/* 1 when (cfg, epi) is a legal kernel for an N x K problem on dev (dev
+ * may be NULL: no shared-memory check); else 0 and the reason. */
+int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
+                         const stof_gemm_epi *e, int N, int K, char *why,
+                         size_t n);
+
+/* Dynamic shared memory of one CTA in bytes. */
+size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                             int N);
+
+/* The template's candidate configurations for an M x N x K problem with
+ * epilogue e on dev: fills up to max entries, returns how many. */
+int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
+                          int M, int N, int K, stof_gemm_cfg *out, int max);
+
+/* Predicted time in ms of (c, e) on dev for M x N x K (the cost model). */
+double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
+                           const stof_gemm_epi *e, int M, int N, int K);
+
+/* NVRTC compile of gemm.cu for (dt, c, e, N) (N is compiled in only by
+ * the row-complete variant) for `arch` (NULL = ctx's device). No GPU
+ * work: thread-safe with ctx NULL. *cubin malloc'd. */
+stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
+                               const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                               int N, const char *arch, void **cubin /* OUT */,
+                               size_t *size /* OUT */);
+
+/* Load a cubin from stof__gemm_compile, setting its shared memory limit. */
+stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
+                                  const stof_gemm_epi *e, int N,
+                                  const void *cubin, CUmodule *mod /* OUT */,
+                                  CUfunction *fn /* OUT */);
+
+/* Enqueue. Capture-safe (no allocation, copy or synchronisation). */
+stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
+                              const stof_gemm_epi *e, const stof_gemm_args *a,
+                              CUstream stream, const stof_api *api);
+
+/* JSON object of (c, e) for descriptions and tuning records, and its
+ * parse (0 on a malformed string). */
+void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                         stof_str *out);
+int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
+                         stof_gemm_epi *e);
+
+/* CPU reference of the same semantics in float (inputs already converted
+ * from the dtype; `round` != 0 rounds v to `dt` before the norm and on
+ * output, like the kernels). out [M][ldc]; pre may be NULL. */
+void stof__ref_gemm(const float *A, const float *W, const float *bias,
+                    const float *residual, const float *gamma,
+                    const float *beta, int M, int N, int K, int64_t lda,
+                    int64_t ldw, int64_t ldc, const stof_gemm_epi *e,
+                    float eps, stof_dtype dt, float *out, float *pre);
+
+/* The activations and a row norm, in float, shared by the references. */
+float stof__ref_act(float v, int act);
+void stof__ref_norm_row(const float *v, const float *gamma, const float *beta,
+                        int n, int kind /* stof_norm_kind */, float eps,
+                        float *out);
+
+#endif /* STOF_GEMM_H */

@@ -1,0 +1,2 @@
+/* layer.c - placeholder, being written. */
+#include "internal.h"
