@@ -6,6 +6,20 @@
     plan = ctx.attention_plan(q, k, v, mask)      # warm-up (compile / load)
     plan.run(q, k, v, out)                        # on torch's current stream
 
+Transformer layers (stof_layer_* in stof.h):
+
+    layer = ctx.layer_plan(batch, seq, 768, 12, 3072, torch.float16,
+                           "gelu_tanh", "layer", False, mask, eps=1e-5)
+    layer.run(weights, x, y)                      # one layer, x -> y
+    layer.stack_run([weights] * 12, x, y)         # a stack, as a CUDA graph
+    layer.describe()                              # the fusion scheme (JSON)
+
+weights: a dict of CUDA tensors named like stof_layer_weights' fields
+(w_qkv, b_qkv, w_o, b_o, w_ffn1, b_ffn1, w_ffn2, b_ffn2, norm1_gamma,
+norm1_beta, norm2_gamma, norm2_beta), contiguous, in the layer's dtype, laid
+out like nn.Linear (weight [out][in]). x, y: contiguous (batch, seq, hidden)
+or (batch * seq, hidden) tensors.
+
 q, k, v, out: CUDA tensors of shape (batch, heads, seq, head_dim) in
 torch.float16 or torch.bfloat16 whose last dimension is contiguous (any other
 strides work, e.g. a (batch, seq, heads, dim) tensor transposed to BHSD).
@@ -16,9 +30,12 @@ import ctypes
 import json
 import os
 
-__all__ = ["Context", "Mask", "Plan", "StofError", "library_path"]
+__all__ = ["Context", "Mask", "Plan", "Layer", "StofError", "library_path",
+           "LAYER_WEIGHT_NAMES"]
 
 _STATUS_BUFFER_TOO_SMALL = 10
+_STATUS_UNSUPPORTED = 6
+_STACK_GRAPH = 1  # STOF_STACK_GRAPH
 
 
 class StofError(RuntimeError):
@@ -82,6 +99,47 @@ class _Desc(ctypes.Structure):
     ]
 
 
+class _LayerDesc(ctypes.Structure):
+    """stof_layer_desc."""
+    _fields_ = [
+        ("batch", ctypes.c_int),
+        ("seq", ctypes.c_int),
+        ("hidden", ctypes.c_int),
+        ("heads", ctypes.c_int),
+        ("ffn", ctypes.c_int),
+        ("dtype", ctypes.c_int),      # stof_dtype
+        ("act", ctypes.c_int),        # stof_activation
+        ("norm", ctypes.c_int),       # stof_norm_kind
+        ("pre_norm", ctypes.c_int),
+        ("norm_eps", ctypes.c_float),
+        ("reserved", ctypes.c_uint8 * 64),
+    ]
+
+
+# The fields of stof_layer_weights, in order.
+LAYER_WEIGHT_NAMES = ("w_qkv", "b_qkv", "w_o", "b_o", "w_ffn1", "b_ffn1",
+                      "w_ffn2", "b_ffn2", "norm1_gamma", "norm1_beta",
+                      "norm2_gamma", "norm2_beta")
+
+
+class _LayerWeights(ctypes.Structure):
+    """stof_layer_weights: device pointers."""
+    _fields_ = [(n, ctypes.c_void_p) for n in LAYER_WEIGHT_NAMES]
+
+
+# sizeof of the C structs on LP64 (x86-64, aarch64 Linux); a mismatch means
+# the mirrors above drifted from stof.h.
+_C_SIZES = {_Settings: 200, _Desc: 192, _LayerDesc: 104, _LayerWeights: 96}
+if ctypes.sizeof(ctypes.c_void_p) == 8:
+    for _t, _n in _C_SIZES.items():
+        if ctypes.sizeof(_t) != _n:
+            raise ImportError("stof binding: sizeof(%s) is %d, stof.h says %d"
+                              % (_t.__name__, ctypes.sizeof(_t), _n))
+
+_ACTS = {"none": 0, "gelu_tanh": 1, "gelu": 1, "gelu_erf": 2, "erf": 2,
+         "relu": 3, "silu": 4}
+_NORMS = {"layer": 0, "layernorm": 0, "ln": 0, "rms": 1, "rmsnorm": 1}
+
 _lib = None
 
 
@@ -119,18 +177,83 @@ def _load():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    # The layer API: optional, so that a library without it still loads.
+    lw = ctypes.POINTER(_LayerWeights)
+    layer_sigs = {
+        "stof_layer_plan": (i, [vp, ctypes.POINTER(_LayerDesc), vp, ctypes.POINTER(vp)]),
+        "stof_layer_run": (i, [vp, lw, vp, vp, vp]),
+        "stof_layer_stack_run": (i, [vp, i, lw, vp, vp, vp, ctypes.c_uint]),
+        "stof_layer_describe": (i, [vp, cp, sz, ctypes.POINTER(sz)]),
+        "stof_layer_errmsg": (cp, [vp]),
+        "stof_layer_free": (None, [ctypes.POINTER(vp)]),
+    }
+    for name, (res, args) in layer_sigs.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = res
+            fn.argtypes = args
     _lib = lib
     return lib
 
 
 def _json_out(fn, handle):
     need = ctypes.c_size_t(0)
-    fn(handle, None, 0, ctypes.byref(need))
+    st = fn(handle, None, 0, ctypes.byref(need))
+    if st not in (0, _STATUS_BUFFER_TOO_SMALL):
+        raise StofError(st, "describe failed: %s" % _status_str(st))
     buf = ctypes.create_string_buffer(need.value + 1)
     st = fn(handle, buf, need.value + 1, None)
     if st != 0:
-        raise StofError(st, "describe failed")
+        raise StofError(st, "describe failed: %s" % _status_str(st))
     return json.loads(buf.value.decode())
+
+
+def _status_str(st):
+    try:
+        return _load().stof_status_str(st).decode()
+    except Exception:
+        return "status %d" % st
+
+
+def _dtype_code(dtype):
+    """stof_dtype from a torch dtype, "fp16"/"bf16" or the enum value."""
+    if isinstance(dtype, int):
+        if dtype not in (0, 1):
+            raise ValueError("dtype must be 0 (fp16) or 1 (bf16)")
+        return dtype
+    if isinstance(dtype, str):
+        codes = {"fp16": 0, "float16": 0, "half": 0, "bf16": 1, "bfloat16": 1}
+        if dtype.lower() not in codes:
+            raise ValueError("dtype must be fp16 or bf16, not %r" % dtype)
+        return codes[dtype.lower()]
+    import torch
+    if dtype == torch.float16:
+        return 0
+    if dtype == torch.bfloat16:
+        return 1
+    raise ValueError("dtype must be torch.float16 or torch.bfloat16, not %s" % dtype)
+
+
+def _enum_code(value, table, what):
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value not in table.values():
+            raise ValueError("bad %s %d" % (what, value))
+        return value
+    key = str(value).lower()
+    if key not in table:
+        raise ValueError("%s must be one of %s, not %r" % (what, sorted(table), value))
+    return table[key]
+
+
+def _stream_handle(stream):
+    """A cudaStream_t as an int: torch's current stream when None, a
+    torch.cuda.Stream / ExternalStream, or a raw handle (int)."""
+    if stream is None:
+        import torch
+        return torch.cuda.current_stream().cuda_stream
+    if isinstance(stream, int):
+        return stream
+    return stream.cuda_stream
 
 
 class Context:
@@ -234,6 +357,32 @@ class Context:
         strides = tuple(tuple(t.stride()) for t in (q, k, v, o))
         return Plan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
 
+    def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
+                   pre_norm, mask, eps=0.0):
+        """Plan one Transformer layer (stof_layer_plan): the warm-up, which
+        loads from the tuning database or tunes. dtype: torch.float16 /
+        torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
+        "relu", "silu" or "none"; norm: "layer" or "rms"; pre_norm: False for
+        post-norm (BERT), True for pre-norm (GPT-2, ViT); mask: a seq x seq
+        Mask; eps: the norm's epsilon (0: 1e-5)."""
+        if not hasattr(self._lib, "stof_layer_plan"):
+            raise StofError(_STATUS_UNSUPPORTED,
+                            "this libstof has no layer API (stof_layer_plan)")
+        if not isinstance(mask, Mask):
+            raise TypeError("mask must be a stof.Mask (Context.mask)")
+        d = _LayerDesc()
+        d.batch, d.seq, d.hidden, d.heads, d.ffn = (int(batch), int(seq), int(hidden),
+                                                    int(heads), int(ffn))
+        d.dtype = _dtype_code(dtype)
+        d.act = _enum_code(act, _ACTS, "act")
+        d.norm = _enum_code(norm, _NORMS, "norm")
+        d.pre_norm = 1 if pre_norm else 0
+        d.norm_eps = float(eps)
+        h = ctypes.c_void_p()
+        self._check(self._lib.stof_layer_plan(self._h, ctypes.byref(d), mask._h,
+                                              ctypes.byref(h)))
+        return Layer(self, h, d, mask)
+
 
 class Mask:
     def __init__(self, ctx, h):
@@ -302,5 +451,170 @@ class Plan:
         try:
             if self._h:
                 self._ctx._lib.stof_plan_free(ctypes.byref(self._h))
+        except Exception:
+            pass
+
+
+class Layer:
+    """A planned Transformer layer (Context.layer_plan)."""
+
+    # Graph-keyed weight arrays whose tensors stay referenced (the newest).
+    _KEEP_TENSORS = 4
+
+    def __init__(self, ctx, h, desc, mask):
+        self._ctx, self._h, self._mask = ctx, h, mask
+        self.batch, self.seq = desc.batch, desc.seq
+        self.hidden, self.heads, self.ffn = desc.hidden, desc.heads, desc.ffn
+        self.pre_norm = bool(desc.pre_norm)
+        self.rms = desc.norm == 1
+        self._dtype_code = desc.dtype
+        # stack_run's stof_layer_weights arrays by call (pointers, x, y,
+        # stream, flags): the library may keep the array's address and replay
+        # a graph recorded from it, so an array lives as long as the Layer
+        # (never freed early, never an address reused for other contents).
+        self._stacks = {}
+        self._stack_order = []
+
+    @property
+    def dtype(self):
+        import torch
+        return torch.float16 if self._dtype_code == 0 else torch.bfloat16
+
+    @property
+    def tokens(self):
+        return self.batch * self.seq
+
+    def _lib(self):
+        if not self._h:
+            raise ValueError("the layer is closed")
+        return self._ctx._lib
+
+    def _fail(self, st):
+        msg = self._ctx._lib.stof_layer_errmsg(self._h)
+        msg = msg.decode() if msg else ""
+        raise StofError(st, msg or _status_str(st))
+
+    def describe(self):
+        """The plan as JSON (descriptor, fusion scheme, source, times)."""
+        return _json_out(self._lib().stof_layer_describe, self._h)
+
+    def _shapes(self):
+        h, f = self.hidden, self.ffn
+        return {"w_qkv": (3 * h, h), "b_qkv": (3 * h,), "w_o": (h, h), "b_o": (h,),
+                "w_ffn1": (f, h), "b_ffn1": (f,), "w_ffn2": (h, f), "b_ffn2": (h,),
+                "norm1_gamma": (h,), "norm1_beta": (h,),
+                "norm2_gamma": (h,), "norm2_beta": (h,)}
+
+    def _check_tensor(self, name, t, shape, device):
+        if not hasattr(t, "data_ptr"):
+            raise TypeError("%s must be a torch tensor" % name)
+        if not t.is_cuda or (device is not None and t.device != device):
+            raise ValueError("%s must be on %s, not %s" % (name, device, t.device))
+        if t.dtype != self.dtype:
+            raise ValueError("%s is %s, the layer is %s" % (name, t.dtype, self.dtype))
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError("%s has shape %s, expected %s" % (name, tuple(t.shape),
+                                                               tuple(shape)))
+        if not t.is_contiguous():
+            raise ValueError("%s must be contiguous" % name)
+        if t.data_ptr() % 16:
+            raise ValueError("%s must be 16-byte aligned" % name)
+
+    def _weights(self, w, device):
+        """(stof_layer_weights, tensors kept) from a dict of tensors."""
+        if not isinstance(w, dict):
+            raise TypeError("weights must be a dict of tensors")
+        unknown = set(w) - set(LAYER_WEIGHT_NAMES)
+        if unknown:
+            raise ValueError("unknown weight names: %s" % sorted(unknown))
+        out = _LayerWeights()
+        kept = []
+        for name, shape in self._shapes().items():
+            t = w.get(name)
+            if t is None:
+                if self.rms and name.endswith("_beta"):
+                    continue  # RMSNorm has no beta: NULL
+                raise ValueError("weight %s is missing" % name)
+            self._check_tensor(name, t, shape, device)
+            setattr(out, name, t.data_ptr())
+            kept.append(t)
+        return out, kept
+
+    def _io(self, x, y):
+        shapes = ((self.tokens, self.hidden), (self.batch, self.seq, self.hidden))
+        for name, t in (("x", x), ("y", y)):
+            if not hasattr(t, "data_ptr"):
+                raise TypeError("%s must be a torch tensor" % name)
+            if tuple(t.shape) not in shapes:
+                raise ValueError("%s has shape %s, expected %s or %s"
+                                 % (name, tuple(t.shape), shapes[1], shapes[0]))
+            self._check_tensor(name, t, t.shape, x.device)
+
+    def run(self, weights, x, y, stream=None):
+        """Enqueue one layer on `stream` (default: torch's current stream):
+        y = layer(x); y may be x. Weights must stay alive until it ran."""
+        lib = self._lib()
+        self._io(x, y)
+        w, _ = self._weights(weights, x.device)
+        st = lib.stof_layer_run(self._h, ctypes.byref(w), ctypes.c_void_p(x.data_ptr()),
+                                ctypes.c_void_p(y.data_ptr()),
+                                ctypes.c_void_p(_stream_handle(stream)))
+        if st != 0:
+            self._fail(st)
+        return y
+
+    def stack_run(self, weights, x, y, stream=None, graph=True):
+        """Run len(weights) layers x -> y (weights: a list of dicts). With
+        graph=True the first call with these pointers records a CUDA graph
+        and later ones replay it; the tensors of the newest calls are kept
+        referenced here so that a replay never reads freed memory."""
+        lib = self._lib()
+        weights = list(weights)
+        if not weights:
+            raise ValueError("weights is empty")
+        self._io(x, y)
+        stream_h = _stream_handle(stream)
+        flags = _STACK_GRAPH if graph else 0
+        per_layer = [self._weights(w, x.device) for w in weights]
+        ptrs = tuple(tuple(getattr(pw, n) or 0 for n in LAYER_WEIGHT_NAMES)
+                     for pw, _ in per_layer)
+        key = (ptrs, x.data_ptr(), y.data_ptr(), stream_h, flags)
+        entry = self._stacks.get(key)
+        if entry is None:
+            arr = (_LayerWeights * len(per_layer))(*(pw for pw, _ in per_layer))
+            entry = [arr, None]
+            self._stacks[key] = entry
+        else:
+            self._stack_order.remove(key)
+        entry[1] = ([t for _, kept in per_layer for t in kept], x, y)
+        self._stack_order.append(key)
+        # Keep the tensors of the newest calls only (the arrays stay).
+        for old in self._stack_order[:-self._KEEP_TENSORS]:
+            self._stacks[old][1] = None
+        st = lib.stof_layer_stack_run(self._h, len(per_layer), entry[0],
+                                      ctypes.c_void_p(x.data_ptr()),
+                                      ctypes.c_void_p(y.data_ptr()),
+                                      ctypes.c_void_p(stream_h), flags)
+        if st != 0:
+            self._fail(st)
+        return y
+
+    def close(self):
+        """Free the plan (stof_layer_free synchronises first)."""
+        if getattr(self, "_h", None):
+            self._ctx._lib.stof_layer_free(ctypes.byref(self._h))
+            self._h = ctypes.c_void_p()
+        self._stacks = {}
+        self._stack_order = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
         except Exception:
             pass
