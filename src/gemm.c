@@ -1,2 +1,541 @@
-/* gemm.c - placeholder, being written. */
+/*
+ * gemm.c - host side of the tensor-core GEMM template
+ * (jit_templates/gemm.cu): which configurations it supports, its shared
+ * memory, the candidates and cost model of the planner, compile + load,
+ * the launch, the JSON form of a configuration and the CPU references.
+ * Declarations and contracts: gemm.h.
+ */
 #include "gemm.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The kernel receives stof_gemm_args by value (struct stof_gemm_params in
+ * gemm.cu has the same layout; both sides check the size). */
+_Static_assert(sizeof(stof_gemm_args) == 112,
+               "stof_gemm_args must match gemm.cu's stof_gemm_params");
+_Static_assert(offsetof(stof_gemm_args, M) == 64 &&
+                   offsetof(stof_gemm_args, lda) == 80 &&
+                   offsetof(stof_gemm_args, eps) == 104,
+               "stof_gemm_args must match gemm.cu's stof_gemm_params");
+
+/* The largest opt-in shared memory of any GPU the kernel targets (sm_90:
+ * 227 KiB); used when no device is given. */
+#define GEMM_SMEM_MAX_ANY (227 * 1024)
+
+/* Accumulator floats per thread the kernel allows (a 64x64 warp tile): with
+ * the fragments and addresses this stays under 255 registers. */
+#define GEMM_ACC_MAX 128
+
+/* Cost model constants (H100 / H200 class, mma.sync):
+ *   GEMM_SM_PEAK   dense fp16/bf16 mma.sync throughput of one SM, FLOP/s
+ *                  (about 3.0 TFLOP/s: 132 SMs give ~400 TFLOP/s, roughly
+ *                  what the best mma.sync kernels reach on H100; wgmma is
+ *                  faster but not used here);
+ *   GEMM_BW        DRAM bandwidth in bytes/s (H100 SXM 3.35 TB/s, H200
+ *                  4.8 TB/s; the lower bound is used);
+ *   GEMM_LAUNCH_MS launch and tail overhead of one kernel. */
+#define GEMM_SM_PEAK 3.0e12
+#define GEMM_BW 3.0e12
+#define GEMM_LAUNCH_MS 0.003
+
+static int is_pow2(int x)
+{
+    return x > 0 && (x & (x - 1)) == 0;
+}
+
+size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                             int N)
+{
+    if (!c || c->block_m <= 0 || c->block_n <= 0 || c->block_k <= 0 ||
+        c->stages <= 0)
+        return 0;
+    const size_t pitch = (size_t)c->block_k + 8u;
+    const size_t pipe = (size_t)c->stages *
+                        ((size_t)c->block_m + (size_t)c->block_n) * pitch * 2u;
+    if (e && e->norm) {
+        if (N <= 0)
+            return 0;
+        return pipe + (size_t)c->block_m * ((size_t)N + 8u) * 2u;
+    }
+    const size_t stage = (size_t)c->block_m * ((size_t)c->block_n + 8u) * 2u;
+    return pipe > stage ? pipe : stage;
+}
+
+int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
+                         const stof_gemm_epi *e, int N, int K, char *why,
+                         size_t n)
+{
+    if (why && n)
+        why[0] = '\0';
+    if (!c || !e)
+        return stof__why(why, n, "no configuration or epilogue (NULL)");
+    if (N <= 0 || N % 8 != 0)
+        return stof__why(why, n, "N %d: must be a positive multiple of 8", N);
+    if (K <= 0 || K % 8 != 0)
+        return stof__why(why, n, "K %d: must be a positive multiple of 8", K);
+    if (!is_pow2(c->block_m) || c->block_m < 16 || c->block_m > 256)
+        return stof__why(why, n, "block_m %d: must be 16, 32, 64, 128 or 256",
+                         c->block_m);
+    if (!is_pow2(c->block_n) || c->block_n < 32 || c->block_n > 256)
+        return stof__why(why, n, "block_n %d: must be 32, 64, 128 or 256",
+                         c->block_n);
+    if (c->block_k != 32 && c->block_k != 64)
+        return stof__why(why, n, "block_k %d: must be 32 or 64", c->block_k);
+    if (!is_pow2(c->warps_m) || !is_pow2(c->warps_n) ||
+        c->warps_m * c->warps_n > 8)
+        return stof__why(why, n,
+                         "warps %dx%d: each a power of two, at most 8 warps "
+                         "in all",
+                         c->warps_m, c->warps_n);
+    if (c->block_m % (16 * c->warps_m) != 0 ||
+        c->block_n % (16 * c->warps_n) != 0)
+        return stof__why(why, n,
+                         "block %dx%d with %dx%d warps: each warp's tile must "
+                         "be a multiple of 16 in both directions",
+                         c->block_m, c->block_n, c->warps_m, c->warps_n);
+    const int acc = (c->block_m / c->warps_m) * (c->block_n / c->warps_n) / 32;
+    if (acc > GEMM_ACC_MAX)
+        return stof__why(why, n,
+                         "block %dx%d with %dx%d warps: %d accumulators per "
+                         "thread (at most %d)",
+                         c->block_m, c->block_n, c->warps_m, c->warps_n, acc,
+                         GEMM_ACC_MAX);
+    if (c->stages < 2 || c->stages > 5)
+        return stof__why(why, n, "stages %d: must be 2..5", c->stages);
+    if ((e->bias != 0 && e->bias != 1) ||
+        (e->residual != 0 && e->residual != 1) ||
+        (e->write_pre != 0 && e->write_pre != 1))
+        return stof__why(why, n, "bias, residual and write_pre must be 0 or 1");
+    if (e->act < STOF_ACT_NONE || e->act > STOF_ACT_SILU)
+        return stof__why(why, n, "act %d: not a stof_activation", e->act);
+    if (e->norm < 0 || e->norm > 2)
+        return stof__why(why, n,
+                         "norm %d: must be 0 (none), 1 (LayerNorm) or 2 "
+                         "(RMSNorm)",
+                         e->norm);
+    if (e->norm && e->act != STOF_ACT_NONE)
+        return stof__why(why, n, "norm needs act = none (act %d)", e->act);
+    if (e->write_pre && !e->norm)
+        return stof__why(why, n, "write_pre needs norm");
+    const size_t smem = stof__gemm_smem_bytes(c, e, N);
+    const size_t lim = dev && dev->ok && dev->max_smem_optin > 0
+                           ? (size_t)dev->max_smem_optin
+                           : (size_t)GEMM_SMEM_MAX_ANY;
+    if (smem > lim)
+        return stof__why(why, n,
+                         "block %dx%dx%d, %d stages%s: %zu bytes of shared "
+                         "memory, more than the %zu the %s allows",
+                         c->block_m, c->block_n, c->block_k, c->stages,
+                         e->norm ? " with a row buffer of the whole N" : "",
+                         smem, lim,
+                         dev && dev->ok ? "device" : "largest supported GPU");
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Candidates and cost model                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef struct tile {
+    int bm, bn, bk, wm, wn;
+} tile;
+
+/* Full tiles, large first. */
+static const tile gemm_tiles[] = {
+    {128, 256, 32, 2, 4}, {256, 128, 32, 4, 2}, {128, 128, 32, 2, 4},
+    {128, 128, 64, 2, 4}, {64, 128, 32, 2, 2},  {128, 64, 32, 2, 2},
+    {64, 64, 32, 2, 2},   {64, 64, 64, 2, 2},   {32, 64, 32, 1, 2},
+    {32, 128, 32, 1, 4},
+};
+
+/* Row-complete (norm) tiles: block_n is the pass width. */
+static const tile norm_tiles[] = {
+    {16, 128, 64, 1, 4}, {16, 64, 64, 1, 4}, {32, 128, 32, 2, 4},
+    {32, 64, 64, 2, 2},  {64, 128, 32, 2, 4}, {64, 64, 32, 2, 2},
+};
+
+static int round_up(int x, int m)
+{
+    return (x + m - 1) / m * m;
+}
+
+int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
+                          int M, int N, int K, stof_gemm_cfg *out, int max)
+{
+    if (!e || !out || max <= 0 || M <= 0)
+        return 0;
+    int k = 0;
+    const tile *list = e->norm ? norm_tiles : gemm_tiles;
+    const int n_list = e->norm ? (int)(sizeof(norm_tiles) / sizeof(*norm_tiles))
+                               : (int)(sizeof(gemm_tiles) / sizeof(*gemm_tiles));
+    const int m16 = round_up(M, 16), n32 = round_up(N > 0 ? N : 1, 32);
+    for (int i = 0; i < n_list && k < max; i++) {
+        const tile *t = &list[i];
+        /* Tiles far larger than the problem only waste work. */
+        if (t->bm > 32 && t->bm >= 2 * m16)
+            continue;
+        if (!e->norm && t->bn > 64 && t->bn >= 2 * n32)
+            continue;
+        static const int stages[] = {3, 4};
+        for (int s = 0; s < 2 && k < max; s++) {
+            stof_gemm_cfg c = {t->bm, t->bn, t->bk, t->wm, t->wn, stages[s]};
+            if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
+                out[k++] = c;
+        }
+    }
+    return k;
+}
+
+double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
+                           const stof_gemm_epi *e, int M, int N, int K)
+{
+    if (!c || !e || M <= 0 || N <= 0 || K <= 0 || c->block_m <= 0 ||
+        c->block_n <= 0 || c->block_k <= 0)
+        return INFINITY;
+    const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 132;
+    const size_t smem_sm = dev && dev->ok && dev->max_smem_optin > 0
+                               ? (size_t)dev->max_smem_optin
+                               : (size_t)GEMM_SMEM_MAX_ANY;
+    const int threads = c->warps_m * c->warps_n * 32;
+    /* CTAs an SM holds: shared memory, threads, registers (accumulators
+     * plus ~64 others a thread). */
+    const size_t smem = stof__gemm_smem_bytes(c, e, N);
+    int occ = smem ? (int)(smem_sm / smem) : 1;
+    if (occ > 2048 / threads)
+        occ = 2048 / threads;
+    const int regs = (c->block_m / c->warps_m) * (c->block_n / c->warps_n) /
+                         32 + 64;
+    if (occ > 65536 / (threads * regs))
+        occ = 65536 / (threads * regs);
+    if (occ < 1)
+        occ = 1;
+    /* Tile efficiency: the mma work per byte staged through shared memory
+     * grows with bm*bn/(bm+bn); 64 (a 128x128 tile) reaches the plateau of
+     * ~90% of peak. Two stages hide latency less well. */
+    const double inten =
+        (double)c->block_m * c->block_n / (double)(c->block_m + c->block_n);
+    double eff = 0.9 * (inten >= 64.0 ? 1.0 : inten / 64.0);
+    if (c->stages <= 2)
+        eff *= 0.85;
+    if (threads <= 64)
+        eff *= 0.8;
+    const int mt = (M + c->block_m - 1) / c->block_m;
+    const int nt = e->norm ? 1 : (N + c->block_n - 1) / c->block_n;
+    const int passes = e->norm ? (N + c->block_n - 1) / c->block_n : 1;
+    const double ctas = (double)mt * nt;
+    const double slots = (double)sms * occ;
+    const double waves = ceil(ctas / slots);
+    /* One CTA-pass's time when `occ` CTAs share an SM. */
+    const double kpad = (double)round_up(K, c->block_k);
+    const double cta_flops = 2.0 * c->block_m * c->block_n * kpad * passes;
+    const double cta_s = cta_flops / (GEMM_SM_PEAK * eff / occ);
+    /* When fewer CTAs than slots run, each SM still works alone (no
+     * sharing), so a partly filled last wave costs its share only. */
+    const double busy = ctas < slots ? ceil(ctas / sms) : waves * occ;
+    const double compute_s =
+        (ctas < slots ? busy * cta_s / occ : waves * cta_s);
+    double bytes = ((double)M * K + (double)N * K) * 2.0 +
+                   (double)M * N * 2.0 * (1 + e->residual + e->write_pre);
+    if (e->bias)
+        bytes += (double)N * 2.0;
+    const double mem_s = bytes / GEMM_BW;
+    const double s = compute_s > mem_s ? compute_s : mem_s;
+    return s * 1e3 + GEMM_LAUNCH_MS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Compile, load, launch                                                     */
+/* ------------------------------------------------------------------------ */
+
+stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
+                               const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                               int N, const char *arch, void **cubin,
+                               size_t *size)
+{
+    if (!cubin || !size)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm compile: NULL output pointer");
+    *cubin = NULL;
+    *size = 0;
+    if (dt != STOF_DTYPE_FP16 && dt != STOF_DTYPE_BF16)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm compile: dtype %d is not a stof_dtype",
+                          (int)dt);
+    /* The N check only matters to the norm variant; others compile for any
+     * N (a multiple of 8). */
+    const int n_chk = e && e->norm ? N : 8;
+    char why[256];
+    const stof_device *dev = ctx && ctx->device.ok ? &ctx->device : NULL;
+    if (!stof__gemm_cfg_valid(dev, c, e, n_chk, 8, why, sizeof(why)))
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "gemm kernel configuration not supported: %s", why);
+    char d[13][32];
+    int k = 0;
+    snprintf(d[k++], 32, "DTYPE=%d", (int)dt);
+    snprintf(d[k++], 32, "BLOCK_M=%d", c->block_m);
+    snprintf(d[k++], 32, "BLOCK_N=%d", c->block_n);
+    snprintf(d[k++], 32, "BLOCK_K=%d", c->block_k);
+    snprintf(d[k++], 32, "WARPS_M=%d", c->warps_m);
+    snprintf(d[k++], 32, "WARPS_N=%d", c->warps_n);
+    snprintf(d[k++], 32, "STAGES=%d", c->stages);
+    snprintf(d[k++], 32, "BIAS=%d", e->bias);
+    snprintf(d[k++], 32, "ACT=%d", e->act);
+    snprintf(d[k++], 32, "RESIDUAL=%d", e->residual);
+    snprintf(d[k++], 32, "NORM=%d", e->norm);
+    snprintf(d[k++], 32, "WRITE_PRE=%d", e->write_pre);
+    if (e->norm)
+        snprintf(d[k++], 32, "N_TOTAL=%d", N);
+    const char *defs[13];
+    for (int i = 0; i < k; i++)
+        defs[i] = d[i];
+    return (stof_status)stof__jit_compile(ctx, "gemm.cu", defs, k, arch,
+                                          cubin, size);
+}
+
+stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
+                                  const stof_gemm_epi *e, int N,
+                                  const void *cubin, CUmodule *mod,
+                                  CUfunction *fn)
+{
+    if (!c || !e || !cubin || !mod || !fn)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm load: NULL argument");
+    return (stof_status)stof__module_load(
+        ctx, cubin, "stof_gemm", stof__gemm_smem_bytes(c, e, N), mod, fn);
+}
+
+stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
+                              const stof_gemm_epi *e, const stof_gemm_args *a,
+                              CUstream stream, const stof_api *api)
+{
+    if (!fn || !c || !e || !a || !api || !api->cuLaunchKernel)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (a->M < 0 || a->N <= 0 || a->K <= 0 || a->N % 8 || a->K % 8 ||
+        c->block_m <= 0 || c->block_n <= 0)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (a->M == 0)
+        return STOF_OK;
+    if (a->lda < a->K || a->ldw < a->K || a->ldc < a->N || a->lda % 8 ||
+        a->ldw % 8 || a->ldc % 8)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!a->a || !a->w || !a->c || (a->a | a->w | a->c) % 16u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (e->bias && (!a->bias || a->bias % 16u))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (e->residual && (!a->residual || a->residual % 16u))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (e->norm && (!a->gamma || a->gamma % 16u ||
+                    (e->norm == 1 && (!a->beta || a->beta % 16u))))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (e->write_pre && (!a->pre || a->pre % 16u))
+        return STOF_ERR_INVALID_ARGUMENT;
+    const unsigned gx =
+        e->norm ? 1u : (unsigned)((a->N + c->block_n - 1) / c->block_n);
+    const int64_t gy = ((int64_t)a->M + c->block_m - 1) / c->block_m;
+    if (gy > 65535)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const size_t smem = stof__gemm_smem_bytes(c, e, a->N);
+    void *params[] = {(void *)a};
+    CUresult r = api->cuLaunchKernel(
+        fn, gx, (unsigned)gy, 1, (unsigned)(c->warps_m * c->warps_n * 32), 1,
+        1, (unsigned)smem, stream, params, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
+/* ------------------------------------------------------------------------ */
+/* JSON                                                                      */
+/* ------------------------------------------------------------------------ */
+
+void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                         stof_str *out)
+{
+    if (!c || !e || !out)
+        return;
+    stof__str_printf(out,
+                     "{\"bm\":%d,\"bn\":%d,\"bk\":%d,\"wm\":%d,\"wn\":%d,"
+                     "\"st\":%d,\"bias\":%d,\"act\":%d,\"res\":%d,"
+                     "\"norm\":%d,\"pre\":%d}",
+                     c->block_m, c->block_n, c->block_k, c->warps_m,
+                     c->warps_n, c->stages, e->bias, e->act, e->residual,
+                     e->norm, e->write_pre);
+}
+
+static const char *skip_ws(const char *p)
+{
+    while (*p && isspace((unsigned char)*p))
+        p++;
+    return p;
+}
+
+int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
+                         stof_gemm_epi *e)
+{
+    static const char *const keys[] = {"bm",  "bn",  "bk",  "wm",
+                                       "wn",  "st",  "bias", "act",
+                                       "res", "norm", "pre"};
+    enum { NK = 11 };
+    int val[NK];
+    int seen[NK] = {0};
+    if (!json || !c || !e)
+        return 0;
+    const char *p = skip_ws(json);
+    if (*p++ != '{')
+        return 0;
+    p = skip_ws(p);
+    if (*p == '}')
+        return 0;
+    for (;;) {
+        if (*p++ != '"')
+            return 0;
+        const char *k0 = p;
+        while (*p && *p != '"')
+            p++;
+        if (*p != '"')
+            return 0;
+        const size_t klen = (size_t)(p - k0);
+        p = skip_ws(p + 1);
+        if (*p++ != ':')
+            return 0;
+        p = skip_ws(p);
+        char *end = NULL;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < -1000000 || v > 1000000)
+            return 0;
+        p = skip_ws(end);
+        int idx = -1;
+        for (int i = 0; i < NK; i++)
+            if (strlen(keys[i]) == klen && memcmp(keys[i], k0, klen) == 0)
+                idx = i;
+        if (idx < 0 || seen[idx])
+            return 0;
+        seen[idx] = 1;
+        val[idx] = (int)v;
+        if (*p == ',') {
+            p = skip_ws(p + 1);
+            continue;
+        }
+        if (*p != '}')
+            return 0;
+        p = skip_ws(p + 1);
+        break;
+    }
+    if (*p)
+        return 0;
+    for (int i = 0; i < NK; i++)
+        if (!seen[i])
+            return 0;
+    c->block_m = val[0];
+    c->block_n = val[1];
+    c->block_k = val[2];
+    c->warps_m = val[3];
+    c->warps_n = val[4];
+    c->stages = val[5];
+    e->bias = val[6];
+    e->act = val[7];
+    e->residual = val[8];
+    e->norm = val[9];
+    e->write_pre = val[10];
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* CPU references                                                            */
+/* ------------------------------------------------------------------------ */
+
+float stof__ref_act(float v, int act)
+{
+    switch (act) {
+    case STOF_ACT_GELU_TANH: {
+        const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+        return 0.5f * v * (1.0f + tanhf(u));
+    }
+    case STOF_ACT_GELU_ERF:
+        return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+    case STOF_ACT_RELU:
+        return v > 0.0f ? v : 0.0f;
+    case STOF_ACT_SILU:
+        return v / (1.0f + expf(-v));
+    default:
+        return v;
+    }
+}
+
+void stof__ref_norm_row(const float *v, const float *gamma, const float *beta,
+                        int n, int kind, float eps, float *out)
+{
+    if (!v || !gamma || !out || n <= 0)
+        return;
+    double mean = 0.0;
+    if (kind == STOF_NORM_LAYER) {
+        for (int i = 0; i < n; i++)
+            mean += v[i];
+        mean /= n;
+    }
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double d = v[i] - mean;
+        ss += d * d;
+    }
+    const float rstd = (float)(1.0 / sqrt(ss / n + (double)eps));
+    for (int i = 0; i < n; i++) {
+        float y = ((float)(v[i] - mean)) * rstd * gamma[i];
+        if (kind == STOF_NORM_LAYER && beta)
+            y += beta[i];
+        out[i] = y;
+    }
+}
+
+static float round_dt(float v, stof_dtype dt)
+{
+    if (dt != STOF_DTYPE_FP16 && dt != STOF_DTYPE_BF16)
+        return v;
+    return stof__half_to_f32(stof__f32_to_half(v, dt), dt);
+}
+
+void stof__ref_gemm(const float *A, const float *W, const float *bias,
+                    const float *residual, const float *gamma,
+                    const float *beta, int M, int N, int K, int64_t lda,
+                    int64_t ldw, int64_t ldc, const stof_gemm_epi *e,
+                    float eps, stof_dtype dt, float *out, float *pre)
+{
+    if (!A || !W || !e || !out || M <= 0 || N <= 0 || K < 0)
+        return;
+    float *row = malloc((size_t)N * 2u * sizeof(float));
+    if (!row)
+        return;
+    float *nrm = row + N;
+    for (int m = 0; m < M; m++) {
+        const float *a = A + (int64_t)m * lda;
+        for (int n = 0; n < N; n++) {
+            const float *w = W + (int64_t)n * ldw;
+            double acc = 0.0;
+            for (int k = 0; k < K; k++)
+                acc += (double)a[k] * (double)w[k];
+            float v = (float)acc;
+            if (e->bias && bias)
+                v += bias[n];
+            v = stof__ref_act(v, e->act);
+            if (e->residual && residual)
+                v += residual[(int64_t)m * ldc + n];
+            row[n] = round_dt(v, dt);
+        }
+        float *o = out + (int64_t)m * ldc;
+        if (e->norm && gamma) {
+            stof__ref_norm_row(row, gamma, beta, N,
+                               e->norm == 1 ? STOF_NORM_LAYER : STOF_NORM_RMS,
+                               eps, nrm);
+            for (int n = 0; n < N; n++)
+                o[n] = round_dt(nrm[n], dt);
+            if (pre)
+                memcpy(pre + (int64_t)m * ldc, row, (size_t)N * sizeof(float));
+        } else {
+            memcpy(o, row, (size_t)N * sizeof(float));
+        }
+    }
+    free(row);
+}

@@ -1,0 +1,210 @@
+/*
+ * test_gemm_cpu.c - the CPU side of the GEMM template (src/gemm.c): which
+ * configurations are refused and why, the shared memory formula, the JSON
+ * round trip, the candidates of the layer shapes, the cost model's sanity,
+ * and the references (activations, norms, rounding) on small hand-checked
+ * cases. No GPU.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "internal.h"
+
+static const stof_gemm_epi plain = {0, 0, 0, 0, 0};
+
+Test(gemm_cpu, valid_and_invalid)
+{
+    char why[256];
+    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3};
+    cr_assert(stof__gemm_cfg_valid(NULL, &c, &plain, 768, 768, why,
+                                   sizeof(why)),
+              "%s", why);
+    static const struct {
+        stof_gemm_cfg c;
+        stof_gemm_epi e;
+        int N, K;
+        const char *needle;
+    } bad[] = {
+        {{128, 128, 32, 2, 4, 3}, {0, 0, 0, 0, 0}, 100, 768, "N 100"},
+        {{128, 128, 32, 2, 4, 3}, {0, 0, 0, 0, 0}, 768, 20, "K 20"},
+        {{96, 128, 32, 2, 4, 3}, {0, 0, 0, 0, 0}, 768, 768, "block_m"},
+        {{128, 48, 32, 2, 4, 3}, {0, 0, 0, 0, 0}, 768, 768, "block_n"},
+        {{128, 128, 16, 2, 4, 3}, {0, 0, 0, 0, 0}, 768, 768, "block_k"},
+        {{128, 128, 32, 4, 4, 3}, {0, 0, 0, 0, 0}, 768, 768, "warps"},
+        {{16, 128, 32, 2, 2, 3}, {0, 0, 0, 0, 0}, 768, 768, "multiple of 16"},
+        {{256, 256, 32, 2, 2, 3}, {0, 0, 0, 0, 0}, 768, 768, "accumulators"},
+        {{128, 128, 32, 2, 4, 1}, {0, 0, 0, 0, 0}, 768, 768, "stages"},
+        {{128, 128, 32, 2, 4, 3}, {0, 7, 0, 0, 0}, 768, 768, "act 7"},
+        {{128, 128, 32, 2, 4, 3}, {0, 0, 0, 3, 0}, 768, 768, "norm 3"},
+        {{64, 64, 32, 2, 2, 3}, {0, 1, 0, 1, 0}, 768, 768, "act = none"},
+        {{128, 128, 32, 2, 4, 3}, {0, 0, 0, 0, 1}, 768, 768, "write_pre"},
+        {{64, 128, 32, 2, 4, 3}, {0, 0, 1, 1, 1}, 4096, 768, "shared memory"},
+        {{128, 128, 32, 2, 4, 3}, {2, 0, 0, 0, 0}, 768, 768, "0 or 1"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        why[0] = '\0';
+        cr_expect_not(stof__gemm_cfg_valid(NULL, &bad[i].c, &bad[i].e,
+                                           bad[i].N, bad[i].K, why,
+                                           sizeof(why)),
+                      "case %zu accepted", i);
+        cr_expect(strstr(why, bad[i].needle) != NULL,
+                  "case %zu: reason '%s' lacks '%s'", i, why, bad[i].needle);
+    }
+    cr_expect_not(stof__gemm_cfg_valid(NULL, NULL, &plain, 8, 8, NULL, 0));
+    /* A device with little shared memory refuses a large pipeline. */
+    stof_device dev;
+    memset(&dev, 0, sizeof(dev));
+    dev.ok = 1;
+    dev.sm_count = 108;
+    dev.max_smem_optin = 48 * 1024;
+    stof_gemm_cfg big = {128, 256, 32, 2, 4, 4};
+    cr_expect_not(stof__gemm_cfg_valid(&dev, &big, &plain, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "device") != NULL, "%s", why);
+}
+
+Test(gemm_cpu, smem_bytes)
+{
+    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3};
+    /* 3 stages x 256 rows x 40 elements x 2 bytes. */
+    cr_expect_eq(stof__gemm_smem_bytes(&c, &plain, 768), 3u * 256 * 40 * 2);
+    stof_gemm_cfg s = {128, 256, 32, 2, 4, 2};
+    /* The staging tile 128 x 264 is larger than 2 x 384 x 40. */
+    cr_expect_eq(stof__gemm_smem_bytes(&s, &plain, 768), 128u * 264 * 2);
+    stof_gemm_epi ln = {1, 0, 1, 1, 1};
+    stof_gemm_cfg n = {32, 128, 32, 2, 4, 3};
+    cr_expect_eq(stof__gemm_smem_bytes(&n, &ln, 768),
+                 3u * 160 * 40 * 2 + 32u * 776 * 2);
+    cr_expect_eq(stof__gemm_smem_bytes(NULL, &plain, 768), 0);
+}
+
+Test(gemm_cpu, json_round_trip)
+{
+    stof_gemm_cfg c = {128, 256, 64, 2, 4, 4}, c2;
+    stof_gemm_epi e = {1, 2, 1, 0, 0}, e2;
+    stof_str s = {0};
+    stof__gemm_cfg_json(&c, &e, &s);
+    cr_assert(s.p && !s.oom);
+    cr_expect_str_eq(s.p, "{\"bm\":128,\"bn\":256,\"bk\":64,\"wm\":2,\"wn\":4,"
+                          "\"st\":4,\"bias\":1,\"act\":2,\"res\":1,"
+                          "\"norm\":0,\"pre\":0}");
+    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2));
+    cr_expect_eq(memcmp(&c, &c2, sizeof(c)), 0);
+    cr_expect_eq(memcmp(&e, &e2, sizeof(e)), 0);
+    stof__str_free(&s);
+    /* Whitespace and key order do not matter. */
+    cr_expect(stof__gemm_cfg_parse(
+        " { \"pre\" : 1, \"norm\":1,\"res\":1,\"act\":0,\"bias\":1,\"st\":3,"
+        "\"wn\":4,\"wm\":2,\"bk\":32,\"bn\":128,\"bm\":32 } ",
+        &c2, &e2));
+    cr_expect_eq(c2.block_m, 32);
+    cr_expect_eq(e2.write_pre, 1);
+    static const char *bad[] = {
+        "", "{}", "{\"bm\":128}", "[1]", "{\"bm\":128,\"bn\":256,\"bk\":64,"
+        "\"wm\":2,\"wn\":4,\"st\":4,\"bias\":1,\"act\":2,\"res\":1,\"norm\":0,"
+        "\"pre\":0,\"bm\":1}",
+        "{\"bm\":x,\"bn\":256,\"bk\":64,\"wm\":2,\"wn\":4,\"st\":4,\"bias\":1,"
+        "\"act\":2,\"res\":1,\"norm\":0,\"pre\":0}",
+        "{\"bm\":128,\"bn\":256,\"bk\":64,\"wm\":2,\"wn\":4,\"st\":4,\"bias\":1,"
+        "\"act\":2,\"res\":1,\"norm\":0,\"pre\":0} x",
+        "{\"bm\":128,\"bn\":256,\"bk\":64,\"wm\":2,\"wn\":4,\"st\":4,\"bias\":1,"
+        "\"act\":2,\"res\":1,\"norm\":0,\"zz\":0}",
+        NULL};
+    for (int i = 0; bad[i]; i++)
+        cr_expect_not(stof__gemm_cfg_parse(bad[i], &c2, &e2), "accepted %s",
+                      bad[i]);
+    cr_expect_not(stof__gemm_cfg_parse(NULL, &c2, &e2));
+}
+
+Test(gemm_cpu, candidates_of_layer_shapes)
+{
+    static const int shapes[][3] = {{4096, 768, 768},   {4096, 2304, 768},
+                                    {4096, 3072, 768},  {4096, 768, 3072},
+                                    {128, 768, 768},    {128, 3072, 768},
+                                    {128, 768, 3072},   {512, 2304, 768},
+                                    {1, 768, 768},      {100, 200, 72}};
+    stof_gemm_epi epis[] = {{1, 1, 0, 0, 0}, {1, 0, 1, 0, 0},
+                            {1, 0, 1, 1, 1}, {1, 0, 1, 2, 0}};
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(*shapes); s++)
+        for (size_t j = 0; j < sizeof(epis) / sizeof(*epis); j++) {
+            stof_gemm_cfg c[64];
+            const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            int n = stof__gemm_candidates(NULL, &epis[j], M, N, K, c, 64);
+            cr_expect_gt(n, 0, "no candidate for %dx%dx%d epi %zu", M, N, K,
+                         j);
+            for (int i = 0; i < n; i++) {
+                char why[256];
+                cr_expect(stof__gemm_cfg_valid(NULL, &c[i], &epis[j], N, K,
+                                               why, sizeof(why)),
+                          "candidate %d invalid: %s", i, why);
+                const double ms =
+                    stof__gemm_model_ms(NULL, &c[i], &epis[j], M, N, K);
+                cr_expect(ms > 0.0 && isfinite(ms));
+            }
+            /* max is respected */
+            cr_expect_leq(stof__gemm_candidates(NULL, &epis[j], M, N, K, c, 2),
+                          2);
+        }
+    /* Norm: no candidate when even 16 rows of N do not fit. */
+    stof_gemm_cfg c[8];
+    stof_gemm_epi ln = {0, 0, 0, 1, 0};
+    cr_expect_eq(stof__gemm_candidates(NULL, &ln, 128, 65536, 768, c, 8), 0);
+}
+
+Test(gemm_cpu, model_prefers_sensible_tiles)
+{
+    stof_device dev;
+    memset(&dev, 0, sizeof(dev));
+    dev.ok = 1;
+    dev.sm_count = 132;
+    dev.max_smem_optin = 227 * 1024;
+    stof_gemm_cfg big = {128, 256, 32, 2, 4, 3}, small = {32, 64, 32, 1, 2, 4};
+    /* Large M: the large tile; tiny M: the small one (more CTAs). */
+    cr_expect_lt(stof__gemm_model_ms(&dev, &big, &plain, 4096, 3072, 3072),
+                 stof__gemm_model_ms(&dev, &small, &plain, 4096, 3072, 3072));
+    cr_expect_lt(stof__gemm_model_ms(&dev, &small, &plain, 128, 768, 3072),
+                 stof__gemm_model_ms(&dev, &big, &plain, 128, 768, 3072));
+    /* Roughly the peak on a big problem: 2*4096*3072*3072 at ~350 TF. */
+    const double ms = stof__gemm_model_ms(&dev, &big, &plain, 4096, 3072, 3072);
+    cr_expect(ms > 0.15 && ms < 0.4, "model %.3f ms", ms);
+    cr_expect(isinf(stof__gemm_model_ms(&dev, &big, &plain, 0, 8, 8)));
+}
+
+Test(gemm_cpu, references)
+{
+    cr_expect_float_eq(stof__ref_act(-2.0f, STOF_ACT_RELU), 0.0f, 0);
+    cr_expect_float_eq(stof__ref_act(3.0f, STOF_ACT_NONE), 3.0f, 0);
+    cr_expect(fabsf(stof__ref_act(1.0f, STOF_ACT_GELU_ERF) - 0.8413447f) <
+              1e-6f);
+    cr_expect(fabsf(stof__ref_act(1.0f, STOF_ACT_GELU_TANH) - 0.8411920f) <
+              1e-6f);
+    cr_expect(fabsf(stof__ref_act(1.0f, STOF_ACT_SILU) - 0.7310586f) < 1e-6f);
+    const float v[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 2}, b[4] = {0, 0, 0, 1};
+    float o[4];
+    stof__ref_norm_row(v, g, b, 4, STOF_NORM_LAYER, 0.0f, o);
+    /* mean 2.5, var 1.25 */
+    const float r = 1.0f / sqrtf(1.25f);
+    cr_expect(fabsf(o[0] + 1.5f * r) < 1e-6f);
+    cr_expect(fabsf(o[3] - (2.0f * 1.5f * r + 1.0f)) < 1e-6f);
+    stof__ref_norm_row(v, g, NULL, 4, STOF_NORM_RMS, 0.0f, o);
+    cr_expect(fabsf(o[1] - 2.0f / sqrtf(7.5f)) < 1e-6f);
+
+    /* A 2x3x2 GEMM with bias, relu, residual; rounding to fp16. */
+    const float A[4] = {1, 2, 3, 4}, W[6] = {1, 0, 0, 1, 1, -1},
+                bias[3] = {0.5f, 0, -10}, res[6] = {1, 1, 1, 1, 1, 1};
+    stof_gemm_epi e = {1, STOF_ACT_RELU, 1, 0, 0};
+    float out[6];
+    stof__ref_gemm(A, W, bias, res, NULL, NULL, 2, 3, 2, 2, 2, 3, &e, 0.0f,
+                   STOF_DTYPE_FP16, out, NULL);
+    const float want[6] = {2.5f, 3, 1, 4.5f, 5, 1};
+    for (int i = 0; i < 6; i++)
+        cr_expect_float_eq(out[i], want[i], 0, "out[%d] = %g", i, out[i]);
+    /* Rounding to bf16: 1 + 2^-9 becomes 1. */
+    const float a1[8] = {1.001953125f, 0, 0, 0, 0, 0, 0, 0},
+                w1[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+    stof__ref_gemm(a1, w1, NULL, NULL, NULL, NULL, 1, 1, 8, 8, 8, 1, &plain,
+                   0.0f, STOF_DTYPE_BF16, out, NULL);
+    cr_expect_float_eq(out[0], 1.0f, 0);
+}

@@ -1,0 +1,415 @@
+/*
+ * test_gpu_gemm.c - the "gpu" suite for the tensor-core GEMM template
+ * (jit_templates/gemm.cu, src/gemm.c): every epilogue (bias, each
+ * activation, residual, LayerNorm / RMSNorm with and without write_pre),
+ * fp16 and bf16, M/N/K tails and a few layer shapes, on fresh random inputs
+ * with the outputs poisoned first, compared with stof__ref_gemm:
+ *   - relative error ||out - ref|| / ||ref|| under 3e-3 (fp16) / 1.5e-2
+ *     (bf16): the reference rounds like the kernel, so what remains is
+ *     summation order (one ulp on a few elements);
+ *   - every output element written (no NaN left from the poison), nothing
+ *     in the padding columns of ldc written.
+ * STOF_GEMM_BENCH=1 also times the layer shapes (M=4096 and M=128) over a
+ * list of configurations and logs the TFLOP/s of each and the best.
+ * Without a usable GPU the program prints why and exits 77 (skip).
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_shim.h"
+#include "gemm.h"
+#include "internal.h"
+#include "testutil.h"
+
+/* Open a context or skip the test. */
+static stof_context *open_or_skip(void)
+{
+    stof_context *ctx = NULL;
+    stof_settings s;
+    stof_default_settings(&s);
+    stof_status st = stof_open(&ctx, &s);
+    cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
+    if (!stof_has_device(ctx)) {
+        stof_close(&ctx);
+        stof_settings r;
+        stof_default_settings(&r);
+        r.require_device = 1;
+        stof_open(&ctx, &r);
+        char why[512];
+        snprintf(why, sizeof(why), "%s", stof_errmsg(ctx));
+        stof_close(&ctx);
+        cr_skip_test("no usable GPU, skipping: %s", why);
+    }
+    return ctx;
+}
+
+static const char *dt_name(stof_dtype dt)
+{
+    return dt == STOF_DTYPE_FP16 ? "fp16" : "bf16";
+}
+
+/* n values uniform in [lo, hi], rounded to dt: raw bits and floats. */
+static void fill(tu_rng *r, uint16_t *raw, float *f, size_t n, stof_dtype dt,
+                 float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = lo + (hi - lo) * (float)tu_uniform(r);
+        raw[i] = stof__f32_to_half(v, dt);
+        f[i] = stof__half_to_f32(raw[i], dt);
+    }
+}
+
+typedef struct kernel {
+    CUmodule mod;
+    CUfunction fn;
+} kernel;
+
+static kernel load(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
+                   const stof_gemm_epi *e, int N)
+{
+    kernel k = {0};
+    void *bin = NULL;
+    size_t size = 0;
+    stof_status st = stof__gemm_compile(ctx, dt, c, e, N, NULL, &bin, &size);
+    cr_assert_eq(st, STOF_OK, "compile: %s", stof_errmsg(ctx));
+    st = stof__gemm_load_cubin(ctx, c, e, N, bin, &k.mod, &k.fn);
+    free(bin);
+    cr_assert_eq(st, STOF_OK, "load: %s", stof_errmsg(ctx));
+    return k;
+}
+
+static void unload(stof_context *ctx, kernel *k)
+{
+    if (k->mod && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuModuleUnload(k->mod);
+        stof__ctx_pop(ctx);
+    }
+    k->mod = NULL;
+}
+
+static CUdeviceptr upload(const stof_api *api, const void *h, size_t bytes)
+{
+    CUdeviceptr d = 0;
+    cr_assert_eq(api->cuMemAlloc(&d, bytes ? bytes : 16), CUDA_SUCCESS);
+    if (h && bytes)
+        cr_assert_eq(api->cuMemcpyHtoD(d, h, bytes), CUDA_SUCCESS);
+    return d;
+}
+
+/* One GEMM on the GPU against the reference; `pad` extra elements per row
+ * of A, W and C. */
+static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
+                  const stof_gemm_epi *e, int M, int N, int K, int pad,
+                  uint64_t salt)
+{
+    char tag[256];
+    snprintf(tag, sizeof(tag),
+             "[%s %dx%dx%d w%dx%d s%d bias=%d act=%d res=%d norm=%d pre=%d] "
+             "M=%d N=%d K=%d pad=%d",
+             dt_name(dt), c->block_m, c->block_n, c->block_k, c->warps_m,
+             c->warps_n, c->stages, e->bias, e->act, e->residual, e->norm,
+             e->write_pre, M, N, K, pad);
+    char why[256];
+    cr_assert(stof__gemm_cfg_valid(&ctx->device, c, e, N, K, why,
+                                   sizeof(why)),
+              "%s: not valid: %s", tag, why);
+    const stof_api *api = ctx->api;
+    tu_rng rng = {tu_seed() ^ salt};
+    const int64_t lda = K + pad, ldw = K + pad, ldc = N + pad;
+    const size_t na = (size_t)M * lda, nw = (size_t)N * ldw,
+                 nc = (size_t)M * ldc;
+    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *hb = malloc(N * 2u),
+             *hr = malloc(nc * 2), *hg = malloc(N * 2u), *hbe = malloc(N * 2u),
+             *ho = malloc(nc * 2), *hp = malloc(nc * 2);
+    float *fa = malloc(na * 4), *fw = malloc(nw * 4), *fb = malloc(N * 4u),
+          *fr = malloc(nc * 4), *fg = malloc(N * 4u), *fbe = malloc(N * 4u),
+          *fo = calloc(nc, 4), *fp = calloc(nc, 4);
+    cr_assert(ha && hw && hb && hr && hg && hbe && ho && hp && fa && fw &&
+              fb && fr && fg && fbe && fo && fp);
+    const float wamp = 2.0f / sqrtf((float)K);
+    fill(&rng, ha, fa, na, dt, -1.0f, 1.0f);
+    fill(&rng, hw, fw, nw, dt, -wamp, wamp);
+    fill(&rng, hb, fb, N, dt, -0.5f, 0.5f);
+    fill(&rng, hr, fr, nc, dt, -1.0f, 1.0f);
+    fill(&rng, hg, fg, N, dt, 0.5f, 1.5f);
+    fill(&rng, hbe, fbe, N, dt, -0.5f, 0.5f);
+    const float eps = 1e-5f;
+
+    kernel k = load(ctx, dt, c, e, N);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    stof_gemm_args a;
+    memset(&a, 0, sizeof(a));
+    a.a = upload(api, ha, na * 2);
+    a.w = upload(api, hw, nw * 2);
+    a.c = upload(api, NULL, nc * 2);
+    a.bias = e->bias ? upload(api, hb, N * 2u) : 0;
+    a.residual = e->residual ? upload(api, hr, nc * 2) : 0;
+    a.gamma = e->norm ? upload(api, hg, N * 2u) : 0;
+    a.beta = e->norm == 1 ? upload(api, hbe, N * 2u) : 0;
+    a.pre = e->write_pre ? upload(api, NULL, nc * 2) : 0;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.lda = lda;
+    a.ldw = ldw;
+    a.ldc = ldc;
+    a.eps = eps;
+    /* Poison: 0xffff is a NaN in fp16 and bf16. */
+    cr_assert_eq(api->cuMemsetD8(a.c, 0xff, nc * 2), CUDA_SUCCESS);
+    if (a.pre)
+        cr_assert_eq(api->cuMemsetD8(a.pre, 0xff, nc * 2), CUDA_SUCCESS);
+    stof_status st = stof__gemm_launch(k.fn, c, e, &a, NULL, api);
+    cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag, stof_status_str(st));
+    CUresult r = api->cuCtxSynchronize();
+    const char *en = NULL;
+    if (r != CUDA_SUCCESS)
+        api->cuGetErrorName(r, &en);
+    cr_assert_eq(r, CUDA_SUCCESS, "%s: kernel failed: %s", tag,
+                 en ? en : "?");
+    cr_assert_eq(api->cuMemcpyDtoH(ho, a.c, nc * 2), CUDA_SUCCESS);
+    if (a.pre)
+        cr_assert_eq(api->cuMemcpyDtoH(hp, a.pre, nc * 2), CUDA_SUCCESS);
+    CUdeviceptr ptrs[] = {a.a, a.w, a.c, a.bias, a.residual,
+                          a.gamma, a.beta, a.pre};
+    for (size_t i = 0; i < sizeof(ptrs) / sizeof(*ptrs); i++)
+        if (ptrs[i])
+            api->cuMemFree(ptrs[i]);
+    stof__ctx_pop(ctx);
+    unload(ctx, &k);
+
+    stof__ref_gemm(fa, fw, fb, fr, fg, fbe, M, N, K, lda, ldw, ldc, e, eps,
+                   dt, fo, e->write_pre ? fp : NULL);
+
+    const size_t n = (size_t)M * N;
+    double *got = malloc(n * sizeof(double) * 2), *want = got + n;
+    cr_assert(got);
+    const double tol = dt == STOF_DTYPE_FP16 ? 3e-3 : 1.5e-2;
+    for (int pass = 0; pass < (e->write_pre ? 2 : 1); pass++) {
+        const uint16_t *h = pass ? hp : ho;
+        const float *f = pass ? fp : fo;
+        size_t nan_count = 0, pad_written = 0, t = 0;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < (int)ldc; j++) {
+                const size_t off = (size_t)i * ldc + j;
+                if (j >= N) {
+                    pad_written += h[off] != 0xffffu;
+                    continue;
+                }
+                got[t] = stof__half_to_f32(h[off], dt);
+                want[t] = f[off];
+                if (isnan(got[t]) && nan_count++ < 3)
+                    cr_log_error("%s: %s NaN at row %d col %d", tag,
+                                 pass ? "pre" : "out", i, j);
+                t++;
+            }
+        const double err = tu_rel_err(got, want, n);
+        cr_log_info("%s: %s rel err %.2e", tag, pass ? "pre" : "out", err);
+        cr_expect_eq(nan_count, 0, "%s: %zu %s elements not written", tag,
+                     nan_count, pass ? "pre" : "out");
+        cr_expect_eq(pad_written, 0, "%s: %zu padding elements written", tag,
+                     pad_written);
+        cr_expect(err < tol, "%s: %s relative error %.3e >= %.1e", tag,
+                  pass ? "pre" : "out", err, tol);
+    }
+    free(got);
+    free(ha), free(hw), free(hb), free(hr), free(hg), free(hbe), free(ho);
+    free(hp);
+    free(fa), free(fw), free(fb), free(fr), free(fg), free(fbe), free(fo);
+    free(fp);
+}
+
+static const stof_gemm_cfg cfg_64 = {64, 64, 32, 2, 2, 3};
+
+/* Every activation, with and without bias / residual, on tails. */
+static void epilogues(stof_dtype dt)
+{
+    stof_context *ctx = open_or_skip();
+    for (int act = 0; act <= STOF_ACT_SILU; act++)
+        for (int v = 0; v < 2; v++) {
+            stof_gemm_epi e = {v == 0 || act == 0, act, v == 1 || act == 0,
+                               0, 0};
+            check(ctx, dt, &cfg_64, &e, 100, 200, 72, v ? 8 : 0,
+                  (uint64_t)(act * 2 + v));
+        }
+    stof_gemm_epi none = {0, 0, 0, 0, 0};
+    check(ctx, dt, &cfg_64, &none, 1, 8, 8, 0, 99);
+    stof_close(&ctx);
+}
+
+Test(gpu, epilogues_fp16, .timeout = 300) { epilogues(STOF_DTYPE_FP16); }
+Test(gpu, epilogues_bf16, .timeout = 300) { epilogues(STOF_DTYPE_BF16); }
+
+/* Every tile shape of the candidate lists on awkward sizes. */
+Test(gpu, tiles, .timeout = 600)
+{
+    stof_context *ctx = open_or_skip();
+    static const stof_gemm_cfg cfgs[] = {
+        {128, 256, 32, 2, 4, 3}, {256, 128, 32, 4, 2, 3},
+        {128, 128, 32, 2, 4, 4}, {128, 128, 64, 2, 4, 3},
+        {64, 128, 32, 2, 2, 4},  {128, 64, 32, 2, 2, 2},
+        {64, 64, 64, 2, 2, 5},   {32, 64, 32, 1, 2, 4},
+        {32, 128, 32, 1, 4, 3},  {16, 64, 64, 1, 4, 3},
+    };
+    stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 1, 0, 0};
+    for (size_t i = 0; i < sizeof(cfgs) / sizeof(*cfgs); i++)
+        check(ctx, i % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &cfgs[i], &e,
+              300, 264, 200, 0, 1000 + i);
+    stof_close(&ctx);
+}
+
+/* Row-complete LayerNorm / RMSNorm, with and without pre. */
+static void norms(stof_dtype dt)
+{
+    stof_context *ctx = open_or_skip();
+    static const stof_gemm_cfg cfgs[] = {
+        {16, 64, 64, 1, 4, 3}, {32, 128, 32, 2, 4, 3}, {64, 64, 32, 2, 2, 3}};
+    int i = 0;
+    for (int norm = 1; norm <= 2; norm++)
+        for (int pre = 0; pre < 2; pre++, i++) {
+            stof_gemm_epi e = {pre, 0, 1, norm, pre};
+            check(ctx, dt, &cfgs[i % 3], &e, 100, 200, 72, pre ? 8 : 0,
+                  (uint64_t)(2000 + i));
+        }
+    stof_gemm_epi ln = {1, 0, 1, 1, 1};
+    check(ctx, dt, &cfgs[1], &ln, 128, 768, 3072, 0, 2100);
+    stof_close(&ctx);
+}
+
+Test(gpu, norms_fp16, .timeout = 300) { norms(STOF_DTYPE_FP16); }
+Test(gpu, norms_bf16, .timeout = 300) { norms(STOF_DTYPE_BF16); }
+
+/* Layer shapes with the planner's first candidate. */
+Test(gpu, layer_shapes, .timeout = 600)
+{
+    stof_context *ctx = open_or_skip();
+    static const int shapes[][3] = {{512, 2304, 768}, {128, 768, 3072}};
+    for (int s = 0; s < 2; s++) {
+        stof_gemm_epi e = {1, s ? STOF_ACT_NONE : STOF_ACT_GELU_ERF, s, 0, 0};
+        stof_gemm_cfg c[32];
+        int n = stof__gemm_candidates(&ctx->device, &e, shapes[s][0],
+                                      shapes[s][1], shapes[s][2], c, 32);
+        cr_assert_gt(n, 0);
+        check(ctx, s ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &c[0], &e,
+              shapes[s][0], shapes[s][1], shapes[s][2], 0, 3000 + s);
+    }
+    stof_close(&ctx);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Timing (STOF_GEMM_BENCH=1)                                                */
+/* ------------------------------------------------------------------------ */
+
+Test(gpu, bench, .timeout = 600)
+{
+    const char *b = getenv("STOF_GEMM_BENCH");
+    if (!b || !b[0] || strcmp(b, "0") == 0)
+        cr_skip_test("set STOF_GEMM_BENCH=1 to time the GEMM");
+    stof_context *ctx = open_or_skip();
+    const stof_api *api = ctx->api;
+    static const stof_gemm_cfg cfgs[] = {
+        {128, 256, 32, 2, 4, 3}, {128, 256, 32, 2, 4, 4},
+        {256, 128, 32, 4, 2, 3}, {128, 128, 32, 2, 4, 3},
+        {128, 128, 32, 2, 4, 4}, {128, 128, 64, 2, 4, 3},
+        {64, 128, 32, 2, 2, 4},  {64, 64, 32, 2, 2, 4},
+        {32, 64, 32, 1, 2, 4},
+    };
+    enum { NC = sizeof(cfgs) / sizeof(*cfgs) };
+    static const int shapes[][3] = {
+        {4096, 768, 768},  {4096, 2304, 768}, {4096, 3072, 768},
+        {4096, 768, 3072}, {4096, 3072, 3072}, {128, 768, 768},
+        {128, 2304, 768},  {128, 3072, 768},  {128, 768, 3072}};
+    enum { NS = sizeof(shapes) / sizeof(*shapes) };
+    const stof_dtype dt = STOF_DTYPE_FP16;
+    stof_gemm_epi e = {0, 0, 0, 0, 0};
+    kernel k[NC];
+    for (int i = 0; i < NC; i++)
+        k[i] = load(ctx, dt, &cfgs[i], &e, 8);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    for (int i = 0; i < NC; i++) {
+        int regs = 0, local = 0;
+        api->cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, k[i].fn);
+        api->cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                k[i].fn);
+        cr_log_info("cfg %dx%dx%d w%dx%d s%d: %d registers, %d B local",
+                    cfgs[i].block_m, cfgs[i].block_n, cfgs[i].block_k,
+                    cfgs[i].warps_m, cfgs[i].warps_n, cfgs[i].stages, regs,
+                    local);
+    }
+    const size_t maxa = 4096u * 3072u, maxw = 3072u * 3072u,
+                 maxc = 4096u * 3072u;
+    CUdeviceptr da, dw, dc;
+    cr_assert_eq(api->cuMemAlloc(&da, maxa * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dw, maxw * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dc, maxc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(da, 0x11, maxa * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(dw, 0x11, maxw * 2), CUDA_SUCCESS);
+    CUevent e0, e1;
+    cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
+    cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
+    for (int s = 0; s < NS; s++) {
+        const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        stof_gemm_args a;
+        memset(&a, 0, sizeof(a));
+        a.a = da;
+        a.w = dw;
+        a.c = dc;
+        a.M = M;
+        a.N = N;
+        a.K = K;
+        a.lda = a.ldw = K;
+        a.ldc = N;
+        double best = 0.0;
+        int best_i = -1;
+        for (int i = 0; i < NC; i++) {
+            const int iters = M >= 1024 ? 20 : 50;
+            for (int w = 0; w < 3; w++)
+                stof__gemm_launch(k[i].fn, &cfgs[i], &e, &a, NULL, api);
+            api->cuEventRecord(e0, NULL);
+            for (int it = 0; it < iters; it++)
+                stof__gemm_launch(k[i].fn, &cfgs[i], &e, &a, NULL, api);
+            api->cuEventRecord(e1, NULL);
+            cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
+            float ms = 0.0f;
+            api->cuEventElapsedTime(&ms, e0, e1);
+            ms /= (float)iters;
+            const double tf = 2.0 * M * N * (double)K / (ms * 1e-3) / 1e12;
+            const double model =
+                stof__gemm_model_ms(&ctx->device, &cfgs[i], &e, M, N, K);
+            cr_log_info("M=%d N=%d K=%d cfg %dx%dx%d w%dx%d s%d: %.4f ms "
+                        "%.1f TFLOP/s (model %.4f ms)",
+                        M, N, K, cfgs[i].block_m, cfgs[i].block_n,
+                        cfgs[i].block_k, cfgs[i].warps_m, cfgs[i].warps_n,
+                        cfgs[i].stages, ms, tf, model);
+            if (tf > best) {
+                best = tf;
+                best_i = i;
+            }
+        }
+        cr_assert_geq(best_i, 0);
+        cr_log_info("BEST M=%d N=%d K=%d: %.1f TFLOP/s with %dx%dx%d w%dx%d "
+                    "s%d",
+                    M, N, K, best, cfgs[best_i].block_m, cfgs[best_i].block_n,
+                    cfgs[best_i].block_k, cfgs[best_i].warps_m,
+                    cfgs[best_i].warps_n, cfgs[best_i].stages);
+    }
+    api->cuEventDestroy(e0);
+    api->cuEventDestroy(e1);
+    api->cuMemFree(da);
+    api->cuMemFree(dw);
+    api->cuMemFree(dc);
+    stof__ctx_pop(ctx);
+    for (int i = 0; i < NC; i++)
+        unload(ctx, &k[i]);
+    stof_close(&ctx);
+}
+
+/* main() is Criterion's unless told otherwise: this one skips (exit 77)
+ * when no GPU is usable. */
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu gemm", argc, argv);
+}
