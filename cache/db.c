@@ -699,6 +699,27 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
 
 /* --------------------------------------------------------- public API */
 
+void stof__db_record_env(const stof_context *ctx, stof_db_record *r)
+{
+    const stof_device *dev = &ctx->device;
+    /* Device names are short; truncation only guards the array. */
+    size_t nl = strlen(dev->name);
+    if (nl >= sizeof(r->device_name))
+        nl = sizeof(r->device_name) - 1;
+    memcpy(r->device_name, dev->name, nl);
+    r->device_name[nl] = '\0';
+    r->cc_major = dev->cc_major;
+    r->cc_minor = dev->cc_minor;
+    r->sm_count = dev->sm_count;
+    r->driver_version = dev->driver_version;
+    snprintf(r->nvrtc_version, sizeof(r->nvrtc_version), "%d.%d",
+             dev->nvrtc_major, dev->nvrtc_minor);
+    snprintf(r->stof_version, sizeof(r->stof_version), "%s",
+             stof_version_string());
+    snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
+             (unsigned long long)stof_template_hash());
+}
+
 void stof__db_record_clear(stof_db_record *r)
 {
     if (!r)

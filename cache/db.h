@@ -53,6 +53,10 @@ typedef struct stof_db_record {
     char source[16];         /* "user" or "system" */
 } stof_db_record;
 
+/* Fill where a record is valid from ctx: device name, compute capability,
+ * SM count, driver and NVRTC versions, stof version, template hash. */
+void stof__db_record_env(const stof_context *ctx, stof_db_record *r);
+
 /* Free what a record owns (the cubin) and zero it. */
 void stof__db_record_clear(stof_db_record *r);
 

@@ -1,3 +1,185 @@
-/*
- * layer_ops.cu - placeholder, being written.
- */
+// layer_ops.cu - the memory-bound kernel of the layer chain: bias +
+// residual + LayerNorm/RMSNorm over rows of HIDDEN elements.
+//
+// One warp per row, WARPS rows per CTA (grid.x = ceil(rows / WARPS)). A
+// row is HIDDEN/8 chunks of 8 elements (16 bytes); lane l owns chunks
+// l, l+32, l+64, ... and keeps them in registers, so the row is read once:
+//   v    = x[r] (+ bias) (+ residual[r])   in fp32, then rounded to the
+//          dtype, as an unfused chain would have stored the sum
+//   pre  = v                                (WRITE_PRE: pre-norm models
+//          keep the sum as the residual stream)
+//   out  = (v - mean) * rstd * gamma + beta  (NORM 1, LayerNorm; the
+//          variance is the mean of (v - mean)^2, computed from the
+//          registers in a second pass)
+//        = v * rsqrt(mean(v^2) + eps) * gamma (NORM 2, RMSNorm)
+// Every pointer is 16-byte aligned and ld (elements between rows) is a
+// multiple of 8; x, residual, out and pre share ld. out may alias x or
+// residual (each lane reads its chunks before writing them).
+//
+// Compile-time parameters (-D):
+//   DTYPE 0 fp16, 1 bf16     HIDDEN row length, a multiple of 8, <= 16384
+//   NORM 1 LayerNorm, 2 RMSNorm       WARPS rows per CTA (1..32)
+//   BIAS, RESIDUAL, WRITE_PRE 0/1
+//
+// STOF_VARIANTS: DTYPE=0,HIDDEN=768,NORM=1,WARPS=4,BIAS=1,RESIDUAL=1,WRITE_PRE=0 | DTYPE=1,HIDDEN=1024,NORM=2,WARPS=8,BIAS=0,RESIDUAL=0,WRITE_PRE=1
+// STOF_VARIANTS: DTYPE=0,HIDDEN=72,NORM=1,WARPS=2,BIAS=0,RESIDUAL=1,WRITE_PRE=1 | DTYPE=1,HIDDEN=4096,NORM=1,WARPS=4,BIAS=1,RESIDUAL=0,WRITE_PRE=0
+#include "stof_common.cuh"
+
+#ifndef HIDDEN
+#define HIDDEN 768
+#endif
+#ifndef NORM
+#define NORM 1
+#endif
+#ifndef WARPS
+#define WARPS 4
+#endif
+#ifndef BIAS
+#define BIAS 0
+#endif
+#ifndef RESIDUAL
+#define RESIDUAL 0
+#endif
+#ifndef WRITE_PRE
+#define WRITE_PRE 0
+#endif
+
+#if HIDDEN % 8 != 0 || HIDDEN < 8 || HIDDEN > 16384
+#error "HIDDEN must be a multiple of 8 in [8, 16384]"
+#endif
+#if NORM != 1 && NORM != 2
+#error "NORM must be 1 (LayerNorm) or 2 (RMSNorm)"
+#endif
+#if WARPS < 1 || WARPS > 32
+#error "WARPS must be 1..32"
+#endif
+
+#define CHUNKS (HIDDEN / 8)
+#define PER_LANE ((CHUNKS + 31) / 32)
+
+struct __align__(16) stof_v8 {
+    unsigned short h[8];
+};
+
+__device__ __forceinline__ void stof_unpack8(const stof_v8 &p, float *f)
+{
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        f[i] = stof_load(&p.h[i]);
+}
+
+__device__ __forceinline__ stof_v8 stof_pack8(const float *f)
+{
+    stof_v8 p;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        stof_store(&p.h[i], f[i]);
+    return p;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+stof_norm(const unsigned short *x,
+          const unsigned short *residual,
+          const unsigned short *__restrict__ bias,
+          const unsigned short *__restrict__ gamma,
+          const unsigned short *__restrict__ beta, unsigned short *out,
+          unsigned short *pre, int rows, stof_i64 ld, float eps)
+{
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (row >= rows)
+        return;
+    const stof_i64 base = (stof_i64)row * ld;
+    float v[PER_LANE][8];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER_LANE; j++) {
+        const int c = lane + 32 * j;
+        if (c < CHUNKS) {
+            stof_unpack8(*(const stof_v8 *)(x + base + 8 * c), v[j]);
+#if BIAS
+            float b[8];
+            stof_unpack8(*(const stof_v8 *)(bias + 8 * c), b);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                v[j][i] += b[i];
+#endif
+#if RESIDUAL
+            float r[8];
+            stof_unpack8(*(const stof_v8 *)(residual + base + 8 * c), r);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                v[j][i] += r[i];
+#endif
+            // Round the sum to the dtype: the norm sees what an unfused
+            // chain would have stored.
+            const stof_v8 p = stof_pack8(v[j]);
+#if WRITE_PRE
+            *(stof_v8 *)(pre + base + 8 * c) = p;
+#endif
+            stof_unpack8(p, v[j]);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                sum += NORM == 1 ? v[j][i] : v[j][i] * v[j][i];
+        }
+    }
+    sum = stof_warp_sum(sum);
+#if NORM == 1
+    const float mean = sum * (1.0f / HIDDEN);
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER_LANE; j++)
+        if (lane + 32 * j < CHUNKS) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float d = v[j][i] - mean;
+                sq += d * d;
+            }
+        }
+    sq = stof_warp_sum(sq);
+    const float rstd = rsqrtf(sq * (1.0f / HIDDEN) + eps);
+#else
+    const float mean = 0.0f;
+    const float rstd = rsqrtf(sum * (1.0f / HIDDEN) + eps);
+#endif
+#pragma unroll
+    for (int j = 0; j < PER_LANE; j++) {
+        const int c = lane + 32 * j;
+        if (c < CHUNKS) {
+            float g[8], o[8];
+            stof_unpack8(*(const stof_v8 *)(gamma + 8 * c), g);
+#if NORM == 1
+            float bt[8];
+            stof_unpack8(*(const stof_v8 *)(beta + 8 * c), bt);
+#endif
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                o[i] = (v[j][i] - mean) * rstd * g[i];
+#if NORM == 1
+                o[i] += bt[i];
+#endif
+            }
+            *(stof_v8 *)(out + base + 8 * c) = stof_pack8(o);
+        }
+    }
+    (void)beta;
+    (void)bias;
+    (void)residual;
+    (void)pre;
+}
+
+// Scratch data for tuning: p[i] = offset + scale * u, u uniform in
+// [-1, 1) from a hash of (seed, i). Grid-stride loop.
+extern "C" __global__ void stof_fill(unsigned short *p, stof_i64 n,
+                                     stof_u64 seed, float scale, float offset)
+{
+    for (stof_i64 i = blockIdx.x * (stof_i64)blockDim.x + threadIdx.x; i < n;
+         i += (stof_i64)gridDim.x * blockDim.x) {
+        stof_u64 z = seed + (stof_u64)i * 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const float u = (float)(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        stof_store(p + i, offset + scale * u);
+    }
+}

@@ -31,13 +31,13 @@ run() { # log name, command...
     [ $rc -eq 0 ] || fail=1
 }
 run gpu "$T/test_gpu" --verbose --jobs=4
-for t in test_gpu_block test_gpu_wgmma; do
+for t in test_gpu_block test_gpu_wgmma test_gpu_gemm test_gpu_blaslt test_gpu_layer; do
     [ -x "$T/$t" ] && run gpu "$T/$t" --jobs=4
 done
 run jit "$T/test_jit" --jobs=8
 export STOF_TUNE=$PWD/${BIN:-build/tools}/stof-tune
 for t in test_api test_reference test_mask test_spec test_format test_cost \
-         test_search test_db test_cli; do
+         test_search test_db test_cli test_layer test_gemm_cpu; do
     [ -x "$T/$t" ] && run cpu "$T/$t" --jobs=8
 done
 run demo "$DEMO"

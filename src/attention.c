@@ -550,9 +550,7 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
 
 /* --- the tuning database ----------------------------------------------- */
 
-/* Open the context's database once (a failure only logs: stof works
- * without one). */
-static stof_db *ctx_db(stof_context *ctx)
+stof_db *stof__ctx_db(stof_context *ctx)
 {
     if (!ctx->db_tried) {
         ctx->db_tried = 1;
@@ -645,22 +643,7 @@ static void fill_record(stof_context *ctx, const stof_attention_desc *d,
     r->head_dim = d->head_dim;
     snprintf(r->dtype, sizeof(r->dtype), "%s", dtype_name(d->dtype));
     snprintf(r->layout, sizeof(r->layout), "%s", layout_str(d->layout));
-    /* Device names are short; truncation only guards the array. */
-    size_t nl = strlen(dev->name);
-    if (nl >= sizeof(r->device_name))
-        nl = sizeof(r->device_name) - 1;
-    memcpy(r->device_name, dev->name, nl);
-    r->device_name[nl] = '\0';
-    r->cc_major = dev->cc_major;
-    r->cc_minor = dev->cc_minor;
-    r->sm_count = dev->sm_count;
-    r->driver_version = dev->driver_version;
-    snprintf(r->nvrtc_version, sizeof(r->nvrtc_version), "%d.%d",
-             dev->nvrtc_major, dev->nvrtc_minor);
-    snprintf(r->stof_version, sizeof(r->stof_version), "%s",
-             stof_version_string());
-    snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
-             (unsigned long long)stof_template_hash());
+    stof__db_record_env(ctx, r);
     snprintf(r->kernel, sizeof(r->kernel), "%s", kind_name(res->winner.kind));
     cand_to_json(&res->winner, r->config, sizeof(r->config));
     snprintf(r->arch, sizeof(r->arch), "%s",
@@ -753,7 +736,7 @@ static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
 static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
                                const stof_mask *m, const char *key)
 {
-    stof_db *db = ctx_db(ctx);
+    stof_db *db = stof__ctx_db(ctx);
     stof_db_record rec;
     if (!db || ctx->settings.tuning_mode == STOF_TUNE_FORCE ||
         stof__db_lookup(db, key, &rec) != STOF_OK)
@@ -787,7 +770,7 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
                                  const stof_mask *m, const char *mask_hex,
                                  const char *key, stof_plan **out)
 {
-    stof_db *db = ctx_db(ctx);
+    stof_db *db = stof__ctx_db(ctx);
     if (db && stof__db_writable(db)) {
         /* Everything `stof-tune pending` needs to plan it again: the
          * problem with its strides, and the mask (spec, and its bits
@@ -834,7 +817,7 @@ static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
                               const stof_search_opts *o, uint64_t seed,
                               stof_plan **out)
 {
-    stof_db *db = ctx_db(ctx);
+    stof_db *db = stof__ctx_db(ctx);
     if (db && stof__db_writable(db)) {
         stof_db_record rec;
         fill_record(ctx, nd, m, key, mask_hex, res, o, seed, &rec);

@@ -46,7 +46,15 @@
     X(cuEventDestroy, CUresult, (CUevent))                                     \
     X(cuEventRecord, CUresult, (CUevent, CUstream))                            \
     X(cuEventSynchronize, CUresult, (CUevent))                                 \
-    X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))
+    X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))              \
+    X(cuStreamBeginCapture, CUresult, (CUstream, CUstreamCaptureMode))         \
+    X(cuStreamEndCapture, CUresult, (CUstream, CUgraph *))                     \
+    X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus *))      \
+    X(cuGraphInstantiate, CUresult,                                            \
+      (CUgraphExec *, CUgraph, unsigned long long))                            \
+    X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                        \
+    X(cuGraphExecDestroy, CUresult, (CUgraphExec))                             \
+    X(cuGraphDestroy, CUresult, (CUgraph))
 
 #define STOF__NVRTC_FN(X)                                                      \
     X(nvrtcVersion, nvrtcResult, (int *, int *))                               \

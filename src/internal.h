@@ -34,6 +34,9 @@ typedef struct stof_device {
 } stof_device;
 
 struct stof_db;
+/* The context's tuning database, opened at the first call (a failure only
+ * logs: stof works without one); NULL when unavailable (attention.c). */
+struct stof_db *stof__ctx_db(stof_context *ctx);
 
 struct stof_context {
     stof_settings settings;

@@ -1,0 +1,477 @@
+/*
+ * test_gpu_layer.c - whole Transformer layers (stof_layer_plan / run /
+ * stack_run) against a reference composition of unfused operations in C:
+ * GEMM + bias (+ activation) (+ residual), the masked attention, the norm,
+ * each rounded to the dtype as separate kernels would store it. Post- and
+ * pre-norm, LayerNorm and RMSNorm, every activation, fp16 and bf16, tuned
+ * and cache-only (cost model) plans, CUDA-graph stacks, database hits.
+ * Skips with a message when no GPU is usable.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_shim.h"
+#include "gemm.h"
+#include "internal.h"
+#include "testutil.h"
+
+static stof_context *open_ctx(const char *user_db, stof_tuning_mode mode)
+{
+    stof_context *ctx = NULL;
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = user_db;
+    s.tuning_mode = mode;
+    s.tuning_reps = 5;
+    stof_status st = stof_open(&ctx, &s);
+    cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
+    if (!stof_has_device(ctx)) {
+        stof_close(&ctx);
+        cr_skip_test("no usable GPU, skipping");
+    }
+    return ctx;
+}
+
+/* Host and device copies of one layer's weights. */
+typedef struct lw {
+    float *f[12];    /* floats (the dtype's values) */
+    size_t n[12];
+    CUdeviceptr d[12];
+} lw;
+
+enum { W_QKV, B_QKV, W_O, B_O, W_1, B_1, W_2, B_2, G_1, BE_1, G_2, BE_2 };
+
+static CUdeviceptr upload(tu_rng *r, stof_dtype dt, size_t n, float amp,
+                          float offset, float **host)
+{
+    uint16_t *raw = malloc(n * 2);
+    float *f = malloc(n * sizeof(float));
+    cr_assert(raw && f);
+    tu_fill_random(r, raw, f, n, dt, amp);
+    if (offset != 0.0f)
+        for (size_t i = 0; i < n; i++) {
+            f[i] = stof__half_to_f32(stof__f32_to_half(f[i] + offset, dt), dt);
+            raw[i] = stof__f32_to_half(f[i], dt);
+        }
+    CUdeviceptr p = 0;
+    const stof_api *api = stof__api();
+    cr_assert_eq(api->cuMemAlloc(&p, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(p, raw, n * 2), CUDA_SUCCESS);
+    free(raw);
+    *host = f;
+    return p;
+}
+
+static void make_weights(tu_rng *r, const stof_layer_desc *d, lw *w)
+{
+    const size_t h = (size_t)d->hidden, f = (size_t)d->ffn;
+    const size_t n[12] = {3 * h * h, 3 * h, h * h, h, f * h, f, h * f, h,
+                          h, h, h, h};
+    for (int i = 0; i < 12; i++) {
+        const int is_w = i == W_QKV || i == W_O || i == W_1 || i == W_2;
+        const int is_g = i == G_1 || i == G_2;
+        const float amp = is_w ? (i == W_2 ? 1.7f / sqrtf((float)f)
+                                           : 1.7f / sqrtf((float)h))
+                               : is_g ? 0.2f : 0.2f;
+        w->n[i] = n[i];
+        w->d[i] = upload(r, d->dtype, n[i], amp, is_g ? 1.0f : 0.0f, &w->f[i]);
+    }
+}
+
+static void free_weights(lw *w)
+{
+    for (int i = 0; i < 12; i++) {
+        stof__api()->cuMemFree(w->d[i]);
+        free(w->f[i]);
+    }
+}
+
+static stof_layer_weights as_weights(const lw *w, const stof_layer_desc *d)
+{
+    stof_layer_weights x;
+#define P(i) ((const void *)(uintptr_t)w->d[i])
+    x.w_qkv = P(W_QKV);
+    x.b_qkv = P(B_QKV);
+    x.w_o = P(W_O);
+    x.b_o = P(B_O);
+    x.w_ffn1 = P(W_1);
+    x.b_ffn1 = P(B_1);
+    x.w_ffn2 = P(W_2);
+    x.b_ffn2 = P(B_2);
+    x.norm1_gamma = P(G_1);
+    x.norm1_beta = d->norm == STOF_NORM_LAYER ? P(BE_1) : NULL;
+    x.norm2_gamma = P(G_2);
+    x.norm2_beta = d->norm == STOF_NORM_LAYER ? P(BE_2) : NULL;
+#undef P
+    return x;
+}
+
+static float rnd(float v, stof_dtype dt)
+{
+    return stof__half_to_f32(stof__f32_to_half(v, dt), dt);
+}
+
+/* The reference composition: one layer, x -> y ([M][h] floats). */
+static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
+                      const lw *w, const float *x, float *y)
+{
+    const int M = d->batch * d->seq, h = d->hidden, f = d->ffn,
+              hd = h / d->heads;
+    const stof_dtype dt = d->dtype;
+    const float eps = d->norm_eps > 0 ? d->norm_eps : 1e-5f;
+    float *n1 = malloc(sizeof(float) * (size_t)M * h);
+    float *qkv = malloc(sizeof(float) * (size_t)M * 3 * h);
+    float *att = malloc(sizeof(float) * (size_t)M * h);
+    float *hbuf = malloc(sizeof(float) * (size_t)M * h);
+    float *n2 = malloc(sizeof(float) * (size_t)M * h);
+    float *fb = malloc(sizeof(float) * (size_t)M * f);
+    float *q = malloc(sizeof(float) * (size_t)M * h);
+    float *k = malloc(sizeof(float) * (size_t)M * h);
+    float *v = malloc(sizeof(float) * (size_t)M * h);
+    float *o = malloc(sizeof(float) * (size_t)M * h);
+    float *row = malloc(sizeof(float) * (size_t)h);
+    cr_assert(n1 && qkv && att && hbuf && n2 && fb && q && k && v && o && row);
+    const float *g1 = w->f[G_1], *g2 = w->f[G_2];
+    const float *be1 = d->norm == STOF_NORM_LAYER ? w->f[BE_1] : NULL;
+    const float *be2 = d->norm == STOF_NORM_LAYER ? w->f[BE_2] : NULL;
+    const stof_gemm_epi e_bias = {.bias = 1};
+    const stof_gemm_epi e_res = {.bias = 1, .residual = 1};
+    const stof_gemm_epi e_act = {.bias = 1, .act = (int)d->act};
+    /* norm1 (pre-norm) */
+    const float *in = x;
+    if (d->pre_norm) {
+        for (int r = 0; r < M; r++) {
+            stof__ref_norm_row(x + (size_t)r * h, g1, be1, h, (int)d->norm, eps,
+                               n1 + (size_t)r * h);
+            for (int i = 0; i < h; i++)
+                n1[(size_t)r * h + i] = rnd(n1[(size_t)r * h + i], dt);
+        }
+        in = n1;
+    }
+    stof__ref_gemm(in, w->f[W_QKV], w->f[B_QKV], NULL, NULL, NULL, M, 3 * h, h,
+                   h, h, 3 * h, &e_bias, eps, dt, qkv, NULL);
+    /* attention, BHSD copies */
+    for (int b = 0; b < d->batch; b++)
+        for (int s = 0; s < d->seq; s++)
+            for (int hh = 0; hh < d->heads; hh++)
+                for (int j = 0; j < hd; j++) {
+                    const size_t src = ((size_t)b * d->seq + s) * 3 * h +
+                                       (size_t)hh * hd + j;
+                    const size_t dst =
+                        (((size_t)b * d->heads + hh) * d->seq + s) * hd + j;
+                    q[dst] = qkv[src];
+                    k[dst] = qkv[src + h];
+                    v[dst] = qkv[src + 2 * h];
+                }
+    stof_attention_desc ad;
+    stof_attention_desc_init(&ad, d->batch, d->heads, d->seq, d->seq, hd, dt,
+                             STOF_LAYOUT_BHSD);
+    cr_assert_eq(stof__ref_attention(&ad, m, q, k, v, o), STOF_OK);
+    for (int b = 0; b < d->batch; b++)
+        for (int s = 0; s < d->seq; s++)
+            for (int hh = 0; hh < d->heads; hh++)
+                for (int j = 0; j < hd; j++)
+                    att[((size_t)b * d->seq + s) * h + (size_t)hh * hd + j] =
+                        rnd(o[(((size_t)b * d->heads + hh) * d->seq + s) * hd +
+                              j],
+                            dt);
+    /* output projection + residual, then norm */
+    stof__ref_gemm(att, w->f[W_O], w->f[B_O], x, NULL, NULL, M, h, h, h, h, h,
+                   &e_res, eps, dt, hbuf, NULL);
+    const float *gA = d->pre_norm ? g2 : g1, *bA = d->pre_norm ? be2 : be1;
+    for (int r = 0; r < M; r++) {
+        stof__ref_norm_row(hbuf + (size_t)r * h, gA, bA, h, (int)d->norm, eps,
+                           n2 + (size_t)r * h);
+        for (int i = 0; i < h; i++)
+            n2[(size_t)r * h + i] = rnd(n2[(size_t)r * h + i], dt);
+    }
+    /* post-norm: H = n2; pre-norm: residual stream hbuf, FFN input n2 */
+    const float *ffn_in = n2;
+    const float *res2 = d->pre_norm ? hbuf : n2;
+    stof__ref_gemm(ffn_in, w->f[W_1], w->f[B_1], NULL, NULL, NULL, M, f, h, h,
+                   h, f, &e_act, eps, dt, fb, NULL);
+    stof__ref_gemm(fb, w->f[W_2], w->f[B_2], res2, NULL, NULL, M, h, f, f, f,
+                   h, &e_res, eps, dt, y, NULL);
+    if (!d->pre_norm)
+        for (int r = 0; r < M; r++) {
+            memcpy(row, y + (size_t)r * h, sizeof(float) * (size_t)h);
+            stof__ref_norm_row(row, g2, be2, h, (int)d->norm, eps,
+                               y + (size_t)r * h);
+            for (int i = 0; i < h; i++)
+                y[(size_t)r * h + i] = rnd(y[(size_t)r * h + i], dt);
+        }
+    free(n1);
+    free(qkv);
+    free(att);
+    free(hbuf);
+    free(n2);
+    free(fb);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(row);
+}
+
+static double rel(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]))
+            return INFINITY;
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void download(CUdeviceptr p, size_t n, stof_dtype dt, float *out)
+{
+    uint16_t *raw = malloc(n * 2);
+    cr_assert(raw);
+    cr_assert_eq(stof__api()->cuMemcpyDtoH(raw, p, n * 2), CUDA_SUCCESS);
+    for (size_t i = 0; i < n; i++)
+        out[i] = stof__half_to_f32(raw[i], dt);
+    free(raw);
+}
+
+typedef struct lcase {
+    stof_dtype dt;
+    int pre;
+    stof_norm_kind norm;
+    stof_activation act;
+    stof_tuning_mode mode;
+    int in_place;
+} lcase;
+
+static void run_case(const lcase *c)
+{
+    stof_context *ctx = open_ctx("", c->mode);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 2, 128, 128, 2, c->dt);
+    d.ffn = 256;
+    d.pre_norm = c->pre;
+    d.norm = c->norm;
+    d.act = c->act;
+    stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
+    tu_rng r = {tu_seed() ^ 0x1a7e7u};
+    lw w;
+    make_weights(&r, &d, &w);
+    const size_t n = (size_t)d.batch * d.seq * d.hidden;
+    float *xf = NULL, *yf = malloc(n * sizeof(float)),
+          *ref = malloc(n * sizeof(float));
+    cr_assert(yf && ref);
+    CUdeviceptr x = upload(&r, c->dt, n, 1.0f, 0.0f, &xf);
+    CUdeviceptr y = x;
+    if (!c->in_place)
+        cr_assert_eq(stof__api()->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+    stof_layer *L = NULL;
+    stof_status st = stof_layer_plan(ctx, &d, m, &L);
+    cr_assert_eq(st, STOF_OK, "stof_layer_plan: %s", stof_errmsg(ctx));
+    char desc[16384];
+    size_t need = 0;
+    cr_assert_eq(stof_layer_describe(L, desc, sizeof(desc), &need), STOF_OK);
+    cr_log_info("layer: %s", desc);
+    const stof_layer_weights lwt = as_weights(&w, &d);
+    ref_layer(&d, m, &w, xf, ref);
+    st = stof_layer_run(L, &lwt, (void *)(uintptr_t)x, (void *)(uintptr_t)y,
+                        NULL);
+    cr_assert_eq(st, STOF_OK, "stof_layer_run: %s", stof_layer_errmsg(L));
+    cr_assert_eq(stof__api()->cuCtxSynchronize(), CUDA_SUCCESS);
+    download(y, n, c->dt, yf);
+    const double e = rel(yf, ref, n);
+    const double tol = c->dt == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
+    cr_log_info("dtype %d pre %d norm %d act %d mode %d: relative error %.3g",
+                (int)c->dt, c->pre, (int)c->norm, (int)c->act, (int)c->mode,
+                e);
+    cr_expect(e <= tol, "relative error %.3g > %.3g (%s)", e, tol, desc);
+    stof_layer_free(&L);
+    cr_assert_null(L);
+    if (!c->in_place)
+        stof__api()->cuMemFree(y);
+    stof__api()->cuMemFree(x);
+    free_weights(&w);
+    free(xf);
+    free(yf);
+    free(ref);
+    stof_mask_free(&m);
+    stof__ctx_pop(ctx);
+    stof_close(&ctx);
+}
+
+Test(gpu_layer, post_layernorm_gelu_tanh_fp16)
+{
+    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
+               STOF_TUNE_DEFAULT, 0};
+    run_case(&c);
+}
+
+Test(gpu_layer, pre_layernorm_gelu_erf_bf16)
+{
+    lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
+               STOF_TUNE_DEFAULT, 0};
+    run_case(&c);
+}
+
+Test(gpu_layer, post_rmsnorm_relu_bf16_in_place)
+{
+    lcase c = {STOF_DTYPE_BF16, 0, STOF_NORM_RMS, STOF_ACT_RELU,
+               STOF_TUNE_DEFAULT, 1};
+    run_case(&c);
+}
+
+Test(gpu_layer, pre_rmsnorm_silu_fp16_cost_model)
+{
+    lcase c = {STOF_DTYPE_FP16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
+               STOF_TUNE_CACHE_ONLY, 0};
+    run_case(&c);
+}
+
+Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
+{
+    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
+               STOF_TUNE_CACHE_ONLY, 1};
+    run_case(&c);
+}
+
+/* A stack of 3 layers with distinct weights: the graph replay, the plain
+ * stack and layer-by-layer runs agree exactly (same kernels); new pointers
+ * are captured again. */
+Test(gpu_layer, stack_graph_matches_layer_runs)
+{
+    stof_context *ctx = open_ctx("", STOF_TUNE_CACHE_ONLY);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 1, 128, 128, 2, STOF_DTYPE_FP16);
+    d.pre_norm = 1;
+    stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
+    tu_rng r = {tu_seed() ^ 0x57ac4u};
+    lw w[3];
+    stof_layer_weights lwt[3];
+    for (int i = 0; i < 3; i++) {
+        make_weights(&r, &d, &w[i]);
+        lwt[i] = as_weights(&w[i], &d);
+    }
+    const size_t n = (size_t)d.batch * d.seq * d.hidden;
+    float *xf = NULL, *a = malloc(n * 4), *b = malloc(n * 4);
+    cr_assert(a && b);
+    CUdeviceptr x = upload(&r, d.dtype, n, 1.0f, 0.0f, &xf), y, y2;
+    const stof_api *api = stof__api();
+    cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&y2, n * 2), CUDA_SUCCESS);
+    stof_layer *L = NULL;
+    cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    void *px = (void *)(uintptr_t)x, *py = (void *)(uintptr_t)y,
+         *py2 = (void *)(uintptr_t)y2;
+    /* layer by layer */
+    cr_assert_eq(stof_layer_run(L, &lwt[0], px, py2, NULL), STOF_OK);
+    cr_assert_eq(stof_layer_run(L, &lwt[1], py2, py2, NULL), STOF_OK);
+    cr_assert_eq(stof_layer_run(L, &lwt[2], py2, py2, NULL), STOF_OK);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    download(y2, n, d.dtype, a);
+    for (int rep = 0; rep < 3; rep++) {
+        cr_assert_eq(api->cuMemsetD8(y, 0, n * 2), CUDA_SUCCESS);
+        const unsigned flags = rep == 0 ? 0u : STOF_STACK_GRAPH;
+        cr_assert_eq(stof_layer_stack_run(L, 3, lwt, px, py, NULL, flags),
+                     STOF_OK, "%s", stof_layer_errmsg(L));
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        download(y, n, d.dtype, b);
+        cr_expect(memcmp(a, b, n * 4) == 0, "stack run %d (flags %u) differs",
+                  rep, flags);
+    }
+    /* New pointers: the graph is recorded again. */
+    cr_assert_eq(api->cuMemsetD8(y2, 0, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(stof_layer_stack_run(L, 3, lwt, px, py2, NULL,
+                                      STOF_STACK_GRAPH),
+                 STOF_OK);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    download(y2, n, d.dtype, b);
+    cr_expect(memcmp(a, b, n * 4) == 0, "recaptured stack differs");
+    /* Errors: a NULL weight, a misaligned x, bad flags. */
+    stof_layer_weights bad = lwt[1];
+    bad.w_o = NULL;
+    stof_layer_weights two[3] = {lwt[0], bad, lwt[2]};
+    cr_expect_eq(stof_layer_stack_run(L, 3, two, px, py, NULL, 0),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(stof_layer_errmsg(L), "layer 1") &&
+                  strstr(stof_layer_errmsg(L), "w_o"),
+              "message: %s", stof_layer_errmsg(L));
+    cr_expect_eq(stof_layer_run(L, &lwt[0], (char *)px + 2, py, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof_layer_stack_run(L, 3, lwt, px, py, NULL, 8u),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof_layer_stack_run(L, 0, lwt, px, py, NULL, 0),
+                 STOF_ERR_INVALID_ARGUMENT);
+    stof_layer_free(&L);
+    api->cuMemFree(x);
+    api->cuMemFree(y);
+    api->cuMemFree(y2);
+    for (int i = 0; i < 3; i++)
+        free_weights(&w[i]);
+    free(xf);
+    free(a);
+    free(b);
+    stof_mask_free(&m);
+    stof__ctx_pop(ctx);
+    stof_close(&ctx);
+}
+
+/* Tuned once into a database, a second context loads the layer with no
+ * compile and the same scheme. */
+Test(gpu_layer, database_hit_compiles_nothing)
+{
+    char path[] = "/tmp/stof-layer-db-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(path);
+    char json[2][16384];
+    for (int pass = 0; pass < 2; pass++) {
+        stof_context *ctx = open_ctx(path, STOF_TUNE_DEFAULT);
+        stof_layer_desc d;
+        stof_layer_desc_init(&d, 1, 128, 128, 2, STOF_DTYPE_FP16);
+        stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
+        const long c0 = stof__jit_compile_count();
+        stof_layer *L = NULL;
+        cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        const long compiles = stof__jit_compile_count() - c0;
+        size_t need = 0;
+        cr_assert_eq(stof_layer_describe(L, json[pass], sizeof(json[pass]),
+                                         &need),
+                     STOF_OK);
+        cr_log_info("pass %d: %ld compiles: %s", pass, compiles, json[pass]);
+        if (pass == 0) {
+            cr_expect(strstr(json[0], "\"source\":\"tuned\""));
+        } else {
+            cr_expect_eq(compiles, 0, "a database hit compiled %ld kernels",
+                         compiles);
+            cr_expect(strstr(json[1], "\"source\":\"database\""));
+            const char *s0 = strstr(json[0], "\"scheme\""),
+                       *s1 = strstr(json[1], "\"scheme\"");
+            cr_assert(s0 && s1);
+            cr_expect(strncmp(s0, s1, 60) == 0, "schemes differ: %.60s / %.60s",
+                      s0, s1);
+        }
+        stof_layer_free(&L);
+        stof_mask_free(&m);
+        stof_close(&ctx);
+    }
+    unlink(path);
+    char side[sizeof(path) + 8];
+    snprintf(side, sizeof(side), "%s-wal", path);
+    unlink(side);
+    snprintf(side, sizeof(side), "%s-shm", path);
+    unlink(side);
+}
+
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu layer", argc, argv);
+}

@@ -1,0 +1,142 @@
+/*
+ * test_layer.c - the layer API on the CPU: descriptor defaults and
+ * validation (every bad field is named in the message), NULL handling of
+ * every entry point, and, without a GPU, a clear STOF_ERR_NO_DEVICE.
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "stof.h"
+
+static stof_context *ctx_open(void)
+{
+    stof_context *ctx = NULL;
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = "";
+    cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
+    return ctx;
+}
+
+Test(layer, desc_init_defaults)
+{
+    stof_layer_desc d;
+    memset(&d, 0x5a, sizeof(d));
+    cr_assert_eq(stof_layer_desc_init(&d, 8, 512, 768, 12, STOF_DTYPE_FP16),
+                 STOF_OK);
+    cr_expect_eq(d.batch, 8);
+    cr_expect_eq(d.seq, 512);
+    cr_expect_eq(d.hidden, 768);
+    cr_expect_eq(d.heads, 12);
+    cr_expect_eq(d.ffn, 3072);
+    cr_expect_eq(d.act, STOF_ACT_GELU_TANH);
+    cr_expect_eq(d.norm, STOF_NORM_LAYER);
+    cr_expect_eq(d.pre_norm, 0);
+    cr_expect_float_eq(d.norm_eps, 1e-5f, 1e-12f);
+    for (size_t i = 0; i < sizeof(d.reserved); i++)
+        cr_expect_eq(d.reserved[i], 0);
+    cr_expect_eq(stof_layer_desc_init(NULL, 1, 1, 8, 1, STOF_DTYPE_FP16),
+                 STOF_ERR_INVALID_ARGUMENT);
+}
+
+typedef struct bad_case {
+    const char *field; /* expected in the message */
+    void (*edit)(stof_layer_desc *d);
+} bad_case;
+
+static void e_batch(stof_layer_desc *d) { d->batch = 0; }
+static void e_seq(stof_layer_desc *d) { d->seq = -3; }
+static void e_hidden(stof_layer_desc *d) { d->hidden = 100; }
+static void e_heads(stof_layer_desc *d) { d->heads = 5; }
+static void e_ffn(stof_layer_desc *d) { d->ffn = 1001; }
+static void e_dtype(stof_layer_desc *d) { d->dtype = (stof_dtype)7; }
+static void e_act(stof_layer_desc *d) { d->act = (stof_activation)9; }
+static void e_norm(stof_layer_desc *d) { d->norm = (stof_norm_kind)3; }
+static void e_pre(stof_layer_desc *d) { d->pre_norm = 2; }
+static void e_eps(stof_layer_desc *d) { d->norm_eps = -1.0f; }
+static void e_res(stof_layer_desc *d) { d->reserved[7] = 1; }
+static void e_tokens(stof_layer_desc *d)
+{
+    d->batch = 1 << 20;
+    d->seq = 1 << 12;
+}
+
+Test(layer, bad_descriptors_are_named)
+{
+    stof_context *ctx = ctx_open();
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 256, 256, &m), STOF_OK);
+    const bad_case cases[] = {
+        {"desc.batch", e_batch},  {"desc.seq", e_seq},
+        {"desc.hidden", e_hidden}, {"desc.heads", e_heads},
+        {"desc.ffn", e_ffn},      {"desc.dtype", e_dtype},
+        {"desc.act", e_act},      {"desc.norm ", e_norm},
+        {"desc.pre_norm", e_pre}, {"desc.norm_eps", e_eps},
+        {"desc.reserved[7]", e_res}, {"tokens", e_tokens},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+        stof_layer_desc d;
+        stof_layer_desc_init(&d, 2, 256, 256, 4, STOF_DTYPE_FP16);
+        cases[i].edit(&d);
+        stof_layer *L = (stof_layer *)(uintptr_t)1;
+        cr_expect_eq(stof_layer_plan(ctx, &d, m, &L),
+                     STOF_ERR_INVALID_ARGUMENT, "case %s", cases[i].field);
+        cr_expect_null(L, "case %s: output not cleared", cases[i].field);
+        cr_expect(strstr(stof_errmsg(ctx), cases[i].field),
+                  "case %s: message \"%s\"", cases[i].field,
+                  stof_errmsg(ctx));
+    }
+    /* The mask must be seq x seq. */
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 2, 128, 256, 4, STOF_DTYPE_FP16);
+    stof_layer *L = NULL;
+    cr_expect_eq(stof_layer_plan(ctx, &d, m, &L), STOF_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(stof_errmsg(ctx), "seq x seq"), "%s", stof_errmsg(ctx));
+    cr_expect_eq(stof_layer_plan(ctx, &d, NULL, &L),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof_layer_plan(ctx, NULL, m, &L), STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof_layer_plan(ctx, &d, m, NULL), STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof_layer_plan(NULL, &d, m, &L), STOF_ERR_INVALID_ARGUMENT);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+Test(layer, good_descriptor_without_gpu_says_so)
+{
+    stof_context *ctx = ctx_open();
+    if (stof_has_device(ctx)) {
+        stof_close(&ctx);
+        cr_skip_test("a GPU is present; the GPU suite plans layers");
+    }
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "bigbird:64:3:2:3:1", 512, 512, &m),
+                 STOF_OK);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 8, 512, 768, 12, STOF_DTYPE_BF16);
+    d.pre_norm = 1;
+    d.norm = STOF_NORM_RMS;
+    stof_layer *L = NULL;
+    cr_expect_eq(stof_layer_plan(ctx, &d, m, &L), STOF_ERR_NO_DEVICE);
+    cr_expect_null(L);
+    cr_expect(strstr(stof_errmsg(ctx), "GPU"), "%s", stof_errmsg(ctx));
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+Test(layer, null_layer_is_harmless)
+{
+    stof_layer_weights w;
+    memset(&w, 0, sizeof(w));
+    cr_expect_eq(stof_layer_run(NULL, &w, NULL, NULL, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof_layer_stack_run(NULL, 2, &w, NULL, NULL, NULL, 0),
+                 STOF_ERR_INVALID_ARGUMENT);
+    char buf[16];
+    size_t need = 0;
+    cr_expect_eq(stof_layer_describe(NULL, buf, sizeof(buf), &need),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_str_eq(stof_layer_errmsg(NULL), "layer is NULL");
+    stof_layer *L = NULL;
+    stof_layer_free(&L);
+    stof_layer_free(NULL);
+}
