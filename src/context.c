@@ -22,10 +22,36 @@ void stof_default_settings(stof_settings *s)
     s->log_level = STOF_LOG_WARN;
 }
 
+/* Without a log callback, $STOF_LOG (error, warn, info or debug) sends
+ * messages up to that level to stderr: tuning progress from programs that
+ * cannot pass a callback (the Python binding, a server's logs). */
+static int env_log_level(void)
+{
+    const char *e = getenv("STOF_LOG");
+    if (!e || !*e)
+        return -1;
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(e, names[i]) == 0)
+            return i;
+    return -1;
+}
+
 static void vlog(stof_context *ctx, stof_log_level level, const char *fmt,
                  va_list ap)
 {
-    if (!ctx || !ctx->settings.log_fn || level > ctx->settings.log_level)
+    if (!ctx)
+        return;
+    if (!ctx->settings.log_fn) {
+        if ((int)level > env_log_level())
+            return;
+        static const char *const names[] = {"error", "warn", "info", "debug"};
+        char msg[2048];
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        fprintf(stderr, "stof %s: %s\n", names[level & 3], msg);
+        return;
+    }
+    if (level > ctx->settings.log_level)
         return;
     char msg[2048];
     vsnprintf(msg, sizeof(msg), fmt, ap);

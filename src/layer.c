@@ -1274,7 +1274,7 @@ static int collect_jobs(stof_layer *L, int per_op, int norm_cfgs,
                         cjob **out)
 {
     const stof_device *dev = &L->ctx->device;
-    const int cap = G_COUNT * MAX_TPL + N_COUNT * 2;
+    const int cap = G_COUNT * MAX_TPL + N_COUNT * 3;
     cjob *jobs = calloc((size_t)cap, sizeof(*jobs));
     stof_gemm_cfg *cands = malloc(sizeof(*cands) * 256);
     cjob *ranked = malloc(sizeof(*ranked) * 256);
@@ -1309,8 +1309,8 @@ static int collect_jobs(stof_layer *L, int per_op, int norm_cfgs,
         if (!nn->used)
             continue;
         nn->model_ms = norm_model_ms(L, nn);
-        static const int warps[2] = {4, 8};
-        for (int w = 0; w < norm_cfgs && w < 2 && n < cap; w++) {
+        static const int warps[3] = {4, 8, 16};
+        for (int w = 0; w < norm_cfgs && w < 3 && n < cap; w++) {
             memset(&jobs[n], 0, sizeof(jobs[n]));
             jobs[n].L = L;
             jobs[n].is_norm = 1;
@@ -1577,7 +1577,7 @@ static stof_status tune(stof_layer *L, const stof_mask *m,
     const int per_op = model_only ? 1 : (top_k + 1 < MAX_TPL ? top_k + 1
                                                              : MAX_TPL);
     cjob *jobs = NULL;
-    const int nj = collect_jobs(L, per_op, model_only ? 1 : 2, &jobs);
+    const int nj = collect_jobs(L, per_op, model_only ? 1 : 3, &jobs);
     if (nj < 0)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
     stof__log(ctx, STOF_LOG_INFO,
