@@ -24,7 +24,8 @@
 //   BIAS, ACT, RESIDUAL, NORM, WRITE_PRE  the epilogue (NORM needs ACT 0)
 //   N_TOTAL    NORM only: the N the kernel is compiled for (the launch's N
 //              must equal it); its row buffer is sized from it
-//   MIN_BLOCKS __launch_bounds__ minimum CTAs per SM (default 1)
+//   MIN_BLOCKS __launch_bounds__ minimum CTAs per SM (default 1; 2 on
+//              128x128 x 8 warps caps registers at 128 and spills: slower)
 //
 // Grid: x = column tile (ceil(N / BLOCK_N); 1 with NORM), y = row tile
 // (ceil(M / BLOCK_M)); WARPS_M * WARPS_N * 32 threads.
@@ -43,13 +44,20 @@
 //         pipeline; total pipe + rows.
 //
 // Pipeline (one __syncthreads per k-tile): the prologue issues k-tiles
-// 0..STAGES-2, one cp.async group each. Iteration kt waits until k-tile kt
-// has landed (at most STAGES-2 younger groups in flight), syncs (which also
-// frees the stage consumed in iteration kt-1), issues k-tile kt+STAGES-1
-// into that stage, commits (an empty group past the end keeps the count
-// uniform) and runs BLOCK_K/16 k-steps of mma on stage kt % STAGES. Loads
+// 0..STAGES-2, one cp.async group each, waits for k-tile 0 and loads its
+// first k-step's fragments. Shared -> register fragment loads run one
+// k-step ahead of the mma's (two register sets): k-step kk loads the
+// fragments of kk+1; the last k-step of k-tile kt first waits until k-tile
+// kt+1 has landed (at most STAGES-2 younger groups in flight) and syncs,
+// then loads k-step 0 of k-tile kt+1, so the barrier's latency hides under
+// the last mma's. At k-step 0 of k-tile kt the CTA issues k-tile
+// kt+STAGES-1 into the stage of k-tile kt-1 (free since that barrier) and
+// commits (an empty group past the end keeps the count uniform). Loads
 // past M, N or K are zero-filled (cp.async src-size 0), so tails need no
 // special path in the loop.
+// Measured (H200, fp16, no epilogue): 128x256x32 (2x4 warps, 3 stages,
+// 236 registers) reaches ~375 TFLOP/s at 4096x3072x3072 and ~330 at
+// 4096x3072x768; for M=128, 64x64 / 32x64 tiles give the most CTAs.
 //
 // Fragments (g = lane/4, q = lane%4):
 //   A: ldmatrix.x4 at row lane%16, k 8*(lane/16) -> a0..a3 of a 16x16 tile
@@ -357,37 +365,59 @@ __device__ __forceinline__ void gm_mainloop(float (&acc)[GM_MT][GM_NT][4],
                                ((lane >> 3) & 1) * 8) *
                               2);
 
+    // Fragments of k-step kk of the stage at (sa, sb) into buffer set b.
+    unsigned af[2][GM_MT][4], bfr[2][GM_NT][2];
+    auto ldfrag = [&](int b, unsigned sa, unsigned sb, int kk) {
+#pragma unroll
+        for (int i = 0; i < GM_MT; i++)
+            gm_ldsm_x4(af[b][i], sa + a_off[i] + kk * 32);
+#pragma unroll
+        for (int j = 0; j < GM_NT / 2; j++) {
+            unsigned r[4];
+            gm_ldsm_x4(r, sb + b_off[j] + kk * 32);
+            bfr[b][2 * j][0] = r[0];
+            bfr[b][2 * j][1] = r[1];
+            bfr[b][2 * j + 1][0] = r[2];
+            bfr[b][2 * j + 1][1] = r[3];
+        }
+    };
+    constexpr int KK = BLOCK_K / 16; // k-steps per stage (even)
+
     int rd = 0, wr = STAGES - 1;
+    gm_wait<STAGES - 2>();
+    __syncthreads();
+    ldfrag(0, s_a, s_b, 0);
     for (int kt = 0; kt < kt_n; kt++) {
-        gm_wait<STAGES - 2>();
-        __syncthreads();
-        if (kt + STAGES - 1 < kt_n)
-            load(kt + STAGES - 1, wr);
-        gm_commit();
         const unsigned sa = s_a + rd * a_stage, sb = s_b + rd * b_stage;
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_K / 16; kk++) {
-            unsigned af[GM_MT][4], bfr[GM_NT][2];
-#pragma unroll
-            for (int i = 0; i < GM_MT; i++)
-                gm_ldsm_x4(af[i], sa + a_off[i] + kk * 32);
-#pragma unroll
-            for (int j = 0; j < GM_NT / 2; j++) {
-                unsigned r[4];
-                gm_ldsm_x4(r, sb + b_off[j] + kk * 32);
-                bfr[2 * j][0] = r[0];
-                bfr[2 * j][1] = r[1];
-                bfr[2 * j + 1][0] = r[2];
-                bfr[2 * j + 1][1] = r[3];
+        for (int kk = 0; kk < KK; kk++) {
+            if (kk == KK - 1) {
+                // k-tile kt+1 must have landed; after the barrier every
+                // warp holds the last k-step's fragments of this stage in
+                // registers, so the stage is free for the next issue.
+                rd = rd + 1 == STAGES ? 0 : rd + 1;
+                gm_wait<STAGES - 2>();
+                __syncthreads();
+                ldfrag((kk + 1) & 1, s_a + rd * a_stage, s_b + rd * b_stage,
+                       0);
+            } else {
+                ldfrag((kk + 1) & 1, sa, sb, kk + 1);
+            }
+            if (kk == 0) {
+                // The stage of k-tile kt-1, free since the barrier that
+                // ended it.
+                if (kt + STAGES - 1 < kt_n)
+                    load(kt + STAGES - 1, wr);
+                gm_commit();
+                wr = wr + 1 == STAGES ? 0 : wr + 1;
             }
 #pragma unroll
             for (int i = 0; i < GM_MT; i++)
 #pragma unroll
                 for (int j = 0; j < GM_NT; j++)
-                    gm_mma(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+                    gm_mma(acc[i][j], af[kk & 1][i], bfr[kk & 1][j][0],
+                           bfr[kk & 1][j][1]);
         }
-        rd = rd + 1 == STAGES ? 0 : rd + 1;
-        wr = wr + 1 == STAGES ? 0 : wr + 1;
     }
     gm_wait<0>();
     __syncthreads();
