@@ -1590,7 +1590,14 @@ static stof_status tune(stof_layer *L, const stof_mask *m,
     memset(wg, 0, sizeof(wg));
     memset(wn, 0, sizeof(wn));
     tuner t;
-    stof_status st = tuner_start(L, &t);
+    stof_status st = STOF_OK;
+    if (model_only) {
+        /* Nothing is run: no scratch data, no timing. */
+        memset(&t, 0, sizeof(t));
+        t.L = L;
+    } else {
+        st = tuner_start(L, &t);
+    }
     for (int i = 0; i < G_COUNT && st == STOF_OK; i++) {
         gemm_op *g = &L->g[i];
         if (!g->used)
