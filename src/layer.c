@@ -337,12 +337,12 @@ static double junction_cost(const stof_layer *L, int j, int g0, int n0,
                             int measured)
 {
     const gemm_op *g = &L->g[g0 + j];
-    if (!g->ok && measured)
+    if (!g->ok)
         return INFINITY;
     double t = measured ? g->ms : g->model_ms;
     if (j != J_FUSED) {
         const norm_op *n = &L->n[n0 + j];
-        if (measured && !n->ok)
+        if (!n->ok)
             return INFINITY;
         t += measured ? n->ms : n->model_ms;
     }
@@ -1564,8 +1564,8 @@ static int pick_junction(const stof_layer *L, int g0, int n0, int measured)
 
 /* Stage 2: compile, check and time every candidate, keep the best of each
  * op, choose the scheme, time the layer, store. With model_only (cache-only
- * mode) the cost model's first template choice of each op is loaded and
- * nothing is timed. */
+ * mode) cuBLASLt's heuristic choice, or else the cost model's first
+ * template choice, of each op is loaded and nothing is timed. */
 static stof_status tune(stof_layer *L, const stof_mask *m,
                         const char *mask_hex, int model_only)
 {
@@ -1606,7 +1606,20 @@ static stof_status tune(stof_layer *L, const stof_mask *m,
         probe_step(L, 0, i, &s);
         best *b = &wg[i].b;
         char what[128];
-        for (int j = 0; j < nj; j++) {
+        /* Without timing, cuBLASLt's own heuristic choice (measured within
+         * about 10% of its best on these shapes) beats the template's cost
+         * model wherever it can express the epilogue. */
+        char why_lt[256];
+        stof_blaslt_gemm *first = NULL;
+        if (model_only && stof__blaslt_available(why_lt, sizeof(why_lt)) &&
+            stof__blaslt_epi_ok(&g->epi) &&
+            stof__blaslt_create(ctx, L->d.dtype, g->M, g->N, g->K, g->K, g->K,
+                                g->N, &g->epi, 1, &first) == STOF_OK) {
+            stof__blaslt_algo_bytes(first, 0, wg[i].algo);
+            stof__blaslt_free(&first);
+            consider(b, 0.0, 1, 0, -1);
+        }
+        for (int j = 0; j < nj && !(model_only && b->found); j++) {
             cjob *jb = &jobs[j];
             if (jb->is_norm || jb->op != i)
                 continue;
@@ -1747,10 +1760,18 @@ static stof_status tune(stof_layer *L, const stof_mask *m,
     }
     if (st == STOF_OK) {
         /* The scheme: measured costs, or the model's. */
-        const int ja = pick_junction(L, G_A_RES, N_A_PLAIN, !model_only);
-        const int jb = L->d.pre_norm
-                           ? 0
-                           : pick_junction(L, G_B_RES, N_B_PLAIN, !model_only);
+        int ja = pick_junction(L, G_A_RES, N_A_PLAIN, !model_only);
+        int jb = L->d.pre_norm
+                     ? 0
+                     : pick_junction(L, G_B_RES, N_B_PLAIN, !model_only);
+        /* The model has no figure for cuBLASLt: where it serves the
+         * bias+residual GEMM, keep that GEMM and a norm kernel. */
+        if (model_only && L->g[G_A_RES].ok && L->g[G_A_RES].lt &&
+            L->n[N_A_PLAIN].ok)
+            ja = J_RES_NORM;
+        if (model_only && !L->d.pre_norm && L->g[G_B_RES].ok &&
+            L->g[G_B_RES].lt && L->n[N_B_PLAIN].ok)
+            jb = J_RES_NORM;
         int missing = ja < 0 || jb < 0;
         if (!missing) {
             build_steps(L, ja, jb);
