@@ -221,35 +221,6 @@ static_assert(sizeof(stof_attn_block_params) ==
 // PTX helpers
 // ---------------------------------------------------------------------------
 
-__device__ __forceinline__ unsigned bk_smem_addr(const void *p)
-{
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-        : "=r"(a)
-        : "l"(p));
-    return a;
-}
-
-// 16-byte global -> shared copy; src_bytes 0 writes 16 zero bytes and
-// reads nothing.
-__device__ __forceinline__ void bk_cp_async16(unsigned dst, const void *src,
-                                              int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void bk_cp_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N> __device__ __forceinline__ void bk_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void bk_ldsm_x4(unsigned r[4], unsigned addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -265,36 +236,6 @@ __device__ __forceinline__ void bk_ldsm_x4_t(unsigned r[4], unsigned addr)
         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
         : "r"(addr)
         : "memory");
-}
-
-// C += A * B, m16n8k16, fp32 accumulators.
-__device__ __forceinline__ void bk_mma(float c[4], const unsigned a[4],
-                                       unsigned b0, unsigned b1)
-{
-#if DTYPE == 0
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// Two floats -> one register of two 16-bit values, `lo` in bits 0..15 (the
-// lower column index, as mma fragments and memory order expect).
-__device__ __forceinline__ unsigned bk_pack2(float lo, float hi)
-{
-    unsigned r;
-#if DTYPE == 0
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
 }
 
 __device__ __forceinline__ float bk_exp2(float x)
@@ -385,7 +326,7 @@ __device__ __forceinline__ void bk_load_rows(unsigned dst,
             // RPP a multiple of 8: the swizzle of r equals that of r0.
             const unsigned d = RPP % 8 == 0 ? d0 + i * RPP * BK_ROWB
                                             : bk_off(r, c);
-            bk_cp_async16(dst + d, src, ok ? 16 : 0);
+            stof_cp_async16(dst + d, src, ok ? 16 : 0);
         }
     }
 }
@@ -420,7 +361,7 @@ __device__ __forceinline__ void bk_gather_rows(unsigned dst,
             const unsigned char *src = gc + (stof_u64)o[i] * 16u;
             const unsigned d = RPP % 8 == 0 ? d0 + i * RPP * BK_ROWB
                                             : bk_off(r, c);
-            bk_cp_async16(dst + d, src, r < lim ? 16 : 0);
+            stof_cp_async16(dst + d, src, r < lim ? 16 : 0);
         }
     }
 }
@@ -463,7 +404,7 @@ __device__ __forceinline__ void bk_load_qrows(unsigned dst,
                 c * 8;
             const unsigned d = RPP % 8 == 0 ? d0 + i * RPP * BK_ROWB
                                             : bk_off(r, c);
-            bk_cp_async16(dst + d, sp, src[i] >= 0 ? 16 : 0);
+            stof_cp_async16(dst + d, sp, src[i] >= 0 ? 16 : 0);
         }
     }
 }
@@ -496,7 +437,7 @@ __device__ __forceinline__ void bk_load_bits(unsigned dst,
     for (int i = 0; i < (CHUNKS + BK_THREADS - 1) / BK_THREADS; i++) {
         const int idx = tid + i * BK_THREADS;
         if (CHUNKS % BK_THREADS == 0 || idx < CHUNKS)
-            bk_cp_async16(dst + idx * 16, src + idx * 4, 16);
+            stof_cp_async16(dst + idx * 16, src + idx * 4, 16);
     }
 }
 
@@ -523,7 +464,7 @@ stof_attn_block(const stof_attn_block_params p)
     const unsigned short *vg = p.v + b * p.v_stride[0] + h * p.v_stride[1];
     unsigned short *og = p.o + b * p.o_stride[0] + h * p.o_stride[1];
 
-    const unsigned sQ = bk_smem_addr(bk_smem);
+    const unsigned sQ = stof_smem_addr(bk_smem);
     const unsigned sK = sQ + BK_OFF_K;
     const unsigned sV = sQ + BK_OFF_V;
     const unsigned sB = sQ + BK_OFF_B;
@@ -602,7 +543,7 @@ stof_attn_block(const stof_attn_block_params p)
 #else
         bk_load_rows<BLOCK_M>(sQ, qg, p.q_stride[2], q0, p.seq_q, tid);
 #endif
-        bk_cp_commit();
+        stof_cp_commit();
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             if (s < n) {
@@ -626,7 +567,7 @@ stof_attn_block(const stof_attn_block_params p)
                     s_meta[2 * s + 1] = kind;
                 }
             }
-            bk_cp_commit();
+            stof_cp_commit();
             if (s < STAGES - 1) {
                 if (s < n) {
 #if GATHER
@@ -640,12 +581,12 @@ stof_attn_block(const stof_attn_block_params p)
                                           p.seq_k, tid);
 #endif
                 }
-                bk_cp_commit();
+                stof_cp_commit();
             }
         }
 #if Q_IN_REGS
         // Q is the oldest group: 2S-1 younger ones may stay in flight.
-        bk_cp_wait<2 * STAGES - 1>();
+        stof_cp_wait<2 * STAGES - 1>();
         __syncthreads();
 #pragma unroll
         for (int mt = 0; mt < BK_MT; mt++)
@@ -694,7 +635,7 @@ stof_attn_block(const stof_attn_block_params p)
         }
 
         // ---- K(t) (and its bitmap) has landed; V(t-1) is free -----------
-        bk_cp_wait<2 * STAGES - 2>();
+        stof_cp_wait<2 * STAGES - 2>();
         __syncthreads();
         {
             const int u = t + STAGES - 1;
@@ -711,7 +652,7 @@ stof_attn_block(const stof_attn_block_params p)
                 bk_load_rows<BLOCK_N>(sV + vs * BK_KV_BYTES, vg, p.v_stride[2],
                                       s_meta[2 * vs] * BLOCK_N, p.seq_k, tid);
 #endif
-            bk_cp_commit();
+            stof_cp_commit();
         }
 #if !GATHER
         const int col = s_meta[2 * slot];
@@ -749,8 +690,8 @@ stof_attn_block(const stof_attn_block_params p)
                 bk_ldsm_x4(kb, kt + BK_ADDR(k_lane, 16 * np, 2 * kk));
 #pragma unroll
                 for (int mt = 0; mt < BK_MT; mt++) {
-                    bk_mma(sacc[mt][2 * np], qa[mt], kb[0], kb[1]);
-                    bk_mma(sacc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                    stof_mma16816(sacc[mt][2 * np], qa[mt], kb[0], kb[1]);
+                    stof_mma16816(sacc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
                 }
             }
         }
@@ -844,7 +785,7 @@ stof_attn_block(const stof_attn_block_params p)
         }
 
         // ---- V(t) has landed; every warp is done with K(t) ---------------
-        bk_cp_wait<2 * STAGES - 2>();
+        stof_cp_wait<2 * STAGES - 2>();
         __syncthreads();
         {
             if (t + STAGES < n) {
@@ -867,7 +808,7 @@ stof_attn_block(const stof_attn_block_params p)
                     s_meta[2 * slot + 1] = nk_kind;
                 }
             }
-            bk_cp_commit();
+            stof_cp_commit();
         }
 
         // ---- O += P V(t) -------------------------------------------------
@@ -877,12 +818,12 @@ stof_attn_block(const stof_attn_block_params p)
             unsigned pa[BK_MT][4];
 #pragma unroll
             for (int mt = 0; mt < BK_MT; mt++) {
-                pa[mt][0] = bk_pack2(sacc[mt][2 * kk][0], sacc[mt][2 * kk][1]);
-                pa[mt][1] = bk_pack2(sacc[mt][2 * kk][2], sacc[mt][2 * kk][3]);
+                pa[mt][0] = stof_pack2(sacc[mt][2 * kk][0], sacc[mt][2 * kk][1]);
+                pa[mt][1] = stof_pack2(sacc[mt][2 * kk][2], sacc[mt][2 * kk][3]);
                 pa[mt][2] =
-                    bk_pack2(sacc[mt][2 * kk + 1][0], sacc[mt][2 * kk + 1][1]);
+                    stof_pack2(sacc[mt][2 * kk + 1][0], sacc[mt][2 * kk + 1][1]);
                 pa[mt][3] =
-                    bk_pack2(sacc[mt][2 * kk + 1][2], sacc[mt][2 * kk + 1][3]);
+                    stof_pack2(sacc[mt][2 * kk + 1][2], sacc[mt][2 * kk + 1][3]);
             }
 #pragma unroll
             for (int dp = 0; dp < HEAD_DIM / 16; dp++) {
@@ -890,8 +831,8 @@ stof_attn_block(const stof_attn_block_params p)
                 bk_ldsm_x4_t(vb, vt + BK_ADDR(v_lane, 16 * kk, 2 * dp));
 #pragma unroll
                 for (int mt = 0; mt < BK_MT; mt++) {
-                    bk_mma(oacc[mt][2 * dp], pa[mt], vb[0], vb[1]);
-                    bk_mma(oacc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                    stof_mma16816(oacc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                    stof_mma16816(oacc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
                 }
             }
         }
@@ -932,7 +873,7 @@ stof_attn_block(const stof_attn_block_params p)
             const float inv = l_run[mt][hh];
 #pragma unroll
             for (int dt = 0; dt < BK_DT; dt++) {
-                const unsigned v2 = bk_pack2(oacc[mt][dt][2 * hh] * inv,
+                const unsigned v2 = stof_pack2(oacc[mt][dt][2 * hh] * inv,
                                              oacc[mt][dt][2 * hh + 1] * inv);
                 *(unsigned *)(sq_bytes + bk_off(r, dt) + 4 * tq) = v2;
             }

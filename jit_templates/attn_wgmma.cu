@@ -241,15 +241,6 @@ static_assert(sizeof(stof_attn_wgmma_params) == 640,
 // PTX helpers
 // ---------------------------------------------------------------------------
 
-__device__ __forceinline__ unsigned wg_smem_addr(const void *p)
-{
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-        : "=r"(a)
-        : "l"(p));
-    return a;
-}
-
 __device__ __forceinline__ void mb_init(unsigned bar, unsigned count)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
@@ -379,18 +370,6 @@ __device__ __forceinline__ float wg_exp2(float x)
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x)); // ex2(-inf) = +0
     return y;
-}
-
-// Two floats -> one register of two 16-bit values, `lo` in bits 0..15.
-__device__ __forceinline__ unsigned wg_pack2(float lo, float hi)
-{
-    unsigned r;
-#if DTYPE == 0
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
 }
 
 // ---------------------------------------------------------------------------
@@ -614,10 +593,10 @@ __device__ __forceinline__ void wg_convert(const float (&s)[WG_SN],
 {
 #pragma unroll
     for (int ks = 0; ks < WG_PK; ks++) {
-        pa[ks][0] = wg_pack2(s[8 * ks + 0], s[8 * ks + 1]);
-        pa[ks][1] = wg_pack2(s[8 * ks + 2], s[8 * ks + 3]);
-        pa[ks][2] = wg_pack2(s[8 * ks + 4], s[8 * ks + 5]);
-        pa[ks][3] = wg_pack2(s[8 * ks + 6], s[8 * ks + 7]);
+        pa[ks][0] = stof_pack2(s[8 * ks + 0], s[8 * ks + 1]);
+        pa[ks][1] = stof_pack2(s[8 * ks + 2], s[8 * ks + 3]);
+        pa[ks][2] = stof_pack2(s[8 * ks + 4], s[8 * ks + 5]);
+        pa[ks][3] = stof_pack2(s[8 * ks + 6], s[8 * ks + 7]);
     }
 }
 
@@ -719,7 +698,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
     const int q0 = rb * WG_BLOCK_M;
 
     // Every offset below is from the first 1024-byte boundary.
-    const unsigned raw = wg_smem_addr(wg_smem_raw);
+    const unsigned raw = stof_smem_addr(wg_smem_raw);
     const unsigned pad = ((raw + 1023u) & ~1023u) - raw;
     unsigned char *smem = wg_smem_raw + pad;
     const unsigned sQ = raw + pad;
@@ -1042,7 +1021,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             const unsigned off = (dt >> 3) * (WG_BLOCK_M * 128) + r * 128 +
                                  (((dt & 7) ^ (r & 7)) << 4) + 4 * tq;
             *(unsigned *)(smem + off) =
-                wg_pack2(oacc[4 * dt + 2 * hh] * inv[hh],
+                stof_pack2(oacc[4 * dt + 2 * hh] * inv[hh],
                          oacc[4 * dt + 2 * hh + 1] * inv[hh]);
         }
     }

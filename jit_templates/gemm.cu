@@ -165,67 +165,11 @@ static_assert(sizeof(stof_gemm_params) == 112, "stof_gemm_params layout");
 // PTX helpers
 // ---------------------------------------------------------------------------
 
-__device__ __forceinline__ unsigned gm_smem_addr(const void *p)
-{
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-        : "=r"(a)
-        : "l"(p));
-    return a;
-}
-
-// 16-byte global -> shared copy; src_bytes 0 writes zeros, reads nothing.
-__device__ __forceinline__ void gm_cp16(unsigned dst, const void *src,
-                                        int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void gm_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N> __device__ __forceinline__ void gm_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void gm_ldsm_x4(unsigned r[4], unsigned addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
-}
-
-__device__ __forceinline__ void gm_mma(float c[4], const unsigned a[4],
-                                       unsigned b0, unsigned b1)
-{
-#if DTYPE == 0
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// Two floats -> two 16-bit values in one register, `lo` in bits 0..15.
-__device__ __forceinline__ unsigned gm_pack2(float lo, float hi)
-{
-    unsigned r;
-#if DTYPE == 0
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
 }
 
 __device__ __forceinline__ float gm_to_f32(unsigned short h)
@@ -326,7 +270,7 @@ __device__ __forceinline__ void gm_mainloop(float (&acc)[GM_MT][GM_NT][4],
             if (GM_A_CHUNKS % GM_THREADS == 0 ||
                 tid + i * GM_THREADS < GM_A_CHUNKS) {
                 const bool ok = a_ok[i] && k0 + a_kc[i] < p.K;
-                gm_cp16(s_a + st * a_stage + a_dst[i],
+                stof_cp_async16(s_a + st * a_stage + a_dst[i],
                         ok ? (const void *)(a_src[i] + k0) : (const void *)p.a,
                         ok ? 16 : 0);
             }
@@ -336,7 +280,7 @@ __device__ __forceinline__ void gm_mainloop(float (&acc)[GM_MT][GM_NT][4],
             if (GM_B_CHUNKS % GM_THREADS == 0 ||
                 tid + i * GM_THREADS < GM_B_CHUNKS) {
                 const bool ok = b_ok[i] && k0 + b_kc[i] < p.K;
-                gm_cp16(s_b + st * b_stage + b_dst[i],
+                stof_cp_async16(s_b + st * b_stage + b_dst[i],
                         ok ? (const void *)(b_src[i] + k0) : (const void *)p.w,
                         ok ? 16 : 0);
             }
@@ -347,7 +291,7 @@ __device__ __forceinline__ void gm_mainloop(float (&acc)[GM_MT][GM_NT][4],
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < kt_n)
             load(s, s);
-        gm_commit();
+        stof_cp_commit();
     }
 
     // Per-lane ldmatrix byte offsets inside a stage.
@@ -384,7 +328,7 @@ __device__ __forceinline__ void gm_mainloop(float (&acc)[GM_MT][GM_NT][4],
     constexpr int KK = BLOCK_K / 16; // k-steps per stage (even)
 
     int rd = 0, wr = STAGES - 1;
-    gm_wait<STAGES - 2>();
+    stof_cp_wait<STAGES - 2>();
     __syncthreads();
     ldfrag(0, s_a, s_b, 0);
     for (int kt = 0; kt < kt_n; kt++) {
@@ -396,7 +340,7 @@ __device__ __forceinline__ void gm_mainloop(float (&acc)[GM_MT][GM_NT][4],
                 // warp holds the last k-step's fragments of this stage in
                 // registers, so the stage is free for the next issue.
                 rd = rd + 1 == STAGES ? 0 : rd + 1;
-                gm_wait<STAGES - 2>();
+                stof_cp_wait<STAGES - 2>();
                 __syncthreads();
                 ldfrag((kk + 1) & 1, s_a + rd * a_stage, s_b + rd * b_stage,
                        0);
@@ -408,18 +352,18 @@ __device__ __forceinline__ void gm_mainloop(float (&acc)[GM_MT][GM_NT][4],
                 // ended it.
                 if (kt + STAGES - 1 < kt_n)
                     load(kt + STAGES - 1, wr);
-                gm_commit();
+                stof_cp_commit();
                 wr = wr + 1 == STAGES ? 0 : wr + 1;
             }
 #pragma unroll
             for (int i = 0; i < GM_MT; i++)
 #pragma unroll
                 for (int j = 0; j < GM_NT; j++)
-                    gm_mma(acc[i][j], af[kk & 1][i], bfr[kk & 1][j][0],
+                    stof_mma16816(acc[i][j], af[kk & 1][i], bfr[kk & 1][j][0],
                            bfr[kk & 1][j][1]);
         }
     }
-    gm_wait<0>();
+    stof_cp_wait<0>();
     __syncthreads();
 }
 
@@ -468,7 +412,7 @@ __device__ __forceinline__ void gm_epilogue_regs(
                 if (col_ok)
 #endif
                     *(unsigned *)(st + rl * GM_PITCH + col_base + cl) =
-                        gm_pack2(v0, v1);
+                        stof_pack2(v0, v1);
             }
         }
     }
@@ -479,7 +423,7 @@ extern "C" __global__ void __launch_bounds__(GM_THREADS, MIN_BLOCKS)
 {
     extern __shared__ __align__(128) unsigned char gm_smem[];
     unsigned short *pipe = (unsigned short *)gm_smem;
-    const unsigned s_a = gm_smem_addr(pipe);
+    const unsigned s_a = stof_smem_addr(pipe);
     const unsigned s_b = s_a + STAGES * BLOCK_M * GM_SK * 2;
 
     const int tid = threadIdx.x;
@@ -565,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(GM_THREADS, MIN_BLOCKS)
                 y0 += gm_lo(b4[e]);
                 y1 += gm_hi(b4[e]);
 #endif
-                o4[e] = gm_pack2(y0, y1);
+                o4[e] = stof_pack2(y0, y1);
             }
             *(uint4 *)(out + c * 8) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
 #if WRITE_PRE

@@ -84,6 +84,70 @@ struct stof_attn_params {
 static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
               "stof_attn_params layout");
 
+// ---------------------------------------------------------------------------
+// Tensor-core PTX helpers shared by the templates (sm_80+)
+// ---------------------------------------------------------------------------
+
+// Generic -> shared-window address of a shared-memory pointer.
+__device__ __forceinline__ unsigned stof_smem_addr(const void *p)
+{
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+        : "=r"(a)
+        : "l"(p));
+    return a;
+}
+
+// 16-byte global -> shared copy; src_bytes 0 writes 16 zero bytes and
+// reads nothing.
+__device__ __forceinline__ void stof_cp_async16(unsigned dst, const void *src,
+                                                int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void stof_cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void stof_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// C += A * B, m16n8k16 in the dtype, fp32 accumulators.
+__device__ __forceinline__ void stof_mma16816(float c[4], const unsigned a[4],
+                                              unsigned b0, unsigned b1)
+{
+#if DTYPE == 0
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two floats -> one register of two 16-bit values, `lo` in bits 0..15 (the
+// lower column index, as mma fragments and memory order expect).
+__device__ __forceinline__ unsigned stof_pack2(float lo, float hi)
+{
+    unsigned r;
+#if DTYPE == 0
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
 #ifdef STOF_JIT_FORCE_ERROR
 #error "compile error forced by STOF_JIT_FORCE_ERROR"
 #endif

@@ -1009,6 +1009,7 @@ typedef struct tuner {
     int rows[VROWS], n_rows;
     float tol;
     aux_kernels aux;
+    float *w_host[G_COUNT]; /* each GEMM's scratch weight, fetched once */
 } tuner;
 
 static double now_s(void)
@@ -1081,8 +1082,20 @@ static double verify_step(tuner *t, const step *s)
     const int N = s->kind == STEP_GEMM ? L->g[s->op].N : L->d.hidden;
     const int K = s->kind == STEP_GEMM ? L->g[s->op].K : L->d.hidden;
     float *A = calloc((size_t)R * K, sizeof(float));
-    float *W = s->kind == STEP_GEMM ? calloc((size_t)N * K, sizeof(float))
-                                    : NULL;
+    float *W = NULL;
+    if (s->kind == STEP_GEMM) {
+        /* The weight is the same for every candidate of an op. */
+        if (!t->w_host[s->op]) {
+            float *w = malloc(sizeof(float) * (size_t)N * K);
+            if (w && fetch_vec(t, sym_ptr(L, wp, t->x, t->y, s->s[O_W]),
+                               (size_t)N * K, w)) {
+                free(w);
+                w = NULL;
+            }
+            t->w_host[s->op] = w;
+        }
+        W = t->w_host[s->op];
+    }
     float *res = calloc((size_t)R * N, sizeof(float));
     float *vec = calloc((size_t)N * 3, sizeof(float));
     float *out = calloc((size_t)R * N, sizeof(float));
@@ -1102,9 +1115,6 @@ static double verify_step(tuner *t, const step *s)
         fetch_rows(t, po, N, N, out) || (pp && fetch_rows(t, pp, N, N, pre)))
         goto done;
     if (s->kind == STEP_GEMM) {
-        if (fetch_vec(t, sym_ptr(L, wp, t->x, t->y, s->s[O_W]),
-                      (size_t)N * K, W))
-            goto done;
         stof__ref_gemm(A, W, bias, pr ? res : NULL, gamma, beta, R, N, K, K,
                        K, N, &L->g[s->op].epi, L->eps, L->d.dtype, ref,
                        pp ? ref_pre : NULL);
@@ -1136,7 +1146,6 @@ static double verify_step(tuner *t, const step *s)
     }
 done:
     free(A);
-    free(W);
     free(res);
     free(vec);
     free(out);
@@ -1424,6 +1433,8 @@ static stof_status tuner_start(stof_layer *L, tuner *t)
 
 static void tuner_stop(tuner *t)
 {
+    for (int i = 0; i < G_COUNT; i++)
+        free(t->w_host[i]);
     const stof_api *api = t->L->ctx->api;
     if (t->aux.mod)
         api->cuModuleUnload(t->aux.mod);

@@ -31,15 +31,7 @@
 /* Open a context or skip the test. */
 static stof_context *open_or_skip(void)
 {
-    stof_context *ctx = NULL;
-    stof_settings s;
-    stof_default_settings(&s);
-    stof_status st = stof_open(&ctx, &s);
-    cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
-    if (!stof_has_device(ctx)) {
-        stof_close(&ctx);
-        cr_skip_test("no usable GPU, skipping");
-    }
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
     char why[1024];
     if (!stof__blaslt_available(why, sizeof(why))) {
         stof_close(&ctx);

@@ -28,23 +28,7 @@
 /* Open a context or skip the test. */
 static stof_context *open_or_skip(void)
 {
-    stof_context *ctx = NULL;
-    stof_settings s;
-    stof_default_settings(&s);
-    stof_status st = stof_open(&ctx, &s);
-    cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
-    if (!stof_has_device(ctx)) {
-        stof_close(&ctx);
-        stof_settings r;
-        stof_default_settings(&r);
-        r.require_device = 1;
-        stof_open(&ctx, &r);
-        char why[512];
-        snprintf(why, sizeof(why), "%s", stof_errmsg(ctx));
-        stof_close(&ctx);
-        cr_skip_test("no usable GPU, skipping: %s", why);
-    }
-    return ctx;
+    return tu_open_gpu_or_skip(NULL);
 }
 
 static const char *dt_name(stof_dtype dt)

@@ -21,19 +21,12 @@
 
 static stof_context *open_ctx(const char *user_db, stof_tuning_mode mode)
 {
-    stof_context *ctx = NULL;
     stof_settings s;
     stof_default_settings(&s);
     s.user_db = user_db;
     s.tuning_mode = mode;
     s.tuning_reps = 5;
-    stof_status st = stof_open(&ctx, &s);
-    cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
-    if (!stof_has_device(ctx)) {
-        stof_close(&ctx);
-        cr_skip_test("no usable GPU, skipping");
-    }
-    return ctx;
+    return tu_open_gpu_or_skip(&s);
 }
 
 /* Host and device copies of one layer's weights. */

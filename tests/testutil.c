@@ -162,6 +162,27 @@ const char *tu_src_path(const char *rel)
     return buf;
 }
 
+stof_context *tu_open_gpu_or_skip(const stof_settings *s)
+{
+    stof_settings d;
+    stof_default_settings(&d);
+    stof_context *ctx = NULL;
+    stof_status st = stof_open(&ctx, s ? s : &d);
+    cr_assert_eq(st, STOF_OK, "stof_open: %s", stof_errmsg(ctx));
+    if (!stof_has_device(ctx)) {
+        /* The open succeeded without a device; ask again, requiring one,
+         * to get the reason. */
+        stof_close(&ctx);
+        d.require_device = 1;
+        stof_open(&ctx, &d);
+        char why[512];
+        snprintf(why, sizeof(why), "%s", stof_errmsg(ctx));
+        stof_close(&ctx);
+        cr_skip_test("no usable GPU, skipping: %s", why);
+    }
+    return ctx;
+}
+
 int tu_gpu_suite_main(const char *suite, int argc, char **argv)
 {
     int fds[2];

@@ -61,6 +61,10 @@ void tu_make_desc(stof_attention_desc *d, int batch, int heads, int seq_q,
                   int seq_k, int head_dim, stof_dtype dt, stof_layout layout,
                   int pad);
 
+/* Open a context with settings s (NULL: the defaults) or skip the test,
+ * saying why no GPU is usable. */
+stof_context *tu_open_gpu_or_skip(const stof_settings *s);
+
 /* main() for a GPU suite: when no GPU is usable, print why and return 77
  * (meson counts it as skipped); otherwise run the Criterion tests. The
  * probe runs in a child process, and only in Criterion's runner process, so
