@@ -68,7 +68,7 @@
     T(nvrtc_version) T(stof_version) T(template_hash)                          \
     T(kernel) T(config) T(arch)                                                \
     D(time_ms) D(runner_up_ms) D(model_ms) I(n_candidates) I(verified)         \
-    T(measured) L(created_at) T(host)
+    T(measured) L(created_at) T(host) T(content_hash)
 
 #define DB_NAME_(f) #f ","
 #define DB_PARAM_(f) "?,"
@@ -133,6 +133,17 @@ static const db_migration db_migrations[] = {
      "  count INTEGER NOT NULL DEFAULT 1,\n"
      "  first_seen INTEGER NOT NULL,\n"
      "  last_seen INTEGER NOT NULL);\n"},
+    /* Version 2 (stof 0.2): records carry a content hash, and the user
+     * database remembers which records this host has verified. Records of
+     * version 1 get an empty hash: they fail stof__db_record_check, and
+     * their keys (made without the hash's fields) never match again. */
+    {2,
+     "ALTER TABLE records ADD COLUMN content_hash TEXT NOT NULL DEFAULT '';\n"
+     "CREATE TABLE trusted(\n"
+     "  key TEXT NOT NULL,\n"
+     "  content_hash TEXT NOT NULL,\n"
+     "  verified_at INTEGER NOT NULL,\n"
+     "  PRIMARY KEY(key, content_hash)) WITHOUT ROWID;\n"},
 };
 
 /* One step per version, in order. */
@@ -150,6 +161,9 @@ enum {
     ST_MISS,
     ST_NEXT_MISS,
     ST_DELETE_MISS,
+    ST_TRUSTED,
+    ST_TRUST,
+    ST_FORGET,
     ST_COUNT_
 };
 
@@ -176,6 +190,10 @@ static const char *const db_sql[ST_COUNT_] = {
     [ST_NEXT_MISS] = ("SELECT key, problem, mask, count FROM misses"
                       " WHERE key > ?1 ORDER BY key LIMIT 1"),
     [ST_DELETE_MISS] = "DELETE FROM misses WHERE key = ?1",
+    [ST_TRUSTED] = "SELECT 1 FROM trusted WHERE key = ?1 AND content_hash = ?2",
+    [ST_TRUST] = "INSERT OR REPLACE INTO trusted(key, content_hash, verified_at)"
+                 " VALUES(?1, ?2, ?3)",
+    [ST_FORGET] = "DELETE FROM records WHERE key = ?1 AND content_hash = ?2",
 };
 
 /* ------------------------------------------------------------- layers */
@@ -192,8 +210,15 @@ typedef struct db_layer {
     sqlite3_stmt *st[ST_COUNT_];
 } db_layer;
 
+/* Trust kept in memory when the user database cannot hold it. */
+typedef struct db_trust_mem {
+    char (*v)[66];         /* key followed by content hash */
+    int n, cap;
+} db_trust_mem;
+
 struct stof_db {
     stof_context *ctx;
+    db_trust_mem trust;
     int n_layers;          /* 1 + number of system paths */
     db_layer layers[];     /* [0] user, [i + 1] system_paths[i] */
 };
@@ -260,6 +285,71 @@ char *stof__db_path_uri(const char *path, const char *query)
     return u;
 }
 
+/* 1 when the file at path starts with an SQLite header that says WAL mode
+ * (bytes 18 and 19, the write and read versions, are 2). */
+static int header_says_wal(const char *path)
+{
+    unsigned char h[100];
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    size_t n = fread(h, 1, sizeof(h), f);
+    fclose(f);
+    return n == sizeof(h) && memcmp(h, "SQLite format 3", 16) == 0 &&
+           h[18] == 2 && h[19] == 2;
+}
+
+/* The URI query that reads path without creating files next to it. A WAL
+ * database read with mode=ro gets -wal and -shm files made beside it (and
+ * left there), or fails where the directory is read-only. When no -wal
+ * file exists, no process has the database open and nothing is waiting in
+ * a log: the main file holds everything, so it is read immutable (no
+ * locks, no side files). With a -wal file present, a writer is (or was)
+ * there: read through SQLite's locking, which uses the files that exist. */
+static const char *readonly_query(const char *path)
+{
+    if (!header_says_wal(path))
+        return "?mode=ro";
+    size_t n = strlen(path) + 8;
+    char *wal = malloc(n);
+    if (!wal)
+        return "?mode=ro";
+    snprintf(wal, n, "%s-wal", path);
+    struct stat sb;
+    const int live = stat(wal, &sb) == 0;
+    free(wal);
+    return live ? "?mode=ro" : "?mode=ro&immutable=1";
+}
+
+char *stof__db_readonly_uri(const char *path)
+{
+    return stof__db_path_uri(path, readonly_query(path));
+}
+
+int stof__db_open_readonly(const char *path, sqlite3 **out)
+{
+    *out = NULL;
+    char *uri = stof__db_readonly_uri(path);
+    if (!uri)
+        return SQLITE_NOMEM;
+    sqlite3 *c = NULL;
+    int rc = sqlite3_open_v2(uri, &c,
+                             SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |
+                                 SQLITE_OPEN_READONLY,
+                             NULL);
+    free(uri);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_extended_result_codes(c, 1);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_busy_timeout(c, DB_BUSY_TIMEOUT_MS);
+    if (rc != SQLITE_OK) {
+        sqlite3_close(c);
+        return rc;
+    }
+    *out = c;
+    return SQLITE_OK;
+}
+
 /* mkdir -p of the directory that holds `path`. 0, or -1 with errno. */
 static int make_parent_dirs(const char *path)
 {
@@ -296,11 +386,13 @@ static int make_parent_dirs(const char *path)
 
 /* Open L->path in `mode`; on failure *out is NULL and the SQLite code is
  * returned (with its message in why). */
-static int layer_connect(db_layer *L, db_mode mode, sqlite3 **out)
+static int layer_connect(db_layer *L, db_mode mode, int user,
+                         sqlite3 **out)
 {
     *out = NULL;
     const char *query = mode == MODE_RW   ? ""
-                        : mode == MODE_RO ? "?mode=ro"
+                        : mode == MODE_RO ? (user ? "?mode=ro"
+                                                  : readonly_query(L->path))
                                           : "?mode=ro&immutable=1";
     char *uri = stof__db_path_uri(L->path, query);
     if (!uri)
@@ -517,6 +609,62 @@ static int records_match(sqlite3 *c, char *why, size_t n)
     return 1;
 }
 
+/* The columns of every table, as one text, of the schema made by the
+ * migration steps up to `version` (applied to an in-memory database) or of
+ * the database open on c: "table(name type notnull pk, ...)..." in name
+ * order. NULL when out of memory. */
+static char *schema_text(sqlite3 *c)
+{
+    static const char sql[] =
+        "SELECT group_concat(line, ';') FROM (SELECT m.name || '(' ||"
+        " (SELECT group_concat(p.name || ' ' || p.type || ' ' || p.\"notnull\""
+        " || ' ' || p.pk, ',') FROM pragma_table_info(m.name) AS p) || ')'"
+        " AS line FROM sqlite_master AS m WHERE m.type = 'table'"
+        " ORDER BY m.name)";
+    sqlite3_stmt *s = NULL;
+    char *out = NULL;
+    if (sqlite3_prepare_v2(c, sql, -1, &s, NULL) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW) {
+        const char *t = (const char *)sqlite3_column_text(s, 0);
+        out = strdup(t ? t : "");
+    }
+    sqlite3_finalize(s);
+    return out;
+}
+
+/* 1 when the tables of the database on c are exactly those of stof's
+ * schema `version`, so that migrating it is safe; else 0 with the reason.
+ * A file with stof's id but other tables is someone else's, and is never
+ * modified. */
+static int schema_is_version(sqlite3 *c, int version, char *why, size_t n)
+{
+    sqlite3 *mem = NULL;
+    char *want = NULL, *have = NULL;
+    int ok = 0;
+    if (sqlite3_open_v2(":memory:", &mem,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_MEMORY, NULL) ==
+        SQLITE_OK) {
+        int rc = SQLITE_OK;
+        for (size_t i = 0; rc == SQLITE_OK &&
+                           i < sizeof(db_migrations) / sizeof(db_migrations[0]);
+             i++)
+            if (db_migrations[i].to <= version)
+                rc = exec_sql(mem, db_migrations[i].sql);
+        if (rc == SQLITE_OK)
+            want = schema_text(mem);
+    }
+    have = schema_text(c);
+    ok = want && have && strcmp(want, have) == 0;
+    if (!ok)
+        snprintf(why, n,
+                 "its tables are not those of stof's schema version %d",
+                 version);
+    free(want);
+    free(have);
+    sqlite3_close(mem);
+    return ok;
+}
+
 /* Make an open, writable user database ready: WAL journal, synchronous
  * NORMAL, and the schema (created or migrated) when *kind is KIND_OLDER.
  * Returns the SQLite code; *kind becomes KIND_CURRENT, or what the file
@@ -571,7 +719,7 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
          * right now: an I/O or lock error on the header is retried before
          * the file is taken as read-only or unusable. */
         for (int attempt = 0;; attempt++) {
-            rc = layer_connect(L, mode, &c);
+            rc = layer_connect(L, mode, user, &c);
             if (rc == SQLITE_OK)
                 rc = read_header(c, &h);
             const int transient = (rc & 0xff) == SQLITE_IOERR ||
@@ -616,8 +764,10 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
             sqlite3_close(c);
             break;
         }
-        if (kind == KIND_CURRENT && !records_match(c, L->why,
-                                                   sizeof(L->why))) {
+        if ((kind == KIND_CURRENT &&
+             !records_match(c, L->why, sizeof(L->why))) ||
+            (kind == KIND_OLDER && h.version > 0 &&
+             !schema_is_version(c, h.version, L->why, sizeof(L->why)))) {
             /* Checked before anything is written (the journal mode is in
              * the header): a file that is not ours is never modified. */
             sqlite3_close(c);
@@ -822,6 +972,7 @@ void stof__db_close(stof_db **pdb)
         layer_close(&db->layers[i]);
         free(db->layers[i].path);
     }
+    free(db->trust.v);
     free(db);
     *pdb = NULL;
 }
@@ -931,8 +1082,19 @@ stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
                                   "record %s",
                                   L->path, key);
             }
+            char why[256];
+            if (!stof__db_record_check(out, why, sizeof(why))) {
+                /* Damaged or crafted: never loaded, whatever it says. */
+                stof__log(db->ctx, STOF_LOG_WARN,
+                          "tuning database %s (%s): record %s is invalid "
+                          "(%s): ignored",
+                          L->path, i == 0 ? "user" : "system", key, why);
+                stof__db_record_clear(out);
+                continue;
+            }
             snprintf(out->source, sizeof(out->source), "%s",
                      i == 0 ? "user" : "system");
+            out->layer = i;
             if (i == 0 && L->writable && count_hit(L, key))
                 out->hits++;
             return STOF_OK;
@@ -964,26 +1126,32 @@ static stof_status user_layer(stof_db *db, db_layer **out)
     return STOF_OK;
 }
 
-/* Run the bound write statement s of L in its own IMMEDIATE transaction:
- * the write lock is taken (waiting up to the busy timeout) before anything
- * is read, so concurrent writers queue instead of failing. */
+/* Run the bound write statements s and then s2 (may be NULL) of L in one
+ * IMMEDIATE transaction: the write lock is taken (waiting up to the busy
+ * timeout) before anything is read, so concurrent writers queue instead of
+ * failing. */
 static stof_status run_write(stof_db *db, db_layer *L, sqlite3_stmt *s,
-                             const char *what)
+                             sqlite3_stmt *s2, const char *what)
 {
     int rc = exec_sql(L->conn, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK) {
         stof_status st = DB_FAIL(db, L, rc, what);
         done_stmt(s);
+        done_stmt(s2);
         return st;
     }
     rc = sqlite3_step(s);
+    if (rc == SQLITE_DONE && s2)
+        rc = sqlite3_step(s2);
     if (rc != SQLITE_DONE) {
         stof_status st = DB_FAIL(db, L, rc, what);
         done_stmt(s);
+        done_stmt(s2);
         rollback_if_open(L->conn);
         return st;
     }
     done_stmt(s);
+    done_stmt(s2);
     rc = exec_sql(L->conn, "COMMIT");
     if (rc != SQLITE_OK) {
         stof_status st = DB_FAIL(db, L, rc, what);
@@ -998,7 +1166,19 @@ static int bind_array_text(sqlite3_stmt *s, int col, const char *t, size_t n)
     return sqlite3_bind_text(s, col, t, (int)strnlen(t, n), SQLITE_STATIC);
 }
 
-stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace)
+/* Bind a ST_TRUST statement for record r. */
+static int bind_trust(sqlite3_stmt *t, const stof_db_record *r)
+{
+    int rc = bind_array_text(t, 1, r->key, sizeof(r->key));
+    if (rc == SQLITE_OK)
+        rc = bind_array_text(t, 2, r->content_hash, sizeof(r->content_hash));
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(t, 3, (sqlite3_int64)time(NULL));
+    return rc;
+}
+
+stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace,
+                           int trusted_here)
 {
     if (!db)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -1025,6 +1205,9 @@ stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace)
     if (!c.host[0] && gethostname(c.host, sizeof(c.host)) != 0)
         snprintf(c.host, sizeof(c.host), "unknown");
     c.host[sizeof(c.host) - 1] = '\0';
+    c.cubin = r->cubin;
+    stof__db_record_hash(&c, c.content_hash);
+    c.cubin = NULL;
 
     sqlite3_stmt *s;
     int rc = layer_stmt(L, ST_STORE, &s);
@@ -1060,7 +1243,108 @@ stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace)
         done_stmt(s);
         return DB_FAIL(db, L, rc, "binding the record");
     }
-    return run_write(db, L, s, "storing a record");
+    sqlite3_stmt *t = NULL;
+    if (trusted_here) {
+        rc = layer_stmt(L, ST_TRUST, &t);
+        if (rc == SQLITE_OK)
+            rc = bind_trust(t, &c);
+        if (rc != SQLITE_OK) {
+            done_stmt(s);
+            done_stmt(t);
+            return DB_FAIL(db, L, rc, "binding the trust entry");
+        }
+    }
+    return run_write(db, L, s, t, "storing a record");
+}
+
+/* The in-memory trust list: index of (key, hash) or -1. */
+static int trust_mem_find(const db_trust_mem *t, const stof_db_record *r)
+{
+    for (int i = 0; i < t->n; i++)
+        if (!strncmp(t->v[i], r->key, 33) &&
+            !strncmp(t->v[i] + 33, r->content_hash, 33))
+            return i;
+    return -1;
+}
+
+int stof__db_trusted(stof_db *db, const stof_db_record *r)
+{
+    if (!db || !r || !r->key[0] || !r->content_hash[0])
+        return 0;
+    if (trust_mem_find(&db->trust, r) >= 0)
+        return 1;
+    db_layer *L = &db->layers[0];
+    if (!L->conn)
+        return 0;
+    sqlite3_stmt *s;
+    int rc = layer_stmt(L, ST_TRUSTED, &s);
+    if (rc == SQLITE_OK)
+        rc = bind_array_text(s, 1, r->key, sizeof(r->key));
+    if (rc == SQLITE_OK)
+        rc = bind_array_text(s, 2, r->content_hash, sizeof(r->content_hash));
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    done_stmt(s);
+    return rc == SQLITE_ROW;
+}
+
+void stof__db_trust(stof_db *db, const stof_db_record *r)
+{
+    if (!db || !r || !r->key[0] || !r->content_hash[0] ||
+        stof__db_trusted(db, r))
+        return;
+    db_layer *L = &db->layers[0];
+    if (L->conn && L->writable) {
+        sqlite3_stmt *t;
+        int rc = layer_stmt(L, ST_TRUST, &t);
+        if (rc == SQLITE_OK)
+            rc = bind_trust(t, r);
+        if (rc == SQLITE_OK &&
+            run_write(db, L, t, NULL, "recording a verified record") ==
+                STOF_OK)
+            return;
+        if (rc != SQLITE_OK)
+            done_stmt(t);
+        stof__log(db->ctx, STOF_LOG_WARN,
+                  "tuning database %s: could not record that record %s was "
+                  "verified here (%s); it is trusted for this process only",
+                  L->path, r->key, stof_errmsg(db->ctx));
+    }
+    db_trust_mem *m = &db->trust;
+    if (m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 16;
+        void *v = realloc(m->v, (size_t)cap * sizeof(*m->v));
+        if (!v)
+            return; /* verified again next time: safe */
+        m->v = v;
+        m->cap = cap;
+    }
+    snprintf(m->v[m->n], 33, "%s", r->key);
+    snprintf(m->v[m->n] + 33, 33, "%s", r->content_hash);
+    m->n++;
+}
+
+void stof__db_forget(stof_db *db, const char *key, const char *content_hash)
+{
+    if (!db || !key || !content_hash)
+        return;
+    db_layer *L = &db->layers[0];
+    if (!L->conn || !L->writable)
+        return;
+    sqlite3_stmt *s;
+    int rc = layer_stmt(L, ST_FORGET, &s);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 2, content_hash, -1, SQLITE_STATIC);
+    if (rc != SQLITE_OK) {
+        done_stmt(s);
+        return;
+    }
+    if (run_write(db, L, s, NULL, "deleting a record") != STOF_OK)
+        stof__log(db->ctx, STOF_LOG_WARN,
+                  "tuning database %s: could not delete record %s: %s",
+                  L->path, key, stof_errmsg(db->ctx));
 }
 
 stof_status stof__db_record_miss(stof_db *db, const char *key,
@@ -1096,7 +1380,7 @@ stof_status stof__db_record_miss(stof_db *db, const char *key,
         done_stmt(s);
         return DB_FAIL(db, L, rc, "binding the miss");
     }
-    return run_write(db, L, s, "recording a miss");
+    return run_write(db, L, s, NULL, "recording a miss");
 }
 
 /* Advance an iteration: `last` (malloc'd, NULL before the first row) is
@@ -1164,6 +1448,7 @@ stof_status stof__db_foreach(stof_db *db, int layer, stof_db_record_fn fn,
         done_stmt(s);
         snprintf(r.source, sizeof(r.source), "%s",
                  layer == 0 ? "user" : "system");
+        r.layer = layer;
         int stop = fn(user, &r);
         stof__db_record_clear(&r);
         if (stop)
@@ -1255,5 +1540,5 @@ stof_status stof__db_delete_miss(stof_db *db, const char *key)
         done_stmt(s);
         return DB_FAIL(db, L, rc, "deleting a miss");
     }
-    return run_write(db, L, s, "deleting a miss");
+    return run_write(db, L, s, NULL, "deleting a miss");
 }

@@ -12,7 +12,9 @@
 
 #include "internal.h"
 
-#define STOF_DB_SCHEMA_VERSION 1
+typedef struct sqlite3 sqlite3;
+
+#define STOF_DB_SCHEMA_VERSION 2
 
 typedef struct stof_db stof_db;
 
@@ -48,9 +50,13 @@ typedef struct stof_db_record {
     char measured[256];      /* JSON: method, repetitions, seed */
     int64_t created_at;      /* unix seconds */
     char host[64];
+    /* integrity: XXH3-128 over every field above and the cubin, in 32 hex
+     * digits (stof__db_record_hash); filled by stof__db_store */
+    char content_hash[33];
     /* filled by lookups */
     int64_t hits;
     char source[16];         /* "user" or "system" */
+    int layer;               /* 0 user, i + 1 system database i */
 } stof_db_record;
 
 /* Fill where a record is valid from ctx: device name, compute capability,
@@ -83,18 +89,72 @@ int stof__db_writable(const stof_db *db);
 
 /* Look a key up: the user database first, then the system databases in
  * order. STOF_OK with *out filled (caller clears it), STOF_ERR_NOT_FOUND on
- * a miss (also when every layer is unusable). Counts the hit in the user
- * database when it is writable (best effort). */
+ * a miss (also when every layer is unusable). A record that fails
+ * stof__db_record_check (a damaged or crafted record, or one whose content
+ * hash does not match) is logged once and skipped, and the lookup goes on
+ * to the next layer. Counts the hit in the user database when it is
+ * writable (best effort). */
 stof_status stof__db_lookup(stof_db *db, const char *key,
                             stof_db_record *out /* OUT */);
 
-/* Store a record in the user database in one transaction. When a record
- * with the same key exists, the new one replaces it only if `replace` is
- * set, or it is verified and either faster or the stored one is unverified
- * (so concurrent tuners converge on the fastest verified record; ties and
- * unverified records never replace). STOF_ERR_DATABASE when there is no
- * writable user database. */
-stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace);
+/* Store a record in the user database in one transaction, with its content
+ * hash computed here (r->content_hash is ignored). When a record with the
+ * same key exists, the new one replaces it only if `replace` is set, or it
+ * is verified and either faster or the stored one is unverified (so
+ * concurrent tuners converge on the fastest verified record; ties and
+ * unverified records never replace). trusted_here: the record was verified
+ * on this host (it was just tuned here), so it is also marked trusted in
+ * the same transaction (stof__db_trust). STOF_ERR_DATABASE when there is
+ * no writable user database. */
+stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace,
+                           int trusted_here);
+
+/* --- Local trust ---------------------------------------------------------
+ * A record names a cubin; a cubin is code. A record may come from anywhere
+ * (a system database, an import, a merge), so before a cubin from the
+ * database runs for real, this host checks it once against the reference
+ * and remembers that it did, per (key, content hash): in the user
+ * database's `trusted` table when it is writable, else for the life of the
+ * stof_db. Trust is never read from a system database, and export, import
+ * and merge never copy it. */
+
+/* 1 when this host has verified the record with r's key and content hash. */
+int stof__db_trusted(stof_db *db, const stof_db_record *r);
+
+/* Remember that this host verified r (best effort: a failure is logged and
+ * the trust is kept in memory). */
+void stof__db_trust(stof_db *db, const stof_db_record *r);
+
+/* Delete the user database's record for key when its content hash is
+ * `content_hash` (a record that failed verification on this host, so that
+ * a new tuning result can take its place). Best effort. */
+void stof__db_forget(stof_db *db, const char *key, const char *content_hash);
+
+/* --- Records ------------------------------------------------------------ */
+
+/* The content hash of a record: XXH3-128, 32 lowercase hex digits, over
+ * every stored field (in schema order, each with its length) and the
+ * cubin; not over hits, source, layer or content_hash itself. */
+void stof__db_record_hash(const stof_db_record *r, char out[33] /* OUT */);
+
+/* Check what the database layer can know about a record: the key is 32
+ * hex digits, op/dtype/layout are known words, sizes and versions are in
+ * range, times are finite (time_ms > 0), text fields are printable ASCII,
+ * a kernel record has a cubin of a sane size, and content_hash matches the
+ * record. Returns 1 when valid, else 0 with the reason in why. The kernel
+ * configuration itself is checked by its operation (stof__record_check in
+ * src/). */
+int stof__db_record_check(const stof_db_record *r, char *why, size_t n);
+
+/* Open an existing database file for reading without writing anything
+ * next to it: a WAL database that no process has open (no -wal file) is
+ * opened immutable (SQLite would otherwise create -wal and -shm files
+ * beside it, also in a read-only directory where that fails); any other
+ * file read-only with locking. Returns the SQLite code (*out NULL on
+ * failure). The URI form, for ATTACH, is stof__db_readonly_uri (caller
+ * frees). */
+int stof__db_open_readonly(const char *path, sqlite3 **out /* OUT */);
+char *stof__db_readonly_uri(const char *path);
 
 /* Record a miss (a problem planned in cache-only mode): the key, the
  * problem as JSON (descriptor and mask spec) and, when the mask has no

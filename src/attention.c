@@ -7,6 +7,7 @@
 #include "cost_model.h"
 #include "db.h"
 #include "gpu_backend.h"
+#include "record_check.h"
 #include "search.h"
 
 #include <math.h>
@@ -58,6 +59,8 @@ struct stof_plan {
     unsigned grid[3], block[3];
     char arch[16];
     double compile_ms, load_ms;
+    double verify_ms;         /* the first use of a record on this host:
+                                 the time its check took (0: none) */
     char errmsg[1024];
 };
 
@@ -496,6 +499,38 @@ stof_status stof__plan_from_cubin(stof_context *ctx,
     return stof__ok(ctx);
 }
 
+/* Compile c, or for the reference kernel take the context's copy of an
+ * earlier compile (a malloc'd copy either way). */
+static stof_status compile_for_plan(stof_context *ctx, const stof_candidate *c,
+                                    int head_dim, stof_dtype dt, void **cubin,
+                                    size_t *size)
+{
+    if (c->kind != STOF_KERNEL_REFERENCE)
+        return stof__kernel_compile(ctx, c, head_dim, dt, cubin, size);
+    for (int i = 0; i < ctx->n_ref_cubins; i++)
+        if (ctx->ref_cubins[i].head_dim == head_dim &&
+            ctx->ref_cubins[i].dtype == dt) {
+            *size = ctx->ref_cubins[i].size;
+            if (!(*cubin = malloc(*size)))
+                return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                                  "out of memory");
+            memcpy(*cubin, ctx->ref_cubins[i].cubin, *size);
+            return STOF_OK;
+        }
+    stof_status st = stof__kernel_compile(ctx, c, head_dim, dt, cubin, size);
+    const int n = ctx->n_ref_cubins;
+    void *keep = st == STOF_OK && n < 8 ? malloc(*size) : NULL;
+    if (keep) {
+        memcpy(keep, *cubin, *size);
+        ctx->ref_cubins[n].head_dim = head_dim;
+        ctx->ref_cubins[n].dtype = dt;
+        ctx->ref_cubins[n].cubin = keep;
+        ctx->ref_cubins[n].size = *size;
+        ctx->n_ref_cubins = n + 1;
+    }
+    return st;
+}
+
 /* Compile candidate c (NULL = the cost model's first choice, or the
  * reference kernel when no fast kernel supports the problem) and plan it. */
 stof_status stof__attention_plan_kernel(stof_context *ctx,
@@ -533,7 +568,7 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     void *cubin = NULL;
     size_t size = 0;
     const double t0 = now_ms();
-    st = stof__kernel_compile(ctx, &pick, d->head_dim, d->dtype, &cubin, &size);
+    st = compile_for_plan(ctx, &pick, d->head_dim, d->dtype, &cubin, &size);
     p->compile_ms = now_ms() - t0;
     if (st == STOF_OK)
         st = plan_attach(ctx, p, cubin);
@@ -592,9 +627,12 @@ static int json_int(const char *js, const char *name, int *out)
     return q && sscanf(q + strlen(pat), "%d", out) == 1;
 }
 
-static int cand_from_record(const stof_db_record *r, stof_candidate *c)
+int stof__attention_record_candidate(const stof_db_record *r,
+                                     stof_candidate *c, char *why, size_t n)
 {
     memset(c, 0, sizeof(*c));
+    if (strcmp(r->op, "attention") != 0)
+        return stof__why(why, n, "not an attention record");
     if (!strcmp(r->kernel, "block"))
         c->kind = STOF_KERNEL_BLOCK;
     else if (!strcmp(r->kernel, "rowwise"))
@@ -606,20 +644,51 @@ static int cand_from_record(const stof_db_record *r, stof_candidate *c)
     else if (!strcmp(r->kernel, "reference"))
         c->kind = STOF_KERNEL_REFERENCE;
     else
-        return 0;
+        return stof__why(why, n, "unknown attention kernel");
     int ok = json_int(r->config, "block_m", &c->cfg.block_m) &&
              json_int(r->config, "block_n", &c->cfg.block_n) &&
              json_int(r->config, "warps", &c->cfg.warps) &&
              json_int(r->config, "stages", &c->cfg.stages) &&
              json_int(r->config, "overlap", &c->wcfg.overlap) &&
              json_int(r->config, "group", &c->group);
+    if (!ok)
+        return stof__why(why, n, "unreadable kernel configuration");
     c->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
     c->wcfg.block_n = c->cfg.block_n;
     c->wcfg.stages = c->cfg.stages;
     c->wcfg.block_m = c->cfg.block_m;
     c->wcfg.gather = c->kind == STOF_KERNEL_WGMMA_GATHER;
     c->predicted_ms = r->model_ms;
-    return ok;
+    /* Parameters in range for the kernel (no device: shared memory is
+     * checked when the cubin is loaded). */
+    if (c->group < 0 || c->group > 16)
+        return stof__why(why, n, "row group %d is out of range", c->group);
+    if (r->head_dim < 1 || r->head_dim > 256 || r->batch < 1 ||
+        r->heads < 1 || r->seq_q < 1 || r->seq_k < 1)
+        return stof__why(why, n, "problem sizes out of range");
+    char cw[200];
+    switch (c->kind) {
+    case STOF_KERNEL_BLOCK:
+    case STOF_KERNEL_ROWWISE:
+        if (!stof__block_cfg_valid(NULL, r->head_dim, &c->cfg, cw,
+                                   sizeof(cw)))
+            return stof__why(why, n, "invalid %s configuration: %s",
+                             r->kernel, cw);
+        break;
+    case STOF_KERNEL_WGMMA:
+    case STOF_KERNEL_WGMMA_GATHER:
+        if (!stof__wgmma_cfg_valid(NULL, r->head_dim, &c->wcfg, cw,
+                                   sizeof(cw)))
+            return stof__why(why, n, "invalid %s configuration: %s",
+                             r->kernel, cw);
+        if (strcmp(r->arch, "sm_90a") != 0)
+            return stof__why(why, n, "a %s kernel must be built for sm_90a",
+                             r->kernel);
+        break;
+    default:
+        break;
+    }
+    return 1;
 }
 
 static void fill_record(stof_context *ctx, const stof_attention_desc *d,
@@ -731,6 +800,97 @@ static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
     return STOF_OK;
 }
 
+/* Whether candidate c's kernel can run with nd's strides. The key does
+ * not name the layout (problem_key.c), so a record tuned with one layout
+ * serves others; only the gather kernels limit strides (K/V row offsets
+ * in 16-byte units must fit 32 bits), as the cost model does when it
+ * ranks them. */
+static int kernel_takes_strides(const stof_candidate *c,
+                                const stof_attention_desc *nd)
+{
+    if (c->kind != STOF_KERNEL_ROWWISE && c->kind != STOF_KERNEL_WGMMA_GATHER)
+        return 1;
+    const int64_t s = nd->k_stride[2] > nd->v_stride[2] ? nd->k_stride[2]
+                                                        : nd->v_stride[2];
+    return (double)(nd->seq_k - 1) * (double)s / 8.0 < 4294967296.0;
+}
+
+/* The search's verification tolerance (relative error). */
+#define VERIFY_TOLERANCE 1e-2
+
+/* Check a plan made from a database record on this GPU before its first
+ * real use: run it on seeded random inputs for one batch element and up
+ * to two heads (the kernel's code is the same for every (batch, head); two
+ * heads exercise the head offsets) over the whole sequence, and compare
+ * every output row with the reference kernel. 1 when it matches (rel_err
+ * within the search's tolerance), else 0 with the reason in why. */
+static int verify_here(stof_context *ctx, const stof_plan *p,
+                       const stof_mask *m, char *why, size_t n)
+{
+    stof_attention_desc vd = p->desc;
+    vd.batch = 1;
+    vd.heads = p->desc.heads < 2 ? p->desc.heads : 2;
+    vd.layout = STOF_LAYOUT_BHSD;
+    normalise_desc(&vd);
+    stof_gpu_backend *gb = NULL;
+    stof_status st = stof__gpu_backend_new(ctx, &vd, m, 0x7e57ed5eedull, 1,
+                                           &gb);
+    if (st != STOF_OK) {
+        snprintf(why, n, "the reference could not run: %s",
+                 stof_errmsg(ctx));
+        return 0;
+    }
+    /* The plan's kernel, formats and device data, launched for vd: every
+     * launch reads batch, heads and strides from the descriptor. */
+    stof_plan tmp = *p;
+    tmp.desc = vd;
+    stof_search_backend ops = stof__gpu_backend_ops(gb);
+    double rel = INFINITY;
+    char err[256] = "";
+    const int failed = ops.verify(ops.user, &tmp, &rel, err, sizeof(err));
+    stof__gpu_backend_free(&gb);
+    if (failed) {
+        snprintf(why, n, "%s", err);
+        return 0;
+    }
+    if (!(rel <= VERIFY_TOLERANCE)) {
+        snprintf(why, n, "wrong result: relative error %.3g (tolerance %g)",
+                 rel, VERIFY_TOLERANCE);
+        return 0;
+    }
+    return 1;
+}
+
+/* Use a record's plan on this host only once it is trusted here (db.h,
+ * "Local trust"): verify it at its first use and remember that. Returns
+ * 1 when the plan may run; 0 when the record failed (logged; a user
+ * database record that fails is deleted, so that tuning can replace it). */
+static int trust_record(stof_context *ctx, stof_db *db, stof_plan *p,
+                        const stof_mask *m, const stof_db_record *rec)
+{
+    if (stof__db_trusted(db, rec))
+        return 1;
+    char why[512];
+    const double t0 = now_ms();
+    const int ok = verify_here(ctx, p, m, why, sizeof(why));
+    p->verify_ms = now_ms() - t0;
+    if (ok) {
+        stof__db_trust(db, rec);
+        stof__log(ctx, STOF_LOG_INFO,
+                  "tuning record %s (%s database, made on %s) verified on "
+                  "this GPU in %.1f ms",
+                  rec->key, rec->source, rec->host, p->verify_ms);
+        return 1;
+    }
+    stof__log(ctx, STOF_LOG_WARN,
+              "tuning record %s (%s database, made on %s) failed "
+              "verification on this GPU: %s; not used",
+              rec->key, rec->source, rec->host, why);
+    if (rec->layer == 0)
+        stof__db_forget(db, rec->key, rec->content_hash);
+    return 0;
+}
+
 /* A plan from the database, or NULL (a miss, or an unusable record: logged
  * and treated as a miss). */
 static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
@@ -743,15 +903,24 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
         return NULL;
     stof_candidate c;
     stof_plan *p = NULL;
-    if (!cand_from_record(&rec, &c))
-        stof__log(ctx, STOF_LOG_WARN,
-                  "tuning record %s has an unreadable configuration (%s): "
-                  "ignored", key, rec.config);
+    char why[256];
+    if (!stof__attention_record_candidate(&rec, &c, why, sizeof(why)))
+        stof__log(ctx, STOF_LOG_WARN, "tuning record %s: %s (%s): ignored",
+                  key, why, rec.config);
+    else if (!kernel_takes_strides(&c, nd))
+        stof__log(ctx, STOF_LOG_INFO,
+                  "tuning record %s: its %s kernel cannot address these "
+                  "strides: planning without it",
+                  key, rec.kernel);
     else if (stof__plan_from_cubin(ctx, nd, m, &c, rec.cubin, rec.cubin_size,
                                    &p) != STOF_OK)
         stof__log(ctx, STOF_LOG_WARN,
                   "tuning record %s could not be loaded (%s): ignored", key,
                   stof_errmsg(ctx));
+    if (p && !trust_record(ctx, db, p, m, &rec)) {
+        plan_release(p);
+        p = NULL;
+    }
     if (p) {
         p->source = !strcmp(rec.source, "user") ? "user db" : "system db";
         p->time_ms = rec.time_ms;
@@ -822,8 +991,8 @@ static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
         stof_db_record rec;
         fill_record(ctx, nd, m, key, mask_hex, res, o, seed, &rec);
         if (stof__db_store(db, &rec,
-                           ctx->settings.tuning_mode == STOF_TUNE_FORCE) !=
-            STOF_OK)
+                           ctx->settings.tuning_mode == STOF_TUNE_FORCE,
+                           1) != STOF_OK)
             stof__log(ctx, STOF_LOG_WARN,
                       "could not store the tuning result: %s",
                       stof_errmsg(ctx));
@@ -852,7 +1021,7 @@ static stof_search_opts search_opts(const stof_context *ctx)
     stof_search_opts o = {.top_k = st->tuning_top_k > 0 ? st->tuning_top_k : 3,
                           .threads = st->compile_threads,
                           .budget_s = st->tuning_budget_s,
-                          .tolerance = 1e-2};
+                          .tolerance = VERIFY_TOLERANCE};
     return o;
 }
 
@@ -1201,12 +1370,13 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
         "\"head_dim\":%d,\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g},"
         "\"mask\":{\"digest\":\"%s\",\"density\":%.6f},"
         "\"template_hash\":\"%016llx\",\"candidates\":%d,"
-        "\"predicted_ms\":%.6g,\"compile_ms\":%.3f,\"load_ms\":%.3f,",
+        "\"predicted_ms\":%.6g,\"compile_ms\":%.3f,\"load_ms\":%.3f,"
+        "\"verify_ms\":%.3f,",
         p->source ? p->source : "compiled", p->key, p->arch, d->batch,
         d->heads, d->seq_q, d->seq_k, d->head_dim, dt, layouts[d->layout],
         (double)p->scale, p->mask_hex, p->mask_density,
         (unsigned long long)stof_template_hash(), p->n_candidates,
-        p->predicted_ms, p->compile_ms, p->load_ms);
+        p->predicted_ms, p->compile_ms, p->load_ms, p->verify_ms);
     if (p->time_ms > 0)
         stof__str_printf(&s,
                          "\"time_ms\":%.6g,\"runner_up_ms\":%.6g,"

@@ -170,6 +170,8 @@ void stof_close(stof_context **pctx)
         return;
     stof_context *ctx = *pctx;
     stof__db_close(&ctx->db);
+    for (int i = 0; i < ctx->n_ref_cubins; i++)
+        free(ctx->ref_cubins[i].cubin);
     free(ctx->user_db);
     if (ctx->system_dbs)
         for (size_t i = 0; ctx->system_dbs[i]; i++)

@@ -51,6 +51,17 @@ struct stof_context {
     char **system_dbs;      /* NULL-terminated, or NULL */
     struct stof_db *db;
     int db_tried;           /* the open was attempted (success or not) */
+    /* Reference-kernel cubins compiled by this context, by head_dim and
+     * dtype: every search and every first use of a record verifies
+     * against the reference, and one compile serves them all
+     * (attention.c). */
+    struct {
+        int head_dim;
+        stof_dtype dtype;
+        void *cubin;
+        size_t size;
+    } ref_cubins[8];
+    int n_ref_cubins;
 };
 
 /* Longest spec a mask keeps (the tuning records' mask_spec field). */

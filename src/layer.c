@@ -45,6 +45,7 @@
 #include "blaslt.h"
 #include "db.h"
 #include "gemm.h"
+#include "record_check.h"
 #include "search.h"
 
 /* --- buffers, operations, steps ----------------------------------------- */
@@ -872,6 +873,47 @@ static void record_base(const stof_layer *L, const char *mask_hex,
     r->verified = 1;
 }
 
+int stof__layer_record_check(const stof_db_record *r, char *why, size_t n)
+{
+    if (!strcmp(r->op, "layer")) {
+        int ja = -1, jb = -1;
+        if (strcmp(r->kernel, "scheme") != 0 ||
+            sscanf(r->config, "{\"ja\":%d,\"jb\":%d", &ja, &jb) != 2 ||
+            ja < 0 || ja >= J_COUNT || jb < 0 || jb >= J_COUNT)
+            return stof__why(why, n, "malformed layer scheme");
+        return 1;
+    }
+    if (!strcmp(r->op, "norm")) {
+        int warps = 0;
+        if (strcmp(r->kernel, "norm") != 0 ||
+            sscanf(r->config, "{\"warps\":%d", &warps) != 1 || warps < 1 ||
+            warps > 32)
+            return stof__why(why, n, "malformed norm configuration");
+        return 1;
+    }
+    if (strcmp(r->op, "gemm") != 0)
+        return stof__why(why, n, "not a layer record");
+    if (!strcmp(r->kernel, "cublaslt")) {
+        size_t ver = 0;
+        if (sscanf(r->config, "{\"lt\":%zu", &ver) != 1 ||
+            r->cubin_size != STOF_BLASLT_ALGO_BYTES)
+            return stof__why(why, n, "malformed cuBLASLt algorithm");
+        return 1;
+    }
+    stof_gemm_cfg c;
+    stof_gemm_epi e;
+    char cw[200];
+    if (strcmp(r->kernel, "gemm") != 0 ||
+        !stof__gemm_cfg_parse(r->config, &c, &e))
+        return stof__why(why, n, "malformed GEMM configuration");
+    if (r->seq_q < 1 || r->seq_k < 1 ||
+        !stof__gemm_cfg_valid(NULL, &c, &e, r->seq_q, r->seq_k, cw,
+                              sizeof(cw)))
+        return stof__why(why, n, "invalid GEMM configuration: %s",
+                         r->seq_q < 1 || r->seq_k < 1 ? "sizes" : cw);
+    return 1;
+}
+
 /* Load the scheme and its kernels stored under L's keys. STOF_OK, or
  * STOF_ERR_NOT_FOUND (a miss, or something unusable: logged). */
 static stof_status from_db(stof_layer *L)
@@ -1528,7 +1570,7 @@ static void store_records(stof_layer *L, const stof_mask *m,
                  "\"reps\":%d,\"rejected\":%d,\"checked_rows\":%d,"
                  "\"tolerance\":%g}",
                  t->reps, w->b.n_rejected, t->n_rows, (double)t->tol);
-        fails += stof__db_store(db, &r, replace) != STOF_OK;
+        fails += stof__db_store(db, &r, replace, 1) != STOF_OK;
     }
     record_base(L, mask_hex, spec, &r);
     snprintf(r.key, sizeof(r.key), "%s", L->key);
@@ -1552,7 +1594,7 @@ static void store_records(stof_layer *L, const stof_mask *m,
              "\"what\":\"one layer, scratch weights\"}",
              t->reps);
     if (!fails)
-        fails += stof__db_store(db, &r, replace) != STOF_OK;
+        fails += stof__db_store(db, &r, replace, 1) != STOF_OK;
     if (fails)
         stof__log(L->ctx, STOF_LOG_WARN,
                   "layer %s: %d tuning record(s) could not be stored: %s",

@@ -5,6 +5,11 @@
  * layout, the device fingerprint (name, compute capability, SM count), the
  * driver and NVRTC versions, the stof version and the template hash. A
  * record from another GPU, driver, NVRTC or template version never matches.
+ *
+ * The layout is not part of the key: strides are run-time arguments of
+ * every kernel, so a problem tuned with BHSD tensors (stof-tune) is the
+ * same problem planned with BSHD or strided ones (Python, a server), and
+ * hits the same record from every entry point.
  */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -14,12 +19,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *layout_name(stof_layout l)
-{
-    return l == STOF_LAYOUT_BHSD ? "BHSD" : l == STOF_LAYOUT_BSHD ? "BSHD"
-                                                                  : "strided";
-}
-
 void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
                          const char *mask_hex, char key[33], char *text,
                          size_t text_n)
@@ -27,16 +26,15 @@ void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
     const stof_device *dev = &ctx->device;
     char buf[1024];
     /* The canonical text is hashed; it is also a readable record of what
-     * the key covers. Strides matter only through the layout (they are
-     * run-time parameters of every kernel). */
+     * the key covers. */
     int n = snprintf(buf, sizeof(buf),
-                     "op=attention;v=1;mask=%s;batch=%d;heads=%d;seq_q=%d;"
-                     "seq_k=%d;head_dim=%d;dtype=%s;layout=%s;neg_scale=%d;"
+                     "op=attention;v=2;mask=%s;batch=%d;heads=%d;seq_q=%d;"
+                     "seq_k=%d;head_dim=%d;dtype=%s;neg_scale=%d;"
                      "device=%s;cc=%d.%d;sms=%d;driver=%d;nvrtc=%d.%d;"
                      "stof=%s;templates=%016llx",
                      mask_hex, d->batch, d->heads, d->seq_q, d->seq_k,
                      d->head_dim, d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16",
-                     layout_name(d->layout), d->scale < 0.0f, dev->name,
+                     d->scale < 0.0f, dev->name,
                      dev->cc_major, dev->cc_minor, dev->sm_count,
                      dev->driver_version, dev->nvrtc_major, dev->nvrtc_minor,
                      stof_version_string(),

@@ -179,7 +179,7 @@ static void make_db(const char *path, const fx *recs, int n)
         memset(cubin, recs[i].cubin_byte, sizeof(cubin));
         r.cubin = cubin;
         r.cubin_size = sizeof(cubin);
-        cr_assert_eq(stof__db_store(db, &r, 1), STOF_OK, "%s",
+        cr_assert_eq(stof__db_store(db, &r, 1, 0), STOF_OK, "%s",
                      stof_errmsg(ctx));
     }
     stof__db_close(&db);

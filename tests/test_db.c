@@ -271,7 +271,7 @@ static void make_db(const char *path, uint64_t base, int n,
         record_fill(&r, base + (uint64_t)i, cubin_size);
         if (config)
             snprintf(r.config, sizeof(r.config), "%s", config);
-        cr_assert_eq(stof__db_store(db, &r, 0), STOF_OK, "%s",
+        cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
                      stof_errmsg(ctx));
         stof__db_record_clear(&r);
     }
@@ -394,7 +394,7 @@ Test(db, schema_created_with_directories_and_reopened)
                  3);
     cr_assert_eq(raw_int(c, "SELECT count(*) FROM pragma_table_info("
                             "'records')"),
-                 32, "records has a column per record field");
+                 33, "records has a column per record field");
     raw_text(c, "PRAGMA integrity_check", buf, sizeof(buf));
     cr_assert_str_eq(buf, "ok");
     sqlite3_close(c);
@@ -413,7 +413,7 @@ Test(db, schema_created_with_directories_and_reopened)
     cr_assert(!stof__db_writable(db));
     cr_assert_eq(stof__db_lookup(db, "00", &r), STOF_ERR_NOT_FOUND);
     record_fill(&r, 1, 0);
-    cr_assert_eq(stof__db_store(db, &r, 0), STOF_ERR_DATABASE);
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_ERR_DATABASE);
     cr_assert(strstr(stof_errmsg(ctx), "no writable user tuning database"),
               "%s", stof_errmsg(ctx));
     cr_assert_eq(stof__db_record_miss(db, "k", "{}", NULL, 0),
@@ -447,7 +447,7 @@ static int collect_cb(void *user, const stof_db_record *r)
     if (c->db) {
         stof_db_record x;
         record_fill(&x, 900 + (uint64_t)c->n, 16);
-        if (stof__db_store(c->db, &x, 0) != STOF_OK)
+        if (stof__db_store(c->db, &x, 0, 0) != STOF_OK)
             c->n += 1000;
         stof__db_record_clear(&x);
     }
@@ -468,6 +468,8 @@ Test(db, every_field_survives_a_round_trip)
     /* Strings at their longest. */
     memset(a.mask_spec, 'x', sizeof(a.mask_spec) - 1);
     memset(a.config, 'c', sizeof(a.config) - 1);
+    a.config[0] = '{';
+    a.config[sizeof(a.config) - 2] = '}';
     memset(a.measured, 'm', sizeof(a.measured) - 1);
     memset(a.device_name, 'd', sizeof(a.device_name) - 1);
     memset(a.host, 'h', sizeof(a.host) - 1);
@@ -475,7 +477,7 @@ Test(db, every_field_survives_a_round_trip)
     a.runner_up_ms = 0.0;
     a.model_ms = 1e-9;
     a.created_at = (int64_t)1 << 40;
-    cr_assert_eq(stof__db_store(db, &a, 0), STOF_OK, "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof__db_store(db, &a, 0, 0), STOF_OK, "%s", stof_errmsg(ctx));
     stof__db_close(&db);
 
     db = db_open(ctx, path, NULL);
@@ -490,12 +492,14 @@ Test(db, every_field_survives_a_round_trip)
     cr_assert_eq(b.hits, 2);
     stof__db_record_clear(&b);
 
-    /* No cubin, and a record without host or time stamp gets both. */
+    /* No cubin (a layer record), and a record without host or time stamp
+     * gets both. */
     stof_db_record c;
     record_fill(&c, 43, 0);
+    snprintf(c.op, sizeof(c.op), "layer");
     c.host[0] = '\0';
     c.created_at = 0;
-    cr_assert_eq(stof__db_store(db, &c, 0), STOF_OK, "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof__db_store(db, &c, 0, 0), STOF_OK, "%s", stof_errmsg(ctx));
     cr_assert_eq(stof__db_lookup(db, c.key, &b), STOF_OK);
     cr_assert_null(b.cubin);
     cr_assert_eq(b.cubin_size, 0);
@@ -507,14 +511,14 @@ Test(db, every_field_survives_a_round_trip)
 
     /* Bad records are refused with a message. */
     c.key[0] = '\0';
-    cr_assert_eq(stof__db_store(db, &c, 0), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof__db_store(db, &c, 0, 0), STOF_ERR_INVALID_ARGUMENT);
     make_key(c.key, 43);
     c.time_ms = 0.0 / 0.0;
-    cr_assert_eq(stof__db_store(db, &c, 0), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof__db_store(db, &c, 0, 0), STOF_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(stof_errmsg(ctx), "finite"), "%s", stof_errmsg(ctx));
     c.time_ms = 1.0;
     c.cubin_size = 10;
-    cr_assert_eq(stof__db_store(db, &c, 0), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof__db_store(db, &c, 0, 0), STOF_ERR_INVALID_ARGUMENT);
     c.cubin_size = 0;
     cr_assert_eq(stof__db_lookup(db, "", &b), STOF_ERR_INVALID_ARGUMENT);
     cr_assert_eq(stof__db_lookup(db, NULL, &b), STOF_ERR_INVALID_ARGUMENT);
@@ -562,7 +566,7 @@ Test(db, replace_rule)
         r.time_ms = (t);                                                       \
         r.verified = (v);                                                      \
         snprintf(r.config, sizeof(r.config), "%s", (cfg));                     \
-        cr_assert_eq(stof__db_store(db, &r, (rep)), STOF_OK, "%s",             \
+        cr_assert_eq(stof__db_store(db, &r, (rep), 0), STOF_OK, "%s",             \
                      stof_errmsg(ctx));                                        \
     } while (0)
 #define EXPECT(t, v, cfg)                                                      \
@@ -574,24 +578,24 @@ Test(db, replace_rule)
         stof__db_record_clear(&out);                                           \
     } while (0)
 
-    STORE(2.0, 1, 0, "first");
-    EXPECT(2.0, 1, "first");
-    STORE(3.0, 1, 0, "slower");          /* slower verified: kept out */
-    EXPECT(2.0, 1, "first");
-    STORE(2.0, 1, 0, "tie");             /* a tie does not replace */
-    EXPECT(2.0, 1, "first");
-    STORE(1.5, 1, 0, "faster");          /* faster verified: replaces */
-    EXPECT(1.5, 1, "faster");
-    STORE(0.5, 0, 0, "unverified");      /* unverified never replaces */
-    EXPECT(1.5, 1, "faster");
-    STORE(0.5, 0, 1, "forced");          /* ... unless replace is set */
-    EXPECT(0.5, 0, "forced");
-    STORE(0.1, 0, 0, "unverified2");     /* unverified over unverified: no */
-    EXPECT(0.5, 0, "forced");
-    STORE(9.0, 1, 0, "verified-slow");   /* verified beats unverified */
-    EXPECT(9.0, 1, "verified-slow");
-    STORE(20.0, 1, 1, "forced-slow");    /* replace forces a slower one */
-    EXPECT(20.0, 1, "forced-slow");
+    STORE(2.0, 1, 0, "{first}");
+    EXPECT(2.0, 1, "{first}");
+    STORE(3.0, 1, 0, "{slower}");          /* slower verified: kept out */
+    EXPECT(2.0, 1, "{first}");
+    STORE(2.0, 1, 0, "{tie}");             /* a tie does not replace */
+    EXPECT(2.0, 1, "{first}");
+    STORE(1.5, 1, 0, "{faster}");          /* faster verified: replaces */
+    EXPECT(1.5, 1, "{faster}");
+    STORE(0.5, 0, 0, "{unverified}");      /* unverified never replaces */
+    EXPECT(1.5, 1, "{faster}");
+    STORE(0.5, 0, 1, "{forced}");          /* ... unless replace is set */
+    EXPECT(0.5, 0, "{forced}");
+    STORE(0.1, 0, 0, "{unverified2}");     /* unverified over unverified: no */
+    EXPECT(0.5, 0, "{forced}");
+    STORE(9.0, 1, 0, "{verified-slow}");   /* verified beats unverified */
+    EXPECT(9.0, 1, "{verified-slow}");
+    STORE(20.0, 1, 1, "{forced-slow}");    /* replace forces a slower one */
+    EXPECT(20.0, 1, "{forced-slow}");
 
     /* Replacing keeps the hit count: 9 lookups above, one more now. */
     cr_assert_eq(stof__db_lookup(db, r.key, &out), STOF_OK);
@@ -615,10 +619,10 @@ Test(db, user_over_two_system_databases)
     char *sys1 = path_join(dir, "sys1.db");
     char *sys2 = path_join(dir, "sys2.db");
     /* Keys: seed 1 in sys1 and sys2, 2 in sys1 and user, 3 in sys2 only. */
-    make_db(sys1, 1, 2, 128, "sys1");
-    make_db(sys2, 1, 1, 128, "sys2");
-    make_db(sys2, 3, 1, 128, "sys2");
-    make_db(user, 2, 1, 128, "user");
+    make_db(sys1, 1, 2, 128, "{sys1}");
+    make_db(sys2, 1, 1, 128, "{sys2}");
+    make_db(sys2, 3, 1, 128, "{sys2}");
+    make_db(user, 2, 1, 128, "{user}");
     size_t n1, n2;
     unsigned char *before1 = read_file(sys1, &n1);
     unsigned char *before2 = read_file(sys2, &n2);
@@ -637,29 +641,29 @@ Test(db, user_over_two_system_databases)
     make_key(k4, 4);
     stof_db_record r;
     cr_assert_eq(stof__db_lookup(db, k1, &r), STOF_OK);
-    cr_assert_str_eq(r.config, "sys1", "the first system database wins");
+    cr_assert_str_eq(r.config, "{sys1}", "the first system database wins");
     cr_assert_str_eq(r.source, "system");
     cr_assert_eq(r.hits, 0, "a system hit is not counted");
     cr_assert_eq(r.cubin_size, 128);
     stof__db_record_clear(&r);
     cr_assert_eq(stof__db_lookup(db, k2, &r), STOF_OK);
-    cr_assert_str_eq(r.config, "user", "the user database wins");
+    cr_assert_str_eq(r.config, "{user}", "the user database wins");
     cr_assert_str_eq(r.source, "user");
     stof__db_record_clear(&r);
     cr_assert_eq(stof__db_lookup(db, k3, &r), STOF_OK);
-    cr_assert_str_eq(r.config, "sys2");
+    cr_assert_str_eq(r.config, "{sys2}");
     cr_assert_str_eq(r.source, "system");
     stof__db_record_clear(&r);
     cr_assert_eq(stof__db_lookup(db, k4, &r), STOF_ERR_NOT_FOUND);
 
     /* A store goes to the user database and then shadows the systems. */
     record_fill(&r, 1, 16);
-    snprintf(r.config, sizeof(r.config), "mine");
+    snprintf(r.config, sizeof(r.config), "{mine}");
     r.time_ms = 1000.0; /* slower than the system record: still stored */
-    cr_assert_eq(stof__db_store(db, &r, 0), STOF_OK, "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s", stof_errmsg(ctx));
     stof__db_record_clear(&r);
     cr_assert_eq(stof__db_lookup(db, k1, &r), STOF_OK);
-    cr_assert_str_eq(r.config, "mine");
+    cr_assert_str_eq(r.config, "{mine}");
     cr_assert_str_eq(r.source, "user");
     stof__db_record_clear(&r);
 
@@ -694,7 +698,7 @@ Test(db, user_over_two_system_databases)
     db = db_open(ctx, "", sys);
     cr_assert(!stof__db_writable(db));
     cr_assert_eq(stof__db_lookup(db, k2, &r), STOF_OK);
-    cr_assert_str_eq(r.config, "sys1");
+    cr_assert_str_eq(r.config, "{sys1}");
     stof__db_record_clear(&r);
     stof__db_close(&db);
 
@@ -805,7 +809,7 @@ static void check_bad_file(const char *dir, const char *bad,
     char *good = path_join(dir, "good.db");
     struct stat sb;
     if (stat(good, &sb) != 0)
-        make_db(good, 100, 3, 64, "good");
+        make_db(good, 100, 3, 64, "{good}");
     char key_good[33], key_bad[33];
     make_key(key_good, 100);
     make_key(key_bad, 1);
@@ -822,7 +826,7 @@ static void check_bad_file(const char *dir, const char *bad,
     cr_assert_eq(stof__db_lookup(db, key_bad, &r), STOF_ERR_NOT_FOUND, "%s",
                  what);
     record_fill(&r, 5, 8);
-    cr_assert_eq(stof__db_store(db, &r, 0), STOF_ERR_DATABASE, "%s", what);
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_ERR_DATABASE, "%s", what);
     cr_assert(strstr(stof_errmsg(ctx), bad), "%s", stof_errmsg(ctx));
     stof__db_record_clear(&r);
     stof__db_close(&db);
@@ -836,7 +840,7 @@ static void check_bad_file(const char *dir, const char *bad,
     cr_assert(stof__db_writable(db));
     cr_assert_eq(stof__db_lookup(db, key_bad, &r), STOF_ERR_NOT_FOUND);
     cr_assert_eq(stof__db_lookup(db, key_good, &r), STOF_OK, "%s", what);
-    cr_assert_str_eq(r.config, "good");
+    cr_assert_str_eq(r.config, "{good}");
     stof__db_record_clear(&r);
     stof__db_close(&db);
     free(user);
@@ -938,9 +942,10 @@ Test(db, newer_schema_is_skipped)
     char *bad = path_join(dir, "newer.db");
     make_db(bad, 1, 2, 64, NULL);
     sqlite3 *c = raw_open(bad, SQLITE_OPEN_READWRITE);
-    cr_assert_eq(sqlite3_exec(c, "PRAGMA user_version = 2;", NULL, NULL,
-                              NULL),
-                 SQLITE_OK);
+    char sql[64];
+    snprintf(sql, sizeof(sql), "PRAGMA user_version = %d;",
+             STOF_DB_SCHEMA_VERSION + 1);
+    cr_assert_eq(sqlite3_exec(c, sql, NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(c);
     check_bad_file(dir, bad, "newer schema");
     logcap lc;
@@ -980,7 +985,7 @@ Test(db, empty_file)
     cr_assert_eq(lc.n_warn, 0, "%s", lc.text);
     stof_db_record r;
     record_fill(&r, 1, 10);
-    cr_assert_eq(stof__db_store(db, &r, 0), STOF_OK);
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK);
     stof__db_record_clear(&r);
     stof__db_close(&db);
     free(ctx);
@@ -1006,7 +1011,7 @@ Test(db, corruption_inside_is_a_warned_miss)
     /* The system database has the keys; the user database is the broken
      * one: lookups warn once and fall through to the system. */
     char *sys1 = path_join(dir, "sys.db");
-    make_db(sys1, 1, 20, 16, "sys");
+    make_db(sys1, 1, 20, 16, "{sys}");
     const char *sys[] = {sys1, NULL};
     logcap lc;
     stof_context *ctx = ctx_new(&lc);
@@ -1020,7 +1025,7 @@ Test(db, corruption_inside_is_a_warned_miss)
         cr_assert(st == STOF_OK || st == STOF_ERR_NOT_FOUND);
         if (st == STOF_OK) {
             found++;
-            cr_assert_str_eq(r.config, "sys");
+            cr_assert_str_eq(r.config, "{sys}");
             stof__db_record_clear(&r);
         }
     }
@@ -1035,7 +1040,7 @@ Test(db, corruption_inside_is_a_warned_miss)
     cr_assert(st == STOF_OK || st == STOF_ERR_DATABASE);
     stof_db_record r;
     record_fill(&r, 77, 10);
-    st = stof__db_store(db, &r, 0);
+    st = stof__db_store(db, &r, 0, 0);
     cr_assert(st == STOF_OK || st == STOF_ERR_DATABASE);
     stof__db_record_clear(&r);
     stof__db_close(&db);
@@ -1142,7 +1147,7 @@ static void child_make_db(const char *path)
     CHILD_CHECK(stof__db_writable(db), "%s", lc.text);
     stof_db_record r;
     record_fill(&r, 1, 100);
-    CHILD_CHECK(stof__db_store(db, &r, 0) == STOF_OK, "%s",
+    CHILD_CHECK(stof__db_store(db, &r, 0, 0) == STOF_OK, "%s",
                 stof_errmsg(ctx));
     stof__db_record_clear(&r);
     stof__db_close(&db);
@@ -1169,7 +1174,7 @@ static void child_check_read_only(const char *path)
                 "size %zu", r.cubin_size);
     stof__db_record_clear(&r);
     record_fill(&r, 2, 10);
-    CHILD_CHECK(stof__db_store(db, &r, 0) == STOF_ERR_DATABASE, "store");
+    CHILD_CHECK(stof__db_store(db, &r, 0, 0) == STOF_ERR_DATABASE, "store");
     CHILD_CHECK(strstr(stof_errmsg(ctx), path), "%s", stof_errmsg(ctx));
     CHILD_CHECK(stof__db_record_miss(db, key, "{}", NULL, 0) ==
                     STOF_ERR_DATABASE,
@@ -1311,7 +1316,7 @@ static void writer_child(const char *path, int w, int start_fd)
         r.time_ms = t;
         r.verified = v;
         snprintf(r.config, sizeof(r.config), "{\"w\":%d,\"i\":%d}", w, i);
-        CHILD_CHECK(stof__db_store(db, &r, 0) == STOF_OK,
+        CHILD_CHECK(stof__db_store(db, &r, 0, 0) == STOF_OK,
                     "writer %d store %d: %s", w, i, stof_errmsg(ctx));
         stof__db_record_clear(&r);
         char mk[16];
@@ -1450,7 +1455,7 @@ static void endless_writer(const char *path, int fd)
     for (uint64_t i = 0;; i++) {
         stof_db_record r;
         record_fill(&r, i, 4096 + (size_t)(i % 7) * 10000);
-        if (stof__db_store(db, &r, 0) != STOF_OK)
+        if (stof__db_store(db, &r, 0, 0) != STOF_OK)
             _exit(6);
         stof__db_record_clear(&r);
         if (i == 20 && write(fd, "s", 1) != 1)
@@ -1534,7 +1539,7 @@ static void kill_and_check(const char *path, void (*child)(const char *, int),
     }
     stof_db_record r;
     record_fill(&r, 123456789, 1000);
-    cr_assert_eq(stof__db_store(db, &r, 0), STOF_OK, "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s", stof_errmsg(ctx));
     stof__db_record_clear(&r);
     char key[33];
     make_key(key, 123456789);

@@ -1,5 +1,6 @@
 #include "testutil.h"
 
+#include "db.h"
 #include "internal.h"
 
 #include <math.h>
@@ -335,3 +336,53 @@ void tu_make_desc(stof_attention_desc *d, int batch, int heads, int seq_q,
     }
 }
 
+
+void tu_record_fill(stof_db_record *r, uint64_t seed, size_t cubin_size)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->key, sizeof(r->key), "%032llx", (unsigned long long)seed);
+    snprintf(r->op, sizeof(r->op), "attention");
+    snprintf(r->mask_digest, sizeof(r->mask_digest), "%032llx",
+             (unsigned long long)(seed * 7));
+    snprintf(r->mask_spec, sizeof(r->mask_spec), "sliding:%d",
+             64 * (int)(seed % 64 + 1));
+    r->batch = 1;
+    r->heads = 8;
+    r->seq_q = r->seq_k = 4096;
+    r->head_dim = 64;
+    snprintf(r->dtype, sizeof(r->dtype), "fp16");
+    snprintf(r->layout, sizeof(r->layout), "BHSD");
+    snprintf(r->device_name, sizeof(r->device_name), "NVIDIA H100 80GB HBM3");
+    r->cc_major = 9;
+    r->sm_count = 132;
+    r->driver_version = 13000;
+    snprintf(r->nvrtc_version, sizeof(r->nvrtc_version), "13.0");
+    snprintf(r->stof_version, sizeof(r->stof_version), "%s",
+             stof_version_string());
+    snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
+             (unsigned long long)stof_template_hash());
+    snprintf(r->kernel, sizeof(r->kernel), "block");
+    snprintf(r->config, sizeof(r->config),
+             "{\"kind\":\"block\",\"block_m\":64,\"block_n\":64,"
+             "\"warps\":4,\"stages\":2,\"overlap\":0,\"group\":0}");
+    snprintf(r->arch, sizeof(r->arch), "sm_90");
+    r->time_ms = 0.25 + (double)(seed % 100) / 64.0;
+    r->runner_up_ms = r->time_ms * 1.25;
+    r->model_ms = r->time_ms * 1.5;
+    r->n_candidates = 6;
+    r->verified = 1;
+    snprintf(r->measured, sizeof(r->measured), "{\"seed\":%llu}",
+             (unsigned long long)seed);
+    r->created_at = 1700000000 + (int64_t)(seed % 100000);
+    snprintf(r->host, sizeof(r->host), "host-%llu", (unsigned long long)seed);
+    if (cubin_size) {
+        unsigned char *b = malloc(cubin_size);
+        cr_assert_not_null(b);
+        tu_rng g = {seed};
+        for (size_t i = 0; i < cubin_size; i++)
+            b[i] = (unsigned char)tu_next(&g);
+        r->cubin = b;
+        r->cubin_size = cubin_size;
+    }
+    stof__db_record_hash(r, r->content_hash);
+}

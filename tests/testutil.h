@@ -73,4 +73,14 @@ stof_context *tu_open_gpu_or_skip(const stof_settings *s);
  * symbol. */
 int tu_gpu_suite_main(const char *suite, int argc, char **argv);
 
+/* A tuning record that passes every check (stof__record_check): an
+ * attention record of a block kernel for head_dim 64 on an H100 of this
+ * stof build, fields derived from `seed` (the key is seed in 32 hex
+ * digits), a cubin of cubin_size bytes (malloc'd: stof__db_record_clear
+ * frees it) and its content hash. Change fields, then call
+ * stof__db_record_hash again to keep it valid. */
+struct stof_db_record;
+void tu_record_fill(struct stof_db_record *r, uint64_t seed,
+                    size_t cubin_size);
+
 #endif
