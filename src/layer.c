@@ -131,6 +131,7 @@ struct stof_layer {
     char key_text[1024];
     char source[16];       /* "database", "tuned", "model" */
     double layer_ms, model_ms, tune_s;
+    double verify_ms;       /* first use of database kernels here */
     char errmsg[1024];
 };
 
@@ -914,6 +915,10 @@ int stof__layer_record_check(const stof_db_record *r, char *why, size_t n)
     return 1;
 }
 
+static stof_status verify_loaded(stof_layer *L, stof_db *db,
+                                 const stof_db_record *recs,
+                                 const int *step_of, int n);
+
 /* Load the scheme and its kernels stored under L's keys. STOF_OK, or
  * STOF_ERR_NOT_FOUND (a miss, or something unusable: logged). */
 static stof_status from_db(stof_layer *L)
@@ -936,6 +941,9 @@ static stof_status from_db(stof_layer *L)
     }
     build_steps(L, ja, jb);
     stof_status st = STOF_OK;
+    /* The kernels' records that this host has not verified yet. */
+    stof_db_record fresh[MAX_STEPS];
+    int fresh_step[MAX_STEPS], n_fresh = 0;
     for (int i = 0; i < L->n_steps && st == STOF_OK; i++) {
         const step *s = &L->steps[i];
         if (s->kind == STEP_ATTN)
@@ -986,8 +994,16 @@ static stof_status from_db(stof_layer *L)
                       "layer %s: its stored %s kernel cannot be used (%s); "
                       "tuning again",
                       L->key, slot, stof_status_str(st));
+        if (st == STOF_OK && !stof__db_trusted(db, &rec) &&
+            n_fresh < MAX_STEPS) {
+            fresh[n_fresh] = rec;
+            fresh[n_fresh].cubin = NULL;
+            fresh_step[n_fresh++] = i;
+        }
         stof__db_record_clear(&rec);
     }
+    if (st == STOF_OK && n_fresh)
+        st = verify_loaded(L, db, fresh, fresh_step, n_fresh);
     if (st != STOF_OK) {
         for (int i = 0; i < G_COUNT; i++)
             gemm_unload(L, &L->g[i]);
@@ -1488,6 +1504,59 @@ static void tuner_stop(tuner *t)
         api->cuMemFree(t->flush);
     if (t->scratch)
         api->cuMemFree(t->scratch);
+}
+
+/* The first use of layer kernels from the database on this host (db.h,
+ * "Local trust"): run each loaded kernel of recs (step step_of[i]) on the
+ * tuner's seeded scratch data and check its sampled rows against the C
+ * reference, as tuning does. Trusted records are remembered; a record
+ * that fails is logged (and deleted from the user database) and the
+ * layer is tuned again (STOF_ERR_NOT_FOUND). */
+static stof_status verify_loaded(stof_layer *L, stof_db *db,
+                                 const stof_db_record *recs,
+                                 const int *step_of, int n)
+{
+    const double t0 = now_s();
+    tuner t;
+    stof_status st = tuner_start(L, &t);
+    int failed = 0;
+    for (int i = 0; i < n && st == STOF_OK && !failed; i++) {
+        const step *s = &L->steps[step_of[i]];
+        double err = INFINITY;
+        stof_status rs = launch_step(&t, s);
+        if (rs == STOF_OK && L->ctx->api->cuCtxSynchronize() != CUDA_SUCCESS)
+            rs = STOF_ERR_CUDA;
+        if (rs == STOF_OK)
+            err = verify_step(&t, s);
+        if (rs == STOF_OK && err <= t.tol) {
+            stof__db_trust(db, &recs[i]);
+            continue;
+        }
+        failed = 1;
+        stof__log(L->ctx, STOF_LOG_WARN,
+                  "layer %s: tuning record %s (%s database, made on %s) "
+                  "failed verification on this GPU: %s (relative error "
+                  "%.3g); tuning again",
+                  L->key, recs[i].key, recs[i].source, recs[i].host,
+                  rs != STOF_OK ? stof_status_str(rs) : "wrong result", err);
+        if (recs[i].layer == 0)
+            stof__db_forget(db, recs[i].key, recs[i].content_hash);
+    }
+    tuner_stop(&t);
+    L->verify_ms = (now_s() - t0) * 1e3;
+    if (st != STOF_OK) {
+        stof__log(L->ctx, STOF_LOG_WARN,
+                  "layer %s: its stored kernels could not be verified (%s); "
+                  "tuning again",
+                  L->key, stof_errmsg(L->ctx));
+        return STOF_ERR_NOT_FOUND;
+    }
+    if (!failed)
+        stof__log(L->ctx, STOF_LOG_INFO,
+                  "layer %s: %d stored kernel(s) verified on this GPU in "
+                  "%.1f ms",
+                  L->key, n, L->verify_ms);
+    return failed ? STOF_ERR_NOT_FOUND : STOF_OK;
 }
 
 typedef struct winner {
@@ -2034,14 +2103,14 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
                      "\"heads\":%d,\"ffn\":%d,\"dtype\":\"%s\",\"act\":\"%s\","
                      "\"norm\":\"%s\",\"pre_norm\":%d,\"eps\":%g},"
                      "\"key\":\"%s\",\"source\":\"%s\",\"plan_s\":%.4f,"
-                     "\"layer_ms\":%.5f,\"model_ms\":%.5f,"
+                     "\"verify_ms\":%.3f,\"layer_ms\":%.5f,\"model_ms\":%.5f,"
                      "\"scheme\":{\"junction_a\":\"%s\",\"junction_b\":\"%s\","
                      "\"kernels\":%d},\"kernels\":[",
                      d->batch, d->seq, d->hidden, d->heads, d->ffn,
                      dtype_str(d->dtype), acts[d->act],
                      d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm",
                      d->pre_norm, (double)L->eps, L->key, L->source, L->tune_s,
-                     L->layer_ms, L->model_ms, j_name[L->ja],
+                     L->verify_ms, L->layer_ms, L->model_ms, j_name[L->ja],
                      d->pre_norm ? "none" : j_name[L->jb], L->n_steps);
     for (int i = 0; i < L->n_steps; i++) {
         const step *st = &L->steps[i];

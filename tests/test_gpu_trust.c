@@ -1,0 +1,353 @@
+/*
+ * test_gpu_trust.c - tuning records from elsewhere on a real GPU: a record
+ * from a system database is verified once on this GPU and then trusted; a
+ * record whose cubin computes the wrong thing (a crafted record with a
+ * matching content hash) is never used, in any mode and in any layer; and
+ * a problem tuned with one tensor layout hits the same record from every
+ * other layout with nothing compiled. Every planning step runs in a child
+ * process, as a separate program using the database would.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_shim.h"
+#include "db.h"
+#include "gpu_backend.h"
+#include "internal.h"
+#include "record_check.h"
+#include "testutil.h"
+
+static char dir[64];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/stof-gpu-trust-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+TestSuite(gpu_trust, .init = setup, .fini = teardown, .timeout = 600);
+
+static const char *P(const char *name)
+{
+    static char bufs[4][160];
+    static int k;
+    char *b = bufs[k++ & 3];
+    snprintf(b, sizeof(bufs[0]), "%s/%s", dir, name);
+    return b;
+}
+
+/* The problem every test plans. */
+#define SPEC "bigbird:64:3:2:3:1"
+#define B 2
+#define H 4
+#define N 1024
+#define D 64
+
+/* What a child reports: compiles, the plan's describe JSON, the log. */
+typedef struct report {
+    long compiles;
+    char js[4096];
+    char log[8192];
+} report;
+
+static char g_log[8192];
+
+static void logcb(void *user, stof_log_level level, const char *msg)
+{
+    (void)user;
+    (void)level;
+    size_t n = strlen(g_log);
+    snprintf(g_log + n, sizeof(g_log) - n, "%s\n", msg);
+}
+
+/* In a child: plan the problem with the given databases, mode and layout
+ * (STOF_LAYOUT_STRIDED: BSHD rows padded by 16 elements), report. */
+typedef struct job {
+    const char *user_db;
+    const char *system_db; /* NULL: none */
+    stof_tuning_mode mode;
+    stof_layout layout;
+} job;
+
+static void plan_job(const job *j, report *out)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = j->user_db;
+    const char *sys[] = {j->system_db, NULL};
+    s.system_dbs = j->system_db ? sys : NULL;
+    s.tuning_mode = j->mode;
+    s.require_device = 1;
+    s.log_fn = logcb;
+    s.log_level = STOF_LOG_INFO;
+    stof_context *ctx = NULL;
+    if (stof_open(&ctx, &s) != STOF_OK)
+        _exit(3);
+    stof_mask *m = NULL;
+    if (stof_mask_from_spec(ctx, SPEC, N, N, &m) != STOF_OK)
+        _exit(4);
+    stof_attention_desc d;
+    tu_make_desc(&d, B, H, N, N, D, STOF_DTYPE_FP16, j->layout, 16);
+    long before = stof__jit_compile_count();
+    stof_plan *p = NULL;
+    if (stof_attention_plan(ctx, &d, m, &p) != STOF_OK) {
+        snprintf(out->js, sizeof(out->js), "plan failed: %s",
+                 stof_errmsg(ctx));
+        _exit(5);
+    }
+    out->compiles = stof__jit_compile_count() - before;
+    stof_plan_describe(p, out->js, sizeof(out->js), NULL);
+    stof_plan_free(&p);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* In a child: replace the record of the tuned problem in `path` (its user
+ * database) by one whose cubin is the same kernel compiled for the other
+ * dtype: it loads and runs, reads the same bytes, and computes the wrong
+ * thing; its content hash is made to match, so only running it can tell. */
+static void poison_job(const char *path, report *out)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = path;
+    s.require_device = 1;
+    stof_context *ctx = NULL;
+    if (stof_open(&ctx, &s) != STOF_OK)
+        _exit(3);
+    stof_mask *m = NULL;
+    stof_attention_desc d;
+    tu_make_desc(&d, B, H, N, N, D, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0);
+    if (stof_mask_from_spec(ctx, SPEC, N, N, &m) != STOF_OK)
+        _exit(4);
+    char hex[33], key[33];
+    stof_mask_digest(m, NULL, hex);
+    stof__attention_key(ctx, &d, hex, key, NULL, 0);
+    stof_db *db = stof__ctx_db(ctx);
+    stof_db_record r;
+    stof_candidate c;
+    char why[256];
+    if (!db || stof__db_lookup(db, key, &r) != STOF_OK ||
+        !stof__attention_record_candidate(&r, &c, why, sizeof(why)))
+        _exit(6);
+    void *bad = NULL;
+    size_t size = 0;
+    if (stof__kernel_compile(ctx, &c, D, STOF_DTYPE_BF16, &bad, &size) !=
+        STOF_OK)
+        _exit(7);
+    free(r.cubin);
+    r.cubin = bad;
+    r.cubin_size = size;
+    r.time_ms = 1e-4; /* and it claims to be very fast */
+    if (stof__db_store(db, &r, 1, 0) != STOF_OK)
+        _exit(8);
+    snprintf(out->js, sizeof(out->js), "poisoned %s (%s)", key, r.kernel);
+    stof__db_record_clear(&r);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* Run fn(arg, report) in a child process and return its report. */
+static report run(void (*fn)(const void *, report *), const void *arg)
+{
+    report *shared = malloc(sizeof(report));
+    cr_assert_not_null(shared);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        report r;
+        memset(&r, 0, sizeof(r));
+        g_log[0] = '\0';
+        fn(arg, &r);
+        snprintf(r.log, sizeof(r.log), "%s", g_log);
+        ssize_t w = write(fds[1], &r, sizeof(r));
+        _exit(w == (ssize_t)sizeof(r) ? 0 : 9);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof(report) &&
+           (n = read(fds[0], (char *)shared + got, sizeof(report) - got)) > 0)
+        got += (size_t)n;
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+                  got == sizeof(report),
+              "child failed (status %d)", status);
+    report r = *shared;
+    free(shared);
+    return r;
+}
+
+static void plan_fn(const void *arg, report *r)
+{
+    plan_job(arg, r);
+}
+
+static void poison_fn(const void *arg, report *r)
+{
+    poison_job(arg, r);
+}
+
+static double verify_ms(const report *r)
+{
+    const char *v = strstr(r->js, "\"verify_ms\":");
+    cr_assert_not_null(v, "%s", r->js);
+    return atof(v + 12);
+}
+
+static void expect_source(const report *r, const char *source)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "\"source\":\"%s\"", source);
+    cr_assert(strstr(r->js, want), "expected %s: %s\nlog:\n%s", source, r->js,
+              r->log);
+}
+
+Test(gpu_trust, a_system_record_is_verified_once_then_trusted)
+{
+    job tune = {P("fleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r0 = run(plan_fn, &tune);
+    expect_source(&r0, "tuned");
+    cr_assert_eq(verify_ms(&r0), 0.0, "a record tuned here is trusted");
+
+    job use = {P("host.db"), P("fleet.db"), STOF_TUNE_DEFAULT,
+               STOF_LAYOUT_BHSD};
+    report r1 = run(plan_fn, &use);
+    expect_source(&r1, "system db");
+    cr_assert_gt(verify_ms(&r1), 0.0, "no verification at the first use");
+    cr_assert_leq(r1.compiles, 1, "only the reference may compile: %ld",
+                  r1.compiles);
+    cr_assert(strstr(r1.log, "verified on this GPU"), "%s", r1.log);
+    report r2 = run(plan_fn, &use);
+    expect_source(&r2, "system db");
+    cr_assert_eq(verify_ms(&r2), 0.0, "verified twice");
+    cr_assert_eq(r2.compiles, 0);
+    cr_log_info("first use of a system record: verified in %.1f ms "
+                "(%ld compile); second use: %.1f ms",
+                verify_ms(&r1), r1.compiles, verify_ms(&r2));
+}
+
+Test(gpu_trust, a_wrong_kernel_is_never_used)
+{
+    job tune = {P("fleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    expect_source((report[]){run(plan_fn, &tune)}, "tuned");
+    report pr = run(poison_fn, P("fleet.db"));
+    cr_log_info("%s", pr.js);
+
+    /* From a system database: cache-only falls back, default tunes. */
+    job co = {P("a.db"), P("fleet.db"), STOF_TUNE_CACHE_ONLY,
+              STOF_LAYOUT_BHSD};
+    report r1 = run(plan_fn, &co);
+    expect_source(&r1, "fallback");
+    cr_assert(strstr(r1.log, "failed verification"), "%s", r1.log);
+    job def = {P("b.db"), P("fleet.db"), STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r2 = run(plan_fn, &def);
+    expect_source(&r2, "tuned");
+    /* The new record in b.db shadows the system one from now on. */
+    report r3 = run(plan_fn, &def);
+    expect_source(&r3, "user db");
+    cr_assert_eq(r3.compiles, 0);
+
+    /* In the user database itself: deleted, then replaced by tuning. */
+    job own = {P("fleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r4 = run(plan_fn, &own);
+    expect_source(&r4, "tuned");
+    cr_assert(strstr(r4.log, "failed verification"), "%s", r4.log);
+    report r5 = run(plan_fn, &own);
+    expect_source(&r5, "user db");
+    cr_assert_eq(verify_ms(&r5), 0.0);
+}
+
+Test(gpu_trust, every_layout_hits_the_same_record)
+{
+    job tune = {P("t.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r0 = run(plan_fn, &tune);
+    expect_source(&r0, "tuned");
+    const stof_layout others[] = {STOF_LAYOUT_BSHD, STOF_LAYOUT_STRIDED};
+    for (int i = 0; i < 2; i++) {
+        job j = {P("t.db"), NULL, STOF_TUNE_DEFAULT, others[i]};
+        report r = run(plan_fn, &j);
+        expect_source(&r, "user db");
+        cr_assert_eq(r.compiles, 0, "layout %d compiled %ld kernels",
+                     (int)others[i], r.compiles);
+    }
+}
+
+/* In a child: plan a small Transformer layer with the given databases. */
+static void layer_fn(const void *arg, report *out)
+{
+    const job *j = arg;
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = j->user_db;
+    const char *sys[] = {j->system_db, NULL};
+    s.system_dbs = j->system_db ? sys : NULL;
+    s.require_device = 1;
+    s.log_fn = logcb;
+    s.log_level = STOF_LOG_INFO;
+    stof_context *ctx = NULL;
+    if (stof_open(&ctx, &s) != STOF_OK)
+        _exit(3);
+    stof_mask *m = NULL;
+    if (stof_mask_from_spec(ctx, "causal", 128, 128, &m) != STOF_OK)
+        _exit(4);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 2, 128, 128, 2, STOF_DTYPE_FP16);
+    stof_layer *L = NULL;
+    long before = stof__jit_compile_count();
+    if (stof_layer_plan(ctx, &d, m, &L) != STOF_OK) {
+        snprintf(out->js, sizeof(out->js), "plan failed: %s",
+                 stof_errmsg(ctx));
+        _exit(5);
+    }
+    out->compiles = stof__jit_compile_count() - before;
+    stof_layer_describe(L, out->js, sizeof(out->js), NULL);
+    stof_layer_free(&L);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+Test(gpu_trust, layer_kernels_are_verified_once_then_trusted)
+{
+    job tune = {P("fleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r0 = run(layer_fn, &tune);
+    expect_source(&r0, "tuned");
+    job use = {P("host.db"), P("fleet.db"), STOF_TUNE_DEFAULT,
+               STOF_LAYOUT_BHSD};
+    report r1 = run(layer_fn, &use);
+    expect_source(&r1, "database");
+    cr_assert_gt(verify_ms(&r1), 0.0, "%s", r1.js);
+    report r2 = run(layer_fn, &use);
+    expect_source(&r2, "database");
+    cr_assert_eq(verify_ms(&r2), 0.0, "%s", r2.js);
+    cr_log_info("first use of a layer's records: verified in %.1f ms",
+                verify_ms(&r1));
+}
+
+/* Criterion's main, after a probe that reports the suite skipped (exit 77)
+ * when no GPU is usable. */
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu_trust", argc, argv);
+}
