@@ -994,11 +994,41 @@ static void col_text(char *dst, size_t n, sqlite3_stmt *s, int col)
     dst[len] = '\0';
 }
 
-/* Fill r from a row of DB_COLUMNS. Returns SQLITE_NOMEM when the cubin
- * cannot be copied. */
-static int read_record(sqlite3_stmt *s, stof_db_record *r)
+const char *stof__db_columns(void)
 {
-    int col = 0;
+    return DB_COLUMNS;
+}
+
+int stof__db_shape_sql(const char *t, char *buf, size_t n)
+{
+    size_t len = 0;
+    int ok = 1;
+    buf[0] = '\0';
+#define ADD_(...)                                                              \
+    do {                                                                       \
+        int k = snprintf(buf + len, len < n ? n - len : 0, __VA_ARGS__);       \
+        if (k < 0 || len + (size_t)k >= n)                                     \
+            ok = 0;                                                            \
+        else                                                                   \
+            len += (size_t)k;                                                  \
+    } while (0)
+#define SHAPE_T_(f)                                                            \
+    ADD_("(typeof(%s.%s) = 'text' AND length(CAST(%s.%s AS BLOB)) < %zu) AND ", \
+         t, #f, t, #f, sizeof(((stof_db_record *)0)->f));
+#define SHAPE_I_(f) ADD_("typeof(%s.%s) = 'integer' AND ", t, #f);
+#define SHAPE_D_(f) ADD_("typeof(%s.%s) IN ('real', 'integer') AND ", t, #f);
+    DB_FIELDS(SHAPE_T_, SHAPE_I_, SHAPE_I_, SHAPE_D_)
+    ADD_("typeof(%s.cubin) IN ('blob', 'null')", t);
+#undef SHAPE_T_
+#undef SHAPE_I_
+#undef SHAPE_D_
+#undef ADD_
+    return ok;
+}
+
+int stof__db_read_row(sqlite3_stmt *s, int first, stof_db_record *r)
+{
+    int col = first;
     memset(r, 0, sizeof(*r));
 #define GET_T_(f) col_text(r->f, sizeof(r->f), s, col++);
 #define GET_I_(f) r->f = sqlite3_column_int(s, col++);
@@ -1073,7 +1103,7 @@ stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
         if (rc == SQLITE_OK)
             rc = sqlite3_step(s);
         if (rc == SQLITE_ROW) {
-            rc = read_record(s, out);
+            rc = stof__db_read_row(s, 0, out);
             done_stmt(s);
             if (rc != SQLITE_OK) {
                 stof__db_record_clear(out);
@@ -1434,7 +1464,7 @@ stof_status stof__db_foreach(stof_db *db, int layer, stof_db_record_fn fn,
         if (rc == SQLITE_ROW)
             rc = save_key(s, &last);
         if (rc == SQLITE_OK)
-            rc = read_record(s, &r);
+            rc = stof__db_read_row(s, 0, &r);
         if (rc != SQLITE_OK) {
             st = rc == SQLITE_NOMEM
                      ? stof__fail(db->ctx, STOF_ERR_OUT_OF_MEMORY,

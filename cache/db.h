@@ -146,6 +146,22 @@ void stof__db_record_hash(const stof_db_record *r, char out[33] /* OUT */);
  * src/). */
 int stof__db_record_check(const stof_db_record *r, char *why, size_t n);
 
+/* The columns of a record in the order stof__db_read_row reads them, as
+ * SQL ("key,op,...,cubin,hits"), for statements of other modules. */
+const char *stof__db_columns(void);
+
+/* An SQL condition, on the records of table alias t, that holds when
+ * every column has the type its field has and every text fits its field
+ * (a longer value would be cut when read, so that what is checked is not
+ * what is stored). Written into buf; 0 when it does not fit. */
+int stof__db_shape_sql(const char *t, char *buf, size_t n);
+
+/* Fill r from the row of s whose column `first` is the first of
+ * stof__db_columns(). SQLITE_OK, or SQLITE_NOMEM when the cubin cannot be
+ * copied (r owns its cubin: stof__db_record_clear). */
+typedef struct sqlite3_stmt sqlite3_stmt;
+int stof__db_read_row(sqlite3_stmt *s, int first, stof_db_record *r /* OUT */);
+
 /* Open an existing database file for reading without writing anything
  * next to it: a WAL database that no process has open (no -wal file) is
  * opened immutable (SQLite would otherwise create -wal and -shm files

@@ -111,6 +111,16 @@ stof_status stof_attention_desc_init(stof_attention_desc *d, int batch,
     d->layout = layout;
     if (layout != STOF_LAYOUT_BHSD && layout != STOF_LAYOUT_BSHD)
         return STOF_ERR_INVALID_ARGUMENT;
+    /* The strides are products of the sizes: refuse sizes whose products
+     * do not fit (stof_attention_plan names the bad field; here the
+     * strides stay 0). */
+    int64_t x;
+    if (batch < 1 || heads < 1 || seq_q < 1 || seq_k < 1 || head_dim < 1 ||
+        __builtin_mul_overflow((int64_t)heads, (int64_t)head_dim, &x) ||
+        __builtin_mul_overflow(x, (int64_t)(seq_q > seq_k ? seq_q : seq_k),
+                               &x) ||
+        __builtin_mul_overflow(x, (int64_t)batch, &x))
+        return STOF_ERR_INVALID_ARGUMENT;
     set_layout_strides(d->q_stride, layout, heads, seq_q, head_dim);
     set_layout_strides(d->o_stride, layout, heads, seq_q, head_dim);
     set_layout_strides(d->k_stride, layout, heads, seq_k, head_dim);

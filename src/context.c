@@ -96,7 +96,52 @@ static int all_zero(const uint8_t *p, size_t n)
     return 1;
 }
 
-stof_status stof_open(stof_context **out, const stof_settings *s)
+/* Check the settings before anything uses them. Logging is off while
+ * they are checked: a garbage struct must not get its garbage callback
+ * called. */
+static stof_status check_settings(stof_context *ctx)
+{
+    stof_settings *cs = &ctx->settings;
+    const stof_log_fn fn = cs->log_fn;
+    cs->log_fn = NULL;
+    stof_status st = STOF_OK;
+#define CHECK_(cond, ...)                                                      \
+    if (st == STOF_OK && !(cond))                                              \
+        st = stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT, __VA_ARGS__);
+    CHECK_(all_zero(cs->reserved, sizeof(cs->reserved)),
+           "settings: reserved bytes are not zero (fill the struct with "
+           "stof_default_settings() first)");
+    CHECK_(cs->device >= 0, "settings.device: %d is negative", cs->device);
+    CHECK_(cs->require_device == 0 || cs->require_device == 1,
+           "settings.require_device: %d is not 0 or 1", cs->require_device);
+    CHECK_((int)cs->tuning_mode >= STOF_TUNE_DEFAULT &&
+               (int)cs->tuning_mode <= STOF_TUNE_FORCE,
+           "settings.tuning_mode: %d is not a stof_tuning_mode",
+           (int)cs->tuning_mode);
+    CHECK_(cs->tuning_budget_s >= 0.0 && cs->tuning_budget_s <= 1e9,
+           "settings.tuning_budget_s: %g is not a number of seconds "
+           "(0..1e9)",
+           cs->tuning_budget_s);
+    CHECK_(cs->compile_threads >= 0 && cs->compile_threads <= 4096,
+           "settings.compile_threads: %d is outside 0..4096",
+           cs->compile_threads);
+    CHECK_((int)cs->log_level >= STOF_LOG_ERROR &&
+               (int)cs->log_level <= STOF_LOG_DEBUG,
+           "settings.log_level: %d is not a stof_log_level",
+           (int)cs->log_level);
+    CHECK_(cs->tuning_top_k >= 0 && cs->tuning_top_k <= 16,
+           "settings.tuning_top_k: %d is outside 0..16", cs->tuning_top_k);
+    CHECK_(cs->tuning_reps >= 0 && cs->tuning_reps <= 1000,
+           "settings.tuning_reps: %d is outside 0..1000", cs->tuning_reps);
+#undef CHECK_
+    cs->log_fn = fn;
+    if (st != STOF_OK)
+        cs->log_fn = NULL; /* a context that failed to open never calls it */
+    return st;
+}
+
+static stof_status open_context(stof_context **out, const stof_settings *s,
+                                int with_device)
 {
     if (!out)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -109,28 +154,13 @@ stof_status stof_open(stof_context **out, const stof_settings *s)
         ctx->settings = *s;
     else
         stof_default_settings(&ctx->settings);
+    stof_status st = check_settings(ctx);
+    if (st != STOF_OK) {
+        ctx->settings.user_db = NULL;
+        ctx->settings.system_dbs = NULL;
+        return st;
+    }
     const stof_settings *cs = &ctx->settings;
-    STOF_CHECK_ARG(ctx, all_zero(cs->reserved, sizeof(cs->reserved)),
-                   "settings: reserved bytes are not zero (fill the struct "
-                   "with stof_default_settings() first)");
-    STOF_CHECK_ARG(ctx, cs->device >= 0, "settings.device: %d is negative",
-                   cs->device);
-    STOF_CHECK_ARG(ctx, cs->tuning_mode >= STOF_TUNE_DEFAULT &&
-                            cs->tuning_mode <= STOF_TUNE_FORCE,
-                   "settings.tuning_mode: %d is not a stof_tuning_mode",
-                   (int)cs->tuning_mode);
-    STOF_CHECK_ARG(ctx, cs->tuning_budget_s >= 0.0,
-                   "settings.tuning_budget_s: %g is negative",
-                   cs->tuning_budget_s);
-    STOF_CHECK_ARG(ctx, cs->compile_threads >= 0,
-                   "settings.compile_threads: %d is negative",
-                   cs->compile_threads);
-    STOF_CHECK_ARG(ctx, cs->tuning_top_k >= 0 && cs->tuning_top_k <= 16,
-                   "settings.tuning_top_k: %d is outside 0..16",
-                   cs->tuning_top_k);
-    STOF_CHECK_ARG(ctx, cs->tuning_reps >= 0 && cs->tuning_reps <= 1000,
-                   "settings.tuning_reps: %d is outside 0..1000",
-                   cs->tuning_reps);
     /* Pointers in the settings are borrowed only during stof_open: keep
      * copies. */
     if (cs->user_db && !(ctx->user_db = strdup(cs->user_db)))
@@ -149,8 +179,15 @@ stof_status stof_open(stof_context **out, const stof_settings *s)
     ctx->settings.user_db = NULL;
     ctx->settings.system_dbs = NULL;
 
+    /* Loading the libraries initialises nothing: a process may still fork
+     * GPU workers after a CPU-only open. */
     ctx->api = stof__api();
-    stof_status st = (stof_status)stof__device_init(ctx, cs->device);
+    if (!with_device) {
+        snprintf(ctx->device.why, sizeof(ctx->device.why),
+                 "a CPU-only context (stof-tune's own)");
+        return stof__ok(ctx);
+    }
+    st = (stof_status)stof__device_init(ctx, cs->device);
     if (st != STOF_OK) {
         size_t n = strlen(ctx->errmsg);
         if (n >= sizeof(ctx->device.why))
@@ -162,6 +199,16 @@ stof_status stof_open(stof_context **out, const stof_settings *s)
         stof__log(ctx, STOF_LOG_INFO, "no GPU: %s", ctx->errmsg);
     }
     return stof__ok(ctx);
+}
+
+stof_status stof_open(stof_context **out, const stof_settings *s)
+{
+    return open_context(out, s, 1);
+}
+
+stof_status stof__open_cpu(stof_context **out, const stof_settings *s)
+{
+    return open_context(out, s, 0);
 }
 
 void stof_close(stof_context **pctx)

@@ -76,6 +76,13 @@ struct stof_mask {
     uint64_t count;         /* allowed elements */
 };
 
+/* stof_open without a device: the settings are checked and the libraries
+ * loaded, but CUDA is not initialised, so the process may fork workers
+ * that open GPU contexts of their own (stof-tune). GPU calls fail with
+ * STOF_ERR_NO_DEVICE. */
+stof_status stof__open_cpu(stof_context **out /* OUT */,
+                           const stof_settings *s);
+
 /* Record a failure on the context and return `st`. The message is formatted
  * like printf. ctx may be NULL (then only `st` is returned). Also forwards
  * the message to the log callback at STOF_LOG_ERROR. */

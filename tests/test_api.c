@@ -219,3 +219,64 @@ Test(api, plan_without_device_says_so)
                  STOF_ERR_INVALID_ARGUMENT);
     stof_close(&ctx);
 }
+
+/* A log callback that must never be called. */
+static void never_called(void *user, stof_log_level level, const char *msg)
+{
+    (void)user;
+    (void)level;
+    (void)msg;
+    abort();
+}
+
+Test(api, garbage_settings_are_refused_before_anything_uses_them)
+{
+    /* A struct full of garbage: pointers that must not be followed, a
+     * callback that must not be called. */
+    stof_settings s;
+    memset(&s, 0xa5, sizeof(s));
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "reserved"), "%s", stof_errmsg(ctx));
+    stof_close(&ctx);
+    /* Reserved bytes zeroed, but every field out of range: the first bad
+     * field is named and the callback is still not called. */
+    memset(&s, 0, sizeof(s));
+    s.log_fn = never_called;
+    s.log_level = STOF_LOG_DEBUG;
+    s.tuning_budget_s = 0.0 / 0.0;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "tuning_budget_s"), "%s",
+              stof_errmsg(ctx));
+    stof_close(&ctx);
+    stof_default_settings(&s);
+    s.log_fn = never_called;
+    s.log_level = (stof_log_level)77;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "log_level"), "%s", stof_errmsg(ctx));
+    stof_close(&ctx);
+    stof_default_settings(&s);
+    s.require_device = 5;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
+    stof_close(&ctx);
+}
+
+Test(api, huge_descriptor_sizes_are_refused_without_overflow)
+{
+    stof_attention_desc d;
+    const int big = 2147483647;
+    cr_assert_eq(stof_attention_desc_init(&d, big, big, big, big, big,
+                                          STOF_DTYPE_FP16, STOF_LAYOUT_BHSD),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof_attention_desc_init(&d, 1, 1 << 20, 1 << 30, 1 << 30,
+                                          1 << 20, STOF_DTYPE_FP16,
+                                          STOF_LAYOUT_BSHD),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof_attention_desc_init(&d, -1, 4, 64, 64, 64,
+                                          STOF_DTYPE_FP16, STOF_LAYOUT_BHSD),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof_attention_desc_init(&d, 65535, 4096, 1 << 20, 1 << 20,
+                                          256, STOF_DTYPE_BF16,
+                                          STOF_LAYOUT_BSHD),
+                 STOF_OK, "large but representable");
+}

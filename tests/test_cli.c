@@ -19,172 +19,10 @@
 
 #include "db.h"
 #include "internal.h"
+#include "cliutil.h"
 #include "testutil.h"
 
-/* ------------------------------------------------------------ helpers */
-
-static char tmpdir[256];
-
-static void setup(void)
-{
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/stof-cli-XXXXXX");
-    cr_assert(mkdtemp(tmpdir), "mkdtemp failed");
-}
-
-static void teardown(void)
-{
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", tmpdir);
-}
-
-TestSuite(cli, .init = setup, .fini = teardown, .timeout = 120);
-
-static const char *P(const char *name)
-{
-    static char bufs[8][512];
-    static int k;
-    char *b = bufs[k++ & 7];
-    snprintf(b, sizeof(bufs[0]), "%s/%s", tmpdir, name);
-    return b;
-}
-
-static char out_buf[1 << 16], err_buf[1 << 16];
-
-static void slurp(const char *path, char *buf, size_t n)
-{
-    buf[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    size_t r = fread(buf, 1, n - 1, f);
-    buf[r] = '\0';
-    fclose(f);
-}
-
-/* Run stof-tune with the arguments (a shell fragment); returns its exit
- * status; stdout and stderr land in out_buf and err_buf. */
-static int run(const char *fmt, ...)
-{
-    const char *exe = getenv("STOF_TUNE");
-    cr_assert(exe && *exe, "STOF_TUNE is not set (run through meson test)");
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof(args), fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof(cmd),
-             "STOF_USER_DB='%s/user.db' '%s' %s >'%s/out.txt' 2>'%s/err.txt'",
-             tmpdir, exe, args, tmpdir, tmpdir);
-    int st = system(cmd);
-    slurp(P("out.txt"), out_buf, sizeof(out_buf));
-    slurp(P("err.txt"), err_buf, sizeof(err_buf));
-    cr_assert(WIFEXITED(st), "stof-tune %s did not exit normally", args);
-    return WEXITSTATUS(st);
-}
-
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++)
-        n += *s == '\n';
-    return n;
-}
-
-static int exists(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
-
-/* Does the directory hold a leftover temporary file? */
-static int has_tmp_files(void)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd), "ls '%s' | grep -q '\\.tmp-'", tmpdir);
-    return system(cmd) == 0;
-}
-
-/* ----------------------------------------------------------- fixtures */
-
-static stof_context *ctx_new(void)
-{
-    stof_settings s;
-    stof_default_settings(&s);
-    s.user_db = "";
-    stof_context *ctx = NULL;
-    stof_open(&ctx, &s);
-    cr_assert(ctx);
-    return ctx;
-}
-
-typedef struct fx {
-    int key;           /* the key is this number in 32 hex digits */
-    const char *gpu;
-    int driver;
-    double ms;
-    int verified;
-    const char *host;
-    int64_t created;
-    unsigned char cubin_byte;
-    const char *version; /* NULL: this build */
-} fx;
-
-static void fx_record(const fx *f, stof_db_record *r)
-{
-    memset(r, 0, sizeof(*r));
-    snprintf(r->key, sizeof(r->key), "%032x", f->key);
-    snprintf(r->op, sizeof(r->op), "attention");
-    snprintf(r->mask_digest, sizeof(r->mask_digest), "%032x", f->key * 7);
-    snprintf(r->mask_spec, sizeof(r->mask_spec), "sliding:%d", 64 * f->key);
-    r->batch = 1;
-    r->heads = 8;
-    r->seq_q = r->seq_k = 4096;
-    r->head_dim = 64;
-    snprintf(r->dtype, sizeof(r->dtype), "fp16");
-    snprintf(r->layout, sizeof(r->layout), "BHSD");
-    snprintf(r->device_name, sizeof(r->device_name), "%s", f->gpu);
-    r->cc_major = 9;
-    r->sm_count = 132;
-    r->driver_version = f->driver;
-    snprintf(r->nvrtc_version, sizeof(r->nvrtc_version), "13.0");
-    snprintf(r->stof_version, sizeof(r->stof_version), "%s",
-             f->version ? f->version : stof_version_string());
-    snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
-             (unsigned long long)stof_template_hash());
-    snprintf(r->kernel, sizeof(r->kernel), "wgmma");
-    snprintf(r->config, sizeof(r->config), "{\"BLOCK_M\":128}");
-    snprintf(r->arch, sizeof(r->arch), "sm_90a");
-    r->time_ms = f->ms;
-    r->model_ms = f->ms * 1.5;
-    r->n_candidates = 6;
-    r->verified = f->verified;
-    snprintf(r->measured, sizeof(r->measured), "{}");
-    r->created_at = f->created ? f->created : 1700000000;
-    snprintf(r->host, sizeof(r->host), "%s", f->host ? f->host : "host-a");
-}
-
-/* A database at path holding the records (stored with replace). */
-static void make_db(const char *path, const fx *recs, int n)
-{
-    stof_context *ctx = ctx_new();
-    stof_db *db = NULL;
-    cr_assert_eq(stof__db_open(ctx, path, NULL, &db), STOF_OK);
-    cr_assert(stof__db_writable(db), "%s not writable", path);
-    for (int i = 0; i < n; i++) {
-        stof_db_record r;
-        fx_record(&recs[i], &r);
-        unsigned char cubin[64];
-        memset(cubin, recs[i].cubin_byte, sizeof(cubin));
-        r.cubin = cubin;
-        r.cubin_size = sizeof(cubin);
-        cr_assert_eq(stof__db_store(db, &r, 1, 0), STOF_OK, "%s",
-                     stof_errmsg(ctx));
-    }
-    stof__db_close(&db);
-    stof_close(&ctx);
-}
+TestSuite(cli, .init = cli_setup, .fini = cli_teardown, .timeout = 120);
 
 /* Add hits (lookups) and misses to a database. */
 static void add_hits(const char *path, int key, int n)
@@ -361,7 +199,7 @@ Test(cli, help_for_every_command)
 
 Test(cli, usage_errors)
 {
-    cr_assert_eq(run(""), 2);
+    cr_assert_eq(run("%s", ""), 2);
     cr_assert_eq(run("frobnicate"), 2);
     cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
     cr_assert(strstr(err_buf, "unknown command"));
@@ -638,7 +476,7 @@ Test(cli, merge_reports_conflicts)
                  0);
     cr_assert_eq(count_lines(out_buf), 5, "%s", out_buf);
     cr_assert(strstr(out_buf, "conflict 00000000000000000000000000000002: "
-                              "kept wgmma 0.5 ms (a) over wgmma 0.1 ms (c, "
+                              "kept block 0.5 ms (a) over block 0.1 ms (c, "
                               "unverified)"),
               "%s", out_buf);
     /* Without overlap there is no conflict. */

@@ -3,7 +3,9 @@
  * driver, NVRTC and build, plan its problem from the database alone (the
  * database is the only, read-only, layer and the context never tunes), so
  * the stored cubin is what gets loaded; run it on random inputs and compare
- * head 0 of batch 0 with the C reference.
+ * head 0 of batch 0 with the C reference. A record that passes is marked
+ * trusted in the user database (db.h, "Local trust"): this host has
+ * checked it, so programs here use it without checking it again.
  */
 #include "tune_verify.h"
 
@@ -16,6 +18,8 @@
 #include "db.h"
 #include "db_tools.h"
 #include "internal.h"
+#include "record_check.h"
+#include "tune_text.h"
 
 
 
@@ -143,27 +147,11 @@ static int tv_matches(const stof_context *ctx, const stof_db_record *r)
            !strcmp(r->template_hash, th);
 }
 
-static const char *tv_jstr(const char *s, char *b, size_t n)
-{
-    size_t j = 0;
-    b[j++] = '"';
-    for (; *s && j + 8 < n; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            b[j++] = '\\';
-        if (c < 0x20)
-            c = ' ';
-        b[j++] = (char)c;
-    }
-    b[j++] = '"';
-    b[j] = '\0';
-    return b;
-}
-
 int tv_verify(stof_context *cpu, const char *path, int drop, int json,
               tv_open_gpu_fn open_gpu)
 {
     stof_dbt_records l = {0};
+    l.check = stof__record_check;
     const char *sys[] = {path, NULL};
     stof_db *db = NULL;
     stof_status st = stof__db_open(cpu, "", sys, &db);
@@ -171,10 +159,12 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
         st = stof__db_foreach(db, 1, stof__dbt_collect, &l);
     stof__db_close(&db);
     if (st != STOF_OK) {
-        fprintf(stderr, "stof-tune: database error: %s\n", stof_errmsg(cpu));
-        free(l.v);
+        fprintf(stderr, "stof-tune: database error: %s\n",
+                tt_term(stof_errmsg(cpu)));
+        stof__dbt_records_free(&l);
         return 4;
     }
+    stof_db *udb = NULL;
     stof_settings s;
     stof_default_settings(&s);
     s.user_db = "";
@@ -183,13 +173,15 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
     stof_context *ctx = NULL;
     int rc = open_gpu(&s, &ctx);
     if (rc) {
-        free(l.v);
+        stof__dbt_records_free(&l);
         return rc;
     }
+    /* Where trust is written: the user database of this host. */
+    (void)stof__db_open(cpu, NULL, NULL, &udb);
     char (*bad)[33] = calloc((size_t)l.n + 1, sizeof(*bad));
     int n_ok = 0, n_bad = 0, n_skip = 0, n_other = 0, n_dropped = 0;
     if (json)
-        printf("{\"database\":\"%s\",\"records\":[", path);
+        printf("{\"database\":%s,\"records\":[", tt_json(path));
     int first = 1;
     for (int i = 0; bad && i < l.n; i++) {
         const stof_db_record *r = &l.v[i];
@@ -203,25 +195,26 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
         stof_attention_desc d;
         stof_mask *m = NULL;
         stof_plan *plan = NULL;
-        int is_bhsd = !strcmp(r->layout, "BHSD"), is_bshd = !strcmp(r->layout, "BSHD");
         if (strcmp(r->op, "attention") != 0) {
             verdict = "skipped";
             snprintf(why, sizeof(why),
                      "a %s record of a layer: checked against the C reference "
                      "when tuned, not rebuilt here",
                      r->op);
-        } else if (!r->mask_spec[0] || (!is_bhsd && !is_bshd)) {
+        } else if (l.why[i][0]) {
+            verdict = "bad";
+            snprintf(why, sizeof(why), "invalid record: %s", l.why[i]);
+        } else if (!r->mask_spec[0]) {
             verdict = "skipped";
-            snprintf(why, sizeof(why), "%s",
-                     !r->mask_spec[0] ? "no mask spec: the mask cannot be rebuilt"
-                                      : "strided layout: strides unknown");
+            snprintf(why, sizeof(why),
+                     "no mask spec: the mask cannot be rebuilt");
         } else if (stof_mask_from_spec(ctx, r->mask_spec, r->seq_q, r->seq_k,
                                        &m) != STOF_OK ||
                    stof_attention_desc_init(
                        &d, r->batch, r->heads, r->seq_q, r->seq_k, r->head_dim,
                        strcmp(r->dtype, "bf16") ? STOF_DTYPE_FP16
                                                 : STOF_DTYPE_BF16,
-                       is_bshd ? STOF_LAYOUT_BSHD : STOF_LAYOUT_BHSD) !=
+                       STOF_LAYOUT_BHSD) !=
                        STOF_OK) {
             verdict = "bad";
             snprintf(why, sizeof(why), "cannot rebuild the problem: %s",
@@ -244,7 +237,8 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                     !strstr(js, r->key)) {
                     verdict = "bad";
                     snprintf(why, sizeof(why),
-                             "the stored kernel does not load");
+                             "the stored kernel was not used: it did not load "
+                             "or failed its check on this GPU");
                 } else {
                     rel = tv_check(ctx, plan, &d, m, why, sizeof(why));
                     double tol = d.dtype == STOF_DTYPE_BF16 ? 2e-2 : 1e-2;
@@ -260,35 +254,40 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
         }
         stof_plan_free(&plan);
         stof_mask_free(&m);
-        if (!strcmp(verdict, "ok"))
+        if (!strcmp(verdict, "ok")) {
             n_ok++;
+            stof__db_trust(udb, r);
+        }
         else if (!strcmp(verdict, "skipped"))
             n_skip++;
         else
             snprintf(bad[n_bad++], sizeof(bad[0]), "%s", r->key);
         if (json) {
-            char b1[600];
-            printf("%s\n{\"key\":\"%s\",\"verdict\":\"%s\",\"rel_err\":%.4g,"
+            printf("%s\n{\"key\":%s,\"verdict\":\"%s\",\"rel_err\":%.4g,"
                    "\"why\":%s}",
-                   first ? "" : ",", r->key, verdict, rel,
-                   tv_jstr(why, b1, sizeof(b1)));
+                   first ? "" : ",", tt_json(r->key), verdict, rel,
+                   tt_json(why));
             first = 0;
         } else {
             printf("%-8s %.12s  %s %dx%dx%dx%dx%d %s  %s%s%s\n", verdict,
-                   r->key, r->mask_spec[0] ? r->mask_spec : "(no spec)",
+                   tt_term(r->key),
+                   r->mask_spec[0] ? tt_term(r->mask_spec) : "(no spec)",
                    r->batch, r->heads, r->seq_q, r->seq_k, r->head_dim,
-                   r->dtype, r->kernel, why[0] ? ": " : "", why);
+                   tt_term(r->dtype), tt_term(r->kernel), why[0] ? ": " : "",
+                   tt_term(why));
         }
+        tt_release();
         fflush(stdout);
     }
     stof_close(&ctx);
+    stof__db_close(&udb);
     int db_failed = 0;
     for (int i = 0; drop && i < n_bad; i++) {
         if (stof__dbt_delete(cpu, path, bad[i]) == STOF_OK)
             n_dropped++;
         else {
             fprintf(stderr, "stof-tune: database error: %s\n",
-                    stof_errmsg(cpu));
+                    tt_term(stof_errmsg(cpu)));
             db_failed = 1;
             break;
         }
@@ -302,7 +301,7 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                "build\n",
                n_ok, n_bad, drop ? " (dropped)" : "", n_skip, n_other);
     free(bad);
-    free(l.v);
+    stof__dbt_records_free(&l);
     if (db_failed)
         return 4;
     return n_bad > n_dropped ? 1 : 0;

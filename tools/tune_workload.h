@@ -11,6 +11,7 @@
  *     layout bhsd [bshd]     default bhsd
  *
  * Every directive may repeat; at least one mask and one shape are needed.
+ * A file with a NUL byte, or larger than 4 MiB, is not a workload file.
  */
 #ifndef STOF_TUNE_WORKLOAD_H
 #define STOF_TUNE_WORKLOAD_H
@@ -53,9 +54,10 @@ int tw_from_args(const char *const *masks, int n_masks,
                  const char *const *shapes, int n_shapes, const char *dtype,
                  const char *layout, tw_workload *w, char *msg, size_t n);
 
-/* Build every mask at every shape's sizes on the CPU: 0, or nonzero with a
- * message naming the file and line of the bad mask. */
-int tw_check_masks(stof_context *ctx, const tw_workload *w, char *msg,
+/* Check every mask spec (cheaply, at a small size: a spec's validity does
+ * not depend on the sizes): 0, or nonzero with a message naming the file
+ * and line of the bad mask. */
+int tw_check_specs(stof_context *ctx, const tw_workload *w, char *msg,
                    size_t n);
 
 /* The number of problems, problem i of them, and a one-line name. */

@@ -1,0 +1,550 @@
+/*
+ * tune_dbcmd.c - the stof-tune commands on database files: ls, show,
+ * stats, export, import, merge and gc. Reading never writes beside a file
+ * (a WAL database in a read-only directory reads fine); writing goes
+ * through db_tools.h, which checks every record and replaces files safely.
+ * Everything printed from a database is escaped (tune_text.h).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "db.h"
+#include "db_tools.h"
+#include "internal.h"
+#include "record_check.h"
+#include "tune_cli.h"
+#include "tune_text.h"
+
+/* Read every record of the database file at path (checked first), each
+ * with its verdict (stof__record_check). */
+static int read_records(stof_context *ctx, const char *path,
+                        stof_dbt_records *l)
+{
+    memset(l, 0, sizeof(*l));
+    l->check = stof__record_check;
+    stof_status st = stof__dbt_check(ctx, path);
+    if (st != STOF_OK)
+        return fail_with(ctx, st);
+    const char *sys[] = {path, NULL};
+    stof_db *db = NULL;
+    st = stof__db_open(ctx, "", sys, &db);
+    if (st == STOF_OK)
+        st = stof__db_foreach(db, 1, stof__dbt_collect, l);
+    stof__db_close(&db);
+    if (st != STOF_OK) {
+        stof__dbt_records_free(l);
+        return fail_with(ctx, st);
+    }
+    return EXIT_OK;
+}
+
+static void mask_label(const stof_db_record *r, char *buf, size_t n)
+{
+    if (r->mask_spec[0])
+        snprintf(buf, n, "%s", r->mask_spec);
+    else
+        snprintf(buf, n, "digest:%.12s", r->mask_digest);
+}
+
+static void age_str(int64_t created, char *buf, size_t n)
+{
+    double s = difftime(time(NULL), (time_t)created);
+    if (s < 0)
+        s = 0;
+    if (s < 3600)
+        snprintf(buf, n, "%dm", (int)(s / 60));
+    else if (s < 86400 * 2)
+        snprintf(buf, n, "%dh", (int)(s / 3600));
+    else
+        snprintf(buf, n, "%dd", (int)(s / 86400));
+}
+
+static void record_json(FILE *f, const stof_db_record *r, const char *why)
+{
+    fprintf(f,
+            "{\"key\":%s,\"op\":%s,\"mask_digest\":%s,\"mask_spec\":%s,"
+            "\"batch\":%d,\"heads\":%d,\"seq_q\":%d,\"seq_k\":%d,"
+            "\"head_dim\":%d,\"dtype\":%s,\"layout\":%s,",
+            tt_json(r->key), tt_json(r->op), tt_json(r->mask_digest),
+            tt_json(r->mask_spec), r->batch, r->heads, r->seq_q, r->seq_k,
+            r->head_dim, tt_json(r->dtype), tt_json(r->layout));
+    fprintf(f,
+            "\"device_name\":%s,\"cc\":\"%d.%d\",\"sm_count\":%d,"
+            "\"driver_version\":%d,\"nvrtc_version\":%s,\"stof_version\":%s,"
+            "\"template_hash\":%s,",
+            tt_json(r->device_name), r->cc_major, r->cc_minor, r->sm_count,
+            r->driver_version, tt_json(r->nvrtc_version), tt_json(r->stof_version),
+            tt_json(r->template_hash));
+    fprintf(f,
+            "\"kernel\":%s,\"config\":%s,\"arch\":%s,\"cubin_bytes\":%zu,"
+            "\"time_ms\":%.6g,\"runner_up_ms\":%.6g,\"model_ms\":%.6g,"
+            "\"n_candidates\":%d,\"verified\":%s,\"measured\":%s,"
+            "\"created_at\":%lld,\"host\":%s,\"hits\":%lld,"
+            "\"content_hash\":%s,\"valid\":%s,\"invalid_why\":%s}",
+            tt_json(r->kernel), tt_json(r->config), tt_json(r->arch),
+            r->cubin_size, r->time_ms, r->runner_up_ms, r->model_ms,
+            r->n_candidates, r->verified ? "true" : "false",
+            tt_json(r->measured), (long long)r->created_at, tt_json(r->host),
+            (long long)r->hits, tt_json(r->content_hash),
+            why[0] ? "false" : "true", why[0] ? tt_json(why) : "null");
+    tt_release();
+}
+
+/* ------------------------------------------------------------ ls/show */
+
+static int gpu_matches(const opts *o, const stof_db_record *r)
+{
+    return (!o->gpu || !strcasecmp(o->gpu, r->device_name)) &&
+           (!o->driver || o->driver == r->driver_version);
+}
+
+int cmd_ls(stof_context *ctx, const opts *o)
+{
+    char buf[4096];
+    const char *path = db_path(o, buf, sizeof(buf));
+    if (!path) {
+        err("no database path: set --db or STOF_USER_DB");
+        return EXIT_USAGE;
+    }
+    stof_dbt_records l;
+    int rc = read_records(ctx, path, &l);
+    if (rc)
+        return rc;
+    if (o->json) {
+        printf("[");
+        int first = 1;
+        for (int i = 0; i < l.n; i++) {
+            if (!gpu_matches(o, &l.v[i]))
+                continue;
+            printf(first ? "\n" : ",\n");
+            first = 0;
+            record_json(stdout, &l.v[i], l.why[i]);
+        }
+        printf("\n]\n");
+    } else {
+        printf("%-12s  %-24s  %-24s  %-20s  %-5s  %-14s  %9s  %7s  %5s  %5s\n",
+               "KEY", "GPU", "MASK", "SHAPE BxHxSQxSKxD", "DTYPE", "KERNEL",
+               "TIME_MS", "SPEEDUP", "AGE", "HITS");
+        int shown = 0, invalid = 0;
+        for (int i = 0; i < l.n; i++) {
+            const stof_db_record *r = &l.v[i];
+            if (!gpu_matches(o, r))
+                continue;
+            char mask[300], shape[64], age[16], sp[16];
+            mask_label(r, mask, sizeof(mask));
+            snprintf(shape, sizeof(shape), "%dx%dx%dx%dx%d", r->batch,
+                     r->heads, r->seq_q, r->seq_k, r->head_dim);
+            age_str(r->created_at, age, sizeof(age));
+            if (r->time_ms > 0 && r->model_ms > 0)
+                snprintf(sp, sizeof(sp), "%.2fx", r->model_ms / r->time_ms);
+            else
+                snprintf(sp, sizeof(sp), "-");
+            printf("%-12.12s  %-24.24s  %-24.24s  %-20s  %-5.5s  %-14.14s  "
+                   "%9.4f  %7s  %5s  %5lld%s%s\n",
+                   tt_term(r->key), tt_term(r->device_name), tt_term(mask),
+                   shape, tt_term(r->dtype), tt_term(r->kernel), r->time_ms,
+                   sp, age, (long long)r->hits,
+                   r->verified ? "" : "  (unverified)",
+                   l.why[i][0] ? "  INVALID" : "");
+            tt_release();
+            shown++;
+            invalid += l.why[i][0] != 0;
+        }
+        printf("%d record%s in %s", shown, shown == 1 ? "" : "s",
+               tt_term(path));
+        if (invalid)
+            printf("; %d INVALID (never used; `stof-tune show KEY` says why)",
+                   invalid);
+        printf("\n");
+        tt_release();
+    }
+    stof__dbt_records_free(&l);
+    return EXIT_OK;
+}
+
+int cmd_show(stof_context *ctx, const opts *o)
+{
+    char buf[4096];
+    const char *path = db_path(o, buf, sizeof(buf));
+    if (!path) {
+        err("no database path: set --db or STOF_USER_DB");
+        return EXIT_USAGE;
+    }
+    const char *key = o->pos[0];
+    size_t kn = strlen(key);
+    stof_dbt_records l;
+    int rc = read_records(ctx, path, &l);
+    if (rc)
+        return rc;
+    int found = -1, n = 0;
+    for (int i = 0; i < l.n; i++)
+        if (!strncasecmp(l.v[i].key, key, kn)) {
+            found = i;
+            n++;
+        }
+    rc = EXIT_OK;
+    if (n == 0) {
+        err("no record with key %s in %s", key, path);
+        rc = EXIT_FAIL;
+    } else if (n > 1) {
+        err("key prefix %s matches %d records in %s: give more digits", key, n,
+            path);
+        rc = EXIT_FAIL;
+    } else if (o->json) {
+        record_json(stdout, &l.v[found], l.why[found]);
+        printf("\n");
+    } else {
+        const stof_db_record *r = &l.v[found];
+        char age[16];
+        age_str(r->created_at, age, sizeof(age));
+        printf("key           %s\nop            %s\nmask          %s\n"
+               "mask digest   %s\nproblem       batch %d, heads %d, seq_q %d, "
+               "seq_k %d, head_dim %d, %s, tuned with %s\n",
+               tt_term(r->key), tt_term(r->op),
+               r->mask_spec[0] ? tt_term(r->mask_spec) : "(no spec)",
+               tt_term(r->mask_digest), r->batch, r->heads, r->seq_q,
+               r->seq_k, r->head_dim, tt_term(r->dtype), tt_term(r->layout));
+        printf("device        %s (cc %d.%d, %d SMs), driver %d, NVRTC %s\n"
+               "built by      stof %s, templates %s\n",
+               tt_term(r->device_name), r->cc_major, r->cc_minor, r->sm_count,
+               r->driver_version, tt_term(r->nvrtc_version),
+               tt_term(r->stof_version), tt_term(r->template_hash));
+        printf("kernel        %s %s (%s, cubin %zu bytes)\n"
+               "time          %.6g ms (runner-up %.6g ms, model's choice "
+               "%.6g ms), %d candidates timed, %s\n"
+               "measured      %s\ncreated       %lld (%s ago) on %s\n"
+               "hits          %lld\ncontent hash  %s\nvalid         %s%s\n",
+               tt_term(r->kernel), tt_term(r->config), tt_term(r->arch),
+               r->cubin_size, r->time_ms, r->runner_up_ms, r->model_ms,
+               r->n_candidates, r->verified ? "verified" : "NOT verified",
+               tt_term(r->measured), (long long)r->created_at, age,
+               tt_term(r->host), (long long)r->hits,
+               tt_term(r->content_hash),
+               l.why[found][0] ? "NO: " : "yes",
+               l.why[found][0] ? tt_term(l.why[found]) : "");
+        tt_release();
+    }
+    stof__dbt_records_free(&l);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- stats */
+
+typedef struct group {
+    char label[300];
+    int64_t records, hits;
+} group;
+
+typedef struct groups {
+    group v[256];
+    int n;
+    int64_t other_records, other_hits; /* past 256 labels */
+} groups;
+
+static void group_add(groups *g, const char *label, int64_t hits)
+{
+    for (int i = 0; i < g->n; i++)
+        if (!strcmp(g->v[i].label, label)) {
+            g->v[i].records++;
+            g->v[i].hits += hits;
+            return;
+        }
+    if (g->n == (int)(sizeof(g->v) / sizeof(*g->v))) {
+        g->other_records++;
+        g->other_hits += hits;
+        return;
+    }
+    snprintf(g->v[g->n].label, sizeof(g->v[0].label), "%s", label);
+    g->v[g->n].records = 1;
+    g->v[g->n].hits = hits;
+    g->n++;
+}
+
+static void groups_print(const char *title, const groups *g, int json,
+                         int last)
+{
+    if (json) {
+        printf("%s:[", tt_json(title));
+        for (int i = 0; i < g->n; i++)
+            printf("%s{\"name\":%s,\"records\":%lld,\"hits\":%lld}",
+                   i ? "," : "", tt_json(g->v[i].label),
+                   (long long)g->v[i].records, (long long)g->v[i].hits);
+        printf("]%s", last ? "" : ",");
+        tt_release();
+        return;
+    }
+    printf("\nby %s:\n", title);
+    for (int i = 0; i < g->n; i++)
+        printf("  %-56.56s %7lld records %9lld hits\n", tt_term(g->v[i].label),
+               (long long)g->v[i].records, (long long)g->v[i].hits);
+    tt_release();
+    if (g->other_records)
+        printf("  %-56s %7lld records %9lld hits\n", "(others)",
+               (long long)g->other_records, (long long)g->other_hits);
+}
+
+int cmd_stats(stof_context *ctx, const opts *o)
+{
+    char buf[4096];
+    const char *path = db_path(o, buf, sizeof(buf));
+    if (!path) {
+        err("no database path: set --db or STOF_USER_DB");
+        return EXIT_USAGE;
+    }
+    stof_dbt_records l;
+    int rc = read_records(ctx, path, &l);
+    if (rc)
+        return rc;
+    int64_t n_miss = 0, miss_total = 0;
+    stof_status st = stof__dbt_miss_counts(ctx, path, &n_miss, &miss_total);
+    if (st != STOF_OK) {
+        stof__dbt_records_free(&l);
+        return fail_with(ctx, st);
+    }
+    static groups by_gpu, by_op, by_mask, by_age, by_version;
+    memset(&by_gpu, 0, sizeof(by_gpu));
+    memset(&by_op, 0, sizeof(by_op));
+    memset(&by_mask, 0, sizeof(by_mask));
+    memset(&by_age, 0, sizeof(by_age));
+    memset(&by_version, 0, sizeof(by_version));
+    int64_t hits = 0, verified = 0, stale = 0, invalid = 0;
+    char th[17];
+    snprintf(th, sizeof(th), "%016llx",
+             (unsigned long long)stof_template_hash());
+    time_t now = time(NULL);
+    for (int i = 0; i < l.n; i++) {
+        const stof_db_record *r = &l.v[i];
+        char lab[300];
+        snprintf(lab, sizeof(lab), "%s (cc %d.%d, %d SMs, driver %d)",
+                 r->device_name, r->cc_major, r->cc_minor, r->sm_count,
+                 r->driver_version);
+        group_add(&by_gpu, lab, r->hits);
+        group_add(&by_op, r->op, r->hits);
+        mask_label(r, lab, sizeof(lab));
+        group_add(&by_mask, lab, r->hits);
+        double age = difftime(now, (time_t)r->created_at);
+        group_add(&by_age,
+                  age < 86400        ? "under 1 day"
+                  : age < 7 * 86400  ? "1 to 7 days"
+                  : age < 30 * 86400 ? "7 to 30 days"
+                                     : "over 30 days",
+                  r->hits);
+        int cur = !strcmp(r->stof_version, stof_version_string()) &&
+                  !strcmp(r->template_hash, th);
+        snprintf(lab, sizeof(lab), "stof %s, templates %s%s", r->stof_version,
+                 r->template_hash, cur ? " (this build)" : "");
+        group_add(&by_version, lab, r->hits);
+        stale += !cur;
+        hits += r->hits;
+        verified += r->verified != 0;
+        invalid += l.why[i][0] != 0;
+    }
+    if (o->json) {
+        printf("{\"database\":%s,\"records\":%d,\"verified\":%lld,"
+               "\"hits\":%lld,\"misses\":%lld,\"miss_count\":%lld,"
+               "\"other_versions\":%lld,\"invalid\":%lld,",
+               tt_json(path), l.n, (long long)verified, (long long)hits,
+               (long long)n_miss, (long long)miss_total, (long long)stale,
+               (long long)invalid);
+        groups_print("gpu", &by_gpu, 1, 0);
+        groups_print("op", &by_op, 1, 0);
+        groups_print("mask", &by_mask, 1, 0);
+        groups_print("age", &by_age, 1, 0);
+        groups_print("version", &by_version, 1, 1);
+        printf("}\n");
+    } else {
+        printf("%s: %d records (%lld verified, %lld invalid), %lld hits; "
+               "%lld misses recorded (%lld times); %lld records from other "
+               "stof or template versions\n",
+               tt_term(path), l.n, (long long)verified, (long long)invalid,
+               (long long)hits, (long long)n_miss, (long long)miss_total,
+               (long long)stale);
+        tt_release();
+        groups_print("GPU", &by_gpu, 0, 0);
+        groups_print("op", &by_op, 0, 0);
+        groups_print("mask", &by_mask, 0, 0);
+        groups_print("age", &by_age, 0, 0);
+        groups_print("version", &by_version, 0, 1);
+    }
+    stof__dbt_records_free(&l);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------- export / import / merge */
+
+typedef struct merge_out {
+    int json, n_conflicts, n_rejected;
+} merge_out;
+
+static void print_conflict(void *user, const stof_dbt_conflict *c)
+{
+    merge_out *mo = user;
+    const char *why = c->winner_verified && !c->loser_verified ? "unverified"
+                      : c->loser_ms > c->winner_ms             ? "slower"
+                                                   : "tie, broken by content";
+    if (mo->json) {
+        printf("%s{\"key\":%s,\"input\":%s,\"kept\":{\"kernel\":%s,"
+               "\"time_ms\":%.6g,\"verified\":%s,\"host\":%s},"
+               "\"dropped\":{\"kernel\":%s,\"time_ms\":%.6g,\"verified\":%s,"
+               "\"host\":%s},\"reason\":%s}",
+               mo->n_conflicts ? "," : "", tt_json(c->key), tt_json(c->input),
+               tt_json(c->winner_kernel), c->winner_ms,
+               c->winner_verified ? "true" : "false", tt_json(c->winner_host),
+               tt_json(c->loser_kernel), c->loser_ms,
+               c->loser_verified ? "true" : "false", tt_json(c->loser_host),
+               tt_json(why));
+    } else {
+        printf("conflict %s: kept %s %.4g ms (%s%s) over %s %.4g ms (%s%s) "
+               "from %s: %s\n",
+               tt_term(c->key), tt_term(c->winner_kernel), c->winner_ms,
+               tt_term(c->winner_host),
+               c->winner_verified ? "" : ", unverified",
+               tt_term(c->loser_kernel), c->loser_ms, tt_term(c->loser_host),
+               c->loser_verified ? "" : ", unverified", tt_term(c->input),
+               why);
+    }
+    tt_release();
+    mo->n_conflicts++;
+}
+
+/* Invalid records go to stderr (they are not part of the result); with
+ * --json they are also listed in the document. */
+static void print_reject(void *user, const char *input, const char *key,
+                         const char *why)
+{
+    merge_out *mo = user;
+    err("invalid record %s in %s: %s", key, input, why);
+    mo->n_rejected++;
+}
+
+static void print_note(void *user, const char *msg)
+{
+    (void)user;
+    err("note: %s", msg);
+}
+
+static int merge_like(stof_context *ctx, const opts *o, const char *what,
+                      const char *dest, const char *const *inputs, int n,
+                      int in_place, int with_misses)
+{
+    merge_out mo = {o->json, 0, 0};
+    stof_dbt_opts dopts = {
+        .filter = {o->gpu, o->driver},
+        .with_misses = with_misses,
+        .check = stof__record_check,
+        .drop_invalid = o->drop_invalid,
+        .on_conflict = print_conflict,
+        .on_reject = print_reject,
+        .on_tmp = cli_tmp,
+        .on_note = print_note,
+        .user = &mo,
+    };
+    stof_dbt_result res;
+    if (o->json)
+        printf("{\"conflicts\":[");
+    stof_status st =
+        in_place ? stof__dbt_merge_into(ctx, dest, inputs, n, &dopts, &res)
+                 : stof__dbt_write(ctx, dest, inputs, n, &dopts, &res);
+    if (st != STOF_OK) {
+        if (o->json)
+            printf("],\"error\":%s}\n", tt_json(stof_errmsg(ctx)));
+        fflush(stdout);
+        tt_release();
+        if (mo.n_rejected && !o->drop_invalid) {
+            err("%s: nothing was written: %d invalid record%s (above); "
+                "--drop-invalid leaves them out",
+                what, mo.n_rejected, mo.n_rejected == 1 ? "" : "s");
+            return EXIT_DB;
+        }
+        return fail_with(ctx, st);
+    }
+    if (o->json)
+        printf("],\"command\":%s,\"output\":%s,\"inputs\":%d,"
+               "\"records_read\":%lld,\"records\":%lld,\"misses\":%lld,"
+               "\"conflicting_keys\":%lld,\"dropped_records\":%lld,"
+               "\"invalid_records\":%lld}\n",
+               tt_json(what), tt_json(dest), n, (long long)res.records_read,
+               (long long)res.records, (long long)res.misses,
+               (long long)res.conflicts, (long long)res.losers,
+               (long long)res.rejected);
+    else
+        printf("%s: %lld records read from %d file%s%s; %s now holds %lld "
+               "records and %lld misses; %lld conflicting key%s\n",
+               what, (long long)res.records_read, n, n == 1 ? "" : "s",
+               res.rejected ? " (invalid ones left out)" : "",
+               tt_term(dest), (long long)res.records, (long long)res.misses,
+               (long long)res.conflicts, res.conflicts == 1 ? "" : "s");
+    tt_release();
+    return EXIT_OK;
+}
+
+int cmd_export(stof_context *ctx, const opts *o)
+{
+    char buf[4096];
+    const char *path = db_path(o, buf, sizeof(buf));
+    if (!path) {
+        err("no database path: set --db or STOF_USER_DB");
+        return EXIT_USAGE;
+    }
+    if (!o->out) {
+        err("export: -o OUT is required");
+        return EXIT_USAGE;
+    }
+    const char *in[] = {path};
+    return merge_like(ctx, o, "export", o->out, in, 1, 0, 0);
+}
+
+int cmd_import(stof_context *ctx, const opts *o)
+{
+    char buf[4096];
+    const char *path = db_path(o, buf, sizeof(buf));
+    if (!path) {
+        err("no database path: set --db or STOF_USER_DB");
+        return EXIT_USAGE;
+    }
+    return merge_like(ctx, o, "import", path, o->pos, o->n_pos, 1, 1);
+}
+
+int cmd_merge(stof_context *ctx, const opts *o)
+{
+    if (!o->out) {
+        err("merge: -o OUT is required");
+        return EXIT_USAGE;
+    }
+    return merge_like(ctx, o, "merge", o->out, o->pos, o->n_pos, 0, 1);
+}
+
+int cmd_gc(stof_context *ctx, const opts *o)
+{
+    char buf[4096];
+    const char *path = db_path(o, buf, sizeof(buf));
+    if (!path) {
+        err("no database path: set --db or STOF_USER_DB");
+        return EXIT_USAGE;
+    }
+    char th[17];
+    snprintf(th, sizeof(th), "%016llx",
+             (unsigned long long)stof_template_hash());
+    int64_t del = 0, kept = 0;
+    stof_status st = stof__dbt_gc(ctx, path, stof_version_string(), th,
+                                  o->dry_run, &del, &kept);
+    if (st != STOF_OK)
+        return fail_with(ctx, st);
+    if (o->json)
+        printf("{\"database\":%s,\"dry_run\":%s,\"dropped\":%lld,"
+               "\"kept\":%lld,\"stof_version\":%s,\"template_hash\":%s}\n",
+               tt_json(path), o->dry_run ? "true" : "false", (long long)del,
+               (long long)kept, tt_json(stof_version_string()), tt_json(th));
+    else
+        printf("%s: %s %lld records of other stof or template versions "
+               "(this build: stof %s, templates %s); %lld kept\n",
+               tt_term(path), o->dry_run ? "would drop" : "dropped",
+               (long long)del,
+               stof_version_string(), th, (long long)kept);
+    return EXIT_OK;
+}
+

@@ -1,0 +1,501 @@
+/*
+ * tune_gpucmd.c - the stof-tune commands that need a GPU: tune (a
+ * workload), pending (the misses of cache-only runs) and verify. The
+ * problems of tune and pending run on one GPU or, with --devices, on one
+ * worker per GPU (tune_devices.h).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "db.h"
+#include "db_tools.h"
+#include "internal.h"
+#include "tune_cli.h"
+#include "tune_devices.h"
+#include "tune_text.h"
+#include "tune_verify.h"
+#include "tune_workload.h"
+
+/* A string field of a flat JSON object ("" when absent). */
+static void json_field_str(const char *js, const char *name, char *out,
+                           size_t n)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":\"", name);
+    const char *a = strstr(js, pat);
+    out[0] = '\0';
+    if (!a)
+        return;
+    a += strlen(pat);
+    size_t i = 0;
+    while (a[i] && a[i] != '"' && i + 1 < n) {
+        out[i] = a[i];
+        i++;
+    }
+    out[i] = '\0';
+}
+
+static double json_field_num(const char *js, const char *name)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":", name);
+    const char *a = strstr(js, pat);
+    if (!a)
+        return 0;
+    char *end;
+    double v = strtod(a + strlen(pat), &end);
+    return end == a + strlen(pat) ? 0 : v;
+}
+
+/* The object value of "name": {...} (flat). */
+static void json_field_obj(const char *js, const char *name, char *out,
+                           size_t n)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":{", name);
+    const char *a = strstr(js, pat);
+    snprintf(out, n, "{}");
+    if (!a)
+        return;
+    a += strlen(pat) - 1;
+    const char *b = strchr(a, '}');
+    if (!b)
+        return;
+    size_t len = (size_t)(b - a + 1);
+    if (len >= n)
+        len = n - 1;
+    memcpy(out, a, len);
+    out[len] = '\0';
+}
+
+
+
+static void row_from_plan(tune_row *r, const stof_plan *p)
+{
+    char js[8192];
+    if (stof_plan_describe(p, js, sizeof(js), NULL) != STOF_OK)
+        js[0] = '\0';
+    json_field_str(js, "kernel", r->kernel, sizeof(r->kernel));
+    json_field_str(js, "source", r->source, sizeof(r->source));
+    json_field_str(js, "key", r->key, sizeof(r->key));
+    json_field_obj(js, "params", r->params, sizeof(r->params));
+    r->time_ms = json_field_num(js, "time_ms");
+    r->model_ms = json_field_num(js, "model_choice_ms");
+    r->ok = 1;
+}
+
+static void print_summary(const char *cmd, const tune_row *rows, int n,
+                          int n_dev, double wall_s, int json)
+{
+    if (json) {
+        printf("{\"command\":%s,\"devices\":%d,\"wall_s\":%.3f,"
+               "\"problems\":[",
+               tt_json(cmd), n_dev, wall_s);
+        for (int i = 0; i < n; i++) {
+            const tune_row *r = &rows[i];
+            printf("%s\n{\"problem\":%s,\"device\":%d,\"plan_s\":%.3f,"
+                   "\"ok\":%s",
+                   i ? "," : "", tt_json(r->problem), r->device, r->plan_s,
+                   r->ok ? "true" : "false");
+            if (r->ok)
+                printf(",\"key\":%s,\"kernel\":%s,\"params\":%s,"
+                       "\"source\":%s,\"time_ms\":%.6g,"
+                       "\"model_choice_ms\":%.6g,\"speedup\":%.4g}",
+                       tt_json(r->key), tt_json(r->kernel),
+                       r->params[0] ? r->params : "{}", tt_json(r->source),
+                       r->time_ms, r->model_ms,
+                       r->time_ms > 0 && r->model_ms > 0
+                           ? r->model_ms / r->time_ms
+                           : 1.0);
+            else
+                printf(",\"skipped\":%s,\"error\":%s}",
+                       r->skipped ? "true" : "false", tt_json(r->error));
+            tt_release();
+        }
+        printf("\n]}\n");
+        return;
+    }
+    printf("%-56s  %-14s  %9s  %8s  %-9s%s\n", "PROBLEM", "KERNEL", "TIME_MS",
+           "SPEEDUP", "SOURCE", n_dev > 1 ? "  GPU" : "");
+    for (int i = 0; i < n; i++) {
+        const tune_row *r = &rows[i];
+        if (!r->ok) {
+            printf("%-56.56s  %s: %s\n", tt_term(r->problem),
+                   r->skipped ? "SKIPPED" : "FAILED", tt_term(r->error));
+            tt_release();
+            continue;
+        }
+        char sp[16];
+        if (r->time_ms > 0 && r->model_ms > 0)
+            snprintf(sp, sizeof(sp), "%.2fx", r->model_ms / r->time_ms);
+        else
+            snprintf(sp, sizeof(sp), "-");
+        printf("%-56.56s  %-14.14s  %9.4f  %8s  %-9s", tt_term(r->problem),
+               tt_term(r->kernel), r->time_ms, sp, tt_term(r->source));
+        if (n_dev > 1)
+            printf("  %3d", r->device);
+        printf("\n");
+        tt_release();
+    }
+}
+
+static double wall_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- tune */
+
+/* Problem i of a workload, planned on ctx (in a worker). */
+static int tune_one(void *user, stof_context *ctx, int i, tune_row *r)
+{
+    const tw_workload *w = user;
+    tw_problem p;
+    tw_get(w, i, &p);
+    tw_describe(&p, r->problem, sizeof(r->problem));
+    stof_mask *m = NULL;
+    stof_plan *plan = NULL;
+    stof_attention_desc d;
+    stof_status st = stof_mask_from_spec(ctx, p.mask, p.seq_q, p.seq_k, &m);
+    if (st == STOF_OK)
+        st = stof_attention_desc_init(&d, p.batch, p.heads, p.seq_q, p.seq_k,
+                                      p.head_dim, p.dtype, p.layout);
+    if (st == STOF_OK)
+        st = stof_attention_plan(ctx, &d, m, &plan);
+    if (st == STOF_OK)
+        row_from_plan(r, plan);
+    else
+        snprintf(r->error, sizeof(r->error), "%s", stof_errmsg(ctx));
+    stof_plan_free(&plan);
+    stof_mask_free(&m);
+    return st != STOF_OK;
+}
+
+static int count_failed(const tune_row *rows, int n, int *skipped)
+{
+    int failed = 0;
+    *skipped = 0;
+    for (int i = 0; i < n; i++) {
+        *skipped += rows[i].skipped;
+        failed += !rows[i].ok && !rows[i].skipped;
+    }
+    return failed;
+}
+
+int cmd_tune(stof_context *cpu, const opts *o)
+{
+    tw_workload w;
+    tw_init(&w);
+    char msg[512];
+    int bad;
+    if (o->n_pos == 1)
+        bad = tw_parse_file(o->pos[0], &w, msg, sizeof(msg));
+    else if (o->n_masks && o->n_shapes)
+        bad = tw_from_args(o->masks, o->n_masks, o->shapes, o->n_shapes,
+                           o->dtype, o->layout, &w, msg, sizeof(msg));
+    else {
+        err("tune: give a WORKLOAD file, or --mask SPEC and --shape SHAPE");
+        return EXIT_USAGE;
+    }
+    /* Specs are checked cheaply (their validity does not depend on the
+     * sizes); the GPU before any mask is built at its real size. */
+    if (!bad)
+        bad = tw_check_specs(cpu, &w, msg, sizeof(msg));
+    if (bad) {
+        err("%s", msg);
+        tw_free(&w);
+        return o->n_pos == 1 ? EXIT_FAIL : EXIT_USAGE;
+    }
+    int ords[TD_MAX_DEVICES], rc = EXIT_OK;
+    int n_dev = td_devices(o->devices, ords, TD_MAX_DEVICES, msg, sizeof(msg),
+                           &rc);
+    if (!n_dev) {
+        err("%s", msg);
+        tw_free(&w);
+        return rc;
+    }
+    int n = tw_count(&w);
+    tune_row *rows = calloc((size_t)n + 1, sizeof(*rows));
+    if (!rows) {
+        err("out of memory");
+        tw_free(&w);
+        return EXIT_FAIL;
+    }
+    stof_settings s;
+    base_settings(o, &s);
+    const double t0 = wall_now();
+    rc = td_run(&s, ords, n_dev, n, tune_one, &w, rows, o->json);
+    const double wall = wall_now() - t0;
+    if (rc == EXIT_OK) {
+        print_summary("tune", rows, n, n_dev, wall, o->json);
+        int skipped, failed = count_failed(rows, n, &skipped);
+        if (!o->json)
+            fprintf(stderr,
+                    PROG ": %d problems on %d GPU%s in %.1f s, %d failed\n",
+                    n, n_dev, n_dev == 1 ? "" : "s", wall, failed);
+        if (failed)
+            rc = EXIT_FAIL;
+    }
+    free(rows);
+    tw_free(&w);
+    return rc;
+}
+
+/* ------------------------------------------------------------- pending */
+
+/* Misses read from the user database before tuning them. */
+typedef struct miss {
+    char key[33];
+    char *problem;
+    void *bits;
+    size_t nbits;
+    int64_t count;
+} miss;
+
+typedef struct miss_list {
+    miss *v;
+    int n, cap;
+} miss_list;
+
+static int collect_miss(void *user, const char *key, const char *problem,
+                        const void *bits, size_t nbits, int64_t count)
+{
+    miss_list *l = user;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 32;
+        miss *v = realloc(l->v, (size_t)cap * sizeof(*v));
+        if (!v)
+            return 1;
+        l->v = v;
+        l->cap = cap;
+    }
+    miss *m = &l->v[l->n];
+    memset(m, 0, sizeof(*m));
+    snprintf(m->key, sizeof(m->key), "%s", key);
+    m->problem = strdup(problem ? problem : "");
+    if (nbits && (m->bits = malloc(nbits))) {
+        memcpy(m->bits, bits, nbits);
+        m->nbits = nbits;
+    }
+    m->count = count;
+    l->n++;
+    return 0;
+}
+
+static void miss_list_free(miss_list *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        free(l->v[i].problem);
+        free(l->v[i].bits);
+    }
+    free(l->v);
+    memset(l, 0, sizeof(*l));
+}
+
+/* Rebuild a missed problem; 0 with why set when it cannot be. */
+static int miss_problem(stof_context *ctx, const miss *ms,
+                        stof_attention_desc *d, stof_mask **m, char *why,
+                        size_t wn)
+{
+    const char *js = ms->problem;
+    int b = (int)json_field_num(js, "batch"), h = (int)json_field_num(js, "heads"),
+        sq = (int)json_field_num(js, "seq_q"), sk = (int)json_field_num(js, "seq_k"),
+        hd = (int)json_field_num(js, "head_dim");
+    char dt[16], lay[16];
+    json_field_str(js, "dtype", dt, sizeof(dt));
+    json_field_str(js, "layout", lay, sizeof(lay));
+    const int strided = !strcasecmp(lay, "strided");
+    stof_layout L = !strcasecmp(lay, "BSHD") ? STOF_LAYOUT_BSHD
+                                             : STOF_LAYOUT_BHSD;
+    if (strcasecmp(lay, "BSHD") && strcasecmp(lay, "BHSD") && !strided) {
+        snprintf(why, wn, "layout '%s' is not known", lay);
+        return 0;
+    }
+    if (stof_attention_desc_init(d, b, h, sq, sk, hd,
+                                 strcmp(dt, "bf16") ? STOF_DTYPE_FP16
+                                                    : STOF_DTYPE_BF16,
+                                 L) != STOF_OK || sq < 1 || sk < 1) {
+        snprintf(why, wn, "unreadable problem %s", js);
+        return 0;
+    }
+    if (strided) {
+        /* Strided misses carry their strides (q_s0 .. o_s2). */
+        static const char *const names[4] = {"q", "k", "v", "o"};
+        int64_t *dst[4] = {d->q_stride, d->k_stride, d->v_stride, d->o_stride};
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 3; i++) {
+                char f[8];
+                snprintf(f, sizeof(f), "%s_s%d", names[t], i);
+                if (!strstr(js, f)) {
+                    snprintf(why, wn, "strided layout recorded without "
+                                      "strides");
+                    return 0;
+                }
+                dst[t][i] = (int64_t)json_field_num(js, f);
+            }
+        d->layout = STOF_LAYOUT_STRIDED;
+    }
+    d->scale = (float)json_field_num(js, "scale");
+    /* From its spec when it had one (so the tuned record keeps the spec
+     * and `verify` can rebuild it), checked against the recorded digest;
+     * else from the recorded bits. */
+    char spec[256] = "", digest[40] = "";
+    json_field_str(js, "mask_spec", spec, sizeof(spec));
+    json_field_str(js, "mask_digest", digest, sizeof(digest));
+    if (spec[0] && stof_mask_from_spec(ctx, spec, sq, sk, m) == STOF_OK) {
+        char hex[33];
+        stof_mask_digest(*m, NULL, hex);
+        if (!strcmp(hex, digest))
+            return 1;
+        stof_mask_free(m);
+    }
+    size_t wpr = ((size_t)sk + 63) / 64;
+    if (!ms->bits || ms->nbits != (size_t)sq * wpr * 8) {
+        snprintf(why, wn, "no mask recorded for it");
+        return 0;
+    }
+    if (stof__mask_alloc(ctx, sq, sk, m) != STOF_OK) {
+        snprintf(why, wn, "%s", stof_errmsg(ctx));
+        return 0;
+    }
+    memcpy((*m)->bits, ms->bits, ms->nbits);
+    stof__mask_recount(*m);
+    return 1;
+}
+
+
+/* Miss i, rebuilt and planned on ctx (in a worker); its miss is deleted
+ * from the database once it has a record. */
+typedef struct pending_job {
+    miss_list ml;
+    const char *path;
+} pending_job;
+
+static int pending_one(void *user, stof_context *ctx, int i, tune_row *r)
+{
+    pending_job *job = user;
+    const miss *ms = &job->ml.v[i];
+    stof_attention_desc d;
+    stof_mask *m = NULL;
+    char why[256] = "";
+    snprintf(r->problem, sizeof(r->problem), "miss %.12s (%lld times)",
+             ms->key, (long long)ms->count);
+    if (!miss_problem(ctx, ms, &d, &m, why, sizeof(why))) {
+        snprintf(r->error, sizeof(r->error), "%s", why);
+        r->skipped = 1;
+        return 0;
+    }
+    snprintf(r->problem, sizeof(r->problem), "%dx%dx%dx%dx%d %s mask %.12s",
+             d.batch, d.heads, d.seq_q, d.seq_k, d.head_dim,
+             d.dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16", ms->key);
+    char hex[33], key[33];
+    stof_mask_digest(m, NULL, hex);
+    stof__attention_key(ctx, &d, hex, key, NULL, 0);
+    if (strcmp(key, ms->key)) {
+        snprintf(r->error, sizeof(r->error),
+                 "recorded on another GPU, driver or build");
+        r->skipped = 1;
+        stof_mask_free(&m);
+        return 0;
+    }
+    stof_plan *plan = NULL;
+    int failed = 0;
+    if (stof_attention_plan(ctx, &d, m, &plan) == STOF_OK) {
+        row_from_plan(r, plan);
+        if (strcmp(r->source, "fallback")) {
+            stof_db *db = stof__ctx_db(ctx);
+            if (db)
+                (void)stof__db_delete_miss(db, ms->key);
+        }
+    } else {
+        snprintf(r->error, sizeof(r->error), "%s", stof_errmsg(ctx));
+        failed = 1;
+    }
+    stof_plan_free(&plan);
+    stof_mask_free(&m);
+    return failed;
+}
+
+int cmd_pending(stof_context *cpu, const opts *o)
+{
+    char buf[4096];
+    const char *path = db_path(o, buf, sizeof(buf));
+    if (!path) {
+        err("no database path: set --db or STOF_USER_DB");
+        return EXIT_USAGE;
+    }
+    stof_status st = stof__dbt_check(cpu, path);
+    if (st != STOF_OK)
+        return fail_with(cpu, st);
+    char msg[512];
+    int ords[TD_MAX_DEVICES], rc = EXIT_OK;
+    int n_dev = td_devices(o->devices, ords, TD_MAX_DEVICES, msg, sizeof(msg),
+                           &rc);
+    if (!n_dev) {
+        err("%s", msg);
+        return rc;
+    }
+    /* The misses are read on the CPU context: no GPU work before the
+     * workers start. */
+    pending_job job = {{0}, path};
+    stof_db *db = NULL;
+    st = stof__db_open(cpu, path, NULL, &db);
+    if (st == STOF_OK && !stof__db_writable(db))
+        st = stof__fail(cpu, STOF_ERR_DATABASE, "%s is not writable", path);
+    if (st == STOF_OK)
+        st = stof__db_foreach_miss(db, collect_miss, &job.ml);
+    stof__db_close(&db);
+    if (st != STOF_OK) {
+        miss_list_free(&job.ml);
+        return fail_with(cpu, st);
+    }
+    int n = job.ml.n;
+    tune_row *rows = calloc((size_t)n + 1, sizeof(*rows));
+    if (!rows) {
+        miss_list_free(&job.ml);
+        err("out of memory");
+        return EXIT_FAIL;
+    }
+    stof_settings s;
+    base_settings(o, &s);
+    s.user_db = path;
+    const double t0 = wall_now();
+    rc = n ? td_run(&s, ords, n_dev, n, pending_one, &job, rows, o->json)
+           : EXIT_OK;
+    const double wall = wall_now() - t0;
+    if (rc == EXIT_OK) {
+        print_summary("pending", rows, n, n_dev, wall, o->json);
+        int skipped, failed = count_failed(rows, n, &skipped);
+        if (!o->json)
+            fprintf(stderr,
+                    PROG ": %d misses: %d tuned, %d skipped, %d failed\n", n,
+                    n - skipped - failed, skipped, failed);
+        if (failed)
+            rc = EXIT_FAIL;
+    }
+    free(rows);
+    miss_list_free(&job.ml);
+    return rc;
+}
+
+/* -------------------------------------------------------------- verify */
+
+int cmd_verify(stof_context *cpu, const opts *o)
+{
+    char buf[4096];
+    const char *path = db_path(o, buf, sizeof(buf));
+    if (!path) {
+        err("no database path: set --db or STOF_USER_DB");
+        return EXIT_USAGE;
+    }
+    stof_status st = stof__dbt_check(cpu, path);
+    if (st != STOF_OK)
+        return fail_with(cpu, st);
+    return tv_verify(cpu, path, o->drop, o->json, open_gpu_ctx);
+}
