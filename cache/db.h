@@ -33,7 +33,7 @@ typedef struct stof_db_record {
     int cc_major, cc_minor, sm_count;
     int driver_version;      /* e.g. 13000 */
     char nvrtc_version[16];  /* "13.0" */
-    char stof_version[16];   /* "0.1.0" */
+    char stof_version[16];   /* "0.2.0" */
     char template_hash[17];  /* 16 hex digits */
     /* the winner */
     char kernel[16];         /* "block", "rowwise", "wgmma", "reference" */

@@ -74,7 +74,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define STOF_VERSION_MAJOR 0
-#define STOF_VERSION_MINOR 1
+#define STOF_VERSION_MINOR 2
 #define STOF_VERSION_PATCH 0
 #define STOF_VERSION_NUMBER \
     (STOF_VERSION_MAJOR * 10000 + STOF_VERSION_MINOR * 100 + STOF_VERSION_PATCH)

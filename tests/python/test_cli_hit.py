@@ -1,0 +1,70 @@
+"""A database built by stof-tune gives hits from Python (fleet-trust issue,
+item 14): one problem is tuned with the CLI (BHSD tensors), then planned
+from Python with the layouts Python users hold, (batch, heads, seq, dim)
+and a (batch, seq, heads, dim) tensor seen through a transpose. Each plan
+must come from the database ("user db") with nothing compiled or verified
+(the record was tuned, and so verified, on this host), and compute the
+same as PyTorch's attention with the same mask.
+
+Exit status 77 (skipped) without torch or a GPU."""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+except ImportError:
+    print("skipped: PyTorch is not installed")
+    sys.exit(77)
+if not torch.cuda.is_available():
+    print("skipped: no GPU")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
+                                "python"))
+import stof  # noqa: E402
+
+SPEC, B, H, N, D = "bigbird:64:3:2:3:1", 2, 8, 2048, 64
+
+
+def main():
+    tune = os.environ.get("STOF_TUNE", "stof-tune")
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "fleet.db")
+        subprocess.run([tune, "tune", "--mask", SPEC, "--shape",
+                        "%dx%dx%dx%d" % (B, H, N, D), "--db", db],
+                       check=True)
+        ctx = stof.Context(user_db=db, tuning_mode="cache-only")
+        mask = ctx.mask(SPEC, N, N)
+        dense = mask.to_dense().cuda()
+        torch.manual_seed(0)
+        layouts = {
+            "bhsd": lambda: torch.randn(B, H, N, D, device="cuda",
+                                        dtype=torch.float16),
+            "bshd": lambda: torch.randn(B, N, H, D, device="cuda",
+                                        dtype=torch.float16).transpose(1, 2),
+        }
+        failures = 0
+        for name, make in layouts.items():
+            q, k, v, o = make(), make(), make(), make()
+            plan = ctx.attention_plan(q, k, v, mask, out=o)
+            d = plan.describe()
+            ok = (d["source"] == "user db" and d["verify_ms"] == 0 and
+                  d["compile_ms"] == 0)
+            plan.run(q, k, v, o)
+            torch.cuda.synchronize()
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=dense)
+            err = ((o.float() - ref).norm() / ref.norm()).item()
+            ok = ok and err < 1e-2
+            print("%s: source %s, compile %.1f ms, verify %.1f ms, "
+                  "kernel %s, rel err %.2e: %s" % (
+                      name, d["source"], d["compile_ms"], d["verify_ms"],
+                      d["kernel"], err, "ok" if ok else "FAILED"))
+            failures += not ok
+        print("%d passed, %d failed" % (len(layouts) - failures, failures))
+        return 1 if failures else 0
+
+
+sys.exit(main())
