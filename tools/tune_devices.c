@@ -196,13 +196,14 @@ typedef struct td_shared {
 } td_shared;
 
 static void worker(td_shared *sh, tune_row *rows, int w, const stof_settings *s,
-                   int ord, int n, td_problem_fn fn, void *user)
+                   int ord, int n, td_problem_fn fn, void *user,
+                   td_open_fn open_fn)
 {
     stof_settings c = *s;
     c.device = ord;
     c.require_device = 1;
     stof_context *ctx = NULL;
-    stof_status st = stof_open(&ctx, &c);
+    stof_status st = open_fn(&ctx, &c);
     if (st != STOF_OK) {
         snprintf(sh->open_msg[w], sizeof(sh->open_msg[w]), "%s",
                  stof_errmsg(ctx));
@@ -281,6 +282,13 @@ int td_run(const stof_settings *s, const int *ords, int n_dev, int n,
 {
     if (n_dev <= 1)
         return run_here(s, ords[0], n, fn, user, rows, quiet);
+    return td_run_with(s, ords, n_dev, n, fn, user, rows, quiet, stof_open);
+}
+
+int td_run_with(const stof_settings *s, const int *ords, int n_dev, int n,
+                td_problem_fn fn, void *user, tune_row *rows, int quiet,
+                td_open_fn open_fn)
+{
     size_t shared = sizeof(td_shared) + sizeof(int) * (size_t)n;
     td_shared *sh = mmap(NULL, shared, PROT_READ | PROT_WRITE,
                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -299,7 +307,7 @@ int td_run(const stof_settings *s, const int *ords, int n_dev, int n,
         sh->current[w] = -1;
         pids[w] = fork();
         if (pids[w] == 0)
-            worker(sh, rw, w, s, ords[w], n, fn, user);
+            worker(sh, rw, w, s, ords[w], n, fn, user, open_fn);
         if (pids[w] < 0) {
             snprintf(sh->open_msg[w], sizeof(sh->open_msg[w]), "fork: %s",
                      strerror(errno));

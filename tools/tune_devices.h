@@ -49,4 +49,12 @@ int td_devices(const char *spec, int *ords, int max, char *msg, size_t n,
 int td_run(const stof_settings *s, const int *ords, int n_dev, int n,
            td_problem_fn fn, void *user, tune_row *rows, int quiet);
 
+/* The same with the workers' contexts opened by open_fn (settings with
+ * the worker's device) instead of stof_open: tests run the pool on the
+ * CPU. */
+typedef stof_status (*td_open_fn)(stof_context **out, const stof_settings *s);
+int td_run_with(const stof_settings *s, const int *ords, int n_dev, int n,
+                td_problem_fn fn, void *user, tune_row *rows, int quiet,
+                td_open_fn open_fn);
+
 #endif

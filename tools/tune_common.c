@@ -1,0 +1,118 @@
+/*
+ * tune_common.c - what every stof-tune command shares (tune_cli.h): one-line
+ * escaped errors, the mapping from statuses to exit codes, the database a
+ * command works on, and opening contexts.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "db.h"
+#include "internal.h"
+#include "tune_cli.h"
+#include "tune_text.h"
+
+/* ------------------------------------------------------------ common */
+
+void err(const char *fmt, ...)
+{
+    char msg[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, PROG ": %s\n", tt_term(msg));
+    tt_release();
+}
+
+int exit_for(stof_status st)
+{
+    switch (st) {
+    case STOF_OK:
+        return EXIT_OK;
+    case STOF_ERR_INVALID_ARGUMENT:
+        return EXIT_USAGE;
+    case STOF_ERR_NO_DEVICE:
+        return EXIT_NO_GPU;
+    case STOF_ERR_DATABASE:
+    case STOF_ERR_NOT_FOUND:
+    case STOF_ERR_IO:
+        return EXIT_DB;
+    default:
+        return EXIT_FAIL;
+    }
+}
+
+int fail_with(stof_context *ctx, stof_status st)
+{
+    const char *m = stof_errmsg(ctx);
+    if (!m || !*m)
+        m = stof_status_str(st);
+    switch (exit_for(st)) {
+    case EXIT_DB:
+        err("%s: %s",
+            st == STOF_ERR_NOT_FOUND ? "database not found" : "database error",
+            m);
+        break;
+    case EXIT_NO_GPU:
+        err("no GPU found: %s", m);
+        break;
+    case EXIT_USAGE:
+        err("invalid argument: %s", m);
+        break;
+    default:
+        err("%s", m);
+        break;
+    }
+    return exit_for(st);
+}
+
+const char *db_path(const opts *o, char *buf, size_t n)
+{
+    if (o->db)
+        return o->db;
+    if (!stof__db_default_path(buf, n))
+        return NULL;
+    return buf;
+}
+
+stof_context *open_cpu_ctx(void)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = "";
+    stof_context *ctx = NULL;
+    if (stof__open_cpu(&ctx, &s) != STOF_OK && !ctx)
+        return NULL;
+    return ctx;
+}
+
+int open_gpu_ctx(const stof_settings *s, stof_context **out)
+{
+    stof_settings c = *s;
+    c.require_device = 1;
+    stof_context *ctx = NULL;
+    stof_status st = stof_open(&ctx, &c);
+    if (st == STOF_OK && stof_has_device(ctx)) {
+        *out = ctx;
+        return EXIT_OK;
+    }
+    const char *why = ctx ? stof_errmsg(ctx) : stof_status_str(st);
+    if (st == STOF_OK || st == STOF_ERR_NO_DEVICE)
+        err("no GPU found: %s", why && *why ? why : "no usable CUDA device");
+    else if (st == STOF_ERR_INVALID_ARGUMENT)
+        err("invalid settings: %s", why);
+    else
+        err("cannot open the GPU: %s", why);
+    stof_close(&ctx);
+    return st == STOF_OK ? EXIT_NO_GPU : exit_for(st);
+}
+
+void base_settings(const opts *o, stof_settings *s)
+{
+    stof_default_settings(s);
+    s->user_db = o->db; /* NULL: the default user database */
+    s->tuning_mode = o->force ? STOF_TUNE_FORCE : STOF_TUNE_DEFAULT;
+    s->tuning_budget_s = o->budget;
+}
+
