@@ -17,6 +17,8 @@ for f in "$B"/tests/test_* "$B"/tools/stof-* "$B"/bench/stof-*; do
     [ -x "$f" ] && [ -f "$f" ] && cp "$f" "$C/bin/"
 done
 cp -L "$B/src/libstof.so" "$C/lib/libstof.so"
+# Programs linked against the shared library ask for its soname.
+for f in "$B"/src/libstof.so.[0-9]; do [ -e "$f" ] && cp -L "$f" "$C/lib/"; done
 # Every library the programs load, except the C runtime itself.
 for f in "$C"/bin/* "$C/lib/libstof.so"; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' |
