@@ -356,7 +356,9 @@ typedef struct stof_attention_desc {
 } stof_attention_desc;
 
 /* Fill a descriptor, with the strides of `layout` (BHSD or BSHD) and the
- * default scale. Returns STOF_ERR_INVALID_ARGUMENT for a bad layout. */
+ * default scale. Returns STOF_ERR_INVALID_ARGUMENT for a bad layout, a size
+ * below 1, or sizes whose strides would not fit 64 bits (the sizes are
+ * still stored, so stof_attention_plan names the bad field). */
 STOF_API stof_status stof_attention_desc_init(stof_attention_desc *d /* OUT */,
                                               int batch, int heads, int seq_q,
                                               int seq_k, int head_dim,
@@ -372,7 +374,15 @@ typedef struct stof_plan stof_plan;
  * are compiled in parallel, checked against the reference kernel on random
  * inputs and timed, and the fastest is stored), or, in
  * STOF_TUNE_CACHE_ONLY mode, use the cost model's choice and record the
- * miss for `stof-tune pending`. stof_plan_describe says which happened. The plan copies what it
+ * miss for `stof-tune pending`. stof_plan_describe says which happened.
+ * A record that this host did not tune itself (from a system database, an
+ * import or a merge) is checked the first time it is used here: its
+ * kernel runs once on random inputs against the reference kernel (tens of
+ * milliseconds; "verify_ms" in the description), and only a record that
+ * passes is used, and remembered as trusted in the user database; a record
+ * that fails, or whose content hash does not match, is ignored (logged)
+ * and the problem is planned as a miss. The key does not depend on the
+ * layout or strides: a record serves every layout. The plan copies what it
  * needs from `d` and `m`; both may be freed afterwards.
  * head_dim: 16..256, a multiple of 8. Device pointers passed to
  * stof_attention_run must be 16-byte aligned, and every stride a multiple of
