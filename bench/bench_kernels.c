@@ -30,6 +30,7 @@
  *            [--kind block|gather|both] [--mask NAME=SPEC]...
  *            [--shape BxHxNxD]... [--cfg BMxBNxWxS]...
  */
+#include "attn_block.h"
 #include "internal.h"
 
 #include <math.h>

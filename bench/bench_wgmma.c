@@ -25,6 +25,7 @@
  * Needs a compute capability 9.0 GPU (exits 77 otherwise).
  */
 #include "attn_wgmma.h"
+#include "attn_block.h"
 #include "internal.h"
 
 #include <math.h>

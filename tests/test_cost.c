@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cost_model.h"
+#include "attn_block.h"
 #include "internal.h"
 #include "testutil.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_gemm_cpu.c - the CPU side of the GEMM template (src/gemm.c): which
+ * test_gemm_cpu.c - the CPU side of the GEMM template (src/kernels/gemm.c): which
  * configurations are refused and why, the shared memory formula, the JSON
  * round trip, the candidates of the layer shapes, the cost model's sanity,
  * and the references (activations, norms, rounding) on small hand-checked

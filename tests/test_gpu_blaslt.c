@@ -1,6 +1,6 @@
 /*
  * test_gpu_blaslt.c - the "gpu" suite for the cuBLASLt GEMM candidate
- * (src/blaslt.c): row-major C = epilogue(A W^T) in fp16 and bf16 for every
+ * (src/kernels/blaslt.c): row-major C = epilogue(A W^T) in fp16 and bf16 for every
  * epilogue cuBLASLt can express (none, bias, bias + GELU-tanh, bias + ReLU,
  * bias + residual, residual, GELU, ReLU), on every algorithm the heuristic
  * returns, against a float reference:

@@ -1,6 +1,6 @@
 /*
  * test_gpu_block.c - the "gpu" suite for the block-wise sparse kernel
- * (jit_templates/attn_block.cu, src/attn_block.c) and its gather (row-wise)
+ * (jit_templates/attn_block.cu, src/kernels/attn_block.c) and its gather (row-wise)
  * mode: every configuration of a list covering the template's
  * STOF_VARIANTS runs a set of masks, sizes, layouts on fresh random inputs
  * with the output poisoned first, and is compared with the C reference
@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "cuda_shim.h"
+#include "attn_block.h"
 #include "internal.h"
 #include "testutil.h"
 

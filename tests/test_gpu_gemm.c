@@ -1,6 +1,6 @@
 /*
  * test_gpu_gemm.c - the "gpu" suite for the tensor-core GEMM template
- * (jit_templates/gemm.cu, src/gemm.c): every epilogue (bias, each
+ * (jit_templates/gemm.cu, src/kernels/gemm.c): every epilogue (bias, each
  * activation, residual, LayerNorm / RMSNorm with and without write_pre),
  * fp16 and bf16, M/N/K tails and a few layer shapes, on fresh random inputs
  * with the outputs poisoned first, compared with stof__ref_gemm:

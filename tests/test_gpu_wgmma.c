@@ -1,6 +1,6 @@
 /*
  * test_gpu_wgmma.c - the "gpu" suite for the Hopper block-wise sparse kernel
- * (jit_templates/attn_wgmma.cu, src/attn_wgmma.c): every configuration of a
+ * (jit_templates/attn_wgmma.cu, src/kernels/attn_wgmma.c): every configuration of a
  * list covering the template's STOF_VARIANTS runs a set of masks, sizes and
  * layouts on fresh random inputs with the output poisoned first, and is
  * compared with the C reference (stof__ref_attention):
@@ -28,6 +28,7 @@
 
 #include "attn_wgmma.h"
 #include "cuda_shim.h"
+#include "attn_block.h"
 #include "internal.h"
 #include "testutil.h"
 

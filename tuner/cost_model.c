@@ -3,6 +3,7 @@
  * calibrated from stof-bench-kernels runs (COST_MODEL.md has the data).
  */
 #include "cost_model.h"
+#include "attn_block.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -32,6 +32,7 @@
 #define STOF_COST_MODEL_H
 
 #include "attn_wgmma.h"
+#include "attn_block.h"
 #include "internal.h"
 
 enum {

@@ -10,6 +10,7 @@
 #ifndef STOF_ATTN_WGMMA_H
 #define STOF_ATTN_WGMMA_H
 
+#include "attn_block.h"
 #include "internal.h"
 
 /* Query rows per CTA by default (two consumer warpgroups of 64 rows); see

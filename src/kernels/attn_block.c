@@ -6,6 +6,7 @@
  * compile + load, and the launches. Declarations and contracts: internal.h,
  * section "Block-wise kernel (attn_block.c)".
  */
+#include "attn_block.h"
 #include "internal.h"
 
 #include <math.h>

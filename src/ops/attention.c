@@ -3,6 +3,7 @@
  * launch needs on the device (the mask bits, the loaded module) so that
  * stof_attention_run only enqueues a kernel.
  */
+#include "attn_block.h"
 #include "internal.h"
 #include "cost_model.h"
 #include "db.h"

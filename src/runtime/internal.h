@@ -1,0 +1,195 @@
+/*
+ * internal.h - definitions shared by the modules of libstof. Not installed.
+ */
+#ifndef STOF_INTERNAL_H
+#define STOF_INTERNAL_H
+
+#include "stof.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_shim.h"
+
+#define STOF_ERRMSG_MAX 8192
+
+/* The primary-context state of one device, shared by everything made from a
+ * context. Filled by stof__device_init(). */
+typedef struct stof_device {
+    int ok;                 /* 1 when usable */
+    int ordinal;
+    CUdevice dev;
+    CUcontext pctx;         /* retained primary context */
+    char name[256];
+    int cc_major, cc_minor;
+    int sm_count;
+    int max_smem_optin;     /* bytes per block after opt-in */
+    int l2_bytes;
+    size_t total_mem;
+    int driver_version;     /* e.g. 13000 */
+    int nvrtc_major, nvrtc_minor;
+    char arch[16];          /* NVRTC target, e.g. "sm_90" */
+    char why[512];          /* when !ok: why the device is unusable */
+} stof_device;
+
+struct stof_db;
+/* The context's tuning database, opened at the first call (a failure only
+ * logs: stof works without one); NULL when unavailable (attention.c). */
+struct stof_db *stof__ctx_db(stof_context *ctx);
+
+struct stof_context {
+    stof_settings settings;
+    stof_status last_status;
+    char errmsg[STOF_ERRMSG_MAX];
+    stof_device device;
+    const stof_api *api;    /* loaded driver/NVRTC table (may lack either) */
+    /* The tuning database, opened at the first plan (stof_db.c). The paths
+     * are copies of the settings' (which are borrowed only during
+     * stof_open); user_db NULL = the default location, "" = none. */
+    char *user_db;
+    char **system_dbs;      /* NULL-terminated, or NULL */
+    struct stof_db *db;
+    int db_tried;           /* the open was attempted (success or not) */
+    /* Reference-kernel cubins compiled by this context, by head_dim and
+     * dtype: every search and every first use of a record verifies
+     * against the reference, and one compile serves them all
+     * (attention.c). */
+    struct {
+        int head_dim;
+        stof_dtype dtype;
+        void *cubin;
+        size_t size;
+    } ref_cubins[8];
+    int n_ref_cubins;
+};
+
+/* Longest spec a mask keeps (the tuning records' mask_spec field). */
+#define STOF_MASK_SPEC_MAX 256
+
+struct stof_mask {
+    char *spec;             /* the spec it was made from, or NULL (dense, or
+                               longer than STOF_MASK_SPEC_MAX - 1) */
+    int seq_q, seq_k;
+    int words_per_row;      /* 64-bit words per row: ceil(seq_k / 64) */
+    uint64_t *bits;         /* seq_q * words_per_row; bits past seq_k are 0 */
+    uint64_t count;         /* allowed elements */
+};
+
+/* stof_open without a device: the settings are checked and the libraries
+ * loaded, but CUDA is not initialised, so the process may fork workers
+ * that open GPU contexts of their own (stof-tune). GPU calls fail with
+ * STOF_ERR_NO_DEVICE. */
+stof_status stof__open_cpu(stof_context **out /* OUT */,
+                           const stof_settings *s);
+
+/* Record a failure on the context and return `st`. The message is formatted
+ * like printf. ctx may be NULL (then only `st` is returned). Also forwards
+ * the message to the log callback at STOF_LOG_ERROR. */
+stof_status stof__fail(stof_context *ctx, stof_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Mark the last call on ctx as successful (clears the message). */
+stof_status stof__ok(stof_context *ctx);
+
+/* Log through the settings' callback when the level is enabled. */
+void stof__log(stof_context *ctx, stof_log_level level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Check a public argument: `cond` must hold, else fail with
+ * STOF_ERR_INVALID_ARGUMENT naming the argument. */
+#define STOF_CHECK_ARG(ctx, cond, ...)                                         \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            return stof__fail((ctx), STOF_ERR_INVALID_ARGUMENT, __VA_ARGS__);  \
+    } while (0)
+
+/* Small helpers for JSON/text output into caller buffers: append to a
+ * growable string. */
+typedef struct stof_str {
+    char *p;
+    size_t len, cap;
+    int oom;
+} stof_str;
+void stof__str_printf(stof_str *s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void stof__str_free(stof_str *s);
+/* Write a reason into why[n] (either may be NULL/0) and return 0: the
+ * "not valid, because ..." of the *_cfg_valid checks. */
+int stof__why(char *why, size_t n, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Copy s into a caller buffer with the size-then-fetch convention. */
+stof_status stof__str_out(const stof_str *s, char *buf, size_t n,
+                          size_t *needed);
+
+/* Mask internals (mask.c). */
+stof_status stof__mask_alloc(stof_context *ctx, int seq_q, int seq_k,
+                             stof_mask **out);
+void stof__mask_recount(stof_mask *m);
+
+/* stof_format_build with either part optional (a kernel needs one): a part
+ * left out is empty (block-wise: no tiles, row_ptr all 0, counts 0;
+ * row-wise: no keys, rw_ptr all 0, rowwise_fill 0). Skipping the part a
+ * kernel does not read makes warm plans of large masks several times
+ * cheaper. */
+enum { STOF__FORMAT_BLOCK = 1, STOF__FORMAT_ROWWISE = 2 };
+stof_status stof__format_build_parts(stof_context *ctx, const stof_mask *m,
+                                     int block_m, int block_n, int parts,
+                                     stof_format **fmt /* OUT */);
+
+/* The tuning-database key of an attention problem on ctx's device
+ * (problem_key.c): 32 hex digits into key; the hashed canonical text into
+ * text[text_n] when text is not NULL. */
+void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
+                         const char *mask_hex, char key[33], char *text,
+                         size_t text_n);
+
+/* fp16 / bf16 on the host (half.c): round to nearest even. */
+uint16_t stof__f32_to_half(float f, stof_dtype dt);
+float stof__half_to_f32(uint16_t h, stof_dtype dt);
+
+/* Query-row grouping (mask_group.c). The smallest period D in 2..16 such
+ * that every allowed (q, k) has (q - k) % D == 0, or 1 when there is none
+ * (or the mask is tiny or empty). */
+int stof__mask_row_period(const stof_mask *m);
+/* A copy of m with its rows ordered by residue class mod `period` (row q's
+ * class is q % period; within a class, ascending q), and the permutation:
+ * row i of *out is row (*perm)[i] of m. Both are owned by the caller
+ * (stof_mask_free, free). */
+stof_status stof__mask_group_rows(stof_context *ctx, const stof_mask *m,
+                                  int period, stof_mask **out /* OUT */,
+                                  int32_t **perm /* OUT */);
+
+/* The C reference for masked attention (ref_cpu.c): inputs and output are
+ * fp32 arrays laid out with the descriptor's strides (call it with a
+ * descriptor whose strides are filled, e.g. by stof_attention_desc_init).
+ * Rows with no allowed key give zeros. */
+stof_status stof__ref_attention(const stof_attention_desc *d,
+                                const stof_mask *m, const float *q,
+                                const float *k, const float *v, float *o);
+
+/* Templates embedded at build time (templates_gen.c, made by
+ * scripts/embed_templates.py). */
+typedef struct stof_template {
+    const char *name;      /* file name, e.g. "attn_reference.cu" */
+    const char *source;    /* NUL-terminated */
+    size_t size;
+} stof_template;
+extern const stof_template stof__templates[];
+extern const int stof__n_templates;
+const stof_template *stof__template_find(const char *name);
+
+
+#endif /* STOF_INTERNAL_H */
