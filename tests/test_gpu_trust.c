@@ -20,7 +20,7 @@
 
 #include "cuda_shim.h"
 #include "db.h"
-#include "gpu_backend.h"
+#include "attention_int.h"
 #include "internal.h"
 #include "record_check.h"
 #include "testutil.h"

@@ -1,11 +1,16 @@
 /*
- * test_search.c - stage 1 selection and stage 2 of the search with a fake
- * backend: compile failures, wrong results and slow candidates must never
- * win; the budget stops timing; the model's first choice is reported.
+ * test_search.c - the search engine (tuner/search.c) with fake operations:
+ * stage 1 keeps the top few of each kind; compile failures, wrong results
+ * and slow candidates never win; the budget stops timing; the model's first
+ * choice is reported; several operations share one compile pool and
+ * identical kernels are compiled once; one operation failing leaves the
+ * others' results; model-only runs compile the first choice and time
+ * nothing; a candidate that needs no compile (a library's algorithm) works.
  */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,25 +19,47 @@
 #include "search.h"
 #include "testutil.h"
 
-/* Per candidate (by cfg.block_m used as an id): what the fake does. */
+/* What the fake does for candidate id (ids start at 1). */
 typedef struct fake_spec {
     int compile_fails, load_fails;
     double err;   /* verification error */
     double ms;    /* time */
+    int kind;
+    int no_art;   /* needs no compile */
+    uint64_t key; /* shared-compile key (0: none) */
 } fake_spec;
 
 typedef struct fake {
     fake_spec spec[64];
-    int compiles, loads, unloads, times;
+    int n;        /* candidates: ids 1..n, in rank order */
+    int compiles, loads, unloads, times, verifies;
     int concurrent, max_concurrent;
     pthread_mutex_t mu;
     double time_sleep_s;
 } fake;
 
-static int f_compile(void *u, const stof_candidate *c, void **art,
-                     size_t *size, char *err, size_t n)
+static int f_kind(void *u, int i)
+{
+    return ((fake *)u)->spec[i + 1].kind;
+}
+
+static double f_model(void *u, int i)
+{
+    (void)u;
+    return 0.1 * (i + 1);
+}
+
+static void f_describe(void *u, int i, char *buf, size_t n)
+{
+    (void)u;
+    snprintf(buf, n, "fake %d", i + 1);
+}
+
+static int f_compile(void *u, int i, void **art, size_t *size, char *err,
+                     size_t n)
 {
     fake *f = u;
+    const int id = i + 1;
     pthread_mutex_lock(&f->mu);
     f->compiles++;
     if (++f->concurrent > f->max_concurrent)
@@ -42,10 +69,14 @@ static int f_compile(void *u, const stof_candidate *c, void **art,
     pthread_mutex_lock(&f->mu);
     f->concurrent--;
     pthread_mutex_unlock(&f->mu);
-    int id = c->cfg.block_m;
     if (f->spec[id].compile_fails) {
         snprintf(err, n, "fake compile error for %d", id);
         return 1;
+    }
+    if (f->spec[id].no_art) {
+        *art = NULL;
+        *size = 0;
+        return 0;
     }
     int *a = malloc(sizeof(int));
     *a = id;
@@ -54,24 +85,39 @@ static int f_compile(void *u, const stof_candidate *c, void **art,
     return 0;
 }
 
-static int f_load(void *u, const stof_candidate *c, const void *art,
-                  size_t size, void **h, char *err, size_t n)
+static uint64_t f_key(void *u, int i)
+{
+    return ((fake *)u)->spec[i + 1].key;
+}
+
+static int f_load(void *u, int i, const void *art, size_t size, void **h,
+                  char *err, size_t n)
 {
     fake *f = u;
+    const int id = i + 1;
     f->loads++;
-    cr_assert_eq(size, sizeof(int));
-    cr_assert_eq(*(const int *)art, c->cfg.block_m, "artifact mixed up");
-    if (f->spec[c->cfg.block_m].load_fails) {
+    if (f->spec[id].no_art) {
+        cr_assert_null(art);
+    } else {
+        cr_assert_eq(size, sizeof(int));
+        /* A shared compile hands out the first sharer's artifact (of
+         * another operation: its id means nothing here). */
+        const int got = *(const int *)art;
+        cr_assert(got == id || f->spec[id].key,
+                  "artifact mixed up: %d for %d", got, id);
+    }
+    if (f->spec[id].load_fails) {
         snprintf(err, n, "fake load error");
         return 1;
     }
-    *h = (void *)(intptr_t)c->cfg.block_m;
+    *h = (void *)(intptr_t)id;
     return 0;
 }
 
 static int f_verify(void *u, void *h, double *rel, char *err, size_t n)
 {
     fake *f = u;
+    f->verifies++;
     *rel = f->spec[(intptr_t)h].err;
     (void)err, (void)n;
     return 0;
@@ -95,65 +141,77 @@ static void f_unload(void *u, void *h)
     f->unloads++;
 }
 
-static stof_candidate cand(int id, int kind, double pred)
+static void fake_init(fake *f, int n)
 {
-    stof_candidate c;
-    memset(&c, 0, sizeof(c));
-    c.kind = kind;
-    c.cfg.block_m = id;
-    c.predicted_ms = pred;
-    return c;
+    memset(f, 0, sizeof(*f));
+    pthread_mutex_init(&f->mu, NULL);
+    f->n = n;
+    for (int i = 1; i <= n; i++)
+        f->spec[i] = (fake_spec){0, 0, 1e-4, 1.0, 0, 0, 0};
 }
 
-static stof_search_backend backend(fake *f)
+static stof_search_op op_of(fake *f, const char *name)
 {
-    stof_search_backend b = {f, f_compile, f_load, f_verify, f_time, f_unload};
-    return b;
+    stof_search_op op = {.user = f,
+                         .name = name,
+                         .n = f->n,
+                         .kind = f_kind,
+                         .model_ms = f_model,
+                         .describe = f_describe,
+                         .compile = f_compile,
+                         .art_key = f_key,
+                         .load = f_load,
+                         .verify = f_verify,
+                         .time = f_time,
+                         .unload = f_unload,
+                         .tolerance = 1e-2};
+    return op;
+}
+
+static stof_context *ctx_new(void)
+{
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    return ctx;
 }
 
 Test(search, stage1_keeps_top_k_of_each_kind_in_rank_order)
 {
-    stof_candidate r[] = {
-        cand(1, STOF_KERNEL_BLOCK, 1.0),   cand(2, STOF_KERNEL_BLOCK, 1.1),
-        cand(3, STOF_KERNEL_BLOCK, 1.2),   cand(4, STOF_KERNEL_ROWWISE, 1.3),
-        cand(5, STOF_KERNEL_BLOCK, 1.4),   cand(6, STOF_KERNEL_ROWWISE, 1.5),
-        cand(7, STOF_KERNEL_ROWWISE, 1.6), cand(8, STOF_KERNEL_WGMMA, 9.0),
-    };
-    stof_candidate out[8];
-    int m = stof__search_select(r, 8, 2, out, 8);
-    int want[] = {1, 2, 4, 6, 8};
+    fake f;
+    fake_init(&f, 8);
+    const int kinds[8] = {1, 1, 1, 2, 1, 2, 2, 3};
+    for (int i = 0; i < 8; i++)
+        f.spec[i + 1].kind = kinds[i];
+    stof_search_op op = op_of(&f, "stage1");
+    int out[8];
+    int m = stof__search_select(&op, 2, out, 8);
+    const int want[] = {0, 1, 3, 5, 7};
     cr_assert_eq(m, 5);
     for (int i = 0; i < m; i++)
-        cr_assert_eq(out[i].cfg.block_m, want[i]);
-    cr_assert_eq(stof__search_select(r, 8, 2, out, 3), 3);
+        cr_assert_eq(out[i], want[i]);
+    cr_assert_eq(stof__search_select(&op, 2, out, 3), 3);
 }
 
 Test(search, fastest_verified_candidate_wins)
 {
-    stof_context *ctx = NULL;
-    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    stof_context *ctx = ctx_new();
     fake f;
-    memset(&f, 0, sizeof(f));
-    pthread_mutex_init(&f.mu, NULL);
+    fake_init(&f, 7);
     /* 1: model's choice, ok but slow; 2: fastest but wrong; 3: does not
-     * compile; 4: does not load; 5: ok, fast; 6: ok, a bit slower. */
-    f.spec[1] = (fake_spec){0, 0, 1e-4, 2.0};
-    f.spec[2] = (fake_spec){0, 0, 0.5, 0.1};
-    f.spec[3] = (fake_spec){1, 0, 1e-4, 0.05};
-    f.spec[4] = (fake_spec){0, 1, 1e-4, 0.05};
-    f.spec[5] = (fake_spec){0, 0, 3e-3, 0.9};
-    f.spec[6] = (fake_spec){0, 0, NAN, 0.01}; /* NaN never passes */
-    f.spec[7] = (fake_spec){0, 0, 1e-3, 1.0};
-    stof_candidate sel[7];
-    for (int i = 0; i < 7; i++)
-        sel[i] = cand(i + 1, STOF_KERNEL_BLOCK, 0.1 * (i + 1));
-    stof_search_backend b = backend(&f);
-    stof_search_opts o = {.top_k = 8, .threads = 4, .budget_s = 0,
-                          .tolerance = 1e-2};
+     * compile; 4: does not load; 5: ok, fast; 6: NaN; 7: ok, slower. */
+    f.spec[1] = (fake_spec){0, 0, 1e-4, 2.0, 0, 0, 0};
+    f.spec[2] = (fake_spec){0, 0, 0.5, 0.1, 0, 0, 0};
+    f.spec[3] = (fake_spec){1, 0, 1e-4, 0.05, 0, 0, 0};
+    f.spec[4] = (fake_spec){0, 1, 1e-4, 0.05, 0, 0, 0};
+    f.spec[5] = (fake_spec){0, 0, 3e-3, 0.9, 0, 0, 0};
+    f.spec[6] = (fake_spec){0, 0, NAN, 0.01, 0, 0, 0}; /* NaN never passes */
+    f.spec[7] = (fake_spec){0, 0, 1e-3, 1.0, 0, 0, 0};
+    stof_search_op op = op_of(&f, "fake");
+    stof_search_opts o = {.top_k = 8, .threads = 4};
     stof_search_result res;
-    cr_assert_eq(stof__search_run(ctx, sel, 7, &o, &b, &res), STOF_OK, "%s",
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK, "%s",
                  stof_errmsg(ctx));
-    cr_assert_eq(res.winner.cfg.block_m, 5);
+    cr_assert_eq(res.winner, 4, "winner %d", res.winner);
     cr_assert_float_eq(res.winner_ms, 0.9, 1e-12);
     cr_assert_float_eq(res.runner_up_ms, 1.0, 1e-12);
     cr_assert_float_eq(res.model_ms, 2.0, 1e-12);
@@ -166,79 +224,124 @@ Test(search, fastest_verified_candidate_wins)
     cr_assert_not_null(res.winner_art);
     cr_assert_eq(*(int *)res.winner_art, 5);
     cr_assert_gt(f.max_concurrent, 1, "compiles did not run in parallel");
-    free(res.winner_art);
+    stof__search_results_free(&res, 1);
     stof_close(&ctx);
 }
 
 Test(search, nothing_verified_is_an_error)
 {
-    stof_context *ctx = NULL;
-    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    stof_context *ctx = ctx_new();
     fake f;
-    memset(&f, 0, sizeof(f));
-    pthread_mutex_init(&f.mu, NULL);
-    f.spec[1] = (fake_spec){0, 0, 0.2, 1.0};
-    f.spec[2] = (fake_spec){1, 0, 0.0, 1.0};
-    stof_candidate sel[2] = {cand(1, STOF_KERNEL_BLOCK, 1),
-                             cand(2, STOF_KERNEL_BLOCK, 2)};
-    stof_search_backend b = backend(&f);
-    stof_search_opts o = {.top_k = 2, .threads = 2, .tolerance = 1e-2};
+    fake_init(&f, 2);
+    f.spec[1] = (fake_spec){0, 0, 0.2, 1.0, 0, 0, 0};
+    f.spec[2] = (fake_spec){1, 0, 0.0, 1.0, 0, 0, 0};
+    stof_search_op op = op_of(&f, "fake");
+    stof_search_opts o = {.top_k = 2, .threads = 2};
     stof_search_result res;
-    cr_assert_eq(stof__search_run(ctx, sel, 2, &o, &b, &res), STOF_ERR_VERIFY);
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_ERR_VERIFY);
     cr_assert(strstr(stof_errmsg(ctx), "1 failed, 1 rejected"), "%s",
               stof_errmsg(ctx));
+    cr_assert_eq(res.winner, -1);
     cr_assert_null(res.winner_art);
     stof_close(&ctx);
 }
 
 Test(search, budget_stops_timing_but_one_is_always_timed)
 {
-    stof_context *ctx = NULL;
-    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    stof_context *ctx = ctx_new();
     fake f;
-    memset(&f, 0, sizeof(f));
-    pthread_mutex_init(&f.mu, NULL);
+    fake_init(&f, 6);
     f.time_sleep_s = 0.2;
-    stof_candidate sel[6];
-    for (int i = 0; i < 6; i++) {
-        f.spec[i + 1] = (fake_spec){0, 0, 1e-4, 1.0 - 0.1 * i};
-        sel[i] = cand(i + 1, STOF_KERNEL_BLOCK, i);
-    }
-    stof_search_backend b = backend(&f);
-    stof_search_opts o = {.top_k = 6, .threads = 2, .budget_s = 0.05,
-                          .tolerance = 1e-2};
+    for (int i = 0; i < 6; i++)
+        f.spec[i + 1].ms = 1.0 - 0.1 * i;
+    stof_search_op op = op_of(&f, "fake");
+    stof_search_opts o = {.top_k = 6, .threads = 2, .budget_s = 0.05};
     stof_search_result res;
-    cr_assert_eq(stof__search_run(ctx, sel, 6, &o, &b, &res), STOF_OK);
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
     cr_assert_eq(res.n_timed, 1, "timed %d", res.n_timed);
-    cr_assert_eq(res.winner.cfg.block_m, 1);
-    free(res.winner_art);
+    cr_assert_eq(res.winner, 0);
+    stof__search_results_free(&res, 1);
     stof_close(&ctx);
 }
 
 Test(search, deterministic_for_the_same_inputs)
 {
-    stof_context *ctx = NULL;
-    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
-    int first = -1;
+    stof_context *ctx = ctx_new();
     for (int rep = 0; rep < 3; rep++) {
         fake f;
-        memset(&f, 0, sizeof(f));
-        pthread_mutex_init(&f.mu, NULL);
-        stof_candidate sel[5];
-        for (int i = 0; i < 5; i++) {
-            /* Two candidates tie: the earlier (better ranked) one wins. */
-            f.spec[i + 1] = (fake_spec){0, 0, 1e-4, i == 1 || i == 3 ? 0.5 : 1.0};
-            sel[i] = cand(i + 1, STOF_KERNEL_BLOCK, i);
-        }
-        stof_search_backend b = backend(&f);
-        stof_search_opts o = {.top_k = 5, .threads = 3, .tolerance = 1e-2};
+        fake_init(&f, 5);
+        /* Two candidates tie: the earlier (better ranked) one wins. */
+        for (int i = 0; i < 5; i++)
+            f.spec[i + 1].ms = i == 1 || i == 3 ? 0.5 : 1.0;
+        stof_search_op op = op_of(&f, "fake");
+        stof_search_opts o = {.top_k = 5, .threads = 3};
         stof_search_result res;
-        cr_assert_eq(stof__search_run(ctx, sel, 5, &o, &b, &res), STOF_OK);
-        if (first < 0)
-            first = res.winner.cfg.block_m;
-        cr_assert_eq(res.winner.cfg.block_m, first);
-        cr_assert_eq(first, 2);
-        free(res.winner_art);
+        cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+        cr_assert_eq(res.winner, 1);
+        stof__search_results_free(&res, 1);
     }
+    stof_close(&ctx);
+}
+
+Test(search, operations_share_one_pool_and_identical_kernels)
+{
+    stof_context *ctx = ctx_new();
+    fake a, b, c;
+    fake_init(&a, 3);
+    fake_init(&b, 3);
+    fake_init(&c, 2);
+    /* a's 2nd and b's 1st are the same kernel; c fails entirely. */
+    a.spec[2].key = 77;
+    b.spec[1].key = 77;
+    a.spec[2].ms = 0.2;
+    b.spec[3].ms = 0.3;
+    c.spec[1].compile_fails = 1;
+    c.spec[2].err = 1.0;
+    stof_search_op ops[3] = {op_of(&a, "a"), op_of(&b, "b"), op_of(&c, "c")};
+    stof_search_opts o = {.top_k = 8, .threads = 4};
+    stof_search_result res[3];
+    cr_assert_eq(stof__search_run(ctx, ops, 3, &o, res), STOF_ERR_VERIFY);
+    cr_assert(strstr(stof_errmsg(ctx), "search c"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(a.compiles + b.compiles, 5, "a shared kernel compiled twice");
+    cr_assert_eq(res[0].winner, 1);
+    cr_assert_eq(res[1].winner, 2);
+    cr_assert_eq(res[2].winner, -1, "the failing operation has no winner");
+    cr_assert_eq(*(int *)res[0].winner_art, 2);
+    stof__search_results_free(res, 3);
+    stof_close(&ctx);
+}
+
+Test(search, model_only_compiles_the_first_choice_and_times_nothing)
+{
+    stof_context *ctx = ctx_new();
+    fake f;
+    fake_init(&f, 4);
+    stof_search_op op = op_of(&f, "fake");
+    stof_search_opts o = {.top_k = 4, .threads = 2, .model_only = 1};
+    stof_search_result res;
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert_eq(res.winner, 0);
+    cr_assert_eq(f.compiles, 1);
+    cr_assert_eq(f.loads + f.verifies + f.times, 0);
+    cr_assert_eq(res.winner_ms, 0.0);
+    stof__search_results_free(&res, 1);
+    stof_close(&ctx);
+}
+
+Test(search, a_candidate_without_compile_can_win)
+{
+    stof_context *ctx = ctx_new();
+    fake f;
+    fake_init(&f, 3);
+    f.spec[3].no_art = 1; /* a library's algorithm */
+    f.spec[3].kind = 1;
+    f.spec[3].ms = 0.1;
+    stof_search_op op = op_of(&f, "fake");
+    stof_search_opts o = {.top_k = 4, .threads = 2};
+    stof_search_result res;
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert_eq(res.winner, 2);
+    cr_assert_null(res.winner_art);
+    stof__search_results_free(&res, 1);
     stof_close(&ctx);
 }

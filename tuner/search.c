@@ -1,5 +1,5 @@
 /*
- * search.c - stage 1 selection and the stage 2 engine (search.h).
+ * search.c - the two-stage search engine (search.h) and the compile pool.
  */
 #include "search.h"
 
@@ -11,31 +11,17 @@
 #include <unistd.h>
 #include <uv.h>
 
-void stof__candidate_str(const stof_candidate *c, char *buf, size_t n)
+int stof__search_select(const stof_search_op *op, int top_k, int *out,
+                        int max)
 {
-    static const char *const kinds[] = {"reference", "block", "rowwise",
-                                        "wgmma", "wgmma-gather"};
-    const char *k = c->kind >= 0 && c->kind < 5 ? kinds[c->kind] : "?";
-    if (c->kind == STOF_KERNEL_REFERENCE)
-        snprintf(buf, n, "%s", k);
-    else if (c->group > 1)
-        snprintf(buf, n, "%s %dx%d w%d s%d rows%%%d", k, c->cfg.block_m,
-                 c->cfg.block_n, c->cfg.warps, c->cfg.stages, c->group);
-    else
-        snprintf(buf, n, "%s %dx%d w%d s%d", k, c->cfg.block_m, c->cfg.block_n,
-                 c->cfg.warps, c->cfg.stages);
-}
-
-int stof__search_select(const stof_candidate *ranked, int n, int top_k,
-                        stof_candidate *out, int max)
-{
-    int per_kind[8] = {0}, m = 0;
-    for (int i = 0; i < n && m < max; i++) {
-        int k = ranked[i].kind;
-        if (k < 0 || k >= 8 || per_kind[k] >= top_k)
+    enum { KINDS = 16 };
+    int per_kind[KINDS] = {0}, m = 0;
+    for (int i = 0; i < op->n && m < max; i++) {
+        int k = op->kind(op->user, i);
+        if (k < 0 || k >= KINDS || per_kind[k] >= top_k)
             continue;
         per_kind[k]++;
-        out[m++] = ranked[i];
+        out[m++] = i;
     }
     return m;
 }
@@ -44,7 +30,7 @@ static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* libuv's pool size is read once per process from UV_THREADPOOL_SIZE, at
@@ -110,10 +96,13 @@ void stof__pool_run(int threads, int n, void (*fn)(void *user, int i),
     free(items);
 }
 
-/* One compile job. */
+/* One compile: candidate `cand` of operation `op`. Jobs with the same
+ * nonzero key share the artifact of the first of them (`same_as`). */
 typedef struct job {
-    const stof_search_backend *b;
-    const stof_candidate *c;
+    const stof_search_op *op;
+    int cand;
+    uint64_t key;
+    int same_as;          /* index of the job that compiles it, or -1 */
     void *art;
     size_t art_size;
     int rc;
@@ -122,120 +111,139 @@ typedef struct job {
 
 static void job_run(void *user, int i)
 {
-    job *j = (job *)user + i;
-    j->rc = j->b->compile(j->b->user, j->c, &j->art, &j->art_size, j->err,
-                          sizeof(j->err));
+    job *j = ((job **)user)[i];
+    j->rc = j->op->compile(j->op->user, j->cand, &j->art, &j->art_size, j->err,
+                           sizeof(j->err));
 }
 
-stof_status stof__search_run(stof_context *ctx, const stof_candidate *sel,
-                             int n, const stof_search_opts *o,
-                             const stof_search_backend *b,
-                             stof_search_result *res)
+/* Stage 1 for every operation: the jobs, ops' kept candidates in rank
+ * order, one after the other. *first[i] is operation i's first job. */
+static job *select_all(const stof_search_op *ops, int n_ops,
+                       const stof_search_opts *o, int *first, int *n_jobs)
 {
-    memset(res, 0, sizeof(*res));
-    res->n_selected = n;
-    if (n <= 0)
-        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
-                          "search: no candidates");
-    job *jobs = calloc((size_t)n, sizeof(*jobs));
-    if (!jobs)
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                          "out of memory starting the search");
-    const double t0 = now_s();
-
-    /* Compile every candidate in parallel (or take the precompiled). */
-    int to_compile = 0;
-    for (int i = 0; i < n; i++) {
-        jobs[i].b = b;
-        jobs[i].c = &sel[i];
-        if (o->pre_art && o->pre_art[i]) {
-            jobs[i].art = malloc(o->pre_size[i]);
-            if (!jobs[i].art) {
-                jobs[i].rc = -1;
-                snprintf(jobs[i].err, sizeof(jobs[i].err), "out of memory");
-            } else {
-                memcpy(jobs[i].art, o->pre_art[i], o->pre_size[i]);
-                jobs[i].art_size = o->pre_size[i];
-            }
-        } else {
-            jobs[i].rc = -2; /* to compile */
-            to_compile++;
+    int total = 0;
+    for (int i = 0; i < n_ops; i++)
+        total += ops[i].n;
+    job *jobs = calloc((size_t)(total > 0 ? total : 1), sizeof(*jobs));
+    int *idx = malloc(sizeof(int) * (size_t)(total > 0 ? total : 1));
+    if (!jobs || !idx) {
+        free(jobs);
+        free(idx);
+        return NULL;
+    }
+    int nj = 0;
+    for (int i = 0; i < n_ops; i++) {
+        first[i] = nj;
+        int k = o->model_only ? (ops[i].n > 0)
+                              : stof__search_select(&ops[i], o->top_k, idx,
+                                                    total);
+        for (int c = 0; c < k; c++) {
+            job *j = &jobs[nj++];
+            j->op = &ops[i];
+            j->cand = o->model_only ? 0 : idx[c];
+            j->key = ops[i].art_key ? ops[i].art_key(ops[i].user, j->cand) : 0;
+            j->same_as = -1;
+            for (int p = 0; j->key && p < nj - 1; p++)
+                if (jobs[p].key == j->key && jobs[p].same_as < 0) {
+                    j->same_as = p;
+                    break;
+                }
         }
     }
-    if (to_compile) {
-        /* Only the jobs marked -2 are compiled. */
-        job *pending = calloc((size_t)to_compile, sizeof(*pending));
-        if (!pending) {
-            free(jobs);
-            return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                              "out of memory starting the search");
-        }
-        for (int i = 0, k = 0; i < n; i++)
-            if (jobs[i].rc == -2)
-                pending[k++] = jobs[i];
-        stof__pool_run(o->threads, to_compile, job_run, pending);
-        for (int i = 0, k = 0; i < n; i++)
-            if (jobs[i].rc == -2)
-                jobs[i] = pending[k++];
-        free(pending);
-    }
-    stof__log(ctx, STOF_LOG_INFO,
-              "search: compiled %d candidates (%d precompiled) in %.2f s",
-              to_compile, n - to_compile, now_s() - t0);
+    first[n_ops] = nj;
+    free(idx);
+    *n_jobs = nj;
+    return jobs;
+}
 
-    /* Load, verify and time them in rank order, on this thread. */
-    int best = -1, second = -1;
+/* Compile every job that owns its artifact, in one pool. */
+static int compile_all(job *jobs, int nj, int threads)
+{
+    job **todo = malloc(sizeof(job *) * (size_t)(nj > 0 ? nj : 1));
+    if (!todo)
+        return -1;
+    int n = 0;
+    for (int i = 0; i < nj; i++)
+        if (jobs[i].same_as < 0)
+            todo[n++] = &jobs[i];
+    stof__pool_run(threads, n, job_run, todo);
+    free(todo);
+    return n;
+}
+
+/* The artifact of job j (its own, or the one it shares). */
+static const job *art_of(const job *jobs, const job *j)
+{
+    return j->same_as >= 0 ? &jobs[j->same_as] : j;
+}
+
+/* Stage 2 for one operation over its jobs [a, b). */
+static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
+                   int a, int b, const stof_search_opts *o, double t0,
+                   stof_search_result *res)
+{
     double best_ms = INFINITY, second_ms = INFINITY;
-    for (int i = 0; i < n; i++) {
-        char name[64], err[1024] = "";
-        stof__candidate_str(&sel[i], name, sizeof(name));
-        if (o->budget_s > 0 && res->n_timed > 0 &&
+    int best = -1, second = -1;
+    res->winner = -1;
+    res->n_selected = b - a;
+    for (int i = a; i < b; i++) {
+        const job *j = &jobs[i];
+        const job *aj = art_of(jobs, j);
+        char name[128], err[1024] = "";
+        op->describe(op->user, j->cand, name, sizeof(name));
+        if (!o->model_only && o->budget_s > 0 && res->n_timed > 0 &&
             now_s() - t0 > o->budget_s) {
             stof__log(ctx, STOF_LOG_INFO,
-                      "search: budget of %.1f s reached after %d of %d "
+                      "search %s: budget of %.1f s reached after %d of %d "
                       "candidates",
-                      o->budget_s, i, n);
+                      op->name, o->budget_s, i - a, b - a);
             break;
         }
-        if (jobs[i].rc != 0) {
+        if (aj->rc != 0) {
             res->n_failed++;
-            stof__log(ctx, STOF_LOG_WARN, "search: %s did not compile: %s",
-                      name, jobs[i].err);
+            stof__log(ctx, STOF_LOG_WARN, "search %s: %s did not compile: %s",
+                      op->name, name, aj->err);
             continue;
         }
+        if (o->model_only) {
+            best = i;
+            break;
+        }
         void *h = NULL;
-        if (b->load(b->user, &sel[i], jobs[i].art, jobs[i].art_size, &h, err,
-                    sizeof(err)) != 0) {
+        if (op->load(op->user, j->cand, aj->art, aj->art_size, &h, err,
+                     sizeof(err)) != 0) {
             res->n_failed++;
-            stof__log(ctx, STOF_LOG_WARN, "search: %s did not load: %s", name,
-                      err);
+            stof__log(ctx, STOF_LOG_WARN, "search %s: %s did not load: %s",
+                      op->name, name, err);
             continue;
         }
         double rel = INFINITY, ms = INFINITY;
-        int rc = b->verify(b->user, h, &rel, err, sizeof(err));
-        if (rc != 0 || !(rel <= o->tolerance)) {
+        int rc = op->verify(op->user, h, &rel, err, sizeof(err));
+        if (rc != 0 || !(rel <= op->tolerance)) {
             res->n_rejected++;
             stof__log(ctx, STOF_LOG_WARN,
-                      "search: %s rejected: %s (relative error %.3g, "
+                      "search %s: %s rejected: %s (relative error %.3g, "
                       "tolerance %.3g)",
-                      name, rc ? err : "wrong result", rel, o->tolerance);
-            b->unload(b->user, h);
+                      op->name, name, rc ? err : "wrong result", rel,
+                      op->tolerance);
+            op->unload(op->user, h);
             continue;
         }
-        rc = b->time(b->user, h, &ms, err, sizeof(err));
-        b->unload(b->user, h);
+        rc = op->time(op->user, h, &ms, err, sizeof(err));
+        op->unload(op->user, h);
         if (rc != 0 || !isfinite(ms)) {
             res->n_failed++;
-            stof__log(ctx, STOF_LOG_WARN, "search: %s could not be timed: %s",
-                      name, err);
+            stof__log(ctx, STOF_LOG_WARN,
+                      "search %s: %s could not be timed: %s", op->name, name,
+                      err);
             continue;
         }
         res->n_timed++;
-        if (i == 0)
+        if (j->cand == 0)
             res->model_ms = ms;
         stof__log(ctx, STOF_LOG_INFO,
-                  "search: %-22s %8.4f ms (model %.4f ms, error %.2e)", name,
-                  ms, sel[i].predicted_ms, rel);
+                  "search %s: %-24s %8.4f ms (model %.4f ms, error %.2e)",
+                  op->name, name, ms, op->model_ms(op->user, j->cand), rel);
         if (ms < best_ms) {
             second = best;
             second_ms = best_ms;
@@ -246,29 +254,81 @@ stof_status stof__search_run(stof_context *ctx, const stof_candidate *sel,
             second_ms = ms;
         }
     }
-    stof_status st = STOF_OK;
-    if (best < 0) {
-        st = stof__fail(ctx, STOF_ERR_VERIFY,
-                        "search: none of %d candidates compiled, passed "
-                        "verification and was timed (%d failed, %d rejected)",
-                        n, res->n_failed, res->n_rejected);
-    } else {
-        res->winner = sel[best];
-        res->winner_ms = best_ms;
-        res->runner_up_ms = second >= 0 ? second_ms : 0.0;
-        res->winner_art = jobs[best].art;
-        res->winner_art_size = jobs[best].art_size;
-        jobs[best].art = NULL;
-        char name[64];
-        stof__candidate_str(&res->winner, name, sizeof(name));
-        stof__log(ctx, STOF_LOG_INFO,
-                  "search: winner %s, %.4f ms (%d timed, %d rejected, %d "
-                  "failed, %.2f s)",
-                  name, best_ms, res->n_timed, res->n_rejected, res->n_failed,
-                  now_s() - t0);
+    if (best < 0)
+        return;
+    const job *w = &jobs[best];
+    const job *aw = art_of(jobs, w);
+    res->winner = w->cand;
+    res->winner_ms = o->model_only ? 0.0 : best_ms;
+    res->runner_up_ms = second >= 0 ? second_ms : 0.0;
+    if (aw->art) {
+        res->winner_art = malloc(aw->art_size);
+        if (res->winner_art) {
+            memcpy(res->winner_art, aw->art, aw->art_size);
+            res->winner_art_size = aw->art_size;
+        } else {
+            res->winner = -1; /* out of memory: no usable winner */
+        }
     }
-    for (int i = 0; i < n; i++)
+    if (res->winner >= 0 && !o->model_only) {
+        char name[128];
+        op->describe(op->user, w->cand, name, sizeof(name));
+        stof__log(ctx, STOF_LOG_INFO,
+                  "search %s: winner %s, %.4f ms (%d timed, %d rejected, %d "
+                  "failed)",
+                  op->name, name, best_ms, res->n_timed, res->n_rejected,
+                  res->n_failed);
+    }
+}
+
+stof_status stof__search_run(stof_context *ctx, const stof_search_op *ops,
+                             int n_ops, const stof_search_opts *o,
+                             stof_search_result *res)
+{
+    memset(res, 0, sizeof(*res) * (size_t)(n_ops > 0 ? n_ops : 0));
+    for (int i = 0; i < n_ops; i++)
+        res[i].winner = -1;
+    if (n_ops <= 0)
+        return STOF_OK;
+    int *first = malloc(sizeof(int) * (size_t)(n_ops + 1));
+    int nj = 0;
+    job *jobs = first ? select_all(ops, n_ops, o, first, &nj) : NULL;
+    if (!jobs) {
+        free(first);
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory starting the search");
+    }
+    const double t0 = now_s();
+    const int compiled = compile_all(jobs, nj, o->threads);
+    stof__log(ctx, STOF_LOG_INFO,
+              "search: %d operation%s, %d candidates, %d compiled in %.2f s",
+              n_ops, n_ops == 1 ? "" : "s", nj, compiled < 0 ? 0 : compiled,
+              now_s() - t0);
+    stof_status st = compiled < 0 ? stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                                               "out of memory compiling")
+                                  : STOF_OK;
+    for (int i = 0; compiled >= 0 && i < n_ops; i++) {
+        run_op(ctx, &ops[i], jobs, first[i], first[i + 1], o, t0, &res[i]);
+        if (res[i].winner < 0 && st == STOF_OK)
+            st = stof__fail(ctx, STOF_ERR_VERIFY,
+                            "search %s: none of %d candidates compiled, "
+                            "passed verification and was timed (%d failed, "
+                            "%d rejected)",
+                            ops[i].name, res[i].n_selected, res[i].n_failed,
+                            res[i].n_rejected);
+    }
+    for (int i = 0; i < nj; i++)
         free(jobs[i].art);
     free(jobs);
+    free(first);
     return st;
+}
+
+void stof__search_results_free(stof_search_result *res, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(res[i].winner_art);
+        res[i].winner_art = NULL;
+        res[i].winner_art_size = 0;
+    }
 }

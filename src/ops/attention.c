@@ -1,15 +1,12 @@
 /*
- * attention.c - attention descriptors and plans. A plan owns everything a
- * launch needs on the device (the mask bits, the loaded module) so that
- * stof_attention_run only enqueues a kernel.
+ * attention.c - attention descriptors and the plan object: checking a
+ * descriptor, preparing a plan's device data (formats, mask bits), loading
+ * its kernel, running and describing it. A plan owns everything a launch
+ * needs on the device so that stof_attention_run only enqueues a kernel.
+ * How a plan's kernel is chosen (the database, the search) is in
+ * attention_plan.c.
  */
-#include "attn_block.h"
-#include "internal.h"
-#include "cost_model.h"
-#include "db.h"
-#include "gpu_backend.h"
-#include "record_check.h"
-#include "search.h"
+#include "attention_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,42 +26,6 @@ typedef struct stof_attn_params {
 _Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
                "stof_attn_params must match stof_common.cuh");
 
-#define REF_WARPS 4 /* STOF_REF_WARPS in attn_reference.cu */
-
-struct stof_plan {
-    stof_context *ctx;
-    int kind;                 /* STOF_KERNEL_* */
-    stof_block_cfg cfg;       /* block / row-wise kernels */
-    stof_wgmma_cfg wcfg;      /* wgmma kernel */
-    stof_block_format bf;     /* block / wgmma kernels: the device tile BSR */
-    stof_rowwise_format rf;   /* row-wise kernel: compacted key tiles */
-    CUdeviceptr d_row_order;  /* wgmma kernels: row blocks, heaviest first */
-    int group;                /* row grouping period (row-wise kinds) */
-    CUdeviceptr d_q_rows;     /* with group > 1: query row of each format
-                                 row (int32[seq_q]) */
-    double predicted_ms;      /* cost model; 0 for the reference kernel */
-    int n_candidates;         /* candidates ranked (stage 1) / timed */
-    const char *source;       /* "compiled", "tuned", "user db", "system db",
-                                 "fallback" */
-    double time_ms;           /* measured by the search, or 0 */
-    double runner_up_ms, model_ms;
-    char key[33];             /* tuning-database key */
-    stof_attention_desc desc;
-    float scale;
-    char mask_hex[33];
-    double mask_density;
-    int mask_words;
-    CUdeviceptr d_mask;
-    CUmodule module;
-    CUfunction fn;
-    unsigned grid[3], block[3];
-    char arch[16];
-    double compile_ms, load_ms;
-    double verify_ms;         /* the first use of a record on this host:
-                                 the time its check took (0: none) */
-    char errmsg[1024];
-};
-
 static int all_zero(const uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -73,7 +34,7 @@ static int all_zero(const uint8_t *p, size_t n)
     return 1;
 }
 
-static double now_ms(void)
+double stof__now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -172,7 +133,8 @@ static stof_status check_strides(stof_context *ctx, const char *name,
 
 /* Validate a descriptor against a mask; on success *scale is the scale to
  * use. Messages name the offending field. */
-static stof_status check_desc(stof_context *ctx, const stof_attention_desc *d,
+stof_status stof__attention_check_desc(stof_context *ctx,
+                                       const stof_attention_desc *d,
                               const stof_mask *m, float *scale)
 {
     STOF_CHECK_ARG(ctx, d, "desc is NULL");
@@ -225,7 +187,7 @@ static stof_status check_desc(stof_context *ctx, const stof_attention_desc *d,
 
 /* The effective descriptor: for BHSD/BSHD the strides follow the layout,
  * whatever the fields held. */
-static void normalise_desc(stof_attention_desc *d)
+void stof__attention_normalise(stof_attention_desc *d)
 {
     if (d->layout == STOF_LAYOUT_STRIDED)
         return;
@@ -239,7 +201,7 @@ static void normalise_desc(stof_attention_desc *d)
                        d->head_dim);
 }
 
-static void plan_release(stof_plan *p)
+void stof__plan_release(stof_plan *p)
 {
     if (!p)
         return;
@@ -261,7 +223,7 @@ static void plan_release(stof_plan *p)
     free(p);
 }
 
-static const char *kind_name(int kind)
+const char *stof__kernel_kind_name(int kind)
 {
     switch (kind) {
     case STOF_KERNEL_BLOCK:
@@ -317,7 +279,7 @@ stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
 static stof_status plan_attach(stof_context *ctx, stof_plan *p,
                                const void *cubin)
 {
-    const double t0 = now_ms();
+    const double t0 = stof__now_ms();
     stof_status st;
     switch (p->kind) {
     case STOF_KERNEL_BLOCK:
@@ -340,7 +302,7 @@ static stof_status plan_attach(stof_context *ctx, stof_plan *p,
         p->grid[2] = 1;
         break;
     }
-    p->load_ms = now_ms() - t0;
+    p->load_ms = stof__now_ms() - t0;
     snprintf(p->arch, sizeof(p->arch), "%s",
              p->kind >= STOF_KERNEL_WGMMA ? "sm_90a" : ctx->device.arch);
     return st;
@@ -445,7 +407,7 @@ static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
 {
     *out = NULL;
     float scale = 0.0f;
-    stof_status st = check_desc(ctx, d, m, &scale);
+    stof_status st = stof__attention_check_desc(ctx, d, m, &scale);
     if (st != STOF_OK)
         return st;
     if (!ctx->device.ok)
@@ -462,7 +424,7 @@ static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
                           "out of memory allocating a plan");
     p->ctx = ctx;
     p->desc = *d;
-    normalise_desc(&p->desc);
+    stof__attention_normalise(&p->desc);
     p->scale = scale;
     p->mask_words = m->words_per_row;
     p->mask_density = stof_mask_density(m);
@@ -481,7 +443,7 @@ static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
     st = c->kind == STOF_KERNEL_REFERENCE ? prepare_reference(ctx, p, m)
                                           : prepare_tiles(ctx, p, m);
     if (st != STOF_OK) {
-        plan_release(p);
+        stof__plan_release(p);
         return st;
     }
     *out = p;
@@ -503,7 +465,7 @@ stof_status stof__plan_from_cubin(stof_context *ctx,
     if (st != STOF_OK)
         return st;
     if ((st = plan_attach(ctx, p, cubin)) != STOF_OK) {
-        plan_release(p);
+        stof__plan_release(p);
         return st;
     }
     *out = p;
@@ -555,7 +517,7 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
     *out = NULL;
     float scale;
-    stof_status st = check_desc(ctx, d, m, &scale);
+    stof_status st = stof__attention_check_desc(ctx, d, m, &scale);
     if (st != STOF_OK)
         return st;
     stof_candidate pick;
@@ -565,7 +527,7 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
         pick = *choice;
     } else if (ctx->device.ok) {
         stof_attention_desc nd = *d;
-        normalise_desc(&nd);
+        stof__attention_normalise(&nd);
         st = stof__cost_rank(ctx, &nd, m, &pick, 1, &ranked);
         if (st == STOF_ERR_UNSUPPORTED)
             pick.kind = STOF_KERNEL_REFERENCE; /* e.g. head_dim 40 */
@@ -578,666 +540,19 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     p->n_candidates = ranked;
     void *cubin = NULL;
     size_t size = 0;
-    const double t0 = now_ms();
+    const double t0 = stof__now_ms();
     st = compile_for_plan(ctx, &pick, d->head_dim, d->dtype, &cubin, &size);
-    p->compile_ms = now_ms() - t0;
+    p->compile_ms = stof__now_ms() - t0;
     if (st == STOF_OK)
         st = plan_attach(ctx, p, cubin);
     free(cubin);
     if (st != STOF_OK) {
-        plan_release(p);
+        stof__plan_release(p);
         return st;
     }
     if (pick.kind == STOF_KERNEL_REFERENCE && !choice)
         p->source = "fallback";
     *out = p;
-    return stof__ok(ctx);
-}
-
-/* --- the tuning database ----------------------------------------------- */
-
-stof_db *stof__ctx_db(stof_context *ctx)
-{
-    if (!ctx->db_tried) {
-        ctx->db_tried = 1;
-        if (stof__db_open(ctx, ctx->user_db,
-                          (const char *const *)ctx->system_dbs,
-                          &ctx->db) != STOF_OK)
-            stof__log(ctx, STOF_LOG_WARN, "tuning database unavailable: %s",
-                      stof_errmsg(ctx));
-    }
-    return ctx->db;
-}
-
-static const char *dtype_name(stof_dtype t)
-{
-    return t == STOF_DTYPE_FP16 ? "fp16" : "bf16";
-}
-
-static const char *layout_str(stof_layout l)
-{
-    return l == STOF_LAYOUT_BHSD ? "BHSD" : l == STOF_LAYOUT_BSHD ? "BSHD"
-                                                                  : "strided";
-}
-
-/* A candidate's configuration as the JSON stored in records, and back. */
-static void cand_to_json(const stof_candidate *c, char *buf, size_t n)
-{
-    snprintf(buf, n,
-             "{\"kind\":\"%s\",\"block_m\":%d,\"block_n\":%d,\"warps\":%d,"
-             "\"stages\":%d,\"overlap\":%d,\"group\":%d}",
-             kind_name(c->kind), c->cfg.block_m, c->cfg.block_n, c->cfg.warps,
-             c->cfg.stages, c->wcfg.overlap, c->group);
-}
-
-static int json_int(const char *js, const char *name, int *out)
-{
-    char pat[40];
-    snprintf(pat, sizeof(pat), "\"%s\":", name);
-    const char *q = strstr(js, pat);
-    return q && sscanf(q + strlen(pat), "%d", out) == 1;
-}
-
-int stof__attention_record_candidate(const stof_db_record *r,
-                                     stof_candidate *c, char *why, size_t n)
-{
-    memset(c, 0, sizeof(*c));
-    if (strcmp(r->op, "attention") != 0)
-        return stof__why(why, n, "not an attention record");
-    if (!strcmp(r->kernel, "block"))
-        c->kind = STOF_KERNEL_BLOCK;
-    else if (!strcmp(r->kernel, "rowwise"))
-        c->kind = STOF_KERNEL_ROWWISE;
-    else if (!strcmp(r->kernel, "wgmma"))
-        c->kind = STOF_KERNEL_WGMMA;
-    else if (!strcmp(r->kernel, "wgmma-gather"))
-        c->kind = STOF_KERNEL_WGMMA_GATHER;
-    else if (!strcmp(r->kernel, "reference"))
-        c->kind = STOF_KERNEL_REFERENCE;
-    else
-        return stof__why(why, n, "unknown attention kernel");
-    int ok = json_int(r->config, "block_m", &c->cfg.block_m) &&
-             json_int(r->config, "block_n", &c->cfg.block_n) &&
-             json_int(r->config, "warps", &c->cfg.warps) &&
-             json_int(r->config, "stages", &c->cfg.stages) &&
-             json_int(r->config, "overlap", &c->wcfg.overlap) &&
-             json_int(r->config, "group", &c->group);
-    if (!ok)
-        return stof__why(why, n, "unreadable kernel configuration");
-    c->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
-    c->wcfg.block_n = c->cfg.block_n;
-    c->wcfg.stages = c->cfg.stages;
-    c->wcfg.block_m = c->cfg.block_m;
-    c->wcfg.gather = c->kind == STOF_KERNEL_WGMMA_GATHER;
-    c->predicted_ms = r->model_ms;
-    /* Parameters in range for the kernel (no device: shared memory is
-     * checked when the cubin is loaded). */
-    if (c->group < 0 || c->group > 16)
-        return stof__why(why, n, "row group %d is out of range", c->group);
-    if (r->head_dim < 1 || r->head_dim > 256 || r->batch < 1 ||
-        r->heads < 1 || r->seq_q < 1 || r->seq_k < 1)
-        return stof__why(why, n, "problem sizes out of range");
-    char cw[200];
-    switch (c->kind) {
-    case STOF_KERNEL_BLOCK:
-    case STOF_KERNEL_ROWWISE:
-        if (!stof__block_cfg_valid(NULL, r->head_dim, &c->cfg, cw,
-                                   sizeof(cw)))
-            return stof__why(why, n, "invalid %s configuration: %s",
-                             r->kernel, cw);
-        break;
-    case STOF_KERNEL_WGMMA:
-    case STOF_KERNEL_WGMMA_GATHER:
-        if (!stof__wgmma_cfg_valid(NULL, r->head_dim, &c->wcfg, cw,
-                                   sizeof(cw)))
-            return stof__why(why, n, "invalid %s configuration: %s",
-                             r->kernel, cw);
-        if (strcmp(r->arch, "sm_90a") != 0)
-            return stof__why(why, n, "a %s kernel must be built for sm_90a",
-                             r->kernel);
-        break;
-    default:
-        break;
-    }
-    return 1;
-}
-
-static void fill_record(stof_context *ctx, const stof_attention_desc *d,
-                        const stof_mask *m, const char *key,
-                        const char *mask_hex,
-                        const stof_search_result *res,
-                        const stof_search_opts *o, uint64_t seed,
-                        stof_db_record *r)
-{
-    memset(r, 0, sizeof(*r));
-    const stof_device *dev = &ctx->device;
-    snprintf(r->key, sizeof(r->key), "%s", key);
-    snprintf(r->op, sizeof(r->op), "attention");
-    snprintf(r->mask_digest, sizeof(r->mask_digest), "%s", mask_hex);
-    if (m->spec)
-        snprintf(r->mask_spec, sizeof(r->mask_spec), "%s", m->spec);
-    r->batch = d->batch;
-    r->heads = d->heads;
-    r->seq_q = d->seq_q;
-    r->seq_k = d->seq_k;
-    r->head_dim = d->head_dim;
-    snprintf(r->dtype, sizeof(r->dtype), "%s", dtype_name(d->dtype));
-    snprintf(r->layout, sizeof(r->layout), "%s", layout_str(d->layout));
-    stof__db_record_env(ctx, r);
-    snprintf(r->kernel, sizeof(r->kernel), "%s", kind_name(res->winner.kind));
-    cand_to_json(&res->winner, r->config, sizeof(r->config));
-    snprintf(r->arch, sizeof(r->arch), "%s",
-             res->winner.kind >= STOF_KERNEL_WGMMA ? "sm_90a" : dev->arch);
-    r->cubin = res->winner_art;
-    r->cubin_size = res->winner_art_size;
-    r->time_ms = res->winner_ms;
-    r->runner_up_ms = res->runner_up_ms;
-    r->model_ms = res->model_ms;
-    r->n_candidates = res->n_timed;
-    r->verified = 1;
-    snprintf(r->measured, sizeof(r->measured),
-             "{\"method\":\"cuda events, median, L2 flushed\","
-             "\"candidates\":%d,\"rejected\":%d,\"failed\":%d,"
-             "\"tolerance\":%g,\"seed\":%llu}",
-             res->n_selected, res->n_rejected, res->n_failed, o->tolerance,
-             (unsigned long long)seed);
-}
-
-enum { MAX_RANKED = 512, MAX_SELECTED = 32 };
-
-/* Stage 1 for one problem: the candidates to time, into sel (at most
- * MAX_SELECTED); *k is their number. */
-static stof_status select_candidates(stof_context *ctx,
-                                     const stof_attention_desc *d,
-                                     const stof_mask *m, int top_k,
-                                     stof_candidate *sel, int *k)
-{
-    *k = 0;
-    stof_candidate *ranked = malloc(sizeof(*ranked) * MAX_RANKED);
-    if (!ranked)
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
-    int n = 0;
-    stof_status st = stof__cost_rank(ctx, d, m, ranked, MAX_RANKED, &n);
-    if (st == STOF_OK) {
-        *k = stof__search_select(ranked, n, top_k, sel, MAX_SELECTED);
-        stof__log(ctx, STOF_LOG_INFO,
-                  "tuning attention %dx%dx%dx%d d=%d %s: %d candidates "
-                  "ranked, %d kept",
-                  d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
-                  dtype_name(d->dtype), n, *k);
-    }
-    free(ranked);
-    return st;
-}
-
-/* Stage 2 for one problem over sel (o->pre_art may hold precompiled
- * cubins). On success *res owns the winner's cubin. */
-static stof_status search_problem(stof_context *ctx,
-                                  const stof_attention_desc *d,
-                                  const stof_mask *m, const stof_candidate *sel,
-                                  int k, const stof_search_opts *o,
-                                  uint64_t seed, stof_search_result *res)
-{
-    stof_gpu_backend *gb = NULL;
-    stof_status st = stof__gpu_backend_new(ctx, d, m, seed,
-                                           ctx->settings.tuning_reps, &gb);
-    if (st != STOF_OK)
-        return st;
-    stof_search_backend ops = stof__gpu_backend_ops(gb);
-    st = stof__search_run(ctx, sel, k, o, &ops, res);
-    stof__gpu_backend_free(&gb);
-    return st;
-}
-
-/* Validate and normalise a problem, compute its key; NO_DEVICE without a
- * GPU. */
-static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
-                              const stof_mask *m, stof_attention_desc *nd,
-                              char mask_hex[33], char key[33])
-{
-    float scale;
-    stof_status st = check_desc(ctx, d, m, &scale);
-    if (st != STOF_OK)
-        return st;
-    if (!ctx->device.ok)
-        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
-                          "stof_attention_plan needs a GPU: %s",
-                          ctx->device.why[0] ? ctx->device.why
-                                             : "no usable CUDA device");
-    *nd = *d;
-    normalise_desc(nd);
-    stof_mask_digest(m, NULL, mask_hex);
-    stof__attention_key(ctx, nd, mask_hex, key, NULL, 0);
-    return STOF_OK;
-}
-
-/* Whether candidate c's kernel can run with nd's strides. The key does
- * not name the layout (problem_key.c), so a record tuned with one layout
- * serves others; only the gather kernels limit strides (K/V row offsets
- * in 16-byte units must fit 32 bits), as the cost model does when it
- * ranks them. */
-static int kernel_takes_strides(const stof_candidate *c,
-                                const stof_attention_desc *nd)
-{
-    if (c->kind != STOF_KERNEL_ROWWISE && c->kind != STOF_KERNEL_WGMMA_GATHER)
-        return 1;
-    const int64_t s = nd->k_stride[2] > nd->v_stride[2] ? nd->k_stride[2]
-                                                        : nd->v_stride[2];
-    return (double)(nd->seq_k - 1) * (double)s / 8.0 < 4294967296.0;
-}
-
-/* The search's verification tolerance (relative error). */
-#define VERIFY_TOLERANCE 1e-2
-
-/* Check a plan made from a database record on this GPU before its first
- * real use: run it on seeded random inputs for one batch element and up
- * to two heads (the kernel's code is the same for every (batch, head); two
- * heads exercise the head offsets) over the whole sequence, and compare
- * every output row with the reference kernel. 1 when it matches (rel_err
- * within the search's tolerance), else 0 with the reason in why. */
-static int verify_here(stof_context *ctx, const stof_plan *p,
-                       const stof_mask *m, char *why, size_t n)
-{
-    stof_attention_desc vd = p->desc;
-    vd.batch = 1;
-    vd.heads = p->desc.heads < 2 ? p->desc.heads : 2;
-    vd.layout = STOF_LAYOUT_BHSD;
-    normalise_desc(&vd);
-    stof_gpu_backend *gb = NULL;
-    stof_status st = stof__gpu_backend_new(ctx, &vd, m, 0x7e57ed5eedull, 1,
-                                           &gb);
-    if (st != STOF_OK) {
-        snprintf(why, n, "the reference could not run: %s",
-                 stof_errmsg(ctx));
-        return 0;
-    }
-    /* The plan's kernel, formats and device data, launched for vd: every
-     * launch reads batch, heads and strides from the descriptor. */
-    stof_plan tmp = *p;
-    tmp.desc = vd;
-    stof_search_backend ops = stof__gpu_backend_ops(gb);
-    double rel = INFINITY;
-    char err[256] = "";
-    const int failed = ops.verify(ops.user, &tmp, &rel, err, sizeof(err));
-    stof__gpu_backend_free(&gb);
-    if (failed) {
-        snprintf(why, n, "%s", err);
-        return 0;
-    }
-    if (!(rel <= VERIFY_TOLERANCE)) {
-        snprintf(why, n, "wrong result: relative error %.3g (tolerance %g)",
-                 rel, VERIFY_TOLERANCE);
-        return 0;
-    }
-    return 1;
-}
-
-/* Use a record's plan on this host only once it is trusted here (db.h,
- * "Local trust"): verify it at its first use and remember that. Returns
- * 1 when the plan may run; 0 when the record failed (logged; a user
- * database record that fails is deleted, so that tuning can replace it). */
-static int trust_record(stof_context *ctx, stof_db *db, stof_plan *p,
-                        const stof_mask *m, const stof_db_record *rec)
-{
-    if (stof__db_trusted(db, rec))
-        return 1;
-    char why[512];
-    const double t0 = now_ms();
-    const int ok = verify_here(ctx, p, m, why, sizeof(why));
-    p->verify_ms = now_ms() - t0;
-    if (ok) {
-        stof__db_trust(db, rec);
-        stof__log(ctx, STOF_LOG_INFO,
-                  "tuning record %s (%s database, made on %s) verified on "
-                  "this GPU in %.1f ms",
-                  rec->key, rec->source, rec->host, p->verify_ms);
-        return 1;
-    }
-    stof__log(ctx, STOF_LOG_WARN,
-              "tuning record %s (%s database, made on %s) failed "
-              "verification on this GPU: %s; not used",
-              rec->key, rec->source, rec->host, why);
-    if (rec->layer == 0)
-        stof__db_forget(db, rec->key, rec->content_hash);
-    return 0;
-}
-
-/* A plan from the database, or NULL (a miss, or an unusable record: logged
- * and treated as a miss). */
-static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
-                               const stof_mask *m, const char *key)
-{
-    stof_db *db = stof__ctx_db(ctx);
-    stof_db_record rec;
-    if (!db || ctx->settings.tuning_mode == STOF_TUNE_FORCE ||
-        stof__db_lookup(db, key, &rec) != STOF_OK)
-        return NULL;
-    stof_candidate c;
-    stof_plan *p = NULL;
-    char why[256];
-    if (!stof__attention_record_candidate(&rec, &c, why, sizeof(why)))
-        stof__log(ctx, STOF_LOG_WARN, "tuning record %s: %s (%s): ignored",
-                  key, why, rec.config);
-    else if (!kernel_takes_strides(&c, nd))
-        stof__log(ctx, STOF_LOG_INFO,
-                  "tuning record %s: its %s kernel cannot address these "
-                  "strides: planning without it",
-                  key, rec.kernel);
-    else if (stof__plan_from_cubin(ctx, nd, m, &c, rec.cubin, rec.cubin_size,
-                                   &p) != STOF_OK)
-        stof__log(ctx, STOF_LOG_WARN,
-                  "tuning record %s could not be loaded (%s): ignored", key,
-                  stof_errmsg(ctx));
-    if (p && !trust_record(ctx, db, p, m, &rec)) {
-        plan_release(p);
-        p = NULL;
-    }
-    if (p) {
-        p->source = !strcmp(rec.source, "user") ? "user db" : "system db";
-        p->time_ms = rec.time_ms;
-        p->runner_up_ms = rec.runner_up_ms;
-        p->model_ms = rec.model_ms;
-        p->n_candidates = rec.n_candidates;
-        snprintf(p->key, sizeof(p->key), "%s", key);
-    }
-    stof__db_record_clear(&rec);
-    return p;
-}
-
-/* Cache-only mode: record the miss and plan the model's choice. */
-static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d,
-                                 const stof_attention_desc *nd,
-                                 const stof_mask *m, const char *mask_hex,
-                                 const char *key, stof_plan **out)
-{
-    stof_db *db = stof__ctx_db(ctx);
-    if (db && stof__db_writable(db)) {
-        /* Everything `stof-tune pending` needs to plan it again: the
-         * problem with its strides, and the mask (spec, and its bits
-         * below). Specs never contain quotes or backslashes. */
-        char problem[1024];
-        const int64_t *st4[4] = {nd->q_stride, nd->k_stride, nd->v_stride,
-                                 nd->o_stride};
-        snprintf(problem, sizeof(problem),
-                 "{\"op\":\"attention\",\"batch\":%d,\"heads\":%d,"
-                 "\"seq_q\":%d,\"seq_k\":%d,\"head_dim\":%d,"
-                 "\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g,"
-                 "\"q_s0\":%lld,\"q_s1\":%lld,\"q_s2\":%lld,"
-                 "\"k_s0\":%lld,\"k_s1\":%lld,\"k_s2\":%lld,"
-                 "\"v_s0\":%lld,\"v_s1\":%lld,\"v_s2\":%lld,"
-                 "\"o_s0\":%lld,\"o_s1\":%lld,\"o_s2\":%lld,"
-                 "\"mask_spec\":\"%s\",\"mask_digest\":\"%s\"}",
-                 nd->batch, nd->heads, nd->seq_q, nd->seq_k, nd->head_dim,
-                 dtype_name(nd->dtype), layout_str(nd->layout),
-                 (double)nd->scale, (long long)st4[0][0], (long long)st4[0][1],
-                 (long long)st4[0][2], (long long)st4[1][0],
-                 (long long)st4[1][1], (long long)st4[1][2],
-                 (long long)st4[2][0], (long long)st4[2][1],
-                 (long long)st4[2][2], (long long)st4[3][0],
-                 (long long)st4[3][1], (long long)st4[3][2],
-                 m->spec ? m->spec : "", mask_hex);
-        if (stof__db_record_miss(db, key, problem, m->bits,
-                                 (size_t)m->seq_q * m->words_per_row * 8u) !=
-            STOF_OK)
-            stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
-                      stof_errmsg(ctx));
-    }
-    stof_status st = stof__attention_plan_kernel(ctx, d, m, NULL, out);
-    if (st == STOF_OK) {
-        (*out)->source = "fallback";
-        snprintf((*out)->key, sizeof((*out)->key), "%s", key);
-    }
-    return st;
-}
-
-/* After a search: store the winner and plan from its cubin (consumed). */
-static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
-                              const stof_mask *m, const char *mask_hex,
-                              const char *key, stof_search_result *res,
-                              const stof_search_opts *o, uint64_t seed,
-                              stof_plan **out)
-{
-    stof_db *db = stof__ctx_db(ctx);
-    if (db && stof__db_writable(db)) {
-        stof_db_record rec;
-        fill_record(ctx, nd, m, key, mask_hex, res, o, seed, &rec);
-        if (stof__db_store(db, &rec,
-                           ctx->settings.tuning_mode == STOF_TUNE_FORCE,
-                           1) != STOF_OK)
-            stof__log(ctx, STOF_LOG_WARN,
-                      "could not store the tuning result: %s",
-                      stof_errmsg(ctx));
-    }
-    stof_plan *p = NULL;
-    stof_status st = stof__plan_from_cubin(ctx, nd, m, &res->winner,
-                                           res->winner_art,
-                                           res->winner_art_size, &p);
-    free(res->winner_art);
-    res->winner_art = NULL;
-    if (st != STOF_OK)
-        return st;
-    p->source = "tuned";
-    p->time_ms = res->winner_ms;
-    p->runner_up_ms = res->runner_up_ms;
-    p->model_ms = res->model_ms;
-    p->n_candidates = res->n_timed;
-    snprintf(p->key, sizeof(p->key), "%s", key);
-    *out = p;
-    return STOF_OK;
-}
-
-static stof_search_opts search_opts(const stof_context *ctx)
-{
-    const stof_settings *st = &ctx->settings;
-    stof_search_opts o = {.top_k = st->tuning_top_k > 0 ? st->tuning_top_k : 3,
-                          .threads = st->compile_threads,
-                          .budget_s = st->tuning_budget_s,
-                          .tolerance = VERIFY_TOLERANCE};
-    return o;
-}
-
-#define SEARCH_SEED                                                            \
-    (ctx->settings.tuning_seed ? ctx->settings.tuning_seed : 0x5eed0f57ull)
-
-stof_status stof_attention_plan(stof_context *ctx,
-                                const stof_attention_desc *d,
-                                const stof_mask *m, stof_plan **out)
-{
-    if (!ctx)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
-    *out = NULL;
-    stof_attention_desc nd;
-    char mask_hex[33], key[33];
-    stof_status st = plan_begin(ctx, d, m, &nd, mask_hex, key);
-    if (st != STOF_OK)
-        return st;
-    if ((*out = plan_from_db(ctx, &nd, m, key)))
-        return stof__ok(ctx);
-    if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
-        return plan_fallback(ctx, d, &nd, m, mask_hex, key, out);
-
-    stof_search_opts o = search_opts(ctx);
-    stof_candidate sel[MAX_SELECTED];
-    int k = 0;
-    st = select_candidates(ctx, &nd, m, o.top_k, sel, &k);
-    if (st == STOF_ERR_UNSUPPORTED) /* no fast kernel: the reference */
-        return stof__attention_plan_kernel(ctx, d, m, NULL, out);
-    stof_search_result res;
-    if (st == STOF_OK)
-        st = search_problem(ctx, &nd, m, sel, k, &o, SEARCH_SEED, &res);
-    if (st == STOF_OK)
-        st = plan_tuned(ctx, &nd, m, mask_hex, key, &res, &o, SEARCH_SEED,
-                        out);
-    return st == STOF_OK ? stof__ok(ctx) : st;
-}
-
-/* The batch warm-up's shared compile: every distinct kernel once. */
-typedef struct batch_kernel {
-    stof_candidate c;
-    int head_dim;
-    stof_dtype dtype;
-    void *cubin;
-    size_t size;
-    stof_context *tmp; /* private context: its errmsg holds a failure */
-} batch_kernel;
-
-static int same_kernel(const batch_kernel *k, const stof_candidate *c,
-                       int head_dim, stof_dtype dt)
-{
-    return k->c.kind == c->kind && k->head_dim == head_dim &&
-           k->dtype == dt && k->c.cfg.block_m == c->cfg.block_m &&
-           k->c.cfg.block_n == c->cfg.block_n &&
-           k->c.cfg.warps == c->cfg.warps &&
-           k->c.cfg.stages == c->cfg.stages &&
-           k->c.wcfg.overlap == c->wcfg.overlap &&
-           k->c.wcfg.block_m == c->wcfg.block_m;
-}
-
-static void batch_compile_one(void *user, int i)
-{
-    batch_kernel *k = (batch_kernel *)user + i;
-    if (k->tmp)
-        stof__kernel_compile(k->tmp, &k->c, k->head_dim, k->dtype, &k->cubin,
-                             &k->size);
-}
-
-stof_status stof_attention_plan_batch(stof_context *ctx, int n,
-                                      const stof_attention_desc *descs,
-                                      const stof_mask *const *masks,
-                                      stof_plan **plans)
-{
-    if (!ctx)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, n >= 0, "n: %d is negative", n);
-    STOF_CHECK_ARG(ctx, n == 0 || (descs && masks && plans),
-                   "descs, masks and plans must not be NULL");
-    for (int i = 0; i < n; i++)
-        plans[i] = NULL;
-    stof_status first = STOF_OK;
-    char first_msg[1024] = "";
-#define BATCH_FAIL(i, st)                                                      \
-    do {                                                                       \
-        if (first == STOF_OK) {                                                \
-            first = (st);                                                      \
-            snprintf(first_msg, sizeof(first_msg), "problem %d: %s", (i),      \
-                     stof_errmsg(ctx));                                        \
-        }                                                                      \
-    } while (0)
-
-    typedef struct miss {
-        int i;
-        stof_attention_desc nd;
-        char mask_hex[33], key[33];
-        stof_candidate sel[MAX_SELECTED];
-        int k;
-    } miss;
-    miss *ms = calloc((size_t)(n > 0 ? n : 1), sizeof(*ms));
-    batch_kernel *ks = calloc((size_t)(n > 0 ? n : 1) * MAX_SELECTED,
-                              sizeof(*ks));
-    if (!ms || !ks) {
-        free(ms);
-        free(ks);
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
-    }
-    int n_miss = 0, n_k = 0;
-
-    /* Lookups, fallbacks, and stage 1 for the misses. */
-    stof_search_opts o = search_opts(ctx);
-    for (int i = 0; i < n; i++) {
-        miss *x = &ms[n_miss];
-        stof_status st = plan_begin(ctx, &descs[i], masks[i], &x->nd,
-                                    x->mask_hex, x->key);
-        if (st != STOF_OK) {
-            BATCH_FAIL(i, st);
-            continue;
-        }
-        if ((plans[i] = plan_from_db(ctx, &x->nd, masks[i], x->key)))
-            continue;
-        if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY) {
-            st = plan_fallback(ctx, &descs[i], &x->nd, masks[i], x->mask_hex,
-                               x->key, &plans[i]);
-            if (st != STOF_OK)
-                BATCH_FAIL(i, st);
-            continue;
-        }
-        st = select_candidates(ctx, &x->nd, masks[i], o.top_k, x->sel, &x->k);
-        if (st == STOF_ERR_UNSUPPORTED) {
-            st = stof__attention_plan_kernel(ctx, &descs[i], masks[i], NULL,
-                                             &plans[i]);
-            if (st != STOF_OK)
-                BATCH_FAIL(i, st);
-            continue;
-        }
-        if (st != STOF_OK) {
-            BATCH_FAIL(i, st);
-            continue;
-        }
-        x->i = i;
-        for (int j = 0; j < x->k; j++) {
-            int found = 0;
-            for (int t = 0; t < n_k && !found; t++)
-                found = same_kernel(&ks[t], &x->sel[j], x->nd.head_dim,
-                                    x->nd.dtype);
-            if (!found) {
-                ks[n_k].c = x->sel[j];
-                ks[n_k].head_dim = x->nd.head_dim;
-                ks[n_k].dtype = x->nd.dtype;
-                if ((ks[n_k].tmp = calloc(1, sizeof(stof_context)))) {
-                    ks[n_k].tmp->api = ctx->api;
-                    ks[n_k].tmp->device = ctx->device;
-                }
-                n_k++;
-            }
-        }
-        n_miss++;
-    }
-
-    /* Every distinct kernel of every miss, compiled in one pool. */
-    if (n_k > 0) {
-        stof__log(ctx, STOF_LOG_INFO,
-                  "batch warm-up: %d problems to tune, %d distinct kernels",
-                  n_miss, n_k);
-        stof__pool_run(ctx->settings.compile_threads, n_k, batch_compile_one,
-                       ks);
-    }
-
-    /* Stage 2 per miss, on the precompiled kernels. */
-    for (int x = 0; x < n_miss; x++) {
-        miss *mm = &ms[x];
-        void *pre[MAX_SELECTED] = {0};
-        size_t pre_size[MAX_SELECTED] = {0};
-        for (int j = 0; j < mm->k; j++)
-            for (int t = 0; t < n_k; t++)
-                if (same_kernel(&ks[t], &mm->sel[j], mm->nd.head_dim,
-                                mm->nd.dtype)) {
-                    pre[j] = ks[t].cubin; /* NULL if it failed: recompiled,
-                                             and the failure reported */
-                    pre_size[j] = ks[t].size;
-                    break;
-                }
-        stof_search_opts po = o;
-        po.pre_art = pre;
-        po.pre_size = pre_size;
-        stof_search_result res;
-        const stof_mask *m = masks[mm->i];
-        stof_status st = search_problem(ctx, &mm->nd, m, mm->sel, mm->k, &po,
-                                        SEARCH_SEED, &res);
-        if (st == STOF_OK)
-            st = plan_tuned(ctx, &mm->nd, m, mm->mask_hex, mm->key, &res, &po,
-                            SEARCH_SEED, &plans[mm->i]);
-        if (st != STOF_OK)
-            BATCH_FAIL(mm->i, st);
-    }
-    for (int t = 0; t < n_k; t++) {
-        free(ks[t].cubin);
-        free(ks[t].tmp);
-    }
-    free(ks);
-    free(ms);
-#undef BATCH_FAIL
-    if (first != STOF_OK)
-        return stof__fail(ctx, first, "%s", first_msg);
     return stof__ok(ctx);
 }
 
@@ -1350,7 +665,7 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
     const char *dt = d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16";
     stof_str s = {0};
     stof__str_printf(&s, "{\"op\":\"attention\",\"kernel\":\"%s\",",
-                     kind_name(p->kind));
+                     stof__kernel_kind_name(p->kind));
     if (p->kind == STOF_KERNEL_REFERENCE)
         stof__str_printf(&s,
                          "\"template\":\"attn_reference.cu\",\"params\":{"
@@ -1404,6 +719,6 @@ void stof_plan_free(stof_plan **pp)
 {
     if (!pp || !*pp)
         return;
-    plan_release(*pp);
+    stof__plan_release(*pp);
     *pp = NULL;
 }

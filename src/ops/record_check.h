@@ -9,7 +9,7 @@
 #define STOF_RECORD_CHECK_H
 
 #include "db.h"
-#include "search.h"
+#include "cost_model.h"
 
 /* The whole check: stof__db_record_check, then the operation's own. 1 when
  * valid, else 0 with the reason in why. */

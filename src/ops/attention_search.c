@@ -1,12 +1,15 @@
 /*
- * gpu_backend.c - the search backend that compiles with NVRTC, and loads,
- * verifies and times candidates on the context's GPU. Verification runs
- * the candidate and the reference kernel on the same random inputs
- * (seeded) and compares them; timing takes the median of repeated runs
- * with the L2 cache flushed before each, so every run reads its inputs
- * from device memory as a real layer would.
+ * attention_search.c - the attention operation of the search engine
+ * (search.h): an attention problem's candidates (ranked by the cost
+ * model), compiled with NVRTC, loaded as plans, verified against the
+ * reference kernel on the same random inputs (seeded), and timed (median
+ * of repeated runs with the L2 cache flushed before each, so every run
+ * reads its inputs from device memory as a real layer would).
  */
-#include "gpu_backend.h"
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "attention_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -15,16 +18,19 @@
 
 #define FLUSH_BYTES (256u << 20)
 
-struct stof_gpu_backend {
+struct stof_attention_op {
     stof_context *ctx;
     stof_attention_desc desc;
     const stof_mask *mask;
+    const stof_candidate *cands;
+    int n;
     uint64_t seed;
     int reps;
     size_t nq, nk;        /* elements of the q/o and k/v allocations */
     CUdeviceptr q, k, v, o, ref, flush;
     CUevent e0, e1;
     uint16_t *h_out, *h_ref;
+    char name[96];
 };
 
 /* Elements reachable through a descriptor's strides for one tensor. */
@@ -49,11 +55,11 @@ static void fill(uint16_t *x, size_t n, uint64_t *state, stof_dtype dt,
 }
 
 
-void stof__gpu_backend_free(stof_gpu_backend **pb)
+void stof__attention_op_free(stof_attention_op **pb)
 {
     if (!pb || !*pb)
         return;
-    stof_gpu_backend *b = *pb;
+    stof_attention_op *b = *pb;
     const stof_api *api = b->ctx->api;
     if (stof__ctx_push(b->ctx) == STOF_OK) {
         CUdeviceptr bufs[] = {b->q, b->k, b->v, b->o, b->ref, b->flush};
@@ -72,13 +78,13 @@ void stof__gpu_backend_free(stof_gpu_backend **pb)
     *pb = NULL;
 }
 
-stof_status stof__gpu_backend_new(stof_context *ctx,
-                                  const stof_attention_desc *d,
-                                  const stof_mask *m, uint64_t seed, int reps,
-                                  stof_gpu_backend **out)
+/* The verification inputs and the reference output. */
+static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
+                             const stof_mask *m, uint64_t seed, int reps,
+                             stof_attention_op **out)
 {
     *out = NULL;
-    stof_gpu_backend *b = calloc(1, sizeof(*b));
+    stof_attention_op *b = calloc(1, sizeof(*b));
     if (!b)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
                           "out of memory starting the search");
@@ -158,17 +164,41 @@ done:
     free(hk);
     free(hv);
     if (st != STOF_OK)
-        stof__gpu_backend_free(&b);
+        stof__attention_op_free(&b);
     *out = b;
     return st;
 }
 
-/* --- the backend's operations ------------------------------------------ */
+/* --- the operation ------------------------------------------------------ */
 
-static int gb_compile(void *user, const stof_candidate *c, void **art,
-                      size_t *size, char *err, size_t errn)
+static int op_kind(void *user, int i)
 {
-    stof_gpu_backend *b = user;
+    return ((stof_attention_op *)user)->cands[i].kind;
+}
+
+static double op_model_ms(void *user, int i)
+{
+    return ((stof_attention_op *)user)->cands[i].predicted_ms;
+}
+
+static void op_describe(void *user, int i, char *buf, size_t n)
+{
+    const stof_candidate *c = &((stof_attention_op *)user)->cands[i];
+    const char *k = stof__kernel_kind_name(c->kind);
+    if (c->kind == STOF_KERNEL_REFERENCE)
+        snprintf(buf, n, "%s", k);
+    else if (c->group > 1)
+        snprintf(buf, n, "%s %dx%d w%d s%d rows%%%d", k, c->cfg.block_m,
+                 c->cfg.block_n, c->cfg.warps, c->cfg.stages, c->group);
+    else
+        snprintf(buf, n, "%s %dx%d w%d s%d", k, c->cfg.block_m, c->cfg.block_n,
+                 c->cfg.warps, c->cfg.stages);
+}
+
+static int op_compile(void *user, int i, void **art, size_t *size, char *err,
+                      size_t errn)
+{
+    stof_attention_op *b = user;
     /* A private context: compiles run concurrently on pool threads and
      * must not share the caller's error state. */
     stof_context *tmp = calloc(1, sizeof(*tmp));
@@ -178,7 +208,7 @@ static int gb_compile(void *user, const stof_candidate *c, void **art,
     }
     tmp->api = b->ctx->api;
     tmp->device = b->ctx->device;
-    stof_status st = stof__kernel_compile(tmp, c, b->desc.head_dim,
+    stof_status st = stof__kernel_compile(tmp, &b->cands[i], b->desc.head_dim,
                                           b->desc.dtype, art, size);
     if (st != STOF_OK)
         snprintf(err, errn, "%s", tmp->errmsg);
@@ -186,13 +216,27 @@ static int gb_compile(void *user, const stof_candidate *c, void **art,
     return st != STOF_OK;
 }
 
-static int gb_load(void *user, const stof_candidate *c, const void *art,
-                   size_t size, void **handle, char *err, size_t errn)
+/* What the compiled kernel depends on: kind, template parameters, head_dim
+ * and dtype (not the row grouping, which only changes the formats), so
+ * problems of a batch warm-up share their compiles. */
+static uint64_t op_art_key(void *user, int i)
 {
-    stof_gpu_backend *b = user;
+    const stof_attention_op *b = user;
+    const stof_candidate *c = &b->cands[i];
+    const int v[] = {c->kind,         c->cfg.block_m,   c->cfg.block_n,
+                     c->cfg.warps,    c->cfg.stages,    c->wcfg.overlap,
+                     c->wcfg.block_m, b->desc.head_dim, (int)b->desc.dtype};
+    uint64_t h = XXH3_64bits(v, sizeof(v));
+    return h ? h : 1;
+}
+
+static int op_load(void *user, int i, const void *art, size_t size,
+                   void **handle, char *err, size_t errn)
+{
+    stof_attention_op *b = user;
     stof_plan *p = NULL;
-    stof_status st = stof__plan_from_cubin(b->ctx, &b->desc, b->mask, c, art,
-                                           size, &p);
+    stof_status st = stof__plan_from_cubin(b->ctx, &b->desc, b->mask,
+                                           &b->cands[i], art, size, &p);
     if (st != STOF_OK) {
         snprintf(err, errn, "%s", stof_errmsg(b->ctx));
         return 1;
@@ -201,10 +245,10 @@ static int gb_load(void *user, const stof_candidate *c, const void *art,
     return 0;
 }
 
-static int gb_verify(void *user, void *handle, double *rel, char *err,
+static int op_verify(void *user, void *handle, double *rel, char *err,
                      size_t errn)
 {
-    stof_gpu_backend *b = user;
+    stof_attention_op *b = user;
     stof_plan *p = handle;
     const stof_api *api = b->ctx->api;
     const stof_attention_desc *d = &b->desc;
@@ -253,10 +297,10 @@ static int gb_verify(void *user, void *handle, double *rel, char *err,
     return 0;
 }
 
-static int gb_time(void *user, void *handle, double *ms, char *err,
+static int op_time(void *user, void *handle, double *ms, char *err,
                    size_t errn)
 {
-    stof_gpu_backend *b = user;
+    stof_attention_op *b = user;
     stof_plan *p = handle;
     const stof_api *api = b->ctx->api;
     float *t = malloc(sizeof(float) * (size_t)b->reps);
@@ -308,16 +352,55 @@ static int gb_time(void *user, void *handle, double *ms, char *err,
     return 0;
 }
 
-static void gb_unload(void *user, void *handle)
+static void op_unload(void *user, void *handle)
 {
     (void)user;
     stof_plan *p = handle;
     stof_plan_free(&p);
 }
 
-stof_search_backend stof__gpu_backend_ops(stof_gpu_backend *b)
+stof_status stof__attention_op_new(stof_context *ctx,
+                                   const stof_attention_desc *d,
+                                   const stof_mask *m,
+                                   const stof_candidate *cands, int n,
+                                   uint64_t seed, int reps,
+                                   stof_attention_op **out,
+                                   stof_search_op *op)
 {
-    stof_search_backend ops = {b, gb_compile, gb_load, gb_verify, gb_time,
-                               gb_unload};
-    return ops;
+    stof_status st = op_inputs(ctx, d, m, seed, reps, out);
+    if (st != STOF_OK)
+        return st;
+    stof_attention_op *a = *out;
+    a->cands = cands;
+    a->n = n;
+    snprintf(a->name, sizeof(a->name), "attention %dx%dx%dx%dx%d %s",
+             d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
+             d->dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16");
+    if (op) {
+        stof_search_op o = {.user = a,
+                            .name = a->name,
+                            .n = n,
+                            .kind = op_kind,
+                            .model_ms = op_model_ms,
+                            .describe = op_describe,
+                            .compile = op_compile,
+                            .art_key = op_art_key,
+                            .load = op_load,
+                            .verify = op_verify,
+                            .time = op_time,
+                            .unload = op_unload,
+                            .tolerance = 1e-2};
+        *op = o;
+    }
+    return STOF_OK;
+}
+
+int stof__attention_op_check(stof_attention_op *a, const stof_plan *p,
+                             double *rel_err, char *err, size_t errn)
+{
+    /* The plan's kernel, formats and device data, launched for the op's
+     * descriptor: every launch reads batch, heads and strides from it. */
+    stof_plan tmp = *p;
+    tmp.desc = a->desc;
+    return op_verify(a, &tmp, rel_err, err, errn);
 }

@@ -1,0 +1,110 @@
+/*
+ * attention_int.h - what the attention operation's files share
+ * (attention.c: the plan object; attention_plan.c: choosing its kernel
+ * from the database or by searching; attention_search.c: the attention
+ * operation of the search engine). Not for other modules.
+ */
+#ifndef STOF_ATTENTION_INT_H
+#define STOF_ATTENTION_INT_H
+
+#include "attn_block.h"
+#include "attn_wgmma.h"
+#include "cost_model.h"
+#include "db.h"
+#include "internal.h"
+#include "record_check.h"
+#include "search.h"
+
+#define REF_WARPS 4 /* STOF_REF_WARPS in attn_reference.cu */
+
+struct stof_plan {
+    stof_context *ctx;
+    int kind;                 /* STOF_KERNEL_* */
+    stof_block_cfg cfg;       /* block / row-wise kernels */
+    stof_wgmma_cfg wcfg;      /* wgmma kernel */
+    stof_block_format bf;     /* block / wgmma kernels: the device tile BSR */
+    stof_rowwise_format rf;   /* row-wise kernel: compacted key tiles */
+    CUdeviceptr d_row_order;  /* wgmma kernels: row blocks, heaviest first */
+    int group;                /* row grouping period (row-wise kinds) */
+    CUdeviceptr d_q_rows;     /* with group > 1: query row of each format
+                                 row (int32[seq_q]) */
+    double predicted_ms;      /* cost model; 0 for the reference kernel */
+    int n_candidates;         /* candidates ranked (stage 1) / timed */
+    const char *source;       /* "compiled", "tuned", "user db", "system db",
+                                 "fallback" */
+    double time_ms;           /* measured by the search, or 0 */
+    double runner_up_ms, model_ms;
+    char key[33];             /* tuning-database key */
+    stof_attention_desc desc;
+    float scale;
+    char mask_hex[33];
+    double mask_density;
+    int mask_words;
+    CUdeviceptr d_mask;
+    CUmodule module;
+    CUfunction fn;
+    unsigned grid[3], block[3];
+    char arch[16];
+    double compile_ms, load_ms;
+    double verify_ms;         /* the first use of a record on this host:
+                                 the time its check took (0: none) */
+    char errmsg[1024];
+};
+
+
+/* Milliseconds on the monotonic clock. */
+double stof__now_ms(void);
+
+/* Check a descriptor against a mask; *scale is the scale to use. Messages
+ * name the offending field. */
+stof_status stof__attention_check_desc(stof_context *ctx,
+                                       const stof_attention_desc *d,
+                                       const stof_mask *m, float *scale);
+
+/* For BHSD/BSHD, the strides the layout implies, whatever the fields held. */
+void stof__attention_normalise(stof_attention_desc *d);
+
+/* Free a plan's device data and the plan. */
+void stof__plan_release(stof_plan *p);
+
+/* "block", "rowwise", "wgmma", "wgmma-gather" or "reference". */
+const char *stof__kernel_kind_name(int kind);
+
+/* Compile a candidate's kernel with NVRTC (no GPU work; thread-safe for
+ * distinct contexts): *cubin is malloc'd. */
+stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
+                                 int head_dim, stof_dtype dt,
+                                 void **cubin /* OUT */, size_t *size /* OUT */);
+
+/* A plan for candidate c whose kernel is the given cubin (from the search
+ * or the tuning database): formats are built and uploaded, the cubin is
+ * loaded, nothing is compiled. */
+stof_status stof__plan_from_cubin(stof_context *ctx,
+                                  const stof_attention_desc *d,
+                                  const stof_mask *m, const stof_candidate *c,
+                                  const void *cubin, size_t size,
+                                  stof_plan **out /* OUT */);
+
+/* The attention operation of the search engine (attention_search.c) for
+ * problem (d, m) over the candidates cands[0..n-1] (rank order): random
+ * inputs from `seed`, the reference output computed once, `reps` timed
+ * runs per candidate (0 = 15). *op is ready for stof__search_run; free
+ * with stof__attention_op_free. The operation borrows ctx, d, m and cands
+ * until freed. */
+typedef struct stof_attention_op stof_attention_op;
+stof_status stof__attention_op_new(stof_context *ctx,
+                                   const stof_attention_desc *d,
+                                   const stof_mask *m,
+                                   const stof_candidate *cands, int n,
+                                   uint64_t seed, int reps,
+                                   stof_attention_op **out /* OUT */,
+                                   stof_search_op *op /* OUT */);
+void stof__attention_op_free(stof_attention_op **a);
+
+/* Run plan p (made for any batch and heads of the op's problem) on the
+ * op's verification inputs, launched for the op's descriptor, and compare
+ * with the reference: the relative error, or nonzero with err set. */
+int stof__attention_op_check(stof_attention_op *a, const stof_plan *p,
+                             double *rel_err, char *err, size_t errn);
+
+#endif

@@ -1,0 +1,580 @@
+/*
+ * attention_plan.c - choosing a plan's kernel (stof_attention_plan, the
+ * batch warm-up): the tuning database first (a record from elsewhere is
+ * verified on this GPU at its first use), else in cache-only mode the cost
+ * model's choice with the miss recorded, else the two-stage search
+ * (search.h) over the attention operation (attention_search.c), whose
+ * winner is stored.
+ */
+#include "attention_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The search's verification tolerance (relative error), also the
+ * first-use check's. */
+#define VERIFY_TOLERANCE 1e-2
+
+/* --- the tuning database ----------------------------------------------- */
+
+stof_db *stof__ctx_db(stof_context *ctx)
+{
+    if (!ctx->db_tried) {
+        ctx->db_tried = 1;
+        if (stof__db_open(ctx, ctx->user_db,
+                          (const char *const *)ctx->system_dbs,
+                          &ctx->db) != STOF_OK)
+            stof__log(ctx, STOF_LOG_WARN, "tuning database unavailable: %s",
+                      stof_errmsg(ctx));
+    }
+    return ctx->db;
+}
+
+static const char *dtype_name(stof_dtype t)
+{
+    return t == STOF_DTYPE_FP16 ? "fp16" : "bf16";
+}
+
+static const char *layout_str(stof_layout l)
+{
+    return l == STOF_LAYOUT_BHSD ? "BHSD" : l == STOF_LAYOUT_BSHD ? "BSHD"
+                                                                  : "strided";
+}
+
+/* A candidate's configuration as the JSON stored in records, and back. */
+static void cand_to_json(const stof_candidate *c, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "{\"kind\":\"%s\",\"block_m\":%d,\"block_n\":%d,\"warps\":%d,"
+             "\"stages\":%d,\"overlap\":%d,\"group\":%d}",
+             stof__kernel_kind_name(c->kind), c->cfg.block_m, c->cfg.block_n, c->cfg.warps,
+             c->cfg.stages, c->wcfg.overlap, c->group);
+}
+
+static int json_int(const char *js, const char *name, int *out)
+{
+    char pat[40];
+    snprintf(pat, sizeof(pat), "\"%s\":", name);
+    const char *q = strstr(js, pat);
+    return q && sscanf(q + strlen(pat), "%d", out) == 1;
+}
+
+int stof__attention_record_candidate(const stof_db_record *r,
+                                     stof_candidate *c, char *why, size_t n)
+{
+    memset(c, 0, sizeof(*c));
+    if (strcmp(r->op, "attention") != 0)
+        return stof__why(why, n, "not an attention record");
+    if (!strcmp(r->kernel, "block"))
+        c->kind = STOF_KERNEL_BLOCK;
+    else if (!strcmp(r->kernel, "rowwise"))
+        c->kind = STOF_KERNEL_ROWWISE;
+    else if (!strcmp(r->kernel, "wgmma"))
+        c->kind = STOF_KERNEL_WGMMA;
+    else if (!strcmp(r->kernel, "wgmma-gather"))
+        c->kind = STOF_KERNEL_WGMMA_GATHER;
+    else if (!strcmp(r->kernel, "reference"))
+        c->kind = STOF_KERNEL_REFERENCE;
+    else
+        return stof__why(why, n, "unknown attention kernel");
+    int ok = json_int(r->config, "block_m", &c->cfg.block_m) &&
+             json_int(r->config, "block_n", &c->cfg.block_n) &&
+             json_int(r->config, "warps", &c->cfg.warps) &&
+             json_int(r->config, "stages", &c->cfg.stages) &&
+             json_int(r->config, "overlap", &c->wcfg.overlap) &&
+             json_int(r->config, "group", &c->group);
+    if (!ok)
+        return stof__why(why, n, "unreadable kernel configuration");
+    c->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
+    c->wcfg.block_n = c->cfg.block_n;
+    c->wcfg.stages = c->cfg.stages;
+    c->wcfg.block_m = c->cfg.block_m;
+    c->wcfg.gather = c->kind == STOF_KERNEL_WGMMA_GATHER;
+    c->predicted_ms = r->model_ms;
+    /* Parameters in range for the kernel (no device: shared memory is
+     * checked when the cubin is loaded). */
+    if (c->group < 0 || c->group > 16)
+        return stof__why(why, n, "row group %d is out of range", c->group);
+    if (r->head_dim < 1 || r->head_dim > 256 || r->batch < 1 ||
+        r->heads < 1 || r->seq_q < 1 || r->seq_k < 1)
+        return stof__why(why, n, "problem sizes out of range");
+    char cw[200];
+    switch (c->kind) {
+    case STOF_KERNEL_BLOCK:
+    case STOF_KERNEL_ROWWISE:
+        if (!stof__block_cfg_valid(NULL, r->head_dim, &c->cfg, cw,
+                                   sizeof(cw)))
+            return stof__why(why, n, "invalid %s configuration: %s",
+                             r->kernel, cw);
+        break;
+    case STOF_KERNEL_WGMMA:
+    case STOF_KERNEL_WGMMA_GATHER:
+        if (!stof__wgmma_cfg_valid(NULL, r->head_dim, &c->wcfg, cw,
+                                   sizeof(cw)))
+            return stof__why(why, n, "invalid %s configuration: %s",
+                             r->kernel, cw);
+        if (strcmp(r->arch, "sm_90a") != 0)
+            return stof__why(why, n, "a %s kernel must be built for sm_90a",
+                             r->kernel);
+        break;
+    default:
+        break;
+    }
+    return 1;
+}
+
+static void fill_record(stof_context *ctx, const stof_attention_desc *d,
+                        const stof_mask *m, const char *key,
+                        const char *mask_hex, const stof_candidate *winner,
+                        const stof_search_result *res, uint64_t seed,
+                        stof_db_record *r)
+{
+    memset(r, 0, sizeof(*r));
+    const stof_device *dev = &ctx->device;
+    snprintf(r->key, sizeof(r->key), "%s", key);
+    snprintf(r->op, sizeof(r->op), "attention");
+    snprintf(r->mask_digest, sizeof(r->mask_digest), "%s", mask_hex);
+    if (m->spec)
+        snprintf(r->mask_spec, sizeof(r->mask_spec), "%s", m->spec);
+    r->batch = d->batch;
+    r->heads = d->heads;
+    r->seq_q = d->seq_q;
+    r->seq_k = d->seq_k;
+    r->head_dim = d->head_dim;
+    snprintf(r->dtype, sizeof(r->dtype), "%s", dtype_name(d->dtype));
+    snprintf(r->layout, sizeof(r->layout), "%s", layout_str(d->layout));
+    stof__db_record_env(ctx, r);
+    snprintf(r->kernel, sizeof(r->kernel), "%s",
+             stof__kernel_kind_name(winner->kind));
+    cand_to_json(winner, r->config, sizeof(r->config));
+    snprintf(r->arch, sizeof(r->arch), "%s",
+             winner->kind >= STOF_KERNEL_WGMMA ? "sm_90a" : dev->arch);
+    r->cubin = res->winner_art;
+    r->cubin_size = res->winner_art_size;
+    r->time_ms = res->winner_ms;
+    r->runner_up_ms = res->runner_up_ms;
+    r->model_ms = res->model_ms;
+    r->n_candidates = res->n_timed;
+    r->verified = 1;
+    snprintf(r->measured, sizeof(r->measured),
+             "{\"method\":\"cuda events, median, L2 flushed\","
+             "\"candidates\":%d,\"rejected\":%d,\"failed\":%d,"
+             "\"tolerance\":%g,\"seed\":%llu}",
+             res->n_selected, res->n_rejected, res->n_failed, VERIFY_TOLERANCE,
+             (unsigned long long)seed);
+}
+
+/* Validate and normalise a problem, compute its key; NO_DEVICE without a
+ * GPU. */
+static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
+                              const stof_mask *m, stof_attention_desc *nd,
+                              char mask_hex[33], char key[33])
+{
+    float scale;
+    stof_status st = stof__attention_check_desc(ctx, d, m, &scale);
+    if (st != STOF_OK)
+        return st;
+    if (!ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "stof_attention_plan needs a GPU: %s",
+                          ctx->device.why[0] ? ctx->device.why
+                                             : "no usable CUDA device");
+    *nd = *d;
+    stof__attention_normalise(nd);
+    stof_mask_digest(m, NULL, mask_hex);
+    stof__attention_key(ctx, nd, mask_hex, key, NULL, 0);
+    return STOF_OK;
+}
+
+/* Whether candidate c's kernel can run with nd's strides. The key does
+ * not name the layout (problem_key.c), so a record tuned with one layout
+ * serves others; only the gather kernels limit strides (K/V row offsets
+ * in 16-byte units must fit 32 bits), as the cost model does when it
+ * ranks them. */
+static int kernel_takes_strides(const stof_candidate *c,
+                                const stof_attention_desc *nd)
+{
+    if (c->kind != STOF_KERNEL_ROWWISE && c->kind != STOF_KERNEL_WGMMA_GATHER)
+        return 1;
+    const int64_t s = nd->k_stride[2] > nd->v_stride[2] ? nd->k_stride[2]
+                                                        : nd->v_stride[2];
+    return (double)(nd->seq_k - 1) * (double)s / 8.0 < 4294967296.0;
+}
+
+/* Check a plan made from a database record on this GPU before its first
+ * real use: run it on seeded random inputs for one batch element and up
+ * to two heads (the kernel's code is the same for every (batch, head); two
+ * heads exercise the head offsets) over the whole sequence, and compare
+ * every output row with the reference kernel. 1 when it matches (within
+ * the search's tolerance), else 0 with the reason in why. */
+static int verify_here(stof_context *ctx, const stof_plan *p,
+                       const stof_mask *m, char *why, size_t n)
+{
+    stof_attention_desc vd = p->desc;
+    vd.batch = 1;
+    vd.heads = p->desc.heads < 2 ? p->desc.heads : 2;
+    vd.layout = STOF_LAYOUT_BHSD;
+    stof__attention_normalise(&vd);
+    stof_attention_op *a = NULL;
+    stof_status st = stof__attention_op_new(ctx, &vd, m, NULL, 0,
+                                            0x7e57ed5eedull, 1, &a, NULL);
+    if (st != STOF_OK) {
+        snprintf(why, n, "the reference could not run: %s",
+                 stof_errmsg(ctx));
+        return 0;
+    }
+    double rel = INFINITY;
+    char err[256] = "";
+    const int failed = stof__attention_op_check(a, p, &rel, err, sizeof(err));
+    stof__attention_op_free(&a);
+    if (failed) {
+        snprintf(why, n, "%s", err);
+        return 0;
+    }
+    if (!(rel <= VERIFY_TOLERANCE)) {
+        snprintf(why, n, "wrong result: relative error %.3g (tolerance %g)",
+                 rel, VERIFY_TOLERANCE);
+        return 0;
+    }
+    return 1;
+}
+
+/* Use a record's plan on this host only once it is trusted here (db.h,
+ * "Local trust"): verify it at its first use and remember that. Returns
+ * 1 when the plan may run; 0 when the record failed (logged; a user
+ * database record that fails is deleted, so that tuning can replace it). */
+static int trust_record(stof_context *ctx, stof_db *db, stof_plan *p,
+                        const stof_mask *m, const stof_db_record *rec)
+{
+    if (stof__db_trusted(db, rec))
+        return 1;
+    char why[512];
+    const double t0 = stof__now_ms();
+    const int ok = verify_here(ctx, p, m, why, sizeof(why));
+    p->verify_ms = stof__now_ms() - t0;
+    if (ok) {
+        stof__db_trust(db, rec);
+        stof__log(ctx, STOF_LOG_INFO,
+                  "tuning record %s (%s database, made on %s) verified on "
+                  "this GPU in %.1f ms",
+                  rec->key, rec->source, rec->host, p->verify_ms);
+        return 1;
+    }
+    stof__log(ctx, STOF_LOG_WARN,
+              "tuning record %s (%s database, made on %s) failed "
+              "verification on this GPU: %s; not used",
+              rec->key, rec->source, rec->host, why);
+    if (rec->layer == 0)
+        stof__db_forget(db, rec->key, rec->content_hash);
+    return 0;
+}
+
+/* A plan from the database, or NULL (a miss, or an unusable record: logged
+ * and treated as a miss). */
+static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
+                               const stof_mask *m, const char *key)
+{
+    stof_db *db = stof__ctx_db(ctx);
+    stof_db_record rec;
+    if (!db || ctx->settings.tuning_mode == STOF_TUNE_FORCE ||
+        stof__db_lookup(db, key, &rec) != STOF_OK)
+        return NULL;
+    stof_candidate c;
+    stof_plan *p = NULL;
+    char why[256];
+    if (!stof__attention_record_candidate(&rec, &c, why, sizeof(why)))
+        stof__log(ctx, STOF_LOG_WARN, "tuning record %s: %s (%s): ignored",
+                  key, why, rec.config);
+    else if (!kernel_takes_strides(&c, nd))
+        stof__log(ctx, STOF_LOG_INFO,
+                  "tuning record %s: its %s kernel cannot address these "
+                  "strides: planning without it",
+                  key, rec.kernel);
+    else if (stof__plan_from_cubin(ctx, nd, m, &c, rec.cubin, rec.cubin_size,
+                                   &p) != STOF_OK)
+        stof__log(ctx, STOF_LOG_WARN,
+                  "tuning record %s could not be loaded (%s): ignored", key,
+                  stof_errmsg(ctx));
+    if (p && !trust_record(ctx, db, p, m, &rec)) {
+        stof__plan_release(p);
+        p = NULL;
+    }
+    if (p) {
+        p->source = !strcmp(rec.source, "user") ? "user db" : "system db";
+        p->time_ms = rec.time_ms;
+        p->runner_up_ms = rec.runner_up_ms;
+        p->model_ms = rec.model_ms;
+        p->n_candidates = rec.n_candidates;
+        snprintf(p->key, sizeof(p->key), "%s", key);
+    }
+    stof__db_record_clear(&rec);
+    return p;
+}
+
+/* Cache-only mode: record the miss and plan the model's choice. */
+static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d,
+                                 const stof_attention_desc *nd,
+                                 const stof_mask *m, const char *mask_hex,
+                                 const char *key, stof_plan **out)
+{
+    stof_db *db = stof__ctx_db(ctx);
+    if (db && stof__db_writable(db)) {
+        /* Everything `stof-tune pending` needs to plan it again: the
+         * problem with its strides, and the mask (spec, and its bits
+         * below). Specs never contain quotes or backslashes. */
+        char problem[1024];
+        const int64_t *st4[4] = {nd->q_stride, nd->k_stride, nd->v_stride,
+                                 nd->o_stride};
+        snprintf(problem, sizeof(problem),
+                 "{\"op\":\"attention\",\"batch\":%d,\"heads\":%d,"
+                 "\"seq_q\":%d,\"seq_k\":%d,\"head_dim\":%d,"
+                 "\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g,"
+                 "\"q_s0\":%lld,\"q_s1\":%lld,\"q_s2\":%lld,"
+                 "\"k_s0\":%lld,\"k_s1\":%lld,\"k_s2\":%lld,"
+                 "\"v_s0\":%lld,\"v_s1\":%lld,\"v_s2\":%lld,"
+                 "\"o_s0\":%lld,\"o_s1\":%lld,\"o_s2\":%lld,"
+                 "\"mask_spec\":\"%s\",\"mask_digest\":\"%s\"}",
+                 nd->batch, nd->heads, nd->seq_q, nd->seq_k, nd->head_dim,
+                 dtype_name(nd->dtype), layout_str(nd->layout),
+                 (double)nd->scale, (long long)st4[0][0], (long long)st4[0][1],
+                 (long long)st4[0][2], (long long)st4[1][0],
+                 (long long)st4[1][1], (long long)st4[1][2],
+                 (long long)st4[2][0], (long long)st4[2][1],
+                 (long long)st4[2][2], (long long)st4[3][0],
+                 (long long)st4[3][1], (long long)st4[3][2],
+                 m->spec ? m->spec : "", mask_hex);
+        if (stof__db_record_miss(db, key, problem, m->bits,
+                                 (size_t)m->seq_q * m->words_per_row * 8u) !=
+            STOF_OK)
+            stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
+                      stof_errmsg(ctx));
+    }
+    stof_status st = stof__attention_plan_kernel(ctx, d, m, NULL, out);
+    if (st == STOF_OK) {
+        (*out)->source = "fallback";
+        snprintf((*out)->key, sizeof((*out)->key), "%s", key);
+    }
+    return st;
+}
+
+/* After a search: store the winner (candidate `winner`) and plan from its
+ * cubin (consumed). */
+static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
+                              const stof_mask *m, const char *mask_hex,
+                              const char *key, const stof_candidate *winner,
+                              stof_search_result *res, uint64_t seed,
+                              stof_plan **out)
+{
+    stof_db *db = stof__ctx_db(ctx);
+    if (db && stof__db_writable(db)) {
+        stof_db_record rec;
+        fill_record(ctx, nd, m, key, mask_hex, winner, res, seed, &rec);
+        if (stof__db_store(db, &rec,
+                           ctx->settings.tuning_mode == STOF_TUNE_FORCE,
+                           1) != STOF_OK)
+            stof__log(ctx, STOF_LOG_WARN,
+                      "could not store the tuning result: %s",
+                      stof_errmsg(ctx));
+    }
+    stof_plan *p = NULL;
+    stof_status st = stof__plan_from_cubin(ctx, nd, m, winner,
+                                           res->winner_art,
+                                           res->winner_art_size, &p);
+    stof__search_results_free(res, 1);
+    if (st != STOF_OK)
+        return st;
+    p->source = "tuned";
+    p->time_ms = res->winner_ms;
+    p->runner_up_ms = res->runner_up_ms;
+    p->model_ms = res->model_ms;
+    p->n_candidates = res->n_timed;
+    snprintf(p->key, sizeof(p->key), "%s", key);
+    *out = p;
+    return STOF_OK;
+}
+
+/* --- searching ------------------------------------------------------------ */
+
+enum { MAX_RANKED = 512 };
+
+static stof_search_opts search_opts(const stof_context *ctx)
+{
+    const stof_settings *st = &ctx->settings;
+    stof_search_opts o = {.top_k = st->tuning_top_k > 0 ? st->tuning_top_k : 3,
+                          .threads = st->compile_threads,
+                          .budget_s = st->tuning_budget_s};
+    return o;
+}
+
+#define SEARCH_SEED                                                            \
+    (ctx->settings.tuning_seed ? ctx->settings.tuning_seed : 0x5eed0f57ull)
+
+/* A miss to tune: the problem, its ranked candidates (stage 1's input) and
+ * its attention operation. */
+typedef struct miss {
+    int i;                   /* the problem's index in the call */
+    stof_attention_desc nd;
+    const stof_mask *m;
+    char mask_hex[33], key[33];
+    stof_candidate *ranked;
+    int n_ranked;
+    stof_attention_op *op;
+} miss;
+
+static void miss_free(miss *x)
+{
+    stof__attention_op_free(&x->op);
+    free(x->ranked);
+    x->ranked = NULL;
+}
+
+/* Rank the candidates of x and make its operation. STOF_ERR_UNSUPPORTED
+ * when no fast kernel supports the problem. */
+static stof_status miss_prepare(stof_context *ctx, miss *x,
+                                stof_search_op *op)
+{
+    x->ranked = malloc(sizeof(*x->ranked) * MAX_RANKED);
+    if (!x->ranked)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    stof_status st = stof__cost_rank(ctx, &x->nd, x->m, x->ranked, MAX_RANKED,
+                                     &x->n_ranked);
+    if (st != STOF_OK)
+        return st;
+    stof__log(ctx, STOF_LOG_INFO,
+              "tuning attention %dx%dx%dx%d d=%d %s: %d candidates ranked",
+              x->nd.batch, x->nd.heads, x->nd.seq_q, x->nd.seq_k,
+              x->nd.head_dim, dtype_name(x->nd.dtype), x->n_ranked);
+    return stof__attention_op_new(ctx, &x->nd, x->m, x->ranked, x->n_ranked,
+                                  SEARCH_SEED, ctx->settings.tuning_reps,
+                                  &x->op, op);
+}
+
+stof_status stof_attention_plan(stof_context *ctx,
+                                const stof_attention_desc *d,
+                                const stof_mask *m, stof_plan **out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
+    *out = NULL;
+    miss x = {.m = m};
+    stof_status st = plan_begin(ctx, d, m, &x.nd, x.mask_hex, x.key);
+    if (st != STOF_OK)
+        return st;
+    if ((*out = plan_from_db(ctx, &x.nd, m, x.key)))
+        return stof__ok(ctx);
+    if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
+        return plan_fallback(ctx, d, &x.nd, m, x.mask_hex, x.key, out);
+    stof_search_op op;
+    st = miss_prepare(ctx, &x, &op);
+    if (st == STOF_ERR_UNSUPPORTED) { /* no fast kernel: the reference */
+        miss_free(&x);
+        return stof__attention_plan_kernel(ctx, d, m, NULL, out);
+    }
+    stof_search_result res;
+    stof_search_opts o = search_opts(ctx);
+    if (st == STOF_OK)
+        st = stof__search_run(ctx, &op, 1, &o, &res);
+    if (st == STOF_OK)
+        st = plan_tuned(ctx, &x.nd, m, x.mask_hex, x.key,
+                        &x.ranked[res.winner], &res, SEARCH_SEED, out);
+    else if (x.op)
+        stof__search_results_free(&res, 1);
+    miss_free(&x);
+    return st == STOF_OK ? stof__ok(ctx) : st;
+}
+
+stof_status stof_attention_plan_batch(stof_context *ctx, int n,
+                                      const stof_attention_desc *descs,
+                                      const stof_mask *const *masks,
+                                      stof_plan **plans)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, n >= 0, "n: %d is negative", n);
+    STOF_CHECK_ARG(ctx, n == 0 || (descs && masks && plans),
+                   "descs, masks and plans must not be NULL");
+    for (int i = 0; i < n; i++)
+        plans[i] = NULL;
+    stof_status first = STOF_OK;
+    char first_msg[1024] = "";
+#define BATCH_FAIL(i, st)                                                      \
+    do {                                                                       \
+        if (first == STOF_OK) {                                                \
+            first = (st);                                                      \
+            snprintf(first_msg, sizeof(first_msg), "problem %d: %s", (i),      \
+                     stof_errmsg(ctx));                                        \
+        }                                                                      \
+    } while (0)
+
+    miss *ms = calloc((size_t)(n > 0 ? n : 1), sizeof(*ms));
+    stof_search_op *ops = calloc((size_t)(n > 0 ? n : 1), sizeof(*ops));
+    stof_search_result *res = calloc((size_t)(n > 0 ? n : 1), sizeof(*res));
+    if (!ms || !ops || !res) {
+        free(ms);
+        free(ops);
+        free(res);
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    /* Lookups, fallbacks, and the operations of the misses. */
+    int n_miss = 0;
+    for (int i = 0; i < n; i++) {
+        miss *x = &ms[n_miss];
+        x->i = i;
+        x->m = masks[i];
+        stof_status st = plan_begin(ctx, &descs[i], masks[i], &x->nd,
+                                    x->mask_hex, x->key);
+        if (st == STOF_OK &&
+            (plans[i] = plan_from_db(ctx, &x->nd, masks[i], x->key)))
+            continue;
+        if (st == STOF_OK &&
+            ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
+            st = plan_fallback(ctx, &descs[i], &x->nd, masks[i], x->mask_hex,
+                               x->key, &plans[i]);
+        else if (st == STOF_OK) {
+            st = miss_prepare(ctx, x, &ops[n_miss]);
+            if (st == STOF_OK) {
+                n_miss++;
+                continue;
+            }
+            miss_free(x);
+            if (st == STOF_ERR_UNSUPPORTED)
+                st = stof__attention_plan_kernel(ctx, &descs[i], masks[i],
+                                                 NULL, &plans[i]);
+        }
+        if (st != STOF_OK)
+            BATCH_FAIL(i, st);
+    }
+    /* Every miss in one search: each distinct kernel compiled once. */
+    if (n_miss > 0) {
+        stof__log(ctx, STOF_LOG_INFO, "batch warm-up: %d problems to tune",
+                  n_miss);
+        stof_search_opts o = search_opts(ctx);
+        (void)stof__search_run(ctx, ops, n_miss, &o, res);
+    }
+    for (int k = 0; k < n_miss; k++) {
+        miss *x = &ms[k];
+        stof_status st =
+            res[k].winner < 0
+                ? stof__fail(ctx, STOF_ERR_VERIFY,
+                             "no candidate passed verification and timing "
+                             "(%d failed, %d rejected)",
+                             res[k].n_failed, res[k].n_rejected)
+                : plan_tuned(ctx, &x->nd, x->m, x->mask_hex, x->key,
+                             &x->ranked[res[k].winner], &res[k], SEARCH_SEED,
+                             &plans[x->i]);
+        if (st != STOF_OK)
+            BATCH_FAIL(x->i, st);
+        stof__search_results_free(&res[k], 1);
+        miss_free(x);
+    }
+    free(ms);
+    free(ops);
+    free(res);
+#undef BATCH_FAIL
+    if (first != STOF_OK)
+        return stof__fail(ctx, first, "%s", first_msg);
+    return stof__ok(ctx);
+}
