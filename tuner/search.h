@@ -33,6 +33,9 @@ typedef struct stof_search_op {
     void *user;
     const char *name;   /* for logs, e.g. "attention 4x16x4096x64 fp16" */
     int n;              /* candidates */
+    int top_k;          /* candidates kept per kind (0: the call's top_k;
+                           an operation that lists only what it wants
+                           timed sets n) */
     /* The kernel family of candidate i (stage 1 keeps top_k of each). */
     int (*kind)(void *user, int i);
     /* The cost model's time of candidate i, in ms (0: the model has none). */

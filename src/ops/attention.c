@@ -34,12 +34,6 @@ static int all_zero(const uint8_t *p, size_t n)
     return 1;
 }
 
-double stof__now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 static void set_layout_strides(int64_t st[3], stof_layout layout, int heads,
                                int seq, int head_dim)

@@ -52,9 +52,6 @@ struct stof_plan {
 };
 
 
-/* Milliseconds on the monotonic clock. */
-double stof__now_ms(void);
-
 /* Check a descriptor against a mask; *scale is the scale to use. Messages
  * name the offending field. */
 stof_status stof__attention_check_desc(stof_context *ctx,

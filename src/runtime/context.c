@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void stof_default_settings(stof_settings *s)
 {
@@ -64,6 +65,19 @@ void stof__log(stof_context *ctx, stof_log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     vlog(ctx, level, fmt, ap);
     va_end(ap);
+}
+
+stof_status stof__fail_quiet(stof_context *ctx, stof_status st,
+                             const char *fmt, ...)
+{
+    if (!ctx)
+        return st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->errmsg, sizeof(ctx->errmsg), fmt, ap);
+    va_end(ap);
+    ctx->last_status = st;
+    return st;
 }
 
 stof_status stof__fail(stof_context *ctx, stof_status st, const char *fmt, ...)
@@ -245,4 +259,11 @@ stof_status stof_errcode(const stof_context *ctx)
 int stof_has_device(const stof_context *ctx)
 {
     return ctx && ctx->device.ok;
+}
+
+double stof__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }

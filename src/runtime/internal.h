@@ -92,6 +92,18 @@ stof_status stof__fail(stof_context *ctx, stof_status st, const char *fmt, ...)
 #endif
     ;
 
+/* stof__fail without the log: for failures the caller may well recover
+ * from (it logs what it decides). */
+stof_status stof__fail_quiet(stof_context *ctx, stof_status st,
+                             const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Milliseconds on the monotonic clock. */
+double stof__now_ms(void);
+
 /* Mark the last call on ctx as successful (clears the message). */
 stof_status stof__ok(stof_context *ctx);
 

@@ -1,0 +1,378 @@
+/*
+ * layer_db.c - a Transformer layer and the tuning database: its keys
+ * (everything that decides the winners), loading its kernels (template
+ * cubins and cuBLASLt algorithms) from records, each verified on this GPU
+ * at its first use, and storing what tuning chose: one record per kernel
+ * (op "gemm" or "norm") and one for the layer (op "layer", the scheme).
+ */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "layer_int.h"
+#include "record_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define g_slot stof__layer_g_slot
+#define n_slot stof__layer_n_slot
+
+static void hash_key(const char *text, char key[33])
+{
+    XXH128_hash_t h = XXH3_128bits(text, strlen(text));
+    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64,
+             (unsigned long long)h.low64);
+}
+
+/* Everything that decides the winners: the layer, the mask, the device,
+ * the versions (cuBLASLt's too: its algorithms are stored). */
+void stof__layer_key(stof_layer *L, const char *mask_hex)
+{
+    const stof_device *dev = &L->ctx->device;
+    const stof_layer_desc *d = &L->d;
+    snprintf(L->key_text, sizeof(L->key_text),
+             "op=layer;v=1;mask=%s;batch=%d;seq=%d;hidden=%d;heads=%d;"
+             "ffn=%d;dtype=%s;act=%d;norm=%d;pre=%d;eps=%a;device=%s;"
+             "cc=%d.%d;sms=%d;driver=%d;nvrtc=%d.%d;stof=%s;"
+             "templates=%016llx;cublaslt=%zu",
+             mask_hex, d->batch, d->seq, d->hidden, d->heads, d->ffn,
+             stof__layer_dtype_str(d->dtype), (int)d->act, (int)d->norm, d->pre_norm,
+             (double)L->eps, dev->name, dev->cc_major, dev->cc_minor,
+             dev->sm_count, dev->driver_version, dev->nvrtc_major,
+             dev->nvrtc_minor, stof_version_string(),
+             (unsigned long long)stof_template_hash(), stof__blaslt_version());
+    hash_key(L->key_text, L->key);
+}
+
+void stof__layer_op_key(const stof_layer *L, const char *slot, char key[33])
+{
+    char text[1100];
+    snprintf(text, sizeof(text), "%s;slot=%s", L->key_text, slot);
+    hash_key(text, key);
+}
+
+/* --- loading kernels -------------------------------------------------------- */
+
+void stof__layer_gemm_unload(stof_layer *L, gemm_op *g)
+{
+    if (g->mod)
+        L->ctx->api->cuModuleUnload(g->mod);
+    stof__blaslt_free(&g->ltg);
+    g->mod = NULL;
+    g->fn = NULL;
+    g->ok = 0;
+}
+
+void stof__layer_norm_unload(stof_layer *L, norm_op *n)
+{
+    if (n->mod)
+        L->ctx->api->cuModuleUnload(n->mod);
+    n->mod = NULL;
+    n->fn = NULL;
+    n->ok = 0;
+}
+
+stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,
+                                           const stof_gemm_cfg *c,
+                                           const void *cubin)
+{
+    stof__layer_gemm_unload(L, g);
+    stof_status st = stof__gemm_load_cubin(L->ctx, c, &g->epi, g->N, cubin,
+                                           &g->mod, &g->fn);
+    if (st == STOF_OK) {
+        g->cfg = *c;
+        g->lt = 0;
+        g->ok = 1;
+    }
+    return st;
+}
+
+stof_status stof__layer_gemm_load_lt(stof_layer *L, gemm_op *g,
+                                     const void *algo)
+{
+    stof__layer_gemm_unload(L, g);
+    stof_status st = stof__blaslt_create(L->ctx, L->d.dtype, g->M, g->N, g->K,
+                                         g->K, g->K, g->N, &g->epi, 1,
+                                         &g->ltg);
+    if (st == STOF_OK)
+        st = stof__blaslt_set_algo(L->ctx, g->ltg, algo);
+    if (st == STOF_OK) {
+        g->lt = 1;
+        g->ok = 1;
+    } else {
+        stof__blaslt_free(&g->ltg);
+    }
+    return st;
+}
+
+stof_status stof__layer_norm_load(stof_layer *L, norm_op *n, int warps,
+                                  const void *cubin)
+{
+    stof__layer_norm_unload(L, n);
+    stof_status st = (stof_status)stof__module_load(L->ctx, cubin, "stof_norm",
+                                                    0, &n->mod, &n->fn);
+    if (st == STOF_OK) {
+        n->warps = warps;
+        n->ok = 1;
+    }
+    return st;
+}
+
+void stof__layer_unload_unused(stof_layer *L)
+{
+    int used_g[G_COUNT] = {0}, used_n[N_COUNT] = {0};
+    for (int i = 0; i < L->n_steps; i++) {
+        if (L->steps[i].kind == STEP_GEMM)
+            used_g[L->steps[i].op] = 1;
+        else if (L->steps[i].kind == STEP_NORM)
+            used_n[L->steps[i].op] = 1;
+    }
+    for (int i = 0; i < G_COUNT; i++)
+        if (!used_g[i])
+            stof__layer_gemm_unload(L, &L->g[i]);
+    for (int i = 0; i < N_COUNT; i++)
+        if (!used_n[i])
+            stof__layer_norm_unload(L, &L->n[i]);
+}
+
+/* --- the database ------------------------------------------------------------ */
+
+static void record_base(const stof_layer *L, const char *mask_hex,
+                        const char *spec, stof_db_record *r)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->mask_digest, sizeof(r->mask_digest), "%s", mask_hex);
+    if (spec)
+        snprintf(r->mask_spec, sizeof(r->mask_spec), "%s", spec);
+    snprintf(r->dtype, sizeof(r->dtype), "%s", stof__layer_dtype_str(L->d.dtype));
+    stof__db_record_env(L->ctx, r);
+    snprintf(r->arch, sizeof(r->arch), "%s", L->ctx->device.arch);
+    r->verified = 1;
+}
+
+int stof__layer_record_check(const stof_db_record *r, char *why, size_t n)
+{
+    if (!strcmp(r->op, "layer")) {
+        int ja = -1, jb = -1;
+        if (strcmp(r->kernel, "scheme") != 0 ||
+            sscanf(r->config, "{\"ja\":%d,\"jb\":%d", &ja, &jb) != 2 ||
+            ja < 0 || ja >= J_COUNT || jb < 0 || jb >= J_COUNT)
+            return stof__why(why, n, "malformed layer scheme");
+        return 1;
+    }
+    if (!strcmp(r->op, "norm")) {
+        int warps = 0;
+        if (strcmp(r->kernel, "norm") != 0 ||
+            sscanf(r->config, "{\"warps\":%d", &warps) != 1 || warps < 1 ||
+            warps > 32)
+            return stof__why(why, n, "malformed norm configuration");
+        return 1;
+    }
+    if (strcmp(r->op, "gemm") != 0)
+        return stof__why(why, n, "not a layer record");
+    if (!strcmp(r->kernel, "cublaslt")) {
+        size_t ver = 0;
+        if (sscanf(r->config, "{\"lt\":%zu", &ver) != 1 ||
+            r->cubin_size != STOF_BLASLT_ALGO_BYTES)
+            return stof__why(why, n, "malformed cuBLASLt algorithm");
+        return 1;
+    }
+    stof_gemm_cfg c;
+    stof_gemm_epi e;
+    char cw[200];
+    if (strcmp(r->kernel, "gemm") != 0 ||
+        !stof__gemm_cfg_parse(r->config, &c, &e))
+        return stof__why(why, n, "malformed GEMM configuration");
+    if (r->seq_q < 1 || r->seq_k < 1 ||
+        !stof__gemm_cfg_valid(NULL, &c, &e, r->seq_q, r->seq_k, cw,
+                              sizeof(cw)))
+        return stof__why(why, n, "invalid GEMM configuration: %s",
+                         r->seq_q < 1 || r->seq_k < 1 ? "sizes" : cw);
+    return 1;
+}
+
+/* Load the scheme and its kernels stored under L's keys. STOF_OK, or
+ * STOF_ERR_NOT_FOUND (a miss, or something unusable: logged). */
+stof_status stof__layer_from_db(stof_layer *L)
+{
+    stof_db *db = stof__ctx_db(L->ctx);
+    stof_db_record rec;
+    if (!db || stof__db_lookup(db, L->key, &rec) != STOF_OK)
+        return STOF_ERR_NOT_FOUND;
+    int ja = -1, jb = -1;
+    const int ok = strcmp(rec.op, "layer") == 0 &&
+                   sscanf(rec.config, "{\"ja\":%d,\"jb\":%d", &ja, &jb) == 2 &&
+                   ja >= 0 && ja < J_COUNT && jb >= 0 && jb < J_COUNT;
+    L->layer_ms = rec.time_ms;
+    L->model_ms = rec.model_ms;
+    stof__db_record_clear(&rec);
+    if (!ok) {
+        stof__log(L->ctx, STOF_LOG_WARN,
+                  "layer record %s is malformed; tuning again", L->key);
+        return STOF_ERR_NOT_FOUND;
+    }
+    stof__layer_build_steps(L, ja, jb);
+    stof_status st = STOF_OK;
+    /* The kernels' records that this host has not verified yet. */
+    stof_db_record fresh[MAX_STEPS];
+    int fresh_step[MAX_STEPS], n_fresh = 0;
+    for (int i = 0; i < L->n_steps && st == STOF_OK; i++) {
+        const step *s = &L->steps[i];
+        if (s->kind == STEP_ATTN)
+            continue;
+        const char *slot = s->kind == STEP_GEMM ? g_slot[s->op] : n_slot[s->op];
+        char key[33];
+        stof__layer_op_key(L, slot, key);
+        if (stof__db_lookup(db, key, &rec) != STOF_OK) {
+            stof__log(L->ctx, STOF_LOG_WARN,
+                      "layer %s: the record of its %s kernel is missing; "
+                      "tuning again",
+                      L->key, slot);
+            st = STOF_ERR_NOT_FOUND;
+            break;
+        }
+        if (s->kind == STEP_GEMM) {
+            gemm_op *g = &L->g[s->op];
+            stof_gemm_cfg c;
+            stof_gemm_epi e;
+            size_t ver = 0;
+            if (strcmp(rec.kernel, "cublaslt") == 0 &&
+                sscanf(rec.config, "{\"lt\":%zu", &ver) == 1 &&
+                ver == stof__blaslt_version() &&
+                rec.cubin_size == STOF_BLASLT_ALGO_BYTES)
+                st = stof__layer_gemm_load_lt(L, g, rec.cubin);
+            else if (strcmp(rec.kernel, "gemm") == 0 &&
+                     stof__gemm_cfg_parse(rec.config, &c, &e) &&
+                     memcmp(&e, &g->epi, sizeof(e)) == 0 && rec.cubin)
+                st = stof__layer_gemm_load_template(L, g, &c, rec.cubin);
+            else
+                st = STOF_ERR_NOT_FOUND;
+            g->ms = rec.time_ms;
+            g->model_ms = rec.model_ms;
+            g->n_timed = rec.n_candidates;
+        } else {
+            norm_op *n = &L->n[s->op];
+            int warps = 0;
+            if (strcmp(rec.kernel, "norm") == 0 &&
+                sscanf(rec.config, "{\"warps\":%d", &warps) == 1 &&
+                warps >= 1 && warps <= 32 && rec.cubin)
+                st = stof__layer_norm_load(L, n, warps, rec.cubin);
+            else
+                st = STOF_ERR_NOT_FOUND;
+            n->ms = rec.time_ms;
+        }
+        if (st != STOF_OK)
+            stof__log(L->ctx, STOF_LOG_WARN,
+                      "layer %s: its stored %s kernel cannot be used (%s); "
+                      "tuning again",
+                      L->key, slot, stof_status_str(st));
+        if (st == STOF_OK && !stof__db_trusted(db, &rec) &&
+            n_fresh < MAX_STEPS) {
+            fresh[n_fresh] = rec;
+            fresh[n_fresh].cubin = NULL;
+            fresh_step[n_fresh++] = i;
+        }
+        stof__db_record_clear(&rec);
+    }
+    if (st == STOF_OK && n_fresh)
+        st = stof__layer_verify_loaded(L, db, fresh, fresh_step, n_fresh);
+    if (st != STOF_OK) {
+        for (int i = 0; i < G_COUNT; i++)
+            stof__layer_gemm_unload(L, &L->g[i]);
+        for (int i = 0; i < N_COUNT; i++)
+            stof__layer_norm_unload(L, &L->n[i]);
+        return STOF_ERR_NOT_FOUND;
+    }
+    return STOF_OK;
+}
+
+void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
+                       const layer_winner *wg, const layer_winner *wn,
+                       int reps, int rows, double tol)
+{
+    stof_db *db = stof__ctx_db(L->ctx);
+    if (!db || !stof__db_writable(db)) {
+        stof__log(L->ctx, STOF_LOG_WARN,
+                  "layer tuned but not stored: no writable tuning database");
+        return;
+    }
+    const int replace = L->ctx->settings.tuning_mode == STOF_TUNE_FORCE;
+    const char *spec = m->spec;
+    stof_db_record r;
+    int fails = 0;
+    for (int i = 0; i < L->n_steps; i++) {
+        const step *s = &L->steps[i];
+        if (s->kind == STEP_ATTN)
+            continue;
+        record_base(L, mask_hex, spec, &r);
+        const layer_winner *w = s->kind == STEP_GEMM ? &wg[s->op] : &wn[s->op];
+        if (s->kind == STEP_GEMM) {
+            const gemm_op *g = &L->g[s->op];
+            stof__layer_op_key(L, g_slot[s->op], r.key);
+            snprintf(r.op, sizeof(r.op), "gemm");
+            r.batch = g->M;
+            r.seq_q = g->N;
+            r.seq_k = g->K;
+            snprintf(r.layout, sizeof(r.layout), "rows");
+            snprintf(r.kernel, sizeof(r.kernel), "%s",
+                     g->lt ? "cublaslt" : "gemm");
+            stof__layer_gemm_config_json(g, r.config, sizeof(r.config));
+            r.cubin = g->lt ? (void *)w->algo : (void *)w->art;
+            r.cubin_size = g->lt ? STOF_BLASLT_ALGO_BYTES : w->size;
+            r.model_ms = w->first_ms;
+        } else {
+            const norm_op *n = &L->n[s->op];
+            stof__layer_op_key(L, n_slot[s->op], r.key);
+            snprintf(r.op, sizeof(r.op), "norm");
+            r.batch = L->M;
+            r.seq_q = L->d.hidden;
+            snprintf(r.layout, sizeof(r.layout), "rows");
+            snprintf(r.kernel, sizeof(r.kernel), "norm");
+            snprintf(r.config, sizeof(r.config),
+                     "{\"warps\":%d,\"bias\":%d,\"res\":%d,\"pre\":%d,"
+                     "\"norm\":%d}",
+                     n->warps, n->bias, n->res, n->pre, (int)L->d.norm);
+            r.cubin = (void *)w->art;
+            r.cubin_size = w->size;
+            r.model_ms = w->first_ms;
+        }
+        r.time_ms = w->ms;
+        r.runner_up_ms = w->runner_up;
+        r.n_candidates = w->n_timed;
+        snprintf(r.measured, sizeof(r.measured),
+                 "{\"method\":\"cuda events, median, L2 flushed\","
+                 "\"reps\":%d,\"rejected\":%d,\"checked_rows\":%d,"
+                 "\"tolerance\":%g}",
+                 reps, w->n_rejected, rows, tol);
+        fails += stof__db_store(db, &r, replace, 1) != STOF_OK;
+    }
+    record_base(L, mask_hex, spec, &r);
+    snprintf(r.key, sizeof(r.key), "%s", L->key);
+    snprintf(r.op, sizeof(r.op), "layer");
+    r.batch = L->d.batch;
+    r.heads = L->d.heads;
+    r.seq_q = r.seq_k = L->d.seq;
+    r.head_dim = L->hd;
+    snprintf(r.layout, sizeof(r.layout), "layer");
+    snprintf(r.kernel, sizeof(r.kernel), "scheme");
+    snprintf(r.config, sizeof(r.config),
+             "{\"ja\":%d,\"jb\":%d,\"pre\":%d,\"hidden\":%d,\"ffn\":%d,"
+             "\"act\":%d,\"norm\":%d}",
+             L->ja, L->jb, L->d.pre_norm, L->d.hidden, L->d.ffn, (int)L->d.act,
+             (int)L->d.norm);
+    r.time_ms = L->layer_ms;
+    r.model_ms = L->model_ms;
+    r.n_candidates = J_COUNT;
+    snprintf(r.measured, sizeof(r.measured),
+             "{\"method\":\"cuda events, median, L2 flushed\",\"reps\":%d,"
+             "\"what\":\"one layer, scratch weights\"}",
+             reps);
+    if (!fails)
+        fails += stof__db_store(db, &r, replace, 1) != STOF_OK;
+    if (fails)
+        stof__log(L->ctx, STOF_LOG_WARN,
+                  "layer %s: %d tuning record(s) could not be stored: %s",
+                  L->key, fails, stof_errmsg(L->ctx));
+}

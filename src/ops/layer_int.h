@@ -1,0 +1,182 @@
+/*
+ * layer_int.h - what the Transformer layer's files share: the chain's
+ * buffers, operations and steps, the layer object, and the functions that
+ * cross files (layer.c: the chain, schemes, launches, plan; layer_db.c:
+ * keys, kernels loaded from the tuning database and stored to it;
+ * layer_search.c: the layer's GEMM and norm operations of the search
+ * engine, scratch data, and tuning). Not for other modules.
+ */
+#ifndef STOF_LAYER_INT_H
+#define STOF_LAYER_INT_H
+
+#include "internal.h"
+
+#include "blaslt.h"
+#include "db.h"
+#include "gemm.h"
+
+/* --- buffers, operations, steps ----------------------------------------- */
+
+enum {
+    SYM_NONE,
+    SYM_X, SYM_Y, SYM_QKV, SYM_ATT, SYM_H, SYM_T, SYM_N, SYM_F,
+    SYM_WQKV, SYM_BQKV, SYM_WO, SYM_BO, SYM_W1, SYM_B1, SYM_W2, SYM_B2,
+    SYM_G1, SYM_BE1, SYM_G2, SYM_BE2,
+    SYM_COUNT
+};
+#define SYM_FIRST_BUF SYM_QKV
+#define SYM_LAST_BUF SYM_F
+#define SYM_FIRST_W SYM_WQKV
+
+/* The GEMMs and norm kernels any scheme may use. */
+enum { G_QKV, G_A_RES, G_A_PLAIN, G_A_NORM, G_FFN1, G_B_RES, G_B_PLAIN,
+       G_B_NORM, G_COUNT };
+enum { N_IN, N_A_PLAIN, N_A_BR, N_B_PLAIN, N_B_BR, N_COUNT };
+enum { J_RES_NORM, J_BIAS_RES_NORM, J_FUSED, J_COUNT };
+
+/* Names of the GEMM slots, norm slots and junction cuts (layer.c). */
+extern const char *const stof__layer_g_slot[G_COUNT];
+extern const char *const stof__layer_n_slot[N_COUNT];
+extern const char *const stof__layer_j_name[J_COUNT];
+
+typedef struct gemm_op {
+    int used;
+    int M, N, K;
+    stof_gemm_epi epi;
+    /* the chosen kernel */
+    int ok, lt;
+    stof_gemm_cfg cfg;
+    CUmodule mod;
+    CUfunction fn;
+    stof_blaslt_gemm *ltg;
+    double ms, model_ms;
+    int n_timed, n_rejected;
+} gemm_op;
+
+typedef struct norm_op {
+    int used;
+    int bias, res, pre;
+    int warps;
+    int ok;
+    CUmodule mod;
+    CUfunction fn;
+    double ms, model_ms;
+} norm_op;
+
+enum { STEP_GEMM, STEP_NORM, STEP_ATTN };
+/* Operand slots of a step. GEMM: a, w, bias, res, out, pre, gamma, beta.
+ * NORM: a = x, res, bias, out, pre, gamma, beta. */
+enum { O_A, O_W, O_BIAS, O_RES, O_OUT, O_PRE, O_GAMMA, O_BETA, O_COUNT };
+typedef struct step {
+    int kind, op;
+    int s[O_COUNT];
+} step;
+
+#define MAX_STEPS 12
+
+struct stof_layer {
+    stof_context *ctx;
+    stof_layer_desc d;
+    int M, hd;
+    float eps;
+    stof_plan *attn;
+    gemm_op g[G_COUNT];
+    norm_op n[N_COUNT];
+    int ja, jb;
+    step steps[MAX_STEPS];
+    int n_steps;
+    CUdeviceptr buf[SYM_COUNT]; /* intermediates (QKV..F) */
+    CUdeviceptr mem, lt_ws;
+    CUstream cap_stream;
+    CUgraph graph;
+    CUgraphExec gexec;
+    uint64_t graph_key;
+    char key[33];
+    char key_text[1024];
+    char source[16];       /* "database", "tuned", "model" */
+    double layer_ms, model_ms, tune_s;
+    double verify_ms;       /* first use of database kernels here */
+    char errmsg[1024];
+};
+
+/* --- layer.c: the chain ---------------------------------------------------- */
+
+/* Elements per token row of buffer sym. */
+int stof__layer_tok_ld(const stof_layer *L, int sym);
+/* The steps of scheme (ja, jb) into L->steps. */
+void stof__layer_build_steps(stof_layer *L, int ja, int jb);
+/* The cheapest cut of a junction (measured or modelled costs), or -1. */
+int stof__layer_pick_junction(const stof_layer *L, int g0, int n0,
+                              int measured);
+/* The device pointer of symbol s (weights wp, input x, output y). */
+CUdeviceptr stof__layer_sym_ptr(const stof_layer *L, const CUdeviceptr *wp,
+                                CUdeviceptr x, CUdeviceptr y, int s);
+stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
+                                    const step *s, const CUdeviceptr *wp,
+                                    CUdeviceptr x, CUdeviceptr y,
+                                    CUstream stream);
+stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
+                                    const step *s, const CUdeviceptr *wp,
+                                    CUdeviceptr x, CUdeviceptr y,
+                                    CUstream stream);
+/* Enqueue every step; the context must be current. */
+stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
+                                  CUdeviceptr x, CUdeviceptr y,
+                                  CUstream stream);
+/* A GEMM's configuration as stored in records and described. */
+void stof__layer_gemm_config_json(const gemm_op *g, char *buf, size_t n);
+const char *stof__layer_dtype_str(stof_dtype t);
+
+/* --- layer_db.c: keys, kernels, records ------------------------------------ */
+
+/* L->key and L->key_text from the layer, the mask, the device and the
+ * versions; the key of one of its kernels (slot). */
+void stof__layer_key(stof_layer *L, const char *mask_hex);
+void stof__layer_op_key(const stof_layer *L, const char *slot, char key[33]);
+void stof__layer_gemm_unload(stof_layer *L, gemm_op *g);
+void stof__layer_norm_unload(stof_layer *L, norm_op *n);
+stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,
+                                           const stof_gemm_cfg *c,
+                                           const void *cubin);
+stof_status stof__layer_gemm_load_lt(stof_layer *L, gemm_op *g,
+                                     const void *algo);
+stof_status stof__layer_norm_load(stof_layer *L, norm_op *n, int warps,
+                                  const void *cubin);
+/* Unload the kernels no step of the current scheme uses. */
+void stof__layer_unload_unused(stof_layer *L);
+/* Load the scheme and its kernels stored under L's keys, each record
+ * verified on this GPU at its first use: STOF_OK, or STOF_ERR_NOT_FOUND (a
+ * miss, or something unusable: logged). */
+stof_status stof__layer_from_db(stof_layer *L);
+
+/* What tuning found for one GEMM or norm op, for its record. */
+typedef struct layer_winner {
+    int found;
+    const void *art;          /* template or norm cubin (not owned) */
+    size_t size;
+    uint8_t algo[STOF_BLASLT_ALGO_BYTES]; /* cuBLASLt: the algorithm */
+    double ms, runner_up, first_ms;
+    int n_timed, n_rejected;
+} layer_winner;
+
+/* Store the used kernels' records and the layer's (its scheme). */
+void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
+                       const layer_winner *wg, const layer_winner *wn,
+                       int reps, int rows, double tol);
+
+/* --- layer_search.c: tuning ------------------------------------------------ */
+
+/* Tune the layer's kernels through the search engine and pick the scheme
+ * (model_only: the cost model's choices, nothing run), then store. */
+stof_status stof__layer_tune(stof_layer *L, const stof_mask *m,
+                             const char *mask_hex, int model_only);
+
+/* Verify kernels loaded from the database (steps step_of[i], records
+ * recs[i]) on this GPU before their first use; trusted ones are
+ * remembered, a failure is logged and makes the layer tune again
+ * (STOF_ERR_NOT_FOUND). */
+stof_status stof__layer_verify_loaded(stof_layer *L, stof_db *db,
+                                      const stof_db_record *recs,
+                                      const int *step_of, int n);
+
+#endif
