@@ -39,7 +39,7 @@
  * A stof_db is one connection per layer, used by one thread at a time (the
  * context's thread): connections are opened with SQLITE_OPEN_NOMUTEX.
  */
-#include "db.h"
+#include "db_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -50,30 +50,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <sqlite3.h>
-
-/* "STOF" in ASCII. */
-#define STOF_DB_APPLICATION_ID 0x53544f46
-#define DB_BUSY_TIMEOUT_MS 10000
-
-/* The columns of `records` that map one to one onto stof_db_record fields:
- * T text (char array), I int, L int64, D double. The cubin and hits columns
- * follow them in every statement. The v1 DDL below is written out in full
- * (a migration must never change), so a new field means a new migration
- * step plus an entry here. */
-#define DB_FIELDS(T, I, L, D)                                                  \
-    T(key) T(op) T(mask_digest) T(mask_spec)                                   \
-    I(batch) I(heads) I(seq_q) I(seq_k) I(head_dim) T(dtype) T(layout)         \
-    T(device_name) I(cc_major) I(cc_minor) I(sm_count) I(driver_version)       \
-    T(nvrtc_version) T(stof_version) T(template_hash)                          \
-    T(kernel) T(config) T(arch)                                                \
-    D(time_ms) D(runner_up_ms) D(model_ms) I(n_candidates) I(verified)         \
-    T(measured) L(created_at) T(host) T(content_hash)
-
-#define DB_NAME_(f) #f ","
-#define DB_PARAM_(f) "?,"
-#define DB_SET_(f) #f "=excluded." #f ","
-#define DB_COLUMNS DB_FIELDS(DB_NAME_, DB_NAME_, DB_NAME_, DB_NAME_) "cubin,hits"
 
 /* ------------------------------------------------------------- schema */
 
@@ -151,23 +127,7 @@ _Static_assert(sizeof(db_migrations) / sizeof(db_migrations[0]) ==
                    STOF_DB_SCHEMA_VERSION,
                "every schema version needs its migration step");
 
-/* --------------------------------------------------------- statements */
-
-enum {
-    ST_LOOKUP,
-    ST_HIT,
-    ST_STORE,
-    ST_NEXT_RECORD,
-    ST_MISS,
-    ST_NEXT_MISS,
-    ST_DELETE_MISS,
-    ST_TRUSTED,
-    ST_TRUST,
-    ST_FORGET,
-    ST_COUNT_
-};
-
-static const char *const db_sql[ST_COUNT_] = {
+const char *const stof__db_sql[ST_COUNT_] = {
     [ST_LOOKUP] = "SELECT " DB_COLUMNS " FROM records WHERE key = ?1",
     [ST_HIT] = "UPDATE records SET hits = hits + 1 WHERE key = ?1",
     /* The conflict rule: replace when asked, else only with a verified
@@ -196,46 +156,61 @@ static const char *const db_sql[ST_COUNT_] = {
     [ST_FORGET] = "DELETE FROM records WHERE key = ?1 AND content_hash = ?2",
 };
 
-/* ------------------------------------------------------------- layers */
+/* --------------------------------------------------- shared helpers */
 
-typedef enum db_mode { MODE_RW, MODE_RO, MODE_IMMUTABLE } db_mode;
-
-typedef struct db_layer {
-    char *path;            /* NULL: no database in this slot */
-    sqlite3 *conn;         /* NULL when unusable */
-    int writable;
-    db_mode mode;
-    int warned;            /* a lookup error was logged */
-    char why[512];         /* why unusable or read-only */
-    sqlite3_stmt *st[ST_COUNT_];
-} db_layer;
-
-/* Trust kept in memory when the user database cannot hold it. */
-typedef struct db_trust_mem {
-    char (*v)[66];         /* key followed by content hash */
-    int n, cap;
-} db_trust_mem;
-
-struct stof_db {
-    stof_context *ctx;
-    db_trust_mem trust;
-    int n_layers;          /* 1 + number of system paths */
-    db_layer layers[];     /* [0] user, [i + 1] system_paths[i] */
-};
-
-/* Record a failed SQLite call on ctx: the message names what failed, the
+/* Record a failed SQLite call on sink: the message names what failed, the
  * SQLite message and code, the file, and where in this file. */
-static stof_status db_fail_at(stof_db *db, const db_layer *L, int rc,
-                              const char *what, int line)
+stof_status stof__db_fail_at(stof_db *db, const db_layer *L, int rc,
+                             const char *what, int line)
 {
     const char *msg = L && L->conn ? sqlite3_errmsg(L->conn)
                                    : sqlite3_errstr(rc);
-    return stof__fail(db ? db->ctx : NULL, STOF_ERR_DATABASE,
-                      "%s: %s (SQLite error %d) in tuning database %s at "
-                      "cache/db.c:%d",
-                      what, msg, rc, L && L->path ? L->path : "(none)", line);
+    char text[sizeof(db->last_err)];
+    snprintf(text, sizeof(text),
+             "%s: %s (SQLite error %d) in tuning database %s at line %d of "
+             "the database code",
+             what, msg, rc, L && L->path ? L->path : "(none)", line);
+    if (!db)
+        return STOF_ERR_DATABASE;
+    memcpy(db->last_err, text, sizeof(text));
+    return stof__dbs_fail(&db->sink, STOF_ERR_DATABASE, "%s", text);
 }
-#define DB_FAIL(db, L, rc, what) db_fail_at((db), (L), (rc), (what), __LINE__)
+
+int stof__db_exec(sqlite3 *c, const char *sql)
+{
+    return sqlite3_exec(c, sql, NULL, NULL, NULL);
+}
+
+/* Undo an open transaction after a failure (nothing when none is open). */
+void stof__db_rollback(sqlite3 *c)
+{
+    if (!sqlite3_get_autocommit(c))
+        (void)stof__db_exec(c, "ROLLBACK");
+}
+
+/* The prepared statement `which` of L (prepared once, kept until close). */
+int stof__db_layer_stmt(db_layer *L, int which, sqlite3_stmt **out)
+{
+    if (!L->st[which]) {
+        int rc = sqlite3_prepare_v3(L->conn, stof__db_sql[which], -1,
+                                    SQLITE_PREPARE_PERSISTENT, &L->st[which],
+                                    NULL);
+        if (rc != SQLITE_OK) {
+            *out = NULL;
+            return rc;
+        }
+    }
+    *out = L->st[which];
+    return SQLITE_OK;
+}
+
+void stof__db_done_stmt(sqlite3_stmt *s)
+{
+    if (s) {
+        sqlite3_reset(s);
+        sqlite3_clear_bindings(s);
+    }
+}
 
 /* Errors that mean "cannot write here" (or cannot create the -wal/-shm
  * files) rather than "this is not a good database": worth retrying with a
@@ -502,17 +477,7 @@ static const char *kind_why(db_kind k, const db_header *h, char *buf,
     return buf;
 }
 
-static int exec_sql(sqlite3 *c, const char *sql)
-{
-    return sqlite3_exec(c, sql, NULL, NULL, NULL);
-}
 
-/* Undo an open transaction after a failure (nothing when none is open). */
-static void rollback_if_open(sqlite3 *c)
-{
-    if (!sqlite3_get_autocommit(c))
-        (void)exec_sql(c, "ROLLBACK");
-}
 
 /* Bring an empty or older stof database up to STOF_DB_SCHEMA_VERSION under
  * the write lock. The header is read again inside the transaction: another
@@ -520,7 +485,7 @@ static void rollback_if_open(sqlite3 *c)
  * the SQLite code; *kind says what the file turned out to be. */
 static int migrate(sqlite3 *c, db_kind *kind, db_header *h)
 {
-    int rc = exec_sql(c, "BEGIN IMMEDIATE");
+    int rc = stof__db_exec(c, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK)
         return rc;
     rc = read_header(c, h);
@@ -528,14 +493,14 @@ static int migrate(sqlite3 *c, db_kind *kind, db_header *h)
         goto fail;
     *kind = classify(h);
     if (*kind != KIND_OLDER) {
-        rc = exec_sql(c, "COMMIT");
+        rc = stof__db_exec(c, "COMMIT");
         goto done;
     }
     for (size_t i = 0; i < sizeof(db_migrations) / sizeof(db_migrations[0]);
          i++) {
         if (db_migrations[i].to <= h->version)
             continue;
-        rc = exec_sql(c, db_migrations[i].sql);
+        rc = stof__db_exec(c, db_migrations[i].sql);
         if (rc != SQLITE_OK)
             goto fail;
     }
@@ -547,10 +512,10 @@ static int migrate(sqlite3 *c, db_kind *kind, db_header *h)
              " ('schema_version', %d), ('stof_version', '%s');",
              STOF_DB_APPLICATION_ID, STOF_DB_SCHEMA_VERSION,
              STOF_DB_SCHEMA_VERSION, stof_version_string());
-    rc = exec_sql(c, sql);
+    rc = stof__db_exec(c, sql);
     if (rc != SQLITE_OK)
         goto fail;
-    rc = exec_sql(c, "COMMIT");
+    rc = stof__db_exec(c, "COMMIT");
     if (rc != SQLITE_OK)
         goto fail;
     h->app_id = STOF_DB_APPLICATION_ID;
@@ -559,25 +524,10 @@ static int migrate(sqlite3 *c, db_kind *kind, db_header *h)
 done:
     return rc;
 fail:
-    rollback_if_open(c);
+    stof__db_rollback(c);
     return rc;
 }
 
-/* The prepared statement `which` of L (prepared once, kept until close). */
-static int layer_stmt(db_layer *L, int which, sqlite3_stmt **out)
-{
-    if (!L->st[which]) {
-        int rc = sqlite3_prepare_v3(L->conn, db_sql[which], -1,
-                                    SQLITE_PREPARE_PERSISTENT, &L->st[which],
-                                    NULL);
-        if (rc != SQLITE_OK) {
-            *out = NULL;
-            return rc;
-        }
-    }
-    *out = L->st[which];
-    return SQLITE_OK;
-}
 
 static void layer_close(db_layer *L)
 {
@@ -598,7 +548,7 @@ static int records_match(sqlite3 *c, char *why, size_t n)
     static const int check[] = {ST_LOOKUP, ST_STORE, ST_MISS};
     for (size_t i = 0; i < sizeof(check) / sizeof(check[0]); i++) {
         sqlite3_stmt *s = NULL;
-        int rc = sqlite3_prepare_v2(c, db_sql[check[i]], -1, &s, NULL);
+        int rc = sqlite3_prepare_v2(c, stof__db_sql[check[i]], -1, &s, NULL);
         sqlite3_finalize(s);
         if (rc != SQLITE_OK) {
             snprintf(why, n, "its tables do not match this build: %s",
@@ -649,7 +599,7 @@ static int schema_is_version(sqlite3 *c, int version, char *why, size_t n)
                            i < sizeof(db_migrations) / sizeof(db_migrations[0]);
              i++)
             if (db_migrations[i].to <= version)
-                rc = exec_sql(mem, db_migrations[i].sql);
+                rc = stof__db_exec(mem, db_migrations[i].sql);
         if (rc == SQLITE_OK)
             want = schema_text(mem);
     }
@@ -669,7 +619,7 @@ static int schema_is_version(sqlite3 *c, int version, char *why, size_t n)
  * NORMAL, and the schema (created or migrated) when *kind is KIND_OLDER.
  * Returns the SQLite code; *kind becomes KIND_CURRENT, or what the file
  * turned out to be. */
-static int setup_writable(stof_context *ctx, db_layer *L, sqlite3 *c,
+static int setup_writable(const stof_db_sink *sink, db_layer *L, sqlite3 *c,
                           db_kind *kind, db_header *h)
 {
     /* WAL lets readers and one writer work at once; when it cannot be had
@@ -682,7 +632,7 @@ static int setup_writable(stof_context *ctx, db_layer *L, sqlite3 *c,
         if (rc == SQLITE_ROW) {
             const char *jm = (const char *)sqlite3_column_text(s, 0);
             if (!jm || strcmp(jm, "wal") != 0)
-                stof__log(ctx, STOF_LOG_INFO,
+                stof__dbs_log(sink, STOF_LOG_INFO,
                           "tuning database %s: WAL mode not available "
                           "(journal mode %s)",
                           L->path, jm ? jm : "?");
@@ -691,7 +641,7 @@ static int setup_writable(stof_context *ctx, db_layer *L, sqlite3 *c,
     }
     sqlite3_finalize(s);
     if (rc == SQLITE_OK)
-        rc = exec_sql(c, "PRAGMA synchronous=NORMAL");
+        rc = stof__db_exec(c, "PRAGMA synchronous=NORMAL");
     if (rc == SQLITE_OK && *kind == KIND_OLDER)
         rc = migrate(c, kind, h);
     return rc;
@@ -700,7 +650,7 @@ static int setup_writable(stof_context *ctx, db_layer *L, sqlite3 *c,
 /* Open layer L: the user database (user = 1: writable if possible, created
  * when missing) or a system database. Leaves L->conn NULL when unusable;
  * logs what it did. */
-static void layer_open(stof_context *ctx, db_layer *L, int user)
+static void layer_open(const stof_db_sink *sink, db_layer *L, int user)
 {
     const char *role = user ? "user" : "system";
     char first_why[sizeof(L->why)] = "";
@@ -779,7 +729,7 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
              * busy handler) while other processes open the same new file:
              * retry for as long as the busy timeout would have waited. */
             for (int attempt = 0;; attempt++) {
-                rc = setup_writable(ctx, L, c, &kind, &h);
+                rc = setup_writable(sink, L, c, &kind, &h);
                 const int locked = (rc & 0xff) == SQLITE_BUSY ||
                                    (rc & 0xff) == SQLITE_LOCKED;
                 if (!locked || attempt >= 400)
@@ -806,7 +756,7 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
         L->writable = writable;
         L->mode = mode;
         sqlite3_stmt *s;
-        rc = layer_stmt(L, ST_LOOKUP, &s);
+        rc = stof__db_layer_stmt(L, ST_LOOKUP, &s);
         if (rc != SQLITE_OK) {
             snprintf(L->why, sizeof(L->why), "preparing lookups: %s",
                      sqlite3_errmsg(c));
@@ -820,7 +770,7 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
         snprintf(L->why, sizeof(L->why), "%s",
                  first_why[0] ? first_why : "opened read-only");
         if (user)
-            stof__log(ctx, STOF_LOG_WARN,
+            stof__dbs_log(sink, STOF_LOG_WARN,
                       "tuning database %s (user): cannot be written (%s%s); "
                       "using it read-only%s, tuning results will not be "
                       "stored",
@@ -832,7 +782,7 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
                             "others are not seen)"
                           : "");
         else if (mode == MODE_IMMUTABLE)
-            stof__log(ctx, STOF_LOG_INFO,
+            stof__dbs_log(sink, STOF_LOG_INFO,
                       "tuning database %s (system): opened immutable (%s)",
                       L->path, L->why);
         return;
@@ -843,32 +793,11 @@ static void layer_open(stof_context *ctx, db_layer *L, int user)
                  " (creating its directory failed: %s)",
                  strerror(mkdir_errno));
     }
-    stof__log(ctx, STOF_LOG_WARN, "tuning database %s (%s): skipped: %s",
+    stof__dbs_log(sink, STOF_LOG_WARN, "tuning database %s (%s): skipped: %s",
               L->path, role, L->why[0] ? L->why : "cannot be opened");
 }
 
 /* --------------------------------------------------------- public API */
-
-void stof__db_record_env(const stof_context *ctx, stof_db_record *r)
-{
-    const stof_device *dev = &ctx->device;
-    /* Device names are short; truncation only guards the array. */
-    size_t nl = strlen(dev->name);
-    if (nl >= sizeof(r->device_name))
-        nl = sizeof(r->device_name) - 1;
-    memcpy(r->device_name, dev->name, nl);
-    r->device_name[nl] = '\0';
-    r->cc_major = dev->cc_major;
-    r->cc_minor = dev->cc_minor;
-    r->sm_count = dev->sm_count;
-    r->driver_version = dev->driver_version;
-    snprintf(r->nvrtc_version, sizeof(r->nvrtc_version), "%d.%d",
-             dev->nvrtc_major, dev->nvrtc_minor);
-    snprintf(r->stof_version, sizeof(r->stof_version), "%s",
-             stof_version_string());
-    snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
-             (unsigned long long)stof_template_hash());
-}
 
 void stof__db_record_clear(stof_db_record *r)
 {
@@ -902,11 +831,11 @@ int stof__db_default_path(char *buf, size_t n)
     return 1;
 }
 
-stof_status stof__db_open(stof_context *ctx, const char *user_path,
+stof_status stof__db_open(const stof_db_sink *sink, const char *user_path,
                           const char *const *system_paths, stof_db **out)
 {
     if (!out)
-        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+        return stof__dbs_fail(sink, STOF_ERR_INVALID_ARGUMENT,
                           "stof__db_open: out is NULL");
     *out = NULL;
     int n_sys = 0;
@@ -915,9 +844,9 @@ stof_status stof__db_open(stof_context *ctx, const char *user_path,
     stof_db *db = calloc(1, sizeof(*db) + (size_t)(n_sys + 1) *
                                               sizeof(db_layer));
     if (!db)
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+        return stof__dbs_fail(sink, STOF_ERR_OUT_OF_MEMORY,
                           "tuning database: out of memory");
-    db->ctx = ctx;
+    db->sink = *sink;
     db->n_layers = n_sys + 1;
 
     char def[4096];
@@ -925,7 +854,7 @@ stof_status stof__db_open(stof_context *ctx, const char *user_path,
         if (stof__db_default_path(def, sizeof(def)))
             user_path = def;
         else
-            stof__log(ctx, STOF_LOG_INFO,
+            stof__dbs_log(sink, STOF_LOG_INFO,
                       "no user tuning database: none of STOF_USER_DB, "
                       "XDG_CACHE_HOME, HOME is set");
     }
@@ -944,22 +873,22 @@ stof_status stof__db_open(stof_context *ctx, const char *user_path,
     }
 
     if (db->layers[0].path)
-        layer_open(ctx, &db->layers[0], 1);
+        layer_open(sink, &db->layers[0], 1);
     for (int i = 1; i < db->n_layers; i++) {
         if (!db->layers[i].path[0]) {
             snprintf(db->layers[i].why, sizeof(db->layers[i].why),
                      "empty path");
-            stof__log(ctx, STOF_LOG_WARN,
+            stof__dbs_log(sink, STOF_LOG_WARN,
                       "tuning database (system %d): skipped: empty path", i);
             continue;
         }
-        layer_open(ctx, &db->layers[i], 0);
+        layer_open(sink, &db->layers[i], 0);
     }
     *out = db;
     return STOF_OK;
 oom:
     stof__db_close(&db);
-    return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+    return stof__dbs_fail(sink, STOF_ERR_OUT_OF_MEMORY,
                       "tuning database: out of memory");
 }
 
@@ -983,592 +912,3 @@ int stof__db_writable(const stof_db *db)
 }
 
 /* Copy a text column into a char array, truncating. */
-static void col_text(char *dst, size_t n, sqlite3_stmt *s, int col)
-{
-    const unsigned char *t = sqlite3_column_text(s, col);
-    size_t len = t ? (size_t)sqlite3_column_bytes(s, col) : 0;
-    if (len >= n)
-        len = n - 1;
-    if (len)
-        memcpy(dst, t, len);
-    dst[len] = '\0';
-}
-
-const char *stof__db_columns(void)
-{
-    return DB_COLUMNS;
-}
-
-int stof__db_shape_sql(const char *t, char *buf, size_t n)
-{
-    size_t len = 0;
-    int ok = 1;
-    buf[0] = '\0';
-#define ADD_(...)                                                              \
-    do {                                                                       \
-        int k = snprintf(buf + len, len < n ? n - len : 0, __VA_ARGS__);       \
-        if (k < 0 || len + (size_t)k >= n)                                     \
-            ok = 0;                                                            \
-        else                                                                   \
-            len += (size_t)k;                                                  \
-    } while (0)
-#define SHAPE_T_(f)                                                            \
-    ADD_("(typeof(%s.%s) = 'text' AND length(CAST(%s.%s AS BLOB)) < %zu) AND ", \
-         t, #f, t, #f, sizeof(((stof_db_record *)0)->f));
-#define SHAPE_I_(f) ADD_("typeof(%s.%s) = 'integer' AND ", t, #f);
-#define SHAPE_D_(f) ADD_("typeof(%s.%s) IN ('real', 'integer') AND ", t, #f);
-    DB_FIELDS(SHAPE_T_, SHAPE_I_, SHAPE_I_, SHAPE_D_)
-    ADD_("typeof(%s.cubin) IN ('blob', 'null')", t);
-#undef SHAPE_T_
-#undef SHAPE_I_
-#undef SHAPE_D_
-#undef ADD_
-    return ok;
-}
-
-int stof__db_read_row(sqlite3_stmt *s, int first, stof_db_record *r)
-{
-    int col = first;
-    memset(r, 0, sizeof(*r));
-#define GET_T_(f) col_text(r->f, sizeof(r->f), s, col++);
-#define GET_I_(f) r->f = sqlite3_column_int(s, col++);
-#define GET_L_(f) r->f = sqlite3_column_int64(s, col++);
-#define GET_D_(f) r->f = sqlite3_column_double(s, col++);
-    DB_FIELDS(GET_T_, GET_I_, GET_L_, GET_D_)
-#undef GET_T_
-#undef GET_I_
-#undef GET_L_
-#undef GET_D_
-    /* A NULL pointer with a nonzero size is SQLite running out of memory
-     * (an empty or NULL cubin gives NULL with size 0). */
-    const void *blob = sqlite3_column_blob(s, col);
-    int bytes = sqlite3_column_bytes(s, col);
-    col++;
-    if (!blob && bytes > 0)
-        return SQLITE_NOMEM;
-    size_t size = blob ? (size_t)bytes : 0;
-    if (size) {
-        r->cubin = malloc(size);
-        if (!r->cubin)
-            return SQLITE_NOMEM;
-        memcpy(r->cubin, blob, size);
-        r->cubin_size = size;
-    }
-    r->hits = sqlite3_column_int64(s, col++);
-    return SQLITE_OK;
-}
-
-static void done_stmt(sqlite3_stmt *s)
-{
-    if (s) {
-        sqlite3_reset(s);
-        sqlite3_clear_bindings(s);
-    }
-}
-
-/* Count a hit in the user database without waiting: a lookup must not
- * stall behind another process's write for a statistic. Returns 1 when
- * counted. */
-static int count_hit(db_layer *L, const char *key)
-{
-    sqlite3_stmt *s;
-    if (layer_stmt(L, ST_HIT, &s) != SQLITE_OK)
-        return 0;
-    int ok = 0;
-    if (sqlite3_busy_timeout(L->conn, 0) == SQLITE_OK &&
-        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC) == SQLITE_OK &&
-        sqlite3_step(s) == SQLITE_DONE)
-        ok = sqlite3_changes(L->conn) > 0;
-    done_stmt(s);
-    (void)sqlite3_busy_timeout(L->conn, DB_BUSY_TIMEOUT_MS);
-    return ok;
-}
-
-stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
-{
-    if (out)
-        memset(out, 0, sizeof(*out));
-    if (!db || !out || !key || !*key)
-        return stof__fail(db ? db->ctx : NULL, STOF_ERR_INVALID_ARGUMENT,
-                          "stof__db_lookup: %s is NULL or empty",
-                          !db ? "db" : !out ? "out" : "key");
-    for (int i = 0; i < db->n_layers; i++) {
-        db_layer *L = &db->layers[i];
-        if (!L->conn)
-            continue;
-        sqlite3_stmt *s;
-        int rc = layer_stmt(L, ST_LOOKUP, &s);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW) {
-            rc = stof__db_read_row(s, 0, out);
-            done_stmt(s);
-            if (rc != SQLITE_OK) {
-                stof__db_record_clear(out);
-                return stof__fail(db->ctx, STOF_ERR_OUT_OF_MEMORY,
-                                  "tuning database %s: out of memory reading "
-                                  "record %s",
-                                  L->path, key);
-            }
-            char why[256];
-            if (!stof__db_record_check(out, why, sizeof(why))) {
-                /* Damaged or crafted: never loaded, whatever it says. */
-                stof__log(db->ctx, STOF_LOG_WARN,
-                          "tuning database %s (%s): record %s is invalid "
-                          "(%s): ignored",
-                          L->path, i == 0 ? "user" : "system", key, why);
-                stof__db_record_clear(out);
-                continue;
-            }
-            snprintf(out->source, sizeof(out->source), "%s",
-                     i == 0 ? "user" : "system");
-            out->layer = i;
-            if (i == 0 && L->writable && count_hit(L, key))
-                out->hits++;
-            return STOF_OK;
-        }
-        done_stmt(s);
-        if (rc != SQLITE_DONE && !L->warned) {
-            L->warned = 1;
-            stof__log(db->ctx, STOF_LOG_WARN,
-                      "tuning database %s (%s): lookup failed: %s (SQLite "
-                      "error %d); treating it as a miss",
-                      L->path, i == 0 ? "user" : "system",
-                      sqlite3_errmsg(L->conn), rc);
-        }
-    }
-    return STOF_ERR_NOT_FOUND;
-}
-
-/* The writable user layer, or a failure recorded on ctx. */
-static stof_status user_layer(stof_db *db, db_layer **out)
-{
-    db_layer *L = &db->layers[0];
-    *out = NULL;
-    if (!L->conn || !L->writable)
-        return stof__fail(db->ctx, STOF_ERR_DATABASE,
-                          "no writable user tuning database: %s%s%s",
-                          L->path ? L->path : "", L->path ? ": " : "",
-                          L->why[0] ? L->why : "not open");
-    *out = L;
-    return STOF_OK;
-}
-
-/* Run the bound write statements s and then s2 (may be NULL) of L in one
- * IMMEDIATE transaction: the write lock is taken (waiting up to the busy
- * timeout) before anything is read, so concurrent writers queue instead of
- * failing. */
-static stof_status run_write(stof_db *db, db_layer *L, sqlite3_stmt *s,
-                             sqlite3_stmt *s2, const char *what)
-{
-    int rc = exec_sql(L->conn, "BEGIN IMMEDIATE");
-    if (rc != SQLITE_OK) {
-        stof_status st = DB_FAIL(db, L, rc, what);
-        done_stmt(s);
-        done_stmt(s2);
-        return st;
-    }
-    rc = sqlite3_step(s);
-    if (rc == SQLITE_DONE && s2)
-        rc = sqlite3_step(s2);
-    if (rc != SQLITE_DONE) {
-        stof_status st = DB_FAIL(db, L, rc, what);
-        done_stmt(s);
-        done_stmt(s2);
-        rollback_if_open(L->conn);
-        return st;
-    }
-    done_stmt(s);
-    done_stmt(s2);
-    rc = exec_sql(L->conn, "COMMIT");
-    if (rc != SQLITE_OK) {
-        stof_status st = DB_FAIL(db, L, rc, what);
-        rollback_if_open(L->conn);
-        return st;
-    }
-    return STOF_OK;
-}
-
-static int bind_array_text(sqlite3_stmt *s, int col, const char *t, size_t n)
-{
-    return sqlite3_bind_text(s, col, t, (int)strnlen(t, n), SQLITE_STATIC);
-}
-
-/* Bind a ST_TRUST statement for record r. */
-static int bind_trust(sqlite3_stmt *t, const stof_db_record *r)
-{
-    int rc = bind_array_text(t, 1, r->key, sizeof(r->key));
-    if (rc == SQLITE_OK)
-        rc = bind_array_text(t, 2, r->content_hash, sizeof(r->content_hash));
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(t, 3, (sqlite3_int64)time(NULL));
-    return rc;
-}
-
-stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace,
-                           int trusted_here)
-{
-    if (!db)
-        return STOF_ERR_INVALID_ARGUMENT;
-    stof_context *ctx = db->ctx;
-    STOF_CHECK_ARG(ctx, r, "stof__db_store: record is NULL");
-    STOF_CHECK_ARG(ctx, r->key[0], "stof__db_store: record has no key");
-    STOF_CHECK_ARG(ctx,
-                   isfinite(r->time_ms) && isfinite(r->runner_up_ms) &&
-                       isfinite(r->model_ms),
-                   "stof__db_store: record %s: times must be finite", r->key);
-    STOF_CHECK_ARG(ctx, r->cubin || r->cubin_size == 0,
-                   "stof__db_store: record %s: cubin is NULL with size %zu",
-                   r->key, r->cubin_size);
-    db_layer *L;
-    stof_status st = user_layer(db, &L);
-    if (st != STOF_OK)
-        return st;
-
-    stof_db_record c = *r; /* the filled-in copy that is bound */
-    c.cubin = NULL;
-    c.verified = r->verified != 0;
-    if (!c.created_at)
-        c.created_at = (int64_t)time(NULL);
-    if (!c.host[0] && gethostname(c.host, sizeof(c.host)) != 0)
-        snprintf(c.host, sizeof(c.host), "unknown");
-    c.host[sizeof(c.host) - 1] = '\0';
-    c.cubin = r->cubin;
-    stof__db_record_hash(&c, c.content_hash);
-    c.cubin = NULL;
-
-    sqlite3_stmt *s;
-    int rc = layer_stmt(L, ST_STORE, &s);
-    if (rc != SQLITE_OK)
-        return DB_FAIL(db, L, rc, "preparing the record store");
-    int col = 1;
-#define BIND_T_(f)                                                             \
-    if (rc == SQLITE_OK)                                                       \
-        rc = bind_array_text(s, col++, c.f, sizeof(c.f));
-#define BIND_I_(f)                                                             \
-    if (rc == SQLITE_OK)                                                       \
-        rc = sqlite3_bind_int(s, col++, c.f);
-#define BIND_L_(f)                                                             \
-    if (rc == SQLITE_OK)                                                       \
-        rc = sqlite3_bind_int64(s, col++, c.f);
-#define BIND_D_(f)                                                             \
-    if (rc == SQLITE_OK)                                                       \
-        rc = sqlite3_bind_double(s, col++, c.f);
-    DB_FIELDS(BIND_T_, BIND_I_, BIND_L_, BIND_D_)
-#undef BIND_T_
-#undef BIND_I_
-#undef BIND_L_
-#undef BIND_D_
-    if (rc == SQLITE_OK)
-        rc = r->cubin_size ? sqlite3_bind_blob64(s, col, r->cubin,
-                                                 (sqlite3_uint64)r->cubin_size,
-                                                 SQLITE_STATIC)
-                           : sqlite3_bind_null(s, col);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int(s, sqlite3_bind_parameter_index(s, ":replace"),
-                              replace != 0);
-    if (rc != SQLITE_OK) {
-        done_stmt(s);
-        return DB_FAIL(db, L, rc, "binding the record");
-    }
-    sqlite3_stmt *t = NULL;
-    if (trusted_here) {
-        rc = layer_stmt(L, ST_TRUST, &t);
-        if (rc == SQLITE_OK)
-            rc = bind_trust(t, &c);
-        if (rc != SQLITE_OK) {
-            done_stmt(s);
-            done_stmt(t);
-            return DB_FAIL(db, L, rc, "binding the trust entry");
-        }
-    }
-    return run_write(db, L, s, t, "storing a record");
-}
-
-/* The in-memory trust list: index of (key, hash) or -1. */
-static int trust_mem_find(const db_trust_mem *t, const stof_db_record *r)
-{
-    for (int i = 0; i < t->n; i++)
-        if (!strncmp(t->v[i], r->key, 33) &&
-            !strncmp(t->v[i] + 33, r->content_hash, 33))
-            return i;
-    return -1;
-}
-
-int stof__db_trusted(stof_db *db, const stof_db_record *r)
-{
-    if (!db || !r || !r->key[0] || !r->content_hash[0])
-        return 0;
-    if (trust_mem_find(&db->trust, r) >= 0)
-        return 1;
-    db_layer *L = &db->layers[0];
-    if (!L->conn)
-        return 0;
-    sqlite3_stmt *s;
-    int rc = layer_stmt(L, ST_TRUSTED, &s);
-    if (rc == SQLITE_OK)
-        rc = bind_array_text(s, 1, r->key, sizeof(r->key));
-    if (rc == SQLITE_OK)
-        rc = bind_array_text(s, 2, r->content_hash, sizeof(r->content_hash));
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(s);
-    done_stmt(s);
-    return rc == SQLITE_ROW;
-}
-
-void stof__db_trust(stof_db *db, const stof_db_record *r)
-{
-    if (!db || !r || !r->key[0] || !r->content_hash[0] ||
-        stof__db_trusted(db, r))
-        return;
-    db_layer *L = &db->layers[0];
-    if (L->conn && L->writable) {
-        sqlite3_stmt *t;
-        int rc = layer_stmt(L, ST_TRUST, &t);
-        if (rc == SQLITE_OK)
-            rc = bind_trust(t, r);
-        if (rc == SQLITE_OK &&
-            run_write(db, L, t, NULL, "recording a verified record") ==
-                STOF_OK)
-            return;
-        if (rc != SQLITE_OK)
-            done_stmt(t);
-        stof__log(db->ctx, STOF_LOG_WARN,
-                  "tuning database %s: could not record that record %s was "
-                  "verified here (%s); it is trusted for this process only",
-                  L->path, r->key, stof_errmsg(db->ctx));
-    }
-    db_trust_mem *m = &db->trust;
-    if (m->n == m->cap) {
-        int cap = m->cap ? 2 * m->cap : 16;
-        void *v = realloc(m->v, (size_t)cap * sizeof(*m->v));
-        if (!v)
-            return; /* verified again next time: safe */
-        m->v = v;
-        m->cap = cap;
-    }
-    snprintf(m->v[m->n], 33, "%s", r->key);
-    snprintf(m->v[m->n] + 33, 33, "%s", r->content_hash);
-    m->n++;
-}
-
-void stof__db_forget(stof_db *db, const char *key, const char *content_hash)
-{
-    if (!db || !key || !content_hash)
-        return;
-    db_layer *L = &db->layers[0];
-    if (!L->conn || !L->writable)
-        return;
-    sqlite3_stmt *s;
-    int rc = layer_stmt(L, ST_FORGET, &s);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_text(s, 2, content_hash, -1, SQLITE_STATIC);
-    if (rc != SQLITE_OK) {
-        done_stmt(s);
-        return;
-    }
-    if (run_write(db, L, s, NULL, "deleting a record") != STOF_OK)
-        stof__log(db->ctx, STOF_LOG_WARN,
-                  "tuning database %s: could not delete record %s: %s",
-                  L->path, key, stof_errmsg(db->ctx));
-}
-
-stof_status stof__db_record_miss(stof_db *db, const char *key,
-                                 const char *problem_json,
-                                 const void *mask_bits, size_t mask_bytes)
-{
-    if (!db)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(db->ctx, key && *key, "stof__db_record_miss: no key");
-    STOF_CHECK_ARG(db->ctx, mask_bits || mask_bytes == 0,
-                   "stof__db_record_miss: mask_bits is NULL with size %zu",
-                   mask_bytes);
-    db_layer *L;
-    stof_status st = user_layer(db, &L);
-    if (st != STOF_OK)
-        return st;
-    sqlite3_stmt *s;
-    int rc = layer_stmt(L, ST_MISS, &s);
-    if (rc != SQLITE_OK)
-        return DB_FAIL(db, L, rc, "preparing the miss record");
-    rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_text(s, 2, problem_json ? problem_json : "{}", -1,
-                               SQLITE_STATIC);
-    if (rc == SQLITE_OK)
-        rc = mask_bytes ? sqlite3_bind_blob64(s, 3, mask_bits,
-                                              (sqlite3_uint64)mask_bytes,
-                                              SQLITE_STATIC)
-                        : sqlite3_bind_null(s, 3);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_int64(s, 4, (sqlite3_int64)time(NULL));
-    if (rc != SQLITE_OK) {
-        done_stmt(s);
-        return DB_FAIL(db, L, rc, "binding the miss");
-    }
-    return run_write(db, L, s, NULL, "recording a miss");
-}
-
-/* Advance an iteration: `last` (malloc'd, NULL before the first row) is
- * replaced by the key of the row now in s. The full key is kept (not the
- * record's truncated copy) so that the next "key > last" moves on. */
-static int save_key(sqlite3_stmt *s, char **last)
-{
-    const unsigned char *k = sqlite3_column_text(s, 0);
-    char *dup = strdup(k ? (const char *)k : "");
-    if (!dup)
-        return SQLITE_NOMEM;
-    free(*last);
-    *last = dup;
-    return SQLITE_OK;
-}
-
-/* Both iterations read one row per statement, by key order, and reset the
- * statement before calling back: no read transaction is open during the
- * callback, so it may store, record or delete through the same db. */
-stof_status stof__db_foreach(stof_db *db, int layer, stof_db_record_fn fn,
-                             void *user)
-{
-    if (!db)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(db->ctx, fn, "stof__db_foreach: fn is NULL");
-    STOF_CHECK_ARG(db->ctx, layer >= 0 && layer < db->n_layers,
-                   "stof__db_foreach: layer %d is out of range (0..%d)",
-                   layer, db->n_layers - 1);
-    db_layer *L = &db->layers[layer];
-    if (!L->conn)
-        return stof__fail(db->ctx, STOF_ERR_DATABASE,
-                          "tuning database layer %d%s%s is not open: %s",
-                          layer, L->path ? " " : "", L->path ? L->path : "",
-                          L->why[0] ? L->why : "unusable");
-    char *last = NULL;
-    stof_status st = STOF_OK;
-    for (;;) {
-        sqlite3_stmt *s;
-        int rc = layer_stmt(L, ST_NEXT_RECORD, &s);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_text(s, 1, last ? last : "", -1,
-                                   SQLITE_TRANSIENT);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE) {
-            done_stmt(s);
-            break;
-        }
-        stof_db_record r;
-        memset(&r, 0, sizeof(r));
-        if (rc == SQLITE_ROW)
-            rc = save_key(s, &last);
-        if (rc == SQLITE_OK)
-            rc = stof__db_read_row(s, 0, &r);
-        if (rc != SQLITE_OK) {
-            st = rc == SQLITE_NOMEM
-                     ? stof__fail(db->ctx, STOF_ERR_OUT_OF_MEMORY,
-                                  "tuning database %s: out of memory",
-                                  L->path)
-                     : DB_FAIL(db, L, rc, "reading records");
-            done_stmt(s);
-            stof__db_record_clear(&r);
-            break;
-        }
-        done_stmt(s);
-        snprintf(r.source, sizeof(r.source), "%s",
-                 layer == 0 ? "user" : "system");
-        r.layer = layer;
-        int stop = fn(user, &r);
-        stof__db_record_clear(&r);
-        if (stop)
-            break;
-    }
-    free(last);
-    return st;
-}
-
-stof_status stof__db_foreach_miss(stof_db *db, stof_db_miss_fn fn, void *user)
-{
-    if (!db)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(db->ctx, fn, "stof__db_foreach_miss: fn is NULL");
-    db_layer *L = &db->layers[0];
-    if (!L->conn)
-        return stof__fail(db->ctx, STOF_ERR_DATABASE,
-                          "no user tuning database: %s%s%s",
-                          L->path ? L->path : "", L->path ? ": " : "",
-                          L->why[0] ? L->why : "not open");
-    char *last = NULL;
-    stof_status st = STOF_OK;
-    for (;;) {
-        sqlite3_stmt *s;
-        int rc = layer_stmt(L, ST_NEXT_MISS, &s);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_text(s, 1, last ? last : "", -1,
-                                   SQLITE_TRANSIENT);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(s);
-        if (rc == SQLITE_DONE) {
-            done_stmt(s);
-            break;
-        }
-        char *problem = NULL;
-        void *bits = NULL;
-        size_t nbits = 0;
-        int64_t count = 0;
-        if (rc == SQLITE_ROW)
-            rc = save_key(s, &last);
-        if (rc == SQLITE_OK) {
-            const unsigned char *p = sqlite3_column_text(s, 1);
-            problem = strdup(p ? (const char *)p : "");
-            const void *b = sqlite3_column_blob(s, 2);
-            nbits = b ? (size_t)sqlite3_column_bytes(s, 2) : 0;
-            bits = nbits ? malloc(nbits) : NULL;
-            if (!problem || (nbits && !bits))
-                rc = SQLITE_NOMEM;
-            else if (nbits)
-                memcpy(bits, b, nbits);
-            count = sqlite3_column_int64(s, 3);
-        }
-        if (rc != SQLITE_OK) {
-            st = rc == SQLITE_NOMEM
-                     ? stof__fail(db->ctx, STOF_ERR_OUT_OF_MEMORY,
-                                  "tuning database %s: out of memory",
-                                  L->path)
-                     : DB_FAIL(db, L, rc, "reading misses");
-            done_stmt(s);
-            free(problem);
-            free(bits);
-            break;
-        }
-        done_stmt(s);
-        int stop = fn(user, last, problem, bits, nbits, count);
-        free(problem);
-        free(bits);
-        if (stop)
-            break;
-    }
-    free(last);
-    return st;
-}
-
-stof_status stof__db_delete_miss(stof_db *db, const char *key)
-{
-    if (!db)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(db->ctx, key && *key, "stof__db_delete_miss: no key");
-    db_layer *L;
-    stof_status st = user_layer(db, &L);
-    if (st != STOF_OK)
-        return st;
-    sqlite3_stmt *s;
-    int rc = layer_stmt(L, ST_DELETE_MISS, &s);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-    if (rc != SQLITE_OK) {
-        done_stmt(s);
-        return DB_FAIL(db, L, rc, "deleting a miss");
-    }
-    return run_write(db, L, s, NULL, "deleting a miss");
-}

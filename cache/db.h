@@ -10,9 +10,47 @@
 #ifndef STOF_DB_H
 #define STOF_DB_H
 
-#include "internal.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stof.h"
 
 typedef struct sqlite3 sqlite3;
+
+/* Where the database reports: its caller gives it a sink (the library
+ * passes one that records failures on the context and logs through it:
+ * STOF_DB_SINK in internal.h), so the database knows nothing of contexts.
+ * fail records a failure and returns st; log writes a line; ok marks the
+ * last call successful. Any of them may be NULL. */
+typedef struct stof_db_sink {
+    void *user;
+    stof_status (*fail)(void *user, stof_status st, const char *msg);
+    void (*log)(void *user, stof_log_level level, const char *msg);
+    void (*ok)(void *user);
+} stof_db_sink;
+
+/* Report through a sink (sink may be NULL: nothing is reported). */
+stof_status stof__dbs_fail(const stof_db_sink *sink, stof_status st,
+                           const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void stof__dbs_log(const stof_db_sink *sink, stof_log_level level,
+                   const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+stof_status stof__dbs_ok(const stof_db_sink *sink);
+
+/* An argument check of the database's functions. */
+#define DBS_CHECK_ARG(sink, cond, ...)                                         \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            return stof__dbs_fail((sink), STOF_ERR_INVALID_ARGUMENT,           \
+                                  __VA_ARGS__);                                \
+    } while (0)
 
 #define STOF_DB_SCHEMA_VERSION 2
 
@@ -59,10 +97,6 @@ typedef struct stof_db_record {
     int layer;               /* 0 user, i + 1 system database i */
 } stof_db_record;
 
-/* Fill where a record is valid from ctx: device name, compute capability,
- * SM count, driver and NVRTC versions, stof version, template hash. */
-void stof__db_record_env(const stof_context *ctx, stof_db_record *r);
-
 /* Free what a record owns (the cubin) and zero it. */
 void stof__db_record_clear(stof_db_record *r);
 
@@ -76,10 +110,10 @@ int stof__db_default_path(char *buf, size_t n);
  * missing, opened in WAL mode with a busy timeout; if it cannot be opened
  * for writing it is used read-only, and if it is unusable (corrupt,
  * foreign, newer schema) it is skipped: both are logged at STOF_LOG_WARN
- * on ctx. system_paths: NULL-terminated list (may be NULL), opened
+ * on sink. system_paths: NULL-terminated list (may be NULL), opened
  * read-only, each skipped with a warning when unusable. Never fails for a
  * bad file; fails only for out-of-memory. */
-stof_status stof__db_open(stof_context *ctx, const char *user_path,
+stof_status stof__db_open(const stof_db_sink *sink, const char *user_path,
                           const char *const *system_paths,
                           stof_db **out /* OUT */);
 void stof__db_close(stof_db **db);

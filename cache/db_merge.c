@@ -231,7 +231,7 @@ static int run_filtered(sqlite3 *c, const char *sql, const stof_dbt_filter *f,
 
 /* ------------------------------------------------------------- staging */
 
-static stof_status stage_inputs(stof_context *ctx, sqlite3 *c,
+static stof_status stage_inputs(const stof_db_sink *sink, sqlite3 *c,
                                 const dbt_sql *q, const char *const *inputs,
                                 int n, const stof_dbt_opts *o)
 {
@@ -246,15 +246,15 @@ static stof_status stage_inputs(stof_context *ctx, sqlite3 *c,
         "DELETE FROM temp.dbt_losers;",
         NULL, NULL, NULL);
     if (rc != SQLITE_OK)
-        return stof__dbt_sql_fail(ctx, c, rc, "preparing the merge", "");
+        return stof__dbt_sql_fail(sink, c, rc, "preparing the merge", "");
     for (int i = 0; i < n; i++) {
         char *uri = stof__db_readonly_uri(inputs[i]);
         if (!uri)
-            return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+            return stof__dbs_fail(sink, STOF_ERR_OUT_OF_MEMORY, "out of memory");
         rc = stof__dbt_exec(c, "ATTACH DATABASE ?1 AS src", uri, NULL);
         free(uri);
         if (rc != SQLITE_OK)
-            return stof__dbt_sql_fail(ctx, c, rc, "cannot attach", inputs[i]);
+            return stof__dbt_sql_fail(sink, c, rc, "cannot attach", inputs[i]);
         rc = run_filtered(c, q->stage, &o->filter, i);
         if (rc == SQLITE_OK && o->with_misses)
             rc = stof__dbt_exec(c,
@@ -264,7 +264,7 @@ static stof_status stage_inputs(stof_context *ctx, sqlite3 *c,
                                 NULL, NULL);
         stof_status st = rc == SQLITE_OK
                              ? STOF_OK
-                             : stof__dbt_sql_fail(ctx, c, rc, "reading",
+                             : stof__dbt_sql_fail(sink, c, rc, "reading",
                                                   inputs[i]);
         (void)sqlite3_exec(c, "DETACH DATABASE src", NULL, NULL, NULL);
         if (st != STOF_OK)
@@ -275,13 +275,13 @@ static stof_status stage_inputs(stof_context *ctx, sqlite3 *c,
 
 /* Check every staged record; report the invalid ones, and leave them out
  * (drop_invalid) or fail. */
-static stof_status check_staged(stof_context *ctx, sqlite3 *c,
+static stof_status check_staged(const stof_db_sink *sink, sqlite3 *c,
                                 const char *const *inputs, int n,
                                 const stof_dbt_opts *o, int64_t *rejected)
 {
     char shape[8192];
     if (!stof__db_shape_sql("stage", shape, sizeof(shape)))
-        return stof__fail(ctx, STOF_ERR_INTERNAL, "record shape check");
+        return stof__dbs_fail(sink, STOF_ERR_INTERNAL, "record shape check");
     stof_dbt_buf sql = {0};
     stof__dbt_buf_add(&sql, "SELECT rowid, input, ");
     stof__dbt_buf_add(&sql, shape);
@@ -289,7 +289,7 @@ static stof_status check_staged(stof_context *ctx, sqlite3 *c,
     stof__dbt_buf_add(&sql, stof__db_columns());
     stof__dbt_buf_add(&sql, " FROM temp.stage ORDER BY rowid");
     if (sql.bad)
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        return stof__dbs_fail(sink, STOF_ERR_OUT_OF_MEMORY, "out of memory");
     sqlite3_stmt *s = NULL, *del = NULL;
     int rc = sqlite3_prepare_v2(c, sql.p, -1, &s, NULL);
     free(sql.p);
@@ -344,9 +344,9 @@ static stof_status check_staged(stof_context *ctx, sqlite3 *c,
         rc = SQLITE_OK;
     sqlite3_finalize(s);
     if (rc != SQLITE_OK)
-        st = stof__dbt_sql_fail(ctx, c, rc, "checking the records", "");
+        st = stof__dbt_sql_fail(sink, c, rc, "checking the records", "");
     else if (*rejected && !o->drop_invalid)
-        st = stof__fail(ctx, STOF_ERR_DATABASE,
+        st = stof__dbs_fail(sink, STOF_ERR_DATABASE,
                         "%s%s; nothing was written (%lld invalid record%s)",
                         first, *rejected > 1 ? " (and more)" : "",
                         (long long)*rejected, *rejected == 1 ? "" : "s");
@@ -356,7 +356,7 @@ static stof_status check_staged(stof_context *ctx, sqlite3 *c,
             rc = SQLITE_OK;
         sqlite3_reset(del);
         if (rc != SQLITE_OK)
-            st = stof__dbt_sql_fail(ctx, c, rc, "leaving out a record", "");
+            st = stof__dbt_sql_fail(sink, c, rc, "leaving out a record", "");
     }
     sqlite3_finalize(del);
     free(drop);
@@ -412,21 +412,21 @@ static void report_conflicts(sqlite3 *c, const char *const *inputs, int n,
 
 /* Stage, check, and merge the inputs into the database open on c (path:
  * for messages) in one transaction. */
-static stof_status merge_conn(stof_context *ctx, sqlite3 *c, const char *path,
+static stof_status merge_conn(const stof_db_sink *sink, sqlite3 *c, const char *path,
                               const char *const *inputs, int n,
                               const stof_dbt_opts *o, stof_dbt_result *res)
 {
     dbt_sql q;
     int rc = dbt_sql_build(c, &q);
     if (rc != SQLITE_OK)
-        return stof__dbt_sql_fail(ctx, c, rc, "preparing the merge", path);
-    stof_status st = stage_inputs(ctx, c, &q, inputs, n, o);
+        return stof__dbt_sql_fail(sink, c, rc, "preparing the merge", path);
+    stof_status st = stage_inputs(sink, c, &q, inputs, n, o);
     if (st == STOF_OK &&
         (rc = stof__dbt_int64(c, "SELECT count(*) FROM temp.stage", NULL,
                               NULL, &res->records_read)) != SQLITE_OK)
-        st = stof__dbt_sql_fail(ctx, c, rc, "counting", path);
+        st = stof__dbt_sql_fail(sink, c, rc, "counting", path);
     if (st == STOF_OK)
-        st = check_staged(ctx, c, inputs, n, o, &res->rejected);
+        st = check_staged(sink, c, inputs, n, o, &res->rejected);
     if (st == STOF_OK) {
         rc = stof__dbt_exec(c, "BEGIN IMMEDIATE", NULL, NULL);
         if (rc == SQLITE_OK)
@@ -446,7 +446,7 @@ static stof_status merge_conn(stof_context *ctx, sqlite3 *c, const char *path,
         if (rc == SQLITE_OK)
             rc = stof__dbt_exec(c, "COMMIT", NULL, NULL);
         if (rc != SQLITE_OK) {
-            st = stof__dbt_sql_fail(ctx, c, rc, "merging into", path);
+            st = stof__dbt_sql_fail(sink, c, rc, "merging into", path);
             stof__dbt_rollback(c);
         }
     }
@@ -459,7 +459,7 @@ static stof_status merge_conn(stof_context *ctx, sqlite3 *c, const char *path,
             rc = stof__dbt_int64(c, "SELECT count(*) FROM main.misses", NULL,
                                  NULL, &res->misses);
         if (rc != SQLITE_OK)
-            st = stof__dbt_sql_fail(ctx, c, rc, "counting", path);
+            st = stof__dbt_sql_fail(sink, c, rc, "counting", path);
     }
     (void)sqlite3_exec(c,
                        "DROP TABLE IF EXISTS temp.stage;"
@@ -471,11 +471,11 @@ static stof_status merge_conn(stof_context *ctx, sqlite3 *c, const char *path,
 }
 
 /* Check every input before anything is written. */
-static stof_status check_inputs(stof_context *ctx, const char *const *inputs,
+static stof_status check_inputs(const stof_db_sink *sink, const char *const *inputs,
                                 int n)
 {
     for (int i = 0; i < n; i++) {
-        stof_status st = stof__dbt_check(ctx, inputs[i]);
+        stof_status st = stof__dbt_check(sink, inputs[i]);
         if (st != STOF_OK)
             return st;
     }
@@ -484,24 +484,24 @@ static stof_status check_inputs(stof_context *ctx, const char *const *inputs,
 
 /* Create (or upgrade) a stof database at path through db.c and open a
  * read-write connection to it. */
-static stof_status open_dest(stof_context *ctx, const char *path,
+static stof_status open_dest(const stof_db_sink *sink, const char *path,
                              sqlite3 **out)
 {
     *out = NULL;
     stof_db *db = NULL;
-    stof_status st = stof__db_open(ctx, path, NULL, &db);
+    stof_status st = stof__db_open(sink, path, NULL, &db);
     if (st != STOF_OK)
         return st;
     int w = stof__db_writable(db);
     stof__db_close(&db);
     if (!w)
-        return stof__fail(ctx, STOF_ERR_DATABASE,
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE,
                           "%s: cannot be written as a stof tuning database "
                           "(read-only, foreign, corrupt or a newer schema)",
                           path);
     int rc = stof__dbt_connect(path, 1, out);
     if (rc != SQLITE_OK) {
-        st = stof__dbt_sql_fail(ctx, *out, rc, "cannot open", path);
+        st = stof__dbt_sql_fail(sink, *out, rc, "cannot open", path);
         sqlite3_close(*out);
         *out = NULL;
         return st;
@@ -511,12 +511,12 @@ static stof_status open_dest(stof_context *ctx, const char *path,
 
 static const stof_dbt_opts no_opts;
 
-stof_status stof__dbt_write(stof_context *ctx, const char *out_path,
+stof_status stof__dbt_write(const stof_db_sink *sink, const char *out_path,
                             const char *const *inputs, int n,
                             const stof_dbt_opts *opts, stof_dbt_result *res)
 {
-    STOF_CHECK_ARG(ctx, out_path && *out_path, "stof__dbt_write: no output");
-    STOF_CHECK_ARG(ctx, n >= 0 && (inputs || n == 0),
+    DBS_CHECK_ARG(sink, out_path && *out_path, "stof__dbt_write: no output");
+    DBS_CHECK_ARG(sink, n >= 0 && (inputs || n == 0),
                    "stof__dbt_write: no inputs");
     const stof_dbt_opts *o = opts ? opts : &no_opts;
     stof_dbt_result local;
@@ -525,62 +525,62 @@ stof_status stof__dbt_write(stof_context *ctx, const char *out_path,
     memset(res, 0, sizeof(*res));
     /* The destination first: a bad one fails before any work. */
     stof_outfile of;
-    stof_status st = stof__outfile_begin(ctx, out_path, o, &of);
+    stof_status st = stof__outfile_begin(sink, out_path, o, &of);
     if (st != STOF_OK)
         return st;
-    st = check_inputs(ctx, inputs, n);
+    st = check_inputs(sink, inputs, n);
     sqlite3 *c = NULL;
     if (st == STOF_OK)
-        st = open_dest(ctx, of.tmp, &c);
+        st = open_dest(sink, of.tmp, &c);
     if (st == STOF_OK)
-        st = merge_conn(ctx, c, out_path, inputs, n, o, res);
+        st = merge_conn(sink, c, out_path, inputs, n, o, res);
     /* A self-contained file: no -wal/-shm needed by its readers. */
     if (st == STOF_OK) {
         int rc = sqlite3_exec(c, "PRAGMA journal_mode = DELETE; VACUUM", NULL,
                               NULL, NULL);
         if (rc != SQLITE_OK)
-            st = stof__dbt_sql_fail(ctx, c, rc, "finishing", out_path);
+            st = stof__dbt_sql_fail(sink, c, rc, "finishing", out_path);
     }
     if (c) {
         int rc = sqlite3_close(c);
         if (st == STOF_OK && rc != SQLITE_OK)
-            st = stof__dbt_sql_fail(ctx, NULL, rc, "closing", out_path);
+            st = stof__dbt_sql_fail(sink, NULL, rc, "closing", out_path);
     }
     if (st != STOF_OK) {
         stof__outfile_abort(&of);
         return st;
     }
-    st = stof__outfile_commit(ctx, &of);
-    return st == STOF_OK ? stof__ok(ctx) : st;
+    st = stof__outfile_commit(sink, &of);
+    return st == STOF_OK ? stof__dbs_ok(sink) : st;
 }
 
-stof_status stof__dbt_merge_into(stof_context *ctx, const char *dest_path,
+stof_status stof__dbt_merge_into(const stof_db_sink *sink, const char *dest_path,
                                  const char *const *inputs, int n,
                                  const stof_dbt_opts *opts,
                                  stof_dbt_result *res)
 {
-    STOF_CHECK_ARG(ctx, dest_path && *dest_path,
+    DBS_CHECK_ARG(sink, dest_path && *dest_path,
                    "stof__dbt_merge_into: no destination");
-    STOF_CHECK_ARG(ctx, n >= 0 && (inputs || n == 0),
+    DBS_CHECK_ARG(sink, n >= 0 && (inputs || n == 0),
                    "stof__dbt_merge_into: no inputs");
     const stof_dbt_opts *o = opts ? opts : &no_opts;
     stof_dbt_result local;
     if (!res)
         res = &local;
     memset(res, 0, sizeof(*res));
-    stof_status st = check_inputs(ctx, inputs, n);
+    stof_status st = check_inputs(sink, inputs, n);
     if (st != STOF_OK)
         return st;
     /* An existing destination must be a usable database: never let
      * stof__db_open skip a bad file and leave it looking imported. */
     struct stat sb;
     if (stat(dest_path, &sb) == 0 && (!S_ISREG(sb.st_mode) || sb.st_size > 0) &&
-        (st = stof__dbt_check(ctx, dest_path)) != STOF_OK)
+        (st = stof__dbt_check(sink, dest_path)) != STOF_OK)
         return st;
     sqlite3 *c = NULL;
-    st = open_dest(ctx, dest_path, &c);
+    st = open_dest(sink, dest_path, &c);
     if (st == STOF_OK)
-        st = merge_conn(ctx, c, dest_path, inputs, n, o, res);
+        st = merge_conn(sink, c, dest_path, inputs, n, o, res);
     sqlite3_close(c);
-    return st == STOF_OK ? stof__ok(ctx) : st;
+    return st == STOF_OK ? stof__dbs_ok(sink) : st;
 }

@@ -143,13 +143,13 @@ static void remove_stale(const char *dir, const char *base,
     closedir(d);
 }
 
-static stof_status check_destination(stof_context *ctx, const char *path,
+static stof_status check_destination(const stof_db_sink *sink, const char *path,
                                      stof_outfile *of)
 {
     struct stat sb;
     if (stat(path, &sb) != 0) {
         if (errno != ENOENT)
-            return stof__fail(ctx, STOF_ERR_IO, "%s: %s", path,
+            return stof__dbs_fail(sink, STOF_ERR_IO, "%s: %s", path,
                               strerror(errno));
         mode_t um = umask(0);
         umask(um);
@@ -157,20 +157,20 @@ static stof_status check_destination(stof_context *ctx, const char *path,
         return STOF_OK;
     }
     if (S_ISDIR(sb.st_mode))
-        return stof__fail(ctx, STOF_ERR_DATABASE,
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE,
                           "%s is a directory: give the output file's name",
                           path);
     if (!S_ISREG(sb.st_mode))
-        return stof__fail(ctx, STOF_ERR_DATABASE,
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE,
                           "%s exists and is not a regular file: not replaced",
                           path);
     if (access(path, W_OK) != 0)
-        return stof__fail(ctx, STOF_ERR_DATABASE,
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE,
                           "%s is not writable (mode %04o): not replaced; "
                           "change its mode or write elsewhere",
                           path, (unsigned)(sb.st_mode & 07777));
     if (!is_stof_file(path, sb.st_size))
-        return stof__fail(ctx, STOF_ERR_DATABASE,
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE,
                           "%s exists and is not a stof tuning database: not "
                           "replaced; remove it or choose another name",
                           path);
@@ -181,13 +181,13 @@ static stof_status check_destination(stof_context *ctx, const char *path,
     return STOF_OK;
 }
 
-stof_status stof__outfile_begin(stof_context *ctx, const char *path,
+stof_status stof__outfile_begin(const stof_db_sink *sink, const char *path,
                                 const stof_dbt_opts *opts, stof_outfile *of)
 {
     memset(of, 0, sizeof(*of));
     of->fd = -1;
     of->opts = opts;
-    stof_status st = check_destination(ctx, path, of);
+    stof_status st = check_destination(sink, path, of);
     if (st != STOF_OK)
         return st;
     char *dir = dir_of(path), *copy = strdup(path);
@@ -198,13 +198,13 @@ stof_status stof__outfile_begin(stof_context *ctx, const char *path,
         free(dir);
         free(copy);
         stof__outfile_abort(of);
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        return stof__dbs_fail(sink, STOF_ERR_OUT_OF_MEMORY, "out of memory");
     }
     remove_stale(dir, basename(copy), opts);
     snprintf(of->tmp, tn, "%s" TMP_MARK "%ld-XXXXXX", path, (long)getpid());
     of->fd = mkstemp(of->tmp);
     if (of->fd < 0) {
-        st = stof__fail(ctx, STOF_ERR_IO, "cannot create a file in %s: %s",
+        st = stof__dbs_fail(sink, STOF_ERR_IO, "cannot create a file in %s: %s",
                         dir, strerror(errno));
         free(of->tmp);
         of->tmp = NULL;
@@ -245,7 +245,7 @@ static int exec0(sqlite3 *c, const char *sql)
 /* Lock the existing destination exclusively through SQLite, fold in and
  * remove its log. *held is the connection that keeps the lock (close it
  * after the rename). */
-static stof_status lock_old(stof_context *ctx, const char *path,
+static stof_status lock_old(const stof_db_sink *sink, const char *path,
                             sqlite3 **held)
 {
     *held = NULL;
@@ -254,7 +254,7 @@ static stof_status lock_old(stof_context *ctx, const char *path,
         return STOF_OK; /* gone or empty: nothing can be replayed onto it */
     char *uri = stof__db_path_uri(path, "");
     if (!uri)
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        return stof__dbs_fail(sink, STOF_ERR_OUT_OF_MEMORY, "out of memory");
     sqlite3 *c = NULL;
     int rc = sqlite3_open_v2(uri, &c,
                              SQLITE_OPEN_URI | SQLITE_OPEN_READWRITE |
@@ -273,7 +273,7 @@ static stof_status lock_old(stof_context *ctx, const char *path,
         rc = exec0(c, "COMMIT");
     if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) {
         sqlite3_close(c);
-        return stof__fail(ctx, STOF_ERR_DATABASE,
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE,
                           "%s is open by another process (a program using "
                           "it as its tuning database, or another "
                           "stof-tune): not replaced; stop it or write "
@@ -283,7 +283,7 @@ static stof_status lock_old(stof_context *ctx, const char *path,
     if (rc == SQLITE_OK)
         rc = exec0(c, "PRAGMA journal_mode = DELETE");
     if (rc != SQLITE_OK) {
-        stof_status st = stof__fail(ctx, STOF_ERR_DATABASE,
+        stof_status st = stof__dbs_fail(sink, STOF_ERR_DATABASE,
                                     "%s: cannot take it over for "
                                     "replacement: %s (SQLite error %d)",
                                     path, sqlite3_errmsg(c), rc);
@@ -308,11 +308,11 @@ static void sync_dir(const char *path)
     free(dir);
 }
 
-stof_status stof__outfile_commit(stof_context *ctx, stof_outfile *of)
+stof_status stof__outfile_commit(const stof_db_sink *sink, stof_outfile *of)
 {
     stof_status st = STOF_OK;
     if (fchmod(of->fd, of->mode) != 0)
-        st = stof__fail(ctx, STOF_ERR_IO, "%s: cannot set its mode: %s",
+        st = stof__dbs_fail(sink, STOF_ERR_IO, "%s: cannot set its mode: %s",
                         of->tmp, strerror(errno));
     if (st == STOF_OK && of->existed &&
         (of->uid != geteuid() || of->gid != getegid()) &&
@@ -322,11 +322,11 @@ stof_status stof__outfile_commit(stof_context *ctx, stof_outfile *of)
              "file's owner (%s)",
              of->path, strerror(errno));
     if (st == STOF_OK && fsync(of->fd) != 0)
-        st = stof__fail(ctx, STOF_ERR_IO, "%s: cannot sync it: %s", of->tmp,
+        st = stof__dbs_fail(sink, STOF_ERR_IO, "%s: cannot sync it: %s", of->tmp,
                         strerror(errno));
     sqlite3 *held = NULL;
     if (st == STOF_OK)
-        st = lock_old(ctx, of->path, &held);
+        st = lock_old(sink, of->path, &held);
     if (st == STOF_OK) {
         /* The old file is ours alone now: whatever journal is beside it
          * is stale, and must not meet the new file. */
@@ -339,7 +339,7 @@ stof_status stof__outfile_commit(stof_context *ctx, stof_outfile *of)
         }
         free(p);
         if (rename(of->tmp, of->path) != 0)
-            st = stof__fail(ctx, STOF_ERR_IO, "%s: cannot rename %s to it: %s",
+            st = stof__dbs_fail(sink, STOF_ERR_IO, "%s: cannot rename %s to it: %s",
                             of->path, of->tmp, strerror(errno));
     }
     sqlite3_close(held); /* on the old, now unlinked, file */

@@ -27,7 +27,7 @@ typedef struct stof_outfile {
 /* Check the destination (see stof__dbt_write), remove temporaries of
  * killed runs for it, and create a new empty temporary (of->tmp) holding
  * its lock. On failure nothing is left behind. */
-stof_status stof__outfile_begin(stof_context *ctx, const char *path,
+stof_status stof__outfile_begin(const stof_db_sink *sink, const char *path,
                                 const stof_dbt_opts *opts,
                                 stof_outfile *of /* OUT */);
 
@@ -37,7 +37,7 @@ stof_status stof__outfile_begin(stof_context *ctx, const char *path,
  * process holds it), its log checkpointed and its -wal, -shm and -journal
  * removed. On failure the temporary is removed and the destination left
  * as it was. Frees of either way. */
-stof_status stof__outfile_commit(stof_context *ctx, stof_outfile *of);
+stof_status stof__outfile_commit(const stof_db_sink *sink, stof_outfile *of);
 
 /* Remove the temporary and its side files; free of. */
 void stof__outfile_abort(stof_outfile *of);

@@ -16,6 +16,7 @@
 #include "db.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 

@@ -22,10 +22,10 @@
 
 /* ------------------------------------------------------------ helpers */
 
-stof_status stof__dbt_sql_fail(stof_context *ctx, sqlite3 *c, int rc,
+stof_status stof__dbt_sql_fail(const stof_db_sink *sink, sqlite3 *c, int rc,
                                const char *what, const char *path)
 {
-    return stof__fail(ctx, STOF_ERR_DATABASE, "%s%s%s: %s (SQLite error %d)",
+    return stof__dbs_fail(sink, STOF_ERR_DATABASE, "%s%s%s: %s (SQLite error %d)",
                       path, *path ? ": " : "", what,
                       c ? sqlite3_errmsg(c) : sqlite3_errstr(rc), rc);
 }
@@ -152,25 +152,25 @@ static int dbt_classify(sqlite3 *c, char *why, size_t n, int *sqlite_rc)
     return 0;
 }
 
-stof_status stof__dbt_check(stof_context *ctx, const char *path)
+stof_status stof__dbt_check(const stof_db_sink *sink, const char *path)
 {
-    STOF_CHECK_ARG(ctx, path && *path, "stof__dbt_check: no path");
+    DBS_CHECK_ARG(sink, path && *path, "stof__dbt_check: no path");
     struct stat sb;
     if (stat(path, &sb) != 0)
-        return stof__fail(ctx,
+        return stof__dbs_fail(sink,
                           errno == ENOENT ? STOF_ERR_NOT_FOUND
                                           : STOF_ERR_DATABASE,
                           "%s: %s", path, strerror(errno));
     if (!S_ISREG(sb.st_mode))
-        return stof__fail(ctx, STOF_ERR_DATABASE, "%s: not a regular file",
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE, "%s: not a regular file",
                           path);
     if (sb.st_size == 0)
-        return stof__fail(ctx, STOF_ERR_DATABASE,
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE,
                           "%s: empty file, not a stof tuning database", path);
     sqlite3 *c = NULL;
     int rc = stof__dbt_connect(path, 0, &c);
     if (rc != SQLITE_OK) {
-        stof_status st = stof__dbt_sql_fail(ctx, c, rc, "cannot open", path);
+        stof_status st = stof__dbt_sql_fail(sink, c, rc, "cannot open", path);
         sqlite3_close(c);
         return st;
     }
@@ -179,8 +179,8 @@ stof_status stof__dbt_check(stof_context *ctx, const char *path)
     int bad = dbt_classify(c, why, sizeof(why), &src);
     sqlite3_close(c);
     if (bad)
-        return stof__fail(ctx, STOF_ERR_DATABASE, "%s: %s", path, why);
-    return stof__ok(ctx);
+        return stof__dbs_fail(sink, STOF_ERR_DATABASE, "%s: %s", path, why);
+    return stof__dbs_ok(sink);
 }
 
 void stof__dbt_buf_add(stof_dbt_buf *b, const char *s)
@@ -207,31 +207,31 @@ void stof__dbt_buf_add(stof_dbt_buf *b, const char *s)
 /* ---------------------------------------------------- other commands */
 
 /* Open an existing database read-write after checking it. */
-static stof_status dbt_open_existing(stof_context *ctx, const char *path,
+static stof_status dbt_open_existing(const stof_db_sink *sink, const char *path,
                                      int writable, sqlite3 **out)
 {
     *out = NULL;
-    stof_status st = stof__dbt_check(ctx, path);
+    stof_status st = stof__dbt_check(sink, path);
     if (st != STOF_OK)
         return st;
     int rc = stof__dbt_connect(path, writable, out);
     if (rc != SQLITE_OK) {
-        st = stof__dbt_sql_fail(ctx, *out, rc, "cannot open", path);
+        st = stof__dbt_sql_fail(sink, *out, rc, "cannot open", path);
         sqlite3_close(*out);
         *out = NULL;
     }
     return st;
 }
 
-stof_status stof__dbt_gc(stof_context *ctx, const char *path,
+stof_status stof__dbt_gc(const stof_db_sink *sink, const char *path,
                          const char *stof_version, const char *template_hash,
                          int dry_run, int64_t *deleted, int64_t *kept)
 {
-    STOF_CHECK_ARG(ctx, stof_version && template_hash,
+    DBS_CHECK_ARG(sink, stof_version && template_hash,
                    "stof__dbt_gc: no version");
     *deleted = *kept = 0;
     sqlite3 *c = NULL;
-    stof_status st = dbt_open_existing(ctx, path, !dry_run, &c);
+    stof_status st = dbt_open_existing(sink, path, !dry_run, &c);
     if (st != STOF_OK)
         return st;
     static const char stale[] =
@@ -254,37 +254,37 @@ stof_status stof__dbt_gc(stof_context *ctx, const char *path,
             rc = stof__dbt_exec(c, "COMMIT", NULL, NULL);
     }
     if (rc != SQLITE_OK) {
-        st = stof__dbt_sql_fail(ctx, c, rc, "garbage collection", path);
+        st = stof__dbt_sql_fail(sink, c, rc, "garbage collection", path);
         stof__dbt_rollback(c);
     }
     sqlite3_close(c);
-    return st == STOF_OK ? stof__ok(ctx) : st;
+    return st == STOF_OK ? stof__dbs_ok(sink) : st;
 }
 
-stof_status stof__dbt_delete(stof_context *ctx, const char *path,
+stof_status stof__dbt_delete(const stof_db_sink *sink, const char *path,
                              const char *key)
 {
-    STOF_CHECK_ARG(ctx, key && *key, "stof__dbt_delete: no key");
+    DBS_CHECK_ARG(sink, key && *key, "stof__dbt_delete: no key");
     sqlite3 *c = NULL;
-    stof_status st = dbt_open_existing(ctx, path, 1, &c);
+    stof_status st = dbt_open_existing(sink, path, 1, &c);
     if (st != STOF_OK)
         return st;
     int rc = stof__dbt_exec(c, "DELETE FROM records WHERE key = ?1", key, NULL);
     int changed = rc == SQLITE_OK ? sqlite3_changes(c) : 0;
     if (rc != SQLITE_OK)
-        st = stof__dbt_sql_fail(ctx, c, rc, "deleting a record", path);
+        st = stof__dbt_sql_fail(sink, c, rc, "deleting a record", path);
     else if (!changed)
-        st = stof__fail(ctx, STOF_ERR_NOT_FOUND, "%s: no record %s", path, key);
+        st = stof__dbs_fail(sink, STOF_ERR_NOT_FOUND, "%s: no record %s", path, key);
     sqlite3_close(c);
-    return st == STOF_OK ? stof__ok(ctx) : st;
+    return st == STOF_OK ? stof__dbs_ok(sink) : st;
 }
 
-stof_status stof__dbt_miss_counts(stof_context *ctx, const char *path,
+stof_status stof__dbt_miss_counts(const stof_db_sink *sink, const char *path,
                                   int64_t *n, int64_t *total)
 {
     *n = *total = 0;
     sqlite3 *c = NULL;
-    stof_status st = dbt_open_existing(ctx, path, 0, &c);
+    stof_status st = dbt_open_existing(sink, path, 0, &c);
     if (st != STOF_OK)
         return st;
     int rc = stof__dbt_int64(c, "SELECT count(*) FROM misses", NULL, NULL, n);
@@ -292,9 +292,9 @@ stof_status stof__dbt_miss_counts(stof_context *ctx, const char *path,
         rc = stof__dbt_int64(c, "SELECT coalesce(sum(count), 0) FROM misses", NULL,
                        NULL, total);
     if (rc != SQLITE_OK)
-        st = stof__dbt_sql_fail(ctx, c, rc, "reading misses", path);
+        st = stof__dbt_sql_fail(sink, c, rc, "reading misses", path);
     sqlite3_close(c);
-    return st == STOF_OK ? stof__ok(ctx) : st;
+    return st == STOF_OK ? stof__dbs_ok(sink) : st;
 }
 
 int stof__dbt_collect(void *user, const stof_db_record *r)

@@ -21,9 +21,9 @@
  * record is checked (stof_dbt_opts.check) before anything is written: a
  * fleet database must not spread a damaged or crafted record.
  *
- * Every function records its failure on ctx (stof_errmsg) and returns
+ * Every function records its failure on sink (stof_errmsg) and returns
  * STOF_ERR_DATABASE for an unusable or unwritable file, STOF_ERR_IO for a
- * file that cannot be created or renamed. One thread at a time per ctx.
+ * file that cannot be created or renamed. One thread at a time per sink.
  */
 #ifndef STOF_DB_TOOLS_H
 #define STOF_DB_TOOLS_H
@@ -96,7 +96,7 @@ typedef struct stof_dbt_result {
  * with STOF_ERR_DATABASE and a message naming the file and the reason;
  * a missing file with STOF_ERR_NOT_FOUND. Never modifies the file, and
  * creates nothing beside it (stof__db_open_readonly). */
-stof_status stof__dbt_check(stof_context *ctx, const char *path);
+stof_status stof__dbt_check(const stof_db_sink *sink, const char *path);
 
 /* Write a new database at out_path from the n inputs, merged by the rule
  * above, with every input record checked first (opts->check).
@@ -116,7 +116,7 @@ stof_status stof__dbt_check(stof_context *ctx, const char *path);
  * log is folded in and its -wal/-shm/-journal removed, so none of them can
  * meet the new file. A failure never leaves a partial or temporary file.
  * res may be NULL. */
-stof_status stof__dbt_write(stof_context *ctx, const char *out_path,
+stof_status stof__dbt_write(const stof_db_sink *sink, const char *out_path,
                             const char *const *inputs, int n,
                             const stof_dbt_opts *opts,
                             stof_dbt_result *res /* OUT */);
@@ -125,7 +125,7 @@ stof_status stof__dbt_write(stof_context *ctx, const char *out_path,
  * place (import), by the same rule and checks, in ONE transaction: either
  * every input is merged or, on any failure (an unreadable input, an
  * invalid record, a full disk), nothing is. */
-stof_status stof__dbt_merge_into(stof_context *ctx, const char *dest_path,
+stof_status stof__dbt_merge_into(const stof_db_sink *sink, const char *dest_path,
                                  const char *const *inputs, int n,
                                  const stof_dbt_opts *opts,
                                  stof_dbt_result *res /* OUT */);
@@ -133,17 +133,17 @@ stof_status stof__dbt_merge_into(stof_context *ctx, const char *dest_path,
 /* Delete the records of `path` whose stof_version differs from
  * `stof_version` or whose template_hash differs from `template_hash`
  * (dry_run: only count). *deleted and *kept get the counts. */
-stof_status stof__dbt_gc(stof_context *ctx, const char *path,
+stof_status stof__dbt_gc(const stof_db_sink *sink, const char *path,
                          const char *stof_version, const char *template_hash,
                          int dry_run, int64_t *deleted /* OUT */,
                          int64_t *kept /* OUT */);
 
 /* Delete one record by key. STOF_ERR_NOT_FOUND when it is not there. */
-stof_status stof__dbt_delete(stof_context *ctx, const char *path,
+stof_status stof__dbt_delete(const stof_db_sink *sink, const char *path,
                              const char *key);
 
 /* Misses of `path`: their number and the sum of their counts. */
-stof_status stof__dbt_miss_counts(stof_context *ctx, const char *path,
+stof_status stof__dbt_miss_counts(const stof_db_sink *sink, const char *path,
                                   int64_t *n /* OUT */,
                                   int64_t *total /* OUT */);
 

@@ -9,8 +9,8 @@
 
 #include <sqlite3.h>
 
-/* Record a failed SQLite call on ctx, naming path and what failed. */
-stof_status stof__dbt_sql_fail(stof_context *ctx, sqlite3 *c, int rc,
+/* Record a failed SQLite call on sink, naming path and what failed. */
+stof_status stof__dbt_sql_fail(const stof_db_sink *sink, sqlite3 *c, int rc,
                                const char *what, const char *path);
 
 /* Open path read-write (writable) or for reading without writing beside

@@ -157,7 +157,7 @@ void make_db(const char *path, const fx *recs, int n)
 {
     stof_context *ctx = ctx_new();
     stof_db *db = NULL;
-    cr_assert_eq(stof__db_open(ctx, path, NULL, &db), STOF_OK);
+    cr_assert_eq(stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db), STOF_OK);
     cr_assert(stof__db_writable(db), "%s not writable", path);
     for (int i = 0; i < n; i++) {
         stof_db_record r;

@@ -29,7 +29,7 @@ static void add_hits(const char *path, int key, int n)
 {
     stof_context *ctx = ctx_new();
     stof_db *db = NULL;
-    cr_assert_eq(stof__db_open(ctx, path, NULL, &db), STOF_OK);
+    cr_assert_eq(stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db), STOF_OK);
     char k[33];
     snprintf(k, sizeof(k), "%032x", key);
     for (int i = 0; i < n; i++) {
@@ -45,7 +45,7 @@ static void add_miss(const char *path, const char *key, int times)
 {
     stof_context *ctx = ctx_new();
     stof_db *db = NULL;
-    cr_assert_eq(stof__db_open(ctx, path, NULL, &db), STOF_OK);
+    cr_assert_eq(stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db), STOF_OK);
     uint64_t bits[4] = {1, 2, 3, 4};
     for (int i = 0; i < times; i++)
         cr_assert_eq(stof__db_record_miss(db, key,

@@ -511,7 +511,7 @@ Test(cli_safety, merge_refuses_crafted_records)
      * different cubin and a content hash made to match. */
     stof_context *ctx = ctx_new();
     stof_db *db = NULL;
-    cr_assert_eq(stof__db_open(ctx, P("evil.db"), NULL, &db), STOF_OK);
+    cr_assert_eq(stof__db_open(STOF_DB_SINK(ctx), P("evil.db"), NULL, &db), STOF_OK);
     stof_db_record r;
     fx_record(&A[0], &r);
     unsigned char junk[64];

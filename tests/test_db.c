@@ -28,6 +28,7 @@
 #include <sqlite3.h>
 
 #include "db.h"
+#include "internal.h"
 #include "testutil.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -251,7 +252,7 @@ static stof_db *db_open(stof_context *ctx, const char *user,
                         const char *const *sys)
 {
     stof_db *db = NULL;
-    cr_assert_eq(stof__db_open(ctx, user, sys, &db), STOF_OK, "%s",
+    cr_assert_eq(stof__db_open(STOF_DB_SINK(ctx), user, sys, &db), STOF_OK, "%s",
                  stof_errmsg(ctx));
     cr_assert_not_null(db);
     return db;
@@ -1143,7 +1144,7 @@ static void child_make_db(const char *path)
     logcap lc;
     stof_context *ctx = ctx_new_raw(&lc);
     stof_db *db = NULL;
-    CHILD_CHECK(stof__db_open(ctx, path, NULL, &db) == STOF_OK, "open");
+    CHILD_CHECK(stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db) == STOF_OK, "open");
     CHILD_CHECK(stof__db_writable(db), "%s", lc.text);
     stof_db_record r;
     record_fill(&r, 1, 100);
@@ -1161,7 +1162,7 @@ static void child_check_read_only(const char *path)
     logcap lc;
     stof_context *ctx = ctx_new_raw(&lc);
     stof_db *db = NULL;
-    CHILD_CHECK(stof__db_open(ctx, path, NULL, &db) == STOF_OK, "open");
+    CHILD_CHECK(stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db) == STOF_OK, "open");
     CHILD_CHECK(!stof__db_writable(db), "%s", lc.text);
     CHILD_CHECK(log_has_warn(&lc, path) && strstr(lc.text, "read-only"),
                 "no read-only warning naming the file:\n%s", lc.text);
@@ -1184,7 +1185,7 @@ static void child_check_read_only(const char *path)
     stof__db_close(&db);
     const char *sys[] = {path, NULL};
     log_reset(&lc);
-    CHILD_CHECK(stof__db_open(ctx, "", sys, &db) == STOF_OK, "open");
+    CHILD_CHECK(stof__db_open(STOF_DB_SINK(ctx), "", sys, &db) == STOF_OK, "open");
     CHILD_CHECK(lc.n_warn == 0, "%s", lc.text);
     CHILD_CHECK(stof__db_lookup(db, key, &r) == STOF_OK, "%s", lc.text);
     CHILD_CHECK(strcmp(r.source, "system") == 0, "%s", r.source);
@@ -1254,7 +1255,7 @@ static void read_only_dir_body(void)
     logcap lc;
     stof_context *ctx = ctx_new_raw(&lc);
     stof_db *db = NULL;
-    CHILD_CHECK(stof__db_open(ctx, missing, NULL, &db) == STOF_OK, "open");
+    CHILD_CHECK(stof__db_open(STOF_DB_SINK(ctx), missing, NULL, &db) == STOF_OK, "open");
     CHILD_CHECK(!stof__db_writable(db), "writable");
     CHILD_CHECK(log_has_warn(&lc, missing), "%s", lc.text);
     char key[33];
@@ -1267,7 +1268,7 @@ static void read_only_dir_body(void)
     char deep[192];
     snprintf(deep, sizeof(deep), "%s/a/b.db", sub);
     log_reset(&lc);
-    CHILD_CHECK(stof__db_open(ctx, deep, NULL, &db) == STOF_OK, "open");
+    CHILD_CHECK(stof__db_open(STOF_DB_SINK(ctx), deep, NULL, &db) == STOF_OK, "open");
     CHILD_CHECK(!stof__db_writable(db), "writable");
     CHILD_CHECK(log_has_warn(&lc, deep), "%s", lc.text);
     stof__db_close(&db);
@@ -1305,7 +1306,7 @@ static void writer_child(const char *path, int w, int start_fd)
     logcap lc;
     stof_context *ctx = ctx_new_raw(&lc);
     stof_db *db = NULL;
-    CHILD_CHECK(stof__db_open(ctx, path, NULL, &db) == STOF_OK, "open");
+    CHILD_CHECK(stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db) == STOF_OK, "open");
     CHILD_CHECK(stof__db_writable(db), "writer %d: %s", w, lc.text);
     for (int i = 0; i < N_STORES; i++) {
         int k, v;
@@ -1449,7 +1450,7 @@ static void endless_writer(const char *path, int fd)
     logcap lc;
     stof_context *ctx = ctx_new_raw(&lc);
     stof_db *db = NULL;
-    if (stof__db_open(ctx, path, NULL, &db) != STOF_OK ||
+    if (stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db) != STOF_OK ||
         !stof__db_writable(db))
         _exit(5);
     for (uint64_t i = 0;; i++) {
@@ -1666,7 +1667,7 @@ Test(db, many_processes_creating_one_file_all_get_it_writable, .timeout = 120)
                 logcap lc;
                 stof_context *ctx = ctx_new_raw(&lc);
                 stof_db *db = NULL;
-                stof__db_open(ctx, path, NULL, &db);
+                stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db);
                 int ok = db && stof__db_writable(db);
                 stof__db_close(&db);
                 _exit(ok ? 0 : 1);

@@ -79,7 +79,7 @@ static stof_db *open_db(stof_context *ctx, const char *user,
                         const char *const *sys)
 {
     stof_db *db = NULL;
-    cr_assert_eq(stof__db_open(ctx, user, sys, &db), STOF_OK);
+    cr_assert_eq(stof__db_open(STOF_DB_SINK(ctx), user, sys, &db), STOF_OK);
     return db;
 }
 

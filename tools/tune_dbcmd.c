@@ -26,12 +26,12 @@ static int read_records(stof_context *ctx, const char *path,
 {
     memset(l, 0, sizeof(*l));
     l->check = stof__record_check;
-    stof_status st = stof__dbt_check(ctx, path);
+    stof_status st = stof__dbt_check(STOF_DB_SINK(ctx), path);
     if (st != STOF_OK)
         return fail_with(ctx, st);
     const char *sys[] = {path, NULL};
     stof_db *db = NULL;
-    st = stof__db_open(ctx, "", sys, &db);
+    st = stof__db_open(STOF_DB_SINK(ctx), "", sys, &db);
     if (st == STOF_OK)
         st = stof__db_foreach(db, 1, stof__dbt_collect, l);
     stof__db_close(&db);
@@ -300,7 +300,7 @@ int cmd_stats(stof_context *ctx, const opts *o)
     if (rc)
         return rc;
     int64_t n_miss = 0, miss_total = 0;
-    stof_status st = stof__dbt_miss_counts(ctx, path, &n_miss, &miss_total);
+    stof_status st = stof__dbt_miss_counts(STOF_DB_SINK(ctx), path, &n_miss, &miss_total);
     if (st != STOF_OK) {
         stof__dbt_records_free(&l);
         return fail_with(ctx, st);
@@ -447,8 +447,8 @@ static int merge_like(stof_context *ctx, const opts *o, const char *what,
     if (o->json)
         printf("{\"conflicts\":[");
     stof_status st =
-        in_place ? stof__dbt_merge_into(ctx, dest, inputs, n, &dopts, &res)
-                 : stof__dbt_write(ctx, dest, inputs, n, &dopts, &res);
+        in_place ? stof__dbt_merge_into(STOF_DB_SINK(ctx), dest, inputs, n, &dopts, &res)
+                 : stof__dbt_write(STOF_DB_SINK(ctx), dest, inputs, n, &dopts, &res);
     if (st != STOF_OK) {
         if (o->json)
             printf("],\"error\":%s}\n", tt_json(stof_errmsg(ctx)));
@@ -530,7 +530,7 @@ int cmd_gc(stof_context *ctx, const opts *o)
     snprintf(th, sizeof(th), "%016llx",
              (unsigned long long)stof_template_hash());
     int64_t del = 0, kept = 0;
-    stof_status st = stof__dbt_gc(ctx, path, stof_version_string(), th,
+    stof_status st = stof__dbt_gc(STOF_DB_SINK(ctx), path, stof_version_string(), th,
                                   o->dry_run, &del, &kept);
     if (st != STOF_OK)
         return fail_with(ctx, st);

@@ -430,7 +430,7 @@ int cmd_pending(stof_context *cpu, const opts *o)
         err("no database path: set --db or STOF_USER_DB");
         return EXIT_USAGE;
     }
-    stof_status st = stof__dbt_check(cpu, path);
+    stof_status st = stof__dbt_check(STOF_DB_SINK(cpu), path);
     if (st != STOF_OK)
         return fail_with(cpu, st);
     char msg[512];
@@ -445,7 +445,7 @@ int cmd_pending(stof_context *cpu, const opts *o)
      * workers start. */
     pending_job job = {{0}, path};
     stof_db *db = NULL;
-    st = stof__db_open(cpu, path, NULL, &db);
+    st = stof__db_open(STOF_DB_SINK(cpu), path, NULL, &db);
     if (st == STOF_OK && !stof__db_writable(db))
         st = stof__fail(cpu, STOF_ERR_DATABASE, "%s is not writable", path);
     if (st == STOF_OK)
@@ -494,7 +494,7 @@ int cmd_verify(stof_context *cpu, const opts *o)
         err("no database path: set --db or STOF_USER_DB");
         return EXIT_USAGE;
     }
-    stof_status st = stof__dbt_check(cpu, path);
+    stof_status st = stof__dbt_check(STOF_DB_SINK(cpu), path);
     if (st != STOF_OK)
         return fail_with(cpu, st);
     return tv_verify(cpu, path, o->drop, o->json, open_gpu_ctx);

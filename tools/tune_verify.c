@@ -154,7 +154,7 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
     l.check = stof__record_check;
     const char *sys[] = {path, NULL};
     stof_db *db = NULL;
-    stof_status st = stof__db_open(cpu, "", sys, &db);
+    stof_status st = stof__db_open(STOF_DB_SINK(cpu), "", sys, &db);
     if (st == STOF_OK)
         st = stof__db_foreach(db, 1, stof__dbt_collect, &l);
     stof__db_close(&db);
@@ -177,7 +177,7 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
         return rc;
     }
     /* Where trust is written: the user database of this host. */
-    (void)stof__db_open(cpu, NULL, NULL, &udb);
+    (void)stof__db_open(STOF_DB_SINK(cpu), NULL, NULL, &udb);
     char (*bad)[33] = calloc((size_t)l.n + 1, sizeof(*bad));
     int n_ok = 0, n_bad = 0, n_skip = 0, n_other = 0, n_dropped = 0;
     if (json)
@@ -283,7 +283,7 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
     stof__db_close(&udb);
     int db_failed = 0;
     for (int i = 0; drop && i < n_bad; i++) {
-        if (stof__dbt_delete(cpu, path, bad[i]) == STOF_OK)
+        if (stof__dbt_delete(STOF_DB_SINK(cpu), path, bad[i]) == STOF_OK)
             n_dropped++;
         else {
             fprintf(stderr, "stof-tune: database error: %s\n",

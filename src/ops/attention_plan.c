@@ -23,7 +23,8 @@ stof_db *stof__ctx_db(stof_context *ctx)
 {
     if (!ctx->db_tried) {
         ctx->db_tried = 1;
-        if (stof__db_open(ctx, ctx->user_db,
+        ctx->db_close = stof__db_close;
+        if (stof__db_open(STOF_DB_SINK(ctx), ctx->user_db,
                           (const char *const *)ctx->system_dbs,
                           &ctx->db) != STOF_OK)
             stof__log(ctx, STOF_LOG_WARN, "tuning database unavailable: %s",
@@ -145,7 +146,7 @@ static void fill_record(stof_context *ctx, const stof_attention_desc *d,
     r->head_dim = d->head_dim;
     snprintf(r->dtype, sizeof(r->dtype), "%s", dtype_name(d->dtype));
     snprintf(r->layout, sizeof(r->layout), "%s", layout_str(d->layout));
-    stof__db_record_env(ctx, r);
+    stof__record_env(ctx, r);
     snprintf(r->kernel, sizeof(r->kernel), "%s",
              stof__kernel_kind_name(winner->kind));
     cand_to_json(winner, r->config, sizeof(r->config));

@@ -147,7 +147,7 @@ static void record_base(const stof_layer *L, const char *mask_hex,
     if (spec)
         snprintf(r->mask_spec, sizeof(r->mask_spec), "%s", spec);
     snprintf(r->dtype, sizeof(r->dtype), "%s", stof__layer_dtype_str(L->d.dtype));
-    stof__db_record_env(L->ctx, r);
+    stof__record_env(L->ctx, r);
     snprintf(r->arch, sizeof(r->arch), "%s", L->ctx->device.arch);
     r->verified = 1;
 }

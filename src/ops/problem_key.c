@@ -14,6 +14,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "db.h"
 #include "internal.h"
 
 #include <stdio.h>
@@ -48,4 +49,25 @@ void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
              (unsigned long long)h.low64);
     if (text && text_n)
         snprintf(text, text_n, "%s", buf);
+}
+
+void stof__record_env(const stof_context *ctx, stof_db_record *r)
+{
+    const stof_device *dev = &ctx->device;
+    /* Device names are short; truncation only guards the array. */
+    size_t nl = strlen(dev->name);
+    if (nl >= sizeof(r->device_name))
+        nl = sizeof(r->device_name) - 1;
+    memcpy(r->device_name, dev->name, nl);
+    r->device_name[nl] = '\0';
+    r->cc_major = dev->cc_major;
+    r->cc_minor = dev->cc_minor;
+    r->sm_count = dev->sm_count;
+    r->driver_version = dev->driver_version;
+    snprintf(r->nvrtc_version, sizeof(r->nvrtc_version), "%d.%d",
+             dev->nvrtc_major, dev->nvrtc_minor);
+    snprintf(r->stof_version, sizeof(r->stof_version), "%s",
+             stof_version_string());
+    snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
+             (unsigned long long)stof_template_hash());
 }

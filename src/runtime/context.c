@@ -3,7 +3,6 @@
  * logging, and the device the context works on.
  */
 #include "internal.h"
-#include "db.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,7 +229,10 @@ void stof_close(stof_context **pctx)
     if (!pctx || !*pctx)
         return;
     stof_context *ctx = *pctx;
-    stof__db_close(&ctx->db);
+    /* The database belongs to the operations that opened it (they set
+     * how to close it): the runtime does not know the database. */
+    if (ctx->db && ctx->db_close)
+        ctx->db_close(&ctx->db);
     for (int i = 0; i < ctx->n_ref_cubins; i++)
         free(ctx->ref_cubins[i].cubin);
     free(ctx->user_db);
@@ -266,4 +268,19 @@ double stof__now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+stof_status stof__ctx_sink_fail(void *ctx, stof_status st, const char *msg)
+{
+    return stof__fail(ctx, st, "%s", msg);
+}
+
+void stof__ctx_sink_log(void *ctx, stof_log_level level, const char *msg)
+{
+    stof__log(ctx, level, "%s", msg);
+}
+
+void stof__ctx_sink_ok(void *ctx)
+{
+    stof__ok(ctx);
 }

@@ -35,7 +35,7 @@ typedef struct stof_device {
 
 struct stof_db;
 /* The context's tuning database, opened at the first call (a failure only
- * logs: stof works without one); NULL when unavailable (attention.c). */
+ * logs: stof works without one); NULL when unavailable (attention_plan.c). */
 struct stof_db *stof__ctx_db(stof_context *ctx);
 
 struct stof_context {
@@ -50,6 +50,7 @@ struct stof_context {
     char *user_db;
     char **system_dbs;      /* NULL-terminated, or NULL */
     struct stof_db *db;
+    void (*db_close)(struct stof_db **db); /* set with db (stof__ctx_db) */
     int db_tried;           /* the open was attempted (success or not) */
     /* Reference-kernel cubins compiled by this context, by head_dim and
      * dtype: every search and every first use of a record verifies
@@ -100,6 +101,24 @@ stof_status stof__fail_quiet(stof_context *ctx, stof_status st,
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+
+/* The tuning database's sink (cache/db.h) for a context: failures are
+ * recorded on ctx (stof_errmsg) and logged, log lines go through ctx's
+ * log. STOF_DB_SINK(ctx) is a pointer to one, valid in the enclosing
+ * block. */
+struct stof_db_sink;
+stof_status stof__ctx_sink_fail(void *ctx, stof_status st, const char *msg);
+void stof__ctx_sink_log(void *ctx, stof_log_level level, const char *msg);
+void stof__ctx_sink_ok(void *ctx);
+#define STOF_DB_SINK(ctx)                                                      \
+    (&(struct stof_db_sink){(void *)(ctx), stof__ctx_sink_fail,               \
+                            stof__ctx_sink_log, stof__ctx_sink_ok})
+
+/* Where a record is valid, from ctx's device: device name, compute
+ * capability, SM count, driver and NVRTC versions, stof version, template
+ * hash (problem_key.c). */
+struct stof_db_record;
+void stof__record_env(const stof_context *ctx, struct stof_db_record *r);
 
 /* Milliseconds on the monotonic clock. */
 double stof__now_ms(void);

@@ -1,0 +1,597 @@
+/*
+ * db_rows.c - the rows of the layered database (db.h): reading and
+ * storing records (each checked when read), the local trust table, and
+ * the misses of cache-only runs. Every write is one IMMEDIATE transaction.
+ */
+#include "db_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Copy a text column into a char array, truncating. */
+static void col_text(char *dst, size_t n, sqlite3_stmt *s, int col)
+{
+    const unsigned char *t = sqlite3_column_text(s, col);
+    size_t len = t ? (size_t)sqlite3_column_bytes(s, col) : 0;
+    if (len >= n)
+        len = n - 1;
+    if (len)
+        memcpy(dst, t, len);
+    dst[len] = '\0';
+}
+
+const char *stof__db_columns(void)
+{
+    return DB_COLUMNS;
+}
+
+int stof__db_shape_sql(const char *t, char *buf, size_t n)
+{
+    size_t len = 0;
+    int ok = 1;
+    buf[0] = '\0';
+#define ADD_(...)                                                              \
+    do {                                                                       \
+        int k = snprintf(buf + len, len < n ? n - len : 0, __VA_ARGS__);       \
+        if (k < 0 || len + (size_t)k >= n)                                     \
+            ok = 0;                                                            \
+        else                                                                   \
+            len += (size_t)k;                                                  \
+    } while (0)
+#define SHAPE_T_(f)                                                            \
+    ADD_("(typeof(%s.%s) = 'text' AND length(CAST(%s.%s AS BLOB)) < %zu) AND ", \
+         t, #f, t, #f, sizeof(((stof_db_record *)0)->f));
+#define SHAPE_I_(f) ADD_("typeof(%s.%s) = 'integer' AND ", t, #f);
+#define SHAPE_D_(f) ADD_("typeof(%s.%s) IN ('real', 'integer') AND ", t, #f);
+    DB_FIELDS(SHAPE_T_, SHAPE_I_, SHAPE_I_, SHAPE_D_)
+    ADD_("typeof(%s.cubin) IN ('blob', 'null')", t);
+#undef SHAPE_T_
+#undef SHAPE_I_
+#undef SHAPE_D_
+#undef ADD_
+    return ok;
+}
+
+int stof__db_read_row(sqlite3_stmt *s, int first, stof_db_record *r)
+{
+    int col = first;
+    memset(r, 0, sizeof(*r));
+#define GET_T_(f) col_text(r->f, sizeof(r->f), s, col++);
+#define GET_I_(f) r->f = sqlite3_column_int(s, col++);
+#define GET_L_(f) r->f = sqlite3_column_int64(s, col++);
+#define GET_D_(f) r->f = sqlite3_column_double(s, col++);
+    DB_FIELDS(GET_T_, GET_I_, GET_L_, GET_D_)
+#undef GET_T_
+#undef GET_I_
+#undef GET_L_
+#undef GET_D_
+    /* A NULL pointer with a nonzero size is SQLite running out of memory
+     * (an empty or NULL cubin gives NULL with size 0). */
+    const void *blob = sqlite3_column_blob(s, col);
+    int bytes = sqlite3_column_bytes(s, col);
+    col++;
+    if (!blob && bytes > 0)
+        return SQLITE_NOMEM;
+    size_t size = blob ? (size_t)bytes : 0;
+    if (size) {
+        r->cubin = malloc(size);
+        if (!r->cubin)
+            return SQLITE_NOMEM;
+        memcpy(r->cubin, blob, size);
+        r->cubin_size = size;
+    }
+    r->hits = sqlite3_column_int64(s, col++);
+    return SQLITE_OK;
+}
+
+
+/* Count a hit in the user database without waiting: a lookup must not
+ * stall behind another process's write for a statistic. Returns 1 when
+ * counted. */
+static int count_hit(db_layer *L, const char *key)
+{
+    sqlite3_stmt *s;
+    if (stof__db_layer_stmt(L, ST_HIT, &s) != SQLITE_OK)
+        return 0;
+    int ok = 0;
+    if (sqlite3_busy_timeout(L->conn, 0) == SQLITE_OK &&
+        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_DONE)
+        ok = sqlite3_changes(L->conn) > 0;
+    stof__db_done_stmt(s);
+    (void)sqlite3_busy_timeout(L->conn, DB_BUSY_TIMEOUT_MS);
+    return ok;
+}
+
+stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
+{
+    if (out)
+        memset(out, 0, sizeof(*out));
+    if (!db || !out || !key || !*key)
+        return stof__dbs_fail(db ? (&db->sink) : NULL, STOF_ERR_INVALID_ARGUMENT,
+                          "stof__db_lookup: %s is NULL or empty",
+                          !db ? "db" : !out ? "out" : "key");
+    for (int i = 0; i < db->n_layers; i++) {
+        db_layer *L = &db->layers[i];
+        if (!L->conn)
+            continue;
+        sqlite3_stmt *s;
+        int rc = stof__db_layer_stmt(L, ST_LOOKUP, &s);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+            rc = stof__db_read_row(s, 0, out);
+            stof__db_done_stmt(s);
+            if (rc != SQLITE_OK) {
+                stof__db_record_clear(out);
+                return stof__dbs_fail((&db->sink), STOF_ERR_OUT_OF_MEMORY,
+                                  "tuning database %s: out of memory reading "
+                                  "record %s",
+                                  L->path, key);
+            }
+            char why[256];
+            if (!stof__db_record_check(out, why, sizeof(why))) {
+                /* Damaged or crafted: never loaded, whatever it says. */
+                stof__dbs_log((&db->sink), STOF_LOG_WARN,
+                          "tuning database %s (%s): record %s is invalid "
+                          "(%s): ignored",
+                          L->path, i == 0 ? "user" : "system", key, why);
+                stof__db_record_clear(out);
+                continue;
+            }
+            snprintf(out->source, sizeof(out->source), "%s",
+                     i == 0 ? "user" : "system");
+            out->layer = i;
+            if (i == 0 && L->writable && count_hit(L, key))
+                out->hits++;
+            return STOF_OK;
+        }
+        stof__db_done_stmt(s);
+        if (rc != SQLITE_DONE && !L->warned) {
+            L->warned = 1;
+            stof__dbs_log((&db->sink), STOF_LOG_WARN,
+                      "tuning database %s (%s): lookup failed: %s (SQLite "
+                      "error %d); treating it as a miss",
+                      L->path, i == 0 ? "user" : "system",
+                      sqlite3_errmsg(L->conn), rc);
+        }
+    }
+    return STOF_ERR_NOT_FOUND;
+}
+
+/* The writable user layer, or a failure recorded on sink. */
+static stof_status user_layer(stof_db *db, db_layer **out)
+{
+    db_layer *L = &db->layers[0];
+    *out = NULL;
+    if (!L->conn || !L->writable)
+        return stof__dbs_fail((&db->sink), STOF_ERR_DATABASE,
+                          "no writable user tuning database: %s%s%s",
+                          L->path ? L->path : "", L->path ? ": " : "",
+                          L->why[0] ? L->why : "not open");
+    *out = L;
+    return STOF_OK;
+}
+
+/* Run the bound write statements s and then s2 (may be NULL) of L in one
+ * IMMEDIATE transaction: the write lock is taken (waiting up to the busy
+ * timeout) before anything is read, so concurrent writers queue instead of
+ * failing. */
+static stof_status run_write(stof_db *db, db_layer *L, sqlite3_stmt *s,
+                             sqlite3_stmt *s2, const char *what)
+{
+    int rc = stof__db_exec(L->conn, "BEGIN IMMEDIATE");
+    if (rc != SQLITE_OK) {
+        stof_status st = DB_FAIL(db, L, rc, what);
+        stof__db_done_stmt(s);
+        stof__db_done_stmt(s2);
+        return st;
+    }
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_DONE && s2)
+        rc = sqlite3_step(s2);
+    if (rc != SQLITE_DONE) {
+        stof_status st = DB_FAIL(db, L, rc, what);
+        stof__db_done_stmt(s);
+        stof__db_done_stmt(s2);
+        stof__db_rollback(L->conn);
+        return st;
+    }
+    stof__db_done_stmt(s);
+    stof__db_done_stmt(s2);
+    rc = stof__db_exec(L->conn, "COMMIT");
+    if (rc != SQLITE_OK) {
+        stof_status st = DB_FAIL(db, L, rc, what);
+        stof__db_rollback(L->conn);
+        return st;
+    }
+    return STOF_OK;
+}
+
+static int bind_array_text(sqlite3_stmt *s, int col, const char *t, size_t n)
+{
+    return sqlite3_bind_text(s, col, t, (int)strnlen(t, n), SQLITE_STATIC);
+}
+
+/* Bind a ST_TRUST statement for record r. */
+static int bind_trust(sqlite3_stmt *t, const stof_db_record *r)
+{
+    int rc = bind_array_text(t, 1, r->key, sizeof(r->key));
+    if (rc == SQLITE_OK)
+        rc = bind_array_text(t, 2, r->content_hash, sizeof(r->content_hash));
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(t, 3, (sqlite3_int64)time(NULL));
+    return rc;
+}
+
+stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace,
+                           int trusted_here)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const stof_db_sink *sink = (&db->sink);
+    DBS_CHECK_ARG(sink, r, "stof__db_store: record is NULL");
+    DBS_CHECK_ARG(sink, r->key[0], "stof__db_store: record has no key");
+    DBS_CHECK_ARG(sink,
+                   isfinite(r->time_ms) && isfinite(r->runner_up_ms) &&
+                       isfinite(r->model_ms),
+                   "stof__db_store: record %s: times must be finite", r->key);
+    DBS_CHECK_ARG(sink, r->cubin || r->cubin_size == 0,
+                   "stof__db_store: record %s: cubin is NULL with size %zu",
+                   r->key, r->cubin_size);
+    db_layer *L;
+    stof_status st = user_layer(db, &L);
+    if (st != STOF_OK)
+        return st;
+
+    stof_db_record c = *r; /* the filled-in copy that is bound */
+    c.cubin = NULL;
+    c.verified = r->verified != 0;
+    if (!c.created_at)
+        c.created_at = (int64_t)time(NULL);
+    if (!c.host[0] && gethostname(c.host, sizeof(c.host)) != 0)
+        snprintf(c.host, sizeof(c.host), "unknown");
+    c.host[sizeof(c.host) - 1] = '\0';
+    c.cubin = r->cubin;
+    stof__db_record_hash(&c, c.content_hash);
+    c.cubin = NULL;
+
+    sqlite3_stmt *s;
+    int rc = stof__db_layer_stmt(L, ST_STORE, &s);
+    if (rc != SQLITE_OK)
+        return DB_FAIL(db, L, rc, "preparing the record store");
+    int col = 1;
+#define BIND_T_(f)                                                             \
+    if (rc == SQLITE_OK)                                                       \
+        rc = bind_array_text(s, col++, c.f, sizeof(c.f));
+#define BIND_I_(f)                                                             \
+    if (rc == SQLITE_OK)                                                       \
+        rc = sqlite3_bind_int(s, col++, c.f);
+#define BIND_L_(f)                                                             \
+    if (rc == SQLITE_OK)                                                       \
+        rc = sqlite3_bind_int64(s, col++, c.f);
+#define BIND_D_(f)                                                             \
+    if (rc == SQLITE_OK)                                                       \
+        rc = sqlite3_bind_double(s, col++, c.f);
+    DB_FIELDS(BIND_T_, BIND_I_, BIND_L_, BIND_D_)
+#undef BIND_T_
+#undef BIND_I_
+#undef BIND_L_
+#undef BIND_D_
+    if (rc == SQLITE_OK)
+        rc = r->cubin_size ? sqlite3_bind_blob64(s, col, r->cubin,
+                                                 (sqlite3_uint64)r->cubin_size,
+                                                 SQLITE_STATIC)
+                           : sqlite3_bind_null(s, col);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int(s, sqlite3_bind_parameter_index(s, ":replace"),
+                              replace != 0);
+    if (rc != SQLITE_OK) {
+        stof__db_done_stmt(s);
+        return DB_FAIL(db, L, rc, "binding the record");
+    }
+    sqlite3_stmt *t = NULL;
+    if (trusted_here) {
+        rc = stof__db_layer_stmt(L, ST_TRUST, &t);
+        if (rc == SQLITE_OK)
+            rc = bind_trust(t, &c);
+        if (rc != SQLITE_OK) {
+            stof__db_done_stmt(s);
+            stof__db_done_stmt(t);
+            return DB_FAIL(db, L, rc, "binding the trust entry");
+        }
+    }
+    return run_write(db, L, s, t, "storing a record");
+}
+
+/* The in-memory trust list: index of (key, hash) or -1. */
+static int trust_mem_find(const db_trust_mem *t, const stof_db_record *r)
+{
+    for (int i = 0; i < t->n; i++)
+        if (!strncmp(t->v[i], r->key, 33) &&
+            !strncmp(t->v[i] + 33, r->content_hash, 33))
+            return i;
+    return -1;
+}
+
+int stof__db_trusted(stof_db *db, const stof_db_record *r)
+{
+    if (!db || !r || !r->key[0] || !r->content_hash[0])
+        return 0;
+    if (trust_mem_find(&db->trust, r) >= 0)
+        return 1;
+    db_layer *L = &db->layers[0];
+    if (!L->conn)
+        return 0;
+    sqlite3_stmt *s;
+    int rc = stof__db_layer_stmt(L, ST_TRUSTED, &s);
+    if (rc == SQLITE_OK)
+        rc = bind_array_text(s, 1, r->key, sizeof(r->key));
+    if (rc == SQLITE_OK)
+        rc = bind_array_text(s, 2, r->content_hash, sizeof(r->content_hash));
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    stof__db_done_stmt(s);
+    return rc == SQLITE_ROW;
+}
+
+void stof__db_trust(stof_db *db, const stof_db_record *r)
+{
+    if (!db || !r || !r->key[0] || !r->content_hash[0] ||
+        stof__db_trusted(db, r))
+        return;
+    db_layer *L = &db->layers[0];
+    if (L->conn && L->writable) {
+        sqlite3_stmt *t;
+        int rc = stof__db_layer_stmt(L, ST_TRUST, &t);
+        if (rc == SQLITE_OK)
+            rc = bind_trust(t, r);
+        if (rc == SQLITE_OK &&
+            run_write(db, L, t, NULL, "recording a verified record") ==
+                STOF_OK)
+            return;
+        if (rc != SQLITE_OK)
+            stof__db_done_stmt(t);
+        stof__dbs_log((&db->sink), STOF_LOG_WARN,
+                  "tuning database %s: could not record that record %s was "
+                  "verified here (%s); it is trusted for this process only",
+                  L->path, r->key, db->last_err);
+    }
+    db_trust_mem *m = &db->trust;
+    if (m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 16;
+        void *v = realloc(m->v, (size_t)cap * sizeof(*m->v));
+        if (!v)
+            return; /* verified again next time: safe */
+        m->v = v;
+        m->cap = cap;
+    }
+    snprintf(m->v[m->n], 33, "%s", r->key);
+    snprintf(m->v[m->n] + 33, 33, "%s", r->content_hash);
+    m->n++;
+}
+
+void stof__db_forget(stof_db *db, const char *key, const char *content_hash)
+{
+    if (!db || !key || !content_hash)
+        return;
+    db_layer *L = &db->layers[0];
+    if (!L->conn || !L->writable)
+        return;
+    sqlite3_stmt *s;
+    int rc = stof__db_layer_stmt(L, ST_FORGET, &s);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 2, content_hash, -1, SQLITE_STATIC);
+    if (rc != SQLITE_OK) {
+        stof__db_done_stmt(s);
+        return;
+    }
+    if (run_write(db, L, s, NULL, "deleting a record") != STOF_OK)
+        stof__dbs_log((&db->sink), STOF_LOG_WARN,
+                  "tuning database %s: could not delete record %s: %s",
+                  L->path, key, db->last_err);
+}
+
+stof_status stof__db_record_miss(stof_db *db, const char *key,
+                                 const char *problem_json,
+                                 const void *mask_bits, size_t mask_bytes)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    DBS_CHECK_ARG((&db->sink), key && *key, "stof__db_record_miss: no key");
+    DBS_CHECK_ARG((&db->sink), mask_bits || mask_bytes == 0,
+                   "stof__db_record_miss: mask_bits is NULL with size %zu",
+                   mask_bytes);
+    db_layer *L;
+    stof_status st = user_layer(db, &L);
+    if (st != STOF_OK)
+        return st;
+    sqlite3_stmt *s;
+    int rc = stof__db_layer_stmt(L, ST_MISS, &s);
+    if (rc != SQLITE_OK)
+        return DB_FAIL(db, L, rc, "preparing the miss record");
+    rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 2, problem_json ? problem_json : "{}", -1,
+                               SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = mask_bytes ? sqlite3_bind_blob64(s, 3, mask_bits,
+                                              (sqlite3_uint64)mask_bytes,
+                                              SQLITE_STATIC)
+                        : sqlite3_bind_null(s, 3);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_int64(s, 4, (sqlite3_int64)time(NULL));
+    if (rc != SQLITE_OK) {
+        stof__db_done_stmt(s);
+        return DB_FAIL(db, L, rc, "binding the miss");
+    }
+    return run_write(db, L, s, NULL, "recording a miss");
+}
+
+/* Advance an iteration: `last` (malloc'd, NULL before the first row) is
+ * replaced by the key of the row now in s. The full key is kept (not the
+ * record's truncated copy) so that the next "key > last" moves on. */
+static int save_key(sqlite3_stmt *s, char **last)
+{
+    const unsigned char *k = sqlite3_column_text(s, 0);
+    char *dup = strdup(k ? (const char *)k : "");
+    if (!dup)
+        return SQLITE_NOMEM;
+    free(*last);
+    *last = dup;
+    return SQLITE_OK;
+}
+
+/* Both iterations read one row per statement, by key order, and reset the
+ * statement before calling back: no read transaction is open during the
+ * callback, so it may store, record or delete through the same db. */
+stof_status stof__db_foreach(stof_db *db, int layer, stof_db_record_fn fn,
+                             void *user)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    DBS_CHECK_ARG((&db->sink), fn, "stof__db_foreach: fn is NULL");
+    DBS_CHECK_ARG((&db->sink), layer >= 0 && layer < db->n_layers,
+                   "stof__db_foreach: layer %d is out of range (0..%d)",
+                   layer, db->n_layers - 1);
+    db_layer *L = &db->layers[layer];
+    if (!L->conn)
+        return stof__dbs_fail((&db->sink), STOF_ERR_DATABASE,
+                          "tuning database layer %d%s%s is not open: %s",
+                          layer, L->path ? " " : "", L->path ? L->path : "",
+                          L->why[0] ? L->why : "unusable");
+    char *last = NULL;
+    stof_status st = STOF_OK;
+    for (;;) {
+        sqlite3_stmt *s;
+        int rc = stof__db_layer_stmt(L, ST_NEXT_RECORD, &s);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_text(s, 1, last ? last : "", -1,
+                                   SQLITE_TRANSIENT);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE) {
+            stof__db_done_stmt(s);
+            break;
+        }
+        stof_db_record r;
+        memset(&r, 0, sizeof(r));
+        if (rc == SQLITE_ROW)
+            rc = save_key(s, &last);
+        if (rc == SQLITE_OK)
+            rc = stof__db_read_row(s, 0, &r);
+        if (rc != SQLITE_OK) {
+            st = rc == SQLITE_NOMEM
+                     ? stof__dbs_fail((&db->sink), STOF_ERR_OUT_OF_MEMORY,
+                                  "tuning database %s: out of memory",
+                                  L->path)
+                     : DB_FAIL(db, L, rc, "reading records");
+            stof__db_done_stmt(s);
+            stof__db_record_clear(&r);
+            break;
+        }
+        stof__db_done_stmt(s);
+        snprintf(r.source, sizeof(r.source), "%s",
+                 layer == 0 ? "user" : "system");
+        r.layer = layer;
+        int stop = fn(user, &r);
+        stof__db_record_clear(&r);
+        if (stop)
+            break;
+    }
+    free(last);
+    return st;
+}
+
+stof_status stof__db_foreach_miss(stof_db *db, stof_db_miss_fn fn, void *user)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    DBS_CHECK_ARG((&db->sink), fn, "stof__db_foreach_miss: fn is NULL");
+    db_layer *L = &db->layers[0];
+    if (!L->conn)
+        return stof__dbs_fail((&db->sink), STOF_ERR_DATABASE,
+                          "no user tuning database: %s%s%s",
+                          L->path ? L->path : "", L->path ? ": " : "",
+                          L->why[0] ? L->why : "not open");
+    char *last = NULL;
+    stof_status st = STOF_OK;
+    for (;;) {
+        sqlite3_stmt *s;
+        int rc = stof__db_layer_stmt(L, ST_NEXT_MISS, &s);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_bind_text(s, 1, last ? last : "", -1,
+                                   SQLITE_TRANSIENT);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        if (rc == SQLITE_DONE) {
+            stof__db_done_stmt(s);
+            break;
+        }
+        char *problem = NULL;
+        void *bits = NULL;
+        size_t nbits = 0;
+        int64_t count = 0;
+        if (rc == SQLITE_ROW)
+            rc = save_key(s, &last);
+        if (rc == SQLITE_OK) {
+            const unsigned char *p = sqlite3_column_text(s, 1);
+            problem = strdup(p ? (const char *)p : "");
+            const void *b = sqlite3_column_blob(s, 2);
+            nbits = b ? (size_t)sqlite3_column_bytes(s, 2) : 0;
+            bits = nbits ? malloc(nbits) : NULL;
+            if (!problem || (nbits && !bits))
+                rc = SQLITE_NOMEM;
+            else if (nbits)
+                memcpy(bits, b, nbits);
+            count = sqlite3_column_int64(s, 3);
+        }
+        if (rc != SQLITE_OK) {
+            st = rc == SQLITE_NOMEM
+                     ? stof__dbs_fail((&db->sink), STOF_ERR_OUT_OF_MEMORY,
+                                  "tuning database %s: out of memory",
+                                  L->path)
+                     : DB_FAIL(db, L, rc, "reading misses");
+            stof__db_done_stmt(s);
+            free(problem);
+            free(bits);
+            break;
+        }
+        stof__db_done_stmt(s);
+        int stop = fn(user, last, problem, bits, nbits, count);
+        free(problem);
+        free(bits);
+        if (stop)
+            break;
+    }
+    free(last);
+    return st;
+}
+
+stof_status stof__db_delete_miss(stof_db *db, const char *key)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    DBS_CHECK_ARG((&db->sink), key && *key, "stof__db_delete_miss: no key");
+    db_layer *L;
+    stof_status st = user_layer(db, &L);
+    if (st != STOF_OK)
+        return st;
+    sqlite3_stmt *s;
+    int rc = stof__db_layer_stmt(L, ST_DELETE_MISS, &s);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    if (rc != SQLITE_OK) {
+        stof__db_done_stmt(s);
+        return DB_FAIL(db, L, rc, "deleting a miss");
+    }
+    return run_write(db, L, s, NULL, "deleting a miss");
+}
