@@ -28,7 +28,7 @@ for f in "$C"/bin/* "$C/lib/libstof.so"; do ldd "$f"; done | awk '/=> \//{print 
 # give it only what libstof itself needs beyond the base system.
 mkdir -p "$C/pylib"
 ldd "$C/lib/libstof.so" | awk '/=> \//{print $3}' |
-    grep -E '/libuv\.so' | while read -r lib; do
+    grep -E '/lib(uv|jansson)\.so' | while read -r lib; do
         cp -L "$lib" "$C/pylib/"
     done
 du -sh "$C"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 PKGS="meson ninja-build pkg-config gcc g++ python3 libsqlite3-dev libuv1-dev \
-libxxhash-dev libcriterion-dev"
+libxxhash-dev libcriterion-dev libjansson-dev"
 
 missing=""
 for p in $PKGS; do

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "cuda_shim.h"
-#include "cost_model.h"
+#include "attention_int.h"
 #include "internal.h"
 #include "testutil.h"
 

@@ -78,13 +78,6 @@ stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
                             const stof_mask *m, stof_candidate *cands,
                             int max, int *n /* OUT */);
 
-/* Plan with a given kernel choice (NULL = the cost model's first choice;
- * kind STOF_KERNEL_REFERENCE = the reference kernel). Used by
- * stof_attention_plan, the tests and the search. */
-stof_status stof__attention_plan_kernel(stof_context *ctx,
-                                        const stof_attention_desc *d,
-                                        const stof_mask *m,
-                                        const stof_candidate *choice,
-                                        stof_plan **out /* OUT */);
+
 
 #endif

@@ -7,6 +7,8 @@
  */
 #include "gemm.h"
 
+#include <jansson.h>
+
 #include <ctype.h>
 #include <math.h>
 #include <stddef.h>
@@ -353,83 +355,45 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
 /* JSON                                                                      */
 /* ------------------------------------------------------------------------ */
 
+static const char *const cfg_keys[] = {"bm",  "bn",  "bk",   "wm",
+                                        "wn",  "st",  "bias", "act",
+                                        "res", "norm", "pre"};
+enum { CFG_KEYS = 11 };
+
 void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                          stof_str *out)
 {
     if (!c || !e || !out)
         return;
-    stof__str_printf(out,
-                     "{\"bm\":%d,\"bn\":%d,\"bk\":%d,\"wm\":%d,\"wn\":%d,"
-                     "\"st\":%d,\"bias\":%d,\"act\":%d,\"res\":%d,"
-                     "\"norm\":%d,\"pre\":%d}",
-                     c->block_m, c->block_n, c->block_k, c->warps_m,
-                     c->warps_n, c->stages, e->bias, e->act, e->residual,
-                     e->norm, e->write_pre);
-}
-
-static const char *skip_ws(const char *p)
-{
-    while (*p && isspace((unsigned char)*p))
-        p++;
-    return p;
+    const int v[CFG_KEYS] = {c->block_m, c->block_n, c->block_k, c->warps_m,
+                             c->warps_n, c->stages,  e->bias,    e->act,
+                             e->residual, e->norm,   e->write_pre};
+    json_t *o = json_object();
+    for (int i = 0; o && i < CFG_KEYS; i++)
+        json_object_set_new(o, cfg_keys[i], json_integer(v[i]));
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (text)
+        stof__str_printf(out, "%s", text);
+    else
+        out->oom = 1;
+    free(text);
 }
 
 int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
                          stof_gemm_epi *e)
 {
-    static const char *const keys[] = {"bm",  "bn",  "bk",  "wm",
-                                       "wn",  "st",  "bias", "act",
-                                       "res", "norm", "pre"};
-    enum { NK = 11 };
-    int val[NK];
-    int seen[NK] = {0};
-    if (!json || !c || !e)
+    int val[CFG_KEYS];
+    if (!json || !c || !e || !stof__json_ints(json, cfg_keys, CFG_KEYS, val))
         return 0;
-    const char *p = skip_ws(json);
-    if (*p++ != '{')
+    /* Exactly these keys: a configuration with more is not one of ours. */
+    json_t *o = json_loads(json, 0, NULL);
+    const int exact = json_object_size(o) == CFG_KEYS;
+    json_decref(o);
+    if (!exact)
         return 0;
-    p = skip_ws(p);
-    if (*p == '}')
-        return 0;
-    for (;;) {
-        if (*p++ != '"')
-            return 0;
-        const char *k0 = p;
-        while (*p && *p != '"')
-            p++;
-        if (*p != '"')
-            return 0;
-        const size_t klen = (size_t)(p - k0);
-        p = skip_ws(p + 1);
-        if (*p++ != ':')
-            return 0;
-        p = skip_ws(p);
-        char *end = NULL;
-        const long v = strtol(p, &end, 10);
-        if (end == p || v < -1000000 || v > 1000000)
-            return 0;
-        p = skip_ws(end);
-        int idx = -1;
-        for (int i = 0; i < NK; i++)
-            if (strlen(keys[i]) == klen && memcmp(keys[i], k0, klen) == 0)
-                idx = i;
-        if (idx < 0 || seen[idx])
-            return 0;
-        seen[idx] = 1;
-        val[idx] = (int)v;
-        if (*p == ',') {
-            p = skip_ws(p + 1);
-            continue;
-        }
-        if (*p != '}')
-            return 0;
-        p = skip_ws(p + 1);
-        break;
-    }
-    if (*p)
-        return 0;
-    for (int i = 0; i < NK; i++)
-        if (!seen[i])
+    for (int i = 0; i < CFG_KEYS; i++)
+        if (val[i] < -1000000 || val[i] > 1000000)
             return 0;
     c->block_m = val[0];
     c->block_n = val[1];

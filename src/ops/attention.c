@@ -8,6 +8,8 @@
  */
 #include "attention_int.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -649,6 +651,41 @@ const char *stof_plan_errmsg(const stof_plan *p)
     return p ? p->errmsg : "plan is NULL";
 }
 
+/* A number for a description; null when it is not finite (JSON has no
+ * NaN). */
+static json_t *jnum(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+/* The kernel's template and its parameters. */
+static json_t *describe_kernel(const stof_plan *p, const char *dt,
+                               const char **tpl)
+{
+    const stof_attention_desc *d = &p->desc;
+    const int group = p->group > 1 ? p->group : 1;
+    if (p->kind == STOF_KERNEL_REFERENCE) {
+        *tpl = "attn_reference.cu";
+        return json_pack("{s:i, s:s, s:i}", "HEAD_DIM", d->head_dim, "DTYPE",
+                         dt, "WARPS", REF_WARPS);
+    }
+    if (p->kind >= STOF_KERNEL_WGMMA) {
+        *tpl = "attn_wgmma.cu";
+        return json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}",
+                         "HEAD_DIM", d->head_dim, "DTYPE", dt, "BLOCK_M",
+                         stof__wgmma_block_m(&p->wcfg), "BLOCK_N",
+                         p->wcfg.block_n, "STAGES", p->wcfg.stages,
+                         "OVERLAP", p->wcfg.overlap, "GATHER", p->wcfg.gather,
+                         "ROW_GROUP", group);
+    }
+    *tpl = "attn_block.cu";
+    return json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}", "HEAD_DIM",
+                     d->head_dim, "DTYPE", dt, "BLOCK_M", p->cfg.block_m,
+                     "BLOCK_N", p->cfg.block_n, "WARPS", p->cfg.warps,
+                     "STAGES", p->cfg.stages, "GATHER", p->cfg.gather,
+                     "ROW_GROUP", group);
+}
+
 stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
                                size_t *needed)
 {
@@ -657,56 +694,33 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
     const stof_attention_desc *d = &p->desc;
     static const char *const layouts[] = {"BHSD", "BSHD", "strided"};
     const char *dt = d->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16";
-    stof_str s = {0};
-    stof__str_printf(&s, "{\"op\":\"attention\",\"kernel\":\"%s\",",
-                     stof__kernel_kind_name(p->kind));
-    if (p->kind == STOF_KERNEL_REFERENCE)
-        stof__str_printf(&s,
-                         "\"template\":\"attn_reference.cu\",\"params\":{"
-                         "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"WARPS\":%d},",
-                         d->head_dim, dt, REF_WARPS);
-    else if (p->kind >= STOF_KERNEL_WGMMA)
-        stof__str_printf(&s,
-                         "\"template\":\"attn_wgmma.cu\",\"params\":{"
-                         "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"BLOCK_M\":%d,"
-                         "\"BLOCK_N\":%d,\"STAGES\":%d,\"OVERLAP\":%d,"
-                         "\"GATHER\":%d,\"ROW_GROUP\":%d},",
-                         d->head_dim, dt, stof__wgmma_block_m(&p->wcfg),
-                         p->wcfg.block_n, p->wcfg.stages, p->wcfg.overlap,
-                         p->wcfg.gather, p->group > 1 ? p->group : 1);
-    else
-        stof__str_printf(&s,
-                         "\"template\":\"attn_block.cu\",\"params\":{"
-                         "\"HEAD_DIM\":%d,\"DTYPE\":\"%s\",\"BLOCK_M\":%d,"
-                         "\"BLOCK_N\":%d,\"WARPS\":%d,\"STAGES\":%d,"
-                         "\"GATHER\":%d,\"ROW_GROUP\":%d},",
-                         d->head_dim, dt, p->cfg.block_m, p->cfg.block_n,
-                         p->cfg.warps, p->cfg.stages, p->cfg.gather,
-                         p->group > 1 ? p->group : 1);
-    stof__str_printf(
-        &s,
-        "\"source\":\"%s\",\"key\":\"%s\",\"arch\":\"%s\","
-        "\"problem\":{\"batch\":%d,\"heads\":%d,\"seq_q\":%d,\"seq_k\":%d,"
-        "\"head_dim\":%d,\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g},"
-        "\"mask\":{\"digest\":\"%s\",\"density\":%.6f},"
-        "\"template_hash\":\"%016llx\",\"candidates\":%d,"
-        "\"predicted_ms\":%.6g,\"compile_ms\":%.3f,\"load_ms\":%.3f,"
-        "\"verify_ms\":%.3f,",
-        p->source ? p->source : "compiled", p->key, p->arch, d->batch,
-        d->heads, d->seq_q, d->seq_k, d->head_dim, dt, layouts[d->layout],
-        (double)p->scale, p->mask_hex, p->mask_density,
-        (unsigned long long)stof_template_hash(), p->n_candidates,
-        p->predicted_ms, p->compile_ms, p->load_ms, p->verify_ms);
-    if (p->time_ms > 0)
-        stof__str_printf(&s,
-                         "\"time_ms\":%.6g,\"runner_up_ms\":%.6g,"
-                         "\"model_choice_ms\":%.6g}",
-                         p->time_ms, p->runner_up_ms, p->model_ms);
-    else
-        stof__str_printf(&s, "\"time_ms\":null}");
-    stof_status st = stof__str_out(&s, buf, n, needed);
-    stof__str_free(&s);
-    return st;
+    const char *tpl = "";
+    json_t *params = describe_kernel(p, dt, &tpl);
+    char th[17];
+    snprintf(th, sizeof(th), "%016llx",
+             (unsigned long long)stof_template_hash());
+    json_t *o = json_pack(
+        "{s:s, s:s, s:s, s:o, s:s, s:s, s:s,"
+        " s:{s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:o},"
+        " s:{s:s, s:o}, s:s, s:i, s:o, s:o, s:o, s:o}",
+        "op", "attention", "kernel", stof__kernel_kind_name(p->kind),
+        "template", tpl, "params", params ? params : json_object(), "source",
+        p->source ? p->source : "compiled", "key", p->key, "arch", p->arch,
+        "problem", "batch", d->batch, "heads", d->heads, "seq_q", d->seq_q,
+        "seq_k", d->seq_k, "head_dim", d->head_dim, "dtype", dt, "layout",
+        layouts[d->layout], "scale", jnum((double)p->scale), "mask", "digest",
+        p->mask_hex, "density", jnum(p->mask_density), "template_hash", th,
+        "candidates", p->n_candidates, "predicted_ms", jnum(p->predicted_ms),
+        "compile_ms", jnum(p->compile_ms), "load_ms", jnum(p->load_ms),
+        "verify_ms", jnum(p->verify_ms));
+    if (o && p->time_ms > 0) {
+        json_object_set_new(o, "time_ms", jnum(p->time_ms));
+        json_object_set_new(o, "runner_up_ms", jnum(p->runner_up_ms));
+        json_object_set_new(o, "model_choice_ms", jnum(p->model_ms));
+    } else if (o) {
+        json_object_set_new(o, "time_ms", json_null());
+    }
+    return stof__json_out(o, buf, n, needed);
 }
 
 void stof_plan_free(stof_plan **pp)

@@ -67,6 +67,15 @@ void stof__plan_release(stof_plan *p);
 /* "block", "rowwise", "wgmma", "wgmma-gather" or "reference". */
 const char *stof__kernel_kind_name(int kind);
 
+/* Plan with a given kernel choice (NULL = the cost model's first choice;
+ * kind STOF_KERNEL_REFERENCE = the reference kernel). Used by
+ * stof_attention_plan, the tests and the search. */
+stof_status stof__attention_plan_kernel(stof_context *ctx,
+                                        const stof_attention_desc *d,
+                                        const stof_mask *m,
+                                        const stof_candidate *choice,
+                                        stof_plan **out /* OUT */);
+
 /* Compile a candidate's kernel with NVRTC (no GPU work; thread-safe for
  * distinct contexts): *cubin is malloc'd. */
 stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,

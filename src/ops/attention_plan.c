@@ -8,6 +8,8 @@
  */
 #include "attention_int.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,22 +46,16 @@ static const char *layout_str(stof_layout l)
                                                                   : "strided";
 }
 
-/* A candidate's configuration as the JSON stored in records, and back. */
+/* A candidate's configuration as the JSON stored in records (read back by
+ * stof__attention_record_candidate). */
 static void cand_to_json(const stof_candidate *c, char *buf, size_t n)
 {
-    snprintf(buf, n,
-             "{\"kind\":\"%s\",\"block_m\":%d,\"block_n\":%d,\"warps\":%d,"
-             "\"stages\":%d,\"overlap\":%d,\"group\":%d}",
-             stof__kernel_kind_name(c->kind), c->cfg.block_m, c->cfg.block_n, c->cfg.warps,
-             c->cfg.stages, c->wcfg.overlap, c->group);
-}
-
-static int json_int(const char *js, const char *name, int *out)
-{
-    char pat[40];
-    snprintf(pat, sizeof(pat), "\"%s\":", name);
-    const char *q = strstr(js, pat);
-    return q && sscanf(q + strlen(pat), "%d", out) == 1;
+    stof__json_text(json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i}", "kind",
+                              stof__kernel_kind_name(c->kind), "block_m",
+                              c->cfg.block_m, "block_n", c->cfg.block_n,
+                              "warps", c->cfg.warps, "stages", c->cfg.stages,
+                              "overlap", c->wcfg.overlap, "group", c->group),
+                    buf, n);
 }
 
 int stof__attention_record_candidate(const stof_db_record *r,
@@ -80,12 +76,19 @@ int stof__attention_record_candidate(const stof_db_record *r,
         c->kind = STOF_KERNEL_REFERENCE;
     else
         return stof__why(why, n, "unknown attention kernel");
-    int ok = json_int(r->config, "block_m", &c->cfg.block_m) &&
-             json_int(r->config, "block_n", &c->cfg.block_n) &&
-             json_int(r->config, "warps", &c->cfg.warps) &&
-             json_int(r->config, "stages", &c->cfg.stages) &&
-             json_int(r->config, "overlap", &c->wcfg.overlap) &&
-             json_int(r->config, "group", &c->group);
+    static const char *const keys[] = {"block_m", "block_n", "warps",
+                                       "stages",  "overlap", "group"};
+    int v[6];
+    char kind[16];
+    const int ok = stof__json_ints(r->config, keys, 6, v) &&
+                   stof__json_str(r->config, "kind", kind, sizeof(kind)) &&
+                   strcmp(kind, r->kernel) == 0;
+    c->cfg.block_m = v[0];
+    c->cfg.block_n = v[1];
+    c->cfg.warps = v[2];
+    c->cfg.stages = v[3];
+    c->wcfg.overlap = v[4];
+    c->group = v[5];
     if (!ok)
         return stof__why(why, n, "unreadable kernel configuration");
     c->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
@@ -159,12 +162,12 @@ static void fill_record(stof_context *ctx, const stof_attention_desc *d,
     r->model_ms = res->model_ms;
     r->n_candidates = res->n_timed;
     r->verified = 1;
-    snprintf(r->measured, sizeof(r->measured),
-             "{\"method\":\"cuda events, median, L2 flushed\","
-             "\"candidates\":%d,\"rejected\":%d,\"failed\":%d,"
-             "\"tolerance\":%g,\"seed\":%llu}",
-             res->n_selected, res->n_rejected, res->n_failed, VERIFY_TOLERANCE,
-             (unsigned long long)seed);
+    stof__json_text(json_pack("{s:s, s:i, s:i, s:i, s:f, s:I}", "method",
+                              "cuda events, median, L2 flushed", "candidates",
+                              res->n_selected, "rejected", res->n_rejected,
+                              "failed", res->n_failed, "tolerance",
+                              VERIFY_TOLERANCE, "seed", (json_int_t)seed),
+                    r->measured, sizeof(r->measured));
 }
 
 /* Validate and normalise a problem, compute its key; NO_DEVICE without a
@@ -325,32 +328,37 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
         /* Everything `stof-tune pending` needs to plan it again: the
          * problem with its strides, and the mask (spec, and its bits
          * below). Specs never contain quotes or backslashes. */
-        char problem[1024];
+        json_t *pj = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:f}",
+                               "op", "attention", "batch", nd->batch, "heads",
+                               nd->heads, "seq_q", nd->seq_q, "seq_k",
+                               nd->seq_k, "head_dim", nd->head_dim, "dtype",
+                               dtype_name(nd->dtype), "layout",
+                               layout_str(nd->layout), "scale",
+                               (double)nd->scale);
         const int64_t *st4[4] = {nd->q_stride, nd->k_stride, nd->v_stride,
                                  nd->o_stride};
-        snprintf(problem, sizeof(problem),
-                 "{\"op\":\"attention\",\"batch\":%d,\"heads\":%d,"
-                 "\"seq_q\":%d,\"seq_k\":%d,\"head_dim\":%d,"
-                 "\"dtype\":\"%s\",\"layout\":\"%s\",\"scale\":%.9g,"
-                 "\"q_s0\":%lld,\"q_s1\":%lld,\"q_s2\":%lld,"
-                 "\"k_s0\":%lld,\"k_s1\":%lld,\"k_s2\":%lld,"
-                 "\"v_s0\":%lld,\"v_s1\":%lld,\"v_s2\":%lld,"
-                 "\"o_s0\":%lld,\"o_s1\":%lld,\"o_s2\":%lld,"
-                 "\"mask_spec\":\"%s\",\"mask_digest\":\"%s\"}",
-                 nd->batch, nd->heads, nd->seq_q, nd->seq_k, nd->head_dim,
-                 dtype_name(nd->dtype), layout_str(nd->layout),
-                 (double)nd->scale, (long long)st4[0][0], (long long)st4[0][1],
-                 (long long)st4[0][2], (long long)st4[1][0],
-                 (long long)st4[1][1], (long long)st4[1][2],
-                 (long long)st4[2][0], (long long)st4[2][1],
-                 (long long)st4[2][2], (long long)st4[3][0],
-                 (long long)st4[3][1], (long long)st4[3][2],
-                 m->spec ? m->spec : "", mask_hex);
-        if (stof__db_record_miss(db, key, problem, m->bits,
+        static const char *const names[4] = {"q", "k", "v", "o"};
+        for (int t = 0; pj && t < 4; t++)
+            for (int i = 0; i < 3; i++) {
+                char f[8];
+                snprintf(f, sizeof(f), "%s_s%d", names[t], i);
+                json_object_set_new(pj, f, json_integer(st4[t][i]));
+            }
+        if (pj) {
+            json_object_set_new(pj, "mask_spec",
+                                json_string(m->spec ? m->spec : ""));
+            json_object_set_new(pj, "mask_digest", json_string(mask_hex));
+        }
+        char *problem = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
+        json_decref(pj);
+        if (!problem ||
+            stof__db_record_miss(db, key, problem,
+                                 m->bits,
                                  (size_t)m->seq_q * m->words_per_row * 8u) !=
-            STOF_OK)
+                STOF_OK)
             stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
-                      stof_errmsg(ctx));
+                      problem ? stof_errmsg(ctx) : "out of memory");
+        free(problem);
     }
     stof_status st = stof__attention_plan_kernel(ctx, d, m, NULL, out);
     if (st == STOF_OK) {

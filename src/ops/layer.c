@@ -40,6 +40,8 @@
 
 #include "layer_int.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -626,10 +628,11 @@ const char *stof__layer_dtype_str(stof_dtype t)
 void stof__layer_gemm_config_json(const gemm_op *g, char *buf, size_t n)
 {
     if (g->lt) {
-        snprintf(buf, n,
-                 "{\"lt\":%zu,\"bias\":%d,\"act\":%d,\"res\":%d}",
-                 stof__blaslt_version(), g->epi.bias, g->epi.act,
-                 g->epi.residual);
+        stof__json_text(json_pack("{s:I, s:i, s:i, s:i}", "lt",
+                                  (json_int_t)stof__blaslt_version(), "bias",
+                                  g->epi.bias, "act", g->epi.act, "res",
+                                  g->epi.residual),
+                        buf, n);
         return;
     }
     stof_str s = {0};
@@ -777,6 +780,44 @@ stof_status stof_layer_plan(stof_context *ctx, const stof_layer_desc *d,
     return stof__ok(ctx);
 }
 
+/* A number for a description; null when it is not finite. */
+static json_t *jnum(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+/* Step i of the scheme as a JSON object. */
+static json_t *describe_step(const stof_layer *L, const step *st)
+{
+    if (st->kind == STEP_ATTN) {
+        size_t need = 0;
+        (void)stof_plan_describe(L->attn, NULL, 0, &need);
+        char *a = malloc(need + 1);
+        json_t *plan = a && stof_plan_describe(L->attn, a, need + 1, NULL) ==
+                                STOF_OK
+                           ? json_loads(a, 0, NULL)
+                           : NULL;
+        free(a);
+        return json_pack("{s:s, s:o}", "op", "attention", "plan",
+                         plan ? plan : json_object());
+    }
+    if (st->kind == STEP_GEMM) {
+        const gemm_op *g = &L->g[st->op];
+        char cfg[256];
+        stof__layer_gemm_config_json(g, cfg, sizeof(cfg));
+        json_t *c = json_loads(cfg, 0, NULL);
+        return json_pack("{s:s, s:s, s:i, s:i, s:i, s:o, s:o}", "op",
+                         g_slot[st->op], "kernel", g->lt ? "cublaslt" : "gemm",
+                         "m", g->M, "n", g->N, "k", g->K, "config",
+                         c ? c : json_object(), "ms", jnum(g->ms));
+    }
+    const norm_op *nn = &L->n[st->op];
+    return json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:o}", "op",
+                     n_slot[st->op], "kernel", "norm", "warps", nn->warps,
+                     "bias", nn->bias, "residual", nn->res, "write_pre",
+                     nn->pre, "ms", jnum(nn->ms));
+}
+
 stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
                                 size_t *needed)
 {
@@ -785,52 +826,21 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
     const stof_layer_desc *d = &L->d;
     static const char *const acts[] = {"none", "gelu_tanh", "gelu_erf",
                                        "relu", "silu"};
-    stof_str s = {0};
-    stof__str_printf(&s,
-                     "{\"desc\":{\"batch\":%d,\"seq\":%d,\"hidden\":%d,"
-                     "\"heads\":%d,\"ffn\":%d,\"dtype\":\"%s\",\"act\":\"%s\","
-                     "\"norm\":\"%s\",\"pre_norm\":%d,\"eps\":%g},"
-                     "\"key\":\"%s\",\"source\":\"%s\",\"plan_s\":%.4f,"
-                     "\"verify_ms\":%.3f,\"layer_ms\":%.5f,\"model_ms\":%.5f,"
-                     "\"scheme\":{\"junction_a\":\"%s\",\"junction_b\":\"%s\","
-                     "\"kernels\":%d},\"kernels\":[",
-                     d->batch, d->seq, d->hidden, d->heads, d->ffn,
-                     stof__layer_dtype_str(d->dtype), acts[d->act],
-                     d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm",
-                     d->pre_norm, (double)L->eps, L->key, L->source, L->tune_s,
-                     L->verify_ms, L->layer_ms, L->model_ms, j_name[L->ja],
-                     d->pre_norm ? "none" : j_name[L->jb], L->n_steps);
-    for (int i = 0; i < L->n_steps; i++) {
-        const step *st = &L->steps[i];
-        if (i)
-            stof__str_printf(&s, ",");
-        if (st->kind == STEP_ATTN) {
-            char a[4096];
-            size_t need = 0;
-            if (stof_plan_describe(L->attn, a, sizeof(a), &need) != STOF_OK)
-                snprintf(a, sizeof(a), "{}");
-            stof__str_printf(&s, "{\"op\":\"attention\",\"plan\":%s}", a);
-        } else if (st->kind == STEP_GEMM) {
-            const gemm_op *g = &L->g[st->op];
-            char cfg[256];
-            stof__layer_gemm_config_json(g, cfg, sizeof(cfg));
-            stof__str_printf(&s,
-                             "{\"op\":\"%s\",\"kernel\":\"%s\",\"m\":%d,"
-                             "\"n\":%d,\"k\":%d,\"config\":%s,\"ms\":%.5f}",
-                             g_slot[st->op], g->lt ? "cublaslt" : "gemm",
-                             g->M, g->N, g->K, cfg, g->ms);
-        } else {
-            const norm_op *nn = &L->n[st->op];
-            stof__str_printf(&s,
-                             "{\"op\":\"%s\",\"kernel\":\"norm\",\"warps\":%d,"
-                             "\"bias\":%d,\"residual\":%d,\"write_pre\":%d,"
-                             "\"ms\":%.5f}",
-                             n_slot[st->op], nn->warps, nn->bias, nn->res,
-                             nn->pre, nn->ms);
-        }
-    }
-    stof__str_printf(&s, "]}");
-    stof_status r = stof__str_out(&s, buf, n, needed);
-    stof__str_free(&s);
-    return r;
+    json_t *steps = json_array();
+    for (int i = 0; steps && i < L->n_steps; i++)
+        json_array_append_new(steps, describe_step(L, &L->steps[i]));
+    json_t *o = json_pack(
+        "{s:{s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:o},"
+        " s:s, s:s, s:o, s:o, s:o, s:o, s:{s:s, s:s, s:i}, s:o}",
+        "desc", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
+        "heads", d->heads, "ffn", d->ffn, "dtype",
+        stof__layer_dtype_str(d->dtype), "act", acts[d->act], "norm",
+        d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm", "pre_norm",
+        d->pre_norm, "eps", jnum((double)L->eps), "key", L->key, "source",
+        L->source, "plan_s", jnum(L->tune_s), "verify_ms", jnum(L->verify_ms),
+        "layer_ms", jnum(L->layer_ms), "model_ms", jnum(L->model_ms),
+        "scheme", "junction_a", j_name[L->ja], "junction_b",
+        d->pre_norm ? "none" : j_name[L->jb], "kernels", L->n_steps,
+        "kernels", steps ? steps : json_array());
+    return stof__json_out(o, buf, n, needed);
 }

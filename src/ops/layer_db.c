@@ -11,6 +11,8 @@
 #include "layer_int.h"
 #include "record_check.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,20 +154,36 @@ static void record_base(const stof_layer *L, const char *mask_hex,
     r->verified = 1;
 }
 
+static const char *const warps_key[] = {"warps"};
+static const char *const lt_key[] = {"lt"};
+
+/* The scheme of a layer record's configuration: 1 with both junction cuts
+ * in range. */
+static int scheme_of(const char *config, int *ja, int *jb)
+{
+    static const char *const keys[] = {"ja", "jb"};
+    int v[2];
+    if (!stof__json_ints(config, keys, 2, v) || v[0] < 0 || v[0] >= J_COUNT ||
+        v[1] < 0 || v[1] >= J_COUNT)
+        return 0;
+    *ja = v[0];
+    *jb = v[1];
+    return 1;
+}
+
 int stof__layer_record_check(const stof_db_record *r, char *why, size_t n)
 {
     if (!strcmp(r->op, "layer")) {
         int ja = -1, jb = -1;
         if (strcmp(r->kernel, "scheme") != 0 ||
-            sscanf(r->config, "{\"ja\":%d,\"jb\":%d", &ja, &jb) != 2 ||
-            ja < 0 || ja >= J_COUNT || jb < 0 || jb >= J_COUNT)
+            !scheme_of(r->config, &ja, &jb))
             return stof__why(why, n, "malformed layer scheme");
         return 1;
     }
     if (!strcmp(r->op, "norm")) {
         int warps = 0;
         if (strcmp(r->kernel, "norm") != 0 ||
-            sscanf(r->config, "{\"warps\":%d", &warps) != 1 || warps < 1 ||
+            !stof__json_ints(r->config, warps_key, 1, &warps) || warps < 1 ||
             warps > 32)
             return stof__why(why, n, "malformed norm configuration");
         return 1;
@@ -173,8 +191,8 @@ int stof__layer_record_check(const stof_db_record *r, char *why, size_t n)
     if (strcmp(r->op, "gemm") != 0)
         return stof__why(why, n, "not a layer record");
     if (!strcmp(r->kernel, "cublaslt")) {
-        size_t ver = 0;
-        if (sscanf(r->config, "{\"lt\":%zu", &ver) != 1 ||
+        int ver = 0;
+        if (!stof__json_ints(r->config, lt_key, 1, &ver) ||
             r->cubin_size != STOF_BLASLT_ALGO_BYTES)
             return stof__why(why, n, "malformed cuBLASLt algorithm");
         return 1;
@@ -203,8 +221,7 @@ stof_status stof__layer_from_db(stof_layer *L)
         return STOF_ERR_NOT_FOUND;
     int ja = -1, jb = -1;
     const int ok = strcmp(rec.op, "layer") == 0 &&
-                   sscanf(rec.config, "{\"ja\":%d,\"jb\":%d", &ja, &jb) == 2 &&
-                   ja >= 0 && ja < J_COUNT && jb >= 0 && jb < J_COUNT;
+                   scheme_of(rec.config, &ja, &jb);
     L->layer_ms = rec.time_ms;
     L->model_ms = rec.model_ms;
     stof__db_record_clear(&rec);
@@ -237,10 +254,10 @@ stof_status stof__layer_from_db(stof_layer *L)
             gemm_op *g = &L->g[s->op];
             stof_gemm_cfg c;
             stof_gemm_epi e;
-            size_t ver = 0;
+            int ver = 0;
             if (strcmp(rec.kernel, "cublaslt") == 0 &&
-                sscanf(rec.config, "{\"lt\":%zu", &ver) == 1 &&
-                ver == stof__blaslt_version() &&
+                stof__json_ints(rec.config, lt_key, 1, &ver) &&
+                (size_t)ver == stof__blaslt_version() &&
                 rec.cubin_size == STOF_BLASLT_ALGO_BYTES)
                 st = stof__layer_gemm_load_lt(L, g, rec.cubin);
             else if (strcmp(rec.kernel, "gemm") == 0 &&
@@ -256,7 +273,7 @@ stof_status stof__layer_from_db(stof_layer *L)
             norm_op *n = &L->n[s->op];
             int warps = 0;
             if (strcmp(rec.kernel, "norm") == 0 &&
-                sscanf(rec.config, "{\"warps\":%d", &warps) == 1 &&
+                stof__json_ints(rec.config, warps_key, 1, &warps) &&
                 warps >= 1 && warps <= 32 && rec.cubin)
                 st = stof__layer_norm_load(L, n, warps, rec.cubin);
             else
@@ -330,10 +347,11 @@ void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
             r.seq_q = L->d.hidden;
             snprintf(r.layout, sizeof(r.layout), "rows");
             snprintf(r.kernel, sizeof(r.kernel), "norm");
-            snprintf(r.config, sizeof(r.config),
-                     "{\"warps\":%d,\"bias\":%d,\"res\":%d,\"pre\":%d,"
-                     "\"norm\":%d}",
-                     n->warps, n->bias, n->res, n->pre, (int)L->d.norm);
+            stof__json_text(json_pack("{s:i, s:i, s:i, s:i, s:i}", "warps",
+                                      n->warps, "bias", n->bias, "res",
+                                      n->res, "pre", n->pre, "norm",
+                                      (int)L->d.norm),
+                            r.config, sizeof(r.config));
             r.cubin = (void *)w->art;
             r.cubin_size = w->size;
             r.model_ms = w->first_ms;
@@ -341,11 +359,11 @@ void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
         r.time_ms = w->ms;
         r.runner_up_ms = w->runner_up;
         r.n_candidates = w->n_timed;
-        snprintf(r.measured, sizeof(r.measured),
-                 "{\"method\":\"cuda events, median, L2 flushed\","
-                 "\"reps\":%d,\"rejected\":%d,\"checked_rows\":%d,"
-                 "\"tolerance\":%g}",
-                 reps, w->n_rejected, rows, tol);
+        stof__json_text(json_pack("{s:s, s:i, s:i, s:i, s:f}", "method",
+                                  "cuda events, median, L2 flushed", "reps",
+                                  reps, "rejected", w->n_rejected,
+                                  "checked_rows", rows, "tolerance", tol),
+                        r.measured, sizeof(r.measured));
         fails += stof__db_store(db, &r, replace, 1) != STOF_OK;
     }
     record_base(L, mask_hex, spec, &r);
@@ -357,18 +375,18 @@ void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
     r.head_dim = L->hd;
     snprintf(r.layout, sizeof(r.layout), "layer");
     snprintf(r.kernel, sizeof(r.kernel), "scheme");
-    snprintf(r.config, sizeof(r.config),
-             "{\"ja\":%d,\"jb\":%d,\"pre\":%d,\"hidden\":%d,\"ffn\":%d,"
-             "\"act\":%d,\"norm\":%d}",
-             L->ja, L->jb, L->d.pre_norm, L->d.hidden, L->d.ffn, (int)L->d.act,
-             (int)L->d.norm);
+    stof__json_text(json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "ja",
+                              L->ja, "jb", L->jb, "pre", L->d.pre_norm,
+                              "hidden", L->d.hidden, "ffn", L->d.ffn, "act",
+                              (int)L->d.act, "norm", (int)L->d.norm),
+                    r.config, sizeof(r.config));
     r.time_ms = L->layer_ms;
     r.model_ms = L->model_ms;
     r.n_candidates = J_COUNT;
-    snprintf(r.measured, sizeof(r.measured),
-             "{\"method\":\"cuda events, median, L2 flushed\",\"reps\":%d,"
-             "\"what\":\"one layer, scratch weights\"}",
-             reps);
+    stof__json_text(json_pack("{s:s, s:i, s:s}", "method",
+                              "cuda events, median, L2 flushed", "reps", reps,
+                              "what", "one layer, scratch weights"),
+                    r.measured, sizeof(r.measured));
     if (!fails)
         fails += stof__db_store(db, &r, replace, 1) != STOF_OK;
     if (fails)

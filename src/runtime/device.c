@@ -5,6 +5,8 @@
  */
 #include "internal.h"
 
+#include <jansson.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,21 +262,6 @@ void stof__ctx_pop(struct stof_context *ctx)
     ctx->api->cuCtxPopCurrent(&c);
 }
 
-/* Append `s` as a JSON string (with quotes). */
-static void json_string(stof_str *o, const char *s)
-{
-    stof__str_printf(o, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            stof__str_printf(o, "\\%c", *p);
-        else if (*p < 0x20)
-            stof__str_printf(o, "\\u%04x", *p);
-        else
-            stof__str_printf(o, "%c", *p);
-    }
-    stof__str_printf(o, "\"");
-}
-
 stof_status stof_device_describe(stof_context *ctx, char *buf, size_t n,
                                  size_t *needed)
 {
@@ -288,27 +275,23 @@ stof_status stof_device_describe(stof_context *ctx, char *buf, size_t n,
     if (!ctx->device.ok)
         return no_device(ctx);
     const stof_device *d = &ctx->device;
-    stof_str o = {0};
-    stof__str_printf(&o, "{\"name\":");
-    json_string(&o, d->name);
-    stof__str_printf(&o,
-                     ",\"ordinal\":%d,\"cc\":\"%d.%d\",\"cc_major\":%d,"
-                     "\"cc_minor\":%d,\"sm_count\":%d,\"smem_optin\":%d,"
-                     "\"l2_bytes\":%d,\"total_mem\":%zu,"
-                     "\"driver_version\":%d,",
-                     d->ordinal, d->cc_major, d->cc_minor, d->cc_major,
-                     d->cc_minor, d->sm_count, d->max_smem_optin, d->l2_bytes,
-                     d->total_mem, d->driver_version);
-    if (ctx->api->has_nvrtc)
-        stof__str_printf(&o, "\"nvrtc_version\":\"%d.%d\",", d->nvrtc_major,
-                         d->nvrtc_minor);
-    else
-        stof__str_printf(&o, "\"nvrtc_version\":null,");
-    stof__str_printf(&o, "\"arch\":\"%s\",\"device_arch\":\"sm_%d%d\"}",
-                     d->arch, d->cc_major, d->cc_minor);
-    stof_status st = stof__str_out(&o, buf, n, needed);
-    size_t len = o.len;
-    stof__str_free(&o);
+    char cc[16], arch[16], nv[16];
+    snprintf(cc, sizeof(cc), "%d.%d", d->cc_major, d->cc_minor);
+    snprintf(arch, sizeof(arch), "sm_%d%d", d->cc_major, d->cc_minor);
+    snprintf(nv, sizeof(nv), "%d.%d", d->nvrtc_major, d->nvrtc_minor);
+    json_t *o = json_pack(
+        "{s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:I, s:i, s:o, s:s, s:s}",
+        "name", d->name, "ordinal", d->ordinal, "cc", cc, "cc_major",
+        d->cc_major, "cc_minor", d->cc_minor, "sm_count", d->sm_count,
+        "smem_optin", d->max_smem_optin, "l2_bytes", d->l2_bytes,
+        "total_mem", (json_int_t)d->total_mem, "driver_version",
+        d->driver_version, "nvrtc_version",
+        ctx->api->has_nvrtc ? json_string(nv) : json_null(), "arch", d->arch,
+        "device_arch", arch);
+    size_t len = 0;
+    stof_status st = stof__json_out(o, buf, n, &len);
+    if (needed)
+        *needed = len;
     if (st == STOF_ERR_OUT_OF_MEMORY)
         return stof__fail(ctx, st, "out of memory describing the device");
     if (st == STOF_ERR_BUFFER_TOO_SMALL)

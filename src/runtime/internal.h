@@ -120,6 +120,20 @@ void stof__ctx_sink_ok(void *ctx);
 struct stof_db_record;
 void stof__record_env(const stof_context *ctx, struct stof_db_record *r);
 
+/* JSON through jansson (json.c). stof__json_out dumps v compactly into a
+ * caller buffer (size-then-fetch, like stof__str_out) and releases v;
+ * stof__json_text dumps it into a fixed field (0 when it does not fit)
+ * and releases it. stof__json_ints reads the integers keys[0..n-1] of the
+ * object in text into vals: 1 when each is there, an integer, in range;
+ * other keys may be present. stof__json_str reads one string member. */
+typedef struct json_t json_t;
+stof_status stof__json_out(json_t *v, char *buf, size_t n,
+                           size_t *needed /* OUT */);
+int stof__json_text(json_t *v, char *buf, size_t n);
+int stof__json_ints(const char *text, const char *const *keys, int n,
+                    int *vals /* OUT */);
+int stof__json_str(const char *text, const char *key, char *out, size_t n);
+
 /* Milliseconds on the monotonic clock. */
 double stof__now_ms(void);
 
