@@ -301,28 +301,35 @@ char *stof__db_readonly_uri(const char *path)
     return stof__db_path_uri(path, readonly_query(path));
 }
 
-int stof__db_open_readonly(const char *path, sqlite3 **out)
+int stof__db_connect(const char *path, const char *query, int flags,
+                     int busy_ms, sqlite3 **out)
 {
     *out = NULL;
-    char *uri = stof__db_readonly_uri(path);
+    char *uri = stof__db_path_uri(path, query);
     if (!uri)
         return SQLITE_NOMEM;
     sqlite3 *c = NULL;
     int rc = sqlite3_open_v2(uri, &c,
-                             SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |
-                                 SQLITE_OPEN_READONLY,
+                             SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX | flags,
                              NULL);
     free(uri);
     if (rc == SQLITE_OK)
         rc = sqlite3_extended_result_codes(c, 1);
     if (rc == SQLITE_OK)
-        rc = sqlite3_busy_timeout(c, DB_BUSY_TIMEOUT_MS);
+        rc = sqlite3_busy_timeout(c, busy_ms);
+    *out = c; /* on failure too, for its message; the caller closes it */
+    return rc;
+}
+
+int stof__db_open_readonly(const char *path, sqlite3 **out)
+{
+    int rc = stof__db_connect(path, readonly_query(path),
+                              SQLITE_OPEN_READONLY, DB_BUSY_TIMEOUT_MS, out);
     if (rc != SQLITE_OK) {
-        sqlite3_close(c);
-        return rc;
+        sqlite3_close(*out);
+        *out = NULL;
     }
-    *out = c;
-    return SQLITE_OK;
+    return rc;
 }
 
 /* mkdir -p of the directory that holds `path`. 0, or -1 with errno. */
@@ -364,32 +371,22 @@ static int make_parent_dirs(const char *path)
 static int layer_connect(db_layer *L, db_mode mode, int user,
                          sqlite3 **out)
 {
-    *out = NULL;
     const char *query = mode == MODE_RW   ? ""
                         : mode == MODE_RO ? (user ? "?mode=ro"
                                                   : readonly_query(L->path))
                                           : "?mode=ro&immutable=1";
-    char *uri = stof__db_path_uri(L->path, query);
-    if (!uri)
-        return SQLITE_NOMEM;
-    int flags = SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |
-                (mode == MODE_RW ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
-                                 : SQLITE_OPEN_READONLY);
-    sqlite3 *c = NULL;
-    int rc = sqlite3_open_v2(uri, &c, flags, NULL);
-    free(uri);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_extended_result_codes(c, 1);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_busy_timeout(c, DB_BUSY_TIMEOUT_MS);
+    int rc = stof__db_connect(L->path, query,
+                              mode == MODE_RW ? SQLITE_OPEN_READWRITE |
+                                                    SQLITE_OPEN_CREATE
+                                              : SQLITE_OPEN_READONLY,
+                              DB_BUSY_TIMEOUT_MS, out);
     if (rc != SQLITE_OK) {
         snprintf(L->why, sizeof(L->why), "%s",
-                 c ? sqlite3_errmsg(c) : sqlite3_errstr(rc));
-        sqlite3_close(c);
-        return rc;
+                 *out ? sqlite3_errmsg(*out) : sqlite3_errstr(rc));
+        sqlite3_close(*out);
+        *out = NULL;
     }
-    *out = c;
-    return SQLITE_OK;
+    return rc;
 }
 
 /* Header facts of an open database, read in one statement (one read

@@ -204,6 +204,12 @@ int stof__db_read_row(sqlite3_stmt *s, int first, stof_db_record *r /* OUT */);
  * failure). The URI form, for ATTACH, is stof__db_readonly_uri (caller
  * frees). */
 int stof__db_open_readonly(const char *path, sqlite3 **out /* OUT */);
+
+/* Open path with the URI query and flags (SQLITE_OPEN_URI and NOMUTEX are
+ * added), extended result codes and the busy timeout. Returns the SQLite
+ * code; *out is set even on failure (for its message) and must be closed. */
+int stof__db_connect(const char *path, const char *query, int flags,
+                     int busy_ms, sqlite3 **out /* OUT */);
 char *stof__db_readonly_uri(const char *path);
 
 /* Record a miss (a problem planned in cache-only mode): the key, the

@@ -252,19 +252,10 @@ static stof_status lock_old(const stof_db_sink *sink, const char *path,
     struct stat sb;
     if (stat(path, &sb) != 0 || sb.st_size == 0)
         return STOF_OK; /* gone or empty: nothing can be replayed onto it */
-    char *uri = stof__db_path_uri(path, "");
-    if (!uri)
-        return stof__dbs_fail(sink, STOF_ERR_OUT_OF_MEMORY, "out of memory");
-    sqlite3 *c = NULL;
-    int rc = sqlite3_open_v2(uri, &c,
-                             SQLITE_OPEN_URI | SQLITE_OPEN_READWRITE |
-                                 SQLITE_OPEN_NOMUTEX,
-                             NULL);
-    free(uri);
     /* A short wait rides over a reader's brief transaction; a process that
      * keeps the database open holds its lock for good. */
-    if (rc == SQLITE_OK)
-        rc = sqlite3_busy_timeout(c, 1000);
+    sqlite3 *c = NULL;
+    int rc = stof__db_connect(path, "", SQLITE_OPEN_READWRITE, 1000, &c);
     if (rc == SQLITE_OK)
         rc = exec0(c, "PRAGMA locking_mode = EXCLUSIVE");
     if (rc == SQLITE_OK)

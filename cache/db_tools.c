@@ -32,22 +32,10 @@ stof_status stof__dbt_sql_fail(const stof_db_sink *sink, sqlite3 *c, int rc,
 
 int stof__dbt_connect(const char *path, int writable, sqlite3 **out)
 {
-    *out = NULL;
     if (!writable)
         return stof__db_open_readonly(path, out);
-    char *uri = stof__db_path_uri(path, "");
-    if (!uri)
-        return SQLITE_NOMEM;
-    int rc = sqlite3_open_v2(uri, out,
-                             SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |
-                                 SQLITE_OPEN_READWRITE,
-                             NULL);
-    free(uri);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_extended_result_codes(*out, 1);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_busy_timeout(*out, DBT_BUSY_TIMEOUT_MS);
-    return rc;
+    return stof__db_connect(path, "", SQLITE_OPEN_READWRITE,
+                            DBT_BUSY_TIMEOUT_MS, out);
 }
 
 /* Run a statement that returns no rows, with up to two text bindings. */

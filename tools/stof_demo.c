@@ -52,6 +52,7 @@ static void usage(FILE *f)
             "  --bf16         use bf16 instead of fp16\n"
             "  --cpu-only     do not touch the GPU even if one is present\n"
             "  -h, --help     this text\n"
+            "  --version      the stof version and template hash\n"
             "\n"
             "exit status: 0 on success (also without a GPU), 1 when a check "
             "failed,\n2 on bad usage.\n");
@@ -219,6 +220,7 @@ int main(int argc, char **argv)
         {"bf16", no_argument, 0, 'B'},
         {"cpu-only", no_argument, 0, 'c'},
         {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
     };
     int c;
@@ -248,6 +250,10 @@ int main(int argc, char **argv)
             break;
         case 'h':
             usage(stdout);
+            return 0;
+        case 'V':
+            printf("stof-demo %s (templates %016llx)\n", stof_version_string(),
+                   (unsigned long long)stof_template_hash());
             return 0;
         default:
             usage(stderr);

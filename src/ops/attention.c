@@ -181,6 +181,21 @@ stof_status stof__attention_check_desc(stof_context *ctx,
     return STOF_OK;
 }
 
+stof_status stof__attention_check_ready(stof_context *ctx,
+                                        const stof_attention_desc *d,
+                                        const stof_mask *m, float *scale)
+{
+    stof_status st = stof__attention_check_desc(ctx, d, m, scale);
+    if (st != STOF_OK)
+        return st;
+    if (!ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "stof_attention_plan needs a GPU: %s",
+                          ctx->device.why[0] ? ctx->device.why
+                                             : "no usable CUDA device");
+    return STOF_OK;
+}
+
 /* The effective descriptor: for BHSD/BSHD the strides follow the layout,
  * whatever the fields held. */
 void stof__attention_normalise(stof_attention_desc *d)
@@ -403,14 +418,9 @@ static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
 {
     *out = NULL;
     float scale = 0.0f;
-    stof_status st = stof__attention_check_desc(ctx, d, m, &scale);
+    stof_status st = stof__attention_check_ready(ctx, d, m, &scale);
     if (st != STOF_OK)
         return st;
-    if (!ctx->device.ok)
-        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
-                          "stof_attention_plan needs a GPU: %s",
-                          ctx->device.why[0] ? ctx->device.why
-                                             : "no usable CUDA device");
     if (c->kind < STOF_KERNEL_REFERENCE || c->kind > STOF_KERNEL_WGMMA_GATHER)
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "kernel kind %d is not available", c->kind);

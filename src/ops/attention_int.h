@@ -58,6 +58,11 @@ stof_status stof__attention_check_desc(stof_context *ctx,
                                        const stof_attention_desc *d,
                                        const stof_mask *m, float *scale);
 
+/* The same, and a usable device (STOF_ERR_NO_DEVICE with the reason). */
+stof_status stof__attention_check_ready(stof_context *ctx,
+                                        const stof_attention_desc *d,
+                                        const stof_mask *m, float *scale);
+
 /* For BHSD/BSHD, the strides the layout implies, whatever the fields held. */
 void stof__attention_normalise(stof_attention_desc *d);
 

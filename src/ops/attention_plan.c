@@ -177,14 +177,9 @@ static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
                               char mask_hex[33], char key[33])
 {
     float scale;
-    stof_status st = stof__attention_check_desc(ctx, d, m, &scale);
+    stof_status st = stof__attention_check_ready(ctx, d, m, &scale);
     if (st != STOF_OK)
         return st;
-    if (!ctx->device.ok)
-        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
-                          "stof_attention_plan needs a GPU: %s",
-                          ctx->device.why[0] ? ctx->device.why
-                                             : "no usable CUDA device");
     *nd = *d;
     stof__attention_normalise(nd);
     stof_mask_digest(m, NULL, mask_hex);
