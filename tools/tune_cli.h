@@ -1,13 +1,16 @@
 /*
  * tune_cli.h - what the stof-tune commands share: the parsed options, exit
- * codes and how statuses map onto them, one-line errors, the database a
- * command works on, and contexts (a CPU one that never touches CUDA, so
- * that GPU workers can be forked from the process; a GPU one per device).
+ * codes and how statuses map onto them, one-line errors, printing a --json
+ * document and reading plan descriptions (jansson), the database a command
+ * works on, and contexts (a CPU one that never touches CUDA, so that GPU
+ * workers can be forked from the process; a GPU one per device).
  */
 #ifndef STOF_TUNE_CLI_H
 #define STOF_TUNE_CLI_H
 
 #include <stddef.h>
+
+#include <jansson.h>
 
 #include "stof.h"
 
@@ -52,6 +55,15 @@ int exit_for(stof_status st);
 /* Print the failure recorded on ctx ("database error: ...") and return
  * its exit code. */
 int fail_with(stof_context *ctx, stof_status st);
+
+/* Print doc, a command's whole --json output, on stdout as one line
+ * (tt_json_write) and release it. Returns EXIT_OK, or EXIT_FAIL after an
+ * error line when doc is NULL: building it ran out of memory. */
+int print_json(json_t *doc);
+
+/* The description of plan (stof_plan_describe) as a JSON object, to be
+ * released with json_decref; NULL when it cannot be had or read. */
+json_t *plan_description(const stof_plan *plan);
 
 /* The database a command works on: --db, else the default user path (into
  * buf); NULL when there is none (the caller reports a usage error). */

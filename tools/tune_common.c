@@ -1,10 +1,12 @@
 /*
  * tune_common.c - what every stof-tune command shares (tune_cli.h): one-line
- * escaped errors, the mapping from statuses to exit codes, the database a
- * command works on, and opening contexts.
+ * escaped errors, the mapping from statuses to exit codes, printing --json
+ * documents, reading plan descriptions, the database a command works on,
+ * and opening contexts.
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "db.h"
@@ -65,6 +67,33 @@ int fail_with(stof_context *ctx, stof_status st)
         break;
     }
     return exit_for(st);
+}
+
+int print_json(json_t *doc)
+{
+    if (tt_json_write(stdout, doc) == 0)
+        return EXIT_OK;
+    err("out of memory while writing the JSON output");
+    return EXIT_FAIL;
+}
+
+json_t *plan_description(const stof_plan *plan)
+{
+    /* Size, then fetch: a description is never cut short. */
+    size_t need = 0;
+    stof_status st = stof_plan_describe(plan, NULL, 0, &need);
+    if (st != STOF_OK && st != STOF_ERR_BUFFER_TOO_SMALL)
+        return NULL;
+    char *text = malloc(need + 1);
+    json_t *d = NULL;
+    if (text && stof_plan_describe(plan, text, need + 1, NULL) == STOF_OK)
+        d = json_loads(text, 0, NULL);
+    free(text);
+    if (!json_is_object(d)) {
+        json_decref(d);
+        d = NULL;
+    }
+    return d;
 }
 
 const char *db_path(const opts *o, char *buf, size_t n)

@@ -3,7 +3,9 @@
  * stats, export, import, merge and gc. Reading never writes beside a file
  * (a WAL database in a read-only directory reads fine); writing goes
  * through db_tools.h, which checks every record and replaces files safely.
- * Everything printed from a database is escaped (tune_text.h).
+ * Everything printed from a database is escaped for the terminal; --json
+ * output is one document per command, built as jansson values and written
+ * by print_json (tune_text.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,35 +65,36 @@ static void age_str(int64_t created, char *buf, size_t n)
         snprintf(buf, n, "%dd", (int)(s / 86400));
 }
 
-static void record_json(FILE *f, const stof_db_record *r, const char *why)
+/* A record as a JSON object, with its verdict (why: "" when valid); NULL
+ * when out of memory. Text fields are strings whatever they hold ("config"
+ * and "measured" are JSON text, kept as the strings they are stored as). */
+static json_t *record_json(const stof_db_record *r, const char *why)
 {
-    fprintf(f,
-            "{\"key\":%s,\"op\":%s,\"mask_digest\":%s,\"mask_spec\":%s,"
-            "\"batch\":%d,\"heads\":%d,\"seq_q\":%d,\"seq_k\":%d,"
-            "\"head_dim\":%d,\"dtype\":%s,\"layout\":%s,",
-            tt_json(r->key), tt_json(r->op), tt_json(r->mask_digest),
-            tt_json(r->mask_spec), r->batch, r->heads, r->seq_q, r->seq_k,
-            r->head_dim, tt_json(r->dtype), tt_json(r->layout));
-    fprintf(f,
-            "\"device_name\":%s,\"cc\":\"%d.%d\",\"sm_count\":%d,"
-            "\"driver_version\":%d,\"nvrtc_version\":%s,\"stof_version\":%s,"
-            "\"template_hash\":%s,",
-            tt_json(r->device_name), r->cc_major, r->cc_minor, r->sm_count,
-            r->driver_version, tt_json(r->nvrtc_version), tt_json(r->stof_version),
-            tt_json(r->template_hash));
-    fprintf(f,
-            "\"kernel\":%s,\"config\":%s,\"arch\":%s,\"cubin_bytes\":%zu,"
-            "\"time_ms\":%.6g,\"runner_up_ms\":%.6g,\"model_ms\":%.6g,"
-            "\"n_candidates\":%d,\"verified\":%s,\"measured\":%s,"
-            "\"created_at\":%lld,\"host\":%s,\"hits\":%lld,"
-            "\"content_hash\":%s,\"valid\":%s,\"invalid_why\":%s}",
-            tt_json(r->kernel), tt_json(r->config), tt_json(r->arch),
-            r->cubin_size, r->time_ms, r->runner_up_ms, r->model_ms,
-            r->n_candidates, r->verified ? "true" : "false",
-            tt_json(r->measured), (long long)r->created_at, tt_json(r->host),
-            (long long)r->hits, tt_json(r->content_hash),
-            why[0] ? "false" : "true", why[0] ? tt_json(why) : "null");
-    tt_release();
+    char cc[32];
+    snprintf(cc, sizeof(cc), "%d.%d", r->cc_major, r->cc_minor);
+    return json_pack(
+        "{s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:i, s:i, s:o, s:o,"
+        " s:o, s:s, s:i, s:i, s:o, s:o, s:o,"
+        " s:o, s:o, s:o, s:I, s:o, s:o, s:o, s:i, s:b, s:o, s:I, s:o, s:I,"
+        " s:o, s:b, s:o}",
+        "key", tt_jstr(r->key), "op", tt_jstr(r->op), "mask_digest",
+        tt_jstr(r->mask_digest), "mask_spec", tt_jstr(r->mask_spec), "batch",
+        r->batch, "heads", r->heads, "seq_q", r->seq_q, "seq_k", r->seq_k,
+        "head_dim", r->head_dim, "dtype", tt_jstr(r->dtype), "layout",
+        tt_jstr(r->layout),
+        "device_name", tt_jstr(r->device_name), "cc", cc, "sm_count",
+        r->sm_count, "driver_version", r->driver_version, "nvrtc_version",
+        tt_jstr(r->nvrtc_version), "stof_version", tt_jstr(r->stof_version),
+        "template_hash", tt_jstr(r->template_hash),
+        "kernel", tt_jstr(r->kernel), "config", tt_jstr(r->config), "arch",
+        tt_jstr(r->arch), "cubin_bytes", (json_int_t)r->cubin_size,
+        "time_ms", tt_jnum(r->time_ms, 6), "runner_up_ms",
+        tt_jnum(r->runner_up_ms, 6), "model_ms", tt_jnum(r->model_ms, 6),
+        "n_candidates", r->n_candidates, "verified", r->verified != 0,
+        "measured", tt_jstr(r->measured), "created_at",
+        (json_int_t)r->created_at, "host", tt_jstr(r->host), "hits",
+        (json_int_t)r->hits, "content_hash", tt_jstr(r->content_hash),
+        "valid", !why[0], "invalid_why", why[0] ? tt_jstr(why) : json_null());
 }
 
 /* ------------------------------------------------------------ ls/show */
@@ -115,16 +118,16 @@ int cmd_ls(stof_context *ctx, const opts *o)
     if (rc)
         return rc;
     if (o->json) {
-        printf("[");
-        int first = 1;
-        for (int i = 0; i < l.n; i++) {
+        json_t *list = json_array();
+        for (int i = 0; list && i < l.n; i++) {
             if (!gpu_matches(o, &l.v[i]))
                 continue;
-            printf(first ? "\n" : ",\n");
-            first = 0;
-            record_json(stdout, &l.v[i], l.why[i]);
+            if (json_array_append_new(list, record_json(&l.v[i], l.why[i]))) {
+                json_decref(list);
+                list = NULL;
+            }
         }
-        printf("\n]\n");
+        rc = print_json(list);
     } else {
         printf("%-12s  %-24s  %-24s  %-20s  %-5s  %-14s  %9s  %7s  %5s  %5s\n",
                "KEY", "GPU", "MASK", "SHAPE BxHxSQxSKxD", "DTYPE", "KERNEL",
@@ -163,7 +166,7 @@ int cmd_ls(stof_context *ctx, const opts *o)
         tt_release();
     }
     stof__dbt_records_free(&l);
-    return EXIT_OK;
+    return rc;
 }
 
 int cmd_show(stof_context *ctx, const opts *o)
@@ -195,8 +198,7 @@ int cmd_show(stof_context *ctx, const opts *o)
             path);
         rc = EXIT_FAIL;
     } else if (o->json) {
-        record_json(stdout, &l.v[found], l.why[found]);
-        printf("\n");
+        rc = print_json(record_json(&l.v[found], l.why[found]));
     } else {
         const stof_db_record *r = &l.v[found];
         char age[16];
@@ -264,19 +266,26 @@ static void group_add(groups *g, const char *label, int64_t hits)
     g->n++;
 }
 
-static void groups_print(const char *title, const groups *g, int json,
-                         int last)
+/* A group list as JSON: [{"name", "records", "hits"}, ...] (the labels
+ * past the first 256 are left out, as in the table); NULL when out of
+ * memory. */
+static json_t *groups_json(const groups *g)
 {
-    if (json) {
-        printf("%s:[", tt_json(title));
-        for (int i = 0; i < g->n; i++)
-            printf("%s{\"name\":%s,\"records\":%lld,\"hits\":%lld}",
-                   i ? "," : "", tt_json(g->v[i].label),
-                   (long long)g->v[i].records, (long long)g->v[i].hits);
-        printf("]%s", last ? "" : ",");
-        tt_release();
-        return;
-    }
+    json_t *list = json_array();
+    for (int i = 0; list && i < g->n; i++)
+        if (json_array_append_new(
+                list, json_pack("{s:o, s:I, s:I}", "name",
+                                tt_jstr(g->v[i].label), "records",
+                                (json_int_t)g->v[i].records, "hits",
+                                (json_int_t)g->v[i].hits))) {
+            json_decref(list);
+            list = NULL;
+        }
+    return list;
+}
+
+static void groups_print(const char *title, const groups *g)
+{
     printf("\nby %s:\n", title);
     for (int i = 0; i < g->n; i++)
         printf("  %-56.56s %7lld records %9lld hits\n", tt_term(g->v[i].label),
@@ -344,18 +353,16 @@ int cmd_stats(stof_context *ctx, const opts *o)
         invalid += l.why[i][0] != 0;
     }
     if (o->json) {
-        printf("{\"database\":%s,\"records\":%d,\"verified\":%lld,"
-               "\"hits\":%lld,\"misses\":%lld,\"miss_count\":%lld,"
-               "\"other_versions\":%lld,\"invalid\":%lld,",
-               tt_json(path), l.n, (long long)verified, (long long)hits,
-               (long long)n_miss, (long long)miss_total, (long long)stale,
-               (long long)invalid);
-        groups_print("gpu", &by_gpu, 1, 0);
-        groups_print("op", &by_op, 1, 0);
-        groups_print("mask", &by_mask, 1, 0);
-        groups_print("age", &by_age, 1, 0);
-        groups_print("version", &by_version, 1, 1);
-        printf("}\n");
+        rc = print_json(json_pack(
+            "{s:o, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o,"
+            " s:o}",
+            "database", tt_jstr(path), "records", l.n, "verified",
+            (json_int_t)verified, "hits", (json_int_t)hits, "misses",
+            (json_int_t)n_miss, "miss_count", (json_int_t)miss_total,
+            "other_versions", (json_int_t)stale, "invalid",
+            (json_int_t)invalid, "gpu", groups_json(&by_gpu), "op",
+            groups_json(&by_op), "mask", groups_json(&by_mask), "age",
+            groups_json(&by_age), "version", groups_json(&by_version)));
     } else {
         printf("%s: %d records (%lld verified, %lld invalid), %lld hits; "
                "%lld misses recorded (%lld times); %lld records from other "
@@ -364,20 +371,24 @@ int cmd_stats(stof_context *ctx, const opts *o)
                (long long)hits, (long long)n_miss, (long long)miss_total,
                (long long)stale);
         tt_release();
-        groups_print("GPU", &by_gpu, 0, 0);
-        groups_print("op", &by_op, 0, 0);
-        groups_print("mask", &by_mask, 0, 0);
-        groups_print("age", &by_age, 0, 0);
-        groups_print("version", &by_version, 0, 1);
+        groups_print("GPU", &by_gpu);
+        groups_print("op", &by_op);
+        groups_print("mask", &by_mask);
+        groups_print("age", &by_age);
+        groups_print("version", &by_version);
     }
     stof__dbt_records_free(&l);
-    return EXIT_OK;
+    return rc;
 }
 
 /* ------------------------------------------- export / import / merge */
 
+/* What the callbacks of a merge gather: with --json the conflicts (an
+ * array, NULL once building it ran out of memory), printed in one
+ * document when the merge ends. */
 typedef struct merge_out {
     int json, n_conflicts, n_rejected;
+    json_t *conflicts;
 } merge_out;
 
 static void print_conflict(void *user, const stof_dbt_conflict *c)
@@ -387,16 +398,19 @@ static void print_conflict(void *user, const stof_dbt_conflict *c)
                       : c->loser_ms > c->winner_ms             ? "slower"
                                                    : "tie, broken by content";
     if (mo->json) {
-        printf("%s{\"key\":%s,\"input\":%s,\"kept\":{\"kernel\":%s,"
-               "\"time_ms\":%.6g,\"verified\":%s,\"host\":%s},"
-               "\"dropped\":{\"kernel\":%s,\"time_ms\":%.6g,\"verified\":%s,"
-               "\"host\":%s},\"reason\":%s}",
-               mo->n_conflicts ? "," : "", tt_json(c->key), tt_json(c->input),
-               tt_json(c->winner_kernel), c->winner_ms,
-               c->winner_verified ? "true" : "false", tt_json(c->winner_host),
-               tt_json(c->loser_kernel), c->loser_ms,
-               c->loser_verified ? "true" : "false", tt_json(c->loser_host),
-               tt_json(why));
+        json_t *one = json_pack(
+            "{s:o, s:o, s:{s:o, s:o, s:b, s:o}, s:{s:o, s:o, s:b, s:o}, s:s}",
+            "key", tt_jstr(c->key), "input", tt_jstr(c->input), "kept",
+            "kernel", tt_jstr(c->winner_kernel), "time_ms",
+            tt_jnum(c->winner_ms, 6), "verified", c->winner_verified != 0,
+            "host", tt_jstr(c->winner_host), "dropped", "kernel",
+            tt_jstr(c->loser_kernel), "time_ms", tt_jnum(c->loser_ms, 6),
+            "verified", c->loser_verified != 0, "host",
+            tt_jstr(c->loser_host), "reason", why);
+        if (json_array_append_new(mo->conflicts, one)) {
+            json_decref(mo->conflicts);
+            mo->conflicts = NULL;
+        }
     } else {
         printf("conflict %s: kept %s %.4g ms (%s%s) over %s %.4g ms (%s%s) "
                "from %s: %s\n",
@@ -406,13 +420,13 @@ static void print_conflict(void *user, const stof_dbt_conflict *c)
                tt_term(c->loser_kernel), c->loser_ms, tt_term(c->loser_host),
                c->loser_verified ? "" : ", unverified", tt_term(c->input),
                why);
+        tt_release();
     }
-    tt_release();
     mo->n_conflicts++;
 }
 
 /* Invalid records go to stderr (they are not part of the result); with
- * --json they are also listed in the document. */
+ * --json the document counts them ("invalid_records"). */
 static void print_reject(void *user, const char *input, const char *key,
                          const char *why)
 {
@@ -431,7 +445,7 @@ static int merge_like(stof_context *ctx, const opts *o, const char *what,
                       const char *dest, const char *const *inputs, int n,
                       int in_place, int with_misses)
 {
-    merge_out mo = {o->json, 0, 0};
+    merge_out mo = {o->json, 0, 0, o->json ? json_array() : NULL};
     stof_dbt_opts dopts = {
         .filter = {o->gpu, o->driver},
         .with_misses = with_misses,
@@ -444,16 +458,17 @@ static int merge_like(stof_context *ctx, const opts *o, const char *what,
         .user = &mo,
     };
     stof_dbt_result res;
-    if (o->json)
-        printf("{\"conflicts\":[");
     stof_status st =
         in_place ? stof__dbt_merge_into(STOF_DB_SINK(ctx), dest, inputs, n, &dopts, &res)
                  : stof__dbt_write(STOF_DB_SINK(ctx), dest, inputs, n, &dopts, &res);
     if (st != STOF_OK) {
+        /* The document still comes first, with the conflicts seen before
+         * the failure and the error; the exit code is the failure's. */
         if (o->json)
-            printf("],\"error\":%s}\n", tt_json(stof_errmsg(ctx)));
+            (void)print_json(json_pack("{s:o, s:o}", "conflicts",
+                                       mo.conflicts, "error",
+                                       tt_jstr(stof_errmsg(ctx))));
         fflush(stdout);
-        tt_release();
         if (mo.n_rejected && !o->drop_invalid) {
             err("%s: nothing was written: %d invalid record%s (above); "
                 "--drop-invalid leaves them out",
@@ -463,21 +478,20 @@ static int merge_like(stof_context *ctx, const opts *o, const char *what,
         return fail_with(ctx, st);
     }
     if (o->json)
-        printf("],\"command\":%s,\"output\":%s,\"inputs\":%d,"
-               "\"records_read\":%lld,\"records\":%lld,\"misses\":%lld,"
-               "\"conflicting_keys\":%lld,\"dropped_records\":%lld,"
-               "\"invalid_records\":%lld}\n",
-               tt_json(what), tt_json(dest), n, (long long)res.records_read,
-               (long long)res.records, (long long)res.misses,
-               (long long)res.conflicts, (long long)res.losers,
-               (long long)res.rejected);
-    else
-        printf("%s: %lld records read from %d file%s%s; %s now holds %lld "
-               "records and %lld misses; %lld conflicting key%s\n",
-               what, (long long)res.records_read, n, n == 1 ? "" : "s",
-               res.rejected ? " (invalid ones left out)" : "",
-               tt_term(dest), (long long)res.records, (long long)res.misses,
-               (long long)res.conflicts, res.conflicts == 1 ? "" : "s");
+        return print_json(json_pack(
+            "{s:o, s:s, s:o, s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "conflicts",
+            mo.conflicts, "command", what, "output", tt_jstr(dest), "inputs",
+            n, "records_read", (json_int_t)res.records_read, "records",
+            (json_int_t)res.records, "misses", (json_int_t)res.misses,
+            "conflicting_keys", (json_int_t)res.conflicts, "dropped_records",
+            (json_int_t)res.losers, "invalid_records",
+            (json_int_t)res.rejected));
+    printf("%s: %lld records read from %d file%s%s; %s now holds %lld "
+           "records and %lld misses; %lld conflicting key%s\n",
+           what, (long long)res.records_read, n, n == 1 ? "" : "s",
+           res.rejected ? " (invalid ones left out)" : "", tt_term(dest),
+           (long long)res.records, (long long)res.misses,
+           (long long)res.conflicts, res.conflicts == 1 ? "" : "s");
     tt_release();
     return EXIT_OK;
 }
@@ -535,16 +549,16 @@ int cmd_gc(stof_context *ctx, const opts *o)
     if (st != STOF_OK)
         return fail_with(ctx, st);
     if (o->json)
-        printf("{\"database\":%s,\"dry_run\":%s,\"dropped\":%lld,"
-               "\"kept\":%lld,\"stof_version\":%s,\"template_hash\":%s}\n",
-               tt_json(path), o->dry_run ? "true" : "false", (long long)del,
-               (long long)kept, tt_json(stof_version_string()), tt_json(th));
-    else
-        printf("%s: %s %lld records of other stof or template versions "
-               "(this build: stof %s, templates %s); %lld kept\n",
-               tt_term(path), o->dry_run ? "would drop" : "dropped",
-               (long long)del,
-               stof_version_string(), th, (long long)kept);
+        return print_json(json_pack(
+            "{s:o, s:b, s:I, s:I, s:o, s:o}", "database", tt_jstr(path),
+            "dry_run", o->dry_run != 0, "dropped", (json_int_t)del, "kept",
+            (json_int_t)kept, "stof_version", tt_jstr(stof_version_string()),
+            "template_hash", tt_jstr(th)));
+    printf("%s: %s %lld records of other stof or template versions "
+           "(this build: stof %s, templates %s); %lld kept\n",
+           tt_term(path), o->dry_run ? "would drop" : "dropped",
+           (long long)del, stof_version_string(), th, (long long)kept);
+    tt_release();
     return EXIT_OK;
 }
 

@@ -13,10 +13,13 @@
 
 #define TD_MAX_DEVICES 64
 
-/* One line of the summary table. */
+/* One line of the summary table. Rows live in memory shared with the
+ * worker processes, so every field has a fixed size. */
 typedef struct tune_row {
     char problem[192];
-    char kernel[32], source[32], params[256], key[33];
+    char kernel[32], source[32], key[33];
+    char params[256];     /* the kernel's parameters as compact JSON text
+                             ("" when unknown or too long) */
     double time_ms, model_ms, plan_s;
     int device;           /* the GPU ordinal that planned it */
     int ok;

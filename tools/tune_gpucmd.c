@@ -2,8 +2,10 @@
  * tune_gpucmd.c - the stof-tune commands that need a GPU: tune (a
  * workload), pending (the misses of cache-only runs) and verify. The
  * problems of tune and pending run on one GPU or, with --devices, on one
- * worker per GPU (tune_devices.h).
+ * worker per GPU (tune_devices.h). Plan descriptions and recorded misses
+ * are read, and the --json summary is written, with jansson.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,104 +22,92 @@
 #include "tune_verify.h"
 #include "tune_workload.h"
 
-/* A string field of a flat JSON object ("" when absent). */
-static void json_field_str(const char *js, const char *name, char *out,
-                           size_t n)
+/* The string member name of o, or "" when o has none. */
+static const char *member_str(const json_t *o, const char *name)
 {
-    char pat[64];
-    snprintf(pat, sizeof(pat), "\"%s\":\"", name);
-    const char *a = strstr(js, pat);
-    out[0] = '\0';
-    if (!a)
-        return;
-    a += strlen(pat);
-    size_t i = 0;
-    while (a[i] && a[i] != '"' && i + 1 < n) {
-        out[i] = a[i];
-        i++;
-    }
-    out[i] = '\0';
+    const char *v = json_string_value(json_object_get(o, name));
+    return v ? v : "";
 }
 
-static double json_field_num(const char *js, const char *name)
+/* The int member name of o into *out: 1 when it is there, an integer and
+ * in range. */
+static int member_int(const json_t *o, const char *name, int *out)
 {
-    char pat[64];
-    snprintf(pat, sizeof(pat), "\"%s\":", name);
-    const char *a = strstr(js, pat);
-    if (!a)
+    const json_t *v = json_object_get(o, name);
+    if (!json_is_integer(v) || json_integer_value(v) < INT_MIN ||
+        json_integer_value(v) > INT_MAX)
         return 0;
-    char *end;
-    double v = strtod(a + strlen(pat), &end);
-    return end == a + strlen(pat) ? 0 : v;
+    *out = (int)json_integer_value(v);
+    return 1;
 }
 
-/* The object value of "name": {...} (flat). */
-static void json_field_obj(const char *js, const char *name, char *out,
-                           size_t n)
-{
-    char pat[64];
-    snprintf(pat, sizeof(pat), "\"%s\":{", name);
-    const char *a = strstr(js, pat);
-    snprintf(out, n, "{}");
-    if (!a)
-        return;
-    a += strlen(pat) - 1;
-    const char *b = strchr(a, '}');
-    if (!b)
-        return;
-    size_t len = (size_t)(b - a + 1);
-    if (len >= n)
-        len = n - 1;
-    memcpy(out, a, len);
-    out[len] = '\0';
-}
-
-
-
+/* A planned problem's row, from the plan's description. A description that
+ * cannot be read leaves the fields empty: the problem was planned all the
+ * same. */
 static void row_from_plan(tune_row *r, const stof_plan *p)
 {
-    char js[8192];
-    if (stof_plan_describe(p, js, sizeof(js), NULL) != STOF_OK)
-        js[0] = '\0';
-    json_field_str(js, "kernel", r->kernel, sizeof(r->kernel));
-    json_field_str(js, "source", r->source, sizeof(r->source));
-    json_field_str(js, "key", r->key, sizeof(r->key));
-    json_field_obj(js, "params", r->params, sizeof(r->params));
-    r->time_ms = json_field_num(js, "time_ms");
-    r->model_ms = json_field_num(js, "model_choice_ms");
+    json_t *d = plan_description(p);
+    snprintf(r->kernel, sizeof(r->kernel), "%s", member_str(d, "kernel"));
+    snprintf(r->source, sizeof(r->source), "%s", member_str(d, "source"));
+    snprintf(r->key, sizeof(r->key), "%s", member_str(d, "key"));
+    /* The parameters travel as JSON text, because rows are shared with the
+     * worker processes in fixed-size fields; parameters that do not fit
+     * are left out rather than cut (the summary then shows {}). */
+    json_t *params = json_object_get(d, "params");
+    char *text = json_is_object(params) ? json_dumps(params, JSON_COMPACT)
+                                        : NULL;
+    snprintf(r->params, sizeof(r->params), "%s",
+             text && strlen(text) < sizeof(r->params) ? text : "");
+    free(text);
+    /* time_ms is null when nothing was timed: 0 here, as "none". */
+    r->time_ms = json_number_value(json_object_get(d, "time_ms"));
+    r->model_ms = json_number_value(json_object_get(d, "model_choice_ms"));
+    json_decref(d);
     r->ok = 1;
 }
 
-static void print_summary(const char *cmd, const tune_row *rows, int n,
-                          int n_dev, double wall_s, int json)
+/* One row of the summary as JSON; NULL when out of memory. The parameters
+ * are embedded as the object they are (an empty one when they were left
+ * out or do not parse). */
+static json_t *row_json(const tune_row *r)
+{
+    if (!r->ok)
+        return json_pack("{s:o, s:i, s:o, s:b, s:b, s:o}", "problem",
+                         tt_jstr(r->problem), "device", r->device, "plan_s",
+                         tt_jnum(r->plan_s, 6), "ok", 0, "skipped",
+                         r->skipped != 0, "error", tt_jstr(r->error));
+    json_t *params = r->params[0] ? json_loads(r->params, 0, NULL) : NULL;
+    if (!json_is_object(params)) {
+        json_decref(params);
+        params = json_object();
+    }
+    return json_pack(
+        "{s:o, s:i, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "problem",
+        tt_jstr(r->problem), "device", r->device, "plan_s",
+        tt_jnum(r->plan_s, 6), "ok", 1, "key", tt_jstr(r->key), "kernel",
+        tt_jstr(r->kernel), "params", params, "source", tt_jstr(r->source),
+        "time_ms", tt_jnum(r->time_ms, 6), "model_choice_ms",
+        tt_jnum(r->model_ms, 6), "speedup",
+        tt_jnum(r->time_ms > 0 && r->model_ms > 0 ? r->model_ms / r->time_ms
+                                                  : 1.0,
+                4));
+}
+
+/* The table of a tune or pending run, or its JSON document. Returns the
+ * exit code of printing it. */
+static int print_summary(const char *cmd, const tune_row *rows, int n,
+                         int n_dev, double wall_s, int json)
 {
     if (json) {
-        printf("{\"command\":%s,\"devices\":%d,\"wall_s\":%.3f,"
-               "\"problems\":[",
-               tt_json(cmd), n_dev, wall_s);
-        for (int i = 0; i < n; i++) {
-            const tune_row *r = &rows[i];
-            printf("%s\n{\"problem\":%s,\"device\":%d,\"plan_s\":%.3f,"
-                   "\"ok\":%s",
-                   i ? "," : "", tt_json(r->problem), r->device, r->plan_s,
-                   r->ok ? "true" : "false");
-            if (r->ok)
-                printf(",\"key\":%s,\"kernel\":%s,\"params\":%s,"
-                       "\"source\":%s,\"time_ms\":%.6g,"
-                       "\"model_choice_ms\":%.6g,\"speedup\":%.4g}",
-                       tt_json(r->key), tt_json(r->kernel),
-                       r->params[0] ? r->params : "{}", tt_json(r->source),
-                       r->time_ms, r->model_ms,
-                       r->time_ms > 0 && r->model_ms > 0
-                           ? r->model_ms / r->time_ms
-                           : 1.0);
-            else
-                printf(",\"skipped\":%s,\"error\":%s}",
-                       r->skipped ? "true" : "false", tt_json(r->error));
-            tt_release();
-        }
-        printf("\n]}\n");
-        return;
+        json_t *list = json_array();
+        for (int i = 0; list && i < n; i++)
+            if (json_array_append_new(list, row_json(&rows[i]))) {
+                json_decref(list);
+                list = NULL;
+            }
+        return print_json(json_pack("{s:s, s:i, s:o, s:o}", "command", cmd,
+                                    "devices", n_dev, "wall_s",
+                                    tt_jnum(wall_s, 6), "problems", list));
     }
     printf("%-56s  %-14s  %9s  %8s  %-9s%s\n", "PROBLEM", "KERNEL", "TIME_MS",
            "SPEEDUP", "SOURCE", n_dev > 1 ? "  GPU" : "");
@@ -141,6 +131,7 @@ static void print_summary(const char *cmd, const tune_row *rows, int n,
         printf("\n");
         tt_release();
     }
+    return EXIT_OK;
 }
 
 static double wall_now(void)
@@ -233,7 +224,7 @@ int cmd_tune(stof_context *cpu, const opts *o)
     rc = td_run(&s, ords, n_dev, n, tune_one, &w, rows, o->json);
     const double wall = wall_now() - t0;
     if (rc == EXIT_OK) {
-        print_summary("tune", rows, n, n_dev, wall, o->json);
+        rc = print_summary("tune", rows, n, n_dev, wall, o->json);
         int skipped, failed = count_failed(rows, n, &skipped);
         if (!o->json)
             fprintf(stderr,
@@ -298,31 +289,41 @@ static void miss_list_free(miss_list *l)
     memset(l, 0, sizeof(*l));
 }
 
-/* Rebuild a missed problem; 0 with why set when it cannot be. */
+/* Rebuild a missed problem from the JSON object recorded with it (the
+ * problem, its strides, the mask's spec and digest: plan_fallback in
+ * src/ops/attention_plan.c) and the recorded mask bits; 0 with why set
+ * when it cannot be. */
 static int miss_problem(stof_context *ctx, const miss *ms,
                         stof_attention_desc *d, stof_mask **m, char *why,
                         size_t wn)
 {
-    const char *js = ms->problem;
-    int b = (int)json_field_num(js, "batch"), h = (int)json_field_num(js, "heads"),
-        sq = (int)json_field_num(js, "seq_q"), sk = (int)json_field_num(js, "seq_k"),
-        hd = (int)json_field_num(js, "head_dim");
-    char dt[16], lay[16];
-    json_field_str(js, "dtype", dt, sizeof(dt));
-    json_field_str(js, "layout", lay, sizeof(lay));
+    json_error_t jerr;
+    json_t *js = json_loads(ms->problem, 0, &jerr);
+    int ok = 0;
+    if (!json_is_object(js)) {
+        snprintf(why, wn, "unreadable problem (%s): %s",
+                 js ? "not a JSON object" : jerr.text, ms->problem);
+        goto out;
+    }
+    const char *dt = member_str(js, "dtype"), *lay = member_str(js, "layout");
     const int strided = !strcasecmp(lay, "strided");
     stof_layout L = !strcasecmp(lay, "BSHD") ? STOF_LAYOUT_BSHD
                                              : STOF_LAYOUT_BHSD;
     if (strcasecmp(lay, "BSHD") && strcasecmp(lay, "BHSD") && !strided) {
         snprintf(why, wn, "layout '%s' is not known", lay);
-        return 0;
+        goto out;
     }
-    if (stof_attention_desc_init(d, b, h, sq, sk, hd,
+    int b = 0, h = 0, sq = 0, sk = 0, hd = 0;
+    if (!member_int(js, "batch", &b) || !member_int(js, "heads", &h) ||
+        !member_int(js, "seq_q", &sq) || !member_int(js, "seq_k", &sk) ||
+        !member_int(js, "head_dim", &hd) ||
+        stof_attention_desc_init(d, b, h, sq, sk, hd,
                                  strcmp(dt, "bf16") ? STOF_DTYPE_FP16
                                                     : STOF_DTYPE_BF16,
-                                 L) != STOF_OK || sq < 1 || sk < 1) {
-        snprintf(why, wn, "unreadable problem %s", js);
-        return 0;
+                                 L) != STOF_OK ||
+        sq < 1 || sk < 1) {
+        snprintf(why, wn, "unreadable problem %s", ms->problem);
+        goto out;
     }
     if (strided) {
         /* Strided misses carry their strides (q_s0 .. o_s2). */
@@ -330,45 +331,48 @@ static int miss_problem(stof_context *ctx, const miss *ms,
         int64_t *dst[4] = {d->q_stride, d->k_stride, d->v_stride, d->o_stride};
         for (int t = 0; t < 4; t++)
             for (int i = 0; i < 3; i++) {
-                char f[8];
+                char f[16];
                 snprintf(f, sizeof(f), "%s_s%d", names[t], i);
-                if (!strstr(js, f)) {
+                const json_t *v = json_object_get(js, f);
+                if (!json_is_integer(v)) {
                     snprintf(why, wn, "strided layout recorded without "
                                       "strides");
-                    return 0;
+                    goto out;
                 }
-                dst[t][i] = (int64_t)json_field_num(js, f);
+                dst[t][i] = (int64_t)json_integer_value(v);
             }
         d->layout = STOF_LAYOUT_STRIDED;
     }
-    d->scale = (float)json_field_num(js, "scale");
+    d->scale = (float)json_number_value(json_object_get(js, "scale"));
     /* From its spec when it had one (so the tuned record keeps the spec
      * and `verify` can rebuild it), checked against the recorded digest;
      * else from the recorded bits. */
-    char spec[256] = "", digest[40] = "";
-    json_field_str(js, "mask_spec", spec, sizeof(spec));
-    json_field_str(js, "mask_digest", digest, sizeof(digest));
+    const char *spec = member_str(js, "mask_spec");
     if (spec[0] && stof_mask_from_spec(ctx, spec, sq, sk, m) == STOF_OK) {
         char hex[33];
         stof_mask_digest(*m, NULL, hex);
-        if (!strcmp(hex, digest))
-            return 1;
+        if (!strcmp(hex, member_str(js, "mask_digest"))) {
+            ok = 1;
+            goto out;
+        }
         stof_mask_free(m);
     }
     size_t wpr = ((size_t)sk + 63) / 64;
     if (!ms->bits || ms->nbits != (size_t)sq * wpr * 8) {
         snprintf(why, wn, "no mask recorded for it");
-        return 0;
+        goto out;
     }
     if (stof__mask_alloc(ctx, sq, sk, m) != STOF_OK) {
         snprintf(why, wn, "%s", stof_errmsg(ctx));
-        return 0;
+        goto out;
     }
     memcpy((*m)->bits, ms->bits, ms->nbits);
     stof__mask_recount(*m);
-    return 1;
+    ok = 1;
+out:
+    json_decref(js);
+    return ok;
 }
-
 
 /* Miss i, rebuilt and planned on ctx (in a worker); its miss is deleted
  * from the database once it has a record. */
@@ -470,7 +474,7 @@ int cmd_pending(stof_context *cpu, const opts *o)
            : EXIT_OK;
     const double wall = wall_now() - t0;
     if (rc == EXIT_OK) {
-        print_summary("pending", rows, n, n_dev, wall, o->json);
+        rc = print_summary("pending", rows, n, n_dev, wall, o->json);
         int skipped, failed = count_failed(rows, n, &skipped);
         if (!o->json)
             fprintf(stderr,

@@ -5,7 +5,9 @@
  * the stored cubin is what gets loaded; run it on random inputs and compare
  * head 0 of batch 0 with the C reference. A record that passes is marked
  * trusted in the user database (db.h, "Local trust"): this host has
- * checked it, so programs here use it without checking it again.
+ * checked it, so programs here use it without checking it again. The
+ * plan descriptions are read, and the --json report is written, with
+ * jansson.
  */
 #include "tune_verify.h"
 
@@ -19,10 +21,8 @@
 #include "db_tools.h"
 #include "internal.h"
 #include "record_check.h"
+#include "tune_cli.h"
 #include "tune_text.h"
-
-
-
 
 /* Run plan on random inputs and compare batch 0, head 0 with the C
  * reference: the relative error, or a negative value with why set. */
@@ -180,9 +180,9 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
     (void)stof__db_open(STOF_DB_SINK(cpu), NULL, NULL, &udb);
     char (*bad)[33] = calloc((size_t)l.n + 1, sizeof(*bad));
     int n_ok = 0, n_bad = 0, n_skip = 0, n_other = 0, n_dropped = 0;
-    if (json)
-        printf("{\"database\":%s,\"records\":[", tt_json(path));
-    int first = 1;
+    /* With --json the verdicts are gathered and printed in one document
+     * at the end (NULL once that ran out of memory). */
+    json_t *verdicts = json ? json_array() : NULL;
     for (int i = 0; bad && i < l.n; i++) {
         const stof_db_record *r = &l.v[i];
         if (!tv_matches(ctx, r)) {
@@ -231,10 +231,17 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                 verdict = "bad";
                 snprintf(why, sizeof(why), "plan failed: %s", stof_errmsg(ctx));
             } else {
-                char js[8192] = "";
-                stof_plan_describe(plan, js, sizeof(js), NULL);
-                if (!strstr(js, "\"source\":\"system db\"") ||
-                    !strstr(js, r->key)) {
+                /* The plan must have loaded this very record from the
+                 * database under test, not tuned or fallen back. */
+                json_t *desc = plan_description(plan);
+                const char *src =
+                    json_string_value(json_object_get(desc, "source"));
+                const char *key =
+                    json_string_value(json_object_get(desc, "key"));
+                const int stored = src && key && !strcmp(src, "system db") &&
+                                   !strcmp(key, r->key);
+                json_decref(desc);
+                if (!stored) {
                     verdict = "bad";
                     snprintf(why, sizeof(why),
                              "the stored kernel was not used: it did not load "
@@ -263,11 +270,16 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
         else
             snprintf(bad[n_bad++], sizeof(bad[0]), "%s", r->key);
         if (json) {
-            printf("%s\n{\"key\":%s,\"verdict\":\"%s\",\"rel_err\":%.4g,"
-                   "\"why\":%s}",
-                   first ? "" : ",", tt_json(r->key), verdict, rel,
-                   tt_json(why));
-            first = 0;
+            /* rel_err is -1 when nothing was compared, as it always was;
+             * an error that is not finite is written as null. */
+            if (json_array_append_new(
+                    verdicts,
+                    json_pack("{s:o, s:s, s:o, s:o}", "key", tt_jstr(r->key),
+                              "verdict", verdict, "rel_err", tt_jnum(rel, 4),
+                              "why", tt_jstr(why)))) {
+                json_decref(verdicts);
+                verdicts = NULL;
+            }
         } else {
             printf("%-8s %.12s  %s %dx%dx%dx%dx%d %s  %s%s%s\n", verdict,
                    tt_term(r->key),
@@ -292,10 +304,12 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
             break;
         }
     }
+    int print_rc = 0;
     if (json)
-        printf("\n],\"ok\":%d,\"bad\":%d,\"skipped\":%d,\"other_gpu_or_build\":"
-               "%d,\"dropped\":%d}\n",
-               n_ok, n_bad, n_skip, n_other, n_dropped);
+        print_rc = print_json(json_pack(
+            "{s:o, s:o, s:i, s:i, s:i, s:i, s:i}", "database", tt_jstr(path),
+            "records", verdicts, "ok", n_ok, "bad", n_bad, "skipped", n_skip,
+            "other_gpu_or_build", n_other, "dropped", n_dropped));
     else
         printf("%d ok, %d bad%s, %d skipped, %d for another GPU, driver or "
                "build\n",
@@ -304,5 +318,5 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
     stof__dbt_records_free(&l);
     if (db_failed)
         return 4;
-    return n_bad > n_dropped ? 1 : 0;
+    return n_bad > n_dropped ? 1 : print_rc;
 }
