@@ -224,8 +224,10 @@ typedef struct stof_mask stof_mask;
  *   strided:S             |q-k| < S or k % S == S-1
  *   random:P:SEED         each element kept with probability P (0..1)
  *   none                  no key at all (an empty mask)
- * combined with `a&b` (intersection, binds tighter), `a|b` (union) and
- * parentheses. Spaces are ignored. W, D, S, G, B must be positive integers
+ *   docs, prefix, prefix:P  the family leaves (see stof_mask_family); here
+ *                         with the default data: one document, prefix 0
+ * combined with `!a` (negation), `a&b` (intersection, binds tighter than
+ * union), `a|b` (union) and parentheses. Spaces are ignored. W, D, S, G, B must be positive integers
  * (G may be 0), R >= 0, SEED any unsigned 64-bit integer.
  * seq_q, seq_k: any sizes from 1 to 1048576 (2^20).
  * Errors: STOF_ERR_INVALID_ARGUMENT with a message naming the column of the
@@ -325,6 +327,87 @@ STOF_API stof_status stof_format_build(stof_context *ctx, const stof_mask *m,
                                        stof_format **fmt /* OUT */);
 
 STOF_API void stof_format_free(stof_format **fmt);
+
+/* ------------------------------------------------------------------------ */
+/* Mask families                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* A mask family: a spec whose instances take data that may change on every
+ * call (sequence lengths, documents, prefixes, query offsets, seeds) without
+ * a new family. The spec grammar is stof_mask_from_spec's, with three more
+ * forms:
+ *   docs       the key is in the query's document (doc_id below)
+ *   prefix     k < the sequence's prefix length (prefix below)
+ *   prefix:P   k < P
+ *   !a         negation (binds tightest: !causal&sliding:8 is
+ *              (!causal)&sliding:8)
+ * so a prefix-LM is "causal|prefix", packed documents "causal&docs".
+ * Sequence b of an instance is a seq_q x seq_k mask whose query rows past
+ * q_len[b] and keys past k_len[b] are padding (never allowed). Query row q of sequence b
+ * sits at key position p = q + q_offset[b], and every leaf reads p where
+ * the spec says q (so q_offset[b] = k_len[b] - q_len[b] makes `causal`
+ * bottom-right aligned, for a chunk of queries at the end of the keys). A
+ * family is immutable and may be shared by threads. */
+typedef struct stof_mask_family stof_mask_family;
+
+STOF_API stof_status stof_mask_family_create(stof_context *ctx,
+                                             const char *spec,
+                                             stof_mask_family **fam /* OUT */);
+STOF_API void stof_mask_family_free(stof_mask_family **fam);
+/* The canonical spec of the family (spaces removed, numbers as read):
+ * families with equal canonical specs are equal. Owned by the family. */
+STOF_API const char *stof_mask_family_spec(const stof_mask_family *fam);
+
+/* The instance data of a batch of sequences, each array indexed by the
+ * sequence b (NULL = the default for every sequence). Zero-initialise it
+ * and set what the family uses. */
+typedef struct stof_mask_data {
+    const int32_t *q_len;    /* query rows, 0..seq_q (default seq_q) */
+    const int32_t *k_len;    /* keys, 0..seq_k (default seq_k) */
+    const int32_t *q_offset; /* key position of query row 0, 0..2^30
+                                (default 0) */
+    const int32_t *prefix;   /* `prefix` keeps k < prefix[b], >= 0
+                                (default 0) */
+    const int32_t *doc_id;   /* document of key position k of sequence b at
+                                doc_id[b * doc_stride + k], non-decreasing
+                                over k < k_len[b] (default: one document);
+                                a query at a position >= k_len[b] is in no
+                                document */
+    int64_t doc_stride;      /* 0 = seq_k; else >= seq_k */
+    const uint64_t *seed;    /* mixed into the SEED of random and bigbird
+                                (default 0: the spec's SEED as is) */
+    uint8_t reserved[64];    /* must be zero */
+} stof_mask_data;
+
+/* Check host instance data for `batch` sequences of at most seq_q x seq_k
+ * (data may be NULL: every default). Errors: STOF_ERR_INVALID_ARGUMENT
+ * naming the sequence, the field and the value (a length out of range, a
+ * negative offset or prefix, document ids that decrease, a doc_stride
+ * below seq_k, reserved bytes set). */
+STOF_API stof_status stof_mask_data_check(stof_context *ctx,
+                                          const stof_mask_family *fam,
+                                          int batch, int seq_q, int seq_k,
+                                          const stof_mask_data *data);
+
+/* The seq_q x seq_k mask of sequence b (host data, checked for b; seq_q and
+ * seq_k at least 1). */
+STOF_API stof_status stof_mask_family_eval(stof_context *ctx,
+                                           const stof_mask_family *fam,
+                                           int seq_q, int seq_k,
+                                           const stof_mask_data *data, int b,
+                                           stof_mask **mask /* OUT */);
+
+/* The formats of sequence b (host data, checked for b), equal to
+ * stof_format_build of stof_mask_family_eval's mask, built tile by tile
+ * from the family's structure without a bit matrix: time and memory follow
+ * the non-empty tiles (plus block_m x seq_k / 8 bytes of scratch), not
+ * seq_q x seq_k. */
+STOF_API stof_status stof_format_build_family(stof_context *ctx,
+                                              const stof_mask_family *fam,
+                                              int seq_q, int seq_k,
+                                              const stof_mask_data *data,
+                                              int b, int block_m, int block_n,
+                                              stof_format **fmt /* OUT */);
 
 /* ------------------------------------------------------------------------ */
 /* Attention                                                                 */

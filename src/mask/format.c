@@ -13,7 +13,7 @@
  * (a bit-extract done run by run). Full and empty tiles never look at single
  * elements, so structured masks build in a few milliseconds at 8192 x 8192.
  */
-#include "internal.h"
+#include "format.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -139,27 +139,31 @@ typedef struct builder {
     uint64_t *uni;   /* words_per_row: OR of the block's rows */
     int32_t *nzw;    /* words_per_row: indices of nonzero words of uni */
     uint8_t *nzp;    /* words_per_row: their popcounts */
+    int32_t *all;    /* words_per_row: 0, 1, 2, ... */
+    const int32_t *act; /* the words of the current block that may be
+                           nonzero */
+    int n_act;
     int block;       /* build the block-wise part */
     int rowwise;     /* build the row-wise part */
 } builder;
 
-/* Scan row block i: the population of each of its tiles (b->cnt) and the OR
- * of its rows (b->uni). Zero words are skipped and all-ones words need no
- * popcount, so the cost follows the mask's nonzero words. */
-static FORMAT_INLINE void scan_block(const stof_mask *m, int i, int bm, int bn,
+/* Scan the rows of a row block (blk: rows x wpr words; act: the words that
+ * may be nonzero, n_act of them): the population of each of its tiles
+ * (b->cnt) and the OR of its rows (b->uni). Zero words are skipped and
+ * all-ones words need no popcount, so the cost follows the mask's nonzero
+ * words. */
+static FORMAT_INLINE void scan_block(const uint64_t *blk, int rows, int wpr,
+                                     const int32_t *act, int n_act, int bn,
                                      builder *b)
 {
-    const int wpr = m->words_per_row;
-    const int r0 = i * bm;
-    const int rows = m->seq_q - r0 < bm ? m->seq_q - r0 : bm;
     /* Mask words per tile (bn >= 64) or tiles per mask word (bn < 64). */
     const int tile_shift = bn >= 64 ? __builtin_ctz((unsigned)bn / 64) : 0;
-    const uint64_t *blk = m->bits + (size_t)r0 * (size_t)wpr;
     memset(b->cnt, 0, b->n_cnt * sizeof(uint32_t));
     memset(b->uni, 0, (size_t)wpr * sizeof(uint64_t));
     for (int r = 0; r < rows; r++) {
         const uint64_t *row = blk + (size_t)r * (size_t)wpr;
-        for (int w = 0; w < wpr; w++) {
+        for (int z = 0; z < n_act; z++) {
+            const int w = act[z];
             uint64_t x = row[w];
             if (!x)
                 continue;
@@ -183,6 +187,28 @@ static FORMAT_INLINE void scan_block(const stof_mask *m, int i, int bm, int bn,
             }
         }
     }
+}
+
+/* The rows of row block i from the source, scanned. */
+static stof_status load_block(const stof_row_source *src, int i, int bm,
+                              int wpr, builder *b, const uint64_t **blk,
+                              int *rows)
+{
+    const int r0 = i * bm;
+    *rows = src->seq_q - r0 < bm ? src->seq_q - r0 : bm;
+    const int32_t *act = NULL;
+    int n_act = 0;
+    stof_status st = src->block(src->user, r0, *rows, blk, &act, &n_act);
+    if (st != STOF_OK)
+        return st;
+    if (!act) {
+        act = b->all;
+        n_act = wpr;
+    }
+    b->act = act;
+    b->n_act = n_act;
+    scan_block(*blk, *rows, wpr, act, n_act, src->block_n, b);
+    return STOF_OK;
 }
 
 /* malloc of n elements (at least one, so that no array of a valid format is
@@ -215,11 +241,15 @@ static void *alloc_array(int64_t n, size_t elem)
  * sizes avoid growing arrays, whose copies and page faults would cost more
  * than scanning the mask twice. */
 FORMAT_CLONES
-static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
-                         builder *b)
+static stof_status build(stof_context *ctx, const stof_row_source *src,
+                         stof_format *f, builder *b)
 {
     const int bm = f->block_m, bn = f->block_n;
-    const int wpr = m->words_per_row;
+    const int wpr = src->words_per_row;
+    const int seq_q = f->seq_q, seq_k = f->seq_k;
+    uint64_t allowed = 0;
+    const uint64_t *blk = NULL;
+    stof_status st;
     const int n_rb = f->n_row_blocks, n_cb = f->n_col_blocks;
     const int bwpr = f->bitmap_words_per_row;
 
@@ -229,18 +259,21 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
     f->rw_ptr[0] = 0;
     f->rw_bitmap_off[0] = 0;
     for (int i = 0; i < n_rb; i++) {
-        const int rows = m->seq_q - i * bm < bm ? m->seq_q - i * bm : bm;
-        scan_block(m, i, bm, bn, b);
+        int rows;
+        if ((st = load_block(src, i, bm, wpr, b, &blk, &rows)) != STOF_OK)
+            return st;
+        for (int j = 0; j < n_cb; j++)
+            allowed += b->cnt[j];
         for (int j = 0; j < n_cb && b->block; j++) {
             if (!b->cnt[j])
                 continue;
-            const int cols = m->seq_k - j * bn < bn ? m->seq_k - j * bn : bn;
+            const int cols = seq_k - j * bn < bn ? seq_k - j * bn : bn;
             n_tiles++;
             n_partial += b->cnt[j] != (uint32_t)rows * (uint32_t)cols;
         }
         int64_t nk = 0;
-        for (int w = 0; w < wpr; w++)
-            nk += POPCNT(b->uni[w]);
+        for (int z = 0; z < b->n_act; z++)
+            nk += POPCNT(b->uni[b->act[z]]);
         if (!b->rowwise)
             nk = 0; /* an empty row-wise part: no keys, no words */
         const int64_t rww = (nk + 31) / 32;
@@ -265,7 +298,7 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
                           "out of memory building the %dx%d formats of a %d x "
                           "%d mask (%lld tiles, %lld bitmap words, %lld keys, "
                           "%lld row-wise words)",
-                          bm, bn, m->seq_q, m->seq_k, (long long)n_tiles,
+                          bm, bn, seq_q, seq_k, (long long)n_tiles,
                           (long long)bitmap_words, (long long)n_keys,
                           (long long)rw_off);
 
@@ -273,17 +306,16 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
     int64_t e = 0, n_full = 0, part = 0;
     double partial_in = 0.0, partial_area = 0.0, rw_area = 0.0;
     for (int i = 0; i < n_rb; i++) {
-        const int r0 = i * bm;
-        const int rows = m->seq_q - r0 < bm ? m->seq_q - r0 : bm;
-        const uint64_t *blk = m->bits + (size_t)r0 * (size_t)wpr;
-        scan_block(m, i, bm, bn, b);
+        int rows;
+        if ((st = load_block(src, i, bm, wpr, b, &blk, &rows)) != STOF_OK)
+            return st;
 
         /* Block-wise entries. */
         for (int j = 0; j < n_cb && b->block; j++) {
             if (!b->cnt[j])
                 continue;
             const int c0 = j * bn;
-            const int cols = m->seq_k - c0 < bn ? m->seq_k - c0 : bn;
+            const int cols = seq_k - c0 < bn ? seq_k - c0 : bn;
             const uint32_t area = (uint32_t)rows * (uint32_t)cols;
             f->col_idx[e] = j;
             if (b->cnt[j] == area) {
@@ -302,7 +334,7 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
                     for (int t = 0; t < bwpr; t++) {
                         int k0 = c0 + 32 * t;
                         uint32_t v = 0;
-                        if (k0 < m->seq_k) {
+                        if (k0 < seq_k) {
                             uint64_t x = row[k0 >> 6] >> (k0 & 63);
                             v = bn == 16 ? (uint32_t)(x & 0xffffu)
                                          : (uint32_t)x;
@@ -327,7 +359,8 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
             continue;
         int n_nzw = 0;
         int64_t nk = 0;
-        for (int w = 0; w < wpr; w++) {
+        for (int z = 0; z < b->n_act; z++) {
+            const int w = b->act[z];
             if (b->uni[w]) {
                 int c = POPCNT(b->uni[w]);
                 b->nzp[n_nzw] = (uint8_t)c;
@@ -373,9 +406,9 @@ static stof_status build(stof_context *ctx, const stof_mask *m, stof_format *f,
     f->n_partial = n_partial;
     f->n_empty = b->block ? (int64_t)n_rb * (int64_t)n_cb - n_full - n_partial
                           : 0;
-    f->allowed = m->count;
+    f->allowed = allowed;
     f->partial_fill = partial_area > 0.0 ? partial_in / partial_area : 0.0;
-    f->rowwise_fill = rw_area > 0.0 ? (double)m->count / rw_area : 0.0;
+    f->rowwise_fill = rw_area > 0.0 ? (double)allowed / rw_area : 0.0;
     return STOF_OK;
 }
 
@@ -387,6 +420,19 @@ stof_status stof_format_build(stof_context *ctx, const stof_mask *m,
         fmt);
 }
 
+/* The row source of a bit mask: its rows, every word. */
+static stof_status mask_block(void *user, int r0, int rows,
+                              const uint64_t **bits, const int32_t **act,
+                              int *n_act)
+{
+    (void)rows;
+    const stof_mask *m = user;
+    *bits = m->bits + (size_t)r0 * (size_t)m->words_per_row;
+    *act = NULL;
+    *n_act = 0;
+    return STOF_OK;
+}
+
 stof_status stof__format_build_parts(stof_context *ctx, const stof_mask *m,
                                      int block_m, int block_n, int parts,
                                      stof_format **fmt)
@@ -394,6 +440,17 @@ stof_status stof__format_build_parts(stof_context *ctx, const stof_mask *m,
     STOF_CHECK_ARG(ctx, fmt != NULL, "stof_format_build: fmt is NULL");
     *fmt = NULL;
     STOF_CHECK_ARG(ctx, m != NULL, "stof_format_build: mask is NULL");
+    stof_row_source src = {m->seq_q, m->seq_k, m->words_per_row, block_n,
+                           mask_block, (void *)m};
+    return stof__format_build_source(ctx, &src, block_m, block_n, parts, fmt);
+}
+
+stof_status stof__format_build_source(stof_context *ctx,
+                                      const stof_row_source *src, int block_m,
+                                      int block_n, int parts,
+                                      stof_format **fmt)
+{
+    *fmt = NULL;
     STOF_CHECK_ARG(ctx, is_block_size(block_m),
                    "stof_format_build: block_m = %d, expected a power of two "
                    "from 16 to 256",
@@ -402,17 +459,22 @@ stof_status stof__format_build_parts(stof_context *ctx, const stof_mask *m,
                    "stof_format_build: block_n = %d, expected a power of two "
                    "from 16 to 256",
                    block_n);
+    STOF_CHECK_ARG(ctx, src->block_n == block_n,
+                   "stof_format_build: the row source is for block_n %d, "
+                   "not %d",
+                   src->block_n, block_n);
 
     stof_format *f = calloc(1, sizeof(*f));
     if (!f)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
                           "out of memory allocating a format");
-    f->seq_q = m->seq_q;
-    f->seq_k = m->seq_k;
+    const int wpr = src->words_per_row;
+    f->seq_q = src->seq_q;
+    f->seq_k = src->seq_k;
     f->block_m = block_m;
     f->block_n = block_n;
-    f->n_row_blocks = (m->seq_q + block_m - 1) / block_m;
-    f->n_col_blocks = (m->seq_k + block_n - 1) / block_n;
+    f->n_row_blocks = (src->seq_q + block_m - 1) / block_m;
+    f->n_col_blocks = (src->seq_k + block_n - 1) / block_n;
     f->bitmap_words_per_row = (block_n + 31) / 32;
 
     const size_t nrb = (size_t)f->n_row_blocks;
@@ -422,30 +484,35 @@ stof_status stof__format_build_parts(stof_context *ctx, const stof_mask *m,
     b.rowwise = !!(parts & STOF__FORMAT_ROWWISE);
     /* For BN < 64 the last mask word can span tiles past the last column
      * block (their counts stay 0); size cnt for whole words. */
-    b.n_cnt = (size_t)m->words_per_row * 4;
+    b.n_cnt = (size_t)wpr * 4;
     if (b.n_cnt < (size_t)f->n_col_blocks)
         b.n_cnt = (size_t)f->n_col_blocks;
     f->row_ptr = malloc((nrb + 1) * sizeof(int64_t));
     f->rw_ptr = malloc((nrb + 1) * sizeof(int64_t));
-    f->rw_words = malloc(nrb * sizeof(int32_t));
+    f->rw_words = malloc((nrb ? nrb : 1) * sizeof(int32_t));
     f->rw_bitmap_off = malloc((nrb + 1) * sizeof(int64_t));
     b.cnt = malloc(b.n_cnt * sizeof(uint32_t));
-    b.uni = malloc((size_t)m->words_per_row * sizeof(uint64_t));
-    b.nzw = malloc((size_t)m->words_per_row * sizeof(int32_t));
-    b.nzp = malloc((size_t)m->words_per_row);
+    b.uni = malloc((size_t)wpr * sizeof(uint64_t));
+    b.nzw = malloc((size_t)wpr * sizeof(int32_t));
+    b.nzp = malloc((size_t)wpr);
+    b.all = malloc((size_t)wpr * sizeof(int32_t));
     stof_status st;
     if (!f->row_ptr || !f->rw_ptr || !f->rw_words || !f->rw_bitmap_off ||
-        !b.cnt || !b.uni || !b.nzw || !b.nzp)
+        !b.cnt || !b.uni || !b.nzw || !b.nzp || !b.all) {
         st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
                         "out of memory allocating the formats of a %d x %d "
                         "mask",
-                        m->seq_q, m->seq_k);
-    else
-        st = build(ctx, m, f, &b);
+                        src->seq_q, src->seq_k);
+    } else {
+        for (int w = 0; w < wpr; w++)
+            b.all[w] = w;
+        st = build(ctx, src, f, &b);
+    }
     free(b.cnt);
     free(b.uni);
     free(b.nzw);
     free(b.nzp);
+    free(b.all);
     if (st != STOF_OK) {
         stof_format_free(&f);
         return st;

@@ -1,0 +1,268 @@
+/*
+ * mask_build.c - host side of the GPU format builder (mask_build.h,
+ * jit_templates/mask_build.cu).
+ */
+#include "mask_build.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Mirrors struct stof_mb_params in jit_templates/mask_build.cu (same field
+ * order and types). */
+typedef struct stof_mb_params {
+    CUdeviceptr prog;
+    int n_prog;
+    int batch, seq_q, seq_k;
+    int block_m, block_n, n_rb, n_cb, bwpr;
+    CUdeviceptr q_len, k_len, q_offset, prefix, doc_id;
+    int64_t doc_stride;
+    CUdeviceptr doc_lo, doc_hi;
+    CUdeviceptr cls, cnt, row_ptr, col_idx, kind, bitmap_idx, bitmaps;
+    int64_t tile_cap;
+    CUdeviceptr stats;
+} stof_mb_params;
+_Static_assert(sizeof(stof_mb_params) == 8 + 4 * 10 + 5 * 8 + 8 + 2 * 8 +
+                                             7 * 8 + 8 + 8,
+               "stof_mb_params must match mask_build.cu");
+
+#define MB_THREADS 256
+#define MB_SCAN_THREADS 1024
+
+static size_t align256(size_t n)
+{
+    return (n + 255u) & ~(size_t)255u;
+}
+
+stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k)
+{
+    memset(k, 0, sizeof(*k));
+    /* The leaf kinds as the host numbers them. */
+    static const struct {
+        const char *name;
+        int v;
+    } kinds[] = {
+        {"MB_LEAF_DENSE", STOF_LEAF_DENSE},
+        {"MB_LEAF_NONE", STOF_LEAF_NONE},
+        {"MB_LEAF_CAUSAL", STOF_LEAF_CAUSAL},
+        {"MB_LEAF_SLIDING", STOF_LEAF_SLIDING},
+        {"MB_LEAF_CAUSAL_SLIDING", STOF_LEAF_CAUSAL_SLIDING},
+        {"MB_LEAF_DILATED", STOF_LEAF_DILATED},
+        {"MB_LEAF_LONGFORMER", STOF_LEAF_LONGFORMER},
+        {"MB_LEAF_STRIDED", STOF_LEAF_STRIDED},
+        {"MB_LEAF_DOCS", STOF_LEAF_DOCS},
+        {"MB_LEAF_PREFIX", STOF_LEAF_PREFIX},
+    };
+    enum { N_KINDS = (int)(sizeof(kinds) / sizeof(kinds[0])) };
+    char buf[N_KINDS][48];
+    const char *defs[N_KINDS];
+    for (int i = 0; i < N_KINDS; i++) {
+        snprintf(buf[i], sizeof(buf[i]), "%s=%d", kinds[i].name, kinds[i].v);
+        defs[i] = buf[i];
+    }
+    void *cubin = NULL;
+    size_t size = 0;
+    stof_status st = (stof_status)stof__jit_compile(
+        ctx, "mask_build.cu", defs, N_KINDS, NULL, &cubin, &size);
+    if (st != STOF_OK)
+        return st;
+    st = (stof_status)stof__module_load(ctx, cubin, "stof_mb_classify", 0,
+                                        &k->module, &k->classify);
+    free(cubin);
+    if (st != STOF_OK)
+        return st;
+    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {
+        stof__mb_unload(ctx, k);
+        return st;
+    }
+    const stof_api *api = ctx->api;
+    CUresult r = api->cuModuleGetFunction(&k->scan, k->module, "stof_mb_scan");
+    if (r == CUDA_SUCCESS)
+        r = api->cuModuleGetFunction(&k->fill, k->module, "stof_mb_fill");
+    if (r == CUDA_SUCCESS)
+        r = api->cuModuleGetFunction(&k->docs, k->module, "stof_mb_docs");
+    stof__ctx_pop(ctx);
+    if (r != CUDA_SUCCESS) {
+        st = (stof_status)stof__cuda_fail(ctx, r, "cuModuleGetFunction",
+                                          __FILE__, __LINE__);
+        stof__mb_unload(ctx, k);
+    }
+    return st;
+}
+
+void stof__mb_unload(stof_context *ctx, stof_mb_kernels *k)
+{
+    if (k->module && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuModuleUnload(k->module);
+        stof__ctx_pop(ctx);
+    }
+    memset(k, 0, sizeof(*k));
+}
+
+stof_status stof__mb_workspace_new(stof_context *ctx,
+                                   const stof_mask_family *fam, int batch,
+                                   int seq_q, int seq_k, int block_m,
+                                   int block_n, stof_mb_workspace *ws)
+{
+    memset(ws, 0, sizeof(*ws));
+    STOF_CHECK_ARG(ctx, batch >= 1 && seq_q >= 1 && seq_k >= 1,
+                   "GPU format builder: batch %d of %d x %d", batch, seq_q,
+                   seq_k);
+    int32_t prog[4 * STOF_MB_MAX_NODES];
+    int depth = 0;
+    const int n = stof__spec_program(stof__family_spec(fam), prog,
+                                     STOF_MB_MAX_NODES, &depth);
+    if (n < 0 || depth > STOF_MB_MAX_STACK)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "the GPU format builder does not evaluate \"%.200s\" "
+                          "(random and bigbird masks, and specs of more than "
+                          "%d nodes or %d nested operands, are built on the "
+                          "CPU)",
+                          stof_mask_family_spec(fam), STOF_MB_MAX_NODES,
+                          STOF_MB_MAX_STACK);
+    ws->n_prog = n;
+    ws->batch = batch;
+    ws->seq_q = seq_q;
+    ws->seq_k = seq_k;
+    ws->block_m = block_m;
+    ws->block_n = block_n;
+    ws->n_rb = (seq_q + block_m - 1) / block_m;
+    ws->n_cb = (seq_k + block_n - 1) / block_n;
+    ws->bwpr = (block_n + 31) / 32;
+    const int64_t rbs = (int64_t)batch * ws->n_rb;
+    ws->tile_cap = rbs * ws->n_cb;
+    if (ws->tile_cap > INT32_MAX)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "GPU format builder: %lld tiles (batch %d, %d x %d "
+                          "in %dx%d tiles) do not fit 32-bit indices",
+                          (long long)ws->tile_cap, batch, seq_q, seq_k,
+                          block_m, block_n);
+    const size_t nt = (size_t)ws->tile_cap;
+    const size_t bm_words = (size_t)block_m * (size_t)ws->bwpr;
+    size_t off = 0;
+    const size_t o_prog = off;
+    off += align256((size_t)n * 16u);
+    const size_t o_stats = off;
+    off += align256(4 * 8);
+    const size_t o_cnt = off;
+    off += align256((size_t)rbs * 8u);
+    const size_t o_rp = off;
+    off += align256(((size_t)rbs + 1u) * 4u);
+    const size_t docs = (stof__family_spec(fam)->uses & STOF_SPEC_USES_DOCS)
+                            ? (size_t)batch * (size_t)seq_k * 4u
+                            : 0u;
+    const size_t o_dlo = off;
+    off += align256(docs);
+    const size_t o_dhi = off;
+    off += align256(docs);
+    const size_t o_cls = off;
+    off += align256(nt);
+    const size_t o_col = off;
+    off += align256(nt * 4u);
+    const size_t o_kind = off;
+    off += align256(nt);
+    const size_t o_bidx = off;
+    off += align256(nt * 4u);
+    const size_t o_bits = off;
+    off += align256(nt * bm_words * 4u);
+
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    CUdeviceptr mem = 0;
+    STOF_CU_GOTO(ctx, st, done, api->cuMemAlloc(&mem, off));
+    STOF_CU_GOTO(ctx, st, done,
+                 api->cuMemcpyHtoD(mem + o_prog, prog, (size_t)n * 16u));
+    STOF_CU_GOTO(ctx, st, done, api->cuMemsetD8(mem + o_stats, 0, 32));
+    ws->mem = mem;
+    ws->bytes = off;
+    ws->prog = mem + o_prog;
+    ws->stats = mem + o_stats;
+    ws->cnt = mem + o_cnt;
+    ws->row_ptr = mem + o_rp;
+    ws->doc_lo = docs ? mem + o_dlo : 0;
+    ws->doc_hi = docs ? mem + o_dhi : 0;
+    ws->cls = mem + o_cls;
+    ws->col_idx = mem + o_col;
+    ws->kind = mem + o_kind;
+    ws->bitmap_idx = mem + o_bidx;
+    ws->bitmaps = mem + o_bits;
+    mem = 0;
+done:
+    if (mem)
+        api->cuMemFree(mem);
+    stof__ctx_pop(ctx);
+    return st;
+}
+
+void stof__mb_workspace_free(stof_context *ctx, stof_mb_workspace *ws)
+{
+    if (ws->mem && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuMemFree(ws->mem);
+        stof__ctx_pop(ctx);
+    }
+    memset(ws, 0, sizeof(*ws));
+}
+
+stof_status stof__mb_build(const stof_mb_kernels *k,
+                           const stof_mb_workspace *ws,
+                           const stof_mb_data *data, CUstream s,
+                           const stof_api *api)
+{
+    stof_mb_params p;
+    memset(&p, 0, sizeof(p));
+    p.prog = ws->prog;
+    p.n_prog = ws->n_prog;
+    p.batch = ws->batch;
+    p.seq_q = ws->seq_q;
+    p.seq_k = ws->seq_k;
+    p.block_m = ws->block_m;
+    p.block_n = ws->block_n;
+    p.n_rb = ws->n_rb;
+    p.n_cb = ws->n_cb;
+    p.bwpr = ws->bwpr;
+    if (data) {
+        p.q_len = data->q_len;
+        p.k_len = data->k_len;
+        p.q_offset = data->q_offset;
+        p.prefix = data->prefix;
+        p.doc_id = data->doc_id;
+        p.doc_stride = data->doc_stride ? data->doc_stride : ws->seq_k;
+    }
+    if (p.doc_id && ws->doc_lo) {
+        p.doc_lo = ws->doc_lo;
+        p.doc_hi = ws->doc_hi;
+    }
+    p.cls = ws->cls;
+    p.cnt = ws->cnt;
+    p.row_ptr = ws->row_ptr;
+    p.col_idx = ws->col_idx;
+    p.kind = ws->kind;
+    p.bitmap_idx = ws->bitmap_idx;
+    p.bitmaps = ws->bitmaps;
+    p.tile_cap = ws->tile_cap;
+    p.stats = ws->stats;
+    void *args[] = {&p};
+    CUresult r = CUDA_SUCCESS;
+    if (p.doc_lo) {
+        /* The document intervals first; the other kernels read them. */
+        r = api->cuLaunchKernel(k->docs,
+                                (unsigned)((ws->seq_k + MB_THREADS - 1) /
+                                           MB_THREADS),
+                                (unsigned)ws->batch, 1, MB_THREADS, 1, 1, 0,
+                                s, args, NULL);
+    }
+    if (r == CUDA_SUCCESS)
+        r = api->cuLaunchKernel(k->classify, (unsigned)ws->n_rb,
+                                     (unsigned)ws->batch, 1, MB_THREADS, 1, 1,
+                                     0, s, args, NULL);
+    if (r == CUDA_SUCCESS)
+        r = api->cuLaunchKernel(k->scan, 1, 1, 1, MB_SCAN_THREADS, 1, 1, 0, s,
+                                args, NULL);
+    if (r == CUDA_SUCCESS)
+        r = api->cuLaunchKernel(k->fill, (unsigned)ws->n_rb,
+                                (unsigned)ws->batch, 1, MB_THREADS, 1, 1, 0, s,
+                                args, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}

@@ -1,0 +1,312 @@
+/*
+ * test_gpu_family.c - the GPU format builder (mask_build.cu) against the
+ * CPU builder (stof_format_build_family), bit for bit: every array of every
+ * sequence of a batch, on the families the GPU evaluates, with random
+ * instance data (odd sizes, empty sequences, seq_q != seq_k, offsets,
+ * prefixes, documents), every tile size, a workspace poisoned before the
+ * first build and reused for a second instance.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_shim.h"
+#include "internal.h"
+#include "mask_build.h"
+#include "testutil.h"
+
+TestSuite(gpu_family, .timeout = 900);
+
+typedef struct inst {
+    int batch, seq_q, seq_k;
+    int32_t *q_len, *k_len, *q_offset, *prefix, *doc;
+} inst;
+
+static void inst_random(inst *in, tu_rng *r, int batch, int seq_q, int seq_k)
+{
+    in->batch = batch;
+    in->seq_q = seq_q;
+    in->seq_k = seq_k;
+    in->q_len = malloc(sizeof(int32_t) * (size_t)batch);
+    in->k_len = malloc(sizeof(int32_t) * (size_t)batch);
+    in->q_offset = malloc(sizeof(int32_t) * (size_t)batch);
+    in->prefix = malloc(sizeof(int32_t) * (size_t)batch);
+    in->doc = malloc(sizeof(int32_t) * (size_t)batch * (size_t)seq_k);
+    for (int b = 0; b < batch; b++) {
+        int kind = (int)tu_below(r, 6);
+        in->q_len[b] = kind == 0 ? 0 : (kind == 1 ? seq_q
+                                                  : (int)tu_below(r, (uint64_t)seq_q + 1));
+        in->k_len[b] = kind == 2 ? seq_k : (int)tu_below(r, (uint64_t)seq_k + 1);
+        if (kind == 3)
+            in->k_len[b] = 0;
+        in->q_offset[b] = tu_below(r, 3) == 0
+                              ? (in->k_len[b] > in->q_len[b]
+                                     ? in->k_len[b] - in->q_len[b]
+                                     : 0)
+                              : (int)tu_below(r, 40);
+        in->prefix[b] = (int)tu_below(r, (uint64_t)seq_k + 8);
+        int d = (int)tu_below(r, 3), run = 1 + (int)tu_below(r, 90);
+        for (int k = 0; k < seq_k; k++) {
+            if (--run == 0) {
+                d += 1 + (int)tu_below(r, 2);
+                run = 1 + (int)tu_below(r, 90);
+            }
+            in->doc[(size_t)b * (size_t)seq_k + (size_t)k] = d;
+        }
+    }
+}
+
+static void inst_free(inst *in)
+{
+    free(in->q_len);
+    free(in->k_len);
+    free(in->q_offset);
+    free(in->prefix);
+    free(in->doc);
+}
+
+/* Device copies of the instance arrays, in one allocation. */
+typedef struct dev_inst {
+    CUdeviceptr mem;
+    stof_mb_data d;
+} dev_inst;
+
+static void dev_upload(stof_context *ctx, const inst *in, dev_inst *out)
+{
+    const stof_api *api = stof__api();
+    const size_t b4 = sizeof(int32_t) * (size_t)in->batch;
+    const size_t docs = sizeof(int32_t) * (size_t)in->batch * (size_t)in->seq_k;
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    cr_assert_eq(api->cuMemAlloc(&out->mem, 4 * 256 + docs + 4 * b4), CUDA_SUCCESS);
+    CUdeviceptr p = out->mem;
+    out->d.q_len = p;
+    api->cuMemcpyHtoD(p, in->q_len, b4);
+    p += (b4 + 255) / 256 * 256;
+    out->d.k_len = p;
+    api->cuMemcpyHtoD(p, in->k_len, b4);
+    p += (b4 + 255) / 256 * 256;
+    out->d.q_offset = p;
+    api->cuMemcpyHtoD(p, in->q_offset, b4);
+    p += (b4 + 255) / 256 * 256;
+    out->d.prefix = p;
+    api->cuMemcpyHtoD(p, in->prefix, b4);
+    p += (b4 + 255) / 256 * 256;
+    out->d.doc_id = p;
+    api->cuMemcpyHtoD(p, in->doc, docs);
+    out->d.doc_stride = in->seq_k;
+    stof__ctx_pop(ctx);
+}
+
+static void dev_free(stof_context *ctx, dev_inst *di)
+{
+    stof__ctx_push(ctx);
+    stof__api()->cuMemFree(di->mem);
+    stof__ctx_pop(ctx);
+}
+
+/* Build on the GPU and compare every sequence with the CPU builder.
+ * Returns the number of sequences compared. */
+static int check_build(stof_context *ctx, const stof_mb_kernels *k,
+                       const stof_mask_family *fam, const stof_mb_workspace *ws,
+                       const inst *in, const dev_inst *di)
+{
+    const stof_api *api = stof__api();
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    cr_assert_eq(stof__mb_build(k, ws, &di->d, NULL, api), STOF_OK);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS, "builder failed");
+    const int64_t nrb_all = (int64_t)ws->batch * ws->n_rb;
+    int32_t *rp = malloc(sizeof(int32_t) * (size_t)(nrb_all + 1));
+    int64_t stats[4];
+    api->cuMemcpyDtoH(rp, ws->row_ptr, sizeof(int32_t) * (size_t)(nrb_all + 1));
+    api->cuMemcpyDtoH(stats, ws->stats, sizeof(stats));
+    cr_assert_eq(stats[3], 0, "overflow reported");
+    const int64_t nt = rp[nrb_all];
+    cr_assert_eq(stats[0], nt);
+    int32_t *col = malloc(sizeof(int32_t) * (size_t)(nt + 1));
+    int32_t *bidx = malloc(sizeof(int32_t) * (size_t)(nt + 1));
+    uint8_t *kind = malloc((size_t)nt + 1);
+    const size_t tw = (size_t)ws->block_m * (size_t)ws->bwpr;
+    uint32_t *bits = malloc(sizeof(uint32_t) * (size_t)ws->tile_cap * tw);
+    api->cuMemcpyDtoH(col, ws->col_idx, sizeof(int32_t) * (size_t)nt);
+    api->cuMemcpyDtoH(bidx, ws->bitmap_idx, sizeof(int32_t) * (size_t)nt);
+    api->cuMemcpyDtoH(kind, ws->kind, (size_t)nt);
+    api->cuMemcpyDtoH(bits, ws->bitmaps,
+                      sizeof(uint32_t) * (size_t)ws->tile_cap * tw);
+    stof__ctx_pop(ctx);
+
+    stof_mask_data md;
+    memset(&md, 0, sizeof(md));
+    md.q_len = in->q_len;
+    md.k_len = in->k_len;
+    md.q_offset = in->q_offset;
+    md.prefix = in->prefix;
+    md.doc_id = in->doc;
+    md.doc_stride = in->seq_k;
+    int64_t most = 0, partial = 0;
+    for (int b = 0; b < in->batch; b++) {
+        stof_format *f = NULL;
+        cr_assert_eq(stof_format_build_family(ctx, fam, in->seq_q, in->seq_k,
+                                              &md, b, ws->block_m,
+                                              ws->block_n, &f),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        const char *sp = stof_mask_family_spec(fam);
+        cr_assert_eq(f->n_row_blocks, ws->n_rb);
+        const int64_t base = rp[(int64_t)b * ws->n_rb];
+        partial += f->n_partial;
+        for (int i = 0; i <= ws->n_rb; i++) {
+            const int64_t g = rp[(int64_t)b * ws->n_rb + i] - base;
+            cr_assert_eq(g, f->row_ptr[i],
+                         "%s b=%d (%d x %d of %d x %d, off %d) %dx%d: "
+                         "row_ptr[%d] gpu %lld cpu %lld",
+                         sp, b, in->q_len[b], in->k_len[b], in->seq_q,
+                         in->seq_k, in->q_offset[b], ws->block_m, ws->block_n,
+                         i, (long long)g, (long long)f->row_ptr[i]);
+            if (i < ws->n_rb && f->row_ptr[i + 1] - f->row_ptr[i] > most)
+                most = f->row_ptr[i + 1] - f->row_ptr[i];
+        }
+        const int64_t n = f->row_ptr[f->n_row_blocks];
+        int i = 0; /* the row block of entry e */
+        for (int64_t e = 0; e < n; e++) {
+            while (f->row_ptr[i + 1] <= e)
+                i++;
+            cr_assert_eq(col[base + e], f->col_idx[e], "%s b=%d col_idx[%lld]",
+                         sp, b, (long long)e);
+            cr_assert_eq(kind[base + e], f->kind[e],
+                         "%s b=%d %dx%d tile %lld (key block %d): kind gpu %d "
+                         "cpu %d",
+                         sp, b, ws->block_m, ws->block_n, (long long)e,
+                         f->col_idx[e], kind[base + e], f->kind[e]);
+            if (f->kind[e] == STOF_TILE_FULL) {
+                cr_assert_eq(bidx[base + e], -1);
+                continue;
+            }
+            /* A partial tile's bitmap sits at its slot. */
+            cr_assert_eq(bidx[base + e],
+                         ((int64_t)b * ws->n_rb + i) * ws->n_cb +
+                             f->col_idx[e]);
+            cr_assert(memcmp(bits + (size_t)bidx[base + e] * tw,
+                             f->bitmaps + (size_t)f->bitmap_idx[e] * tw,
+                             tw * sizeof(uint32_t)) == 0,
+                      "%s b=%d %dx%d tile %lld: bitmaps differ", sp, b,
+                      ws->block_m, ws->block_n, (long long)e);
+        }
+        stof_format_free(&f);
+    }
+    cr_assert_eq(stats[1], partial, "partial tiles");
+    cr_assert_eq(stats[2], most, "most tiles of a row block");
+    free(rp);
+    free(col);
+    free(bidx);
+    free(kind);
+    free(bits);
+    return in->batch;
+}
+
+static const char *gpu_specs[] = {
+    "dense", "causal", "sliding:37", "causal_sliding:100", "dilated:60:3",
+    "dilated:300:70", "longformer:40:9", "strided:33", "causal&docs",
+    "causal|prefix", "docs&!prefix:10", "!causal", "!(sliding:50)&causal",
+    "(causal&docs)|prefix:3", "sliding:20|strided:64&docs", "none", "docs",
+    "prefix",
+};
+#define N_GPU_SPECS ((int)(sizeof(gpu_specs) / sizeof(gpu_specs[0])))
+
+Test(gpu_family, matches_cpu_builder_every_tiling)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    stof_mb_kernels k;
+    cr_assert_eq(stof__mb_load(ctx, &k), STOF_OK, "%s", stof_errmsg(ctx));
+    tu_rng r = {tu_seed()};
+    static const int sizes[][2] = {{1, 1}, {17, 100}, {100, 17}, {257, 257},
+                                   {300, 700}, {1000, 999}};
+    static const int bs[] = {16, 32, 64, 128, 256};
+    int seqs = 0;
+    for (int s = 0; s < N_GPU_SPECS; s++) {
+        stof_mask_family *fam = NULL;
+        cr_assert_eq(stof_mask_family_create(ctx, gpu_specs[s], &fam), STOF_OK);
+        for (int z = 0; z < 6; z++) {
+            inst in;
+            inst_random(&in, &r, 3, sizes[z][0], sizes[z][1]);
+            dev_inst di;
+            dev_upload(ctx, &in, &di);
+            /* Every tiling for one size, the kernels' tilings for all. */
+            for (int a = 0; a < 5; a++) {
+                for (int c = 0; c < 5; c++) {
+                    if (z != 3 && !((bs[a] == 64 || bs[a] == 128) &&
+                                    bs[c] >= 32 && bs[c] <= 128))
+                        continue;
+                    stof_mb_workspace ws;
+                    cr_assert_eq(stof__mb_workspace_new(ctx, fam, in.batch,
+                                                        in.seq_q, in.seq_k,
+                                                        bs[a], bs[c], &ws),
+                                 STOF_OK, "%s", stof_errmsg(ctx));
+                    /* Poison the workspace past the program and stats. */
+                    stof__ctx_push(ctx);
+                    stof__api()->cuMemsetD8(ws.cnt, 0xa5,
+                                            ws.mem + ws.bytes - ws.cnt);
+                    stof__ctx_pop(ctx);
+                    seqs += check_build(ctx, &k, fam, &ws, &in, &di);
+                    stof__mb_workspace_free(ctx, &ws);
+                }
+            }
+            dev_free(ctx, &di);
+            inst_free(&in);
+        }
+        stof_mask_family_free(&fam);
+    }
+    cr_log_info("compared %d sequences", seqs);
+    stof__mb_unload(ctx, &k);
+    stof_close(&ctx);
+}
+
+Test(gpu_family, workspace_reused_across_instances)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    stof_mb_kernels k;
+    cr_assert_eq(stof__mb_load(ctx, &k), STOF_OK, "%s", stof_errmsg(ctx));
+    tu_rng r = {tu_seed() ^ 0x77};
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "causal&docs", &fam), STOF_OK);
+    stof_mb_workspace ws;
+    cr_assert_eq(stof__mb_workspace_new(ctx, fam, 8, 2048, 2048, 128, 64, &ws),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    for (int it = 0; it < 4; it++) {
+        inst in;
+        inst_random(&in, &r, 8, 2048, 2048);
+        dev_inst di;
+        dev_upload(ctx, &in, &di);
+        check_build(ctx, &k, fam, &ws, &in, &di);
+        dev_free(ctx, &di);
+        inst_free(&in);
+    }
+    stof__mb_workspace_free(ctx, &ws);
+    stof_mask_family_free(&fam);
+    stof__mb_unload(ctx, &k);
+    stof_close(&ctx);
+}
+
+Test(gpu_family, random_and_bigbird_are_refused_clearly)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    static const char *specs[] = {"random:0.5:1", "causal|bigbird:16:3:1:1:2"};
+    for (int i = 0; i < 2; i++) {
+        stof_mask_family *fam = NULL;
+        cr_assert_eq(stof_mask_family_create(ctx, specs[i], &fam), STOF_OK);
+        stof_mb_workspace ws;
+        cr_assert_eq(stof__mb_workspace_new(ctx, fam, 1, 64, 64, 64, 64, &ws),
+                     STOF_ERR_UNSUPPORTED);
+        cr_assert(strstr(stof_errmsg(ctx), "built on the CPU"), "%s",
+                  stof_errmsg(ctx));
+        cr_assert_eq(ws.mem, 0);
+        stof_mask_family_free(&fam);
+    }
+    stof_close(&ctx);
+}
+
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu_family", argc, argv);
+}
