@@ -499,6 +499,37 @@ STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
                                         const void *k, const void *v, void *o,
                                         void *stream);
 
+/* The warm-up of attention over a mask family: every run then takes its
+ * own instance data (stof_attention_run_family) and the plan builds that
+ * instance's formats on the GPU, on the run's stream, before the attention
+ * kernel: nothing is tuned, compiled, allocated or synchronised per run, so
+ * a run can be captured in a CUDA graph. d: the largest batch and lengths
+ * (each sequence is padded to seq_q x seq_k in q, k, v and o, as in
+ * stof_attention_plan). The kernel is chosen (database, tuning or cost
+ * model, as stof_attention_plan does) on sequence 0 of `sample` (host
+ * data, checked; NULL = the default instance) and the block-format kernels
+ * only. Families with random or bigbird leaves are not built on the GPU
+ * (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec); seq_q * seq_k is at
+ * most 2^30 for now. */
+STOF_API stof_status stof_attention_plan_family(stof_context *ctx,
+                                                const stof_attention_desc *d,
+                                                const stof_mask_family *fam,
+                                                const stof_mask_data *sample,
+                                                stof_plan **plan /* OUT */);
+
+/* Enqueue attention with this call's instance data: `data` holds device
+ * pointers (int32 arrays of the plan's batch, doc_id of batch * doc_stride;
+ * NULL fields and data NULL = the defaults). Device data is clamped, not
+ * checked: lengths to 0..seq_q / seq_k, offsets and prefixes to 0..2^30;
+ * document ids that decrease are compared element by element (right,
+ * slower). Output rows past q_len[b] are zeros. stof_attention_run on a
+ * family plan runs the default instance. */
+STOF_API stof_status stof_attention_run_family(stof_plan *plan,
+                                               const stof_mask_data *data,
+                                               const void *q, const void *k,
+                                               const void *v, void *o,
+                                               void *stream);
+
 /* JSON description of a plan: kernel kind and parameters, where it came
  * from, measured time if any. Size-then-fetch like stof_device_describe. */
 STOF_API stof_status stof_plan_describe(const stof_plan *plan, char *buf,

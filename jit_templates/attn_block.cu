@@ -190,7 +190,8 @@ struct stof_attn_block_params {
     const unsigned short *q, *k, *v; // inputs (16-bit), 16-byte aligned
     unsigned short *o;               // output
     const int *row_ptr;          // n_row_blocks + 1: tiles of row block i are
-                                 // entries row_ptr[i] .. row_ptr[i+1]-1
+                                 // entries row_ptr[i] .. row_ptr[i+1]-1 (of
+                                 // batch b: from row_ptr + b * rp_stride)
     const int *col_idx;          // per tile: key block index (ascending)
     const unsigned char *kind;   // per tile: 1 partial, 2 full
     const int *bitmap_idx;       // per tile: index among partial tiles / -1
@@ -201,7 +202,9 @@ struct stof_attn_block_params {
     int n_row_blocks;
     int bitmap_words_per_row;    // must be BLOCK_N / 32
     float scale_log2;            // softmax scale * log2(e)
-    int flags;                   // reserved, 0
+    int rp_stride;               // 0: one format for every batch element;
+                                 // n_row_blocks: one per element (mask
+                                 // families; block mode only)
 #if GATHER
     // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
     // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
@@ -471,8 +474,9 @@ stof_attn_block(const stof_attn_block_params p)
     const unsigned *s_bits = (const unsigned *)(bk_smem + BK_OFF_B);
     int *s_meta = (int *)(bk_smem + BK_OFF_META); // [stage][2]: col, kind
 
-    const int e0 = bk_ldg_i32(p.row_ptr + rb);
-    const int n = bk_ldg_i32(p.row_ptr + rb + 1) - e0; // non-empty tiles
+    const int *rpb = p.row_ptr + (stof_i64)b * p.rp_stride;
+    const int e0 = bk_ldg_i32(rpb + rb);
+    const int n = bk_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
 #if GATHER
     unsigned *s_idx = (unsigned *)(bk_smem + BK_OFF_IDX); // [S+1][2][BN]
     const stof_i64 k16 = p.k_stride[2] >> 3, v16 = p.v_stride[2] >> 3;

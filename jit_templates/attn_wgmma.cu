@@ -213,7 +213,8 @@ struct stof_attn_wgmma_params {
     stof_tmap tm_q, tm_k, tm_v;   // (head_dim, seq, heads, batch) maps
                                   // (block mode only)
     unsigned short *o;            // output, 16-byte aligned
-    const int *row_ptr;           // n_row_blocks + 1 (gather: tile_ptr)
+    const int *row_ptr;           // n_row_blocks + 1 (gather: tile_ptr);
+                                  // batch b's from row_ptr + b * rp_stride
     const int *col_idx;           // per tile: key block (gather: unused)
     const unsigned char *kind;    // per tile: 1 partial, 2 full
     const int *bitmap_idx;        // per tile: partial index / -1
@@ -224,7 +225,9 @@ struct stof_attn_wgmma_params {
     int n_row_blocks;
     int bitmap_words_per_row;     // must be BLOCK_N / 32
     float scale_log2;             // softmax scale * log2(e), > 0
-    int flags;                    // reserved, 0
+    int rp_stride;                // 0: one format for every batch
+                                  // element; n_row_blocks: one per element
+                                  // (mask families; block mode only)
     // Gather mode only (0 in block mode):
     const unsigned short *q, *k, *v; // inputs, 16-byte aligned
     const int *key_ptr;           // n_row_blocks + 1
@@ -712,8 +715,9 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #define BAR_EMPTY_V(s) (bar_q + 8u * (1 + 3 * STAGES + (s)))
     int *s_meta = (int *)(smem + WG_OFF_META); // [stage][2]: col, kind
 
-    const int e0 = wg_ldg_i32(p.row_ptr + rb);
-    const int n = wg_ldg_i32(p.row_ptr + rb + 1) - e0; // non-empty tiles
+    const int *rpb = p.row_ptr + (stof_i64)b * p.rp_stride;
+    const int e0 = wg_ldg_i32(rpb + rb);
+    const int n = wg_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
 #if GATHER
     // The compacted key list; its length stands in for seq_k in the mask.
     const int kb0 = wg_ldg_i32(p.key_ptr + rb);

@@ -82,8 +82,11 @@ struct stof_mb_params {
     int *bitmap_idx;      // tile_cap
     unsigned *bitmaps;    // tile_cap * block_m * bwpr (by slot)
     stof_i64 tile_cap;
-    stof_i64 *stats;      // tiles, partial, most tiles of a row block,
-                          // overflow (0/1)
+    stof_i64 *stats;      // [0] tiles, [1] partial tiles, [2] most tiles
+                          // of a row block, [3] overflow (0/1), [4] some
+                          // document ids decrease (set by stof_mb_docs,
+                          // cleared by stof_mb_scan), [5] [4] of the last
+                          // build
 };
 
 struct mb_seq {
@@ -92,15 +95,25 @@ struct mb_seq {
     stof_i64 prefix;
     const int *doc; // NULL: one document
     const int *lo, *hi; // document intervals, or NULL (search doc)
+    int unsorted;       // some document ids decrease: compare element by
+                        // element, classify nothing
 };
+
+// Instance data is clamped, never trusted: lengths to 0..seq, offsets and
+// prefixes to >= 0 (so nothing is read out of bounds).
+__device__ __forceinline__ int mb_clamp(int v, int lo, int hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
 
 __device__ __forceinline__ mb_seq mb_load_seq(const stof_mb_params &P, int b)
 {
     mb_seq s;
-    s.ql = P.q_len ? P.q_len[b] : P.seq_q;
-    s.kl = P.k_len ? P.k_len[b] : P.seq_k;
-    s.off = P.q_offset ? P.q_offset[b] : 0;
-    s.prefix = P.prefix ? P.prefix[b] : 0;
+    s.ql = P.q_len ? mb_clamp(P.q_len[b], 0, P.seq_q) : P.seq_q;
+    s.kl = P.k_len ? mb_clamp(P.k_len[b], 0, P.seq_k) : P.seq_k;
+    s.off = P.q_offset ? mb_clamp(P.q_offset[b], 0, 1 << 30) : 0;
+    s.prefix = P.prefix ? mb_clamp(P.prefix[b], 0, 1 << 30) : 0;
+    s.unsorted = P.stats[4] != 0;
     s.doc = P.doc_id ? P.doc_id + (stof_i64)b * P.doc_stride : 0;
     s.lo = P.doc_lo ? P.doc_lo + (stof_i64)b * P.seq_k : 0;
     s.hi = P.doc_hi ? P.doc_hi + (stof_i64)b * P.seq_k : 0;
@@ -168,6 +181,8 @@ __device__ int mb_leaf_class(int kind, stof_i64 a, stof_i64 bparam,
     case MB_LEAF_DOCS: {
         if (p0 >= s.kl)
             return MB_EMPTY;
+        if (s.unsorted && s.doc)
+            return MB_C_UNKNOWN;
         if (!s.doc)
             return p1 < s.kl ? MB_FULL : MB_C_UNKNOWN;
         const stof_i64 pl = p1 < s.kl ? p1 : s.kl - 1;
@@ -318,6 +333,15 @@ __device__ unsigned mb_leaf_word(int kind, stof_i64 a, stof_i64 bparam,
     case MB_LEAF_PREFIX:
         return mb_range(0, bparam >= 0 ? bparam : s.prefix, c0);
     case MB_LEAF_DOCS: {
+        if (s.unsorted && s.doc) {
+            if (p >= s.kl)
+                return 0u;
+            const int id = s.doc[p];
+            unsigned x = 0;
+            for (int c = 0; c < 32 && c0 + c < s.kl; c++)
+                x |= (unsigned)(s.doc[c0 + c] == id) << c;
+            return x;
+        }
         stof_i64 lo, hi;
         mb_doc(s, p, &lo, &hi);
         return mb_range(lo, hi, c0);
@@ -384,6 +408,9 @@ stof_mb_docs(const stof_mb_params P)
         return;
     mb_seq s = mb_load_seq(P, b);
     s.lo = s.hi = 0; // search the ids
+    s.unsorted = 0;
+    if (p >= 1 && p < s.kl && s.doc[p] < s.doc[p - 1])
+        atomicExch((unsigned long long *)(P.stats + 4), 1ull);
     stof_i64 lo = 0, hi = 0;
     mb_doc(s, p, &lo, &hi);
     P.doc_lo[(stof_i64)b * P.seq_k + p] = (int)lo;
@@ -538,6 +565,8 @@ stof_mb_scan(const stof_mb_params P)
         P.stats[1] = s_p[MB_SCAN_THREADS - 1];
         P.stats[2] = s_m[MB_SCAN_THREADS - 1];
         P.stats[3] = overflow;
+        P.stats[5] = P.stats[4]; // this build's, for the host to read
+        P.stats[4] = 0;          // the next build's docs kernel sets it
     }
 }
 

@@ -107,19 +107,48 @@ static void dev_free(stof_context *ctx, dev_inst *di)
     stof__ctx_pop(ctx);
 }
 
-/* Build on the GPU and compare every sequence with the CPU builder.
- * Returns the number of sequences compared. */
-static int check_build(stof_context *ctx, const stof_mb_kernels *k,
-                       const stof_mask_family *fam, const stof_mb_workspace *ws,
-                       const inst *in, const dev_inst *di)
+/* The format the GPU must produce for sequence b: the CPU builder's with
+ * the instance's host data, unless `expect` says otherwise. */
+typedef stof_format *(*expect_fn)(stof_context *ctx,
+                                  const stof_mask_family *fam,
+                                  const inst *in, int b, int bm, int bn);
+
+static stof_format *expect_cpu(stof_context *ctx, const stof_mask_family *fam,
+                               const inst *in, int b, int bm, int bn)
 {
+    stof_mask_data md;
+    memset(&md, 0, sizeof(md));
+    md.q_len = in->q_len;
+    md.k_len = in->k_len;
+    md.q_offset = in->q_offset;
+    md.prefix = in->prefix;
+    md.doc_id = in->doc;
+    md.doc_stride = in->seq_k;
+    stof_format *f = NULL;
+    cr_assert_eq(stof_format_build_family(ctx, fam, in->seq_q, in->seq_k, &md,
+                                          b, bm, bn, &f),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    return f;
+}
+
+/* Build on the GPU and compare every sequence with `expect` (NULL: the
+ * CPU builder). Returns the number of sequences compared; *unsorted: the
+ * builder's "document ids decrease" flag. */
+static int check_build_vs(stof_context *ctx, const stof_mb_kernels *k,
+                          const stof_mask_family *fam,
+                          const stof_mb_workspace *ws, const inst *in,
+                          const dev_inst *di, expect_fn expect,
+                          int *unsorted)
+{
+    if (!expect)
+        expect = expect_cpu;
     const stof_api *api = stof__api();
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     cr_assert_eq(stof__mb_build(k, ws, &di->d, NULL, api), STOF_OK);
     cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS, "builder failed");
     const int64_t nrb_all = (int64_t)ws->batch * ws->n_rb;
     int32_t *rp = malloc(sizeof(int32_t) * (size_t)(nrb_all + 1));
-    int64_t stats[4];
+    int64_t stats[STOF_MB_STATS];
     api->cuMemcpyDtoH(rp, ws->row_ptr, sizeof(int32_t) * (size_t)(nrb_all + 1));
     api->cuMemcpyDtoH(stats, ws->stats, sizeof(stats));
     cr_assert_eq(stats[3], 0, "overflow reported");
@@ -137,21 +166,11 @@ static int check_build(stof_context *ctx, const stof_mb_kernels *k,
                       sizeof(uint32_t) * (size_t)ws->tile_cap * tw);
     stof__ctx_pop(ctx);
 
-    stof_mask_data md;
-    memset(&md, 0, sizeof(md));
-    md.q_len = in->q_len;
-    md.k_len = in->k_len;
-    md.q_offset = in->q_offset;
-    md.prefix = in->prefix;
-    md.doc_id = in->doc;
-    md.doc_stride = in->seq_k;
+    if (unsorted)
+        *unsorted = (int)stats[5];
     int64_t most = 0, partial = 0;
     for (int b = 0; b < in->batch; b++) {
-        stof_format *f = NULL;
-        cr_assert_eq(stof_format_build_family(ctx, fam, in->seq_q, in->seq_k,
-                                              &md, b, ws->block_m,
-                                              ws->block_n, &f),
-                     STOF_OK, "%s", stof_errmsg(ctx));
+        stof_format *f = expect(ctx, fam, in, b, ws->block_m, ws->block_n);
         const char *sp = stof_mask_family_spec(fam);
         cr_assert_eq(f->n_row_blocks, ws->n_rb);
         const int64_t base = rp[(int64_t)b * ws->n_rb];
@@ -203,6 +222,16 @@ static int check_build(stof_context *ctx, const stof_mb_kernels *k,
     free(kind);
     free(bits);
     return in->batch;
+}
+
+static int check_build(stof_context *ctx, const stof_mb_kernels *k,
+                       const stof_mask_family *fam, const stof_mb_workspace *ws,
+                       const inst *in, const dev_inst *di)
+{
+    int unsorted = -1;
+    int n = check_build_vs(ctx, k, fam, ws, in, di, NULL, &unsorted);
+    cr_assert_eq(unsorted, 0, "sorted ids reported as unsorted");
+    return n;
 }
 
 static const char *gpu_specs[] = {
@@ -283,6 +312,115 @@ Test(gpu_family, workspace_reused_across_instances)
         inst_free(&in);
     }
     stof__mb_workspace_free(ctx, &ws);
+    stof_mask_family_free(&fam);
+    stof__mb_unload(ctx, &k);
+    stof_close(&ctx);
+}
+
+/* causal & same document, element by element, from ids in any order. */
+static stof_format *expect_unsorted(stof_context *ctx,
+                                    const stof_mask_family *fam,
+                                    const inst *in, int b, int bm, int bn)
+{
+    (void)fam;
+    const int sq = in->seq_q, sk = in->seq_k;
+    uint8_t *dense = calloc((size_t)sq * (size_t)sk, 1);
+    const int32_t *doc = in->doc + (size_t)b * (size_t)sk;
+    for (int q = 0; q < in->q_len[b]; q++) {
+        const int p = q + in->q_offset[b];
+        for (int kk = 0; kk < in->k_len[b] && p < in->k_len[b]; kk++)
+            dense[(size_t)q * (size_t)sk + (size_t)kk] =
+                kk <= p && doc[kk] == doc[p];
+    }
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_dense(ctx, dense, sq, sk, &m), STOF_OK);
+    stof_format *f = NULL;
+    cr_assert_eq(stof_format_build(ctx, m, bm, bn, &f), STOF_OK);
+    stof_mask_free(&m);
+    free(dense);
+    return f;
+}
+
+Test(gpu_family, unsorted_document_ids_give_the_right_format)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    stof_mb_kernels k;
+    cr_assert_eq(stof__mb_load(ctx, &k), STOF_OK, "%s", stof_errmsg(ctx));
+    tu_rng r = {tu_seed() ^ 0x55};
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "causal&docs", &fam), STOF_OK);
+    inst in;
+    inst_random(&in, &r, 4, 300, 300);
+    for (int i = 0; i < 4 * 300; i++)
+        in.doc[i] = (int32_t)tu_below(&r, 3); /* ids in any order */
+    /* The CPU refuses them. */
+    stof_mask_data md;
+    memset(&md, 0, sizeof(md));
+    md.doc_id = in.doc;
+    cr_assert_eq(stof_mask_data_check(ctx, fam, 4, 300, 300, &md),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "decreases"), "%s", stof_errmsg(ctx));
+    dev_inst di;
+    dev_upload(ctx, &in, &di);
+    stof_mb_workspace ws;
+    cr_assert_eq(stof__mb_workspace_new(ctx, fam, 4, 300, 300, 64, 64, &ws),
+                 STOF_OK);
+    int unsorted = 0;
+    check_build_vs(ctx, &k, fam, &ws, &in, &di, expect_unsorted, &unsorted);
+    cr_assert_eq(unsorted, 1);
+    /* Sorted again: the flag clears. */
+    for (int b = 0; b < 4; b++)
+        for (int i = 0; i < 300; i++)
+            in.doc[b * 300 + i] = i / 37;
+    dev_free(ctx, &di);
+    dev_upload(ctx, &in, &di);
+    check_build(ctx, &k, fam, &ws, &in, &di);
+    stof__mb_workspace_free(ctx, &ws);
+    dev_free(ctx, &di);
+    inst_free(&in);
+    stof_mask_family_free(&fam);
+    stof__mb_unload(ctx, &k);
+    stof_close(&ctx);
+}
+
+Test(gpu_family, out_of_range_data_is_clamped)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    stof_mb_kernels k;
+    cr_assert_eq(stof__mb_load(ctx, &k), STOF_OK, "%s", stof_errmsg(ctx));
+    tu_rng r = {tu_seed() ^ 0x99};
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "(causal|prefix)&docs", &fam),
+                 STOF_OK);
+    inst in;
+    inst_random(&in, &r, 4, 200, 250);
+    /* What the device gets... */
+    in.q_len[0] = 1000;
+    in.k_len[0] = -7;
+    in.q_len[1] = -1;
+    in.k_len[1] = 251;
+    in.q_offset[2] = -50;
+    in.prefix[2] = -9;
+    in.q_len[3] = INT32_MAX;
+    in.k_len[3] = INT32_MAX;
+    dev_inst di;
+    dev_upload(ctx, &in, &di);
+    /* ... and the clamped values the CPU is given. */
+    in.q_len[0] = 200;
+    in.k_len[0] = 0;
+    in.q_len[1] = 0;
+    in.k_len[1] = 250;
+    in.q_offset[2] = 0;
+    in.prefix[2] = 0;
+    in.q_len[3] = 200;
+    in.k_len[3] = 250;
+    stof_mb_workspace ws;
+    cr_assert_eq(stof__mb_workspace_new(ctx, fam, 4, 200, 250, 128, 64, &ws),
+                 STOF_OK);
+    check_build(ctx, &k, fam, &ws, &in, &di);
+    stof__mb_workspace_free(ctx, &ws);
+    dev_free(ctx, &di);
+    inst_free(&in);
     stof_mask_family_free(&fam);
     stof__mb_unload(ctx, &k);
     stof_close(&ctx);

@@ -24,7 +24,7 @@ typedef struct stof_attn_block_params {
     int batch, heads, seq_q, seq_k;
     int n_row_blocks, bitmap_words_per_row;
     float scale_log2;
-    int flags;
+    int rp_stride;
 } stof_attn_block_params;
 _Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 8 * 4,
                "stof_attn_block_params must match attn_block.cu");
@@ -559,7 +559,7 @@ static void fill_params(stof_attn_block_params *p, int head_dim,
     if (scale == 0.0f)
         scale = 1.0f / sqrtf((float)head_dim);
     p->scale_log2 = (float)((double)scale * 1.4426950408889634);
-    p->flags = 0;
+    p->rp_stride = 0;
 }
 
 stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
@@ -588,6 +588,7 @@ stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
     p.bitmaps = bf->bitmaps;
     p.n_row_blocks = bf->n_row_blocks;
     p.bitmap_words_per_row = bf->bitmap_words_per_row;
+    p.rp_stride = bf->rp_stride;
 
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};

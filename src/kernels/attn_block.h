@@ -58,6 +58,10 @@ typedef struct stof_block_format {
     int seq_q, seq_k, block_m, block_n;
     int n_row_blocks, n_col_blocks, bitmap_words_per_row;
     int64_t n_tiles, n_partial;
+    /* 0: one format for every batch element (uploads); n_row_blocks: batch
+     * element b's row block i is row_ptr[b * n_row_blocks + i] .. (the GPU
+     * builder's workspace, mask_build.h; the block kernels only). */
+    int rp_stride;
 } stof_block_format;
 
 /* Upload `f` (any block sizes; the kernel needs block_m/block_n equal to its

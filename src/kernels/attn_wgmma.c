@@ -25,7 +25,7 @@ typedef struct stof_attn_wgmma_params {
     int batch, heads, seq_q, seq_k;
     int n_row_blocks, bitmap_words_per_row;
     float scale_log2;
-    int flags;
+    int rp_stride;
     /* gather mode only */
     CUdeviceptr q, k, v;
     CUdeviceptr key_ptr, keys, q_rows;
@@ -323,7 +323,7 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
     p.n_row_blocks = bf->n_row_blocks;
     p.bitmap_words_per_row = bf->bitmap_words_per_row;
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
-    p.flags = 0;
+    p.rp_stride = bf->rp_stride;
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     void *args[] = {&p};
@@ -392,7 +392,7 @@ stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
     p.n_row_blocks = rf->n_row_blocks;
     p.bitmap_words_per_row = rf->bitmap_words_per_row;
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
-    p.flags = 0;
+    p.rp_stride = 0;
     p.q = q;
     p.k = k;
     p.v = v;

@@ -143,7 +143,7 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     const size_t o_prog = off;
     off += align256((size_t)n * 16u);
     const size_t o_stats = off;
-    off += align256(4 * 8);
+    off += align256(STOF_MB_STATS * 8);
     const size_t o_cnt = off;
     off += align256((size_t)rbs * 8u);
     const size_t o_rp = off;
@@ -174,7 +174,8 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     STOF_CU_GOTO(ctx, st, done, api->cuMemAlloc(&mem, off));
     STOF_CU_GOTO(ctx, st, done,
                  api->cuMemcpyHtoD(mem + o_prog, prog, (size_t)n * 16u));
-    STOF_CU_GOTO(ctx, st, done, api->cuMemsetD8(mem + o_stats, 0, 32));
+    STOF_CU_GOTO(ctx, st, done,
+                 api->cuMemsetD8(mem + o_stats, 0, STOF_MB_STATS * 8));
     ws->mem = mem;
     ws->bytes = off;
     ws->prog = mem + o_prog;

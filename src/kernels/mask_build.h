@@ -14,6 +14,12 @@
  * (MB_MAX_STACK in mask_build.cu). */
 #define STOF_MB_MAX_NODES 128
 #define STOF_MB_MAX_STACK 32
+/* The workspace's statistics, int64 each: [0] non-empty tiles, [1] partial
+ * tiles, [2] most tiles of a row block, [3] overflow (never with a
+ * workspace of stof__mb_workspace_new), [5] whether the last build saw
+ * document ids that decrease (then it compared them element by element:
+ * right, slower). */
+#define STOF_MB_STATS 8
 
 /* The loaded kernels (one module). */
 typedef struct stof_mb_kernels {
@@ -62,7 +68,10 @@ typedef struct stof_mb_data {
     int64_t doc_stride; /* 0 = seq_k */
 } stof_mb_data;
 
-/* Enqueue the kernels on `s` (three, four with document ids). The caller makes the device's context
+/* Enqueue the kernels on `s` (three, four with document ids). Instance
+ * data is clamped, not checked: lengths to 0..seq_q / seq_k, offsets and
+ * prefixes to 0..2^30; document ids that decrease are compared element by
+ * element. The caller makes the device's context
  * current. No allocation, no synchronisation: capturable in a graph. */
 stof_status stof__mb_build(const stof_mb_kernels *k,
                            const stof_mb_workspace *ws,

@@ -44,6 +44,8 @@ typedef struct stof_spec_node {
     int n_params;                   /* parameters given */
     uint64_t v[STOF_SPEC_MAX_PARAMS]; /* integers (clamped, not SEED) */
     double prob;                    /* random's P */
+    uint64_t prob_mant;             /* P = prob_mant * 10^-prob_scale, as */
+    int prob_scale;                 /* written (trailing zeros dropped) */
     int leaf_id;                    /* 0..n_leaves-1 in parse order */
     /* inner node (NOT has one kid) */
     struct stof_spec_node **kids;

@@ -232,7 +232,7 @@ static int parse_uint(parser *p, const leaf_def *d, int i, uint64_t *out)
 
 /* Parse a decimal probability "1", "0.25", ".5" at p->pos. Done by hand so
  * the result does not depend on the process locale. */
-static int parse_prob(parser *p, const leaf_def *d, int i, double *out)
+static int parse_prob(parser *p, const leaf_def *d, int i, node *n)
 {
     size_t start = p->pos;
     uint64_t mant = 0;
@@ -281,7 +281,17 @@ static int parse_prob(parser *p, const leaf_def *d, int i, double *out)
              p->s + start);
         return -1;
     }
-    *out = v;
+    /* The decimal as read, without trailing zeros: the canonical text
+     * prints exactly these digits, so it parses back to the same value. */
+    while (mant && mant % 10 == 0 && scale > 0) {
+        mant /= 10;
+        scale--;
+    }
+    if (!mant)
+        scale = 0;
+    n->prob = v;
+    n->prob_mant = mant;
+    n->prob_scale = scale;
     return 0;
 }
 
@@ -349,7 +359,7 @@ static node *parse_leaf(parser *p)
         size_t vstart = p->pos;
         int rc;
         if (d->param_types[i] == PARAM_PROB) {
-            rc = parse_prob(p, d, i, &n->prob);
+            rc = parse_prob(p, d, i, n);
         } else {
             uint64_t v = 0;
             rc = parse_uint(p, d, i, &v);
@@ -591,6 +601,24 @@ static void put(char *buf, size_t n, size_t *o, const char *fmt, ...)
         *o += (size_t)k;
 }
 
+/* ":" and mant * 10^-scale in positional notation (no exponent). */
+static void put_decimal(char *buf, size_t n, size_t *o, uint64_t mant,
+                        int scale)
+{
+    char d[32];
+    int len = snprintf(d, sizeof(d), "%llu", (unsigned long long)mant);
+    if (scale <= 0) {
+        put(buf, n, o, ":%s", d);
+    } else if (len <= scale) {
+        put(buf, n, o, ":0.");
+        for (int z = 0; z < scale - len; z++)
+            put(buf, n, o, "0");
+        put(buf, n, o, "%s", d);
+    } else {
+        put(buf, n, o, ":%.*s.%s", len - scale, d, d + len - scale);
+    }
+}
+
 static void canon(const node *n, char *buf, size_t cap, size_t *o)
 {
     switch (n->op) {
@@ -598,7 +626,7 @@ static void canon(const node *n, char *buf, size_t cap, size_t *o)
         put(buf, cap, o, "%s", n->name);
         for (int i = 0; i < n->n_params; i++) {
             if (n->kind == STOF_LEAF_RANDOM && i == 0)
-                put(buf, cap, o, ":%.17g", n->prob);
+                put_decimal(buf, cap, o, n->prob_mant, n->prob_scale);
             else
                 put(buf, cap, o, ":%llu", (unsigned long long)n->v[i]);
         }

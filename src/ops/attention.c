@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +218,11 @@ void stof__plan_release(stof_plan *p)
     if (!p)
         return;
     const stof_api *api = p->ctx->api;
+    if (p->family) {
+        memset(&p->bf, 0, sizeof(p->bf)); /* a view of mb_ws */
+        stof__mb_workspace_free(p->ctx, &p->mb_ws);
+        stof__mb_unload(p->ctx, &p->mb_k);
+    }
     stof__block_format_free(p->ctx, &p->bf);
     stof__rowwise_format_free(p->ctx, &p->rf);
     if ((p->d_mask || p->module || p->d_row_order || p->d_q_rows) &&
@@ -563,14 +569,66 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
 }
 
 static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
-                             const char *arg)
+                             ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
+                             ...)
 {
-    snprintf(p->errmsg, sizeof(p->errmsg), fmt, arg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->errmsg, sizeof(p->errmsg), fmt, ap);
+    va_end(ap);
     return st;
 }
 
+static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
+                            const void *q, const void *k, const void *v,
+                            void *o, void *stream);
+
 stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
                                const void *v, void *o, void *stream)
+{
+    return run_impl(p, NULL, q, k, v, o, stream);
+}
+
+stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
+                                      const void *q, const void *k,
+                                      const void *v, void *o, void *stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!p->family)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "stof_attention_run_family: the plan was not made "
+                         "by stof_attention_plan_family");
+    if (data) {
+        for (size_t i = 0; i < sizeof(data->reserved); i++)
+            if (data->reserved[i])
+                return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                                 "stof_attention_run_family: "
+                                 "stof_mask_data.reserved[%zu] is not zero",
+                                 i);
+        if (data->doc_stride != 0 && data->doc_stride < p->desc.seq_k)
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "stof_attention_run_family: doc_stride = %lld "
+                             "is below seq_k = %d",
+                             (long long)data->doc_stride, p->desc.seq_k);
+        if (data->seed)
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "stof_attention_run_family: per-sequence seeds "
+                             "are for random and bigbird, which the GPU "
+                             "builder does not evaluate");
+    }
+    return run_impl(p, data, q, k, v, o, stream);
+}
+
+static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
+                            const void *q, const void *k, const void *v,
+                            void *o, void *stream)
 {
     if (!p)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -592,6 +650,14 @@ stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
         return plan_fail(p, STOF_ERR_CUDA, "stof_attention_run: %s",
                          "cannot make the device's primary context current");
     stof_status st = STOF_OK;
+    if (p->family &&
+        (st = stof__attention_family_build(p, data, (CUstream)stream)) !=
+            STOF_OK) {
+        CUcontext popped;
+        api->cuCtxPopCurrent(&popped);
+        return plan_fail(p, st, "%s", "stof_attention_run: launching the "
+                                      "format builder failed");
+    }
     if (p->kind == STOF_KERNEL_WGMMA) {
         st = stof__wgmma_launch(p->fn, &p->wcfg, p->desc.head_dim, &p->desc,
                                 p->scale, &p->bf, p->d_row_order,
@@ -730,6 +796,12 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
     } else if (o) {
         json_object_set_new(o, "time_ms", json_null());
     }
+    if (o && p->family)
+        json_object_set_new(
+            o, "family",
+            json_pack("{s:s, s:s, s:I}", "spec", p->family_spec, "formats",
+                      "built on the GPU per run", "workspace_bytes",
+                      (json_int_t)p->mb_ws.bytes));
     return stof__json_out(o, buf, n, needed);
 }
 

@@ -12,6 +12,7 @@
 #include "cost_model.h"
 #include "db.h"
 #include "internal.h"
+#include "mask_build.h"
 #include "record_check.h"
 #include "search.h"
 
@@ -49,6 +50,13 @@ struct stof_plan {
     double verify_ms;         /* the first use of a record on this host:
                                  the time its check took (0: none) */
     char errmsg[1024];
+    /* Mask families (attention_family.c): the formats are built on the GPU
+     * from each run's instance data into mb_ws, which bf views
+     * (bf.rp_stride = n_row_blocks; bf.mem is mb_ws.mem, not owned). */
+    int family;
+    stof_mb_kernels mb_k;
+    stof_mb_workspace mb_ws;
+    char family_spec[256];
 };
 
 
@@ -65,6 +73,13 @@ stof_status stof__attention_check_ready(stof_context *ctx,
 
 /* For BHSD/BSHD, the strides the layout implies, whatever the fields held. */
 void stof__attention_normalise(stof_attention_desc *d);
+
+/* Enqueue a family plan's format build for instance data `data` (device
+ * pointers; NULL = the default instance) on stream s. The caller makes the
+ * device's context current. */
+stof_status stof__attention_family_build(stof_plan *p,
+                                         const stof_mask_data *data,
+                                         CUstream s);
 
 /* Free a plan's device data and the plan. */
 void stof__plan_release(stof_plan *p);

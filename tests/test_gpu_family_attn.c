@@ -1,0 +1,384 @@
+/*
+ * test_gpu_family_attn.c - attention over mask families on the GPU: a plan
+ * made once per family runs instance after instance (random per-sequence
+ * lengths, offsets, prefixes, documents), each checked per sequence against
+ * the C reference with that sequence's mask, outputs poisoned first; fp16
+ * and bf16; nothing compiled after the plan; a run captured in a CUDA graph
+ * and replayed with new instance data in the same device buffers.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_shim.h"
+#include "internal.h"
+#include "testutil.h"
+
+static void remove_db(void);
+TestSuite(gpu_family_attn, .fini = remove_db, .timeout = 900);
+
+#define MAXB 4
+
+/* A user database of this process only (cache-only mode records misses). */
+static const char *db_path(void)
+{
+    static char path[64];
+    snprintf(path, sizeof(path), "/tmp/stof-test-family-attn-%d.db",
+             (int)getpid());
+    return path;
+}
+
+static void remove_db(void)
+{
+    char f[96];
+    static const char *const ext[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(f, sizeof(f), "%s%s", db_path(), ext[i]);
+        unlink(f);
+    }
+}
+
+typedef struct problem {
+    int batch, heads, seq_q, seq_k, head_dim;
+    stof_dtype dt;
+    size_t nq, nk;           /* elements of q/o and k/v */
+    uint16_t *hq, *hk, *hv, *ho;
+    float *fq, *fk, *fv, *fo;
+    CUdeviceptr dq, dk, dv, dout, ddata;
+    stof_attention_desc d;
+} problem;
+
+static void problem_new(problem *p, stof_context *ctx, tu_rng *r, int batch,
+                        int heads, int seq_q, int seq_k, int head_dim,
+                        stof_dtype dt)
+{
+    memset(p, 0, sizeof(*p));
+    p->batch = batch;
+    p->heads = heads;
+    p->seq_q = seq_q;
+    p->seq_k = seq_k;
+    p->head_dim = head_dim;
+    p->dt = dt;
+    cr_assert_eq(stof_attention_desc_init(&p->d, batch, heads, seq_q, seq_k,
+                                          head_dim, dt, STOF_LAYOUT_BHSD),
+                 STOF_OK);
+    p->nq = (size_t)batch * heads * seq_q * head_dim;
+    p->nk = (size_t)batch * heads * seq_k * head_dim;
+    p->hq = malloc(p->nq * 2);
+    p->ho = malloc(p->nq * 2);
+    p->hk = malloc(p->nk * 2);
+    p->hv = malloc(p->nk * 2);
+    p->fq = malloc(p->nq * 4);
+    p->fo = malloc(p->nq * 4);
+    p->fk = malloc(p->nk * 4);
+    p->fv = malloc(p->nk * 4);
+    tu_fill_random(r, p->hq, p->fq, p->nq, dt, 1.0f);
+    tu_fill_random(r, p->hk, p->fk, p->nk, dt, 1.0f);
+    tu_fill_random(r, p->hv, p->fv, p->nk, dt, 1.0f);
+    const stof_api *api = stof__api();
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    cr_assert_eq(api->cuMemAlloc(&p->dq, p->nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&p->dout, p->nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&p->dk, p->nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&p->dv, p->nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&p->ddata, 4 * 256 + (size_t)batch * seq_k * 4),
+                 CUDA_SUCCESS);
+    api->cuMemcpyHtoD(p->dq, p->hq, p->nq * 2);
+    api->cuMemcpyHtoD(p->dk, p->hk, p->nk * 2);
+    api->cuMemcpyHtoD(p->dv, p->hv, p->nk * 2);
+    stof__ctx_pop(ctx);
+}
+
+static void problem_free(problem *p, stof_context *ctx)
+{
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    api->cuMemFree(p->dq);
+    api->cuMemFree(p->dk);
+    api->cuMemFree(p->dv);
+    api->cuMemFree(p->dout);
+    api->cuMemFree(p->ddata);
+    stof__ctx_pop(ctx);
+    free(p->hq);
+    free(p->hk);
+    free(p->hv);
+    free(p->ho);
+    free(p->fq);
+    free(p->fk);
+    free(p->fv);
+    free(p->fo);
+}
+
+/* Host instance data and its device copy in p->ddata. */
+typedef struct inst {
+    int32_t q_len[MAXB], k_len[MAXB], q_offset[MAXB], prefix[MAXB];
+    int32_t *doc;
+    stof_mask_data host, dev;
+} inst;
+
+static void inst_random(inst *in, const problem *p, tu_rng *r)
+{
+    memset(&in->host, 0, sizeof(in->host));
+    memset(&in->dev, 0, sizeof(in->dev));
+    in->doc = malloc(sizeof(int32_t) * (size_t)p->batch * (size_t)p->seq_k);
+    for (int b = 0; b < p->batch; b++) {
+        int kind = (int)tu_below(r, 5);
+        in->q_len[b] = kind == 0 ? 0 : (kind == 1 ? p->seq_q : 1 + (int)tu_below(r, (uint64_t)p->seq_q));
+        in->k_len[b] = kind == 2 ? 0 : (kind == 1 ? p->seq_k : 1 + (int)tu_below(r, (uint64_t)p->seq_k));
+        in->q_offset[b] = tu_below(r, 2) && in->k_len[b] > in->q_len[b]
+                              ? in->k_len[b] - in->q_len[b]
+                              : (int)tu_below(r, 20);
+        in->prefix[b] = (int)tu_below(r, (uint64_t)p->seq_k + 1);
+        int d = 0, left = 1 + (int)tu_below(r, 120);
+        for (int k = 0; k < p->seq_k; k++) {
+            if (--left == 0) {
+                d++;
+                left = 1 + (int)tu_below(r, 120);
+            }
+            in->doc[(size_t)b * (size_t)p->seq_k + (size_t)k] = d;
+        }
+    }
+    in->host.q_len = in->q_len;
+    in->host.k_len = in->k_len;
+    in->host.q_offset = in->q_offset;
+    in->host.prefix = in->prefix;
+    in->host.doc_id = in->doc;
+}
+
+static void inst_upload(inst *in, const problem *p, stof_context *ctx)
+{
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    CUdeviceptr base = p->ddata;
+    api->cuMemcpyHtoD(base, in->q_len, sizeof(in->q_len));
+    api->cuMemcpyHtoD(base + 256, in->k_len, sizeof(in->k_len));
+    api->cuMemcpyHtoD(base + 512, in->q_offset, sizeof(in->q_offset));
+    api->cuMemcpyHtoD(base + 768, in->prefix, sizeof(in->prefix));
+    api->cuMemcpyHtoD(base + 1024, in->doc,
+                      sizeof(int32_t) * (size_t)p->batch * (size_t)p->seq_k);
+    stof__ctx_pop(ctx);
+    in->dev.q_len = (const int32_t *)(uintptr_t)base;
+    in->dev.k_len = (const int32_t *)(uintptr_t)(base + 256);
+    in->dev.q_offset = (const int32_t *)(uintptr_t)(base + 512);
+    in->dev.prefix = (const int32_t *)(uintptr_t)(base + 768);
+    in->dev.doc_id = (const int32_t *)(uintptr_t)(base + 1024);
+}
+
+/* Poison the output (NaN bits). */
+static void poison(problem *p, stof_context *ctx)
+{
+    stof__ctx_push(ctx);
+    stof__api()->cuMemsetD8(p->dout, 0xff, p->nq * 2);
+    stof__ctx_pop(ctx);
+}
+
+/* Download the output and check every sequence against the reference with
+ * that sequence's mask. Returns the worst relative error. */
+static double check(problem *p, stof_context *ctx,
+                    const stof_mask_family *fam, const inst *in)
+{
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    api->cuMemcpyDtoH(p->ho, p->dout, p->nq * 2);
+    stof__ctx_pop(ctx);
+    double worst = 0.0;
+    const size_t per_q = (size_t)p->heads * p->seq_q * p->head_dim;
+    const size_t per_k = (size_t)p->heads * p->seq_k * p->head_dim;
+    double *got = malloc(per_q * sizeof(double));
+    double *want = malloc(per_q * sizeof(double));
+    for (int b = 0; b < p->batch; b++) {
+        stof_mask *m = NULL;
+        cr_assert_eq(stof_mask_family_eval(ctx, fam, p->seq_q, p->seq_k,
+                                           &in->host, b, &m),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        stof_attention_desc d1;
+        stof_attention_desc_init(&d1, 1, p->heads, p->seq_q, p->seq_k,
+                                 p->head_dim, p->dt, STOF_LAYOUT_BHSD);
+        cr_assert_eq(stof__ref_attention(&d1, m, p->fq + b * per_q,
+                                         p->fk + b * per_k, p->fv + b * per_k,
+                                         p->fo + b * per_q),
+                     STOF_OK);
+        int bad_zero = 0;
+        for (size_t i = 0; i < per_q; i++) {
+            const uint16_t h = p->ho[b * per_q + i];
+            got[i] = p->dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(h)
+                                               : tu_bf16_to_f32(h);
+            want[i] = p->fo[b * per_q + i];
+            if (want[i] == 0.0 && got[i] != 0.0) {
+                /* Rows with no allowed key must be exactly 0. */
+                const int row = (int)((i / (size_t)p->head_dim) %
+                                      (size_t)p->seq_q);
+                int empty = 1;
+                for (int kk = 0; kk < p->seq_k && empty; kk++)
+                    empty = !stof_mask_get(m, row, kk);
+                bad_zero += empty;
+            }
+        }
+        double e = tu_rel_err(got, want, per_q);
+        cr_assert_eq(bad_zero, 0, "%s b=%d: %d outputs of empty rows not 0",
+                     stof_mask_family_spec(fam), b, bad_zero);
+        cr_assert(e < (p->dt == STOF_DTYPE_FP16 ? 2e-3 : 1.6e-2),
+                  "%s b=%d (%d x %d, off %d, prefix %d): rel err %g",
+                  stof_mask_family_spec(fam), b, in->q_len[b], in->k_len[b],
+                  in->q_offset[b], in->prefix[b], e);
+        worst = e > worst ? e : worst;
+        stof_mask_free(&m);
+    }
+    free(got);
+    free(want);
+    return worst;
+}
+
+static const char *specs[] = {
+    "causal&docs", "dense", "causal", "(causal|prefix)&docs",
+    "sliding:40&!prefix:3", "!causal", "docs",
+};
+
+Test(gpu_family_attn, instances_match_the_reference)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY; /* the cost model's choice */
+    s.user_db = db_path();
+    stof_context *ctx = tu_open_gpu_or_skip(&s);
+    tu_rng r = {tu_seed()};
+    static const int dims[][3] = {{300, 300, 64}, {129, 517, 128},
+                                  {520, 77, 64}};
+    for (size_t si = 0; si < sizeof(specs) / sizeof(specs[0]); si++) {
+        for (int z = 0; z < 3; z++) {
+            const stof_dtype dt = (si + (size_t)z) % 2 ? STOF_DTYPE_BF16
+                                                       : STOF_DTYPE_FP16;
+            problem p;
+            problem_new(&p, ctx, &r, 3, 2, dims[z][0], dims[z][1], dims[z][2],
+                        dt);
+            stof_mask_family *fam = NULL;
+            cr_assert_eq(stof_mask_family_create(ctx, specs[si], &fam),
+                         STOF_OK);
+            inst in;
+            inst_random(&in, &p, &r);
+            stof_plan *plan = NULL;
+            cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, &in.host,
+                                                    &plan),
+                         STOF_OK, "%s", stof_errmsg(ctx));
+            const long compiles = stof__jit_compile_count();
+            for (int it = 0; it < 3; it++) {
+                if (it) {
+                    free(in.doc);
+                    inst_random(&in, &p, &r);
+                }
+                inst_upload(&in, &p, ctx);
+                poison(&p, ctx);
+                cr_assert_eq(stof_attention_run_family(
+                                 plan, &in.dev, (void *)(uintptr_t)p.dq,
+                                 (void *)(uintptr_t)p.dk,
+                                 (void *)(uintptr_t)p.dv,
+                                 (void *)(uintptr_t)p.dout, NULL),
+                             STOF_OK, "%s", stof_plan_errmsg(plan));
+                check(&p, ctx, fam, &in);
+            }
+            cr_assert_eq(stof__jit_compile_count(), compiles,
+                         "a run compiled something");
+            stof_plan_free(&plan);
+            free(in.doc);
+            stof_mask_family_free(&fam);
+            problem_free(&p, ctx);
+        }
+    }
+    stof_close(&ctx);
+}
+
+Test(gpu_family_attn, graph_replay_with_new_instance_data)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
+    s.user_db = db_path();
+    stof_context *ctx = tu_open_gpu_or_skip(&s);
+    tu_rng r = {tu_seed() ^ 0x3c};
+    problem p;
+    problem_new(&p, ctx, &r, 4, 2, 512, 512, 64, STOF_DTYPE_FP16);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "causal&docs", &fam), STOF_OK);
+    inst in;
+    inst_random(&in, &p, &r);
+    stof_plan *plan = NULL;
+    cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, NULL, &plan),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    inst_upload(&in, &p, ctx);
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    CUstream st;
+    cr_assert_eq(api->cuStreamCreate(&st, 1), CUDA_SUCCESS);
+    cr_assert_eq(api->cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                 CUDA_SUCCESS);
+    stof_status rs = stof_attention_run_family(
+        plan, &in.dev, (void *)(uintptr_t)p.dq, (void *)(uintptr_t)p.dk,
+        (void *)(uintptr_t)p.dv, (void *)(uintptr_t)p.dout, st);
+    CUgraph g = NULL;
+    cr_assert_eq(api->cuStreamEndCapture(st, &g), CUDA_SUCCESS);
+    cr_assert_eq(rs, STOF_OK, "%s", stof_plan_errmsg(plan));
+    CUgraphExec ge = NULL;
+    cr_assert_eq(api->cuGraphInstantiate(&ge, g, 0), CUDA_SUCCESS);
+    stof__ctx_pop(ctx);
+    for (int it = 0; it < 3; it++) {
+        if (it) {
+            free(in.doc);
+            inst_random(&in, &p, &r);
+            inst_upload(&in, &p, ctx); /* same device buffers */
+        }
+        poison(&p, ctx);
+        stof__ctx_push(ctx);
+        cr_assert_eq(api->cuGraphLaunch(ge, st), CUDA_SUCCESS);
+        cr_assert_eq(api->cuStreamSynchronize(st), CUDA_SUCCESS);
+        stof__ctx_pop(ctx);
+        check(&p, ctx, fam, &in);
+    }
+    stof__ctx_push(ctx);
+    api->cuGraphExecDestroy(ge);
+    api->cuGraphDestroy(g);
+    api->cuStreamDestroy(st);
+    stof__ctx_pop(ctx);
+    stof_plan_free(&plan);
+    free(in.doc);
+    stof_mask_family_free(&fam);
+    problem_free(&p, ctx);
+    stof_close(&ctx);
+}
+
+Test(gpu_family_attn, bad_use_is_refused)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 2, 2, 128, 128, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "random:0.5:1", &fam), STOF_OK);
+    stof_plan *plan = NULL;
+    cr_assert_eq(stof_attention_plan_family(ctx, &d, fam, NULL, &plan),
+                 STOF_ERR_UNSUPPORTED);
+    cr_assert(strstr(stof_errmsg(ctx), "stof_mask_from_spec"), "%s",
+              stof_errmsg(ctx));
+    cr_assert_null(plan);
+    stof_mask_family_free(&fam);
+    cr_assert_eq(stof_mask_family_create(ctx, "causal", &fam), STOF_OK);
+    int32_t bad[2] = {129, 5};
+    stof_mask_data md;
+    memset(&md, 0, sizeof(md));
+    md.q_len = bad;
+    cr_assert_eq(stof_attention_plan_family(ctx, &d, fam, &md, &plan),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "q_len[0]"), "%s", stof_errmsg(ctx));
+    stof_mask_family_free(&fam);
+    stof_close(&ctx);
+}
+
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu_family_attn", argc, argv);
+}
