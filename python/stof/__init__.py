@@ -6,6 +6,13 @@
     plan = ctx.attention_plan(q, k, v, mask)      # warm-up (compile / load)
     plan.run(q, k, v, out)                        # on torch's current stream
 
+Masks that change every batch (mask families, stof_mask_family in stof.h):
+
+    fam = ctx.mask_family("causal&docs")           # or "dense", "causal|prefix"
+    plan = ctx.attention_plan_family(q, k, v, fam)  # warm-up, once
+    plan.run(q, k, v, out, doc_id=ids, q_len=lens, k_len=lens)  # each batch:
+    # int32 CUDA tensors; the formats are built on the GPU, nothing is tuned
+
 Transformer layers (stof_layer_* in stof.h):
 
     layer = ctx.layer_plan(batch, seq, 768, 12, 3072, torch.float16,
@@ -30,7 +37,8 @@ import ctypes
 import json
 import os
 
-__all__ = ["Context", "Mask", "Plan", "Layer", "StofError", "library_path",
+__all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
+           "StofError", "library_path",
            "LAYER_WEIGHT_NAMES"]
 
 _STATUS_BUFFER_TOO_SMALL = 10
@@ -143,6 +151,71 @@ _NORMS = {"layer": 0, "layernorm": 0, "ln": 0, "rms": 1, "rmsnorm": 1}
 _lib = None
 
 
+class _MaskData(ctypes.Structure):
+    # stof_mask_data in stof.h
+    _fields_ = [("q_len", ctypes.c_void_p), ("k_len", ctypes.c_void_p),
+                ("q_offset", ctypes.c_void_p), ("prefix", ctypes.c_void_p),
+                ("doc_id", ctypes.c_void_p), ("doc_stride", ctypes.c_int64),
+                ("seed", ctypes.c_void_p), ("reserved", ctypes.c_uint8 * 64)]
+
+
+_DATA_FIELDS = ("q_len", "k_len", "q_offset", "prefix", "doc_id")
+
+
+def _flat_ints(val):
+    """A list of ints from a list, a nested list or anything with tolist()."""
+    if hasattr(val, "tolist"):
+        val = val.tolist()
+    out = []
+    for x in val:
+        if isinstance(x, (list, tuple)):
+            out.extend(int(y) for y in x)
+        else:
+            out.append(int(x))
+    return out
+
+
+def _mask_data(fields, device, batch, seq_k, keep):
+    """A _MaskData from a dict of per-sequence values: int32 CUDA tensors on
+    `device`, or (device None: host data) tensors, numpy arrays or lists.
+    doc_id is (batch, >= seq_k) or flat (batch * seq_k). `keep` collects the
+    buffers that must outlive the call."""
+    d = _MaskData()
+    for name, val in fields.items():
+        if name not in _DATA_FIELDS:
+            raise ValueError("unknown instance field %r (expected one of %s)"
+                             % (name, ", ".join(_DATA_FIELDS)))
+        if val is None:
+            continue
+        want = batch * seq_k if name == "doc_id" else batch
+        if device is not None:
+            import torch
+            t = val
+            if not isinstance(t, torch.Tensor) or not t.is_cuda or \
+                    t.dtype != torch.int32 or not t.is_contiguous():
+                raise ValueError("%s must be a contiguous int32 CUDA tensor" % name)
+            if t.device != device:
+                raise ValueError("%s is on %s, the tensors on %s" % (name, t.device, device))
+            n, ptr = t.numel(), t.data_ptr()
+            if name == "doc_id" and t.dim() == 2:
+                if t.shape[0] != batch or t.shape[1] < seq_k:
+                    raise ValueError("doc_id must be (batch, >= seq_k)")
+                d.doc_stride, n = t.shape[1], want
+        else:
+            ints = _flat_ints(val)
+            n = len(ints)
+            if name == "doc_id" and n > want and n % batch == 0:
+                d.doc_stride = n // batch
+                n = want
+            t = (ctypes.c_int32 * max(len(ints), 1))(*ints)
+            ptr = ctypes.addressof(t)
+        if n != want:
+            raise ValueError("%s has %d elements, expected %d" % (name, n, want))
+        keep.append(t)
+        setattr(d, name, ptr)
+    return d
+
+
 def _load():
     global _lib
     if _lib is not None:
@@ -177,6 +250,22 @@ def _load():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    # Mask families: optional, so that an older library still loads.
+    md = ctypes.POINTER(_MaskData)
+    family_sigs = {
+        "stof_mask_family_create": (i, [vp, cp, ctypes.POINTER(vp)]),
+        "stof_mask_family_free": (None, [ctypes.POINTER(vp)]),
+        "stof_mask_family_spec": (cp, [vp]),
+        "stof_mask_family_eval": (i, [vp, vp, i, i, md, i, ctypes.POINTER(vp)]),
+        "stof_attention_plan_family": (i, [vp, ctypes.POINTER(_Desc), vp, md,
+                                           ctypes.POINTER(vp)]),
+        "stof_attention_run_family": (i, [vp, md, vp, vp, vp, vp, vp]),
+    }
+    for name, (res, args) in family_sigs.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = res
+            fn.argtypes = args
     # The layer API: optional, so that a library without it still loads.
     lw = ctypes.POINTER(_LayerWeights)
     layer_sigs = {
@@ -331,6 +420,13 @@ class Context:
 
     def attention_plan(self, q, k, v, mask, scale=0.0, out=None):
         """Plan attention for tensors shaped (batch, heads, seq, head_dim)."""
+        d, strides = self._desc(q, k, v, scale, out)
+        h = ctypes.c_void_p()
+        self._check(self._lib.stof_attention_plan(self._h, ctypes.byref(d), mask._h,
+                                                  ctypes.byref(h)))
+        return Plan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
+
+    def _desc(self, q, k, v, scale, out):
         import torch
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
             raise ValueError("q, k, v must be 4-D (batch, heads, seq, head_dim)")
@@ -351,11 +447,37 @@ class Context:
                 raise ValueError("the last dimension must be contiguous")
             arr = getattr(d, name)
             arr[0], arr[1], arr[2] = t.stride(0), t.stride(1), t.stride(2)
+        return d, tuple(tuple(t.stride()) for t in (q, k, v, o))
+
+    def mask_family(self, spec):
+        """A mask family (stof_mask_family_create): a spec whose instances
+        take per-sequence data on every run (lengths, query offsets,
+        prefixes, document ids)."""
+        if not hasattr(self._lib, "stof_mask_family_create"):
+            raise StofError(_STATUS_UNSUPPORTED, "this libstof has no mask families")
         h = ctypes.c_void_p()
-        self._check(self._lib.stof_attention_plan(self._h, ctypes.byref(d), mask._h,
-                                                  ctypes.byref(h)))
-        strides = tuple(tuple(t.stride()) for t in (q, k, v, o))
-        return Plan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
+        self._check(self._lib.stof_mask_family_create(self._h, spec.encode(),
+                                                      ctypes.byref(h)))
+        return MaskFamily(self, h)
+
+    def attention_plan_family(self, q, k, v, family, sample=None, scale=0.0,
+                              out=None):
+        """Plan attention over a mask family for tensors shaped (batch,
+        heads, seq, head_dim): the largest batch and lengths. sample: a dict
+        of host per-sequence data (q_len, k_len, q_offset, prefix: lists;
+        doc_id: (batch, seq_k)) that the kernel is chosen on (sequence 0);
+        None = the default instance. Runs take their own instance data
+        (FamilyPlan.run)."""
+        if not isinstance(family, MaskFamily):
+            raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
+        d, strides = self._desc(q, k, v, scale, out)
+        keep = []
+        md = _mask_data(sample or {}, None, q.shape[0], k.shape[2], keep)
+        h = ctypes.c_void_p()
+        self._check(self._lib.stof_attention_plan_family(
+            self._h, ctypes.byref(d), family._h,
+            ctypes.byref(md) if sample else None, ctypes.byref(h)))
+        return FamilyPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
 
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
                    pre_norm, mask, eps=0.0):
@@ -418,6 +540,38 @@ class Mask:
             pass
 
 
+class MaskFamily:
+    def __init__(self, ctx, h):
+        self._ctx, self._h = ctx, h
+
+    @property
+    def spec(self):
+        """The canonical spec."""
+        return self._ctx._lib.stof_mask_family_spec(self._h).decode()
+
+    def mask(self, seq_q, seq_k, b=0, **fields):
+        """The seq_q x seq_k Mask of sequence b of an instance given as host
+        per-sequence data (q_len=[...], doc_id=..., ...)."""
+        batch = b + 1
+        for name, val in fields.items():
+            if val is not None and name != "doc_id":
+                batch = max(batch, len(val))
+        keep = []
+        md = _mask_data(fields, None, batch, seq_k, keep)
+        h = ctypes.c_void_p()
+        self._ctx._check(self._ctx._lib.stof_mask_family_eval(
+            self._ctx._h, self._h, int(seq_q), int(seq_k), ctypes.byref(md), int(b),
+            ctypes.byref(h)))
+        return Mask(self._ctx, h)
+
+    def __del__(self):
+        try:
+            if self._h:
+                self._ctx._lib.stof_mask_family_free(ctypes.byref(self._h))
+        except Exception:
+            pass
+
+
 class Plan:
     def __init__(self, ctx, h, qshape, kshape, dtype, strides):
         self._ctx, self._h = ctx, h
@@ -427,9 +581,7 @@ class Plan:
     def describe(self):
         return _json_out(self._ctx._lib.stof_plan_describe, self._h)
 
-    def run(self, q, k, v, out, stream=None):
-        """Enqueue on `stream` (a torch.cuda.Stream; default: the current one).
-        The tensors must have the strides the plan was made with."""
+    def _check_tensors(self, q, k, v, out, stream):
         import torch
         if tuple(q.shape) != self._qshape or tuple(k.shape) != self._kshape or \
                 tuple(v.shape) != self._kshape or tuple(out.shape) != self._qshape:
@@ -440,9 +592,14 @@ class Plan:
             raise ValueError("tensors must be CUDA tensors of the plan's dtype")
         if stream is None:
             stream = torch.cuda.current_stream(q.device)
+        return ctypes.c_void_p(stream.cuda_stream)
+
+    def run(self, q, k, v, out, stream=None):
+        """Enqueue on `stream` (a torch.cuda.Stream; default: the current one).
+        The tensors must have the strides the plan was made with."""
+        s = self._check_tensors(q, k, v, out, stream)
         st = self._ctx._lib.stof_attention_run(
-            self._h, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-            ctypes.c_void_p(stream.cuda_stream))
+            self._h, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), s)
         if st != 0:
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out
@@ -453,6 +610,25 @@ class Plan:
                 self._ctx._lib.stof_plan_free(ctypes.byref(self._h))
         except Exception:
             pass
+
+
+class FamilyPlan(Plan):
+    """Attention over a mask family (Context.attention_plan_family)."""
+
+    def run(self, q, k, v, out, stream=None, **instance):
+        """Enqueue with this call's instance data: int32 CUDA tensors q_len,
+        k_len, q_offset, prefix of shape (batch,), doc_id of shape (batch,
+        seq_k) (or flat); missing = the default. The formats are built on
+        the GPU on the same stream; nothing is tuned or compiled."""
+        s = self._check_tensors(q, k, v, out, stream)
+        keep = []
+        md = _mask_data(instance, q.device, self._qshape[0], self._kshape[2], keep)
+        st = self._ctx._lib.stof_attention_run_family(
+            self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+            out.data_ptr(), s)
+        if st != 0:
+            raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
+        return out
 
 
 class Layer:
