@@ -508,7 +508,15 @@ STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
  * stof_attention_plan). The kernel is chosen (database, tuning or cost
  * model, as stof_attention_plan does) on sequence 0 of `sample` (host
  * data, checked; NULL = the default instance) and the block-format kernels
- * only. Families with random or bigbird leaves are not built on the GPU
+ * only. Its database key is the family's, not the sample's bits: the
+ * canonical spec; batch, heads, head_dim, dtype, device and versions as
+ * for any problem; seq_q and seq_k each rounded up to the next of 128,
+ * 192, 256, 384, 512, 768, 1024, 1536, ... (2^j and 3 * 2^(j-1)), so
+ * lengths within a factor 1.5 share a record; and buckets (steps of a
+ * factor sqrt(2)) of the sample's statistics on 128 x 64 tiles: non-empty
+ * over all tiles, partial over non-empty, most tiles of a row block over
+ * the key blocks. A plan whose key is stored loads its kernel without
+ * compiling it (the GPU format builder is compiled once per context). Families with random or bigbird leaves are not built on the GPU
  * (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec); seq_q * seq_k is at
  * most 2^30 for now. */
 STOF_API stof_status stof_attention_plan_family(stof_context *ctx,

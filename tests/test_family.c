@@ -2102,3 +2102,27 @@ Test(family, long_context_causal_docs_262144)
     free(doc);
     stof_close(&ctx);
 }
+
+/* The length buckets of family keys (stof.h's rule, attention_int.h). */
+int stof__family_len_bucket(int n);
+
+Test(family, length_buckets)
+{
+    static const int cases[][2] = {
+        {1, 128},      {128, 128},    {129, 192},    {192, 192},
+        {193, 256},    {257, 384},    {385, 512},    {1000, 1024},
+        {1024, 1024},  {1025, 1536},  {1400, 1536},  {1537, 2048},
+        {4096, 4096},  {5000, 6144},  {131072, 131072}, {131073, 196608},
+        {1048576, 1048576},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        cr_assert_eq(stof__family_len_bucket(cases[i][0]), cases[i][1],
+                     "bucket(%d) = %d, expected %d", cases[i][0],
+                     stof__family_len_bucket(cases[i][0]), cases[i][1]);
+    /* Every length maps to a bucket at least as large and at most 1.5x. */
+    for (int n = 1; n < 70000; n += 7) {
+        int b = stof__family_len_bucket(n);
+        cr_assert(b >= n && (n < 128 || (double)b <= 1.5 * n + 1e-9),
+                  "bucket(%d) = %d", n, b);
+    }
+}

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cuda_shim.h"
@@ -27,9 +28,10 @@ TestSuite(gpu_family_attn, .fini = remove_db, .timeout = 900);
 /* A user database of this process only (cache-only mode records misses). */
 static const char *db_path(void)
 {
-    static char path[64];
-    snprintf(path, sizeof(path), "/tmp/stof-test-family-attn-%d.db",
-             (int)getpid());
+    static char path[64]; /* fixed by the first call: children share it */
+    if (!path[0])
+        snprintf(path, sizeof(path), "/tmp/stof-test-family-attn-%d.db",
+                 (int)getpid());
     return path;
 }
 
@@ -349,6 +351,80 @@ Test(gpu_family_attn, graph_replay_with_new_instance_data)
     stof_mask_family_free(&fam);
     problem_free(&p, ctx);
     stof_close(&ctx);
+}
+
+/* In a child: plan the family over seq x seq, report the source, the
+ * compiles and the key text. */
+static void plan_child(const char *spec, int seq, int *fd)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = db_path();
+    stof_context *ctx = NULL;
+    char msg[1024] = "";
+    if (stof_open(&ctx, &s) == STOF_OK) {
+        stof_attention_desc d;
+        stof_attention_desc_init(&d, 2, 4, seq, seq, 64, STOF_DTYPE_FP16,
+                                 STOF_LAYOUT_BHSD);
+        stof_mask_family *fam = NULL;
+        stof_plan *plan = NULL;
+        stof_mask_family_create(ctx, spec, &fam);
+        const long c0 = stof__jit_compile_count();
+        if (stof_attention_plan_family(ctx, &d, fam, NULL, &plan) == STOF_OK) {
+            char js[8192];
+            stof_plan_describe(plan, js, sizeof(js), NULL);
+            const char *src = strstr(js, "\"source\"");
+            const char *kt = strstr(js, "\"key_text\"");
+            snprintf(msg, sizeof(msg), "compiles=%ld %.40s %.200s",
+                     stof__jit_compile_count() - c0, src ? src : "?",
+                     kt ? kt : "?");
+        } else {
+            snprintf(msg, sizeof(msg), "error %s", stof_errmsg(ctx));
+        }
+        stof_plan_free(&plan);
+        stof_mask_family_free(&fam);
+    }
+    stof_close(&ctx);
+    if (write(fd[1], msg, strlen(msg) + 1) < 0)
+        _exit(2);
+    _exit(0);
+}
+
+static void plan_in_child(const char *spec, int seq, char *out, size_t n)
+{
+    int fd[2];
+    cr_assert_eq(pipe(fd), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0)
+        plan_child(spec, seq, fd);
+    close(fd[1]);
+    ssize_t r = read(fd[0], out, n - 1);
+    out[r > 0 ? r : 0] = '\0';
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+Test(gpu_family_attn, nearby_lengths_share_a_record)
+{
+    /* Children do the planning (CUDA is never initialised in this process,
+     * which forks them; the suite's main skips without a GPU). */
+    remove_db();
+    char a[2048], b[2048], c[2048];
+    plan_in_child("causal", 1000, a, sizeof(a)); /* tunes */
+    plan_in_child("causal", 1024, b, sizeof(b)); /* the same bucket */
+    plan_in_child("causal", 1400, c, sizeof(c)); /* another bucket */
+    cr_log_info("1000: %s\n1024: %s\n1400: %s", a, b, c);
+    cr_assert(strstr(a, "\"tuned\""), "%s", a);
+    cr_assert(strstr(b, "\"user db\""), "%s", b);
+    /* Nothing compiled: the kernel comes from the record; the builder was
+     * compiled once by this process's context. */
+    cr_assert(strstr(b, "compiles=1 "), "%s", b);
+    cr_assert(strstr(b, "seq_q=1024"), "%s", b);
+    cr_assert(strstr(c, "\"tuned\""), "%s", c);
+    cr_assert(strstr(c, "seq_q=1536"), "%s", c);
 }
 
 Test(gpu_family_attn, bad_use_is_refused)

@@ -60,15 +60,18 @@ stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k)
         snprintf(buf[i], sizeof(buf[i]), "%s=%d", kinds[i].name, kinds[i].v);
         defs[i] = buf[i];
     }
-    void *cubin = NULL;
-    size_t size = 0;
-    stof_status st = (stof_status)stof__jit_compile(
-        ctx, "mask_build.cu", defs, N_KINDS, NULL, &cubin, &size);
-    if (st != STOF_OK)
-        return st;
-    st = (stof_status)stof__module_load(ctx, cubin, "stof_mb_classify", 0,
-                                        &k->module, &k->classify);
-    free(cubin);
+    if (!ctx->mb_cubin) {
+        void *cubin = NULL;
+        size_t size = 0;
+        stof_status cs = (stof_status)stof__jit_compile(
+            ctx, "mask_build.cu", defs, N_KINDS, NULL, &cubin, &size);
+        if (cs != STOF_OK)
+            return cs;
+        ctx->mb_cubin = cubin;
+        ctx->mb_cubin_size = size;
+    }
+    stof_status st = (stof_status)stof__module_load(
+        ctx, ctx->mb_cubin, "stof_mb_classify", 0, &k->module, &k->classify);
     if (st != STOF_OK)
         return st;
     if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK) {

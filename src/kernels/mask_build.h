@@ -27,7 +27,8 @@ typedef struct stof_mb_kernels {
     CUfunction docs, classify, scan, fill;
 } stof_mb_kernels;
 
-/* Compile (NVRTC, for the context's device) and load the builder.
+/* Compile (NVRTC, for the context's device; once per context: the cubin
+ * stays on the context) and load the builder.
  * Errors: STOF_ERR_NVRTC, STOF_ERR_NO_DEVICE, STOF_ERR_CUDA. */
 stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k /* OUT */);
 void stof__mb_unload(stof_context *ctx, stof_mb_kernels *k);

@@ -342,6 +342,18 @@ stof_status stof_format_build_family(stof_context *ctx,
                                      int b, int block_m, int block_n,
                                      stof_format **fmt)
 {
+    return stof__format_build_family_parts(
+        ctx, fam, seq_q, seq_k, data, b, block_m, block_n,
+        STOF__FORMAT_BLOCK | STOF__FORMAT_ROWWISE, fmt);
+}
+
+stof_status stof__format_build_family_parts(stof_context *ctx,
+                                            const stof_mask_family *fam,
+                                            int seq_q, int seq_k,
+                                            const stof_mask_data *data, int b,
+                                            int block_m, int block_n,
+                                            int parts, stof_format **fmt)
+{
     static const char fn[] = "stof_format_build_family";
     STOF_CHECK_ARG(ctx, fmt != NULL, "%s: fmt is NULL", fn);
     *fmt = NULL;
@@ -373,9 +385,8 @@ stof_status stof_format_build_family(stof_context *ctx,
                                  &s.e);
     if (st == STOF_OK) {
         stof_row_source src = {seq_q, seq_k, s.wpr, block_n, fam_block, &s};
-        st = stof__format_build_source(
-            ctx, &src, block_m, block_n,
-            STOF__FORMAT_BLOCK | STOF__FORMAT_ROWWISE, fmt);
+        st = stof__format_build_source(ctx, &src, block_m, block_n, parts,
+                                       fmt);
     }
     stof__spec_eval_free(&s.e);
     free(s.rows);

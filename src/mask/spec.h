@@ -124,6 +124,15 @@ enum { STOF_PROG_LEAF = 0, STOF_PROG_AND = 1, STOF_PROG_OR = 2,
 int stof__spec_program(const stof_spec *s, int32_t *prog, int cap,
                        int *max_stack /* OUT, may be NULL */);
 
+/* stof_format_build_family with the parts of stof__format_build_parts. */
+stof_status stof__format_build_family_parts(stof_context *ctx,
+                                            const stof_mask_family *fam,
+                                            int seq_q, int seq_k,
+                                            const stof_mask_data *data, int b,
+                                            int block_m, int block_n,
+                                            int parts,
+                                            stof_format **fmt /* OUT */);
+
 /* The parsed spec of a family (family.c). */
 const stof_spec *stof__family_spec(const stof_mask_family *fam);
 

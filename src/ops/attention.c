@@ -799,7 +799,8 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
     if (o && p->family)
         json_object_set_new(
             o, "family",
-            json_pack("{s:s, s:s, s:I}", "spec", p->family_spec, "formats",
+            json_pack("{s:s, s:s, s:s, s:I}", "spec", p->family_spec,
+                      "key_text", p->family_key, "formats",
                       "built on the GPU per run", "workspace_bytes",
                       (json_int_t)p->mb_ws.bytes));
     return stof__json_out(o, buf, n, needed);

@@ -5,8 +5,12 @@
  * formats on the GPU (mask_build.h) into the plan's workspace, which the
  * kernel reads through bf with one row_ptr array per batch element.
  */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "attention_int.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +102,80 @@ static stof_status attach_builder(stof_context *ctx, stof_plan *p,
     return STOF_OK;
 }
 
+/* The length bucket of n: the smallest of 2^j and 3 * 2^(j-1) (j >= 7)
+ * that is at least n (128, 192, 256, 384, 512, 768, ...): lengths within
+ * a factor 1.5 share a record. */
+int stof__family_len_bucket(int n)
+{
+    int64_t b = 128;
+    for (;;) {
+        if (b >= n)
+            return (int)b;
+        if (b + b / 2 >= n)
+            return (int)(b + b / 2);
+        b *= 2;
+    }
+}
+
+/* A statistic's bucket: steps of a factor sqrt(2) of a fraction in
+ * (0, 1] (0: exactly 1; 40: below 2^-20 or 0). */
+static int frac_bucket(double x)
+{
+    if (!(x > 0.0))
+        return 40;
+    int b = (int)lround(-2.0 * log2(x));
+    return b < 0 ? 0 : (b > 40 ? 40 : b);
+}
+
+/* The key of a family problem: the family (canonical spec), the problem
+ * with its lengths bucketed, and the buckets of the sample's statistics on
+ * 128 x 64 tiles (non-empty tiles over all tiles, partial over non-empty,
+ * most tiles of a row block over the key blocks), from the CPU family
+ * builder (block part only). */
+static stof_status family_key(stof_context *ctx, const stof_attention_desc *d,
+                              const stof_mask_family *fam,
+                              const stof_mask_data *sample, char key[33],
+                              char *text, size_t text_n)
+{
+    stof_format *f = NULL;
+    stof_status st = stof__format_build_family_parts(
+        ctx, fam, d->seq_q, d->seq_k, sample, 0, 128, 64, STOF__FORMAT_BLOCK,
+        &f);
+    if (st != STOF_OK)
+        return st;
+    const int64_t tiles = f->row_ptr[f->n_row_blocks];
+    int64_t most = 0;
+    for (int i = 0; i < f->n_row_blocks; i++)
+        if (f->row_ptr[i + 1] - f->row_ptr[i] > most)
+            most = f->row_ptr[i + 1] - f->row_ptr[i];
+    const double all = (double)f->n_row_blocks * (double)f->n_col_blocks;
+    const int b_active = frac_bucket(all > 0 ? (double)tiles / all : 0.0);
+    const int b_partial =
+        frac_bucket(tiles > 0 ? (double)f->n_partial / (double)tiles : 0.0);
+    const int b_most = frac_bucket(
+        f->n_col_blocks > 0 ? (double)most / (double)f->n_col_blocks : 0.0);
+    stof_format_free(&f);
+    stof_attention_desc nd = *d;
+    stof__attention_normalise(&nd);
+    nd.seq_q = stof__family_len_bucket(d->seq_q);
+    nd.seq_k = stof__family_len_bucket(d->seq_k);
+    char buf[512];
+    int n = snprintf(buf, sizeof(buf),
+                     "family;v=1;spec=%s;active=%d;partial=%d;most=%d",
+                     stof_mask_family_spec(fam), b_active, b_partial, b_most);
+    if (n < 0 || (size_t)n >= sizeof(buf))
+        n = (int)sizeof(buf) - 1;
+    XXH128_hash_t h = XXH3_128bits(buf, (size_t)n);
+    char hex[33];
+    snprintf(hex, sizeof(hex), "%016llx%016llx", (unsigned long long)h.high64,
+             (unsigned long long)h.low64);
+    stof__attention_key(ctx, &nd, hex, key, NULL, 0);
+    if (text && text_n)
+        snprintf(text, text_n, "%s;seq_q=%d;seq_k=%d", buf, nd.seq_q,
+                 nd.seq_k);
+    return STOF_OK;
+}
+
 stof_status stof_attention_plan_family(stof_context *ctx,
                                        const stof_attention_desc *d,
                                        const stof_mask_family *fam,
@@ -128,12 +206,18 @@ stof_status stof_attention_plan_family(stof_context *ctx,
                                           d->seq_k, sample);
     if (st != STOF_OK)
         return st;
+    char key[33], key_text[640];
+    st = family_key(ctx, d, fam, sample, key, key_text, sizeof(key_text));
+    if (st != STOF_OK)
+        return st;
     stof_mask *m = NULL;
     st = stof_mask_family_eval(ctx, fam, d->seq_q, d->seq_k, sample, 0, &m);
     if (st != STOF_OK)
         return st;
     stof_plan *p = NULL;
-    st = stof_attention_plan(ctx, d, m, &p);
+    st = stof__attention_plan_keyed(
+        ctx, d, m, key, (1u << STOF_KERNEL_BLOCK) | (1u << STOF_KERNEL_WGMMA),
+        &p);
     if (st == STOF_OK && !block_format_kind(p->kind)) {
         /* The sample's best kernel reads row-wise lists: take the best
          * block-format one the cost model sees instead. */
@@ -146,8 +230,10 @@ stof_status stof_attention_plan_family(stof_context *ctx,
             p->source = "family cost model";
     }
     stof_mask_free(&m);
-    if (st == STOF_OK)
+    if (st == STOF_OK) {
         st = attach_builder(ctx, p, fam);
+        snprintf(p->family_key, sizeof(p->family_key), "%s", key_text);
+    }
     if (st != STOF_OK) {
         stof_plan_free(&p);
         return st;

@@ -57,6 +57,7 @@ struct stof_plan {
     stof_mb_kernels mb_k;
     stof_mb_workspace mb_ws;
     char family_spec[256];
+    char family_key[640];     /* the text its database key hashes */
 };
 
 
@@ -73,6 +74,20 @@ stof_status stof__attention_check_ready(stof_context *ctx,
 
 /* For BHSD/BSHD, the strides the layout implies, whatever the fields held. */
 void stof__attention_normalise(stof_attention_desc *d);
+
+/* stof_attention_plan with the database key `key` (NULL: the problem's
+ * own) and, when tuning, only the kernel kinds in `kinds` (bit 1 << kind;
+ * 0: every kind). */
+stof_status stof__attention_plan_keyed(stof_context *ctx,
+                                       const stof_attention_desc *d,
+                                       const stof_mask *m, const char *key,
+                                       unsigned kinds,
+                                       stof_plan **out /* OUT */);
+
+/* The length bucket of a family problem's key (attention_family.c): the
+ * smallest of 128, 192, 256, 384, 512, 768, ... (2^j and 3 * 2^(j-1)) that
+ * is at least n. */
+int stof__family_len_bucket(int n);
 
 /* Enqueue a family plan's format build for instance data `data` (device
  * pointers; NULL = the default instance) on stream s. The caller makes the

@@ -170,11 +170,12 @@ static void fill_record(stof_context *ctx, const stof_attention_desc *d,
                     r->measured, sizeof(r->measured));
 }
 
-/* Validate and normalise a problem, compute its key; NO_DEVICE without a
- * GPU. */
+/* Validate and normalise a problem, compute its key (or take `key_in`);
+ * NO_DEVICE without a GPU. */
 static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
-                              const stof_mask *m, stof_attention_desc *nd,
-                              char mask_hex[33], char key[33])
+                              const stof_mask *m, const char *key_in,
+                              stof_attention_desc *nd, char mask_hex[33],
+                              char key[33])
 {
     float scale;
     stof_status st = stof__attention_check_ready(ctx, d, m, &scale);
@@ -183,7 +184,10 @@ static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
     *nd = *d;
     stof__attention_normalise(nd);
     stof_mask_digest(m, NULL, mask_hex);
-    stof__attention_key(ctx, nd, mask_hex, key, NULL, 0);
+    if (key_in)
+        snprintf(key, 33, "%s", key_in);
+    else
+        stof__attention_key(ctx, nd, mask_hex, key, NULL, 0);
     return STOF_OK;
 }
 
@@ -436,7 +440,7 @@ static void miss_free(miss *x)
 
 /* Rank the candidates of x and make its operation. STOF_ERR_UNSUPPORTED
  * when no fast kernel supports the problem. */
-static stof_status miss_prepare(stof_context *ctx, miss *x,
+static stof_status miss_prepare(stof_context *ctx, miss *x, unsigned kinds,
                                 stof_search_op *op)
 {
     x->ranked = malloc(sizeof(*x->ranked) * MAX_RANKED);
@@ -446,6 +450,15 @@ static stof_status miss_prepare(stof_context *ctx, miss *x,
                                      &x->n_ranked);
     if (st != STOF_OK)
         return st;
+    if (kinds) { /* only the kinds asked for, in rank order */
+        int n = 0;
+        for (int i = 0; i < x->n_ranked; i++)
+            if (kinds & (1u << x->ranked[i].kind))
+                x->ranked[n++] = x->ranked[i];
+        x->n_ranked = n;
+        if (n == 0)
+            return STOF_ERR_UNSUPPORTED;
+    }
     stof__log(ctx, STOF_LOG_INFO,
               "tuning attention %dx%dx%dx%d d=%d %s: %d candidates ranked",
               x->nd.batch, x->nd.heads, x->nd.seq_q, x->nd.seq_k,
@@ -459,12 +472,20 @@ stof_status stof_attention_plan(stof_context *ctx,
                                 const stof_attention_desc *d,
                                 const stof_mask *m, stof_plan **out)
 {
+    return stof__attention_plan_keyed(ctx, d, m, NULL, 0, out);
+}
+
+stof_status stof__attention_plan_keyed(stof_context *ctx,
+                                       const stof_attention_desc *d,
+                                       const stof_mask *m, const char *key,
+                                       unsigned kinds, stof_plan **out)
+{
     if (!ctx)
         return STOF_ERR_INVALID_ARGUMENT;
     STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
     *out = NULL;
     miss x = {.m = m};
-    stof_status st = plan_begin(ctx, d, m, &x.nd, x.mask_hex, x.key);
+    stof_status st = plan_begin(ctx, d, m, key, &x.nd, x.mask_hex, x.key);
     if (st != STOF_OK)
         return st;
     if ((*out = plan_from_db(ctx, &x.nd, m, x.key)))
@@ -472,7 +493,7 @@ stof_status stof_attention_plan(stof_context *ctx,
     if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
         return plan_fallback(ctx, d, &x.nd, m, x.mask_hex, x.key, out);
     stof_search_op op;
-    st = miss_prepare(ctx, &x, &op);
+    st = miss_prepare(ctx, &x, kinds, &op);
     if (st == STOF_ERR_UNSUPPORTED) { /* no fast kernel: the reference */
         miss_free(&x);
         return stof__attention_plan_kernel(ctx, d, m, NULL, out);
@@ -528,7 +549,7 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
         miss *x = &ms[n_miss];
         x->i = i;
         x->m = masks[i];
-        stof_status st = plan_begin(ctx, &descs[i], masks[i], &x->nd,
+        stof_status st = plan_begin(ctx, &descs[i], masks[i], NULL, &x->nd,
                                     x->mask_hex, x->key);
         if (st == STOF_OK &&
             (plans[i] = plan_from_db(ctx, &x->nd, masks[i], x->key)))
@@ -538,7 +559,7 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
             st = plan_fallback(ctx, &descs[i], &x->nd, masks[i], x->mask_hex,
                                x->key, &plans[i]);
         else if (st == STOF_OK) {
-            st = miss_prepare(ctx, x, &ops[n_miss]);
+            st = miss_prepare(ctx, x, 0, &ops[n_miss]);
             if (st == STOF_OK) {
                 n_miss++;
                 continue;

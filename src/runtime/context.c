@@ -235,6 +235,7 @@ void stof_close(stof_context **pctx)
         ctx->db_close(&ctx->db);
     for (int i = 0; i < ctx->n_ref_cubins; i++)
         free(ctx->ref_cubins[i].cubin);
+    free(ctx->mb_cubin);
     free(ctx->user_db);
     if (ctx->system_dbs)
         for (size_t i = 0; ctx->system_dbs[i]; i++)

@@ -63,6 +63,10 @@ struct stof_context {
         size_t size;
     } ref_cubins[8];
     int n_ref_cubins;
+    /* The GPU format builder of mask families (mask_build.c), compiled
+     * once per context: later plans only load it. */
+    void *mb_cubin;
+    size_t mb_cubin_size;
 };
 
 /* Longest spec a mask keeps (the tuning records' mask_spec field). */
