@@ -67,19 +67,28 @@ static uint64_t leaf_seed(const stof_spec_eval *e, uint64_t seed)
                         : seed;
 }
 
-/* Set keys [lo, hi) in the window; clipped to [0, seq_k) and the window. */
-static void set_range(uint64_t *out, int64_t lo, int64_t hi, const win *w,
-                      const stof_spec_eval *e)
+/* Clip keys [*lo, *hi) to [0, seq_k) and the window; 0 when nothing is
+ * left. */
+static int clip_keys(int64_t *lo, int64_t *hi, const win *w,
+                     const stof_spec_eval *e)
 {
     int64_t base = 64 * w->w0, end = base + 64 * (int64_t)w->nw;
     if (end > e->seq_k)
         end = e->seq_k;
-    if (lo < base)
-        lo = base;
-    if (hi > end)
-        hi = end;
-    if (lo >= hi)
+    if (*lo < base)
+        *lo = base;
+    if (*hi > end)
+        *hi = end;
+    return *lo < *hi;
+}
+
+/* Set keys [lo, hi) in the window; clipped to [0, seq_k) and the window. */
+static void set_range(uint64_t *out, int64_t lo, int64_t hi, const win *w,
+                      const stof_spec_eval *e)
+{
+    if (!clip_keys(&lo, &hi, w, e))
         return;
+    const int64_t base = 64 * w->w0;
     lo -= base;
     hi -= base;
     int64_t wlo = lo >> 6, whi = (hi - 1) >> 6;
@@ -166,14 +175,8 @@ static void dilated_words(const node *n, const leaf_state *ls, int64_t p,
 {
     int64_t w = (int64_t)n->v[0], d = (int64_t)n->v[1];
     int64_t lo = p - w + 1, hi = p + w;
-    int64_t base = 64 * wn->w0, end = base + 64 * (int64_t)wn->nw;
-    if (end > e->seq_k)
-        end = e->seq_k;
-    if (lo < base)
-        lo = base;
-    if (hi > end)
-        hi = end;
-    if (lo >= hi)
+    const int64_t base = 64 * wn->w0;
+    if (!clip_keys(&lo, &hi, wn, e))
         return;
     if (d == 1) {
         set_range(out, lo, hi, wn, e);
