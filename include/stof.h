@@ -531,7 +531,9 @@ STOF_API stof_status stof_attention_plan_family(stof_context *ctx,
  * checked: lengths to 0..seq_q / seq_k, offsets and prefixes to 0..2^30;
  * document ids that decrease are compared element by element (right,
  * slower). Output rows past q_len[b] are zeros. stof_attention_run on a
- * family plan runs the default instance. */
+ * family plan runs the default instance. Each run rewrites the plan's
+ * format workspace: runs of one plan must be ordered (one stream, or
+ * synchronised between streams); distinct plans are independent. */
 STOF_API stof_status stof_attention_run_family(stof_plan *plan,
                                                const stof_mask_data *data,
                                                const void *q, const void *k,
