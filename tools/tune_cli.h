@@ -66,7 +66,8 @@ int print_json(json_t *doc);
 json_t *plan_description(const stof_plan *plan);
 
 /* The database a command works on: --db, else the default user path (into
- * buf); NULL when there is none (the caller reports a usage error). */
+ * buf); NULL when there is none, after saying so on stderr (the caller
+ * exits with EXIT_USAGE). */
 const char *db_path(const opts *o, char *buf, size_t n);
 
 /* A context for CPU work: no device, no CUDA initialised (GPU workers are

@@ -100,8 +100,10 @@ const char *db_path(const opts *o, char *buf, size_t n)
 {
     if (o->db)
         return o->db;
-    if (!stof__db_default_path(buf, n))
+    if (!stof__db_default_path(buf, n)) {
+        err("no database path: set --db or STOF_USER_DB");
         return NULL;
+    }
     return buf;
 }
 

@@ -109,10 +109,8 @@ int cmd_ls(stof_context *ctx, const opts *o)
 {
     char buf[4096];
     const char *path = db_path(o, buf, sizeof(buf));
-    if (!path) {
-        err("no database path: set --db or STOF_USER_DB");
+    if (!path)
         return EXIT_USAGE;
-    }
     stof_dbt_records l;
     int rc = read_records(ctx, path, &l);
     if (rc)
@@ -173,10 +171,8 @@ int cmd_show(stof_context *ctx, const opts *o)
 {
     char buf[4096];
     const char *path = db_path(o, buf, sizeof(buf));
-    if (!path) {
-        err("no database path: set --db or STOF_USER_DB");
+    if (!path)
         return EXIT_USAGE;
-    }
     const char *key = o->pos[0];
     size_t kn = strlen(key);
     stof_dbt_records l;
@@ -300,10 +296,8 @@ int cmd_stats(stof_context *ctx, const opts *o)
 {
     char buf[4096];
     const char *path = db_path(o, buf, sizeof(buf));
-    if (!path) {
-        err("no database path: set --db or STOF_USER_DB");
+    if (!path)
         return EXIT_USAGE;
-    }
     stof_dbt_records l;
     int rc = read_records(ctx, path, &l);
     if (rc)
@@ -500,10 +494,8 @@ int cmd_export(stof_context *ctx, const opts *o)
 {
     char buf[4096];
     const char *path = db_path(o, buf, sizeof(buf));
-    if (!path) {
-        err("no database path: set --db or STOF_USER_DB");
+    if (!path)
         return EXIT_USAGE;
-    }
     if (!o->out) {
         err("export: -o OUT is required");
         return EXIT_USAGE;
@@ -516,10 +508,8 @@ int cmd_import(stof_context *ctx, const opts *o)
 {
     char buf[4096];
     const char *path = db_path(o, buf, sizeof(buf));
-    if (!path) {
-        err("no database path: set --db or STOF_USER_DB");
+    if (!path)
         return EXIT_USAGE;
-    }
     return merge_like(ctx, o, "import", path, o->pos, o->n_pos, 1, 1);
 }
 
@@ -536,10 +526,8 @@ int cmd_gc(stof_context *ctx, const opts *o)
 {
     char buf[4096];
     const char *path = db_path(o, buf, sizeof(buf));
-    if (!path) {
-        err("no database path: set --db or STOF_USER_DB");
+    if (!path)
         return EXIT_USAGE;
-    }
     char th[17];
     snprintf(th, sizeof(th), "%016llx",
              (unsigned long long)stof_template_hash());

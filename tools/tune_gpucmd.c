@@ -430,10 +430,8 @@ int cmd_pending(stof_context *cpu, const opts *o)
 {
     char buf[4096];
     const char *path = db_path(o, buf, sizeof(buf));
-    if (!path) {
-        err("no database path: set --db or STOF_USER_DB");
+    if (!path)
         return EXIT_USAGE;
-    }
     stof_status st = stof__dbt_check(STOF_DB_SINK(cpu), path);
     if (st != STOF_OK)
         return fail_with(cpu, st);
@@ -494,10 +492,8 @@ int cmd_verify(stof_context *cpu, const opts *o)
 {
     char buf[4096];
     const char *path = db_path(o, buf, sizeof(buf));
-    if (!path) {
-        err("no database path: set --db or STOF_USER_DB");
+    if (!path)
         return EXIT_USAGE;
-    }
     stof_status st = stof__dbt_check(STOF_DB_SINK(cpu), path);
     if (st != STOF_OK)
         return fail_with(cpu, st);
