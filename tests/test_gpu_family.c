@@ -158,17 +158,19 @@ static int check_build_vs(stof_context *ctx, const stof_mb_kernels *k,
     int32_t *bidx = malloc(sizeof(int32_t) * (size_t)(nt + 1));
     uint8_t *kind = malloc((size_t)nt + 1);
     const size_t tw = (size_t)ws->block_m * (size_t)ws->bwpr;
-    uint32_t *bits = malloc(sizeof(uint32_t) * (size_t)ws->tile_cap * tw);
+    uint32_t *bits = malloc(sizeof(uint32_t) * (size_t)ws->pool_cap * tw + 1);
     api->cuMemcpyDtoH(col, ws->col_idx, sizeof(int32_t) * (size_t)nt);
     api->cuMemcpyDtoH(bidx, ws->bitmap_idx, sizeof(int32_t) * (size_t)nt);
     api->cuMemcpyDtoH(kind, ws->kind, (size_t)nt);
-    api->cuMemcpyDtoH(bits, ws->bitmaps,
-                      sizeof(uint32_t) * (size_t)ws->tile_cap * tw);
+    if (ws->pool_cap > 0)
+        api->cuMemcpyDtoH(bits, ws->bitmaps,
+                          sizeof(uint32_t) * (size_t)ws->pool_cap * tw);
     stof__ctx_pop(ctx);
 
     if (unsorted)
         *unsorted = (int)stats[5];
     int64_t most = 0, partial = 0;
+    uint8_t *slot_seen = calloc((size_t)ws->pool_cap + 1, 1);
     for (int b = 0; b < in->batch; b++) {
         stof_format *f = expect(ctx, fam, in, b, ws->block_m, ws->block_n);
         const char *sp = stof_mask_family_spec(fam);
@@ -202,10 +204,13 @@ static int check_build_vs(stof_context *ctx, const stof_mb_kernels *k,
                 cr_assert_eq(bidx[base + e], -1);
                 continue;
             }
-            /* A partial tile's bitmap sits at its slot. */
-            cr_assert_eq(bidx[base + e],
-                         ((int64_t)b * ws->n_rb + i) * ws->n_cb +
-                             f->col_idx[e]);
+            /* A partial tile's bitmap is in a pool slot of its own. */
+            cr_assert(bidx[base + e] >= 0 && bidx[base + e] < ws->pool_cap,
+                      "%s b=%d tile %lld: pool slot %d of %lld", sp, b,
+                      (long long)e, bidx[base + e], (long long)ws->pool_cap);
+            cr_assert_eq(slot_seen[bidx[base + e]]++, 0,
+                         "%s b=%d tile %lld: pool slot %d taken twice", sp,
+                         b, (long long)e, bidx[base + e]);
             cr_assert(memcmp(bits + (size_t)bidx[base + e] * tw,
                              f->bitmaps + (size_t)f->bitmap_idx[e] * tw,
                              tw * sizeof(uint32_t)) == 0,
@@ -221,6 +226,7 @@ static int check_build_vs(stof_context *ctx, const stof_mb_kernels *k,
     free(bidx);
     free(kind);
     free(bits);
+    free(slot_seen);
     return in->batch;
 }
 

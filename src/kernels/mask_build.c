@@ -21,22 +21,24 @@ typedef struct stof_mb_params {
     CUdeviceptr cls, cnt, row_ptr, col_idx, kind, bitmap_idx, bitmaps;
     int64_t tile_cap;
     CUdeviceptr stats;
+    CUdeviceptr tslot;
+    int64_t pool_cap;
 } stof_mb_params;
 _Static_assert(sizeof(stof_mb_params) == 8 + 4 * 10 + 5 * 8 + 8 + 2 * 8 +
-                                             7 * 8 + 8 + 8,
-               "stof_mb_params must match mask_build.cu");
+                                             7 * 8 + 8 + 8 + 8 + 8,
+               "stof_mb_params must match mask_eval.cuh");
 
 #define MB_THREADS 256
 #define MB_SCAN_THREADS 1024
+#define MB_MAX_TILE_WORDS 2048
 
 static size_t align256(size_t n)
 {
     return (n + 255u) & ~(size_t)255u;
 }
 
-stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k)
+int stof__mb_leaf_defines(char (*buf)[48], const char **defs)
 {
-    memset(k, 0, sizeof(*k));
     /* The leaf kinds as the host numbers them. */
     static const struct {
         const char *name;
@@ -53,13 +55,21 @@ stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k)
         {"MB_LEAF_DOCS", STOF_LEAF_DOCS},
         {"MB_LEAF_PREFIX", STOF_LEAF_PREFIX},
     };
-    enum { N_KINDS = (int)(sizeof(kinds) / sizeof(kinds[0])) };
-    char buf[N_KINDS][48];
-    const char *defs[N_KINDS];
-    for (int i = 0; i < N_KINDS; i++) {
-        snprintf(buf[i], sizeof(buf[i]), "%s=%d", kinds[i].name, kinds[i].v);
+    _Static_assert(sizeof(kinds) / sizeof(kinds[0]) == STOF_MB_N_LEAF_DEFINES,
+                   "STOF_MB_N_LEAF_DEFINES");
+    for (int i = 0; i < STOF_MB_N_LEAF_DEFINES; i++) {
+        snprintf(buf[i], 48, "%s=%d", kinds[i].name, kinds[i].v);
         defs[i] = buf[i];
     }
+    return STOF_MB_N_LEAF_DEFINES;
+}
+
+stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k)
+{
+    memset(k, 0, sizeof(*k));
+    char buf[STOF_MB_N_LEAF_DEFINES][48];
+    const char *defs[STOF_MB_N_LEAF_DEFINES];
+    const int N_KINDS = stof__mb_leaf_defines(buf, defs);
     if (!ctx->mb_cubin) {
         void *cubin = NULL;
         size_t size = 0;
@@ -102,6 +112,74 @@ void stof__mb_unload(stof_context *ctx, stof_mb_kernels *k)
     memset(k, 0, sizeof(*k));
 }
 
+int64_t stof__mb_pool_bound(const int32_t *prog, int n, int n_rb, int n_cb,
+                            int block_m, int block_n)
+{
+    const int64_t all = (int64_t)n_rb * n_cb;
+    /* The lines of the length box and of the padded last tiles. */
+    int64_t bound = 2 * ((int64_t)n_rb + n_cb);
+    /* A diagonal line crosses at most ceil(block_m / block_n) + 1 tiles of
+     * a row block (its boundary keys are block_m consecutive values). */
+    const int64_t diag = (int64_t)n_rb * ((block_m + block_n - 1) / block_n + 2);
+    for (int i = 0; i < n && bound < all; i++) {
+        const int32_t *nd = prog + 4 * i;
+        if (nd[0] != 0) /* an operator: its partial tiles are its leaves' */
+            continue;
+        switch (nd[1]) {
+        case STOF_LEAF_DENSE:
+        case STOF_LEAF_NONE:
+            break;
+        case STOF_LEAF_CAUSAL:
+            bound += diag;
+            break;
+        case STOF_LEAF_SLIDING:
+        case STOF_LEAF_CAUSAL_SLIDING:
+            bound += 2 * diag;
+            break;
+        case STOF_LEAF_DILATED:
+            bound += nd[3] == 1 ? 2 * diag : all;
+            break;
+        case STOF_LEAF_LONGFORMER:
+            bound += 2 * diag + n_rb + n_cb;
+            break;
+        case STOF_LEAF_PREFIX:
+            bound += n_rb;
+            break;
+        default: /* strided columns, documents: any tile */
+            bound = all;
+            break;
+        }
+    }
+    return bound < all ? bound : all;
+}
+
+/* Allocate ws->mem (bytes), upload the program (n nodes) at offset 0 and
+ * zero the statistics at o_stats. */
+static stof_status mb_alloc(stof_context *ctx, stof_mb_workspace *ws,
+                            const int32_t *prog, int n, size_t o_stats,
+                            size_t bytes)
+{
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    CUdeviceptr mem = 0;
+    STOF_CU_GOTO(ctx, st, done, api->cuMemAlloc(&mem, bytes));
+    STOF_CU_GOTO(ctx, st, done, api->cuMemcpyHtoD(mem, prog, (size_t)n * 16u));
+    STOF_CU_GOTO(ctx, st, done,
+                 api->cuMemsetD8(mem + o_stats, 0, STOF_MB_STATS * 8));
+    ws->mem = mem;
+    ws->bytes = bytes;
+    ws->prog = mem;
+    ws->stats = mem + o_stats;
+    mem = 0;
+done:
+    if (mem)
+        api->cuMemFree(mem);
+    stof__ctx_pop(ctx);
+    return st;
+}
+
 stof_status stof__mb_workspace_new(stof_context *ctx,
                                    const stof_mask_family *fam, int batch,
                                    int seq_q, int seq_k, int block_m,
@@ -111,6 +189,9 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     STOF_CHECK_ARG(ctx, batch >= 1 && seq_q >= 1 && seq_k >= 1,
                    "GPU format builder: batch %d of %d x %d", batch, seq_q,
                    seq_k);
+    const int prog_only = block_m == 0 && block_n == 0;
+    STOF_CHECK_ARG(ctx, prog_only || (block_m >= 1 && block_n >= 1),
+                   "GPU format builder: %dx%d tiles", block_m, block_n);
     int32_t prog[4 * STOF_MB_MAX_NODES];
     int depth = 0;
     const int n = stof__spec_program(stof__family_spec(fam), prog,
@@ -129,6 +210,9 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     ws->seq_k = seq_k;
     ws->block_m = block_m;
     ws->block_n = block_n;
+    if (prog_only)
+        return mb_alloc(ctx, ws, prog, n, align256((size_t)n * 16u),
+                        align256((size_t)n * 16u) + align256(STOF_MB_STATS * 8));
     ws->n_rb = (seq_q + block_m - 1) / block_m;
     ws->n_cb = (seq_k + block_n - 1) / block_n;
     ws->bwpr = (block_n + 31) / 32;
@@ -140,11 +224,15 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
                           "in %dx%d tiles) do not fit 32-bit indices",
                           (long long)ws->tile_cap, batch, seq_q, seq_k,
                           block_m, block_n);
+    STOF_CHECK_ARG(ctx, block_m * ws->bwpr <= MB_MAX_TILE_WORDS,
+                   "GPU format builder: %dx%d tiles are too large", block_m,
+                   block_n);
+    ws->pool_cap = (int64_t)batch * stof__mb_pool_bound(prog, n, ws->n_rb,
+                                                         ws->n_cb, block_m,
+                                                         block_n);
     const size_t nt = (size_t)ws->tile_cap;
     const size_t bm_words = (size_t)block_m * (size_t)ws->bwpr;
-    size_t off = 0;
-    const size_t o_prog = off;
-    off += align256((size_t)n * 16u);
+    size_t off = align256((size_t)n * 16u); /* the program, at 0 */
     const size_t o_stats = off;
     off += align256(STOF_MB_STATS * 8);
     const size_t o_cnt = off;
@@ -166,23 +254,15 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     off += align256(nt);
     const size_t o_bidx = off;
     off += align256(nt * 4u);
+    const size_t o_slot = off;
+    off += align256(nt * 4u);
     const size_t o_bits = off;
-    off += align256(nt * bm_words * 4u);
+    off += align256((size_t)ws->pool_cap * bm_words * 4u);
 
-    stof_status st = (stof_status)stof__ctx_push(ctx);
+    stof_status st = mb_alloc(ctx, ws, prog, n, o_stats, off);
     if (st != STOF_OK)
         return st;
-    const stof_api *api = ctx->api;
-    CUdeviceptr mem = 0;
-    STOF_CU_GOTO(ctx, st, done, api->cuMemAlloc(&mem, off));
-    STOF_CU_GOTO(ctx, st, done,
-                 api->cuMemcpyHtoD(mem + o_prog, prog, (size_t)n * 16u));
-    STOF_CU_GOTO(ctx, st, done,
-                 api->cuMemsetD8(mem + o_stats, 0, STOF_MB_STATS * 8));
-    ws->mem = mem;
-    ws->bytes = off;
-    ws->prog = mem + o_prog;
-    ws->stats = mem + o_stats;
+    const CUdeviceptr mem = ws->mem;
     ws->cnt = mem + o_cnt;
     ws->row_ptr = mem + o_rp;
     ws->doc_lo = docs ? mem + o_dlo : 0;
@@ -192,12 +272,8 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     ws->kind = mem + o_kind;
     ws->bitmap_idx = mem + o_bidx;
     ws->bitmaps = mem + o_bits;
-    mem = 0;
-done:
-    if (mem)
-        api->cuMemFree(mem);
-    stof__ctx_pop(ctx);
-    return st;
+    ws->tslot = mem + o_slot;
+    return STOF_OK;
 }
 
 void stof__mb_workspace_free(stof_context *ctx, stof_mb_workspace *ws)
@@ -209,10 +285,8 @@ void stof__mb_workspace_free(stof_context *ctx, stof_mb_workspace *ws)
     memset(ws, 0, sizeof(*ws));
 }
 
-stof_status stof__mb_build(const stof_mb_kernels *k,
-                           const stof_mb_workspace *ws,
-                           const stof_mb_data *data, CUstream s,
-                           const stof_api *api)
+static void mb_params(const stof_mb_workspace *ws, const stof_mb_data *data,
+                      stof_mb_params *out)
 {
     stof_mb_params p;
     memset(&p, 0, sizeof(p));
@@ -247,6 +321,33 @@ stof_status stof__mb_build(const stof_mb_kernels *k,
     p.bitmaps = ws->bitmaps;
     p.tile_cap = ws->tile_cap;
     p.stats = ws->stats;
+    p.tslot = ws->tslot;
+    p.pool_cap = ws->pool_cap;
+    *out = p;
+}
+
+stof_status stof__mb_launch_with(CUfunction fn, const void *first,
+                                 const stof_mb_workspace *ws,
+                                 const stof_mb_data *data, unsigned gx,
+                                 unsigned gy, unsigned threads, CUstream s,
+                                 const stof_api *api)
+{
+    stof_mb_params p;
+    mb_params(ws, data, &p);
+    void *args[] = {(void *)first, &p};
+    return api->cuLaunchKernel(fn, gx, gy, 1, threads, 1, 1, 0, s, args,
+                               NULL) == CUDA_SUCCESS
+               ? STOF_OK
+               : STOF_ERR_CUDA;
+}
+
+stof_status stof__mb_build(const stof_mb_kernels *k,
+                           const stof_mb_workspace *ws,
+                           const stof_mb_data *data, CUstream s,
+                           const stof_api *api)
+{
+    stof_mb_params p;
+    mb_params(ws, data, &p);
     void *args[] = {&p};
     CUresult r = CUDA_SUCCESS;
     if (p.doc_lo) {

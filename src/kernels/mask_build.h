@@ -21,6 +21,12 @@
  * right, slower). */
 #define STOF_MB_STATS 8
 
+/* The -D definitions of the leaf kinds (MB_LEAF_*=n) that every template
+ * including mask_eval.cuh is compiled with: into buf, pointed to by defs;
+ * returns their number, STOF_MB_N_LEAF_DEFINES. */
+#define STOF_MB_N_LEAF_DEFINES 10
+int stof__mb_leaf_defines(char (*buf)[48], const char **defs);
+
 /* The loaded kernels (one module). */
 typedef struct stof_mb_kernels {
     CUmodule module;
@@ -34,8 +40,9 @@ stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k /* OUT */);
 void stof__mb_unload(stof_context *ctx, stof_mb_kernels *k);
 
 /* A workspace for batch sequences of at most seq_q x seq_k and one tiling:
- * the program, tile classes and counts, and the format arrays with room for
- * every tile (so a build never overflows). One allocation. */
+ * the program, tile classes and counts, the index arrays with room for
+ * every tile and the pool of partial-tile bitmaps sized by
+ * stof__mb_pool_bound (so a build never overflows). One allocation. */
 typedef struct stof_mb_workspace {
     CUdeviceptr mem;
     size_t bytes;
@@ -46,12 +53,26 @@ typedef struct stof_mb_workspace {
     CUdeviceptr kind;       /* uint8[tile_cap] */
     CUdeviceptr bitmap_idx; /* int32[tile_cap]: the slot of a partial tile
                                ((b * n_rb + i) * n_cb + j), or -1 */
-    CUdeviceptr bitmaps;    /* uint32[tile_cap * block_m * bwpr]: a
-                               partial tile's bitmap at its slot */
+    CUdeviceptr bitmaps;    /* uint32[pool_cap * block_m * bwpr]: the
+                               partial tiles' bitmaps, in pool slots */
+    CUdeviceptr tslot;      /* int32[tile_cap]: a partial tile's pool slot
+                               by (b * n_rb + i) * n_cb + j (scratch) */
     int n_prog;
     int batch, seq_q, seq_k, block_m, block_n, n_rb, n_cb, bwpr;
-    int64_t tile_cap;
+    int64_t tile_cap;       /* every tile of the batch */
+    int64_t pool_cap;       /* partial-tile bitmaps the pool holds */
 } stof_mb_workspace;
+
+/* The most partial tiles any instance of a program (n nodes) can have, per
+ * sequence, in block_m x block_n tiles: each leaf's boundary lines (a
+ * diagonal crosses at most ceil(block_m / block_n) + 1 tiles of a row
+ * block, a vertical line one, a horizontal line one per key block) plus
+ * those of the length box and of the padded last tiles; a tile partial in
+ * a combination is partial in one of its leaves or on the box. Leaves
+ * without such lines (strided columns, documents, dilation above 1) may
+ * make every tile partial: then n_rb x n_cb. */
+int64_t stof__mb_pool_bound(const int32_t *prog, int n, int n_rb, int n_cb,
+                            int block_m, int block_n);
 
 /* Allocate a workspace and upload the family's program. Errors:
  * STOF_ERR_UNSUPPORTED (a spec the GPU does not evaluate: random, bigbird,
@@ -62,6 +83,9 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
                                    int block_n,
                                    stof_mb_workspace *ws /* OUT */);
 void stof__mb_workspace_free(stof_context *ctx, stof_mb_workspace *ws);
+/* block_m = block_n = 0 makes a workspace with the program and the
+ * statistics only (n_rb = n_cb = 0): what the family reference kernel
+ * reads. */
 
 /* Instance data in device memory (0 = the default, as in stof_mask_data). */
 typedef struct stof_mb_data {
@@ -78,5 +102,16 @@ stof_status stof__mb_build(const stof_mb_kernels *k,
                            const stof_mb_workspace *ws,
                            const stof_mb_data *data, CUstream s,
                            const stof_api *api);
+
+/* Launch fn(first, params) on grid (gx, gy) of `threads` threads, where
+ * params is the builder's parameter block for ws and data (a kernel of
+ * another template that evaluates the family through mask_eval.cuh, such
+ * as attn_reference.cu's stof_attn_reference_family; `first` points to its
+ * first argument). */
+stof_status stof__mb_launch_with(CUfunction fn, const void *first,
+                                 const stof_mb_workspace *ws,
+                                 const stof_mb_data *data, unsigned gx,
+                                 unsigned gy, unsigned threads, CUstream s,
+                                 const stof_api *api);
 
 #endif /* STOF_MASK_BUILD_H */

@@ -1,0 +1,357 @@
+// mask_eval.cuh - a mask family's elements and tile classes evaluated on
+// the GPU from its program and a sequence's instance data: what the format
+// builder (mask_build.cu) and the family reference kernel
+// (attn_reference.cu) share. The program, the instance data and the
+// parameters are described in mask_build.cu.
+#ifndef STOF_MASK_EVAL_CUH
+#define STOF_MASK_EVAL_CUH
+#include "stof_common.cuh"
+
+// Leaf kinds: the host passes its own values (enum stof_leaf_kind).
+#ifndef MB_LEAF_DENSE
+#define MB_LEAF_DENSE 0
+#define MB_LEAF_NONE 1
+#define MB_LEAF_CAUSAL 2
+#define MB_LEAF_SLIDING 3
+#define MB_LEAF_CAUSAL_SLIDING 4
+#define MB_LEAF_DILATED 5
+#define MB_LEAF_LONGFORMER 6
+#define MB_LEAF_STRIDED 8
+#define MB_LEAF_DOCS 10
+#define MB_LEAF_PREFIX 11
+#endif
+
+#define MB_OP_LEAF 0
+#define MB_OP_AND 1
+#define MB_OP_OR 2
+#define MB_OP_NOT 3
+#define MB_MAX_STACK 32
+#define MB_THREADS 256
+#define MB_MAX_TILE_WORDS 2048 // block_m * ceil(block_n / 32), at most
+
+#define MB_EMPTY 0
+#define MB_PARTIAL 1
+#define MB_FULL 2
+#define MB_UNKNOWN 3
+
+// Must match stof_mb_params in src/kernels/mask_build.h.
+struct stof_mb_params {
+    const int *prog;
+    int n_prog;
+    int batch, seq_q, seq_k;
+    int block_m, block_n, n_rb, n_cb, bwpr;
+    const int *q_len;     // NULL: seq_q
+    const int *k_len;     // NULL: seq_k
+    const int *q_offset;  // NULL: 0
+    const int *prefix;    // NULL: 0
+    const int *doc_id;    // NULL: one document
+    stof_i64 doc_stride;
+    int *doc_lo, *doc_hi; // batch * seq_k (stof_mb_docs), or NULL
+    unsigned char *cls;   // batch * n_rb * n_cb
+    int *cnt;             // batch * n_rb * 2
+    int *row_ptr;         // batch * n_rb + 1
+    int *col_idx;         // tile_cap
+    unsigned char *kind;  // tile_cap
+    int *bitmap_idx;      // tile_cap
+    unsigned *bitmaps;    // pool_cap * block_m * bwpr: the pool of
+                          // partial-tile bitmaps
+    stof_i64 tile_cap;
+    stof_i64 *stats;      // [0] tiles, [1] partial tiles, [2] most tiles
+                          // of a row block, [3] overflow (0/1), [4] some
+                          // document ids decrease (set by stof_mb_docs,
+                          // cleared by stof_mb_scan), [5] [4] of the last
+                          // build, [6] pool slots taken (stof_mb_classify;
+                          // reset by stof_mb_scan)
+    int *tslot;           // batch * n_rb * n_cb: a partial tile's pool
+                          // slot, by tile
+    stof_i64 pool_cap;    // bitmaps in the pool
+};
+
+struct mb_seq {
+    stof_i64 off;   // q_offset
+    int ql, kl;     // lengths
+    stof_i64 prefix;
+    const int *doc; // NULL: one document
+    const int *lo, *hi; // document intervals, or NULL (search doc)
+    int unsorted;       // some document ids decrease: compare element by
+                        // element, classify nothing
+};
+
+// Instance data is clamped, never trusted: lengths to 0..seq, offsets and
+// prefixes to >= 0 (so nothing is read out of bounds).
+__device__ __forceinline__ int mb_clamp(int v, int lo, int hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+__device__ __forceinline__ mb_seq mb_load_seq(const stof_mb_params &P, int b)
+{
+    mb_seq s;
+    s.ql = P.q_len ? mb_clamp(P.q_len[b], 0, P.seq_q) : P.seq_q;
+    s.kl = P.k_len ? mb_clamp(P.k_len[b], 0, P.seq_k) : P.seq_k;
+    s.off = P.q_offset ? mb_clamp(P.q_offset[b], 0, 1 << 30) : 0;
+    s.prefix = P.prefix ? mb_clamp(P.prefix[b], 0, 1 << 30) : 0;
+    s.unsorted = P.stats[4] != 0;
+    s.doc = P.doc_id ? P.doc_id + (stof_i64)b * P.doc_stride : 0;
+    s.lo = P.doc_lo ? P.doc_lo + (stof_i64)b * P.seq_k : 0;
+    s.hi = P.doc_hi ? P.doc_hi + (stof_i64)b * P.seq_k : 0;
+    return s;
+}
+
+// ---------------------------------------------------------------------------
+// Classification of a rectangle: positions p0..p1 x keys k0..k1
+// ---------------------------------------------------------------------------
+
+#define MB_C_UNKNOWN (-1)
+
+__device__ __forceinline__ int mb_band(stof_i64 dmin, stof_i64 dmax,
+                                       stof_i64 lo, stof_i64 hi)
+{
+    if (dmin >= lo && dmax <= hi)
+        return MB_FULL;
+    if (dmax < lo || dmin > hi)
+        return MB_EMPTY;
+    return MB_C_UNKNOWN;
+}
+
+__device__ int mb_leaf_class(int kind, stof_i64 a, stof_i64 bparam,
+                             stof_i64 p0, stof_i64 p1, stof_i64 k0,
+                             stof_i64 k1, const mb_seq &s)
+{
+    const stof_i64 dmin = p0 - k1, dmax = p1 - k0;
+    const stof_i64 big = (stof_i64)1 << 62;
+    switch (kind) {
+    case MB_LEAF_DENSE:
+        return MB_FULL;
+    case MB_LEAF_NONE:
+        return MB_EMPTY;
+    case MB_LEAF_CAUSAL:
+        return mb_band(dmin, dmax, 0, big);
+    case MB_LEAF_SLIDING:
+        return mb_band(dmin, dmax, -a + 1, a - 1);
+    case MB_LEAF_CAUSAL_SLIDING:
+        return mb_band(dmin, dmax, 0, a - 1);
+    case MB_LEAF_DILATED: {
+        int c = mb_band(dmin, dmax, -a + 1, a - 1);
+        return (c == MB_EMPTY || bparam == 1) ? c : MB_C_UNKNOWN;
+    }
+    case MB_LEAF_LONGFORMER: {
+        if (p1 < bparam || k1 < bparam)
+            return MB_FULL;
+        int c = mb_band(dmin, dmax, -a + 1, a - 1);
+        if (c == MB_FULL)
+            return MB_FULL;
+        if (c == MB_EMPTY && p0 >= bparam && k0 >= bparam)
+            return MB_EMPTY;
+        return MB_C_UNKNOWN;
+    }
+    case MB_LEAF_STRIDED: {
+        int c = mb_band(dmin, dmax, -a + 1, a - 1);
+        if (c != MB_EMPTY)
+            return c;
+        stof_i64 first = k0 + ((a - 1 - k0 % a) + a) % a;
+        return first > k1 ? MB_EMPTY : MB_C_UNKNOWN;
+    }
+    case MB_LEAF_PREFIX: {
+        stof_i64 x = bparam >= 0 ? bparam : s.prefix;
+        return k1 < x ? MB_FULL : (k0 >= x ? MB_EMPTY : MB_C_UNKNOWN);
+    }
+    case MB_LEAF_DOCS: {
+        if (p0 >= s.kl)
+            return MB_EMPTY;
+        if (s.unsorted && s.doc)
+            return MB_C_UNKNOWN;
+        if (!s.doc)
+            return p1 < s.kl ? MB_FULL : MB_C_UNKNOWN;
+        const stof_i64 pl = p1 < s.kl ? p1 : s.kl - 1;
+        const int dp0 = s.doc[p0], dpl = s.doc[pl];
+        const int dk0 = s.doc[k0], dk1 = s.doc[k1];
+        if (dpl < dk0 || dk1 < dp0)
+            return MB_EMPTY;
+        if (p1 < s.kl && dp0 == dpl && dk0 == dk1 && dp0 == dk0)
+            return MB_FULL;
+        return MB_C_UNKNOWN;
+    }
+    }
+    return MB_C_UNKNOWN;
+}
+
+__device__ int mb_classify(const stof_mb_params &P, stof_i64 p0, stof_i64 p1,
+                           stof_i64 k0, stof_i64 k1, const mb_seq &s)
+{
+    signed char st[MB_MAX_STACK];
+    int n = 0;
+    for (int i = 0; i < P.n_prog; i++) {
+        const int *nd = P.prog + 4 * i;
+        const int op = nd[0];
+        if (op == MB_OP_LEAF) {
+            st[n++] = (signed char)mb_leaf_class(nd[1], nd[2], nd[3], p0, p1,
+                                                 k0, k1, s);
+        } else if (op == MB_OP_NOT) {
+            const int c = st[n - 1];
+            st[n - 1] = (signed char)(c == MB_FULL    ? MB_EMPTY
+                                      : c == MB_EMPTY ? MB_FULL
+                                                      : MB_C_UNKNOWN);
+        } else {
+            const int k = nd[1];
+            int all = 1, none = 1, r = MB_C_UNKNOWN;
+            for (int j = n - k; j < n; j++) {
+                all &= st[j] == MB_FULL;
+                none &= st[j] == MB_EMPTY;
+                if (op == MB_OP_AND && st[j] == MB_EMPTY)
+                    r = MB_EMPTY;
+                if (op == MB_OP_OR && st[j] == MB_FULL)
+                    r = MB_FULL;
+            }
+            if (r == MB_C_UNKNOWN) {
+                if (op == MB_OP_AND && all)
+                    r = MB_FULL;
+                if (op == MB_OP_OR && none)
+                    r = MB_EMPTY;
+            }
+            n -= k;
+            st[n++] = (signed char)r;
+        }
+    }
+    return st[0];
+}
+
+// ---------------------------------------------------------------------------
+// Elements: 32 keys c0 .. c0+31 of position p
+// ---------------------------------------------------------------------------
+
+// Bits of the keys in [lo, hi) among c0 .. c0+31.
+__device__ __forceinline__ unsigned mb_range(stof_i64 lo, stof_i64 hi,
+                                             stof_i64 c0)
+{
+    if (lo < c0)
+        lo = c0;
+    if (hi > c0 + 32)
+        hi = c0 + 32;
+    if (lo >= hi)
+        return 0u;
+    const int a = (int)(lo - c0), b = (int)(hi - c0);
+    const unsigned upto = b == 32 ? 0xffffffffu : ((1u << b) - 1u);
+    return upto & ~((1u << a) - 1u);
+}
+
+// Bits of the keys k with k % m == r among c0 .. c0+31.
+__device__ __forceinline__ unsigned mb_residue(stof_i64 m, stof_i64 r,
+                                               stof_i64 c0)
+{
+    unsigned x = 0;
+    stof_i64 k = c0 + (((r - c0) % m) + m) % m;
+    for (; k < c0 + 32; k += m)
+        x |= 1u << (int)(k - c0);
+    return x;
+}
+
+// The document interval [lo, hi) of position p (sorted ids).
+__device__ void mb_doc(const mb_seq &s, stof_i64 p, stof_i64 *lo,
+                       stof_i64 *hi)
+{
+    if (p < 0 || p >= s.kl) {
+        *lo = *hi = 0;
+        return;
+    }
+    if (!s.doc) {
+        *lo = 0;
+        *hi = s.kl;
+        return;
+    }
+    if (s.lo) {
+        *lo = s.lo[p];
+        *hi = s.hi[p];
+        return;
+    }
+    const int id = s.doc[p];
+    stof_i64 l = 0, h = p;
+    while (l < h) {
+        stof_i64 m = l + (h - l) / 2;
+        if (s.doc[m] < id)
+            l = m + 1;
+        else
+            h = m;
+    }
+    *lo = l;
+    l = p + 1;
+    h = s.kl;
+    while (l < h) {
+        stof_i64 m = l + (h - l) / 2;
+        if (s.doc[m] <= id)
+            l = m + 1;
+        else
+            h = m;
+    }
+    *hi = l;
+}
+
+__device__ unsigned mb_leaf_word(int kind, stof_i64 a, stof_i64 bparam,
+                                 stof_i64 p, stof_i64 c0, const mb_seq &s)
+{
+    switch (kind) {
+    case MB_LEAF_DENSE:
+        return mb_range(0, s.kl, c0);
+    case MB_LEAF_NONE:
+        return 0u;
+    case MB_LEAF_CAUSAL:
+        return mb_range(0, p + 1, c0);
+    case MB_LEAF_SLIDING:
+        return mb_range(p - a + 1, p + a, c0);
+    case MB_LEAF_CAUSAL_SLIDING:
+        return mb_range(p - a + 1, p + 1, c0);
+    case MB_LEAF_DILATED:
+        return mb_range(p - a + 1, p + a, c0) & mb_residue(bparam, p, c0);
+    case MB_LEAF_LONGFORMER:
+        if (p < bparam)
+            return mb_range(0, s.kl, c0);
+        return mb_range(p - a + 1, p + a, c0) | mb_range(0, bparam, c0);
+    case MB_LEAF_STRIDED:
+        return mb_range(p - a + 1, p + a, c0) | mb_residue(a, a - 1, c0);
+    case MB_LEAF_PREFIX:
+        return mb_range(0, bparam >= 0 ? bparam : s.prefix, c0);
+    case MB_LEAF_DOCS: {
+        if (s.unsorted && s.doc) {
+            if (p >= s.kl)
+                return 0u;
+            const int id = s.doc[p];
+            unsigned x = 0;
+            for (int c = 0; c < 32 && c0 + c < s.kl; c++)
+                x |= (unsigned)(s.doc[c0 + c] == id) << c;
+            return x;
+        }
+        stof_i64 lo, hi;
+        mb_doc(s, p, &lo, &hi);
+        return mb_range(lo, hi, c0);
+    }
+    }
+    return 0u;
+}
+
+// Keys c0 .. c0+31 of position p (bits at or past k_len are 0).
+__device__ unsigned mb_word(const stof_mb_params &P, stof_i64 p, stof_i64 c0,
+                            const mb_seq &s)
+{
+    const unsigned valid = mb_range(0, s.kl, c0);
+    unsigned st[MB_MAX_STACK];
+    int n = 0;
+    for (int i = 0; i < P.n_prog; i++) {
+        const int *nd = P.prog + 4 * i;
+        const int op = nd[0];
+        if (op == MB_OP_LEAF) {
+            st[n++] = mb_leaf_word(nd[1], nd[2], nd[3], p, c0, s) & valid;
+        } else if (op == MB_OP_NOT) {
+            st[n - 1] = ~st[n - 1] & valid;
+        } else {
+            const int k = nd[1];
+            unsigned r = st[n - k];
+            for (int j = n - k + 1; j < n; j++)
+                r = op == MB_OP_AND ? (r & st[j]) : (r | st[j]);
+            n -= k;
+            st[n++] = r;
+        }
+    }
+    return st[0];
+}
+
+#endif // STOF_MASK_EVAL_CUH
