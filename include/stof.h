@@ -506,19 +506,29 @@ STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
  * a run can be captured in a CUDA graph. d: the largest batch and lengths
  * (each sequence is padded to seq_q x seq_k in q, k, v and o, as in
  * stof_attention_plan). The kernel is chosen (database, tuning or cost
- * model, as stof_attention_plan does) on sequence 0 of `sample` (host
- * data, checked; NULL = the default instance) and the block-format kernels
- * only. Its database key is the family's, not the sample's bits: the
- * canonical spec; batch, heads, head_dim, dtype, device and versions as
- * for any problem; seq_q and seq_k each rounded up to the next of 128,
- * 192, 256, 384, 512, 768, 1024, 1536, ... (2^j and 3 * 2^(j-1)), so
- * lengths within a factor 1.5 share a record; and buckets (steps of a
- * factor sqrt(2)) of the sample's statistics on 128 x 64 tiles: non-empty
- * over all tiles, partial over non-empty, most tiles of a row block over
- * the key blocks. A plan whose key is stored loads its kernel without
- * compiling it (the GPU format builder is compiled once per context). Families with random or bigbird leaves are not built on the GPU
- * (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec); seq_q * seq_k is at
- * most 2^30 for now. */
+ * model, as stof_attention_plan does) on the `sample` instance (host data,
+ * checked; NULL = the default instance) among the block-format kernels.
+ * No seq_q x seq_k bit matrix is made anywhere: the statistics of the key
+ * come from the GPU builder, the cost model ranks the kernels on the tile
+ * counts of sequence 0 built on the GPU at each tiling, and the search
+ * verifies
+ * against a reference kernel that evaluates the family on the GPU (the
+ * first head of every sequence) with inputs made on the GPU, so host
+ * memory follows the tiles, not the elements, and lengths are limited by
+ * device memory and 32-bit tile indices only. Its database key is the
+ * family's, not the sample's bits: the canonical spec; batch, heads,
+ * head_dim, dtype, device and versions as for any problem; seq_q and seq_k
+ * each rounded up to the next of 128, 192, 256, 384, 512, 768, 1024,
+ * 1536, ... (2^j and 3 * 2^(j-1)), so lengths within a factor 1.5 share a
+ * record; and buckets (steps of a factor sqrt(2)) of the sample's
+ * statistics on 128 x 64 tiles over the batch: non-empty over all tiles,
+ * partial over non-empty, most tiles of a row block over the key blocks.
+ * A plan whose key is stored loads its kernel without compiling it (the
+ * GPU format builder is compiled once per context). The plan's device
+ * workspace holds about 14 bytes per tile of the batch and the bitmaps of
+ * the most partial tiles the family can have (every tile for strided,
+ * docs and dilated leaves). Families with random or bigbird leaves are
+ * not built on the GPU (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec). */
 STOF_API stof_status stof_attention_plan_family(stof_context *ctx,
                                                 const stof_attention_desc *d,
                                                 const stof_mask_family *fam,

@@ -427,6 +427,141 @@ Test(gpu_family_attn, nearby_lengths_share_a_record)
     cr_assert(strstr(c, "seq_q=1536"), "%s", c);
 }
 
+/* Sampled rows of sequence b, every head, against a direct evaluation of
+ * sliding:W (|p - k| < W with p = q + q_offset, q < q_len, k < k_len):
+ * no bit matrix on either side. Returns the worst relative error. */
+static double check_sliding_rows(const problem *p, const inst *in, int b,
+                                 int W, tu_rng *r)
+{
+    const int D = p->head_dim;
+    const float scale = 1.0f / sqrtf((float)D);
+    double *s = malloc(sizeof(double) * (size_t)p->seq_k);
+    double worst = 0.0;
+    for (int t = 0; t < 160; t++) {
+        int q = t < 4 ? (int[]){0, in->q_len[b] - 1, in->q_len[b],
+                                p->seq_q - 1}[t]
+                      : (int)tu_below(r, (uint64_t)p->seq_q);
+        if (q < 0 || q >= p->seq_q)
+            continue;
+        for (int h = 0; h < p->heads; h++) {
+            const size_t ro = (((size_t)b * p->heads + h) * p->seq_q + q) * D;
+            const size_t ko = ((size_t)b * p->heads + h) * p->seq_k * D;
+            double got[256], want[256];
+            const int64_t pos = (int64_t)q + in->q_offset[b];
+            int64_t lo = pos - W + 1, hi = pos + W;
+            if (lo < 0)
+                lo = 0;
+            if (hi > in->k_len[b])
+                hi = in->k_len[b];
+            if (q >= in->q_len[b])
+                hi = lo; /* a padding row: no key */
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t k = lo; k < hi; k++) {
+                double x = 0.0;
+                for (int e = 0; e < D; e++)
+                    x += (double)p->fq[ro + e] * p->fk[ko + k * D + e];
+                s[k] = x * scale;
+                mx = s[k] > mx ? s[k] : mx;
+            }
+            for (int e = 0; e < D; e++)
+                want[e] = 0.0;
+            for (int64_t k = lo; k < hi; k++) {
+                const double w = exp(s[k] - mx);
+                sum += w;
+                for (int e = 0; e < D; e++)
+                    want[e] += w * p->fv[ko + k * D + e];
+            }
+            for (int e = 0; e < D; e++) {
+                want[e] = sum > 0.0 ? want[e] / sum : 0.0;
+                const uint16_t x = p->ho[ro + e];
+                got[e] = p->dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(x)
+                                                  : tu_bf16_to_f32(x);
+                if (hi <= lo)
+                    cr_assert(got[e] == 0.0, "b=%d h=%d row %d (no key): "
+                                             "output %g, not 0",
+                              b, h, q, got[e]);
+            }
+            const double err = tu_rel_err(got, want, (size_t)D);
+            cr_assert(err < 1.6e-2, "b=%d h=%d row %d (keys %lld..%lld): "
+                                    "rel err %g",
+                      b, h, q, (long long)lo, (long long)hi, err);
+            worst = err > worst ? err : worst;
+        }
+    }
+    free(s);
+    return worst;
+}
+
+Test(gpu_family_attn, long_sequences_tune_without_a_bit_matrix)
+{
+    /* 33000 x 33000 is past 2^30 elements: the family is tuned (cost model
+     * on tile-by-tile formats, the search's reference on the GPU) and run
+     * with no bit matrix anywhere; a second plan is a database hit. */
+    remove_db();
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = db_path();
+    s.tuning_top_k = 2;
+    stof_context *ctx = tu_open_gpu_or_skip(&s);
+    tu_rng r = {tu_seed()};
+    const int N = 33000, W = 300;
+    problem p;
+    problem_new(&p, ctx, &r, 2, 2, N, N, 64, STOF_DTYPE_BF16);
+    char spec[32];
+    snprintf(spec, sizeof(spec), "sliding:%d", W);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, spec, &fam), STOF_OK);
+    inst in;
+    memset(&in, 0, sizeof(in));
+    in.doc = malloc(sizeof(int32_t) * (size_t)p.batch * (size_t)N);
+    memset(in.doc, 0, sizeof(int32_t) * (size_t)p.batch * (size_t)N);
+    /* Sequence 1: 17001 queries at the end of 20000 keys. */
+    in.q_len[0] = N;
+    in.k_len[0] = N;
+    in.q_len[1] = 17001;
+    in.k_len[1] = 20000;
+    in.q_offset[1] = 20000 - 17001;
+    in.host.q_len = in.q_len;
+    in.host.k_len = in.k_len;
+    in.host.q_offset = in.q_offset;
+    stof_plan *plan = NULL;
+    cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, &in.host, &plan),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    char desc[4096];
+    cr_assert_eq(stof_plan_describe(plan, desc, sizeof(desc), NULL), STOF_OK);
+    cr_log_info("%s", desc);
+    cr_assert(strstr(desc, "\"tuned\""), "%s", desc);
+    inst_upload(&in, &p, ctx);
+    poison(&p, ctx);
+    cr_assert_eq(stof_attention_run_family(plan, &in.dev,
+                                           (void *)(uintptr_t)p.dq,
+                                           (void *)(uintptr_t)p.dk,
+                                           (void *)(uintptr_t)p.dv,
+                                           (void *)(uintptr_t)p.dout, NULL),
+                 STOF_OK, "%s", stof_plan_errmsg(plan));
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    api->cuMemcpyDtoH(p.ho, p.dout, p.nq * 2);
+    stof__ctx_pop(ctx);
+    double e0 = check_sliding_rows(&p, &in, 0, W, &r);
+    double e1 = check_sliding_rows(&p, &in, 1, W, &r);
+    cr_log_info("sampled rows: rel err %g, %g", e0, e1);
+    stof_plan_free(&plan);
+    /* Warm: the record, nothing compiled. */
+    const long compiles = stof__jit_compile_count();
+    cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, &in.host, &plan),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_plan_describe(plan, desc, sizeof(desc), NULL), STOF_OK);
+    cr_assert(strstr(desc, "\"user db\""), "%s", desc);
+    cr_assert_eq(stof__jit_compile_count(), compiles, "a warm plan compiled");
+    stof_plan_free(&plan);
+    free(in.doc);
+    stof_mask_family_free(&fam);
+    problem_free(&p, ctx);
+    stof_close(&ctx);
+}
+
 Test(gpu_family_attn, bad_use_is_refused)
 {
     stof_context *ctx = tu_open_gpu_or_skip(NULL);

@@ -305,6 +305,16 @@ static int miss_problem(stof_context *ctx, const miss *ms,
                  js ? "not a JSON object" : jerr.text, ms->problem);
         goto out;
     }
+    if (member_str(js, "family_spec")[0]) {
+        /* stof_attention_plan_family's miss: its key holds the sample's
+         * statistics, which the miss does not keep. */
+        snprintf(why, wn,
+                 "a mask-family miss (\"%s\"): plan it with "
+                 "stof_attention_plan_family in default mode; `pending` "
+                 "does not tune families yet",
+                 member_str(js, "family_spec"));
+        goto out;
+    }
     const char *dt = member_str(js, "dtype"), *lay = member_str(js, "layout");
     const int strided = !strcasecmp(lay, "strided");
     stof_layout L = !strcasecmp(lay, "BSHD") ? STOF_LAYOUT_BSHD

@@ -285,11 +285,20 @@ static stof_candidate *next_slot(stof_candidate **all, int *count, int *cap)
     return &(*all)[(*count)++];
 }
 
-/* Rank every candidate on masks m (group 1) and, when the mask's rows
- * group by a period, on the grouped mask g (row-wise kinds only). */
+static stof_status mask_format(void *user, int block_m, int block_n,
+                               stof_format **f)
+{
+    const stof_mask *m = ((void **)user)[1];
+    return stof_format_build(((void **)user)[0], m, block_m, block_n, f);
+}
+
+/* Rank every candidate on the formats of make (group 1) and, when the
+ * mask's rows group by a period, on those of the grouped mask (row-wise
+ * kinds only); without rowwise_ok, the block-format kinds only. */
 static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
-                           const stof_mask *m, int group, int rowwise_ok,
-                           stof_candidate **all, int *count, int *cap)
+                           stof_format_fn make, void *user, int group,
+                           int rowwise_ok, stof_candidate **all, int *count,
+                           int *cap)
 {
     static const int bms[] = {64, 128}, bns[] = {32, 64, 128}, ws[] = {4, 8},
                      ss[] = {1, 2, 3};
@@ -298,7 +307,7 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
     for (int a = 0; a < 2; a++) {
         for (int b = 0; b < 3; b++) {
             stof_format *f = NULL;
-            stof_status st = stof_format_build(ctx, m, bms[a], bns[b], &f);
+            stof_status st = make(user, bms[a], bns[b], &f);
             if (st != STOF_OK)
                 return st;
             /* mma.sync: block-wise (ungrouped only) and row-wise. */
@@ -351,6 +360,21 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
     return STOF_OK;
 }
 
+/* Sort the candidates (fastest first) and keep the first max. */
+static stof_status rank_finish(stof_status st, stof_candidate *all, int count,
+                               stof_candidate *cands, int max, int *n)
+{
+    if (st == STOF_OK && count == 0)
+        st = STOF_ERR_UNSUPPORTED;
+    if (st == STOF_OK) {
+        qsort(all, (size_t)count, sizeof(*all), cmp_cand);
+        *n = count < max ? count : max;
+        memcpy(cands, all, sizeof(*all) * (size_t)*n);
+    }
+    free(all);
+    return st;
+}
+
 stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
                             const stof_mask *m, stof_candidate *cands,
                             int max, int *n)
@@ -364,24 +388,32 @@ stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
                                                               : d->v_stride[2];
     const int rowwise_ok = (double)(d->seq_k - 1) * (double)kv_stride / 8.0 <
                            4294967296.0;
-    stof_status st = rank_on(ctx, d, m, 1, rowwise_ok, &all, &count, &cap);
+    void *u[2] = {ctx, (void *)m};
+    stof_status st = rank_on(ctx, d, mask_format, u, 1, rowwise_ok, &all,
+                             &count, &cap);
     const int period = rowwise_ok ? stof__mask_row_period(m) : 1;
     if (st == STOF_OK && period > 1) {
         stof_mask *g = NULL;
         int32_t *perm = NULL;
         st = stof__mask_group_rows(ctx, m, period, &g, &perm);
+        void *ug[2] = {ctx, g};
         if (st == STOF_OK)
-            st = rank_on(ctx, d, g, period, 1, &all, &count, &cap);
+            st = rank_on(ctx, d, mask_format, ug, period, 1, &all, &count,
+                         &cap);
         stof_mask_free(&g);
         free(perm);
     }
-    if (st == STOF_OK && count == 0)
-        st = STOF_ERR_UNSUPPORTED;
-    if (st == STOF_OK) {
-        qsort(all, (size_t)count, sizeof(*all), cmp_cand);
-        *n = count < max ? count : max;
-        memcpy(cands, all, sizeof(*all) * (size_t)*n);
-    }
-    free(all);
-    return st;
+    return rank_finish(st, all, count, cands, max, n);
+}
+
+stof_status stof__cost_rank_formats(stof_context *ctx,
+                                   const stof_attention_desc *d,
+                                   stof_format_fn make, void *user,
+                                   stof_candidate *cands, int max, int *n)
+{
+    *n = 0;
+    stof_candidate *all = NULL;
+    int count = 0, cap = 0;
+    stof_status st = rank_on(ctx, d, make, user, 1, 0, &all, &count, &cap);
+    return rank_finish(st, all, count, cands, max, n);
 }

@@ -78,6 +78,19 @@ stof_status stof__cost_rank(stof_context *ctx, const stof_attention_desc *d,
                             const stof_mask *m, stof_candidate *cands,
                             int max, int *n /* OUT */);
 
+/* The formats candidates are predicted on, one per tiling (the block-wise
+ * part at least), made on demand: a failure is recorded on the context. */
+typedef stof_status (*stof_format_fn)(void *user, int block_m, int block_n,
+                                      stof_format **f /* OUT */);
+
+/* Stage 1 over the block-format kinds only (block, wgmma) on the formats
+ * of make (a mask family's, built on the GPU from a sample instance). */
+stof_status stof__cost_rank_formats(stof_context *ctx,
+                                   const stof_attention_desc *d,
+                                   stof_format_fn make, void *user,
+                                   stof_candidate *cands, int max,
+                                   int *n /* OUT */);
+
 
 
 #endif

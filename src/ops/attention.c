@@ -17,17 +17,6 @@
 #include <string.h>
 #include <time.h>
 
-/* Mirrors struct stof_attn_params in jit_templates/stof_common.cuh. */
-typedef struct stof_attn_params {
-    CUdeviceptr q, k, v, o;
-    CUdeviceptr mask_bits;
-    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
-    int batch, heads, seq_q, seq_k;
-    int mask_words;
-    float scale;
-} stof_attn_params;
-_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
-               "stof_attn_params must match stof_common.cuh");
 
 static int all_zero(const uint8_t *p, size_t n)
 {
@@ -132,10 +121,24 @@ static stof_status check_strides(stof_context *ctx, const char *name,
  * use. Messages name the offending field. */
 stof_status stof__attention_check_desc(stof_context *ctx,
                                        const stof_attention_desc *d,
-                              const stof_mask *m, float *scale)
+                                       const stof_mask *m, float *scale)
 {
     STOF_CHECK_ARG(ctx, d, "desc is NULL");
     STOF_CHECK_ARG(ctx, m, "mask is NULL");
+    stof_status st = stof__attention_check_problem(ctx, d, scale);
+    if (st != STOF_OK)
+        return st;
+    STOF_CHECK_ARG(ctx, d->seq_q == m->seq_q && d->seq_k == m->seq_k,
+                   "mask is %d x %d but desc.seq_q x desc.seq_k is %d x %d",
+                   m->seq_q, m->seq_k, d->seq_q, d->seq_k);
+    return STOF_OK;
+}
+
+stof_status stof__attention_check_problem(stof_context *ctx,
+                                          const stof_attention_desc *d,
+                                          float *scale)
+{
+    STOF_CHECK_ARG(ctx, d, "desc is NULL");
     STOF_CHECK_ARG(ctx, all_zero(d->reserved, sizeof(d->reserved)),
                    "desc: reserved bytes are not zero (fill it with "
                    "stof_attention_desc_init() or memset it first)");
@@ -150,9 +153,6 @@ stof_status stof__attention_check_desc(stof_context *ctx,
                    d->seq_q);
     STOF_CHECK_ARG(ctx, d->seq_k >= 1, "desc.seq_k: %d is not positive",
                    d->seq_k);
-    STOF_CHECK_ARG(ctx, d->seq_q == m->seq_q && d->seq_k == m->seq_k,
-                   "mask is %d x %d but desc.seq_q x desc.seq_k is %d x %d",
-                   m->seq_q, m->seq_k, d->seq_q, d->seq_k);
     STOF_CHECK_ARG(ctx,
                    d->head_dim >= 16 && d->head_dim <= 256 &&
                        d->head_dim % 8 == 0,
@@ -266,12 +266,15 @@ stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
     *size = 0;
     switch (c->kind) {
     case STOF_KERNEL_REFERENCE: {
-        char hd[32], dd[32];
-        snprintf(hd, sizeof(hd), "HEAD_DIM=%d", head_dim);
-        snprintf(dd, sizeof(dd), "DTYPE=%d", (int)dt);
-        const char *defs[] = {hd, dd};
+        char buf[STOF_MB_N_LEAF_DEFINES + 2][48];
+        const char *defs[STOF_MB_N_LEAF_DEFINES + 2];
+        const int n = stof__mb_leaf_defines(buf, defs);
+        snprintf(buf[n], 48, "HEAD_DIM=%d", head_dim);
+        snprintf(buf[n + 1], 48, "DTYPE=%d", (int)dt);
+        defs[n] = buf[n];
+        defs[n + 1] = buf[n + 1];
         return (stof_status)stof__jit_compile(ctx, "attn_reference.cu", defs,
-                                              2, NULL, cubin, size);
+                                              n + 2, NULL, cubin, size);
     }
     case STOF_KERNEL_BLOCK:
     case STOF_KERNEL_ROWWISE: {
@@ -293,8 +296,8 @@ stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
 
 /* Load a cubin into the plan: module, function, its shared memory limit
  * and, for the reference kernel, the launch shape. */
-static stof_status plan_attach(stof_context *ctx, stof_plan *p,
-                               const void *cubin)
+stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
+                              const void *cubin)
 {
     const double t0 = stof__now_ms();
     stof_status st;
@@ -476,7 +479,7 @@ stof_status stof__plan_from_cubin(stof_context *ctx,
     stof_status st = plan_prepare(ctx, d, m, c, &p);
     if (st != STOF_OK)
         return st;
-    if ((st = plan_attach(ctx, p, cubin)) != STOF_OK) {
+    if ((st = stof__plan_attach(ctx, p, cubin)) != STOF_OK) {
         stof__plan_release(p);
         return st;
     }
@@ -484,11 +487,9 @@ stof_status stof__plan_from_cubin(stof_context *ctx,
     return stof__ok(ctx);
 }
 
-/* Compile c, or for the reference kernel take the context's copy of an
- * earlier compile (a malloc'd copy either way). */
-static stof_status compile_for_plan(stof_context *ctx, const stof_candidate *c,
-                                    int head_dim, stof_dtype dt, void **cubin,
-                                    size_t *size)
+stof_status stof__kernel_cubin(stof_context *ctx, const stof_candidate *c,
+                               int head_dim, stof_dtype dt, void **cubin,
+                               size_t *size)
 {
     if (c->kind != STOF_KERNEL_REFERENCE)
         return stof__kernel_compile(ctx, c, head_dim, dt, cubin, size);
@@ -553,10 +554,10 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     void *cubin = NULL;
     size_t size = 0;
     const double t0 = stof__now_ms();
-    st = compile_for_plan(ctx, &pick, d->head_dim, d->dtype, &cubin, &size);
+    st = stof__kernel_cubin(ctx, &pick, d->head_dim, d->dtype, &cubin, &size);
     p->compile_ms = stof__now_ms() - t0;
     if (st == STOF_OK)
-        st = plan_attach(ctx, p, cubin);
+        st = stof__plan_attach(ctx, p, cubin);
     free(cubin);
     if (st != STOF_OK) {
         stof__plan_release(p);

@@ -4,6 +4,10 @@
  * block format (block, wgmma); each run builds its instance's per-sequence
  * formats on the GPU (mask_build.h) into the plan's workspace, which the
  * kernel reads through bf with one row_ptr array per batch element.
+ * Planning never makes a bit matrix: the key's statistics and the cost
+ * model's tile counts come from the GPU builder run on the sample, and the
+ * search (attention_search.c) verifies against a reference that evaluates
+ * the family on the GPU.
  */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -15,68 +19,42 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAMILY_MAX_ELEMS ((int64_t)1 << 30)
-#define FAMILY_MAX_CANDS 512
-
 static int block_format_kind(int kind)
 {
     return kind == STOF_KERNEL_BLOCK || kind == STOF_KERNEL_WGMMA;
 }
 
-/* The cost model's best block-format candidate for (d, m). */
-static stof_status best_block_candidate(stof_context *ctx,
-                                        const stof_attention_desc *d,
-                                        const stof_mask *m,
-                                        stof_candidate *out)
+void stof__family_mb_data(const stof_mask_data *data, stof_mb_data *md)
 {
-    stof_candidate *c = calloc(FAMILY_MAX_CANDS, sizeof(*c));
-    if (!c)
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                          "out of memory ranking kernels");
-    int n = 0;
-    stof_status st = stof__cost_rank(ctx, d, m, c, FAMILY_MAX_CANDS, &n);
-    if (st == STOF_OK) {
-        st = STOF_ERR_UNSUPPORTED;
-        for (int i = 0; i < n; i++) {
-            if (block_format_kind(c[i].kind)) {
-                *out = c[i];
-                st = STOF_OK;
-                break;
-            }
-        }
-        if (st != STOF_OK)
-            stof__fail(ctx, st, "no block-format kernel supports head_dim "
-                                "%d on this device",
-                       d->head_dim);
-    }
-    free(c);
-    return st;
+    memset(md, 0, sizeof(*md));
+    if (!data)
+        return;
+    md->q_len = (CUdeviceptr)(uintptr_t)data->q_len;
+    md->k_len = (CUdeviceptr)(uintptr_t)data->k_len;
+    md->q_offset = (CUdeviceptr)(uintptr_t)data->q_offset;
+    md->prefix = (CUdeviceptr)(uintptr_t)data->prefix;
+    md->doc_id = (CUdeviceptr)(uintptr_t)data->doc_id;
+    md->doc_stride = data->doc_stride;
 }
 
-/* Make p build its formats on the GPU: load the builder, allocate the
- * workspace for its tiling, and point bf at it. */
+/* Make p build its formats on the GPU with the loaded builder k (taken
+ * over by p): the workspace for its tiling, and bf pointing at it. */
 static stof_status attach_builder(stof_context *ctx, stof_plan *p,
-                                  const stof_mask_family *fam)
+                                  const stof_mask_family *fam,
+                                  stof_mb_kernels *k)
 {
     const int bm = p->kind == STOF_KERNEL_WGMMA ? stof__wgmma_block_m(&p->wcfg)
                                                 : p->cfg.block_m;
     const int bn = p->kind == STOF_KERNEL_WGMMA ? p->wcfg.block_n
                                                 : p->cfg.block_n;
-    stof_status st = stof__mb_load(ctx, &p->mb_k);
-    if (st == STOF_OK)
-        st = stof__mb_workspace_new(ctx, fam, p->desc.batch, p->desc.seq_q,
-                                    p->desc.seq_k, bm, bn, &p->mb_ws);
-    if (st != STOF_OK) {
-        stof__mb_unload(ctx, &p->mb_k);
+    stof_status st = stof__mb_workspace_new(ctx, fam, p->desc.batch,
+                                            p->desc.seq_q, p->desc.seq_k, bm,
+                                            bn, &p->mb_ws);
+    if (st != STOF_OK)
         return st;
-    }
-    /* The sample's uploaded format and row order are not needed. */
-    stof__block_format_free(ctx, &p->bf);
-    if (p->d_row_order && stof__ctx_push(ctx) == STOF_OK) {
-        ctx->api->cuMemFree(p->d_row_order);
-        stof__ctx_pop(ctx);
-    }
-    p->d_row_order = 0;
+    p->mb_k = *k;
+    memset(k, 0, sizeof(*k));
+    p->family = 1;
     const stof_mb_workspace *w = &p->mb_ws;
     stof_block_format *bf = &p->bf;
     memset(bf, 0, sizeof(*bf));
@@ -96,10 +74,69 @@ static stof_status attach_builder(stof_context *ctx, stof_plan *p,
     bf->bitmap_words_per_row = w->bwpr;
     bf->n_tiles = w->tile_cap;
     bf->rp_stride = w->n_rb;
-    p->family = 1;
     snprintf(p->family_spec, sizeof(p->family_spec), "%s",
              stof_mask_family_spec(fam));
     return STOF_OK;
+}
+
+static stof_status family_plan(stof_context *ctx, const stof_attention_desc *d,
+                               const stof_mask_family *fam,
+                               const stof_candidate *c, const void *cubin,
+                               size_t size, stof_mb_kernels *k,
+                               stof_plan **out)
+{
+    *out = NULL;
+    float scale;
+    stof_status st = stof__attention_check_problem(ctx, d, &scale);
+    if (st != STOF_OK)
+        return st;
+    if (!block_format_kind(c->kind))
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "a %s kernel does not read the GPU-built formats "
+                          "of a mask family",
+                          stof__kernel_kind_name(c->kind));
+    if (!cubin || size < 4)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT, "no cubin to load");
+    stof_plan *p = calloc(1, sizeof(*p));
+    if (!p)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory allocating a plan");
+    p->ctx = ctx;
+    p->desc = *d;
+    stof__attention_normalise(&p->desc);
+    p->scale = scale;
+    p->kind = c->kind;
+    p->cfg = c->cfg;
+    p->cfg.gather = 0;
+    p->wcfg = c->wcfg;
+    p->wcfg.gather = 0;
+    p->predicted_ms = c->predicted_ms;
+    p->source = "compiled";
+    st = attach_builder(ctx, p, fam, k);
+    if (st == STOF_OK)
+        st = stof__plan_attach(ctx, p, cubin);
+    if (st != STOF_OK) {
+        stof__plan_release(p);
+        return st;
+    }
+    *out = p;
+    return STOF_OK;
+}
+
+stof_status stof__family_plan_from_cubin(stof_context *ctx,
+                                         const stof_attention_desc *d,
+                                         const stof_mask_family *fam,
+                                         const stof_candidate *c,
+                                         const void *cubin, size_t size,
+                                         stof_plan **out)
+{
+    stof_mb_kernels k;
+    stof_status st = stof__mb_load(ctx, &k);
+    if (st != STOF_OK)
+        return st;
+    st = family_plan(ctx, d, fam, c, cubin, size, &k, out);
+    stof__mb_unload(ctx, &k); /* nothing when the plan took it */
+    return st;
 }
 
 /* The length bucket of n: the smallest of 2^j and 3 * 2^(j-1) (j >= 7)
@@ -127,41 +164,217 @@ static int frac_bucket(double x)
     return b < 0 ? 0 : (b > 40 ? 40 : b);
 }
 
-/* The key of a family problem: the family (canonical spec), the problem
- * with its lengths bucketed, and the buckets of the sample's statistics on
- * 128 x 64 tiles (non-empty tiles over all tiles, partial over non-empty,
- * most tiles of a row block over the key blocks), from the CPU family
- * builder (block part only). */
-static stof_status family_key(stof_context *ctx, const stof_attention_desc *d,
-                              const stof_mask_family *fam,
-                              const stof_mask_data *sample, char key[33],
-                              char *text, size_t text_n)
+/* The sample instance in device memory: one allocation, NULL fields stay
+ * NULL. */
+typedef struct dev_sample {
+    CUdeviceptr mem;
+    stof_mask_data d;
+} dev_sample;
+
+static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d,
+                                 const stof_mask_data *h, dev_sample *out)
 {
-    stof_format *f = NULL;
-    stof_status st = stof__format_build_family_parts(
-        ctx, fam, d->seq_q, d->seq_k, sample, 0, 128, 64, STOF__FORMAT_BLOCK,
-        &f);
+    memset(out, 0, sizeof(*out));
+    if (!h)
+        return STOF_OK;
+    const int64_t stride = h->doc_stride ? h->doc_stride : d->seq_k;
+    const int32_t *src[5] = {h->q_len, h->k_len, h->q_offset, h->prefix,
+                             h->doc_id};
+    size_t n[5], off[5], total = 0;
+    for (int i = 0; i < 5; i++) {
+        n[i] = !src[i] ? 0
+               : i < 4 ? (size_t)d->batch
+                       : (size_t)((int64_t)(d->batch - 1) * stride + d->seq_k);
+        off[i] = total;
+        total += (n[i] * 4u + 255u) & ~(size_t)255u;
+    }
+    out->d.doc_stride = h->doc_stride;
+    if (total == 0)
+        return STOF_OK;
+    stof_status st = (stof_status)stof__ctx_push(ctx);
     if (st != STOF_OK)
         return st;
-    const int64_t tiles = f->row_ptr[f->n_row_blocks];
-    int64_t most = 0;
-    for (int i = 0; i < f->n_row_blocks; i++)
-        if (f->row_ptr[i + 1] - f->row_ptr[i] > most)
-            most = f->row_ptr[i + 1] - f->row_ptr[i];
-    const double all = (double)f->n_row_blocks * (double)f->n_col_blocks;
-    const int b_active = frac_bucket(all > 0 ? (double)tiles / all : 0.0);
-    const int b_partial =
-        frac_bucket(tiles > 0 ? (double)f->n_partial / (double)tiles : 0.0);
-    const int b_most = frac_bucket(
-        f->n_col_blocks > 0 ? (double)most / (double)f->n_col_blocks : 0.0);
+    const stof_api *api = ctx->api;
+    STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&out->mem, total));
+    const int32_t **dst[5] = {&out->d.q_len, &out->d.k_len, &out->d.q_offset,
+                              &out->d.prefix, &out->d.doc_id};
+    for (int i = 0; i < 5; i++) {
+        if (!src[i])
+            continue;
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuMemcpyHtoD(out->mem + off[i], src[i], n[i] * 4u));
+        *dst[i] = (const int32_t *)(uintptr_t)(out->mem + off[i]);
+    }
+pop:
+    stof__ctx_pop(ctx);
+    return st;
+}
+
+static void sample_free(stof_context *ctx, dev_sample *s)
+{
+    if (s->mem && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuMemFree(s->mem);
+        stof__ctx_pop(ctx);
+    }
+    memset(s, 0, sizeof(*s));
+}
+
+/* The statistics of the sample on 128 x 64 tiles, from the GPU builder
+ * (k): non-empty tiles, partial tiles, most tiles of a row block, and the
+ * tiles of the batch (n_rb x n_cb x batch), n_cb in st[4]. */
+static stof_status sample_stats(stof_context *ctx, const stof_attention_desc *d,
+                                const stof_mask_family *fam,
+                                const stof_mb_kernels *k,
+                                const stof_mask_data *dev, int64_t st_out[5])
+{
+    stof_mb_workspace ws;
+    stof_status st = stof__mb_workspace_new(ctx, fam, d->batch, d->seq_q,
+                                            d->seq_k, 128, 64, &ws);
+    if (st != STOF_OK)
+        return st;
+    int64_t stats[STOF_MB_STATS];
+    stof_mb_data md;
+    stof__family_mb_data(dev, &md);
+    if ((st = (stof_status)stof__ctx_push(ctx)) == STOF_OK) {
+        const stof_api *api = ctx->api;
+        st = stof__mb_build(k, &ws, &md, NULL, api);
+        if (st != STOF_OK)
+            stof__fail(ctx, st, "the GPU format builder failed to launch");
+        else
+            STOF_CU_GOTO(ctx, st, pop,
+                         api->cuMemcpyDtoH(stats, ws.stats, sizeof(stats)));
+    pop:
+        stof__ctx_pop(ctx);
+    }
+    if (st == STOF_OK && stats[3])
+        st = stof__fail(ctx, STOF_ERR_INTERNAL,
+                        "the GPU format builder overflowed its workspace");
+    if (st == STOF_OK) {
+        st_out[0] = stats[0];
+        st_out[1] = stats[1];
+        st_out[2] = stats[2];
+        st_out[3] = (int64_t)d->batch * ws.n_rb * ws.n_cb;
+        st_out[4] = ws.n_cb;
+    }
+    stof__mb_workspace_free(ctx, &ws);
+    return st;
+}
+
+/* The formats of the sample's sequence 0 for the cost model, from the GPU
+ * builder: per row block, its non-empty and partial tiles (no tile lists,
+ * no bitmaps: the model reads row_ptr and kind only). */
+typedef struct gpu_formats {
+    stof_context *ctx;
+    const stof_mask_family *fam;
+    const stof_attention_desc *d;
+    const stof_mask_data *dev;
+    stof_mb_kernels k;
+} gpu_formats;
+
+static stof_status gpu_format(void *user, int block_m, int block_n,
+                              stof_format **out)
+{
+    gpu_formats *g = user;
+    stof_context *ctx = g->ctx;
+    *out = NULL;
+    stof_mb_workspace ws;
+    stof_status st = stof__mb_workspace_new(ctx, g->fam, 1, g->d->seq_q,
+                                            g->d->seq_k, block_m, block_n, &ws);
+    if (st != STOF_OK)
+        return st;
+    int32_t *cnt = malloc(sizeof(int32_t) * 2 * (size_t)ws.n_rb);
+    stof_format *f = calloc(1, sizeof(*f));
+    int64_t stats[STOF_MB_STATS];
+    if (!cnt || !f) {
+        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        goto done;
+    }
+    stof_mb_data md;
+    stof__family_mb_data(g->dev, &md);
+    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK)
+        goto done;
+    const stof_api *api = ctx->api;
+    if ((st = stof__mb_build(&g->k, &ws, &md, NULL, api)) != STOF_OK)
+        stof__fail(ctx, st, "the GPU format builder failed to launch");
+    else {
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuMemcpyDtoH(cnt, ws.cnt,
+                                       sizeof(int32_t) * 2 * (size_t)ws.n_rb));
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuMemcpyDtoH(stats, ws.stats, sizeof(stats)));
+    }
+pop:
+    stof__ctx_pop(ctx);
+    if (st != STOF_OK)
+        goto done;
+    f->seq_q = g->d->seq_q;
+    f->seq_k = g->d->seq_k;
+    f->block_m = block_m;
+    f->block_n = block_n;
+    f->n_row_blocks = ws.n_rb;
+    f->n_col_blocks = ws.n_cb;
+    f->bitmap_words_per_row = ws.bwpr;
+    f->n_full = stats[0] - stats[1];
+    f->n_partial = stats[1];
+    f->n_empty = (int64_t)ws.n_rb * ws.n_cb - stats[0];
+    f->row_ptr = malloc(sizeof(int64_t) * ((size_t)ws.n_rb + 1));
+    f->kind = malloc((size_t)stats[0] + 1);
+    if (!f->row_ptr || !f->kind) {
+        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        goto done;
+    }
+    f->row_ptr[0] = 0;
+    for (int i = 0; i < ws.n_rb; i++) {
+        const int64_t e = f->row_ptr[i], nt = cnt[2 * i], np = cnt[2 * i + 1];
+        memset(f->kind + e, STOF_TILE_FULL, (size_t)(nt - np));
+        memset(f->kind + e + nt - np, STOF_TILE_PARTIAL, (size_t)np);
+        f->row_ptr[i + 1] = e + nt;
+    }
+    *out = f;
+    f = NULL;
+done:
     stof_format_free(&f);
+    free(cnt);
+    stof__mb_workspace_free(ctx, &ws);
+    return st;
+}
+
+stof_status stof__family_rank(stof_context *ctx, const stof_attention_desc *d,
+                              const stof_attn_problem *pr,
+                              stof_candidate *cands, int max, int *n)
+{
+    *n = 0;
+    gpu_formats g = {.ctx = ctx, .fam = pr->fam, .d = d, .dev = pr->dev};
+    stof_status st = stof__mb_load(ctx, &g.k);
+    if (st != STOF_OK)
+        return st;
+    st = stof__cost_rank_formats(ctx, d, gpu_format, &g, cands, max, n);
+    stof__mb_unload(ctx, &g.k);
+    return st;
+}
+
+/* The key of a family problem: the family (canonical spec), the problem
+ * with its lengths bucketed, and the buckets of the sample's statistics on
+ * 128 x 64 tiles over the batch (non-empty tiles over all tiles, partial
+ * over non-empty, most tiles of a row block over the key blocks), computed
+ * on the GPU. */
+static void family_key(stof_context *ctx, const stof_attention_desc *d,
+                       const stof_mask_family *fam, const int64_t stats[5],
+                       char key[33], char *text, size_t text_n)
+{
+    const double all = (double)stats[3];
+    const int b_active = frac_bucket(all > 0 ? (double)stats[0] / all : 0.0);
+    const int b_partial = frac_bucket(
+        stats[0] > 0 ? (double)stats[1] / (double)stats[0] : 0.0);
+    const int b_most = frac_bucket(
+        stats[4] > 0 ? (double)stats[2] / (double)stats[4] : 0.0);
     stof_attention_desc nd = *d;
     stof__attention_normalise(&nd);
     nd.seq_q = stof__family_len_bucket(d->seq_q);
     nd.seq_k = stof__family_len_bucket(d->seq_k);
     char buf[512];
     int n = snprintf(buf, sizeof(buf),
-                     "family;v=1;spec=%s;active=%d;partial=%d;most=%d",
+                     "family;v=2;spec=%s;active=%d;partial=%d;most=%d",
                      stof_mask_family_spec(fam), b_active, b_partial, b_most);
     if (n < 0 || (size_t)n >= sizeof(buf))
         n = (int)sizeof(buf) - 1;
@@ -173,7 +386,6 @@ static stof_status family_key(stof_context *ctx, const stof_attention_desc *d,
     if (text && text_n)
         snprintf(text, text_n, "%s;seq_q=%d;seq_k=%d", buf, nd.seq_q,
                  nd.seq_k);
-    return STOF_OK;
 }
 
 stof_status stof_attention_plan_family(stof_context *ctx,
@@ -187,11 +399,10 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     *out = NULL;
     STOF_CHECK_ARG(ctx, d != NULL, "%s: descriptor is NULL", fn);
     STOF_CHECK_ARG(ctx, fam != NULL, "%s: fam is NULL", fn);
-    STOF_CHECK_ARG(ctx, d->seq_q >= 1 && d->seq_k >= 1 &&
-                            (int64_t)d->seq_q * d->seq_k <= FAMILY_MAX_ELEMS,
-                   "%s: seq_q x seq_k = %d x %d; families plan at most 2^30 "
-                   "elements for now",
-                   fn, d->seq_q, d->seq_k);
+    float scale;
+    stof_status st = stof__attention_check_problem(ctx, d, &scale);
+    if (st != STOF_OK)
+        return st;
     int32_t prog[4 * STOF_MB_MAX_NODES];
     int depth = 0;
     if (stof__spec_program(stof__family_spec(fam), prog, STOF_MB_MAX_NODES,
@@ -202,42 +413,40 @@ stof_status stof_attention_plan_family(stof_context *ctx,
                           "bigbird leaves, or too large a spec); use "
                           "stof_mask_from_spec and stof_attention_plan",
                           fn, stof_mask_family_spec(fam));
-    stof_status st = stof_mask_data_check(ctx, fam, d->batch, d->seq_q,
-                                          d->seq_k, sample);
+    st = stof_mask_data_check(ctx, fam, d->batch, d->seq_q, d->seq_k, sample);
     if (st != STOF_OK)
         return st;
+    if (!ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE, "%s needs a GPU: %s", fn,
+                          ctx->device.why[0] ? ctx->device.why
+                                             : "no usable CUDA device");
+    stof_mb_kernels k;
+    dev_sample ds;
+    memset(&ds, 0, sizeof(ds));
+    if ((st = stof__mb_load(ctx, &k)) != STOF_OK)
+        return st;
+    int64_t stats[5] = {0, 0, 0, 0, 0};
     char key[33], key_text[640];
-    st = family_key(ctx, d, fam, sample, key, key_text, sizeof(key_text));
-    if (st != STOF_OK)
-        return st;
-    stof_mask *m = NULL;
-    st = stof_mask_family_eval(ctx, fam, d->seq_q, d->seq_k, sample, 0, &m);
-    if (st != STOF_OK)
-        return st;
+    st = sample_upload(ctx, d, sample, &ds);
+    if (st == STOF_OK)
+        st = sample_stats(ctx, d, fam, &k, &ds.d, stats);
     stof_plan *p = NULL;
-    st = stof__attention_plan_keyed(
-        ctx, d, m, key, (1u << STOF_KERNEL_BLOCK) | (1u << STOF_KERNEL_WGMMA),
-        &p);
-    if (st == STOF_OK && !block_format_kind(p->kind)) {
-        /* The sample's best kernel reads row-wise lists: take the best
-         * block-format one the cost model sees instead. */
-        stof_candidate c;
-        stof_plan_free(&p);
-        st = best_block_candidate(ctx, d, m, &c);
-        if (st == STOF_OK)
-            st = stof__attention_plan_kernel(ctx, d, m, &c, &p);
-        if (st == STOF_OK)
-            p->source = "family cost model";
-    }
-    stof_mask_free(&m);
     if (st == STOF_OK) {
-        st = attach_builder(ctx, p, fam);
-        snprintf(p->family_key, sizeof(p->family_key), "%s", key_text);
+        family_key(ctx, d, fam, stats, key, key_text, sizeof(key_text));
+        stof_attn_problem pr = {.fam = fam, .dev = &ds.d};
+        st = stof__attention_plan_problem(
+            ctx, d, &pr, key,
+            (1u << STOF_KERNEL_BLOCK) | (1u << STOF_KERNEL_WGMMA), &p);
     }
+    stof__mb_unload(ctx, &k);
+    sample_free(ctx, &ds);
     if (st != STOF_OK) {
         stof_plan_free(&p);
         return st;
     }
+    snprintf(p->family_key, sizeof(p->family_key), "%s", key_text);
+    snprintf(p->mask_hex, sizeof(p->mask_hex), "%s", p->key);
+    p->mask_density = stats[3] > 0 ? (double)stats[0] / (double)stats[3] : 0.0;
     *out = p;
     return stof__ok(ctx);
 }
@@ -247,14 +456,6 @@ stof_status stof__attention_family_build(stof_plan *p,
                                          CUstream s)
 {
     stof_mb_data md;
-    memset(&md, 0, sizeof(md));
-    if (data) {
-        md.q_len = (CUdeviceptr)(uintptr_t)data->q_len;
-        md.k_len = (CUdeviceptr)(uintptr_t)data->k_len;
-        md.q_offset = (CUdeviceptr)(uintptr_t)data->q_offset;
-        md.prefix = (CUdeviceptr)(uintptr_t)data->prefix;
-        md.doc_id = (CUdeviceptr)(uintptr_t)data->doc_id;
-        md.doc_stride = data->doc_stride;
-    }
+    stof__family_mb_data(data, &md);
     return stof__mb_build(&p->mb_k, &p->mb_ws, &md, s, p->ctx->api);
 }

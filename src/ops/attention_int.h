@@ -18,6 +18,19 @@
 
 #define REF_WARPS 4 /* STOF_REF_WARPS in attn_reference.cu */
 
+/* Mirrors struct stof_attn_params in jit_templates/stof_common.cuh (the
+ * reference kernels' arguments). */
+typedef struct stof_attn_params {
+    CUdeviceptr q, k, v, o;
+    CUdeviceptr mask_bits;
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+    int batch, heads, seq_q, seq_k;
+    int mask_words;
+    float scale;
+} stof_attn_params;
+_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
+               "stof_attn_params must match stof_common.cuh");
+
 struct stof_plan {
     stof_context *ctx;
     int kind;                 /* STOF_KERNEL_* */
@@ -67,6 +80,12 @@ stof_status stof__attention_check_desc(stof_context *ctx,
                                        const stof_attention_desc *d,
                                        const stof_mask *m, float *scale);
 
+/* The checks of stof__attention_check_desc that do not involve a mask
+ * (mask families: the sizes are the plan's maximum). */
+stof_status stof__attention_check_problem(stof_context *ctx,
+                                          const stof_attention_desc *d,
+                                          float *scale);
+
 /* The same, and a usable device (STOF_ERR_NO_DEVICE with the reason). */
 stof_status stof__attention_check_ready(stof_context *ctx,
                                         const stof_attention_desc *d,
@@ -75,14 +94,31 @@ stof_status stof__attention_check_ready(stof_context *ctx,
 /* For BHSD/BSHD, the strides the layout implies, whatever the fields held. */
 void stof__attention_normalise(stof_attention_desc *d);
 
-/* stof_attention_plan with the database key `key` (NULL: the problem's
- * own) and, when tuning, only the kernel kinds in `kinds` (bit 1 << kind;
- * 0: every kind). */
-stof_status stof__attention_plan_keyed(stof_context *ctx,
-                                       const stof_attention_desc *d,
-                                       const stof_mask *m, const char *key,
-                                       unsigned kinds,
-                                       stof_plan **out /* OUT */);
+/* What a plan is made for: a mask (bit matrix), or a mask family with a
+ * sample instance in device memory (for the GPU format builder and the
+ * family reference). */
+typedef struct stof_attn_problem {
+    const stof_mask *m; /* or NULL: a family */
+    const stof_mask_family *fam;
+    const stof_mask_data *dev;
+} stof_attn_problem;
+
+/* Stage 1 for a family problem: the block-format kinds ranked on the
+ * formats of the sample's sequence 0, built on the GPU at each tiling
+ * (only the per-row-block tile counts come back to the host). */
+stof_status stof__family_rank(stof_context *ctx, const stof_attention_desc *d,
+                              const stof_attn_problem *pr,
+                              stof_candidate *cands, int max, int *n /* OUT */);
+
+/* stof_attention_plan for problem pr with the database key `key` (NULL:
+ * the mask's own; required for a family) and, when tuning, only the kernel
+ * kinds in `kinds` (bit 1 << kind; 0: every kind; a family's plans are of
+ * the block-format kinds whatever it holds). */
+stof_status stof__attention_plan_problem(stof_context *ctx,
+                                         const stof_attention_desc *d,
+                                         const stof_attn_problem *pr,
+                                         const char *key, unsigned kinds,
+                                         stof_plan **out /* OUT */);
 
 /* The length bucket of a family problem's key (attention_family.c): the
  * smallest of 128, 192, 256, 384, 512, 768, ... (2^j and 3 * 2^(j-1)) that
@@ -110,6 +146,19 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
                                         const stof_mask *m,
                                         const stof_candidate *choice,
                                         stof_plan **out /* OUT */);
+
+/* Load a cubin into plan p (kind and configuration set): module, function,
+ * shared memory limit and, for the reference kernel, the launch shape. */
+stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
+                              const void *cubin);
+
+/* Compile c, or for the reference kernel take the context's copy of an
+ * earlier compile (a malloc'd copy either way; the reference module also
+ * holds the family reference and the search's fill and compare kernels,
+ * attn_reference.cu). */
+stof_status stof__kernel_cubin(stof_context *ctx, const stof_candidate *c,
+                               int head_dim, stof_dtype dt,
+                               void **cubin /* OUT */, size_t *size /* OUT */);
 
 /* Compile a candidate's kernel with NVRTC (no GPU work; thread-safe for
  * distinct contexts): *cubin is malloc'd. */
@@ -141,6 +190,33 @@ stof_status stof__attention_op_new(stof_context *ctx,
                                    stof_attention_op **out /* OUT */,
                                    stof_search_op *op /* OUT */);
 void stof__attention_op_free(stof_attention_op **a);
+
+/* The same for a mask family without a bit matrix: `sample` is instance
+ * data in device memory (kept by the op until freed); plans are family
+ * plans (stof__family_plan_from_cubin) whose runs build the sample's
+ * formats; inputs, the reference (attn_reference.cu's family kernel) and
+ * the comparison are on the GPU, over heads 0 .. ref_heads - 1 of every
+ * sequence (each head runs the same code; every sequence has its own
+ * instance). */
+stof_status stof__attention_family_op_new(
+    stof_context *ctx, const stof_attention_desc *d,
+    const stof_mask_family *fam, const stof_mask_data *sample,
+    const stof_candidate *cands, int n, uint64_t seed, int reps,
+    int ref_heads, stof_attention_op **out /* OUT */,
+    stof_search_op *op /* OUT */);
+
+/* A family plan for candidate c with the given cubin: the GPU format
+ * builder attached (its workspace for d's batch and lengths), no bit
+ * matrix, nothing compiled but the builder (once per context). */
+stof_status stof__family_plan_from_cubin(stof_context *ctx,
+                                         const stof_attention_desc *d,
+                                         const stof_mask_family *fam,
+                                         const stof_candidate *c,
+                                         const void *cubin, size_t size,
+                                         stof_plan **out /* OUT */);
+
+/* Public instance data (device pointers) as the builder's. */
+void stof__family_mb_data(const stof_mask_data *data, stof_mb_data *md);
 
 /* Run plan p (made for any batch and heads of the op's problem) on the
  * op's verification inputs, launched for the op's descriptor, and compare

@@ -130,7 +130,7 @@ int stof__attention_record_candidate(const stof_db_record *r,
 }
 
 static void fill_record(stof_context *ctx, const stof_attention_desc *d,
-                        const stof_mask *m, const char *key,
+                        const stof_attn_problem *pr, const char *key,
                         const char *mask_hex, const stof_candidate *winner,
                         const stof_search_result *res, uint64_t seed,
                         stof_db_record *r)
@@ -140,8 +140,9 @@ static void fill_record(stof_context *ctx, const stof_attention_desc *d,
     snprintf(r->key, sizeof(r->key), "%s", key);
     snprintf(r->op, sizeof(r->op), "attention");
     snprintf(r->mask_digest, sizeof(r->mask_digest), "%s", mask_hex);
-    if (m->spec)
-        snprintf(r->mask_spec, sizeof(r->mask_spec), "%s", m->spec);
+    const char *spec = pr->m ? pr->m->spec : stof_mask_family_spec(pr->fam);
+    if (spec)
+        snprintf(r->mask_spec, sizeof(r->mask_spec), "%s", spec);
     r->batch = d->batch;
     r->heads = d->heads;
     r->seq_q = d->seq_q;
@@ -173,22 +174,42 @@ static void fill_record(stof_context *ctx, const stof_attention_desc *d,
 /* Validate and normalise a problem, compute its key (or take `key_in`);
  * NO_DEVICE without a GPU. */
 static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
-                              const stof_mask *m, const char *key_in,
+                              const stof_attn_problem *pr, const char *key_in,
                               stof_attention_desc *nd, char mask_hex[33],
                               char key[33])
 {
     float scale;
-    stof_status st = stof__attention_check_ready(ctx, d, m, &scale);
+    stof_status st = pr->m ? stof__attention_check_ready(ctx, d, pr->m, &scale)
+                           : stof__attention_check_problem(ctx, d, &scale);
     if (st != STOF_OK)
         return st;
+    if (!pr->m && !ctx->device.ok)
+        return stof__fail(ctx, STOF_ERR_NO_DEVICE,
+                          "stof_attention_plan_family needs a GPU: %s",
+                          ctx->device.why[0] ? ctx->device.why
+                                             : "no usable CUDA device");
     *nd = *d;
     stof__attention_normalise(nd);
-    stof_mask_digest(m, NULL, mask_hex);
+    if (pr->m)
+        stof_mask_digest(pr->m, NULL, mask_hex);
+    else /* a family's records name its key */
+        snprintf(mask_hex, 33, "%s", key_in ? key_in : "");
     if (key_in)
         snprintf(key, 33, "%s", key_in);
     else
         stof__attention_key(ctx, nd, mask_hex, key, NULL, 0);
     return STOF_OK;
+}
+
+/* A plan of problem pr for candidate c with the given cubin. */
+static stof_status plan_cubin(stof_context *ctx, const stof_attention_desc *nd,
+                              const stof_attn_problem *pr,
+                              const stof_candidate *c, const void *cubin,
+                              size_t size, stof_plan **out)
+{
+    return pr->m ? stof__plan_from_cubin(ctx, nd, pr->m, c, cubin, size, out)
+                 : stof__family_plan_from_cubin(ctx, nd, pr->fam, c, cubin,
+                                                size, out);
 }
 
 /* Whether candidate c's kernel can run with nd's strides. The key does
@@ -213,16 +234,27 @@ static int kernel_takes_strides(const stof_candidate *c,
  * every output row with the reference kernel. 1 when it matches (within
  * the search's tolerance), else 0 with the reason in why. */
 static int verify_here(stof_context *ctx, const stof_plan *p,
-                       const stof_mask *m, char *why, size_t n)
+                       const stof_attn_problem *pr, char *why, size_t n)
 {
     stof_attention_desc vd = p->desc;
     vd.batch = 1;
     vd.heads = p->desc.heads < 2 ? p->desc.heads : 2;
     vd.layout = STOF_LAYOUT_BHSD;
-    stof__attention_normalise(&vd);
     stof_attention_op *a = NULL;
-    stof_status st = stof__attention_op_new(ctx, &vd, m, NULL, 0,
-                                            0x7e57ed5eedull, 1, &a, NULL);
+    stof_status st;
+    if (pr->m) {
+        stof__attention_normalise(&vd);
+        st = stof__attention_op_new(ctx, &vd, pr->m, NULL, 0, 0x7e57ed5eedull,
+                                    1, &a, NULL);
+    } else {
+        /* A family: every sequence (each has its own instance), the first
+         * head of each against the reference. */
+        vd.batch = p->desc.batch;
+        stof__attention_normalise(&vd);
+        st = stof__attention_family_op_new(ctx, &vd, pr->fam, pr->dev, NULL,
+                                           0, 0x7e57ed5eedull, 1, 1, &a,
+                                           NULL);
+    }
     if (st != STOF_OK) {
         snprintf(why, n, "the reference could not run: %s",
                  stof_errmsg(ctx));
@@ -249,13 +281,13 @@ static int verify_here(stof_context *ctx, const stof_plan *p,
  * 1 when the plan may run; 0 when the record failed (logged; a user
  * database record that fails is deleted, so that tuning can replace it). */
 static int trust_record(stof_context *ctx, stof_db *db, stof_plan *p,
-                        const stof_mask *m, const stof_db_record *rec)
+                        const stof_attn_problem *pr, const stof_db_record *rec)
 {
     if (stof__db_trusted(db, rec))
         return 1;
     char why[512];
     const double t0 = stof__now_ms();
-    const int ok = verify_here(ctx, p, m, why, sizeof(why));
+    const int ok = verify_here(ctx, p, pr, why, sizeof(why));
     p->verify_ms = stof__now_ms() - t0;
     if (ok) {
         stof__db_trust(db, rec);
@@ -277,7 +309,7 @@ static int trust_record(stof_context *ctx, stof_db *db, stof_plan *p,
 /* A plan from the database, or NULL (a miss, or an unusable record: logged
  * and treated as a miss). */
 static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
-                               const stof_mask *m, const char *key)
+                               const stof_attn_problem *pr, const char *key)
 {
     stof_db *db = stof__ctx_db(ctx);
     stof_db_record rec;
@@ -295,12 +327,18 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
                   "tuning record %s: its %s kernel cannot address these "
                   "strides: planning without it",
                   key, rec.kernel);
-    else if (stof__plan_from_cubin(ctx, nd, m, &c, rec.cubin, rec.cubin_size,
-                                   &p) != STOF_OK)
+    else if (!pr->m && c.kind != STOF_KERNEL_BLOCK &&
+             c.kind != STOF_KERNEL_WGMMA)
+        stof__log(ctx, STOF_LOG_WARN,
+                  "tuning record %s: a %s kernel does not read the family's "
+                  "GPU-built formats: ignored",
+                  key, rec.kernel);
+    else if (plan_cubin(ctx, nd, pr, &c, rec.cubin, rec.cubin_size, &p) !=
+             STOF_OK)
         stof__log(ctx, STOF_LOG_WARN,
                   "tuning record %s could not be loaded (%s): ignored", key,
                   stof_errmsg(ctx));
-    if (p && !trust_record(ctx, db, p, m, &rec)) {
+    if (p && !trust_record(ctx, db, p, pr, &rec)) {
         stof__plan_release(p);
         p = NULL;
     }
@@ -316,12 +354,47 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
     return p;
 }
 
+/* A family's plan for the cost model's best block-format candidate,
+ * compiled. */
+static stof_status family_model_plan(stof_context *ctx,
+                                     const stof_attention_desc *nd,
+                                     const stof_attn_problem *pr,
+                                     stof_plan **out)
+{
+    stof_candidate c;
+    int n = 0;
+    stof_status st = stof__family_rank(ctx, nd, pr, &c, 1, &n);
+    if (st == STOF_ERR_UNSUPPORTED)
+        return stof__fail(ctx, st,
+                          "no block-format kernel supports head_dim %d on "
+                          "this device",
+                          nd->head_dim);
+    if (st != STOF_OK)
+        return st;
+    void *cubin = NULL;
+    size_t size = 0;
+    const double t0 = stof__now_ms();
+    st = stof__kernel_cubin(ctx, &c, nd->head_dim, nd->dtype, &cubin, &size);
+    const double ms = stof__now_ms() - t0;
+    if (st == STOF_OK)
+        st = stof__family_plan_from_cubin(ctx, nd, pr->fam, &c, cubin, size,
+                                          out);
+    free(cubin);
+    if (st == STOF_OK) {
+        (*out)->compile_ms = ms;
+        (*out)->n_candidates = 1;
+    }
+    return st;
+}
+
 /* Cache-only mode: record the miss and plan the model's choice. */
 static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d,
                                  const stof_attention_desc *nd,
-                                 const stof_mask *m, const char *mask_hex,
-                                 const char *key, stof_plan **out)
+                                 const stof_attn_problem *pr,
+                                 const char *mask_hex, const char *key,
+                                 stof_plan **out)
 {
+    const stof_mask *m = pr->m;
     stof_db *db = stof__ctx_db(ctx);
     if (db && stof__db_writable(db)) {
         /* Everything `stof-tune pending` needs to plan it again: the
@@ -343,23 +416,26 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
                 snprintf(f, sizeof(f), "%s_s%d", names[t], i);
                 json_object_set_new(pj, f, json_integer(st4[t][i]));
             }
-        if (pj) {
+        if (pj && m) {
             json_object_set_new(pj, "mask_spec",
                                 json_string(m->spec ? m->spec : ""));
             json_object_set_new(pj, "mask_digest", json_string(mask_hex));
+        } else if (pj) { /* a family: its spec, no bits */
+            json_object_set_new(pj, "family_spec",
+                                json_string(stof_mask_family_spec(pr->fam)));
         }
         char *problem = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
         json_decref(pj);
         if (!problem ||
-            stof__db_record_miss(db, key, problem,
-                                 m->bits,
-                                 (size_t)m->seq_q * m->words_per_row * 8u) !=
-                STOF_OK)
+            stof__db_record_miss(
+                db, key, problem, m ? (const void *)m->bits : NULL,
+                m ? (size_t)m->seq_q * m->words_per_row * 8u : 0u) != STOF_OK)
             stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
                       problem ? stof_errmsg(ctx) : "out of memory");
         free(problem);
     }
-    stof_status st = stof__attention_plan_kernel(ctx, d, m, NULL, out);
+    stof_status st = m ? stof__attention_plan_kernel(ctx, d, m, NULL, out)
+                       : family_model_plan(ctx, nd, pr, out);
     if (st == STOF_OK) {
         (*out)->source = "fallback";
         snprintf((*out)->key, sizeof((*out)->key), "%s", key);
@@ -370,7 +446,7 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
 /* After a search: store the winner (candidate `winner`) and plan from its
  * cubin (consumed). */
 static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
-                              const stof_mask *m, const char *mask_hex,
+                              const stof_attn_problem *pr, const char *mask_hex,
                               const char *key, const stof_candidate *winner,
                               stof_search_result *res, uint64_t seed,
                               stof_plan **out)
@@ -378,7 +454,7 @@ static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
     stof_db *db = stof__ctx_db(ctx);
     if (db && stof__db_writable(db)) {
         stof_db_record rec;
-        fill_record(ctx, nd, m, key, mask_hex, winner, res, seed, &rec);
+        fill_record(ctx, nd, pr, key, mask_hex, winner, res, seed, &rec);
         if (stof__db_store(db, &rec,
                            ctx->settings.tuning_mode == STOF_TUNE_FORCE,
                            1) != STOF_OK)
@@ -387,9 +463,8 @@ static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
                       stof_errmsg(ctx));
     }
     stof_plan *p = NULL;
-    stof_status st = stof__plan_from_cubin(ctx, nd, m, winner,
-                                           res->winner_art,
-                                           res->winner_art_size, &p);
+    stof_status st = plan_cubin(ctx, nd, pr, winner, res->winner_art,
+                                res->winner_art_size, &p);
     stof__search_results_free(res, 1);
     if (st != STOF_OK)
         return st;
@@ -424,7 +499,7 @@ static stof_search_opts search_opts(const stof_context *ctx)
 typedef struct miss {
     int i;                   /* the problem's index in the call */
     stof_attention_desc nd;
-    const stof_mask *m;
+    stof_attn_problem pr;
     char mask_hex[33], key[33];
     stof_candidate *ranked;
     int n_ranked;
@@ -446,8 +521,11 @@ static stof_status miss_prepare(stof_context *ctx, miss *x, unsigned kinds,
     x->ranked = malloc(sizeof(*x->ranked) * MAX_RANKED);
     if (!x->ranked)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
-    stof_status st = stof__cost_rank(ctx, &x->nd, x->m, x->ranked, MAX_RANKED,
-                                     &x->n_ranked);
+    stof_status st =
+        x->pr.m ? stof__cost_rank(ctx, &x->nd, x->pr.m, x->ranked, MAX_RANKED,
+                                  &x->n_ranked)
+                : stof__family_rank(ctx, &x->nd, &x->pr, x->ranked, MAX_RANKED,
+                                    &x->n_ranked);
     if (st != STOF_OK)
         return st;
     if (kinds) { /* only the kinds asked for, in rank order */
@@ -463,47 +541,65 @@ static stof_status miss_prepare(stof_context *ctx, miss *x, unsigned kinds,
               "tuning attention %dx%dx%dx%d d=%d %s: %d candidates ranked",
               x->nd.batch, x->nd.heads, x->nd.seq_q, x->nd.seq_k,
               x->nd.head_dim, dtype_name(x->nd.dtype), x->n_ranked);
-    return stof__attention_op_new(ctx, &x->nd, x->m, x->ranked, x->n_ranked,
-                                  SEARCH_SEED, ctx->settings.tuning_reps,
-                                  &x->op, op);
+    if (!x->pr.m) /* a family: every sequence, the first head of each */
+        return stof__attention_family_op_new(
+            ctx, &x->nd, x->pr.fam, x->pr.dev, x->ranked, x->n_ranked,
+            SEARCH_SEED, ctx->settings.tuning_reps, 1, &x->op, op);
+    return stof__attention_op_new(ctx, &x->nd, x->pr.m, x->ranked,
+                                  x->n_ranked, SEARCH_SEED,
+                                  ctx->settings.tuning_reps, &x->op, op);
 }
 
 stof_status stof_attention_plan(stof_context *ctx,
                                 const stof_attention_desc *d,
                                 const stof_mask *m, stof_plan **out)
 {
-    return stof__attention_plan_keyed(ctx, d, m, NULL, 0, out);
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (out)
+        *out = NULL;
+    STOF_CHECK_ARG(ctx, m, "mask is NULL");
+    stof_attn_problem pr = {.m = m};
+    return stof__attention_plan_problem(ctx, d, &pr, NULL, 0, out);
 }
 
-stof_status stof__attention_plan_keyed(stof_context *ctx,
-                                       const stof_attention_desc *d,
-                                       const stof_mask *m, const char *key,
-                                       unsigned kinds, stof_plan **out)
+stof_status stof__attention_plan_problem(stof_context *ctx,
+                                         const stof_attention_desc *d,
+                                         const stof_attn_problem *pr,
+                                         const char *key, unsigned kinds,
+                                         stof_plan **out)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARGUMENT;
     STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
     *out = NULL;
-    miss x = {.m = m};
-    stof_status st = plan_begin(ctx, d, m, key, &x.nd, x.mask_hex, x.key);
+    miss x = {.pr = *pr};
+    stof_status st = plan_begin(ctx, d, pr, key, &x.nd, x.mask_hex, x.key);
     if (st != STOF_OK)
         return st;
-    if ((*out = plan_from_db(ctx, &x.nd, m, x.key)))
+    if ((*out = plan_from_db(ctx, &x.nd, pr, x.key)))
         return stof__ok(ctx);
     if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
-        return plan_fallback(ctx, d, &x.nd, m, x.mask_hex, x.key, out);
+        return plan_fallback(ctx, d, &x.nd, pr, x.mask_hex, x.key, out);
     stof_search_op op;
     st = miss_prepare(ctx, &x, kinds, &op);
+    if (st == STOF_ERR_UNSUPPORTED && !pr->m) {
+        miss_free(&x);
+        return stof__fail(ctx, st,
+                          "no block-format kernel supports head_dim %d on "
+                          "this device",
+                          d->head_dim);
+    }
     if (st == STOF_ERR_UNSUPPORTED) { /* no fast kernel: the reference */
         miss_free(&x);
-        return stof__attention_plan_kernel(ctx, d, m, NULL, out);
+        return stof__attention_plan_kernel(ctx, d, pr->m, NULL, out);
     }
     stof_search_result res;
     stof_search_opts o = search_opts(ctx);
     if (st == STOF_OK)
         st = stof__search_run(ctx, &op, 1, &o, &res);
     if (st == STOF_OK)
-        st = plan_tuned(ctx, &x.nd, m, x.mask_hex, x.key,
+        st = plan_tuned(ctx, &x.nd, pr, x.mask_hex, x.key,
                         &x.ranked[res.winner], &res, SEARCH_SEED, out);
     else if (x.op)
         stof__search_results_free(&res, 1);
@@ -548,15 +644,18 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
     for (int i = 0; i < n; i++) {
         miss *x = &ms[n_miss];
         x->i = i;
-        x->m = masks[i];
-        stof_status st = plan_begin(ctx, &descs[i], masks[i], NULL, &x->nd,
-                                    x->mask_hex, x->key);
+        x->pr.m = masks[i];
+        stof_status st =
+            masks[i] ? plan_begin(ctx, &descs[i], &x->pr, NULL, &x->nd,
+                                  x->mask_hex, x->key)
+                     : stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                                  "mask is NULL");
         if (st == STOF_OK &&
-            (plans[i] = plan_from_db(ctx, &x->nd, masks[i], x->key)))
+            (plans[i] = plan_from_db(ctx, &x->nd, &x->pr, x->key)))
             continue;
         if (st == STOF_OK &&
             ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
-            st = plan_fallback(ctx, &descs[i], &x->nd, masks[i], x->mask_hex,
+            st = plan_fallback(ctx, &descs[i], &x->nd, &x->pr, x->mask_hex,
                                x->key, &plans[i]);
         else if (st == STOF_OK) {
             st = miss_prepare(ctx, x, 0, &ops[n_miss]);
@@ -587,7 +686,7 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
                              "no candidate passed verification and timing "
                              "(%d failed, %d rejected)",
                              res[k].n_failed, res[k].n_rejected)
-                : plan_tuned(ctx, &x->nd, x->m, x->mask_hex, x->key,
+                : plan_tuned(ctx, &x->nd, &x->pr, x->mask_hex, x->key,
                              &x->ranked[res[k].winner], &res[k], SEARCH_SEED,
                              &plans[x->i]);
         if (st != STOF_OK)

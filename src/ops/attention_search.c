@@ -31,7 +31,27 @@ struct stof_attention_op {
     CUevent e0, e1;
     uint16_t *h_out, *h_ref;
     char name[96];
+    /* Mask families (stof__attention_family_op_new): no bit matrix and no
+     * host copies. The inputs are made, the reference computed and the
+     * outputs compared on the GPU, over heads 0 .. ref_heads - 1 of every
+     * sequence; plans build their formats from `sample` (device data). */
+    const stof_mask_family *fam;
+    stof_mask_data sample;
+    int ref_heads;
+    CUmodule ref_mod;
+    CUfunction f_diff;
+    CUdeviceptr acc; /* 3 doubles (stof_ref_diff) */
 };
+
+/* Run plan p on the op's inputs (the family's sample instance for a
+ * family op). */
+static stof_status op_run(const stof_attention_op *b, stof_plan *p)
+{
+    void *q = (void *)(uintptr_t)b->q, *k = (void *)(uintptr_t)b->k,
+         *v = (void *)(uintptr_t)b->v, *o = (void *)(uintptr_t)b->o;
+    return b->fam ? stof_attention_run_family(p, &b->sample, q, k, v, o, NULL)
+                  : stof_attention_run(p, q, k, v, o, NULL);
+}
 
 /* Elements reachable through a descriptor's strides for one tensor. */
 static size_t extent(const int64_t st[3], int b, int h, int s, int d)
@@ -62,10 +82,13 @@ void stof__attention_op_free(stof_attention_op **pb)
     stof_attention_op *b = *pb;
     const stof_api *api = b->ctx->api;
     if (stof__ctx_push(b->ctx) == STOF_OK) {
-        CUdeviceptr bufs[] = {b->q, b->k, b->v, b->o, b->ref, b->flush};
+        CUdeviceptr bufs[] = {b->q,   b->k,     b->v,  b->o,
+                              b->ref, b->flush, b->acc};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(*bufs); i++)
             if (bufs[i])
                 api->cuMemFree(bufs[i]);
+        if (b->ref_mod)
+            api->cuModuleUnload(b->ref_mod);
         if (b->e0)
             api->cuEventDestroy(b->e0);
         if (b->e1)
@@ -79,18 +102,16 @@ void stof__attention_op_free(stof_attention_op **pb)
 }
 
 /* The verification inputs and the reference output. */
-static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
-                             const stof_mask *m, uint64_t seed, int reps,
-                             stof_attention_op **out)
+/* A new op for problem d: sizes, no buffers yet. */
+static stof_attention_op *op_alloc(stof_context *ctx,
+                                   const stof_attention_desc *d,
+                                   uint64_t seed, int reps)
 {
-    *out = NULL;
     stof_attention_op *b = calloc(1, sizeof(*b));
     if (!b)
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                          "out of memory starting the search");
+        return NULL;
     b->ctx = ctx;
     b->desc = *d;
-    b->mask = m;
     b->seed = seed;
     b->reps = reps > 0 ? reps : 15;
     b->nq = extent(d->q_stride, d->batch, d->heads, d->seq_q, d->head_dim);
@@ -101,6 +122,20 @@ static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
     size_t nv = extent(d->v_stride, d->batch, d->heads, d->seq_k, d->head_dim);
     if (nv > b->nk)
         b->nk = nv;
+    b->ref_heads = d->heads;
+    return b;
+}
+
+static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
+                             const stof_mask *m, uint64_t seed, int reps,
+                             stof_attention_op **out)
+{
+    *out = NULL;
+    stof_attention_op *b = op_alloc(ctx, d, seed, reps);
+    if (!b)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory starting the search");
+    b->mask = m;
     b->h_out = malloc(b->nq * 2);
     b->h_ref = malloc(b->nq * 2);
     uint16_t *hq = malloc(b->nq * 2), *hk = malloc(b->nk * 2),
@@ -235,8 +270,11 @@ static int op_load(void *user, int i, const void *art, size_t size,
 {
     stof_attention_op *b = user;
     stof_plan *p = NULL;
-    stof_status st = stof__plan_from_cubin(b->ctx, &b->desc, b->mask,
-                                           &b->cands[i], art, size, &p);
+    stof_status st =
+        b->fam ? stof__family_plan_from_cubin(b->ctx, &b->desc, b->fam,
+                                              &b->cands[i], art, size, &p)
+               : stof__plan_from_cubin(b->ctx, &b->desc, b->mask,
+                                       &b->cands[i], art, size, &p);
     if (st != STOF_OK) {
         snprintf(err, errn, "%s", stof_errmsg(b->ctx));
         return 1;
@@ -261,12 +299,31 @@ static int op_verify(void *user, void *handle, double *rel, char *err,
     CUresult r = api->cuMemsetD8(b->o, 0xff, b->nq * 2);
     stof_status st = STOF_OK;
     if (r == CUDA_SUCCESS)
-        st = stof_attention_run(p, (void *)(uintptr_t)b->q,
-                                (void *)(uintptr_t)b->k, (void *)(uintptr_t)b->v,
-                                (void *)(uintptr_t)b->o, NULL);
+        st = op_run(b, p);
+    double acc[3] = {0, 0, 0};
+    if (b->fam && r == CUDA_SUCCESS && st == STOF_OK) {
+        /* Compared on the GPU: only three numbers come back. */
+        stof_attn_params prm;
+        memset(&prm, 0, sizeof(prm));
+        prm.o = b->o;
+        prm.q = b->ref;
+        memcpy(prm.o_stride, d->o_stride, sizeof(prm.o_stride));
+        prm.batch = d->batch;
+        prm.heads = b->ref_heads;
+        prm.seq_q = d->seq_q;
+        void *args[] = {&prm, &b->acc};
+        r = api->cuMemsetD8(b->acc, 0, sizeof(acc));
+        if (r == CUDA_SUCCESS)
+            r = api->cuLaunchKernel(
+                b->f_diff, (unsigned)((d->seq_q + 7) / 8),
+                (unsigned)(d->batch * b->ref_heads), 1, 256, 1, 1, 0, NULL,
+                args, NULL);
+        if (r == CUDA_SUCCESS)
+            r = api->cuMemcpyDtoH(acc, b->acc, sizeof(acc));
+    }
     if (r == CUDA_SUCCESS && st == STOF_OK)
         r = api->cuCtxSynchronize();
-    if (r == CUDA_SUCCESS && st == STOF_OK)
+    if (!b->fam && r == CUDA_SUCCESS && st == STOF_OK)
         r = api->cuMemcpyDtoH(b->h_out, b->o, b->nq * 2);
     stof__ctx_pop(b->ctx);
     if (st != STOF_OK || r != CUDA_SUCCESS) {
@@ -276,6 +333,11 @@ static int op_verify(void *user, void *handle, double *rel, char *err,
         snprintf(err, errn, "run failed: %s",
                  st != STOF_OK ? stof_plan_errmsg(p) : name ? name : "?");
         return 1;
+    }
+    if (b->fam) {
+        if (acc[2] == 0.0) /* else a NaN or infinity: rejected */
+            *rel = acc[1] > 0.0 ? sqrt(acc[0] / acc[1]) : sqrt(acc[0]);
+        return 0;
     }
     double num = 0.0, den = 0.0;
     for (int bi = 0; bi < d->batch; bi++)
@@ -309,8 +371,6 @@ static int op_time(void *user, void *handle, double *ms, char *err,
         snprintf(err, errn, "cannot start timing");
         return 1;
     }
-    void *q = (void *)(uintptr_t)b->q, *k = (void *)(uintptr_t)b->k,
-         *v = (void *)(uintptr_t)b->v, *o = (void *)(uintptr_t)b->o;
     int rc = 0;
     /* The flush buffer is made at the first timing: a backend that only
      * verifies (a record's first use on this host) never needs it. */
@@ -323,11 +383,11 @@ static int op_time(void *user, void *handle, double *ms, char *err,
     }
     /* Warm-up. */
     for (int i = 0; i < 2 && !rc; i++)
-        rc = stof_attention_run(p, q, k, v, o, NULL) != STOF_OK;
+        rc = op_run(b, p) != STOF_OK;
     for (int i = 0; i < b->reps && !rc; i++) {
         api->cuMemsetD8(b->flush, (unsigned char)i, FLUSH_BYTES);
         api->cuEventRecord(b->e0, NULL);
-        rc = stof_attention_run(p, q, k, v, o, NULL) != STOF_OK;
+        rc = op_run(b, p) != STOF_OK;
         api->cuEventRecord(b->e1, NULL);
         if (!rc)
             rc = api->cuEventSynchronize(b->e1) != CUDA_SUCCESS ||
@@ -359,6 +419,145 @@ static void op_unload(void *user, void *handle)
     stof_plan_free(&p);
 }
 
+/* The search's operation table over op a (its cands and n set). */
+static void op_table(stof_attention_op *a, stof_search_op *op)
+{
+    stof_search_op o = {.user = a,
+                        .name = a->name,
+                        .n = a->n,
+                        .kind = op_kind,
+                        .model_ms = op_model_ms,
+                        .describe = op_describe,
+                        .compile = op_compile,
+                        .art_key = op_art_key,
+                        .load = op_load,
+                        .verify = op_verify,
+                        .time = op_time,
+                        .unload = op_unload,
+                        .tolerance = 1e-2};
+    *op = o;
+}
+
+/* Launch one of the reference module's kernels. */
+static CUresult ref_launch(const stof_api *api, CUfunction f, unsigned gx,
+                           unsigned gy, unsigned threads, void **args)
+{
+    return api->cuLaunchKernel(f, gx, gy, 1, threads, 1, 1, 0, NULL, args,
+                               NULL);
+}
+
+stof_status stof__attention_family_op_new(
+    stof_context *ctx, const stof_attention_desc *d,
+    const stof_mask_family *fam, const stof_mask_data *sample,
+    const stof_candidate *cands, int n, uint64_t seed, int reps,
+    int ref_heads, stof_attention_op **out, stof_search_op *op)
+{
+    *out = NULL;
+    stof_attention_op *b = op_alloc(ctx, d, seed, reps);
+    if (!b)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory starting the search");
+    b->fam = fam;
+    b->sample = *sample;
+    b->ref_heads = ref_heads < 1 || ref_heads > d->heads ? d->heads : ref_heads;
+    b->cands = cands;
+    b->n = n;
+    snprintf(b->name, sizeof(b->name), "attention %dx%dx%dx%dx%d %s family",
+             d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
+             d->dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16");
+    stof_candidate rc = {.kind = STOF_KERNEL_REFERENCE};
+    void *cubin = NULL;
+    size_t size = 0;
+    CUfunction f_ref = NULL, f_fill = NULL;
+    stof_mb_workspace pw;
+    memset(&pw, 0, sizeof(pw));
+    stof_status st = stof__kernel_cubin(ctx, &rc, d->head_dim, d->dtype,
+                                        &cubin, &size);
+    if (st == STOF_OK)
+        st = (stof_status)stof__module_load(ctx, cubin,
+                                            "stof_attn_reference_family", 0,
+                                            &b->ref_mod, &f_ref);
+    free(cubin);
+    if (st == STOF_OK)
+        st = stof__mb_workspace_new(ctx, fam, d->batch, d->seq_q, d->seq_k, 0,
+                                    0, &pw);
+    if (st == STOF_OK && (st = (stof_status)stof__ctx_push(ctx)) == STOF_OK) {
+        const stof_api *api = ctx->api;
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuModuleGetFunction(&f_fill, b->ref_mod,
+                                              "stof_ref_fill"));
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuModuleGetFunction(&b->f_diff, b->ref_mod,
+                                              "stof_ref_diff"));
+        STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->q, b->nq * 2));
+        STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->o, b->nq * 2));
+        STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->ref, b->nq * 2));
+        STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->k, b->nk * 2));
+        STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->v, b->nk * 2));
+        STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->acc, 3 * sizeof(double)));
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuEventCreate(&b->e0, CU_EVENT_DEFAULT));
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuEventCreate(&b->e1, CU_EVENT_DEFAULT));
+        /* Inputs as op_inputs makes them (q, k in [-2, 2], v in [-1, 1]),
+         * from the seed, on the GPU. */
+        const struct {
+            CUdeviceptr x;
+            size_t n;
+            float amp;
+        } in[3] = {{b->q, b->nq, 2.0f}, {b->k, b->nk, 2.0f},
+                   {b->v, b->nk, 1.0f}};
+        for (int t = 0; t < 3; t++) {
+            int64_t cnt = (int64_t)in[t].n;
+            unsigned long long sd = seed + 0x1000193ull * (unsigned)(t + 1);
+            float amp = in[t].amp;
+            void *args[] = {(void *)&in[t].x, &cnt, &sd, &amp};
+            STOF_CU_GOTO(ctx, st, pop,
+                         ref_launch(api, f_fill, 4096, 1, 256, args));
+        }
+        /* The reference output over heads 0 .. ref_heads - 1 (the other
+         * heads stay NaN and are not compared). */
+        STOF_CU_GOTO(ctx, st, pop, api->cuMemsetD8(b->ref, 0xff, b->nq * 2));
+        stof_attn_params prm;
+        memset(&prm, 0, sizeof(prm));
+        prm.q = b->q;
+        prm.k = b->k;
+        prm.v = b->v;
+        prm.o = b->ref;
+        memcpy(prm.q_stride, d->q_stride, sizeof(prm.q_stride));
+        memcpy(prm.k_stride, d->k_stride, sizeof(prm.k_stride));
+        memcpy(prm.v_stride, d->v_stride, sizeof(prm.v_stride));
+        memcpy(prm.o_stride, d->o_stride, sizeof(prm.o_stride));
+        prm.batch = d->batch;
+        prm.heads = b->ref_heads;
+        prm.seq_q = d->seq_q;
+        prm.seq_k = d->seq_k;
+        prm.scale = d->scale != 0.0f ? d->scale
+                                     : 1.0f / sqrtf((float)d->head_dim);
+        stof_mb_data md;
+        stof__family_mb_data(sample, &md);
+        st = stof__mb_launch_with(
+            f_ref, &prm, &pw, &md,
+            (unsigned)((d->seq_q + REF_WARPS - 1) / REF_WARPS),
+            (unsigned)(d->batch * b->ref_heads), 32 * REF_WARPS, NULL, api);
+        if (st != STOF_OK)
+            stof__fail(ctx, st, "launching the family reference failed");
+        else
+            STOF_CU_GOTO(ctx, st, pop, api->cuCtxSynchronize());
+    pop:
+        stof__ctx_pop(ctx);
+    }
+    stof__mb_workspace_free(ctx, &pw);
+    if (st != STOF_OK) {
+        stof__attention_op_free(&b);
+        return st;
+    }
+    *out = b;
+    if (op)
+        op_table(b, op);
+    return STOF_OK;
+}
+
 stof_status stof__attention_op_new(stof_context *ctx,
                                    const stof_attention_desc *d,
                                    const stof_mask *m,
@@ -376,22 +575,8 @@ stof_status stof__attention_op_new(stof_context *ctx,
     snprintf(a->name, sizeof(a->name), "attention %dx%dx%dx%dx%d %s",
              d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
              d->dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16");
-    if (op) {
-        stof_search_op o = {.user = a,
-                            .name = a->name,
-                            .n = n,
-                            .kind = op_kind,
-                            .model_ms = op_model_ms,
-                            .describe = op_describe,
-                            .compile = op_compile,
-                            .art_key = op_art_key,
-                            .load = op_load,
-                            .verify = op_verify,
-                            .time = op_time,
-                            .unload = op_unload,
-                            .tolerance = 1e-2};
-        *op = o;
-    }
+    if (op)
+        op_table(a, op);
     return STOF_OK;
 }
 
