@@ -120,6 +120,7 @@ void stof__mask_recount(stof_mask *m)
     if (!m)
         return;
     m->count = count_bits(m->bits, (size_t)m->seq_q * (size_t)m->words_per_row);
+    stof__mask_seal(m);
 }
 
 static uint64_t load_u64(const uint8_t *p)
@@ -213,6 +214,7 @@ stof_status stof_mask_from_dense(stof_context *ctx, const uint8_t *bytes,
         count += count_bits(dst, (size_t)wpr);
     }
     m->count = count;
+    stof__mask_seal(m);
     *mask = m;
     return stof__ok(ctx);
 }
@@ -266,10 +268,11 @@ static void put_le64(uint8_t *p, uint64_t x)
 /* The digest covers the tag, seq_q and seq_k (little-endian u64) and every
  * row's words as little-endian u64, padding bits included (they are zero),
  * fed to one streaming XXH3-128 state so no copy of the mask is made. */
-void stof_mask_digest(const stof_mask *m, uint64_t digest[2], char hex[33])
+static void compute_digest(const stof_mask *m, uint64_t *hi_out,
+                           uint64_t *lo_out)
 {
     uint64_t hi = 0, lo = 0;
-    if (m) {
+    {
         XXH3_state_t st;
         XXH3_INITSTATE(&st);
         XXH3_128bits_reset(&st);
@@ -294,6 +297,25 @@ void stof_mask_digest(const stof_mask *m, uint64_t digest[2], char hex[33])
         XXH128_hash_t h = XXH3_128bits_digest(&st);
         hi = h.high64;
         lo = h.low64;
+    }
+    *hi_out = hi;
+    *lo_out = lo;
+}
+
+void stof__mask_seal(stof_mask *m)
+{
+    compute_digest(m, &m->digest[0], &m->digest[1]);
+    m->sealed = 1;
+}
+
+void stof_mask_digest(const stof_mask *m, uint64_t digest[2], char hex[33])
+{
+    uint64_t hi = 0, lo = 0;
+    if (m && m->sealed) {
+        hi = m->digest[0];
+        lo = m->digest[1];
+    } else if (m) {
+        compute_digest(m, &hi, &lo);
     }
     if (digest) {
         digest[0] = hi;

@@ -112,7 +112,9 @@ static stof_status family_plan(stof_context *ctx, const stof_attention_desc *d,
     p->wcfg.gather = 0;
     p->predicted_ms = c->predicted_ms;
     p->source = "compiled";
+    const double t0 = stof__now_ms();
     st = attach_builder(ctx, p, fam, k);
+    p->formats_ms = stof__now_ms() - t0;
     if (st == STOF_OK)
         st = stof__plan_attach(ctx, p, cubin);
     if (st != STOF_OK) {
@@ -162,6 +164,36 @@ static int frac_bucket(double x)
         return 40;
     int b = (int)lround(-2.0 * log2(x));
     return b < 0 ? 0 : (b > 40 ? 40 : b);
+}
+
+/* Build ws with the loaded builder k for instance md (NULL: the default)
+ * on the default stream and wait: the per-row-block counts of sequence 0
+ * into cnt (2 * ws->n_rb ints) and the statistics into stats. */
+static stof_status build_counts(stof_context *ctx, const stof_mb_kernels *k,
+                                const stof_mb_workspace *ws,
+                                const stof_mb_data *md, int32_t *cnt,
+                                int64_t stats[STOF_MB_STATS])
+{
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    if ((st = stof__mb_build(k, ws, md, NULL, api)) != STOF_OK)
+        stof__fail(ctx, st, "the GPU format builder failed to launch");
+    else {
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuMemcpyDtoH(stats, ws->stats,
+                                       sizeof(int64_t) * STOF_MB_STATS));
+        STOF_CU_GOTO(ctx, st, pop,
+                     api->cuMemcpyDtoH(cnt, ws->cnt,
+                                       sizeof(int32_t) * 2 * (size_t)ws->n_rb));
+    }
+pop:
+    stof__ctx_pop(ctx);
+    if (st == STOF_OK && stats[3])
+        st = stof__fail(ctx, STOF_ERR_INTERNAL,
+                        "the GPU format builder overflowed its workspace");
+    return st;
 }
 
 /* The sample instance in device memory: one allocation, NULL fields stay
@@ -235,20 +267,10 @@ static stof_status sample_stats(stof_context *ctx, const stof_attention_desc *d,
     int64_t stats[STOF_MB_STATS];
     stof_mb_data md;
     stof__family_mb_data(dev, &md);
-    if ((st = (stof_status)stof__ctx_push(ctx)) == STOF_OK) {
-        const stof_api *api = ctx->api;
-        st = stof__mb_build(k, &ws, &md, NULL, api);
-        if (st != STOF_OK)
-            stof__fail(ctx, st, "the GPU format builder failed to launch");
-        else
-            STOF_CU_GOTO(ctx, st, pop,
-                         api->cuMemcpyDtoH(stats, ws.stats, sizeof(stats)));
-    pop:
-        stof__ctx_pop(ctx);
-    }
-    if (st == STOF_OK && stats[3])
-        st = stof__fail(ctx, STOF_ERR_INTERNAL,
-                        "the GPU format builder overflowed its workspace");
+    int32_t *cnt = malloc(sizeof(int32_t) * 2 * (size_t)ws.n_rb);
+    st = cnt ? build_counts(ctx, k, &ws, &md, cnt, stats)
+             : stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    free(cnt);
     if (st == STOF_OK) {
         st_out[0] = stats[0];
         st_out[1] = stats[1];
@@ -271,6 +293,44 @@ typedef struct gpu_formats {
     stof_mb_kernels k;
 } gpu_formats;
 
+/* A format holding only what the cost model and the wgmma row order read
+ * (row_ptr, and kind with each row block's full tiles first), from the
+ * builder's per-row-block counts cnt (non-empty, partial) and statistics,
+ * of workspace ws's first sequence. */
+static stof_status counts_format(stof_context *ctx, const stof_mb_workspace *ws,
+                                 const int32_t *cnt, const int64_t *stats,
+                                 stof_format **out)
+{
+    stof_format *f = calloc(1, sizeof(*f));
+    if (f) {
+        f->row_ptr = malloc(sizeof(int64_t) * ((size_t)ws->n_rb + 1));
+        f->kind = malloc((size_t)stats[0] + 1);
+    }
+    if (!f || !f->row_ptr || !f->kind) {
+        stof_format_free(&f);
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    f->seq_q = ws->seq_q;
+    f->seq_k = ws->seq_k;
+    f->block_m = ws->block_m;
+    f->block_n = ws->block_n;
+    f->n_row_blocks = ws->n_rb;
+    f->n_col_blocks = ws->n_cb;
+    f->bitmap_words_per_row = ws->bwpr;
+    f->n_full = stats[0] - stats[1];
+    f->n_partial = stats[1];
+    f->n_empty = (int64_t)ws->n_rb * ws->n_cb - stats[0];
+    f->row_ptr[0] = 0;
+    for (int i = 0; i < ws->n_rb; i++) {
+        const int64_t e = f->row_ptr[i], nt = cnt[2 * i], np = cnt[2 * i + 1];
+        memset(f->kind + e, STOF_TILE_FULL, (size_t)(nt - np));
+        memset(f->kind + e + nt - np, STOF_TILE_PARTIAL, (size_t)np);
+        f->row_ptr[i + 1] = e + nt;
+    }
+    *out = f;
+    return STOF_OK;
+}
+
 static stof_status gpu_format(void *user, int block_m, int block_n,
                               stof_format **out)
 {
@@ -283,57 +343,13 @@ static stof_status gpu_format(void *user, int block_m, int block_n,
     if (st != STOF_OK)
         return st;
     int32_t *cnt = malloc(sizeof(int32_t) * 2 * (size_t)ws.n_rb);
-    stof_format *f = calloc(1, sizeof(*f));
     int64_t stats[STOF_MB_STATS];
-    if (!cnt || !f) {
-        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
-        goto done;
-    }
     stof_mb_data md;
     stof__family_mb_data(g->dev, &md);
-    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK)
-        goto done;
-    const stof_api *api = ctx->api;
-    if ((st = stof__mb_build(&g->k, &ws, &md, NULL, api)) != STOF_OK)
-        stof__fail(ctx, st, "the GPU format builder failed to launch");
-    else {
-        STOF_CU_GOTO(ctx, st, pop,
-                     api->cuMemcpyDtoH(cnt, ws.cnt,
-                                       sizeof(int32_t) * 2 * (size_t)ws.n_rb));
-        STOF_CU_GOTO(ctx, st, pop,
-                     api->cuMemcpyDtoH(stats, ws.stats, sizeof(stats)));
-    }
-pop:
-    stof__ctx_pop(ctx);
-    if (st != STOF_OK)
-        goto done;
-    f->seq_q = g->d->seq_q;
-    f->seq_k = g->d->seq_k;
-    f->block_m = block_m;
-    f->block_n = block_n;
-    f->n_row_blocks = ws.n_rb;
-    f->n_col_blocks = ws.n_cb;
-    f->bitmap_words_per_row = ws.bwpr;
-    f->n_full = stats[0] - stats[1];
-    f->n_partial = stats[1];
-    f->n_empty = (int64_t)ws.n_rb * ws.n_cb - stats[0];
-    f->row_ptr = malloc(sizeof(int64_t) * ((size_t)ws.n_rb + 1));
-    f->kind = malloc((size_t)stats[0] + 1);
-    if (!f->row_ptr || !f->kind) {
-        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
-        goto done;
-    }
-    f->row_ptr[0] = 0;
-    for (int i = 0; i < ws.n_rb; i++) {
-        const int64_t e = f->row_ptr[i], nt = cnt[2 * i], np = cnt[2 * i + 1];
-        memset(f->kind + e, STOF_TILE_FULL, (size_t)(nt - np));
-        memset(f->kind + e + nt - np, STOF_TILE_PARTIAL, (size_t)np);
-        f->row_ptr[i + 1] = e + nt;
-    }
-    *out = f;
-    f = NULL;
-done:
-    stof_format_free(&f);
+    st = cnt ? build_counts(ctx, &g->k, &ws, &md, cnt, stats)
+             : stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == STOF_OK)
+        st = counts_format(ctx, &ws, cnt, stats, out);
     free(cnt);
     stof__mb_workspace_free(ctx, &ws);
     return st;
@@ -350,6 +366,75 @@ stof_status stof__family_rank(stof_context *ctx, const stof_attention_desc *d,
         return st;
     st = stof__cost_rank_formats(ctx, d, gpu_format, &g, cands, max, n);
     stof__mb_unload(ctx, &g.k);
+    return st;
+}
+
+stof_status stof__spec_block_format_gpu(stof_context *ctx, const char *spec,
+                                        int seq_q, int seq_k, int block_m,
+                                        int block_n, stof_block_format *bf,
+                                        stof_format **counts)
+{
+    memset(bf, 0, sizeof(*bf));
+    if (counts)
+        *counts = NULL;
+    if (!spec || !ctx->device.ok)
+        return STOF_ERR_UNSUPPORTED;
+    stof_mask_family *fam = NULL;
+    if (stof_mask_family_create(ctx, spec, &fam) != STOF_OK)
+        return STOF_ERR_UNSUPPORTED;
+    int32_t prog[4 * STOF_MB_MAX_NODES];
+    int depth = 0;
+    if (stof__spec_program(stof__family_spec(fam), prog, STOF_MB_MAX_NODES,
+                           &depth) < 0 ||
+        depth > STOF_MB_MAX_STACK ||
+        (int64_t)((seq_q + block_m - 1) / block_m) *
+                ((seq_k + block_n - 1) / block_n) >
+            INT32_MAX) {
+        stof_mask_family_free(&fam);
+        return STOF_ERR_UNSUPPORTED;
+    }
+    stof_mb_kernels k;
+    stof_mb_workspace ws;
+    memset(&ws, 0, sizeof(ws));
+    int32_t *cnt = NULL;
+    int64_t stats[STOF_MB_STATS];
+    stof_status st = stof__mb_load(ctx, &k);
+    if (st == STOF_OK)
+        st = stof__mb_workspace_new(ctx, fam, 1, seq_q, seq_k, block_m,
+                                    block_n, &ws);
+    if (st == STOF_OK &&
+        !(cnt = malloc(sizeof(int32_t) * 2 * (size_t)ws.n_rb)))
+        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    if (st == STOF_OK)
+        st = build_counts(ctx, &k, &ws, NULL, cnt, stats);
+    if (st == STOF_OK && counts)
+        st = counts_format(ctx, &ws, cnt, stats, counts);
+    if (st == STOF_OK) {
+        /* The workspace becomes the plan's format memory (its scratch
+         * arrays stay unused). */
+        bf->mem = ws.mem;
+        bf->bytes = ws.bytes;
+        bf->row_ptr = ws.row_ptr;
+        bf->col_idx = ws.col_idx;
+        bf->kind = ws.kind;
+        bf->bitmap_idx = ws.bitmap_idx;
+        bf->bitmaps = ws.bitmaps;
+        bf->seq_q = seq_q;
+        bf->seq_k = seq_k;
+        bf->block_m = block_m;
+        bf->block_n = block_n;
+        bf->n_row_blocks = ws.n_rb;
+        bf->n_col_blocks = ws.n_cb;
+        bf->bitmap_words_per_row = ws.bwpr;
+        bf->n_tiles = stats[0];
+        bf->n_partial = stats[1];
+        bf->rp_stride = 0;
+        memset(&ws, 0, sizeof(ws));
+    }
+    free(cnt);
+    stof__mb_workspace_free(ctx, &ws);
+    stof__mb_unload(ctx, &k);
+    stof_mask_family_free(&fam);
     return st;
 }
 
@@ -427,9 +512,11 @@ stof_status stof_attention_plan_family(stof_context *ctx,
         return st;
     int64_t stats[5] = {0, 0, 0, 0, 0};
     char key[33], key_text[640];
+    const double t0 = stof__now_ms();
     st = sample_upload(ctx, d, sample, &ds);
     if (st == STOF_OK)
         st = sample_stats(ctx, d, fam, &k, &ds.d, stats);
+    const double key_ms = stof__now_ms() - t0;
     stof_plan *p = NULL;
     if (st == STOF_OK) {
         family_key(ctx, d, fam, stats, key, key_text, sizeof(key_text));
@@ -444,6 +531,7 @@ stof_status stof_attention_plan_family(stof_context *ctx,
         stof_plan_free(&p);
         return st;
     }
+    p->key_ms += key_ms;
     snprintf(p->family_key, sizeof(p->family_key), "%s", key_text);
     snprintf(p->mask_hex, sizeof(p->mask_hex), "%s", p->key);
     p->mask_density = stats[3] > 0 ? (double)stats[0] / (double)stats[3] : 0.0;

@@ -60,6 +60,11 @@ struct stof_plan {
     unsigned grid[3], block[3];
     char arch[16];
     double compile_ms, load_ms;
+    double key_ms;            /* the problem's key (mask digest, or a
+                                 family's GPU statistics) */
+    double lookup_ms;         /* the database lookup, 0 without one */
+    double formats_ms;        /* formats built and uploaded (or the GPU
+                                 builder's workspace made) */
     double verify_ms;         /* the first use of a record on this host:
                                  the time its check took (0: none) */
     char errmsg[1024];
@@ -214,6 +219,18 @@ stof_status stof__family_plan_from_cubin(stof_context *ctx,
                                          const stof_candidate *c,
                                          const void *cubin, size_t size,
                                          stof_plan **out /* OUT */);
+
+/* The block format of the mask of `spec` (seq_q x seq_k, as
+ * stof_mask_from_spec makes it) built on the GPU once, for a plan that
+ * never rebuilds it (rp_stride 0); with counts, also the host format of
+ * its tile counts (for the wgmma row order). STOF_ERR_UNSUPPORTED, with
+ * nothing recorded, when the GPU does not evaluate the spec (random,
+ * bigbird) or the tiles do not fit: build it on the CPU then. */
+stof_status stof__spec_block_format_gpu(stof_context *ctx, const char *spec,
+                                        int seq_q, int seq_k, int block_m,
+                                        int block_n,
+                                        stof_block_format *bf /* OUT */,
+                                        stof_format **counts /* OUT */);
 
 /* Public instance data (device pointers) as the builder's. */
 void stof__family_mb_data(const stof_mask_data *data, stof_mb_data *md);

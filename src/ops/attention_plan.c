@@ -313,9 +313,11 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
 {
     stof_db *db = stof__ctx_db(ctx);
     stof_db_record rec;
+    const double t0 = stof__now_ms();
     if (!db || ctx->settings.tuning_mode == STOF_TUNE_FORCE ||
         stof__db_lookup(db, key, &rec) != STOF_OK)
         return NULL;
+    const double lookup_ms = stof__now_ms() - t0;
     stof_candidate c;
     stof_plan *p = NULL;
     char why[256];
@@ -348,6 +350,7 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
         p->runner_up_ms = rec.runner_up_ms;
         p->model_ms = rec.model_ms;
         p->n_candidates = rec.n_candidates;
+        p->lookup_ms = lookup_ms;
         snprintf(p->key, sizeof(p->key), "%s", key);
     }
     stof__db_record_clear(&rec);
@@ -574,13 +577,21 @@ stof_status stof__attention_plan_problem(stof_context *ctx,
     STOF_CHECK_ARG(ctx, out, "plan (the output pointer) is NULL");
     *out = NULL;
     miss x = {.pr = *pr};
+    const double t0 = stof__now_ms();
     stof_status st = plan_begin(ctx, d, pr, key, &x.nd, x.mask_hex, x.key);
     if (st != STOF_OK)
         return st;
-    if ((*out = plan_from_db(ctx, &x.nd, pr, x.key)))
+    const double key_ms = stof__now_ms() - t0;
+    if ((*out = plan_from_db(ctx, &x.nd, pr, x.key))) {
+        (*out)->key_ms += key_ms;
         return stof__ok(ctx);
-    if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
-        return plan_fallback(ctx, d, &x.nd, pr, x.mask_hex, x.key, out);
+    }
+    if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY) {
+        st = plan_fallback(ctx, d, &x.nd, pr, x.mask_hex, x.key, out);
+        if (st == STOF_OK)
+            (*out)->key_ms += key_ms;
+        return st;
+    }
     stof_search_op op;
     st = miss_prepare(ctx, &x, kinds, &op);
     if (st == STOF_ERR_UNSUPPORTED && !pr->m) {
@@ -604,6 +615,8 @@ stof_status stof__attention_plan_problem(stof_context *ctx,
     else if (x.op)
         stof__search_results_free(&res, 1);
     miss_free(&x);
+    if (st == STOF_OK)
+        (*out)->key_ms += key_ms;
     return st == STOF_OK ? stof__ok(ctx) : st;
 }
 

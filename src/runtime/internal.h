@@ -79,6 +79,11 @@ struct stof_mask {
     int words_per_row;      /* 64-bit words per row: ceil(seq_k / 64) */
     uint64_t *bits;         /* seq_q * words_per_row; bits past seq_k are 0 */
     uint64_t count;         /* allowed elements */
+    /* stof_mask_digest of the bits, computed once when the constructor is
+     * done with them (stof__mask_seal): planning a mask again does not hash
+     * its bits again. Masks are immutable once sealed. */
+    uint64_t digest[2];
+    int sealed;
 };
 
 /* stof_open without a device: the settings are checked and the libraries
@@ -186,7 +191,10 @@ stof_status stof__str_out(const stof_str *s, char *buf, size_t n,
 /* Mask internals (mask.c). */
 stof_status stof__mask_alloc(stof_context *ctx, int seq_q, int seq_k,
                              stof_mask **out);
+/* Count the allowed elements and seal the mask (its digest cached): the
+ * last step of every constructor that fills the bits. */
 void stof__mask_recount(stof_mask *m);
+void stof__mask_seal(stof_mask *m);
 
 /* stof_format_build with either part optional (a kernel needs one): a part
  * left out is empty (block-wise: no tiles, row_ptr all 0, counts 0;
