@@ -672,6 +672,35 @@ STOF_API stof_status stof_layer_stack_run(stof_layer *layer, int n_layers,
                                           const void *x, void *y,
                                           void *stream, unsigned flags);
 
+/* The layer warm-up over a mask family: stof_layer_plan with the
+ * attention planned by stof_attention_plan_family (d->batch and d->seq the
+ * largest; sample as there: host data, NULL = the default instance), so
+ * that each run takes its own instance (a server's batch with its
+ * sequences' lengths, documents, offsets) and nothing is planned again.
+ * Tokens of padding rows (past q_len) go through the layer too, with an
+ * attention output of zeros; their values are not meaningful. */
+STOF_API stof_status stof_layer_plan_family(stof_context *ctx,
+                                            const stof_layer_desc *d,
+                                            const stof_mask_family *fam,
+                                            const stof_mask_data *sample,
+                                            stof_layer **layer /* OUT */);
+
+/* stof_layer_run and stof_layer_stack_run of a family layer with this
+ * call's instance data (device pointers, as stof_attention_run_family
+ * takes them; NULL = the default instance). With STOF_STACK_GRAPH the
+ * graph records the instance's pointers: a later call with the same
+ * pointers replays it and reads their current contents, so a server
+ * writes each batch's lengths into the same device buffers. */
+STOF_API stof_status stof_layer_run_family(stof_layer *layer,
+                                           const stof_mask_data *data,
+                                           const stof_layer_weights *w,
+                                           const void *x, void *y,
+                                           void *stream);
+STOF_API stof_status stof_layer_stack_run_family(
+    stof_layer *layer, const stof_mask_data *data, int n_layers,
+    const stof_layer_weights *w, const void *x, void *y, void *stream,
+    unsigned flags);
+
 /* JSON: the descriptor, the fusion scheme (kernels in order with their
  * parameters), where it came from and measured times. Size-then-fetch. */
 STOF_API stof_status stof_layer_describe(const stof_layer *layer,

@@ -297,6 +297,147 @@ static void run_case(const lcase *c)
     stof_close(&ctx);
 }
 
+/* A family layer (BERT with padding: "dense" plus per-sequence lengths, and
+ * causal within documents): one plan, runs with new instance data each
+ * time, every sequence against the reference layer with that sequence's
+ * mask (its padding rows included: their attention is zeros on both
+ * sides); then a graph stack replayed after new lengths are written into
+ * the same device buffers. Nothing is planned or compiled after the plan. */
+static void family_layer_case(const char *spec, stof_dtype dt)
+{
+    stof_context *ctx = open_ctx("", STOF_TUNE_CACHE_ONLY);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    enum { B = 3, S = 160 };
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, B, S, 128, 2, dt);
+    d.ffn = 256;
+    d.act = STOF_ACT_GELU_ERF;
+    tu_rng r = {tu_seed() ^ 0xfa11u};
+    lw w;
+    make_weights(&r, &d, &w);
+    const size_t per = (size_t)S * d.hidden, n = (size_t)B * per;
+    float *xf = NULL, *yf = malloc(n * sizeof(float)),
+          *ref = malloc(per * sizeof(float));
+    cr_assert(yf && ref);
+    CUdeviceptr x = upload(&r, dt, n, 1.0f, 0.0f, &xf), y = 0, dd = 0;
+    const stof_api *api = stof__api();
+    cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dd, 4096 + sizeof(int32_t) * B * S),
+                 CUDA_SUCCESS);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, spec, &fam), STOF_OK);
+    stof_layer *L = NULL;
+    cr_assert_eq(stof_layer_plan_family(ctx, &d, fam, NULL, &L), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    const stof_layer_weights lwt = as_weights(&w, &d);
+    const long compiles = stof__jit_compile_count();
+    int32_t qlen[B], doc[B * S];
+    stof_mask_data hd, dv;
+    memset(&hd, 0, sizeof(hd));
+    memset(&dv, 0, sizeof(dv));
+    const int docs = strstr(spec, "docs") != NULL;
+    hd.q_len = hd.k_len = qlen;
+    hd.doc_id = docs ? doc : NULL;
+    dv.q_len = dv.k_len = (const int32_t *)(uintptr_t)dd;
+    dv.doc_id = docs ? (const int32_t *)(uintptr_t)(dd + 4096) : NULL;
+    for (int it = 0; it < 3; it++) {
+        for (int b = 0; b < B; b++) {
+            qlen[b] = it == 0 && b == 0 ? S : 1 + (int)tu_below(&r, S);
+            int id = 0;
+            for (int k = 0; k < S; k++) {
+                if (k && tu_below(&r, 40) == 0)
+                    id++;
+                doc[b * S + k] = id;
+            }
+        }
+        cr_assert_eq(api->cuMemcpyHtoD(dd, qlen, sizeof(qlen)), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyHtoD(dd + 4096, doc, sizeof(doc)),
+                     CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+        stof_status st =
+            it < 2 ? stof_layer_run_family(L, &dv, &lwt, (void *)(uintptr_t)x,
+                                           (void *)(uintptr_t)y, NULL)
+                   : stof_layer_stack_run_family(L, &dv, 1, &lwt,
+                                                 (void *)(uintptr_t)x,
+                                                 (void *)(uintptr_t)y, NULL,
+                                                 STOF_STACK_GRAPH);
+        cr_assert_eq(st, STOF_OK, "%s", stof_layer_errmsg(L));
+        if (it == 2) { /* replay with new lengths in the same buffers */
+            for (int b = 0; b < B; b++)
+                qlen[b] = 1 + (int)tu_below(&r, S);
+            cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+            cr_assert_eq(api->cuMemcpyHtoD(dd, qlen, sizeof(qlen)),
+                         CUDA_SUCCESS);
+            cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+            cr_assert_eq(stof_layer_stack_run_family(
+                             L, &dv, 1, &lwt, (void *)(uintptr_t)x,
+                             (void *)(uintptr_t)y, NULL, STOF_STACK_GRAPH),
+                         STOF_OK, "%s", stof_layer_errmsg(L));
+        }
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        download(y, n, dt, yf);
+        stof_layer_desc d1 = d;
+        d1.batch = 1;
+        for (int b = 0; b < B; b++) {
+            stof_mask *m = NULL;
+            cr_assert_eq(stof_mask_family_eval(ctx, fam, S, S, &hd, b, &m),
+                         STOF_OK, "%s", stof_errmsg(ctx));
+            ref_layer(&d1, m, &w, xf + b * per, ref);
+            const double e = rel(yf + b * per, ref, per);
+            const double tol = dt == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
+            cr_log_info("%s run %d sequence %d (length %d): rel err %.3g",
+                        spec, it, b, qlen[b], e);
+            cr_expect(e <= tol, "%s run %d sequence %d (length %d): relative "
+                                "error %.3g > %.3g",
+                      spec, it, b, qlen[b], e, tol);
+            stof_mask_free(&m);
+        }
+    }
+    cr_assert_eq(stof__jit_compile_count(), compiles,
+                 "a run compiled something");
+    stof_layer_free(&L);
+    stof_mask_family_free(&fam);
+    api->cuMemFree(dd);
+    api->cuMemFree(y);
+    api->cuMemFree(x);
+    free_weights(&w);
+    free(xf);
+    free(yf);
+    free(ref);
+    stof__ctx_pop(ctx);
+    stof_close(&ctx);
+}
+
+Test(gpu_layer, family_padding_per_call_fp16)
+{
+    family_layer_case("dense", STOF_DTYPE_FP16);
+}
+
+Test(gpu_layer, family_causal_documents_bf16)
+{
+    family_layer_case("causal&docs", STOF_DTYPE_BF16);
+}
+
+Test(gpu_layer, family_run_on_a_mask_layer_is_refused)
+{
+    stof_context *ctx = open_ctx("", STOF_TUNE_CACHE_ONLY);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 1, 64, 128, 2, STOF_DTYPE_FP16);
+    stof_mask *m = tu_make_mask(ctx, "causal", 64, 64);
+    stof_layer *L = NULL;
+    cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    stof_layer_weights w;
+    memset(&w, 0, sizeof(w));
+    cr_assert_eq(stof_layer_run_family(L, NULL, &w, NULL, NULL, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_layer_errmsg(L), "stof_layer_plan_family"), "%s",
+              stof_layer_errmsg(L));
+    stof_layer_free(&L);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
 Test(gpu_layer, post_layernorm_gelu_tanh_fp16)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,

@@ -275,6 +275,11 @@ def _load():
         "stof_layer_describe": (i, [vp, cp, sz, ctypes.POINTER(sz)]),
         "stof_layer_errmsg": (cp, [vp]),
         "stof_layer_free": (None, [ctypes.POINTER(vp)]),
+        "stof_layer_plan_family": (i, [vp, ctypes.POINTER(_LayerDesc), vp, md,
+                                       ctypes.POINTER(vp)]),
+        "stof_layer_run_family": (i, [vp, md, lw, vp, vp, vp]),
+        "stof_layer_stack_run_family": (i, [vp, md, i, lw, vp, vp, vp,
+                                            ctypes.c_uint]),
     }
     for name, (res, args) in layer_sigs.items():
         fn = getattr(lib, name, None)
@@ -480,18 +485,28 @@ class Context:
         return FamilyPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
 
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
-                   pre_norm, mask, eps=0.0):
+                   pre_norm, mask, eps=0.0, sample=None):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
         loads from the tuning database or tunes. dtype: torch.float16 /
         torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
         "relu", "silu" or "none"; norm: "layer" or "rms"; pre_norm: False for
         post-norm (BERT), True for pre-norm (GPT-2, ViT); mask: a seq x seq
-        Mask; eps: the norm's epsilon (0: 1e-5)."""
+        Mask, or a MaskFamily (stof_layer_plan_family: every run then takes
+        its own instance, e.g. the batch's lengths, and nothing is planned
+        again; sample: host instance data as for attention_plan_family);
+        eps: the norm's epsilon (0: 1e-5)."""
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
                             "this libstof has no layer API (stof_layer_plan)")
-        if not isinstance(mask, Mask):
-            raise TypeError("mask must be a stof.Mask (Context.mask)")
+        family = isinstance(mask, MaskFamily)
+        if family and not hasattr(self._lib, "stof_layer_plan_family"):
+            raise StofError(_STATUS_UNSUPPORTED,
+                            "this libstof has no family layers (stof_layer_plan_family)")
+        if not family and not isinstance(mask, Mask):
+            raise TypeError("mask must be a stof.Mask (Context.mask) or a "
+                            "stof.MaskFamily (Context.mask_family)")
+        if sample is not None and not family:
+            raise ValueError("sample is for a MaskFamily")
         d = _LayerDesc()
         d.batch, d.seq, d.hidden, d.heads, d.ffn = (int(batch), int(seq), int(hidden),
                                                     int(heads), int(ffn))
@@ -501,8 +516,15 @@ class Context:
         d.pre_norm = 1 if pre_norm else 0
         d.norm_eps = float(eps)
         h = ctypes.c_void_p()
-        self._check(self._lib.stof_layer_plan(self._h, ctypes.byref(d), mask._h,
-                                              ctypes.byref(h)))
+        if family:
+            keep = []
+            md = _mask_data(sample or {}, None, d.batch, d.seq, keep)
+            self._check(self._lib.stof_layer_plan_family(
+                self._h, ctypes.byref(d), mask._h,
+                ctypes.byref(md) if sample else None, ctypes.byref(h)))
+        else:
+            self._check(self._lib.stof_layer_plan(self._h, ctypes.byref(d), mask._h,
+                                                  ctypes.byref(h)))
         return Layer(self, h, d, mask)
 
 
@@ -726,24 +748,48 @@ class Layer:
                                  % (name, tuple(t.shape), shapes[1], shapes[0]))
             self._check_tensor(name, t, t.shape, x.device)
 
-    def run(self, weights, x, y, stream=None):
+    @property
+    def family(self):
+        """Whether the layer was planned on a MaskFamily."""
+        return isinstance(self._mask, MaskFamily)
+
+    def _instance(self, instance, device, keep):
+        """The _MaskData of a call's instance (family layers), or None."""
+        if not instance:
+            return None
+        if not self.family:
+            raise ValueError("instance data (%s) is for a layer planned on a "
+                             "MaskFamily" % ", ".join(sorted(instance)))
+        return _mask_data(instance, device, self.batch, self.seq, keep)
+
+    def run(self, weights, x, y, stream=None, **instance):
         """Enqueue one layer on `stream` (default: torch's current stream):
-        y = layer(x); y may be x. Weights must stay alive until it ran."""
+        y = layer(x); y may be x. Weights must stay alive until it ran.
+        A family layer takes this call's instance: int32 CUDA tensors q_len,
+        k_len, q_offset, prefix (batch,), doc_id (batch, seq)."""
         lib = self._lib()
         self._io(x, y)
         w, _ = self._weights(weights, x.device)
-        st = lib.stof_layer_run(self._h, ctypes.byref(w), ctypes.c_void_p(x.data_ptr()),
-                                ctypes.c_void_p(y.data_ptr()),
-                                ctypes.c_void_p(_stream_handle(stream)))
+        keep = []
+        md = self._instance(instance, x.device, keep)
+        args = (ctypes.byref(w), ctypes.c_void_p(x.data_ptr()),
+                ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(_stream_handle(stream)))
+        if md is not None:
+            st = lib.stof_layer_run_family(self._h, ctypes.byref(md), *args)
+        else:
+            st = lib.stof_layer_run(self._h, *args)
         if st != 0:
             self._fail(st)
         return y
 
-    def stack_run(self, weights, x, y, stream=None, graph=True):
+    def stack_run(self, weights, x, y, stream=None, graph=True, **instance):
         """Run len(weights) layers x -> y (weights: a list of dicts). With
         graph=True the first call with these pointers records a CUDA graph
         and later ones replay it; the tensors of the newest calls are kept
-        referenced here so that a replay never reads freed memory."""
+        referenced here so that a replay never reads freed memory. A family
+        layer takes this call's instance as run does; the graph records the
+        instance tensors' addresses, so write each batch's values into the
+        same tensors to replay it."""
         lib = self._lib()
         weights = list(weights)
         if not weights:
@@ -754,7 +800,10 @@ class Layer:
         per_layer = [self._weights(w, x.device) for w in weights]
         ptrs = tuple(tuple(getattr(pw, n) or 0 for n in LAYER_WEIGHT_NAMES)
                      for pw, _ in per_layer)
-        key = (ptrs, x.data_ptr(), y.data_ptr(), stream_h, flags)
+        inst_keep = []
+        md = self._instance(instance, x.device, inst_keep)
+        key = (ptrs, x.data_ptr(), y.data_ptr(), stream_h, flags,
+               tuple(t.data_ptr() for t in inst_keep))
         entry = self._stacks.get(key)
         if entry is None:
             arr = (_LayerWeights * len(per_layer))(*(pw for pw, _ in per_layer))
@@ -762,15 +811,18 @@ class Layer:
             self._stacks[key] = entry
         else:
             self._stack_order.remove(key)
-        entry[1] = ([t for _, kept in per_layer for t in kept], x, y)
+        entry[1] = ([t for _, kept in per_layer for t in kept], x, y, inst_keep)
         self._stack_order.append(key)
         # Keep the tensors of the newest calls only (the arrays stay).
         for old in self._stack_order[:-self._KEEP_TENSORS]:
             self._stacks[old][1] = None
-        st = lib.stof_layer_stack_run(self._h, len(per_layer), entry[0],
-                                      ctypes.c_void_p(x.data_ptr()),
-                                      ctypes.c_void_p(y.data_ptr()),
-                                      ctypes.c_void_p(stream_h), flags)
+        xy = (ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()),
+              ctypes.c_void_p(stream_h), flags)
+        if md is not None:
+            st = lib.stof_layer_stack_run_family(self._h, ctypes.byref(md),
+                                                 len(per_layer), entry[0], *xy)
+        else:
+            st = lib.stof_layer_stack_run(self._h, len(per_layer), entry[0], *xy)
         if st != 0:
             self._fail(st)
         return y

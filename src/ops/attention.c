@@ -739,6 +739,16 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
     return STOF_OK;
 }
 
+int stof__plan_is_family(const stof_plan *p)
+{
+    return p && p->family;
+}
+
+const char *stof__plan_key(const stof_plan *p)
+{
+    return p ? p->key : "";
+}
+
 const char *stof_plan_errmsg(const stof_plan *p)
 {
     return p ? p->errmsg : "plan is NULL";

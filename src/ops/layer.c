@@ -81,11 +81,11 @@ stof_status stof_layer_desc_init(stof_layer_desc *d, int batch, int seq,
     return STOF_OK;
 }
 
+/* Check a layer descriptor, and the mask's sizes when m is not NULL. */
 static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                               const stof_mask *m)
 {
     STOF_CHECK_ARG(ctx, d, "desc is NULL");
-    STOF_CHECK_ARG(ctx, m, "mask is NULL");
     for (size_t i = 0; i < sizeof(d->reserved); i++)
         STOF_CHECK_ARG(ctx, !d->reserved[i],
                        "desc.reserved[%zu] is not zero (initialise the "
@@ -119,6 +119,8 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
     STOF_CHECK_ARG(ctx, isfinite(d->norm_eps) && d->norm_eps >= 0.0f,
                    "desc.norm_eps %g: a finite value >= 0 (0 = 1e-5)",
                    (double)d->norm_eps);
+    if (!m)
+        return STOF_OK;
     const int sq = stof_mask_seq_q(m), sk = stof_mask_seq_k(m);
     STOF_CHECK_ARG(ctx, sq == d->seq && sk == d->seq,
                    "mask is %d x %d but desc.seq is %d: the mask must be "
@@ -362,6 +364,12 @@ static stof_status launch_attn(stof_layer *L, CUstream stream)
 {
     const CUdeviceptr q = L->buf[SYM_QKV];
     const size_t hb = (size_t)L->d.hidden * 2;
+    if (L->run_data)
+        return stof_attention_run_family(
+            L->attn, L->run_data, (const void *)(uintptr_t)q,
+            (const void *)(uintptr_t)(q + hb),
+            (const void *)(uintptr_t)(q + 2 * hb),
+            (void *)(uintptr_t)L->buf[SYM_ATT], stream);
     return stof_attention_run(L->attn, (const void *)(uintptr_t)q,
                               (const void *)(uintptr_t)(q + hb),
                               (const void *)(uintptr_t)(q + 2 * hb),
@@ -554,8 +562,19 @@ stof_status stof_layer_stack_run(stof_layer *L, int n_layers,
         } else {
             uint64_t key = XXH3_64bits(wps, sizeof(CUdeviceptr) * SYM_COUNT *
                                                 (size_t)n_layers);
-            const uintptr_t xy[3] = {(uintptr_t)x, (uintptr_t)y,
-                                     (uintptr_t)n_layers};
+            const stof_mask_data *md = L->run_data;
+            /* The instance's device pointers are recorded in the graph (a
+             * replay reads their current contents). */
+            const uintptr_t xy[9] = {
+                (uintptr_t)x,
+                (uintptr_t)y,
+                (uintptr_t)n_layers,
+                md ? (uintptr_t)md->q_len : 1,
+                md ? (uintptr_t)md->k_len : 0,
+                md ? (uintptr_t)md->q_offset : 0,
+                md ? (uintptr_t)md->prefix : 0,
+                md ? (uintptr_t)md->doc_id : 0,
+                md ? (uintptr_t)md->doc_stride : 0};
             key = XXH3_64bits_withSeed(xy, sizeof(xy), key);
             CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
             if (api->cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS &&
@@ -698,13 +717,11 @@ static stof_status alloc_buffers(stof_layer *L)
     return STOF_OK;
 }
 
-stof_status stof_layer_plan(stof_context *ctx, const stof_layer_desc *d,
-                            const stof_mask *m, stof_layer **out)
+/* stof_layer_plan (m) and stof_layer_plan_family (fam, sample). */
+static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
+                              const stof_mask *m, const stof_mask_family *fam,
+                              const stof_mask_data *sample, stof_layer **out)
 {
-    if (!ctx)
-        return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, out, "layer (the output pointer) is NULL");
-    *out = NULL;
     stof_status st = check_desc(ctx, d, m);
     if (st != STOF_OK)
         return st;
@@ -736,15 +753,22 @@ stof_status stof_layer_plan(stof_context *ctx, const stof_layer_desc *d,
     memcpy(ad.v_stride, qs, sizeof(qs));
     memcpy(ad.o_stride, os, sizeof(os));
     const double t0 = stof__now_ms() * 1e-3;
-    st = stof_attention_plan(ctx, &ad, m, &L->attn);
+    st = m ? stof_attention_plan(ctx, &ad, m, &L->attn)
+           : stof_attention_plan_family(ctx, &ad, fam, sample, &L->attn);
     if (st != STOF_OK) {
         char msg[STOF_ERRMSG_MAX];
         snprintf(msg, sizeof(msg), "%s", stof_errmsg(ctx));
         free(L);
         return stof__fail(ctx, st, "stof_layer_plan: the attention: %s", msg);
     }
+    /* The layer's key names the mask's bits, or the family's key (its
+     * spec, lengths bucket and statistics). */
     char mask_hex[33];
-    stof_mask_digest(m, NULL, mask_hex);
+    if (m)
+        stof_mask_digest(m, NULL, mask_hex);
+    else
+        snprintf(mask_hex, sizeof(mask_hex), "%s", stof__plan_key(L->attn));
+    const char *spec = m ? m->spec : stof_mask_family_spec(fam);
     stof__layer_key(L, mask_hex);
     st = stof__ctx_push(ctx);
     if (st != STOF_OK) {
@@ -758,10 +782,10 @@ stof_status stof_layer_plan(stof_context *ctx, const stof_layer_desc *d,
         if (mode != STOF_TUNE_FORCE && stof__layer_from_db(L) == STOF_OK) {
             snprintf(L->source, sizeof(L->source), "database");
         } else if (mode == STOF_TUNE_CACHE_ONLY) {
-            st = stof__layer_tune(L, m, mask_hex, 1);
+            st = stof__layer_tune(L, spec, mask_hex, 1);
             snprintf(L->source, sizeof(L->source), "model");
         } else {
-            st = stof__layer_tune(L, m, mask_hex, 0);
+            st = stof__layer_tune(L, spec, mask_hex, 0);
             snprintf(L->source, sizeof(L->source), "tuned");
         }
     }
@@ -778,6 +802,77 @@ stof_status stof_layer_plan(stof_context *ctx, const stof_layer_desc *d,
               L->tune_s, j_name[L->ja], d->pre_norm ? "-" : j_name[L->jb]);
     *out = L;
     return stof__ok(ctx);
+}
+
+stof_status stof_layer_plan(stof_context *ctx, const stof_layer_desc *d,
+                            const stof_mask *m, stof_layer **out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "layer (the output pointer) is NULL");
+    *out = NULL;
+    STOF_CHECK_ARG(ctx, m, "mask is NULL");
+    return layer_plan(ctx, d, m, NULL, NULL, out);
+}
+
+stof_status stof_layer_plan_family(stof_context *ctx, const stof_layer_desc *d,
+                                   const stof_mask_family *fam,
+                                   const stof_mask_data *sample,
+                                   stof_layer **out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, out, "layer (the output pointer) is NULL");
+    *out = NULL;
+    STOF_CHECK_ARG(ctx, fam, "fam is NULL");
+    return layer_plan(ctx, d, NULL, fam, sample, out);
+}
+
+/* Run f with the instance data of the call (a family layer only). */
+static stof_status with_instance(stof_layer *L, const stof_mask_data *data,
+                                 const char *fn)
+{
+    if (!L)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!stof__plan_is_family(L->attn))
+        return (stof_status)layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                       "%s: the layer was not planned by "
+                                       "stof_layer_plan_family",
+                                       fn);
+    L->run_data = data;
+    return STOF_OK;
+}
+
+/* The default instance when a family layer runs without data. */
+static const stof_mask_data no_data;
+
+stof_status stof_layer_run_family(stof_layer *L, const stof_mask_data *data,
+                                  const stof_layer_weights *w, const void *x,
+                                  void *y, void *stream)
+{
+    stof_status st = with_instance(L, data ? data : &no_data,
+                                   "stof_layer_run_family");
+    if (st != STOF_OK)
+        return st;
+    st = stof_layer_run(L, w, x, y, stream);
+    L->run_data = NULL;
+    return st;
+}
+
+stof_status stof_layer_stack_run_family(stof_layer *L,
+                                        const stof_mask_data *data,
+                                        int n_layers,
+                                        const stof_layer_weights *w,
+                                        const void *x, void *y, void *stream,
+                                        unsigned flags)
+{
+    stof_status st = with_instance(L, data ? data : &no_data,
+                                   "stof_layer_stack_run_family");
+    if (st != STOF_OK)
+        return st;
+    st = stof_layer_stack_run(L, n_layers, w, x, y, stream, flags);
+    L->run_data = NULL;
+    return st;
 }
 
 /* A number for a description; null when it is not finite. */

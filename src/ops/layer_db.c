@@ -305,7 +305,7 @@ stof_status stof__layer_from_db(stof_layer *L)
     return STOF_OK;
 }
 
-void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
+void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
                        const layer_winner *wg, const layer_winner *wn,
                        int reps, int rows, double tol)
 {
@@ -316,7 +316,6 @@ void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
         return;
     }
     const int replace = L->ctx->settings.tuning_mode == STOF_TUNE_FORCE;
-    const char *spec = m->spec;
     stof_db_record r;
     int fails = 0;
     for (int i = 0; i < L->n_steps; i++) {

@@ -79,7 +79,9 @@ struct stof_layer {
     stof_layer_desc d;
     int M, hd;
     float eps;
-    stof_plan *attn;
+    stof_plan *attn;          /* a family plan for stof_layer_plan_family */
+    const stof_mask_data *run_data; /* the instance of the run in progress
+                                       (stof_layer_run_family), or NULL */
     gemm_op g[G_COUNT];
     norm_op n[N_COUNT];
     int ja, jb;
@@ -159,8 +161,9 @@ typedef struct layer_winner {
     int n_timed, n_rejected;
 } layer_winner;
 
-/* Store the used kernels' records and the layer's (its scheme). */
-void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
+/* Store the used kernels' records and the layer's (its scheme); spec: the
+ * mask's or family's spec for the records (NULL: none). */
+void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
                        const layer_winner *wg, const layer_winner *wn,
                        int reps, int rows, double tol);
 
@@ -168,7 +171,7 @@ void stof__layer_store(stof_layer *L, const stof_mask *m, const char *mask_hex,
 
 /* Tune the layer's kernels through the search engine and pick the scheme
  * (model_only: the cost model's choices, nothing run), then store. */
-stof_status stof__layer_tune(stof_layer *L, const stof_mask *m,
+stof_status stof__layer_tune(stof_layer *L, const char *spec,
                              const char *mask_hex, int model_only);
 
 /* Verify kernels loaded from the database (steps step_of[i], records

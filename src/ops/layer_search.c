@@ -853,7 +853,7 @@ static double model_scheme_ms(stof_layer *L, const layer_winner *wg,
     return model;
 }
 
-stof_status stof__layer_tune(stof_layer *L, const stof_mask *m,
+stof_status stof__layer_tune(stof_layer *L, const char *spec,
                              const char *mask_hex, int model_only)
 {
     stof_context *ctx = L->ctx;
@@ -927,7 +927,7 @@ stof_status stof__layer_tune(stof_layer *L, const stof_mask *m,
                       "of tuning)",
                       j_name[L->ja], L->d.pre_norm ? "-" : j_name[L->jb],
                       L->layer_ms, L->tune_s);
-            stof__layer_store(L, m, mask_hex, wg, wn, t.reps, t.n_rows,
+            stof__layer_store(L, spec, mask_hex, wg, wn, t.reps, t.n_rows,
                               (double)t.tol);
         }
     }

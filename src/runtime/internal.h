@@ -237,6 +237,11 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
                                 const stof_mask *m, const float *q,
                                 const float *k, const float *v, float *o);
 
+/* What other modules may ask of an attention plan (attention.c): whether
+ * it builds a mask family's formats per run, and its database key. */
+int stof__plan_is_family(const stof_plan *p);
+const char *stof__plan_key(const stof_plan *p);
+
 /* Templates embedded at build time (templates_gen.c, made by
  * scripts/embed_templates.py). */
 typedef struct stof_template {
