@@ -527,8 +527,11 @@ STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
  * GPU format builder is compiled once per context). The plan's device
  * workspace holds about 14 bytes per tile of the batch and the bitmaps of
  * the most partial tiles the family can have (every tile for strided,
- * docs and dilated leaves). Families with random or bigbird leaves are
- * not built on the GPU (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec). */
+ * docs, bigbird and dilated leaves). Families with random leaves, or
+ * bigbird with more than 64 random blocks a row, are not built on the GPU
+ * (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec); nor are per-sequence
+ * seeds (the spec's SEED is used: STOF_ERR_INVALID_ARGUMENT for a sample
+ * with seeds). */
 STOF_API stof_status stof_attention_plan_family(stof_context *ctx,
                                                 const stof_attention_desc *d,
                                                 const stof_mask_family *fam,

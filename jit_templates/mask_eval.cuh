@@ -16,6 +16,7 @@
 #define MB_LEAF_CAUSAL_SLIDING 4
 #define MB_LEAF_DILATED 5
 #define MB_LEAF_LONGFORMER 6
+#define MB_LEAF_BIGBIRD 7
 #define MB_LEAF_STRIDED 8
 #define MB_LEAF_DOCS 10
 #define MB_LEAF_PREFIX 11
@@ -25,6 +26,8 @@
 #define MB_OP_AND 1
 #define MB_OP_OR 2
 #define MB_OP_NOT 3
+#define MB_OP_PARAM 4 // a leaf's further parameters (bigbird: two nodes)
+#define MB_MAX_RANDOM 64
 #define MB_MAX_STACK 32
 #define MB_THREADS 256
 #define MB_MAX_TILE_WORDS 2048 // block_m * ceil(block_n / 32), at most
@@ -114,9 +117,10 @@ __device__ __forceinline__ int mb_band(stof_i64 dmin, stof_i64 dmax,
     return MB_C_UNKNOWN;
 }
 
+// ext: the leaf's node (its parameter nodes follow it).
 __device__ int mb_leaf_class(int kind, stof_i64 a, stof_i64 bparam,
                              stof_i64 p0, stof_i64 p1, stof_i64 k0,
-                             stof_i64 k1, const mb_seq &s)
+                             stof_i64 k1, const mb_seq &s, const int *ext)
 {
     const stof_i64 dmin = p0 - k1, dmax = p1 - k0;
     const stof_i64 big = (stof_i64)1 << 62;
@@ -156,6 +160,12 @@ __device__ int mb_leaf_class(int kind, stof_i64 a, stof_i64 bparam,
         stof_i64 x = bparam >= 0 ? bparam : s.prefix;
         return k1 < x ? MB_FULL : (k0 >= x ? MB_EMPTY : MB_C_UNKNOWN);
     }
+    case MB_LEAF_BIGBIRD: {
+        // Global rows and columns are full; the rest has random blocks:
+        // from the elements.
+        const stof_i64 gb = (stof_i64)ext[1] * a;
+        return (p1 < gb || k1 < gb) ? MB_FULL : MB_C_UNKNOWN;
+    }
     case MB_LEAF_DOCS: {
         if (p0 >= s.kl)
             return MB_EMPTY;
@@ -186,7 +196,9 @@ __device__ int mb_classify(const stof_mb_params &P, stof_i64 p0, stof_i64 p1,
         const int op = nd[0];
         if (op == MB_OP_LEAF) {
             st[n++] = (signed char)mb_leaf_class(nd[1], nd[2], nd[3], p0, p1,
-                                                 k0, k1, s);
+                                                 k0, k1, s, nd + 4);
+            if (nd[1] == MB_LEAF_BIGBIRD)
+                i += 2; // its parameter nodes
         } else if (op == MB_OP_NOT) {
             const int c = st[n - 1];
             st[n - 1] = (signed char)(c == MB_FULL    ? MB_EMPTY
@@ -286,8 +298,58 @@ __device__ void mb_doc(const mb_seq &s, stof_i64 p, stof_i64 *lo,
     *hi = l;
 }
 
+__device__ __forceinline__ unsigned long long mb_splitmix(unsigned long long *x)
+{
+    unsigned long long z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Bigbird (spec_eval.c's bigbird_block_row, the same draws): the row of
+// block row i = p / B has the G global block columns, the W window blocks
+// around i, and R distinct random block columns drawn by Floyd's algorithm
+// from splitmix64 seeded with SEED and i; rows of the G global block rows,
+// and every row when R covers the key blocks, are full.
+__device__ unsigned mb_bigbird_word(stof_i64 B, stof_i64 W, const int *ext,
+                                    stof_i64 p, stof_i64 c0, const mb_seq &s)
+{
+    const stof_i64 G = ext[1], R = ext[2];
+    const unsigned long long seed =
+        (unsigned long long)(unsigned)ext[5] |
+        ((unsigned long long)(unsigned)ext[6] << 32);
+    const stof_i64 i = p / B, nbk = (s.kl + B - 1) / B;
+    if (i < G || R >= nbk)
+        return mb_range(0, s.kl, c0);
+    unsigned x = mb_range(0, G * B, c0);
+    stof_i64 jlo = i - (W - 1) / 2, jhi = i + W / 2;
+    jlo = jlo < 0 ? 0 : jlo;
+    jhi = jhi > nbk - 1 ? nbk - 1 : jhi;
+    if (jlo <= jhi)
+        x |= mb_range(jlo * B, (jhi + 1) * B, c0);
+    if (R <= 0)
+        return x;
+    unsigned long long z = (unsigned long long)i + 0x632be59bd9b4e019ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    unsigned long long st = seed ^ (z ^ (z >> 31));
+    stof_i64 chosen[MB_MAX_RANDOM];
+    for (stof_i64 j = nbk - R, n = 0; j < nbk; j++, n++) {
+        stof_i64 t = (stof_i64)(mb_splitmix(&st) % (unsigned long long)(j + 1));
+        for (stof_i64 u = 0; u < n; u++)
+            if (chosen[u] == t) {
+                t = j;
+                break;
+            }
+        chosen[n] = t;
+        x |= mb_range(t * B, (t + 1) * B, c0);
+    }
+    return x;
+}
+
 __device__ unsigned mb_leaf_word(int kind, stof_i64 a, stof_i64 bparam,
-                                 stof_i64 p, stof_i64 c0, const mb_seq &s)
+                                 stof_i64 p, stof_i64 c0, const mb_seq &s,
+                                 const int *ext)
 {
     switch (kind) {
     case MB_LEAF_DENSE:
@@ -310,6 +372,8 @@ __device__ unsigned mb_leaf_word(int kind, stof_i64 a, stof_i64 bparam,
         return mb_range(p - a + 1, p + a, c0) | mb_residue(a, a - 1, c0);
     case MB_LEAF_PREFIX:
         return mb_range(0, bparam >= 0 ? bparam : s.prefix, c0);
+    case MB_LEAF_BIGBIRD:
+        return mb_bigbird_word(a, bparam, ext, p, c0, s);
     case MB_LEAF_DOCS: {
         if (s.unsorted && s.doc) {
             if (p >= s.kl)
@@ -339,7 +403,10 @@ __device__ unsigned mb_word(const stof_mb_params &P, stof_i64 p, stof_i64 c0,
         const int *nd = P.prog + 4 * i;
         const int op = nd[0];
         if (op == MB_OP_LEAF) {
-            st[n++] = mb_leaf_word(nd[1], nd[2], nd[3], p, c0, s) & valid;
+            st[n++] = mb_leaf_word(nd[1], nd[2], nd[3], p, c0, s, nd + 4) &
+                      valid;
+            if (nd[1] == MB_LEAF_BIGBIRD)
+                i += 2; // its parameter nodes
         } else if (op == MB_OP_NOT) {
             st[n - 1] = ~st[n - 1] & valid;
         } else {

@@ -51,6 +51,7 @@ int stof__mb_leaf_defines(char (*buf)[48], const char **defs)
         {"MB_LEAF_CAUSAL_SLIDING", STOF_LEAF_CAUSAL_SLIDING},
         {"MB_LEAF_DILATED", STOF_LEAF_DILATED},
         {"MB_LEAF_LONGFORMER", STOF_LEAF_LONGFORMER},
+        {"MB_LEAF_BIGBIRD", STOF_LEAF_BIGBIRD},
         {"MB_LEAF_STRIDED", STOF_LEAF_STRIDED},
         {"MB_LEAF_DOCS", STOF_LEAF_DOCS},
         {"MB_LEAF_PREFIX", STOF_LEAF_PREFIX},
@@ -199,11 +200,11 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     if (n < 0 || depth > STOF_MB_MAX_STACK)
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "the GPU format builder does not evaluate \"%.200s\" "
-                          "(random and bigbird masks, and specs of more than "
-                          "%d nodes or %d nested operands, are built on the "
-                          "CPU)",
-                          stof_mask_family_spec(fam), STOF_MB_MAX_NODES,
-                          STOF_MB_MAX_STACK);
+                          "(random leaves, bigbird with more than %d random "
+                          "blocks, and specs of more than %d nodes or %d "
+                          "nested operands, are built on the CPU)",
+                          stof_mask_family_spec(fam), STOF_PROG_MAX_RANDOM,
+                          STOF_MB_MAX_NODES, STOF_MB_MAX_STACK);
     ws->n_prog = n;
     ws->batch = batch;
     ws->seq_q = seq_q;

@@ -24,7 +24,7 @@
 /* The -D definitions of the leaf kinds (MB_LEAF_*=n) that every template
  * including mask_eval.cuh is compiled with: into buf, pointed to by defs;
  * returns their number, STOF_MB_N_LEAF_DEFINES. */
-#define STOF_MB_N_LEAF_DEFINES 10
+#define STOF_MB_N_LEAF_DEFINES 11
 int stof__mb_leaf_defines(char (*buf)[48], const char **defs);
 
 /* The loaded kernels (one module). */

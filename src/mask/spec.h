@@ -115,12 +115,16 @@ int stof__spec_eval_classify(stof_spec_eval *e, int64_t q0, int64_t q1,
  * nodes in postfix order, four int32 each: {STOF_PROG_LEAF, kind, a, b}
  * (a, b: sliding/causal_sliding/strided W or S in a; dilated W, D and
  * longformer W, G in a, b; prefix P in b, or -1 for the sequence's
- * prefix), or {STOF_PROG_AND / _OR, number of operands, 0, 0}, or
- * {STOF_PROG_NOT, 0, 0, 0}. Returns the number of nodes, or -1 when the
- * spec has a leaf the GPU does not evaluate (random, bigbird: drawn row by
- * row) or more than cap nodes. *max_stack: the deepest evaluation stack. */
+ * prefix; bigbird B, W in a, b, then two {STOF_PROG_PARAM, ...} nodes:
+ * {G, R, 0} and {SEED low, SEED high, 0}), or {STOF_PROG_AND / _OR, number
+ * of operands, 0, 0}, or {STOF_PROG_NOT, 0, 0, 0}. Returns the number of
+ * nodes, or -1 when the spec has a leaf the GPU does not evaluate (random:
+ * drawn by a sequential generator; bigbird with more than
+ * STOF_PROG_MAX_RANDOM random blocks) or more than cap nodes. *max_stack:
+ * the deepest evaluation stack. */
 enum { STOF_PROG_LEAF = 0, STOF_PROG_AND = 1, STOF_PROG_OR = 2,
-       STOF_PROG_NOT = 3 };
+       STOF_PROG_NOT = 3, STOF_PROG_PARAM = 4 };
+#define STOF_PROG_MAX_RANDOM 64
 int stof__spec_program(const stof_spec *s, int32_t *prog, int cap,
                        int *max_stack /* OUT, may be NULL */);
 

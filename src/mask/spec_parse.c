@@ -683,8 +683,24 @@ static int emit(const node *n, int32_t *prog, int cap, int *len, int depth,
         int32_t a = 0, b = 0;
         switch (n->kind) {
         case STOF_LEAF_RANDOM:
-        case STOF_LEAF_BIGBIRD:
-            return -1; /* drawn row by row: the CPU builds these */
+            return -1; /* a sequential generator per row: the CPU's */
+        case STOF_LEAF_BIGBIRD: {
+            /* Three nodes: the leaf and its two parameter nodes. */
+            if (n->v[3] > STOF_PROG_MAX_RANDOM || *len + 3 > cap)
+                return -1;
+            int32_t *o = prog + 4 * *len;
+            const int32_t nodes[12] = {
+                STOF_PROG_LEAF,  (int32_t)n->kind,  (int32_t)n->v[0],
+                (int32_t)n->v[1], STOF_PROG_PARAM,  (int32_t)n->v[2],
+                (int32_t)n->v[3], 0,                STOF_PROG_PARAM,
+                (int32_t)(uint32_t)n->v[4], (int32_t)(uint32_t)(n->v[4] >> 32),
+                0};
+            memcpy(o, nodes, sizeof(nodes));
+            *len += 3;
+            if (depth + 1 > *max_depth)
+                *max_depth = depth + 1;
+            return 0;
+        }
         case STOF_LEAF_SLIDING:
         case STOF_LEAF_CAUSAL_SLIDING:
         case STOF_LEAF_STRIDED:

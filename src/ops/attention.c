@@ -637,8 +637,8 @@ stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
         if (data->seed)
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
                              "stof_attention_run_family: per-sequence seeds "
-                             "are for random and bigbird, which the GPU "
-                             "builder does not evaluate");
+                             "are not evaluated by the GPU format builder "
+                             "(the spec's SEED is)");
     }
     return run_impl(p, data, q, k, v, o, stream);
 }

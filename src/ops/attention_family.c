@@ -494,13 +494,22 @@ stof_status stof_attention_plan_family(stof_context *ctx,
                            &depth) < 0 ||
         depth > STOF_MB_MAX_STACK)
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
-                          "%s: \"%.200s\" is not built on the GPU (random and "
-                          "bigbird leaves, or too large a spec); use "
-                          "stof_mask_from_spec and stof_attention_plan",
-                          fn, stof_mask_family_spec(fam));
+                          "%s: \"%.200s\" is not built on the GPU (random "
+                          "leaves, bigbird with more than %d random blocks, "
+                          "or too large a spec); use stof_mask_from_spec and "
+                          "stof_attention_plan",
+                          fn, stof_mask_family_spec(fam), STOF_PROG_MAX_RANDOM);
     st = stof_mask_data_check(ctx, fam, d->batch, d->seq_q, d->seq_k, sample);
     if (st != STOF_OK)
         return st;
+    STOF_CHECK_ARG(ctx,
+                   !(sample && sample->seed &&
+                     (stof__family_spec(fam)->uses & STOF_SPEC_USES_SEED)),
+                   "%s: per-sequence seeds are not evaluated by the GPU "
+                   "format builder (the spec's SEED is): leave "
+                   "stof_mask_data.seed NULL, or use stof_mask_family_eval "
+                   "and stof_attention_plan",
+                   fn);
     if (!ctx->device.ok)
         return stof__fail(ctx, STOF_ERR_NO_DEVICE, "%s needs a GPU: %s", fn,
                           ctx->device.why[0] ? ctx->device.why
