@@ -289,3 +289,172 @@ stof_mb_fill(const stof_mb_params P)
         __syncthreads();
     }
 }
+
+// ---------------------------------------------------------------------------
+// Row-wise formats (the gather kernels' compacted key lists) of the default
+// instance of one sequence, built once for a plan (mask_build.h,
+// stof__mb_rowwise_build). Format row f of block i is query row
+// mb_rw_row(f): rows in order, or grouped by residue class mod `group`
+// (class r: r, r + group, ...; as stof__mask_group_rows orders them).
+//   stof_mb_rw_or    grid (n_rb): the OR of the block's rows per 32 keys,
+//                    and the number of listed keys of each block
+//   (the host sums them into key_ptr, tile_ptr and row_off)
+//   stof_mb_rw_fill  grid (n_rb): the key lists, each row's bits over its
+//                    block's listed keys, and the tiles of block_n listed
+//                    keys: full, or partial with a bitmap in the next slot
+// ---------------------------------------------------------------------------
+
+struct stof_mb_rw {
+    int group;            // row period (1: rows in order)
+    int n_words;          // ceil(seq_k / 32)
+    unsigned *orw;        // n_rb * n_words
+    int *nk;              // n_rb
+    const int *key_ptr;   // n_rb + 1
+    int *keys;            // key_ptr[n_rb]
+    const long long *row_off; // n_rb + 1: block i's rows' bits, in words
+    unsigned *row_bits;   // row_off[n_rb]
+    const int *tile_ptr;  // n_rb + 1
+    unsigned char *kind;  // tile_ptr[n_rb]
+    int *bitmap_idx;      // tile_ptr[n_rb]
+    unsigned *bitmaps;    // tile_ptr[n_rb] * block_m * bwpr, zeroed
+    unsigned long long *n_partial; // slots taken (zeroed)
+};
+
+__device__ __forceinline__ int mb_rw_row(int f, int seq_q, int group)
+{
+    if (group <= 1)
+        return f;
+    for (int r = 0; r < group; r++) {
+        const int n = r < seq_q ? (seq_q - r + group - 1) / group : 0;
+        if (f < n)
+            return r + group * f;
+        f -= n;
+    }
+    return seq_q; // not reached for f < seq_q
+}
+
+extern "C" __global__ void __launch_bounds__(MB_THREADS)
+stof_mb_rw_or(const stof_mb_params P, const stof_mb_rw R)
+{
+    const int i = blockIdx.x, tid = threadIdx.x;
+    const mb_seq s = mb_load_seq(P, 0);
+    const int f0 = i * P.block_m;
+    const int rows = P.seq_q - f0 < P.block_m ? P.seq_q - f0 : P.block_m;
+    __shared__ int s_red[MB_THREADS / 32];
+    int n = 0;
+    for (int w = tid; w < R.n_words; w += MB_THREADS) {
+        unsigned acc = 0;
+        for (int r = 0; r < rows; r++) {
+            const int q = mb_rw_row(f0 + r, P.seq_q, R.group);
+            if (q < s.ql)
+                acc |= mb_word(P, (stof_i64)q + s.off, (stof_i64)w * 32, s);
+        }
+        R.orw[(stof_i64)i * R.n_words + w] = acc;
+        n += __popc(acc);
+    }
+    n = mb_cta_sum(n, s_red);
+    if (tid == 0)
+        R.nk[i] = n;
+}
+
+extern "C" __global__ void __launch_bounds__(MB_THREADS)
+stof_mb_rw_fill(const stof_mb_params P, const stof_mb_rw R)
+{
+    const int i = blockIdx.x, tid = threadIdx.x;
+    const mb_seq s = mb_load_seq(P, 0);
+    const int f0 = i * P.block_m;
+    const int rows = P.seq_q - f0 < P.block_m ? P.seq_q - f0 : P.block_m;
+    const unsigned *orw = R.orw + (stof_i64)i * R.n_words;
+    int *keys = R.keys + R.key_ptr[i];
+    const int nk = R.key_ptr[i + 1] - R.key_ptr[i];
+    // The key list: the set bits of orw in order (a running prefix over
+    // chunks of MB_THREADS words).
+    __shared__ int s_wsum[MB_THREADS / 32];
+    __shared__ int s_base;
+    if (tid == 0)
+        s_base = 0;
+    __syncthreads();
+    for (int w0 = 0; w0 < R.n_words; w0 += MB_THREADS) {
+        const int w = w0 + tid;
+        const unsigned x = w < R.n_words ? orw[w] : 0u;
+        int c = __popc(x), incl = c;
+        const int lane = tid & 31, warp = tid >> 5;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o)
+                incl += y;
+        }
+        if (lane == 31)
+            s_wsum[warp] = incl;
+        __syncthreads();
+        int before = s_base;
+        for (int k = 0; k < warp; k++)
+            before += s_wsum[k];
+        int at = before + incl - c;
+        for (unsigned y = x; y; y &= y - 1)
+            keys[at++] = w * 32 + __ffs((int)y) - 1;
+        __syncthreads();
+        if (tid == MB_THREADS - 1)
+            s_base = before + incl;
+        __syncthreads();
+    }
+    // Each row's bits over the listed keys (W words a row).
+    const int W = (nk + 31) / 32;
+    unsigned *rb = R.row_bits + R.row_off[i];
+    for (int e = tid; e < rows * W; e += MB_THREADS) {
+        const int r = e / W, o = e % W;
+        const int q = mb_rw_row(f0 + r, P.seq_q, R.group);
+        unsigned x = 0;
+        if (q < s.ql) {
+            const stof_i64 pos = (stof_i64)q + s.off;
+            int last = -1;
+            unsigned word = 0;
+            const int nb = nk - 32 * o < 32 ? nk - 32 * o : 32;
+            for (int b = 0; b < nb; b++) {
+                const int k = keys[32 * o + b];
+                if ((k >> 5) != last) {
+                    last = k >> 5;
+                    word = mb_word(P, pos, (stof_i64)last * 32, s);
+                }
+                x |= ((word >> (k & 31)) & 1u) << b;
+            }
+        }
+        rb[(stof_i64)r * W + o] = x;
+    }
+    __syncthreads();
+    // Tiles of block_n listed keys (block_n a multiple of 32).
+    const int bwpr = P.bwpr, nt = R.tile_ptr[i + 1] - R.tile_ptr[i];
+    for (int t = tid; t < nt; t += MB_THREADS) {
+        const int cnt = nk - t * P.block_n < P.block_n ? nk - t * P.block_n
+                                                       : P.block_n;
+        int full = 1;
+        for (int r = 0; r < rows && full; r++)
+            for (int j = 0; j < bwpr; j++) {
+                const int vb = cnt - 32 * j;
+                const unsigned need =
+                    vb >= 32 ? ~0u : (vb > 0 ? (1u << vb) - 1u : 0u);
+                const unsigned x =
+                    vb > 0 ? rb[(stof_i64)r * W + t * bwpr + j] : 0u;
+                if ((x & need) != need) {
+                    full = 0;
+                    break;
+                }
+            }
+        const int e = R.tile_ptr[i] + t;
+        R.kind[e] = (unsigned char)(full ? MB_FULL : MB_PARTIAL);
+        int slot = -1;
+        if (!full) {
+            slot = (int)atomicAdd(R.n_partial, 1ull);
+            unsigned *dst = R.bitmaps + (stof_i64)slot * P.block_m * bwpr;
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < bwpr; j++) {
+                    const int vb = cnt - 32 * j;
+                    dst[r * bwpr + j] =
+                        vb > 0 ? rb[(stof_i64)r * W + t * bwpr + j] &
+                                     (vb >= 32 ? ~0u : (1u << vb) - 1u)
+                               : 0u;
+                }
+        }
+        R.bitmap_idx[e] = slot;
+    }
+}

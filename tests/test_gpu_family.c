@@ -433,6 +433,168 @@ Test(gpu_family, out_of_range_data_is_clamped)
     stof_close(&ctx);
 }
 
+/* A device row-wise format on the host: its arrays. */
+typedef struct rw_host {
+    int32_t *key_ptr, *keys, *tile_ptr, *bidx;
+    uint8_t *kind;
+    uint32_t *bits;
+} rw_host;
+
+static void rw_download(const stof_rowwise_format *rf, rw_host *h)
+{
+    const stof_api *api = stof__api();
+    const size_t nrp = (size_t)rf->n_row_blocks + 1;
+    const size_t tw = (size_t)rf->block_m * (size_t)rf->bitmap_words_per_row;
+    h->key_ptr = malloc(nrp * 4);
+    h->tile_ptr = malloc(nrp * 4);
+    h->keys = malloc((size_t)rf->n_keys * 4 + 4);
+    h->bidx = malloc((size_t)rf->n_tiles * 4 + 4);
+    h->kind = malloc((size_t)rf->n_tiles + 1);
+    h->bits = malloc((size_t)rf->n_partial * tw * 4 + 4);
+    cr_assert(h->key_ptr && h->tile_ptr && h->keys && h->bidx && h->kind &&
+              h->bits);
+    api->cuMemcpyDtoH(h->key_ptr, rf->key_ptr, nrp * 4);
+    api->cuMemcpyDtoH(h->tile_ptr, rf->tile_ptr, nrp * 4);
+    if (rf->n_keys)
+        api->cuMemcpyDtoH(h->keys, rf->keys, (size_t)rf->n_keys * 4);
+    if (rf->n_tiles) {
+        api->cuMemcpyDtoH(h->bidx, rf->bitmap_idx, (size_t)rf->n_tiles * 4);
+        api->cuMemcpyDtoH(h->kind, rf->kind, (size_t)rf->n_tiles);
+    }
+    if (rf->n_partial)
+        api->cuMemcpyDtoH(h->bits, rf->bitmaps,
+                          (size_t)rf->n_partial * tw * 4);
+}
+
+static void rw_free(rw_host *h)
+{
+    free(h->key_ptr);
+    free(h->keys);
+    free(h->tile_ptr);
+    free(h->bidx);
+    free(h->kind);
+    free(h->bits);
+}
+
+Test(gpu_family, rowwise_format_matches_the_cpu_upload)
+{
+    /* The gather kernels' format of spec masks built on the GPU against
+     * stof_format_build's row-wise part uploaded, every kernel tiling,
+     * rows in order and grouped mod 2 and 3, odd sizes. */
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    stof_mb_kernels k;
+    cr_assert_eq(stof__mb_load(ctx, &k), STOF_OK, "%s", stof_errmsg(ctx));
+    static const char *specs[] = {
+        "dilated:512:2", "strided:128", "causal", "sliding:100", "dense",
+        "longformer:64:16", "bigbird:64:3:2:3:1", "dilated:60:3|causal",
+        "!causal&sliding:300", "strided:33&!prefix:40"};
+    static const int sizes[][2] = {{1000, 1000}, {777, 1333}, {1, 257},
+                                   {300, 31}};
+    static const int bms[] = {64, 128}, bns[] = {32, 64, 128},
+                     groups[] = {1, 2, 3};
+    int n = 0;
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    for (size_t si = 0; si < sizeof(specs) / sizeof(specs[0]); si++) {
+        stof_mask_family *fam = NULL;
+        cr_assert_eq(stof_mask_family_create(ctx, specs[si], &fam), STOF_OK);
+        for (int z = 0; z < 4; z++) {
+            const int sq = sizes[z][0], sk = sizes[z][1];
+            stof_mask *m = NULL;
+            cr_assert_eq(stof_mask_from_spec(ctx, specs[si], sq, sk, &m),
+                         STOF_OK, "%s", stof_errmsg(ctx));
+            for (int a = 0; a < 2; a++)
+                for (int b = 0; b < 3; b++)
+                    for (int gi = 0; gi < 3; gi++) {
+                        const int g = groups[gi];
+                        stof_mask *gm = NULL;
+                        int32_t *perm = NULL;
+                        if (g > 1)
+                            cr_assert_eq(stof__mask_group_rows(ctx, m, g, &gm,
+                                                               &perm),
+                                         STOF_OK);
+                        stof_format *f = NULL;
+                        cr_assert_eq(stof__format_build_parts(
+                                         ctx, gm ? gm : m, bms[a], bns[b],
+                                         STOF__FORMAT_ROWWISE, &f),
+                                     STOF_OK);
+                        stof_rowwise_format cpu, gpu;
+                        cr_assert_eq(stof__rowwise_format_upload(ctx, f, &cpu),
+                                     STOF_OK, "%s", stof_errmsg(ctx));
+                        int32_t *nk = NULL;
+                        cr_assert_eq(stof__mb_rowwise_build(
+                                         ctx, &k, fam, sq, sk, bms[a], bns[b],
+                                         g, &gpu, &nk),
+                                     STOF_OK, "%s", stof_errmsg(ctx));
+                        const char *sp = specs[si];
+                        cr_assert_eq(gpu.n_keys, cpu.n_keys,
+                                     "%s %dx%d %dx%d g%d: keys %lld vs %lld",
+                                     sp, sq, sk, bms[a], bns[b], g,
+                                     (long long)gpu.n_keys,
+                                     (long long)cpu.n_keys);
+                        cr_assert_eq(gpu.n_tiles, cpu.n_tiles, "%s tiles", sp);
+                        cr_assert_eq(gpu.n_partial, cpu.n_partial,
+                                     "%s %dx%d %dx%d g%d: partial %lld vs "
+                                     "%lld",
+                                     sp, sq, sk, bms[a], bns[b], g,
+                                     (long long)gpu.n_partial,
+                                     (long long)cpu.n_partial);
+                        cr_assert_eq(gpu.max_tiles, cpu.max_tiles);
+                        rw_host hg, hc;
+                        rw_download(&gpu, &hg);
+                        rw_download(&cpu, &hc);
+                        const size_t nrp = (size_t)cpu.n_row_blocks + 1;
+                        const size_t tw = (size_t)cpu.block_m *
+                                          (size_t)cpu.bitmap_words_per_row;
+                        cr_assert(!memcmp(hg.key_ptr, hc.key_ptr, nrp * 4),
+                                  "%s key_ptr", sp);
+                        cr_assert(!memcmp(hg.tile_ptr, hc.tile_ptr, nrp * 4),
+                                  "%s tile_ptr", sp);
+                        cr_assert(!cpu.n_keys ||
+                                      !memcmp(hg.keys, hc.keys,
+                                              (size_t)cpu.n_keys * 4),
+                                  "%s %dx%d %dx%d g%d: keys differ", sp, sq,
+                                  sk, bms[a], bns[b], g);
+                        for (int64_t e = 0; e < cpu.n_tiles; e++) {
+                            cr_assert_eq(hg.kind[e], hc.kind[e],
+                                         "%s %dx%d %dx%d g%d tile %lld: "
+                                         "kind %d vs %d",
+                                         sp, sq, sk, bms[a], bns[b], g,
+                                         (long long)e, hg.kind[e], hc.kind[e]);
+                            if (hc.kind[e] != STOF_TILE_PARTIAL)
+                                continue;
+                            cr_assert(hg.bidx[e] >= 0 &&
+                                      hg.bidx[e] < gpu.n_partial);
+                            cr_assert(!memcmp(hg.bits + (size_t)hg.bidx[e] * tw,
+                                              hc.bits + (size_t)hc.bidx[e] * tw,
+                                              tw * 4),
+                                      "%s %dx%d %dx%d g%d tile %lld: bitmaps "
+                                      "differ",
+                                      sp, sq, sk, bms[a], bns[b], g,
+                                      (long long)e);
+                        }
+                        for (int i = 0; i < cpu.n_row_blocks; i++)
+                            cr_assert_eq(nk[i],
+                                         hc.key_ptr[i + 1] - hc.key_ptr[i]);
+                        rw_free(&hg);
+                        rw_free(&hc);
+                        free(nk);
+                        stof__rowwise_format_free(ctx, &gpu);
+                        stof__rowwise_format_free(ctx, &cpu);
+                        stof_format_free(&f);
+                        stof_mask_free(&gm);
+                        free(perm);
+                        n++;
+                    }
+            stof_mask_free(&m);
+        }
+        stof_mask_family_free(&fam);
+    }
+    stof__ctx_pop(ctx);
+    cr_log_info("compared %d row-wise formats", n);
+    stof__mb_unload(ctx, &k);
+    stof_close(&ctx);
+}
+
 Test(gpu_family, random_and_wide_bigbird_are_refused_clearly)
 {
     /* random draws each row from a sequential generator; bigbird is

@@ -179,7 +179,7 @@ static void rand_inst(tu_rng *r, inst *in, int batch, long w)
 
 /* The bounded specs on random and adversarial instances; the bound is
  * below every tile in many cases (else the test would be worthless). */
-Test(pool_bound, bounded_specs_random_instances, .timeout = 300)
+Test(pool_bound, bounded_specs_random_instances)
 {
     static const char *const specs[] = {
         "causal", "sliding:37", "sliding:1000", "causal_sliding:100",
@@ -240,7 +240,7 @@ static void rand_spec(tu_rng *r, char *buf, size_t cap, int depth)
 
 /* Random combinations of bounded leaves: a tile partial in a combination is
  * partial in a leaf or on the length box, so the bound holds for them. */
-Test(pool_bound, random_combinations, .timeout = 300)
+Test(pool_bound, random_combinations)
 {
     tu_rng rng = {tu_seed() ^ 0xc0c0};
     subj all = {.spec = "random combinations"};
@@ -266,7 +266,7 @@ Test(pool_bound, random_combinations, .timeout = 300)
 /* A hill climb over one sequence's lengths, offset and prefix towards the
  * most partial tiles (a change that loses none is kept), per spec, from
  * random starts, sizes and tilings. */
-Test(pool_bound, hill_climb, .timeout = 300)
+Test(pool_bound, hill_climb)
 {
     static const char *const specs[] = {
         "sliding:20|causal_sliding:300", "longformer:40:9|prefix",
@@ -304,7 +304,7 @@ Test(pool_bound, hill_climb, .timeout = 300)
 
 /* Leaves without boundary lines (strided columns, documents, dilation
  * above 1) may make every tile partial: the bound is every tile. */
-Test(pool_bound, unbounded_leaves_every_tile, .timeout = 120)
+Test(pool_bound, unbounded_leaves_every_tile)
 {
     static const char *const specs[] = {"strided:33", "docs", "dilated:60:3",
                                         "causal&docs", "sliding:9|strided:64"};
@@ -335,7 +335,7 @@ Test(pool_bound, unbounded_leaves_every_tile, .timeout = 120)
 
 /* sliding:W at 2000 x 2000 with the q_offset (0 .. 2 * block_n) that gives
  * the most partial tiles, at lengths 1999 and 2000: within the bound. */
-Test(pool_bound, sliding_worst_offset, .timeout = 300)
+Test(pool_bound, sliding_worst_offset)
 {
     static const int ws[] = {1, 37, 100, 257};
     static const int tilings[][2] = {{64, 32},  {128, 64},  {16, 256},

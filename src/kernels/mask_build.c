@@ -95,6 +95,11 @@ stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k)
         r = api->cuModuleGetFunction(&k->fill, k->module, "stof_mb_fill");
     if (r == CUDA_SUCCESS)
         r = api->cuModuleGetFunction(&k->docs, k->module, "stof_mb_docs");
+    if (r == CUDA_SUCCESS)
+        r = api->cuModuleGetFunction(&k->rw_or, k->module, "stof_mb_rw_or");
+    if (r == CUDA_SUCCESS)
+        r = api->cuModuleGetFunction(&k->rw_fill, k->module,
+                                     "stof_mb_rw_fill");
     stof__ctx_pop(ctx);
     if (r != CUDA_SUCCESS) {
         st = (stof_status)stof__cuda_fail(ctx, r, "cuModuleGetFunction",
@@ -371,4 +376,177 @@ stof_status stof__mb_build(const stof_mb_kernels *k,
                                 (unsigned)ws->batch, 1, MB_THREADS, 1, 1, 0, s,
                                 args, NULL);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
+/* Mirrors struct stof_mb_rw in mask_build.cu. */
+typedef struct stof_mb_rw {
+    int group, n_words;
+    CUdeviceptr orw, nk, key_ptr, keys, row_off, row_bits, tile_ptr, kind,
+        bitmap_idx, bitmaps, n_partial;
+} stof_mb_rw;
+_Static_assert(sizeof(stof_mb_rw) == 8 + 11 * 8,
+               "stof_mb_rw must match mask_build.cu");
+
+stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
+                                   const stof_mask_family *fam, int seq_q,
+                                   int seq_k, int block_m, int block_n,
+                                   int group, stof_rowwise_format *rf,
+                                   int32_t **nk_out)
+{
+    memset(rf, 0, sizeof(*rf));
+    if (nk_out)
+        *nk_out = NULL;
+    STOF_CHECK_ARG(ctx, block_n % 32 == 0 && block_m >= 1 &&
+                            block_m <= 256 && group >= 1 && group <= 16,
+                   "GPU row-wise format: %dx%d tiles, rows grouped by %d",
+                   block_m, block_n, group);
+    stof_mb_workspace pw;
+    stof_status st = stof__mb_workspace_new(ctx, fam, 1, seq_q, seq_k, 0, 0,
+                                            &pw);
+    if (st != STOF_OK)
+        return st;
+    stof_mb_params p;
+    mb_params(&pw, NULL, &p);
+    p.block_m = block_m;
+    p.block_n = block_n;
+    p.bwpr = block_n / 32;
+    p.n_rb = (seq_q + block_m - 1) / block_m;
+    const int n_rb = p.n_rb, n_words = (seq_k + 31) / 32, bwpr = p.bwpr;
+    stof_mb_rw R;
+    memset(&R, 0, sizeof(R));
+    R.group = group;
+    R.n_words = n_words;
+    int32_t *nk = malloc(sizeof(int32_t) * (size_t)n_rb);
+    int32_t *kp = malloc(sizeof(int32_t) * ((size_t)n_rb + 1));
+    int32_t *tp = malloc(sizeof(int32_t) * ((size_t)n_rb + 1));
+    int64_t *ro = malloc(sizeof(int64_t) * ((size_t)n_rb + 1));
+    CUdeviceptr scratch = 0, mem = 0;
+    if (!nk || !kp || !tp || !ro) {
+        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        goto out;
+    }
+    if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK)
+        goto out;
+    const stof_api *api = ctx->api;
+    /* Pass 1: the OR of each block's rows, and its listed keys. */
+    const size_t o_orw = 0,
+                 o_nk = align256((size_t)n_rb * (size_t)n_words * 4u);
+    STOF_CU_GOTO(ctx, st, pop,
+                 api->cuMemAlloc(&scratch, o_nk + align256((size_t)n_rb * 4u)));
+    R.orw = scratch + o_orw;
+    R.nk = scratch + o_nk;
+    void *args[] = {&p, &R};
+    STOF_CU_GOTO(ctx, st, pop,
+                 api->cuLaunchKernel(k->rw_or, (unsigned)n_rb, 1, 1,
+                                     MB_THREADS, 1, 1, 0, NULL, args, NULL));
+    STOF_CU_GOTO(ctx, st, pop,
+                 api->cuMemcpyDtoH(nk, R.nk, sizeof(int32_t) * (size_t)n_rb));
+    /* The lists' and tiles' offsets. */
+    int64_t keys = 0, tiles = 0, words = 0;
+    int most = 0;
+    for (int i = 0; i < n_rb; i++) {
+        const int rows = seq_q - i * block_m < block_m ? seq_q - i * block_m
+                                                       : block_m;
+        const int64_t nt = ((int64_t)nk[i] + block_n - 1) / block_n;
+        kp[i] = (int32_t)keys;
+        tp[i] = (int32_t)tiles;
+        ro[i] = words;
+        keys += nk[i];
+        tiles += nt;
+        words += (int64_t)rows * ((nk[i] + 31) / 32);
+        most = nt > most ? (int)nt : most;
+    }
+    kp[n_rb] = (int32_t)keys;
+    tp[n_rb] = (int32_t)tiles;
+    ro[n_rb] = words;
+    const size_t tile_words = (size_t)block_m * (size_t)bwpr;
+    if (keys > INT32_MAX || tiles > INT32_MAX ||
+        (uint64_t)tiles > SIZE_MAX / 8u / tile_words) {
+        st = stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                        "GPU row-wise format: %lld keys in %lld tiles do "
+                        "not fit 32-bit indices",
+                        (long long)keys, (long long)tiles);
+        goto pop;
+    }
+    /* The format (as stof__rowwise_format_upload lays it out; every array
+     * at least 256 bytes), then pass 2's scratch. */
+    const size_t nrp = (size_t)n_rb + 1u;
+    const size_t o_kptr = 0, o_keys = align256(nrp * 4u);
+    const size_t o_tptr = o_keys + align256((size_t)keys * 4u);
+    const size_t o_kind = o_tptr + align256(nrp * 4u);
+    const size_t o_bidx = o_kind + align256((size_t)tiles);
+    const size_t o_bits = o_bidx + align256((size_t)tiles * 4u);
+    const size_t total = o_bits + align256((size_t)tiles * tile_words * 4u) +
+                         256u;
+    STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&mem, total));
+    STOF_CU_GOTO(ctx, st, pop, api->cuMemsetD8(mem, 0, total));
+    STOF_CU_GOTO(ctx, st, pop,
+                 api->cuMemcpyHtoD(mem + o_kptr, kp, nrp * 4u));
+    STOF_CU_GOTO(ctx, st, pop,
+                 api->cuMemcpyHtoD(mem + o_tptr, tp, nrp * 4u));
+    CUdeviceptr s2 = 0;
+    const size_t o_ro = 0, o_cnt = align256(nrp * 8u),
+                 o_rb = o_cnt + 256u;
+    STOF_CU_GOTO(ctx, st, pop,
+                 api->cuMemAlloc(&s2, o_rb + align256((size_t)words * 4u)));
+    R.row_off = s2 + o_ro;
+    R.n_partial = s2 + o_cnt;
+    R.row_bits = s2 + o_rb;
+    R.key_ptr = mem + o_kptr;
+    R.keys = mem + o_keys;
+    R.tile_ptr = mem + o_tptr;
+    R.kind = mem + o_kind;
+    R.bitmap_idx = mem + o_bidx;
+    R.bitmaps = mem + o_bits;
+    unsigned long long n_partial = 0;
+    CUresult r = api->cuMemcpyHtoD(R.row_off, ro, nrp * 8u);
+    if (r == CUDA_SUCCESS)
+        r = api->cuMemsetD8(R.n_partial, 0, 8);
+    if (r == CUDA_SUCCESS)
+        r = api->cuLaunchKernel(k->rw_fill, (unsigned)n_rb, 1, 1, MB_THREADS,
+                                1, 1, 0, NULL, args, NULL);
+    if (r == CUDA_SUCCESS)
+        r = api->cuMemcpyDtoH(&n_partial, R.n_partial, 8);
+    api->cuMemFree(s2);
+    if (r != CUDA_SUCCESS) {
+        st = (stof_status)stof__cuda_fail(ctx, r, "GPU row-wise format",
+                                          __FILE__, __LINE__);
+        goto pop;
+    }
+    rf->mem = mem;
+    rf->bytes = total;
+    rf->key_ptr = mem + o_kptr;
+    rf->keys = mem + o_keys;
+    rf->tile_ptr = mem + o_tptr;
+    rf->kind = mem + o_kind;
+    rf->bitmap_idx = mem + o_bidx;
+    rf->bitmaps = mem + o_bits;
+    rf->seq_q = seq_q;
+    rf->seq_k = seq_k;
+    rf->block_m = block_m;
+    rf->block_n = block_n;
+    rf->n_row_blocks = n_rb;
+    rf->bitmap_words_per_row = bwpr;
+    rf->max_tiles = most;
+    rf->n_keys = keys;
+    rf->n_tiles = tiles;
+    rf->n_partial = (int64_t)n_partial;
+    mem = 0;
+pop:
+    if (mem)
+        api->cuMemFree(mem);
+    if (scratch)
+        api->cuMemFree(scratch);
+    stof__ctx_pop(ctx);
+out:
+    if (st == STOF_OK && nk_out) {
+        *nk_out = nk;
+        nk = NULL;
+    }
+    free(nk);
+    free(kp);
+    free(tp);
+    free(ro);
+    stof__mb_workspace_free(ctx, &pw);
+    return st;
 }

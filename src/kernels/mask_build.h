@@ -31,6 +31,7 @@ int stof__mb_leaf_defines(char (*buf)[48], const char **defs);
 typedef struct stof_mb_kernels {
     CUmodule module;
     CUfunction docs, classify, scan, fill;
+    CUfunction rw_or, rw_fill; /* row-wise formats */
 } stof_mb_kernels;
 
 /* Compile (NVRTC, for the context's device; once per context: the cubin
@@ -113,5 +114,20 @@ stof_status stof__mb_launch_with(CUfunction fn, const void *first,
                                  const stof_mb_data *data, unsigned gx,
                                  unsigned gy, unsigned threads, CUstream s,
                                  const stof_api *api);
+
+/* The row-wise format (the gather kernels' compacted key lists, as
+ * stof__rowwise_format_upload makes from stof_format_build's row-wise part)
+ * of the family's default instance at seq_q x seq_k, in block_m x block_n
+ * tiles (block_n a multiple of 32), rows grouped by residue class mod
+ * `group` when it is above 1 (as stof__mask_group_rows orders them), built
+ * on the GPU with the loaded builder k; waits for it. *nk (malloc'd, may
+ * be NULL): the listed keys of each row block. Partial tiles' bitmap
+ * slots are in any order. */
+#include "attn_block.h"
+stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
+                                   const stof_mask_family *fam, int seq_q,
+                                   int seq_k, int block_m, int block_n,
+                                   int group, stof_rowwise_format *rf /* OUT */,
+                                   int32_t **nk /* OUT */);
 
 #endif /* STOF_MASK_BUILD_H */

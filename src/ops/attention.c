@@ -383,13 +383,31 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
     stof_mask *grouped = NULL;
     int32_t *perm = NULL, *order = NULL;
     stof_format *f = NULL;
-    if (!rowwise && m->spec) {
-        /* A spec the GPU evaluates: its tiles built there (tens of
+    if (m->spec) {
+        /* A spec the GPU evaluates: its formats built there (tens of
          * microseconds), not from the bits on the host (milliseconds). */
-        st = stof__spec_block_format_gpu(ctx, m->spec, m->seq_q, m->seq_k, bm,
-                                         bn, &p->bf, wg ? &f : NULL);
+        const int g = p->group > 1 ? p->group : 1;
+        st = rowwise ? stof__spec_rowwise_format_gpu(ctx, m->spec, m->seq_q,
+                                                     m->seq_k, bm, bn, g,
+                                                     &p->rf, wg ? &f : NULL)
+                     : stof__spec_block_format_gpu(ctx, m->spec, m->seq_q,
+                                                   m->seq_k, bm, bn, &p->bf,
+                                                   wg ? &f : NULL);
+        if (st == STOF_OK && g > 1) {
+            /* The query row of each format row, by residue class. */
+            if (!(perm = malloc(sizeof(int32_t) * (size_t)m->seq_q)))
+                st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+            for (int r = 0, n = 0; st == STOF_OK && r < g; r++)
+                for (int q = r; q < m->seq_q; q += g)
+                    perm[n++] = q;
+            if (st == STOF_OK)
+                st = upload_i32(ctx, perm, (size_t)m->seq_q, &p->d_q_rows,
+                                "uploading the query row order");
+            if (st != STOF_OK)
+                goto done;
+        }
         if (st == STOF_OK && !wg)
-            return STOF_OK;
+            goto done;
         if (st == STOF_OK)
             goto order;
         if (st != STOF_ERR_UNSUPPORTED)

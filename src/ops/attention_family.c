@@ -369,6 +369,23 @@ stof_status stof__family_rank(stof_context *ctx, const stof_attention_desc *d,
     return st;
 }
 
+/* The family of a spec the GPU evaluates (its program fits), else NULL
+ * with nothing recorded. */
+static stof_mask_family *gpu_spec_family(stof_context *ctx, const char *spec)
+{
+    stof_mask_family *fam = NULL;
+    if (!spec || !ctx->device.ok || (ctx->hit_no_compile && !ctx->mb_cubin) ||
+        stof_mask_family_create(ctx, spec, &fam) != STOF_OK)
+        return NULL;
+    int32_t prog[4 * STOF_MB_MAX_NODES];
+    int depth = 0;
+    if (stof__spec_program(stof__family_spec(fam), prog, STOF_MB_MAX_NODES,
+                           &depth) < 0 ||
+        depth > STOF_MB_MAX_STACK)
+        stof_mask_family_free(&fam);
+    return fam;
+}
+
 stof_status stof__spec_block_format_gpu(stof_context *ctx, const char *spec,
                                         int seq_q, int seq_k, int block_m,
                                         int block_n, stof_block_format *bf,
@@ -377,22 +394,13 @@ stof_status stof__spec_block_format_gpu(stof_context *ctx, const char *spec,
     memset(bf, 0, sizeof(*bf));
     if (counts)
         *counts = NULL;
-    if (!spec || !ctx->device.ok)
+    if ((int64_t)((seq_q + block_m - 1) / block_m) *
+            ((seq_k + block_n - 1) / block_n) >
+        INT32_MAX)
         return STOF_ERR_UNSUPPORTED;
-    stof_mask_family *fam = NULL;
-    if (stof_mask_family_create(ctx, spec, &fam) != STOF_OK)
+    stof_mask_family *fam = gpu_spec_family(ctx, spec);
+    if (!fam)
         return STOF_ERR_UNSUPPORTED;
-    int32_t prog[4 * STOF_MB_MAX_NODES];
-    int depth = 0;
-    if (stof__spec_program(stof__family_spec(fam), prog, STOF_MB_MAX_NODES,
-                           &depth) < 0 ||
-        depth > STOF_MB_MAX_STACK ||
-        (int64_t)((seq_q + block_m - 1) / block_m) *
-                ((seq_k + block_n - 1) / block_n) >
-            INT32_MAX) {
-        stof_mask_family_free(&fam);
-        return STOF_ERR_UNSUPPORTED;
-    }
     stof_mb_kernels k;
     stof_mb_workspace ws;
     memset(&ws, 0, sizeof(ws));
@@ -435,6 +443,48 @@ stof_status stof__spec_block_format_gpu(stof_context *ctx, const char *spec,
     stof__mb_workspace_free(ctx, &ws);
     stof__mb_unload(ctx, &k);
     stof_mask_family_free(&fam);
+    return st;
+}
+
+stof_status stof__spec_rowwise_format_gpu(stof_context *ctx, const char *spec,
+                                          int seq_q, int seq_k, int block_m,
+                                          int block_n, int group,
+                                          stof_rowwise_format *rf,
+                                          stof_format **counts)
+{
+    memset(rf, 0, sizeof(*rf));
+    if (counts)
+        *counts = NULL;
+    if (block_n % 32 != 0)
+        return STOF_ERR_UNSUPPORTED;
+    stof_mask_family *fam = gpu_spec_family(ctx, spec);
+    if (!fam)
+        return STOF_ERR_UNSUPPORTED;
+    stof_mb_kernels k;
+    int32_t *nk = NULL;
+    stof_status st = stof__mb_load(ctx, &k);
+    if (st == STOF_OK) {
+        st = stof__mb_rowwise_build(ctx, &k, fam, seq_q, seq_k, block_m,
+                                    block_n, group, rf, &nk);
+        stof__mb_unload(ctx, &k);
+    }
+    stof_mask_family_free(&fam);
+    if (st == STOF_OK && counts) {
+        const int n_rb = rf->n_row_blocks;
+        stof_format *f = calloc(1, sizeof(*f));
+        if (f && (f->rw_ptr = malloc(sizeof(int64_t) * ((size_t)n_rb + 1)))) {
+            f->n_row_blocks = n_rb;
+            f->rw_ptr[0] = 0;
+            for (int i = 0; i < n_rb; i++)
+                f->rw_ptr[i + 1] = f->rw_ptr[i] + nk[i];
+            *counts = f;
+        } else {
+            stof_format_free(&f);
+            stof__rowwise_format_free(ctx, rf);
+            st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        }
+    }
+    free(nk);
     return st;
 }
 

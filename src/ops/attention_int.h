@@ -232,6 +232,16 @@ stof_status stof__spec_block_format_gpu(stof_context *ctx, const char *spec,
                                         stof_block_format *bf /* OUT */,
                                         stof_format **counts /* OUT */);
 
+/* The same for the row-wise format of the gather kernels (block_n a
+ * multiple of 32), rows grouped mod `group` when it is above 1; counts:
+ * a host format holding only n_row_blocks and rw_ptr (the gather row
+ * order's input). */
+stof_status stof__spec_rowwise_format_gpu(stof_context *ctx, const char *spec,
+                                          int seq_q, int seq_k, int block_m,
+                                          int block_n, int group,
+                                          stof_rowwise_format *rf /* OUT */,
+                                          stof_format **counts /* OUT */);
+
 /* Public instance data (device pointers) as the builder's. */
 void stof__family_mb_data(const stof_mask_data *data, stof_mb_data *md);
 

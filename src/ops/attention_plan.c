@@ -321,6 +321,7 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
     stof_candidate c;
     stof_plan *p = NULL;
     char why[256];
+    ctx->hit_no_compile = 1; /* a hit compiles nothing */
     if (!stof__attention_record_candidate(&rec, &c, why, sizeof(why)))
         stof__log(ctx, STOF_LOG_WARN, "tuning record %s: %s (%s): ignored",
                   key, why, rec.config);
@@ -340,6 +341,7 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
         stof__log(ctx, STOF_LOG_WARN,
                   "tuning record %s could not be loaded (%s): ignored", key,
                   stof_errmsg(ctx));
+    ctx->hit_no_compile = 0;
     if (p && !trust_record(ctx, db, p, pr, &rec)) {
         stof__plan_release(p);
         p = NULL;

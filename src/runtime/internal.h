@@ -67,6 +67,10 @@ struct stof_context {
      * once per context: later plans only load it. */
     void *mb_cubin;
     size_t mb_cubin_size;
+    /* Set while a database hit is being planned: spec masks' formats are
+     * built on the GPU only if the builder is already compiled (a hit
+     * compiles nothing), else on the host. */
+    int hit_no_compile;
 };
 
 /* Longest spec a mask keeps (the tuning records' mask_spec field). */
