@@ -451,17 +451,11 @@ done:
     return st;
 }
 
-/* Validate, allocate a plan for candidate c and upload its data; no
- * kernel yet. */
-static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
-                                const stof_mask *m, const stof_candidate *c,
-                                stof_plan **out)
+stof_status stof__plan_new(stof_context *ctx, const stof_attention_desc *d,
+                           float scale, const stof_candidate *c,
+                           stof_plan **out)
 {
     *out = NULL;
-    float scale = 0.0f;
-    stof_status st = stof__attention_check_ready(ctx, d, m, &scale);
-    if (st != STOF_OK)
-        return st;
     if (c->kind < STOF_KERNEL_REFERENCE || c->kind > STOF_KERNEL_WGMMA_GATHER)
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "kernel kind %d is not available", c->kind);
@@ -473,9 +467,6 @@ static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
     p->desc = *d;
     stof__attention_normalise(&p->desc);
     p->scale = scale;
-    p->mask_words = m->words_per_row;
-    p->mask_density = stof_mask_density(m);
-    stof_mask_digest(m, NULL, p->mask_hex);
     p->kind = c->kind;
     p->cfg = c->cfg;
     p->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
@@ -487,6 +478,27 @@ static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
                    : 0;
     p->predicted_ms = c->predicted_ms;
     p->source = "compiled";
+    *out = p;
+    return STOF_OK;
+}
+
+/* Validate, allocate a plan for candidate c and upload its data; no
+ * kernel yet. */
+static stof_status plan_prepare(stof_context *ctx, const stof_attention_desc *d,
+                                const stof_mask *m, const stof_candidate *c,
+                                stof_plan **out)
+{
+    *out = NULL;
+    float scale = 0.0f;
+    stof_status st = stof__attention_check_ready(ctx, d, m, &scale);
+    if (st != STOF_OK)
+        return st;
+    stof_plan *p = NULL;
+    if ((st = stof__plan_new(ctx, d, scale, c, &p)) != STOF_OK)
+        return st;
+    p->mask_words = m->words_per_row;
+    p->mask_density = stof_mask_density(m);
+    stof_mask_digest(m, NULL, p->mask_hex);
     const double t0 = stof__now_ms();
     st = c->kind == STOF_KERNEL_REFERENCE ? prepare_reference(ctx, p, m)
                                           : prepare_tiles(ctx, p, m);

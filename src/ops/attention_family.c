@@ -37,6 +37,38 @@ void stof__family_mb_data(const stof_mask_data *data, stof_mb_data *md)
     md->doc_stride = data->doc_stride;
 }
 
+/* Whether the GPU evaluates the family (its program fits the builder). */
+static int gpu_evaluates(const stof_mask_family *fam)
+{
+    int32_t prog[4 * STOF_MB_MAX_NODES];
+    int depth = 0;
+    return stof__spec_program(stof__family_spec(fam), prog, STOF_MB_MAX_NODES,
+                              &depth) >= 0 &&
+           depth <= STOF_MB_MAX_STACK;
+}
+
+/* bf as the block format held by workspace w's arrays (block_m x block_n
+ * tiles; rp_stride 0, to be set by the caller for per-sequence lists). */
+static void bf_view(stof_block_format *bf, const stof_mb_workspace *w)
+{
+    memset(bf, 0, sizeof(*bf));
+    bf->mem = w->mem;
+    bf->bytes = w->bytes;
+    bf->row_ptr = w->row_ptr;
+    bf->col_idx = w->col_idx;
+    bf->kind = w->kind;
+    bf->bitmap_idx = w->bitmap_idx;
+    bf->bitmaps = w->bitmaps;
+    bf->seq_q = w->seq_q;
+    bf->seq_k = w->seq_k;
+    bf->block_m = w->block_m;
+    bf->block_n = w->block_n;
+    bf->n_row_blocks = w->n_rb;
+    bf->n_col_blocks = w->n_cb;
+    bf->bitmap_words_per_row = w->bwpr;
+    bf->n_tiles = w->tile_cap;
+}
+
 /* Make p build its formats on the GPU with the loaded builder k (taken
  * over by p): the workspace for its tiling, and bf pointing at it. */
 static stof_status attach_builder(stof_context *ctx, stof_plan *p,
@@ -55,25 +87,8 @@ static stof_status attach_builder(stof_context *ctx, stof_plan *p,
     p->mb_k = *k;
     memset(k, 0, sizeof(*k));
     p->family = 1;
-    const stof_mb_workspace *w = &p->mb_ws;
-    stof_block_format *bf = &p->bf;
-    memset(bf, 0, sizeof(*bf));
-    bf->mem = w->mem;
-    bf->bytes = w->bytes;
-    bf->row_ptr = w->row_ptr;
-    bf->col_idx = w->col_idx;
-    bf->kind = w->kind;
-    bf->bitmap_idx = w->bitmap_idx;
-    bf->bitmaps = w->bitmaps;
-    bf->seq_q = w->seq_q;
-    bf->seq_k = w->seq_k;
-    bf->block_m = bm;
-    bf->block_n = bn;
-    bf->n_row_blocks = w->n_rb;
-    bf->n_col_blocks = w->n_cb;
-    bf->bitmap_words_per_row = w->bwpr;
-    bf->n_tiles = w->tile_cap;
-    bf->rp_stride = w->n_rb;
+    bf_view(&p->bf, &p->mb_ws);
+    p->bf.rp_stride = p->mb_ws.n_rb;
     snprintf(p->family_spec, sizeof(p->family_spec), "%s",
              stof_mask_family_spec(fam));
     return STOF_OK;
@@ -97,21 +112,9 @@ static stof_status family_plan(stof_context *ctx, const stof_attention_desc *d,
                           stof__kernel_kind_name(c->kind));
     if (!cubin || size < 4)
         return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT, "no cubin to load");
-    stof_plan *p = calloc(1, sizeof(*p));
-    if (!p)
-        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                          "out of memory allocating a plan");
-    p->ctx = ctx;
-    p->desc = *d;
-    stof__attention_normalise(&p->desc);
-    p->scale = scale;
-    p->kind = c->kind;
-    p->cfg = c->cfg;
-    p->cfg.gather = 0;
-    p->wcfg = c->wcfg;
-    p->wcfg.gather = 0;
-    p->predicted_ms = c->predicted_ms;
-    p->source = "compiled";
+    stof_plan *p = NULL;
+    if ((st = stof__plan_new(ctx, d, scale, c, &p)) != STOF_OK)
+        return st;
     const double t0 = stof__now_ms();
     st = attach_builder(ctx, p, fam, k);
     p->formats_ms = stof__now_ms() - t0;
@@ -377,11 +380,7 @@ static stof_mask_family *gpu_spec_family(stof_context *ctx, const char *spec)
     if (!spec || !ctx->device.ok || (ctx->hit_no_compile && !ctx->mb_cubin) ||
         stof_mask_family_create(ctx, spec, &fam) != STOF_OK)
         return NULL;
-    int32_t prog[4 * STOF_MB_MAX_NODES];
-    int depth = 0;
-    if (stof__spec_program(stof__family_spec(fam), prog, STOF_MB_MAX_NODES,
-                           &depth) < 0 ||
-        depth > STOF_MB_MAX_STACK)
+    if (!gpu_evaluates(fam))
         stof_mask_family_free(&fam);
     return fam;
 }
@@ -420,23 +419,9 @@ stof_status stof__spec_block_format_gpu(stof_context *ctx, const char *spec,
     if (st == STOF_OK) {
         /* The workspace becomes the plan's format memory (its scratch
          * arrays stay unused). */
-        bf->mem = ws.mem;
-        bf->bytes = ws.bytes;
-        bf->row_ptr = ws.row_ptr;
-        bf->col_idx = ws.col_idx;
-        bf->kind = ws.kind;
-        bf->bitmap_idx = ws.bitmap_idx;
-        bf->bitmaps = ws.bitmaps;
-        bf->seq_q = seq_q;
-        bf->seq_k = seq_k;
-        bf->block_m = block_m;
-        bf->block_n = block_n;
-        bf->n_row_blocks = ws.n_rb;
-        bf->n_col_blocks = ws.n_cb;
-        bf->bitmap_words_per_row = ws.bwpr;
+        bf_view(bf, &ws);
         bf->n_tiles = stats[0];
         bf->n_partial = stats[1];
-        bf->rp_stride = 0;
         memset(&ws, 0, sizeof(ws));
     }
     free(cnt);
@@ -538,11 +523,7 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     stof_status st = stof__attention_check_problem(ctx, d, &scale);
     if (st != STOF_OK)
         return st;
-    int32_t prog[4 * STOF_MB_MAX_NODES];
-    int depth = 0;
-    if (stof__spec_program(stof__family_spec(fam), prog, STOF_MB_MAX_NODES,
-                           &depth) < 0 ||
-        depth > STOF_MB_MAX_STACK)
+    if (!gpu_evaluates(fam))
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "%s: \"%.200s\" is not built on the GPU (random "
                           "leaves, bigbird with more than %d random blocks, "

@@ -152,6 +152,13 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
                                         const stof_candidate *choice,
                                         stof_plan **out /* OUT */);
 
+/* A new plan for candidate c (kind, configurations, row grouping, the
+ * model's time) on problem d (normalised) with softmax scale `scale`: no
+ * formats, no kernel. */
+stof_status stof__plan_new(stof_context *ctx, const stof_attention_desc *d,
+                           float scale, const stof_candidate *c,
+                           stof_plan **out /* OUT */);
+
 /* Load a cubin into plan p (kind and configuration set): module, function,
  * shared memory limit and, for the reference kernel, the launch shape. */
 stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
