@@ -65,7 +65,42 @@ int stof__mb_leaf_defines(char (*buf)[48], const char **defs)
     return STOF_MB_N_LEAF_DEFINES;
 }
 
+/* stof_close's hook: unload the context's builder module. */
+static void mb_close(stof_context *ctx)
+{
+    stof_mb_kernels *k = ctx->mb_kernels;
+    if (k && k->module && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuModuleUnload(k->module);
+        stof__ctx_pop(ctx);
+    }
+    free(k);
+    ctx->mb_kernels = NULL;
+}
+
+static stof_status mb_load_module(stof_context *ctx, stof_mb_kernels *k);
+
 stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k)
+{
+    memset(k, 0, sizeof(*k));
+    if (!ctx->mb_kernels) {
+        stof_mb_kernels *own = calloc(1, sizeof(*own));
+        if (!own)
+            return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+        stof_status st = mb_load_module(ctx, own);
+        if (st != STOF_OK) {
+            free(own);
+            return st;
+        }
+        own->shared = 1;
+        ctx->mb_kernels = own;
+        ctx->mb_close = mb_close;
+    }
+    *k = *(const stof_mb_kernels *)ctx->mb_kernels;
+    return STOF_OK;
+}
+
+/* Compile (once per context) and load the builder's module into k. */
+static stof_status mb_load_module(stof_context *ctx, stof_mb_kernels *k)
 {
     memset(k, 0, sizeof(*k));
     char buf[STOF_MB_N_LEAF_DEFINES][48];
@@ -111,7 +146,7 @@ stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k)
 
 void stof__mb_unload(stof_context *ctx, stof_mb_kernels *k)
 {
-    if (k->module && stof__ctx_push(ctx) == STOF_OK) {
+    if (k->module && !k->shared && stof__ctx_push(ctx) == STOF_OK) {
         ctx->api->cuModuleUnload(k->module);
         stof__ctx_pop(ctx);
     }

@@ -32,10 +32,12 @@ typedef struct stof_mb_kernels {
     CUmodule module;
     CUfunction docs, classify, scan, fill;
     CUfunction rw_or, rw_fill; /* row-wise formats */
+    int shared;                /* the context's module: not unloaded */
 } stof_mb_kernels;
 
 /* Compile (NVRTC, for the context's device; once per context: the cubin
- * stays on the context) and load the builder.
+ * stays on the context) and load the builder (once per context too: *k is
+ * a shared view that stof__mb_unload leaves loaded; stof_close unloads).
  * Errors: STOF_ERR_NVRTC, STOF_ERR_NO_DEVICE, STOF_ERR_CUDA. */
 stof_status stof__mb_load(stof_context *ctx, stof_mb_kernels *k /* OUT */);
 void stof__mb_unload(stof_context *ctx, stof_mb_kernels *k);

@@ -233,6 +233,8 @@ void stof_close(stof_context **pctx)
      * how to close it): the runtime does not know the database. */
     if (ctx->db && ctx->db_close)
         ctx->db_close(&ctx->db);
+    if (ctx->mb_close)
+        ctx->mb_close(ctx);
     for (int i = 0; i < ctx->n_ref_cubins; i++)
         free(ctx->ref_cubins[i].cubin);
     free(ctx->mb_cubin);

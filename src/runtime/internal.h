@@ -67,6 +67,10 @@ struct stof_context {
      * once per context: later plans only load it. */
     void *mb_cubin;
     size_t mb_cubin_size;
+    /* ... and loaded once (mask_build.c's kernels, shared by every plan of
+     * the context; unloaded by mb_close at stof_close). */
+    void *mb_kernels;
+    void (*mb_close)(struct stof_context *ctx);
     /* Set while a database hit is being planned: spec masks' formats are
      * built on the GPU only if the builder is already compiled (a hit
      * compiles nothing), else on the host. */
