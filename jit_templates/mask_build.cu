@@ -233,8 +233,13 @@ stof_mb_scan(const stof_mb_params P)
     const stof_i64 total_t = s_t[MB_SCAN_THREADS - 1];
     // Never with a workspace of stof__mb_workspace_new (every tile has an
     // index, and the pool holds the most partial tiles the program can
-    // make); checked all the same.
-    const int overflow = total_t > P.tile_cap || P.stats[6] > P.pool_cap;
+    // make); checked all the same. One thread reads the pool counter
+    // before anyone resets it, and every thread takes its verdict.
+    __shared__ int s_over;
+    if (tid == 0)
+        s_over = total_t > P.tile_cap || P.stats[6] > P.pool_cap;
+    __syncthreads();
+    const int overflow = s_over;
     stof_i64 rt = s_t[tid] - t;
     for (stof_i64 e = lo; e < hi; e++) {
         P.row_ptr[e] = overflow ? 0 : (int)rt;
@@ -319,6 +324,7 @@ struct stof_mb_rw {
     unsigned *bitmaps;    // tile_ptr[n_rb] * block_m * bwpr, zeroed
     unsigned long long *n_partial; // slots taken (zeroed)
 };
+static_assert(sizeof(stof_mb_rw) == 96, "stof_mb_rw layout (mask_build.c)");
 
 __device__ __forceinline__ int mb_rw_row(int f, int seq_q, int group)
 {

@@ -37,7 +37,7 @@
 #define MB_FULL 2
 #define MB_UNKNOWN 3
 
-// Must match stof_mb_params in src/kernels/mask_build.h.
+// Must match stof_mb_params in src/kernels/mask_build.c (200 bytes).
 struct stof_mb_params {
     const int *prog;
     int n_prog;
@@ -69,6 +69,7 @@ struct stof_mb_params {
                           // slot, by tile
     stof_i64 pool_cap;    // bitmaps in the pool
 };
+static_assert(sizeof(stof_mb_params) == 200, "stof_mb_params layout");
 
 struct mb_seq {
     stof_i64 off;   // q_offset

@@ -410,8 +410,10 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
             goto done;
         if (st == STOF_OK)
             goto order;
-        if (st != STOF_ERR_UNSUPPORTED)
-            return st;
+        /* Not evaluated there, or a GPU failure (say, the worst-case pool
+         * does not fit): the host builds it, as for any mask. */
+        stof__rowwise_format_free(ctx, &p->rf);
+        stof__block_format_free(ctx, &p->bf);
         st = STOF_OK;
     }
     if (p->group > 1) {

@@ -373,7 +373,8 @@ stof_status stof__family_rank(stof_context *ctx, const stof_attention_desc *d,
 }
 
 /* The family of a spec the GPU evaluates (its program fits), else NULL
- * with nothing recorded. */
+ * (a parse error may leave its message on the context; callers fall back
+ * to the host and end with their own status). */
 static stof_mask_family *gpu_spec_family(stof_context *ctx, const char *spec)
 {
     stof_mask_family *fam = NULL;
@@ -533,13 +534,11 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     st = stof_mask_data_check(ctx, fam, d->batch, d->seq_q, d->seq_k, sample);
     if (st != STOF_OK)
         return st;
-    STOF_CHECK_ARG(ctx,
-                   !(sample && sample->seed &&
-                     (stof__family_spec(fam)->uses & STOF_SPEC_USES_SEED)),
+    STOF_CHECK_ARG(ctx, !(sample && sample->seed),
                    "%s: per-sequence seeds are not evaluated by the GPU "
                    "format builder (the spec's SEED is): leave "
-                   "stof_mask_data.seed NULL, or use stof_mask_family_eval "
-                   "and stof_attention_plan",
+                   "stof_mask_data.seed NULL (as runs must), or use "
+                   "stof_mask_family_eval and stof_attention_plan",
                    fn);
     if (!ctx->device.ok)
         return stof__fail(ctx, STOF_ERR_NO_DEVICE, "%s needs a GPU: %s", fn,
