@@ -9,8 +9,13 @@ same process: wall time of each call, median, and the median of each part.
 With --family, the same masks through stof_attention_plan_family (the
 default instance) where the spec is built on the GPU.
 
+With --db FILE the database is kept (and reused); with --fresh, each
+problem is planned once in this new process from that database (a fresh
+process's first hit: nothing may be compiled, the builder's cubin comes
+from the database), the plan's parts and where its formats were built.
+
 Usage: python bench/bench_warm.py [--shapes 4x16x4096x64,1x32x8192x128]
-       [--family] [--json FILE]
+       [--family] [--db FILE [--fresh]] [--json FILE]
 """
 import argparse
 import json
@@ -36,10 +41,16 @@ def main():
     ap.add_argument("--shapes", default="4x16x4096x64,1x32x8192x128")
     ap.add_argument("--family", action="store_true")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--db", help="the tuning database (kept)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="one plan per problem, from --db, in this process")
     ap.add_argument("--json")
     args = ap.parse_args()
-    db = tempfile.NamedTemporaryFile(suffix=".db", delete=False).name
-    os.unlink(db)
+    if args.fresh and not args.db:
+        ap.error("--fresh needs --db")
+    db = args.db or tempfile.NamedTemporaryFile(suffix=".db", delete=False).name
+    if not args.db:
+        os.unlink(db)
     ctx = stof.Context(user_db=db)
     rows = []
     for shape in args.shapes.split(","):
@@ -62,15 +73,17 @@ def main():
                 mask = ctx.mask(spec, N, N)
                 r["mask_ms"] = (time.perf_counter() - t0) * 1e3
                 make = lambda: ctx.attention_plan(q, k, v, mask)  # noqa: E731
-                make()  # tunes
+                if not args.fresh:
+                    make()  # tunes
             walls, parts = [], {p: [] for p in PARTS}
-            for _ in range(args.reps):
+            for _ in range(1 if args.fresh else args.reps):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 p = make()
                 walls.append((time.perf_counter() - t0) * 1e3)
                 d = p.describe()
                 r["source"], r["kernel"] = d.get("source"), d.get("kernel")
+                r["formats_built_on"] = d.get("formats_built_on")
                 for part in PARTS:
                     parts[part].append(d.get("plan_ms", {}).get(part) or 0.0)
                 del p
@@ -80,22 +93,23 @@ def main():
             rows.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
     print("| shape | mask | kernel | source | mask from spec ms | warm plan ms | "
-          "key | lookup | formats | load | verify |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "key | lookup | formats | load | verify | formats on |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "skipped" in r:
             print("| %s | %s | skipped: %s |" % (r["shape"], r["mask"], r["skipped"]))
             continue
-        print("| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+        print("| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |" % (
             r["shape"], r["mask"], r["kernel"], r["source"],
             "%.1f" % r["mask_ms"] if "mask_ms" in r else "-", r["warm_ms"],
-            r["key_ms"], r["lookup_ms"], r["formats_ms"], r["load_ms"], r["verify_ms"]))
+            r["key_ms"], r["lookup_ms"], r["formats_ms"], r["load_ms"], r["verify_ms"],
+            r.get("formats_built_on")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     ctx.close()
     for f in (db, db + "-wal", db + "-shm"):
-        if os.path.exists(f):
+        if not args.db and os.path.exists(f):
             os.unlink(f)
 
 

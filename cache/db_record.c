@@ -153,7 +153,7 @@ static int is_arch(const char *s)
 int stof__db_record_check(const stof_db_record *r, char *why, size_t n)
 {
     static const char *const ops[] = {"attention", "gemm", "norm", "layer",
-                                      NULL};
+                                      "builder", NULL};
     static const char *const dtypes[] = {"fp16", "bf16", NULL};
     static const char *const layouts[] = {"BHSD", "BSHD", "strided", "rows",
                                           "layer", NULL};

@@ -365,6 +365,9 @@ Test(gpu, second_process_loads_from_the_database_without_compiling,
     cr_assert(strstr(first, "\"source\":\"tuned\""), "%s", first);
     cr_assert_eq(c2, 0, "the second process compiled %ld kernels", c2);
     cr_assert(strstr(second, "\"source\":\"user db\""), "%s", second);
+    /* The format builder's cubin came from the database too: the tiles
+     * were built on the GPU with nothing compiled. */
+    cr_assert(strstr(second, "\"formats_built_on\":\"gpu\""), "%s", second);
     char p1[512], p2[512];
     params_of(first, p1, sizeof(p1));
     params_of(second, p2, sizeof(p2));

@@ -198,8 +198,11 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
         if (strcmp(r->op, "attention") != 0) {
             verdict = "skipped";
             snprintf(why, sizeof(why),
-                     "a %s record of a layer: checked against the C reference "
-                     "when tuned, not rebuilt here",
+                     !strcmp(r->op, "builder")
+                         ? "the GPU format builder's cubin: compiled on this "
+                           "kind of machine, used only where it was made"
+                         : "a %s record of a layer: checked against the C "
+                           "reference when tuned, not rebuilt here",
                      r->op);
         } else if (l.why[i][0]) {
             verdict = "bad";

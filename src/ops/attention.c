@@ -406,6 +406,7 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
             if (st != STOF_OK)
                 goto done;
         }
+        p->formats_gpu = st == STOF_OK;
         if (st == STOF_OK && !wg)
             goto done;
         if (st == STOF_OK)
@@ -848,6 +849,9 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
         "candidates", p->n_candidates, "predicted_ms", jnum(p->predicted_ms),
         "compile_ms", jnum(p->compile_ms), "load_ms", jnum(p->load_ms),
         "verify_ms", jnum(p->verify_ms));
+    if (o)
+        json_object_set_new(o, "formats_built_on",
+                            json_string(p->formats_gpu ? "gpu" : "host"));
     if (o) /* where the plan's own time went */
         json_object_set_new(o, "plan_ms",
                             json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "key",

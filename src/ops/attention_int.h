@@ -65,6 +65,7 @@ struct stof_plan {
     double lookup_ms;         /* the database lookup, 0 without one */
     double formats_ms;        /* formats built and uploaded (or the GPU
                                  builder's workspace made) */
+    int formats_gpu;          /* the formats were built on the GPU */
     double verify_ms;         /* the first use of a record on this host:
                                  the time its check took (0: none) */
     char errmsg[1024];

@@ -14,5 +14,10 @@ int stof__record_check(const stof_db_record *r, char *why, size_t n)
         stof_candidate c;
         return stof__attention_record_candidate(r, &c, why, n);
     }
+    if (!strcmp(r->op, "builder")) /* the GPU format builder's cubin */
+        return strcmp(r->kernel, "mask_build") == 0 &&
+                       strcmp(r->config, "{}") == 0
+                   ? 1
+                   : stof__why(why, n, "malformed format-builder record");
     return stof__layer_record_check(r, why, n);
 }
