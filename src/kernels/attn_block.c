@@ -148,6 +148,31 @@ void stof__block_format_free(stof_context *ctx, stof_block_format *bf)
     memset(bf, 0, sizeof(*bf));
 }
 
+/* Copy the staged host image h (n bytes; freed here, whatever happens) to
+ * a new device allocation *mem. */
+static stof_status upload_staged(stof_context *ctx, uint8_t *h, size_t n,
+                                 CUdeviceptr *mem)
+{
+    *mem = 0;
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK) {
+        free(h);
+        return st;
+    }
+    const stof_api *api = ctx->api;
+    CUdeviceptr m = 0;
+    STOF_CU_GOTO(ctx, st, done, api->cuMemAlloc(&m, n));
+    STOF_CU_GOTO(ctx, st, done, api->cuMemcpyHtoD(m, h, n));
+    *mem = m;
+    m = 0;
+done:
+    if (m)
+        api->cuMemFree(m);
+    stof__ctx_pop(ctx);
+    free(h);
+    return st;
+}
+
 stof_status stof__block_format_upload(stof_context *ctx, const stof_format *f,
                                       stof_block_format *out)
 {
@@ -202,17 +227,10 @@ stof_status stof__block_format_upload(stof_context *ctx, const stof_format *f,
     if (bitmap_words)
         memcpy(h + off_bits, f->bitmaps, bitmap_words * 4u);
 
-    stof_status st = (stof_status)stof__ctx_push(ctx);
-    if (st != STOF_OK) {
-        free(h);
-        return st;
-    }
-    const stof_api *api = ctx->api;
     CUdeviceptr mem = 0;
-    STOF_CU_GOTO(ctx, st, fail, api->cuMemAlloc(&mem, total_alloc));
-    STOF_CU_GOTO(ctx, st, fail, api->cuMemcpyHtoD(mem, h, total_alloc));
-    stof__ctx_pop(ctx);
-    free(h);
+    stof_status st = upload_staged(ctx, h, total_alloc, &mem);
+    if (st != STOF_OK)
+        return st;
 
     out->mem = mem;
     out->bytes = total_alloc;
@@ -231,12 +249,6 @@ stof_status stof__block_format_upload(stof_context *ctx, const stof_format *f,
     out->n_tiles = n_tiles;
     out->n_partial = f->n_partial;
     return stof__ok(ctx);
-fail:
-    if (mem)
-        api->cuMemFree(mem);
-    stof__ctx_pop(ctx);
-    free(h);
-    return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -430,17 +442,10 @@ stof_status stof__rowwise_format_upload(stof_context *ctx,
                            (uint32_t *)(void *)(h + off_bits)};
     rw_pack(f, &o, &n_tiles, &n_partial, &most);
 
-    stof_status st = (stof_status)stof__ctx_push(ctx);
-    if (st != STOF_OK) {
-        free(h);
-        return st;
-    }
-    const stof_api *api = ctx->api;
     CUdeviceptr mem = 0;
-    STOF_CU_GOTO(ctx, st, fail, api->cuMemAlloc(&mem, total_alloc));
-    STOF_CU_GOTO(ctx, st, fail, api->cuMemcpyHtoD(mem, h, total_alloc));
-    stof__ctx_pop(ctx);
-    free(h);
+    stof_status st = upload_staged(ctx, h, total_alloc, &mem);
+    if (st != STOF_OK)
+        return st;
 
     out->mem = mem;
     out->bytes = total_alloc;
@@ -461,12 +466,6 @@ stof_status stof__rowwise_format_upload(stof_context *ctx,
     out->n_tiles = n_tiles;
     out->n_partial = n_partial;
     return stof__ok(ctx);
-fail:
-    if (mem)
-        api->cuMemFree(mem);
-    stof__ctx_pop(ctx);
-    free(h);
-    return st;
 }
 
 /* ------------------------------------------------------------------------ */
