@@ -13,7 +13,13 @@ Per batch: wall time of the whole per-batch path (synchronised), and GPU
 time of back-to-back batches (CUDA events); medians. The attention kernel's
 own time and the builder's come from torch.profiler over the same runs.
 Errors against an fp32 reference on the valid rows.
-Usage: python bench/bench_family.py [--batches N] [--no-flex]
+  packed varlen: 8 causal sequences of 64..512 and 16 of 128..2048 packed
+      in (total, 16, 64) tensors (flash-attn's varlen layout): stof's packed
+      plan with each batch's cu_seqlens; SDPA on the padded equivalent;
+      Flex with a sequence-id mask_mod over the packing.
+
+Usage: python bench/bench_family.py [--batches N] [--no-flex] [--no-packed]
+       [--only-packed]
 """
 import argparse
 import json
@@ -219,10 +225,116 @@ def padded(ctx, args, flex, create_block_mask, results, B, lo, hi, H=16, D=64):
     print(json.dumps(r), file=sys.stderr, flush=True)
 
 
+def packed_varlen(ctx, args, flex, create_block_mask, results, B, lo, hi, H=16, D=64,
+                  spec="causal"):
+    """Packed sequences (flash-attn varlen layout): B causal sequences of
+    lo..hi tokens one after another in (total, H, D) tensors, new lengths
+    every batch. stof: one packed plan, each batch runs on the first `total`
+    rows with its cu_seqlens. SDPA: the same sequences padded to hi, causal
+    & key-padding bool mask (what a padded batch costs). Flex: the packed
+    tensors as one sequence of B * hi rows, mask_mod causal within the
+    sequence ids (a document mask over the packing), new block mask per
+    batch."""
+    dt = torch.float16
+    T = B * hi
+    gen = torch.Generator().manual_seed(100 + B)
+    qb, kb, vb = (torch.randn(T, H, D, device="cuda", dtype=dt) for _ in range(3))
+    ob = torch.empty_like(qb)
+    lens = [torch.randint(lo, hi + 1, (B,), generator=gen, dtype=torch.int32)
+            for _ in range(args.batches)]
+    cus = [torch.cat([torch.zeros(1, dtype=torch.int32), L.cumsum(0).to(torch.int32)])
+           for L in lens]
+    cus_d = [c.cuda() for c in cus]
+    fam = ctx.mask_family(spec)
+    t0 = time.perf_counter()
+    plan = ctx.attention_plan_packed(qb, kb, vb, fam, cus[0].tolist())
+    r = {"case": f"packed varlen {B} x {lo}..{hi} {spec} ({H} heads, {D} dims)",
+         "plan_s": time.perf_counter() - t0}
+    desc = plan.describe()
+    r["kernel"], r["params"], r["source"] = desc.get("kernel"), desc.get("params"), desc.get("source")
+    # Correctness: every sequence against fp32, rows past the last zero.
+    errs, tails = [], True
+    for c in cus_d[:3]:
+        tot = int(c[-1])
+        ob.fill_(float("nan"))
+        plan.run(qb[:tot], kb[:tot], vb[:tot], ob[:tot], c)
+        for b in range(B):
+            a, e = int(c[b]), int(c[b + 1])
+            if e == a:
+                continue
+            qs, ks, vs = (x[a:e].transpose(0, 1)[None] for x in (qb, kb, vb))
+            n = e - a
+            allowed = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()
+            if spec != "causal":
+                allowed = torch.ones(n, n, dtype=torch.bool, device="cuda")
+            ref = reference(qs, ks, vs, allowed[None, None])
+            errs.append(rel_err(ob[a:e].transpose(0, 1)[None], ref))
+        tails &= bool(torch.isnan(ob[tot:]).all().item())  # never written
+    r["stof_err"] = max(errs)
+    r["stof_rows_past_total_untouched"] = tails
+    it = iter(range(10 ** 9))
+
+    totals = [int(c[-1]) for c in cus]
+
+    def stof_batch():
+        i = next(it) % len(cus_d)
+        tot = totals[i]
+        plan.run(qb[:tot], kb[:tot], vb[:tot], ob[:tot], cus_d[i])
+
+    # SDPA on the padded equivalent (B, H, hi, D), causal & key padding.
+    qp, kp, vp = (torch.randn(B, H, hi, D, device="cuda", dtype=dt) for _ in range(3))
+    pos = torch.arange(hi, device="cuda")
+    causal = pos[None, :] <= pos[:, None]
+    Ld = [L.cuda() for L in lens]
+
+    def sdpa_batch():
+        L = Ld[next(it) % len(Ld)]
+        m = causal[None, None] & (pos[None, None, None, :] < L[:, None, None, None])
+        return F.scaled_dot_product_attention(qp, kp, vp, attn_mask=m)
+    r["stof_wall_ms"] = wall(stof_batch, 50)
+    r["stof_gpu_ms"] = events(stof_batch, 50)
+    kt = kernel_times(stof_batch, 50)
+    r["stof_attn_kernel_ms"] = sum(t for n, t in kt.items() if n.startswith("stof_attn"))
+    r["stof_builder_ms"] = sum(t for n, t in kt.items() if n.startswith("stof_mb_"))
+    r["sdpa_wall_ms"] = wall(sdpa_batch, 50)
+    r["sdpa_gpu_ms"] = events(sdpa_batch, 50)
+    if flex is not None:
+        q1, k1, v1 = (x.transpose(0, 1)[None] for x in (qb, kb, vb))
+
+        def seq_ids(c):
+            ids = torch.full((T,), -1, dtype=torch.int32, device="cuda")
+            for b in range(B):
+                ids[int(c[b]):int(c[b + 1])] = b
+            return ids
+        ids_all = [seq_ids(c) for c in cus]
+
+        def flex_batch():
+            ids = ids_all[next(it) % len(ids_all)]
+
+            def mm(b, h, qi, ki):
+                return (ids[qi] == ids[ki]) & (ids[qi] >= 0) & (ki <= qi)
+            bm = create_block_mask(mm, 1, 1, T, T, device="cuda")
+            return flex(q1, k1, v1, block_mask=bm)
+        fo = flex_batch()
+        torch.cuda.synchronize()
+        r["flex_wall_ms"] = wall(flex_batch, 20)
+        ids0 = ids_all[0]
+
+        def mm0(b, h, qi, ki):
+            return (ids0[qi] == ids0[ki]) & (ids0[qi] >= 0) & (ki <= qi)
+        bm0 = create_block_mask(mm0, 1, 1, T, T, device="cuda")
+        r["flex_kernel_only_ms"] = events(lambda: flex(q1, k1, v1, block_mask=bm0), 50)
+        del fo
+    results.append(r)
+    print(json.dumps(r), file=sys.stderr, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, default=16, help="distinct instances")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--no-packed", action="store_true")
+    ap.add_argument("--only-packed", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     flex = create_block_mask = None
@@ -238,9 +350,13 @@ def main():
     print(f"# {dev['name']}, driver {dev.get('driver_version')}, torch {torch.__version__}, "
           f"stof {stof._load().stof_version_string().decode()}", flush=True)
     results = []
-    packed_docs(ctx, args, flex, create_block_mask, results)
-    padded(ctx, args, flex, create_block_mask, results, 8, 64, 512)
-    padded(ctx, args, flex, create_block_mask, results, 16, 128, 2048)
+    if not args.only_packed:
+        packed_docs(ctx, args, flex, create_block_mask, results)
+        padded(ctx, args, flex, create_block_mask, results, 8, 64, 512)
+        padded(ctx, args, flex, create_block_mask, results, 16, 128, 2048)
+    if not args.no_packed:
+        packed_varlen(ctx, args, flex, create_block_mask, results, 8, 64, 512)
+        packed_varlen(ctx, args, flex, create_block_mask, results, 16, 128, 2048)
     print()
     print("| case | stof per batch ms (wall) | stof GPU ms | attn kernel ms | builder ms | "
           "SDPA ms (wall) | Flex per batch ms (wall) | Flex kernel ms | x SDPA | x Flex | stof err |")

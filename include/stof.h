@@ -224,8 +224,9 @@ typedef struct stof_mask stof_mask;
  *   strided:S             |q-k| < S or k % S == S-1
  *   random:P:SEED         each element kept with probability P (0..1)
  *   none                  no key at all (an empty mask)
- *   docs, prefix, prefix:P  the family leaves (see stof_mask_family); here
- *                         with the default data: one document, prefix 0
+ *   docs, prefix, prefix:P, bitmap  the family leaves (see
+ *                         stof_mask_family); here with the default data:
+ *                         one document, prefix 0, every key
  * combined with `!a` (negation), `a&b` (intersection, binds tighter than
  * union), `a|b` (union) and parentheses. Spaces are ignored. W, D, S, G, B must be positive integers
  * (G may be 0), R >= 0, SEED any unsigned 64-bit integer.
@@ -334,11 +335,13 @@ STOF_API void stof_format_free(stof_format **fmt);
 
 /* A mask family: a spec whose instances take data that may change on every
  * call (sequence lengths, documents, prefixes, query offsets, seeds) without
- * a new family. The spec grammar is stof_mask_from_spec's, with three more
+ * a new family. The spec grammar is stof_mask_from_spec's, with these
  * forms:
  *   docs       the key is in the query's document (doc_id below)
  *   prefix     k < the sequence's prefix length (prefix below)
  *   prefix:P   k < P
+ *   bitmap     the instance's own bitmap (bitmap below): any pattern
+ *              the grammar cannot say, given per sequence on the device
  *   !a         negation (binds tightest: !causal&sliding:8 is
  *              (!causal)&sliding:8)
  * so a prefix-LM is "causal|prefix", packed documents "causal&docs".
@@ -376,7 +379,30 @@ typedef struct stof_mask_data {
     int64_t doc_stride;      /* 0 = seq_k; else >= seq_k */
     const uint64_t *seed;    /* mixed into the SEED of random and bigbird
                                 (default 0: the spec's SEED as is) */
-    uint8_t reserved[64];    /* must be zero */
+    /* The packed layout (STOF_LAYOUT_PACKED; NULL otherwise): sequence b
+     * is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q and o and
+     * keys cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v (batch + 1
+     * non-decreasing offsets, the first >= 0, usually 0; rows before it
+     * belong to no sequence; NULL cu_seqlens_k = cu_seqlens_q).
+     * Its lengths are these (q_len and k_len must be NULL) and its doc_id
+     * of key k is doc_id[cu_seqlens_k[b] + k] (doc_stride unused). */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    int32_t total_q, total_k; /* packed runs: the rows of q/o and of k/v
+                                 this call (host values; 0 = seq_q, seq_k;
+                                 at most those); rows past the last
+                                 sequence are zeros */
+    /* `bitmap`: query row q of sequence b may see key k when bit k % 32 of
+     * bitmap[b * bitmap_stride + q * bitmap_words + k / 32] is set (rows
+     * and keys of the sequence, not positions: q_offset does not move
+     * it). NULL: every key. A sequence's bitmap holds seq_q rows (packed:
+     * its own rows). */
+    const uint32_t *bitmap;
+    int64_t bitmap_stride;   /* 32-bit words between sequences' bitmaps;
+                                0 = one bitmap for every sequence */
+    int32_t bitmap_words;    /* words per row: 0 = ceil(seq_k / 32), else
+                                at least that */
+    uint8_t reserved[20];    /* must be zero */
 } stof_mask_data;
 
 /* Check host instance data for `batch` sequences of at most seq_q x seq_k
@@ -421,8 +447,16 @@ typedef enum stof_dtype {
 typedef enum stof_layout {
     STOF_LAYOUT_BHSD = 0,   /* [batch][heads][seq][head_dim] contiguous */
     STOF_LAYOUT_BSHD = 1,   /* [batch][seq][heads][head_dim] contiguous */
-    STOF_LAYOUT_STRIDED = 2 /* the *_stride fields say (head_dim must be
-                               contiguous) */
+    STOF_LAYOUT_STRIDED = 2, /* the *_stride fields say (head_dim must be
+                                contiguous) */
+    STOF_LAYOUT_PACKED = 3   /* [total][heads][head_dim]: the batch's
+                                sequences one after another, where
+                                stof_mask_data's cu_seqlens_q/k say (mask
+                                family plans only); seq_q and seq_k are the
+                                most rows of q/o and of k/v; strides
+                                {ignored, head, row}, set by
+                                stof_attention_desc_init and honoured as
+                                given (a slice of a packed qkv tensor) */
 } stof_layout;
 
 /* One attention problem: O = softmax(scale * Q K^T + mask) V per batch and
@@ -529,9 +563,15 @@ STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
  * the most partial tiles the family can have (every tile for strided,
  * docs, bigbird and dilated leaves). Families with random leaves, or
  * bigbird with more than 64 random blocks a row, are not built on the GPU
- * (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec); nor are per-sequence
- * seeds (the spec's SEED is used: STOF_ERR_INVALID_ARGUMENT for a sample
- * with seeds). */
+ * (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec).
+ * The packed layout (d->layout STOF_LAYOUT_PACKED): d->batch sequences
+ * packed one after another in [total][heads][head_dim] tensors of at most
+ * d->seq_q query and d->seq_k key rows, each sequence where a run's
+ * cu_seqlens_q / cu_seqlens_k say; the sample must give them (host). The
+ * kernels run over the packed rows as one sequence whose format holds
+ * every sequence's mask on its diagonal block (tiles across sequence
+ * boundaries are partial, tiles between sequences empty), so the key is
+ * the family's with the packed lengths bucketed, batch 1, and "packed". */
 STOF_API stof_status stof_attention_plan_family(stof_context *ctx,
                                                 const stof_attention_desc *d,
                                                 const stof_mask_family *fam,
@@ -543,8 +583,13 @@ STOF_API stof_status stof_attention_plan_family(stof_context *ctx,
  * NULL fields and data NULL = the defaults). Device data is clamped, not
  * checked: lengths to 0..seq_q / seq_k, offsets and prefixes to 0..2^30;
  * document ids that decrease are compared element by element (right,
- * slower). Output rows past q_len[b] are zeros. stof_attention_run on a
- * family plan runs the default instance. Each run rewrites the plan's
+ * slower); packed offsets to 0..total and each to at least the one before
+ * (a sequence never starts before its predecessor ends). Output rows past
+ * q_len[b] are zeros, and, packed, rows outside every sequence. A packed
+ * plan's run needs cu_seqlens_q (and total_q / total_k when its tensors
+ * hold fewer rows than the plan's seq_q / seq_k: the kernels then read and
+ * write those rows only). stof_attention_run on a family plan runs the
+ * default instance (not for packed plans). Each run rewrites the plan's
  * format workspace: runs of one plan must be ordered (one stream, or
  * synchronised between streams); distinct plans are independent. */
 STOF_API stof_status stof_attention_run_family(stof_plan *plan,

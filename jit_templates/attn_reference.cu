@@ -111,22 +111,29 @@ stof_attn_reference_family(const stof_attn_params p, const stof_mb_params P)
     if (row >= p.seq_q)
         return;
     const int bh = blockIdx.y;
-    const int b = bh / p.heads;
-    const mb_seq s = mb_load_seq(P, b);
-    const stof_i64 pos = (stof_i64)row + s.off;
-    const int n_words = row < s.ql ? (s.kl + 31) / 32 : 0;
+    int b = bh / p.heads;
+    // Packed (P.n_seq > 0; p.batch is 1): the row's sequence, with its
+    // rows and keys at offsets qs / ks of the packed tensors.
+    const int pb = P.n_seq > 0 ? mb_pk_find(P.pk, P.n_seq, row) : b;
+    const mb_seq s = pb >= 0 ? mb_load_seq(P, pb) : mb_seq{};
+    const stof_i64 pos = (stof_i64)row - s.qs + s.off;
+    const int n_words = pb >= 0 && row - s.qs < s.ql
+                            ? (s.ks + s.kl + 31) / 32 : 0;
     int chunk = -1, chunk_empty = 0;
     stof_ref_row(p, b, bh % p.heads, row, n_words, [&](int w) -> unsigned {
         const int c = (w * 32) / STOF_REF_CHUNK;
         if (c != chunk) {
             chunk = c;
-            const stof_i64 k0 = (stof_i64)c * STOF_REF_CHUNK;
+            // The chunk's keys within the sequence.
+            stof_i64 k0 = (stof_i64)c * STOF_REF_CHUNK - s.ks;
             stof_i64 k1 = k0 + STOF_REF_CHUNK - 1;
-            if (k1 > s.kl - 1)
-                k1 = s.kl - 1;
-            chunk_empty = mb_classify(P, pos, pos, k0, k1, s) == MB_EMPTY;
+            k0 = k0 < 0 ? 0 : k0;
+            k1 = k1 > s.kl - 1 ? s.kl - 1 : k1;
+            chunk_empty = k0 > k1 ||
+                          mb_classify(P, pos, pos, k0, k1, s) == MB_EMPTY;
         }
-        return chunk_empty ? 0u : mb_word(P, pos, (stof_i64)w * 32, s);
+        return chunk_empty ? 0u
+                           : mb_word(P, pos, (stof_i64)w * 32 - s.ks, s);
     });
 }
 

@@ -14,7 +14,13 @@
 // and every tile when a leaf has no such bound. The index arrays hold every
 // tile. Memory follows the tiles, not the elements.
 //
+// The packed layout (P.n_seq > 0, batch 1): one format over the packed
+// rows and keys, holding sequence b's mask on its diagonal block (where
+// the clamped offsets put it) and nothing between sequences; tiles find
+// the sequences they meet (mask_eval.cuh, mb_pk_classify / mb_pk_word).
+//
 // Kernels, in this order on one stream:
+//   stof_mb_seqs      one CTA, packed only: the run's offsets clamped.
 //   stof_mb_docs      grid (ceil(seq_k / 256), batch), only for programs
 //                     with `docs` and document ids: the document interval
 //                     [doc_lo, doc_hi) of every key position.
@@ -62,22 +68,87 @@ __device__ __forceinline__ unsigned mb_tile_word(const stof_mb_params &P,
     return P.block_n == 16 ? (x & 0xffffu) : x;
 }
 
+#define MB_SEQS_THREADS 1024
+
+// Packed layout: the caller's offsets cu_q / cu_k (n_seq + 1 each)
+// clamped to 0..seq_q / 0..seq_k and made non-decreasing (each at least
+// the one before: a sequence that would start before its predecessor ends
+// starts there), into pk. One CTA: per-thread runs, then a running max.
+extern "C" __global__ void __launch_bounds__(MB_SEQS_THREADS)
+stof_mb_seqs(const stof_mb_params P)
+{
+    const int tid = threadIdx.x, n = P.n_seq + 1;
+    const int per = (n + MB_SEQS_THREADS - 1) / MB_SEQS_THREADS;
+    const int lo = tid * per < n ? tid * per : n;
+    const int hi = lo + per < n ? lo + per : n;
+    __shared__ int s_m[MB_SEQS_THREADS];
+    for (int w = 0; w < 2; w++) {
+        const int *cu = w == 0 ? P.cu_q : (P.cu_k ? P.cu_k : P.cu_q);
+        const int lim = w == 0 ? P.seq_q : P.seq_k;
+        int *out = P.pk + w * n;
+        int m = 0;
+        for (int i = lo; i < hi; i++) {
+            const int v = mb_clamp(cu[i], 0, lim);
+            m = v > m ? v : m;
+        }
+        s_m[tid] = m;
+        __syncthreads();
+        for (int o = 1; o < MB_SEQS_THREADS; o <<= 1) {
+            const int a = tid >= o ? s_m[tid - o] : 0;
+            __syncthreads();
+            s_m[tid] = a > s_m[tid] ? a : s_m[tid];
+            __syncthreads();
+        }
+        m = tid > 0 ? s_m[tid - 1] : 0;
+        for (int i = lo; i < hi; i++) {
+            const int v = mb_clamp(cu[i], 0, lim);
+            m = v > m ? v : m;
+            out[i] = m;
+        }
+        __syncthreads(); // s_m is reused
+    }
+}
+
+// Packed: the bitmap word t of row r of the tile at key block j.
+__device__ __forceinline__ unsigned mb_pk_tile_word(const stof_mb_params &P,
+                                                    int r0, int rows, int j,
+                                                    int r, int t)
+{
+    if (r >= rows)
+        return 0u;
+    const stof_i64 c0 = (stof_i64)j * P.block_n + 32 * t;
+    unsigned x = c0 < P.seq_k ? mb_pk_word(P, (stof_i64)r0 + r, c0) : 0u;
+    if (P.seq_k - c0 < 32)
+        x &= P.seq_k - c0 <= 0 ? 0u : (1u << (int)(P.seq_k - c0)) - 1u;
+    return P.block_n == 16 ? (x & 0xffffu) : x;
+}
+
 extern "C" __global__ void __launch_bounds__(MB_THREADS)
 stof_mb_docs(const stof_mb_params P)
 {
-    const int b = blockIdx.y;
-    const stof_i64 p = (stof_i64)blockIdx.x * MB_THREADS + threadIdx.x;
-    if (p >= P.seq_k)
+    int b = blockIdx.y;
+    const stof_i64 x = (stof_i64)blockIdx.x * MB_THREADS + threadIdx.x;
+    if (x >= P.seq_k)
         return;
+    stof_i64 p = x; // the key within its sequence
+    if (P.n_seq > 0) {
+        b = mb_pk_find(P.pk + P.n_seq + 1, P.n_seq, x);
+        if (b < 0) {
+            P.doc_lo[x] = P.doc_hi[x] = 0;
+            return;
+        }
+    }
     mb_seq s = mb_load_seq(P, b);
     s.lo = s.hi = 0; // search the ids
     s.unsorted = 0;
+    p -= s.ks;
     if (p >= 1 && p < s.kl && s.doc[p] < s.doc[p - 1])
         atomicExch((unsigned long long *)(P.stats + 4), 1ull);
     stof_i64 lo = 0, hi = 0;
     mb_doc(s, p, &lo, &hi);
-    P.doc_lo[(stof_i64)b * P.seq_k + p] = (int)lo;
-    P.doc_hi[(stof_i64)b * P.seq_k + p] = (int)hi;
+    const stof_i64 at = P.n_seq > 0 ? x : (stof_i64)b * P.seq_k + p;
+    P.doc_lo[at] = (int)lo;
+    P.doc_hi[at] = (int)hi;
 }
 
 // Sum over the CTA (every thread gets it); red: MB_THREADS / 32 ints.
@@ -100,12 +171,15 @@ stof_mb_classify(const stof_mb_params P)
 {
     const int i = blockIdx.x, b = blockIdx.y;
     const int tid = threadIdx.x;
-    const mb_seq s = mb_load_seq(P, b);
+    // Packed: one sequence of seq_q rows made of P.n_seq; each tile and
+    // element finds its own (s is unused).
+    const int pk = P.n_seq > 0;
+    const mb_seq s = pk ? mb_seq{} : mb_load_seq(P, b);
     const int r0 = i * P.block_m;
-    int rows = s.ql - r0;
-    rows = rows < 0 ? 0 : (rows > P.block_m ? P.block_m : rows);
     int rows_pad = P.seq_q - r0;
     rows_pad = rows_pad > P.block_m ? P.block_m : rows_pad;
+    int rows = pk ? rows_pad : s.ql - r0;
+    rows = rows < 0 ? 0 : (rows > P.block_m ? P.block_m : rows);
     const stof_i64 p0 = r0 + s.off, p1 = p0 + rows - 1;
     const stof_i64 e = (stof_i64)b * P.n_rb + i;
     unsigned char *cls = P.cls + e * P.n_cb;
@@ -124,7 +198,12 @@ stof_mb_classify(const stof_mb_params P)
         if (j < P.n_cb) {
             int c = MB_EMPTY;
             const stof_i64 k0 = (stof_i64)j * P.block_n;
-            if (rows > 0 && k0 < s.kl) {
+            if (pk) {
+                const int cols =
+                    (int)(P.seq_k - k0 < P.block_n ? P.seq_k - k0 : P.block_n);
+                c = rows > 0 ? mb_pk_classify(P, r0, rows, k0, cols)
+                             : MB_EMPTY;
+            } else if (rows > 0 && k0 < s.kl) {
                 stof_i64 k1 = k0 + P.block_n - 1;
                 if (k1 > s.kl - 1)
                     k1 = s.kl - 1;
@@ -158,7 +237,10 @@ stof_mb_classify(const stof_mb_params P)
             int pop = 0;
             for (int w = tid; w < words; w += MB_THREADS) {
                 const unsigned x =
-                    mb_tile_word(P, s, p0, rows, jj, w / P.bwpr, w % P.bwpr);
+                    pk ? mb_pk_tile_word(P, r0, rows, jj, w / P.bwpr,
+                                         w % P.bwpr)
+                       : mb_tile_word(P, s, p0, rows, jj, w / P.bwpr,
+                                      w % P.bwpr);
                 s_bits[w] = x;
                 pop += __popc(x);
             }

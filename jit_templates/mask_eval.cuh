@@ -20,6 +20,7 @@
 #define MB_LEAF_STRIDED 8
 #define MB_LEAF_DOCS 10
 #define MB_LEAF_PREFIX 11
+#define MB_LEAF_BITMAP 12
 #endif
 
 #define MB_OP_LEAF 0
@@ -68,8 +69,22 @@ struct stof_mb_params {
     int *tslot;           // batch * n_rb * n_cb: a partial tile's pool
                           // slot, by tile
     stof_i64 pool_cap;    // bitmaps in the pool
+    const unsigned long long *seed; // NULL: the spec's SEED as is
+    // The packed layout (n_seq > 0): one format (batch 1) over seq_q rows
+    // and seq_k keys holding n_seq sequences, sequence b at rows
+    // pk[b] .. pk[b + 1] - 1 and keys pk[K + b] .. pk[K + b + 1] - 1
+    // (K = n_seq + 1), where stof_mb_seqs writes the caller's cu_q / cu_k
+    // clamped to 0..seq_q / seq_k and non-decreasing. Positions and keys
+    // of the program are relative to the sequence's first row and key;
+    // doc_id and doc_lo / doc_hi are indexed by the packed key.
+    const int *cu_q, *cu_k;
+    int *pk;
+    int n_seq;
+    int bitmap_words;      // `bitmap`: words per row
+    const unsigned *bitmap; // NULL: every key
+    stof_i64 bitmap_stride; // words between sequences (0: shared)
 };
-static_assert(sizeof(stof_mb_params) == 200, "stof_mb_params layout");
+static_assert(sizeof(stof_mb_params) == 256, "stof_mb_params layout");
 
 struct mb_seq {
     stof_i64 off;   // q_offset
@@ -79,6 +94,10 @@ struct mb_seq {
     const int *lo, *hi; // document intervals, or NULL (search doc)
     int unsorted;       // some document ids decrease: compare element by
                         // element, classify nothing
+    int qs, ks;         // packed: the first row and key (0 when padded)
+    unsigned long long seed; // the instance's seed (0: none)
+    const unsigned *bm;      // the sequence's bitmap, or NULL (every key)
+    int bm_words;
 };
 
 // Instance data is clamped, never trusted: lengths to 0..seq, offsets and
@@ -91,15 +110,60 @@ __device__ __forceinline__ int mb_clamp(int v, int lo, int hi)
 __device__ __forceinline__ mb_seq mb_load_seq(const stof_mb_params &P, int b)
 {
     mb_seq s;
-    s.ql = P.q_len ? mb_clamp(P.q_len[b], 0, P.seq_q) : P.seq_q;
-    s.kl = P.k_len ? mb_clamp(P.k_len[b], 0, P.seq_k) : P.seq_k;
+    if (P.n_seq > 0) {
+        const int *pq = P.pk, *pkk = P.pk + P.n_seq + 1;
+        s.qs = pq[b];
+        s.ql = pq[b + 1] - s.qs;
+        s.ks = pkk[b];
+        s.kl = pkk[b + 1] - s.ks;
+        s.doc = P.doc_id ? P.doc_id + s.ks : 0;
+        s.lo = P.doc_lo ? P.doc_lo + s.ks : 0;
+        s.hi = P.doc_hi ? P.doc_hi + s.ks : 0;
+    } else {
+        s.qs = s.ks = 0;
+        s.ql = P.q_len ? mb_clamp(P.q_len[b], 0, P.seq_q) : P.seq_q;
+        s.kl = P.k_len ? mb_clamp(P.k_len[b], 0, P.seq_k) : P.seq_k;
+        s.doc = P.doc_id ? P.doc_id + (stof_i64)b * P.doc_stride : 0;
+        s.lo = P.doc_lo ? P.doc_lo + (stof_i64)b * P.seq_k : 0;
+        s.hi = P.doc_hi ? P.doc_hi + (stof_i64)b * P.seq_k : 0;
+    }
     s.off = P.q_offset ? mb_clamp(P.q_offset[b], 0, 1 << 30) : 0;
     s.prefix = P.prefix ? mb_clamp(P.prefix[b], 0, 1 << 30) : 0;
     s.unsorted = P.stats[4] != 0;
-    s.doc = P.doc_id ? P.doc_id + (stof_i64)b * P.doc_stride : 0;
-    s.lo = P.doc_lo ? P.doc_lo + (stof_i64)b * P.seq_k : 0;
-    s.hi = P.doc_hi ? P.doc_hi + (stof_i64)b * P.seq_k : 0;
+    s.seed = P.seed ? P.seed[b] : 0ull;
+    s.bm = P.bitmap ? P.bitmap + (stof_i64)b * P.bitmap_stride : 0;
+    s.bm_words = P.bitmap_words;
     return s;
+}
+
+// Packed: the sequence holding row (or key) x of offsets a[0..n] (clamped,
+// non-decreasing), or -1 when x is in none.
+__device__ __forceinline__ int mb_pk_find(const int *a, int n, stof_i64 x)
+{
+    int lo = 0, hi = n + 1; // the first index with a[i] > x
+    while (lo < hi) {
+        const int m = (lo + hi) >> 1;
+        if (a[m] <= x)
+            lo = m + 1;
+        else
+            hi = m;
+    }
+    const int b = lo - 1;
+    return (b >= 0 && b < n && x < a[b + 1]) ? b : -1;
+}
+
+// Packed: the last sequence starting at or before x (0 when none does).
+__device__ __forceinline__ int mb_pk_floor(const int *a, int n, stof_i64 x)
+{
+    int lo = 0, hi = n + 1;
+    while (lo < hi) {
+        const int m = (lo + hi) >> 1;
+        if (a[m] <= x)
+            lo = m + 1;
+        else
+            hi = m;
+    }
+    return lo - 1 < 0 ? 0 : (lo - 1 > n - 1 ? n - 1 : lo - 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -161,6 +225,8 @@ __device__ int mb_leaf_class(int kind, stof_i64 a, stof_i64 bparam,
         stof_i64 x = bparam >= 0 ? bparam : s.prefix;
         return k1 < x ? MB_FULL : (k0 >= x ? MB_EMPTY : MB_C_UNKNOWN);
     }
+    case MB_LEAF_BITMAP:
+        return s.bm ? MB_C_UNKNOWN : MB_FULL;
     case MB_LEAF_BIGBIRD: {
         // Global rows and columns are full; the rest has random blocks:
         // from the elements.
@@ -316,9 +382,15 @@ __device__ unsigned mb_bigbird_word(stof_i64 B, stof_i64 W, const int *ext,
                                     stof_i64 p, stof_i64 c0, const mb_seq &s)
 {
     const stof_i64 G = ext[1], R = ext[2];
-    const unsigned long long seed =
-        (unsigned long long)(unsigned)ext[5] |
-        ((unsigned long long)(unsigned)ext[6] << 32);
+    unsigned long long seed = (unsigned long long)(unsigned)ext[5] |
+                              ((unsigned long long)(unsigned)ext[6] << 32);
+    if (s.seed) {
+        // spec_eval.c's leaf_seed: SEED ^ mix64(seed ^ constant).
+        unsigned long long z = s.seed ^ 0x5851f42d4c957f2dull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        seed ^= z ^ (z >> 31);
+    }
     const stof_i64 i = p / B, nbk = (s.kl + B - 1) / B;
     if (i < G || R >= nbk)
         return mb_range(0, s.kl, c0);
@@ -348,6 +420,23 @@ __device__ unsigned mb_bigbird_word(stof_i64 B, stof_i64 W, const int *ext,
     return x;
 }
 
+// Keys c0 .. c0+31 (any c0) of row q of the sequence's bitmap; only words
+// over keys 0 .. kl-1 are read (the caller masks the rest).
+__device__ unsigned mb_bitmap_word(const mb_seq &s, stof_i64 q, stof_i64 c0)
+{
+    if (!s.bm)
+        return 0xffffffffu;
+    if (q < 0 || q >= s.ql)
+        return 0u;
+    const unsigned *row = s.bm + q * s.bm_words;
+    const stof_i64 n32 = ((stof_i64)s.kl + 31) / 32;
+    const stof_i64 w = c0 >= 0 ? c0 / 32 : -((31 - c0) / 32); // floor
+    const int sh = (int)(c0 - w * 32);
+    const unsigned lo = w >= 0 && w < n32 ? row[w] : 0u;
+    const unsigned hi = sh && w + 1 >= 0 && w + 1 < n32 ? row[w + 1] : 0u;
+    return sh ? (lo >> sh) | (hi << (32 - sh)) : lo;
+}
+
 __device__ unsigned mb_leaf_word(int kind, stof_i64 a, stof_i64 bparam,
                                  stof_i64 p, stof_i64 c0, const mb_seq &s,
                                  const int *ext)
@@ -373,6 +462,8 @@ __device__ unsigned mb_leaf_word(int kind, stof_i64 a, stof_i64 bparam,
         return mb_range(p - a + 1, p + a, c0) | mb_residue(a, a - 1, c0);
     case MB_LEAF_PREFIX:
         return mb_range(0, bparam >= 0 ? bparam : s.prefix, c0);
+    case MB_LEAF_BITMAP:
+        return mb_bitmap_word(s, p - s.off, c0);
     case MB_LEAF_BIGBIRD:
         return mb_bigbird_word(a, bparam, ext, p, c0, s);
     case MB_LEAF_DOCS: {
@@ -381,7 +472,8 @@ __device__ unsigned mb_leaf_word(int kind, stof_i64 a, stof_i64 bparam,
                 return 0u;
             const int id = s.doc[p];
             unsigned x = 0;
-            for (int c = 0; c < 32 && c0 + c < s.kl; c++)
+            for (int c = c0 < 0 ? (int)(-c0 < 32 ? -c0 : 32) : 0;
+                 c < 32 && c0 + c < s.kl; c++)
                 x |= (unsigned)(s.doc[c0 + c] == id) << c;
             return x;
         }
@@ -420,6 +512,50 @@ __device__ unsigned mb_word(const stof_mb_params &P, stof_i64 p, stof_i64 c0,
         }
     }
     return st[0];
+}
+
+// Packed: the keys c0 .. c0+31 (packed key indices) of packed row r.
+__device__ unsigned mb_pk_word(const stof_mb_params &P, stof_i64 r,
+                               stof_i64 c0)
+{
+    const int b = mb_pk_find(P.pk, P.n_seq, r);
+    if (b < 0)
+        return 0u;
+    const mb_seq s = mb_load_seq(P, b);
+    return mb_word(P, r - s.qs + s.off, c0 - s.ks, s);
+}
+
+// Packed: the class of rows r0 .. r0+rows-1 x keys c0 .. c0+cols-1 (packed
+// indices, inside seq_q x seq_k): the union over the sequences it meets,
+// each classified on its own part; full only when one sequence covers the
+// whole rectangle and finds it full.
+__device__ int mb_pk_classify(const stof_mb_params &P, stof_i64 r0, int rows,
+                              stof_i64 c0, int cols)
+{
+    const int *pq = P.pk, *pkk = P.pk + P.n_seq + 1;
+    const stof_i64 r1 = r0 + rows, c1 = c0 + cols; // exclusive
+    int b0 = mb_pk_floor(pq, P.n_seq, r0), e0 = mb_pk_floor(pq, P.n_seq, r1 - 1);
+    const int k0 = mb_pk_floor(pkk, P.n_seq, c0),
+              k1 = mb_pk_floor(pkk, P.n_seq, c1 - 1);
+    b0 = b0 > k0 ? b0 : k0;
+    e0 = e0 < k1 ? e0 : k1;
+    for (int b = b0; b <= e0; b++) {
+        const stof_i64 qa = pq[b] > r0 ? pq[b] : r0;
+        const stof_i64 qb = pq[b + 1] < r1 ? pq[b + 1] : r1;
+        const stof_i64 ka = pkk[b] > c0 ? pkk[b] : c0;
+        const stof_i64 kb = pkk[b + 1] < c1 ? pkk[b + 1] : c1;
+        if (qa >= qb || ka >= kb)
+            continue;
+        const mb_seq s = mb_load_seq(P, b);
+        const int c = mb_classify(P, qa - s.qs + s.off, qb - 1 - s.qs + s.off,
+                                  ka - s.ks, kb - 1 - s.ks, s);
+        if (c == MB_EMPTY)
+            continue;
+        if (c == MB_FULL && qa == r0 && qb == r1 && ka == c0 && kb == c1)
+            return MB_FULL;
+        return MB_C_UNKNOWN;
+    }
+    return MB_EMPTY;
 }
 
 #endif // STOF_MASK_EVAL_CUH

@@ -61,7 +61,7 @@ enum { O_LEAF, O_NOT, O_AND, O_OR };
 enum {
     L_DENSE, L_NONE, L_CAUSAL, L_SLIDING, L_CSLIDING, L_DILATED,
     L_LONGFORMER, L_STRIDED, L_DOCS, L_PREFIX, L_PREFIXP, L_BIGBIRD,
-    L_RANDOM
+    L_RANDOM, L_BITMAP
 };
 
 #define MAX_KIDS 4
@@ -110,6 +110,8 @@ typedef struct oseq {
     int q_len, k_len;
     long long q_off, prefix;
     const int32_t *doc; /* NULL: one document */
+    const uint32_t *bm; /* `bitmap`: row q's bits at bm + q * bm_words */
+    long long bm_words;
 } oseq;
 
 static long long llabs_(long long x)
@@ -161,6 +163,12 @@ static int oracle(const onode *n, const oseq *s, long long p, long long k)
         return k < s->prefix;
     case L_PREFIXP:
         return k < n->a;
+    case L_BITMAP: {
+        const long long q = p - s->q_off; /* rows, not positions */
+        if (!s->bm)
+            return 1;
+        return (s->bm[q * s->bm_words + k / 32] >> (k % 32)) & 1u;
+    }
     }
     cr_assert_fail("oracle: leaf kind %d has no oracle", n->kind);
     return 0;
@@ -220,7 +228,7 @@ static onode *tp_leaf(tparse *p)
         {"longformer", L_LONGFORMER, 2}, {"strided", L_STRIDED, 1},
         {"docs", L_DOCS, 0},          {"prefix", L_PREFIX, 0},
         {"prefix", L_PREFIXP, 1},     {"bigbird", L_BIGBIRD, 5},
-        {"random", L_RANDOM, 2},
+        {"random", L_RANDOM, 2},      {"bitmap", L_BITMAP, 0},
     };
     int found = 0;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -349,7 +357,7 @@ static onode *rand_leaf(tu_rng *r, int any)
     static const int kinds[] = {L_DENSE,   L_NONE,     L_CAUSAL,  L_CAUSAL,
                                 L_SLIDING, L_CSLIDING, L_DILATED, L_LONGFORMER,
                                 L_STRIDED, L_DOCS,     L_DOCS,    L_PREFIX,
-                                L_PREFIXP, L_BIGBIRD,  L_RANDOM};
+                                L_PREFIXP, L_BITMAP,   L_BIGBIRD, L_RANDOM};
     int nkinds = (int)(sizeof(kinds) / sizeof(kinds[0]));
     if (!any)
         nkinds -= 2;
@@ -417,7 +425,7 @@ static void print_leaf(sbuf *s, const onode *n, tu_rng *r, int ws)
                                   "sliding", "causal_sliding", "dilated",
                                   "longformer", "strided",     "docs",
                                   "prefix",  "prefix",         "bigbird",
-                                  "random"};
+                                  "random",  "bitmap"};
     sb_put(s, "%s", names[n->kind]);
 #define PARAM(fmt, v)                                                          \
     do {                                                                       \
@@ -517,6 +525,8 @@ typedef struct inst {
     uint64_t seed[MAX_BATCH];
     int32_t *doc;
     int64_t stride; /* the stride actually used */
+    uint32_t *bm;   /* `bitmap`: sequence b's at bm + b * bm_stride */
+    int64_t bm_stride, bm_words; /* as used (0 shared / the default) */
     stof_mask_data d;
 } inst;
 
@@ -558,6 +568,8 @@ static void inst_free(inst *in)
 {
     free(in->doc);
     in->doc = NULL;
+    free(in->bm);
+    in->bm = NULL;
 }
 
 /* Random data for batch sequences of at most sq x sk; every field set with
@@ -571,7 +583,8 @@ static void inst_rand(inst *in, tu_rng *r, int sq, int sk, int batch)
     in->batch = batch;
     const int has_ql = tu_below(r, 10) < 7, has_kl = tu_below(r, 10) < 7,
               has_off = tu_below(r, 10) < 7, has_pre = tu_below(r, 10) < 7,
-              has_doc = tu_below(r, 10) < 7, has_seed = tu_below(r, 2);
+              has_doc = tu_below(r, 10) < 7, has_seed = tu_below(r, 2),
+              has_bm = tu_below(r, 10) < 7;
     for (int b = 0; b < batch; b++) {
         in->q_len[b] = has_ql ? rand_len(r, sq) : sq;
         in->k_len[b] = has_kl ? rand_len(r, sk) : sk;
@@ -620,6 +633,31 @@ static void inst_rand(inst *in, tu_rng *r, int sq, int sk, int batch)
                       in->stride);
         in->d.doc_id = in->doc;
     }
+    if (has_bm) {
+        /* Random bits (dense or sparse), shared or one bitmap a sequence,
+         * rows of the default or a wider width. */
+        const int64_t need = ((int64_t)sk + 31) / 32;
+        in->d.bitmap_words = tu_below(r, 2) ? 0 : (int32_t)(need + tu_below(r, 3));
+        in->bm_words = in->d.bitmap_words ? in->d.bitmap_words : need;
+        const int shared = tu_below(r, 3) == 0;
+        in->d.bitmap_stride =
+            shared ? 0 : (int64_t)sq * in->bm_words + (int64_t)tu_below(r, 5);
+        in->bm_stride = in->d.bitmap_stride;
+        const size_t n = (size_t)((shared ? 0 : (batch - 1) * in->bm_stride) +
+                                  (int64_t)sq * in->bm_words);
+        in->bm = malloc((n ? n : 1) * sizeof(uint32_t));
+        cr_assert_not_null(in->bm);
+        const int density = (int)tu_below(r, 4); /* of 4 draws ANDed/ORed */
+        for (size_t i = 0; i < n; i++) {
+            uint32_t x = (uint32_t)tu_next(r);
+            if (density == 0)
+                x &= (uint32_t)tu_next(r) & (uint32_t)tu_next(r);
+            else if (density == 3)
+                x |= (uint32_t)tu_next(r);
+            in->bm[i] = x;
+        }
+        in->d.bitmap = in->bm;
+    }
 }
 
 static oseq inst_seq(const inst *in, int b)
@@ -630,6 +668,8 @@ static oseq inst_seq(const inst *in, int b)
     s.q_off = in->q_off[b];
     s.prefix = in->prefix[b];
     s.doc = in->doc ? in->doc + (int64_t)b * in->stride : NULL;
+    s.bm = in->bm ? in->bm + (int64_t)b * in->bm_stride : NULL;
+    s.bm_words = in->bm_words;
     return s;
 }
 
@@ -1388,14 +1428,14 @@ Test(family, bad_data_names_the_field)
     d.doc_stride = 0;
 
     /* Reserved bytes. */
-    for (int i = 0; i < 64; i += 21) {
+    for (int i = 0; i < (int)sizeof(d.reserved); i += 13) {
         d.reserved[i] = 1;
         expect_bad(ctx, fam, sq, sk, &d, 0, "reserved", "reserved byte");
         d.reserved[i] = 0;
     }
-    d.reserved[63] = 0x80;
-    expect_bad(ctx, fam, sq, sk, &d, 0, "reserved", "reserved byte 63");
-    d.reserved[63] = 0;
+    d.reserved[sizeof(d.reserved) - 1] = 0x80;
+    expect_bad(ctx, fam, sq, sk, &d, 0, "reserved", "the last reserved byte");
+    d.reserved[sizeof(d.reserved) - 1] = 0;
     cr_assert_eq(stof_mask_data_check(ctx, fam, 2, sq, sk, &d), STOF_OK, "%s",
                  stof_errmsg(ctx));
 
@@ -1514,6 +1554,160 @@ static int masks_equal(const stof_mask *a, const stof_mask *b)
             if (stof_mask_get(a, q, k) != stof_mask_get(b, q, k))
                 return 0;
     return 1;
+}
+
+/* The packed layout's host data: sequence b of cu_seqlens is the mask of
+ * the same family with the padded data (its lengths, its doc ids copied
+ * out of the packed array), and bad offsets are named. */
+Test(family, packed_data)
+{
+    stof_context *ctx = open_ctx();
+    const char *specs[] = {"causal&docs", "sliding:5|prefix", "bigbird:4:1:1:2:3",
+                           "!causal&docs"};
+    const int32_t cu_q[4] = {0, 5, 5, 17}, cu_k[4] = {0, 7, 9, 30};
+    int32_t doc[30], pdoc[3 * 40], q_len[3], k_len[3];
+    int32_t prefix[3] = {2, 0, 6}, q_off[3] = {0, 3, 1};
+    uint64_t seeds[3] = {0, 5, 99};
+    for (int k = 0; k < 30; k++)
+        doc[k] = k / 4 + (k >= 9 ? 100 : 0);
+    for (int b = 0; b < 3; b++) {
+        q_len[b] = cu_q[b + 1] - cu_q[b];
+        k_len[b] = cu_k[b + 1] - cu_k[b];
+        for (int k = 0; k < 40; k++)
+            pdoc[b * 40 + k] = k < k_len[b] ? doc[cu_k[b] + k] : 1000;
+    }
+    stof_mask_data pk, pd;
+    memset(&pk, 0, sizeof(pk));
+    memset(&pd, 0, sizeof(pd));
+    pk.cu_seqlens_q = cu_q;
+    pk.cu_seqlens_k = cu_k;
+    pk.doc_id = doc;
+    pk.prefix = pd.prefix = prefix;
+    pk.q_offset = pd.q_offset = q_off;
+    pk.seed = pd.seed = seeds;
+    pd.q_len = q_len;
+    pd.k_len = k_len;
+    pd.doc_id = pdoc;
+    pd.doc_stride = 40;
+    for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+        stof_mask_family *fam = fam_make(ctx, specs[i]);
+        cr_assert_eq(stof_mask_data_check(ctx, fam, 3, 17, 30, &pk), STOF_OK,
+                     "%s", stof_errmsg(ctx));
+        for (int b = 0; b < 3; b++) {
+            stof_mask *a = NULL, *c = NULL;
+            cr_assert_eq(stof_mask_family_eval(ctx, fam, 20, 40, &pk, b, &a),
+                         STOF_OK, "%s", stof_errmsg(ctx));
+            cr_assert_eq(stof_mask_family_eval(ctx, fam, 20, 40, &pd, b, &c),
+                         STOF_OK, "%s", stof_errmsg(ctx));
+            cr_assert(masks_equal(a, c), "%s: packed sequence %d", specs[i], b);
+            cr_assert(b == 1 || stof_mask_count(a) > 0, "%s: %d is empty",
+                      specs[i], b);
+            stof_mask_free(&a);
+            stof_mask_free(&c);
+        }
+        stof_mask_family_free(&fam);
+    }
+    /* Bad offsets and combinations, each named. */
+    stof_mask_family *fam = fam_make(ctx, "causal");
+    int32_t bad[4];
+    memcpy(bad, cu_q, sizeof(bad));
+    pk.cu_seqlens_q = bad;
+    pk.doc_id = NULL;
+    bad[2] = 3;
+    expect_bad(ctx, fam, 17, 30, &pk, 1, "cu_seqlens_q decreases", "decrease");
+    bad[2] = 5;
+    bad[0] = -1;
+    expect_bad(ctx, fam, 17, 30, &pk, 0, "is negative", "negative offset");
+    bad[0] = 0;
+    cr_assert_eq(stof_mask_data_check(ctx, fam, 3, 16, 30, &pk),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "past the 16 query rows"), "%s",
+              stof_errmsg(ctx));
+    cr_assert_eq(stof_mask_data_check(ctx, fam, 3, 17, 29, &pk),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "cu_seqlens_k[3] = 30"), "%s",
+              stof_errmsg(ctx));
+    pk.total_q = 18;
+    cr_assert_eq(stof_mask_data_check(ctx, fam, 3, 17, 30, &pk),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "exceed"), "%s", stof_errmsg(ctx));
+    pk.total_q = 16; /* fewer rows than the offsets reach */
+    cr_assert_eq(stof_mask_data_check(ctx, fam, 3, 17, 30, &pk),
+                 STOF_ERR_INVALID_ARGUMENT);
+    pk.total_q = 0;
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_family_eval(ctx, fam, 11, 40, &pk, 2, &m),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "larger than"), "%s", stof_errmsg(ctx));
+    pk.q_len = q_len;
+    expect_bad(ctx, fam, 17, 30, &pk, 0, "leave q_len and k_len NULL",
+               "lengths with offsets");
+    pk.q_len = NULL;
+    pk.cu_seqlens_q = NULL;
+    expect_bad(ctx, fam, 17, 30, &pk, 0, "without cu_seqlens_q",
+               "k offsets alone");
+    stof_mask_family_free(&fam);
+
+    /* Bitmaps of the wrong size are named. */
+    fam = fam_make(ctx, "bitmap");
+    uint32_t bits[2 * 17 * 3];
+    memset(bits, 0xff, sizeof(bits));
+    stof_mask_data bd;
+    memset(&bd, 0, sizeof(bd));
+    bd.bitmap = bits;
+    bd.bitmap_words = 1;
+    expect_bad(ctx, fam, 17, 40, &bd, 0, "bitmap_words = 1", "narrow rows");
+    bd.bitmap_words = 2;
+    bd.bitmap_stride = 33;
+    expect_bad(ctx, fam, 17, 40, &bd, 0, "bitmap_stride = 33", "overlap");
+    bd.bitmap_stride = 34;
+    cr_assert_eq(stof_mask_data_check(ctx, fam, 3, 17, 40, &bd), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    /* Packed: each sequence's rows. */
+    bd.cu_seqlens_q = cu_q;
+    bd.cu_seqlens_k = cu_k;
+    bd.bitmap_stride = 2 * 11;
+    expect_bad(ctx, fam, 17, 40, &bd, 2, "the 12 rows x 2 words of sequence 2",
+               "packed overlap");
+    bd.bitmap_stride = 2 * 12;
+    cr_assert_eq(stof_mask_data_check(ctx, fam, 3, 17, 40, &bd), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    stof_mask_family_free(&fam);
+
+    /* The packed descriptor, and plans that cannot take it. */
+    stof_attention_desc d;
+    cr_assert_eq(stof_attention_desc_init(&d, 3, 4, 17, 30, 64,
+                                          STOF_DTYPE_FP16, STOF_LAYOUT_PACKED),
+                 STOF_OK);
+    cr_assert(d.q_stride[0] == 0 && d.q_stride[1] == 64 &&
+                  d.q_stride[2] == 256 && d.k_stride[2] == 256,
+              "packed strides");
+    stof_mask *cm = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 17, 30, &cm), STOF_OK);
+    stof_plan *plan = (stof_plan *)(uintptr_t)1;
+    cr_assert_eq(stof_attention_plan(ctx, &d, cm, &plan),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_null(plan);
+    cr_assert(strstr(stof_errmsg(ctx), "stof_attention_plan_family"), "%s",
+              stof_errmsg(ctx));
+    stof_mask_free(&cm);
+    fam = fam_make(ctx, "causal");
+    cr_assert_eq(stof_attention_plan_family(ctx, &d, fam, NULL, &plan),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "cu_seqlens_q"), "%s",
+              stof_errmsg(ctx));
+    stof_mask_data one;
+    memset(&one, 0, sizeof(one));
+    one.cu_seqlens_q = cu_q;
+    cr_assert_eq(stof_attention_desc_init(&d, 3, 4, 17, 17, 64,
+                                          STOF_DTYPE_FP16, STOF_LAYOUT_BSHD),
+                 STOF_OK);
+    cr_assert_eq(stof_attention_plan_family(ctx, &d, fam, &one, &plan),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "not STOF_LAYOUT_PACKED"), "%s",
+              stof_errmsg(ctx));
+    stof_mask_family_free(&fam);
+    stof_close(&ctx);
 }
 
 /* The canonical text of `spec` is a fixed point whose family has the same
@@ -1758,7 +1952,7 @@ Test(family, mask_from_spec_new_forms)
         const char *specs[] = {"causal|prefix:5", "docs", "prefix",
                                "!docs|prefix:70", "causal&docs",
                                "!(causal|prefix:3)&docs"};
-        oseq os = {sq, sk, 0, 0, NULL};
+        oseq os = {sq, sk, 0, 0, NULL, NULL, 0};
         for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
             onode *tree = tparse_spec(specs[i]);
             stof_mask *m = NULL;

@@ -23,6 +23,10 @@ TestSuite(gpu_family, .timeout = 900);
 typedef struct inst {
     int batch, seq_q, seq_k;
     int32_t *q_len, *k_len, *q_offset, *prefix, *doc;
+    uint32_t *bm;              /* `bitmap`: batch (or one, shared) */
+    int64_t bm_stride, bm_n;   /* words between sequences (0), in all */
+    int bm_words;              /* words a row (wider than needed, odd) */
+    uint64_t *seed;            /* per sequence (some 0) */
 } inst;
 
 static void inst_random(inst *in, tu_rng *r, int batch, int seq_q, int seq_k)
@@ -57,6 +61,23 @@ static void inst_random(inst *in, tu_rng *r, int batch, int seq_q, int seq_k)
             in->doc[(size_t)b * (size_t)seq_k + (size_t)k] = d;
         }
     }
+    /* A bitmap of random density, shared by the batch one time in three. */
+    in->bm_words = (seq_k + 31) / 32 + (int)tu_below(r, 2);
+    in->bm_stride = tu_below(r, 3) == 0 ? 0
+                                        : (int64_t)seq_q * in->bm_words + 3;
+    in->bm_n = (in->bm_stride ? (batch - 1) * in->bm_stride : 0) +
+               (int64_t)seq_q * in->bm_words;
+    in->bm = malloc(sizeof(uint32_t) * (size_t)in->bm_n);
+    const int dens = (int)tu_below(r, 3);
+    for (int64_t i = 0; i < in->bm_n; i++) {
+        uint32_t x = (uint32_t)tu_next(r);
+        in->bm[i] = dens == 0 ? x & (uint32_t)tu_next(r)
+                    : dens == 1 ? x
+                                : x | (uint32_t)tu_next(r) | (uint32_t)tu_next(r);
+    }
+    in->seed = malloc(sizeof(uint64_t) * (size_t)batch);
+    for (int b = 0; b < batch; b++)
+        in->seed[b] = tu_below(r, 4) == 0 ? 0 : tu_next(r);
 }
 
 static void inst_free(inst *in)
@@ -66,6 +87,8 @@ static void inst_free(inst *in)
     free(in->q_offset);
     free(in->prefix);
     free(in->doc);
+    free(in->bm);
+    free(in->seed);
 }
 
 /* Device copies of the instance arrays, in one allocation. */
@@ -80,7 +103,9 @@ static void dev_upload(stof_context *ctx, const inst *in, dev_inst *out)
     const size_t b4 = sizeof(int32_t) * (size_t)in->batch;
     const size_t docs = sizeof(int32_t) * (size_t)in->batch * (size_t)in->seq_k;
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
-    cr_assert_eq(api->cuMemAlloc(&out->mem, 4 * 256 + docs + 4 * b4), CUDA_SUCCESS);
+    const size_t bmb = sizeof(uint32_t) * (size_t)in->bm_n;
+    cr_assert_eq(api->cuMemAlloc(&out->mem, 7 * 256 + docs + 6 * b4 + bmb),
+                 CUDA_SUCCESS);
     CUdeviceptr p = out->mem;
     out->d.q_len = p;
     api->cuMemcpyHtoD(p, in->q_len, b4);
@@ -97,6 +122,14 @@ static void dev_upload(stof_context *ctx, const inst *in, dev_inst *out)
     out->d.doc_id = p;
     api->cuMemcpyHtoD(p, in->doc, docs);
     out->d.doc_stride = in->seq_k;
+    p += (docs + 255) / 256 * 256;
+    out->d.seed = p;
+    api->cuMemcpyHtoD(p, in->seed, 2 * b4);
+    p += (2 * b4 + 255) / 256 * 256;
+    out->d.bitmap = p;
+    api->cuMemcpyHtoD(p, in->bm, bmb);
+    out->d.bitmap_stride = in->bm_stride;
+    out->d.bitmap_words = in->bm_words;
     stof__ctx_pop(ctx);
 }
 
@@ -124,6 +157,10 @@ static stof_format *expect_cpu(stof_context *ctx, const stof_mask_family *fam,
     md.prefix = in->prefix;
     md.doc_id = in->doc;
     md.doc_stride = in->seq_k;
+    md.seed = in->seed;
+    md.bitmap = in->bm;
+    md.bitmap_stride = in->bm_stride;
+    md.bitmap_words = in->bm_words;
     stof_format *f = NULL;
     cr_assert_eq(stof_format_build_family(ctx, fam, in->seq_q, in->seq_k, &md,
                                           b, bm, bn, &f),
@@ -247,6 +284,7 @@ static const char *gpu_specs[] = {
     "(causal&docs)|prefix:3", "sliding:20|strided:64&docs", "none", "docs",
     "prefix", "bigbird:64:3:2:3:1", "bigbird:16:3:1:5:77&causal",
     "bigbird:32:1:0:64:9|sliding:10", "!bigbird:8:2:1:1:3&docs",
+    "bitmap", "causal&bitmap", "bitmap|prefix", "!bitmap&sliding:40",
 };
 #define N_GPU_SPECS ((int)(sizeof(gpu_specs) / sizeof(gpu_specs[0])))
 

@@ -45,6 +45,9 @@ static void remove_db(void)
     }
 }
 
+/* Problems small enough for a bitmap instance (the long ones have none). */
+#define SMALL(sq, sk) ((int64_t)(sq) * (sk) <= (1 << 22))
+
 typedef struct problem {
     int batch, heads, seq_q, seq_k, head_dim;
     stof_dtype dt;
@@ -88,7 +91,13 @@ static void problem_new(problem *p, stof_context *ctx, tu_rng *r, int batch,
     cr_assert_eq(api->cuMemAlloc(&p->dout, p->nq * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&p->dk, p->nk * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&p->dv, p->nk * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&p->ddata, 4 * 256 + (size_t)batch * seq_k * 4),
+    /* Lengths, offsets, prefixes, seeds, documents and (small problems)
+     * the bitmap. */
+    const size_t bm = SMALL(seq_q, seq_k) ? (size_t)batch * seq_q *
+                                                (size_t)((seq_k + 31) / 32) * 4
+                                          : 0;
+    cr_assert_eq(api->cuMemAlloc(&p->ddata, 6 * 256 + (size_t)batch * seq_k * 4 +
+                                                bm),
                  CUDA_SUCCESS);
     api->cuMemcpyHtoD(p->dq, p->hq, p->nq * 2);
     api->cuMemcpyHtoD(p->dk, p->hk, p->nk * 2);
@@ -119,7 +128,9 @@ static void problem_free(problem *p, stof_context *ctx)
 /* Host instance data and its device copy in p->ddata. */
 typedef struct inst {
     int32_t q_len[MAXB], k_len[MAXB], q_offset[MAXB], prefix[MAXB];
+    uint64_t seed[MAXB];
     int32_t *doc;
+    uint32_t *bm; /* batch bitmaps of seq_q rows x ceil(seq_k / 32) words */
     stof_mask_data host, dev;
 } inst;
 
@@ -150,6 +161,35 @@ static void inst_random(inst *in, const problem *p, tu_rng *r)
     in->host.q_offset = in->q_offset;
     in->host.prefix = in->prefix;
     in->host.doc_id = in->doc;
+    /* Per-sequence seeds (bigbird draws) and bitmaps (a band of random
+     * width and density, so tiles of every class occur). */
+    const int w = (p->seq_k + 31) / 32;
+    in->bm = SMALL(p->seq_q, p->seq_k)
+                 ? calloc((size_t)p->batch * p->seq_q * w, sizeof(uint32_t))
+                 : NULL;
+    for (int b = 0; b < p->batch; b++) {
+        in->seed[b] = tu_below(r, 4) ? tu_next(r) : 0;
+        if (!in->bm)
+            continue;
+        const int band = 1 + (int)tu_below(r, 200);
+        for (int q = 0; q < p->seq_q; q++)
+            for (int k = 0; k < p->seq_k; k++)
+                if ((q - k < band && k - q < band) ? tu_below(r, 8) != 0
+                                                   : tu_below(r, 50) == 0)
+                    in->bm[((size_t)b * p->seq_q + q) * w + k / 32] |=
+                        1u << (k % 32);
+    }
+    in->host.seed = in->seed;
+    in->host.bitmap = in->bm;
+    in->host.bitmap_stride = in->bm ? (int64_t)p->seq_q * w : 0;
+}
+
+static void inst_free(inst *in)
+{
+    free(in->doc);
+    free(in->bm);
+    in->doc = NULL;
+    in->bm = NULL;
 }
 
 static void inst_upload(inst *in, const problem *p, stof_context *ctx)
@@ -161,14 +201,23 @@ static void inst_upload(inst *in, const problem *p, stof_context *ctx)
     api->cuMemcpyHtoD(base + 256, in->k_len, sizeof(in->k_len));
     api->cuMemcpyHtoD(base + 512, in->q_offset, sizeof(in->q_offset));
     api->cuMemcpyHtoD(base + 768, in->prefix, sizeof(in->prefix));
-    api->cuMemcpyHtoD(base + 1024, in->doc,
-                      sizeof(int32_t) * (size_t)p->batch * (size_t)p->seq_k);
+    api->cuMemcpyHtoD(base + 1024, in->seed, sizeof(in->seed));
+    const size_t docs = sizeof(int32_t) * (size_t)p->batch * (size_t)p->seq_k;
+    api->cuMemcpyHtoD(base + 1280, in->doc, docs);
+    const CUdeviceptr bm = base + 1280 + (docs + 255) / 256 * 256;
+    const size_t w = (size_t)((p->seq_k + 31) / 32);
+    if (in->bm)
+        api->cuMemcpyHtoD(bm, in->bm,
+                          sizeof(uint32_t) * (size_t)p->batch * p->seq_q * w);
     stof__ctx_pop(ctx);
+    in->dev.seed = (const uint64_t *)(uintptr_t)(base + 1024);
+    in->dev.bitmap = in->bm ? (const uint32_t *)(uintptr_t)bm : NULL;
+    in->dev.bitmap_stride = in->host.bitmap_stride;
     in->dev.q_len = (const int32_t *)(uintptr_t)base;
     in->dev.k_len = (const int32_t *)(uintptr_t)(base + 256);
     in->dev.q_offset = (const int32_t *)(uintptr_t)(base + 512);
     in->dev.prefix = (const int32_t *)(uintptr_t)(base + 768);
-    in->dev.doc_id = (const int32_t *)(uintptr_t)(base + 1024);
+    in->dev.doc_id = (const int32_t *)(uintptr_t)(base + 1280);
 }
 
 /* Poison the output (NaN bits). */
@@ -239,7 +288,8 @@ static double check(problem *p, stof_context *ctx,
 
 static const char *specs[] = {
     "causal&docs", "dense", "causal", "(causal|prefix)&docs",
-    "sliding:40&!prefix:3", "!causal", "docs",
+    "sliding:40&!prefix:3", "!causal", "docs", "causal&bitmap",
+    "bitmap|prefix", "bigbird:32:2:1:2:7",
 };
 
 Test(gpu_family_attn, instances_match_the_reference)
@@ -271,7 +321,7 @@ Test(gpu_family_attn, instances_match_the_reference)
             const long compiles = stof__jit_compile_count();
             for (int it = 0; it < 3; it++) {
                 if (it) {
-                    free(in.doc);
+                    inst_free(&in);
                     inst_random(&in, &p, &r);
                 }
                 inst_upload(&in, &p, ctx);
@@ -287,7 +337,7 @@ Test(gpu_family_attn, instances_match_the_reference)
             cr_assert_eq(stof__jit_compile_count(), compiles,
                          "a run compiled something");
             stof_plan_free(&plan);
-            free(in.doc);
+            inst_free(&in);
             stof_mask_family_free(&fam);
             problem_free(&p, ctx);
         }
@@ -330,7 +380,7 @@ Test(gpu_family_attn, graph_replay_with_new_instance_data)
     stof__ctx_pop(ctx);
     for (int it = 0; it < 3; it++) {
         if (it) {
-            free(in.doc);
+            inst_free(&in);
             inst_random(&in, &p, &r);
             inst_upload(&in, &p, ctx); /* same device buffers */
         }
@@ -347,7 +397,7 @@ Test(gpu_family_attn, graph_replay_with_new_instance_data)
     api->cuStreamDestroy(st);
     stof__ctx_pop(ctx);
     stof_plan_free(&plan);
-    free(in.doc);
+    inst_free(&in);
     stof_mask_family_free(&fam);
     problem_free(&p, ctx);
     stof_close(&ctx);
@@ -556,7 +606,7 @@ Test(gpu_family_attn, long_sequences_tune_without_a_bit_matrix)
     cr_assert(strstr(desc, "\"user db\""), "%s", desc);
     cr_assert_eq(stof__jit_compile_count(), compiles, "a warm plan compiled");
     stof_plan_free(&plan);
-    free(in.doc);
+    inst_free(&in);
     stof_mask_family_free(&fam);
     problem_free(&p, ctx);
     stof_close(&ctx);

@@ -156,10 +156,56 @@ class _MaskData(ctypes.Structure):
     _fields_ = [("q_len", ctypes.c_void_p), ("k_len", ctypes.c_void_p),
                 ("q_offset", ctypes.c_void_p), ("prefix", ctypes.c_void_p),
                 ("doc_id", ctypes.c_void_p), ("doc_stride", ctypes.c_int64),
-                ("seed", ctypes.c_void_p), ("reserved", ctypes.c_uint8 * 64)]
+                ("seed", ctypes.c_void_p),
+                ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+                ("total_q", ctypes.c_int32), ("total_k", ctypes.c_int32),
+                ("bitmap", ctypes.c_void_p), ("bitmap_stride", ctypes.c_int64),
+                ("bitmap_words", ctypes.c_int32), ("reserved", ctypes.c_uint8 * 20)]
 
 
-_DATA_FIELDS = ("q_len", "k_len", "q_offset", "prefix", "doc_id")
+_DATA_FIELDS = ("q_len", "k_len", "q_offset", "prefix", "doc_id", "seed",
+                "cu_seqlens_q", "cu_seqlens_k", "bitmap")
+
+
+def pack_bitmap(allowed):
+    """The words of a `bitmap` leaf from a boolean tensor (rows, keys) or
+    (batch, rows, keys), True = may attend: int32 (.., rows, ceil(keys /
+    32)), bit k % 32 of word k / 32, on the tensor's device (give it to a
+    plan's run as bitmap=...)."""
+    import torch
+    if allowed.dim() not in (2, 3):
+        raise ValueError("pack_bitmap: (rows, keys) or (batch, rows, keys)")
+    n = allowed.shape[-1]
+    pad = (-n) % 32
+    a = torch.nn.functional.pad(allowed.to(torch.int64), (0, pad))
+    a = a.view(*a.shape[:-1], (n + pad) // 32, 32)
+    w = (a << torch.arange(32, device=a.device, dtype=torch.int64)).sum(-1)
+    w = torch.where(w >= 2 ** 31, w - 2 ** 32, w)
+    return w.to(torch.int32).contiguous()
+
+
+def _bitmap_field(d, val, device, keep):
+    """Set d's bitmap from (rows, words) (shared) or (batch, rows, words)
+    int32 words (pack_bitmap): a CUDA tensor for runs, a host tensor or
+    numpy array for samples."""
+    if val.ndim not in (2, 3):
+        raise ValueError("bitmap must be (rows, words) or (batch, rows, words)")
+    d.bitmap_words = int(val.shape[-1])
+    d.bitmap_stride = 0 if val.ndim == 2 else int(val.shape[1]) * int(val.shape[2])
+    if device is not None:
+        import torch
+        if not isinstance(val, torch.Tensor) or not val.is_cuda or \
+                val.dtype != torch.int32 or not val.is_contiguous():
+            raise ValueError("bitmap must be a contiguous int32 CUDA tensor (pack_bitmap)")
+        if val.device != device:
+            raise ValueError("bitmap is on %s, the tensors on %s" % (val.device, device))
+        keep.append(val)
+        d.bitmap = val.data_ptr()
+        return
+    ints = _flat_ints(val.reshape(-1))
+    t = (ctypes.c_uint32 * max(len(ints), 1))(*[x & 0xffffffff for x in ints])
+    keep.append(t)
+    d.bitmap = ctypes.addressof(t)
 
 
 def _flat_ints(val):
@@ -175,11 +221,13 @@ def _flat_ints(val):
     return out
 
 
-def _mask_data(fields, device, batch, seq_k, keep):
+def _mask_data(fields, device, batch, seq_k, keep, packed=False):
     """A _MaskData from a dict of per-sequence values: int32 CUDA tensors on
-    `device`, or (device None: host data) tensors, numpy arrays or lists.
-    doc_id is (batch, >= seq_k) or flat (batch * seq_k). `keep` collects the
-    buffers that must outlive the call."""
+    `device` (seed: int64, read as uint64), or (device None: host data)
+    tensors, numpy arrays or lists. doc_id is (batch, >= seq_k) or flat
+    (batch * seq_k); packed (cu_seqlens_q/k: batch + 1 offsets), doc_id is
+    flat over the seq_k packed keys. `keep` collects the buffers that must
+    outlive the call."""
     d = _MaskData()
     for name, val in fields.items():
         if name not in _DATA_FIELDS:
@@ -187,27 +235,43 @@ def _mask_data(fields, device, batch, seq_k, keep):
                              % (name, ", ".join(_DATA_FIELDS)))
         if val is None:
             continue
-        want = batch * seq_k if name == "doc_id" else batch
+        if name == "bitmap":
+            _bitmap_field(d, val, device, keep)
+            continue
+        if name.startswith("cu_seqlens") and not packed:
+            raise ValueError("%s is for packed plans (Context.attention_plan_packed)" % name)
+        want = (seq_k if packed else batch * seq_k) if name == "doc_id" else \
+            batch + 1 if name.startswith("cu_seqlens") else batch
+        wide = name == "seed"
         if device is not None:
             import torch
             t = val
+            dt = torch.int64 if wide else torch.int32
             if not isinstance(t, torch.Tensor) or not t.is_cuda or \
-                    t.dtype != torch.int32 or not t.is_contiguous():
-                raise ValueError("%s must be a contiguous int32 CUDA tensor" % name)
+                    t.dtype != dt or not t.is_contiguous():
+                raise ValueError("%s must be a contiguous %s CUDA tensor"
+                                 % (name, "int64" if wide else "int32"))
             if t.device != device:
                 raise ValueError("%s is on %s, the tensors on %s" % (name, t.device, device))
             n, ptr = t.numel(), t.data_ptr()
-            if name == "doc_id" and t.dim() == 2:
+            if name == "doc_id" and t.dim() == 2 and not packed:
                 if t.shape[0] != batch or t.shape[1] < seq_k:
                     raise ValueError("doc_id must be (batch, >= seq_k)")
                 d.doc_stride, n = t.shape[1], want
+            if name == "doc_id" and packed and n >= want:
+                n = want
         else:
             ints = _flat_ints(val)
             n = len(ints)
-            if name == "doc_id" and n > want and n % batch == 0:
+            if name == "doc_id" and not packed and n > want and n % batch == 0:
                 d.doc_stride = n // batch
                 n = want
-            t = (ctypes.c_int32 * max(len(ints), 1))(*ints)
+            if name == "doc_id" and packed and n >= want:
+                n = want
+            if wide:
+                t = (ctypes.c_uint64 * max(len(ints), 1))(*[x & (2**64 - 1) for x in ints])
+            else:
+                t = (ctypes.c_int32 * max(len(ints), 1))(*ints)
             ptr = ctypes.addressof(t)
         if n != want:
             raise ValueError("%s has %d elements, expected %d" % (name, n, want))
@@ -484,6 +548,57 @@ class Context:
             ctypes.byref(md) if sample else None, ctypes.byref(h)))
         return FamilyPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
 
+    def attention_plan_packed(self, q, k, v, family, cu_seqlens_q,
+                              cu_seqlens_k=None, scale=0.0, out=None, **sample):
+        """Plan attention over a mask family for packed sequences (the
+        layout of flash-attn's varlen functions): q and out (total_q, heads,
+        head_dim), k and v (total_k, heads, head_dim), the most rows any run
+        will have; sequence b at rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1]
+        - 1 (keys: cu_seqlens_k, default cu_seqlens_q). The offsets given
+        here (host lists or tensors, batch + 1 each) and **sample (host
+        per-sequence data: q_offset, prefix, seed; doc_id per packed key)
+        are the instance the kernel is chosen on. Runs take their own
+        offsets (PackedPlan.run)."""
+        import torch
+        if not isinstance(family, MaskFamily):
+            raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
+        if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+            raise ValueError("q, k, v must be 3-D (total, heads, head_dim)")
+        if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+            raise ValueError("q, k, v must all be float16 or all bfloat16")
+        if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
+            raise ValueError("shapes do not match: q %s, k %s, v %s"
+                             % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        cu_q = _flat_ints(cu_seqlens_q)
+        batch = len(cu_q) - 1
+        if batch < 1:
+            raise ValueError("cu_seqlens_q needs at least 2 offsets")
+        o = out if out is not None else q
+        d = _Desc()
+        d.batch, d.heads, d.head_dim = batch, q.shape[1], q.shape[2]
+        d.seq_q, d.seq_k = q.shape[0], k.shape[0]
+        d.dtype = 0 if q.dtype == torch.float16 else 1
+        d.scale = float(scale)
+        d.layout = 3
+        for name, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", o)):
+            if t.stride(2) != 1:
+                raise ValueError("the last dimension must be contiguous")
+            arr = getattr(d, name)
+            arr[0], arr[1], arr[2] = 0, t.stride(1), t.stride(0)
+        fields = dict(sample)
+        fields["cu_seqlens_q"] = cu_q
+        if cu_seqlens_k is not None:
+            fields["cu_seqlens_k"] = cu_seqlens_k
+        cu_k = _flat_ints(cu_seqlens_k) if cu_seqlens_k is not None else cu_q
+        keep = []
+        md = _mask_data(fields, None, batch, cu_k[-1] if cu_k else 0, keep, packed=True)
+        h = ctypes.c_void_p()
+        self._check(self._lib.stof_attention_plan_family(
+            self._h, ctypes.byref(d), family._h, ctypes.byref(md), ctypes.byref(h)))
+        strides = tuple(tuple(t.stride()[1:]) for t in (q, k, v, o))
+        return PackedPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides,
+                          batch)
+
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
                    pre_norm, mask, eps=0.0, sample=None):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
@@ -648,6 +763,50 @@ class FamilyPlan(Plan):
         st = self._ctx._lib.stof_attention_run_family(
             self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
             out.data_ptr(), s)
+        if st != 0:
+            raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
+        return out
+
+
+class PackedPlan(Plan):
+    """Attention over a mask family for packed sequences
+    (Context.attention_plan_packed)."""
+
+    def __init__(self, ctx, h, qshape, kshape, dtype, strides, batch):
+        super().__init__(ctx, h, qshape, kshape, dtype, strides)
+        self.batch = batch
+
+    def run(self, q, k, v, out, cu_seqlens_q, cu_seqlens_k=None, stream=None,
+            **instance):
+        """Enqueue with this call's offsets (int32 CUDA tensors of batch + 1)
+        and instance data (int32 CUDA tensors: q_offset, prefix of (batch,),
+        doc_id per packed key; seed: int64 (batch,)). q/out may hold fewer
+        rows than the plan's (at most its), k/v likewise: the kernels read
+        and write only these. Rows outside every sequence are zeros."""
+        import torch
+        if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or out.shape != q.shape or \
+                k.shape != v.shape:
+            raise ValueError("q, out (total_q, heads, dim) and k, v (total_k, heads, dim)")
+        if q.shape[0] > self._qshape[0] or k.shape[0] > self._kshape[0] or \
+                q.shape[1:] != self._qshape[1:] or k.shape[1:] != self._kshape[1:]:
+            raise ValueError("tensor shapes exceed or differ from the plan's %s, %s"
+                             % (self._qshape, self._kshape))
+        if tuple(tuple(t.stride()[1:]) for t in (q, k, v, out)) != self._strides:
+            raise ValueError("tensor strides differ from the plan's")
+        if any(t.dtype != self._dtype or not t.is_cuda for t in (q, k, v, out)):
+            raise ValueError("tensors must be CUDA tensors of the plan's dtype")
+        if stream is None:
+            stream = torch.cuda.current_stream(q.device)
+        fields = dict(instance)
+        fields["cu_seqlens_q"] = cu_seqlens_q
+        if cu_seqlens_k is not None:
+            fields["cu_seqlens_k"] = cu_seqlens_k
+        keep = []
+        md = _mask_data(fields, q.device, self.batch, k.shape[0], keep, packed=True)
+        md.total_q, md.total_k = q.shape[0], k.shape[0]
+        st = self._ctx._lib.stof_attention_run_family(
+            self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+            out.data_ptr(), ctypes.c_void_p(stream.cuda_stream))
         if st != 0:
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out

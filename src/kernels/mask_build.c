@@ -23,13 +23,18 @@ typedef struct stof_mb_params {
     CUdeviceptr stats;
     CUdeviceptr tslot;
     int64_t pool_cap;
+    CUdeviceptr seed;
+    CUdeviceptr cu_q, cu_k, pk;
+    int n_seq, bitmap_words;
+    CUdeviceptr bitmap;
+    int64_t bitmap_stride;
 } stof_mb_params;
-_Static_assert(sizeof(stof_mb_params) == 8 + 4 * 10 + 5 * 8 + 8 + 2 * 8 +
-                                             7 * 8 + 8 + 8 + 8 + 8,
+_Static_assert(sizeof(stof_mb_params) == 256,
                "stof_mb_params must match mask_eval.cuh");
 
 #define MB_THREADS 256
 #define MB_SCAN_THREADS 1024
+#define MB_SEQS_THREADS 1024
 #define MB_MAX_TILE_WORDS 2048
 
 static size_t align256(size_t n)
@@ -55,6 +60,7 @@ int stof__mb_leaf_defines(char (*buf)[48], const char **defs)
         {"MB_LEAF_STRIDED", STOF_LEAF_STRIDED},
         {"MB_LEAF_DOCS", STOF_LEAF_DOCS},
         {"MB_LEAF_PREFIX", STOF_LEAF_PREFIX},
+        {"MB_LEAF_BITMAP", STOF_LEAF_BITMAP},
     };
     _Static_assert(sizeof(kinds) / sizeof(kinds[0]) == STOF_MB_N_LEAF_DEFINES,
                    "STOF_MB_N_LEAF_DEFINES");
@@ -131,6 +137,8 @@ static stof_status mb_load_module(stof_context *ctx, stof_mb_kernels *k)
     if (r == CUDA_SUCCESS)
         r = api->cuModuleGetFunction(&k->docs, k->module, "stof_mb_docs");
     if (r == CUDA_SUCCESS)
+        r = api->cuModuleGetFunction(&k->seqs, k->module, "stof_mb_seqs");
+    if (r == CUDA_SUCCESS)
         r = api->cuModuleGetFunction(&k->rw_or, k->module, "stof_mb_rw_or");
     if (r == CUDA_SUCCESS)
         r = api->cuModuleGetFunction(&k->rw_fill, k->module,
@@ -186,7 +194,7 @@ int64_t stof__mb_pool_bound(const int32_t *prog, int n, int n_rb, int n_cb,
         case STOF_LEAF_PREFIX:
             bound += n_rb;
             break;
-        default: /* strided columns, documents: any tile */
+        default: /* strided columns, documents, bitmaps: any tile */
             bound = all;
             break;
         }
@@ -221,10 +229,29 @@ done:
     return st;
 }
 
+static stof_status workspace_new(stof_context *ctx,
+                                 const stof_mask_family *fam, int batch,
+                                 int n_seq, int seq_q, int seq_k, int block_m,
+                                 int block_n, stof_mb_workspace *ws);
+
 stof_status stof__mb_workspace_new(stof_context *ctx,
                                    const stof_mask_family *fam, int batch,
                                    int seq_q, int seq_k, int block_m,
                                    int block_n, stof_mb_workspace *ws)
+{
+    const int n_seq = stof__family_n_seq(fam);
+    memset(ws, 0, sizeof(*ws));
+    STOF_CHECK_ARG(ctx, n_seq == 0 || (batch == 1 && n_seq < (1 << 24)),
+                   "GPU format builder: %d packed sequences in a batch of %d",
+                   n_seq, batch);
+    return workspace_new(ctx, fam, batch, n_seq, seq_q, seq_k, block_m,
+                         block_n, ws);
+}
+
+static stof_status workspace_new(stof_context *ctx,
+                                 const stof_mask_family *fam, int batch,
+                                 int n_seq, int seq_q, int seq_k, int block_m,
+                                 int block_n, stof_mb_workspace *ws)
 {
     memset(ws, 0, sizeof(*ws));
     STOF_CHECK_ARG(ctx, batch >= 1 && seq_q >= 1 && seq_k >= 1,
@@ -246,14 +273,23 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
                           stof_mask_family_spec(fam), STOF_PROG_MAX_RANDOM,
                           STOF_MB_MAX_NODES, STOF_MB_MAX_STACK);
     ws->n_prog = n;
+    ws->n_seq = n_seq;
     ws->batch = batch;
     ws->seq_q = seq_q;
     ws->seq_k = seq_k;
     ws->block_m = block_m;
     ws->block_n = block_n;
-    if (prog_only)
-        return mb_alloc(ctx, ws, prog, n, align256((size_t)n * 16u),
-                        align256((size_t)n * 16u) + align256(STOF_MB_STATS * 8));
+    /* Packed: the clamped offsets (stof_mb_seqs), after the statistics. */
+    const size_t pk_bytes = n_seq ? 2u * ((size_t)n_seq + 1u) * 4u : 0u;
+    if (prog_only) {
+        const size_t o_stats = align256((size_t)n * 16u);
+        const size_t o_pk = o_stats + align256(STOF_MB_STATS * 8);
+        stof_status st = mb_alloc(ctx, ws, prog, n, o_stats,
+                                  o_pk + align256(pk_bytes));
+        if (st == STOF_OK && n_seq)
+            ws->pk = ws->mem + o_pk;
+        return st;
+    }
     ws->n_rb = (seq_q + block_m - 1) / block_m;
     ws->n_cb = (seq_k + block_n - 1) / block_n;
     ws->bwpr = (block_n + 31) / 32;
@@ -268,14 +304,24 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     STOF_CHECK_ARG(ctx, block_m * ws->bwpr <= MB_MAX_TILE_WORDS,
                    "GPU format builder: %dx%d tiles are too large", block_m,
                    block_n);
-    ws->pool_cap = (int64_t)batch * stof__mb_pool_bound(prog, n, ws->n_rb,
-                                                         ws->n_cb, block_m,
-                                                         block_n);
+    /* Packed: each sequence's lines over the row and key blocks it meets,
+     * which number at most n_rb + n_seq and n_cb + n_seq in all (the
+     * bound is linear in them before its cap). */
+    ws->pool_cap =
+        n_seq ? stof__mb_pool_bound(prog, n, ws->n_rb + n_seq,
+                                    ws->n_cb + n_seq, block_m, block_n)
+              : (int64_t)batch * stof__mb_pool_bound(prog, n, ws->n_rb,
+                                                     ws->n_cb, block_m,
+                                                     block_n);
+    if (ws->pool_cap > ws->tile_cap)
+        ws->pool_cap = ws->tile_cap;
     const size_t nt = (size_t)ws->tile_cap;
     const size_t bm_words = (size_t)block_m * (size_t)ws->bwpr;
     size_t off = align256((size_t)n * 16u); /* the program, at 0 */
     const size_t o_stats = off;
     off += align256(STOF_MB_STATS * 8);
+    const size_t o_pk = off;
+    off += align256(pk_bytes);
     const size_t o_cnt = off;
     off += align256((size_t)rbs * 8u);
     const size_t o_rp = off;
@@ -304,6 +350,7 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
     if (st != STOF_OK)
         return st;
     const CUdeviceptr mem = ws->mem;
+    ws->pk = n_seq ? mem + o_pk : 0;
     ws->cnt = mem + o_cnt;
     ws->row_ptr = mem + o_rp;
     ws->doc_lo = docs ? mem + o_dlo : 0;
@@ -348,6 +395,30 @@ static void mb_params(const stof_mb_workspace *ws, const stof_mb_data *data,
         p.prefix = data->prefix;
         p.doc_id = data->doc_id;
         p.doc_stride = data->doc_stride ? data->doc_stride : ws->seq_k;
+        p.seed = data->seed;
+        p.bitmap = data->bitmap;
+        p.bitmap_stride = data->bitmap_stride;
+        p.bitmap_words = data->bitmap_words ? data->bitmap_words
+                                            : (ws->seq_k + 31) / 32;
+    }
+    if (ws->n_seq) {
+        /* Packed: this run's rows and keys (at most the workspace's), and
+         * the tile grid they cover; lengths come from the offsets. */
+        p.n_seq = ws->n_seq;
+        p.pk = ws->pk;
+        p.q_len = p.k_len = 0;
+        if (data) {
+            p.cu_q = data->cu_q;
+            p.cu_k = data->cu_k;
+            if (data->total_q > 0 && data->total_q < ws->seq_q)
+                p.seq_q = data->total_q;
+            if (data->total_k > 0 && data->total_k < ws->seq_k)
+                p.seq_k = data->total_k;
+        }
+        if (ws->block_m > 0) {
+            p.n_rb = (p.seq_q + ws->block_m - 1) / ws->block_m;
+            p.n_cb = (p.seq_k + ws->block_n - 1) / ws->block_n;
+        }
     }
     if (p.doc_id && ws->doc_lo) {
         p.doc_lo = ws->doc_lo;
@@ -367,6 +438,14 @@ static void mb_params(const stof_mb_workspace *ws, const stof_mb_data *data,
     *out = p;
 }
 
+static CUresult mb_launch1(CUfunction fn, unsigned gx, unsigned gy,
+                           unsigned threads, CUstream s, void **args,
+                           const stof_api *api)
+{
+    return api->cuLaunchKernel(fn, gx, gy, 1, threads, 1, 1, 0, s, args,
+                               NULL);
+}
+
 stof_status stof__mb_launch_with(CUfunction fn, const void *first,
                                  const stof_mb_workspace *ws,
                                  const stof_mb_data *data, unsigned gx,
@@ -382,34 +461,50 @@ stof_status stof__mb_launch_with(CUfunction fn, const void *first,
                : STOF_ERR_CUDA;
 }
 
+stof_status stof__mb_prepare(const stof_mb_kernels *k,
+                             const stof_mb_workspace *ws,
+                             const stof_mb_data *data, CUstream s,
+                             const stof_api *api)
+{
+    if (!ws->n_seq)
+        return STOF_OK;
+    stof_mb_params p;
+    mb_params(ws, data, &p);
+    if (!p.cu_q)
+        return STOF_ERR_INVALID_ARGUMENT; /* packed needs the offsets */
+    void *args[] = {&p};
+    return mb_launch1(k->seqs, 1, 1, MB_SEQS_THREADS, s, args, api) ==
+                   CUDA_SUCCESS
+               ? STOF_OK
+               : STOF_ERR_CUDA;
+}
+
 stof_status stof__mb_build(const stof_mb_kernels *k,
                            const stof_mb_workspace *ws,
                            const stof_mb_data *data, CUstream s,
                            const stof_api *api)
 {
+    stof_status st = stof__mb_prepare(k, ws, data, s, api);
+    if (st != STOF_OK)
+        return st;
     stof_mb_params p;
     mb_params(ws, data, &p);
     void *args[] = {&p};
     CUresult r = CUDA_SUCCESS;
     if (p.doc_lo) {
-        /* The document intervals first; the other kernels read them. */
-        r = api->cuLaunchKernel(k->docs,
-                                (unsigned)((ws->seq_k + MB_THREADS - 1) /
-                                           MB_THREADS),
-                                (unsigned)ws->batch, 1, MB_THREADS, 1, 1, 0,
-                                s, args, NULL);
+        /* The document intervals next; the other kernels read them. */
+        r = mb_launch1(k->docs,
+                       (unsigned)((p.seq_k + MB_THREADS - 1) / MB_THREADS),
+                       (unsigned)ws->batch, MB_THREADS, s, args, api);
     }
     if (r == CUDA_SUCCESS)
-        r = api->cuLaunchKernel(k->classify, (unsigned)ws->n_rb,
-                                     (unsigned)ws->batch, 1, MB_THREADS, 1, 1,
-                                     0, s, args, NULL);
+        r = mb_launch1(k->classify, (unsigned)p.n_rb, (unsigned)ws->batch,
+                       MB_THREADS, s, args, api);
     if (r == CUDA_SUCCESS)
-        r = api->cuLaunchKernel(k->scan, 1, 1, 1, MB_SCAN_THREADS, 1, 1, 0, s,
-                                args, NULL);
+        r = mb_launch1(k->scan, 1, 1, MB_SCAN_THREADS, s, args, api);
     if (r == CUDA_SUCCESS)
-        r = api->cuLaunchKernel(k->fill, (unsigned)ws->n_rb,
-                                (unsigned)ws->batch, 1, MB_THREADS, 1, 1, 0, s,
-                                args, NULL);
+        r = mb_launch1(k->fill, (unsigned)p.n_rb, (unsigned)ws->batch,
+                       MB_THREADS, s, args, api);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 

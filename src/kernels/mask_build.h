@@ -24,13 +24,13 @@
 /* The -D definitions of the leaf kinds (MB_LEAF_*=n) that every template
  * including mask_eval.cuh is compiled with: into buf, pointed to by defs;
  * returns their number, STOF_MB_N_LEAF_DEFINES. */
-#define STOF_MB_N_LEAF_DEFINES 11
+#define STOF_MB_N_LEAF_DEFINES 12
 int stof__mb_leaf_defines(char (*buf)[48], const char **defs);
 
 /* The loaded kernels (one module). */
 typedef struct stof_mb_kernels {
     CUmodule module;
-    CUfunction docs, classify, scan, fill;
+    CUfunction seqs, docs, classify, scan, fill;
     CUfunction rw_or, rw_fill; /* row-wise formats */
     int shared;                /* the context's module: not unloaded */
 } stof_mb_kernels;
@@ -60,7 +60,9 @@ typedef struct stof_mb_workspace {
                                partial tiles' bitmaps, in pool slots */
     CUdeviceptr tslot;      /* int32[tile_cap]: a partial tile's pool slot
                                by (b * n_rb + i) * n_cb + j (scratch) */
+    CUdeviceptr pk;         /* packed: int32[2 * (n_seq + 1)], or 0 */
     int n_prog;
+    int n_seq;              /* packed: sequences (batch is 1); 0: padded */
     int batch, seq_q, seq_k, block_m, block_n, n_rb, n_cb, bwpr;
     int64_t tile_cap;       /* every tile of the batch */
     int64_t pool_cap;       /* partial-tile bitmaps the pool holds */
@@ -78,8 +80,9 @@ int64_t stof__mb_pool_bound(const int32_t *prog, int n, int n_rb, int n_cb,
                             int block_m, int block_n);
 
 /* Allocate a workspace and upload the family's program. Errors:
- * STOF_ERR_UNSUPPORTED (a spec the GPU does not evaluate: random, bigbird,
- * or too long; or more tiles than 32-bit indices hold), STOF_ERR_CUDA. */
+ * STOF_ERR_UNSUPPORTED (a spec the GPU does not evaluate: random, bigbird
+ * with more than STOF_PROG_MAX_RANDOM random blocks a row, or too long; or
+ * more tiles than 32-bit indices hold), STOF_ERR_CUDA. */
 stof_status stof__mb_workspace_new(stof_context *ctx,
                                    const stof_mask_family *fam, int batch,
                                    int seq_q, int seq_k, int block_m,
@@ -88,13 +91,31 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
 void stof__mb_workspace_free(stof_context *ctx, stof_mb_workspace *ws);
 /* block_m = block_n = 0 makes a workspace with the program and the
  * statistics only (n_rb = n_cb = 0): what the family reference kernel
- * reads. */
+ * reads. A packed family (stof__family_n_seq) makes a packed workspace:
+ * batch 1, one format of at most seq_q x seq_k rows and keys holding its
+ * n_seq sequences where each run's cu_q / cu_k say (clamped on the GPU by
+ * stof__mb_prepare), the pool sized for every sequence's lines. */
 
 /* Instance data in device memory (0 = the default, as in stof_mask_data). */
 typedef struct stof_mb_data {
     CUdeviceptr q_len, k_len, q_offset, prefix, doc_id;
     int64_t doc_stride; /* 0 = seq_k */
+    CUdeviceptr seed;   /* uint64 per sequence */
+    CUdeviceptr cu_q, cu_k; /* packed workspaces: the offsets (required;
+                               cu_k 0 = cu_q) */
+    int total_q, total_k;   /* packed: this run's rows (0 = the most) */
+    CUdeviceptr bitmap;     /* `bitmap` leaves: uint32 words, or 0 */
+    int64_t bitmap_stride;  /* words between sequences (0: shared) */
+    int bitmap_words;       /* words per row (0: ceil(seq_k / 32)) */
 } stof_mb_data;
+
+/* Packed workspaces: enqueue the clamping of the run's offsets (what
+ * stof__mb_build does first, and what the family reference kernel reads);
+ * nothing for others. STOF_ERR_INVALID_ARGUMENT without offsets. */
+stof_status stof__mb_prepare(const stof_mb_kernels *k,
+                             const stof_mb_workspace *ws,
+                             const stof_mb_data *data, CUstream s,
+                             const stof_api *api);
 
 /* Enqueue the kernels on `s` (three, four with document ids). Instance
  * data is clamped, not checked: lengths to 0..seq_q / seq_k, offsets and

@@ -24,6 +24,7 @@
 struct stof_mask_family {
     stof_spec *spec;
     char *canonical;
+    int n_seq; /* packed (stof__family_packed): the sequences; else 0 */
 };
 
 stof_status stof_mask_family_create(stof_context *ctx, const char *spec,
@@ -70,6 +71,20 @@ const stof_spec *stof__family_spec(const stof_mask_family *fam)
     return fam->spec;
 }
 
+stof_status stof__family_packed(stof_context *ctx, const stof_mask_family *fam,
+                                int n_seq, stof_mask_family **out)
+{
+    stof_status st = stof_mask_family_create(ctx, fam->canonical, out);
+    if (st == STOF_OK)
+        (*out)->n_seq = n_seq;
+    return st;
+}
+
+int stof__family_n_seq(const stof_mask_family *fam)
+{
+    return fam ? fam->n_seq : 0;
+}
+
 const char *stof_mask_family_spec(const stof_mask_family *fam)
 {
     return fam ? fam->canonical : "";
@@ -104,6 +119,43 @@ static stof_status data_fields(stof_context *ctx, const char *fn, int seq_q,
     STOF_CHECK_ARG(ctx, d->doc_stride == 0 || d->doc_stride >= seq_k,
                    "%s: doc_stride = %lld is below seq_k = %d", fn,
                    (long long)d->doc_stride, seq_k);
+    STOF_CHECK_ARG(ctx, d->cu_seqlens_q || !d->cu_seqlens_k,
+                   "%s: cu_seqlens_k is set without cu_seqlens_q", fn);
+    STOF_CHECK_ARG(ctx, !d->cu_seqlens_q || (!d->q_len && !d->k_len),
+                   "%s: packed data (cu_seqlens_q) takes its lengths from "
+                   "the offsets: leave q_len and k_len NULL",
+                   fn);
+    STOF_CHECK_ARG(ctx, d->total_q >= 0 && d->total_k >= 0,
+                   "%s: total_q = %d, total_k = %d: expected >= 0", fn,
+                   (int)d->total_q, (int)d->total_k);
+    const int64_t need = ((int64_t)seq_k + 31) / 32;
+    STOF_CHECK_ARG(ctx, d->bitmap_words == 0 || d->bitmap_words >= need,
+                   "%s: bitmap_words = %d is below ceil(seq_k / 32) = %lld",
+                   fn, (int)d->bitmap_words, (long long)need);
+    const int64_t bw = d->bitmap_words ? d->bitmap_words : need;
+    /* (Packed: against each sequence's rows, in seq_values.) */
+    STOF_CHECK_ARG(ctx,
+                   d->bitmap_stride == 0 || d->cu_seqlens_q ||
+                       (d->bitmap_stride >= (int64_t)seq_q * bw),
+                   "%s: bitmap_stride = %lld is below seq_q x bitmap_words "
+                   "= %lld (0 shares one bitmap)",
+                   fn, (long long)d->bitmap_stride, (long long)seq_q * bw);
+    return STOF_OK;
+}
+
+/* Sequence b's offsets [*lo, *hi) in cu (packed data), checked. */
+static stof_status packed_range(stof_context *ctx, const char *fn,
+                                const char *name, const int32_t *cu, int b,
+                                int *lo, int *hi)
+{
+    STOF_CHECK_ARG(ctx, cu[b] >= 0, "%s: %s[%d] = %d is negative", fn, name,
+                   b, (int)cu[b]);
+    STOF_CHECK_ARG(ctx, cu[b + 1] >= cu[b],
+                   "%s: %s decreases at %d (%d after %d); the offsets must "
+                   "be non-decreasing",
+                   fn, name, b + 1, (int)cu[b + 1], (int)cu[b]);
+    *lo = cu[b];
+    *hi = cu[b + 1];
     return STOF_OK;
 }
 
@@ -116,6 +168,27 @@ static stof_status seq_values(stof_context *ctx, const char *fn, int seq_q,
     out->k_len = seq_k;
     if (!d)
         return STOF_OK;
+    int k_base = 0; /* packed: the sequence's first key */
+    if (d->cu_seqlens_q) {
+        const int32_t *cuk = d->cu_seqlens_k ? d->cu_seqlens_k
+                                             : d->cu_seqlens_q;
+        int q0 = 0, q1 = 0, k1 = 0;
+        stof_status st = packed_range(ctx, fn, "cu_seqlens_q",
+                                      d->cu_seqlens_q, b, &q0, &q1);
+        if (st == STOF_OK)
+            st = packed_range(ctx, fn,
+                              d->cu_seqlens_k ? "cu_seqlens_k"
+                                              : "cu_seqlens_q",
+                              cuk, b, &k_base, &k1);
+        if (st != STOF_OK)
+            return st;
+        STOF_CHECK_ARG(ctx, q1 - q0 <= seq_q && k1 - k_base <= seq_k,
+                       "%s: packed sequence %d is %d x %d, larger than "
+                       "%d x %d",
+                       fn, b, q1 - q0, k1 - k_base, seq_q, seq_k);
+        out->q_len = q1 - q0;
+        out->k_len = k1 - k_base;
+    }
     if (d->q_len) {
         int v = d->q_len[b];
         STOF_CHECK_ARG(ctx, v >= 0 && v <= seq_q,
@@ -145,9 +218,24 @@ static stof_status seq_values(stof_context *ctx, const char *fn, int seq_q,
     }
     if (d->seed)
         out->inst.seed = d->seed[b];
+    if (d->bitmap) {
+        out->inst.bitmap_words =
+            d->bitmap_words ? d->bitmap_words : ((int64_t)seq_k + 31) / 32;
+        STOF_CHECK_ARG(ctx,
+                       d->bitmap_stride == 0 ||
+                           d->bitmap_stride >=
+                               (int64_t)out->q_len * out->inst.bitmap_words,
+                       "%s: bitmap_stride = %lld is below the %d rows x %lld "
+                       "words of sequence %d",
+                       fn, (long long)d->bitmap_stride, out->q_len,
+                       (long long)out->inst.bitmap_words, b);
+        out->inst.bitmap = d->bitmap + (int64_t)b * d->bitmap_stride;
+    }
     if (d->doc_id) {
         const int64_t stride = d->doc_stride ? d->doc_stride : seq_k;
-        const int32_t *doc = d->doc_id + (int64_t)b * stride;
+        const int32_t *doc = d->cu_seqlens_q
+                                 ? d->doc_id + k_base
+                                 : d->doc_id + (int64_t)b * stride;
         for (int k = 1; k < out->k_len; k++)
             STOF_CHECK_ARG(ctx, doc[k] >= doc[k - 1],
                            "%s: doc_id of sequence %d decreases at key %d "
@@ -172,6 +260,25 @@ stof_status stof_mask_data_check(stof_context *ctx,
     for (int b = 0; b < batch && st == STOF_OK; b++) {
         seq_data sd;
         st = seq_values(ctx, fn, seq_q, seq_k, data, b, &sd);
+    }
+    if (st == STOF_OK && data && data->cu_seqlens_q) {
+        /* Packed: seq_q and seq_k are the most rows; the last offsets
+         * must fit them (and the totals of a run, when given). */
+        const int32_t *cuk = data->cu_seqlens_k ? data->cu_seqlens_k
+                                                : data->cu_seqlens_q;
+        const int tq = data->total_q ? data->total_q : seq_q;
+        const int tk = data->total_k ? data->total_k : seq_k;
+        STOF_CHECK_ARG(ctx, data->total_q <= seq_q && data->total_k <= seq_k,
+                       "%s: total_q = %d, total_k = %d exceed the %d x %d "
+                       "rows",
+                       fn, (int)data->total_q, (int)data->total_k, seq_q,
+                       seq_k);
+        STOF_CHECK_ARG(ctx, data->cu_seqlens_q[batch] <= tq,
+                       "%s: cu_seqlens_q[%d] = %d is past the %d query rows",
+                       fn, batch, (int)data->cu_seqlens_q[batch], tq);
+        STOF_CHECK_ARG(ctx, cuk[batch] <= tk,
+                       "%s: cu_seqlens_k[%d] = %d is past the %d key rows", fn,
+                       batch, (int)cuk[batch], tk);
     }
     return st == STOF_OK ? stof__ok(ctx) : st;
 }

@@ -8,8 +8,9 @@
  * indices: query row q of an instance sits at key position q + q_offset, so
  * `causal` is k <= q + q_offset (bottom-right alignment when q_offset =
  * seq_k - seq_q). Instance data (per sequence) fills the leaves that need
- * it: `docs` (document ids of the key positions), `prefix` (a prefix length)
- * and the seeds of `random` and `bigbird`.
+ * it: `docs` (document ids of the key positions), `prefix` (a prefix length),
+ * `bitmap` (the sequence's own bits, by row) and the seeds of `random` and
+ * `bigbird`.
  */
 #ifndef STOF_MASK_SPEC_H
 #define STOF_MASK_SPEC_H
@@ -31,7 +32,8 @@ enum stof_leaf_kind {
     STOF_LEAF_STRIDED,
     STOF_LEAF_RANDOM,
     STOF_LEAF_DOCS,
-    STOF_LEAF_PREFIX
+    STOF_LEAF_PREFIX,
+    STOF_LEAF_BITMAP
 };
 
 enum stof_spec_op { STOF_SPEC_LEAF, STOF_SPEC_AND, STOF_SPEC_OR, STOF_SPEC_NOT };
@@ -57,7 +59,8 @@ enum {
     STOF_SPEC_USES_DOCS = 1,   /* a docs leaf */
     STOF_SPEC_USES_PREFIX = 2, /* a prefix leaf without P */
     STOF_SPEC_USES_SEED = 4,   /* random or bigbird */
-    STOF_SPEC_USES_NOT = 8     /* a negation */
+    STOF_SPEC_USES_NOT = 8,    /* a negation */
+    STOF_SPEC_USES_BITMAP = 16 /* a bitmap leaf */
 };
 
 typedef struct stof_spec {
@@ -87,6 +90,9 @@ typedef struct stof_spec_inst {
     const int32_t *doc;  /* document id of key positions 0..seq_k-1,
                             non-decreasing; NULL = one document */
     uint64_t seed;       /* mixed into the SEED of random and bigbird */
+    const uint32_t *bitmap; /* `bitmap`: row q's keys at bitmap +
+                               q * bitmap_words (32 a word); NULL = all */
+    int64_t bitmap_words;
 } stof_spec_inst;
 
 /* An evaluator of one instance: seq_q x seq_k, with its per-leaf state
@@ -139,5 +145,13 @@ stof_status stof__format_build_family_parts(stof_context *ctx,
 
 /* The parsed spec of a family (family.c). */
 const stof_spec *stof__family_spec(const stof_mask_family *fam);
+/* The family fam over the packed layout (stof.h, STOF_LAYOUT_PACKED):
+ * the same spec, its instances n_seq sequences packed one after another
+ * in one format (what the GPU builder and the plans read from
+ * stof__family_n_seq). Freed with stof_mask_family_free. */
+stof_status stof__family_packed(stof_context *ctx, const stof_mask_family *fam,
+                                int n_seq, stof_mask_family **out);
+/* The sequences of a packed family, 0 for any other. */
+int stof__family_n_seq(const stof_mask_family *fam);
 
 #endif /* STOF_MASK_SPEC_H */

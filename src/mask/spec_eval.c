@@ -316,6 +316,29 @@ static void random_row(const node *n, int64_t p, uint64_t *row,
     row[e->wpr - 1] &= e->last_mask;
 }
 
+/* The window of row q of the instance's bitmap (32-bit words, two to a
+ * 64-bit word; NULL: every key). */
+static void bitmap_words(int64_t q, uint64_t *out, const win *w,
+                         const stof_spec_eval *e)
+{
+    if (!e->inst.bitmap) {
+        set_full(out, w, e);
+        return;
+    }
+    if (q < 0 || q >= e->seq_q)
+        return;
+    const uint32_t *row = e->inst.bitmap + q * e->inst.bitmap_words;
+    const int64_t n32 = (e->seq_k + 31) / 32;
+    for (int i = 0; i < w->nw; i++) {
+        const int64_t j = 2 * (w->w0 + i);
+        uint64_t x = j < n32 ? row[j] : 0;
+        if (j + 1 < n32)
+            x |= (uint64_t)row[j + 1] << 32;
+        out[i] = x;
+    }
+    clip(out, w, e);
+}
+
 /* The document interval [lo, hi) of position p (empty past the keys). */
 static void doc_interval(leaf_state *ls, int64_t p, const stof_spec_eval *e,
                          int64_t *lo, int64_t *hi)
@@ -425,6 +448,9 @@ static void leaf_words(const node *n, leaf_state *ls, int64_t p,
     }
     case STOF_LEAF_PREFIX:
         set_range(out, 0, n->n_params ? v0 : e->inst.prefix, w, e);
+        break;
+    case STOF_LEAF_BITMAP:
+        bitmap_words(p - e->inst.q_offset, out, w, e);
         break;
     case STOF_LEAF_STRIDED:
     case STOF_LEAF_BIGBIRD:
@@ -538,6 +564,8 @@ static int leaf_classify(stof_spec_eval *e, const node *n, int64_t p0,
         return C_MAYBE;
     case STOF_LEAF_PREFIX:
         return below(k0, k1, n->n_params ? v0 : e->inst.prefix);
+    case STOF_LEAF_BITMAP:
+        return e->inst.bitmap ? C_MAYBE : C_FULL;
     case STOF_LEAF_DOCS: {
         if (p0 >= e->seq_k)
             return C_EMPTY;

@@ -63,6 +63,7 @@ static const leaf_def leaf_defs[] = {
     {"random", STOF_LEAF_RANDOM, 2, 2, {"P", "SEED"}, {PARAM_PROB, PARAM_SEED}},
     {"docs", STOF_LEAF_DOCS, 0, 0, {0}, {0}},
     {"prefix", STOF_LEAF_PREFIX, 0, 1, {"P"}, {PARAM_COUNT}},
+    {"bitmap", STOF_LEAF_BITMAP, 0, 0, {0}, {0}},
 };
 
 #define N_LEAF_DEFS ((int)(sizeof(leaf_defs) / sizeof(leaf_defs[0])))
@@ -70,7 +71,7 @@ static const leaf_def leaf_defs[] = {
 const char stof__spec_leaf_names[] =
     "dense, none, causal, sliding:W, causal_sliding:W, dilated:W:D, "
     "longformer:W:G, bigbird:B:W:G:R:SEED, strided:S, random:P:SEED, docs, "
-    "prefix, prefix:P";
+    "prefix, prefix:P, bitmap";
 
 /* ------------------------------------------------------------------------ */
 /* Syntax tree                                                               */
@@ -538,6 +539,8 @@ static int walk(node *n, stof_spec *s)
             s->uses |= STOF_SPEC_USES_DOCS;
         if (n->kind == STOF_LEAF_PREFIX && n->n_params == 0)
             s->uses |= STOF_SPEC_USES_PREFIX;
+        if (n->kind == STOF_LEAF_BITMAP)
+            s->uses |= STOF_SPEC_USES_BITMAP;
         if (n->kind == STOF_LEAF_RANDOM || n->kind == STOF_LEAF_BIGBIRD)
             s->uses |= STOF_SPEC_USES_SEED;
         return 0;

@@ -34,6 +34,10 @@ static void set_layout_strides(int64_t st[3], stof_layout layout, int heads,
         st[2] = head_dim;
         st[1] = (int64_t)seq * head_dim;
         st[0] = (int64_t)heads * seq * head_dim;
+    } else if (layout == STOF_LAYOUT_PACKED) {
+        st[2] = (int64_t)heads * head_dim;
+        st[1] = head_dim;
+        st[0] = 0; /* sequences start where cu_seqlens say */
     } else {
         st[2] = (int64_t)heads * head_dim;
         st[1] = head_dim;
@@ -57,7 +61,8 @@ stof_status stof_attention_desc_init(stof_attention_desc *d, int batch,
     d->dtype = dtype;
     d->scale = 0.0f;
     d->layout = layout;
-    if (layout != STOF_LAYOUT_BHSD && layout != STOF_LAYOUT_BSHD)
+    if (layout != STOF_LAYOUT_BHSD && layout != STOF_LAYOUT_BSHD &&
+        layout != STOF_LAYOUT_PACKED)
         return STOF_ERR_INVALID_ARGUMENT;
     /* The strides are products of the sizes: refuse sizes whose products
      * do not fit (stof_attention_plan names the bad field; here the
@@ -161,6 +166,10 @@ stof_status stof__attention_check_problem(stof_context *ctx,
     STOF_CHECK_ARG(ctx,
                    d->dtype == STOF_DTYPE_FP16 || d->dtype == STOF_DTYPE_BF16,
                    "desc.dtype: %d is not a stof_dtype", (int)d->dtype);
+    STOF_CHECK_ARG(ctx, d->layout != STOF_LAYOUT_PACKED,
+                   "desc.layout: STOF_LAYOUT_PACKED is planned by "
+                   "stof_attention_plan_family (its sequences are a mask "
+                   "family's instance)");
     STOF_CHECK_ARG(ctx,
                    d->layout == STOF_LAYOUT_BHSD ||
                        d->layout == STOF_LAYOUT_BSHD ||
@@ -201,7 +210,7 @@ stof_status stof__attention_check_ready(stof_context *ctx,
  * whatever the fields held. */
 void stof__attention_normalise(stof_attention_desc *d)
 {
-    if (d->layout == STOF_LAYOUT_STRIDED)
+    if (d->layout == STOF_LAYOUT_STRIDED || d->layout == STOF_LAYOUT_PACKED)
         return;
     set_layout_strides(d->q_stride, d->layout, d->heads, d->seq_q,
                        d->head_dim);
@@ -642,6 +651,10 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
 stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
                                const void *v, void *o, void *stream)
 {
+    if (p && p->n_seq)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "stof_attention_run: a packed plan runs with "
+                         "stof_attention_run_family and its cu_seqlens");
     return run_impl(p, NULL, q, k, v, o, stream);
 }
 
@@ -667,12 +680,39 @@ stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
                              "stof_attention_run_family: doc_stride = %lld "
                              "is below seq_k = %d",
                              (long long)data->doc_stride, p->desc.seq_k);
-        if (data->seed)
+        if (!p->n_seq && (data->cu_seqlens_q || data->cu_seqlens_k))
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                             "stof_attention_run_family: per-sequence seeds "
-                             "are not evaluated by the GPU format builder "
-                             "(the spec's SEED is)");
+                             "stof_attention_run_family: cu_seqlens are set "
+                             "but the plan is not of the packed layout");
+        if (p->n_seq && (data->q_len || data->k_len))
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "stof_attention_run_family: a packed plan takes "
+                             "its lengths from cu_seqlens: leave q_len and "
+                             "k_len NULL");
+        if (data->bitmap_stride < 0 ||
+            (data->bitmap_words != 0 &&
+             data->bitmap_words < (p->desc.seq_k + 31) / 32))
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "stof_attention_run_family: bitmap_words = %d "
+                             "(at least ceil(seq_k / 32) = %d, or 0), "
+                             "bitmap_stride = %lld (>= 0)",
+                             (int)data->bitmap_words,
+                             (p->desc.seq_k + 31) / 32,
+                             (long long)data->bitmap_stride);
+        if (data->total_q < 0 || data->total_q > p->desc.seq_q ||
+            data->total_k < 0 || data->total_k > p->desc.seq_k)
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "stof_attention_run_family: total_q = %d, "
+                             "total_k = %d: expected 0..%d and 0..%d (the "
+                             "plan's rows)",
+                             (int)data->total_q, (int)data->total_k,
+                             p->desc.seq_q, p->desc.seq_k);
     }
+    if (p->n_seq && !(data && data->cu_seqlens_q))
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "stof_attention_run_family: a packed plan needs "
+                         "cu_seqlens_q (device memory, %d + 1 offsets)",
+                         p->n_seq);
     return run_impl(p, data, q, k, v, o, stream);
 }
 
@@ -708,9 +748,21 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
         return plan_fail(p, st, "%s", "stof_attention_run: launching the "
                                       "format builder failed");
     }
+    /* Packed runs cover this call's rows and keys only (the tensors may
+     * be no larger): the kernels see seq_q = total_q, seq_k = total_k. */
+    stof_attention_desc ld = p->desc;
+    stof_block_format lbf = p->bf;
+    if (p->n_seq && data) {
+        if (data->total_q > 0)
+            ld.seq_q = lbf.seq_q = data->total_q;
+        if (data->total_k > 0)
+            ld.seq_k = lbf.seq_k = data->total_k;
+        lbf.n_row_blocks = (ld.seq_q + lbf.block_m - 1) / lbf.block_m;
+        lbf.n_col_blocks = (ld.seq_k + lbf.block_n - 1) / lbf.block_n;
+    }
     if (p->kind == STOF_KERNEL_WGMMA) {
-        st = stof__wgmma_launch(p->fn, &p->wcfg, p->desc.head_dim, &p->desc,
-                                p->scale, &p->bf, p->d_row_order,
+        st = stof__wgmma_launch(p->fn, &p->wcfg, p->desc.head_dim, &ld,
+                                p->scale, &lbf, p->d_row_order,
                                 (CUdeviceptr)(uintptr_t)q,
                                 (CUdeviceptr)(uintptr_t)k,
                                 (CUdeviceptr)(uintptr_t)v,
@@ -728,8 +780,8 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
             (CUdeviceptr)(uintptr_t)v, (CUdeviceptr)(uintptr_t)o,
             (CUstream)stream, api);
     } else if (p->kind == STOF_KERNEL_BLOCK) {
-        st = stof__block_launch(p->fn, &p->cfg, p->desc.head_dim, &p->desc,
-                                p->scale, &p->bf, (CUdeviceptr)(uintptr_t)q,
+        st = stof__block_launch(p->fn, &p->cfg, p->desc.head_dim, &ld,
+                                p->scale, &lbf, (CUdeviceptr)(uintptr_t)q,
                                 (CUdeviceptr)(uintptr_t)k,
                                 (CUdeviceptr)(uintptr_t)v,
                                 (CUdeviceptr)(uintptr_t)o, (CUstream)stream, api);
@@ -871,10 +923,11 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
     if (o && p->family)
         json_object_set_new(
             o, "family",
-            json_pack("{s:s, s:s, s:s, s:I}", "spec", p->family_spec,
+            json_pack("{s:s, s:s, s:s, s:I, s:i}", "spec", p->family_spec,
                       "key_text", p->family_key, "formats",
                       "built on the GPU per run", "workspace_bytes",
-                      (json_int_t)p->mb_ws.bytes));
+                      (json_int_t)p->mb_ws.bytes, "packed_sequences",
+                      p->n_seq));
     return stof__json_out(o, buf, n, needed);
 }
 

@@ -35,6 +35,28 @@ void stof__family_mb_data(const stof_mask_data *data, stof_mb_data *md)
     md->prefix = (CUdeviceptr)(uintptr_t)data->prefix;
     md->doc_id = (CUdeviceptr)(uintptr_t)data->doc_id;
     md->doc_stride = data->doc_stride;
+    md->seed = (CUdeviceptr)(uintptr_t)data->seed;
+    md->cu_q = (CUdeviceptr)(uintptr_t)data->cu_seqlens_q;
+    md->cu_k = (CUdeviceptr)(uintptr_t)data->cu_seqlens_k;
+    md->total_q = data->total_q;
+    md->total_k = data->total_k;
+    md->bitmap = (CUdeviceptr)(uintptr_t)data->bitmap;
+    md->bitmap_stride = data->bitmap_stride;
+    md->bitmap_words = data->bitmap_words;
+}
+
+/* The kernels' view of a packed descriptor: one sequence of seq_q rows
+ * and seq_k keys (batch 1) with the caller's head and row strides. */
+static void packed_kernel_desc(const stof_attention_desc *d,
+                               stof_attention_desc *kd)
+{
+    *kd = *d;
+    kd->batch = 1;
+    kd->layout = STOF_LAYOUT_STRIDED;
+    kd->q_stride[0] = kd->q_stride[2] * d->seq_q;
+    kd->o_stride[0] = kd->o_stride[2] * d->seq_q;
+    kd->k_stride[0] = kd->k_stride[2] * d->seq_k;
+    kd->v_stride[0] = kd->v_stride[2] * d->seq_k;
 }
 
 /* The format builder's cubin kept in the user's tuning database (op
@@ -160,6 +182,7 @@ static stof_status attach_builder(stof_context *ctx, stof_plan *p,
     p->mb_k = *k;
     memset(k, 0, sizeof(*k));
     p->family = 1;
+    p->n_seq = stof__family_n_seq(fam);
     p->formats_gpu = 1;
     bf_view(&p->bf, &p->mb_ws);
     p->bf.rp_stride = p->mb_ws.n_rb;
@@ -281,23 +304,57 @@ typedef struct dev_sample {
 } dev_sample;
 
 static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d,
-                                 const stof_mask_data *h, dev_sample *out)
+                                 int n_seq, const stof_mask_data *h,
+                                 dev_sample *out)
 {
     memset(out, 0, sizeof(*out));
     if (!h)
         return STOF_OK;
+    /* Packed (n_seq > 0): d is the kernels' view (batch 1); the arrays
+     * are per sequence, doc_id per packed key. */
+    const int nb = n_seq > 0 ? n_seq : d->batch;
     const int64_t stride = h->doc_stride ? h->doc_stride : d->seq_k;
-    const int32_t *src[5] = {h->q_len, h->k_len, h->q_offset, h->prefix,
-                             h->doc_id};
-    size_t n[5], off[5], total = 0;
-    for (int i = 0; i < 5; i++) {
-        n[i] = !src[i] ? 0
-               : i < 4 ? (size_t)d->batch
-                       : (size_t)((int64_t)(d->batch - 1) * stride + d->seq_k);
+    const void *src[9] = {h->q_len,  h->k_len,        h->q_offset,
+                          h->prefix, h->doc_id,       h->seed,
+                          h->cu_seqlens_q, h->cu_seqlens_k, h->bitmap};
+    /* The bitmap's rows per sequence: seq_q, or packed the longest. */
+    int64_t bm_rows = d->seq_q;
+    if (n_seq > 0) {
+        bm_rows = 0;
+        for (int b = 0; b < nb; b++)
+            if (h->cu_seqlens_q[b + 1] - h->cu_seqlens_q[b] > bm_rows)
+                bm_rows = h->cu_seqlens_q[b + 1] - h->cu_seqlens_q[b];
+    }
+    const int64_t bm_words =
+        h->bitmap_words ? h->bitmap_words : ((int64_t)d->seq_k + 31) / 32;
+    const size_t bm_n =
+        (size_t)(((h->bitmap_stride ? (int64_t)(nb - 1) * h->bitmap_stride
+                                    : 0) +
+                  bm_rows * bm_words) *
+                 4);
+    size_t n[9], off[9], total = 0;
+    for (int i = 0; i < 9; i++) {
+        n[i] = !src[i]   ? 0
+               : i < 4   ? (size_t)nb * 4u
+               : i == 4  ? (n_seq > 0 ? (size_t)(h->cu_seqlens_k
+                                                     ? h->cu_seqlens_k
+                                                     : h->cu_seqlens_q)[nb]
+                                      : (size_t)((int64_t)(d->batch - 1) *
+                                                     stride +
+                                                 d->seq_k)) *
+                              4u
+               : i == 5  ? (size_t)nb * 8u
+               : i == 8  ? bm_n
+                         : ((size_t)nb + 1u) * 4u;
         off[i] = total;
-        total += (n[i] * 4u + 255u) & ~(size_t)255u;
+        total += (n[i] + 255u) & ~(size_t)255u;
     }
     out->d.doc_stride = h->doc_stride;
+    /* The sample is planned over all the plan's rows (its totals only
+     * bound its offsets, checked): formats, statistics and the search
+     * cover seq_q x seq_k. */
+    out->d.bitmap_stride = h->bitmap_stride;
+    out->d.bitmap_words = h->bitmap_words;
     if (total == 0)
         return STOF_OK;
     stof_status st = (stof_status)stof__ctx_push(ctx);
@@ -305,14 +362,18 @@ static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d
         return st;
     const stof_api *api = ctx->api;
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&out->mem, total));
-    const int32_t **dst[5] = {&out->d.q_len, &out->d.k_len, &out->d.q_offset,
-                              &out->d.prefix, &out->d.doc_id};
-    for (int i = 0; i < 5; i++) {
+    const void **dst[9] = {
+        (const void **)&out->d.q_len,        (const void **)&out->d.k_len,
+        (const void **)&out->d.q_offset,     (const void **)&out->d.prefix,
+        (const void **)&out->d.doc_id,       (const void **)&out->d.seed,
+        (const void **)&out->d.cu_seqlens_q, (const void **)&out->d.cu_seqlens_k,
+        (const void **)&out->d.bitmap};
+    for (int i = 0; i < 9; i++) {
         if (!src[i])
             continue;
         STOF_CU_GOTO(ctx, st, pop,
-                     api->cuMemcpyHtoD(out->mem + off[i], src[i], n[i] * 4u));
-        *dst[i] = (const int32_t *)(uintptr_t)(out->mem + off[i]);
+                     api->cuMemcpyHtoD(out->mem + off[i], src[i], n[i]));
+        *dst[i] = (const void *)(uintptr_t)(out->mem + off[i]);
     }
 pop:
     stof__ctx_pop(ctx);
@@ -570,8 +631,10 @@ static void family_key(stof_context *ctx, const stof_attention_desc *d,
     nd.seq_k = stof__family_len_bucket(d->seq_k);
     char buf[512];
     int n = snprintf(buf, sizeof(buf),
-                     "family;v=2;spec=%s;active=%d;partial=%d;most=%d",
-                     stof_mask_family_spec(fam), b_active, b_partial, b_most);
+                     "family;v=2;spec=%s;%sactive=%d;partial=%d;most=%d",
+                     stof_mask_family_spec(fam),
+                     stof__family_n_seq(fam) ? "packed;" : "", b_active,
+                     b_partial, b_most);
     if (n < 0 || (size_t)n >= sizeof(buf))
         n = (int)sizeof(buf) - 1;
     XXH128_hash_t h = XXH3_128bits(buf, (size_t)n);
@@ -596,7 +659,13 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     STOF_CHECK_ARG(ctx, d != NULL, "%s: descriptor is NULL", fn);
     STOF_CHECK_ARG(ctx, fam != NULL, "%s: fam is NULL", fn);
     float scale;
-    stof_status st = stof__attention_check_problem(ctx, d, &scale);
+    /* The packed layout: the kernels see one sequence of seq_q rows (kd)
+     * holding d->batch sequences (a packed family). */
+    const int packed = d->layout == STOF_LAYOUT_PACKED;
+    stof_attention_desc kd = *d;
+    if (packed)
+        packed_kernel_desc(d, &kd);
+    stof_status st = stof__attention_check_problem(ctx, &kd, &scale);
     if (st != STOF_OK)
         return st;
     if (!gpu_evaluates(fam))
@@ -606,15 +675,17 @@ stof_status stof_attention_plan_family(stof_context *ctx,
                           "or too large a spec); use stof_mask_from_spec and "
                           "stof_attention_plan",
                           fn, stof_mask_family_spec(fam), STOF_PROG_MAX_RANDOM);
+    STOF_CHECK_ARG(ctx, !packed || (sample && sample->cu_seqlens_q),
+                   "%s: a packed layout needs a sample with cu_seqlens_q "
+                   "(the offsets of a typical batch, host memory)",
+                   fn);
+    STOF_CHECK_ARG(ctx, packed || !sample || !sample->cu_seqlens_q,
+                   "%s: cu_seqlens_q is set, but desc.layout is not "
+                   "STOF_LAYOUT_PACKED",
+                   fn);
     st = stof_mask_data_check(ctx, fam, d->batch, d->seq_q, d->seq_k, sample);
     if (st != STOF_OK)
         return st;
-    STOF_CHECK_ARG(ctx, !(sample && sample->seed),
-                   "%s: per-sequence seeds are not evaluated by the GPU "
-                   "format builder (the spec's SEED is): leave "
-                   "stof_mask_data.seed NULL (as runs must), or use "
-                   "stof_mask_family_eval and stof_attention_plan",
-                   fn);
     if (!ctx->device.ok)
         return stof__fail(ctx, STOF_ERR_NO_DEVICE, "%s needs a GPU: %s", fn,
                           ctx->device.why[0] ? ctx->device.why
@@ -622,26 +693,34 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     stof_mb_kernels k;
     dev_sample ds;
     memset(&ds, 0, sizeof(ds));
-    if ((st = builder_cubin(ctx, 1)) != STOF_OK ||
-        (st = stof__mb_load(ctx, &k)) != STOF_OK)
+    stof_mask_family *pfam = NULL;
+    if (packed && (st = stof__family_packed(ctx, fam, d->batch, &pfam)) !=
+                      STOF_OK)
         return st;
+    const stof_mask_family *f = packed ? pfam : fam;
+    if ((st = builder_cubin(ctx, 1)) != STOF_OK ||
+        (st = stof__mb_load(ctx, &k)) != STOF_OK) {
+        stof_mask_family_free(&pfam);
+        return st;
+    }
     int64_t stats[5] = {0, 0, 0, 0, 0};
     char key[33], key_text[640];
     const double t0 = stof__now_ms();
-    st = sample_upload(ctx, d, sample, &ds);
+    st = sample_upload(ctx, &kd, packed ? d->batch : 0, sample, &ds);
     if (st == STOF_OK)
-        st = sample_stats(ctx, d, fam, &k, &ds.d, stats);
+        st = sample_stats(ctx, &kd, f, &k, &ds.d, stats);
     const double key_ms = stof__now_ms() - t0;
     stof_plan *p = NULL;
     if (st == STOF_OK) {
-        family_key(ctx, d, fam, stats, key, key_text, sizeof(key_text));
-        stof_attn_problem pr = {.fam = fam, .dev = &ds.d};
+        family_key(ctx, &kd, f, stats, key, key_text, sizeof(key_text));
+        stof_attn_problem pr = {.fam = f, .dev = &ds.d};
         st = stof__attention_plan_problem(
-            ctx, d, &pr, key,
+            ctx, &kd, &pr, key,
             (1u << STOF_KERNEL_BLOCK) | (1u << STOF_KERNEL_WGMMA), &p);
     }
     stof__mb_unload(ctx, &k);
     sample_free(ctx, &ds);
+    stof_mask_family_free(&pfam);
     if (st != STOF_OK) {
         stof_plan_free(&p);
         return st;

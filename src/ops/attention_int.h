@@ -73,6 +73,8 @@ struct stof_plan {
      * from each run's instance data into mb_ws, which bf views
      * (bf.rp_stride = n_row_blocks; bf.mem is mb_ws.mem, not owned). */
     int family;
+    int n_seq;                /* packed layout: the sequences (desc is the
+                                 kernels' view: batch 1, strided) */
     stof_mb_kernels mb_k;
     stof_mb_workspace mb_ws;
     char family_spec[256];

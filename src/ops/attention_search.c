@@ -536,6 +536,18 @@ stof_status stof__attention_family_op_new(
                                      : 1.0f / sqrtf((float)d->head_dim);
         stof_mb_data md;
         stof__family_mb_data(sample, &md);
+        if (pw.n_seq) { /* packed: the clamped offsets, which it reads */
+            stof_mb_kernels mk;
+            st = stof__mb_load(ctx, &mk);
+            if (st == STOF_OK) {
+                st = stof__mb_prepare(&mk, &pw, &md, NULL, api);
+                stof__mb_unload(ctx, &mk);
+            }
+            if (st != STOF_OK) {
+                stof__fail(ctx, st, "preparing the packed offsets failed");
+                goto pop;
+            }
+        }
         st = stof__mb_launch_with(
             f_ref, &prm, &pw, &md,
             (unsigned)((d->seq_q + REF_WARPS - 1) / REF_WARPS),
