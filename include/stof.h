@@ -342,6 +342,9 @@ STOF_API void stof_format_free(stof_format **fmt);
  *   prefix:P   k < P
  *   bitmap     the instance's own bitmap (bitmap below): any pattern
  *              the grammar cannot say, given per sequence on the device
+ *   head_sliding, head_causal_sliding  sliding:W and causal_sliding:W
+ *              with W of the head (head_window below): a window per head,
+ *              so a plan's formats are built per sequence and head
  *   !a         negation (binds tightest: !causal&sliding:8 is
  *              (!causal)&sliding:8)
  * so a prefix-LM is "causal|prefix", packed documents "causal&docs".
@@ -402,7 +405,14 @@ typedef struct stof_mask_data {
                                 0 = one bitmap for every sequence */
     int32_t bitmap_words;    /* words per row: 0 = ceil(seq_k / 32), else
                                 at least that */
-    uint8_t reserved[20];    /* must be zero */
+    int32_t head;            /* host functions (stof_mask_family_eval,
+                                stof_format_build_family, data checks):
+                                the head whose head_window the head_*
+                                leaves read; plans and runs do every head */
+    const int32_t *head_window; /* per head h (the plan's heads): the W of
+                                   head_sliding and head_causal_sliding,
+                                   >= 0 (default: no limit) */
+    uint8_t reserved[8];     /* must be zero */
 } stof_mask_data;
 
 /* Check host instance data for `batch` sequences of at most seq_q x seq_k

@@ -204,7 +204,8 @@ struct stof_attn_block_params {
     float scale_log2;            // softmax scale * log2(e)
     int rp_stride;               // 0: one format for every batch element;
                                  // n_row_blocks: one per element (mask
-                                 // families; block mode only)
+                                 // families; block mode only);
+                                 // -n_row_blocks: one per (element, head)
 #if GATHER
     // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
     // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
@@ -474,7 +475,10 @@ stof_attn_block(const stof_attn_block_params p)
     const unsigned *s_bits = (const unsigned *)(bk_smem + BK_OFF_B);
     int *s_meta = (int *)(bk_smem + BK_OFF_META); // [stage][2]: col, kind
 
-    const int *rpb = p.row_ptr + (stof_i64)b * p.rp_stride;
+    const int *rpb =
+        p.row_ptr + (p.rp_stride >= 0
+                         ? (stof_i64)b * p.rp_stride
+                         : ((stof_i64)b * p.heads + h) * -(stof_i64)p.rp_stride);
     const int e0 = bk_ldg_i32(rpb + rb);
     const int n = bk_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
 #if GATHER

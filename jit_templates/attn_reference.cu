@@ -114,7 +114,11 @@ stof_attn_reference_family(const stof_attn_params p, const stof_mb_params P)
     int b = bh / p.heads;
     // Packed (P.n_seq > 0; p.batch is 1): the row's sequence, with its
     // rows and keys at offsets qs / ks of the packed tensors.
-    const int pb = P.n_seq > 0 ? mb_pk_find(P.pk, P.n_seq, row) : b;
+    // With head_* leaves the family's sequences are (b, head) pairs (the
+    // reference then runs every head: p.heads == P.heads_data).
+    const int pb = P.n_seq > 0          ? mb_pk_find(P.pk, P.n_seq, row)
+                   : P.heads_data > 1 ? b * P.heads_data + bh % p.heads
+                                        : b;
     const mb_seq s = pb >= 0 ? mb_load_seq(P, pb) : mb_seq{};
     const stof_i64 pos = (stof_i64)row - s.qs + s.off;
     const int n_words = pb >= 0 && row - s.qs < s.ql

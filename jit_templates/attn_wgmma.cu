@@ -227,7 +227,8 @@ struct stof_attn_wgmma_params {
     float scale_log2;             // softmax scale * log2(e), > 0
     int rp_stride;                // 0: one format for every batch
                                   // element; n_row_blocks: one per element
-                                  // (mask families; block mode only)
+                                  // (mask families; block mode only);
+                                  // -n_row_blocks: one per (element, head)
     // Gather mode only (0 in block mode):
     const unsigned short *q, *k, *v; // inputs, 16-byte aligned
     const int *key_ptr;           // n_row_blocks + 1
@@ -715,7 +716,10 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #define BAR_EMPTY_V(s) (bar_q + 8u * (1 + 3 * STAGES + (s)))
     int *s_meta = (int *)(smem + WG_OFF_META); // [stage][2]: col, kind
 
-    const int *rpb = p.row_ptr + (stof_i64)b * p.rp_stride;
+    const int *rpb =
+        p.row_ptr + (p.rp_stride >= 0
+                         ? (stof_i64)b * p.rp_stride
+                         : ((stof_i64)b * p.heads + h) * -(stof_i64)p.rp_stride);
     const int e0 = wg_ldg_i32(rpb + rb);
     const int n = wg_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
 #if GATHER

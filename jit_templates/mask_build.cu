@@ -383,8 +383,9 @@ stof_mb_fill(const stof_mb_params P)
 // stof__mb_rowwise_build). Format row f of block i is query row
 // mb_rw_row(f): rows in order, or grouped by residue class mod `group`
 // (class r: r, r + group, ...; as stof__mask_group_rows orders them).
-//   stof_mb_rw_or    grid (n_rb): the OR of the block's rows per 32 keys,
-//                    and the number of listed keys of each block
+//   stof_mb_rw_or    grid (n_rb, ceil(n_words / 32)): the OR of the
+//                    block's rows per 32 keys, and the number of listed
+//                    keys of each block
 //   (the host sums them into key_ptr, tile_ptr and row_off)
 //   stof_mb_rw_fill  grid (n_rb): the key lists, each row's bits over its
 //                    block's listed keys, and the tiles of block_n listed
@@ -421,28 +422,37 @@ __device__ __forceinline__ int mb_rw_row(int f, int seq_q, int group)
     return seq_q; // not reached for f < seq_q
 }
 
+// Grid (n_rb, ceil(n_words / 32)): 32 key words of row block i, each
+// warp ORing every (MB_THREADS / 32)-th row, then combined; nk[i] (zeroed
+// by the host) gathers the listed keys of every word chunk.
 extern "C" __global__ void __launch_bounds__(MB_THREADS)
 stof_mb_rw_or(const stof_mb_params P, const stof_mb_rw R)
 {
     const int i = blockIdx.x, tid = threadIdx.x;
+    const int lane = tid & 31, rg = tid >> 5;
+    const int w = blockIdx.y * 32 + lane;
     const mb_seq s = mb_load_seq(P, 0);
     const int f0 = i * P.block_m;
     const int rows = P.seq_q - f0 < P.block_m ? P.seq_q - f0 : P.block_m;
-    __shared__ int s_red[MB_THREADS / 32];
-    int n = 0;
-    for (int w = tid; w < R.n_words; w += MB_THREADS) {
-        unsigned acc = 0;
-        for (int r = 0; r < rows; r++) {
+    unsigned acc = 0;
+    if (w < R.n_words)
+        for (int r = rg; r < rows; r += MB_THREADS / 32) {
             const int q = mb_rw_row(f0 + r, P.seq_q, R.group);
             if (q < s.ql)
                 acc |= mb_word(P, (stof_i64)q + s.off, (stof_i64)w * 32, s);
         }
+    __shared__ unsigned s_or[MB_THREADS];
+    s_or[tid] = acc;
+    __syncthreads();
+    if (rg != 0)
+        return;
+    for (int g = 1; g < MB_THREADS / 32; g++)
+        acc |= s_or[g * 32 + lane];
+    if (w < R.n_words)
         R.orw[(stof_i64)i * R.n_words + w] = acc;
-        n += __popc(acc);
-    }
-    n = mb_cta_sum(n, s_red);
-    if (tid == 0)
-        R.nk[i] = n;
+    const int n = mb_warp_sum(w < R.n_words ? __popc(acc) : 0);
+    if (lane == 0 && n)
+        atomicAdd(R.nk + i, n);
 }
 
 extern "C" __global__ void __launch_bounds__(MB_THREADS)
@@ -510,39 +520,44 @@ stof_mb_rw_fill(const stof_mb_params P, const stof_mb_rw R)
         rb[(stof_i64)r * W + o] = x;
     }
     __syncthreads();
-    // Tiles of block_n listed keys (block_n a multiple of 32).
+    // Tiles of block_n listed keys (block_n a multiple of 32), a warp
+    // each: full when every listed key of every row is set; a partial
+    // tile's bitmap goes to the next pool slot.
     const int bwpr = P.bwpr, nt = R.tile_ptr[i + 1] - R.tile_ptr[i];
-    for (int t = tid; t < nt; t += MB_THREADS) {
+    const int lane = tid & 31, nwarp = MB_THREADS / 32;
+    const int tw = rows * bwpr; // the tile's words
+    for (int t = tid >> 5; t < nt; t += nwarp) {
         const int cnt = nk - t * P.block_n < P.block_n ? nk - t * P.block_n
                                                        : P.block_n;
         int full = 1;
-        for (int r = 0; r < rows && full; r++)
-            for (int j = 0; j < bwpr; j++) {
-                const int vb = cnt - 32 * j;
-                const unsigned need =
-                    vb >= 32 ? ~0u : (vb > 0 ? (1u << vb) - 1u : 0u);
-                const unsigned x =
-                    vb > 0 ? rb[(stof_i64)r * W + t * bwpr + j] : 0u;
-                if ((x & need) != need) {
-                    full = 0;
-                    break;
-                }
-            }
-        const int e = R.tile_ptr[i] + t;
-        R.kind[e] = (unsigned char)(full ? MB_FULL : MB_PARTIAL);
-        int slot = -1;
-        if (!full) {
-            slot = (int)atomicAdd(R.n_partial, 1ull);
-            unsigned *dst = R.bitmaps + (stof_i64)slot * P.block_m * bwpr;
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < bwpr; j++) {
-                    const int vb = cnt - 32 * j;
-                    dst[r * bwpr + j] =
-                        vb > 0 ? rb[(stof_i64)r * W + t * bwpr + j] &
-                                     (vb >= 32 ? ~0u : (1u << vb) - 1u)
-                               : 0u;
-                }
+        for (int x = lane; x < tw; x += 32) {
+            const int r = x / bwpr, j = x - r * bwpr;
+            const int vb = cnt - 32 * j;
+            const unsigned need =
+                vb >= 32 ? ~0u : (vb > 0 ? (1u << vb) - 1u : 0u);
+            const unsigned v =
+                vb > 0 ? rb[(stof_i64)r * W + t * bwpr + j] : 0u;
+            full &= (v & need) == need;
         }
-        R.bitmap_idx[e] = slot;
+        full = __all_sync(0xffffffffu, full);
+        const int e = R.tile_ptr[i] + t;
+        int slot = -1;
+        if (lane == 0) {
+            R.kind[e] = (unsigned char)(full ? MB_FULL : MB_PARTIAL);
+            if (!full)
+                slot = (int)atomicAdd(R.n_partial, 1ull);
+            R.bitmap_idx[e] = slot;
+        }
+        slot = __shfl_sync(0xffffffffu, slot, 0);
+        if (slot < 0)
+            continue;
+        unsigned *dst = R.bitmaps + (stof_i64)slot * P.block_m * bwpr;
+        for (int x = lane; x < tw; x += 32) {
+            const int r = x / bwpr, j = x - r * bwpr;
+            const int vb = cnt - 32 * j;
+            dst[x] = vb > 0 ? rb[(stof_i64)r * W + t * bwpr + j] &
+                                  (vb >= 32 ? ~0u : (1u << vb) - 1u)
+                            : 0u;
+        }
     }
 }

@@ -21,6 +21,8 @@
 #define MB_LEAF_DOCS 10
 #define MB_LEAF_PREFIX 11
 #define MB_LEAF_BITMAP 12
+#define MB_LEAF_HEAD_SLIDING 13
+#define MB_LEAF_HEAD_CAUSAL_SLIDING 14
 #endif
 
 #define MB_OP_LEAF 0
@@ -83,8 +85,14 @@ struct stof_mb_params {
     int bitmap_words;      // `bitmap`: words per row
     const unsigned *bitmap; // NULL: every key
     stof_i64 bitmap_stride; // words between sequences (0: shared)
+    // Families with head_* leaves: the formats are per (sequence, head),
+    // sequence s of the workspace being batch element s / heads_data and
+    // head s % heads_data (heads_data 1: per batch element).
+    const int *head_window; // per head: the W of head_*; NULL: no limit
+    int heads_data;
+    int pad_;
 };
-static_assert(sizeof(stof_mb_params) == 256, "stof_mb_params layout");
+static_assert(sizeof(stof_mb_params) == 272, "stof_mb_params layout");
 
 struct mb_seq {
     stof_i64 off;   // q_offset
@@ -98,6 +106,8 @@ struct mb_seq {
     unsigned long long seed; // the instance's seed (0: none)
     const unsigned *bm;      // the sequence's bitmap, or NULL (every key)
     int bm_words;
+    int has_win;             // head_*: the head's window is set
+    stof_i64 win;            // head_*: W (>= 0)
 };
 
 // Instance data is clamped, never trusted: lengths to 0..seq, offsets and
@@ -107,9 +117,15 @@ __device__ __forceinline__ int mb_clamp(int v, int lo, int hi)
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
-__device__ __forceinline__ mb_seq mb_load_seq(const stof_mb_params &P, int b)
+// Sequence sq of the workspace (a batch element, or with head_* leaves a
+// (batch element, head) pair): its instance data.
+__device__ __forceinline__ mb_seq mb_load_seq(const stof_mb_params &P, int sq)
 {
     mb_seq s;
+    const int hd = P.heads_data > 1 ? P.heads_data : 1;
+    const int b = sq / hd, h = sq - b * hd;
+    s.has_win = P.head_window != 0;
+    s.win = s.has_win ? mb_clamp(P.head_window[h], 0, 1 << 30) : 0;
     if (P.n_seq > 0) {
         const int *pq = P.pk, *pkk = P.pk + P.n_seq + 1;
         s.qs = pq[b];
@@ -124,8 +140,9 @@ __device__ __forceinline__ mb_seq mb_load_seq(const stof_mb_params &P, int b)
         s.ql = P.q_len ? mb_clamp(P.q_len[b], 0, P.seq_q) : P.seq_q;
         s.kl = P.k_len ? mb_clamp(P.k_len[b], 0, P.seq_k) : P.seq_k;
         s.doc = P.doc_id ? P.doc_id + (stof_i64)b * P.doc_stride : 0;
-        s.lo = P.doc_lo ? P.doc_lo + (stof_i64)b * P.seq_k : 0;
-        s.hi = P.doc_hi ? P.doc_hi + (stof_i64)b * P.seq_k : 0;
+        // (the document intervals are the workspace's, by sequence)
+        s.lo = P.doc_lo ? P.doc_lo + (stof_i64)sq * P.seq_k : 0;
+        s.hi = P.doc_hi ? P.doc_hi + (stof_i64)sq * P.seq_k : 0;
     }
     s.off = P.q_offset ? mb_clamp(P.q_offset[b], 0, 1 << 30) : 0;
     s.prefix = P.prefix ? mb_clamp(P.prefix[b], 0, 1 << 30) : 0;
@@ -227,6 +244,11 @@ __device__ int mb_leaf_class(int kind, stof_i64 a, stof_i64 bparam,
     }
     case MB_LEAF_BITMAP:
         return s.bm ? MB_C_UNKNOWN : MB_FULL;
+    case MB_LEAF_HEAD_SLIDING:
+        return s.has_win ? mb_band(dmin, dmax, -s.win + 1, s.win - 1)
+                         : MB_FULL;
+    case MB_LEAF_HEAD_CAUSAL_SLIDING:
+        return mb_band(dmin, dmax, 0, s.has_win ? s.win - 1 : big);
     case MB_LEAF_BIGBIRD: {
         // Global rows and columns are full; the rest has random blocks:
         // from the elements.
@@ -464,6 +486,11 @@ __device__ unsigned mb_leaf_word(int kind, stof_i64 a, stof_i64 bparam,
         return mb_range(0, bparam >= 0 ? bparam : s.prefix, c0);
     case MB_LEAF_BITMAP:
         return mb_bitmap_word(s, p - s.off, c0);
+    case MB_LEAF_HEAD_SLIDING:
+        return s.has_win ? mb_range(p - s.win + 1, p + s.win, c0)
+                         : mb_range(0, s.kl, c0);
+    case MB_LEAF_HEAD_CAUSAL_SLIDING:
+        return mb_range(s.has_win ? p - s.win + 1 : 0, p + 1, c0);
     case MB_LEAF_BIGBIRD:
         return mb_bigbird_word(a, bparam, ext, p, c0, s);
     case MB_LEAF_DOCS: {

@@ -61,7 +61,7 @@ enum { O_LEAF, O_NOT, O_AND, O_OR };
 enum {
     L_DENSE, L_NONE, L_CAUSAL, L_SLIDING, L_CSLIDING, L_DILATED,
     L_LONGFORMER, L_STRIDED, L_DOCS, L_PREFIX, L_PREFIXP, L_BIGBIRD,
-    L_RANDOM, L_BITMAP
+    L_RANDOM, L_BITMAP, L_HSLIDING, L_HCSLIDING
 };
 
 #define MAX_KIDS 4
@@ -112,6 +112,8 @@ typedef struct oseq {
     const int32_t *doc; /* NULL: one document */
     const uint32_t *bm; /* `bitmap`: row q's bits at bm + q * bm_words */
     long long bm_words;
+    int has_win;        /* head_*: the head's window, or no limit */
+    long long win;
 } oseq;
 
 static long long llabs_(long long x)
@@ -163,6 +165,10 @@ static int oracle(const onode *n, const oseq *s, long long p, long long k)
         return k < s->prefix;
     case L_PREFIXP:
         return k < n->a;
+    case L_HSLIDING:
+        return !s->has_win || llabs_(d) < s->win;
+    case L_HCSLIDING:
+        return d >= 0 && (!s->has_win || d < s->win);
     case L_BITMAP: {
         const long long q = p - s->q_off; /* rows, not positions */
         if (!s->bm)
@@ -229,6 +235,8 @@ static onode *tp_leaf(tparse *p)
         {"docs", L_DOCS, 0},          {"prefix", L_PREFIX, 0},
         {"prefix", L_PREFIXP, 1},     {"bigbird", L_BIGBIRD, 5},
         {"random", L_RANDOM, 2},      {"bitmap", L_BITMAP, 0},
+        {"head_sliding", L_HSLIDING, 0},
+        {"head_causal_sliding", L_HCSLIDING, 0},
     };
     int found = 0;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -357,7 +365,8 @@ static onode *rand_leaf(tu_rng *r, int any)
     static const int kinds[] = {L_DENSE,   L_NONE,     L_CAUSAL,  L_CAUSAL,
                                 L_SLIDING, L_CSLIDING, L_DILATED, L_LONGFORMER,
                                 L_STRIDED, L_DOCS,     L_DOCS,    L_PREFIX,
-                                L_PREFIXP, L_BITMAP,   L_BIGBIRD, L_RANDOM};
+                                L_PREFIXP, L_BITMAP,   L_HSLIDING,
+                                L_HCSLIDING, L_BIGBIRD, L_RANDOM};
     int nkinds = (int)(sizeof(kinds) / sizeof(kinds[0]));
     if (!any)
         nkinds -= 2;
@@ -425,7 +434,8 @@ static void print_leaf(sbuf *s, const onode *n, tu_rng *r, int ws)
                                   "sliding", "causal_sliding", "dilated",
                                   "longformer", "strided",     "docs",
                                   "prefix",  "prefix",         "bigbird",
-                                  "random",  "bitmap"};
+                                  "random",  "bitmap", "head_sliding",
+                                  "head_causal_sliding"};
     sb_put(s, "%s", names[n->kind]);
 #define PARAM(fmt, v)                                                          \
     do {                                                                       \
@@ -525,6 +535,7 @@ typedef struct inst {
     uint64_t seed[MAX_BATCH];
     int32_t *doc;
     int64_t stride; /* the stride actually used */
+    int32_t hw[3];  /* head_window of three heads, d.head one of them */
     uint32_t *bm;   /* `bitmap`: sequence b's at bm + b * bm_stride */
     int64_t bm_stride, bm_words; /* as used (0 shared / the default) */
     stof_mask_data d;
@@ -584,7 +595,14 @@ static void inst_rand(inst *in, tu_rng *r, int sq, int sk, int batch)
     const int has_ql = tu_below(r, 10) < 7, has_kl = tu_below(r, 10) < 7,
               has_off = tu_below(r, 10) < 7, has_pre = tu_below(r, 10) < 7,
               has_doc = tu_below(r, 10) < 7, has_seed = tu_below(r, 2),
-              has_bm = tu_below(r, 10) < 7;
+              has_bm = tu_below(r, 10) < 7, has_hw = tu_below(r, 10) < 7;
+    if (has_hw) {
+        static const int32_t wins[] = {0, 1, 2, 7, 64, 65, 130, 1000};
+        for (int h = 0; h < 3; h++)
+            in->hw[h] = wins[tu_below(r, 8)];
+        in->d.head_window = in->hw;
+        in->d.head = (int32_t)tu_below(r, 3);
+    }
     for (int b = 0; b < batch; b++) {
         in->q_len[b] = has_ql ? rand_len(r, sq) : sq;
         in->k_len[b] = has_kl ? rand_len(r, sk) : sk;
@@ -670,6 +688,8 @@ static oseq inst_seq(const inst *in, int b)
     s.doc = in->doc ? in->doc + (int64_t)b * in->stride : NULL;
     s.bm = in->bm ? in->bm + (int64_t)b * in->bm_stride : NULL;
     s.bm_words = in->bm_words;
+    s.has_win = in->d.head_window != NULL;
+    s.win = s.has_win ? in->hw[in->d.head] : 0;
     return s;
 }
 
@@ -1952,7 +1972,7 @@ Test(family, mask_from_spec_new_forms)
         const char *specs[] = {"causal|prefix:5", "docs", "prefix",
                                "!docs|prefix:70", "causal&docs",
                                "!(causal|prefix:3)&docs"};
-        oseq os = {sq, sk, 0, 0, NULL, NULL, 0};
+        oseq os = {sq, sk, 0, 0, NULL, NULL, 0, 0, 0};
         for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
             onode *tree = tparse_spec(specs[i]);
             stof_mask *m = NULL;

@@ -27,6 +27,7 @@ typedef struct inst {
     int64_t bm_stride, bm_n;   /* words between sequences (0), in all */
     int bm_words;              /* words a row (wider than needed, odd) */
     uint64_t *seed;            /* per sequence (some 0) */
+    int32_t hw[4];             /* head_window of 4 heads */
 } inst;
 
 static void inst_random(inst *in, tu_rng *r, int batch, int seq_q, int seq_k)
@@ -75,6 +76,9 @@ static void inst_random(inst *in, tu_rng *r, int batch, int seq_q, int seq_k)
                     : dens == 1 ? x
                                 : x | (uint32_t)tu_next(r) | (uint32_t)tu_next(r);
     }
+    static const int32_t wins[] = {0, 1, 3, 37, 64, 100, 129, 600};
+    for (int h = 0; h < 4; h++)
+        in->hw[h] = wins[tu_below(r, 8)];
     in->seed = malloc(sizeof(uint64_t) * (size_t)batch);
     for (int b = 0; b < batch; b++)
         in->seed[b] = tu_below(r, 4) == 0 ? 0 : tu_next(r);
@@ -104,7 +108,7 @@ static void dev_upload(stof_context *ctx, const inst *in, dev_inst *out)
     const size_t docs = sizeof(int32_t) * (size_t)in->batch * (size_t)in->seq_k;
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     const size_t bmb = sizeof(uint32_t) * (size_t)in->bm_n;
-    cr_assert_eq(api->cuMemAlloc(&out->mem, 7 * 256 + docs + 6 * b4 + bmb),
+    cr_assert_eq(api->cuMemAlloc(&out->mem, 8 * 256 + docs + 6 * b4 + bmb),
                  CUDA_SUCCESS);
     CUdeviceptr p = out->mem;
     out->d.q_len = p;
@@ -130,6 +134,9 @@ static void dev_upload(stof_context *ctx, const inst *in, dev_inst *out)
     api->cuMemcpyHtoD(p, in->bm, bmb);
     out->d.bitmap_stride = in->bm_stride;
     out->d.bitmap_words = in->bm_words;
+    p += (bmb + 255) / 256 * 256;
+    out->d.head_window = p;
+    api->cuMemcpyHtoD(p, in->hw, sizeof(in->hw));
     stof__ctx_pop(ctx);
 }
 
@@ -144,10 +151,11 @@ static void dev_free(stof_context *ctx, dev_inst *di)
  * the instance's host data, unless `expect` says otherwise. */
 typedef stof_format *(*expect_fn)(stof_context *ctx,
                                   const stof_mask_family *fam,
-                                  const inst *in, int b, int bm, int bn);
+                                  const inst *in, int b, int h, int bm,
+                                  int bn);
 
 static stof_format *expect_cpu(stof_context *ctx, const stof_mask_family *fam,
-                               const inst *in, int b, int bm, int bn)
+                               const inst *in, int b, int h, int bm, int bn)
 {
     stof_mask_data md;
     memset(&md, 0, sizeof(md));
@@ -161,6 +169,8 @@ static stof_format *expect_cpu(stof_context *ctx, const stof_mask_family *fam,
     md.bitmap = in->bm;
     md.bitmap_stride = in->bm_stride;
     md.bitmap_words = in->bm_words;
+    md.head_window = in->hw;
+    md.head = h;
     stof_format *f = NULL;
     cr_assert_eq(stof_format_build_family(ctx, fam, in->seq_q, in->seq_k, &md,
                                           b, bm, bn, &f),
@@ -208,14 +218,17 @@ static int check_build_vs(stof_context *ctx, const stof_mb_kernels *k,
         *unsorted = (int)stats[5];
     int64_t most = 0, partial = 0;
     uint8_t *slot_seen = calloc((size_t)ws->pool_cap + 1, 1);
-    for (int b = 0; b < in->batch; b++) {
-        stof_format *f = expect(ctx, fam, in, b, ws->block_m, ws->block_n);
+    /* The workspace's sequences: batch elements, or (element, head) pairs
+     * for a window per head. */
+    for (int sq = 0; sq < ws->batch; sq++) {
+        const int b = sq / ws->heads, h = sq % ws->heads;
+        stof_format *f = expect(ctx, fam, in, b, h, ws->block_m, ws->block_n);
         const char *sp = stof_mask_family_spec(fam);
         cr_assert_eq(f->n_row_blocks, ws->n_rb);
-        const int64_t base = rp[(int64_t)b * ws->n_rb];
+        const int64_t base = rp[(int64_t)sq * ws->n_rb];
         partial += f->n_partial;
         for (int i = 0; i <= ws->n_rb; i++) {
-            const int64_t g = rp[(int64_t)b * ws->n_rb + i] - base;
+            const int64_t g = rp[(int64_t)sq * ws->n_rb + i] - base;
             cr_assert_eq(g, f->row_ptr[i],
                          "%s b=%d (%d x %d of %d x %d, off %d) %dx%d: "
                          "row_ptr[%d] gpu %lld cpu %lld",
@@ -264,7 +277,7 @@ static int check_build_vs(stof_context *ctx, const stof_mb_kernels *k,
     free(kind);
     free(bits);
     free(slot_seen);
-    return in->batch;
+    return ws->batch;
 }
 
 static int check_build(stof_context *ctx, const stof_mb_kernels *k,
@@ -336,6 +349,62 @@ Test(gpu_family, matches_cpu_builder_every_tiling)
     stof_close(&ctx);
 }
 
+/* A window per head: one format per (element, head), each the CPU
+ * builder's with that head's window; the other leaves still per element. */
+Test(gpu_family, per_head_windows_match_the_cpu)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    stof_mb_kernels k;
+    cr_assert_eq(stof__mb_load(ctx, &k), STOF_OK, "%s", stof_errmsg(ctx));
+    tu_rng r = {tu_seed() ^ 0x4ead};
+    static const char *specs[] = {"head_sliding", "head_causal_sliding&docs",
+                                  "head_sliding|prefix", "!head_sliding",
+                                  "causal&head_sliding&bitmap"};
+    static const int sizes[][2] = {{300, 300}, {129, 517}, {700, 90}};
+    int seqs = 0;
+    for (size_t si = 0; si < sizeof(specs) / sizeof(specs[0]); si++) {
+        stof_mask_family *fam = NULL;
+        cr_assert_eq(stof_mask_family_create(ctx, specs[si], &fam), STOF_OK);
+        for (int z = 0; z < 3; z++) {
+            inst in;
+            inst_random(&in, &r, 3, sizes[z][0], sizes[z][1]);
+            dev_inst di;
+            dev_upload(ctx, &in, &di);
+            static const int tiles[][2] = {{64, 64}, {128, 64}, {128, 128}};
+            for (int t = 0; t < 3; t++) {
+                stof_mb_workspace ws;
+                cr_assert_eq(stof__mb_workspace_heads(
+                                 ctx, fam, in.batch, 4, in.seq_q, in.seq_k,
+                                 tiles[t][0], tiles[t][1], &ws),
+                             STOF_OK, "%s", stof_errmsg(ctx));
+                cr_assert_eq(ws.heads, 4);
+                cr_assert_eq(ws.batch, 12);
+                stof__ctx_push(ctx);
+                stof__api()->cuMemsetD8(ws.cnt, 0xa5, ws.mem + ws.bytes - ws.cnt);
+                stof__ctx_pop(ctx);
+                seqs += check_build(ctx, &k, fam, &ws, &in, &di);
+                stof__mb_workspace_free(ctx, &ws);
+            }
+            dev_free(ctx, &di);
+            inst_free(&in);
+        }
+        stof_mask_family_free(&fam);
+    }
+    /* Families without head_* leaves stay per element. */
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "sliding:9", &fam), STOF_OK);
+    stof_mb_workspace ws;
+    cr_assert_eq(stof__mb_workspace_heads(ctx, fam, 3, 4, 100, 100, 64, 64, &ws),
+                 STOF_OK);
+    cr_assert(ws.heads == 1 && ws.batch == 3, "heads %d batch %d", ws.heads,
+              ws.batch);
+    stof__mb_workspace_free(ctx, &ws);
+    stof_mask_family_free(&fam);
+    cr_log_info("compared %d (sequence, head) formats", seqs);
+    stof__mb_unload(ctx, &k);
+    stof_close(&ctx);
+}
+
 Test(gpu_family, workspace_reused_across_instances)
 {
     stof_context *ctx = tu_open_gpu_or_skip(NULL);
@@ -365,7 +434,8 @@ Test(gpu_family, workspace_reused_across_instances)
 /* causal & same document, element by element, from ids in any order. */
 static stof_format *expect_unsorted(stof_context *ctx,
                                     const stof_mask_family *fam,
-                                    const inst *in, int b, int bm, int bn)
+                                    const inst *in, int b, int h, int bm,
+                                    int bn)
 {
     (void)fam;
     const int sq = in->seq_q, sk = in->seq_k;

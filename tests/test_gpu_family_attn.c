@@ -96,7 +96,7 @@ static void problem_new(problem *p, stof_context *ctx, tu_rng *r, int batch,
     const size_t bm = SMALL(seq_q, seq_k) ? (size_t)batch * seq_q *
                                                 (size_t)((seq_k + 31) / 32) * 4
                                           : 0;
-    cr_assert_eq(api->cuMemAlloc(&p->ddata, 6 * 256 + (size_t)batch * seq_k * 4 +
+    cr_assert_eq(api->cuMemAlloc(&p->ddata, 7 * 256 + (size_t)batch * seq_k * 4 +
                                                 bm),
                  CUDA_SUCCESS);
     api->cuMemcpyHtoD(p->dq, p->hq, p->nq * 2);
@@ -129,6 +129,7 @@ static void problem_free(problem *p, stof_context *ctx)
 typedef struct inst {
     int32_t q_len[MAXB], k_len[MAXB], q_offset[MAXB], prefix[MAXB];
     uint64_t seed[MAXB];
+    int32_t hw[8]; /* head_window per head */
     int32_t *doc;
     uint32_t *bm; /* batch bitmaps of seq_q rows x ceil(seq_k / 32) words */
     stof_mask_data host, dev;
@@ -179,6 +180,10 @@ static void inst_random(inst *in, const problem *p, tu_rng *r)
                     in->bm[((size_t)b * p->seq_q + q) * w + k / 32] |=
                         1u << (k % 32);
     }
+    for (int h = 0; h < 8; h++)
+        in->hw[h] = (int32_t)tu_below(r, 3) == 0 ? (int32_t)tu_below(r, 4)
+                                                : 1 + (int32_t)tu_below(r, 300);
+    in->host.head_window = in->hw;
     in->host.seed = in->seed;
     in->host.bitmap = in->bm;
     in->host.bitmap_stride = in->bm ? (int64_t)p->seq_q * w : 0;
@@ -203,8 +208,9 @@ static void inst_upload(inst *in, const problem *p, stof_context *ctx)
     api->cuMemcpyHtoD(base + 768, in->prefix, sizeof(in->prefix));
     api->cuMemcpyHtoD(base + 1024, in->seed, sizeof(in->seed));
     const size_t docs = sizeof(int32_t) * (size_t)p->batch * (size_t)p->seq_k;
-    api->cuMemcpyHtoD(base + 1280, in->doc, docs);
-    const CUdeviceptr bm = base + 1280 + (docs + 255) / 256 * 256;
+    api->cuMemcpyHtoD(base + 1280, in->hw, sizeof(in->hw));
+    api->cuMemcpyHtoD(base + 1536, in->doc, docs);
+    const CUdeviceptr bm = base + 1536 + (docs + 255) / 256 * 256;
     const size_t w = (size_t)((p->seq_k + 31) / 32);
     if (in->bm)
         api->cuMemcpyHtoD(bm, in->bm,
@@ -217,7 +223,8 @@ static void inst_upload(inst *in, const problem *p, stof_context *ctx)
     in->dev.k_len = (const int32_t *)(uintptr_t)(base + 256);
     in->dev.q_offset = (const int32_t *)(uintptr_t)(base + 512);
     in->dev.prefix = (const int32_t *)(uintptr_t)(base + 768);
-    in->dev.doc_id = (const int32_t *)(uintptr_t)(base + 1280);
+    in->dev.doc_id = (const int32_t *)(uintptr_t)(base + 1536);
+    in->dev.head_window = (const int32_t *)(uintptr_t)(base + 1280);
 }
 
 /* Poison the output (NaN bits). */
@@ -243,25 +250,36 @@ static double check(problem *p, stof_context *ctx,
     const size_t per_k = (size_t)p->heads * p->seq_k * p->head_dim;
     double *got = malloc(per_q * sizeof(double));
     double *want = malloc(per_q * sizeof(double));
+    /* A window per head: each head has its own mask. */
+    const int per_head = strstr(stof_mask_family_spec(fam), "head_") != NULL;
+    const size_t hq = (size_t)p->seq_q * p->head_dim;
+    const size_t hk = (size_t)p->seq_k * p->head_dim;
     for (int b = 0; b < p->batch; b++) {
         stof_mask *m = NULL;
-        cr_assert_eq(stof_mask_family_eval(ctx, fam, p->seq_q, p->seq_k,
-                                           &in->host, b, &m),
-                     STOF_OK, "%s", stof_errmsg(ctx));
-        stof_attention_desc d1;
-        stof_attention_desc_init(&d1, 1, p->heads, p->seq_q, p->seq_k,
-                                 p->head_dim, p->dt, STOF_LAYOUT_BHSD);
-        cr_assert_eq(stof__ref_attention(&d1, m, p->fq + b * per_q,
-                                         p->fk + b * per_k, p->fv + b * per_k,
-                                         p->fo + b * per_q),
-                     STOF_OK);
+        for (int h = 0; h < (per_head ? p->heads : 1); h++) {
+            stof_mask_data hd = in->host;
+            hd.head = h;
+            stof_mask_free(&m);
+            cr_assert_eq(stof_mask_family_eval(ctx, fam, p->seq_q, p->seq_k,
+                                               &hd, b, &m),
+                         STOF_OK, "%s", stof_errmsg(ctx));
+            const int nh = per_head ? 1 : p->heads;
+            stof_attention_desc d1;
+            stof_attention_desc_init(&d1, 1, nh, p->seq_q, p->seq_k,
+                                     p->head_dim, p->dt, STOF_LAYOUT_BHSD);
+            const size_t oq = b * per_q + (size_t)h * hq;
+            const size_t ok = b * per_k + (size_t)h * hk;
+            cr_assert_eq(stof__ref_attention(&d1, m, p->fq + oq, p->fk + ok,
+                                             p->fv + ok, p->fo + oq),
+                         STOF_OK);
+        }
         int bad_zero = 0;
         for (size_t i = 0; i < per_q; i++) {
             const uint16_t h = p->ho[b * per_q + i];
             got[i] = p->dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(h)
                                                : tu_bf16_to_f32(h);
             want[i] = p->fo[b * per_q + i];
-            if (want[i] == 0.0 && got[i] != 0.0) {
+            if (want[i] == 0.0 && got[i] != 0.0 && !per_head) {
                 /* Rows with no allowed key must be exactly 0. */
                 const int row = (int)((i / (size_t)p->head_dim) %
                                       (size_t)p->seq_q);
@@ -289,7 +307,8 @@ static double check(problem *p, stof_context *ctx,
 static const char *specs[] = {
     "causal&docs", "dense", "causal", "(causal|prefix)&docs",
     "sliding:40&!prefix:3", "!causal", "docs", "causal&bitmap",
-    "bitmap|prefix", "bigbird:32:2:1:2:7",
+    "bitmap|prefix", "bigbird:32:2:1:2:7", "head_sliding&docs",
+    "head_causal_sliding|prefix:5",
 };
 
 Test(gpu_family_attn, instances_match_the_reference)

@@ -160,11 +160,12 @@ class _MaskData(ctypes.Structure):
                 ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
                 ("total_q", ctypes.c_int32), ("total_k", ctypes.c_int32),
                 ("bitmap", ctypes.c_void_p), ("bitmap_stride", ctypes.c_int64),
-                ("bitmap_words", ctypes.c_int32), ("reserved", ctypes.c_uint8 * 20)]
+                ("bitmap_words", ctypes.c_int32), ("head", ctypes.c_int32),
+                ("head_window", ctypes.c_void_p), ("reserved", ctypes.c_uint8 * 8)]
 
 
 _DATA_FIELDS = ("q_len", "k_len", "q_offset", "prefix", "doc_id", "seed",
-                "cu_seqlens_q", "cu_seqlens_k", "bitmap")
+                "cu_seqlens_q", "cu_seqlens_k", "bitmap", "head_window")
 
 
 def pack_bitmap(allowed):
@@ -221,7 +222,7 @@ def _flat_ints(val):
     return out
 
 
-def _mask_data(fields, device, batch, seq_k, keep, packed=False):
+def _mask_data(fields, device, batch, seq_k, keep, packed=False, heads=None):
     """A _MaskData from a dict of per-sequence values: int32 CUDA tensors on
     `device` (seed: int64, read as uint64), or (device None: host data)
     tensors, numpy arrays or lists. doc_id is (batch, >= seq_k) or flat
@@ -241,7 +242,8 @@ def _mask_data(fields, device, batch, seq_k, keep, packed=False):
         if name.startswith("cu_seqlens") and not packed:
             raise ValueError("%s is for packed plans (Context.attention_plan_packed)" % name)
         want = (seq_k if packed else batch * seq_k) if name == "doc_id" else \
-            batch + 1 if name.startswith("cu_seqlens") else batch
+            batch + 1 if name.startswith("cu_seqlens") else \
+            heads if name == "head_window" else batch
         wide = name == "seed"
         if device is not None:
             import torch
@@ -273,6 +275,8 @@ def _mask_data(fields, device, batch, seq_k, keep, packed=False):
             else:
                 t = (ctypes.c_int32 * max(len(ints), 1))(*ints)
             ptr = ctypes.addressof(t)
+        if want is None:  # head_window without the plan's heads at hand
+            want = n
         if n != want:
             raise ValueError("%s has %d elements, expected %d" % (name, n, want))
         keep.append(t)
@@ -541,7 +545,8 @@ class Context:
             raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
         d, strides = self._desc(q, k, v, scale, out)
         keep = []
-        md = _mask_data(sample or {}, None, q.shape[0], k.shape[2], keep)
+        md = _mask_data(sample or {}, None, q.shape[0], k.shape[2], keep,
+                        heads=q.shape[1])
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan_family(
             self._h, ctypes.byref(d), family._h,
@@ -633,7 +638,7 @@ class Context:
         h = ctypes.c_void_p()
         if family:
             keep = []
-            md = _mask_data(sample or {}, None, d.batch, d.seq, keep)
+            md = _mask_data(sample or {}, None, d.batch, d.seq, keep, heads=d.heads)
             self._check(self._lib.stof_layer_plan_family(
                 self._h, ctypes.byref(d), mask._h,
                 ctypes.byref(md) if sample else None, ctypes.byref(h)))
@@ -686,15 +691,18 @@ class MaskFamily:
         """The canonical spec."""
         return self._ctx._lib.stof_mask_family_spec(self._h).decode()
 
-    def mask(self, seq_q, seq_k, b=0, **fields):
-        """The seq_q x seq_k Mask of sequence b of an instance given as host
-        per-sequence data (q_len=[...], doc_id=..., ...)."""
+    def mask(self, seq_q, seq_k, b=0, head=0, **fields):
+        """The seq_q x seq_k Mask of sequence b (and, for head_* leaves, head
+        `head`) of an instance given as host per-sequence data (q_len=[...],
+        doc_id=..., head_window=[...], ...)."""
         batch = b + 1
         for name, val in fields.items():
-            if val is not None and name != "doc_id":
+            if val is not None and name not in ("doc_id", "head_window", "bitmap",
+                                                "cu_seqlens_q", "cu_seqlens_k"):
                 batch = max(batch, len(val))
         keep = []
         md = _mask_data(fields, None, batch, seq_k, keep)
+        md.head = int(head)
         h = ctypes.c_void_p()
         self._ctx._check(self._ctx._lib.stof_mask_family_eval(
             self._ctx._h, self._h, int(seq_q), int(seq_k), ctypes.byref(md), int(b),
@@ -759,7 +767,8 @@ class FamilyPlan(Plan):
         the GPU on the same stream; nothing is tuned or compiled."""
         s = self._check_tensors(q, k, v, out, stream)
         keep = []
-        md = _mask_data(instance, q.device, self._qshape[0], self._kshape[2], keep)
+        md = _mask_data(instance, q.device, self._qshape[0], self._kshape[2], keep,
+                        heads=self._qshape[1])
         st = self._ctx._lib.stof_attention_run_family(
             self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
             out.data_ptr(), s)
@@ -919,7 +928,7 @@ class Layer:
         if not self.family:
             raise ValueError("instance data (%s) is for a layer planned on a "
                              "MaskFamily" % ", ".join(sorted(instance)))
-        return _mask_data(instance, device, self.batch, self.seq, keep)
+        return _mask_data(instance, device, self.batch, self.seq, keep, heads=self.heads)
 
     def run(self, weights, x, y, stream=None, **instance):
         """Enqueue one layer on `stream` (default: torch's current stream):

@@ -60,7 +60,9 @@ typedef struct stof_block_format {
     int64_t n_tiles, n_partial;
     /* 0: one format for every batch element (uploads); n_row_blocks: batch
      * element b's row block i is row_ptr[b * n_row_blocks + i] .. (the GPU
-     * builder's workspace, mask_build.h; the block kernels only). */
+     * builder's workspace, mask_build.h; the block kernels only);
+     * -n_row_blocks: element b's head h's at row_ptr[(b * heads + h) *
+     * n_row_blocks + i] (families with a window per head). */
     int rp_stride;
 } stof_block_format;
 

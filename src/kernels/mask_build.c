@@ -28,8 +28,10 @@ typedef struct stof_mb_params {
     int n_seq, bitmap_words;
     CUdeviceptr bitmap;
     int64_t bitmap_stride;
+    CUdeviceptr head_window;
+    int heads_data, pad_;
 } stof_mb_params;
-_Static_assert(sizeof(stof_mb_params) == 256,
+_Static_assert(sizeof(stof_mb_params) == 272,
                "stof_mb_params must match mask_eval.cuh");
 
 #define MB_THREADS 256
@@ -61,6 +63,8 @@ int stof__mb_leaf_defines(char (*buf)[48], const char **defs)
         {"MB_LEAF_DOCS", STOF_LEAF_DOCS},
         {"MB_LEAF_PREFIX", STOF_LEAF_PREFIX},
         {"MB_LEAF_BITMAP", STOF_LEAF_BITMAP},
+        {"MB_LEAF_HEAD_SLIDING", STOF_LEAF_HEAD_SLIDING},
+        {"MB_LEAF_HEAD_CAUSAL_SLIDING", STOF_LEAF_HEAD_CAUSAL_SLIDING},
     };
     _Static_assert(sizeof(kinds) / sizeof(kinds[0]) == STOF_MB_N_LEAF_DEFINES,
                    "STOF_MB_N_LEAF_DEFINES");
@@ -183,6 +187,8 @@ int64_t stof__mb_pool_bound(const int32_t *prog, int n, int n_rb, int n_cb,
             break;
         case STOF_LEAF_SLIDING:
         case STOF_LEAF_CAUSAL_SLIDING:
+        case STOF_LEAF_HEAD_SLIDING:
+        case STOF_LEAF_HEAD_CAUSAL_SLIDING:
             bound += 2 * diag;
             break;
         case STOF_LEAF_DILATED:
@@ -248,6 +254,29 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
                          block_n, ws);
 }
 
+stof_status stof__mb_workspace_heads(stof_context *ctx,
+                                     const stof_mask_family *fam, int batch,
+                                     int heads, int seq_q, int seq_k,
+                                     int block_m, int block_n,
+                                     stof_mb_workspace *ws)
+{
+    if (!(stof__family_spec(fam)->uses & STOF_SPEC_USES_HEAD) || heads <= 1)
+        return stof__mb_workspace_new(ctx, fam, batch, seq_q, seq_k, block_m,
+                                      block_n, ws);
+    memset(ws, 0, sizeof(*ws));
+    STOF_CHECK_ARG(ctx, stof__family_n_seq(fam) == 0,
+                   "GPU format builder: a window per head (head_*) with the "
+                   "packed layout is not supported");
+    STOF_CHECK_ARG(ctx, (int64_t)batch * heads <= 65535,
+                   "GPU format builder: %d x %d (sequence, head) formats",
+                   batch, heads);
+    stof_status st = stof__mb_workspace_new(ctx, fam, batch * heads, seq_q,
+                                            seq_k, block_m, block_n, ws);
+    if (st == STOF_OK)
+        ws->heads = heads;
+    return st;
+}
+
 static stof_status workspace_new(stof_context *ctx,
                                  const stof_mask_family *fam, int batch,
                                  int n_seq, int seq_q, int seq_k, int block_m,
@@ -274,6 +303,7 @@ static stof_status workspace_new(stof_context *ctx,
                           STOF_MB_MAX_NODES, STOF_MB_MAX_STACK);
     ws->n_prog = n;
     ws->n_seq = n_seq;
+    ws->heads = 1;
     ws->batch = batch;
     ws->seq_q = seq_q;
     ws->seq_k = seq_k;
@@ -400,7 +430,9 @@ static void mb_params(const stof_mb_workspace *ws, const stof_mb_data *data,
         p.bitmap_stride = data->bitmap_stride;
         p.bitmap_words = data->bitmap_words ? data->bitmap_words
                                             : (ws->seq_k + 31) / 32;
+        p.head_window = data->head_window;
     }
+    p.heads_data = ws->heads;
     if (ws->n_seq) {
         /* Packed: this run's rows and keys (at most the workspace's), and
          * the tile grid they cover; lengths come from the offsets. */
@@ -567,7 +599,10 @@ stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
     R.nk = scratch + o_nk;
     void *args[] = {&p, &R};
     STOF_CU_GOTO(ctx, st, pop,
-                 api->cuLaunchKernel(k->rw_or, (unsigned)n_rb, 1, 1,
+                 api->cuMemsetD8(R.nk, 0, sizeof(int32_t) * (size_t)n_rb));
+    STOF_CU_GOTO(ctx, st, pop,
+                 api->cuLaunchKernel(k->rw_or, (unsigned)n_rb,
+                                     (unsigned)((n_words + 31) / 32), 1,
                                      MB_THREADS, 1, 1, 0, NULL, args, NULL));
     STOF_CU_GOTO(ctx, st, pop,
                  api->cuMemcpyDtoH(nk, R.nk, sizeof(int32_t) * (size_t)n_rb));

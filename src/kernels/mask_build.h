@@ -24,7 +24,7 @@
 /* The -D definitions of the leaf kinds (MB_LEAF_*=n) that every template
  * including mask_eval.cuh is compiled with: into buf, pointed to by defs;
  * returns their number, STOF_MB_N_LEAF_DEFINES. */
-#define STOF_MB_N_LEAF_DEFINES 12
+#define STOF_MB_N_LEAF_DEFINES 14
 int stof__mb_leaf_defines(char (*buf)[48], const char **defs);
 
 /* The loaded kernels (one module). */
@@ -63,6 +63,9 @@ typedef struct stof_mb_workspace {
     CUdeviceptr pk;         /* packed: int32[2 * (n_seq + 1)], or 0 */
     int n_prog;
     int n_seq;              /* packed: sequences (batch is 1); 0: padded */
+    int heads;              /* > 1: formats per (element, head): sequence
+                               s is element s / heads, head s % heads
+                               (batch = elements x heads) */
     int batch, seq_q, seq_k, block_m, block_n, n_rb, n_cb, bwpr;
     int64_t tile_cap;       /* every tile of the batch */
     int64_t pool_cap;       /* partial-tile bitmaps the pool holds */
@@ -88,6 +91,15 @@ stof_status stof__mb_workspace_new(stof_context *ctx,
                                    int seq_q, int seq_k, int block_m,
                                    int block_n,
                                    stof_mb_workspace *ws /* OUT */);
+/* stof__mb_workspace_new for `batch` elements of `heads` heads: for a
+ * family with head_* leaves (a window per head) the formats are per
+ * (element, head) (batch x heads sequences, ws->heads = heads), else per
+ * element. */
+stof_status stof__mb_workspace_heads(stof_context *ctx,
+                                     const stof_mask_family *fam, int batch,
+                                     int heads, int seq_q, int seq_k,
+                                     int block_m, int block_n,
+                                     stof_mb_workspace *ws /* OUT */);
 void stof__mb_workspace_free(stof_context *ctx, stof_mb_workspace *ws);
 /* block_m = block_n = 0 makes a workspace with the program and the
  * statistics only (n_rb = n_cb = 0): what the family reference kernel
@@ -107,6 +119,7 @@ typedef struct stof_mb_data {
     CUdeviceptr bitmap;     /* `bitmap` leaves: uint32 words, or 0 */
     int64_t bitmap_stride;  /* words between sequences (0: shared) */
     int bitmap_words;       /* words per row (0: ceil(seq_k / 32)) */
+    CUdeviceptr head_window; /* int32 per head, or 0 (no limit) */
 } stof_mb_data;
 
 /* Packed workspaces: enqueue the clamping of the run's offsets (what

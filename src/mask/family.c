@@ -218,6 +218,15 @@ static stof_status seq_values(stof_context *ctx, const char *fn, int seq_q,
     }
     if (d->seed)
         out->inst.seed = d->seed[b];
+    STOF_CHECK_ARG(ctx, d->head >= 0, "%s: head = %d is negative", fn,
+                   (int)d->head);
+    if (d->head_window) {
+        const int v = d->head_window[d->head];
+        STOF_CHECK_ARG(ctx, v >= 0, "%s: head_window[%d] = %d is negative",
+                       fn, (int)d->head, v);
+        out->inst.window = v;
+        out->inst.has_window = 1;
+    }
     if (d->bitmap) {
         out->inst.bitmap_words =
             d->bitmap_words ? d->bitmap_words : ((int64_t)seq_k + 31) / 32;

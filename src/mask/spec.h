@@ -33,7 +33,9 @@ enum stof_leaf_kind {
     STOF_LEAF_RANDOM,
     STOF_LEAF_DOCS,
     STOF_LEAF_PREFIX,
-    STOF_LEAF_BITMAP
+    STOF_LEAF_BITMAP,
+    STOF_LEAF_HEAD_SLIDING,
+    STOF_LEAF_HEAD_CAUSAL_SLIDING
 };
 
 enum stof_spec_op { STOF_SPEC_LEAF, STOF_SPEC_AND, STOF_SPEC_OR, STOF_SPEC_NOT };
@@ -60,7 +62,8 @@ enum {
     STOF_SPEC_USES_PREFIX = 2, /* a prefix leaf without P */
     STOF_SPEC_USES_SEED = 4,   /* random or bigbird */
     STOF_SPEC_USES_NOT = 8,    /* a negation */
-    STOF_SPEC_USES_BITMAP = 16 /* a bitmap leaf */
+    STOF_SPEC_USES_BITMAP = 16, /* a bitmap leaf */
+    STOF_SPEC_USES_HEAD = 32    /* a head_* leaf: data per (sequence, head) */
 };
 
 typedef struct stof_spec {
@@ -93,6 +96,9 @@ typedef struct stof_spec_inst {
     const uint32_t *bitmap; /* `bitmap`: row q's keys at bitmap +
                                q * bitmap_words (32 a word); NULL = all */
     int64_t bitmap_words;
+    int64_t window;      /* head_sliding / head_causal_sliding W, >= 0;
+                            0 with has_window 0: no limit */
+    int has_window;
 } stof_spec_inst;
 
 /* An evaluator of one instance: seq_q x seq_k, with its per-leaf state

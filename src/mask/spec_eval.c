@@ -452,6 +452,16 @@ static void leaf_words(const node *n, leaf_state *ls, int64_t p,
     case STOF_LEAF_BITMAP:
         bitmap_words(p - e->inst.q_offset, out, w, e);
         break;
+    case STOF_LEAF_HEAD_SLIDING:
+        if (!e->inst.has_window)
+            set_full(out, w, e);
+        else
+            set_range(out, p - e->inst.window + 1, p + e->inst.window, w, e);
+        break;
+    case STOF_LEAF_HEAD_CAUSAL_SLIDING:
+        set_range(out, e->inst.has_window ? p - e->inst.window + 1 : 0, p + 1,
+                  w, e);
+        break;
     case STOF_LEAF_STRIDED:
     case STOF_LEAF_BIGBIRD:
     case STOF_LEAF_RANDOM:
@@ -566,6 +576,13 @@ static int leaf_classify(stof_spec_eval *e, const node *n, int64_t p0,
         return below(k0, k1, n->n_params ? v0 : e->inst.prefix);
     case STOF_LEAF_BITMAP:
         return e->inst.bitmap ? C_MAYBE : C_FULL;
+    case STOF_LEAF_HEAD_SLIDING: {
+        const int64_t hw = e->inst.window;
+        return !e->inst.has_window ? C_FULL : band(dmin, dmax, -hw + 1, hw - 1);
+    }
+    case STOF_LEAF_HEAD_CAUSAL_SLIDING:
+        return band(dmin, dmax, 0,
+                    e->inst.has_window ? e->inst.window - 1 : INT64_MAX);
     case STOF_LEAF_DOCS: {
         if (p0 >= e->seq_k)
             return C_EMPTY;

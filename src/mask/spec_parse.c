@@ -64,6 +64,8 @@ static const leaf_def leaf_defs[] = {
     {"docs", STOF_LEAF_DOCS, 0, 0, {0}, {0}},
     {"prefix", STOF_LEAF_PREFIX, 0, 1, {"P"}, {PARAM_COUNT}},
     {"bitmap", STOF_LEAF_BITMAP, 0, 0, {0}, {0}},
+    {"head_sliding", STOF_LEAF_HEAD_SLIDING, 0, 0, {0}, {0}},
+    {"head_causal_sliding", STOF_LEAF_HEAD_CAUSAL_SLIDING, 0, 0, {0}, {0}},
 };
 
 #define N_LEAF_DEFS ((int)(sizeof(leaf_defs) / sizeof(leaf_defs[0])))
@@ -71,7 +73,7 @@ static const leaf_def leaf_defs[] = {
 const char stof__spec_leaf_names[] =
     "dense, none, causal, sliding:W, causal_sliding:W, dilated:W:D, "
     "longformer:W:G, bigbird:B:W:G:R:SEED, strided:S, random:P:SEED, docs, "
-    "prefix, prefix:P, bitmap";
+    "prefix, prefix:P, bitmap, head_sliding, head_causal_sliding";
 
 /* ------------------------------------------------------------------------ */
 /* Syntax tree                                                               */
@@ -541,6 +543,9 @@ static int walk(node *n, stof_spec *s)
             s->uses |= STOF_SPEC_USES_PREFIX;
         if (n->kind == STOF_LEAF_BITMAP)
             s->uses |= STOF_SPEC_USES_BITMAP;
+        if (n->kind == STOF_LEAF_HEAD_SLIDING ||
+            n->kind == STOF_LEAF_HEAD_CAUSAL_SLIDING)
+            s->uses |= STOF_SPEC_USES_HEAD;
         if (n->kind == STOF_LEAF_RANDOM || n->kind == STOF_LEAF_BIGBIRD)
             s->uses |= STOF_SPEC_USES_SEED;
         return 0;

@@ -43,6 +43,7 @@ void stof__family_mb_data(const stof_mask_data *data, stof_mb_data *md)
     md->bitmap = (CUdeviceptr)(uintptr_t)data->bitmap;
     md->bitmap_stride = data->bitmap_stride;
     md->bitmap_words = data->bitmap_words;
+    md->head_window = (CUdeviceptr)(uintptr_t)data->head_window;
 }
 
 /* The kernels' view of a packed descriptor: one sequence of seq_q rows
@@ -174,9 +175,10 @@ static stof_status attach_builder(stof_context *ctx, stof_plan *p,
                                                 : p->cfg.block_m;
     const int bn = p->kind == STOF_KERNEL_WGMMA ? p->wcfg.block_n
                                                 : p->cfg.block_n;
-    stof_status st = stof__mb_workspace_new(ctx, fam, p->desc.batch,
-                                            p->desc.seq_q, p->desc.seq_k, bm,
-                                            bn, &p->mb_ws);
+    stof_status st = stof__mb_workspace_heads(ctx, fam, p->desc.batch,
+                                              p->desc.heads, p->desc.seq_q,
+                                              p->desc.seq_k, bm, bn,
+                                              &p->mb_ws);
     if (st != STOF_OK)
         return st;
     p->mb_k = *k;
@@ -185,7 +187,9 @@ static stof_status attach_builder(stof_context *ctx, stof_plan *p,
     p->n_seq = stof__family_n_seq(fam);
     p->formats_gpu = 1;
     bf_view(&p->bf, &p->mb_ws);
-    p->bf.rp_stride = p->mb_ws.n_rb;
+    /* One format per element, or per (element, head) for a window per
+     * head (the kernels take a negative stride for that). */
+    p->bf.rp_stride = p->mb_ws.heads > 1 ? -p->mb_ws.n_rb : p->mb_ws.n_rb;
     snprintf(p->family_spec, sizeof(p->family_spec), "%s",
              stof_mask_family_spec(fam));
     return STOF_OK;
@@ -314,9 +318,10 @@ static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d
      * are per sequence, doc_id per packed key. */
     const int nb = n_seq > 0 ? n_seq : d->batch;
     const int64_t stride = h->doc_stride ? h->doc_stride : d->seq_k;
-    const void *src[9] = {h->q_len,  h->k_len,        h->q_offset,
-                          h->prefix, h->doc_id,       h->seed,
-                          h->cu_seqlens_q, h->cu_seqlens_k, h->bitmap};
+    const void *src[10] = {h->q_len,  h->k_len,        h->q_offset,
+                           h->prefix, h->doc_id,       h->seed,
+                           h->cu_seqlens_q, h->cu_seqlens_k, h->bitmap,
+                           h->head_window};
     /* The bitmap's rows per sequence: seq_q, or packed the longest. */
     int64_t bm_rows = d->seq_q;
     if (n_seq > 0) {
@@ -332,8 +337,8 @@ static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d
                                     : 0) +
                   bm_rows * bm_words) *
                  4);
-    size_t n[9], off[9], total = 0;
-    for (int i = 0; i < 9; i++) {
+    size_t n[10], off[10], total = 0;
+    for (int i = 0; i < 10; i++) {
         n[i] = !src[i]   ? 0
                : i < 4   ? (size_t)nb * 4u
                : i == 4  ? (n_seq > 0 ? (size_t)(h->cu_seqlens_k
@@ -345,6 +350,7 @@ static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d
                               4u
                : i == 5  ? (size_t)nb * 8u
                : i == 8  ? bm_n
+               : i == 9  ? (size_t)d->heads * 4u
                          : ((size_t)nb + 1u) * 4u;
         off[i] = total;
         total += (n[i] + 255u) & ~(size_t)255u;
@@ -362,13 +368,13 @@ static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d
         return st;
     const stof_api *api = ctx->api;
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&out->mem, total));
-    const void **dst[9] = {
+    const void **dst[10] = {
         (const void **)&out->d.q_len,        (const void **)&out->d.k_len,
         (const void **)&out->d.q_offset,     (const void **)&out->d.prefix,
         (const void **)&out->d.doc_id,       (const void **)&out->d.seed,
         (const void **)&out->d.cu_seqlens_q, (const void **)&out->d.cu_seqlens_k,
-        (const void **)&out->d.bitmap};
-    for (int i = 0; i < 9; i++) {
+        (const void **)&out->d.bitmap,       (const void **)&out->d.head_window};
+    for (int i = 0; i < 10; i++) {
         if (!src[i])
             continue;
         STOF_CU_GOTO(ctx, st, pop,
@@ -398,8 +404,9 @@ static stof_status sample_stats(stof_context *ctx, const stof_attention_desc *d,
                                 const stof_mask_data *dev, int64_t st_out[5])
 {
     stof_mb_workspace ws;
-    stof_status st = stof__mb_workspace_new(ctx, fam, d->batch, d->seq_q,
-                                            d->seq_k, 128, 64, &ws);
+    stof_status st = stof__mb_workspace_heads(ctx, fam, d->batch, d->heads,
+                                              d->seq_q, d->seq_k, 128, 64,
+                                              &ws);
     if (st != STOF_OK)
         return st;
     int64_t stats[STOF_MB_STATS];
@@ -413,7 +420,7 @@ static stof_status sample_stats(stof_context *ctx, const stof_attention_desc *d,
         st_out[0] = stats[0];
         st_out[1] = stats[1];
         st_out[2] = stats[2];
-        st_out[3] = (int64_t)d->batch * ws.n_rb * ws.n_cb;
+        st_out[3] = (int64_t)ws.batch * ws.n_rb * ws.n_cb;
         st_out[4] = ws.n_cb;
     }
     stof__mb_workspace_free(ctx, &ws);
@@ -686,6 +693,17 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     st = stof_mask_data_check(ctx, fam, d->batch, d->seq_q, d->seq_k, sample);
     if (st != STOF_OK)
         return st;
+    const int per_head = (stof__family_spec(fam)->uses & STOF_SPEC_USES_HEAD) != 0;
+    if (per_head && packed)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "%s: a window per head (head_sliding, "
+                          "head_causal_sliding) with the packed layout is "
+                          "not supported; plan the padded layout",
+                          fn);
+    for (int h = 0; sample && sample->head_window && h < d->heads; h++)
+        STOF_CHECK_ARG(ctx, sample->head_window[h] >= 0,
+                       "%s: head_window[%d] = %d is negative", fn, h,
+                       (int)sample->head_window[h]);
     if (!ctx->device.ok)
         return stof__fail(ctx, STOF_ERR_NO_DEVICE, "%s needs a GPU: %s", fn,
                           ctx->device.why[0] ? ctx->device.why

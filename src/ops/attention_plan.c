@@ -248,8 +248,11 @@ static int verify_here(stof_context *ctx, const stof_plan *p,
                                     1, &a, NULL);
     } else {
         /* A family: every sequence (each has its own instance), the first
-         * head of each against the reference. */
+         * head of each against the reference (every head for a window per
+         * head: its formats are per (sequence, head)). */
         vd.batch = p->desc.batch;
+        if (stof__family_spec(pr->fam)->uses & STOF_SPEC_USES_HEAD)
+            vd.heads = p->desc.heads;
         stof__attention_normalise(&vd);
         st = stof__attention_family_op_new(ctx, &vd, pr->fam, pr->dev, NULL,
                                            0, 0x7e57ed5eedull, 1, 1, &a,

@@ -460,6 +460,10 @@ stof_status stof__attention_family_op_new(
     b->fam = fam;
     b->sample = *sample;
     b->ref_heads = ref_heads < 1 || ref_heads > d->heads ? d->heads : ref_heads;
+    /* A window per head: every head has its own mask, so every head is
+     * checked (the reference kernel maps (b, head) to its formats). */
+    if (stof__family_spec(fam)->uses & STOF_SPEC_USES_HEAD)
+        b->ref_heads = d->heads;
     b->cands = cands;
     b->n = n;
     snprintf(b->name, sizeof(b->name), "attention %dx%dx%dx%dx%d %s family",
@@ -479,8 +483,8 @@ stof_status stof__attention_family_op_new(
                                             &b->ref_mod, &f_ref);
     free(cubin);
     if (st == STOF_OK)
-        st = stof__mb_workspace_new(ctx, fam, d->batch, d->seq_q, d->seq_k, 0,
-                                    0, &pw);
+        st = stof__mb_workspace_heads(ctx, fam, d->batch, d->heads, d->seq_q,
+                                      d->seq_k, 0, 0, &pw);
     if (st == STOF_OK && (st = (stof_status)stof__ctx_push(ctx)) == STOF_OK) {
         const stof_api *api = ctx->api;
         STOF_CU_GOTO(ctx, st, pop,
