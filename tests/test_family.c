@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "stof.h"
+#include "internal.h"
 #include "testutil.h"
 
 static stof_context *open_ctx(void)
@@ -1728,6 +1729,92 @@ Test(family, packed_data)
               stof_errmsg(ctx));
     stof_mask_family_free(&fam);
     stof_close(&ctx);
+}
+
+/* A family's sample instance as the blob a cache-only miss keeps for
+ * `stof-tune pending`: every array back, equal; malformed blobs refused. */
+Test(family, sample_blob_round_trip)
+{
+    const int32_t cu_q[4] = {0, 5, 5, 17}, cu_k[4] = {0, 7, 9, 30};
+    int32_t doc[30], prefix[3] = {1, 2, 3}, hw[4] = {3, 0, 9, 100};
+    uint64_t seeds[3] = {7, 0, 1ull << 60};
+    uint32_t bits[3 * 12];
+    for (int i = 0; i < 30; i++)
+        doc[i] = i / 6;
+    for (int i = 0; i < 36; i++)
+        bits[i] = 0x9e3779b9u * (uint32_t)(i + 1);
+    stof_attention_desc d;
+    cr_assert_eq(stof_attention_desc_init(&d, 3, 4, 17, 30, 64,
+                                          STOF_DTYPE_FP16, STOF_LAYOUT_PACKED),
+                 STOF_OK);
+    stof_mask_data h;
+    memset(&h, 0, sizeof(h));
+    h.cu_seqlens_q = cu_q;
+    h.cu_seqlens_k = cu_k;
+    h.doc_id = doc;
+    h.prefix = prefix;
+    h.seed = seeds;
+    h.bitmap = bits;
+    h.bitmap_words = 1;
+    h.bitmap_stride = 12;
+    h.head_window = hw;
+    size_t n = 0;
+    void *blob = stof__family_sample_pack(&d, &h, 1 << 20, &n);
+    cr_assert_not_null(blob);
+    stof_mask_data u;
+    cr_assert(stof__family_sample_unpack(&d, blob, n, &u));
+    cr_assert(!memcmp(u.cu_seqlens_q, cu_q, sizeof(cu_q)) &&
+                  !memcmp(u.cu_seqlens_k, cu_k, sizeof(cu_k)) &&
+                  !memcmp(u.doc_id, doc, sizeof(doc)) &&
+                  !memcmp(u.prefix, prefix, sizeof(prefix)) &&
+                  !memcmp(u.seed, seeds, sizeof(seeds)) &&
+                  !memcmp(u.head_window, hw, sizeof(hw)) &&
+                  !memcmp(u.bitmap, bits, sizeof(bits)),
+              "arrays differ");
+    cr_assert(!u.q_len && !u.k_len && !u.q_offset, "absent fields appear");
+    cr_assert(u.bitmap_words == 1 && u.bitmap_stride == 12);
+    /* Too small a limit: nothing kept. */
+    size_t n2 = 1;
+    cr_assert_null(stof__family_sample_pack(&d, &h, n - 1, &n2));
+    cr_assert_eq(n2, 0);
+    /* Truncated, a bad magic, a short array, offsets out of range: 0. */
+    cr_assert(!stof__family_sample_unpack(&d, blob, n - 8, &u));
+    cr_assert_null(u.cu_seqlens_q);
+    unsigned char *c = malloc(n);
+    memcpy(c, blob, n);
+    c[0] ^= 1;
+    cr_assert(!stof__family_sample_unpack(&d, c, n, &u), "bad magic");
+    memcpy(c, blob, n);
+    uint64_t sz;
+    memcpy(&sz, c + 8 * (1 + 4), 8); /* doc_id's size */
+    sz -= 4;
+    memcpy(c + 8 * (1 + 4), &sz, 8);
+    cr_assert(!stof__family_sample_unpack(&d, c, n, &u), "short doc_id");
+    /* A larger plan needs more than the blob holds (docs of 30 keys). */
+    memcpy(c, blob, n);
+    stof_attention_desc d2 = d;
+    d2.batch = 4;
+    cr_assert(!stof__family_sample_unpack(&d2, c, n, &u), "fewer offsets");
+    d2 = d;
+    d2.seq_q = 16; /* cu_seqlens_q[3] = 17 is past it */
+    cr_assert(!stof__family_sample_unpack(&d2, c, n, &u), "offsets past");
+    /* A stride no blob could hold. */
+    uint64_t big = (uint64_t)1 << 40;
+    memcpy(c + 8 * (1 + 10 + 1), &big, 8);
+    cr_assert(!stof__family_sample_unpack(&d, c, n, &u), "huge stride");
+    free(c);
+    free(blob);
+    /* Padded data round-trips too, and no data packs to an empty one. */
+    stof_attention_desc_init(&d, 2, 1, 8, 8, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    int32_t ql[2] = {3, 8};
+    stof_mask_data p;
+    memset(&p, 0, sizeof(p));
+    p.q_len = ql;
+    blob = stof__family_sample_pack(&d, &p, 1 << 20, &n);
+    cr_assert(stof__family_sample_unpack(&d, blob, n, &u));
+    cr_assert(u.q_len && u.q_len[0] == 3 && u.q_len[1] == 8 && !u.k_len);
+    free(blob);
 }
 
 /* The canonical text of `spec` is a fixed point whose family has the same

@@ -496,6 +496,113 @@ Test(gpu_family_attn, nearby_lengths_share_a_record)
     cr_assert(strstr(c, "seq_q=1536"), "%s", c);
 }
 
+/* In a child, cache-only: plan a packed family and a padded one with a
+ * bitmap, both with a sample instance; report their sources. */
+static void miss_child(int *fd)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = db_path();
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
+    stof_context *ctx = NULL;
+    char msg[1024] = "open failed";
+    if (stof_open(&ctx, &s) == STOF_OK) {
+        stof_mask_family *f1 = NULL, *f2 = NULL;
+        stof_mask_family_create(ctx, "causal&docs", &f1);
+        stof_mask_family_create(ctx, "causal&bitmap", &f2);
+        /* Packed: 3 sequences with documents. */
+        stof_attention_desc d1;
+        stof_attention_desc_init(&d1, 3, 2, 900, 900, 64, STOF_DTYPE_FP16,
+                                 STOF_LAYOUT_PACKED);
+        static const int32_t cu[4] = {0, 300, 310, 777};
+        static int32_t doc[900];
+        for (int k = 0; k < 900; k++)
+            doc[k] = k / 100;
+        stof_mask_data m1;
+        memset(&m1, 0, sizeof(m1));
+        m1.cu_seqlens_q = cu;
+        m1.doc_id = doc;
+        /* Padded, with a bitmap per sequence (a band). */
+        stof_attention_desc d2;
+        stof_attention_desc_init(&d2, 2, 2, 256, 256, 64, STOF_DTYPE_FP16,
+                                 STOF_LAYOUT_BHSD);
+        static uint32_t bm[2 * 256 * 8];
+        for (int b = 0; b < 2; b++)
+            for (int q = 0; q < 256; q++)
+                for (int k = 0; k < 256; k++)
+                    if (q - k < 40 + 30 * b && k - q < 40)
+                        bm[(b * 256 + q) * 8 + k / 32] |= 1u << (k % 32);
+        stof_mask_data m2;
+        memset(&m2, 0, sizeof(m2));
+        m2.bitmap = bm;
+        m2.bitmap_stride = 256 * 8;
+        stof_plan *p1 = NULL, *p2 = NULL;
+        char js[8192];
+        msg[0] = '\0';
+        if (stof_attention_plan_family(ctx, &d1, f1, &m1, &p1) == STOF_OK &&
+            stof_attention_plan_family(ctx, &d2, f2, &m2, &p2) == STOF_OK) {
+            for (int i = 0; i < 2; i++) {
+                stof_plan_describe(i ? p2 : p1, js, sizeof(js), NULL);
+                /* The value after "source": */
+                const char *src = strstr(js, "\"source\"");
+                const char *v = src ? strchr(src + 8, '"') : NULL;
+                const char *e = v ? strchr(v + 1, '"') : NULL;
+                snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg),
+                         "%d:%.*s ", i, e ? (int)(e - v - 1) : 1,
+                         e ? v + 1 : "?");
+            }
+        } else {
+            snprintf(msg, sizeof(msg), "error %s", stof_errmsg(ctx));
+        }
+        stof_plan_free(&p1);
+        stof_plan_free(&p2);
+        stof_mask_family_free(&f1);
+        stof_mask_family_free(&f2);
+    }
+    stof_close(&ctx);
+    if (write(fd[1], msg, strlen(msg) + 1) < 0)
+        _exit(2);
+    _exit(0);
+}
+
+static void misses_in_child(char *out, size_t n)
+{
+    int fd[2];
+    cr_assert_eq(pipe(fd), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0)
+        miss_child(fd);
+    close(fd[1]);
+    ssize_t r = read(fd[0], out, n - 1);
+    out[r > 0 ? r : 0] = '\0';
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+Test(gpu_family_attn, family_misses_are_tuned_by_pending)
+{
+    /* Cache-only plans of families record their misses with the sample
+     * instance; `stof-tune pending` plans them again (tuning) with that
+     * instance, so the next cache-only plans hit the database. */
+    remove_db();
+    const char *tune = getenv("STOF_TUNE");
+    if (!tune || !*tune)
+        cr_skip_test("STOF_TUNE is not set (run through meson test)");
+    char a[1024], b[1024], cmd[1024];
+    misses_in_child(a, sizeof(a));
+    cr_assert(strstr(a, "0:fallback ") && strstr(a, "1:fallback "), "%s", a);
+    snprintf(cmd, sizeof(cmd), "'%s' pending --db '%s' > /dev/null 2>&1",
+             tune, db_path());
+    const int rc = system(cmd);
+    cr_assert(rc == 0, "%s: exit %d", cmd, rc);
+    misses_in_child(b, sizeof(b));
+    cr_log_info("before pending: %s\nafter: %s", a, b);
+    cr_assert(strstr(b, "0:user db ") && strstr(b, "1:user db "), "%s", b);
+}
+
 /* Sampled rows of sequence b, every head, against a direct evaluation of
  * sliding:W (|p - k| < W with p = q + q_offset, q < q_len, k < k_len):
  * no bit matrix on either side. Returns the worst relative error. */

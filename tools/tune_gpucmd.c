@@ -294,8 +294,9 @@ static void miss_list_free(miss_list *l)
  * src/ops/attention_plan.c) and the recorded mask bits; 0 with why set
  * when it cannot be. */
 static int miss_problem(stof_context *ctx, const miss *ms,
-                        stof_attention_desc *d, stof_mask **m, char *why,
-                        size_t wn)
+                        stof_attention_desc *d, stof_mask **m,
+                        stof_mask_family **fam, stof_mask_data *sample,
+                        char *why, size_t wn)
 {
     json_error_t jerr;
     json_t *js = json_loads(ms->problem, 0, &jerr);
@@ -305,18 +306,10 @@ static int miss_problem(stof_context *ctx, const miss *ms,
                  js ? "not a JSON object" : jerr.text, ms->problem);
         goto out;
     }
-    if (member_str(js, "family_spec")[0]) {
-        /* stof_attention_plan_family's miss: its key holds the sample's
-         * statistics, which the miss does not keep. */
-        snprintf(why, wn,
-                 "a mask-family miss (\"%s\"): plan it with "
-                 "stof_attention_plan_family in default mode; `pending` "
-                 "does not tune families yet",
-                 member_str(js, "family_spec"));
-        goto out;
-    }
     const char *dt = member_str(js, "dtype"), *lay = member_str(js, "layout");
-    const int strided = !strcasecmp(lay, "strided");
+    /* Strided and packed descriptors carry their strides. */
+    const int packed = !strcasecmp(lay, "packed");
+    const int strided = !strcasecmp(lay, "strided") || packed;
     stof_layout L = !strcasecmp(lay, "BSHD") ? STOF_LAYOUT_BSHD
                                              : STOF_LAYOUT_BHSD;
     if (strcasecmp(lay, "BSHD") && strcasecmp(lay, "BHSD") && !strided) {
@@ -351,9 +344,32 @@ static int miss_problem(stof_context *ctx, const miss *ms,
                 }
                 dst[t][i] = (int64_t)json_integer_value(v);
             }
-        d->layout = STOF_LAYOUT_STRIDED;
+        d->layout = packed ? STOF_LAYOUT_PACKED : STOF_LAYOUT_STRIDED;
     }
     d->scale = (float)json_number_value(json_object_get(js, "scale"));
+    if (member_str(js, "family_spec")[0]) {
+        /* stof_attention_plan_family's miss: the family, and the sample
+         * instance it was planned on (its key holds the sample's
+         * statistics) from the recorded blob. */
+        const char *fs = member_str(js, "family_spec");
+        const char *kept = member_str(js, "family_sample");
+        if (strcmp(kept, "default") &&
+            !stof__family_sample_unpack(d, ms->bits, ms->nbits, sample)) {
+            snprintf(why, wn,
+                     "a mask-family miss (\"%s\") whose sample instance "
+                     "was %s: plan it with stof_attention_plan_family in "
+                     "default mode",
+                     fs, strcmp(kept, "kept") ? "not kept (too large)"
+                                              : "recorded unreadably");
+            goto out;
+        }
+        if (stof_mask_family_create(ctx, fs, fam) != STOF_OK) {
+            snprintf(why, wn, "family \"%s\": %s", fs, stof_errmsg(ctx));
+            goto out;
+        }
+        ok = 1;
+        goto out;
+    }
     /* From its spec when it had one (so the tuned record keeps the spec
      * and `verify` can rebuild it), checked against the recorded digest;
      * else from the recorded bits. */
@@ -384,6 +400,42 @@ out:
     return ok;
 }
 
+/* A family's miss: planned with its sample in this (tuning) context; the
+ * miss goes once the plan's key is the recorded one and a record holds
+ * it. */
+static int pending_family(stof_context *ctx, const miss *ms,
+                          const stof_attention_desc *d, stof_mask_family *fam,
+                          const stof_mask_data *sample, tune_row *r)
+{
+    const int has_sample = memcmp(sample, &(stof_mask_data){0},
+                                  sizeof(*sample)) != 0;
+    snprintf(r->problem, sizeof(r->problem), "%dx%dx%dx%dx%d %s family %.40s",
+             d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim,
+             d->dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16",
+             stof_mask_family_spec(fam));
+    stof_plan *plan = NULL;
+    int failed = 0;
+    if (stof_attention_plan_family(ctx, d, fam, has_sample ? sample : NULL,
+                                   &plan) == STOF_OK) {
+        row_from_plan(r, plan);
+        if (strcmp(stof__plan_key(plan), ms->key)) {
+            snprintf(r->error, sizeof(r->error),
+                     "recorded on another GPU, driver or build");
+            r->skipped = 1;
+        } else if (strcmp(r->source, "fallback")) {
+            stof_db *db = stof__ctx_db(ctx);
+            if (db)
+                (void)stof__db_delete_miss(db, ms->key);
+        }
+    } else {
+        snprintf(r->error, sizeof(r->error), "%s", stof_errmsg(ctx));
+        failed = 1;
+    }
+    stof_plan_free(&plan);
+    stof_mask_family_free(&fam);
+    return failed;
+}
+
 /* Miss i, rebuilt and planned on ctx (in a worker); its miss is deleted
  * from the database once it has a record. */
 typedef struct pending_job {
@@ -397,14 +449,19 @@ static int pending_one(void *user, stof_context *ctx, int i, tune_row *r)
     const miss *ms = &job->ml.v[i];
     stof_attention_desc d;
     stof_mask *m = NULL;
+    stof_mask_family *fam = NULL;
+    stof_mask_data sample;
+    memset(&sample, 0, sizeof(sample));
     char why[256] = "";
     snprintf(r->problem, sizeof(r->problem), "miss %.12s (%lld times)",
              ms->key, (long long)ms->count);
-    if (!miss_problem(ctx, ms, &d, &m, why, sizeof(why))) {
+    if (!miss_problem(ctx, ms, &d, &m, &fam, &sample, why, sizeof(why))) {
         snprintf(r->error, sizeof(r->error), "%s", why);
         r->skipped = 1;
         return 0;
     }
+    if (fam)
+        return pending_family(ctx, ms, &d, fam, &sample, r);
     snprintf(r->problem, sizeof(r->problem), "%dx%dx%dx%dx%d %s mask %.12s",
              d.batch, d.heads, d.seq_q, d.seq_k, d.head_dim,
              d.dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16", ms->key);

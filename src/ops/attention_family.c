@@ -307,21 +307,23 @@ typedef struct dev_sample {
     stof_mask_data d;
 } dev_sample;
 
-static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d,
-                                 int n_seq, const stof_mask_data *h,
-                                 dev_sample *out)
+/* The arrays of host instance data h for d (the kernels' view; packed
+ * with n_seq sequences): each field's pointer (NULL when not given) and
+ * size in bytes, in the order of stof_mask_data. */
+#define SAMPLE_FIELDS 10
+static void sample_fields(const stof_attention_desc *d, int n_seq,
+                          const stof_mask_data *h,
+                          const void *src[SAMPLE_FIELDS],
+                          size_t n[SAMPLE_FIELDS])
 {
-    memset(out, 0, sizeof(*out));
-    if (!h)
-        return STOF_OK;
     /* Packed (n_seq > 0): d is the kernels' view (batch 1); the arrays
      * are per sequence, doc_id per packed key. */
     const int nb = n_seq > 0 ? n_seq : d->batch;
     const int64_t stride = h->doc_stride ? h->doc_stride : d->seq_k;
-    const void *src[10] = {h->q_len,  h->k_len,        h->q_offset,
-                           h->prefix, h->doc_id,       h->seed,
-                           h->cu_seqlens_q, h->cu_seqlens_k, h->bitmap,
-                           h->head_window};
+    const void *f[SAMPLE_FIELDS] = {h->q_len,  h->k_len,        h->q_offset,
+                                    h->prefix, h->doc_id,       h->seed,
+                                    h->cu_seqlens_q, h->cu_seqlens_k,
+                                    h->bitmap, h->head_window};
     /* The bitmap's rows per sequence: seq_q, or packed the longest. */
     int64_t bm_rows = d->seq_q;
     if (n_seq > 0) {
@@ -337,9 +339,9 @@ static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d
                                     : 0) +
                   bm_rows * bm_words) *
                  4);
-    size_t n[10], off[10], total = 0;
-    for (int i = 0; i < 10; i++) {
-        n[i] = !src[i]   ? 0
+    for (int i = 0; i < SAMPLE_FIELDS; i++) {
+        src[i] = f[i];
+        n[i] = !f[i]     ? 0
                : i < 4   ? (size_t)nb * 4u
                : i == 4  ? (n_seq > 0 ? (size_t)(h->cu_seqlens_k
                                                      ? h->cu_seqlens_k
@@ -352,6 +354,136 @@ static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d
                : i == 8  ? bm_n
                : i == 9  ? (size_t)d->heads * 4u
                          : ((size_t)nb + 1u) * 4u;
+    }
+}
+
+/* The kernels' view of a user descriptor for sample_fields: packed
+ * descriptors become batch 1 with d->batch sequences. */
+static int sample_view(const stof_attention_desc *d, stof_attention_desc *kd)
+{
+    *kd = *d;
+    if (d->layout != STOF_LAYOUT_PACKED)
+        return 0;
+    kd->batch = 1;
+    return d->batch;
+}
+
+#define SAMPLE_MAGIC 0x31504d5346544f53ull /* "STOFSMP1" */
+#define SAMPLE_HEAD (8u * (1u + SAMPLE_FIELDS + 3u))
+
+void *stof__family_sample_pack(const stof_attention_desc *d,
+                               const stof_mask_data *h, size_t max_bytes,
+                               size_t *n)
+{
+    *n = 0;
+    if (!d || !h)
+        return NULL;
+    stof_attention_desc kd;
+    const int n_seq = sample_view(d, &kd);
+    const void *src[SAMPLE_FIELDS];
+    size_t sz[SAMPLE_FIELDS], total = SAMPLE_HEAD;
+    sample_fields(&kd, n_seq, h, src, sz);
+    for (int i = 0; i < SAMPLE_FIELDS; i++)
+        total += (sz[i] + 7u) & ~(size_t)7u;
+    if (total > max_bytes)
+        return NULL;
+    unsigned char *b = calloc(1, total);
+    if (!b)
+        return NULL;
+    uint64_t head[1 + SAMPLE_FIELDS + 3];
+    head[0] = SAMPLE_MAGIC;
+    for (int i = 0; i < SAMPLE_FIELDS; i++)
+        head[1 + i] = sz[i];
+    head[1 + SAMPLE_FIELDS] = (uint64_t)h->doc_stride;
+    head[2 + SAMPLE_FIELDS] = (uint64_t)h->bitmap_stride;
+    head[3 + SAMPLE_FIELDS] = (uint64_t)(int64_t)h->bitmap_words;
+    memcpy(b, head, SAMPLE_HEAD);
+    size_t at = SAMPLE_HEAD;
+    for (int i = 0; i < SAMPLE_FIELDS; i++) {
+        if (sz[i])
+            memcpy(b + at, src[i], sz[i]);
+        at += (sz[i] + 7u) & ~(size_t)7u;
+    }
+    *n = total;
+    return b;
+}
+
+int stof__family_sample_unpack(const stof_attention_desc *d, const void *blob,
+                               size_t n, stof_mask_data *out)
+{
+    memset(out, 0, sizeof(*out));
+    uint64_t head[1 + SAMPLE_FIELDS + 3];
+    if (!d || !blob || n < SAMPLE_HEAD || ((uintptr_t)blob & 7u))
+        return 0;
+    memcpy(head, blob, SAMPLE_HEAD);
+    if (head[0] != SAMPLE_MAGIC)
+        return 0;
+    const unsigned char *b = blob;
+    const void **dst[SAMPLE_FIELDS] = {
+        (const void **)&out->q_len,        (const void **)&out->k_len,
+        (const void **)&out->q_offset,     (const void **)&out->prefix,
+        (const void **)&out->doc_id,       (const void **)&out->seed,
+        (const void **)&out->cu_seqlens_q, (const void **)&out->cu_seqlens_k,
+        (const void **)&out->bitmap,       (const void **)&out->head_window};
+    size_t at = SAMPLE_HEAD;
+    for (int i = 0; i < SAMPLE_FIELDS; i++) {
+        const uint64_t sz = head[1 + i];
+        if (sz > n - at || ((sz + 7u) & ~(uint64_t)7u) > n - at)
+            goto bad;
+        if (sz)
+            *dst[i] = b + at;
+        at += (size_t)((sz + 7u) & ~(uint64_t)7u);
+    }
+    out->doc_stride = (int64_t)head[1 + SAMPLE_FIELDS];
+    out->bitmap_stride = (int64_t)head[2 + SAMPLE_FIELDS];
+    const int64_t bw = (int64_t)head[3 + SAMPLE_FIELDS];
+    /* (Strides no blob could hold are refused before any size uses
+     * them.) */
+    if (bw < 0 || bw > (int64_t)n || out->doc_stride < 0 ||
+        out->doc_stride > (int64_t)n || out->bitmap_stride < 0 ||
+        out->bitmap_stride > (int64_t)n)
+        goto bad;
+    out->bitmap_words = (int32_t)bw;
+    /* The offsets first (the other sizes depend on them), each array then
+     * at least as long as d needs. */
+    stof_attention_desc kd;
+    const int n_seq = sample_view(d, &kd);
+    const int nb = n_seq > 0 ? n_seq : d->batch;
+    for (int i = 6; i < 8; i++)
+        if (*dst[i] && head[1 + i] < ((uint64_t)nb + 1u) * 4u)
+            goto bad;
+    if (n_seq > 0 && !out->cu_seqlens_q)
+        goto bad;
+    for (int i = 6; i < 8 && n_seq > 0; i++) { /* in range, for the sizes */
+        const int32_t *cu = *dst[i];
+        for (int j = 0; cu && j <= nb; j++)
+            if (cu[j] < 0 || (j && cu[j] < cu[j - 1]) ||
+                cu[j] > (i == 6 ? d->seq_q : d->seq_k))
+                goto bad;
+    }
+    const void *src[SAMPLE_FIELDS];
+    size_t need[SAMPLE_FIELDS];
+    sample_fields(&kd, n_seq, out, src, need);
+    for (int i = 0; i < SAMPLE_FIELDS; i++)
+        if (src[i] && head[1 + i] < need[i])
+            goto bad;
+    return 1;
+bad:
+    memset(out, 0, sizeof(*out));
+    return 0;
+}
+
+static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d,
+                                 int n_seq, const stof_mask_data *h,
+                                 dev_sample *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!h)
+        return STOF_OK;
+    const void *src[SAMPLE_FIELDS];
+    size_t n[SAMPLE_FIELDS], off[SAMPLE_FIELDS], total = 0;
+    sample_fields(d, n_seq, h, src, n);
+    for (int i = 0; i < SAMPLE_FIELDS; i++) {
         off[i] = total;
         total += (n[i] + 255u) & ~(size_t)255u;
     }
@@ -368,13 +500,13 @@ static stof_status sample_upload(stof_context *ctx, const stof_attention_desc *d
         return st;
     const stof_api *api = ctx->api;
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&out->mem, total));
-    const void **dst[10] = {
+    const void **dst[SAMPLE_FIELDS] = {
         (const void **)&out->d.q_len,        (const void **)&out->d.k_len,
         (const void **)&out->d.q_offset,     (const void **)&out->d.prefix,
         (const void **)&out->d.doc_id,       (const void **)&out->d.seed,
         (const void **)&out->d.cu_seqlens_q, (const void **)&out->d.cu_seqlens_k,
         (const void **)&out->d.bitmap,       (const void **)&out->d.head_window};
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < SAMPLE_FIELDS; i++) {
         if (!src[i])
             continue;
         STOF_CU_GOTO(ctx, st, pop,
@@ -731,7 +863,8 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     stof_plan *p = NULL;
     if (st == STOF_OK) {
         family_key(ctx, &kd, f, stats, key, key_text, sizeof(key_text));
-        stof_attn_problem pr = {.fam = f, .dev = &ds.d};
+        stof_attn_problem pr = {.fam = f, .dev = &ds.d, .host = sample,
+                                .user = d};
         st = stof__attention_plan_problem(
             ctx, &kd, &pr, key,
             (1u << STOF_KERNEL_BLOCK) | (1u << STOF_KERNEL_WGMMA), &p);

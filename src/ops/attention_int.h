@@ -109,6 +109,10 @@ typedef struct stof_attn_problem {
     const stof_mask *m; /* or NULL: a family */
     const stof_mask_family *fam;
     const stof_mask_data *dev;
+    /* A family's host sample and the caller's descriptor (packed: before
+     * the kernels' view), kept with a cache-only miss. */
+    const stof_mask_data *host;
+    const stof_attention_desc *user;
 } stof_attn_problem;
 
 /* Stage 1 for a family problem: the block-format kinds ranked on the

@@ -42,8 +42,10 @@ static const char *dtype_name(stof_dtype t)
 
 static const char *layout_str(stof_layout l)
 {
-    return l == STOF_LAYOUT_BHSD ? "BHSD" : l == STOF_LAYOUT_BSHD ? "BSHD"
-                                                                  : "strided";
+    return l == STOF_LAYOUT_BHSD     ? "BHSD"
+           : l == STOF_LAYOUT_BSHD   ? "BSHD"
+           : l == STOF_LAYOUT_PACKED ? "packed"
+                                     : "strided";
 }
 
 /* A candidate's configuration as the JSON stored in records (read back by
@@ -407,16 +409,19 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
     if (db && stof__db_writable(db)) {
         /* Everything `stof-tune pending` needs to plan it again: the
          * problem with its strides, and the mask (spec, and its bits
-         * below). Specs never contain quotes or backslashes. */
+         * below), or the family (spec, the caller's descriptor and the
+         * sample instance below). Specs never contain quotes or
+         * backslashes. */
+        const stof_attention_desc *pd = !m && pr->user ? pr->user : nd;
         json_t *pj = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:f}",
-                               "op", "attention", "batch", nd->batch, "heads",
-                               nd->heads, "seq_q", nd->seq_q, "seq_k",
-                               nd->seq_k, "head_dim", nd->head_dim, "dtype",
-                               dtype_name(nd->dtype), "layout",
-                               layout_str(nd->layout), "scale",
-                               (double)nd->scale);
-        const int64_t *st4[4] = {nd->q_stride, nd->k_stride, nd->v_stride,
-                                 nd->o_stride};
+                               "op", "attention", "batch", pd->batch, "heads",
+                               pd->heads, "seq_q", pd->seq_q, "seq_k",
+                               pd->seq_k, "head_dim", pd->head_dim, "dtype",
+                               dtype_name(pd->dtype), "layout",
+                               layout_str(pd->layout), "scale",
+                               (double)pd->scale);
+        const int64_t *st4[4] = {pd->q_stride, pd->k_stride, pd->v_stride,
+                                 pd->o_stride};
         static const char *const names[4] = {"q", "k", "v", "o"};
         for (int t = 0; pj && t < 4; t++)
             for (int i = 0; i < 3; i++) {
@@ -428,19 +433,33 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
             json_object_set_new(pj, "mask_spec",
                                 json_string(m->spec ? m->spec : ""));
             json_object_set_new(pj, "mask_digest", json_string(mask_hex));
-        } else if (pj) { /* a family: its spec, no bits */
+        }
+        /* A family's sample instance as the miss's blob (up to 64 MB). */
+        size_t blob_n = 0;
+        void *blob = NULL;
+        if (pj && !m) {
             json_object_set_new(pj, "family_spec",
                                 json_string(stof_mask_family_spec(pr->fam)));
+            blob = pr->host ? stof__family_sample_pack(pd, pr->host,
+                                                       (size_t)64 << 20,
+                                                       &blob_n)
+                            : NULL;
+            json_object_set_new(pj, "family_sample",
+                                json_string(!pr->host ? "default"
+                                            : blob   ? "kept"
+                                                     : "too large"));
         }
         char *problem = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
         json_decref(pj);
         if (!problem ||
             stof__db_record_miss(
-                db, key, problem, m ? (const void *)m->bits : NULL,
-                m ? (size_t)m->seq_q * m->words_per_row * 8u : 0u) != STOF_OK)
+                db, key, problem, m ? (const void *)m->bits : blob,
+                m ? (size_t)m->seq_q * m->words_per_row * 8u : blob_n) !=
+                STOF_OK)
             stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
                       problem ? stof_errmsg(ctx) : "out of memory");
         free(problem);
+        free(blob);
     }
     stof_status st = m ? stof__attention_plan_kernel(ctx, d, m, NULL, out)
                        : family_model_plan(ctx, nd, pr, out);

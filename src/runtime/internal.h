@@ -250,6 +250,21 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
 int stof__plan_is_family(const stof_plan *p);
 const char *stof__plan_key(const stof_plan *p);
 
+/* A mask family's host sample instance (stof_attention_plan_family's) as
+ * one blob, kept with a cache-only miss so that `stof-tune pending` can
+ * plan the family again with the same instance: d is the user's
+ * descriptor. NULL (nothing to keep) past max_bytes or without memory;
+ * free() it. */
+void *stof__family_sample_pack(const stof_attention_desc *d,
+                               const stof_mask_data *h, size_t max_bytes,
+                               size_t *n /* OUT */);
+/* The instance in a blob of stof__family_sample_pack for descriptor d:
+ * *out's arrays point into blob (which must outlive it and be 8-byte
+ * aligned). 0 when the blob is malformed or its arrays are shorter than
+ * d needs (then *out is zeroed). */
+int stof__family_sample_unpack(const stof_attention_desc *d, const void *blob,
+                               size_t n, stof_mask_data *out /* OUT */);
+
 /* Templates embedded at build time (templates_gen.c, made by
  * scripts/embed_templates.py). */
 typedef struct stof_template {
