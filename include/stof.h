@@ -479,7 +479,14 @@ typedef struct stof_attention_desc {
     float scale;          /* 0 means 1/sqrt(head_dim) */
     stof_layout layout;
     int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
-    uint8_t reserved[64]; /* must be zero */
+    int kv_heads;         /* grouped-query attention: K and V have kv_heads
+                             heads (dividing heads; 1 = multi-query), query
+                             head h reads K/V head h / (heads / kv_heads);
+                             0 = heads. Set it after
+                             stof_attention_desc_init: BHSD/BSHD strides of
+                             k and v are then taken with kv_heads heads
+                             (strided and packed strides as given) */
+    uint8_t reserved[60]; /* must be zero */
 } stof_attention_desc;
 
 /* Fill a descriptor, with the strides of `layout` (BHSD or BSHD) and the

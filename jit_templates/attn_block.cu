@@ -206,6 +206,8 @@ struct stof_attn_block_params {
                                  // n_row_blocks: one per element (mask
                                  // families; block mode only);
                                  // -n_row_blocks: one per (element, head)
+    int kv_group;                // query heads per K/V head (GQA), >= 1
+    int pad_;
 #if GATHER
     // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
     // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
@@ -218,7 +220,7 @@ struct stof_attn_block_params {
 #endif
 };
 static_assert(sizeof(stof_attn_block_params) ==
-                  9 * 8 + 12 * 8 + 8 * 4 + GATHER * 3 * 8,
+                  9 * 8 + 12 * 8 + 10 * 4 + GATHER * 3 * 8,
               "stof_attn_block_params layout");
 
 // ---------------------------------------------------------------------------
@@ -464,8 +466,9 @@ stof_attn_block(const stof_attn_block_params p)
     const int wrow = warp * BK_WM; // first row of this warp inside the block
 
     const unsigned short *qg = p.q + b * p.q_stride[0] + h * p.q_stride[1];
-    const unsigned short *kg = p.k + b * p.k_stride[0] + h * p.k_stride[1];
-    const unsigned short *vg = p.v + b * p.v_stride[0] + h * p.v_stride[1];
+    const int hk = h / p.kv_group; // the K/V head (grouped-query attention)
+    const unsigned short *kg = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
+    const unsigned short *vg = p.v + b * p.v_stride[0] + hk * p.v_stride[1];
     unsigned short *og = p.o + b * p.o_stride[0] + h * p.o_stride[1];
 
     const unsigned sQ = stof_smem_addr(bk_smem);

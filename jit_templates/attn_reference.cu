@@ -32,8 +32,9 @@ __device__ __forceinline__ void stof_ref_row(const stof_attn_params &p, int b,
     const int lane = threadIdx.x & 31;
     const unsigned short *q = p.q + b * p.q_stride[0] + h * p.q_stride[1] +
                               (stof_i64)row * p.q_stride[2];
-    const unsigned short *kb = p.k + b * p.k_stride[0] + h * p.k_stride[1];
-    const unsigned short *vb = p.v + b * p.v_stride[0] + h * p.v_stride[1];
+    const int hk = h / (p.kv_group > 1 ? p.kv_group : 1); // K/V head (GQA)
+    const unsigned short *kb = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
+    const unsigned short *vb = p.v + b * p.v_stride[0] + hk * p.v_stride[1];
     unsigned short *o = p.o + b * p.o_stride[0] + h * p.o_stride[1] +
                         (stof_i64)row * p.o_stride[2];
 

@@ -229,6 +229,9 @@ struct stof_attn_wgmma_params {
                                   // element; n_row_blocks: one per element
                                   // (mask families; block mode only);
                                   // -n_row_blocks: one per (element, head)
+    int kv_group;                 // query heads per K/V head (GQA), >= 1;
+                                  // the K/V maps hold heads / kv_group
+    int pad_;
     // Gather mode only (0 in block mode):
     const unsigned short *q, *k, *v; // inputs, 16-byte aligned
     const int *key_ptr;           // n_row_blocks + 1
@@ -768,10 +771,12 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                                             (((pc & 7) ^ (pr & 7)) << 4));
             const unsigned char *kg =
                 (const unsigned char *)(p.k + b * p.k_stride[0] +
-                                        h * p.k_stride[1] + pc * 8);
+                                        (h / p.kv_group) * p.k_stride[1] +
+                                        pc * 8);
             const unsigned char *vg =
                 (const unsigned char *)(p.v + b * p.v_stride[0] +
-                                        h * p.v_stride[1] + pc * 8);
+                                        (h / p.kv_group) * p.v_stride[1] +
+                                        pc * 8);
             const stof_i64 k16 = p.k_stride[2] >> 3, v16 = p.v_stride[2] >> 3;
             const int *keys = p.keys + kb0;
             unsigned *s_idx = (unsigned *)(smem + WG_OFF_IDX); // [2][2][BN]
@@ -862,8 +867,8 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #pragma unroll
                 for (int db = 0; db < WG_DB; db++)
                     tma_load4(sK + s * WG_KV_BYTES + db * (BLOCK_N * 128),
-                              &p.tm_k, db * 64, col * BLOCK_N, h, b,
-                              BAR_FULL_K(s));
+                              &p.tm_k, db * 64, col * BLOCK_N,
+                              h / p.kv_group, b, BAR_FULL_K(s));
                 if (part)
                     bulk_load(sB + s * WG_BITS_BYTES,
                               p.bitmaps + (stof_i64)bidx * (WG_BLOCK_M * WG_WPR),
@@ -874,8 +879,8 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #pragma unroll
                 for (int db = 0; db < WG_DB; db++)
                     tma_load4(sV + s * WG_KV_BYTES + db * (BLOCK_N * 128),
-                              &p.tm_v, db * 64, col * BLOCK_N, h, b,
-                              BAR_FULL_V(s));
+                              &p.tm_v, db * 64, col * BLOCK_N,
+                              h / p.kv_group, b, BAR_FULL_V(s));
                 if (++s == STAGES) {
                     s = 0;
                     ph ^= 1u;

@@ -80,8 +80,9 @@ struct stof_attn_params {
     int batch, heads, seq_q, seq_k;
     int mask_words;
     float scale;
+    int kv_group;                  // query heads per K/V head (GQA), >= 1
 };
-static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
+static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4,
               "stof_attn_params layout");
 
 // ---------------------------------------------------------------------------

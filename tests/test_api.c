@@ -159,6 +159,11 @@ Test(api, descriptor_validation_names_the_field)
     d = d0; d.layout = (stof_layout)9; expect_bad(ctx, &d, m, "desc.layout");
     d = d0; d.scale = 1.0f / 0.0f;  expect_bad(ctx, &d, m, "desc.scale");
     d = d0; d.reserved[3] = 1;      expect_bad(ctx, &d, m, "reserved");
+    d = d0; d.kv_heads = 3;         expect_bad(ctx, &d, m, "desc.kv_heads");
+    d = d0; d.kv_heads = 8;         expect_bad(ctx, &d, m, "desc.kv_heads");
+    d = d0; d.kv_heads = -2;        expect_bad(ctx, &d, m, "desc.kv_heads");
+    d = d0; d.layout = STOF_LAYOUT_PACKED;
+    expect_bad(ctx, &d, m, "stof_attention_plan_family");
     d = d0; d.layout = STOF_LAYOUT_STRIDED; d.k_stride[2] = 60;
     expect_bad(ctx, &d, m, "desc.k_stride[2]");
     d = d0; d.layout = STOF_LAYOUT_STRIDED; d.v_stride[0] = -8;

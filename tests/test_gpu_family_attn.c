@@ -459,14 +459,17 @@ static void plan_child(const char *spec, int seq, int *fd)
     _exit(0);
 }
 
-static void plan_in_child(const char *spec, int seq, char *out, size_t n)
+/* Run child(arg, fd) in a forked process (which writes its report to
+ * fd[1] and exits 0), and read the report into out. */
+static void in_child(void (*child)(const void *arg, int *fd), const void *arg,
+                     char *out, size_t n)
 {
     int fd[2];
     cr_assert_eq(pipe(fd), 0);
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0)
-        plan_child(spec, seq, fd);
+        child(arg, fd);
     close(fd[1]);
     ssize_t r = read(fd[0], out, n - 1);
     out[r > 0 ? r : 0] = '\0';
@@ -474,6 +477,23 @@ static void plan_in_child(const char *spec, int seq, char *out, size_t n)
     int status = 0;
     waitpid(pid, &status, 0);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+typedef struct plan_arg {
+    const char *spec;
+    int seq;
+} plan_arg;
+
+static void plan_child_of(const void *arg, int *fd)
+{
+    const plan_arg *a = arg;
+    plan_child(a->spec, a->seq, fd);
+}
+
+static void plan_in_child(const char *spec, int seq, char *out, size_t n)
+{
+    const plan_arg a = {spec, seq};
+    in_child(plan_child_of, &a, out, n);
 }
 
 Test(gpu_family_attn, nearby_lengths_share_a_record)
@@ -498,8 +518,9 @@ Test(gpu_family_attn, nearby_lengths_share_a_record)
 
 /* In a child, cache-only: plan a packed family and a padded one with a
  * bitmap, both with a sample instance; report their sources. */
-static void miss_child(int *fd)
+static void miss_child(const void *arg, int *fd)
 {
+    (void)arg;
     stof_settings s;
     stof_default_settings(&s);
     s.user_db = db_path();
@@ -565,23 +586,6 @@ static void miss_child(int *fd)
     _exit(0);
 }
 
-static void misses_in_child(char *out, size_t n)
-{
-    int fd[2];
-    cr_assert_eq(pipe(fd), 0);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0)
-        miss_child(fd);
-    close(fd[1]);
-    ssize_t r = read(fd[0], out, n - 1);
-    out[r > 0 ? r : 0] = '\0';
-    close(fd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-}
-
 Test(gpu_family_attn, family_misses_are_tuned_by_pending)
 {
     /* Cache-only plans of families record their misses with the sample
@@ -592,13 +596,13 @@ Test(gpu_family_attn, family_misses_are_tuned_by_pending)
     if (!tune || !*tune)
         cr_skip_test("STOF_TUNE is not set (run through meson test)");
     char a[1024], b[1024], cmd[1024];
-    misses_in_child(a, sizeof(a));
+    in_child(miss_child, NULL, a, sizeof(a));
     cr_assert(strstr(a, "0:fallback ") && strstr(a, "1:fallback "), "%s", a);
     snprintf(cmd, sizeof(cmd), "'%s' pending --db '%s' > /dev/null 2>&1",
              tune, db_path());
     const int rc = system(cmd);
     cr_assert(rc == 0, "%s: exit %d", cmd, rc);
-    misses_in_child(b, sizeof(b));
+    in_child(miss_child, NULL, b, sizeof(b));
     cr_log_info("before pending: %s\nafter: %s", a, b);
     cr_assert(strstr(b, "0:user db ") && strstr(b, "1:user db "), "%s", b);
 }

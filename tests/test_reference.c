@@ -103,6 +103,66 @@ Test(reference, matches_double_precision)
     check(1, 1, 257, 129, 128, 0.05, STOF_LAYOUT_BSHD, 0.0f, 4);
 }
 
+/* Grouped-query attention: the reference with kv_heads equals the same
+ * problem with every K/V head repeated for its query heads. */
+Test(reference, grouped_query_heads_read_their_group)
+{
+    tu_rng r = {tu_seed() ^ 0x6a9};
+    const int B = 2, H = 6, KV = 2, S = 37, D = 16;
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "sliding:9|strided:5", S, S, &m),
+                 STOF_OK);
+    stof_attention_desc g, e;
+    stof_attention_desc_init(&g, B, H, S, S, D, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    e = g;
+    g.kv_heads = KV;
+    /* BHSD with KV heads for k and v. */
+    g.k_stride[0] = g.v_stride[0] = (int64_t)KV * S * D;
+    const size_t nq = (size_t)B * H * S * D, nk = (size_t)B * KV * S * D;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    float *ke = malloc(nq * 4), *ve = malloc(nq * 4);
+    float *o1 = malloc(nq * 4), *o2 = malloc(nq * 4);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = (float)tu_uniform(&r) - 0.5f;
+    for (size_t i = 0; i < nk; i++) {
+        k[i] = (float)tu_uniform(&r) - 0.5f;
+        v[i] = (float)tu_uniform(&r) - 0.5f;
+    }
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const float *ks = k + ((size_t)b * KV + h / (H / KV)) * S * D;
+            const float *vs = v + ((size_t)b * KV + h / (H / KV)) * S * D;
+            memcpy(ke + ((size_t)b * H + h) * S * D, ks, (size_t)S * D * 4);
+            memcpy(ve + ((size_t)b * H + h) * S * D, vs, (size_t)S * D * 4);
+        }
+    cr_assert_eq(stof__ref_attention(&g, m, q, k, v, o1), STOF_OK);
+    cr_assert_eq(stof__ref_attention(&e, m, q, ke, ve, o2), STOF_OK);
+    cr_assert(memcmp(o1, o2, nq * 4) == 0, "GQA differs from expanded K/V");
+    /* And not the same as reading head h of K (a wrong mapping shows). */
+    stof_attention_desc w = e;
+    w.k_stride[0] = w.v_stride[0] = (int64_t)KV * S * D;
+    w.heads = KV;
+    float *o3 = malloc((size_t)B * KV * S * D * 4);
+    w.q_stride[0] = w.o_stride[0] = (int64_t)KV * S * D;
+    cr_assert_eq(stof__ref_attention(&w, m, q, k, v, o3), STOF_OK);
+    cr_assert(memcmp(o1 + (size_t)S * D, o3 + (size_t)S * D,
+                     (size_t)S * D * 4) != 0,
+              "query head 1 read K/V head 1");
+    free(q);
+    free(k);
+    free(v);
+    free(ke);
+    free(ve);
+    free(o1);
+    free(o2);
+    free(o3);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
 Test(reference, detects_a_wrong_answer)
 {
     /* The comparison used by every GPU test must notice a small error. */

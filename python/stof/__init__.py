@@ -103,7 +103,8 @@ class _Desc(ctypes.Structure):
         ("k_stride", ctypes.c_int64 * 3),
         ("v_stride", ctypes.c_int64 * 3),
         ("o_stride", ctypes.c_int64 * 3),
-        ("reserved", ctypes.c_uint8 * 64),
+        ("kv_heads", ctypes.c_int),
+        ("reserved", ctypes.c_uint8 * 60),
     ]
 
 
@@ -505,13 +506,16 @@ class Context:
             raise ValueError("q, k, v must be 4-D (batch, heads, seq, head_dim)")
         if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
             raise ValueError("q, k, v must all be float16 or all bfloat16")
-        if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-            raise ValueError("shapes do not match: q %s, k %s, v %s"
+        if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] \
+                or k.shape[1] < 1 or q.shape[1] % k.shape[1]:
+            raise ValueError("shapes do not match: q %s, k %s, v %s (k and v may have "
+                             "fewer heads than q, dividing them: grouped-query attention)"
                              % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
         o = out if out is not None else q
         d = _Desc()
         d.batch, d.heads, d.seq_q, d.head_dim = q.shape
         d.seq_k = k.shape[2]
+        d.kv_heads = k.shape[1] if k.shape[1] != q.shape[1] else 0
         d.dtype = 0 if q.dtype == torch.float16 else 1
         d.scale = float(scale)
         d.layout = 2
@@ -571,8 +575,10 @@ class Context:
             raise ValueError("q, k, v must be 3-D (total, heads, head_dim)")
         if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
             raise ValueError("q, k, v must all be float16 or all bfloat16")
-        if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
-            raise ValueError("shapes do not match: q %s, k %s, v %s"
+        if k.shape != v.shape or q.shape[2] != k.shape[2] or k.shape[1] < 1 or \
+                q.shape[1] % k.shape[1]:
+            raise ValueError("shapes do not match: q %s, k %s, v %s (k and v may have "
+                             "fewer heads than q, dividing them)"
                              % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
         cu_q = _flat_ints(cu_seqlens_q)
         batch = len(cu_q) - 1
@@ -582,6 +588,7 @@ class Context:
         d = _Desc()
         d.batch, d.heads, d.head_dim = batch, q.shape[1], q.shape[2]
         d.seq_q, d.seq_k = q.shape[0], k.shape[0]
+        d.kv_heads = k.shape[1] if k.shape[1] != q.shape[1] else 0
         d.dtype = 0 if q.dtype == torch.float16 else 1
         d.scale = float(scale)
         d.layout = 3

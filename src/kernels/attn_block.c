@@ -25,8 +25,9 @@ typedef struct stof_attn_block_params {
     int n_row_blocks, bitmap_words_per_row;
     float scale_log2;
     int rp_stride;
+    int kv_group, pad_;
 } stof_attn_block_params;
-_Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 8 * 4,
+_Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 10 * 4,
                "stof_attn_block_params must match attn_block.cu");
 
 /* The gather kernel's parameters (GATHER=1): the block ones, row_ptr /
@@ -559,6 +560,7 @@ static void fill_params(stof_attn_block_params *p, int head_dim,
         scale = 1.0f / sqrtf((float)head_dim);
     p->scale_log2 = (float)((double)scale * 1.4426950408889634);
     p->rp_stride = 0;
+    p->kv_group = stof__kv_group(d);
 }
 
 stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,

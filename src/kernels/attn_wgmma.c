@@ -26,6 +26,7 @@ typedef struct stof_attn_wgmma_params {
     int n_row_blocks, bitmap_words_per_row;
     float scale_log2;
     int rp_stride;
+    int kv_group, pad_; /* query heads per K/V head (GQA) */
     /* gather mode only */
     CUdeviceptr q, k, v;
     CUdeviceptr key_ptr, keys, q_rows;
@@ -35,7 +36,7 @@ _Static_assert(sizeof(stof_attn_wgmma_params) == 640,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 _Static_assert(offsetof(stof_attn_wgmma_params, o) == 384,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
-_Static_assert(offsetof(stof_attn_wgmma_params, q) == 496,
+_Static_assert(offsetof(stof_attn_wgmma_params, q) == 504,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 
 /* The largest opt-in shared memory of a cc 9.0 GPU (227 KiB). */
@@ -284,10 +285,11 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
+    const int kvh = d->heads / stof__kv_group(d);
     if (!strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) ||
         !strides_ok(d->o_stride, d->seq_q, d->heads, d->batch) ||
-        !strides_ok(d->k_stride, d->seq_k, d->heads, d->batch) ||
-        !strides_ok(d->v_stride, d->seq_k, d->heads, d->batch))
+        !strides_ok(d->k_stride, d->seq_k, kvh, d->batch) ||
+        !strides_ok(d->v_stride, d->seq_k, kvh, d->batch))
         return STOF_ERR_INVALID_ARGUMENT;
     if (scale == 0.0f)
         scale = 1.0f / sqrtf((float)head_dim);
@@ -303,9 +305,9 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
     if (make_map(enc, &p.tm_q, d->dtype, q, head_dim, d->seq_q, d->heads,
                  d->batch, d->q_stride,
                  (unsigned)stof__wgmma_block_m(c)) != CUDA_SUCCESS ||
-        make_map(enc, &p.tm_k, d->dtype, k, head_dim, d->seq_k, d->heads,
+        make_map(enc, &p.tm_k, d->dtype, k, head_dim, d->seq_k, kvh,
                  d->batch, d->k_stride, (unsigned)c->block_n) != CUDA_SUCCESS ||
-        make_map(enc, &p.tm_v, d->dtype, v, head_dim, d->seq_k, d->heads,
+        make_map(enc, &p.tm_v, d->dtype, v, head_dim, d->seq_k, kvh,
                  d->batch, d->v_stride, (unsigned)c->block_n) != CUDA_SUCCESS)
         return STOF_ERR_CUDA;
     p.o = o;
@@ -324,6 +326,7 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
     p.bitmap_words_per_row = bf->bitmap_words_per_row;
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
     p.rp_stride = bf->rp_stride;
+    p.kv_group = stof__kv_group(d);
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     void *args[] = {&p};
@@ -361,10 +364,11 @@ stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u ||
         q_rows % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
+    const int kvh = d->heads / stof__kv_group(d);
     if (!strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) ||
         !strides_ok(d->o_stride, d->seq_q, d->heads, d->batch) ||
-        !strides_ok(d->k_stride, d->seq_k, d->heads, d->batch) ||
-        !strides_ok(d->v_stride, d->seq_k, d->heads, d->batch))
+        !strides_ok(d->k_stride, d->seq_k, kvh, d->batch) ||
+        !strides_ok(d->v_stride, d->seq_k, kvh, d->batch))
         return STOF_ERR_INVALID_ARGUMENT;
     /* The kernel keeps key row offsets in 16-byte units in 32 bits. */
     if ((d->k_stride[2] / 8) * (int64_t)(d->seq_k - 1) > (int64_t)UINT32_MAX ||
@@ -393,6 +397,7 @@ stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
     p.bitmap_words_per_row = rf->bitmap_words_per_row;
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
     p.rp_stride = 0;
+    p.kv_group = stof__kv_group(d);
     p.q = q;
     p.k = k;
     p.v = v;

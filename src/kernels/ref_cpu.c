@@ -26,11 +26,13 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
         free(keys);
         return STOF_ERR_OUT_OF_MEMORY;
     }
+    /* Grouped-query attention: query head h reads K/V head h / group. */
+    const int group = d->kv_heads > 0 ? d->heads / d->kv_heads : 1;
     for (int b = 0; b < d->batch; b++) {
         for (int h = 0; h < d->heads; h++) {
             const float *qb = q + b * d->q_stride[0] + h * d->q_stride[1];
-            const float *kb = k + b * d->k_stride[0] + h * d->k_stride[1];
-            const float *vb = v + b * d->v_stride[0] + h * d->v_stride[1];
+            const float *kb = k + b * d->k_stride[0] + (h / group) * d->k_stride[1];
+            const float *vb = v + b * d->v_stride[0] + (h / group) * d->v_stride[1];
             float *ob = o + b * d->o_stride[0] + h * d->o_stride[1];
             for (int i = 0; i < d->seq_q; i++) {
                 const float *qr = qb + (int64_t)i * d->q_stride[2];

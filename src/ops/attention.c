@@ -177,12 +177,19 @@ stof_status stof__attention_check_problem(stof_context *ctx,
                    "desc.layout: %d is not a stof_layout", (int)d->layout);
     STOF_CHECK_ARG(ctx, isfinite(d->scale),
                    "desc.scale: %g is not finite", (double)d->scale);
+    STOF_CHECK_ARG(ctx,
+                   d->kv_heads == 0 ||
+                       (d->kv_heads >= 1 && d->kv_heads <= d->heads &&
+                        d->heads % d->kv_heads == 0),
+                   "desc.kv_heads: %d does not divide heads = %d (0 = heads)",
+                   d->kv_heads, d->heads);
+    const int kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
     stof_status st;
     if ((st = check_strides(ctx, "q", d->q_stride, d->batch, d->heads,
                             d->seq_q, d->head_dim)) ||
-        (st = check_strides(ctx, "k", d->k_stride, d->batch, d->heads,
+        (st = check_strides(ctx, "k", d->k_stride, d->batch, kvh,
                             d->seq_k, d->head_dim)) ||
-        (st = check_strides(ctx, "v", d->v_stride, d->batch, d->heads,
+        (st = check_strides(ctx, "v", d->v_stride, d->batch, kvh,
                             d->seq_k, d->head_dim)) ||
         (st = check_strides(ctx, "o", d->o_stride, d->batch, d->heads,
                             d->seq_q, d->head_dim)))
@@ -210,16 +217,23 @@ stof_status stof__attention_check_ready(stof_context *ctx,
  * whatever the fields held. */
 void stof__attention_normalise(stof_attention_desc *d)
 {
+    /* kv_heads equal to heads is the same problem as 0. */
+    if (d->kv_heads == d->heads)
+        d->kv_heads = 0;
+    const int kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
     if (d->layout == STOF_LAYOUT_STRIDED || d->layout == STOF_LAYOUT_PACKED)
         return;
     set_layout_strides(d->q_stride, d->layout, d->heads, d->seq_q,
                        d->head_dim);
     set_layout_strides(d->o_stride, d->layout, d->heads, d->seq_q,
                        d->head_dim);
-    set_layout_strides(d->k_stride, d->layout, d->heads, d->seq_k,
-                       d->head_dim);
-    set_layout_strides(d->v_stride, d->layout, d->heads, d->seq_k,
-                       d->head_dim);
+    set_layout_strides(d->k_stride, d->layout, kvh, d->seq_k, d->head_dim);
+    set_layout_strides(d->v_stride, d->layout, kvh, d->seq_k, d->head_dim);
+}
+
+int stof__kv_group(const stof_attention_desc *d)
+{
+    return d->kv_heads > 0 ? d->heads / d->kv_heads : 1;
 }
 
 void stof__plan_release(stof_plan *p)
@@ -803,6 +817,7 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
         prm.seq_k = p->desc.seq_k;
         prm.mask_words = p->mask_words;
         prm.scale = p->scale;
+        prm.kv_group = stof__kv_group(&p->desc);
         void *args[] = {&prm};
         r = api->cuLaunchKernel(p->fn, p->grid[0], p->grid[1], p->grid[2],
                                 p->block[0], p->block[1], p->block[2], 0,

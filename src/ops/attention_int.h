@@ -27,8 +27,9 @@ typedef struct stof_attn_params {
     int batch, heads, seq_q, seq_k;
     int mask_words;
     float scale;
+    int kv_group; /* query heads per K/V head, >= 1 */
 } stof_attn_params;
-_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 6 * 4,
+_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4,
                "stof_attn_params must match stof_common.cuh");
 
 struct stof_plan {

@@ -241,6 +241,11 @@ static int verify_here(stof_context *ctx, const stof_plan *p,
     stof_attention_desc vd = p->desc;
     vd.batch = 1;
     vd.heads = p->desc.heads < 2 ? p->desc.heads : 2;
+    if (p->desc.kv_heads > 0) { /* grouped: two K/V heads' groups */
+        const int g = stof__kv_group(&p->desc);
+        vd.kv_heads = p->desc.kv_heads < 2 ? p->desc.kv_heads : 2;
+        vd.heads = g * vd.kv_heads;
+    }
     vd.layout = STOF_LAYOUT_BHSD;
     stof_attention_op *a = NULL;
     stof_status st;

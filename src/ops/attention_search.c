@@ -118,8 +118,9 @@ static stof_attention_op *op_alloc(stof_context *ctx,
     size_t no = extent(d->o_stride, d->batch, d->heads, d->seq_q, d->head_dim);
     if (no > b->nq)
         b->nq = no;
-    b->nk = extent(d->k_stride, d->batch, d->heads, d->seq_k, d->head_dim);
-    size_t nv = extent(d->v_stride, d->batch, d->heads, d->seq_k, d->head_dim);
+    const int kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
+    b->nk = extent(d->k_stride, d->batch, kvh, d->seq_k, d->head_dim);
+    size_t nv = extent(d->v_stride, d->batch, kvh, d->seq_k, d->head_dim);
     if (nv > b->nk)
         b->nk = nv;
     b->ref_heads = d->heads;
@@ -538,6 +539,7 @@ stof_status stof__attention_family_op_new(
         prm.seq_k = d->seq_k;
         prm.scale = d->scale != 0.0f ? d->scale
                                      : 1.0f / sqrtf((float)d->head_dim);
+        prm.kv_group = stof__kv_group(d);
         stof_mb_data md;
         stof__family_mb_data(sample, &md);
         if (pw.n_seq) { /* packed: the clamped offsets, which it reads */

@@ -40,6 +40,11 @@ void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
                      dev->driver_version, dev->nvrtc_major, dev->nvrtc_minor,
                      stof_version_string(),
                      (unsigned long long)stof_template_hash());
+    /* Grouped-query problems only (keys of the others are unchanged). */
+    if (n > 0 && (size_t)n < sizeof(buf) && d->kv_heads > 0 &&
+        d->kv_heads != d->heads)
+        n += snprintf(buf + n, sizeof(buf) - (size_t)n, ";kv_heads=%d",
+                      d->kv_heads);
     if (n < 0)
         n = 0;
     if ((size_t)n >= sizeof(buf))

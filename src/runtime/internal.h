@@ -248,6 +248,9 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
 /* What other modules may ask of an attention plan (attention.c): whether
  * it builds a mask family's formats per run, and its database key. */
 int stof__plan_is_family(const stof_plan *p);
+/* Query heads per K/V head of a descriptor (grouped-query attention; 1
+ * without kv_heads). */
+int stof__kv_group(const stof_attention_desc *d);
 const char *stof__plan_key(const stof_plan *p);
 
 /* A mask family's host sample instance (stof_attention_plan_family's) as

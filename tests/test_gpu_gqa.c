@@ -1,0 +1,233 @@
+/*
+ * test_gpu_gqa.c - grouped-query and multi-query attention (desc.kv_heads)
+ * on every kernel kind: the block and row-wise (mma.sync) kernels, wgmma
+ * in block and gather mode, and the reference kernel, each against the C
+ * reference (query head h reads K/V head h / (heads / kv_heads)), outputs
+ * poisoned first; and the same plan's output equal, bit for bit, to the
+ * problem with K/V heads expanded (the same arithmetic on the same data).
+ * Bad kv_heads are refused by name.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_int.h"
+#include "cost_model.h"
+#include "cuda_shim.h"
+#include "internal.h"
+#include "testutil.h"
+
+TestSuite(gpu_gqa, .timeout = 900);
+
+typedef struct gqa_case {
+    int batch, heads, kv_heads, seq_q, seq_k, head_dim;
+    stof_dtype dt;
+    stof_layout layout;
+    const char *spec;
+} gqa_case;
+
+/* Plan candidate c (NULL: the reference kernel) for d and m, run it on
+ * the device tensors and download the output into ho. */
+static int run_kind(stof_context *ctx, const stof_attention_desc *d,
+                    const stof_mask *m, const stof_candidate *c,
+                    CUdeviceptr dq, CUdeviceptr dk, CUdeviceptr dv,
+                    CUdeviceptr dout, size_t nq, uint16_t *ho)
+{
+    stof_candidate ref = {.kind = STOF_KERNEL_REFERENCE};
+    stof_plan *p = NULL;
+    if (stof__attention_plan_kernel(ctx, d, m, c ? c : &ref, &p) != STOF_OK) {
+        cr_log_warn("kind %d: %s", c ? c->kind : 0, stof_errmsg(ctx));
+        return 0;
+    }
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    api->cuMemsetD8(dout, 0xff, nq * 2);
+    stof__ctx_pop(ctx);
+    cr_assert_eq(stof_attention_run(p, (void *)(uintptr_t)dq,
+                                    (void *)(uintptr_t)dk,
+                                    (void *)(uintptr_t)dv,
+                                    (void *)(uintptr_t)dout, NULL),
+                 STOF_OK, "%s", stof_plan_errmsg(p));
+    stof__ctx_push(ctx);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    api->cuMemcpyDtoH(ho, dout, nq * 2);
+    stof__ctx_pop(ctx);
+    stof_plan_free(&p);
+    return 1;
+}
+
+static void check_case(stof_context *ctx, const gqa_case *g, tu_rng *r)
+{
+    stof_attention_desc d;
+    tu_make_desc(&d, g->batch, g->heads, g->seq_q, g->seq_k, g->head_dim,
+                 g->dt, g->layout, 0);
+    d.kv_heads = g->kv_heads;
+    stof__attention_normalise(&d);
+    /* The same problem with every K/V head repeated for its query heads. */
+    stof_attention_desc e;
+    tu_make_desc(&e, g->batch, g->heads, g->seq_q, g->seq_k, g->head_dim,
+                 g->dt, g->layout, 0);
+    stof__attention_normalise(&e);
+    const int group = g->heads / g->kv_heads;
+    const size_t nq = tu_tensor_elems(d.q_stride, g->batch, g->heads,
+                                      g->seq_q, g->head_dim);
+    const size_t nk = tu_tensor_elems(d.k_stride, g->batch, g->kv_heads,
+                                      g->seq_k, g->head_dim);
+    const size_t ne = tu_tensor_elems(e.k_stride, g->batch, g->heads,
+                                      g->seq_k, g->head_dim);
+    uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2);
+    uint16_t *ho = malloc(nq * 2), *ho2 = malloc(nq * 2);
+    uint16_t *xk = calloc(ne, 2), *xv = calloc(ne, 2);
+    float *fq = malloc(nq * 4), *fk = malloc(nk * 4), *fv = malloc(nk * 4);
+    float *fo = calloc(nq, 4);
+    tu_fill_random(r, hq, fq, nq, g->dt, 1.0f);
+    tu_fill_random(r, hk, fk, nk, g->dt, 1.0f);
+    tu_fill_random(r, hv, fv, nk, g->dt, 1.0f);
+    for (int b = 0; b < g->batch; b++)
+        for (int h = 0; h < g->heads; h++)
+            for (int s = 0; s < g->seq_k; s++) {
+                const int64_t src = b * d.k_stride[0] +
+                                    (h / group) * d.k_stride[1] +
+                                    s * d.k_stride[2];
+                const int64_t dst = b * e.k_stride[0] + h * e.k_stride[1] +
+                                    s * e.k_stride[2];
+                memcpy(xk + dst, hk + src, (size_t)g->head_dim * 2);
+                memcpy(xv + dst, hv + src, (size_t)g->head_dim * 2);
+            }
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, g->spec, g->seq_q, g->seq_k, &m),
+                 STOF_OK);
+    cr_assert_eq(stof__ref_attention(&d, m, fq, fk, fv, fo), STOF_OK);
+    const stof_api *api = stof__api();
+    CUdeviceptr dq, dk, dv, dout, ek, ev;
+    stof__ctx_push(ctx);
+    cr_assert_eq(api->cuMemAlloc(&dq, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dout, nq * 2), CUDA_SUCCESS);
+    /* K/V of exactly kv_heads heads: a read of another head faults or
+     * shows in the comparison. */
+    cr_assert_eq(api->cuMemAlloc(&dk, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dv, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&ek, ne * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&ev, ne * 2), CUDA_SUCCESS);
+    api->cuMemcpyHtoD(dq, hq, nq * 2);
+    api->cuMemcpyHtoD(dk, hk, nk * 2);
+    api->cuMemcpyHtoD(dv, hv, nk * 2);
+    api->cuMemcpyHtoD(ek, xk, ne * 2);
+    api->cuMemcpyHtoD(ev, xv, ne * 2);
+    stof__ctx_pop(ctx);
+
+    stof_candidate cands[64];
+    int n = 0;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, cands, 64, &n), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    static const int kinds[] = {STOF_KERNEL_REFERENCE, STOF_KERNEL_BLOCK,
+                                STOF_KERNEL_ROWWISE, STOF_KERNEL_WGMMA,
+                                STOF_KERNEL_WGMMA_GATHER};
+    int tested = 0;
+    double *got = malloc(nq * sizeof(double)), *want = malloc(nq * sizeof(double));
+    for (size_t t = 0; t < sizeof(kinds) / sizeof(kinds[0]); t++) {
+        const stof_candidate *c = NULL;
+        if (kinds[t] != STOF_KERNEL_REFERENCE) {
+            for (int i = 0; i < n && !c; i++)
+                if (cands[i].kind == kinds[t])
+                    c = &cands[i];
+            if (!c)
+                continue; /* not for this device or problem */
+        }
+        if (!run_kind(ctx, &d, m, c, dq, dk, dv, dout, nq, ho))
+            continue;
+        /* Against the C reference, on every element the layout holds. */
+        size_t cnt = 0;
+        for (int b = 0; b < g->batch; b++)
+            for (int h = 0; h < g->heads; h++)
+                for (int s = 0; s < g->seq_q; s++)
+                    for (int x = 0; x < g->head_dim; x++) {
+                        const int64_t o = b * d.o_stride[0] +
+                                          h * d.o_stride[1] +
+                                          s * d.o_stride[2] + x;
+                        got[cnt] = g->dt == STOF_DTYPE_FP16
+                                       ? tu_f16_to_f32(ho[o])
+                                       : tu_bf16_to_f32(ho[o]);
+                        want[cnt++] = fo[o];
+                    }
+        const double err = tu_rel_err(got, want, cnt);
+        cr_assert(err < (g->dt == STOF_DTYPE_FP16 ? 2e-3 : 1.6e-2),
+                  "%s %dx%d/%dx%dx%d d=%d kind %d: rel err %g", g->spec,
+                  g->batch, g->heads, g->kv_heads, g->seq_q, g->seq_k,
+                  g->head_dim, kinds[t], err);
+        /* The expanded problem with the same kernel: the same bits. */
+        if (run_kind(ctx, &e, m, c, dq, ek, ev, dout, nq, ho2))
+            cr_assert(memcmp(ho, ho2, nq * 2) == 0,
+                      "%s kind %d: GQA and expanded K/V differ", g->spec,
+                      kinds[t]);
+        tested++;
+        cr_log_info("%s %d/%d heads kind %d: rel err %.2e", g->spec,
+                    g->heads, g->kv_heads, kinds[t], err);
+    }
+    cr_assert_geq(tested, 3, "%s: only %d kernel kinds ran", g->spec, tested);
+    stof__ctx_push(ctx);
+    api->cuMemFree(dq);
+    api->cuMemFree(dk);
+    api->cuMemFree(dv);
+    api->cuMemFree(dout);
+    api->cuMemFree(ek);
+    api->cuMemFree(ev);
+    stof__ctx_pop(ctx);
+    stof_mask_free(&m);
+    free(got);
+    free(want);
+    free(hq);
+    free(hk);
+    free(hv);
+    free(ho);
+    free(ho2);
+    free(xk);
+    free(xv);
+    free(fq);
+    free(fk);
+    free(fv);
+    free(fo);
+}
+
+Test(gpu_gqa, every_kernel_kind_matches_the_reference)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    tu_rng r = {tu_seed()};
+    static const gqa_case cases[] = {
+        {2, 8, 2, 300, 300, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, "causal"},
+        {1, 4, 1, 520, 520, 128, STOF_DTYPE_BF16, STOF_LAYOUT_BSHD,
+         "sliding:100"},
+        {2, 6, 3, 257, 700, 64, STOF_DTYPE_BF16, STOF_LAYOUT_BHSD,
+         "bigbird:64:3:2:3:1"},
+        {1, 8, 1, 384, 384, 128, STOF_DTYPE_FP16, STOF_LAYOUT_BSHD,
+         "dilated:128:2"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        check_case(ctx, &cases[i], &r);
+    stof_close(&ctx);
+}
+
+Test(gpu_gqa, bad_kv_heads_are_refused)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 128, 128, &m), STOF_OK);
+    static const int bad[] = {3, 9, -1};
+    for (int i = 0; i < 3; i++) {
+        stof_attention_desc d;
+        stof_attention_desc_init(&d, 1, 8, 128, 128, 64, STOF_DTYPE_FP16,
+                                 STOF_LAYOUT_BHSD);
+        d.kv_heads = bad[i];
+        stof_plan *p = NULL;
+        cr_assert_eq(stof_attention_plan(ctx, &d, m, &p),
+                     STOF_ERR_INVALID_ARGUMENT, "kv_heads %d", bad[i]);
+        cr_assert(strstr(stof_errmsg(ctx), "kv_heads"), "%s",
+                  stof_errmsg(ctx));
+        cr_assert_null(p);
+    }
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
