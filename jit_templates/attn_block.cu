@@ -466,7 +466,7 @@ stof_attn_block(const stof_attn_block_params p)
     const int wrow = warp * BK_WM; // first row of this warp inside the block
 
     const unsigned short *qg = p.q + b * p.q_stride[0] + h * p.q_stride[1];
-    const int hk = h / p.kv_group; // the K/V head (grouped-query attention)
+    const int hk = p.kv_group > 1 ? h / p.kv_group : h; // K/V head (GQA)
     const unsigned short *kg = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
     const unsigned short *vg = p.v + b * p.v_stride[0] + hk * p.v_stride[1];
     unsigned short *og = p.o + b * p.o_stride[0] + h * p.o_stride[1];

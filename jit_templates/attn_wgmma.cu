@@ -702,6 +702,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                                : (int)blockIdx.x;
     const int bh = blockIdx.y;
     const int b = bh / p.heads, h = bh - b * p.heads;
+    const int hk = p.kv_group > 1 ? h / p.kv_group : h; // K/V head (GQA)
     const int q0 = rb * WG_BLOCK_M;
 
     // Every offset below is from the first 1024-byte boundary.
@@ -771,11 +772,11 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                                             (((pc & 7) ^ (pr & 7)) << 4));
             const unsigned char *kg =
                 (const unsigned char *)(p.k + b * p.k_stride[0] +
-                                        (h / p.kv_group) * p.k_stride[1] +
+                                        hk * p.k_stride[1] +
                                         pc * 8);
             const unsigned char *vg =
                 (const unsigned char *)(p.v + b * p.v_stride[0] +
-                                        (h / p.kv_group) * p.v_stride[1] +
+                                        hk * p.v_stride[1] +
                                         pc * 8);
             const stof_i64 k16 = p.k_stride[2] >> 3, v16 = p.v_stride[2] >> 3;
             const int *keys = p.keys + kb0;
@@ -868,7 +869,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                 for (int db = 0; db < WG_DB; db++)
                     tma_load4(sK + s * WG_KV_BYTES + db * (BLOCK_N * 128),
                               &p.tm_k, db * 64, col * BLOCK_N,
-                              h / p.kv_group, b, BAR_FULL_K(s));
+                              hk, b, BAR_FULL_K(s));
                 if (part)
                     bulk_load(sB + s * WG_BITS_BYTES,
                               p.bitmaps + (stof_i64)bidx * (WG_BLOCK_M * WG_WPR),
@@ -880,7 +881,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                 for (int db = 0; db < WG_DB; db++)
                     tma_load4(sV + s * WG_KV_BYTES + db * (BLOCK_N * 128),
                               &p.tm_v, db * 64, col * BLOCK_N,
-                              h / p.kv_group, b, BAR_FULL_V(s));
+                              hk, b, BAR_FULL_V(s));
                 if (++s == STAGES) {
                     s = 0;
                     ph ^= 1u;
