@@ -224,9 +224,10 @@ typedef struct stof_mask stof_mask;
  *   strided:S             |q-k| < S or k % S == S-1
  *   random:P:SEED         each element kept with probability P (0..1)
  *   none                  no key at all (an empty mask)
- *   docs, prefix, prefix:P, bitmap  the family leaves (see
- *                         stof_mask_family); here with the default data:
- *                         one document, prefix 0, every key
+ *   docs, prefix, prefix:P, bitmap, head_sliding, head_causal_sliding
+ *                         the family leaves (see stof_mask_family); here
+ *                         with the default data: one document, prefix 0,
+ *                         every key, no window limit
  * combined with `!a` (negation), `a&b` (intersection, binds tighter than
  * union), `a|b` (union) and parentheses. Spaces are ignored. W, D, S, G, B must be positive integers
  * (G may be 0), R >= 0, SEED any unsigned 64-bit integer.
@@ -483,9 +484,10 @@ typedef struct stof_attention_desc {
                              heads (dividing heads; 1 = multi-query), query
                              head h reads K/V head h / (heads / kv_heads);
                              0 = heads. Set it after
-                             stof_attention_desc_init: BHSD/BSHD strides of
-                             k and v are then taken with kv_heads heads
-                             (strided and packed strides as given) */
+                             stof_attention_desc_init: BHSD, BSHD and packed
+                             strides of k and v (as desc_init set them) are
+                             then taken with kv_heads heads; strides set by
+                             the caller are used as given */
     uint8_t reserved[60]; /* must be zero */
 } stof_attention_desc;
 

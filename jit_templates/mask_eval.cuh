@@ -40,7 +40,7 @@
 #define MB_FULL 2
 #define MB_UNKNOWN 3
 
-// Must match stof_mb_params in src/kernels/mask_build.c (200 bytes).
+// Must match stof_mb_params in src/kernels/mask_build.c (272 bytes).
 struct stof_mb_params {
     const int *prog;
     int n_prog;

@@ -1804,6 +1804,30 @@ Test(family, sample_blob_round_trip)
     cr_assert(!stof__family_sample_unpack(&d, c, n, &u), "huge stride");
     free(c);
     free(blob);
+    /* Packed bitmaps hold each sequence's own rows: a buffer that ends
+     * with the last (short) sequence's rows is read no further (ASan). */
+    {
+        const int32_t cq[3] = {0, 100, 110};
+        stof_attention_desc pd;
+        stof_attention_desc_init(&pd, 2, 1, 110, 110, 64, STOF_DTYPE_FP16,
+                                 STOF_LAYOUT_PACKED);
+        uint32_t *pb = malloc(880 * sizeof(uint32_t));
+        for (int i = 0; i < 880; i++)
+            pb[i] = (uint32_t)i * 2654435761u;
+        stof_mask_data pm;
+        memset(&pm, 0, sizeof(pm));
+        pm.cu_seqlens_q = cq;
+        pm.bitmap = pb;
+        pm.bitmap_words = 8;
+        pm.bitmap_stride = 800;
+        void *pbl = stof__family_sample_pack(&pd, &pm, 1 << 20, &n);
+        cr_assert_not_null(pbl);
+        cr_assert(stof__family_sample_unpack(&pd, pbl, n, &u));
+        cr_assert(!memcmp(u.bitmap, pb, 880 * sizeof(uint32_t)),
+                  "packed bitmap differs");
+        free(pbl);
+        free(pb);
+    }
     /* Padded data round-trips too, and no data packs to an empty one. */
     stof_attention_desc_init(&d, 2, 1, 8, 8, 64, STOF_DTYPE_FP16,
                              STOF_LAYOUT_BHSD);

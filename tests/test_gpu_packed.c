@@ -41,21 +41,12 @@ TestSuite(gpu_packed, .fini = remove_db, .timeout = 900);
 /* A user database of this process only (cache-only mode records misses). */
 static const char *db_path(void)
 {
-    static char path[64]; /* fixed by the first call: children share it */
-    if (!path[0])
-        snprintf(path, sizeof(path), "/tmp/stof-test-packed-%d.db",
-                 (int)getpid());
-    return path;
+    return tu_process_db("packed");
 }
 
 static void remove_db(void)
 {
-    char f[96];
-    static const char *const ext[] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(f, sizeof(f), "%s%s", db_path(), ext[i]);
-        unlink(f);
-    }
+    tu_remove_db(db_path());
 }
 
 /* Cache-only tuning into this process's database: the cost model's

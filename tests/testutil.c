@@ -151,6 +151,25 @@ uint8_t *tu_random_dense(tu_rng *r, int seq_q, int seq_k, double p)
     return b;
 }
 
+const char *tu_process_db(const char *name)
+{
+    static char path[96];
+    if (!path[0])
+        snprintf(path, sizeof(path), "/tmp/stof-test-%.32s-%d.db", name,
+                 (int)getpid());
+    return path;
+}
+
+void tu_remove_db(const char *path)
+{
+    char f[128];
+    static const char *const ext[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(f, sizeof(f), "%s%s", path, ext[i]);
+        unlink(f);
+    }
+}
+
 const char *tu_src_path(const char *rel)
 {
     static char buf[4096];

@@ -38,6 +38,11 @@ uint8_t *tu_random_dense(tu_rng *r, int seq_q, int seq_k, double p);
 
 /* The path of a file under the source tree (static buffer). */
 const char *tu_src_path(const char *rel);
+/* A database path of this process (/tmp/stof-test-NAME-PID.db, fixed by
+ * the first call, so forked children share it; NAME up to 32 bytes), and
+ * the removal of it with its -wal and -shm files. */
+const char *tu_process_db(const char *name);
+void tu_remove_db(const char *path);
 
 /* A mask from a spec, or one of the generated masks named "#single" (one
  * key per row), "#lastcol" (only the last key), "#halfempty" (every other

@@ -347,6 +347,11 @@ static int miss_problem(stof_context *ctx, const miss *ms,
         d->layout = packed ? STOF_LAYOUT_PACKED : STOF_LAYOUT_STRIDED;
     }
     d->scale = (float)json_number_value(json_object_get(js, "scale"));
+    /* Grouped-query problems (planning takes their K/V strides with
+     * it, as for the caller that missed). */
+    int kvh = 0;
+    if (member_int(js, "kv_heads", &kvh) && kvh > 0)
+        d->kv_heads = kvh;
     if (member_str(js, "family_spec")[0]) {
         /* stof_attention_plan_family's miss: the family, and the sample
          * instance it was planned on (its key holds the sample's

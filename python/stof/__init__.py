@@ -607,7 +607,9 @@ class Context:
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan_family(
             self._h, ctypes.byref(d), family._h, ctypes.byref(md), ctypes.byref(h)))
-        strides = tuple(tuple(t.stride()[1:]) for t in (q, k, v, o))
+        # Every stride is the plan's (a row stride too: a slice of a packed
+        # qkv tensor has its own).
+        strides = tuple(tuple(t.stride()) for t in (q, k, v, o))
         return PackedPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides,
                           batch)
 
@@ -796,7 +798,7 @@ class PackedPlan(Plan):
             **instance):
         """Enqueue with this call's offsets (int32 CUDA tensors of batch + 1)
         and instance data (int32 CUDA tensors: q_offset, prefix of (batch,),
-        doc_id per packed key; seed: int64 (batch,)). q/out may hold fewer
+        doc_id with an entry for each of k's rows; seed: int64 (batch,)). q/out may hold fewer
         rows than the plan's (at most its), k/v likewise: the kernels read
         and write only these. Rows outside every sequence are zeros."""
         import torch
@@ -807,8 +809,9 @@ class PackedPlan(Plan):
                 q.shape[1:] != self._qshape[1:] or k.shape[1:] != self._kshape[1:]:
             raise ValueError("tensor shapes exceed or differ from the plan's %s, %s"
                              % (self._qshape, self._kshape))
-        if tuple(tuple(t.stride()[1:]) for t in (q, k, v, out)) != self._strides:
-            raise ValueError("tensor strides differ from the plan's")
+        if tuple(tuple(t.stride()) for t in (q, k, v, out)) != self._strides:
+            raise ValueError("tensor strides differ from the plan's (rows, heads "
+                             "and elements)")
         if any(t.dtype != self._dtype or not t.is_cuda for t in (q, k, v, out)):
             raise ValueError("tensors must be CUDA tensors of the plan's dtype")
         if stream is None:

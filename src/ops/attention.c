@@ -221,6 +221,15 @@ void stof__attention_normalise(stof_attention_desc *d)
     if (d->kv_heads == d->heads)
         d->kv_heads = 0;
     const int kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
+    if (d->layout == STOF_LAYOUT_PACKED && d->kv_heads > 0) {
+        /* K/V rows of stof_attention_desc_init's packed strides hold
+         * kv_heads heads (strides set otherwise are the caller's). */
+        const int64_t dflt = (int64_t)d->heads * d->head_dim;
+        if (d->k_stride[2] == dflt && d->k_stride[1] == d->head_dim)
+            d->k_stride[2] = (int64_t)kvh * d->head_dim;
+        if (d->v_stride[2] == dflt && d->v_stride[1] == d->head_dim)
+            d->v_stride[2] = (int64_t)kvh * d->head_dim;
+    }
     if (d->layout == STOF_LAYOUT_STRIDED || d->layout == STOF_LAYOUT_PACKED)
         return;
     set_layout_strides(d->q_stride, d->layout, d->heads, d->seq_q,

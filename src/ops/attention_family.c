@@ -324,21 +324,19 @@ static void sample_fields(const stof_attention_desc *d, int n_seq,
                                     h->prefix, h->doc_id,       h->seed,
                                     h->cu_seqlens_q, h->cu_seqlens_k,
                                     h->bitmap, h->head_window};
-    /* The bitmap's rows per sequence: seq_q, or packed the longest. */
-    int64_t bm_rows = d->seq_q;
-    if (n_seq > 0) {
-        bm_rows = 0;
-        for (int b = 0; b < nb; b++)
-            if (h->cu_seqlens_q[b + 1] - h->cu_seqlens_q[b] > bm_rows)
-                bm_rows = h->cu_seqlens_q[b + 1] - h->cu_seqlens_q[b];
-    }
+    /* The bitmap's words: sequence b's rows (seq_q, or packed its own)
+     * from b * bitmap_stride (0: one bitmap), up to the last one read. */
     const int64_t bm_words =
         h->bitmap_words ? h->bitmap_words : ((int64_t)d->seq_k + 31) / 32;
-    const size_t bm_n =
-        (size_t)(((h->bitmap_stride ? (int64_t)(nb - 1) * h->bitmap_stride
-                                    : 0) +
-                  bm_rows * bm_words) *
-                 4);
+    int64_t bm_end = 0;
+    for (int b = 0; b < nb && h->bitmap; b++) {
+        const int64_t rows = n_seq > 0 ? (int64_t)h->cu_seqlens_q[b + 1] -
+                                             h->cu_seqlens_q[b]
+                                       : d->seq_q;
+        const int64_t end = (int64_t)b * h->bitmap_stride + rows * bm_words;
+        bm_end = end > bm_end ? end : bm_end;
+    }
+    const size_t bm_n = (size_t)bm_end * 4u;
     for (int i = 0; i < SAMPLE_FIELDS; i++) {
         src[i] = f[i];
         n[i] = !f[i]     ? 0
@@ -802,8 +800,11 @@ stof_status stof_attention_plan_family(stof_context *ctx,
      * holding d->batch sequences (a packed family). */
     const int packed = d->layout == STOF_LAYOUT_PACKED;
     stof_attention_desc kd = *d;
-    if (packed)
-        packed_kernel_desc(d, &kd);
+    if (packed) {
+        stof_attention_desc ud = *d; /* packed K/V strides with kv_heads */
+        stof__attention_normalise(&ud);
+        packed_kernel_desc(&ud, &kd);
+    }
     stof_status st = stof__attention_check_problem(ctx, &kd, &scale);
     if (st != STOF_OK)
         return st;

@@ -258,8 +258,10 @@ static int verify_here(stof_context *ctx, const stof_plan *p,
          * head of each against the reference (every head for a window per
          * head: its formats are per (sequence, head)). */
         vd.batch = p->desc.batch;
-        if (stof__family_spec(pr->fam)->uses & STOF_SPEC_USES_HEAD)
+        if (stof__family_spec(pr->fam)->uses & STOF_SPEC_USES_HEAD) {
             vd.heads = p->desc.heads;
+            vd.kv_heads = p->desc.kv_heads;
+        }
         stof__attention_normalise(&vd);
         st = stof__attention_family_op_new(ctx, &vd, pr->fam, pr->dev, NULL,
                                            0, 0x7e57ed5eedull, 1, 1, &a,
@@ -434,6 +436,8 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
                 snprintf(f, sizeof(f), "%s_s%d", names[t], i);
                 json_object_set_new(pj, f, json_integer(st4[t][i]));
             }
+        if (pj && pd->kv_heads > 0 && pd->kv_heads != pd->heads)
+            json_object_set_new(pj, "kv_heads", json_integer(pd->kv_heads));
         if (pj && m) {
             json_object_set_new(pj, "mask_spec",
                                 json_string(m->spec ? m->spec : ""));
