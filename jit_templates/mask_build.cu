@@ -387,9 +387,11 @@ stof_mb_fill(const stof_mb_params P)
 //                    block's rows per 32 keys, and the number of listed
 //                    keys of each block
 //   (the host sums them into key_ptr, tile_ptr and row_off)
-//   stof_mb_rw_fill  grid (n_rb): the key lists, each row's bits over its
-//                    block's listed keys, and the tiles of block_n listed
-//                    keys: full, or partial with a bitmap in the next slot
+//   stof_mb_rw_keys  grid (n_rb): the key lists
+//   stof_mb_rw_bits  grid (n_rb, rows x words / MB_THREADS): each row's
+//                    bits over its block's listed keys, a word a thread
+//   stof_mb_rw_tiles grid (n_rb): the tiles of block_n listed keys, a warp
+//                    each: full, or partial with a bitmap in the next slot
 // ---------------------------------------------------------------------------
 
 struct stof_mb_rw {
@@ -456,15 +458,11 @@ stof_mb_rw_or(const stof_mb_params P, const stof_mb_rw R)
 }
 
 extern "C" __global__ void __launch_bounds__(MB_THREADS)
-stof_mb_rw_fill(const stof_mb_params P, const stof_mb_rw R)
+stof_mb_rw_keys(const stof_mb_params P, const stof_mb_rw R)
 {
     const int i = blockIdx.x, tid = threadIdx.x;
-    const mb_seq s = mb_load_seq(P, 0);
-    const int f0 = i * P.block_m;
-    const int rows = P.seq_q - f0 < P.block_m ? P.seq_q - f0 : P.block_m;
     const unsigned *orw = R.orw + (stof_i64)i * R.n_words;
     int *keys = R.keys + R.key_ptr[i];
-    const int nk = R.key_ptr[i + 1] - R.key_ptr[i];
     // The key list: the set bits of orw in order (a running prefix over
     // chunks of MB_THREADS words).
     __shared__ int s_wsum[MB_THREADS / 32];
@@ -496,30 +494,54 @@ stof_mb_rw_fill(const stof_mb_params P, const stof_mb_rw R)
             s_base = before + incl;
         __syncthreads();
     }
-    // Each row's bits over the listed keys (W words a row).
+}
+
+// Grid (n_rb, ceil(rows * W / MB_THREADS)): each row's bits over its
+// block's listed keys (W words a row), a word a thread.
+extern "C" __global__ void __launch_bounds__(MB_THREADS)
+stof_mb_rw_bits(const stof_mb_params P, const stof_mb_rw R)
+{
+    const int i = blockIdx.x, tid = threadIdx.x;
+    const mb_seq s = mb_load_seq(P, 0);
+    const int f0 = i * P.block_m;
+    const int rows = P.seq_q - f0 < P.block_m ? P.seq_q - f0 : P.block_m;
+    const int *keys = R.keys + R.key_ptr[i];
+    const int nk = R.key_ptr[i + 1] - R.key_ptr[i];
     const int W = (nk + 31) / 32;
     unsigned *rb = R.row_bits + R.row_off[i];
-    for (int e = tid; e < rows * W; e += MB_THREADS) {
-        const int r = e / W, o = e % W;
-        const int q = mb_rw_row(f0 + r, P.seq_q, R.group);
-        unsigned x = 0;
-        if (q < s.ql) {
-            const stof_i64 pos = (stof_i64)q + s.off;
-            int last = -1;
-            unsigned word = 0;
-            const int nb = nk - 32 * o < 32 ? nk - 32 * o : 32;
-            for (int b = 0; b < nb; b++) {
-                const int k = keys[32 * o + b];
-                if ((k >> 5) != last) {
-                    last = k >> 5;
-                    word = mb_word(P, pos, (stof_i64)last * 32, s);
-                }
-                x |= ((word >> (k & 31)) & 1u) << b;
+    const int e = blockIdx.y * MB_THREADS + tid;
+    if (e >= rows * W)
+        return;
+    const int r = e / W, o = e % W;
+    const int q = mb_rw_row(f0 + r, P.seq_q, R.group);
+    unsigned x = 0;
+    if (q < s.ql) {
+        const stof_i64 pos = (stof_i64)q + s.off;
+        int last = -1;
+        unsigned word = 0;
+        const int nb = nk - 32 * o < 32 ? nk - 32 * o : 32;
+        for (int b = 0; b < nb; b++) {
+            const int k = keys[32 * o + b];
+            if ((k >> 5) != last) {
+                last = k >> 5;
+                word = mb_word(P, pos, (stof_i64)last * 32, s);
             }
+            x |= ((word >> (k & 31)) & 1u) << b;
         }
-        rb[(stof_i64)r * W + o] = x;
     }
-    __syncthreads();
+    rb[(stof_i64)r * W + o] = x;
+}
+
+// Grid (n_rb): the tiles of block_n listed keys of row block i.
+extern "C" __global__ void __launch_bounds__(MB_THREADS)
+stof_mb_rw_tiles(const stof_mb_params P, const stof_mb_rw R)
+{
+    const int i = blockIdx.x, tid = threadIdx.x;
+    const int f0 = i * P.block_m;
+    const int rows = P.seq_q - f0 < P.block_m ? P.seq_q - f0 : P.block_m;
+    const int nk = R.key_ptr[i + 1] - R.key_ptr[i];
+    const int W = (nk + 31) / 32;
+    const unsigned *rb = R.row_bits + R.row_off[i];
     // Tiles of block_n listed keys (block_n a multiple of 32), a warp
     // each: full when every listed key of every row is set; a partial
     // tile's bitmap goes to the next pool slot.

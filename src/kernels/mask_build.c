@@ -145,8 +145,14 @@ static stof_status mb_load_module(stof_context *ctx, stof_mb_kernels *k)
     if (r == CUDA_SUCCESS)
         r = api->cuModuleGetFunction(&k->rw_or, k->module, "stof_mb_rw_or");
     if (r == CUDA_SUCCESS)
-        r = api->cuModuleGetFunction(&k->rw_fill, k->module,
-                                     "stof_mb_rw_fill");
+        r = api->cuModuleGetFunction(&k->rw_keys, k->module,
+                                     "stof_mb_rw_keys");
+    if (r == CUDA_SUCCESS)
+        r = api->cuModuleGetFunction(&k->rw_bits, k->module,
+                                     "stof_mb_rw_bits");
+    if (r == CUDA_SUCCESS)
+        r = api->cuModuleGetFunction(&k->rw_tiles, k->module,
+                                     "stof_mb_rw_tiles");
     stof__ctx_pop(ctx);
     if (r != CUDA_SUCCESS) {
         st = (stof_status)stof__cuda_fail(ctx, r, "cuModuleGetFunction",
@@ -607,19 +613,21 @@ stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
     STOF_CU_GOTO(ctx, st, pop,
                  api->cuMemcpyDtoH(nk, R.nk, sizeof(int32_t) * (size_t)n_rb));
     /* The lists' and tiles' offsets. */
-    int64_t keys = 0, tiles = 0, words = 0;
+    int64_t keys = 0, tiles = 0, words = 0, most_words = 0;
     int most = 0;
     for (int i = 0; i < n_rb; i++) {
         const int rows = seq_q - i * block_m < block_m ? seq_q - i * block_m
                                                        : block_m;
         const int64_t nt = ((int64_t)nk[i] + block_n - 1) / block_n;
+        const int64_t rw = (int64_t)rows * ((nk[i] + 31) / 32);
         kp[i] = (int32_t)keys;
         tp[i] = (int32_t)tiles;
         ro[i] = words;
         keys += nk[i];
         tiles += nt;
-        words += (int64_t)rows * ((nk[i] + 31) / 32);
+        words += rw;
         most = nt > most ? (int)nt : most;
+        most_words = rw > most_words ? rw : most_words;
     }
     kp[n_rb] = (int32_t)keys;
     tp[n_rb] = (int32_t)tiles;
@@ -667,9 +675,19 @@ stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
     CUresult r = api->cuMemcpyHtoD(R.row_off, ro, nrp * 8u);
     if (r == CUDA_SUCCESS)
         r = api->cuMemsetD8(R.n_partial, 0, 8);
+    /* The key lists, each row's bits over them (a word a thread), then
+     * the tiles. */
     if (r == CUDA_SUCCESS)
-        r = api->cuLaunchKernel(k->rw_fill, (unsigned)n_rb, 1, 1, MB_THREADS,
+        r = api->cuLaunchKernel(k->rw_keys, (unsigned)n_rb, 1, 1, MB_THREADS,
                                 1, 1, 0, NULL, args, NULL);
+    if (r == CUDA_SUCCESS && most_words > 0)
+        r = api->cuLaunchKernel(
+            k->rw_bits, (unsigned)n_rb,
+            (unsigned)((most_words + MB_THREADS - 1) / MB_THREADS), 1,
+            MB_THREADS, 1, 1, 0, NULL, args, NULL);
+    if (r == CUDA_SUCCESS)
+        r = api->cuLaunchKernel(k->rw_tiles, (unsigned)n_rb, 1, 1,
+                                MB_THREADS, 1, 1, 0, NULL, args, NULL);
     if (r == CUDA_SUCCESS)
         r = api->cuMemcpyDtoH(&n_partial, R.n_partial, 8);
     api->cuMemFree(s2);

@@ -31,7 +31,7 @@ int stof__mb_leaf_defines(char (*buf)[48], const char **defs);
 typedef struct stof_mb_kernels {
     CUmodule module;
     CUfunction seqs, docs, classify, scan, fill;
-    CUfunction rw_or, rw_fill; /* row-wise formats */
+    CUfunction rw_or, rw_keys, rw_bits, rw_tiles; /* row-wise formats */
     int shared;                /* the context's module: not unloaded */
 } stof_mb_kernels;
 
