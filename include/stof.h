@@ -617,6 +617,20 @@ STOF_API stof_status stof_attention_run_family(stof_plan *plan,
                                                const void *v, void *o,
                                                void *stream);
 
+/* stof_attention_run (data NULL) or stof_attention_run_family (data: the
+ * instance, as there) that also writes each query row's log-sum-exp, the
+ * natural log of the sum of exp(scale * q.k) over the row's allowed keys
+ * (-inf for a row with none), to lse: device memory, fp32, 4-byte
+ * aligned, [batch][heads][seq_q] (packed plans: [heads][total_q]), so
+ * that results over key ranges computed apart (split-KV, chunked prefill)
+ * can be merged. Errors as those functions, and STOF_ERR_INVALID_ARGUMENT
+ * for lse NULL or misaligned. */
+STOF_API stof_status stof_attention_run_lse(stof_plan *plan,
+                                            const stof_mask_data *data,
+                                            const void *q, const void *k,
+                                            const void *v, void *o, float *lse,
+                                            void *stream);
+
 /* JSON description of a plan: kernel kind and parameters, where it came
  * from, measured time if any. Size-then-fetch like stof_device_describe. */
 STOF_API stof_status stof_plan_describe(const stof_plan *plan, char *buf,

@@ -208,6 +208,8 @@ struct stof_attn_block_params {
                                  // -n_row_blocks: one per (element, head)
     int kv_group;                // query heads per K/V head (GQA), >= 1
     int pad_;
+    float *lse;                  // NULL, or [batch][heads][seq_q]: each
+                                 // row's log-sum-exp (natural log)
 #if GATHER
     // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
     // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
@@ -220,7 +222,7 @@ struct stof_attn_block_params {
 #endif
 };
 static_assert(sizeof(stof_attn_block_params) ==
-                  9 * 8 + 12 * 8 + 10 * 4 + GATHER * 3 * 8,
+                  9 * 8 + 12 * 8 + 10 * 4 + 8 + GATHER * 3 * 8,
               "stof_attn_block_params layout");
 
 // ---------------------------------------------------------------------------
@@ -871,6 +873,18 @@ stof_attn_block(const stof_attn_block_params p)
             float l = l_run[mt][hh];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int gr = q0 + wrow + 16 * mt + g + 8 * hh;
+            if (p.lse && tq == 0 && gr < p.seq_q) {
+                // m_run is the row's max in log2 units (scores * sl2).
+#if GATHER
+                const int orow = p.q_rows ? p.q_rows[gr] : gr;
+#else
+                const int orow = gr;
+#endif
+                p.lse[((stof_i64)b * p.heads + h) * p.seq_q + orow] =
+                    l > 0.0f ? (m_run[mt][hh] + log2f(l)) * 0.69314718f
+                             : STOF_NEG_INF;
+            }
             l_run[mt][hh] = l > 0.0f ? 1.0f / l : 0.0f; // 0 keys -> zeros
         }
     }

@@ -76,6 +76,9 @@ __device__ __forceinline__ void stof_ref_row(const stof_attn_params &p, int b,
         }
     }
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (p.lse && lane == 0) // natural log of the row's sum of exp(scores)
+        p.lse[((stof_i64)b * p.heads + h) * p.seq_q + row] =
+            l > 0.0f ? m + logf(l) : STOF_NEG_INF;
 #pragma unroll
     for (int i = 0; i < STOF_REF_PER_LANE; i++) {
         const int d = lane + 32 * i;

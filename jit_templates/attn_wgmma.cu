@@ -238,6 +238,8 @@ struct stof_attn_wgmma_params {
     const int *keys;              // ascending key indices per row block
     const int *q_rows;            // NULL or seq_q tensor rows (see above)
     stof_i64 q_stride[3], k_stride[3], v_stride[3]; // b, h, seq (elements)
+    float *lse;                   // NULL, or [batch][heads][seq_q]: each
+                                  // row's log-sum-exp (natural log)
 };
 static_assert(sizeof(stof_attn_wgmma_params) == 640,
               "stof_attn_wgmma_params layout");
@@ -1023,6 +1025,17 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         inv[hh] = l > 0.0f ? 1.0f / l : 0.0f; // no key -> zeros
+        const int gr = q0 + r0 + 8 * hh;
+        if (p.lse && tq == 0 && gr < p.seq_q) {
+            // m_run is the row's max in log2 units (scores * sl2).
+#if GATHER
+            const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
+#else
+            const int orow = gr;
+#endif
+            p.lse[((stof_i64)b * p.heads + h) * p.seq_q + orow] =
+                l > 0.0f ? (m_run[hh] + log2f(l)) * 0.69314718f : STOF_NEG_INF;
+        }
     }
     // Every warp of the warpgroup has waited for its last wgmma: nothing
     // reads these Q rows any more.

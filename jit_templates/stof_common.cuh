@@ -81,8 +81,10 @@ struct stof_attn_params {
     int mask_words;
     float scale;
     int kv_group;                  // query heads per K/V head (GQA), >= 1
+    float *lse;                    // NULL, or [batch][heads][seq_q]: the
+                                   // log-sum-exp of each row's scores
 };
-static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4,
+static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4 + 8,
               "stof_attn_params layout");
 
 // ---------------------------------------------------------------------------

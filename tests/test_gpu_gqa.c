@@ -1,12 +1,15 @@
 /*
  * test_gpu_gqa.c - grouped-query and multi-query attention (desc.kv_heads)
+ * and the log-sum-exp output (stof_attention_run_lse)
  * on every kernel kind: the block and row-wise (mma.sync) kernels, wgmma
  * in block and gather mode, and the reference kernel, each against the C
  * reference (query head h reads K/V head h / (heads / kv_heads)), outputs
  * poisoned first; and the same plan's output equal, bit for bit, to the
  * problem with K/V heads expanded (the same arithmetic on the same data).
- * Bad kv_heads are refused by name.
+ * Bad kv_heads are refused by name. Each kind's log-sum-exp output
+ * against a double-precision computation, -inf for rows with no key.
  */
+#include <math.h>
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
@@ -228,6 +231,147 @@ Test(gpu_gqa, bad_kv_heads_are_refused)
                   stof_errmsg(ctx));
         cr_assert_null(p);
     }
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* Every kernel kind's log-sum-exp against double precision on a GQA
+ * problem whose first rows allow no key (causal & !prefix:10). */
+Test(gpu_gqa, lse_of_every_kernel_kind)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    tu_rng r = {tu_seed() ^ 0x15e};
+    const int B = 2, H = 4, KV = 2, S = 333, D = 64, G = H / KV;
+    stof_attention_desc d;
+    tu_make_desc(&d, B, H, S, S, D, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0);
+    d.kv_heads = KV;
+    stof__attention_normalise(&d);
+    const size_t nq = (size_t)B * H * S * D, nk = (size_t)B * KV * S * D;
+    uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2);
+    float *fq = malloc(nq * 4), *fk = malloc(nk * 4), *fv = malloc(nk * 4);
+    tu_fill_random(&r, hq, fq, nq, d.dtype, 1.0f);
+    tu_fill_random(&r, hk, fk, nk, d.dtype, 1.0f);
+    tu_fill_random(&r, hv, fv, nk, d.dtype, 1.0f);
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal&!prefix:10", S, S, &m),
+                 STOF_OK);
+    /* The expected log-sum-exp, in double. */
+    const size_t nl = (size_t)B * H * S;
+    double *want = malloc(nl * sizeof(double));
+    const double scale = 1.0 / sqrt((double)D);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < S; i++) {
+                const float *qr = fq + (((size_t)b * H + h) * S + i) * D;
+                double mx = -INFINITY, sum = 0.0;
+                double *sc = malloc(sizeof(double) * S);
+                for (int j = 0; j < S; j++) {
+                    sc[j] = -INFINITY;
+                    if (!stof_mask_get(m, i, j))
+                        continue;
+                    const float *kr = fk + (((size_t)b * KV + h / G) * S + j) * D;
+                    double acc = 0.0;
+                    for (int c = 0; c < D; c++)
+                        acc += (double)qr[c] * kr[c];
+                    sc[j] = acc * scale;
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j < S; j++)
+                    if (sc[j] > -INFINITY)
+                        sum += exp(sc[j] - mx);
+                want[((size_t)b * H + h) * S + i] =
+                    sum > 0 ? mx + log(sum) : -INFINITY;
+                free(sc);
+            }
+    const stof_api *api = stof__api();
+    CUdeviceptr dq, dk, dv, dout, dl;
+    stof__ctx_push(ctx);
+    cr_assert_eq(api->cuMemAlloc(&dq, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dout, nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dk, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dv, nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dl, nl * 4), CUDA_SUCCESS);
+    api->cuMemcpyHtoD(dq, hq, nq * 2);
+    api->cuMemcpyHtoD(dk, hk, nk * 2);
+    api->cuMemcpyHtoD(dv, hv, nk * 2);
+    stof__ctx_pop(ctx);
+    stof_candidate cands[64];
+    int n = 0;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, cands, 64, &n), STOF_OK);
+    static const int kinds[] = {STOF_KERNEL_REFERENCE, STOF_KERNEL_BLOCK,
+                                STOF_KERNEL_ROWWISE, STOF_KERNEL_WGMMA,
+                                STOF_KERNEL_WGMMA_GATHER};
+    float *got = malloc(nl * 4);
+    int tested = 0;
+    for (size_t t = 0; t < sizeof(kinds) / sizeof(kinds[0]); t++) {
+        stof_candidate ref = {.kind = STOF_KERNEL_REFERENCE};
+        const stof_candidate *c = kinds[t] == STOF_KERNEL_REFERENCE ? &ref
+                                                                    : NULL;
+        for (int i = 0; i < n && !c; i++)
+            if (cands[i].kind == kinds[t])
+                c = &cands[i];
+        if (!c)
+            continue;
+        stof_plan *p = NULL;
+        if (stof__attention_plan_kernel(ctx, &d, m, c, &p) != STOF_OK)
+            continue;
+        stof__ctx_push(ctx);
+        api->cuMemsetD8(dl, 0x7f, nl * 4); /* poison: large finite */
+        stof__ctx_pop(ctx);
+        cr_assert_eq(stof_attention_run_lse(p, NULL, (void *)(uintptr_t)dq,
+                                            (void *)(uintptr_t)dk,
+                                            (void *)(uintptr_t)dv,
+                                            (void *)(uintptr_t)dout,
+                                            (float *)(uintptr_t)dl, NULL),
+                     STOF_OK, "%s", stof_plan_errmsg(p));
+        stof__ctx_push(ctx);
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        api->cuMemcpyDtoH(got, dl, nl * 4);
+        stof__ctx_pop(ctx);
+        double worst = 0.0;
+        for (size_t i = 0; i < nl; i++) {
+            if (isinf(want[i])) {
+                cr_assert(isinf(got[i]) && got[i] < 0, "kind %d row %zu: %g, "
+                          "not -inf", kinds[t], i, (double)got[i]);
+                continue;
+            }
+            const double e = fabs(got[i] - want[i]);
+            cr_assert(e < 5e-3 + 1e-3 * fabs(want[i]),
+                      "kind %d row %zu: lse %g, want %g", kinds[t], i,
+                      (double)got[i], want[i]);
+            worst = e > worst ? e : worst;
+        }
+        cr_log_info("kind %d: lse worst abs err %.2e", kinds[t], worst);
+        stof_plan_free(&p);
+        tested++;
+    }
+    cr_assert_geq(tested, 3, "only %d kinds ran", tested);
+    /* A NULL or misaligned lse is refused, naming it. */
+    stof_plan *p = NULL;
+    stof_candidate ref = {.kind = STOF_KERNEL_REFERENCE};
+    cr_assert_eq(stof__attention_plan_kernel(ctx, &d, m, &ref, &p), STOF_OK);
+    cr_assert_eq(stof_attention_run_lse(p, NULL, (void *)(uintptr_t)dq,
+                                        (void *)(uintptr_t)dk,
+                                        (void *)(uintptr_t)dv,
+                                        (void *)(uintptr_t)dout, NULL, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_plan_errmsg(p), "lse"), "%s", stof_plan_errmsg(p));
+    stof_plan_free(&p);
+    stof__ctx_push(ctx);
+    api->cuMemFree(dq);
+    api->cuMemFree(dk);
+    api->cuMemFree(dv);
+    api->cuMemFree(dout);
+    api->cuMemFree(dl);
+    stof__ctx_pop(ctx);
+    free(got);
+    free(want);
+    free(hq);
+    free(hk);
+    free(hv);
+    free(fq);
+    free(fk);
+    free(fv);
     stof_mask_free(&m);
     stof_close(&ctx);
 }

@@ -285,6 +285,15 @@ def _mask_data(fields, device, batch, seq_k, keep, packed=False, heads=None):
     return d
 
 
+def _lse_ptr(lse, n):
+    """The device pointer of an LSE output tensor of n float32 elements."""
+    import torch
+    if not isinstance(lse, torch.Tensor) or not lse.is_cuda or \
+            lse.dtype != torch.float32 or not lse.is_contiguous() or lse.numel() != n:
+        raise ValueError("lse must be a contiguous float32 CUDA tensor of %d elements" % n)
+    return lse.data_ptr()
+
+
 def _load():
     global _lib
     if _lib is not None:
@@ -329,6 +338,7 @@ def _load():
         "stof_attention_plan_family": (i, [vp, ctypes.POINTER(_Desc), vp, md,
                                            ctypes.POINTER(vp)]),
         "stof_attention_run_family": (i, [vp, md, vp, vp, vp, vp, vp]),
+        "stof_attention_run_lse": (i, [vp, md, vp, vp, vp, vp, vp, vp]),
     }
     for name, (res, args) in family_sigs.items():
         fn = getattr(lib, name, None)
@@ -748,12 +758,20 @@ class Plan:
             stream = torch.cuda.current_stream(q.device)
         return ctypes.c_void_p(stream.cuda_stream)
 
-    def run(self, q, k, v, out, stream=None):
+    def run(self, q, k, v, out, stream=None, lse=None):
         """Enqueue on `stream` (a torch.cuda.Stream; default: the current one).
-        The tensors must have the strides the plan was made with."""
+        The tensors must have the strides the plan was made with. lse: None,
+        or a float32 CUDA tensor of (batch, heads, seq_q) that receives each
+        row's log-sum-exp (-inf for rows with no key)."""
         s = self._check_tensors(q, k, v, out, stream)
-        st = self._ctx._lib.stof_attention_run(
-            self._h, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), s)
+        if lse is not None:
+            st = self._ctx._lib.stof_attention_run_lse(
+                self._h, None, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                out.data_ptr(), _lse_ptr(lse, self._qshape[0] * self._qshape[1] *
+                                         self._qshape[2]), s)
+        else:
+            st = self._ctx._lib.stof_attention_run(
+                self._h, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), s)
         if st != 0:
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out
@@ -769,18 +787,25 @@ class Plan:
 class FamilyPlan(Plan):
     """Attention over a mask family (Context.attention_plan_family)."""
 
-    def run(self, q, k, v, out, stream=None, **instance):
+    def run(self, q, k, v, out, stream=None, lse=None, **instance):
         """Enqueue with this call's instance data: int32 CUDA tensors q_len,
         k_len, q_offset, prefix of shape (batch,), doc_id of shape (batch,
         seq_k) (or flat); missing = the default. The formats are built on
-        the GPU on the same stream; nothing is tuned or compiled."""
+        the GPU on the same stream; nothing is tuned or compiled. lse: as
+        Plan.run."""
         s = self._check_tensors(q, k, v, out, stream)
         keep = []
         md = _mask_data(instance, q.device, self._qshape[0], self._kshape[2], keep,
                         heads=self._qshape[1])
-        st = self._ctx._lib.stof_attention_run_family(
-            self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-            out.data_ptr(), s)
+        if lse is not None:
+            st = self._ctx._lib.stof_attention_run_lse(
+                self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                out.data_ptr(), _lse_ptr(lse, self._qshape[0] * self._qshape[1] *
+                                         self._qshape[2]), s)
+        else:
+            st = self._ctx._lib.stof_attention_run_family(
+                self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                out.data_ptr(), s)
         if st != 0:
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out
@@ -795,7 +820,7 @@ class PackedPlan(Plan):
         self.batch = batch
 
     def run(self, q, k, v, out, cu_seqlens_q, cu_seqlens_k=None, stream=None,
-            **instance):
+            lse=None, **instance):
         """Enqueue with this call's offsets (int32 CUDA tensors of batch + 1)
         and instance data (int32 CUDA tensors: q_offset, prefix of (batch,),
         doc_id with an entry for each of k's rows; seed: int64 (batch,)). q/out may hold fewer
@@ -823,9 +848,15 @@ class PackedPlan(Plan):
         keep = []
         md = _mask_data(fields, q.device, self.batch, k.shape[0], keep, packed=True)
         md.total_q, md.total_k = q.shape[0], k.shape[0]
-        st = self._ctx._lib.stof_attention_run_family(
-            self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-            out.data_ptr(), ctypes.c_void_p(stream.cuda_stream))
+        if lse is not None:  # (heads, total_q)
+            st = self._ctx._lib.stof_attention_run_lse(
+                self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                out.data_ptr(), _lse_ptr(lse, q.shape[1] * q.shape[0]),
+                ctypes.c_void_p(stream.cuda_stream))
+        else:
+            st = self._ctx._lib.stof_attention_run_family(
+                self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                out.data_ptr(), ctypes.c_void_p(stream.cuda_stream))
         if st != 0:
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out

@@ -26,8 +26,9 @@ typedef struct stof_attn_block_params {
     float scale_log2;
     int rp_stride;
     int kv_group, pad_;
+    CUdeviceptr lse; /* 0, or float[batch][heads][seq_q] */
 } stof_attn_block_params;
-_Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 10 * 4,
+_Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 10 * 4 + 8,
                "stof_attn_block_params must match attn_block.cu");
 
 /* The gather kernel's parameters (GATHER=1): the block ones, row_ptr /
@@ -569,6 +570,18 @@ stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
                                CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                                CUdeviceptr o, CUstream s, const stof_api *api)
 {
+    return stof__block_launch_lse(fn, c, head_dim, d, scale, bf, q, k, v, o, 0,
+                                  s, api);
+}
+
+stof_status stof__block_launch_lse(CUfunction fn, const stof_block_cfg *c,
+                                   int head_dim, const stof_attention_desc *d,
+                                   float scale, const stof_block_format *bf,
+                                   CUdeviceptr q, CUdeviceptr k,
+                                   CUdeviceptr v, CUdeviceptr o,
+                                   CUdeviceptr lse, CUstream s,
+                                   const stof_api *api)
+{
     if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel || c->gather)
         return STOF_ERR_INVALID_ARGUMENT;
     if (d->head_dim != head_dim || bf->block_m != c->block_m ||
@@ -582,6 +595,7 @@ stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
 
     stof_attn_block_params p;
     fill_params(&p, head_dim, d, scale, q, k, v, o);
+    p.lse = lse;
     p.row_ptr = bf->row_ptr;
     p.col_idx = bf->col_idx;
     p.kind = bf->kind;
@@ -620,6 +634,16 @@ stof_status stof__rowwise_launch_qperm(CUfunction fn, const stof_block_cfg *c,
                                        CUdeviceptr o, CUstream s,
                                        const stof_api *api)
 {
+    return stof__rowwise_launch_qperm_lse(fn, c, head_dim, d, scale, rf,
+                                          q_rows, q, k, v, o, 0, s, api);
+}
+
+stof_status stof__rowwise_launch_qperm_lse(
+    CUfunction fn, const stof_block_cfg *c, int head_dim,
+    const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
+    CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+    CUdeviceptr o, CUdeviceptr lse, CUstream s, const stof_api *api)
+{
     if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
         c->gather != 1)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -640,6 +664,7 @@ stof_status stof__rowwise_launch_qperm(CUfunction fn, const stof_block_cfg *c,
 
     stof_attn_gather_params p;
     fill_params(&p.b, head_dim, d, scale, q, k, v, o);
+    p.b.lse = lse;
     p.b.row_ptr = rf->tile_ptr;
     p.b.col_idx = 0; /* unused in gather mode */
     p.b.kind = rf->kind;

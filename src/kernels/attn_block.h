@@ -113,6 +113,17 @@ stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
                                float scale, const stof_block_format *bf,
                                CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                                CUdeviceptr o, CUstream s, const stof_api *api);
+/* The same writing each row's log-sum-exp (natural log of the sum of
+ * exp(scale * q.k) over its allowed keys; -inf for none) to lse,
+ * float[batch][heads][seq_q] (0: not written). The _lse variants of the
+ * other launchers below do the same. */
+stof_status stof__block_launch_lse(CUfunction fn, const stof_block_cfg *c,
+                                   int head_dim, const stof_attention_desc *d,
+                                   float scale, const stof_block_format *bf,
+                                   CUdeviceptr q, CUdeviceptr k,
+                                   CUdeviceptr v, CUdeviceptr o,
+                                   CUdeviceptr lse, CUstream s,
+                                   const stof_api *api);
 
 /* Row-wise (gather) kernel: the device form of a format's row-wise part for
  * the kernel's BLOCK_N (the format's block_n). Row block i's keys are
@@ -196,5 +207,10 @@ stof_status stof__rowwise_launch_qperm(CUfunction fn, const stof_block_cfg *c,
                                        CUdeviceptr k, CUdeviceptr v,
                                        CUdeviceptr o, CUstream s,
                                        const stof_api *api);
+stof_status stof__rowwise_launch_qperm_lse(
+    CUfunction fn, const stof_block_cfg *c, int head_dim,
+    const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
+    CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+    CUdeviceptr o, CUdeviceptr lse, CUstream s, const stof_api *api);
 
 #endif

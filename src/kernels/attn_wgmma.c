@@ -31,12 +31,15 @@ typedef struct stof_attn_wgmma_params {
     CUdeviceptr q, k, v;
     CUdeviceptr key_ptr, keys, q_rows;
     int64_t q_stride[3], k_stride[3], v_stride[3];
+    CUdeviceptr lse; /* 0, or float[batch][heads][seq_q] */
 } stof_attn_wgmma_params;
 _Static_assert(sizeof(stof_attn_wgmma_params) == 640,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 _Static_assert(offsetof(stof_attn_wgmma_params, o) == 384,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 _Static_assert(offsetof(stof_attn_wgmma_params, q) == 504,
+               "stof_attn_wgmma_params must match attn_wgmma.cu");
+_Static_assert(offsetof(stof_attn_wgmma_params, lse) == 624,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 
 /* The largest opt-in shared memory of a cc 9.0 GPU (227 KiB). */
@@ -271,6 +274,18 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
                                CUstream s, const stof_api *api)
 {
+    return stof__wgmma_launch_lse(fn, c, head_dim, d, scale, bf, row_order, q,
+                                  k, v, o, 0, s, api);
+}
+
+stof_status stof__wgmma_launch_lse(CUfunction fn, const stof_wgmma_cfg *c,
+                                   int head_dim, const stof_attention_desc *d,
+                                   float scale, const stof_block_format *bf,
+                                   CUdeviceptr row_order, CUdeviceptr q,
+                                   CUdeviceptr k, CUdeviceptr v,
+                                   CUdeviceptr o, CUdeviceptr lse,
+                                   CUstream s, const stof_api *api)
+{
     if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel || c->gather)
         return STOF_ERR_INVALID_ARGUMENT;
     if (!stof__wgmma_cfg_valid(NULL, head_dim, c, NULL, 0))
@@ -327,6 +342,7 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
     p.rp_stride = bf->rp_stride;
     p.kv_group = stof__kv_group(d);
+    p.lse = lse;
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     void *args[] = {&p};
@@ -347,6 +363,18 @@ stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                       CUdeviceptr k, CUdeviceptr v,
                                       CUdeviceptr o, CUstream s,
                                       const stof_api *api)
+{
+    return stof__wgmma_gather_launch_lse(fn, c, head_dim, d, scale, rf,
+                                         row_order, q_rows, q, k, v, o, 0, s,
+                                         api);
+}
+
+stof_status stof__wgmma_gather_launch_lse(
+    CUfunction fn, const stof_wgmma_cfg *c, int head_dim,
+    const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
+    CUdeviceptr row_order, CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k,
+    CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+    const stof_api *api)
 {
     if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
         c->gather != 1)
@@ -398,6 +426,7 @@ stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
     p.rp_stride = 0;
     p.kv_group = stof__kv_group(d);
+    p.lse = lse;
     p.q = q;
     p.k = k;
     p.v = v;

@@ -105,6 +105,15 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                CUdeviceptr row_order, CUdeviceptr q,
                                CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
                                CUstream s, const stof_api *api);
+/* The same writing each row's log-sum-exp to lse, float[batch][heads]
+ * [seq_q] (0: not written), as stof__block_launch_lse. */
+stof_status stof__wgmma_launch_lse(CUfunction fn, const stof_wgmma_cfg *c,
+                                   int head_dim, const stof_attention_desc *d,
+                                   float scale, const stof_block_format *bf,
+                                   CUdeviceptr row_order, CUdeviceptr q,
+                                   CUdeviceptr k, CUdeviceptr v,
+                                   CUdeviceptr o, CUdeviceptr lse,
+                                   CUstream s, const stof_api *api);
 
 /* Enqueue the gather kernel (fn loaded with c->gather = 1): grid
  * (rf->n_row_blocks, batch * heads), 128 + 2 * block_m threads,
@@ -133,6 +142,12 @@ stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                       CUdeviceptr k, CUdeviceptr v,
                                       CUdeviceptr o, CUstream s,
                                       const stof_api *api);
+stof_status stof__wgmma_gather_launch_lse(
+    CUfunction fn, const stof_wgmma_cfg *c, int head_dim,
+    const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
+    CUdeviceptr row_order, CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k,
+    CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+    const stof_api *api);
 
 /* A heavy-first order of f's row blocks: order[0 .. n_row_blocks-1] gets
  * the row block indices sorted by decreasing work (tiles, a partial tile

@@ -669,7 +669,8 @@ static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
 
 static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
                             const void *q, const void *k, const void *v,
-                            void *o, void *stream);
+                            void *o, float *lse, void *stream);
+static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data);
 
 stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
                                const void *v, void *o, void *stream)
@@ -678,7 +679,25 @@ stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
         return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
                          "stof_attention_run: a packed plan runs with "
                          "stof_attention_run_family and its cu_seqlens");
-    return run_impl(p, NULL, q, k, v, o, stream);
+    return run_impl(p, NULL, q, k, v, o, NULL, stream);
+}
+
+stof_status stof_attention_run_lse(stof_plan *p, const stof_mask_data *data,
+                                   const void *q, const void *k, const void *v,
+                                   void *o, float *lse, void *stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!lse || (uintptr_t)lse % 4u)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "stof_attention_run_lse: lse is %s",
+                         lse ? "not 4-byte aligned" : "NULL");
+    if (data && !p->family)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "stof_attention_run_lse: instance data is for plans "
+                         "of stof_attention_plan_family");
+    stof_status st = p->family ? run_family_checks(p, data) : STOF_OK;
+    return st != STOF_OK ? st : run_impl(p, data, q, k, v, o, lse, stream);
 }
 
 stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
@@ -687,6 +706,13 @@ stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
 {
     if (!p)
         return STOF_ERR_INVALID_ARGUMENT;
+    stof_status st = run_family_checks(p, data);
+    return st != STOF_OK ? st : run_impl(p, data, q, k, v, o, NULL, stream);
+}
+
+/* stof_attention_run_family's checks of its plan and instance data. */
+static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data)
+{
     if (!p->family)
         return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
                          "stof_attention_run_family: the plan was not made "
@@ -736,13 +762,14 @@ stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
                          "stof_attention_run_family: a packed plan needs "
                          "cu_seqlens_q (device memory, %d + 1 offsets)",
                          p->n_seq);
-    return run_impl(p, data, q, k, v, o, stream);
+    return STOF_OK;
 }
 
 static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
                             const void *q, const void *k, const void *v,
-                            void *o, void *stream)
+                            void *o, float *lse, void *stream)
 {
+    const CUdeviceptr dl = (CUdeviceptr)(uintptr_t)lse;
     if (!p)
         return STOF_ERR_INVALID_ARGUMENT;
     const void *ptrs[4] = {q, k, v, o};
@@ -784,30 +811,29 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
         lbf.n_col_blocks = (ld.seq_k + lbf.block_n - 1) / lbf.block_n;
     }
     if (p->kind == STOF_KERNEL_WGMMA) {
-        st = stof__wgmma_launch(p->fn, &p->wcfg, p->desc.head_dim, &ld,
-                                p->scale, &lbf, p->d_row_order,
-                                (CUdeviceptr)(uintptr_t)q,
-                                (CUdeviceptr)(uintptr_t)k,
-                                (CUdeviceptr)(uintptr_t)v,
-                                (CUdeviceptr)(uintptr_t)o, (CUstream)stream, api);
+        st = stof__wgmma_launch_lse(
+            p->fn, &p->wcfg, p->desc.head_dim, &ld, p->scale, &lbf,
+            p->d_row_order, (CUdeviceptr)(uintptr_t)q,
+            (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,
+            (CUdeviceptr)(uintptr_t)o, dl, (CUstream)stream, api);
     } else if (p->kind == STOF_KERNEL_WGMMA_GATHER) {
-        st = stof__wgmma_gather_launch(
+        st = stof__wgmma_gather_launch_lse(
             p->fn, &p->wcfg, p->desc.head_dim, &p->desc, p->scale, &p->rf,
             p->d_row_order, p->d_q_rows, (CUdeviceptr)(uintptr_t)q,
             (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,
-            (CUdeviceptr)(uintptr_t)o, (CUstream)stream, api);
+            (CUdeviceptr)(uintptr_t)o, dl, (CUstream)stream, api);
     } else if (p->kind == STOF_KERNEL_ROWWISE) {
-        st = stof__rowwise_launch_qperm(
+        st = stof__rowwise_launch_qperm_lse(
             p->fn, &p->cfg, p->desc.head_dim, &p->desc, p->scale, &p->rf,
             p->d_q_rows, (CUdeviceptr)(uintptr_t)q, (CUdeviceptr)(uintptr_t)k,
-            (CUdeviceptr)(uintptr_t)v, (CUdeviceptr)(uintptr_t)o,
+            (CUdeviceptr)(uintptr_t)v, (CUdeviceptr)(uintptr_t)o, dl,
             (CUstream)stream, api);
     } else if (p->kind == STOF_KERNEL_BLOCK) {
-        st = stof__block_launch(p->fn, &p->cfg, p->desc.head_dim, &ld,
-                                p->scale, &lbf, (CUdeviceptr)(uintptr_t)q,
-                                (CUdeviceptr)(uintptr_t)k,
-                                (CUdeviceptr)(uintptr_t)v,
-                                (CUdeviceptr)(uintptr_t)o, (CUstream)stream, api);
+        st = stof__block_launch_lse(
+            p->fn, &p->cfg, p->desc.head_dim, &ld, p->scale, &lbf,
+            (CUdeviceptr)(uintptr_t)q, (CUdeviceptr)(uintptr_t)k,
+            (CUdeviceptr)(uintptr_t)v, (CUdeviceptr)(uintptr_t)o, dl,
+            (CUstream)stream, api);
     } else {
         stof_attn_params prm;
         memset(&prm, 0, sizeof(prm));
@@ -827,6 +853,7 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
         prm.mask_words = p->mask_words;
         prm.scale = p->scale;
         prm.kv_group = stof__kv_group(&p->desc);
+        prm.lse = dl;
         void *args[] = {&prm};
         r = api->cuLaunchKernel(p->fn, p->grid[0], p->grid[1], p->grid[2],
                                 p->block[0], p->block[1], p->block[2], 0,

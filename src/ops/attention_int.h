@@ -28,8 +28,9 @@ typedef struct stof_attn_params {
     int mask_words;
     float scale;
     int kv_group; /* query heads per K/V head, >= 1 */
+    CUdeviceptr lse; /* 0, or float[batch][heads][seq_q] */
 } stof_attn_params;
-_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4,
+_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4 + 8,
                "stof_attn_params must match stof_common.cuh");
 
 struct stof_plan {
