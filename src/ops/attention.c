@@ -670,7 +670,8 @@ static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
 static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
                             const void *q, const void *k, const void *v,
                             void *o, float *lse, void *stream);
-static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data);
+static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data,
+                                     const char *fn);
 
 stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
                                const void *v, void *o, void *stream)
@@ -696,7 +697,9 @@ stof_status stof_attention_run_lse(stof_plan *p, const stof_mask_data *data,
         return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
                          "stof_attention_run_lse: instance data is for plans "
                          "of stof_attention_plan_family");
-    stof_status st = p->family ? run_family_checks(p, data) : STOF_OK;
+    stof_status st = p->family
+                         ? run_family_checks(p, data, "stof_attention_run_lse")
+                         : STOF_OK;
     return st != STOF_OK ? st : run_impl(p, data, q, k, v, o, lse, stream);
 }
 
@@ -706,62 +709,63 @@ stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
 {
     if (!p)
         return STOF_ERR_INVALID_ARGUMENT;
-    stof_status st = run_family_checks(p, data);
+    stof_status st = run_family_checks(p, data, "stof_attention_run_family");
     return st != STOF_OK ? st : run_impl(p, data, q, k, v, o, NULL, stream);
 }
 
-/* stof_attention_run_family's checks of its plan and instance data. */
-static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data)
+/* The checks of a family run's plan and instance data (fn: the entry
+ * point, for messages). */
+static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data,
+                                     const char *fn)
 {
     if (!p->family)
         return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                         "stof_attention_run_family: the plan was not made "
-                         "by stof_attention_plan_family");
+                         "%s: the plan was not made by "
+                         "stof_attention_plan_family",
+                         fn);
     if (data) {
         for (size_t i = 0; i < sizeof(data->reserved); i++)
             if (data->reserved[i])
                 return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                                 "stof_attention_run_family: "
-                                 "stof_mask_data.reserved[%zu] is not zero",
-                                 i);
+                                 "%s: stof_mask_data.reserved[%zu] is not "
+                                 "zero",
+                                 fn, i);
         if (data->doc_stride != 0 && data->doc_stride < p->desc.seq_k)
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                             "stof_attention_run_family: doc_stride = %lld "
-                             "is below seq_k = %d",
+                             "%s: doc_stride = %lld is below seq_k = %d", fn,
                              (long long)data->doc_stride, p->desc.seq_k);
         if (!p->n_seq && (data->cu_seqlens_q || data->cu_seqlens_k))
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                             "stof_attention_run_family: cu_seqlens are set "
-                             "but the plan is not of the packed layout");
+                             "%s: cu_seqlens are set but the plan is not of "
+                             "the packed layout",
+                             fn);
         if (p->n_seq && (data->q_len || data->k_len))
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                             "stof_attention_run_family: a packed plan takes "
-                             "its lengths from cu_seqlens: leave q_len and "
-                             "k_len NULL");
+                             "%s: a packed plan takes its lengths from "
+                             "cu_seqlens: leave q_len and k_len NULL",
+                             fn);
         if (data->bitmap_stride < 0 ||
             (data->bitmap_words != 0 &&
              data->bitmap_words < (p->desc.seq_k + 31) / 32))
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                             "stof_attention_run_family: bitmap_words = %d "
-                             "(at least ceil(seq_k / 32) = %d, or 0), "
-                             "bitmap_stride = %lld (>= 0)",
-                             (int)data->bitmap_words,
+                             "%s: bitmap_words = %d (at least ceil(seq_k / "
+                             "32) = %d, or 0), bitmap_stride = %lld (>= 0)",
+                             fn, (int)data->bitmap_words,
                              (p->desc.seq_k + 31) / 32,
                              (long long)data->bitmap_stride);
         if (data->total_q < 0 || data->total_q > p->desc.seq_q ||
             data->total_k < 0 || data->total_k > p->desc.seq_k)
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                             "stof_attention_run_family: total_q = %d, "
-                             "total_k = %d: expected 0..%d and 0..%d (the "
-                             "plan's rows)",
-                             (int)data->total_q, (int)data->total_k,
+                             "%s: total_q = %d, total_k = %d: expected 0..%d "
+                             "and 0..%d (the plan's rows)",
+                             fn, (int)data->total_q, (int)data->total_k,
                              p->desc.seq_q, p->desc.seq_k);
     }
     if (p->n_seq && !(data && data->cu_seqlens_q))
         return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
-                         "stof_attention_run_family: a packed plan needs "
-                         "cu_seqlens_q (device memory, %d + 1 offsets)",
-                         p->n_seq);
+                         "%s: a packed plan needs cu_seqlens_q (device "
+                         "memory, %d + 1 offsets)",
+                         fn, p->n_seq);
     return STOF_OK;
 }
 
