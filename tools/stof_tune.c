@@ -131,8 +131,10 @@ static const command commands[] = {
      "\n"
      "Tune the misses that cache-only runs (STOF_TUNE_CACHE_ONLY) recorded\n"
      "in the user database (or --db), and drop each miss once its problem\n"
-     "has a record. Misses recorded on another GPU, driver or build are\n"
-     "skipped and kept. --devices as for tune.\n"},
+     "has a record. A mask family's miss (stof_attention_plan_family) is\n"
+     "planned again with the sample instance kept with it (lengths,\n"
+     "offsets, documents, bitmaps; up to 64 MB). Misses recorded on another\n"
+     "GPU, driver or build are skipped and kept. --devices as for tune.\n"},
     {"ls", cmd_ls, "db gpu driver json", 0, 0,
      "usage: stof-tune ls [--db PATH] [--gpu NAME] [--driver N] [--json]\n"
      "\n"
