@@ -154,3 +154,45 @@ Test(cost, wgmma_is_ranked_on_hopper_only)
     stof_mask_free(&m);
     stof_close(&ctx);
 }
+
+/* The one allocation of a row-wise format (stof__rowwise_layout), as the
+ * upload and the GPU builder both lay it out: every array 256-byte aligned
+ * after the one before it, room for each, 256 bytes to spare, and 0 for
+ * sizes that do not fit. */
+Test(cost, rowwise_layout_holds_every_array)
+{
+    static const int64_t cases[][5] = {
+        /* row blocks, keys, tiles, bitmaps, block_m */
+        {1, 0, 0, 0, 64}, {64, 4096, 300, 120, 128}, {7, 33, 5, 5, 16},
+        {1000, 1 << 20, 20000, 20000, 128}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const int nrb = (int)cases[i][0], bm = (int)cases[i][4], bwpr = 2;
+        const int64_t nk = cases[i][1], nt = cases[i][2], nb = cases[i][3];
+        stof_rowwise_layout l;
+        const size_t total = stof__rowwise_layout(nrb, nk, nt, nb, bm, bwpr, &l);
+        cr_assert_eq(total, l.total);
+        const size_t off[6] = {l.key_ptr, l.keys, l.tile_ptr, l.kind,
+                               l.bitmap_idx, l.bitmaps};
+        const size_t need[6] = {
+            (size_t)(nrb + 1) * 4u, (size_t)nk * 4u, (size_t)(nrb + 1) * 4u,
+            (size_t)nt, (size_t)nt * 4u, (size_t)nb * (size_t)bm * bwpr * 4u};
+        cr_assert_eq(off[0], 0u);
+        for (int a = 0; a < 6; a++) {
+            cr_assert_eq(off[a] % 256u, 0u, "case %zu array %d", i, a);
+            const size_t end = a < 5 ? off[a + 1] : total - 256u;
+            cr_assert_geq(end, off[a] + need[a], "case %zu array %d", i, a);
+            cr_assert_lt(end, off[a] + need[a] + 256u, "case %zu array %d",
+                         i, a);
+        }
+        stof_rowwise_format rf;
+        memset(&rf, 0, sizeof(rf));
+        stof__rowwise_format_at(&rf, 0x100000, &l);
+        cr_assert(rf.mem == 0x100000 && rf.bytes == total &&
+                      rf.keys == 0x100000 + l.keys &&
+                      rf.bitmaps == 0x100000 + l.bitmaps,
+                  "view");
+    }
+    stof_rowwise_layout l;
+    cr_assert_eq(stof__rowwise_layout(4, 10, 10, INT64_MAX / 2, 128, 4, &l), 0u);
+    cr_assert_eq(stof__rowwise_layout(4, -1, 10, 1, 128, 4, &l), 0u);
+}

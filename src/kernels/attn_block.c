@@ -386,6 +386,43 @@ void stof__rowwise_format_free(stof_context *ctx, stof_rowwise_format *rf)
     memset(rf, 0, sizeof(*rf));
 }
 
+size_t stof__rowwise_layout(int n_row_blocks, int64_t n_keys, int64_t n_tiles,
+                            int64_t bitmaps, int block_m, int bwpr,
+                            stof_rowwise_layout *l)
+{
+    memset(l, 0, sizeof(*l));
+    const size_t tile_bytes = (size_t)block_m * (size_t)bwpr * 4u;
+    if (n_row_blocks < 0 || n_keys < 0 || n_tiles < 0 || bitmaps < 0 ||
+        !tile_bytes || (uint64_t)bitmaps > SIZE_MAX / 2u / tile_bytes ||
+        (uint64_t)n_keys > SIZE_MAX / 16u || (uint64_t)n_tiles > SIZE_MAX / 16u)
+        return 0;
+    const size_t nrp = (size_t)n_row_blocks + 1u, nt = (size_t)n_tiles;
+    l->key_ptr = 0;
+    l->keys = l->key_ptr + align256(nrp * 4u);
+    l->tile_ptr = l->keys + align256((size_t)n_keys * 4u);
+    l->kind = l->tile_ptr + align256(nrp * 4u);
+    l->bitmap_idx = l->kind + align256(nt);
+    l->bitmaps = l->bitmap_idx + align256(nt * 4u);
+    const size_t end = l->bitmaps + align256((size_t)bitmaps * tile_bytes);
+    if (end < l->bitmaps || end > SIZE_MAX - 256u) /* wrapped */
+        return 0;
+    l->total = end + 256u;
+    return l->total;
+}
+
+void stof__rowwise_format_at(stof_rowwise_format *rf, CUdeviceptr mem,
+                             const stof_rowwise_layout *l)
+{
+    rf->mem = mem;
+    rf->bytes = l->total;
+    rf->key_ptr = mem + l->key_ptr;
+    rf->keys = mem + l->keys;
+    rf->tile_ptr = mem + l->tile_ptr;
+    rf->kind = mem + l->kind;
+    rf->bitmap_idx = mem + l->bitmap_idx;
+    rf->bitmaps = mem + l->bitmaps;
+}
+
 stof_status stof__rowwise_format_upload(stof_context *ctx,
                                         const stof_format *f,
                                         stof_rowwise_format *out)
@@ -411,23 +448,16 @@ stof_status stof__rowwise_format_upload(stof_context *ctx,
                           "partial) do not fit the kernel's 32-bit indices",
                           (long long)n_keys, (long long)n_tiles,
                           (long long)n_partial);
-    const size_t bitmap_words = (size_t)n_partial * tile_words;
-
     const size_t nrp = (size_t)f->n_row_blocks + 1u;
-    const size_t nt = (size_t)n_tiles;
-    const size_t off_kptr = 0;
-    const size_t off_keys = off_kptr + align256(nrp * 4u);
-    const size_t off_tptr = off_keys + align256((size_t)n_keys * 4u);
-    const size_t off_kind = off_tptr + align256(nrp * 4u);
-    const size_t off_bidx = off_kind + align256(nt);
-    const size_t off_bits = off_bidx + align256(nt * 4u);
-    const size_t total = off_bits + align256(bitmap_words * 4u);
-    if (total < off_bits) /* wrapped */
+    stof_rowwise_layout l;
+    const size_t total_alloc = stof__rowwise_layout(
+        f->n_row_blocks, n_keys, n_tiles, n_partial, f->block_m, wpr, &l);
+    if (!total_alloc)
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "row-wise format: size overflows");
-    /* Every array gets at least 256 bytes: an empty one still has a valid,
-     * distinct pointer. */
-    const size_t total_alloc = total + 256u;
+    const size_t off_kptr = l.key_ptr, off_keys = l.keys,
+                 off_tptr = l.tile_ptr, off_kind = l.kind,
+                 off_bidx = l.bitmap_idx, off_bits = l.bitmaps;
 
     uint8_t *h = calloc(1, total_alloc);
     if (!h)
@@ -449,14 +479,7 @@ stof_status stof__rowwise_format_upload(stof_context *ctx,
     if (st != STOF_OK)
         return st;
 
-    out->mem = mem;
-    out->bytes = total_alloc;
-    out->key_ptr = mem + off_kptr;
-    out->keys = mem + off_keys;
-    out->tile_ptr = mem + off_tptr;
-    out->kind = mem + off_kind;
-    out->bitmap_idx = mem + off_bidx;
-    out->bitmaps = mem + off_bits;
+    stof__rowwise_format_at(out, mem, &l);
     out->seq_q = f->seq_q;
     out->seq_k = f->seq_k;
     out->block_m = f->block_m;

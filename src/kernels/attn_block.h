@@ -156,6 +156,21 @@ typedef struct stof_rowwise_format {
     int64_t n_keys, n_tiles, n_partial;
 } stof_rowwise_format;
 
+/* The one allocation a row-wise format lives in: byte offsets of its
+ * arrays (each 256-byte aligned) and the total, with 256 bytes more so
+ * that an empty array still has a valid, distinct pointer. `bitmaps` is
+ * the number of block_m x bwpr-word bitmaps it holds. 0 when the size
+ * overflows. */
+typedef struct stof_rowwise_layout {
+    size_t key_ptr, keys, tile_ptr, kind, bitmap_idx, bitmaps, total;
+} stof_rowwise_layout;
+size_t stof__rowwise_layout(int n_row_blocks, int64_t n_keys, int64_t n_tiles,
+                            int64_t bitmaps, int block_m, int bwpr,
+                            stof_rowwise_layout *l /* OUT */);
+/* rf's allocation and array pointers: mem laid out as l says. */
+void stof__rowwise_format_at(stof_rowwise_format *rf, CUdeviceptr mem,
+                             const stof_rowwise_layout *l);
+
 /* The compacted tiling of `f`'s row-wise part for its block_n, without a
  * GPU (for cost models): the number of listed keys, compacted tiles, partial
  * ones among them, and the most tiles of one row block. Any out-pointer may

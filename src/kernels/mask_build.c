@@ -632,31 +632,26 @@ stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
     kp[n_rb] = (int32_t)keys;
     tp[n_rb] = (int32_t)tiles;
     ro[n_rb] = words;
-    const size_t tile_words = (size_t)block_m * (size_t)bwpr;
-    if (keys > INT32_MAX || tiles > INT32_MAX ||
-        (uint64_t)tiles > SIZE_MAX / 8u / tile_words) {
+    /* The format (as stof__rowwise_format_upload lays it out, with room
+     * for a bitmap per tile: the partial ones are known after pass 2),
+     * then pass 2's scratch. */
+    stof_rowwise_layout lay;
+    const size_t total =
+        stof__rowwise_layout(n_rb, keys, tiles, tiles, block_m, bwpr, &lay);
+    if (keys > INT32_MAX || tiles > INT32_MAX || !total) {
         st = stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                         "GPU row-wise format: %lld keys in %lld tiles do "
                         "not fit 32-bit indices",
                         (long long)keys, (long long)tiles);
         goto pop;
     }
-    /* The format (as stof__rowwise_format_upload lays it out; every array
-     * at least 256 bytes), then pass 2's scratch. */
     const size_t nrp = (size_t)n_rb + 1u;
-    const size_t o_kptr = 0, o_keys = align256(nrp * 4u);
-    const size_t o_tptr = o_keys + align256((size_t)keys * 4u);
-    const size_t o_kind = o_tptr + align256(nrp * 4u);
-    const size_t o_bidx = o_kind + align256((size_t)tiles);
-    const size_t o_bits = o_bidx + align256((size_t)tiles * 4u);
-    const size_t total = o_bits + align256((size_t)tiles * tile_words * 4u) +
-                         256u;
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&mem, total));
     STOF_CU_GOTO(ctx, st, pop, api->cuMemsetD8(mem, 0, total));
     STOF_CU_GOTO(ctx, st, pop,
-                 api->cuMemcpyHtoD(mem + o_kptr, kp, nrp * 4u));
+                 api->cuMemcpyHtoD(mem + lay.key_ptr, kp, nrp * 4u));
     STOF_CU_GOTO(ctx, st, pop,
-                 api->cuMemcpyHtoD(mem + o_tptr, tp, nrp * 4u));
+                 api->cuMemcpyHtoD(mem + lay.tile_ptr, tp, nrp * 4u));
     CUdeviceptr s2 = 0;
     const size_t o_ro = 0, o_cnt = align256(nrp * 8u),
                  o_rb = o_cnt + 256u;
@@ -665,12 +660,13 @@ stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
     R.row_off = s2 + o_ro;
     R.n_partial = s2 + o_cnt;
     R.row_bits = s2 + o_rb;
-    R.key_ptr = mem + o_kptr;
-    R.keys = mem + o_keys;
-    R.tile_ptr = mem + o_tptr;
-    R.kind = mem + o_kind;
-    R.bitmap_idx = mem + o_bidx;
-    R.bitmaps = mem + o_bits;
+    stof__rowwise_format_at(rf, mem, &lay);
+    R.key_ptr = rf->key_ptr;
+    R.keys = rf->keys;
+    R.tile_ptr = rf->tile_ptr;
+    R.kind = rf->kind;
+    R.bitmap_idx = rf->bitmap_idx;
+    R.bitmaps = rf->bitmaps;
     unsigned long long n_partial = 0;
     CUresult r = api->cuMemcpyHtoD(R.row_off, ro, nrp * 8u);
     if (r == CUDA_SUCCESS)
@@ -696,14 +692,6 @@ stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
                                           __FILE__, __LINE__);
         goto pop;
     }
-    rf->mem = mem;
-    rf->bytes = total;
-    rf->key_ptr = mem + o_kptr;
-    rf->keys = mem + o_keys;
-    rf->tile_ptr = mem + o_tptr;
-    rf->kind = mem + o_kind;
-    rf->bitmap_idx = mem + o_bidx;
-    rf->bitmaps = mem + o_bits;
     rf->seq_q = seq_q;
     rf->seq_k = seq_k;
     rf->block_m = block_m;
@@ -716,8 +704,10 @@ stof_status stof__mb_rowwise_build(stof_context *ctx, const stof_mb_kernels *k,
     rf->n_partial = (int64_t)n_partial;
     mem = 0;
 pop:
-    if (mem)
+    if (mem) { /* failed after the format's allocation: nothing kept */
         api->cuMemFree(mem);
+        memset(rf, 0, sizeof(*rf));
+    }
     if (scratch)
         api->cuMemFree(scratch);
     stof__ctx_pop(ctx);
