@@ -28,6 +28,9 @@
 //   MIN_BLOCKS  __launch_bounds__ minimum CTAs per SM (default 1)
 //   GATHER    0/1: block-wise tiles (0, default) or gathered row-wise
 //             tiles (1)
+//   SPLIT     0/1: split-KV (attn_split.cuh): gridDim.z = n_split CTAs
+//             share a row block's tiles and write partial results that
+//             stof_attn_combine (in the same module) merges
 //   STOF_BLOCK_CHECKS  1: trap on inconsistent launch data (debugging)
 //
 // Shared memory (dynamic; bytes, in this order, see stof__block_smem_bytes
@@ -112,6 +115,8 @@
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1 | HEAD_DIM=256,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=32,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=1,GATHER=1 | HEAD_DIM=256,DTYPE=1,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1,GATHER=1
+// STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2,SPLIT=1 | HEAD_DIM=32,DTYPE=0,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=2,GATHER=1,SPLIT=1
+// STOF_VARIANTS: HEAD_DIM=256,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1,SPLIT=1
 #include "stof_common.cuh"
 
 #ifndef HEAD_DIM
@@ -137,6 +142,12 @@
 #endif
 #ifndef GATHER
 #define GATHER 0
+#endif
+#ifndef SPLIT
+#define SPLIT 0
+#endif
+#if SPLIT
+#include "attn_split.cuh"
 #endif
 
 #define BK_THREADS (WARPS * 32)
@@ -210,6 +221,9 @@ struct stof_attn_block_params {
     int pad_;
     float *lse;                  // NULL, or [batch][heads][seq_q]: each
                                  // row's log-sum-exp (natural log)
+    float *o_part, *lse_part;    // SPLIT: the partials (attn_split.cuh)
+    int n_split;                 // SPLIT: gridDim.z, >= 1
+    int pad2_;
 #if GATHER
     // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
     // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
@@ -222,7 +236,8 @@ struct stof_attn_block_params {
 #endif
 };
 static_assert(sizeof(stof_attn_block_params) ==
-                  9 * 8 + 12 * 8 + 10 * 4 + 8 + GATHER * 3 * 8,
+                  9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 2 * 4 +
+                      GATHER * 3 * 8,
               "stof_attn_block_params layout");
 
 // ---------------------------------------------------------------------------
@@ -484,14 +499,30 @@ stof_attn_block(const stof_attn_block_params p)
         p.row_ptr + (p.rp_stride >= 0
                          ? (stof_i64)b * p.rp_stride
                          : ((stof_i64)b * p.heads + h) * -(stof_i64)p.rp_stride);
-    const int e0 = bk_ldg_i32(rpb + rb);
-    const int n = bk_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
+    int e0 = bk_ldg_i32(rpb + rb);
+    int n = bk_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
+#if SPLIT
+    // Split-KV: this CTA's share of the row block's tiles (the host
+    // launches gridDim.z = n_split >= 1; the clamps keep any other launch
+    // inside the row block).
+    const int n_split = max(p.n_split, 1);
+    const int lo = (int)min((stof_i64)n * blockIdx.z / n_split, (stof_i64)n);
+    const int hi =
+        (int)min((stof_i64)n * (blockIdx.z + 1) / n_split, (stof_i64)n);
+#else
+    const int lo = 0, hi = n;
+#endif
+    e0 += lo;
+    n = hi - lo;
 #if GATHER
     unsigned *s_idx = (unsigned *)(bk_smem + BK_OFF_IDX); // [S+1][2][BN]
     const stof_i64 k16 = p.k_stride[2] >> 3, v16 = p.v_stride[2] >> 3;
-    const int *keys = p.keys + bk_ldg_i32(p.key_ptr + rb);
-    const int nk = bk_ldg_i32(p.key_ptr + rb + 1) -
-                   bk_ldg_i32(p.key_ptr + rb); // listed keys
+    // Tile t of this CTA is list entries (lo + t) * BLOCK_N ..: the list
+    // from there, at most n tiles of it.
+    const int *keys = p.keys + bk_ldg_i32(p.key_ptr + rb) + lo * BLOCK_N;
+    const int nk = max(0, min(bk_ldg_i32(p.key_ptr + rb + 1) -
+                                  bk_ldg_i32(p.key_ptr + rb) - lo * BLOCK_N,
+                              n * BLOCK_N)); // listed keys
 #endif
 
 #if STOF_BLOCK_CHECKS
@@ -874,20 +905,56 @@ stof_attn_block(const stof_attn_block_params p)
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const int gr = q0 + wrow + 16 * mt + g + 8 * hh;
-            if (p.lse && tq == 0 && gr < p.seq_q) {
+#if SPLIT
+            float *lse_out = p.lse_part + (stof_i64)blockIdx.z *
+                                              p.batch * p.heads * p.seq_q;
+#else
+            float *lse_out = p.lse;
+#endif
+            if (lse_out && tq == 0 && gr < p.seq_q) {
                 // m_run is the row's max in log2 units (scores * sl2).
 #if GATHER
                 const int orow = p.q_rows ? p.q_rows[gr] : gr;
 #else
                 const int orow = gr;
 #endif
-                p.lse[((stof_i64)b * p.heads + h) * p.seq_q + orow] =
+                lse_out[((stof_i64)b * p.heads + h) * p.seq_q + orow] =
                     l > 0.0f ? (m_run[mt][hh] + log2f(l)) * 0.69314718f
                              : STOF_NEG_INF;
             }
             l_run[mt][hh] = l > 0.0f ? 1.0f / l : 0.0f; // 0 keys -> zeros
         }
     }
+#if SPLIT
+    // Split-KV: every thread stores its own fragments of O / l in fp32 and
+    // stof_attn_combine writes the output.
+    {
+        const stof_i64 bh_rows = (stof_i64)p.batch * p.heads * p.seq_q;
+#pragma unroll
+        for (int mt = 0; mt < BK_MT; mt++) {
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int gr = q0 + wrow + 16 * mt + g + 8 * hh;
+                if (gr >= p.seq_q)
+                    continue;
+#if GATHER
+                const int orow = p.q_rows ? p.q_rows[gr] : gr;
+#else
+                const int orow = gr;
+#endif
+                const stof_i64 row = (stof_i64)bh * p.seq_q + orow;
+                const float inv = l_run[mt][hh];
+#pragma unroll
+                for (int dt = 0; dt < BK_DT; dt++)
+                    stof_split_store2(p.o_part, blockIdx.z, bh_rows, row,
+                                      8 * dt + 2 * tq,
+                                      oacc[mt][dt][2 * hh] * inv,
+                                      oacc[mt][dt][2 * hh + 1] * inv);
+            }
+        }
+        return;
+    }
+#endif
     __syncwarp();
     unsigned char *sq_bytes = bk_smem;
 #pragma unroll

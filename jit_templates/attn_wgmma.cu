@@ -110,6 +110,9 @@
 //   STAGES   2..4 K/V slots    OVERLAP 0/1 (default 1)
 //   GATHER   0 tile BSR + TMA (default), 1 row-wise lists + cp.async
 //   BLOCK_M  128 (default) or 64 query rows per CTA
+//   SPLIT    0/1: split-KV (attn_split.cuh): gridDim.z = n_split CTAs share
+//            a row block's tiles and write partial results that
+//            stof_attn_combine (in the same module) merges
 // Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
 //
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=3
@@ -118,6 +121,7 @@
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=2,OVERLAP=0 | HEAD_DIM=128,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_N=64,STAGES=4,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0,GATHER=1
+// STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BLOCK_M=64,SPLIT=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,GATHER=1,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=4 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=2
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
 #include "stof_common.cuh"
@@ -136,6 +140,12 @@
 #endif
 #ifndef GATHER
 #define GATHER 0
+#endif
+#ifndef SPLIT
+#define SPLIT 0
+#endif
+#if SPLIT
+#include "attn_split.cuh"
 #endif
 
 #ifndef BLOCK_M
@@ -240,8 +250,13 @@ struct stof_attn_wgmma_params {
     stof_i64 q_stride[3], k_stride[3], v_stride[3]; // b, h, seq (elements)
     float *lse;                   // NULL, or [batch][heads][seq_q]: each
                                   // row's log-sum-exp (natural log)
+    float *o_part, *lse_part;     // SPLIT: the partials (attn_split.cuh)
+    int n_split;                  // SPLIT: gridDim.z, >= 1
+    int pad2_;
+    unsigned char tail_[104];     // to 768 bytes, a multiple of the
+                                  // maps' alignment on both sides
 };
-static_assert(sizeof(stof_attn_wgmma_params) == 640,
+static_assert(sizeof(stof_attn_wgmma_params) == 768,
               "stof_attn_wgmma_params layout");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -726,12 +741,27 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         p.row_ptr + (p.rp_stride >= 0
                          ? (stof_i64)b * p.rp_stride
                          : ((stof_i64)b * p.heads + h) * -(stof_i64)p.rp_stride);
-    const int e0 = wg_ldg_i32(rpb + rb);
-    const int n = wg_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
+    int e0 = wg_ldg_i32(rpb + rb);
+    int n = wg_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
+#if SPLIT
+    // Split-KV: this CTA's share of the row block's tiles (the host
+    // launches gridDim.z = n_split >= 1; the clamps keep any other launch
+    // inside the row block).
+    const int n_split = max(p.n_split, 1);
+    const int lo = (int)min((stof_i64)n * blockIdx.z / n_split, (stof_i64)n);
+    const int hi =
+        (int)min((stof_i64)n * (blockIdx.z + 1) / n_split, (stof_i64)n);
+#else
+    const int lo = 0, hi = n;
+#endif
+    e0 += lo;
+    n = hi - lo;
 #if GATHER
-    // The compacted key list; its length stands in for seq_k in the mask.
-    const int kb0 = wg_ldg_i32(p.key_ptr + rb);
-    const int klim = wg_ldg_i32(p.key_ptr + rb + 1) - kb0;
+    // The compacted key list from this CTA's first tile (at most n tiles of
+    // it); its length stands in for seq_k in the mask.
+    const int kb0 = wg_ldg_i32(p.key_ptr + rb) + lo * BLOCK_N;
+    const int klim = max(0, min(wg_ldg_i32(p.key_ptr + rb + 1) - kb0,
+                                n * BLOCK_N));
     // Arrivals: one cp.async.mbarrier.arrive.noinc per producer thread
     // (+ thread 0's after the meta store on fullK).
 #define WG_NQ 128u
@@ -1026,17 +1056,49 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         inv[hh] = l > 0.0f ? 1.0f / l : 0.0f; // no key -> zeros
         const int gr = q0 + r0 + 8 * hh;
-        if (p.lse && tq == 0 && gr < p.seq_q) {
+#if SPLIT
+        float *lse_out = p.lse_part + (stof_i64)blockIdx.z * p.batch *
+                                          p.heads * p.seq_q;
+#else
+        float *lse_out = p.lse;
+#endif
+        if (lse_out && tq == 0 && gr < p.seq_q) {
             // m_run is the row's max in log2 units (scores * sl2).
 #if GATHER
             const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
 #else
             const int orow = gr;
 #endif
-            p.lse[((stof_i64)b * p.heads + h) * p.seq_q + orow] =
+            lse_out[((stof_i64)b * p.heads + h) * p.seq_q + orow] =
                 l > 0.0f ? (m_run[hh] + log2f(l)) * 0.69314718f : STOF_NEG_INF;
         }
     }
+#if SPLIT
+    // Split-KV: every thread stores its own fragments of O / l in fp32 and
+    // stof_attn_combine writes the output.
+    {
+        const stof_i64 bh_rows = (stof_i64)p.batch * p.heads * p.seq_q;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int gr = q0 + r0 + 8 * hh;
+            if (gr >= p.seq_q)
+                continue;
+#if GATHER
+            const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
+#else
+            const int orow = gr;
+#endif
+            const stof_i64 row = (stof_i64)bh * p.seq_q + orow;
+#pragma unroll
+            for (int dt = 0; dt < HEAD_DIM / 8; dt++)
+                stof_split_store2(p.o_part, blockIdx.z, bh_rows, row,
+                                  8 * dt + 2 * tq,
+                                  oacc[4 * dt + 2 * hh] * inv[hh],
+                                  oacc[4 * dt + 2 * hh + 1] * inv[hh]);
+        }
+        return;
+    }
+#endif
     // Every warp of the warpgroup has waited for its last wgmma: nothing
     // reads these Q rows any more.
     named_bar_sync(1 + cw, 128);

@@ -3,6 +3,7 @@
  * with a described (not real) H100-class device.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <string.h>
 
 #include "cost_model.h"
@@ -151,6 +152,82 @@ Test(cost, wgmma_is_ranked_on_hopper_only)
     for (int i = 0; i < k; i++)
         cr_assert_neq(c[i].kind, STOF_KERNEL_WGMMA);
     ctx->device.ok = 0;
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* Split-KV: a decode problem (a few CTAs over long key lists) ranks split
+ * candidates first, predicted faster than any unsplit one; a prefill that
+ * fills the GPU ranks none. */
+Test(cost, decode_is_split_and_prefill_is_not)
+{
+    stof_context *ctx = open_fake_h100();
+    static const struct {
+        int b, h, sq, sk;
+        int split;
+    } probs[] = {{1, 8, 1, 32768, 1}, {2, 16, 16, 16384, 1},
+                 {1, 32, 1, 4096, 1}, {4, 16, 4096, 4096, 0},
+                 {64, 32, 1, 2048, 0}};
+    for (size_t i = 0; i < sizeof(probs) / sizeof(probs[0]); i++) {
+        stof_mask *m = NULL;
+        cr_assert_eq(stof_mask_from_spec(ctx, "dense", probs[i].sq,
+                                         probs[i].sk, &m),
+                     STOF_OK);
+        stof_attention_desc d;
+        stof_attention_desc_init(&d, probs[i].b, probs[i].h, probs[i].sq,
+                                 probs[i].sk, 128, STOF_DTYPE_BF16,
+                                 STOF_LAYOUT_BHSD);
+        stof_candidate c[512];
+        int k = 0;
+        cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 512, &k), STOF_OK);
+        double best_split = INFINITY, best_plain = INFINITY;
+        for (int j = 0; j < k; j++) {
+            cr_assert(c[j].splits == 0 ||
+                          (c[j].splits >= 2 && c[j].splits <= STOF_SPLIT_MAX),
+                      "split count %d", c[j].splits);
+            cr_assert_eq(c[j].cfg.split, c[j].splits > 1);
+            double *best = c[j].splits > 1 ? &best_split : &best_plain;
+            if (c[j].predicted_ms < *best)
+                *best = c[j].predicted_ms;
+        }
+        if (probs[i].split) {
+            cr_assert_gt(c[0].splits, 1, "%dx%dx%dx%d: first candidate not "
+                         "split", probs[i].b, probs[i].h, probs[i].sq,
+                         probs[i].sk);
+            /* One row block of 8 (b, h): spread over the SMs, several
+             * times faster. */
+            if (probs[i].b * probs[i].h <= 8)
+                cr_assert_lt(best_split, best_plain / 4, "split %.4f vs "
+                             "plain %.4f", best_split, best_plain);
+        } else {
+            cr_assert(isinf(best_split), "%dx%dx%dx%d ranked a split "
+                      "candidate", probs[i].b, probs[i].h, probs[i].sq,
+                      probs[i].sk);
+        }
+        stof_mask_free(&m);
+    }
+    stof_close(&ctx);
+}
+
+/* A decode tile is bound by memory: its time grows with the keys read,
+ * not with the 64 or 128 query rows the tile computes. */
+Test(cost, decode_tiles_cost_their_memory)
+{
+    stof_context *ctx = open_fake_h100();
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "dense", 1, 8192, &m), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 32, 32, 1, 8192, 128, STOF_DTYPE_BF16,
+                             STOF_LAYOUT_BHSD);
+    stof_format *f = NULL;
+    cr_assert_eq(stof_format_build(ctx, m, 64, 64, &f), STOF_OK);
+    stof_block_cfg cfg = {.block_m = 64, .block_n = 64, .warps = 4,
+                          .stages = 2};
+    const double ms = stof__cost_predict(&ctx->device, &d, f,
+                                         STOF_KERNEL_BLOCK, &cfg, NULL);
+    /* 4.3 GB of K and V at 3.0 TB/s: 1.43 ms, plus the CTAs' start. */
+    cr_assert(ms > 1.4 && ms < 2.2, "predicted %.3f ms", ms);
+    stof_format_free(&f);
     stof_mask_free(&m);
     stof_close(&ctx);
 }

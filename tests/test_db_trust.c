@@ -156,6 +156,63 @@ Test(trust, a_valid_record_passes_every_check)
     stof__db_record_clear(&r);
 }
 
+/* Split-KV records say how many CTAs share a row block ("splits"); older
+ * records have no such field and are not split. */
+Test(trust, split_counts_in_records_are_read_and_checked)
+{
+    static const char *base = "{\"kind\":\"block\",\"block_m\":64,"
+                              "\"block_n\":64,\"warps\":4,\"stages\":2,"
+                              "\"overlap\":0,\"group\":0";
+    static const struct {
+        const char *tail;
+        int ok, splits;
+    } cases[] = {
+        {"}", 1, 0},
+        {",\"splits\":0}", 1, 0},
+        {",\"splits\":8}", 1, 8},
+        {",\"splits\":64}", 1, 64},
+        {",\"splits\":1}", 0, 0},
+        {",\"splits\":65}", 0, 0},
+        {",\"splits\":-2}", 0, 0},
+        {",\"splits\":\"4\"}", 0, 0},
+        {",\"splits\":4.5}", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        stof_db_record r;
+        tu_record_fill(&r, 11 + i, 128);
+        snprintf(r.config, sizeof(r.config), "%s%s", base, cases[i].tail);
+        stof__db_record_hash(&r, r.content_hash);
+        char why[256] = "";
+        cr_assert_eq(stof__record_check(&r, why, sizeof(why)), cases[i].ok,
+                     "%s: %s", r.config, why);
+        stof_candidate c;
+        cr_assert_eq(stof__attention_record_candidate(&r, &c, why,
+                                                      sizeof(why)),
+                     cases[i].ok, "%s: %s", r.config, why);
+        if (cases[i].ok) {
+            cr_assert_eq(c.splits, cases[i].splits, "%s", r.config);
+            cr_assert_eq(c.cfg.split, cases[i].splits > 1, "%s", r.config);
+        } else {
+            cr_assert(strstr(why, "split"), "%s: %s", r.config, why);
+        }
+        stof__db_record_clear(&r);
+    }
+    /* The reference kernel is never split. */
+    stof_db_record r;
+    tu_record_fill(&r, 99, 128);
+    snprintf(r.kernel, sizeof(r.kernel), "reference");
+    snprintf(r.config, sizeof(r.config),
+             "{\"kind\":\"reference\",\"block_m\":0,\"block_n\":0,"
+             "\"warps\":0,\"stages\":0,\"overlap\":0,\"group\":0,"
+             "\"splits\":4}");
+    stof__db_record_hash(&r, r.content_hash);
+    char why[256] = "";
+    stof_candidate c;
+    cr_assert_not(stof__attention_record_candidate(&r, &c, why, sizeof(why)));
+    cr_assert(strstr(why, "split"), "%s", why);
+    stof__db_record_clear(&r);
+}
+
 Test(trust, lookup_skips_damaged_and_crafted_records)
 {
     stof_context *ctx = ctx_new();

@@ -4,7 +4,8 @@
  * lengths, offsets, prefixes, documents), each checked per sequence against
  * the C reference with that sequence's mask, outputs poisoned first; fp16
  * and bf16; nothing compiled after the plan; a run captured in a CUDA graph
- * and replayed with new instance data in the same device buffers.
+ * and replayed with new instance data in the same device buffers; split-KV
+ * plans (short queries, long keys) over families, instance after instance.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -16,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "attention_int.h"
 #include "cuda_shim.h"
 #include "internal.h"
 #include "testutil.h"
@@ -352,6 +354,80 @@ Test(gpu_family_attn, instances_match_the_reference)
             problem_free(&p, ctx);
         }
     }
+    stof_close(&ctx);
+}
+
+/* Split-KV plans (attn_split.h) over families: short queries against long
+ * keys, each row block's tiles split over several CTAs, instance after
+ * instance (lengths, offsets, documents, bitmaps, a window per head). */
+Test(gpu_family_attn, split_kv_plans_match_the_reference)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    tu_rng r = {tu_seed() ^ 0x5b1e};
+    static const char *fspecs[] = {"causal", "sliding:300&docs", "dense",
+                                   "bitmap|prefix",
+                                   "head_causal_sliding|prefix:5"};
+    static const int dims[][3] = {{1, 3000, 64}, {9, 2100, 128}};
+    int ran = 0;
+    for (size_t si = 0; si < sizeof(fspecs) / sizeof(fspecs[0]); si++) {
+        for (int z = 0; z < 2; z++) {
+            const stof_dtype dt = (si + (size_t)z) % 2 ? STOF_DTYPE_BF16
+                                                       : STOF_DTYPE_FP16;
+            problem p;
+            problem_new(&p, ctx, &r, 3, 2, dims[z][0], dims[z][1],
+                        dims[z][2], dt);
+            stof_mask_family *fam = NULL;
+            cr_assert_eq(stof_mask_family_create(ctx, fspecs[si], &fam),
+                         STOF_OK);
+            /* The mma.sync block kernel split 4 ways; on sm_90a, the
+             * 64-row wgmma kernel split 7 ways. */
+            stof_candidate cs[2] = {
+                {.kind = STOF_KERNEL_BLOCK,
+                 .cfg = {64, 64, 4, 2, 0, 1},
+                 .splits = 4},
+                {.kind = STOF_KERNEL_WGMMA,
+                 .cfg = {64, 128, 8, 2, 0, 1},
+                 .wcfg = {128, 2, 1, 0, 64, 1},
+                 .splits = 7},
+            };
+            const int nc = stof__wgmma_device_ok(&ctx->device) ? 2 : 1;
+            for (int ci = 0; ci < nc; ci++) {
+                void *cubin = NULL;
+                size_t size = 0;
+                cr_assert_eq(stof__kernel_compile(ctx, &cs[ci], p.head_dim,
+                                                  dt, &cubin, &size),
+                             STOF_OK, "%s", stof_errmsg(ctx));
+                stof_plan *plan = NULL;
+                cr_assert_eq(stof__family_plan_from_cubin(ctx, &p.d, fam,
+                                                          &cs[ci], cubin, size,
+                                                          &plan),
+                             STOF_OK, "%s", stof_errmsg(ctx));
+                free(cubin);
+                for (int it = 0; it < 2; it++) {
+                    inst in;
+                    inst_random(&in, &p, &r);
+                    inst_upload(&in, &p, ctx);
+                    poison(&p, ctx);
+                    cr_assert_eq(stof_attention_run_family(
+                                     plan, &in.dev, (void *)(uintptr_t)p.dq,
+                                     (void *)(uintptr_t)p.dk,
+                                     (void *)(uintptr_t)p.dv,
+                                     (void *)(uintptr_t)p.dout, NULL),
+                                 STOF_OK, "%s", stof_plan_errmsg(plan));
+                    const double e = check(&p, ctx, fam, &in);
+                    cr_log_info("%s %dx%d kind %d split %d: rel err %.2e",
+                                fspecs[si], p.seq_q, p.seq_k, cs[ci].kind,
+                                cs[ci].splits, e);
+                    inst_free(&in);
+                    ran++;
+                }
+                stof_plan_free(&plan);
+            }
+            stof_mask_family_free(&fam);
+            problem_free(&p, ctx);
+        }
+    }
+    cr_assert_geq(ran, 20);
     stof_close(&ctx);
 }
 

@@ -172,32 +172,126 @@ static double makespan_us(double *w, int nrb, int64_t bh, int slots, int o,
     return makespan;
 }
 
-double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
-                          const stof_format *f, int kind,
-                          const stof_block_cfg *cfg, stof_candidate *out)
+/* DRAM bandwidth of the device in bytes per microsecond, a little under
+ * the peak (H100 SXM 3.35 TB/s, H200 4.8: 3.0e6 is safe for both; A100
+ * 1.5-2.0 TB/s). */
+static double dram_bytes_per_us(const stof_device *dev)
+{
+    if (dev->cc_major >= 9)
+        return 3.0e6;
+    if (dev->cc_major == 8 && dev->cc_minor == 0)
+        return 1.5e6;
+    return 0.8e6;
+}
+
+/* A tile's time when its K and V come from device memory rather than the
+ * L2: each key block of f is read by `reuse` CTAs that run at about the
+ * same time (the row blocks listing it, times the query heads sharing a
+ * K/V head), so a tile moves 2 * block_n * head_dim 16-bit values / reuse
+ * from DRAM, at the SM's share of the bandwidth. Decode-like problems (one
+ * row block, no K/V sharing) are bound by this, not by the tensor cores. */
+static double tile_mem_us(const stof_device *dev, const stof_attention_desc *d,
+                          const stof_format *f, int block_n)
+{
+    int64_t tiles = f->n_row_blocks > 0 ? f->row_ptr[f->n_row_blocks] : 0;
+    int64_t used = 0;
+    if (f->col_idx && tiles > 0 && f->n_col_blocks > 0) {
+        unsigned char *seen = calloc((size_t)f->n_col_blocks, 1);
+        if (seen) {
+            for (int64_t e = 0; e < tiles; e++) {
+                const int c = f->col_idx[e];
+                if (c >= 0 && c < f->n_col_blocks && !seen[c]) {
+                    seen[c] = 1;
+                    used++;
+                }
+            }
+            free(seen);
+        }
+    }
+    const double reuse = (used > 0 ? (double)tiles / (double)used : 1.0) *
+                         (double)stof__kv_group(d);
+    const double bytes = 4.0 * block_n * d->head_dim / (reuse > 1.0 ? reuse : 1.0);
+    const int sms = dev->sm_count > 0 ? dev->sm_count : 1;
+    return bytes / (dram_bytes_per_us(dev) / sms);
+}
+
+/* The model's time in ms of a kernel with the given per-tile time (tau,
+ * us) and CTAs per SM (o) on format f (row work by `wkind`, mask cost mu),
+ * its row blocks' tiles split over `splits` CTAs each (0/1: not split;
+ * then a merge pass reads the partials); heavy_first as makespan_us.
+ * *total: the row work of one (batch, head) in tiles. */
+static double predict_ms(const stof_device *dev, const stof_attention_desc *d,
+                         const stof_format *f, int wkind, int block_n,
+                         double tau, int o, double mu, int heavy_first,
+                         int splits, double *total)
+{
+    double *w = row_work(f, wkind, block_n, mu, total);
+    if (!w)
+        return INFINITY;
+    const int nrb = f->n_row_blocks;
+    const int s = splits > 1 ? splits : 1;
+    double *ws = w;
+    if (s > 1) {
+        ws = malloc(sizeof(double) * (size_t)(nrb > 0 ? nrb : 1) * (size_t)s);
+        if (!ws) {
+            free(w);
+            return INFINITY;
+        }
+        for (int i = 0; i < nrb; i++)
+            for (int z = 0; z < s; z++)
+                ws[(size_t)i * s + z] = w[i] / s;
+    }
+    const int slots = dev->sm_count * o > 0 ? dev->sm_count * o : 1;
+    double us = makespan_us(ws, nrb * s, (int64_t)d->batch * d->heads, slots,
+                            o, tau, heavy_first) +
+                LAUNCH_US;
+    if (s > 1) {
+        /* The partials: written by the kernel, read by the merge (fp32
+         * rows of head_dim + 1), and the merge's own launch. */
+        const double bytes = 2.0 * 4.0 * s * (double)d->batch * d->heads *
+                             d->seq_q * (d->head_dim + 1);
+        us += LAUNCH_US + bytes / dram_bytes_per_us(dev);
+        free(ws);
+    }
+    free(w);
+    return us * 1e-3;
+}
+
+/* stof__cost_predict with the row blocks split over `splits` CTAs. */
+static double predict_block(const stof_device *dev,
+                            const stof_attention_desc *d, const stof_format *f,
+                            int kind, const stof_block_cfg *cfg, int splits,
+                            stof_candidate *out)
 {
     const int D = d->head_dim;
     const double rate = sm_rate_flop_per_us(dev) * cfg_efficiency(D, cfg);
-    const double tau = 4.0 * cfg->block_m * cfg->block_n * D / rate; /* us */
+    double tau = 4.0 * cfg->block_m * cfg->block_n * D / rate; /* us */
+    const double tm = tile_mem_us(dev, d, f, cfg->block_n);
+    if (tm > tau)
+        tau = tm;
     const int o = ctas_per_sm(dev, D, cfg);
     double total = 0.0;
-    double *w = row_work(f, kind, cfg->block_n, MU_PARTIAL, &total);
-    if (!w)
-        return INFINITY;
-    const int slots = dev->sm_count * o > 0 ? dev->sm_count * o : 1;
-    double ms = (makespan_us(w, f->n_row_blocks, (int64_t)d->batch * d->heads,
-                             slots, o, tau, 0) +
-                 LAUNCH_US) * 1e-3;
-    free(w);
+    splits = splits > 1 ? splits : 0;
+    const double ms = predict_ms(dev, d, f, kind, cfg->block_n, tau, o,
+                                 MU_PARTIAL, 0, splits, &total);
     if (out) {
         memset(out, 0, sizeof(*out));
         out->kind = kind;
         out->cfg = *cfg;
+        out->cfg.split = splits > 1;
         out->predicted_ms = ms;
         out->work_tiles = total;
         out->ctas_per_sm = o;
+        out->splits = splits;
     }
     return ms;
+}
+
+double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
+                          const stof_format *f, int kind,
+                          const stof_block_cfg *cfg, stof_candidate *out)
+{
+    return predict_block(dev, d, f, kind, cfg, 0, out);
 }
 
 /* wgmma: about 990 TFLOP/s dense fp16 on an H100/H200 (7.5 TFLOP/s per
@@ -228,26 +322,24 @@ static double wgmma_efficiency(int head_dim, const stof_wgmma_cfg *c)
     return e;
 }
 
-double stof__cost_predict_wgmma(const stof_device *dev,
-                                const stof_attention_desc *d,
-                                const stof_format *f, const stof_wgmma_cfg *wc,
-                                stof_candidate *out)
+static double predict_wgmma(const stof_device *dev,
+                            const stof_attention_desc *d, const stof_format *f,
+                            const stof_wgmma_cfg *wc, int splits,
+                            stof_candidate *out)
 {
     const int D = d->head_dim;
     const int bm = stof__wgmma_block_m(wc);
     const int o = bm == 64 ? 2 : 1;
     const double rate = WGMMA_SM_RATE * wgmma_efficiency(D, wc);
-    const double tau = 4.0 * bm * wc->block_n * D / rate;
+    double tau = 4.0 * bm * wc->block_n * D / rate;
+    const double tm = tile_mem_us(dev, d, f, wc->block_n);
+    if (tm > tau)
+        tau = tm;
     double total = 0.0;
-    double *w = row_work(f, wc->gather ? STOF_KERNEL_ROWWISE : STOF_KERNEL_BLOCK,
-                         wc->block_n, MU_PARTIAL_WGMMA, &total);
-    if (!w)
-        return INFINITY;
-    const int slots = dev->sm_count * o > 0 ? dev->sm_count * o : 1;
-    double ms = (makespan_us(w, f->n_row_blocks, (int64_t)d->batch * d->heads,
-                             slots, o, tau, 1) +
-                 LAUNCH_US) * 1e-3;
-    free(w);
+    splits = splits > 1 ? splits : 0;
+    const double ms = predict_ms(
+        dev, d, f, wc->gather ? STOF_KERNEL_ROWWISE : STOF_KERNEL_BLOCK,
+        wc->block_n, tau, o, MU_PARTIAL_WGMMA, 1, splits, &total);
     if (out) {
         memset(out, 0, sizeof(*out));
         out->kind = wc->gather ? STOF_KERNEL_WGMMA_GATHER : STOF_KERNEL_WGMMA;
@@ -255,12 +347,71 @@ double stof__cost_predict_wgmma(const stof_device *dev,
         out->cfg.block_n = wc->block_n;
         out->cfg.warps = bm == 64 ? 8 : 12;
         out->cfg.stages = wc->stages;
+        out->cfg.split = splits > 1;
         out->wcfg = *wc;
+        out->wcfg.split = splits > 1;
         out->predicted_ms = ms;
         out->work_tiles = total;
         out->ctas_per_sm = o;
+        out->splits = splits;
     }
     return ms;
+}
+
+double stof__cost_predict_wgmma(const stof_device *dev,
+                                const stof_attention_desc *d,
+                                const stof_format *f, const stof_wgmma_cfg *wc,
+                                stof_candidate *out)
+{
+    return predict_wgmma(dev, d, f, wc, 0, out);
+}
+
+double stof__cost_predict_split(const stof_device *dev,
+                                const stof_attention_desc *d,
+                                const stof_format *f,
+                                const stof_candidate *base, int splits,
+                                stof_candidate *out)
+{
+    const stof_candidate b = *base; /* out may be base */
+    double ms;
+    if (b.kind == STOF_KERNEL_WGMMA || b.kind == STOF_KERNEL_WGMMA_GATHER)
+        ms = predict_wgmma(dev, d, f, &b.wcfg, splits, out);
+    else
+        ms = predict_block(dev, d, f, b.kind, &b.cfg, splits, out);
+    if (out)
+        out->group = b.group;
+    return ms;
+}
+
+int stof__cost_split_counts(const stof_device *dev,
+                            const stof_attention_desc *d, const stof_format *f,
+                            int ctas_per_sm, int *counts)
+{
+    int max_tiles = 0;
+    for (int i = 0; i < f->n_row_blocks; i++) {
+        const int64_t t = f->row_ptr[i + 1] - f->row_ptr[i];
+        if (t > max_tiles)
+            max_tiles = t > INT32_MAX ? INT32_MAX : (int)t;
+    }
+    const int64_t slots =
+        (int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) *
+        (ctas_per_sm > 0 ? ctas_per_sm : 1);
+    const int64_t ctas =
+        (int64_t)f->n_row_blocks * d->batch * d->heads;
+    int n = 0;
+    /* Only when the unsplit grid leaves SMs idle for much of the time (at
+     * most two waves), each CTA keeps at least two tiles, the grid at most
+     * four waves and the partials at most 256 MB. */
+    if (ctas >= 2 * slots)
+        return 0;
+    for (int s = 2; s <= STOF_SPLIT_MAX; s *= 2) {
+        if (2 * s > max_tiles || ctas * s > 4 * slots)
+            break;
+        if (stof__split_bytes(s, d) > ((size_t)256 << 20))
+            break;
+        counts[n++] = s;
+    }
+    return n;
 }
 
 static int cmp_cand(const void *a, const void *b)
@@ -283,6 +434,25 @@ static stof_candidate *next_slot(stof_candidate **all, int *count, int *cap)
         *cap = nc;
     }
     return &(*all)[(*count)++];
+}
+
+/* After the candidate just added (the last of *all): its split-KV
+ * variants worth ranking (stof__cost_split_counts). 0, or -1 when out of
+ * memory. */
+static int add_splits(const stof_device *dev, const stof_attention_desc *d,
+                      const stof_format *f, stof_candidate **all, int *count,
+                      int *cap)
+{
+    const stof_candidate base = (*all)[*count - 1];
+    int counts[8];
+    const int n = stof__cost_split_counts(dev, d, f, base.ctas_per_sm, counts);
+    for (int i = 0; i < n; i++) {
+        stof_candidate *slot = next_slot(all, count, cap);
+        if (!slot)
+            return -1;
+        stof__cost_predict_split(dev, d, f, &base, counts[i], slot);
+    }
+    return 0;
 }
 
 static stof_status mask_format(void *user, int block_m, int block_n,
@@ -329,6 +499,8 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                             goto oom;
                         stof__cost_predict(&ctx->device, d, f, kind, &c, slot);
                         slot->group = group;
+                        if (add_splits(&ctx->device, d, f, all, count, cap))
+                            goto oom;
                     }
                 }
             /* wgmma: 64- or 128-row CTAs, block-wise and gather. */
@@ -347,6 +519,8 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                         goto oom;
                     stof__cost_predict_wgmma(&ctx->device, d, f, &wc, slot);
                     slot->group = group;
+                    if (add_splits(&ctx->device, d, f, all, count, cap))
+                        goto oom;
                 }
             }
             stof_format_free(&f);

@@ -20,6 +20,15 @@
  * way with its own rate and efficiencies; it walks its row blocks heaviest
  * first, so its CTAs are scheduled in that order.
  *
+ * A tile costs at least its DRAM traffic: 2 * BN * D 16-bit K/V values
+ * divided by the CTAs reading the same key block at about the same time
+ * (row blocks listing it x query heads per K/V head), at the SM's share
+ * of the bandwidth. This binds decode-like problems (one row block per
+ * head), where the tensor-core time of a mostly empty tile does not.
+ * Split-KV candidates (splits CTAs per row block, each w_i / splits of the
+ * work, plus a merge pass over the partials) are ranked when the unsplit
+ * grid fills the GPU less than twice.
+ *
  * R_sm is the tensor-core rate per SM for mma.sync or wgmma (by compute
  * capability), e(cfg, D) the fraction a configuration reaches on dense
  * work (calibrated on an H200: see COST_MODEL.md), mu the extra cost of a
@@ -51,6 +60,9 @@ typedef struct stof_candidate {
                                STOF_KERNEL_WGMMA_GATHER) */
     int group;              /* row-wise kernels: query rows grouped by
                                residue class mod `group` (0/1: not) */
+    int splits;             /* split-KV: CTAs sharing each row block's
+                               tiles (2..STOF_SPLIT_MAX; 0/1: not split);
+                               cfg.split and wcfg.split are set with it */
     double predicted_ms;    /* model time */
     double work_tiles;      /* sum of w_i over row blocks (one batch*head) */
     int ctas_per_sm;        /* o */
@@ -68,6 +80,24 @@ double stof__cost_predict_wgmma(const stof_device *dev,
                                 const stof_attention_desc *d,
                                 const stof_format *f, const stof_wgmma_cfg *wc,
                                 stof_candidate *out);
+
+/* The prediction of base's kernel (kind, cfg / wcfg, group) with each row
+ * block's tiles split over `splits` CTAs (split-KV; 0/1: not split),
+ * merged by a second pass; *out (may be base) gets the candidate. */
+double stof__cost_predict_split(const stof_device *dev,
+                                const stof_attention_desc *d,
+                                const stof_format *f,
+                                const stof_candidate *base, int splits,
+                                stof_candidate *out);
+
+/* The split counts worth ranking for a kernel with ctas_per_sm CTAs per
+ * SM on format f (2, 4, 8, ... into counts[], at most 6): none when the
+ * unsplit grid already fills the GPU twice; otherwise those that keep at
+ * least two tiles per CTA, at most four waves and 256 MB of partials.
+ * Returns how many. */
+int stof__cost_split_counts(const stof_device *dev,
+                            const stof_attention_desc *d, const stof_format *f,
+                            int ctas_per_sm, int *counts /* OUT */);
 
 /* Stage 1: enumerate every valid (kind, cfg) for the problem, build the
  * formats they need, predict each and sort by predicted time (fastest

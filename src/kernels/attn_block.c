@@ -27,8 +27,11 @@ typedef struct stof_attn_block_params {
     int rp_stride;
     int kv_group, pad_;
     CUdeviceptr lse; /* 0, or float[batch][heads][seq_q] */
+    CUdeviceptr o_part, lse_part; /* split kernels (attn_split.h) */
+    int n_split, pad2_;
 } stof_attn_block_params;
-_Static_assert(sizeof(stof_attn_block_params) == 9 * 8 + 12 * 8 + 10 * 4 + 8,
+_Static_assert(sizeof(stof_attn_block_params) ==
+                   9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 2 * 4,
                "stof_attn_block_params must match attn_block.cu");
 
 /* The gather kernel's parameters (GATHER=1): the block ones, row_ptr /
@@ -110,6 +113,8 @@ int stof__block_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n, "stages %d: must be 1..3", c->stages);
     if (c->gather != 0 && c->gather != 1)
         return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
+    if (c->split != 0 && c->split != 1)
+        return stof__why(why, n, "split %d: must be 0 or 1", c->split);
     const int acc = block_acc_regs(head_dim, c);
     if (acc > BLOCK_ACC_REGS_MAX)
         return stof__why(why, n,
@@ -521,10 +526,14 @@ stof_status stof__block_compile(stof_context *ctx, int head_dim,
     snprintf(d_bn, sizeof(d_bn), "BLOCK_N=%d", c->block_n);
     snprintf(d_w, sizeof(d_w), "WARPS=%d", c->warps);
     snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
-    /* GATHER is defined only when set, so block-wise kernels compile from
-     * exactly the defines they always had. */
-    const char *defs[] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s, "GATHER=1"};
-    const int n_defs = (int)(sizeof(defs) / sizeof(*defs)) - !c->gather;
+    /* GATHER and SPLIT are defined only when set, so block-wise kernels
+     * compile from exactly the defines they always had. */
+    const char *defs[8] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s};
+    int n_defs = 6;
+    if (c->gather)
+        defs[n_defs++] = "GATHER=1";
+    if (c->split)
+        defs[n_defs++] = "SPLIT=1";
     return (stof_status)stof__jit_compile(ctx, "attn_block.cu", defs, n_defs,
                                           arch_or_NULL, cubin, size);
 }
@@ -561,13 +570,20 @@ stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
     return st;
 }
 
-/* The parameters every launch shares: tensors, strides, sizes, scale. */
+/* The parameters every launch shares: tensors, strides, sizes, scale,
+ * what x asks besides O. */
 static void fill_params(stof_attn_block_params *p, int head_dim,
                         const stof_attention_desc *d, float scale,
                         CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-                        CUdeviceptr o)
+                        CUdeviceptr o, const stof_attn_out *x)
 {
     memset(p, 0, sizeof(*p));
+    if (x) {
+        p->lse = x->lse;
+        p->o_part = x->o_part;
+        p->lse_part = x->lse_part;
+        p->n_split = x->n_split;
+    }
     p->q = q;
     p->k = k;
     p->v = v;
@@ -593,17 +609,16 @@ stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
                                CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                                CUdeviceptr o, CUstream s, const stof_api *api)
 {
-    return stof__block_launch_lse(fn, c, head_dim, d, scale, bf, q, k, v, o, 0,
-                                  s, api);
+    return stof__block_launch_ex(fn, c, head_dim, d, scale, bf, q, k, v, o,
+                                 NULL, s, api);
 }
 
-stof_status stof__block_launch_lse(CUfunction fn, const stof_block_cfg *c,
-                                   int head_dim, const stof_attention_desc *d,
-                                   float scale, const stof_block_format *bf,
-                                   CUdeviceptr q, CUdeviceptr k,
-                                   CUdeviceptr v, CUdeviceptr o,
-                                   CUdeviceptr lse, CUstream s,
-                                   const stof_api *api)
+stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
+                                  int head_dim, const stof_attention_desc *d,
+                                  float scale, const stof_block_format *bf,
+                                  CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                                  CUdeviceptr o, const stof_attn_out *x,
+                                  CUstream s, const stof_api *api)
 {
     if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel || c->gather)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -615,10 +630,12 @@ stof_status stof__block_launch_lse(CUfunction fn, const stof_block_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u)
         return STOF_ERR_INVALID_ARGUMENT;
+    const unsigned gz = stof__split_grid_z(c->split, x);
+    if (!gz || (x && x->lse % 4u))
+        return STOF_ERR_INVALID_ARGUMENT;
 
     stof_attn_block_params p;
-    fill_params(&p, head_dim, d, scale, q, k, v, o);
-    p.lse = lse;
+    fill_params(&p, head_dim, d, scale, q, k, v, o, x);
     p.row_ptr = bf->row_ptr;
     p.col_idx = bf->col_idx;
     p.kind = bf->kind;
@@ -631,7 +648,7 @@ stof_status stof__block_launch_lse(CUfunction fn, const stof_block_cfg *c,
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};
     CUresult r = api->cuLaunchKernel(
-        fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
+        fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), gz,
         (unsigned)(32 * c->warps), 1, 1, (unsigned)smem, s, args, NULL);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
@@ -657,15 +674,15 @@ stof_status stof__rowwise_launch_qperm(CUfunction fn, const stof_block_cfg *c,
                                        CUdeviceptr o, CUstream s,
                                        const stof_api *api)
 {
-    return stof__rowwise_launch_qperm_lse(fn, c, head_dim, d, scale, rf,
-                                          q_rows, q, k, v, o, 0, s, api);
+    return stof__rowwise_launch_qperm_ex(fn, c, head_dim, d, scale, rf,
+                                         q_rows, q, k, v, o, NULL, s, api);
 }
 
-stof_status stof__rowwise_launch_qperm_lse(
+stof_status stof__rowwise_launch_qperm_ex(
     CUfunction fn, const stof_block_cfg *c, int head_dim,
     const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
     CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-    CUdeviceptr o, CUdeviceptr lse, CUstream s, const stof_api *api)
+    CUdeviceptr o, const stof_attn_out *x, CUstream s, const stof_api *api)
 {
     if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
         c->gather != 1)
@@ -678,6 +695,9 @@ stof_status stof__rowwise_launch_qperm_lse(
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || q_rows % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
+    const unsigned gz = stof__split_grid_z(c->split, x);
+    if (!gz || (x && x->lse % 4u))
+        return STOF_ERR_INVALID_ARGUMENT;
     /* The kernel keeps key row offsets in 16-byte units in 32 bits. */
     for (int t = 0; t < 2; t++) {
         const int64_t st = t ? d->v_stride[2] : d->k_stride[2];
@@ -686,8 +706,7 @@ stof_status stof__rowwise_launch_qperm_lse(
     }
 
     stof_attn_gather_params p;
-    fill_params(&p.b, head_dim, d, scale, q, k, v, o);
-    p.b.lse = lse;
+    fill_params(&p.b, head_dim, d, scale, q, k, v, o, x);
     p.b.row_ptr = rf->tile_ptr;
     p.b.col_idx = 0; /* unused in gather mode */
     p.b.kind = rf->kind;
@@ -702,7 +721,7 @@ stof_status stof__rowwise_launch_qperm_lse(
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};
     CUresult r = api->cuLaunchKernel(
-        fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
+        fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads), gz,
         (unsigned)(32 * c->warps), 1, 1, (unsigned)smem, s, args, NULL);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }

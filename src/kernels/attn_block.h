@@ -7,6 +7,7 @@
 #ifndef STOF_ATTN_BLOCK_H
 #define STOF_ATTN_BLOCK_H
 
+#include "attn_split.h"
 #include "internal.h"
 
 /* ------------------------------------------------------------------------ */
@@ -27,12 +28,14 @@
 typedef struct stof_block_cfg {
     int block_m, block_n, warps, stages;
     int gather;
+    int split; /* 1: the split-KV kernel (SPLIT=1, attn_split.h) */
 } stof_block_cfg;
 
 /* 1 when the kernel supports (head_dim, *c): head_dim 32/64/128/256, the
- * sizes above, gather 0 or 1, the accumulators fit the registers without
- * spilling, and, when `dev` is given, the shared memory fits its opt-in
- * limit. Otherwise 0 with the reason in why[n] (may be NULL). */
+ * sizes above, gather and split 0 or 1, the accumulators fit the
+ * registers without spilling, and, when `dev` is given, the shared memory
+ * fits its opt-in limit. Otherwise 0 with the reason in why[n] (may be
+ * NULL). */
 int stof__block_cfg_valid(const stof_device *dev, int head_dim,
                           const stof_block_cfg *c, char *why, size_t n);
 
@@ -113,17 +116,18 @@ stof_status stof__block_launch(CUfunction fn, const stof_block_cfg *c,
                                float scale, const stof_block_format *bf,
                                CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                                CUdeviceptr o, CUstream s, const stof_api *api);
-/* The same writing each row's log-sum-exp (natural log of the sum of
- * exp(scale * q.k) over its allowed keys; -inf for none) to lse,
- * float[batch][heads][seq_q] (0: not written). The _lse variants of the
- * other launchers below do the same. */
-stof_status stof__block_launch_lse(CUfunction fn, const stof_block_cfg *c,
-                                   int head_dim, const stof_attention_desc *d,
-                                   float scale, const stof_block_format *bf,
-                                   CUdeviceptr q, CUdeviceptr k,
-                                   CUdeviceptr v, CUdeviceptr o,
-                                   CUdeviceptr lse, CUstream s,
-                                   const stof_api *api);
+/* The same writing what x asks besides O (NULL: nothing): each row's
+ * log-sum-exp (natural log of the sum of exp(scale * q.k) over its allowed
+ * keys; -inf for none) and, for a split kernel (c->split), the partials
+ * of x->n_split CTAs per row block instead of O (grid z = n_split; then
+ * stof__split_combine_launch writes O and the log-sum-exps). The _ex
+ * variants of the other launchers below do the same. */
+stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
+                                  int head_dim, const stof_attention_desc *d,
+                                  float scale, const stof_block_format *bf,
+                                  CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                                  CUdeviceptr o, const stof_attn_out *x,
+                                  CUstream s, const stof_api *api);
 
 /* Row-wise (gather) kernel: the device form of a format's row-wise part for
  * the kernel's BLOCK_N (the format's block_n). Row block i's keys are
@@ -222,10 +226,10 @@ stof_status stof__rowwise_launch_qperm(CUfunction fn, const stof_block_cfg *c,
                                        CUdeviceptr k, CUdeviceptr v,
                                        CUdeviceptr o, CUstream s,
                                        const stof_api *api);
-stof_status stof__rowwise_launch_qperm_lse(
+stof_status stof__rowwise_launch_qperm_ex(
     CUfunction fn, const stof_block_cfg *c, int head_dim,
     const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
     CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-    CUdeviceptr o, CUdeviceptr lse, CUstream s, const stof_api *api);
+    CUdeviceptr o, const stof_attn_out *x, CUstream s, const stof_api *api);
 
 #endif

@@ -32,8 +32,11 @@ typedef struct stof_attn_wgmma_params {
     CUdeviceptr key_ptr, keys, q_rows;
     int64_t q_stride[3], k_stride[3], v_stride[3];
     CUdeviceptr lse; /* 0, or float[batch][heads][seq_q] */
+    CUdeviceptr o_part, lse_part; /* split kernels (attn_split.h) */
+    int n_split, pad2_;
+    uint8_t tail_[104]; /* to 768 bytes, as the template */
 } stof_attn_wgmma_params;
-_Static_assert(sizeof(stof_attn_wgmma_params) == 640,
+_Static_assert(sizeof(stof_attn_wgmma_params) == 768,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 _Static_assert(offsetof(stof_attn_wgmma_params, o) == 384,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
@@ -87,6 +90,8 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n, "overlap %d: must be 0 or 1", c->overlap);
     if (c->gather != 0 && c->gather != 1)
         return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
+    if (c->split != 0 && c->split != 1)
+        return stof__why(why, n, "split %d: must be 0 or 1", c->split);
     if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
         return stof__why(why, n, "block_m %d: must be 64 or 128 (0: 128)",
                        c->block_m);
@@ -153,10 +158,12 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
     /* GATHER and BLOCK_M are defined only when they differ from the
      * defaults: the 128-row block-mode kernels compile from exactly the
      * defines they always had. */
-    const char *defs[7] = {d_hd, d_dt, d_bn, d_s, d_o};
+    const char *defs[8] = {d_hd, d_dt, d_bn, d_s, d_o};
     int n_defs = 5;
     if (c->gather)
         defs[n_defs++] = "GATHER=1";
+    if (c->split)
+        defs[n_defs++] = "SPLIT=1";
     if (stof__wgmma_block_m(c) == 64)
         defs[n_defs++] = "BLOCK_M=64";
     return (stof_status)stof__jit_compile(ctx, "attn_wgmma.cu", defs, n_defs,
@@ -274,17 +281,28 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
                                CUstream s, const stof_api *api)
 {
-    return stof__wgmma_launch_lse(fn, c, head_dim, d, scale, bf, row_order, q,
-                                  k, v, o, 0, s, api);
+    return stof__wgmma_launch_ex(fn, c, head_dim, d, scale, bf, row_order, q,
+                                 k, v, o, NULL, s, api);
 }
 
-stof_status stof__wgmma_launch_lse(CUfunction fn, const stof_wgmma_cfg *c,
-                                   int head_dim, const stof_attention_desc *d,
-                                   float scale, const stof_block_format *bf,
-                                   CUdeviceptr row_order, CUdeviceptr q,
-                                   CUdeviceptr k, CUdeviceptr v,
-                                   CUdeviceptr o, CUdeviceptr lse,
-                                   CUstream s, const stof_api *api)
+/* What x asks besides O, into the launch parameters. */
+static void set_out(stof_attn_wgmma_params *p, const stof_attn_out *x)
+{
+    if (!x)
+        return;
+    p->lse = x->lse;
+    p->o_part = x->o_part;
+    p->lse_part = x->lse_part;
+    p->n_split = x->n_split;
+}
+
+stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
+                                  int head_dim, const stof_attention_desc *d,
+                                  float scale, const stof_block_format *bf,
+                                  CUdeviceptr row_order, CUdeviceptr q,
+                                  CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
+                                  const stof_attn_out *x, CUstream s,
+                                  const stof_api *api)
 {
     if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel || c->gather)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -299,6 +317,9 @@ stof_status stof__wgmma_launch_lse(CUfunction fn, const stof_wgmma_cfg *c,
         (int64_t)d->batch * d->heads > 65535 || bf->n_row_blocks < 1)
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const unsigned gz = stof__split_grid_z(c->split, x);
+    if (!gz || (x && x->lse % 4u))
         return STOF_ERR_INVALID_ARGUMENT;
     const int kvh = d->heads / stof__kv_group(d);
     if (!strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) ||
@@ -342,12 +363,12 @@ stof_status stof__wgmma_launch_lse(CUfunction fn, const stof_wgmma_cfg *c,
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
     p.rp_stride = bf->rp_stride;
     p.kv_group = stof__kv_group(d);
-    p.lse = lse;
+    set_out(&p, x);
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     void *args[] = {&p};
     CUresult r = api->cuLaunchKernel(
-        fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
+        fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), gz,
         128u + 2u * (unsigned)stof__wgmma_block_m(c), 1, 1, (unsigned)smem, s,
         args, NULL);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
@@ -364,16 +385,16 @@ stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                       CUdeviceptr o, CUstream s,
                                       const stof_api *api)
 {
-    return stof__wgmma_gather_launch_lse(fn, c, head_dim, d, scale, rf,
-                                         row_order, q_rows, q, k, v, o, 0, s,
-                                         api);
+    return stof__wgmma_gather_launch_ex(fn, c, head_dim, d, scale, rf,
+                                        row_order, q_rows, q, k, v, o, NULL,
+                                        s, api);
 }
 
-stof_status stof__wgmma_gather_launch_lse(
+stof_status stof__wgmma_gather_launch_ex(
     CUfunction fn, const stof_wgmma_cfg *c, int head_dim,
     const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
     CUdeviceptr row_order, CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k,
-    CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+    CUdeviceptr v, CUdeviceptr o, const stof_attn_out *x, CUstream s,
     const stof_api *api)
 {
     if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
@@ -391,6 +412,9 @@ stof_status stof__wgmma_gather_launch_lse(
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u ||
         q_rows % 4u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const unsigned gz = stof__split_grid_z(c->split, x);
+    if (!gz || (x && x->lse % 4u))
         return STOF_ERR_INVALID_ARGUMENT;
     const int kvh = d->heads / stof__kv_group(d);
     if (!strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) ||
@@ -426,7 +450,7 @@ stof_status stof__wgmma_gather_launch_lse(
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
     p.rp_stride = 0;
     p.kv_group = stof__kv_group(d);
-    p.lse = lse;
+    set_out(&p, x);
     p.q = q;
     p.k = k;
     p.v = v;
@@ -440,7 +464,7 @@ stof_status stof__wgmma_gather_launch_lse(
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     void *args[] = {&p};
     CUresult r = api->cuLaunchKernel(
-        fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads), 1,
+        fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads), gz,
         128u + 2u * (unsigned)stof__wgmma_block_m(c), 1, 1, (unsigned)smem, s,
         args, NULL);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;

@@ -35,15 +35,17 @@ typedef struct stof_wgmma_cfg {
     int block_n, stages, overlap;
     int gather;
     int block_m;
+    int split; /* 1: the split-KV kernel (SPLIT=1, attn_split.h) */
 } stof_wgmma_cfg;
 
 /* The query rows per CTA of c: 64 or 128 (block_m 0 counts as 128). */
 int stof__wgmma_block_m(const stof_wgmma_cfg *c);
 
 /* 1 when the kernel supports (head_dim, *c): head_dim 64 or 128, the sizes
- * above, gather 0 or 1, block_m 0, 64 or 128 and, when `dev` is given, its shared memory fits the device's
- * opt-in limit. Otherwise 0 with the reason in why[n] (may be NULL). Says
- * nothing about the device's architecture (see stof__wgmma_device_ok). */
+ * above, gather and split 0 or 1, block_m 0, 64 or 128 and, when `dev` is
+ * given, its shared memory fits the device's opt-in limit. Otherwise 0
+ * with the reason in why[n] (may be NULL). Says nothing about the
+ * device's architecture (see stof__wgmma_device_ok). */
 int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
                           const stof_wgmma_cfg *c, char *why, size_t n);
 
@@ -105,15 +107,15 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                CUdeviceptr row_order, CUdeviceptr q,
                                CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
                                CUstream s, const stof_api *api);
-/* The same writing each row's log-sum-exp to lse, float[batch][heads]
- * [seq_q] (0: not written), as stof__block_launch_lse. */
-stof_status stof__wgmma_launch_lse(CUfunction fn, const stof_wgmma_cfg *c,
-                                   int head_dim, const stof_attention_desc *d,
-                                   float scale, const stof_block_format *bf,
-                                   CUdeviceptr row_order, CUdeviceptr q,
-                                   CUdeviceptr k, CUdeviceptr v,
-                                   CUdeviceptr o, CUdeviceptr lse,
-                                   CUstream s, const stof_api *api);
+/* The same writing what x asks besides O (the log-sum-exps; a split
+ * kernel's partials), as stof__block_launch_ex. */
+stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
+                                  int head_dim, const stof_attention_desc *d,
+                                  float scale, const stof_block_format *bf,
+                                  CUdeviceptr row_order, CUdeviceptr q,
+                                  CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
+                                  const stof_attn_out *x, CUstream s,
+                                  const stof_api *api);
 
 /* Enqueue the gather kernel (fn loaded with c->gather = 1): grid
  * (rf->n_row_blocks, batch * heads), 128 + 2 * block_m threads,
@@ -142,11 +144,11 @@ stof_status stof__wgmma_gather_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                       CUdeviceptr k, CUdeviceptr v,
                                       CUdeviceptr o, CUstream s,
                                       const stof_api *api);
-stof_status stof__wgmma_gather_launch_lse(
+stof_status stof__wgmma_gather_launch_ex(
     CUfunction fn, const stof_wgmma_cfg *c, int head_dim,
     const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
     CUdeviceptr row_order, CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k,
-    CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+    CUdeviceptr v, CUdeviceptr o, const stof_attn_out *x, CUstream s,
     const stof_api *api);
 
 /* A heavy-first order of f's row blocks: order[0 .. n_row_blocks-1] gets

@@ -257,10 +257,13 @@ void stof__plan_release(stof_plan *p)
     }
     stof__block_format_free(p->ctx, &p->bf);
     stof__rowwise_format_free(p->ctx, &p->rf);
-    if ((p->d_mask || p->module || p->d_row_order || p->d_q_rows) &&
+    if ((p->d_mask || p->module || p->d_row_order || p->d_q_rows ||
+         p->d_split) &&
         stof__ctx_push(p->ctx) == STOF_OK) {
         if (p->d_mask)
             api->cuMemFree(p->d_mask);
+        if (p->d_split)
+            api->cuMemFree(p->d_split);
         if (p->d_q_rows)
             api->cuMemFree(p->d_q_rows);
         if (p->d_row_order)
@@ -312,12 +315,14 @@ stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
     case STOF_KERNEL_ROWWISE: {
         stof_block_cfg cfg = c->cfg;
         cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
+        cfg.split = c->splits > 1;
         return stof__block_compile(ctx, head_dim, dt, &cfg, NULL, cubin, size);
     }
     case STOF_KERNEL_WGMMA:
     case STOF_KERNEL_WGMMA_GATHER: {
         stof_wgmma_cfg wc = c->wcfg;
         wc.gather = c->kind == STOF_KERNEL_WGMMA_GATHER;
+        wc.split = c->splits > 1;
         return stof__wgmma_compile(ctx, head_dim, dt, &wc, cubin, size);
     }
     default:
@@ -354,6 +359,8 @@ stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
         p->grid[2] = 1;
         break;
     }
+    if (st == STOF_OK)
+        st = stof__plan_split_prepare(ctx, p);
     p->load_ms = stof__now_ms() - t0;
     snprintf(p->arch, sizeof(p->arch), "%s",
              p->kind >= STOF_KERNEL_WGMMA ? "sm_90a" : ctx->device.arch);
@@ -507,6 +514,16 @@ stof_status stof__plan_new(stof_context *ctx, const stof_attention_desc *d,
     p->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
     p->wcfg = c->wcfg;
     p->wcfg.gather = c->kind == STOF_KERNEL_WGMMA_GATHER;
+    if (c->kind != STOF_KERNEL_REFERENCE && c->splits > 1) {
+        if (c->splits > STOF_SPLIT_MAX) {
+            free(p);
+            return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                              "split-KV over %d CTAs: at most %d",
+                              c->splits, STOF_SPLIT_MAX);
+        }
+        p->n_split = c->splits;
+    }
+    p->cfg.split = p->wcfg.split = p->n_split > 1;
     p->group = c->kind == STOF_KERNEL_ROWWISE ||
                        c->kind == STOF_KERNEL_WGMMA_GATHER
                    ? c->group
@@ -802,69 +819,10 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
         return plan_fail(p, st, "%s", "stof_attention_run: launching the "
                                       "format builder failed");
     }
-    /* Packed runs cover this call's rows and keys only (the tensors may
-     * be no larger): the kernels see seq_q = total_q, seq_k = total_k. */
-    stof_attention_desc ld = p->desc;
-    stof_block_format lbf = p->bf;
-    if (p->n_seq && data) {
-        if (data->total_q > 0)
-            ld.seq_q = lbf.seq_q = data->total_q;
-        if (data->total_k > 0)
-            ld.seq_k = lbf.seq_k = data->total_k;
-        lbf.n_row_blocks = (ld.seq_q + lbf.block_m - 1) / lbf.block_m;
-        lbf.n_col_blocks = (ld.seq_k + lbf.block_n - 1) / lbf.block_n;
-    }
-    if (p->kind == STOF_KERNEL_WGMMA) {
-        st = stof__wgmma_launch_lse(
-            p->fn, &p->wcfg, p->desc.head_dim, &ld, p->scale, &lbf,
-            p->d_row_order, (CUdeviceptr)(uintptr_t)q,
-            (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,
-            (CUdeviceptr)(uintptr_t)o, dl, (CUstream)stream, api);
-    } else if (p->kind == STOF_KERNEL_WGMMA_GATHER) {
-        st = stof__wgmma_gather_launch_lse(
-            p->fn, &p->wcfg, p->desc.head_dim, &p->desc, p->scale, &p->rf,
-            p->d_row_order, p->d_q_rows, (CUdeviceptr)(uintptr_t)q,
-            (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,
-            (CUdeviceptr)(uintptr_t)o, dl, (CUstream)stream, api);
-    } else if (p->kind == STOF_KERNEL_ROWWISE) {
-        st = stof__rowwise_launch_qperm_lse(
-            p->fn, &p->cfg, p->desc.head_dim, &p->desc, p->scale, &p->rf,
-            p->d_q_rows, (CUdeviceptr)(uintptr_t)q, (CUdeviceptr)(uintptr_t)k,
-            (CUdeviceptr)(uintptr_t)v, (CUdeviceptr)(uintptr_t)o, dl,
-            (CUstream)stream, api);
-    } else if (p->kind == STOF_KERNEL_BLOCK) {
-        st = stof__block_launch_lse(
-            p->fn, &p->cfg, p->desc.head_dim, &ld, p->scale, &lbf,
-            (CUdeviceptr)(uintptr_t)q, (CUdeviceptr)(uintptr_t)k,
-            (CUdeviceptr)(uintptr_t)v, (CUdeviceptr)(uintptr_t)o, dl,
-            (CUstream)stream, api);
-    } else {
-        stof_attn_params prm;
-        memset(&prm, 0, sizeof(prm));
-        prm.q = (CUdeviceptr)(uintptr_t)q;
-        prm.k = (CUdeviceptr)(uintptr_t)k;
-        prm.v = (CUdeviceptr)(uintptr_t)v;
-        prm.o = (CUdeviceptr)(uintptr_t)o;
-        prm.mask_bits = p->d_mask;
-        memcpy(prm.q_stride, p->desc.q_stride, sizeof(prm.q_stride));
-        memcpy(prm.k_stride, p->desc.k_stride, sizeof(prm.k_stride));
-        memcpy(prm.v_stride, p->desc.v_stride, sizeof(prm.v_stride));
-        memcpy(prm.o_stride, p->desc.o_stride, sizeof(prm.o_stride));
-        prm.batch = p->desc.batch;
-        prm.heads = p->desc.heads;
-        prm.seq_q = p->desc.seq_q;
-        prm.seq_k = p->desc.seq_k;
-        prm.mask_words = p->mask_words;
-        prm.scale = p->scale;
-        prm.kv_group = stof__kv_group(&p->desc);
-        prm.lse = dl;
-        void *args[] = {&prm};
-        r = api->cuLaunchKernel(p->fn, p->grid[0], p->grid[1], p->grid[2],
-                                p->block[0], p->block[1], p->block[2], 0,
-                                (CUstream)stream, args, NULL);
-        if (r != CUDA_SUCCESS)
-            st = STOF_ERR_CUDA;
-    }
+    st = stof__plan_launch(p, data, (CUdeviceptr)(uintptr_t)q,
+                           (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,
+                           (CUdeviceptr)(uintptr_t)o, dl, (CUstream)stream,
+                           &r);
     CUcontext popped;
     api->cuCtxPopCurrent(&popped);
     if (st != STOF_OK) {
@@ -912,21 +870,27 @@ static json_t *describe_kernel(const stof_plan *p, const char *dt,
         return json_pack("{s:i, s:s, s:i}", "HEAD_DIM", d->head_dim, "DTYPE",
                          dt, "WARPS", REF_WARPS);
     }
+    json_t *j;
     if (p->kind >= STOF_KERNEL_WGMMA) {
         *tpl = "attn_wgmma.cu";
-        return json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}",
-                         "HEAD_DIM", d->head_dim, "DTYPE", dt, "BLOCK_M",
-                         stof__wgmma_block_m(&p->wcfg), "BLOCK_N",
-                         p->wcfg.block_n, "STAGES", p->wcfg.stages,
-                         "OVERLAP", p->wcfg.overlap, "GATHER", p->wcfg.gather,
-                         "ROW_GROUP", group);
+        j = json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}", "HEAD_DIM",
+                      d->head_dim, "DTYPE", dt, "BLOCK_M",
+                      stof__wgmma_block_m(&p->wcfg), "BLOCK_N",
+                      p->wcfg.block_n, "STAGES", p->wcfg.stages, "OVERLAP",
+                      p->wcfg.overlap, "GATHER", p->wcfg.gather, "ROW_GROUP",
+                      group);
+    } else {
+        *tpl = "attn_block.cu";
+        j = json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}", "HEAD_DIM",
+                      d->head_dim, "DTYPE", dt, "BLOCK_M", p->cfg.block_m,
+                      "BLOCK_N", p->cfg.block_n, "WARPS", p->cfg.warps,
+                      "STAGES", p->cfg.stages, "GATHER", p->cfg.gather,
+                      "ROW_GROUP", group);
     }
-    *tpl = "attn_block.cu";
-    return json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}", "HEAD_DIM",
-                     d->head_dim, "DTYPE", dt, "BLOCK_M", p->cfg.block_m,
-                     "BLOCK_N", p->cfg.block_n, "WARPS", p->cfg.warps,
-                     "STAGES", p->cfg.stages, "GATHER", p->cfg.gather,
-                     "ROW_GROUP", group);
+    /* Split-KV kernels: CTAs per row block (SPLIT=1, attn_split.cuh). */
+    if (j && p->n_split > 1)
+        json_object_set_new(j, "SPLITS", json_integer(p->n_split));
+    return j;
 }
 
 stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,

@@ -44,6 +44,10 @@ struct stof_plan {
     int group;                /* row grouping period (row-wise kinds) */
     CUdeviceptr d_q_rows;     /* with group > 1: query row of each format
                                  row (int32[seq_q]) */
+    int n_split;              /* split-KV: CTAs per row block (>= 2), or 0;
+                                 cfg.split / wcfg.split set with it */
+    CUdeviceptr d_split;      /* its partials (stof__split_bytes of desc) */
+    CUfunction fn_combine;    /* stof_attn_combine of module */
     double predicted_ms;      /* cost model; 0 for the reference kernel */
     int n_candidates;         /* candidates ranked (stage 1) / timed */
     const char *source;       /* "compiled", "tuned", "user db", "system db",
@@ -145,6 +149,20 @@ int stof__family_len_bucket(int n);
 stof_status stof__attention_family_build(stof_plan *p,
                                          const stof_mask_data *data,
                                          CUstream s);
+
+/* A split plan's merge kernel (from its loaded module) and workspace (for
+ * its descriptor); nothing for other plans. Records the error. */
+stof_status stof__plan_split_prepare(stof_context *ctx, stof_plan *p);
+
+/* Enqueue plan p's kernels on stream s for the run's instance data (NULL
+ * or a packed plan's totals): the attention kernel and, for a split
+ * plan, the merge. The caller made the device's context current and
+ * built a family plan's formats. *cu: the driver's error when a launch
+ * failed (CUDA_SUCCESS otherwise, or when the arguments were refused). */
+stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
+                              CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                              CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                              CUresult *cu);
 
 /* Free a plan's device data and the plan. */
 void stof__plan_release(stof_plan *p);

@@ -52,12 +52,13 @@ static const char *layout_str(stof_layout l)
  * stof__attention_record_candidate). */
 static void cand_to_json(const stof_candidate *c, char *buf, size_t n)
 {
-    stof__json_text(json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i}", "kind",
-                              stof__kernel_kind_name(c->kind), "block_m",
-                              c->cfg.block_m, "block_n", c->cfg.block_n,
-                              "warps", c->cfg.warps, "stages", c->cfg.stages,
-                              "overlap", c->wcfg.overlap, "group", c->group),
-                    buf, n);
+    stof__json_text(
+        json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "kind",
+                  stof__kernel_kind_name(c->kind), "block_m", c->cfg.block_m,
+                  "block_n", c->cfg.block_n, "warps", c->cfg.warps, "stages",
+                  c->cfg.stages, "overlap", c->wcfg.overlap, "group",
+                  c->group, "splits", c->splits > 1 ? c->splits : 0),
+        buf, n);
 }
 
 int stof__attention_record_candidate(const stof_db_record *r,
@@ -93,6 +94,18 @@ int stof__attention_record_candidate(const stof_db_record *r,
     c->group = v[5];
     if (!ok)
         return stof__why(why, n, "unreadable kernel configuration");
+    /* Records of split-KV kernels say how many CTAs (older ones have no
+     * "splits": not split). */
+    static const char *const skey[] = {"splits"};
+    int splits = 0;
+    if (strstr(r->config, "\"splits\"") &&
+        !stof__json_ints(r->config, skey, 1, &splits))
+        return stof__why(why, n, "unreadable split count");
+    if (splits < 0 || splits == 1 || splits > STOF_SPLIT_MAX ||
+        (splits && c->kind == STOF_KERNEL_REFERENCE))
+        return stof__why(why, n, "split count %d is out of range", splits);
+    c->splits = splits;
+    c->cfg.split = c->wcfg.split = splits > 1;
     c->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
     c->wcfg.block_n = c->cfg.block_n;
     c->wcfg.stages = c->cfg.stages;

@@ -221,14 +221,17 @@ static void op_describe(void *user, int i, char *buf, size_t n)
 {
     const stof_candidate *c = &((stof_attention_op *)user)->cands[i];
     const char *k = stof__kernel_kind_name(c->kind);
+    char split[24] = "";
+    if (c->splits > 1)
+        snprintf(split, sizeof(split), " split%d", c->splits);
     if (c->kind == STOF_KERNEL_REFERENCE)
         snprintf(buf, n, "%s", k);
     else if (c->group > 1)
-        snprintf(buf, n, "%s %dx%d w%d s%d rows%%%d", k, c->cfg.block_m,
-                 c->cfg.block_n, c->cfg.warps, c->cfg.stages, c->group);
+        snprintf(buf, n, "%s %dx%d w%d s%d rows%%%d%s", k, c->cfg.block_m,
+                 c->cfg.block_n, c->cfg.warps, c->cfg.stages, c->group, split);
     else
-        snprintf(buf, n, "%s %dx%d w%d s%d", k, c->cfg.block_m, c->cfg.block_n,
-                 c->cfg.warps, c->cfg.stages);
+        snprintf(buf, n, "%s %dx%d w%d s%d%s", k, c->cfg.block_m,
+                 c->cfg.block_n, c->cfg.warps, c->cfg.stages, split);
 }
 
 static int op_compile(void *user, int i, void **art, size_t *size, char *err,
@@ -253,15 +256,17 @@ static int op_compile(void *user, int i, void **art, size_t *size, char *err,
 }
 
 /* What the compiled kernel depends on: kind, template parameters, head_dim
- * and dtype (not the row grouping, which only changes the formats), so
- * problems of a batch warm-up share their compiles. */
+ * and dtype (not the row grouping, which only changes the formats, nor the
+ * split count, a launch argument), so problems of a batch warm-up share
+ * their compiles. */
 static uint64_t op_art_key(void *user, int i)
 {
     const stof_attention_op *b = user;
     const stof_candidate *c = &b->cands[i];
     const int v[] = {c->kind,         c->cfg.block_m,   c->cfg.block_n,
                      c->cfg.warps,    c->cfg.stages,    c->wcfg.overlap,
-                     c->wcfg.block_m, b->desc.head_dim, (int)b->desc.dtype};
+                     c->wcfg.block_m, b->desc.head_dim, (int)b->desc.dtype,
+                     c->splits > 1};
     uint64_t h = XXH3_64bits(v, sizeof(v));
     return h ? h : 1;
 }

@@ -1,0 +1,54 @@
+/*
+ * attn_split.h - split-KV for short queries against long keys
+ * (jit_templates/attn_split.cuh, attn_split.c): the attention kernels
+ * built with SPLIT=1 run n_split CTAs per row block, each over a share of
+ * its tiles, and write normalised partial outputs and log-sum-exps to a
+ * workspace; stof_attn_combine (in the same module) merges them into O.
+ */
+#ifndef STOF_ATTN_SPLIT_H
+#define STOF_ATTN_SPLIT_H
+
+#include "internal.h"
+
+/* The most CTAs a row block's tiles are split over. */
+#define STOF_SPLIT_MAX 64
+
+/* What a launch writes besides O: each row's log-sum-exp (lse: 0, or
+ * float[batch][heads][seq_q]) and, for a SPLIT=1 kernel, the partials:
+ * n_split >= 1 CTAs per row block (0 for an unsplit kernel), o_part
+ * float[n_split][batch * heads][seq_q][head_dim] and lse_part
+ * float[n_split][batch * heads][seq_q] (see stof__split_parts). A NULL
+ * stof_attn_out writes O only. */
+typedef struct stof_attn_out {
+    CUdeviceptr lse;
+    int n_split;
+    CUdeviceptr o_part, lse_part;
+} stof_attn_out;
+
+/* Bytes of the workspace n_split partials of problem d need (d's batch,
+ * heads, seq_q and head_dim); 0 when n_split < 1 or the size overflows. */
+size_t stof__split_bytes(int n_split, const stof_attention_desc *d);
+
+/* x's partials inside the workspace `ws` (stof__split_bytes(n_split, d)
+ * bytes or more) for problem d: o_part at ws, lse_part after it. */
+void stof__split_parts(CUdeviceptr ws, int n_split,
+                       const stof_attention_desc *d, stof_attn_out *x);
+
+/* The grid's z size of an attention launch: 1 for an unsplit kernel
+ * (split_kernel 0; x NULL or x->n_split 0 or 1), x->n_split for a SPLIT=1
+ * kernel (x with n_split 1..STOF_SPLIT_MAX and both partials); 0 when they
+ * do not match. */
+unsigned stof__split_grid_z(int split_kernel, const stof_attn_out *x);
+
+/* Enqueue stof_attn_combine (fn, from the SPLIT=1 kernel's module) for
+ * problem d (the attention launch's descriptor) on stream s: merges x's
+ * n_split partials into o (d's o_stride, 16-bit) and x->lse when not 0.
+ * Contract as the attention launchers (thread-safe, no context touched);
+ * STOF_ERR_INVALID_ARGUMENT on bad arguments, STOF_ERR_CUDA when the
+ * launch fails. */
+stof_status stof__split_combine_launch(CUfunction fn,
+                                       const stof_attention_desc *d,
+                                       const stof_attn_out *x, CUdeviceptr o,
+                                       CUstream s, const stof_api *api);
+
+#endif
