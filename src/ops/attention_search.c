@@ -60,21 +60,6 @@ static size_t extent(const int64_t st[3], int b, int h, int s, int d)
                     (int64_t)(s - 1) * st[2] + d);
 }
 
-/* Random fp16/bf16 values in [-amp, amp] from a splitmix64 stream. */
-static void fill(uint16_t *x, size_t n, uint64_t *state, stof_dtype dt,
-                 float amp)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        float f = ((float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
-        x[i] = stof__f32_to_half(f, dt);
-    }
-}
-
-
 void stof__attention_op_free(stof_attention_op **pb)
 {
     if (!pb || !*pb)
@@ -127,6 +112,37 @@ static stof_attention_op *op_alloc(stof_context *ctx,
     return b;
 }
 
+static CUresult ref_launch(const stof_api *api, CUfunction f, unsigned gx,
+                           unsigned gy, unsigned threads, void **args)
+{
+    return api->cuLaunchKernel(f, gx, gy, 1, threads, 1, 1, 0, NULL, args,
+                               NULL);
+}
+
+/* The verification inputs of op b from `seed`, on the GPU with
+ * stof_ref_fill of the reference module `mod` (q, k uniform in [-2, 2], v
+ * in [-1, 1]): no host copies, so problems with gigabytes of K and V do
+ * not spend seconds filling them. The caller made the context current. */
+static CUresult fill_inputs(const stof_api *api, CUmodule mod,
+                            const stof_attention_op *b, uint64_t seed)
+{
+    CUfunction f_fill = NULL;
+    CUresult r = api->cuModuleGetFunction(&f_fill, mod, "stof_ref_fill");
+    const struct {
+        CUdeviceptr x;
+        size_t n;
+        float amp;
+    } in[3] = {{b->q, b->nq, 2.0f}, {b->k, b->nk, 2.0f}, {b->v, b->nk, 1.0f}};
+    for (int t = 0; t < 3 && r == CUDA_SUCCESS; t++) {
+        int64_t cnt = (int64_t)in[t].n;
+        unsigned long long sd = seed + 0x1000193ull * (unsigned)(t + 1);
+        float amp = in[t].amp;
+        void *args[] = {(void *)&in[t].x, &cnt, &sd, &amp};
+        r = ref_launch(api, f_fill, 4096, 1, 256, args);
+    }
+    return r;
+}
+
 static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
                              const stof_mask *m, uint64_t seed, int reps,
                              stof_attention_op **out)
@@ -139,18 +155,25 @@ static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
     b->mask = m;
     b->h_out = malloc(b->nq * 2);
     b->h_ref = malloc(b->nq * 2);
-    uint16_t *hq = malloc(b->nq * 2), *hk = malloc(b->nk * 2),
-             *hv = malloc(b->nk * 2);
     stof_status st = STOF_OK;
-    if (!b->h_out || !b->h_ref || !hq || !hk || !hv) {
+    if (!b->h_out || !b->h_ref) {
         st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
                         "out of memory for the verification inputs");
         goto done;
     }
-    uint64_t s = seed;
-    fill(hq, b->nq, &s, d->dtype, 2.0f);
-    fill(hk, b->nk, &s, d->dtype, 2.0f);
-    fill(hv, b->nk, &s, d->dtype, 1.0f);
+    /* The reference module (also the reference plan's, compiled once per
+     * context) fills the inputs. */
+    stof_candidate rc = {.kind = STOF_KERNEL_REFERENCE};
+    void *cubin = NULL;
+    size_t size = 0;
+    st = stof__kernel_cubin(ctx, &rc, d->head_dim, d->dtype, &cubin, &size);
+    CUfunction f_fill = NULL; /* fill_inputs finds it again */
+    if (st == STOF_OK)
+        st = (stof_status)stof__module_load(ctx, cubin, "stof_ref_fill", 0,
+                                            &b->ref_mod, &f_fill);
+    free(cubin);
+    if (st != STOF_OK)
+        goto done;
     if ((st = (stof_status)stof__ctx_push(ctx)) != STOF_OK)
         goto done;
     const stof_api *api = ctx->api;
@@ -159,9 +182,7 @@ static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->ref, b->nq * 2));
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->k, b->nk * 2));
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->v, b->nk * 2));
-    STOF_CU_GOTO(ctx, st, pop, api->cuMemcpyHtoD(b->q, hq, b->nq * 2));
-    STOF_CU_GOTO(ctx, st, pop, api->cuMemcpyHtoD(b->k, hk, b->nk * 2));
-    STOF_CU_GOTO(ctx, st, pop, api->cuMemcpyHtoD(b->v, hv, b->nk * 2));
+    STOF_CU_GOTO(ctx, st, pop, fill_inputs(api, b->ref_mod, b, seed));
     STOF_CU_GOTO(ctx, st, pop, api->cuEventCreate(&b->e0, CU_EVENT_DEFAULT));
     STOF_CU_GOTO(ctx, st, pop, api->cuEventCreate(&b->e1, CU_EVENT_DEFAULT));
     stof__ctx_pop(ctx);
@@ -196,9 +217,6 @@ static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
 pop:
     stof__ctx_pop(ctx);
 done:
-    free(hq);
-    free(hk);
-    free(hv);
     if (st != STOF_OK)
         stof__attention_op_free(&b);
     *out = b;
@@ -445,13 +463,6 @@ static void op_table(stof_attention_op *a, stof_search_op *op)
 }
 
 /* Launch one of the reference module's kernels. */
-static CUresult ref_launch(const stof_api *api, CUfunction f, unsigned gx,
-                           unsigned gy, unsigned threads, void **args)
-{
-    return api->cuLaunchKernel(f, gx, gy, 1, threads, 1, 1, 0, NULL, args,
-                               NULL);
-}
-
 stof_status stof__attention_family_op_new(
     stof_context *ctx, const stof_attention_desc *d,
     const stof_mask_family *fam, const stof_mask_data *sample,
@@ -478,7 +489,7 @@ stof_status stof__attention_family_op_new(
     stof_candidate rc = {.kind = STOF_KERNEL_REFERENCE};
     void *cubin = NULL;
     size_t size = 0;
-    CUfunction f_ref = NULL, f_fill = NULL;
+    CUfunction f_ref = NULL;
     stof_mb_workspace pw;
     memset(&pw, 0, sizeof(pw));
     stof_status st = stof__kernel_cubin(ctx, &rc, d->head_dim, d->dtype,
@@ -494,9 +505,6 @@ stof_status stof__attention_family_op_new(
     if (st == STOF_OK && (st = (stof_status)stof__ctx_push(ctx)) == STOF_OK) {
         const stof_api *api = ctx->api;
         STOF_CU_GOTO(ctx, st, pop,
-                     api->cuModuleGetFunction(&f_fill, b->ref_mod,
-                                              "stof_ref_fill"));
-        STOF_CU_GOTO(ctx, st, pop,
                      api->cuModuleGetFunction(&b->f_diff, b->ref_mod,
                                               "stof_ref_diff"));
         STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->q, b->nq * 2));
@@ -509,22 +517,7 @@ stof_status stof__attention_family_op_new(
                      api->cuEventCreate(&b->e0, CU_EVENT_DEFAULT));
         STOF_CU_GOTO(ctx, st, pop,
                      api->cuEventCreate(&b->e1, CU_EVENT_DEFAULT));
-        /* Inputs as op_inputs makes them (q, k in [-2, 2], v in [-1, 1]),
-         * from the seed, on the GPU. */
-        const struct {
-            CUdeviceptr x;
-            size_t n;
-            float amp;
-        } in[3] = {{b->q, b->nq, 2.0f}, {b->k, b->nk, 2.0f},
-                   {b->v, b->nk, 1.0f}};
-        for (int t = 0; t < 3; t++) {
-            int64_t cnt = (int64_t)in[t].n;
-            unsigned long long sd = seed + 0x1000193ull * (unsigned)(t + 1);
-            float amp = in[t].amp;
-            void *args[] = {(void *)&in[t].x, &cnt, &sd, &amp};
-            STOF_CU_GOTO(ctx, st, pop,
-                         ref_launch(api, f_fill, 4096, 1, 256, args));
-        }
+        STOF_CU_GOTO(ctx, st, pop, fill_inputs(api, b->ref_mod, b, seed));
         /* The reference output over heads 0 .. ref_heads - 1 (the other
          * heads stay NaN and are not compared). */
         STOF_CU_GOTO(ctx, st, pop, api->cuMemsetD8(b->ref, 0xff, b->nq * 2));
