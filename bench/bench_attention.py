@@ -40,6 +40,9 @@ def mask_mod_for(name, dense_bool):
         return lambda b, h, q, k: q >= k
     if name == "sliding":
         return lambda b, h, q, k: (q - k).abs() < 256
+    if name.startswith("sliding:"):
+        w = int(name.split(":")[1])
+        return lambda b, h, q, k: (q - k).abs() < w
     if name == "dilated":
         return lambda b, h, q, k: ((q - k).abs() < 512) & ((q - k) % 2 == 0)
     if name == "longformer":
@@ -90,7 +93,7 @@ def main():
     ap.add_argument("--shapes", default="4x16x4096x64,1x32x8192x128",
                     help="comma-separated BxHxNxD (default: %(default)s)")
     ap.add_argument("--masks", default=",".join(n for n, _ in SUITE),
-                    help="comma-separated names from the suite")
+                    help="comma-separated names from the suite, or sliding:W")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
     ap.add_argument("--json", help="write all results to this file")
@@ -122,7 +125,8 @@ def main():
         out = torch.empty_like(q)
         sdpa_dense = bench(lambda: F.scaled_dot_product_attention(q, k, v))
         sdpa_causal = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        for name, spec in SUITE:
+        extra = [(n, n) for n in names if n.startswith("sliding:")]
+        for name, spec in SUITE + extra:
             if name not in names:
                 continue
             r = {"shape": [B, H, N, D], "mask": name, "spec": spec, "dtype": args.dtype}

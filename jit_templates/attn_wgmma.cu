@@ -106,7 +106,8 @@
 // 0.269 ms (8192, d=128), against 0.228 / 0.349 for the best 128-row cfg.
 //
 // Compile-time parameters (-D):
-//   HEAD_DIM 64 or 128    DTYPE 0 fp16, 1 bf16    BLOCK_N 64 or 128
+//   HEAD_DIM 64, 128 or 256 (256: BLOCK_M 128, BLOCK_N 64, STAGES 2, block
+//            mode)    DTYPE 0 fp16, 1 bf16    BLOCK_N 64 or 128
 //   STAGES   2..4 K/V slots    OVERLAP 0/1 (default 1)
 //   GATHER   0 tile BSR + TMA (default), 1 row-wise lists + cp.async
 //   BLOCK_M  128 (default) or 64 query rows per CTA
@@ -123,6 +124,7 @@
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_N=64,STAGES=4,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BLOCK_M=64,SPLIT=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,GATHER=1,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=4 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=256,DTYPE=1,BLOCK_N=64,STAGES=2 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
 #include "stof_common.cuh"
 
@@ -175,7 +177,17 @@
 #define WG_SMEM_USED (WG_OFF_IDX + WG_IDX_BYTES)
 #define WG_SMEM_BYTES (WG_SMEM_USED + 1024)    // + alignment slack
 
-static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256,
+              "HEAD_DIM must be 64, 128 or 256");
+// head_dim 256: O is 128 floats a consumer thread, so S stays at 64 keys
+// (32 floats), two consumer warpgroups share the registers, and two K/V
+// stages of 32 KB each fit beside the 64 KB of Q. The gather copy
+// passes (a quarter of a 128-byte swizzle period per pass) do not fit
+// such rows.
+static_assert(HEAD_DIM != 256 || (BLOCK_M == 128 && BLOCK_N == 64 &&
+                                  STAGES == 2 && GATHER == 0),
+              "HEAD_DIM 256 needs BLOCK_M 128, BLOCK_N 64, STAGES 2, block "
+              "mode");
 static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M must be 64 or 128");
 static_assert(BLOCK_N == 64 || BLOCK_N == 128, "BLOCK_N must be 64 or 128");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES must be 2..4");
@@ -521,13 +533,27 @@ __device__ __forceinline__ void wg_qk(float (&s)[WG_SN], stof_u64 dq,
 }
 
 // O += P V over BLOCK_N/16 k-steps of 16 keys (2048 bytes of V each).
+// head_dim 256: two n = 128 wgmmas a k-step, on V's column blocks 0-1 and
+// 2-3 (the second half of O: fragment index 64 + i is column 128 + the
+// column of i, as the whole-row indexing 4 * dt + .. expects).
 __device__ __forceinline__ void wg_pv(float (&o)[WG_ON],
                                       const unsigned (&pa)[WG_PK][4],
                                       stof_u64 dv)
 {
+#if HEAD_DIM == 256
+    float(&lo)[64] = *reinterpret_cast<float(*)[64]>(&o[0]);
+    float(&hi)[64] = *reinterpret_cast<float(*)[64]>(&o[64]);
+    const stof_u64 half = (stof_u64)((2 * BLOCK_N * 128) >> 4);
+#pragma unroll
+    for (int ks = 0; ks < WG_PK; ks++) {
+        wg_mma_rs(lo, pa[ks], dv + (stof_u64)((ks * 2048) >> 4));
+        wg_mma_rs(hi, pa[ks], dv + half + (stof_u64)((ks * 2048) >> 4));
+    }
+#else
 #pragma unroll
     for (int ks = 0; ks < WG_PK; ks++)
         wg_mma_rs(o, pa[ks], dv + (stof_u64)((ks * 2048) >> 4));
+#endif
 }
 
 // Element j of S: n-tile j/4, row (warp rows) g + 8*((j%4)/2), column

@@ -68,6 +68,9 @@ static const wg_cfg configs[] = {
     {128, STOF_DTYPE_BF16, {64, 2, 1, 0, 64, 0}},  /* 13 */
     {64, STOF_DTYPE_BF16, {128, 2, 1, 1, 64, 0}},  /* 14: gather */
     {128, STOF_DTYPE_FP16, {64, 2, 1, 1, 64, 0}},  /* 15: gather */
+    /* head_dim 256: 128-row CTAs, 64-key tiles, two stages */
+    {256, STOF_DTYPE_BF16, {64, 2, 1, 0, 0, 0}},   /* 16 */
+    {256, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0}},   /* 17: no overlap */
 };
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
@@ -383,8 +386,10 @@ WGMMA_CONFIG_TEST(12)
 WGMMA_CONFIG_TEST(13)
 WGMMA_CONFIG_TEST(14)
 WGMMA_CONFIG_TEST(15)
+WGMMA_CONFIG_TEST(16)
+WGMMA_CONFIG_TEST(17)
 
-_Static_assert(sizeof(configs) / sizeof(*configs) == 16,
+_Static_assert(sizeof(configs) / sizeof(*configs) == 18,
                "one WGMMA_CONFIG_TEST per configuration");
 
 /* The host-side rules, the row order, and the launch's argument checks (no
@@ -397,6 +402,16 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
               why);
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 96, &ok, why, sizeof(why)));
     cr_expect(strstr(why, "head_dim"), "%s", why);
+    /* head_dim 256: 128 x 64 tiles, two stages, block mode only. */
+    const stof_wgmma_cfg d256 = {64, 2, 1, 0, 0, 0};
+    cr_expect(stof__wgmma_cfg_valid(NULL, 256, &d256, why, sizeof(why)),
+              "%s", why);
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &ok, why, sizeof(why)));
+    cr_expect(strstr(why, "head_dim 256"), "%s", why);
+    const stof_wgmma_cfg d256g = {64, 2, 1, 1, 0, 0};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &d256g, why, sizeof(why)));
+    const stof_wgmma_cfg d256m = {64, 2, 1, 0, 64, 0};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &d256m, why, sizeof(why)));
     const stof_wgmma_cfg bn32 = {32, 2, 1, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &bn32, why, sizeof(why)));
     cr_expect(strstr(why, "block_n"), "%s", why);

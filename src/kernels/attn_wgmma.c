@@ -78,9 +78,10 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
         why[0] = '\0';
     if (!c)
         return stof__why(why, n, "no configuration (NULL)");
-    if (head_dim != 64 && head_dim != 128)
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256)
         return stof__why(why, n,
-                       "head_dim %d: the wgmma kernel supports 64 and 128",
+                       "head_dim %d: the wgmma kernel supports 64, 128 and "
+                       "256",
                        head_dim);
     if (c->block_n != 64 && c->block_n != 128)
         return stof__why(why, n, "block_n %d: must be 64 or 128", c->block_n);
@@ -95,6 +96,18 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
     if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
         return stof__why(why, n, "block_m %d: must be 64 or 128 (0: 128)",
                        c->block_m);
+    /* head_dim 256: 128 O accumulators a consumer thread leave room for
+     * 64-key S tiles only, in 128-row CTAs (two consumer warpgroups), two
+     * stages, TMA loads. */
+    if (head_dim == 256 &&
+        (stof__wgmma_block_m(c) != 128 || c->block_n != 64 ||
+         c->stages != 2 || c->gather))
+        return stof__why(why, n,
+                         "head_dim 256: the wgmma kernel needs block_m 128, "
+                         "block_n 64, 2 stages and block mode (not "
+                         "%dx%d, %d stages%s)",
+                         stof__wgmma_block_m(c), c->block_n, c->stages,
+                         c->gather ? ", gather" : "");
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     const size_t lim = dev && dev->ok && dev->max_smem_optin > 0
                            ? (size_t)dev->max_smem_optin

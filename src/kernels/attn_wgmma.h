@@ -41,10 +41,11 @@ typedef struct stof_wgmma_cfg {
 /* The query rows per CTA of c: 64 or 128 (block_m 0 counts as 128). */
 int stof__wgmma_block_m(const stof_wgmma_cfg *c);
 
-/* 1 when the kernel supports (head_dim, *c): head_dim 64 or 128, the sizes
- * above, gather and split 0 or 1, block_m 0, 64 or 128 and, when `dev` is
- * given, its shared memory fits the device's opt-in limit. Otherwise 0
- * with the reason in why[n] (may be NULL). Says nothing about the
+/* 1 when the kernel supports (head_dim, *c): head_dim 64, 128 or 256
+ * (256: block_m 128, block_n 64, 2 stages, block mode), the sizes above,
+ * gather and split 0 or 1, block_m 0, 64 or 128 and, when `dev` is given,
+ * its shared memory fits the device's opt-in limit. Otherwise 0 with the
+ * reason in why[n] (may be NULL). Says nothing about the
  * device's architecture (see stof__wgmma_device_ok). */
 int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
                           const stof_wgmma_cfg *c, char *why, size_t n);
