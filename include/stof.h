@@ -488,7 +488,18 @@ typedef struct stof_attention_desc {
                              strides of k and v (as desc_init set them) are
                              then taken with kv_heads heads; strides set by
                              the caller are used as given */
-    uint8_t reserved[60]; /* must be zero */
+    float softcap;        /* logit soft-capping (Gemma 2): 0 = none; > 0:
+                             every score s = scale * q.k becomes
+                             softcap * tanh(s / softcap) */
+    const float *alibi_slopes; /* ALiBi: NULL = none; else `heads` finite
+                             slopes in host memory, copied by the plan:
+                             head h's scores get slope[h] * (k - q), k and
+                             q the key's and the query's row in the
+                             tensors (a row's constant does not change O;
+                             the log-sum-exp output includes it). Not
+                             with the packed layout. Applied after the
+                             soft-cap */
+    uint8_t reserved[48]; /* must be zero */
 } stof_attention_desc;
 
 /* Fill a descriptor, with the strides of `layout` (BHSD or BSHD) and the

@@ -31,6 +31,10 @@
 //   SPLIT     0/1: split-KV (attn_split.cuh): gridDim.z = n_split CTAs
 //             share a row block's tiles and write partial results that
 //             stof_attn_combine (in the same module) merges
+//   SOFTCAP   0/1: scores s = scale * q.k become softcap * tanh(s /
+//             softcap) (cap_in, cap_out; stof_score_l2 in stof_common.cuh)
+//   ALIBI     0/1: plus alibi[h] * (key - query row) (block mode only: the
+//             gathered keys' indices are not at hand)
 //   STOF_BLOCK_CHECKS  1: trap on inconsistent launch data (debugging)
 //
 // Shared memory (dynamic; bytes, in this order, see stof__block_smem_bytes
@@ -117,6 +121,7 @@
 // STOF_VARIANTS: HEAD_DIM=32,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=1,GATHER=1 | HEAD_DIM=256,DTYPE=1,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2,SPLIT=1 | HEAD_DIM=32,DTYPE=0,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=2,GATHER=1,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1,SPLIT=1
+// STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2,SOFTCAP=1,ALIBI=1 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3,GATHER=1,SOFTCAP=1
 #include "stof_common.cuh"
 
 #ifndef HEAD_DIM
@@ -190,6 +195,7 @@ static_assert(BLOCK_M % (16 * WARPS) == 0,
 static_assert(STAGES >= 1 && STAGES <= 3, "STAGES must be 1..3");
 static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
 static_assert(GATHER == 0 || GATHER == 1, "GATHER must be 0 or 1");
+static_assert(!(ALIBI && GATHER), "ALIBI needs block mode (key indices)");
 static_assert(BLOCK_N <= BK_THREADS, "one key index per thread and tile");
 static_assert((BK_BITS_BYTES % 16) == 0, "bitmap stage must be 16-byte chunks");
 
@@ -223,7 +229,9 @@ struct stof_attn_block_params {
                                  // row's log-sum-exp (natural log)
     float *o_part, *lse_part;    // SPLIT: the partials (attn_split.cuh)
     int n_split;                 // SPLIT: gridDim.z, >= 1
+    float cap_in, cap_out;       // SOFTCAP: scale / softcap, softcap*log2(e)
     int pad2_;
+    const float *alibi;          // ALIBI: [heads] slopes
 #if GATHER
     // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
     // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
@@ -236,7 +244,7 @@ struct stof_attn_block_params {
 #endif
 };
 static_assert(sizeof(stof_attn_block_params) ==
-                  9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 2 * 4 +
+                  9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8 +
                       GATHER * 3 * 8,
               "stof_attn_block_params layout");
 
@@ -654,6 +662,11 @@ stof_attn_block(const stof_attn_block_params p)
     }
 
     const float sl2 = p.scale_log2;
+#if ALIBI
+    const float slope_l2 = p.alibi[h] * STOF_LOG2E;
+#else
+    const float slope_l2 = 0.0f;
+#endif
     int slot = 0; // t % STAGES
 #if GATHER
     int islot = 0; // t % (STAGES + 1): tile t's slot in the index ring
@@ -743,6 +756,27 @@ stof_attn_block(const stof_attn_block_params p)
         // ---- scale (log2 domain) and mask --------------------------------
         // Element (mt, nt, i): row wrow + 16mt + g + 8*(i/2), column
         // 8nt + 2tq + (i%2) of the tile.
+#if SOFTCAP || ALIBI
+        {
+            // Key - query row of element (mt, nt, i), block mode (ALIBI).
+#if ALIBI
+            const int dk0 = col * BLOCK_N + 2 * tq - (q0 + wrow + g);
+#else
+            const int dk0 = 0;
+#endif
+#pragma unroll
+            for (int mt = 0; mt < BK_MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < BK_NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        sacc[mt][nt][i] = stof_score_l2(
+                            sacc[mt][nt][i], sl2, p.cap_in, p.cap_out,
+                            slope_l2,
+                            dk0 + 8 * nt + (i & 1) - 16 * mt - 8 * (i >> 1));
+        }
+#else
+        (void)slope_l2;
 #pragma unroll
         for (int mt = 0; mt < BK_MT; mt++)
 #pragma unroll
@@ -750,6 +784,7 @@ stof_attn_block(const stof_attn_block_params p)
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     sacc[mt][nt][i] *= sl2;
+#endif
 
         if (kind == STOF_TILE_PARTIAL_) {
             const unsigned *bits = s_bits + slot * (BLOCK_M * BK_WPR);

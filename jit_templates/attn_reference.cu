@@ -62,6 +62,10 @@ __device__ __forceinline__ void stof_ref_row(const stof_attn_params &p, int b,
                     s += qr[i] * stof_load(kr + d);
             }
             s = stof_warp_sum(s);
+            if (p.softcap > 0.0f)
+                s = p.softcap * tanhf(s / p.softcap);
+            if (p.alibi)
+                s += p.alibi[h] * (float)(key - row);
             const float m_new = fmaxf(m, s);
             const float alpha = expf(m - m_new); // 0 on the first key
             const float pr = expf(s - m_new);

@@ -114,6 +114,9 @@
 //   SPLIT    0/1: split-KV (attn_split.cuh): gridDim.z = n_split CTAs share
 //            a row block's tiles and write partial results that
 //            stof_attn_combine (in the same module) merges
+//   SOFTCAP  0/1, ALIBI 0/1: score modifiers as in attn_block.cu (applied
+//            to S before the mask; the softmax then runs with scale 1;
+//            ALIBI in block mode only)
 // Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
 //
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=3
@@ -124,6 +127,7 @@
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_N=64,STAGES=4,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BLOCK_M=64,SPLIT=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,GATHER=1,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=4 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,SOFTCAP=1,ALIBI=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,BLOCK_M=64,OVERLAP=0,ALIBI=1 | HEAD_DIM=128,DTYPE=0,BLOCK_N=128,STAGES=2,GATHER=1,SOFTCAP=1
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=1,BLOCK_N=64,STAGES=2 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
 #include "stof_common.cuh"
@@ -194,6 +198,7 @@ static_assert(STAGES >= 2 && STAGES <= 4, "STAGES must be 2..4");
 static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
 static_assert(OVERLAP == 0 || OVERLAP == 1, "OVERLAP must be 0 or 1");
 static_assert(GATHER == 0 || GATHER == 1, "GATHER must be 0 or 1");
+static_assert(!(ALIBI && GATHER), "ALIBI needs block mode (key indices)");
 static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
               "swizzle atoms must stay 1024-byte aligned");
 
@@ -264,8 +269,10 @@ struct stof_attn_wgmma_params {
                                   // row's log-sum-exp (natural log)
     float *o_part, *lse_part;     // SPLIT: the partials (attn_split.cuh)
     int n_split;                  // SPLIT: gridDim.z, >= 1
+    float cap_in, cap_out;        // SOFTCAP: scale / softcap, softcap*log2 e
     int pad2_;
-    unsigned char tail_[104];     // to 768 bytes, a multiple of the
+    const float *alibi;           // ALIBI: [heads] slopes
+    unsigned char tail_[88];      // to 768 bytes, a multiple of the
                                   // maps' alignment on both sides
 };
 static_assert(sizeof(stof_attn_wgmma_params) == 768,
@@ -586,6 +593,26 @@ __device__ __forceinline__ void wg_mask(float (&s)[WG_SN], int kind, int col,
                 s[j] = STOF_NEG_INF;
     }
 }
+
+#if SOFTCAP || ALIBI
+// The score modifiers on S (stof_score_l2): element j is row r0 + 8 *
+// ((j % 4) / 2) of the block and column 8 * (j / 4) + 2 * tq + j % 2 of
+// the tile; dk0 = the tile's first key + 2 * tq - (q0 + r0).
+__device__ __forceinline__ void wg_mods(float (&s)[WG_SN], float sl2,
+                                        float cap_in, float cap_out,
+                                        float slope_l2, int dk0)
+{
+#pragma unroll
+    for (int j = 0; j < WG_SN; j++)
+        s[j] = stof_score_l2(s[j], sl2, cap_in, cap_out, slope_l2,
+                             dk0 + 8 * (j >> 2) + (j & 1) - 8 * ((j >> 1) & 1));
+}
+#define WG_MODS(s, col)                                                        \
+    wg_mods(s, p.scale_log2, p.cap_in, p.cap_out, slope_l2,                   \
+            (col) * BLOCK_N + 2 * tq - (q0 + r0))
+#else
+#define WG_MODS(s, col) ((void)0)
+#endif
 
 // Online softmax of one tile: updates the running max (scaled, log2
 // domain) and sum, turns s into the probabilities and returns the factor
@@ -961,7 +988,17 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
     const int wl = warp & 3;      // warp inside the warpgroup: 16 rows
     const int g = lane >> 2, tq = lane & 3;
     const int r0 = cw * 64 + wl * 16 + g; // tile row of fragment row g
+#if SOFTCAP || ALIBI
+    const float sl2 = 1.0f; // S is in log2 units after WG_MODS
+#else
     const float sl2 = p.scale_log2;
+#endif
+#if ALIBI
+    const float slope_l2 = p.alibi[h] * STOF_LOG2E;
+#else
+    const float slope_l2 = 0.0f;
+    (void)slope_l2;
+#endif
     const unsigned *s_bits = (const unsigned *)(smem + WG_OFF_B);
 
     float oacc[WG_ON], sacc[WG_SN];
@@ -994,6 +1031,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         wg_commit();
         wg_wait<0>();
         wg_keep(sacc);
+        WG_MODS(sacc, s_meta[0]);
         wg_mask(sacc, s_meta[1], s_meta[0], s_bits, r0, tq, klim);
         __syncwarp();
         if (lane == 0)
@@ -1017,6 +1055,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             wg_commit();
             wg_wait<1>(); // S(t) done; P(t-1) V(t-1) may still run
             wg_keep(sacc);
+            WG_MODS(sacc, s_meta[2 * s]);
             wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
                     s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
             __syncwarp();
@@ -1047,6 +1086,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             wg_commit();
             wg_wait<0>();
             wg_keep(sacc);
+            WG_MODS(sacc, s_meta[2 * s]);
             wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
                     s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
             __syncwarp();

@@ -83,8 +83,11 @@ struct stof_attn_params {
     int kv_group;                  // query heads per K/V head (GQA), >= 1
     float *lse;                    // NULL, or [batch][heads][seq_q]: the
                                    // log-sum-exp of each row's scores
+    float softcap;                 // 0, or scores s -> softcap tanh(s / softcap)
+    int pad_;
+    const float *alibi;            // NULL, or [heads]: + slope (key - row)
 };
-static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4 + 8,
+static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4 + 8 + 16,
               "stof_attn_params layout");
 
 // ---------------------------------------------------------------------------
@@ -149,6 +152,50 @@ __device__ __forceinline__ unsigned stof_pack2(float lo, float hi)
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
 #endif
     return r;
+}
+
+// ---------------------------------------------------------------------------
+// Score modifiers of the fast kernels (compile-time SOFTCAP, ALIBI: 0/1)
+// ---------------------------------------------------------------------------
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#define STOF_LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ float stof_tanh_approx(float x)
+{
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// A raw score x = q.k as the fast kernels' online softmax takes it, in
+// log2 units: x * sl2 (sl2 = scale * log2(e)); with SOFTCAP, cap_out *
+// tanh(x * cap_in) (cap_in = scale / softcap, cap_out = softcap *
+// log2(e)); with ALIBI, plus slope_l2 * dk (the head's slope * log2(e),
+// dk = key - query row).
+__device__ __forceinline__ float stof_score_l2(float x, float sl2,
+                                               float cap_in, float cap_out,
+                                               float slope_l2, int dk)
+{
+#if SOFTCAP
+    float v = cap_out * stof_tanh_approx(x * cap_in);
+    (void)sl2;
+#else
+    float v = x * sl2;
+    (void)cap_in;
+    (void)cap_out;
+#endif
+#if ALIBI
+    v = fmaf(slope_l2, (float)dk, v);
+#else
+    (void)slope_l2;
+    (void)dk;
+#endif
+    return v;
 }
 
 #ifdef STOF_JIT_FORCE_ERROR

@@ -162,6 +162,11 @@ Test(api, descriptor_validation_names_the_field)
     d = d0; d.kv_heads = 3;         expect_bad(ctx, &d, m, "desc.kv_heads");
     d = d0; d.kv_heads = 8;         expect_bad(ctx, &d, m, "desc.kv_heads");
     d = d0; d.kv_heads = -2;        expect_bad(ctx, &d, m, "desc.kv_heads");
+    d = d0; d.softcap = -1.0f;      expect_bad(ctx, &d, m, "desc.softcap");
+    d = d0; d.softcap = 1.0f / 0.0f; expect_bad(ctx, &d, m, "desc.softcap");
+    const float slopes[4] = {0.5f, 0.25f, 0.0f / 0.0f, 0.125f};
+    d = d0; d.alibi_slopes = slopes;
+    expect_bad(ctx, &d, m, "desc.alibi_slopes[2]");
     d = d0; d.layout = STOF_LAYOUT_PACKED;
     expect_bad(ctx, &d, m, "stof_attention_plan_family");
     d = d0; d.layout = STOF_LAYOUT_STRIDED; d.k_stride[2] = 60;

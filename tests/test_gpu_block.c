@@ -50,38 +50,38 @@ typedef struct blk_cfg {
 
 /* The template's STOF_VARIANTS, and a few more. */
 static const blk_cfg configs[] = {
-    {64, STOF_DTYPE_FP16, {128, 64, 8, 2, 0, 0}},  /* 0 */
-    {64, STOF_DTYPE_BF16, {128, 64, 8, 2, 0, 0}},  /* 1 */
-    {128, STOF_DTYPE_FP16, {128, 64, 8, 2, 0, 0}}, /* 2 */
-    {128, STOF_DTYPE_BF16, {128, 64, 8, 2, 0, 0}}, /* 3 */
-    {64, STOF_DTYPE_FP16, {64, 128, 4, 3, 0, 0}},  /* 4 */
-    {128, STOF_DTYPE_BF16, {64, 128, 4, 3, 0, 0}}, /* 5 */
-    {64, STOF_DTYPE_FP16, {64, 32, 4, 2, 0, 0}},   /* 6 */
-    {128, STOF_DTYPE_BF16, {128, 32, 8, 3, 0, 0}}, /* 7 */
-    {128, STOF_DTYPE_FP16, {128, 32, 4, 1, 0, 0}}, /* 8: two m16 tiles a warp */
-    {64, STOF_DTYPE_BF16, {128, 64, 4, 2, 0, 0}},  /* 9: two m16 tiles a warp */
-    {32, STOF_DTYPE_FP16, {128, 64, 8, 2, 0, 0}},  /* 10 */
-    {32, STOF_DTYPE_BF16, {64, 128, 4, 1, 0, 0}},  /* 11 */
-    {256, STOF_DTYPE_FP16, {64, 32, 4, 1, 0, 0}},  /* 12 */
-    {256, STOF_DTYPE_BF16, {128, 64, 8, 2, 0, 0}}, /* 13 */
-    {64, STOF_DTYPE_FP16, {64, 64, 4, 1, 0, 0}},   /* 14 */
-    {128, STOF_DTYPE_FP16, {64, 64, 4, 2, 0, 0}},  /* 15 */
+    {64, STOF_DTYPE_FP16, {128, 64, 8, 2, 0, 0, 0}},  /* 0 */
+    {64, STOF_DTYPE_BF16, {128, 64, 8, 2, 0, 0, 0}},  /* 1 */
+    {128, STOF_DTYPE_FP16, {128, 64, 8, 2, 0, 0, 0}}, /* 2 */
+    {128, STOF_DTYPE_BF16, {128, 64, 8, 2, 0, 0, 0}}, /* 3 */
+    {64, STOF_DTYPE_FP16, {64, 128, 4, 3, 0, 0, 0}},  /* 4 */
+    {128, STOF_DTYPE_BF16, {64, 128, 4, 3, 0, 0, 0}}, /* 5 */
+    {64, STOF_DTYPE_FP16, {64, 32, 4, 2, 0, 0, 0}},   /* 6 */
+    {128, STOF_DTYPE_BF16, {128, 32, 8, 3, 0, 0, 0}}, /* 7 */
+    {128, STOF_DTYPE_FP16, {128, 32, 4, 1, 0, 0, 0}}, /* 8: 2 m16 a warp */
+    {64, STOF_DTYPE_BF16, {128, 64, 4, 2, 0, 0, 0}},  /* 9: 2 m16 a warp */
+    {32, STOF_DTYPE_FP16, {128, 64, 8, 2, 0, 0, 0}},  /* 10 */
+    {32, STOF_DTYPE_BF16, {64, 128, 4, 1, 0, 0, 0}},  /* 11 */
+    {256, STOF_DTYPE_FP16, {64, 32, 4, 1, 0, 0, 0}},  /* 12 */
+    {256, STOF_DTYPE_BF16, {128, 64, 8, 2, 0, 0, 0}}, /* 13 */
+    {64, STOF_DTYPE_FP16, {64, 64, 4, 1, 0, 0, 0}},   /* 14 */
+    {128, STOF_DTYPE_FP16, {64, 64, 4, 2, 0, 0, 0}},  /* 15 */
 };
 
 /* Gather mode: the template's GATHER=1 variants, and more. */
 static const blk_cfg gather_configs[] = {
-    {64, STOF_DTYPE_FP16, {128, 64, 8, 2, 1, 0}},  /* 0 */
-    {64, STOF_DTYPE_BF16, {128, 64, 4, 2, 1, 0}},  /* 1: two m16 tiles a warp */
-    {128, STOF_DTYPE_FP16, {128, 64, 8, 2, 1, 0}}, /* 2 */
-    {128, STOF_DTYPE_BF16, {64, 128, 4, 3, 1, 0}}, /* 3 */
-    {64, STOF_DTYPE_FP16, {64, 128, 4, 3, 1, 0}},  /* 4 */
-    {32, STOF_DTYPE_FP16, {128, 64, 8, 1, 1, 0}},  /* 5 */
-    {256, STOF_DTYPE_BF16, {64, 32, 4, 1, 1, 0}},  /* 6 */
-    {128, STOF_DTYPE_FP16, {128, 32, 4, 2, 1, 0}}, /* 7: two m16 tiles a warp */
-    {256, STOF_DTYPE_FP16, {128, 64, 8, 2, 1, 0}}, /* 8 */
-    {32, STOF_DTYPE_BF16, {64, 32, 4, 3, 1, 0}},   /* 9 */
-    {64, STOF_DTYPE_BF16, {64, 64, 4, 1, 1, 0}},   /* 10 */
-    {128, STOF_DTYPE_BF16, {128, 128, 8, 2, 1, 0}}, /* 11 */
+    {64, STOF_DTYPE_FP16, {128, 64, 8, 2, 1, 0, 0}},  /* 0 */
+    {64, STOF_DTYPE_BF16, {128, 64, 4, 2, 1, 0, 0}},  /* 1: 2 m16 a warp */
+    {128, STOF_DTYPE_FP16, {128, 64, 8, 2, 1, 0, 0}}, /* 2 */
+    {128, STOF_DTYPE_BF16, {64, 128, 4, 3, 1, 0, 0}}, /* 3 */
+    {64, STOF_DTYPE_FP16, {64, 128, 4, 3, 1, 0, 0}},  /* 4 */
+    {32, STOF_DTYPE_FP16, {128, 64, 8, 1, 1, 0, 0}},  /* 5 */
+    {256, STOF_DTYPE_BF16, {64, 32, 4, 1, 1, 0, 0}},  /* 6 */
+    {128, STOF_DTYPE_FP16, {128, 32, 4, 2, 1, 0, 0}}, /* 7: 2 m16 a warp */
+    {256, STOF_DTYPE_FP16, {128, 64, 8, 2, 1, 0, 0}}, /* 8 */
+    {32, STOF_DTYPE_BF16, {64, 32, 4, 3, 1, 0, 0}},   /* 9 */
+    {64, STOF_DTYPE_BF16, {64, 64, 4, 1, 1, 0, 0}},   /* 10 */
+    {128, STOF_DTYPE_BF16, {128, 128, 8, 2, 1, 0, 0}}, /* 11 */
 };
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
@@ -407,17 +407,17 @@ _Static_assert(sizeof(gather_configs) / sizeof(*gather_configs) == 12,
 Test(gpu, block_cfg_rules_and_launch_checks)
 {
     char why[256];
-    const stof_block_cfg bad_warps = {64, 64, 8, 2, 0, 0}; /* 8 rows a warp */
+    const stof_block_cfg bad_warps = {64, 64, 8, 2, 0, 0, 0}; /* 8 rows */
     cr_expect_not(stof__block_cfg_valid(NULL, 64, &bad_warps, why,
                                         sizeof(why)));
     cr_expect(strstr(why, "multiple of 16"), "%s", why);
-    const stof_block_cfg ok = {128, 64, 8, 2, 0, 0};
+    const stof_block_cfg ok = {128, 64, 8, 2, 0, 0, 0};
     cr_expect_not(stof__block_cfg_valid(NULL, 96, &ok, why, sizeof(why)));
     cr_expect(strstr(why, "head_dim"), "%s", why);
-    const stof_block_cfg spill = {128, 128, 4, 2, 0, 0}; /* 2 m-tiles, d=128 */
+    const stof_block_cfg spill = {128, 128, 4, 2, 0, 0, 0}; /* d=128 */
     cr_expect_not(stof__block_cfg_valid(NULL, 128, &spill, why, sizeof(why)));
     cr_expect(strstr(why, "registers"), "%s", why);
-    const stof_block_cfg stages4 = {128, 64, 8, 4, 0, 0};
+    const stof_block_cfg stages4 = {128, 64, 8, 4, 0, 0, 0};
     cr_expect_not(stof__block_cfg_valid(NULL, 64, &stages4, why, sizeof(why)));
     cr_expect(stof__block_cfg_valid(NULL, 64, &ok, why, sizeof(why)), "%s",
               why);
@@ -561,13 +561,13 @@ static void check_rowwise_format(stof_context *ctx, const char *spec,
 Test(gpu, gather_format_and_launch_checks)
 {
     char why[256];
-    const stof_block_cfg g = {128, 64, 8, 2, 1, 0};
+    const stof_block_cfg g = {128, 64, 8, 2, 1, 0, 0};
     cr_expect(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)), "%s",
               why);
     /* The block kernel's bytes + 3 slots of 2 x 64 row offsets. */
     cr_expect_eq(stof__block_smem_bytes(64, &g),
                  16384u + 32768u + 2048u + 16u + 1536u);
-    const stof_block_cfg g2 = {128, 64, 8, 2, 2, 0};
+    const stof_block_cfg g2 = {128, 64, 8, 2, 2, 0, 0};
     cr_expect_not(stof__block_cfg_valid(NULL, 64, &g2, why, sizeof(why)));
     cr_expect(strstr(why, "gather"), "%s", why);
 
@@ -596,8 +596,8 @@ Test(gpu, gather_format_and_launch_checks)
     stof_attention_desc d;
     stof_attention_desc_init(&d, 1, 1, 256, 256, 64, STOF_DTYPE_FP16,
                              STOF_LAYOUT_BHSD);
-    const stof_block_cfg b = {128, 64, 8, 2, 0, 0};
-    const stof_block_cfg g64 = {64, 64, 4, 2, 1, 0};
+    const stof_block_cfg b = {128, 64, 8, 2, 0, 0, 0};
+    const stof_block_cfg g64 = {64, 64, 4, 2, 1, 0, 0};
     const CUfunction fake = (CUfunction)(uintptr_t)1;
     /* A gather cfg through the block launch and the other way round. */
     cr_expect_eq(stof__block_launch(fake, &g, 64, &d, 0.0f, &bf, 256, 256,

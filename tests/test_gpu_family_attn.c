@@ -383,11 +383,11 @@ Test(gpu_family_attn, split_kv_plans_match_the_reference)
              * 64-row wgmma kernel split 7 ways. */
             stof_candidate cs[2] = {
                 {.kind = STOF_KERNEL_BLOCK,
-                 .cfg = {64, 64, 4, 2, 0, 1},
+                 .cfg = {64, 64, 4, 2, 0, 1, 0},
                  .splits = 4},
                 {.kind = STOF_KERNEL_WGMMA,
-                 .cfg = {64, 128, 8, 2, 0, 1},
-                 .wcfg = {128, 2, 1, 0, 64, 1},
+                 .cfg = {64, 128, 8, 2, 0, 1, 0},
+                 .wcfg = {128, 2, 1, 0, 64, 1, 0},
                  .splits = 7},
             };
             const int nc = stof__wgmma_device_ok(&ctx->device) ? 2 : 1;

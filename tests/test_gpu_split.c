@@ -33,41 +33,6 @@ typedef struct split_case {
     const char *spec;
 } split_case;
 
-/* Each row's log-sum-exp in double: want[(b * H + h) * seq_q + i]. */
-static void lse_ref(const stof_attention_desc *d, const stof_mask *m,
-                    const float *fq, const float *fk, double *want)
-{
-    const int G = d->heads / (d->kv_heads > 0 ? d->kv_heads : d->heads);
-    const double scale = 1.0 / sqrt((double)d->head_dim);
-    double *sc = malloc(sizeof(double) * (size_t)d->seq_k);
-    for (int b = 0; b < d->batch; b++)
-        for (int h = 0; h < d->heads; h++)
-            for (int i = 0; i < d->seq_q; i++) {
-                const float *qr = fq + b * d->q_stride[0] +
-                                  h * d->q_stride[1] + i * d->q_stride[2];
-                double mx = -INFINITY, sum = 0.0;
-                for (int j = 0; j < d->seq_k; j++) {
-                    sc[j] = -INFINITY;
-                    if (!stof_mask_get(m, i, j))
-                        continue;
-                    const float *kr = fk + b * d->k_stride[0] +
-                                      (h / G) * d->k_stride[1] +
-                                      j * d->k_stride[2];
-                    double acc = 0.0;
-                    for (int c = 0; c < d->head_dim; c++)
-                        acc += (double)qr[c] * kr[c];
-                    sc[j] = acc * scale;
-                    mx = fmax(mx, sc[j]);
-                }
-                for (int j = 0; j < d->seq_k; j++)
-                    if (sc[j] > -INFINITY)
-                        sum += exp(sc[j] - mx);
-                want[((size_t)b * d->heads + h) * d->seq_q + i] =
-                    sum > 0 ? mx + log(sum) : -INFINITY;
-            }
-    free(sc);
-}
-
 /* The first candidate of `kind` the cost model ranks (split or not: the
  * caller sets the split count), or 0. */
 static int base_of(const stof_candidate *cands, int n, int kind,
@@ -105,7 +70,7 @@ static void check_case(stof_context *ctx, const split_case *g, tu_rng *r)
     cr_assert_eq(stof_mask_from_spec(ctx, g->spec, g->seq_q, g->seq_k, &m),
                  STOF_OK);
     cr_assert_eq(stof__ref_attention(&d, m, fq, fk, fv, fo), STOF_OK);
-    lse_ref(&d, m, fq, fk, wl);
+    tu_lse_ref(&d, m, fq, fk, wl);
     const stof_api *api = stof__api();
     CUdeviceptr dq, dk, dv, dout, dl;
     stof__ctx_push(ctx);
@@ -288,7 +253,7 @@ Test(gpu_split, bad_split_counts_are_refused)
     stof_mask *m = NULL;
     cr_assert_eq(stof_mask_from_spec(ctx, "dense", 4, 2048, &m), STOF_OK);
     stof_candidate c = {.kind = STOF_KERNEL_BLOCK,
-                        .cfg = {64, 64, 4, 2, 0, 1},
+                        .cfg = {64, 64, 4, 2, 0, 1, 0},
                         .splits = STOF_SPLIT_MAX + 1};
     stof_plan *p = NULL;
     cr_assert_eq(stof__attention_plan_kernel(ctx, &d, m, &c, &p),

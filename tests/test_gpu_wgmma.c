@@ -50,27 +50,27 @@ typedef struct wg_cfg {
 
 /* The template's STOF_VARIANTS. */
 static const wg_cfg configs[] = {
-    {64, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0}},  /* 0 */
-    {64, STOF_DTYPE_BF16, {128, 3, 1, 0, 0, 0}},  /* 1 */
-    {128, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0}}, /* 2 */
-    {128, STOF_DTYPE_BF16, {128, 2, 1, 0, 0, 0}}, /* 3 */
-    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 0, 0}},   /* 4 */
-    {128, STOF_DTYPE_BF16, {64, 3, 1, 0, 0, 0}},  /* 5 */
-    {64, STOF_DTYPE_BF16, {128, 2, 0, 0, 0, 0}},  /* 6: no overlap */
-    {128, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0}},  /* 7: no overlap */
+    {64, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0, 0}},  /* 0 */
+    {64, STOF_DTYPE_BF16, {128, 3, 1, 0, 0, 0, 0}},  /* 1 */
+    {128, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0, 0}}, /* 2 */
+    {128, STOF_DTYPE_BF16, {128, 2, 1, 0, 0, 0, 0}}, /* 3 */
+    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 0, 0, 0}},   /* 4 */
+    {128, STOF_DTYPE_BF16, {64, 3, 1, 0, 0, 0, 0}},  /* 5 */
+    {64, STOF_DTYPE_BF16, {128, 2, 0, 0, 0, 0, 0}},  /* 6: no overlap */
+    {128, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0, 0}},  /* 7: no overlap */
     /* gather mode (GATHER=1) */
-    {64, STOF_DTYPE_FP16, {128, 2, 1, 1, 0, 0}},  /* 8 */
-    {128, STOF_DTYPE_BF16, {128, 2, 1, 1, 0, 0}}, /* 9 */
-    {64, STOF_DTYPE_BF16, {64, 4, 1, 1, 0, 0}},   /* 10 */
-    {128, STOF_DTYPE_FP16, {64, 2, 0, 1, 0, 0}},  /* 11: no overlap */
+    {64, STOF_DTYPE_FP16, {128, 2, 1, 1, 0, 0, 0}},  /* 8 */
+    {128, STOF_DTYPE_BF16, {128, 2, 1, 1, 0, 0, 0}}, /* 9 */
+    {64, STOF_DTYPE_BF16, {64, 4, 1, 1, 0, 0, 0}},   /* 10 */
+    {128, STOF_DTYPE_FP16, {64, 2, 0, 1, 0, 0, 0}},  /* 11: no overlap */
     /* 64 query rows per CTA (BLOCK_M=64) */
-    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 64, 0}},   /* 12 */
-    {128, STOF_DTYPE_BF16, {64, 2, 1, 0, 64, 0}},  /* 13 */
-    {64, STOF_DTYPE_BF16, {128, 2, 1, 1, 64, 0}},  /* 14: gather */
-    {128, STOF_DTYPE_FP16, {64, 2, 1, 1, 64, 0}},  /* 15: gather */
+    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 64, 0, 0}},   /* 12 */
+    {128, STOF_DTYPE_BF16, {64, 2, 1, 0, 64, 0, 0}},  /* 13 */
+    {64, STOF_DTYPE_BF16, {128, 2, 1, 1, 64, 0, 0}},  /* 14: gather */
+    {128, STOF_DTYPE_FP16, {64, 2, 1, 1, 64, 0, 0}},  /* 15: gather */
     /* head_dim 256: 128-row CTAs, 64-key tiles, two stages */
-    {256, STOF_DTYPE_BF16, {64, 2, 1, 0, 0, 0}},   /* 16 */
-    {256, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0}},   /* 17: no overlap */
+    {256, STOF_DTYPE_BF16, {64, 2, 1, 0, 0, 0, 0}},   /* 16 */
+    {256, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0, 0}},   /* 17: no overlap */
 };
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
@@ -397,29 +397,29 @@ _Static_assert(sizeof(configs) / sizeof(*configs) == 18,
 Test(gpu, wgmma_cfg_rules_and_launch_checks)
 {
     char why[256];
-    const stof_wgmma_cfg ok = {128, 2, 1, 0, 0, 0};
+    const stof_wgmma_cfg ok = {128, 2, 1, 0, 0, 0, 0};
     cr_expect(stof__wgmma_cfg_valid(NULL, 64, &ok, why, sizeof(why)), "%s",
               why);
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 96, &ok, why, sizeof(why)));
     cr_expect(strstr(why, "head_dim"), "%s", why);
     /* head_dim 256: 128 x 64 tiles, two stages, block mode only. */
-    const stof_wgmma_cfg d256 = {64, 2, 1, 0, 0, 0};
+    const stof_wgmma_cfg d256 = {64, 2, 1, 0, 0, 0, 0};
     cr_expect(stof__wgmma_cfg_valid(NULL, 256, &d256, why, sizeof(why)),
               "%s", why);
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &ok, why, sizeof(why)));
     cr_expect(strstr(why, "head_dim 256"), "%s", why);
-    const stof_wgmma_cfg d256g = {64, 2, 1, 1, 0, 0};
+    const stof_wgmma_cfg d256g = {64, 2, 1, 1, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &d256g, why, sizeof(why)));
-    const stof_wgmma_cfg d256m = {64, 2, 1, 0, 64, 0};
+    const stof_wgmma_cfg d256m = {64, 2, 1, 0, 64, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &d256m, why, sizeof(why)));
-    const stof_wgmma_cfg bn32 = {32, 2, 1, 0, 0, 0};
+    const stof_wgmma_cfg bn32 = {32, 2, 1, 0, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &bn32, why, sizeof(why)));
     cr_expect(strstr(why, "block_n"), "%s", why);
-    const stof_wgmma_cfg st1 = {128, 1, 1, 0, 0, 0};
+    const stof_wgmma_cfg st1 = {128, 1, 1, 0, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &st1, why, sizeof(why)));
     cr_expect(strstr(why, "stages"), "%s", why);
     /* d=128: 3 x 64 KiB of K/V */
-    const stof_wgmma_cfg big = {128, 3, 1, 0, 0, 0};
+    const stof_wgmma_cfg big = {128, 3, 1, 0, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 128, &big, why, sizeof(why)));
     cr_expect(strstr(why, "shared memory"), "%s", why);
     /* Q 16 KiB + K,V 2 x 2 x 16 KiB + bitmaps 2 x 2 KiB + 9 barriers +
@@ -427,21 +427,21 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
     cr_expect_eq(stof__wgmma_smem_bytes(64, &ok),
                  16384u + 65536u + 4096u + 72u + 16u + 1024u);
     /* Gather: + 2 slots x (K, V) x 128 row offsets. */
-    const stof_wgmma_cfg g = {128, 2, 1, 1, 0, 0};
+    const stof_wgmma_cfg g = {128, 2, 1, 1, 0, 0, 0};
     cr_expect(stof__wgmma_cfg_valid(NULL, 64, &g, why, sizeof(why)), "%s",
               why);
     cr_expect_eq(stof__wgmma_smem_bytes(64, &g),
                  16384u + 65536u + 4096u + 72u + 16u + 2048u + 1024u);
-    const stof_wgmma_cfg g2 = {128, 2, 1, 2, 0, 0};
+    const stof_wgmma_cfg g2 = {128, 2, 1, 2, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &g2, why, sizeof(why)));
     cr_expect(strstr(why, "gather"), "%s", why);
     /* 64 rows: Q 8 KiB, bitmaps 2 x 1 KiB; block_m 32 is refused. */
-    const stof_wgmma_cfg m64 = {128, 2, 1, 0, 64, 0};
+    const stof_wgmma_cfg m64 = {128, 2, 1, 0, 64, 0, 0};
     cr_expect_eq(stof__wgmma_block_m(&m64), 64);
     cr_expect_eq(stof__wgmma_block_m(&ok), 128);
     cr_expect_eq(stof__wgmma_smem_bytes(64, &m64),
                  8192u + 65536u + 2048u + 72u + 16u + 1024u);
-    const stof_wgmma_cfg m32 = {128, 2, 1, 0, 32, 0};
+    const stof_wgmma_cfg m32 = {128, 2, 1, 0, 32, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &m32, why, sizeof(why)));
     cr_expect(strstr(why, "block_m"), "%s", why);
 
@@ -471,7 +471,7 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
     const CUfunction fake = (CUfunction)(uintptr_t)1;
     const stof_api *api = stof__api();
     /* ok has block_n 128 = the format's: only the other checks fail. */
-    const stof_wgmma_cfg bn64 = {64, 2, 1, 0, 0, 0};
+    const stof_wgmma_cfg bn64 = {64, 2, 1, 0, 0, 0, 0};
     cr_expect_eq(stof__wgmma_launch(fake, &bn64, 64, &d, 0.0f, &bf, 0, 256,
                                     256, 256, 256, NULL, api),
                  STOF_ERR_INVALID_ARGUMENT);
@@ -517,7 +517,7 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
                                            256, 264, 256, 256, NULL, api),
                  STOF_ERR_INVALID_ARGUMENT);
     /* block_n 64 against the 128-key format; a k stride of 68. */
-    const stof_wgmma_cfg g64 = {64, 2, 1, 1, 0, 0};
+    const stof_wgmma_cfg g64 = {64, 2, 1, 1, 0, 0, 0};
     cr_expect_eq(stof__wgmma_gather_launch(fake, &g64, 64, &d, 0.0f, &rf, 0,
                                            0, 256, 256, 256, 256, NULL, api),
                  STOF_ERR_INVALID_ARGUMENT);

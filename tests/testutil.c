@@ -405,3 +405,44 @@ void tu_record_fill(stof_db_record *r, uint64_t seed, size_t cubin_size)
     }
     stof__db_record_hash(r, r->content_hash);
 }
+
+void tu_lse_ref(const stof_attention_desc *d, const stof_mask *m,
+                const float *fq, const float *fk, double *want)
+{
+    const int G = d->heads / (d->kv_heads > 0 ? d->kv_heads : d->heads);
+    const double scale = d->scale != 0.0f ? (double)d->scale
+                                          : 1.0 / sqrt((double)d->head_dim);
+    double *sc = malloc(sizeof(double) * (size_t)d->seq_k);
+    cr_assert(sc, "out of memory");
+    for (int b = 0; b < d->batch; b++)
+        for (int h = 0; h < d->heads; h++)
+            for (int i = 0; i < d->seq_q; i++) {
+                const float *qr = fq + b * d->q_stride[0] +
+                                  h * d->q_stride[1] + i * d->q_stride[2];
+                double mx = -INFINITY, sum = 0.0;
+                for (int j = 0; j < d->seq_k; j++) {
+                    sc[j] = -INFINITY;
+                    if (!stof_mask_get(m, i, j))
+                        continue;
+                    const float *kr = fk + b * d->k_stride[0] +
+                                      (h / G) * d->k_stride[1] +
+                                      j * d->k_stride[2];
+                    double acc = 0.0;
+                    for (int c = 0; c < d->head_dim; c++)
+                        acc += (double)qr[c] * kr[c];
+                    acc *= scale;
+                    if (d->softcap > 0.0f)
+                        acc = d->softcap * tanh(acc / d->softcap);
+                    if (d->alibi_slopes)
+                        acc += (double)d->alibi_slopes[h] * (j - i);
+                    sc[j] = acc;
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j < d->seq_k; j++)
+                    if (sc[j] > -INFINITY)
+                        sum += exp(sc[j] - mx);
+                want[((size_t)b * d->heads + h) * d->seq_q + i] =
+                    sum > 0 ? mx + log(sum) : -INFINITY;
+            }
+    free(sc);
+}

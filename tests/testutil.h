@@ -66,6 +66,12 @@ void tu_make_desc(stof_attention_desc *d, int batch, int heads, int seq_q,
                   int seq_k, int head_dim, stof_dtype dt, stof_layout layout,
                   int pad);
 
+/* Each row's log-sum-exp of problem d (its strides, kv_heads, soft-cap
+ * and ALiBi slopes) over mask m's keys, in double, from fp32 q and k:
+ * want[(b * heads + h) * seq_q + i], -inf for a row without keys. */
+void tu_lse_ref(const stof_attention_desc *d, const stof_mask *m,
+                const float *fq, const float *fk, double *want);
+
 /* Open a context with settings s (NULL: the defaults) or skip the test,
  * saying why no GPU is usable. */
 stof_context *tu_open_gpu_or_skip(const stof_settings *s);

@@ -296,7 +296,7 @@ static void miss_list_free(miss_list *l)
 static int miss_problem(stof_context *ctx, const miss *ms,
                         stof_attention_desc *d, stof_mask **m,
                         stof_mask_family **fam, stof_mask_data *sample,
-                        char *why, size_t wn)
+                        float *slopes, char *why, size_t wn)
 {
     json_error_t jerr;
     json_t *js = json_loads(ms->problem, 0, &jerr);
@@ -352,6 +352,22 @@ static int miss_problem(stof_context *ctx, const miss *ms,
     int kvh = 0;
     if (member_int(js, "kv_heads", &kvh) && kvh > 0)
         d->kv_heads = kvh;
+    /* Score modifiers: the soft-cap, and the ALiBi slopes into `slopes`
+     * (room for 4096 heads, the most a descriptor has). */
+    const json_t *cap = json_object_get(js, "softcap");
+    if (json_is_number(cap))
+        d->softcap = (float)json_number_value(cap);
+    const json_t *al = json_object_get(js, "alibi_slopes");
+    if (al) {
+        if (!json_is_array(al) || (int)json_array_size(al) != h ||
+            h > 4096) {
+            snprintf(why, wn, "unreadable ALiBi slopes in %s", ms->problem);
+            goto out;
+        }
+        for (int i = 0; i < h; i++)
+            slopes[i] = (float)json_number_value(json_array_get(al, (size_t)i));
+        d->alibi_slopes = slopes;
+    }
     if (member_str(js, "family_spec")[0]) {
         /* stof_attention_plan_family's miss: the family, and the sample
          * instance it was planned on (its key holds the sample's
@@ -458,9 +474,11 @@ static int pending_one(void *user, stof_context *ctx, int i, tune_row *r)
     stof_mask_data sample;
     memset(&sample, 0, sizeof(sample));
     char why[256] = "";
+    float slopes[4096]; /* ALiBi slopes of the problem, when it has them */
     snprintf(r->problem, sizeof(r->problem), "miss %.12s (%lld times)",
              ms->key, (long long)ms->count);
-    if (!miss_problem(ctx, ms, &d, &m, &fam, &sample, why, sizeof(why))) {
+    if (!miss_problem(ctx, ms, &d, &m, &fam, &sample, slopes, why,
+                      sizeof(why))) {
         snprintf(r->error, sizeof(r->error), "%s", why);
         r->skipped = 1;
         return 0;

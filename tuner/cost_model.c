@@ -474,6 +474,11 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                      ss[] = {1, 2, 3};
     const int wgmma_ok =
         stof__wgmma_device_ok(&ctx->device) && !(d->scale < 0.0f);
+    /* Kernels built for the problem's score modifiers; ALiBi needs key
+     * indices, which the gather kernels do not have. */
+    const int mods = stof__attn_mods(d);
+    if (mods & STOF_MOD_ALIBI)
+        rowwise_ok = 0;
     for (int a = 0; a < 2; a++) {
         for (int b = 0; b < 3; b++) {
             stof_format *f = NULL;
@@ -484,7 +489,8 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
             for (int x = 0; x < 2; x++)
                 for (int y = 0; y < 3; y++) {
                     stof_block_cfg c = {.block_m = bms[a], .block_n = bns[b],
-                                        .warps = ws[x], .stages = ss[y]};
+                                        .warps = ws[x], .stages = ss[y],
+                                        .mods = mods};
                     if (!stof__block_cfg_valid(&ctx->device, d->head_dim, &c,
                                                NULL, 0))
                         continue;
@@ -510,7 +516,7 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                 for (int y = 0; y < 3; y++) {
                     stof_wgmma_cfg wc = {.block_n = bns[b], .stages = 2 + y,
                                          .overlap = 1, .gather = g,
-                                         .block_m = bms[a]};
+                                         .block_m = bms[a], .mods = mods};
                     if (!stof__wgmma_cfg_valid(&ctx->device, d->head_dim, &wc,
                                                NULL, 0))
                         continue;

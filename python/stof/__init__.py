@@ -6,6 +6,11 @@
     plan = ctx.attention_plan(q, k, v, mask)      # warm-up (compile / load)
     plan.run(q, k, v, out)                        # on torch's current stream
 
+Score modifiers (planned once, applied by the kernel):
+
+    plan = ctx.attention_plan(q, k, v, mask, softcap=50.0,   # tanh soft-capping
+                              alibi_slopes=stof.alibi_slopes(q.shape[1]))  # ALiBi
+
 Masks that change every batch (mask families, stof_mask_family in stof.h):
 
     fam = ctx.mask_family("causal&docs")           # or "dense", "causal|prefix"
@@ -35,10 +40,11 @@ meson build directory, else by the system loader (libstof.so.0).
 """
 import ctypes
 import json
+import math
 import os
 
 __all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
-           "StofError", "library_path",
+           "StofError", "library_path", "alibi_slopes",
            "LAYER_WEIGHT_NAMES"]
 
 _STATUS_BUFFER_TOO_SMALL = 10
@@ -104,7 +110,9 @@ class _Desc(ctypes.Structure):
         ("v_stride", ctypes.c_int64 * 3),
         ("o_stride", ctypes.c_int64 * 3),
         ("kv_heads", ctypes.c_int),
-        ("reserved", ctypes.c_uint8 * 60),
+        ("softcap", ctypes.c_float),
+        ("alibi_slopes", ctypes.POINTER(ctypes.c_float)),
+        ("reserved", ctypes.c_uint8 * 48),
     ]
 
 
@@ -144,6 +152,9 @@ if ctypes.sizeof(ctypes.c_void_p) == 8:
         if ctypes.sizeof(_t) != _n:
             raise ImportError("stof binding: sizeof(%s) is %d, stof.h says %d"
                               % (_t.__name__, ctypes.sizeof(_t), _n))
+    if (_Desc.softcap.offset, _Desc.alibi_slopes.offset) != (132, 136):
+        raise ImportError("stof binding: stof_attention_desc's softcap / alibi_slopes "
+                          "offsets differ from stof.h's (132, 136)")
 
 _ACTS = {"none": 0, "gelu_tanh": 1, "gelu": 1, "gelu_erf": 2, "erf": 2,
          "relu": 3, "silu": 4}
@@ -283,6 +294,58 @@ def _mask_data(fields, device, batch, seq_k, keep, packed=False, heads=None):
         keep.append(t)
         setattr(d, name, ptr)
     return d
+
+
+def alibi_slopes(heads):
+    """The standard ALiBi slopes of `heads` heads (Press et al.'s reference
+    construction), a list of floats for attention_plan(alibi_slopes=...).
+    For a power of two n, head i gets 2 ** (-8 * (i + 1) / n). Otherwise n
+    is the largest power of two below `heads`: its n slopes come first, then
+    every other slope of the 2n set (its indices 0, 2, 4, ...) until there
+    are `heads`; e.g. 12 heads: the 8-head slopes, then 2 ** -0.5, 2 ** -1.5,
+    2 ** -2.5, 2 ** -3.5."""
+    heads = int(heads)
+    if heads < 1:
+        raise ValueError("alibi_slopes: heads must be at least 1, not %d" % heads)
+
+    def power_of_two(n):
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+    n = 1 << (heads.bit_length() - 1)
+    if n == heads:
+        return power_of_two(n)
+    return power_of_two(n) + power_of_two(2 * n)[0::2][:heads - n]
+
+
+def _score_mods(d, softcap, slopes, heads):
+    """Set d's softcap and alibi_slopes (`heads` finite floats: a sequence,
+    a CPU tensor or anything iterable; None = no ALiBi). Returns the ctypes
+    array d points to, which must stay referenced until the plan call
+    returned (the library copies it)."""
+    try:
+        cap = float(softcap)
+    except (TypeError, ValueError):
+        raise ValueError("softcap must be a number, not %r" % (softcap,))
+    if not math.isfinite(cap) or cap < 0:
+        raise ValueError("softcap must be finite and >= 0 (0 = none), not %r" % cap)
+    d.softcap = cap
+    if slopes is None:
+        return None
+    if hasattr(slopes, "tolist"):
+        slopes = slopes.tolist()
+    try:
+        vals = [float(x) for x in slopes]
+    except (TypeError, ValueError):
+        raise ValueError("alibi_slopes must be a flat sequence of %d floats" % heads)
+    if len(vals) != heads:
+        raise ValueError("alibi_slopes has %d values, expected one per query head (%d)"
+                         % (len(vals), heads))
+    for i, x in enumerate(vals):
+        if not math.isfinite(x):
+            raise ValueError("alibi_slopes[%d] = %r is not finite" % (i, x))
+    arr = (ctypes.c_float * heads)(*vals)
+    d.alibi_slopes = ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
+    return arr
 
 
 def _lse_ptr(lse, n):
@@ -502,12 +565,18 @@ class Context:
                                                    a.shape[1], ctypes.byref(h)))
         return Mask(self, h)
 
-    def attention_plan(self, q, k, v, mask, scale=0.0, out=None):
-        """Plan attention for tensors shaped (batch, heads, seq, head_dim)."""
+    def attention_plan(self, q, k, v, mask, scale=0.0, out=None, softcap=0.0,
+                       alibi_slopes=None):
+        """Plan attention for tensors shaped (batch, heads, seq, head_dim).
+        softcap: 0 = none; > 0: every score s becomes softcap * tanh(s /
+        softcap). alibi_slopes: None, or one float per query head (e.g.
+        stof.alibi_slopes(heads)): head h's scores get slope[h] * (k - q)."""
         d, strides = self._desc(q, k, v, scale, out)
+        slopes = _score_mods(d, softcap, alibi_slopes, q.shape[1])
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan(self._h, ctypes.byref(d), mask._h,
                                                   ctypes.byref(h)))
+        del slopes  # copied by the plan
         return Plan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
 
     def _desc(self, q, k, v, scale, out):
@@ -548,16 +617,18 @@ class Context:
         return MaskFamily(self, h)
 
     def attention_plan_family(self, q, k, v, family, sample=None, scale=0.0,
-                              out=None):
+                              out=None, softcap=0.0, alibi_slopes=None):
         """Plan attention over a mask family for tensors shaped (batch,
         heads, seq, head_dim): the largest batch and lengths. sample: a dict
         of host per-sequence data (q_len, k_len, q_offset, prefix: lists;
         doc_id: (batch, seq_k)) that the kernel is chosen on (sequence 0);
         None = the default instance. Runs take their own instance data
-        (FamilyPlan.run)."""
+        (FamilyPlan.run). softcap, alibi_slopes: score modifiers, as for
+        attention_plan."""
         if not isinstance(family, MaskFamily):
             raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
         d, strides = self._desc(q, k, v, scale, out)
+        slopes = _score_mods(d, softcap, alibi_slopes, q.shape[1])
         keep = []
         md = _mask_data(sample or {}, None, q.shape[0], k.shape[2], keep,
                         heads=q.shape[1])
@@ -565,10 +636,12 @@ class Context:
         self._check(self._lib.stof_attention_plan_family(
             self._h, ctypes.byref(d), family._h,
             ctypes.byref(md) if sample else None, ctypes.byref(h)))
+        del slopes  # copied by the plan
         return FamilyPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
 
     def attention_plan_packed(self, q, k, v, family, cu_seqlens_q,
-                              cu_seqlens_k=None, scale=0.0, out=None, **sample):
+                              cu_seqlens_k=None, scale=0.0, out=None, softcap=0.0,
+                              alibi_slopes=None, **sample):
         """Plan attention over a mask family for packed sequences (the
         layout of flash-attn's varlen functions): q and out (total_q, heads,
         head_dim), k and v (total_k, heads, head_dim), the most rows any run
@@ -577,7 +650,8 @@ class Context:
         here (host lists or tensors, batch + 1 each) and **sample (host
         per-sequence data: q_offset, prefix, seed; doc_id per packed key)
         are the instance the kernel is chosen on. Runs take their own
-        offsets (PackedPlan.run)."""
+        offsets (PackedPlan.run). softcap, alibi_slopes: as for
+        attention_plan (the library refuses ALiBi with the packed layout)."""
         import torch
         if not isinstance(family, MaskFamily):
             raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
@@ -602,6 +676,7 @@ class Context:
         d.dtype = 0 if q.dtype == torch.float16 else 1
         d.scale = float(scale)
         d.layout = 3
+        slopes = _score_mods(d, softcap, alibi_slopes, q.shape[1])
         for name, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", o)):
             if t.stride(2) != 1:
                 raise ValueError("the last dimension must be contiguous")
@@ -617,6 +692,7 @@ class Context:
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan_family(
             self._h, ctypes.byref(d), family._h, ctypes.byref(md), ctypes.byref(h)))
+        del slopes  # copied by the plan
         # Every stride is the plan's (a row stride too: a slice of a packed
         # qkv tensor has its own).
         strides = tuple(tuple(t.stride()) for t in (q, k, v, o))

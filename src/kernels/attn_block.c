@@ -28,10 +28,13 @@ typedef struct stof_attn_block_params {
     int kv_group, pad_;
     CUdeviceptr lse; /* 0, or float[batch][heads][seq_q] */
     CUdeviceptr o_part, lse_part; /* split kernels (attn_split.h) */
-    int n_split, pad2_;
+    int n_split;
+    float cap_in, cap_out; /* SOFTCAP: scale / softcap, softcap * log2(e) */
+    int pad2_;
+    CUdeviceptr alibi;     /* ALIBI: float[heads] */
 } stof_attn_block_params;
 _Static_assert(sizeof(stof_attn_block_params) ==
-                   9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 2 * 4,
+                   9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8,
                "stof_attn_block_params must match attn_block.cu");
 
 /* The gather kernel's parameters (GATHER=1): the block ones, row_ptr /
@@ -115,6 +118,11 @@ int stof__block_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
     if (c->split != 0 && c->split != 1)
         return stof__why(why, n, "split %d: must be 0 or 1", c->split);
+    if (c->mods < 0 || c->mods > (STOF_MOD_SOFTCAP | STOF_MOD_ALIBI))
+        return stof__why(why, n, "mods %d: must be 0..3", c->mods);
+    if ((c->mods & STOF_MOD_ALIBI) && c->gather)
+        return stof__why(why, n, "ALiBi needs block mode (gather: the "
+                                 "keys' indices are not at hand)");
     const int acc = block_acc_regs(head_dim, c);
     if (acc > BLOCK_ACC_REGS_MAX)
         return stof__why(why, n,
@@ -528,12 +536,16 @@ stof_status stof__block_compile(stof_context *ctx, int head_dim,
     snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
     /* GATHER and SPLIT are defined only when set, so block-wise kernels
      * compile from exactly the defines they always had. */
-    const char *defs[8] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s};
+    const char *defs[10] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s};
     int n_defs = 6;
     if (c->gather)
         defs[n_defs++] = "GATHER=1";
     if (c->split)
         defs[n_defs++] = "SPLIT=1";
+    if (c->mods & STOF_MOD_SOFTCAP)
+        defs[n_defs++] = "SOFTCAP=1";
+    if (c->mods & STOF_MOD_ALIBI)
+        defs[n_defs++] = "ALIBI=1";
     return (stof_status)stof__jit_compile(ctx, "attn_block.cu", defs, n_defs,
                                           arch_or_NULL, cubin, size);
 }
@@ -575,7 +587,7 @@ stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
 static void fill_params(stof_attn_block_params *p, int head_dim,
                         const stof_attention_desc *d, float scale,
                         CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-                        CUdeviceptr o, const stof_attn_out *x)
+                        CUdeviceptr o, const stof_attn_ext *x)
 {
     memset(p, 0, sizeof(*p));
     if (x) {
@@ -583,6 +595,7 @@ static void fill_params(stof_attn_block_params *p, int head_dim,
         p->o_part = x->o_part;
         p->lse_part = x->lse_part;
         p->n_split = x->n_split;
+        p->alibi = x->alibi;
     }
     p->q = q;
     p->k = k;
@@ -599,6 +612,7 @@ static void fill_params(stof_attn_block_params *p, int head_dim,
     if (scale == 0.0f)
         scale = 1.0f / sqrtf((float)head_dim);
     p->scale_log2 = (float)((double)scale * 1.4426950408889634);
+    stof__softcap_params(d->softcap, scale, &p->cap_in, &p->cap_out);
     p->rp_stride = 0;
     p->kv_group = stof__kv_group(d);
 }
@@ -617,7 +631,7 @@ stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
                                   int head_dim, const stof_attention_desc *d,
                                   float scale, const stof_block_format *bf,
                                   CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-                                  CUdeviceptr o, const stof_attn_out *x,
+                                  CUdeviceptr o, const stof_attn_ext *x,
                                   CUstream s, const stof_api *api)
 {
     if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel || c->gather)
@@ -631,7 +645,7 @@ stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
     if (!q || !k || !v || !o || (q | k | v | o) % 16u)
         return STOF_ERR_INVALID_ARGUMENT;
     const unsigned gz = stof__split_grid_z(c->split, x);
-    if (!gz || (x && x->lse % 4u))
+    if (!gz || (x && x->lse % 4u) || !stof__mods_match(c->mods, d, x))
         return STOF_ERR_INVALID_ARGUMENT;
 
     stof_attn_block_params p;
@@ -682,7 +696,7 @@ stof_status stof__rowwise_launch_qperm_ex(
     CUfunction fn, const stof_block_cfg *c, int head_dim,
     const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
     CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-    CUdeviceptr o, const stof_attn_out *x, CUstream s, const stof_api *api)
+    CUdeviceptr o, const stof_attn_ext *x, CUstream s, const stof_api *api)
 {
     if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
         c->gather != 1)
@@ -696,7 +710,7 @@ stof_status stof__rowwise_launch_qperm_ex(
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || q_rows % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
     const unsigned gz = stof__split_grid_z(c->split, x);
-    if (!gz || (x && x->lse % 4u))
+    if (!gz || (x && x->lse % 4u) || !stof__mods_match(c->mods, d, x))
         return STOF_ERR_INVALID_ARGUMENT;
     /* The kernel keeps key row offsets in 16-byte units in 32 bits. */
     for (int t = 0; t < 2; t++) {

@@ -29,6 +29,7 @@ typedef struct stof_block_cfg {
     int block_m, block_n, warps, stages;
     int gather;
     int split; /* 1: the split-KV kernel (SPLIT=1, attn_split.h) */
+    int mods;  /* STOF_MOD_* (attn_split.h): SOFTCAP=1 / ALIBI=1 builds */
 } stof_block_cfg;
 
 /* 1 when the kernel supports (head_dim, *c): head_dim 32/64/128/256, the
@@ -126,7 +127,7 @@ stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
                                   int head_dim, const stof_attention_desc *d,
                                   float scale, const stof_block_format *bf,
                                   CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-                                  CUdeviceptr o, const stof_attn_out *x,
+                                  CUdeviceptr o, const stof_attn_ext *x,
                                   CUstream s, const stof_api *api);
 
 /* Row-wise (gather) kernel: the device form of a format's row-wise part for
@@ -230,6 +231,6 @@ stof_status stof__rowwise_launch_qperm_ex(
     CUfunction fn, const stof_block_cfg *c, int head_dim,
     const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
     CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-    CUdeviceptr o, const stof_attn_out *x, CUstream s, const stof_api *api);
+    CUdeviceptr o, const stof_attn_ext *x, CUstream s, const stof_api *api);
 
 #endif

@@ -45,14 +45,35 @@ size_t stof__split_bytes(int n_split, const stof_attention_desc *d)
 }
 
 void stof__split_parts(CUdeviceptr ws, int n_split,
-                       const stof_attention_desc *d, stof_attn_out *x)
+                       const stof_attention_desc *d, stof_attn_ext *x)
 {
     x->n_split = n_split;
     x->o_part = ws;
     x->lse_part = ws + (CUdeviceptr)o_part_bytes(n_split, d);
 }
 
-unsigned stof__split_grid_z(int split_kernel, const stof_attn_out *x)
+int stof__attn_mods(const stof_attention_desc *d)
+{
+    return (d->softcap > 0.0f ? STOF_MOD_SOFTCAP : 0) |
+           (d->alibi_slopes ? STOF_MOD_ALIBI : 0);
+}
+
+int stof__mods_match(int mods, const stof_attention_desc *d,
+                     const stof_attn_ext *x)
+{
+    const int alibi = x && x->alibi;
+    return ((mods & STOF_MOD_SOFTCAP) != 0) == (d->softcap > 0.0f) &&
+           ((mods & STOF_MOD_ALIBI) != 0) == alibi;
+}
+
+void stof__softcap_params(float softcap, float scale, float *cap_in,
+                          float *cap_out)
+{
+    *cap_in = softcap > 0.0f ? scale / softcap : 0.0f;
+    *cap_out = softcap > 0.0f ? (float)(softcap * 1.4426950408889634) : 0.0f;
+}
+
+unsigned stof__split_grid_z(int split_kernel, const stof_attn_ext *x)
 {
     if (!split_kernel)
         return !x || x->n_split <= 1 ? 1u : 0u;
@@ -64,7 +85,7 @@ unsigned stof__split_grid_z(int split_kernel, const stof_attn_out *x)
 
 stof_status stof__split_combine_launch(CUfunction fn,
                                        const stof_attention_desc *d,
-                                       const stof_attn_out *x, CUdeviceptr o,
+                                       const stof_attn_ext *x, CUdeviceptr o,
                                        CUstream s, const stof_api *api)
 {
     if (!fn || !d || !x || !api || !api->cuLaunchKernel || !o || o % 16u ||

@@ -13,17 +13,39 @@
 /* The most CTAs a row block's tiles are split over. */
 #define STOF_SPLIT_MAX 64
 
-/* What a launch writes besides O: each row's log-sum-exp (lse: 0, or
- * float[batch][heads][seq_q]) and, for a SPLIT=1 kernel, the partials:
- * n_split >= 1 CTAs per row block (0 for an unsplit kernel), o_part
- * float[n_split][batch * heads][seq_q][head_dim] and lse_part
- * float[n_split][batch * heads][seq_q] (see stof__split_parts). A NULL
- * stof_attn_out writes O only. */
-typedef struct stof_attn_out {
+/* What an attention launch reads and writes besides q, k, v and O: each
+ * row's log-sum-exp (lse: 0, or float[batch][heads][seq_q]); for a
+ * SPLIT=1 kernel, the partials: n_split >= 1 CTAs per row block (0 for an
+ * unsplit kernel), o_part float[n_split][batch * heads][seq_q][head_dim]
+ * and lse_part float[n_split][batch * heads][seq_q] (see
+ * stof__split_parts); for an ALIBI=1 kernel, the heads' slopes (alibi:
+ * float[heads] on the device). The soft-cap comes from the descriptor. A
+ * NULL stof_attn_ext: O only. */
+typedef struct stof_attn_ext {
     CUdeviceptr lse;
     int n_split;
     CUdeviceptr o_part, lse_part;
-} stof_attn_out;
+    CUdeviceptr alibi;
+} stof_attn_ext;
+
+/* Score modifiers (stof_block_cfg.mods, stof_wgmma_cfg.mods): the kernel
+ * built with SOFTCAP=1 (descriptor softcap > 0) and / or ALIBI=1 (slopes
+ * per head). */
+enum { STOF_MOD_SOFTCAP = 1, STOF_MOD_ALIBI = 2 };
+
+/* The modifiers a problem needs. */
+int stof__attn_mods(const stof_attention_desc *d);
+
+/* A kernel built for `mods` launched on problem d with x: 1 when its
+ * soft-cap matches d's and it gets ALiBi slopes exactly when built for
+ * them. */
+int stof__mods_match(int mods, const stof_attention_desc *d,
+                     const stof_attn_ext *x);
+
+/* The soft-cap's launch values for softmax scale `scale`: cap_in = scale /
+ * softcap, cap_out = softcap * log2(e) (both 0 without a soft-cap). */
+void stof__softcap_params(float softcap, float scale, float *cap_in,
+                          float *cap_out);
 
 /* Bytes of the workspace n_split partials of problem d need (d's batch,
  * heads, seq_q and head_dim); 0 when n_split < 1 or the size overflows. */
@@ -32,13 +54,13 @@ size_t stof__split_bytes(int n_split, const stof_attention_desc *d);
 /* x's partials inside the workspace `ws` (stof__split_bytes(n_split, d)
  * bytes or more) for problem d: o_part at ws, lse_part after it. */
 void stof__split_parts(CUdeviceptr ws, int n_split,
-                       const stof_attention_desc *d, stof_attn_out *x);
+                       const stof_attention_desc *d, stof_attn_ext *x);
 
 /* The grid's z size of an attention launch: 1 for an unsplit kernel
  * (split_kernel 0; x NULL or x->n_split 0 or 1), x->n_split for a SPLIT=1
  * kernel (x with n_split 1..STOF_SPLIT_MAX and both partials); 0 when they
  * do not match. */
-unsigned stof__split_grid_z(int split_kernel, const stof_attn_out *x);
+unsigned stof__split_grid_z(int split_kernel, const stof_attn_ext *x);
 
 /* Enqueue stof_attn_combine (fn, from the SPLIT=1 kernel's module) for
  * problem d (the attention launch's descriptor) on stream s: merges x's
@@ -48,7 +70,7 @@ unsigned stof__split_grid_z(int split_kernel, const stof_attn_out *x);
  * launch fails. */
 stof_status stof__split_combine_launch(CUfunction fn,
                                        const stof_attention_desc *d,
-                                       const stof_attn_out *x, CUdeviceptr o,
+                                       const stof_attn_ext *x, CUdeviceptr o,
                                        CUstream s, const stof_api *api);
 
 #endif

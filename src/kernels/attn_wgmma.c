@@ -33,8 +33,11 @@ typedef struct stof_attn_wgmma_params {
     int64_t q_stride[3], k_stride[3], v_stride[3];
     CUdeviceptr lse; /* 0, or float[batch][heads][seq_q] */
     CUdeviceptr o_part, lse_part; /* split kernels (attn_split.h) */
-    int n_split, pad2_;
-    uint8_t tail_[104]; /* to 768 bytes, as the template */
+    int n_split;
+    float cap_in, cap_out; /* SOFTCAP: scale / softcap, softcap * log2(e) */
+    int pad2_;
+    CUdeviceptr alibi;     /* ALIBI: float[heads] */
+    uint8_t tail_[88];     /* to 768 bytes, as the template */
 } stof_attn_wgmma_params;
 _Static_assert(sizeof(stof_attn_wgmma_params) == 768,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
@@ -93,6 +96,11 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
     if (c->split != 0 && c->split != 1)
         return stof__why(why, n, "split %d: must be 0 or 1", c->split);
+    if (c->mods < 0 || c->mods > (STOF_MOD_SOFTCAP | STOF_MOD_ALIBI))
+        return stof__why(why, n, "mods %d: must be 0..3", c->mods);
+    if ((c->mods & STOF_MOD_ALIBI) && c->gather)
+        return stof__why(why, n, "ALiBi needs block mode (gather: the "
+                                 "keys' indices are not at hand)");
     if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
         return stof__why(why, n, "block_m %d: must be 64 or 128 (0: 128)",
                        c->block_m);
@@ -171,12 +179,16 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
     /* GATHER and BLOCK_M are defined only when they differ from the
      * defaults: the 128-row block-mode kernels compile from exactly the
      * defines they always had. */
-    const char *defs[8] = {d_hd, d_dt, d_bn, d_s, d_o};
+    const char *defs[10] = {d_hd, d_dt, d_bn, d_s, d_o};
     int n_defs = 5;
     if (c->gather)
         defs[n_defs++] = "GATHER=1";
     if (c->split)
         defs[n_defs++] = "SPLIT=1";
+    if (c->mods & STOF_MOD_SOFTCAP)
+        defs[n_defs++] = "SOFTCAP=1";
+    if (c->mods & STOF_MOD_ALIBI)
+        defs[n_defs++] = "ALIBI=1";
     if (stof__wgmma_block_m(c) == 64)
         defs[n_defs++] = "BLOCK_M=64";
     return (stof_status)stof__jit_compile(ctx, "attn_wgmma.cu", defs, n_defs,
@@ -299,7 +311,7 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
 }
 
 /* What x asks besides O, into the launch parameters. */
-static void set_out(stof_attn_wgmma_params *p, const stof_attn_out *x)
+static void set_out(stof_attn_wgmma_params *p, const stof_attn_ext *x)
 {
     if (!x)
         return;
@@ -307,6 +319,7 @@ static void set_out(stof_attn_wgmma_params *p, const stof_attn_out *x)
     p->o_part = x->o_part;
     p->lse_part = x->lse_part;
     p->n_split = x->n_split;
+    p->alibi = x->alibi;
 }
 
 stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
@@ -314,7 +327,7 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
                                   float scale, const stof_block_format *bf,
                                   CUdeviceptr row_order, CUdeviceptr q,
                                   CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
-                                  const stof_attn_out *x, CUstream s,
+                                  const stof_attn_ext *x, CUstream s,
                                   const stof_api *api)
 {
     if (!fn || !c || !d || !bf || !api || !api->cuLaunchKernel || c->gather)
@@ -332,7 +345,7 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
     const unsigned gz = stof__split_grid_z(c->split, x);
-    if (!gz || (x && x->lse % 4u))
+    if (!gz || (x && x->lse % 4u) || !stof__mods_match(c->mods, d, x))
         return STOF_ERR_INVALID_ARGUMENT;
     const int kvh = d->heads / stof__kv_group(d);
     if (!strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) ||
@@ -374,6 +387,7 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
     p.n_row_blocks = bf->n_row_blocks;
     p.bitmap_words_per_row = bf->bitmap_words_per_row;
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
+    stof__softcap_params(d->softcap, scale, &p.cap_in, &p.cap_out);
     p.rp_stride = bf->rp_stride;
     p.kv_group = stof__kv_group(d);
     set_out(&p, x);
@@ -407,7 +421,7 @@ stof_status stof__wgmma_gather_launch_ex(
     CUfunction fn, const stof_wgmma_cfg *c, int head_dim,
     const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
     CUdeviceptr row_order, CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k,
-    CUdeviceptr v, CUdeviceptr o, const stof_attn_out *x, CUstream s,
+    CUdeviceptr v, CUdeviceptr o, const stof_attn_ext *x, CUstream s,
     const stof_api *api)
 {
     if (!fn || !c || !d || !rf || !api || !api->cuLaunchKernel ||
@@ -427,7 +441,7 @@ stof_status stof__wgmma_gather_launch_ex(
         q_rows % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
     const unsigned gz = stof__split_grid_z(c->split, x);
-    if (!gz || (x && x->lse % 4u))
+    if (!gz || (x && x->lse % 4u) || !stof__mods_match(c->mods, d, x))
         return STOF_ERR_INVALID_ARGUMENT;
     const int kvh = d->heads / stof__kv_group(d);
     if (!strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) ||
@@ -461,6 +475,7 @@ stof_status stof__wgmma_gather_launch_ex(
     p.n_row_blocks = rf->n_row_blocks;
     p.bitmap_words_per_row = rf->bitmap_words_per_row;
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
+    stof__softcap_params(d->softcap, scale, &p.cap_in, &p.cap_out);
     p.rp_stride = 0;
     p.kv_group = stof__kv_group(d);
     set_out(&p, x);

@@ -36,6 +36,7 @@ typedef struct stof_wgmma_cfg {
     int gather;
     int block_m;
     int split; /* 1: the split-KV kernel (SPLIT=1, attn_split.h) */
+    int mods;  /* STOF_MOD_* (attn_split.h): SOFTCAP=1 / ALIBI=1 builds */
 } stof_wgmma_cfg;
 
 /* The query rows per CTA of c: 64 or 128 (block_m 0 counts as 128). */
@@ -115,7 +116,7 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
                                   float scale, const stof_block_format *bf,
                                   CUdeviceptr row_order, CUdeviceptr q,
                                   CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
-                                  const stof_attn_out *x, CUstream s,
+                                  const stof_attn_ext *x, CUstream s,
                                   const stof_api *api);
 
 /* Enqueue the gather kernel (fn loaded with c->gather = 1): grid
@@ -149,7 +150,7 @@ stof_status stof__wgmma_gather_launch_ex(
     CUfunction fn, const stof_wgmma_cfg *c, int head_dim,
     const stof_attention_desc *d, float scale, const stof_rowwise_format *rf,
     CUdeviceptr row_order, CUdeviceptr q_rows, CUdeviceptr q, CUdeviceptr k,
-    CUdeviceptr v, CUdeviceptr o, const stof_attn_out *x, CUstream s,
+    CUdeviceptr v, CUdeviceptr o, const stof_attn_ext *x, CUstream s,
     const stof_api *api);
 
 /* A heavy-first order of f's row blocks: order[0 .. n_row_blocks-1] gets

@@ -2,7 +2,8 @@
  * ref_cpu.c - the C reference for masked attention, used by the tests to
  * check every GPU kernel. Plain loops, fp32 arithmetic, a two-pass softmax
  * (max, then sum) over exactly the allowed keys; rows with no allowed key
- * give zeros, as the kernels do.
+ * give zeros, as the kernels do. Score modifiers: the soft-cap (tanh in
+ * double) and ALiBi's slope * (key - row) from the descriptor.
  */
 #include "internal.h"
 
@@ -48,6 +49,11 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
                     for (int c = 0; c < D; c++)
                         acc += qr[c] * kr[c];
                     acc *= scale;
+                    if (d->softcap > 0.0f)
+                        acc = (float)(d->softcap *
+                                      tanh((double)acc / d->softcap));
+                    if (d->alibi_slopes)
+                        acc += d->alibi_slopes[h] * (float)(j - i);
                     keys[n] = j;
                     s[n++] = acc;
                     if (acc > mx)

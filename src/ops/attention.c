@@ -11,12 +11,19 @@
 #include <jansson.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+
+_Static_assert(sizeof(stof_attention_desc) == 192 &&
+                   offsetof(stof_attention_desc, softcap) == 132 &&
+                   offsetof(stof_attention_desc, alibi_slopes) == 136,
+               "stof_attention_desc keeps its size and layout (the Python "
+               "binding mirrors it)");
 
 static int all_zero(const uint8_t *p, size_t n)
 {
@@ -177,6 +184,14 @@ stof_status stof__attention_check_problem(stof_context *ctx,
                    "desc.layout: %d is not a stof_layout", (int)d->layout);
     STOF_CHECK_ARG(ctx, isfinite(d->scale),
                    "desc.scale: %g is not finite", (double)d->scale);
+    STOF_CHECK_ARG(ctx, isfinite(d->softcap) && d->softcap >= 0.0f,
+                   "desc.softcap: %g is not a finite value >= 0 (0: no "
+                   "soft-cap)",
+                   (double)d->softcap);
+    for (int h = 0; d->alibi_slopes && h < d->heads; h++)
+        STOF_CHECK_ARG(ctx, isfinite(d->alibi_slopes[h]),
+                       "desc.alibi_slopes[%d]: %g is not finite", h,
+                       (double)d->alibi_slopes[h]);
     STOF_CHECK_ARG(ctx,
                    d->kv_heads == 0 ||
                        (d->kv_heads >= 1 && d->kv_heads <= d->heads &&
@@ -258,10 +273,12 @@ void stof__plan_release(stof_plan *p)
     stof__block_format_free(p->ctx, &p->bf);
     stof__rowwise_format_free(p->ctx, &p->rf);
     if ((p->d_mask || p->module || p->d_row_order || p->d_q_rows ||
-         p->d_split) &&
+         p->d_split || p->d_alibi) &&
         stof__ctx_push(p->ctx) == STOF_OK) {
         if (p->d_mask)
             api->cuMemFree(p->d_mask);
+        if (p->d_alibi)
+            api->cuMemFree(p->d_alibi);
         if (p->d_split)
             api->cuMemFree(p->d_split);
         if (p->d_q_rows)
@@ -524,6 +541,25 @@ stof_status stof__plan_new(stof_context *ctx, const stof_attention_desc *d,
         p->n_split = c->splits;
     }
     p->cfg.split = p->wcfg.split = p->n_split > 1;
+    /* Score modifiers: the kernel must have been built for the problem's
+     * (records name theirs; the search builds what the problem needs). */
+    p->mods = stof__attn_mods(d);
+    const int cmods = c->kind >= STOF_KERNEL_WGMMA ? c->wcfg.mods
+                                                   : c->cfg.mods;
+    if (c->kind != STOF_KERNEL_REFERENCE && cmods != p->mods) {
+        free(p);
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "the %s kernel was built for score modifiers %d, "
+                          "the problem needs %d (soft-cap 1, ALiBi 2)",
+                          stof__kernel_kind_name(c->kind), cmods, p->mods);
+    }
+    p->cfg.mods = p->wcfg.mods = p->mods;
+    p->desc.alibi_slopes = NULL; /* the caller's memory: p->d_alibi */
+    stof_status mst = stof__plan_mods_prepare(ctx, p, d);
+    if (mst != STOF_OK) {
+        free(p);
+        return mst;
+    }
     p->group = c->kind == STOF_KERNEL_ROWWISE ||
                        c->kind == STOF_KERNEL_WGMMA_GATHER
                    ? c->group

@@ -827,6 +827,12 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     if (st != STOF_OK)
         return st;
     const int per_head = (stof__family_spec(fam)->uses & STOF_SPEC_USES_HEAD) != 0;
+    if (packed && d->alibi_slopes)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "%s: ALiBi (desc.alibi_slopes) with the packed "
+                          "layout is not supported (its key and query rows "
+                          "are packed rows); plan the padded layout",
+                          fn);
     if (per_head && packed)
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "%s: a window per head (head_sliding, "

@@ -29,8 +29,11 @@ typedef struct stof_attn_params {
     float scale;
     int kv_group; /* query heads per K/V head, >= 1 */
     CUdeviceptr lse; /* 0, or float[batch][heads][seq_q] */
+    float softcap;   /* 0, or the soft-cap */
+    int pad_;
+    CUdeviceptr alibi; /* 0, or float[heads] ALiBi slopes */
 } stof_attn_params;
-_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4 + 8,
+_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4 + 8 + 16,
                "stof_attn_params must match stof_common.cuh");
 
 struct stof_plan {
@@ -48,6 +51,9 @@ struct stof_plan {
                                  cfg.split / wcfg.split set with it */
     CUdeviceptr d_split;      /* its partials (stof__split_bytes of desc) */
     CUfunction fn_combine;    /* stof_attn_combine of module */
+    int mods;                 /* STOF_MOD_* of the problem (cfg.mods and
+                                 wcfg.mods are set with it) */
+    CUdeviceptr d_alibi;      /* ALiBi: float[heads] slopes, or 0 */
     double predicted_ms;      /* cost model; 0 for the reference kernel */
     int n_candidates;         /* candidates ranked (stage 1) / timed */
     const char *source;       /* "compiled", "tuned", "user db", "system db",
@@ -153,6 +159,11 @@ stof_status stof__attention_family_build(stof_plan *p,
 /* A split plan's merge kernel (from its loaded module) and workspace (for
  * its descriptor); nothing for other plans. Records the error. */
 stof_status stof__plan_split_prepare(stof_context *ctx, stof_plan *p);
+
+/* A plan's ALiBi slopes (d->alibi_slopes, host) copied to the device
+ * (p->d_alibi); nothing without. Records the error. */
+stof_status stof__plan_mods_prepare(stof_context *ctx, stof_plan *p,
+                                    const stof_attention_desc *d);
 
 /* Enqueue plan p's kernels on stream s for the run's instance data (NULL
  * or a packed plan's totals): the attention kernel and, for a split

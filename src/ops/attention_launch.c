@@ -44,6 +44,30 @@ stof_status stof__plan_split_prepare(stof_context *ctx, stof_plan *p)
     return st;
 }
 
+stof_status stof__plan_mods_prepare(stof_context *ctx, stof_plan *p,
+                                    const stof_attention_desc *d)
+{
+    if (!d->alibi_slopes)
+        return STOF_OK;
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    const size_t bytes = sizeof(float) * (size_t)d->heads;
+    CUresult r = api->cuMemAlloc(&p->d_alibi, bytes);
+    if (r == CUDA_SUCCESS)
+        r = api->cuMemcpyHtoD(p->d_alibi, d->alibi_slopes, bytes);
+    if (r != CUDA_SUCCESS) {
+        if (p->d_alibi)
+            api->cuMemFree(p->d_alibi);
+        p->d_alibi = 0;
+        st = (stof_status)stof__cuda_fail(ctx, r, "uploading the ALiBi slopes",
+                                          __FILE__, __LINE__);
+    }
+    stof__ctx_pop(ctx);
+    return st;
+}
+
 /* The reference kernel: one warp per query row, the mask's bits. */
 static CUresult launch_reference(const stof_plan *p, CUdeviceptr q,
                                  CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
@@ -68,6 +92,8 @@ static CUresult launch_reference(const stof_plan *p, CUdeviceptr q,
     prm.scale = p->scale;
     prm.kv_group = stof__kv_group(&p->desc);
     prm.lse = lse;
+    prm.softcap = p->desc.softcap;
+    prm.alibi = p->d_alibi;
     void *args[] = {&prm};
     return p->ctx->api->cuLaunchKernel(p->fn, p->grid[0], p->grid[1],
                                        p->grid[2], p->block[0], p->block[1],
@@ -95,7 +121,7 @@ stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
     }
     /* A split plan's partials, laid out for this launch's rows (at most
      * the plan's, which sized the workspace). */
-    stof_attn_out x = {.lse = lse};
+    stof_attn_ext x = {.lse = lse, .alibi = p->d_alibi};
     if (p->n_split > 1)
         stof__split_parts(p->d_split, p->n_split, &ld, &x);
     stof_status st;

@@ -53,11 +53,12 @@ static const char *layout_str(stof_layout l)
 static void cand_to_json(const stof_candidate *c, char *buf, size_t n)
 {
     stof__json_text(
-        json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "kind",
+        json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "kind",
                   stof__kernel_kind_name(c->kind), "block_m", c->cfg.block_m,
                   "block_n", c->cfg.block_n, "warps", c->cfg.warps, "stages",
                   c->cfg.stages, "overlap", c->wcfg.overlap, "group",
-                  c->group, "splits", c->splits > 1 ? c->splits : 0),
+                  c->group, "splits", c->splits > 1 ? c->splits : 0, "mods",
+                  c->kind >= STOF_KERNEL_WGMMA ? c->wcfg.mods : c->cfg.mods),
         buf, n);
 }
 
@@ -106,6 +107,17 @@ int stof__attention_record_candidate(const stof_db_record *r,
         return stof__why(why, n, "split count %d is out of range", splits);
     c->splits = splits;
     c->cfg.split = c->wcfg.split = splits > 1;
+    /* Score modifiers the kernel was built for (older records: none). */
+    static const char *const mkey[] = {"mods"};
+    int mods = 0;
+    if (strstr(r->config, "\"mods\"") &&
+        !stof__json_ints(r->config, mkey, 1, &mods))
+        return stof__why(why, n, "unreadable score modifiers");
+    if (mods < 0 || mods > (STOF_MOD_SOFTCAP | STOF_MOD_ALIBI) ||
+        (mods && c->kind == STOF_KERNEL_REFERENCE))
+        return stof__why(why, n, "score modifiers %d are out of range",
+                         mods);
+    c->cfg.mods = c->wcfg.mods = mods;
     c->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
     c->wcfg.block_n = c->cfg.block_n;
     c->wcfg.stages = c->cfg.stages;
@@ -451,6 +463,16 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
             }
         if (pj && pd->kv_heads > 0 && pd->kv_heads != pd->heads)
             json_object_set_new(pj, "kv_heads", json_integer(pd->kv_heads));
+        /* Score modifiers (the key holds the soft-cap and whether ALiBi
+         * is on; the slopes make the problem whole again). */
+        if (pj && pd->softcap > 0.0f)
+            json_object_set_new(pj, "softcap", json_real(pd->softcap));
+        if (pj && pd->alibi_slopes) {
+            json_t *a = json_array();
+            for (int h = 0; a && h < pd->heads; h++)
+                json_array_append_new(a, json_real(pd->alibi_slopes[h]));
+            json_object_set_new(pj, "alibi_slopes", a);
+        }
         if (pj && m) {
             json_object_set_new(pj, "mask_spec",
                                 json_string(m->spec ? m->spec : ""));

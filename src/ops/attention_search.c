@@ -41,6 +41,7 @@ struct stof_attention_op {
     CUmodule ref_mod;
     CUfunction f_diff;
     CUdeviceptr acc; /* 3 doubles (stof_ref_diff) */
+    CUdeviceptr alibi; /* the family reference's ALiBi slopes, or 0 */
 };
 
 /* Run plan p on the op's inputs (the family's sample instance for a
@@ -68,7 +69,7 @@ void stof__attention_op_free(stof_attention_op **pb)
     const stof_api *api = b->ctx->api;
     if (stof__ctx_push(b->ctx) == STOF_OK) {
         CUdeviceptr bufs[] = {b->q,   b->k,     b->v,  b->o,
-                              b->ref, b->flush, b->acc};
+                              b->ref, b->flush, b->acc, b->alibi};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(*bufs); i++)
             if (bufs[i])
                 api->cuMemFree(bufs[i]);
@@ -284,7 +285,7 @@ static uint64_t op_art_key(void *user, int i)
     const int v[] = {c->kind,         c->cfg.block_m,   c->cfg.block_n,
                      c->cfg.warps,    c->cfg.stages,    c->wcfg.overlap,
                      c->wcfg.block_m, b->desc.head_dim, (int)b->desc.dtype,
-                     c->splits > 1};
+                     c->splits > 1,   c->cfg.mods,      c->wcfg.mods};
     uint64_t h = XXH3_64bits(v, sizeof(v));
     return h ? h : 1;
 }
@@ -538,6 +539,14 @@ stof_status stof__attention_family_op_new(
         prm.scale = d->scale != 0.0f ? d->scale
                                      : 1.0f / sqrtf((float)d->head_dim);
         prm.kv_group = stof__kv_group(d);
+        prm.softcap = d->softcap;
+        if (d->alibi_slopes) {
+            const size_t ab = sizeof(float) * (size_t)d->heads;
+            STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->alibi, ab));
+            STOF_CU_GOTO(ctx, st, pop,
+                         api->cuMemcpyHtoD(b->alibi, d->alibi_slopes, ab));
+            prm.alibi = b->alibi;
+        }
         stof_mb_data md;
         stof__family_mb_data(sample, &md);
         if (pw.n_seq) { /* packed: the clamped offsets, which it reads */

@@ -2,7 +2,9 @@
 neither): the library loads, a context opens without a device, masks and
 mask families evaluate on the host with their instance data (lengths,
 documents, prefixes, a window per head), and bad input is refused with a
-message naming it. Counts are checked against direct evaluations."""
+message naming it. Counts are checked against direct evaluations. The
+attention descriptor's mirror (soft-cap, ALiBi slopes) and the ALiBi slopes
+helper are checked first, without the library."""
 import os
 import sys
 
@@ -25,7 +27,47 @@ def expect_error(fn, kind, *words):
     raise AssertionError("no %s raised" % kind.__name__)
 
 
+def check_score_mods():
+    """stof_attention_desc's mirror (softcap, alibi_slopes) and the ALiBi
+    slopes helper: no library call."""
+    import ctypes
+    import math
+    assert ctypes.sizeof(stof._Desc) == 192, ctypes.sizeof(stof._Desc)
+    assert stof._Desc.softcap.offset == 132, stof._Desc.softcap.offset
+    assert stof._Desc.alibi_slopes.offset == 136, stof._Desc.alibi_slopes.offset
+    assert stof._Desc.reserved.offset == 144, stof._Desc.reserved.offset
+
+    s8 = stof.alibi_slopes(8)
+    assert s8 == [2.0 ** -(i + 1) for i in range(8)], s8
+    s12 = stof.alibi_slopes(12)
+    assert len(s12) == 12 and s12[:8] == s8, s12
+    for got, want in zip(s12[8:], (2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5)):
+        assert math.isclose(got, want, rel_tol=1e-12), (s12, want)
+    for n in (1, 3, 8, 12, 16, 20, 32, 40, 64):
+        s = stof.alibi_slopes(n)
+        assert len(s) == n and all(math.isfinite(x) and x > 0 for x in s), (n, s)
+    expect_error(lambda: stof.alibi_slopes(0), ValueError, "heads")
+
+    # The descriptor's fields from the plan calls' keyword arguments.
+    d = stof._Desc()
+    keep = stof._score_mods(d, 30.0, stof.alibi_slopes(4), 4)
+    assert d.softcap == 30.0 and [d.alibi_slopes[i] for i in range(4)] == \
+        stof.alibi_slopes(4)
+    assert ctypes.addressof(keep) == ctypes.cast(d.alibi_slopes, ctypes.c_void_p).value
+    d = stof._Desc()
+    assert stof._score_mods(d, 0.0, None, 4) is None
+    assert d.softcap == 0.0 and not d.alibi_slopes
+    for cap in (-1.0, float("nan"), float("inf")):
+        expect_error(lambda: stof._score_mods(stof._Desc(), cap, None, 4),
+                     ValueError, "softcap")
+    expect_error(lambda: stof._score_mods(stof._Desc(), 0.0, [0.5] * 3, 4),
+                 ValueError, "alibi_slopes", "3", "4")
+    expect_error(lambda: stof._score_mods(stof._Desc(), 0.0, [0.5, float("nan"), 1, 1], 4),
+                 ValueError, "alibi_slopes[1]")
+
+
 def main():
+    check_score_mods()
     lib = stof._load()
     version = lib.stof_version_string().decode()
     assert version.count(".") == 2, version

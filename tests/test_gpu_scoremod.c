@@ -1,0 +1,299 @@
+/*
+ * test_gpu_scoremod.c - score modifiers (desc.softcap, desc.alibi_slopes)
+ * on every kernel kind that builds them: the reference kernel, block and
+ * wgmma (soft-cap and ALiBi), row-wise and wgmma-gather (soft-cap only;
+ * the cost model does not rank them with ALiBi), a split-KV build, and a
+ * mask family planned by the search (its GPU reference computes the
+ * modifiers too). Each output against the C reference with outputs
+ * poisoned first, each row's log-sum-exp against double precision; fp16
+ * and bf16, GQA, odd sizes, head_dim 64, 128 and 256.
+ */
+#include <math.h>
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_int.h"
+#include "cost_model.h"
+#include "cuda_shim.h"
+#include "internal.h"
+#include "testutil.h"
+
+TestSuite(gpu_scoremod, .timeout = 900);
+
+typedef struct mod_case {
+    int batch, heads, kv_heads, seq_q, seq_k, head_dim;
+    stof_dtype dt;
+    stof_layout layout;
+    const char *spec;
+    float softcap;
+    int alibi;
+} mod_case;
+
+/* Device buffers and host copies of one problem. */
+typedef struct mod_problem {
+    stof_attention_desc d;
+    size_t nq, nk, nl;
+    uint16_t *hq, *hk, *hv, *ho;
+    float *fq, *fk, *fv, *fo, *gl, *slopes;
+    double *wl;
+    CUdeviceptr dq, dk, dv, dout, dl;
+    stof_mask *m;
+} mod_problem;
+
+static void problem_new(stof_context *ctx, const mod_case *g, tu_rng *r,
+                        mod_problem *p)
+{
+    memset(p, 0, sizeof(*p));
+    tu_make_desc(&p->d, g->batch, g->heads, g->seq_q, g->seq_k, g->head_dim,
+                 g->dt, g->layout, 0);
+    p->d.kv_heads = g->kv_heads;
+    p->d.softcap = g->softcap;
+    stof__attention_normalise(&p->d);
+    if (g->alibi) {
+        /* Slopes of both signs and sizes, one per head. */
+        p->slopes = malloc(sizeof(float) * (size_t)g->heads);
+        for (int h = 0; h < g->heads; h++)
+            p->slopes[h] = (float)((tu_uniform(r) - 0.3) * 0.2);
+        p->d.alibi_slopes = p->slopes;
+    }
+    p->nq = tu_tensor_elems(p->d.q_stride, g->batch, g->heads, g->seq_q,
+                            g->head_dim);
+    p->nk = tu_tensor_elems(p->d.k_stride, g->batch, g->kv_heads, g->seq_k,
+                            g->head_dim);
+    p->nl = (size_t)g->batch * g->heads * g->seq_q;
+    p->hq = malloc(p->nq * 2);
+    p->hk = malloc(p->nk * 2);
+    p->hv = malloc(p->nk * 2);
+    p->ho = malloc(p->nq * 2);
+    p->fq = malloc(p->nq * 4);
+    p->fk = malloc(p->nk * 4);
+    p->fv = malloc(p->nk * 4);
+    p->fo = calloc(p->nq, 4);
+    p->gl = malloc(p->nl * 4);
+    p->wl = malloc(p->nl * sizeof(double));
+    /* Scores up to a few units, so a soft-cap of 1..5 bends them. */
+    tu_fill_random(r, p->hq, p->fq, p->nq, g->dt, 2.0f);
+    tu_fill_random(r, p->hk, p->fk, p->nk, g->dt, 2.0f);
+    tu_fill_random(r, p->hv, p->fv, p->nk, g->dt, 1.0f);
+    cr_assert_eq(stof_mask_from_spec(ctx, g->spec, g->seq_q, g->seq_k,
+                                     &p->m),
+                 STOF_OK);
+    cr_assert_eq(stof__ref_attention(&p->d, p->m, p->fq, p->fk, p->fv,
+                                     p->fo),
+                 STOF_OK);
+    tu_lse_ref(&p->d, p->m, p->fq, p->fk, p->wl);
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    cr_assert_eq(api->cuMemAlloc(&p->dq, p->nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&p->dout, p->nq * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&p->dk, p->nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&p->dv, p->nk * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&p->dl, p->nl * 4), CUDA_SUCCESS);
+    api->cuMemcpyHtoD(p->dq, p->hq, p->nq * 2);
+    api->cuMemcpyHtoD(p->dk, p->hk, p->nk * 2);
+    api->cuMemcpyHtoD(p->dv, p->hv, p->nk * 2);
+    stof__ctx_pop(ctx);
+}
+
+static void problem_free(stof_context *ctx, mod_problem *p)
+{
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    api->cuMemFree(p->dq);
+    api->cuMemFree(p->dk);
+    api->cuMemFree(p->dv);
+    api->cuMemFree(p->dout);
+    api->cuMemFree(p->dl);
+    stof__ctx_pop(ctx);
+    stof_mask_free(&p->m);
+    free(p->hq);
+    free(p->hk);
+    free(p->hv);
+    free(p->ho);
+    free(p->fq);
+    free(p->fk);
+    free(p->fv);
+    free(p->fo);
+    free(p->gl);
+    free(p->wl);
+    free(p->slopes);
+}
+
+/* Run plan `plan` with an LSE output (outputs poisoned first) and check O
+ * against the C reference and the LSE against double precision. */
+static void run_and_check(stof_context *ctx, mod_problem *p, stof_plan *plan,
+                          const char *what)
+{
+    const stof_api *api = stof__api();
+    const stof_attention_desc *d = &p->d;
+    stof__ctx_push(ctx);
+    api->cuMemsetD8(p->dout, 0xff, p->nq * 2); /* NaN */
+    api->cuMemsetD8(p->dl, 0x7f, p->nl * 4);   /* large finite */
+    stof__ctx_pop(ctx);
+    const stof_mask_data *none = NULL;
+    cr_assert_eq(stof_attention_run_lse(
+                     plan, none, (void *)(uintptr_t)p->dq,
+                     (void *)(uintptr_t)p->dk, (void *)(uintptr_t)p->dv,
+                     (void *)(uintptr_t)p->dout, (float *)(uintptr_t)p->dl,
+                     NULL),
+                 STOF_OK, "%s: %s", what, stof_plan_errmsg(plan));
+    stof__ctx_push(ctx);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    api->cuMemcpyDtoH(p->ho, p->dout, p->nq * 2);
+    api->cuMemcpyDtoH(p->gl, p->dl, p->nl * 4);
+    stof__ctx_pop(ctx);
+    const size_t per = (size_t)d->batch * d->heads * d->seq_q * d->head_dim;
+    double *got = malloc(per * sizeof(double)),
+           *want = malloc(per * sizeof(double));
+    size_t cnt = 0;
+    for (int b = 0; b < d->batch; b++)
+        for (int h = 0; h < d->heads; h++)
+            for (int s = 0; s < d->seq_q; s++)
+                for (int x = 0; x < d->head_dim; x++) {
+                    const int64_t o = b * d->o_stride[0] + h * d->o_stride[1] +
+                                      s * d->o_stride[2] + x;
+                    got[cnt] = d->dtype == STOF_DTYPE_FP16
+                                   ? tu_f16_to_f32(p->ho[o])
+                                   : tu_bf16_to_f32(p->ho[o]);
+                    want[cnt++] = p->fo[o];
+                }
+    const double err = tu_rel_err(got, want, cnt);
+    cr_assert(err < (d->dtype == STOF_DTYPE_FP16 ? 3e-3 : 1.6e-2),
+              "%s: rel err %g", what, err);
+    double worst = 0.0;
+    for (size_t i = 0; i < p->nl; i++) {
+        if (isinf(p->wl[i])) {
+            cr_assert(isinf(p->gl[i]) && p->gl[i] < 0,
+                      "%s row %zu: lse %g, not -inf", what, i,
+                      (double)p->gl[i]);
+            continue;
+        }
+        const double e = fabs(p->gl[i] - p->wl[i]);
+        cr_assert(e < 5e-3 + 1e-3 * fabs(p->wl[i]),
+                  "%s row %zu: lse %g, want %g", what, i, (double)p->gl[i],
+                  p->wl[i]);
+        worst = e > worst ? e : worst;
+    }
+    cr_log_info("%s: rel err %.2e, lse %.2e", what, err, worst);
+    free(got);
+    free(want);
+}
+
+static void check_case(stof_context *ctx, const mod_case *g, tu_rng *r)
+{
+    mod_problem p;
+    problem_new(ctx, g, r, &p);
+    stof_candidate cands[512];
+    int n = 0;
+    cr_assert_eq(stof__cost_rank(ctx, &p.d, p.m, cands, 512, &n), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    static const int kinds[] = {STOF_KERNEL_REFERENCE, STOF_KERNEL_BLOCK,
+                                STOF_KERNEL_ROWWISE, STOF_KERNEL_WGMMA,
+                                STOF_KERNEL_WGMMA_GATHER};
+    int tested = 0;
+    for (size_t t = 0; t < sizeof(kinds) / sizeof(kinds[0]); t++) {
+        stof_candidate c = {.kind = STOF_KERNEL_REFERENCE};
+        int found = kinds[t] == STOF_KERNEL_REFERENCE;
+        for (int i = 0; i < n && !found; i++)
+            if (cands[i].kind == kinds[t] && cands[i].splits <= 1) {
+                c = cands[i];
+                found = 1;
+            }
+        if (g->alibi)
+            cr_assert(!found || (kinds[t] != STOF_KERNEL_ROWWISE &&
+                                 kinds[t] != STOF_KERNEL_WGMMA_GATHER),
+                      "a gather kind was ranked for ALiBi");
+        if (!found)
+            continue;
+        /* The ranked candidates are built for the problem's modifiers. */
+        const int cm = c.kind >= STOF_KERNEL_WGMMA ? c.wcfg.mods : c.cfg.mods;
+        if (c.kind != STOF_KERNEL_REFERENCE)
+            cr_assert_eq(cm, stof__attn_mods(&p.d));
+        for (int split = 0; split < 2; split++) {
+            stof_candidate cs = c;
+            if (split) { /* the same kernel split over the keys */
+                if (c.kind == STOF_KERNEL_REFERENCE)
+                    break;
+                cs.splits = 3;
+                cs.cfg.split = cs.wcfg.split = 1;
+            }
+            stof_plan *plan = NULL;
+            cr_assert_eq(stof__attention_plan_kernel(ctx, &p.d, p.m, &cs,
+                                                     &plan),
+                         STOF_OK, "kind %d: %s", cs.kind, stof_errmsg(ctx));
+            char what[200];
+            snprintf(what, sizeof(what),
+                     "%s %dx%d/%dx%dx%d d=%d cap %g alibi %d kind %d split %d",
+                     g->spec, g->batch, g->heads, g->kv_heads, g->seq_q,
+                     g->seq_k, g->head_dim, (double)g->softcap, g->alibi,
+                     cs.kind, cs.splits);
+            run_and_check(ctx, &p, plan, what);
+            stof_plan_free(&plan);
+            tested++;
+        }
+    }
+    cr_assert_geq(tested, 3, "%s: only %d plans ran", g->spec, tested);
+    /* A candidate built without the modifiers is refused by name. */
+    if (n > 0) {
+        stof_candidate bad = cands[0];
+        bad.cfg.mods = bad.wcfg.mods = 0;
+        stof_plan *plan = NULL;
+        cr_assert_eq(stof__attention_plan_kernel(ctx, &p.d, p.m, &bad, &plan),
+                     STOF_ERR_UNSUPPORTED);
+        cr_assert_null(plan);
+        cr_assert(strstr(stof_errmsg(ctx), "modifiers"), "%s",
+                  stof_errmsg(ctx));
+    }
+    problem_free(ctx, &p);
+}
+
+Test(gpu_scoremod, every_kind_matches_the_reference)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    tu_rng r = {tu_seed()};
+    static const mod_case cases[] = {
+        {2, 4, 4, 300, 300, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, "causal",
+         2.0f, 0},
+        {1, 8, 2, 520, 700, 128, STOF_DTYPE_BF16, STOF_LAYOUT_BSHD,
+         "sliding:200", 0.0f, 1},
+        {2, 2, 2, 257, 333, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD,
+         "causal&!prefix:5", 3.0f, 1},
+        {1, 2, 1, 384, 384, 256, STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, "dense",
+         5.0f, 0},
+        {1, 4, 4, 256, 500, 128, STOF_DTYPE_FP16, STOF_LAYOUT_BSHD,
+         "bigbird:64:3:2:3:1", 1.5f, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        check_case(ctx, &cases[i], &r);
+    stof_close(&ctx);
+}
+
+/* A family planned by the search (its candidates verified against the GPU
+ * family reference with the modifiers) runs its default instance, which
+ * is the spec's mask. */
+Test(gpu_scoremod, a_searched_family_plan_matches_the_reference)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = ""; /* no database: the search runs */
+    stof_context *ctx = tu_open_gpu_or_skip(&s);
+    tu_rng r = {tu_seed() ^ 0x50f7};
+    const mod_case g = {2, 4, 2, 200, 600, 64, STOF_DTYPE_BF16,
+                        STOF_LAYOUT_BHSD, "causal", 4.0f, 1};
+    mod_problem p;
+    problem_new(ctx, &g, &r, &p);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, g.spec, &fam), STOF_OK);
+    stof_plan *plan = NULL;
+    cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, NULL, &plan),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    run_and_check(ctx, &p, plan, "family causal cap 4 alibi");
+    stof_plan_free(&plan);
+    stof_mask_family_free(&fam);
+    problem_free(ctx, &p);
+    stof_close(&ctx);
+}
