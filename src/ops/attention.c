@@ -543,17 +543,18 @@ stof_status stof__plan_new(stof_context *ctx, const stof_attention_desc *d,
     p->cfg.split = p->wcfg.split = p->n_split > 1;
     /* Score modifiers: the kernel must have been built for the problem's
      * (records name theirs; the search builds what the problem needs). */
-    p->mods = stof__attn_mods(d);
+    const int mods = stof__attn_mods(d);
     const int cmods = c->kind >= STOF_KERNEL_WGMMA ? c->wcfg.mods
                                                    : c->cfg.mods;
-    if (c->kind != STOF_KERNEL_REFERENCE && cmods != p->mods) {
+    if (c->kind != STOF_KERNEL_REFERENCE && cmods != mods) {
         free(p);
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "the %s kernel was built for score modifiers %d, "
                           "the problem needs %d (soft-cap 1, ALiBi 2)",
-                          stof__kernel_kind_name(c->kind), cmods, p->mods);
+                          stof__kernel_kind_name(c->kind), cmods, mods);
     }
-    p->cfg.mods = p->wcfg.mods = p->mods;
+    p->mods = mods;
+    p->cfg.mods = p->wcfg.mods = mods;
     p->desc.alibi_slopes = NULL; /* the caller's memory: p->d_alibi */
     stof_status mst = stof__plan_mods_prepare(ctx, p, d);
     if (mst != STOF_OK) {
