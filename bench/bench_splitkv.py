@@ -12,6 +12,9 @@ stof plans the sliding window as a mask family with q_offset = SK - SQ
 (the same plan serves every cache length up to SK), the dense mask as a
 plain spec.
 
+Grouped-query problems write the heads as H/KV (e.g. 16x32/8x1x8192x128:
+K and V have 8 heads); Flex and SDPA then run with enable_gqa=True.
+
 Usage: python bench/bench_splitkv.py [--problems 32x32x1x8192x128:dense,...]
        [--dtype bf16] [--json FILE]
 """
@@ -68,11 +71,14 @@ def main():
     rows = []
     for item in args.problems.split(","):
         shape, spec = item.split(":", 1)
-        B, H, SQ, SK, D = (int(x) for x in shape.split("x"))
+        B, HS, SQ, SK, D = shape.split("x")
+        H, KV = (int(x) for x in HS.split("/")) if "/" in HS else (int(HS), int(HS))
+        B, SQ, SK, D = int(B), int(SQ), int(SK), int(D)
+        gqa = KV != H
         torch.manual_seed(0)
         q = torch.randn(B, H, SQ, D, device="cuda", dtype=dt)
-        k = torch.randn(B, H, SK, D, device="cuda", dtype=dt)
-        v = torch.randn(B, H, SK, D, device="cuda", dtype=dt)
+        k = torch.randn(B, KV, SK, D, device="cuda", dtype=dt)
+        v = torch.randn(B, KV, SK, D, device="cuda", dtype=dt)
         out = torch.empty_like(q)
         allowed = allowed_rows(spec, SQ, SK, "cuda")
         r = {"problem": item, "dtype": args.dtype}
@@ -94,27 +100,38 @@ def main():
         # fp32 reference, one batch element at a time.
         num = den = 0.0
         for b in range(B):
-            s = torch.einsum("hqd,hkd->hqk", q[b].float(), k[b].float()) / D ** 0.5
+            kb, vb = k[b], v[b]
+            if gqa:
+                kb, vb = kb.repeat_interleave(H // KV, 0), vb.repeat_interleave(H // KV, 0)
+            s = torch.einsum("hqd,hkd->hqk", q[b].float(), kb.float()) / D ** 0.5
             s = s.masked_fill(~allowed, float("-inf"))
             ref = torch.einsum("hqk,hkd->hqd", torch.softmax(s, -1).nan_to_num(0),
-                               v[b].float())
+                               vb.float())
             num += (out[b].float() - ref).norm().item() ** 2
             den += ref.norm().item() ** 2
         r["stof_err"] = (num / den) ** 0.5
         keys = int(allowed.any(0).sum().item())
-        r["kv_bytes"] = 2 * B * H * keys * D * q.element_size()
+        r["kv_bytes"] = 2 * B * KV * keys * D * q.element_size()
         r["stof_gbs"] = r["kv_bytes"] / r["stof_ms"] / 1e6
+        try:
+            if spec == "dense":
+                r["flex_ms"] = bench(lambda: flex(q, k, v, enable_gqa=gqa))
+            else:
+                def mm(b, h, qi, ki):
+                    return allowed[qi, ki]
+                bm = create_block_mask(mm, None, None, SQ, SK, device="cuda")
+                r["flex_ms"] = bench(lambda: flex(q, k, v, block_mask=bm,
+                                                  enable_gqa=gqa))
+        except Exception as e:  # e.g. no kernel for a shape: recorded, not fatal
+            r["flex_ms"] = float("nan")
+            r["flex_error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200])
         if spec == "dense":
-            r["flex_ms"] = bench(lambda: flex(q, k, v))
-            r["sdpa_ms"] = bench(lambda: F.scaled_dot_product_attention(q, k, v))
+            r["sdpa_ms"] = bench(lambda: F.scaled_dot_product_attention(
+                q, k, v, enable_gqa=gqa))
         else:
-            def mm(b, h, qi, ki):
-                return allowed[qi, ki]
-            bm = create_block_mask(mm, None, None, SQ, SK, device="cuda")
-            r["flex_ms"] = bench(lambda: flex(q, k, v, block_mask=bm))
             am = allowed[None, None]
-            r["sdpa_ms"] = bench(lambda: F.scaled_dot_product_attention(q, k, v,
-                                                                         attn_mask=am))
+            r["sdpa_ms"] = bench(lambda: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=am, enable_gqa=gqa))
         rows.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
         del q, k, v, out

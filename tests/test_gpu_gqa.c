@@ -375,3 +375,143 @@ Test(gpu_gqa, lse_of_every_kernel_kind)
     stof_mask_free(&m);
     stof_close(&ctx);
 }
+
+/* Grouped-query problems with short queries are planned as the group's
+ * rows of one head (each K/V tile read once per group): the plan says so,
+ * and its outputs and log-sum-exps are the problem's own. A layout whose
+ * query heads are not equally spaced rows (BSHD with several rows) is
+ * planned as it is. */
+Test(gpu_gqa, short_queries_are_planned_as_group_rows)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = ""; /* search every problem */
+    stof_context *ctx = tu_open_gpu_or_skip(&s);
+    tu_rng r = {tu_seed() ^ 0x9a0};
+    static const struct {
+        int b, h, kv, sq, sk, d;
+        stof_dtype dt;
+        stof_layout layout;
+        const char *spec;
+        int view;
+    } cases[] = {
+        {3, 8, 2, 1, 3000, 128, STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, "dense", 1},
+        {2, 8, 1, 1, 2500, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BSHD,
+         "sliding:900", 1},
+        {2, 6, 2, 5, 1500, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD,
+         "random:0.3:4&!prefix:2", 1},
+        {1, 8, 2, 4, 1000, 128, STOF_DTYPE_BF16, STOF_LAYOUT_BSHD, "dense", 0},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        stof_attention_desc d;
+        tu_make_desc(&d, cases[c].b, cases[c].h, cases[c].sq, cases[c].sk,
+                     cases[c].d, cases[c].dt, cases[c].layout, 0);
+        d.kv_heads = cases[c].kv;
+        stof__attention_normalise(&d);
+        d.softcap = c == 1 ? 2.0f : 0.0f; /* with a soft-cap too */
+        const size_t nq = tu_tensor_elems(d.q_stride, d.batch, d.heads,
+                                          d.seq_q, d.head_dim);
+        const size_t nk = tu_tensor_elems(d.k_stride, d.batch, d.kv_heads,
+                                          d.seq_k, d.head_dim);
+        const size_t nl = (size_t)d.batch * d.heads * d.seq_q;
+        uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2),
+                 *hv = malloc(nk * 2), *ho = malloc(nq * 2);
+        float *fq = malloc(nq * 4), *fk = malloc(nk * 4), *fv = malloc(nk * 4);
+        float *fo = calloc(nq, 4), *gl = malloc(nl * 4);
+        double *wl = malloc(nl * sizeof(double));
+        tu_fill_random(&r, hq, fq, nq, d.dtype, 1.0f);
+        tu_fill_random(&r, hk, fk, nk, d.dtype, 1.0f);
+        tu_fill_random(&r, hv, fv, nk, d.dtype, 1.0f);
+        stof_mask *m = NULL;
+        cr_assert_eq(stof_mask_from_spec(ctx, cases[c].spec, d.seq_q, d.seq_k,
+                                         &m),
+                     STOF_OK);
+        cr_assert_eq(stof__ref_attention(&d, m, fq, fk, fv, fo), STOF_OK);
+        tu_lse_ref(&d, m, fq, fk, wl);
+        const stof_api *api = stof__api();
+        CUdeviceptr dq, dk, dv, dout, dl;
+        stof__ctx_push(ctx);
+        cr_assert_eq(api->cuMemAlloc(&dq, nq * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemAlloc(&dout, nq * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemAlloc(&dk, nk * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemAlloc(&dv, nk * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemAlloc(&dl, nl * 4), CUDA_SUCCESS);
+        api->cuMemcpyHtoD(dq, hq, nq * 2);
+        api->cuMemcpyHtoD(dk, hk, nk * 2);
+        api->cuMemcpyHtoD(dv, hv, nk * 2);
+        api->cuMemsetD8(dout, 0xff, nq * 2);
+        api->cuMemsetD8(dl, 0x7f, nl * 4);
+        stof__ctx_pop(ctx);
+        stof_plan *p = NULL;
+        cr_assert_eq(stof_attention_plan(ctx, &d, m, &p), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        char desc[4096];
+        cr_assert_eq(stof_plan_describe(p, desc, sizeof(desc), NULL),
+                     STOF_OK);
+        cr_assert_eq(strstr(desc, "\"gqa_rows\"") != NULL, cases[c].view,
+                     "case %zu: %s", c, desc);
+        cr_assert_eq(stof_attention_run_lse(p, NULL, (void *)(uintptr_t)dq,
+                                            (void *)(uintptr_t)dk,
+                                            (void *)(uintptr_t)dv,
+                                            (void *)(uintptr_t)dout,
+                                            (float *)(uintptr_t)dl, NULL),
+                     STOF_OK, "%s", stof_plan_errmsg(p));
+        stof__ctx_push(ctx);
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        api->cuMemcpyDtoH(ho, dout, nq * 2);
+        api->cuMemcpyDtoH(gl, dl, nl * 4);
+        stof__ctx_pop(ctx);
+        double *got = malloc(nq * sizeof(double)),
+               *want = malloc(nq * sizeof(double));
+        size_t cnt = 0;
+        for (int b = 0; b < d.batch; b++)
+            for (int h = 0; h < d.heads; h++)
+                for (int i = 0; i < d.seq_q; i++)
+                    for (int x = 0; x < d.head_dim; x++) {
+                        const int64_t o = b * d.o_stride[0] +
+                                          h * d.o_stride[1] +
+                                          i * d.o_stride[2] + x;
+                        got[cnt] = d.dtype == STOF_DTYPE_FP16
+                                       ? tu_f16_to_f32(ho[o])
+                                       : tu_bf16_to_f32(ho[o]);
+                        want[cnt++] = fo[o];
+                    }
+        const double err = tu_rel_err(got, want, cnt);
+        cr_assert(err < (d.dtype == STOF_DTYPE_FP16 ? 2e-3 : 1.6e-2),
+                  "case %zu (%s): rel err %g", c, cases[c].spec, err);
+        for (size_t i = 0; i < nl; i++) {
+            if (isinf(wl[i])) {
+                cr_assert(isinf(gl[i]) && gl[i] < 0, "case %zu row %zu: %g",
+                          c, i, (double)gl[i]);
+                continue;
+            }
+            cr_assert(fabs(gl[i] - wl[i]) < 5e-3 + 1e-3 * fabs(wl[i]),
+                      "case %zu row %zu: lse %g, want %g", c, i,
+                      (double)gl[i], wl[i]);
+        }
+        cr_log_info("case %zu %s: rel err %.2e, %s", c, cases[c].spec, err,
+                    cases[c].view ? "group rows" : "as is");
+        stof_plan_free(&p);
+        stof__ctx_push(ctx);
+        api->cuMemFree(dq);
+        api->cuMemFree(dk);
+        api->cuMemFree(dv);
+        api->cuMemFree(dout);
+        api->cuMemFree(dl);
+        stof__ctx_pop(ctx);
+        stof_mask_free(&m);
+        free(got);
+        free(want);
+        free(hq);
+        free(hk);
+        free(hv);
+        free(ho);
+        free(fq);
+        free(fk);
+        free(fv);
+        free(fo);
+        free(gl);
+        free(wl);
+    }
+    stof_close(&ctx);
+}

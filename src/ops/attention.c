@@ -976,6 +976,13 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
     } else if (o) {
         json_object_set_new(o, "time_ms", json_null());
     }
+    if (o && p->gqa_rows)
+        json_object_set_new(
+            o, "gqa_rows",
+            json_pack("{s:i, s:s}", "group", p->gqa_rows, "view",
+                      "each K/V head's query heads planned as the rows of "
+                      "one head: problem.heads is kv_heads, problem.seq_q "
+                      "group * seq_q"));
     if (o && p->family)
         json_object_set_new(
             o, "family",

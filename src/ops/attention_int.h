@@ -51,6 +51,9 @@ struct stof_plan {
                                  cfg.split / wcfg.split set with it */
     CUdeviceptr d_split;      /* its partials (stof__split_bytes of desc) */
     CUfunction fn_combine;    /* stof_attn_combine of module */
+    int gqa_rows;             /* planned as the grouped-query row view
+                                 (gqa_rows_view in attention_plan.c):
+                                 the query heads per K/V head; else 0 */
     int mods;                 /* STOF_MOD_* of the problem (cfg.mods and
                                  wcfg.mods are set with it) */
     CUdeviceptr d_alibi;      /* ALiBi: float[heads] slopes, or 0 */

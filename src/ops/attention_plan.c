@@ -621,6 +621,50 @@ static stof_status miss_prepare(stof_context *ctx, miss *x, unsigned kinds,
                                   ctx->settings.tuning_reps, &x->op, op);
 }
 
+/* Grouped-query attention with short queries (decode, small chunks): the
+ * problem seen with the `group` query heads of each K/V head as the rows
+ * of one head, row g * seq_q + i being head kvh * group + g's query row i
+ * (the mask's rows repeated for each), so a CTA's rows cover the group and
+ * every K/V tile is read once for it, not once per query head. The view
+ * needs the query heads of a group equally spaced in rows: q and o heads
+ * seq_q rows apart (BHSD), or one query row. The outputs (O, the
+ * log-sum-exp) land where the problem's own would. Not with ALiBi (a
+ * slope per query head). 1 with *pd and *pm (the caller frees it) set; 0
+ * when d is not such a problem; -1 when out of memory (recorded). */
+#define GQA_ROWS_MAX 128
+static int gqa_rows_view(stof_context *ctx, const stof_attention_desc *d,
+                         const stof_mask *m, stof_attention_desc *pd,
+                         stof_mask **pm)
+{
+    stof_attention_desc nd = *d;
+    stof__attention_normalise(&nd);
+    const int group = stof__kv_group(&nd);
+    if (group < 2 || nd.alibi_slopes || (int64_t)group * nd.seq_q > GQA_ROWS_MAX)
+        return 0;
+    if (nd.seq_q > 1 && (nd.q_stride[1] != nd.seq_q * nd.q_stride[2] ||
+                         nd.o_stride[1] != nd.seq_q * nd.o_stride[2]))
+        return 0;
+    if (stof__mask_alloc(ctx, group * nd.seq_q, nd.seq_k, pm) != STOF_OK)
+        return -1;
+    const size_t row = (size_t)m->words_per_row * 8u;
+    for (int g = 0; g < group; g++)
+        memcpy((*pm)->bits + (size_t)g * nd.seq_q * m->words_per_row, m->bits,
+               row * (size_t)nd.seq_q);
+    stof__mask_recount(*pm);
+    *pd = nd;
+    pd->layout = STOF_LAYOUT_STRIDED;
+    pd->heads = nd.kv_heads;
+    pd->kv_heads = 0;
+    pd->seq_q = group * nd.seq_q;
+    for (int t = 0; t < 2; t++) {
+        int64_t *st = t ? pd->o_stride : pd->q_stride;
+        const int64_t head = st[1];
+        st[1] = head * group;
+        st[2] = nd.seq_q > 1 ? st[2] : head;
+    }
+    return 1;
+}
+
 stof_status stof_attention_plan(stof_context *ctx,
                                 const stof_attention_desc *d,
                                 const stof_mask *m, stof_plan **out)
@@ -631,7 +675,23 @@ stof_status stof_attention_plan(stof_context *ctx,
         *out = NULL;
     STOF_CHECK_ARG(ctx, m, "mask is NULL");
     stof_attn_problem pr = {.m = m};
-    return stof__attention_plan_problem(ctx, d, &pr, NULL, 0, out);
+    float scale;
+    stof_status st = stof__attention_check_desc(ctx, d, m, &scale);
+    if (st != STOF_OK)
+        return st;
+    stof_attention_desc vd;
+    stof_mask *vm = NULL;
+    const int view = gqa_rows_view(ctx, d, m, &vd, &vm);
+    if (view < 0)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    if (!view)
+        return stof__attention_plan_problem(ctx, d, &pr, NULL, 0, out);
+    pr.m = vm;
+    st = stof__attention_plan_problem(ctx, &vd, &pr, NULL, 0, out);
+    if (st == STOF_OK)
+        (*out)->gqa_rows = stof__kv_group(d);
+    stof_mask_free(&vm);
+    return st;
 }
 
 stof_status stof__attention_plan_problem(stof_context *ctx,
@@ -720,23 +780,50 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
         free(res);
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
     }
+    /* Grouped-query problems with short queries as their row views
+     * (gqa_rows_view), as stof_attention_plan plans them. */
+    stof_attention_desc *vd = calloc((size_t)(n > 0 ? n : 1), sizeof(*vd));
+    stof_mask **vm = calloc((size_t)(n > 0 ? n : 1), sizeof(*vm));
+    if (!vd || !vm) {
+        free(vd);
+        free(vm);
+        free(ms);
+        free(ops);
+        free(res);
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    }
     /* Lookups, fallbacks, and the operations of the misses. */
     int n_miss = 0;
     for (int i = 0; i < n; i++) {
         miss *x = &ms[n_miss];
         x->i = i;
         x->pr.m = masks[i];
+        float scale;
         stof_status st =
-            masks[i] ? plan_begin(ctx, &descs[i], &x->pr, NULL, &x->nd,
-                                  x->mask_hex, x->key)
+            masks[i] ? stof__attention_check_desc(ctx, &descs[i], masks[i],
+                                                  &scale)
                      : stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
                                   "mask is NULL");
+        const stof_attention_desc *di = &descs[i];
+        if (st == STOF_OK) {
+            const int view =
+                gqa_rows_view(ctx, &descs[i], masks[i], &vd[i], &vm[i]);
+            if (view < 0)
+                st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+            else if (view) {
+                di = &vd[i];
+                x->pr.m = vm[i];
+            }
+        }
+        if (st == STOF_OK)
+            st = plan_begin(ctx, di, &x->pr, NULL, &x->nd, x->mask_hex,
+                            x->key);
         if (st == STOF_OK &&
             (plans[i] = plan_from_db(ctx, &x->nd, &x->pr, x->key)))
             continue;
         if (st == STOF_OK &&
             ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
-            st = plan_fallback(ctx, &descs[i], &x->nd, &x->pr, x->mask_hex,
+            st = plan_fallback(ctx, di, &x->nd, &x->pr, x->mask_hex,
                                x->key, &plans[i]);
         else if (st == STOF_OK) {
             st = miss_prepare(ctx, x, 0, &ops[n_miss]);
@@ -746,8 +833,8 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
             }
             miss_free(x);
             if (st == STOF_ERR_UNSUPPORTED)
-                st = stof__attention_plan_kernel(ctx, &descs[i], masks[i],
-                                                 NULL, &plans[i]);
+                st = stof__attention_plan_kernel(ctx, di, x->pr.m, NULL,
+                                                 &plans[i]);
         }
         if (st != STOF_OK)
             BATCH_FAIL(i, st);
@@ -775,6 +862,13 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
         stof__search_results_free(&res[k], 1);
         miss_free(x);
     }
+    for (int i = 0; i < n; i++) {
+        if (vm[i] && plans[i])
+            plans[i]->gqa_rows = stof__kv_group(&descs[i]);
+        stof_mask_free(&vm[i]);
+    }
+    free(vd);
+    free(vm);
     free(ms);
     free(ops);
     free(res);
