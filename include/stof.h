@@ -558,7 +558,11 @@ STOF_API stof_status stof_attention_plan_batch(stof_context *ctx, int n,
  * legacy default stream). q, k, v: inputs, o: output, device pointers laid
  * out as the plan's descriptor says. Returns after enqueueing; errors of
  * the launch itself are reported, errors during execution surface at the
- * caller's next synchronisation. Thread-safe for distinct plans. */
+ * caller's next synchronisation. Thread-safe for distinct plans. A plan
+ * whose kernel is split over the keys ("SPLITS" in stof_plan_describe:
+ * short queries against long keys) keeps its partial results in the plan
+ * between its two kernels, so its runs, like a family plan's, must be
+ * ordered (one stream, or synchronised between streams). */
 STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
                                         const void *k, const void *v, void *o,
                                         void *stream);

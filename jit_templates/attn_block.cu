@@ -510,13 +510,8 @@ stof_attn_block(const stof_attn_block_params p)
     int e0 = bk_ldg_i32(rpb + rb);
     int n = bk_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
 #if SPLIT
-    // Split-KV: this CTA's share of the row block's tiles (the host
-    // launches gridDim.z = n_split >= 1; the clamps keep any other launch
-    // inside the row block).
-    const int n_split = max(p.n_split, 1);
-    const int lo = (int)min((stof_i64)n * blockIdx.z / n_split, (stof_i64)n);
-    const int hi =
-        (int)min((stof_i64)n * (blockIdx.z + 1) / n_split, (stof_i64)n);
+    int lo, hi; // split-KV: this CTA's share of the row block's tiles
+    stof_split_range(n, p.n_split, lo, hi);
 #else
     const int lo = 0, hi = n;
 #endif

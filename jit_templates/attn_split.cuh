@@ -39,6 +39,17 @@ struct stof_attn_combine_params {
 static_assert(sizeof(stof_attn_combine_params) == 4 * 8 + 3 * 8 + 4 * 4,
               "stof_attn_combine_params layout");
 
+// CTA blockIdx.z's share lo .. hi - 1 of a row block's n tiles. The host
+// launches gridDim.z = n_split >= 1; the clamps keep any other launch
+// inside the row block.
+__device__ __forceinline__ void stof_split_range(int n, int n_split, int &lo,
+                                                 int &hi)
+{
+    const stof_i64 z = blockIdx.z, ns = n_split > 1 ? n_split : 1;
+    lo = (int)min((stof_i64)n * z / ns, (stof_i64)n);
+    hi = (int)min((stof_i64)n * (z + 1) / ns, (stof_i64)n);
+}
+
 // Store one fragment pair of a split partial: columns c, c + 1 of row
 // `row` (a tensor row) of split z, already divided by the row's l.
 __device__ __forceinline__ void stof_split_store2(float *o_part, int z,

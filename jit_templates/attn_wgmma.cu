@@ -797,13 +797,8 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
     int e0 = wg_ldg_i32(rpb + rb);
     int n = wg_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
 #if SPLIT
-    // Split-KV: this CTA's share of the row block's tiles (the host
-    // launches gridDim.z = n_split >= 1; the clamps keep any other launch
-    // inside the row block).
-    const int n_split = max(p.n_split, 1);
-    const int lo = (int)min((stof_i64)n * blockIdx.z / n_split, (stof_i64)n);
-    const int hi =
-        (int)min((stof_i64)n * (blockIdx.z + 1) / n_split, (stof_i64)n);
+    int lo, hi; // split-KV: this CTA's share of the row block's tiles
+    stof_split_range(n, p.n_split, lo, hi);
 #else
     const int lo = 0, hi = n;
 #endif

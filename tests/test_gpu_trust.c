@@ -67,6 +67,10 @@ typedef struct report {
 } report;
 
 static char g_log[8192];
+/* The problem planned by plan_job: with a soft-cap and ALiBi slopes when
+ * set (children inherit it). */
+static int g_mods;
+static const float g_slopes[H] = {0.5f, -0.25f, 0.125f, 0.0625f};
 
 static void logcb(void *user, stof_log_level level, const char *msg)
 {
@@ -104,6 +108,10 @@ static void plan_job(const job *j, report *out)
         _exit(4);
     stof_attention_desc d;
     tu_make_desc(&d, B, H, N, N, D, STOF_DTYPE_FP16, j->layout, 16);
+    if (g_mods) {
+        d.softcap = 2.0f;
+        d.alibi_slopes = g_slopes;
+    }
     long before = stof__jit_compile_count();
     stof_plan *p = NULL;
     if (stof_attention_plan(ctx, &d, m, &p) != STOF_OK) {
@@ -246,6 +254,25 @@ Test(gpu_trust, a_system_record_is_verified_once_then_trusted)
     cr_log_info("first use of a system record: verified in %.1f ms "
                 "(%ld compile); second use: %.1f ms",
                 verify_ms(&r1), r1.compiles, verify_ms(&r2));
+}
+
+/* The same with score modifiers: the first-use check computes its
+ * reference with the record's soft-cap and the plan's ALiBi slopes. */
+Test(gpu_trust, a_system_record_with_score_modifiers_is_verified)
+{
+    g_mods = 1;
+    job tune = {P("fleet-mods.db"), NULL, STOF_TUNE_DEFAULT,
+                STOF_LAYOUT_BHSD};
+    report r0 = run(plan_fn, &tune);
+    expect_source(&r0, "tuned");
+    job use = {P("host-mods.db"), P("fleet-mods.db"), STOF_TUNE_DEFAULT,
+               STOF_LAYOUT_BHSD};
+    report r1 = run(plan_fn, &use);
+    expect_source(&r1, "system db");
+    cr_assert_gt(verify_ms(&r1), 0.0, "no verification at the first use");
+    cr_assert(strstr(r1.log, "verified on this GPU"), "%s", r1.log);
+    cr_assert(strstr(r1.js, "\"ALIBI\""), "%s", r1.js);
+    g_mods = 0;
 }
 
 Test(gpu_trust, a_wrong_kernel_is_never_used)

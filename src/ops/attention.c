@@ -184,9 +184,12 @@ stof_status stof__attention_check_problem(stof_context *ctx,
                    "desc.layout: %d is not a stof_layout", (int)d->layout);
     STOF_CHECK_ARG(ctx, isfinite(d->scale),
                    "desc.scale: %g is not finite", (double)d->scale);
-    STOF_CHECK_ARG(ctx, isfinite(d->softcap) && d->softcap >= 0.0f,
-                   "desc.softcap: %g is not a finite value >= 0 (0: no "
-                   "soft-cap)",
+    STOF_CHECK_ARG(ctx,
+                   d->softcap == 0.0f ||
+                       (d->softcap > 0.0f && isfinite(d->softcap) &&
+                        isfinite(1.0f / d->softcap)),
+                   "desc.softcap: %g is not 0 (no soft-cap) or a finite "
+                   "value > 0 whose inverse is finite",
                    (double)d->softcap);
     for (int h = 0; d->alibi_slopes && h < d->heads; h++)
         STOF_CHECK_ARG(ctx, isfinite(d->alibi_slopes[h]),
@@ -289,6 +292,7 @@ void stof__plan_release(stof_plan *p)
             api->cuModuleUnload(p->module);
         stof__ctx_pop(p->ctx);
     }
+    free(p->alibi_host);
     free(p);
 }
 
@@ -924,9 +928,14 @@ static json_t *describe_kernel(const stof_plan *p, const char *dt,
                       "STAGES", p->cfg.stages, "GATHER", p->cfg.gather,
                       "ROW_GROUP", group);
     }
-    /* Split-KV kernels: CTAs per row block (SPLIT=1, attn_split.cuh). */
+    /* Split-KV kernels: CTAs per row block (SPLIT=1, attn_split.cuh);
+     * score modifiers built in (SOFTCAP=1, ALIBI=1). */
     if (j && p->n_split > 1)
         json_object_set_new(j, "SPLITS", json_integer(p->n_split));
+    if (j && (p->mods & STOF_MOD_SOFTCAP))
+        json_object_set_new(j, "SOFTCAP", json_real(d->softcap));
+    if (j && (p->mods & STOF_MOD_ALIBI))
+        json_object_set_new(j, "ALIBI", json_integer(1));
     return j;
 }
 

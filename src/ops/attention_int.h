@@ -57,6 +57,8 @@ struct stof_plan {
     int mods;                 /* STOF_MOD_* of the problem (cfg.mods and
                                  wcfg.mods are set with it) */
     CUdeviceptr d_alibi;      /* ALiBi: float[heads] slopes, or 0 */
+    float *alibi_host;        /* their host copy (a record's first-use
+                                 check computes its reference with them) */
     double predicted_ms;      /* cost model; 0 for the reference kernel */
     int n_candidates;         /* candidates ranked (stage 1) / timed */
     const char *source;       /* "compiled", "tuned", "user db", "system db",

@@ -7,6 +7,7 @@
 #include "attention_int.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 stof_status stof__plan_split_prepare(stof_context *ctx, stof_plan *p)
@@ -54,6 +55,12 @@ stof_status stof__plan_mods_prepare(stof_context *ctx, stof_plan *p,
         return st;
     const stof_api *api = ctx->api;
     const size_t bytes = sizeof(float) * (size_t)d->heads;
+    p->alibi_host = malloc(bytes);
+    if (!p->alibi_host) {
+        stof__ctx_pop(ctx);
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    memcpy(p->alibi_host, d->alibi_slopes, bytes);
     CUresult r = api->cuMemAlloc(&p->d_alibi, bytes);
     if (r == CUDA_SUCCESS)
         r = api->cuMemcpyHtoD(p->d_alibi, d->alibi_slopes, bytes);
@@ -61,6 +68,8 @@ stof_status stof__plan_mods_prepare(stof_context *ctx, stof_plan *p,
         if (p->d_alibi)
             api->cuMemFree(p->d_alibi);
         p->d_alibi = 0;
+        free(p->alibi_host);
+        p->alibi_host = NULL;
         st = (stof_status)stof__cuda_fail(ctx, r, "uploading the ALiBi slopes",
                                           __FILE__, __LINE__);
     }
@@ -131,14 +140,14 @@ stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
                                    p->scale, &lbf, p->d_row_order, q, k, v,
                                    o, &x, s, api);
         break;
-    case STOF_KERNEL_WGMMA_GATHER:
+    case STOF_KERNEL_WGMMA_GATHER: /* (never packed: ld is p->desc) */
         st = stof__wgmma_gather_launch_ex(
-            p->fn, &p->wcfg, p->desc.head_dim, &p->desc, p->scale, &p->rf,
+            p->fn, &p->wcfg, p->desc.head_dim, &ld, p->scale, &p->rf,
             p->d_row_order, p->d_q_rows, q, k, v, o, &x, s, api);
         break;
     case STOF_KERNEL_ROWWISE:
         st = stof__rowwise_launch_qperm_ex(p->fn, &p->cfg, p->desc.head_dim,
-                                           &p->desc, p->scale, &p->rf,
+                                           &ld, p->scale, &p->rf,
                                            p->d_q_rows, q, k, v, o, &x, s,
                                            api);
         break;

@@ -264,6 +264,7 @@ static int verify_here(stof_context *ctx, const stof_plan *p,
                        const stof_attn_problem *pr, char *why, size_t n)
 {
     stof_attention_desc vd = p->desc;
+    vd.alibi_slopes = p->alibi_host; /* the reference's ALiBi, if any */
     vd.batch = 1;
     vd.heads = p->desc.heads < 2 ? p->desc.heads : 2;
     if (p->desc.kv_heads > 0) { /* grouped: two K/V heads' groups */
