@@ -128,7 +128,7 @@ stof_attn_reference_family(const stof_attn_params p, const stof_mb_params P)
                    : P.heads_data > 1 ? b * P.heads_data + bh % p.heads
                                         : b;
     const mb_seq s = pb >= 0 ? mb_load_seq(P, pb) : mb_seq{};
-    const stof_i64 pos = (stof_i64)row - s.qs + s.off;
+    const stof_i64 pos = (s.one ? 0 : (stof_i64)row - s.qs) + s.off;
     const int n_words = pb >= 0 && row - s.qs < s.ql
                             ? (s.ks + s.kl + 31) / 32 : 0;
     int chunk = -1, chunk_empty = 0;

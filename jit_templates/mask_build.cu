@@ -64,7 +64,8 @@ __device__ __forceinline__ unsigned mb_tile_word(const stof_mb_params &P,
 {
     if (r >= rows)
         return 0u;
-    unsigned x = mb_word(P, p0 + r, (stof_i64)j * P.block_n + 32 * t, s);
+    unsigned x = mb_word(P, p0 + (s.one ? 0 : r),
+                         (stof_i64)j * P.block_n + 32 * t, s);
     return P.block_n == 16 ? (x & 0xffffu) : x;
 }
 
@@ -180,7 +181,9 @@ stof_mb_classify(const stof_mb_params P)
     rows_pad = rows_pad > P.block_m ? P.block_m : rows_pad;
     int rows = pk ? rows_pad : s.ql - r0;
     rows = rows < 0 ? 0 : (rows > P.block_m ? P.block_m : rows);
-    const stof_i64 p0 = r0 + s.off, p1 = p0 + rows - 1;
+    // Positions of the rows (all the query row's with row_one).
+    const stof_i64 p0 = (s.one ? 0 : r0) + s.off,
+                   p1 = s.one ? p0 : p0 + rows - 1;
     const stof_i64 e = (stof_i64)b * P.n_rb + i;
     unsigned char *cls = P.cls + e * P.n_cb;
     const int words = P.block_m * P.bwpr;

@@ -90,7 +90,10 @@ struct stof_mb_params {
     // head s % heads_data (heads_data 1: per batch element).
     const int *head_window; // per head: the W of head_*; NULL: no limit
     int heads_data;
-    int pad_;
+    // The grouped-query row view of one-row queries: every row of a
+    // (padded) sequence is its query row 0, at position q_offset; all rows
+    // exist when q_len >= 1.
+    int row_one;
 };
 static_assert(sizeof(stof_mb_params) == 272, "stof_mb_params layout");
 
@@ -108,6 +111,7 @@ struct mb_seq {
     int bm_words;
     int has_win;             // head_*: the head's window is set
     stof_i64 win;            // head_*: W (>= 0)
+    int one;                 // P.row_one (padded): row r is at position off
 };
 
 // Instance data is clamped, never trusted: lengths to 0..seq, offsets and
@@ -144,6 +148,9 @@ __device__ __forceinline__ mb_seq mb_load_seq(const stof_mb_params &P, int sq)
         s.lo = P.doc_lo ? P.doc_lo + (stof_i64)sq * P.seq_k : 0;
         s.hi = P.doc_hi ? P.doc_hi + (stof_i64)sq * P.seq_k : 0;
     }
+    s.one = P.n_seq > 0 ? 0 : P.row_one;
+    if (s.one) // q_len counts the one query row: all rows or none
+        s.ql = s.ql > 0 ? P.seq_q : 0;
     s.off = P.q_offset ? mb_clamp(P.q_offset[b], 0, 1 << 30) : 0;
     s.prefix = P.prefix ? mb_clamp(P.prefix[b], 0, 1 << 30) : 0;
     s.unsorted = P.stats[4] != 0;

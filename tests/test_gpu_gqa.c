@@ -491,3 +491,153 @@ Test(gpu_gqa, short_queries_are_planned_as_group_rows)
     }
     stof_close(&ctx);
 }
+
+/* Grouped-query decode over mask families (one query row, per-sequence
+ * lengths and offsets, documents): planned as the group's rows of one
+ * head (every row the sequence's query row), each sequence's output
+ * against the C reference with its own mask, outputs poisoned first,
+ * instance after instance. */
+Test(gpu_gqa, family_decode_is_planned_as_group_rows)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = "";
+    stof_context *ctx = tu_open_gpu_or_skip(&s);
+    tu_rng r = {tu_seed() ^ 0xdec0de};
+    static const char *specs[] = {"causal", "causal_sliding:300",
+                                  "causal&docs", "dense"};
+    enum { BB = 3, HH = 8, KV = 2, SK = 2100, DD = 128 };
+    for (size_t si = 0; si < sizeof(specs) / sizeof(specs[0]); si++) {
+        const stof_dtype dt = si % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16;
+        stof_attention_desc d;
+        tu_make_desc(&d, BB, HH, 1, SK, DD, dt,
+                     si == 1 ? STOF_LAYOUT_BSHD : STOF_LAYOUT_BHSD, 0);
+        d.kv_heads = KV;
+        stof__attention_normalise(&d);
+        const size_t nq = (size_t)BB * HH * DD, nk = (size_t)BB * KV * SK * DD;
+        uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2),
+                 *hv = malloc(nk * 2), *ho = malloc(nq * 2);
+        float *fq = malloc(nq * 4), *fk = malloc(nk * 4), *fv = malloc(nk * 4);
+        float *fo = calloc(nq, 4);
+        tu_fill_random(&r, hq, fq, nq, dt, 1.0f);
+        tu_fill_random(&r, hk, fk, nk, dt, 1.0f);
+        tu_fill_random(&r, hv, fv, nk, dt, 1.0f);
+        const stof_api *api = stof__api();
+        CUdeviceptr dq, dk, dv, dout, dd;
+        stof__ctx_push(ctx);
+        cr_assert_eq(api->cuMemAlloc(&dq, nq * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemAlloc(&dout, nq * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemAlloc(&dk, nk * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemAlloc(&dv, nk * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemAlloc(&dd, 4096 + (size_t)BB * SK * 4),
+                     CUDA_SUCCESS);
+        api->cuMemcpyHtoD(dq, hq, nq * 2);
+        api->cuMemcpyHtoD(dk, hk, nk * 2);
+        api->cuMemcpyHtoD(dv, hv, nk * 2);
+        stof__ctx_pop(ctx);
+        stof_mask_family *fam = NULL;
+        cr_assert_eq(stof_mask_family_create(ctx, specs[si], &fam), STOF_OK);
+        int32_t q_len[BB], k_len[BB], q_off[BB];
+        int32_t *doc = malloc(sizeof(int32_t) * BB * SK);
+        stof_mask_data host;
+        memset(&host, 0, sizeof(host));
+        host.q_len = q_len;
+        host.k_len = k_len;
+        host.q_offset = q_off;
+        host.doc_id = doc;
+        /* A decode step: the one query at the end of each cache. */
+        for (int b = 0; b < BB; b++) {
+            k_len[b] = 1 + (int)tu_below(&r, SK);
+            q_len[b] = 1;
+            q_off[b] = k_len[b] - 1;
+            for (int k = 0; k < SK; k++)
+                doc[b * SK + k] = k / 500;
+        }
+        stof_plan *p = NULL;
+        cr_assert_eq(stof_attention_plan_family(ctx, &d, fam, &host, &p),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        char desc[4096];
+        cr_assert_eq(stof_plan_describe(p, desc, sizeof(desc), NULL),
+                     STOF_OK);
+        cr_assert(strstr(desc, "\"gqa_rows\""), "%s", desc);
+        for (int it = 0; it < 3; it++) {
+            for (int b = 0; b < BB; b++) {
+                k_len[b] = it == 2 && b == 1 ? 0 : 1 + (int)tu_below(&r, SK);
+                q_len[b] = it == 1 && b == 0 ? 0 : 1;
+                q_off[b] = k_len[b] > 0 ? k_len[b] - 1 : 0;
+            }
+            stof__ctx_push(ctx);
+            api->cuMemcpyHtoD(dd, q_len, sizeof(q_len));
+            api->cuMemcpyHtoD(dd + 256, k_len, sizeof(k_len));
+            api->cuMemcpyHtoD(dd + 512, q_off, sizeof(q_off));
+            api->cuMemcpyHtoD(dd + 4096, doc, sizeof(int32_t) * BB * SK);
+            api->cuMemsetD8(dout, 0xff, nq * 2);
+            stof__ctx_pop(ctx);
+            stof_mask_data md;
+            memset(&md, 0, sizeof(md));
+            md.q_len = (const int32_t *)(uintptr_t)dd;
+            md.k_len = (const int32_t *)(uintptr_t)(dd + 256);
+            md.q_offset = (const int32_t *)(uintptr_t)(dd + 512);
+            md.doc_id = (const int32_t *)(uintptr_t)(dd + 4096);
+            cr_assert_eq(stof_attention_run_family(
+                             p, &md, (void *)(uintptr_t)dq,
+                             (void *)(uintptr_t)dk, (void *)(uintptr_t)dv,
+                             (void *)(uintptr_t)dout, NULL),
+                         STOF_OK, "%s", stof_plan_errmsg(p));
+            stof__ctx_push(ctx);
+            cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+            api->cuMemcpyDtoH(ho, dout, nq * 2);
+            stof__ctx_pop(ctx);
+            for (int b = 0; b < BB; b++) {
+                stof_mask *m = NULL;
+                cr_assert_eq(stof_mask_family_eval(ctx, fam, 1, SK, &host, b,
+                                                   &m),
+                             STOF_OK, "%s", stof_errmsg(ctx));
+                stof_attention_desc d1 = d;
+                d1.batch = 1;
+                const float *qb = fq + b * d.q_stride[0];
+                const float *kb = fk + b * d.k_stride[0];
+                const float *vb = fv + b * d.v_stride[0];
+                float *ob = fo + b * d.o_stride[0];
+                cr_assert_eq(stof__ref_attention(&d1, m, qb, kb, vb, ob),
+                             STOF_OK);
+                double got[HH * DD], want[HH * DD];
+                size_t cnt = 0;
+                for (int h = 0; h < HH; h++)
+                    for (int x = 0; x < DD; x++) {
+                        const int64_t o = b * d.o_stride[0] +
+                                          h * d.o_stride[1] + x;
+                        got[cnt] = dt == STOF_DTYPE_FP16
+                                       ? tu_f16_to_f32(ho[o])
+                                       : tu_bf16_to_f32(ho[o]);
+                        want[cnt++] = fo[o];
+                    }
+                const double err = tu_rel_err(got, want, cnt);
+                cr_assert(err < (dt == STOF_DTYPE_FP16 ? 2e-3 : 1.6e-2),
+                          "%s it %d b %d (k_len %d, q_len %d): rel err %g",
+                          specs[si], it, b, k_len[b], q_len[b], err);
+                stof_mask_free(&m);
+            }
+        }
+        cr_log_info("%s: family decode as group rows ok", specs[si]);
+        stof_plan_free(&p);
+        stof_mask_family_free(&fam);
+        stof__ctx_push(ctx);
+        api->cuMemFree(dq);
+        api->cuMemFree(dk);
+        api->cuMemFree(dv);
+        api->cuMemFree(dout);
+        api->cuMemFree(dd);
+        stof__ctx_pop(ctx);
+        free(doc);
+        free(hq);
+        free(hk);
+        free(hv);
+        free(ho);
+        free(fq);
+        free(fk);
+        free(fv);
+        free(fo);
+    }
+    stof_close(&ctx);
+}

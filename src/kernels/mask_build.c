@@ -29,7 +29,7 @@ typedef struct stof_mb_params {
     CUdeviceptr bitmap;
     int64_t bitmap_stride;
     CUdeviceptr head_window;
-    int heads_data, pad_;
+    int heads_data, row_one;
 } stof_mb_params;
 _Static_assert(sizeof(stof_mb_params) == 272,
                "stof_mb_params must match mask_eval.cuh");
@@ -310,6 +310,7 @@ static stof_status workspace_new(stof_context *ctx,
     ws->n_prog = n;
     ws->n_seq = n_seq;
     ws->heads = 1;
+    ws->row_one = n_seq ? 0 : stof__family_rows_one(fam);
     ws->batch = batch;
     ws->seq_q = seq_q;
     ws->seq_k = seq_k;
@@ -439,6 +440,7 @@ static void mb_params(const stof_mb_workspace *ws, const stof_mb_data *data,
         p.head_window = data->head_window;
     }
     p.heads_data = ws->heads;
+    p.row_one = ws->row_one;
     if (ws->n_seq) {
         /* Packed: this run's rows and keys (at most the workspace's), and
          * the tile grid they cover; lengths come from the offsets. */

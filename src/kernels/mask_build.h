@@ -63,6 +63,8 @@ typedef struct stof_mb_workspace {
     CUdeviceptr pk;         /* packed: int32[2 * (n_seq + 1)], or 0 */
     int n_prog;
     int n_seq;              /* packed: sequences (batch is 1); 0: padded */
+    int row_one;            /* every row is query row 0
+                               (stof__family_row_one) */
     int heads;              /* > 1: formats per (element, head): sequence
                                s is element s / heads, head s % heads
                                (batch = elements x heads) */

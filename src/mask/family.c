@@ -25,6 +25,7 @@ struct stof_mask_family {
     stof_spec *spec;
     char *canonical;
     int n_seq; /* packed (stof__family_packed): the sequences; else 0 */
+    int row_one; /* stof__family_row_one: every row is query row 0 */
 };
 
 stof_status stof_mask_family_create(stof_context *ctx, const char *spec,
@@ -83,6 +84,21 @@ stof_status stof__family_packed(stof_context *ctx, const stof_mask_family *fam,
 int stof__family_n_seq(const stof_mask_family *fam)
 {
     return fam ? fam->n_seq : 0;
+}
+
+stof_status stof__family_row_one(stof_context *ctx,
+                                 const stof_mask_family *fam,
+                                 stof_mask_family **out)
+{
+    stof_status st = stof_mask_family_create(ctx, fam->canonical, out);
+    if (st == STOF_OK)
+        (*out)->row_one = 1;
+    return st;
+}
+
+int stof__family_rows_one(const stof_mask_family *fam)
+{
+    return fam ? fam->row_one : 0;
 }
 
 const char *stof_mask_family_spec(const stof_mask_family *fam)

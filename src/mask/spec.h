@@ -159,5 +159,15 @@ stof_status stof__family_packed(stof_context *ctx, const stof_mask_family *fam,
                                 int n_seq, stof_mask_family **out);
 /* The sequences of a packed family, 0 for any other. */
 int stof__family_n_seq(const stof_mask_family *fam);
+/* The family fam for the grouped-query row view of one-row queries
+ * (attention_family.c): every row of an instance is the sequence's query
+ * row 0 (its position q_offset; all rows exist when q_len >= 1), so the
+ * rows can stand for the query heads of a K/V head. Padded layout only.
+ * Freed with stof_mask_family_free. */
+stof_status stof__family_row_one(stof_context *ctx,
+                                 const stof_mask_family *fam,
+                                 stof_mask_family **out);
+/* 1 for a family of stof__family_row_one, else 0. */
+int stof__family_rows_one(const stof_mask_family *fam);
 
 #endif /* STOF_MASK_SPEC_H */

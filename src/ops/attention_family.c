@@ -768,9 +768,10 @@ static void family_key(stof_context *ctx, const stof_attention_desc *d,
     nd.seq_k = stof__family_len_bucket(d->seq_k);
     char buf[512];
     int n = snprintf(buf, sizeof(buf),
-                     "family;v=2;spec=%s;%sactive=%d;partial=%d;most=%d",
+                     "family;v=2;spec=%s;%s%sactive=%d;partial=%d;most=%d",
                      stof_mask_family_spec(fam),
-                     stof__family_n_seq(fam) ? "packed;" : "", b_active,
+                     stof__family_n_seq(fam) ? "packed;" : "",
+                     stof__family_rows_one(fam) ? "rows1;" : "", b_active,
                      b_partial, b_most);
     if (n < 0 || (size_t)n >= sizeof(buf))
         n = (int)sizeof(buf) - 1;
@@ -782,6 +783,37 @@ static void family_key(stof_context *ctx, const stof_attention_desc *d,
     if (text && text_n)
         snprintf(text, text_n, "%s;seq_q=%d;seq_k=%d", buf, nd.seq_q,
                  nd.seq_k);
+}
+
+/* The grouped-query row view of a family problem with one query row
+ * (decode): kd becomes kv_heads heads of `group` rows, row g being query
+ * head kvh * group + g (q and o rows one head stride apart), K/V as they
+ * are. Returns the group, or 0 (kd untouched) when d is not such a problem:
+ * packed, no grouping, several query rows, ALiBi (a slope per query head),
+ * or leaves with per-row data the view cannot repeat (a window per head,
+ * a bitmap). */
+static int gqa_one_row_view(const stof_attention_desc *d,
+                            const stof_mask_family *fam, int packed,
+                            stof_attention_desc *kd)
+{
+    stof_attention_desc nd = *d;
+    stof__attention_normalise(&nd);
+    const int group = stof__kv_group(&nd);
+    if (packed || group < 2 || nd.seq_q != 1 || nd.alibi_slopes ||
+        (stof__family_spec(fam)->uses &
+         (STOF_SPEC_USES_HEAD | STOF_SPEC_USES_BITMAP)))
+        return 0;
+    *kd = nd;
+    kd->layout = STOF_LAYOUT_STRIDED;
+    kd->heads = nd.kv_heads;
+    kd->kv_heads = 0;
+    kd->seq_q = group;
+    for (int t = 0; t < 2; t++) {
+        int64_t *st = t ? kd->o_stride : kd->q_stride;
+        st[2] = st[1];
+        st[1] *= group;
+    }
+    return group;
 }
 
 stof_status stof_attention_plan_family(stof_context *ctx,
@@ -851,10 +883,17 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     dev_sample ds;
     memset(&ds, 0, sizeof(ds));
     stof_mask_family *pfam = NULL;
-    if (packed && (st = stof__family_packed(ctx, fam, d->batch, &pfam)) !=
-                      STOF_OK)
+    /* Grouped-query decode (one query row): planned with each K/V head's
+     * query heads as the rows of one head, every row being the query row
+     * (stof__family_row_one), so each K/V tile is read once per group. */
+    const int group = gqa_one_row_view(d, fam, packed, &kd);
+    if (packed)
+        st = stof__family_packed(ctx, fam, d->batch, &pfam);
+    else if (group)
+        st = stof__family_row_one(ctx, fam, &pfam);
+    if (st != STOF_OK)
         return st;
-    const stof_mask_family *f = packed ? pfam : fam;
+    const stof_mask_family *f = pfam ? pfam : fam;
     if ((st = builder_cubin(ctx, 1)) != STOF_OK ||
         (st = stof__mb_load(ctx, &k)) != STOF_OK) {
         stof_mask_family_free(&pfam);
@@ -884,6 +923,7 @@ stof_status stof_attention_plan_family(stof_context *ctx,
         return st;
     }
     p->key_ms += key_ms;
+    p->gqa_rows = group;
     snprintf(p->family_key, sizeof(p->family_key), "%s", key_text);
     snprintf(p->mask_hex, sizeof(p->mask_hex), "%s", p->key);
     p->mask_density = stats[3] > 0 ? (double)stats[0] / (double)stats[3] : 0.0;
