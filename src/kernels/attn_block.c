@@ -534,18 +534,11 @@ stof_status stof__block_compile(stof_context *ctx, int head_dim,
     snprintf(d_bn, sizeof(d_bn), "BLOCK_N=%d", c->block_n);
     snprintf(d_w, sizeof(d_w), "WARPS=%d", c->warps);
     snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
-    /* GATHER and SPLIT are defined only when set, so block-wise kernels
-     * compile from exactly the defines they always had. */
+    /* GATHER, SPLIT, SOFTCAP and ALIBI are defined only when set, so
+     * block-wise kernels compile from exactly the defines they always had. */
     const char *defs[10] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s};
-    int n_defs = 6;
-    if (c->gather)
-        defs[n_defs++] = "GATHER=1";
-    if (c->split)
-        defs[n_defs++] = "SPLIT=1";
-    if (c->mods & STOF_MOD_SOFTCAP)
-        defs[n_defs++] = "SOFTCAP=1";
-    if (c->mods & STOF_MOD_ALIBI)
-        defs[n_defs++] = "ALIBI=1";
+    const int n_defs =
+        stof__attn_option_defines(c->gather, c->split, c->mods, defs, 6);
     return (stof_status)stof__jit_compile(ctx, "attn_block.cu", defs, n_defs,
                                           arch_or_NULL, cubin, size);
 }

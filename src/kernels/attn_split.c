@@ -66,6 +66,20 @@ int stof__mods_match(int mods, const stof_attention_desc *d,
            ((mods & STOF_MOD_ALIBI) != 0) == alibi;
 }
 
+int stof__attn_option_defines(int gather, int split, int mods,
+                              const char **defs, int n)
+{
+    if (gather)
+        defs[n++] = "GATHER=1";
+    if (split)
+        defs[n++] = "SPLIT=1";
+    if (mods & STOF_MOD_SOFTCAP)
+        defs[n++] = "SOFTCAP=1";
+    if (mods & STOF_MOD_ALIBI)
+        defs[n++] = "ALIBI=1";
+    return n;
+}
+
 void stof__softcap_params(float softcap, float scale, float *cap_in,
                           float *cap_out)
 {

@@ -42,6 +42,12 @@ int stof__attn_mods(const stof_attention_desc *d);
 int stof__mods_match(int mods, const stof_attention_desc *d,
                      const stof_attn_ext *x);
 
+/* Append the attention templates' option defines that are set (GATHER=1,
+ * SPLIT=1, SOFTCAP=1, ALIBI=1) to defs[0 .. n-1] (room for 4 more);
+ * returns the new count. */
+int stof__attn_option_defines(int gather, int split, int mods,
+                              const char **defs, int n);
+
 /* The soft-cap's launch values for softmax scale `scale`: cap_in = scale /
  * softcap, cap_out = softcap * log2(e) (both 0 without a soft-cap). */
 void stof__softcap_params(float softcap, float scale, float *cap_in,

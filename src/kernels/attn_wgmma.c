@@ -180,15 +180,8 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
      * defaults: the 128-row block-mode kernels compile from exactly the
      * defines they always had. */
     const char *defs[10] = {d_hd, d_dt, d_bn, d_s, d_o};
-    int n_defs = 5;
-    if (c->gather)
-        defs[n_defs++] = "GATHER=1";
-    if (c->split)
-        defs[n_defs++] = "SPLIT=1";
-    if (c->mods & STOF_MOD_SOFTCAP)
-        defs[n_defs++] = "SOFTCAP=1";
-    if (c->mods & STOF_MOD_ALIBI)
-        defs[n_defs++] = "ALIBI=1";
+    int n_defs =
+        stof__attn_option_defines(c->gather, c->split, c->mods, defs, 5);
     if (stof__wgmma_block_m(c) == 64)
         defs[n_defs++] = "BLOCK_M=64";
     return (stof_status)stof__jit_compile(ctx, "attn_wgmma.cu", defs, n_defs,
