@@ -1,6 +1,7 @@
 /*
- * attn_split.c - the host side of split-KV (attn_split.h): the partials'
- * workspace and the launch of the kernel that merges them.
+ * attn_split.c - the host side of attn_split.h: the split-KV partials'
+ * workspace and the launch of the kernel that merges them, the score
+ * modifiers' launch values, the option defines of a build.
  */
 #include "attn_split.h"
 

@@ -1,9 +1,11 @@
 /*
- * attn_split.h - split-KV for short queries against long keys
- * (jit_templates/attn_split.cuh, attn_split.c): the attention kernels
- * built with SPLIT=1 run n_split CTAs per row block, each over a share of
- * its tiles, and write normalised partial outputs and log-sum-exps to a
- * workspace; stof_attn_combine (in the same module) merges them into O.
+ * attn_split.h - what the attention kernels' launches share beyond the
+ * tensors (attn_split.c): split-KV for short queries against long keys
+ * (jit_templates/attn_split.cuh: the kernels built with SPLIT=1 run
+ * n_split CTAs per row block, each over a share of its tiles, and write
+ * normalised partial outputs and log-sum-exps to a workspace;
+ * stof_attn_combine, in the same module, merges them into O), the score
+ * modifiers (SOFTCAP=1, ALIBI=1) and the option defines of a build.
  */
 #ifndef STOF_ATTN_SPLIT_H
 #define STOF_ATTN_SPLIT_H
