@@ -273,3 +273,81 @@ Test(cost, rowwise_layout_holds_every_array)
     cr_assert_eq(stof__rowwise_layout(4, 10, 10, INT64_MAX / 2, 128, 4, &l), 0u);
     cr_assert_eq(stof__rowwise_layout(4, -1, 10, 1, 128, 4, &l), 0u);
 }
+
+/* The launches' shared rules (attn_split.h), without a GPU: the split-KV
+ * workspace and grid, the score modifiers' match and launch values, the
+ * option defines of a build. */
+Test(cost, split_and_modifier_rules)
+{
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 2, 8, 16, 4096, 128, STOF_DTYPE_BF16,
+                             STOF_LAYOUT_BHSD);
+    /* n_split x batch x heads x seq_q rows of head_dim floats (rounded up
+     * to 256 bytes), then one float each. */
+    const size_t rows = 4u * 2u * 8u * 16u;
+    cr_assert_eq(stof__split_bytes(4, &d), rows * 128u * 4u + rows * 4u);
+    cr_assert_eq(stof__split_bytes(0, &d), 0u);
+    cr_assert_eq(stof__split_bytes(STOF_SPLIT_MAX + 1, &d), 0u);
+    stof_attention_desc big = d;
+    big.batch = 65535;
+    big.seq_q = 1 << 30;
+    cr_assert_eq(stof__split_bytes(64, &big), 0u, "overflow not refused");
+    stof_attn_ext x = {0};
+    stof__split_parts(4096, 4, &d, &x);
+    cr_assert_eq(x.n_split, 4);
+    cr_assert_eq(x.o_part, 4096u);
+    cr_assert_eq(x.lse_part, 4096u + rows * 128u * 4u);
+    cr_assert_eq(x.lse_part % 256u, 0u);
+    /* The grid's z: 1 unsplit, n_split split, 0 on a mismatch. */
+    cr_assert_eq(stof__split_grid_z(0, NULL), 1u);
+    cr_assert_eq(stof__split_grid_z(0, &x), 0u, "split launch, unsplit kernel");
+    cr_assert_eq(stof__split_grid_z(1, &x), 4u);
+    cr_assert_eq(stof__split_grid_z(1, NULL), 0u);
+    stof_attn_ext nop = {0};
+    cr_assert_eq(stof__split_grid_z(1, &nop), 0u, "no partials");
+    /* Modifiers: the problem's, and whether a build matches a launch. */
+    cr_assert_eq(stof__attn_mods(&d), 0);
+    stof_attention_desc m = d;
+    const float slopes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    m.softcap = 30.0f;
+    cr_assert_eq(stof__attn_mods(&m), STOF_MOD_SOFTCAP);
+    m.alibi_slopes = slopes;
+    cr_assert_eq(stof__attn_mods(&m), STOF_MOD_SOFTCAP | STOF_MOD_ALIBI);
+    stof_attn_ext a = {.alibi = 256};
+    cr_assert(stof__mods_match(STOF_MOD_SOFTCAP | STOF_MOD_ALIBI, &m, &a));
+    cr_assert_not(stof__mods_match(STOF_MOD_SOFTCAP, &m, &a));
+    cr_assert_not(stof__mods_match(STOF_MOD_ALIBI, &m, NULL));
+    cr_assert(stof__mods_match(0, &d, NULL));
+    cr_assert_not(stof__mods_match(STOF_MOD_SOFTCAP, &d, NULL));
+    float cin = -1.0f, cout = -1.0f;
+    stof__softcap_params(30.0f, 0.125f, &cin, &cout);
+    cr_assert_float_eq(cin, 0.125f / 30.0f, 1e-9f);
+    cr_assert_float_eq(cout, 30.0f * 1.4426950408889634f, 1e-4f);
+    stof__softcap_params(0.0f, 0.125f, &cin, &cout);
+    cr_assert(cin == 0.0f && cout == 0.0f);
+    /* Option defines in a fixed order, only those set. */
+    const char *defs[8] = {"HEAD_DIM=64"};
+    int n = stof__attn_option_defines(1, 1, STOF_MOD_SOFTCAP | STOF_MOD_ALIBI,
+                                      defs, 1);
+    cr_assert_eq(n, 5);
+    cr_assert_str_eq(defs[1], "GATHER=1");
+    cr_assert_str_eq(defs[2], "SPLIT=1");
+    cr_assert_str_eq(defs[3], "SOFTCAP=1");
+    cr_assert_str_eq(defs[4], "ALIBI=1");
+    cr_assert_eq(stof__attn_option_defines(0, 0, 0, defs, 1), 1);
+    /* The build rules: ALiBi needs block mode (key indices). */
+    char why[200];
+    stof_block_cfg g = {.block_m = 64, .block_n = 64, .warps = 4,
+                        .stages = 2, .gather = 1, .mods = STOF_MOD_ALIBI};
+    cr_assert_not(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)));
+    cr_assert(strstr(why, "ALiBi"), "%s", why);
+    g.mods = STOF_MOD_SOFTCAP;
+    cr_assert(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)), "%s",
+              why);
+    g.mods = 7;
+    cr_assert_not(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)));
+    stof_wgmma_cfg w = {.block_n = 128, .stages = 2, .overlap = 1,
+                        .gather = 1, .mods = STOF_MOD_ALIBI};
+    cr_assert_not(stof__wgmma_cfg_valid(NULL, 128, &w, why, sizeof(why)));
+    cr_assert(strstr(why, "ALiBi"), "%s", why);
+}
