@@ -156,8 +156,9 @@ Test(trust, a_valid_record_passes_every_check)
     stof__db_record_clear(&r);
 }
 
-/* Split-KV records say how many CTAs share a row block ("splits"); older
- * records have no such field and are not split. */
+/* Split-KV records say how many CTAs share a row block ("splits"), and
+ * records say which score modifiers their kernel was built for ("mods");
+ * older records have neither field: not split, no modifiers. */
 Test(trust, split_counts_in_records_are_read_and_checked)
 {
     static const char *base = "{\"kind\":\"block\",\"block_m\":64,"
@@ -176,6 +177,11 @@ Test(trust, split_counts_in_records_are_read_and_checked)
         {",\"splits\":-2}", 0, 0},
         {",\"splits\":\"4\"}", 0, 0},
         {",\"splits\":4.5}", 0, 0},
+        /* score modifiers the kernel was built for (0..3) */
+        {",\"splits\":0,\"mods\":3}", 1, 0},
+        {",\"mods\":4}", 0, 0},
+        {",\"mods\":-1}", 0, 0},
+        {",\"mods\":\"1\"}", 0, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         stof_db_record r;
@@ -193,8 +199,11 @@ Test(trust, split_counts_in_records_are_read_and_checked)
             cr_assert_eq(c.splits, cases[i].splits, "%s", r.config);
             cr_assert_eq(c.cfg.split, cases[i].splits > 1, "%s", r.config);
         } else {
-            cr_assert(strstr(why, "split"), "%s: %s", r.config, why);
+            cr_assert(strstr(why, "split") || strstr(why, "modifiers"),
+                      "%s: %s", r.config, why);
         }
+        if (cases[i].ok && strstr(cases[i].tail, "mods"))
+            cr_assert_eq(c.cfg.mods, 3, "%s", r.config);
         stof__db_record_clear(&r);
     }
     /* The reference kernel is never split. */
