@@ -130,7 +130,6 @@ static void check_case(stof_context *ctx, const gqa_case *g, tu_rng *r)
                                 STOF_KERNEL_ROWWISE, STOF_KERNEL_WGMMA,
                                 STOF_KERNEL_WGMMA_GATHER};
     int tested = 0;
-    double *got = malloc(nq * sizeof(double)), *want = malloc(nq * sizeof(double));
     for (size_t t = 0; t < sizeof(kinds) / sizeof(kinds[0]); t++) {
         const stof_candidate *c = NULL;
         if (kinds[t] != STOF_KERNEL_REFERENCE) {
@@ -143,20 +142,7 @@ static void check_case(stof_context *ctx, const gqa_case *g, tu_rng *r)
         if (!run_kind(ctx, &d, m, c, dq, dk, dv, dout, nq, ho))
             continue;
         /* Against the C reference, on every element the layout holds. */
-        size_t cnt = 0;
-        for (int b = 0; b < g->batch; b++)
-            for (int h = 0; h < g->heads; h++)
-                for (int s = 0; s < g->seq_q; s++)
-                    for (int x = 0; x < g->head_dim; x++) {
-                        const int64_t o = b * d.o_stride[0] +
-                                          h * d.o_stride[1] +
-                                          s * d.o_stride[2] + x;
-                        got[cnt] = g->dt == STOF_DTYPE_FP16
-                                       ? tu_f16_to_f32(ho[o])
-                                       : tu_bf16_to_f32(ho[o]);
-                        want[cnt++] = fo[o];
-                    }
-        const double err = tu_rel_err(got, want, cnt);
+        const double err = tu_out_rel_err(&d, ho, fo, 0, g->batch);
         cr_assert(err < (g->dt == STOF_DTYPE_FP16 ? 2e-3 : 1.6e-2),
                   "%s %dx%d/%dx%dx%d d=%d kind %d: rel err %g", g->spec,
                   g->batch, g->heads, g->kv_heads, g->seq_q, g->seq_k,
@@ -180,8 +166,6 @@ static void check_case(stof_context *ctx, const gqa_case *g, tu_rng *r)
     api->cuMemFree(ev);
     stof__ctx_pop(ctx);
     stof_mask_free(&m);
-    free(got);
-    free(want);
     free(hq);
     free(hk);
     free(hv);
@@ -437,22 +421,7 @@ Test(gpu_gqa, short_queries_are_planned_as_group_rows)
         api->cuMemcpyDtoH(ho, dout, nq * 2);
         api->cuMemcpyDtoH(gl, dl, nl * 4);
         stof__ctx_pop(ctx);
-        double *got = malloc(nq * sizeof(double)),
-               *want = malloc(nq * sizeof(double));
-        size_t cnt = 0;
-        for (int b = 0; b < d.batch; b++)
-            for (int h = 0; h < d.heads; h++)
-                for (int i = 0; i < d.seq_q; i++)
-                    for (int x = 0; x < d.head_dim; x++) {
-                        const int64_t o = b * d.o_stride[0] +
-                                          h * d.o_stride[1] +
-                                          i * d.o_stride[2] + x;
-                        got[cnt] = d.dtype == STOF_DTYPE_FP16
-                                       ? tu_f16_to_f32(ho[o])
-                                       : tu_bf16_to_f32(ho[o]);
-                        want[cnt++] = fo[o];
-                    }
-        const double err = tu_rel_err(got, want, cnt);
+        const double err = tu_out_rel_err(&d, ho, fo, 0, d.batch);
         cr_assert(err < (d.dtype == STOF_DTYPE_FP16 ? 2e-3 : 1.6e-2),
                   "case %zu (%s): rel err %g", c, cases[c].spec, err);
         for (size_t i = 0; i < nl; i++) {
@@ -476,8 +445,6 @@ Test(gpu_gqa, short_queries_are_planned_as_group_rows)
         api->cuMemFree(dl);
         stof__ctx_pop(ctx);
         stof_mask_free(&m);
-        free(got);
-        free(want);
         free(hq);
         free(hk);
         free(hv);
@@ -601,18 +568,7 @@ Test(gpu_gqa, family_decode_is_planned_as_group_rows)
                 float *ob = fo + b * d.o_stride[0];
                 cr_assert_eq(stof__ref_attention(&d1, m, qb, kb, vb, ob),
                              STOF_OK);
-                double got[HH * DD], want[HH * DD];
-                size_t cnt = 0;
-                for (int h = 0; h < HH; h++)
-                    for (int x = 0; x < DD; x++) {
-                        const int64_t o = b * d.o_stride[0] +
-                                          h * d.o_stride[1] + x;
-                        got[cnt] = dt == STOF_DTYPE_FP16
-                                       ? tu_f16_to_f32(ho[o])
-                                       : tu_bf16_to_f32(ho[o]);
-                        want[cnt++] = fo[o];
-                    }
-                const double err = tu_rel_err(got, want, cnt);
+                const double err = tu_out_rel_err(&d, ho, fo, b, 1);
                 cr_assert(err < (dt == STOF_DTYPE_FP16 ? 2e-3 : 1.6e-2),
                           "%s it %d b %d (k_len %d, q_len %d): rel err %g",
                           specs[si], it, b, k_len[b], q_len[b], err);

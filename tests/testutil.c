@@ -446,3 +446,25 @@ void tu_lse_ref(const stof_attention_desc *d, const stof_mask *m,
             }
     free(sc);
 }
+
+double tu_out_rel_err(const stof_attention_desc *d, const uint16_t *ho,
+                      const float *fo, int b0, int nb)
+{
+    double num = 0.0, den = 0.0;
+    for (int b = b0; b < b0 + nb; b++)
+        for (int h = 0; h < d->heads; h++)
+            for (int s = 0; s < d->seq_q; s++)
+                for (int x = 0; x < d->head_dim; x++) {
+                    const int64_t o = b * d->o_stride[0] + h * d->o_stride[1] +
+                                      s * d->o_stride[2] + x;
+                    const double g = d->dtype == STOF_DTYPE_FP16
+                                         ? tu_f16_to_f32(ho[o])
+                                         : tu_bf16_to_f32(ho[o]);
+                    const double w = fo[o];
+                    if (!isfinite(g) || !isfinite(w))
+                        return INFINITY;
+                    num += (g - w) * (g - w);
+                    den += w * w;
+                }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}

@@ -66,6 +66,12 @@ void tu_make_desc(stof_attention_desc *d, int batch, int heads, int seq_q,
                   int seq_k, int head_dim, stof_dtype dt, stof_layout layout,
                   int pad);
 
+/* tu_rel_err of the 16-bit output ho against the fp32 reference fo (both
+ * laid out with d's o_stride) over batch elements b0 .. b0 + nb - 1, every
+ * head, row and column; INFINITY when an element is not finite. */
+double tu_out_rel_err(const stof_attention_desc *d, const uint16_t *ho,
+                      const float *fo, int b0, int nb);
+
 /* Each row's log-sum-exp of problem d (its strides, kv_heads, soft-cap
  * and ALiBi slopes) over mask m's keys, in double, from fp32 q and k:
  * want[(b * heads + h) * seq_q + i], -inf for a row without keys. */
