@@ -499,7 +499,21 @@ typedef struct stof_attention_desc {
                              the log-sum-exp output includes it). Not
                              with the packed layout. Applied after the
                              soft-cap */
-    uint8_t reserved[48]; /* must be zero */
+    int64_t bias_stride[3]; /* additive bias (bias = 1): the strides, in
+                             elements, {batch, head, query row} of the
+                             bias tensor given to each run
+                             (stof_attention_run_ex): element (b, h, i,
+                             j) at b * bias_stride[0] + h * bias_stride[1]
+                             + i * bias_stride[2] + j, in desc.dtype; 0
+                             broadcasts along that dimension (e.g. {0, S_q
+                             * S_k, S_k}: one bias per head for every
+                             batch element); each a multiple of 8 */
+    int bias;             /* 1: every score gets the bias tensor's element
+                             added (after the soft-cap and ALiBi; a -inf
+                             element masks its key, as the mask does; +inf
+                             and NaN are not allowed); 0: none. Head h is
+                             the query head. Not with the packed layout */
+    uint8_t reserved[20]; /* must be zero */
 } stof_attention_desc;
 
 /* Fill a descriptor, with the strides of `layout` (BHSD or BSHD) and the
@@ -645,6 +659,33 @@ STOF_API stof_status stof_attention_run_lse(stof_plan *plan,
                                             const void *q, const void *k,
                                             const void *v, void *o, float *lse,
                                             void *stream);
+
+/* One run's tensors and options (stof_attention_run_ex). Zero it, then
+ * set what the run needs. */
+typedef struct stof_run_args {
+    const void *q, *k, *v; /* inputs, as for stof_attention_run */
+    void *o;               /* output */
+    const stof_mask_data *data; /* plans of stof_attention_plan_family:
+                              the instance (NULL = the default instance);
+                              NULL for other plans */
+    float *lse;            /* NULL, or the log-sum-exp output, as
+                              stof_attention_run_lse writes it */
+    const void *bias;      /* plans whose descriptor has bias = 1: the
+                              bias tensor (device memory, desc.dtype,
+                              16-byte aligned, laid out as
+                              desc.bias_stride says); NULL otherwise */
+    void *reserved[5];     /* must be NULL */
+} stof_run_args;
+
+/* The general run: stof_attention_run, stof_attention_run_family and
+ * stof_attention_run_lse are this with some fields left NULL; a plan made
+ * with an additive bias (desc.bias = 1) runs only through it. Errors as
+ * those functions, and STOF_ERR_INVALID_ARGUMENT for a missing or
+ * misaligned bias, a bias given to a plan without one, or reserved fields
+ * set. */
+STOF_API stof_status stof_attention_run_ex(stof_plan *plan,
+                                           const stof_run_args *args,
+                                           void *stream);
 
 /* JSON description of a plan: kernel kind and parameters, where it came
  * from, measured time if any. Size-then-fetch like stof_device_describe. */

@@ -35,6 +35,8 @@
 //             softcap) (cap_in, cap_out; stof_score_l2 in stof_common.cuh)
 //   ALIBI     0/1: plus alibi[h] * (key - query row) (block mode only: the
 //             gathered keys' indices are not at hand)
+//   BIAS      0/1: plus the additive bias tensor's element (after the
+//             mask: masked scores read nothing; -inf masks; block mode)
 //   STOF_BLOCK_CHECKS  1: trap on inconsistent launch data (debugging)
 //
 // Shared memory (dynamic; bytes, in this order, see stof__block_smem_bytes
@@ -122,6 +124,7 @@
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2,SPLIT=1 | HEAD_DIM=32,DTYPE=0,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=2,GATHER=1,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=0,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_M=128,BLOCK_N=64,WARPS=8,STAGES=2,SOFTCAP=1,ALIBI=1 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=128,WARPS=4,STAGES=3,GATHER=1,SOFTCAP=1
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=128,BLOCK_N=64,WARPS=4,STAGES=2,BIAS=1 | HEAD_DIM=256,DTYPE=1,BLOCK_M=64,BLOCK_N=32,WARPS=4,STAGES=1,SPLIT=1,BIAS=1,ALIBI=1
 #include "stof_common.cuh"
 
 #ifndef HEAD_DIM
@@ -196,6 +199,7 @@ static_assert(STAGES >= 1 && STAGES <= 3, "STAGES must be 1..3");
 static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
 static_assert(GATHER == 0 || GATHER == 1, "GATHER must be 0 or 1");
 static_assert(!(ALIBI && GATHER), "ALIBI needs block mode (key indices)");
+static_assert(!(BIAS && GATHER), "BIAS needs block mode (key indices)");
 static_assert(BLOCK_N <= BK_THREADS, "one key index per thread and tile");
 static_assert((BK_BITS_BYTES % 16) == 0, "bitmap stage must be 16-byte chunks");
 
@@ -232,6 +236,9 @@ struct stof_attn_block_params {
     float cap_in, cap_out;       // SOFTCAP: scale / softcap, softcap*log2(e)
     int pad2_;
     const float *alibi;          // ALIBI: [heads] slopes
+    const unsigned short *bias;  // BIAS: element (b, h, row, key) at b *
+    stof_i64 bias_stride[3];     // bias_stride[0] + h * [1] + row * [2] +
+                                 // key (16-bit, the dtype)
 #if GATHER
     // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
     // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
@@ -244,7 +251,7 @@ struct stof_attn_block_params {
 #endif
 };
 static_assert(sizeof(stof_attn_block_params) ==
-                  9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8 +
+                  9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8 + 4 * 8 +
                       GATHER * 3 * 8,
               "stof_attn_block_params layout");
 
@@ -662,6 +669,14 @@ stof_attn_block(const stof_attn_block_params p)
 #else
     const float slope_l2 = 0.0f;
 #endif
+#if BIAS
+    // The bias row of this thread's fragment row g of m-tile 0; rows 16 mt
+    // + 8 hh further are bias_stride[2] apart.
+    const int bias_r0 = q0 + wrow + g;
+    const unsigned short *bias_g = p.bias + b * p.bias_stride[0] +
+                                   h * p.bias_stride[1] +
+                                   (stof_i64)bias_r0 * p.bias_stride[2];
+#endif
     int slot = 0; // t % STAGES
 #if GATHER
     int islot = 0; // t % (STAGES + 1): tile t's slot in the index ring
@@ -819,6 +834,23 @@ stof_attn_block(const stof_attn_block_params p)
                         if (8 * nt + (i & 1) >= lim)
                             sacc[mt][nt][i] = STOF_NEG_INF;
         }
+#if BIAS
+        // The additive bias, after the mask (stof_bias_add2).
+#pragma unroll
+        for (int mt = 0; mt < BK_MT; mt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                if (bias_r0 + 16 * mt + 8 * hh >= p.seq_q)
+                    continue;
+                const unsigned short *br =
+                    bias_g + (stof_i64)(16 * mt + 8 * hh) * p.bias_stride[2];
+#pragma unroll
+                for (int nt = 0; nt < BK_NT; nt++)
+                    stof_bias_add2(br, col * BLOCK_N + 8 * nt + 2 * tq,
+                                   sacc[mt][nt][2 * hh],
+                                   sacc[mt][nt][2 * hh + 1]);
+            }
+#endif
 
         // ---- online softmax ----------------------------------------------
 #pragma unroll

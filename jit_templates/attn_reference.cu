@@ -37,6 +37,10 @@ __device__ __forceinline__ void stof_ref_row(const stof_attn_params &p, int b,
     const unsigned short *vb = p.v + b * p.v_stride[0] + hk * p.v_stride[1];
     unsigned short *o = p.o + b * p.o_stride[0] + h * p.o_stride[1] +
                         (stof_i64)row * p.o_stride[2];
+    const unsigned short *bias_row =
+        p.bias ? p.bias + b * p.bias_stride[0] + h * p.bias_stride[1] +
+                     (stof_i64)row * p.bias_stride[2]
+               : p.bias;
 
     float qr[STOF_REF_PER_LANE], acc[STOF_REF_PER_LANE];
 #pragma unroll
@@ -66,6 +70,12 @@ __device__ __forceinline__ void stof_ref_row(const stof_attn_params &p, int b,
                 s = p.softcap * tanhf(s / p.softcap);
             if (p.alibi)
                 s += p.alibi[h] * (float)(key - row);
+            if (p.bias) { // additive bias; -inf masks the key
+                const float bv = stof_load(bias_row + key);
+                if (bv == STOF_NEG_INF)
+                    continue;
+                s += bv;
+            }
             const float m_new = fmaxf(m, s);
             const float alpha = expf(m - m_new); // 0 on the first key
             const float pr = expf(s - m_new);

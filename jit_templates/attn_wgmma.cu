@@ -117,6 +117,8 @@
 //   SOFTCAP  0/1, ALIBI 0/1: score modifiers as in attn_block.cu (applied
 //            to S before the mask; the softmax then runs with scale 1;
 //            ALIBI in block mode only)
+//   BIAS     0/1: plus the additive bias tensor (after the mask: masked
+//            scores read nothing; block mode only)
 // Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
 //
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=3
@@ -130,6 +132,7 @@
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,SOFTCAP=1,ALIBI=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,BLOCK_M=64,OVERLAP=0,ALIBI=1 | HEAD_DIM=128,DTYPE=0,BLOCK_N=128,STAGES=2,GATHER=1,SOFTCAP=1
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=1,BLOCK_N=64,STAGES=2 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
+// STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BIAS=1 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SOFTCAP=1,BIAS=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,SPLIT=1,BIAS=1
 #include "stof_common.cuh"
 
 #ifndef HEAD_DIM
@@ -199,6 +202,7 @@ static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
 static_assert(OVERLAP == 0 || OVERLAP == 1, "OVERLAP must be 0 or 1");
 static_assert(GATHER == 0 || GATHER == 1, "GATHER must be 0 or 1");
 static_assert(!(ALIBI && GATHER), "ALIBI needs block mode (key indices)");
+static_assert(!(BIAS && GATHER), "BIAS needs block mode (key indices)");
 static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
               "swizzle atoms must stay 1024-byte aligned");
 
@@ -272,7 +276,10 @@ struct stof_attn_wgmma_params {
     float cap_in, cap_out;        // SOFTCAP: scale / softcap, softcap*log2 e
     int pad2_;
     const float *alibi;           // ALIBI: [heads] slopes
-    unsigned char tail_[88];      // to 768 bytes, a multiple of the
+    const unsigned short *bias;   // BIAS: element (b, h, row, key) at b *
+    stof_i64 bias_stride[3];      // bias_stride[0] + h * [1] + row * [2] +
+                                  // key (16-bit, the dtype)
+    unsigned char tail_[56];      // to 768 bytes, a multiple of the
                                   // maps' alignment on both sides
 };
 static_assert(sizeof(stof_attn_wgmma_params) == 768,
@@ -594,7 +601,7 @@ __device__ __forceinline__ void wg_mask(float (&s)[WG_SN], int kind, int col,
     }
 }
 
-#if SOFTCAP || ALIBI
+#if SOFTCAP || ALIBI || BIAS
 // The score modifiers on S (stof_score_l2): element j is row r0 + 8 *
 // ((j % 4) / 2) of the block and column 8 * (j / 4) + 2 * tq + j % 2 of
 // the tile; dk0 = the tile's first key + 2 * tq - (q0 + r0).
@@ -612,6 +619,34 @@ __device__ __forceinline__ void wg_mods(float (&s)[WG_SN], float sl2,
             (col) * BLOCK_N + 2 * tq - (q0 + r0))
 #else
 #define WG_MODS(s, col) ((void)0)
+#endif
+
+#if BIAS
+// The additive bias on S, after the mask (stof_bias_add2): element j is
+// row r0 + 8 * ((j % 4) / 2) and column c0 + 8 * (j / 4) + j % 2 of the
+// tile's keys (c0 = the tile's first key + 2 * tq); brow[hh]: the bias
+// row of fragment row r0 + 8 hh, NULL past seq_q.
+__device__ __forceinline__ void wg_bias(float (&s)[WG_SN],
+                                        const unsigned short *const (&brow)[2],
+                                        int c0)
+{
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        if (!brow[hh])
+            continue;
+#pragma unroll
+        for (int nt = 0; nt < BLOCK_N / 8; nt++)
+            stof_bias_add2(brow[hh], c0 + 8 * nt, s[4 * nt + 2 * hh],
+                           s[4 * nt + 2 * hh + 1]);
+    }
+}
+// The tile's key block is read before the slot is released; the bias is
+// added after (its loads do not hold the producer back).
+#define WG_BIAS_COL(col) const int bias_col = (col)
+#define WG_BIAS(s) wg_bias(s, brow, bias_col * BLOCK_N + 2 * tq)
+#else
+#define WG_BIAS_COL(col) ((void)0)
+#define WG_BIAS(s) ((void)0)
 #endif
 
 // Online softmax of one tile: updates the running max (scaled, log2
@@ -983,7 +1018,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
     const int wl = warp & 3;      // warp inside the warpgroup: 16 rows
     const int g = lane >> 2, tq = lane & 3;
     const int r0 = cw * 64 + wl * 16 + g; // tile row of fragment row g
-#if SOFTCAP || ALIBI
+#if SOFTCAP || ALIBI || BIAS
     const float sl2 = 1.0f; // S is in log2 units after WG_MODS
 #else
     const float sl2 = p.scale_log2;
@@ -993,6 +1028,17 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #else
     const float slope_l2 = 0.0f;
     (void)slope_l2;
+#endif
+#if BIAS
+    const unsigned short *brow[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int gr = q0 + r0 + 8 * hh;
+        brow[hh] = gr < p.seq_q ? p.bias + b * p.bias_stride[0] +
+                                      h * p.bias_stride[1] +
+                                      (stof_i64)gr * p.bias_stride[2]
+                                : nullptr;
+    }
 #endif
     const unsigned *s_bits = (const unsigned *)(smem + WG_OFF_B);
 
@@ -1027,10 +1073,12 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         wg_wait<0>();
         wg_keep(sacc);
         WG_MODS(sacc, s_meta[0]);
+        WG_BIAS_COL(s_meta[0]);
         wg_mask(sacc, s_meta[1], s_meta[0], s_bits, r0, tq, klim);
         __syncwarp();
         if (lane == 0)
             mb_arrive(BAR_EMPTY_K(0));
+        WG_BIAS(sacc);
         wg_softmax(sacc, m_run, l_run, alpha, sl2);
         wg_convert(sacc, pa);
         for (int t = 1; t < n; t++) {
@@ -1051,11 +1099,13 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             wg_wait<1>(); // S(t) done; P(t-1) V(t-1) may still run
             wg_keep(sacc);
             WG_MODS(sacc, s_meta[2 * s]);
+            WG_BIAS_COL(s_meta[2 * s]);
             wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
                     s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
             __syncwarp();
             if (lane == 0)
                 mb_arrive(BAR_EMPTY_K(s));
+            WG_BIAS(sacc);
             wg_softmax(sacc, m_run, l_run, alpha, sl2);
             wg_wait<0>();
             wg_keep(oacc);
@@ -1082,11 +1132,13 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             wg_wait<0>();
             wg_keep(sacc);
             WG_MODS(sacc, s_meta[2 * s]);
+            WG_BIAS_COL(s_meta[2 * s]);
             wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
                     s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
             __syncwarp();
             if (lane == 0)
                 mb_arrive(BAR_EMPTY_K(s));
+            WG_BIAS(sacc);
             wg_softmax(sacc, m_run, l_run, alpha, sl2);
             wg_rescale(oacc, alpha);
             wg_convert(sacc, pa);

@@ -43,13 +43,19 @@ __device__ __forceinline__ unsigned short stof_f32_to_bf16(float f)
     return (unsigned short)(x >> 16);
 }
 
-__device__ __forceinline__ float stof_load(const unsigned short *p)
+// The float value of 16-bit bits of the dtype.
+__device__ __forceinline__ float stof_load_bits(unsigned short h)
 {
 #if DTYPE == 0
-    return stof_f16_to_f32(*p);
+    return stof_f16_to_f32(h);
 #else
-    return stof_bf16_to_f32(*p);
+    return stof_bf16_to_f32(h);
 #endif
+}
+
+__device__ __forceinline__ float stof_load(const unsigned short *p)
+{
+    return stof_load_bits(*p);
 }
 
 __device__ __forceinline__ void stof_store(unsigned short *p, float f)
@@ -86,8 +92,14 @@ struct stof_attn_params {
     float softcap;                 // 0, or scores s -> softcap tanh(s / softcap)
     int pad_;
     const float *alibi;            // NULL, or [heads]: + slope (key - row)
+    const unsigned short *bias;    // NULL, or the additive bias: element
+                                   // (b, h, row, key) at b * bias_stride[0]
+                                   // + h * bias_stride[1] + row *
+                                   // bias_stride[2] + key; -inf = masked
+    stof_i64 bias_stride[3];
 };
-static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4 + 8 + 16,
+static_assert(sizeof(stof_attn_params) ==
+                  5 * 8 + 12 * 8 + 8 * 4 + 8 + 16 + 4 * 8,
               "stof_attn_params layout");
 
 // ---------------------------------------------------------------------------
@@ -155,13 +167,17 @@ __device__ __forceinline__ unsigned stof_pack2(float lo, float hi)
 }
 
 // ---------------------------------------------------------------------------
-// Score modifiers of the fast kernels (compile-time SOFTCAP, ALIBI: 0/1)
+// Score modifiers of the fast kernels (compile-time SOFTCAP, ALIBI, BIAS:
+// 0/1)
 // ---------------------------------------------------------------------------
 #ifndef SOFTCAP
 #define SOFTCAP 0
 #endif
 #ifndef ALIBI
 #define ALIBI 0
+#endif
+#ifndef BIAS
+#define BIAS 0
 #endif
 #define STOF_LOG2E 1.4426950408889634f
 
@@ -196,6 +212,27 @@ __device__ __forceinline__ float stof_score_l2(float x, float sl2,
     (void)dk;
 #endif
     return v;
+}
+
+// BIAS: adds the additive bias of columns c and c + 1 of one query row
+// (row: the row's first element, 16-byte aligned rows; c even), in log2
+// units, to scores s0 and s1 (log2 units) unless they are -inf: masked
+// scores and columns past seq_k read nothing. A -inf bias masks its key.
+__device__ __forceinline__ void stof_bias_add2(const unsigned short *row,
+                                               int c, float &s0, float &s1)
+{
+    const bool a0 = s0 != STOF_NEG_INF, a1 = s1 != STOF_NEG_INF;
+    if (a0 && a1) {
+        unsigned u;
+        asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(u) : "l"(row + c));
+        s0 = fmaf(stof_load_bits((unsigned short)(u & 0xffffu)), STOF_LOG2E,
+                  s0);
+        s1 = fmaf(stof_load_bits((unsigned short)(u >> 16)), STOF_LOG2E, s1);
+    } else if (a0) {
+        s0 = fmaf(stof_load(row + c), STOF_LOG2E, s0);
+    } else if (a1) {
+        s1 = fmaf(stof_load(row + c + 1), STOF_LOG2E, s1);
+    }
 }
 
 #ifdef STOF_JIT_FORCE_ERROR

@@ -167,6 +167,14 @@ Test(api, descriptor_validation_names_the_field)
     const float slopes[4] = {0.5f, 0.25f, 0.0f / 0.0f, 0.125f};
     d = d0; d.alibi_slopes = slopes;
     expect_bad(ctx, &d, m, "desc.alibi_slopes[2]");
+    d = d0; d.bias = 2;             expect_bad(ctx, &d, m, "desc.bias");
+    d = d0; d.bias_stride[1] = 8;   expect_bad(ctx, &d, m, "desc.bias is 0");
+    d = d0; d.bias = 1; d.bias_stride[2] = 100;
+    expect_bad(ctx, &d, m, "desc.bias_stride[2]");
+    d = d0; d.bias = 1; d.bias_stride[0] = -8;
+    expect_bad(ctx, &d, m, "desc.bias_stride[0]");
+    d = d0; d.bias = 1; d.bias_stride[0] = INT64_MAX / 8 * 8;
+    expect_bad(ctx, &d, m, "bias tensor's extent");
     d = d0; d.layout = STOF_LAYOUT_PACKED;
     expect_bad(ctx, &d, m, "stof_attention_plan_family");
     d = d0; d.layout = STOF_LAYOUT_STRIDED; d.k_stride[2] = 60;

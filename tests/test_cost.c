@@ -319,6 +319,16 @@ Test(cost, split_and_modifier_rules)
     cr_assert_not(stof__mods_match(STOF_MOD_ALIBI, &m, NULL));
     cr_assert(stof__mods_match(0, &d, NULL));
     cr_assert_not(stof__mods_match(STOF_MOD_SOFTCAP, &d, NULL));
+    /* A bias: in the problem's modifiers, and a BIAS=1 build matches only
+     * a launch that has the tensor. */
+    stof_attention_desc bd = d;
+    bd.bias = 1;
+    cr_assert_eq(stof__attn_mods(&bd), STOF_MOD_BIAS);
+    stof_attn_ext bx = {.bias = 512};
+    cr_assert(stof__mods_match(STOF_MOD_BIAS, &bd, &bx));
+    cr_assert_not(stof__mods_match(STOF_MOD_BIAS, &bd, NULL));
+    cr_assert_not(stof__mods_match(0, &bd, &bx));
+    cr_assert_not(stof__mods_match(STOF_MOD_BIAS, &d, &bx));
     float cin = -1.0f, cout = -1.0f;
     stof__softcap_params(30.0f, 0.125f, &cin, &cout);
     cr_assert_float_eq(cin, 0.125f / 30.0f, 1e-9f);
@@ -335,6 +345,8 @@ Test(cost, split_and_modifier_rules)
     cr_assert_str_eq(defs[3], "SOFTCAP=1");
     cr_assert_str_eq(defs[4], "ALIBI=1");
     cr_assert_eq(stof__attn_option_defines(0, 0, 0, defs, 1), 1);
+    cr_assert_eq(stof__attn_option_defines(0, 0, STOF_MOD_BIAS, defs, 1), 2);
+    cr_assert_str_eq(defs[1], "BIAS=1");
     /* The build rules: ALiBi needs block mode (key indices). */
     char why[200];
     stof_block_cfg g = {.block_m = 64, .block_n = 64, .warps = 4,
@@ -346,8 +358,23 @@ Test(cost, split_and_modifier_rules)
               why);
     g.mods = 7;
     cr_assert_not(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)));
+    g.mods = 8;
+    cr_assert_not(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)));
+    cr_assert(strstr(why, "mods 8"), "%s", why);
+    g.mods = STOF_MOD_BIAS; /* gather: no key indices for the bias */
+    cr_assert_not(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)));
+    cr_assert(strstr(why, "bias"), "%s", why);
+    g.gather = 0;
+    g.mods = STOF_MOD_ALL;
+    cr_assert(stof__block_cfg_valid(NULL, 64, &g, why, sizeof(why)), "%s",
+              why);
     stof_wgmma_cfg w = {.block_n = 128, .stages = 2, .overlap = 1,
                         .gather = 1, .mods = STOF_MOD_ALIBI};
     cr_assert_not(stof__wgmma_cfg_valid(NULL, 128, &w, why, sizeof(why)));
     cr_assert(strstr(why, "ALiBi"), "%s", why);
+    w.mods = STOF_MOD_BIAS;
+    cr_assert_not(stof__wgmma_cfg_valid(NULL, 128, &w, why, sizeof(why)));
+    w.gather = 0;
+    cr_assert(stof__wgmma_cfg_valid(NULL, 128, &w, why, sizeof(why)), "%s",
+              why);
 }

@@ -177,9 +177,10 @@ Test(trust, split_counts_in_records_are_read_and_checked)
         {",\"splits\":-2}", 0, 0},
         {",\"splits\":\"4\"}", 0, 0},
         {",\"splits\":4.5}", 0, 0},
-        /* score modifiers the kernel was built for (0..3) */
+        /* score modifiers the kernel was built for (0..7) */
         {",\"splits\":0,\"mods\":3}", 1, 0},
-        {",\"mods\":4}", 0, 0},
+        {",\"mods\":7}", 1, 0},
+        {",\"mods\":8}", 0, 0},
         {",\"mods\":-1}", 0, 0},
         {",\"mods\":\"1\"}", 0, 0},
     };
@@ -203,7 +204,9 @@ Test(trust, split_counts_in_records_are_read_and_checked)
                       "%s: %s", r.config, why);
         }
         if (cases[i].ok && strstr(cases[i].tail, "mods"))
-            cr_assert_eq(c.cfg.mods, 3, "%s", r.config);
+            cr_assert_eq(c.cfg.mods,
+                         atoi(strstr(cases[i].tail, "mods") + 6), "%s",
+                         r.config);
         stof__db_record_clear(&r);
     }
     /* The reference kernel is never split. */

@@ -409,6 +409,13 @@ void tu_record_fill(stof_db_record *r, uint64_t seed, size_t cubin_size)
 void tu_lse_ref(const stof_attention_desc *d, const stof_mask *m,
                 const float *fq, const float *fk, double *want)
 {
+    tu_lse_ref_bias(d, m, fq, fk, NULL, want);
+}
+
+void tu_lse_ref_bias(const stof_attention_desc *d, const stof_mask *m,
+                     const float *fq, const float *fk, const float *bias,
+                     double *want)
+{
     const int G = d->heads / (d->kv_heads > 0 ? d->kv_heads : d->heads);
     const double scale = d->scale != 0.0f ? (double)d->scale
                                           : 1.0 / sqrt((double)d->head_dim);
@@ -435,6 +442,10 @@ void tu_lse_ref(const stof_attention_desc *d, const stof_mask *m,
                         acc = d->softcap * tanh(acc / d->softcap);
                     if (d->alibi_slopes)
                         acc += (double)d->alibi_slopes[h] * (j - i);
+                    if (bias)
+                        acc += bias[b * d->bias_stride[0] +
+                                    h * d->bias_stride[1] +
+                                    i * d->bias_stride[2] + j];
                     sc[j] = acc;
                     mx = fmax(mx, sc[j]);
                 }

@@ -78,6 +78,12 @@ double tu_out_rel_err(const stof_attention_desc *d, const uint16_t *ho,
 void tu_lse_ref(const stof_attention_desc *d, const stof_mask *m,
                 const float *fq, const float *fk, double *want);
 
+/* tu_lse_ref with the additive bias of a descriptor with bias = 1 (fp32,
+ * d->bias_stride; -inf masks), or NULL. */
+void tu_lse_ref_bias(const stof_attention_desc *d, const stof_mask *m,
+                     const float *fq, const float *fk, const float *bias,
+                     double *want);
+
 /* Open a context with settings s (NULL: the defaults) or skip the test,
  * saying why no GPU is usable. */
 stof_context *tu_open_gpu_or_skip(const stof_settings *s);

@@ -368,6 +368,18 @@ static int miss_problem(stof_context *ctx, const miss *ms,
             slopes[i] = (float)json_number_value(json_array_get(al, (size_t)i));
         d->alibi_slopes = slopes;
     }
+    /* An additive bias: its strides (the search makes its own tensor). */
+    const json_t *bs = json_object_get(js, "bias_stride");
+    if (bs) {
+        if (!json_is_array(bs) || json_array_size(bs) != 3) {
+            snprintf(why, wn, "unreadable bias strides in %s", ms->problem);
+            goto out;
+        }
+        d->bias = 1;
+        for (size_t i = 0; i < 3; i++)
+            d->bias_stride[i] =
+                (int64_t)json_integer_value(json_array_get(bs, i));
+    }
     if (member_str(js, "family_spec")[0]) {
         /* stof_attention_plan_family's miss: the family, and the sample
          * instance it was planned on (its key holds the sample's

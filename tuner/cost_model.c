@@ -474,10 +474,10 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                      ss[] = {1, 2, 3};
     const int wgmma_ok =
         stof__wgmma_device_ok(&ctx->device) && !(d->scale < 0.0f);
-    /* Kernels built for the problem's score modifiers; ALiBi needs key
-     * indices, which the gather kernels do not have. */
+    /* Kernels built for the problem's score modifiers; ALiBi and the bias
+     * tensor need key indices, which the gather kernels do not have. */
     const int mods = stof__attn_mods(d);
-    if (mods & STOF_MOD_ALIBI)
+    if (mods & STOF_MOD_BLOCK_ONLY)
         rowwise_ok = 0;
     for (int a = 0; a < 2; a++) {
         for (int b = 0; b < 3; b++) {

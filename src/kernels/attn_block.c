@@ -32,9 +32,11 @@ typedef struct stof_attn_block_params {
     float cap_in, cap_out; /* SOFTCAP: scale / softcap, softcap * log2(e) */
     int pad2_;
     CUdeviceptr alibi;     /* ALIBI: float[heads] */
+    CUdeviceptr bias;      /* BIAS: the additive bias (16-bit) */
+    int64_t bias_stride[3];
 } stof_attn_block_params;
 _Static_assert(sizeof(stof_attn_block_params) ==
-                   9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8,
+                   9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8 + 4 * 8,
                "stof_attn_block_params must match attn_block.cu");
 
 /* The gather kernel's parameters (GATHER=1): the block ones, row_ptr /
@@ -118,11 +120,13 @@ int stof__block_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
     if (c->split != 0 && c->split != 1)
         return stof__why(why, n, "split %d: must be 0 or 1", c->split);
-    if (c->mods < 0 || c->mods > (STOF_MOD_SOFTCAP | STOF_MOD_ALIBI))
-        return stof__why(why, n, "mods %d: must be 0..3", c->mods);
-    if ((c->mods & STOF_MOD_ALIBI) && c->gather)
-        return stof__why(why, n, "ALiBi needs block mode (gather: the "
-                                 "keys' indices are not at hand)");
+    if (c->mods < 0 || c->mods > STOF_MOD_ALL)
+        return stof__why(why, n, "mods %d: must be 0..%d", c->mods,
+                         STOF_MOD_ALL);
+    if ((c->mods & STOF_MOD_BLOCK_ONLY) && c->gather)
+        return stof__why(why, n, "ALiBi and the bias tensor need block mode "
+                                 "(gather: the keys' indices are not at "
+                                 "hand)");
     const int acc = block_acc_regs(head_dim, c);
     if (acc > BLOCK_ACC_REGS_MAX)
         return stof__why(why, n,
@@ -534,9 +538,9 @@ stof_status stof__block_compile(stof_context *ctx, int head_dim,
     snprintf(d_bn, sizeof(d_bn), "BLOCK_N=%d", c->block_n);
     snprintf(d_w, sizeof(d_w), "WARPS=%d", c->warps);
     snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
-    /* GATHER, SPLIT, SOFTCAP and ALIBI are defined only when set, so
+    /* GATHER, SPLIT, SOFTCAP, ALIBI, BIAS are defined only when set, so
      * block-wise kernels compile from exactly the defines they always had. */
-    const char *defs[10] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s};
+    const char *defs[12] = {d_hd, d_dt, d_bm, d_bn, d_w, d_s};
     const int n_defs =
         stof__attn_option_defines(c->gather, c->split, c->mods, defs, 6);
     return (stof_status)stof__jit_compile(ctx, "attn_block.cu", defs, n_defs,
@@ -589,7 +593,9 @@ static void fill_params(stof_attn_block_params *p, int head_dim,
         p->lse_part = x->lse_part;
         p->n_split = x->n_split;
         p->alibi = x->alibi;
+        p->bias = x->bias;
     }
+    memcpy(p->bias_stride, d->bias_stride, sizeof(p->bias_stride));
     p->q = q;
     p->k = k;
     p->v = v;

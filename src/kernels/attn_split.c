@@ -56,15 +56,17 @@ void stof__split_parts(CUdeviceptr ws, int n_split,
 int stof__attn_mods(const stof_attention_desc *d)
 {
     return (d->softcap > 0.0f ? STOF_MOD_SOFTCAP : 0) |
-           (d->alibi_slopes ? STOF_MOD_ALIBI : 0);
+           (d->alibi_slopes ? STOF_MOD_ALIBI : 0) |
+           (d->bias ? STOF_MOD_BIAS : 0);
 }
 
 int stof__mods_match(int mods, const stof_attention_desc *d,
                      const stof_attn_ext *x)
 {
-    const int alibi = x && x->alibi;
+    const int alibi = x && x->alibi, bias = x && x->bias;
     return ((mods & STOF_MOD_SOFTCAP) != 0) == (d->softcap > 0.0f) &&
-           ((mods & STOF_MOD_ALIBI) != 0) == alibi;
+           ((mods & STOF_MOD_ALIBI) != 0) == alibi &&
+           ((mods & STOF_MOD_BIAS) != 0) == bias && bias == (d->bias != 0);
 }
 
 int stof__attn_option_defines(int gather, int split, int mods,
@@ -78,6 +80,8 @@ int stof__attn_option_defines(int gather, int split, int mods,
         defs[n++] = "SOFTCAP=1";
     if (mods & STOF_MOD_ALIBI)
         defs[n++] = "ALIBI=1";
+    if (mods & STOF_MOD_BIAS)
+        defs[n++] = "BIAS=1";
     return n;
 }
 

@@ -5,7 +5,8 @@
  * n_split CTAs per row block, each over a share of its tiles, and write
  * normalised partial outputs and log-sum-exps to a workspace;
  * stof_attn_combine, in the same module, merges them into O), the score
- * modifiers (SOFTCAP=1, ALIBI=1) and the option defines of a build.
+ * modifiers (SOFTCAP=1, ALIBI=1, BIAS=1) and the option defines of a
+ * build.
  */
 #ifndef STOF_ATTN_SPLIT_H
 #define STOF_ATTN_SPLIT_H
@@ -21,32 +22,41 @@
  * unsplit kernel), o_part float[n_split][batch * heads][seq_q][head_dim]
  * and lse_part float[n_split][batch * heads][seq_q] (see
  * stof__split_parts); for an ALIBI=1 kernel, the heads' slopes (alibi:
- * float[heads] on the device). The soft-cap comes from the descriptor. A
- * NULL stof_attn_ext: O only. */
+ * float[heads] on the device); for a BIAS=1 kernel, the additive bias
+ * (16-bit, the dtype; its strides are the descriptor's bias_stride). The
+ * soft-cap comes from the descriptor. A NULL stof_attn_ext: O only. */
 typedef struct stof_attn_ext {
     CUdeviceptr lse;
     int n_split;
     CUdeviceptr o_part, lse_part;
     CUdeviceptr alibi;
+    CUdeviceptr bias;
 } stof_attn_ext;
 
 /* Score modifiers (stof_block_cfg.mods, stof_wgmma_cfg.mods): the kernel
- * built with SOFTCAP=1 (descriptor softcap > 0) and / or ALIBI=1 (slopes
- * per head). */
-enum { STOF_MOD_SOFTCAP = 1, STOF_MOD_ALIBI = 2 };
+ * built with SOFTCAP=1 (descriptor softcap > 0), ALIBI=1 (slopes per
+ * head) and / or BIAS=1 (descriptor bias = 1). ALiBi and the bias need
+ * the key indices: block mode only (STOF_MOD_BLOCK_ONLY). */
+enum {
+    STOF_MOD_SOFTCAP = 1,
+    STOF_MOD_ALIBI = 2,
+    STOF_MOD_BIAS = 4,
+    STOF_MOD_ALL = 7,
+    STOF_MOD_BLOCK_ONLY = STOF_MOD_ALIBI | STOF_MOD_BIAS
+};
 
 /* The modifiers a problem needs. */
 int stof__attn_mods(const stof_attention_desc *d);
 
 /* A kernel built for `mods` launched on problem d with x: 1 when its
- * soft-cap matches d's and it gets ALiBi slopes exactly when built for
- * them. */
+ * soft-cap matches d's and it gets ALiBi slopes and a bias exactly when
+ * built for them. */
 int stof__mods_match(int mods, const stof_attention_desc *d,
                      const stof_attn_ext *x);
 
 /* Append the attention templates' option defines that are set (GATHER=1,
- * SPLIT=1, SOFTCAP=1, ALIBI=1) to defs[0 .. n-1] (room for 4 more);
- * returns the new count. */
+ * SPLIT=1, SOFTCAP=1, ALIBI=1, BIAS=1) to defs[0 .. n-1] (room for 5
+ * more); returns the new count. */
 int stof__attn_option_defines(int gather, int split, int mods,
                               const char **defs, int n);
 

@@ -37,7 +37,9 @@ typedef struct stof_attn_wgmma_params {
     float cap_in, cap_out; /* SOFTCAP: scale / softcap, softcap * log2(e) */
     int pad2_;
     CUdeviceptr alibi;     /* ALIBI: float[heads] */
-    uint8_t tail_[88];     /* to 768 bytes, as the template */
+    CUdeviceptr bias;      /* BIAS: the additive bias (16-bit) */
+    int64_t bias_stride[3];
+    uint8_t tail_[56];     /* to 768 bytes, as the template */
 } stof_attn_wgmma_params;
 _Static_assert(sizeof(stof_attn_wgmma_params) == 768,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
@@ -96,11 +98,13 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
     if (c->split != 0 && c->split != 1)
         return stof__why(why, n, "split %d: must be 0 or 1", c->split);
-    if (c->mods < 0 || c->mods > (STOF_MOD_SOFTCAP | STOF_MOD_ALIBI))
-        return stof__why(why, n, "mods %d: must be 0..3", c->mods);
-    if ((c->mods & STOF_MOD_ALIBI) && c->gather)
-        return stof__why(why, n, "ALiBi needs block mode (gather: the "
-                                 "keys' indices are not at hand)");
+    if (c->mods < 0 || c->mods > STOF_MOD_ALL)
+        return stof__why(why, n, "mods %d: must be 0..%d", c->mods,
+                         STOF_MOD_ALL);
+    if ((c->mods & STOF_MOD_BLOCK_ONLY) && c->gather)
+        return stof__why(why, n, "ALiBi and the bias tensor need block mode "
+                                 "(gather: the keys' indices are not at "
+                                 "hand)");
     if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
         return stof__why(why, n, "block_m %d: must be 64 or 128 (0: 128)",
                        c->block_m);
@@ -179,7 +183,7 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
     /* GATHER and BLOCK_M are defined only when they differ from the
      * defaults: the 128-row block-mode kernels compile from exactly the
      * defines they always had. */
-    const char *defs[10] = {d_hd, d_dt, d_bn, d_s, d_o};
+    const char *defs[12] = {d_hd, d_dt, d_bn, d_s, d_o};
     int n_defs =
         stof__attn_option_defines(c->gather, c->split, c->mods, defs, 5);
     if (stof__wgmma_block_m(c) == 64)
@@ -303,9 +307,12 @@ stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                  k, v, o, NULL, s, api);
 }
 
-/* What x asks besides O, into the launch parameters. */
-static void set_out(stof_attn_wgmma_params *p, const stof_attn_ext *x)
+/* What x asks besides O, into the launch parameters (d: the bias's
+ * strides). */
+static void set_out(stof_attn_wgmma_params *p, const stof_attention_desc *d,
+                    const stof_attn_ext *x)
 {
+    memcpy(p->bias_stride, d->bias_stride, sizeof(p->bias_stride));
     if (!x)
         return;
     p->lse = x->lse;
@@ -313,6 +320,7 @@ static void set_out(stof_attn_wgmma_params *p, const stof_attn_ext *x)
     p->lse_part = x->lse_part;
     p->n_split = x->n_split;
     p->alibi = x->alibi;
+    p->bias = x->bias;
 }
 
 stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
@@ -383,7 +391,7 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
     stof__softcap_params(d->softcap, scale, &p.cap_in, &p.cap_out);
     p.rp_stride = bf->rp_stride;
     p.kv_group = stof__kv_group(d);
-    set_out(&p, x);
+    set_out(&p, d, x);
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     void *args[] = {&p};
@@ -471,7 +479,7 @@ stof_status stof__wgmma_gather_launch_ex(
     stof__softcap_params(d->softcap, scale, &p.cap_in, &p.cap_out);
     p.rp_stride = 0;
     p.kv_group = stof__kv_group(d);
-    set_out(&p, x);
+    set_out(&p, d, x);
     p.q = q;
     p.k = k;
     p.v = v;

@@ -3,7 +3,8 @@
  * check every GPU kernel. Plain loops, fp32 arithmetic, a two-pass softmax
  * (max, then sum) over exactly the allowed keys; rows with no allowed key
  * give zeros, as the kernels do. Score modifiers: the soft-cap (tanh in
- * double) and ALiBi's slope * (key - row) from the descriptor.
+ * double) and ALiBi's slope * (key - row) from the descriptor, and the
+ * additive bias tensor (-inf elements mask their keys).
  */
 #include "internal.h"
 
@@ -14,8 +15,16 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
                                 const stof_mask *m, const float *q,
                                 const float *k, const float *v, float *o)
 {
+    return stof__ref_attention_bias(d, m, q, k, v, NULL, o);
+}
+
+stof_status stof__ref_attention_bias(const stof_attention_desc *d,
+                                     const stof_mask *m, const float *q,
+                                     const float *k, const float *v,
+                                     const float *bias, float *o)
+{
     if (!d || !m || !q || !k || !v || !o || d->seq_q != m->seq_q ||
-        d->seq_k != m->seq_k)
+        d->seq_k != m->seq_k || !d->bias != !bias)
         return STOF_ERR_INVALID_ARGUMENT;
     const int D = d->head_dim;
     const float scale =
@@ -38,6 +47,11 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
             for (int i = 0; i < d->seq_q; i++) {
                 const float *qr = qb + (int64_t)i * d->q_stride[2];
                 float *orow = ob + (int64_t)i * d->o_stride[2];
+                const float *brow =
+                    bias ? bias + b * d->bias_stride[0] +
+                               h * d->bias_stride[1] +
+                               (int64_t)i * d->bias_stride[2]
+                         : NULL;
                 const uint64_t *bits = m->bits + (size_t)i * m->words_per_row;
                 int n = 0;
                 float mx = -INFINITY;
@@ -54,6 +68,11 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
                                       tanh((double)acc / d->softcap));
                     if (d->alibi_slopes)
                         acc += d->alibi_slopes[h] * (float)(j - i);
+                    if (brow) {
+                        if (brow[j] == -INFINITY)
+                            continue;
+                        acc += brow[j];
+                    }
                     keys[n] = j;
                     s[n++] = acc;
                     if (acc > mx)

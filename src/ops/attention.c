@@ -20,7 +20,9 @@
 
 _Static_assert(sizeof(stof_attention_desc) == 192 &&
                    offsetof(stof_attention_desc, softcap) == 132 &&
-                   offsetof(stof_attention_desc, alibi_slopes) == 136,
+                   offsetof(stof_attention_desc, alibi_slopes) == 136 &&
+                   offsetof(stof_attention_desc, bias_stride) == 144 &&
+                   offsetof(stof_attention_desc, bias) == 168,
                "stof_attention_desc keeps its size and layout (the Python "
                "binding mirrors it)");
 
@@ -194,6 +196,26 @@ stof_status stof__attention_check_problem(stof_context *ctx,
         STOF_CHECK_ARG(ctx, isfinite(d->alibi_slopes[h]),
                        "desc.alibi_slopes[%d]: %g is not finite", h,
                        (double)d->alibi_slopes[h]);
+    STOF_CHECK_ARG(ctx, d->bias == 0 || d->bias == 1,
+                   "desc.bias: %d is not 0 (none) or 1 (an additive bias "
+                   "tensor)",
+                   d->bias);
+    for (int i = 0; i < 3; i++) {
+        STOF_CHECK_ARG(ctx, d->bias || d->bias_stride[i] == 0,
+                       "desc.bias_stride[%d]: %lld is set but desc.bias is "
+                       "0 (set bias = 1 to add the bias tensor)",
+                       i, (long long)d->bias_stride[i]);
+        STOF_CHECK_ARG(ctx,
+                       d->bias_stride[i] >= 0 && d->bias_stride[i] % 8 == 0,
+                       "desc.bias_stride[%d]: %lld is not a multiple of 8 "
+                       "elements >= 0 (0 broadcasts)",
+                       i, (long long)d->bias_stride[i]);
+    }
+    STOF_CHECK_ARG(ctx,
+                   !d->bias || extent(d->bias_stride, d->batch, d->heads,
+                                      d->seq_q, d->seq_k) > 0,
+                   "desc.bias_stride: the bias tensor's extent overflows 64 "
+                   "bits");
     STOF_CHECK_ARG(ctx,
                    d->kv_heads == 0 ||
                        (d->kv_heads >= 1 && d->kv_heads <= d->heads &&
@@ -553,7 +575,8 @@ stof_status stof__plan_new(stof_context *ctx, const stof_attention_desc *d,
         free(p);
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "the %s kernel was built for score modifiers %d, "
-                          "the problem needs %d (soft-cap 1, ALiBi 2)",
+                          "the problem needs %d (soft-cap 1, ALiBi 2, "
+                          "bias 4)",
                           stof__kernel_kind_name(c->kind), cmods, mods);
     }
     p->mods = mods;
@@ -726,7 +749,8 @@ static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
 
 static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
                             const void *q, const void *k, const void *v,
-                            void *o, float *lse, void *stream);
+                            void *o, float *lse, const void *bias,
+                            void *stream);
 static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data,
                                      const char *fn);
 
@@ -737,7 +761,7 @@ stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
         return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
                          "stof_attention_run: a packed plan runs with "
                          "stof_attention_run_family and its cu_seqlens");
-    return run_impl(p, NULL, q, k, v, o, NULL, stream);
+    return run_impl(p, NULL, q, k, v, o, NULL, NULL, stream);
 }
 
 stof_status stof_attention_run_lse(stof_plan *p, const stof_mask_data *data,
@@ -757,7 +781,8 @@ stof_status stof_attention_run_lse(stof_plan *p, const stof_mask_data *data,
     stof_status st = p->family
                          ? run_family_checks(p, data, "stof_attention_run_lse")
                          : STOF_OK;
-    return st != STOF_OK ? st : run_impl(p, data, q, k, v, o, lse, stream);
+    return st != STOF_OK ? st
+                         : run_impl(p, data, q, k, v, o, lse, NULL, stream);
 }
 
 stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
@@ -767,7 +792,35 @@ stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
     if (!p)
         return STOF_ERR_INVALID_ARGUMENT;
     stof_status st = run_family_checks(p, data, "stof_attention_run_family");
-    return st != STOF_OK ? st : run_impl(p, data, q, k, v, o, NULL, stream);
+    return st != STOF_OK ? st
+                         : run_impl(p, data, q, k, v, o, NULL, NULL, stream);
+}
+
+stof_status stof_attention_run_ex(stof_plan *p, const stof_run_args *a,
+                                  void *stream)
+{
+    static const char fn[] = "stof_attention_run_ex";
+    if (!p)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!a)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT, "%s: args is NULL",
+                         fn);
+    for (size_t i = 0; i < sizeof(a->reserved) / sizeof(*a->reserved); i++)
+        if (a->reserved[i])
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "%s: args.reserved[%zu] is not NULL", fn, i);
+    if (a->lse && (uintptr_t)a->lse % 4u)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "%s: lse is not 4-byte aligned", fn);
+    if (a->data && !p->family)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "%s: instance data is for plans of "
+                         "stof_attention_plan_family",
+                         fn);
+    stof_status st = p->family ? run_family_checks(p, a->data, fn) : STOF_OK;
+    return st != STOF_OK ? st
+                         : run_impl(p, a->data, a->q, a->k, a->v, a->o,
+                                    a->lse, a->bias, stream);
 }
 
 /* The checks of a family run's plan and instance data (fn: the entry
@@ -828,11 +881,24 @@ static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data,
 
 static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
                             const void *q, const void *k, const void *v,
-                            void *o, float *lse, void *stream)
+                            void *o, float *lse, const void *bias,
+                            void *stream)
 {
     const CUdeviceptr dl = (CUdeviceptr)(uintptr_t)lse;
     if (!p)
         return STOF_ERR_INVALID_ARGUMENT;
+    if (p->desc.bias && !bias)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "the plan adds a bias tensor (desc.bias = 1): run "
+                         "it with stof_attention_run_ex and args.bias");
+    if (!p->desc.bias && bias)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "stof_attention_run_ex: args.bias is set but the "
+                         "plan was made without one (desc.bias = 0)");
+    if ((uintptr_t)bias % 16u)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "stof_attention_run_ex: args.bias is not 16-byte "
+                         "aligned");
     const void *ptrs[4] = {q, k, v, o};
     static const char *const names[4] = {"q", "k", "v", "o"};
     for (int i = 0; i < 4; i++) {
@@ -861,7 +927,8 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
     }
     st = stof__plan_launch(p, data, (CUdeviceptr)(uintptr_t)q,
                            (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,
-                           (CUdeviceptr)(uintptr_t)o, dl, (CUstream)stream,
+                           (CUdeviceptr)(uintptr_t)o, dl,
+                           (CUdeviceptr)(uintptr_t)bias, (CUstream)stream,
                            &r);
     CUcontext popped;
     api->cuCtxPopCurrent(&popped);

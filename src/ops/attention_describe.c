@@ -45,13 +45,15 @@ static json_t *describe_kernel(const stof_plan *p, const char *dt,
                       "ROW_GROUP", group);
     }
     /* Split-KV kernels: CTAs per row block (SPLIT=1, attn_split.cuh);
-     * score modifiers built in (SOFTCAP=1, ALIBI=1). */
+     * score modifiers built in (SOFTCAP=1, ALIBI=1, BIAS=1). */
     if (j && p->n_split > 1)
         json_object_set_new(j, "SPLITS", json_integer(p->n_split));
     if (j && (p->mods & STOF_MOD_SOFTCAP))
         json_object_set_new(j, "SOFTCAP", json_real(d->softcap));
     if (j && (p->mods & STOF_MOD_ALIBI))
         json_object_set_new(j, "ALIBI", json_integer(1));
+    if (j && (p->mods & STOF_MOD_BIAS))
+        json_object_set_new(j, "BIAS", json_integer(1));
     return j;
 }
 

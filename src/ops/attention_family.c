@@ -789,7 +789,7 @@ static void family_key(stof_context *ctx, const stof_attention_desc *d,
  * (decode): kd becomes kv_heads heads of `group` rows, row g being query
  * head kvh * group + g (q and o rows one head stride apart), K/V as they
  * are. Returns the group, or 0 (kd untouched) when d is not such a problem:
- * packed, no grouping, several query rows, ALiBi (a slope per query head),
+ * packed, no grouping, several query rows, ALiBi or a bias (per query head),
  * or leaves with per-row data the view cannot repeat (a window per head,
  * a bitmap). */
 static int gqa_one_row_view(const stof_attention_desc *d,
@@ -799,7 +799,7 @@ static int gqa_one_row_view(const stof_attention_desc *d,
     stof_attention_desc nd = *d;
     stof__attention_normalise(&nd);
     const int group = stof__kv_group(&nd);
-    if (packed || group < 2 || nd.seq_q != 1 || nd.alibi_slopes ||
+    if (packed || group < 2 || nd.seq_q != 1 || nd.alibi_slopes || nd.bias ||
         (stof__family_spec(fam)->uses &
          (STOF_SPEC_USES_HEAD | STOF_SPEC_USES_BITMAP)))
         return 0;
@@ -864,6 +864,11 @@ stof_status stof_attention_plan_family(stof_context *ctx,
                           "%s: ALiBi (desc.alibi_slopes) with the packed "
                           "layout is not supported (its key and query rows "
                           "are packed rows); plan the padded layout",
+                          fn);
+    if (packed && d->bias)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "%s: a bias tensor (desc.bias) with the packed "
+                          "layout is not supported; plan the padded layout",
                           fn);
     if (per_head && packed)
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,

@@ -32,8 +32,11 @@ typedef struct stof_attn_params {
     float softcap;   /* 0, or the soft-cap */
     int pad_;
     CUdeviceptr alibi; /* 0, or float[heads] ALiBi slopes */
+    CUdeviceptr bias;  /* 0, or the additive bias (16-bit) */
+    int64_t bias_stride[3];
 } stof_attn_params;
-_Static_assert(sizeof(stof_attn_params) == 5 * 8 + 12 * 8 + 8 * 4 + 8 + 16,
+_Static_assert(sizeof(stof_attn_params) ==
+                   5 * 8 + 12 * 8 + 8 * 4 + 8 + 16 + 4 * 8,
                "stof_attn_params must match stof_common.cuh");
 
 struct stof_plan {
@@ -177,8 +180,8 @@ stof_status stof__plan_mods_prepare(stof_context *ctx, stof_plan *p,
  * failed (CUDA_SUCCESS otherwise, or when the arguments were refused). */
 stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
                               CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-                              CUdeviceptr o, CUdeviceptr lse, CUstream s,
-                              CUresult *cu);
+                              CUdeviceptr o, CUdeviceptr lse,
+                              CUdeviceptr bias, CUstream s, CUresult *cu);
 
 /* Free a plan's device data and the plan. */
 void stof__plan_release(stof_plan *p);

@@ -80,7 +80,8 @@ stof_status stof__plan_mods_prepare(stof_context *ctx, stof_plan *p,
 /* The reference kernel: one warp per query row, the mask's bits. */
 static CUresult launch_reference(const stof_plan *p, CUdeviceptr q,
                                  CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
-                                 CUdeviceptr lse, CUstream s)
+                                 CUdeviceptr lse, CUdeviceptr bias,
+                                 CUstream s)
 {
     stof_attn_params prm;
     memset(&prm, 0, sizeof(prm));
@@ -103,6 +104,8 @@ static CUresult launch_reference(const stof_plan *p, CUdeviceptr q,
     prm.lse = lse;
     prm.softcap = p->desc.softcap;
     prm.alibi = p->d_alibi;
+    prm.bias = bias;
+    memcpy(prm.bias_stride, p->desc.bias_stride, sizeof(prm.bias_stride));
     void *args[] = {&prm};
     return p->ctx->api->cuLaunchKernel(p->fn, p->grid[0], p->grid[1],
                                        p->grid[2], p->block[0], p->block[1],
@@ -111,8 +114,8 @@ static CUresult launch_reference(const stof_plan *p, CUdeviceptr q,
 
 stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
                               CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-                              CUdeviceptr o, CUdeviceptr lse, CUstream s,
-                              CUresult *cu)
+                              CUdeviceptr o, CUdeviceptr lse,
+                              CUdeviceptr bias, CUstream s, CUresult *cu)
 {
     const stof_api *api = p->ctx->api;
     *cu = CUDA_SUCCESS;
@@ -130,7 +133,7 @@ stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
     }
     /* A split plan's partials, laid out for this launch's rows (at most
      * the plan's, which sized the workspace). */
-    stof_attn_ext x = {.lse = lse, .alibi = p->d_alibi};
+    stof_attn_ext x = {.lse = lse, .alibi = p->d_alibi, .bias = bias};
     if (p->n_split > 1)
         stof__split_parts(p->d_split, p->n_split, &ld, &x);
     stof_status st;
@@ -156,7 +159,7 @@ stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
                                    p->scale, &lbf, q, k, v, o, &x, s, api);
         break;
     default:
-        *cu = launch_reference(p, q, k, v, o, lse, s);
+        *cu = launch_reference(p, q, k, v, o, lse, bias, s);
         return *cu == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
     }
     if (st == STOF_OK && p->n_split > 1)

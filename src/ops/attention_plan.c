@@ -113,7 +113,7 @@ int stof__attention_record_candidate(const stof_db_record *r,
     if (strstr(r->config, "\"mods\"") &&
         !stof__json_ints(r->config, mkey, 1, &mods))
         return stof__why(why, n, "unreadable score modifiers");
-    if (mods < 0 || mods > (STOF_MOD_SOFTCAP | STOF_MOD_ALIBI) ||
+    if (mods < 0 || mods > STOF_MOD_ALL ||
         (mods && c->kind == STOF_KERNEL_REFERENCE))
         return stof__why(why, n, "score modifiers %d are out of range",
                          mods);
@@ -474,6 +474,12 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
                 json_array_append_new(a, json_real(pd->alibi_slopes[h]));
             json_object_set_new(pj, "alibi_slopes", a);
         }
+        if (pj && pd->bias) {
+            json_t *a = json_array();
+            for (int i = 0; a && i < 3; i++)
+                json_array_append_new(a, json_integer(pd->bias_stride[i]));
+            json_object_set_new(pj, "bias_stride", a);
+        }
         if (pj && m) {
             json_object_set_new(pj, "mask_spec",
                                 json_string(m->spec ? m->spec : ""));
@@ -630,7 +636,7 @@ static stof_status miss_prepare(stof_context *ctx, miss *x, unsigned kinds,
  * needs the query heads of a group equally spaced in rows: q and o heads
  * seq_q rows apart (BHSD), or one query row. The outputs (O, the
  * log-sum-exp) land where the problem's own would. Not with ALiBi (a
- * slope per query head). 1 with *pd and *pm (the caller frees it) set; 0
+ * slope per query head) or a bias tensor (rows per query head). 1 with *pd and *pm (the caller frees it) set; 0
  * when d is not such a problem; -1 when out of memory (recorded). */
 #define GQA_ROWS_MAX 128
 static int gqa_rows_view(stof_context *ctx, const stof_attention_desc *d,
@@ -640,7 +646,8 @@ static int gqa_rows_view(stof_context *ctx, const stof_attention_desc *d,
     stof_attention_desc nd = *d;
     stof__attention_normalise(&nd);
     const int group = stof__kv_group(&nd);
-    if (group < 2 || nd.alibi_slopes || (int64_t)group * nd.seq_q > GQA_ROWS_MAX)
+    if (group < 2 || nd.alibi_slopes || nd.bias ||
+        (int64_t)group * nd.seq_q > GQA_ROWS_MAX)
         return 0;
     if (nd.seq_q > 1 && (nd.q_stride[1] != nd.seq_q * nd.q_stride[2] ||
                          nd.o_stride[1] != nd.seq_q * nd.o_stride[2]))

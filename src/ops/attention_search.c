@@ -27,7 +27,8 @@ struct stof_attention_op {
     uint64_t seed;
     int reps;
     size_t nq, nk;        /* elements of the q/o and k/v allocations */
-    CUdeviceptr q, k, v, o, ref, flush;
+    size_t nb;            /* elements of the bias tensor (desc.bias), or 0 */
+    CUdeviceptr q, k, v, o, ref, flush, bias;
     CUevent e0, e1;
     uint16_t *h_out, *h_ref;
     char name[96];
@@ -45,13 +46,25 @@ struct stof_attention_op {
 };
 
 /* Run plan p on the op's inputs (the family's sample instance for a
- * family op). */
+ * family op, the op's bias when the problem has one) into o. */
+static stof_status op_run_to(const stof_attention_op *b, stof_plan *p,
+                             CUdeviceptr o)
+{
+    stof_run_args a = {
+        .q = (const void *)(uintptr_t)b->q,
+        .k = (const void *)(uintptr_t)b->k,
+        .v = (const void *)(uintptr_t)b->v,
+        .o = (void *)(uintptr_t)o,
+        .data = b->fam ? &b->sample : NULL,
+        .bias = b->nb ? (const void *)(uintptr_t)b->bias : NULL,
+    };
+    return stof_attention_run_ex(p, &a, NULL);
+}
+
+/* op_run_to the op's output buffer. */
 static stof_status op_run(const stof_attention_op *b, stof_plan *p)
 {
-    void *q = (void *)(uintptr_t)b->q, *k = (void *)(uintptr_t)b->k,
-         *v = (void *)(uintptr_t)b->v, *o = (void *)(uintptr_t)b->o;
-    return b->fam ? stof_attention_run_family(p, &b->sample, q, k, v, o, NULL)
-                  : stof_attention_run(p, q, k, v, o, NULL);
+    return op_run_to(b, p, b->o);
 }
 
 /* Elements reachable through a descriptor's strides for one tensor. */
@@ -68,8 +81,8 @@ void stof__attention_op_free(stof_attention_op **pb)
     stof_attention_op *b = *pb;
     const stof_api *api = b->ctx->api;
     if (stof__ctx_push(b->ctx) == STOF_OK) {
-        CUdeviceptr bufs[] = {b->q,   b->k,     b->v,  b->o,
-                              b->ref, b->flush, b->acc, b->alibi};
+        CUdeviceptr bufs[] = {b->q,     b->k,   b->v,     b->o,  b->ref,
+                              b->flush, b->acc, b->alibi, b->bias};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(*bufs); i++)
             if (bufs[i])
                 api->cuMemFree(bufs[i]);
@@ -109,6 +122,9 @@ static stof_attention_op *op_alloc(stof_context *ctx,
     size_t nv = extent(d->v_stride, d->batch, kvh, d->seq_k, d->head_dim);
     if (nv > b->nk)
         b->nk = nv;
+    b->nb = d->bias ? extent(d->bias_stride, d->batch, d->heads, d->seq_q,
+                             d->seq_k)
+                    : 0;
     b->ref_heads = d->heads;
     return b;
 }
@@ -122,7 +138,7 @@ static CUresult ref_launch(const stof_api *api, CUfunction f, unsigned gx,
 
 /* The verification inputs of op b from `seed`, on the GPU with
  * stof_ref_fill of the reference module `mod` (q, k uniform in [-2, 2], v
- * in [-1, 1]): no host copies, so problems with gigabytes of K and V do
+ * in [-1, 1], the bias, if any, in [-2, 2]): no host copies, so problems with gigabytes of K and V do
  * not spend seconds filling them. The caller made the context current. */
 static CUresult fill_inputs(const stof_api *api, CUmodule mod,
                             const stof_attention_op *b, uint64_t seed)
@@ -133,8 +149,11 @@ static CUresult fill_inputs(const stof_api *api, CUmodule mod,
         CUdeviceptr x;
         size_t n;
         float amp;
-    } in[3] = {{b->q, b->nq, 2.0f}, {b->k, b->nk, 2.0f}, {b->v, b->nk, 1.0f}};
-    for (int t = 0; t < 3 && r == CUDA_SUCCESS; t++) {
+    } in[4] = {{b->q, b->nq, 2.0f},
+               {b->k, b->nk, 2.0f},
+               {b->v, b->nk, 1.0f},
+               {b->bias, b->nb, 2.0f}};
+    for (int t = 0; t < 4 && r == CUDA_SUCCESS && in[t].n; t++) {
         int64_t cnt = (int64_t)in[t].n;
         unsigned long long sd = seed + 0x1000193ull * (unsigned)(t + 1);
         float amp = in[t].amp;
@@ -183,6 +202,8 @@ static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->ref, b->nq * 2));
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->k, b->nk * 2));
     STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->v, b->nk * 2));
+    if (b->nb)
+        STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->bias, b->nb * 2));
     STOF_CU_GOTO(ctx, st, pop, fill_inputs(api, b->ref_mod, b, seed));
     STOF_CU_GOTO(ctx, st, pop, api->cuEventCreate(&b->e0, CU_EVENT_DEFAULT));
     STOF_CU_GOTO(ctx, st, pop, api->cuEventCreate(&b->e1, CU_EVENT_DEFAULT));
@@ -197,9 +218,7 @@ static stof_status op_inputs(stof_context *ctx, const stof_attention_desc *d,
             goto done;
         if ((st = (stof_status)stof__ctx_push(ctx)) == STOF_OK) {
             CUresult r = api->cuMemsetD8(b->ref, 0xff, b->nq * 2);
-            stof_status rs = stof_attention_run(
-                rp, (void *)(uintptr_t)b->q, (void *)(uintptr_t)b->k,
-                (void *)(uintptr_t)b->v, (void *)(uintptr_t)b->ref, NULL);
+            stof_status rs = op_run_to(b, rp, b->ref);
             if (r == CUDA_SUCCESS && rs == STOF_OK)
                 r = api->cuCtxSynchronize();
             if (r == CUDA_SUCCESS && rs == STOF_OK)
@@ -513,6 +532,9 @@ stof_status stof__attention_family_op_new(
         STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->ref, b->nq * 2));
         STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->k, b->nk * 2));
         STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->v, b->nk * 2));
+        if (b->nb)
+            STOF_CU_GOTO(ctx, st, pop,
+                         api->cuMemAlloc(&b->bias, b->nb * 2));
         STOF_CU_GOTO(ctx, st, pop, api->cuMemAlloc(&b->acc, 3 * sizeof(double)));
         STOF_CU_GOTO(ctx, st, pop,
                      api->cuEventCreate(&b->e0, CU_EVENT_DEFAULT));
@@ -547,6 +569,8 @@ stof_status stof__attention_family_op_new(
                          api->cuMemcpyHtoD(b->alibi, d->alibi_slopes, ab));
             prm.alibi = b->alibi;
         }
+        prm.bias = b->bias;
+        memcpy(prm.bias_stride, d->bias_stride, sizeof(prm.bias_stride));
         stof_mb_data md;
         stof__family_mb_data(sample, &md);
         if (pw.n_seq) { /* packed: the clamped offsets, which it reads */

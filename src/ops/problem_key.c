@@ -46,12 +46,18 @@ void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
         n += snprintf(buf + n, sizeof(buf) - (size_t)n, ";kv_heads=%d",
                       d->kv_heads);
     /* Score modifiers: the soft-cap's value (its kernels are built for
-     * any), whether ALiBi is on (not the slopes: launch data). */
+     * any), whether ALiBi is on (not the slopes: launch data), whether a
+     * bias tensor is added and along which of batch, head and row it
+     * varies (its reads' reuse; not the strides themselves). */
     if (n > 0 && (size_t)n < sizeof(buf) && d->softcap > 0.0f)
         n += snprintf(buf + n, sizeof(buf) - (size_t)n, ";softcap=%.9g",
                       (double)d->softcap);
     if (n > 0 && (size_t)n < sizeof(buf) && d->alibi_slopes)
         n += snprintf(buf + n, sizeof(buf) - (size_t)n, ";alibi=1");
+    if (n > 0 && (size_t)n < sizeof(buf) && d->bias)
+        n += snprintf(buf + n, sizeof(buf) - (size_t)n, ";bias=%d%d%d",
+                      d->bias_stride[0] != 0, d->bias_stride[1] != 0,
+                      d->bias_stride[2] != 0);
     if (n < 0)
         n = 0;
     if ((size_t)n >= sizeof(buf))

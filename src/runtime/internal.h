@@ -245,6 +245,14 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
                                 const stof_mask *m, const float *q,
                                 const float *k, const float *v, float *o);
 
+/* stof__ref_attention with the additive bias of a descriptor with bias =
+ * 1: fp32, laid out as d->bias_stride says (a -inf element masks its
+ * key); bias NULL for descriptors without one. */
+stof_status stof__ref_attention_bias(const stof_attention_desc *d,
+                                     const stof_mask *m, const float *q,
+                                     const float *k, const float *v,
+                                     const float *bias, float *o);
+
 /* What other modules may ask of an attention plan (attention.c): whether
  * it builds a mask family's formats per run, and its database key. */
 int stof__plan_is_family(const stof_plan *p);
