@@ -835,20 +835,36 @@ stof_attn_block(const stof_attn_block_params p)
                             sacc[mt][nt][i] = STOF_NEG_INF;
         }
 #if BIAS
-        // The additive bias, after the mask (stof_bias_add2).
+        // The additive bias, after the mask (stof_bias_ld2: a row's loads
+        // issue together).
+        // Rows past seq_q read row seq_q - 1 (their scores are never
+        // stored); a tile inside seq_k loads with immediate offsets.
 #pragma unroll
         for (int mt = 0; mt < BK_MT; mt++)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                if (bias_r0 + 16 * mt + 8 * hh >= p.seq_q)
-                    continue;
+                const int dr = 16 * mt + 8 * hh;
                 const unsigned short *br =
-                    bias_g + (stof_i64)(16 * mt + 8 * hh) * p.bias_stride[2];
+                    bias_g + (stof_i64)(bias_r0 + dr < p.seq_q
+                                            ? dr
+                                            : p.seq_q - 1 - bias_r0) *
+                                 p.bias_stride[2];
+                const int c0 = col * BLOCK_N + 2 * tq;
+                unsigned u[BK_NT];
+                if (col * BLOCK_N + BLOCK_N <= p.seq_k) {
+#pragma unroll
+                    for (int nt = 0; nt < BK_NT; nt++)
+                        u[nt] = stof_bias_ld2_full(br + c0 + 8 * nt);
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < BK_NT; nt++)
+                        u[nt] = stof_bias_ld2(br, c0 + 8 * nt,
+                                              p.seq_k - c0 - 8 * nt);
+                }
 #pragma unroll
                 for (int nt = 0; nt < BK_NT; nt++)
-                    stof_bias_add2(br, col * BLOCK_N + 8 * nt + 2 * tq,
-                                   sacc[mt][nt][2 * hh],
-                                   sacc[mt][nt][2 * hh + 1]);
+                    stof_bias_add2(u[nt], sacc[mt][nt][2 * hh],
+                                   sacc[mt][nt][2 * hh + 1], STOF_LOG2E);
             }
 #endif
 

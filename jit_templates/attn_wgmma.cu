@@ -117,8 +117,9 @@
 //   SOFTCAP  0/1, ALIBI 0/1: score modifiers as in attn_block.cu (applied
 //            to S before the mask; the softmax then runs with scale 1;
 //            ALIBI in block mode only)
-//   BIAS     0/1: plus the additive bias tensor (after the mask: masked
-//            scores read nothing; block mode only)
+//   BIAS     0/1: plus the additive bias tensor (after the mask; block
+//            mode only; without SOFTCAP / ALIBI the raw scores get bias /
+//            scale and the softmax keeps its scale)
 // Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
 //
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=3
@@ -601,7 +602,7 @@ __device__ __forceinline__ void wg_mask(float (&s)[WG_SN], int kind, int col,
     }
 }
 
-#if SOFTCAP || ALIBI || BIAS
+#if SOFTCAP || ALIBI
 // The score modifiers on S (stof_score_l2): element j is row r0 + 8 *
 // ((j % 4) / 2) of the block and column 8 * (j / 4) + 2 * tq + j % 2 of
 // the tile; dk0 = the tile's first key + 2 * tq - (q0 + r0).
@@ -622,30 +623,54 @@ __device__ __forceinline__ void wg_mods(float (&s)[WG_SN], float sl2,
 #endif
 
 #if BIAS
-// The additive bias on S, after the mask (stof_bias_add2): element j is
-// row r0 + 8 * ((j % 4) / 2) and column c0 + 8 * (j / 4) + j % 2 of the
-// tile's keys (c0 = the tile's first key + 2 * tq); brow[hh]: the bias
-// row of fragment row r0 + 8 hh, NULL past seq_q.
-__device__ __forceinline__ void wg_bias(float (&s)[WG_SN],
-                                        const unsigned short *const (&brow)[2],
-                                        int c0)
+// The additive bias of a tile: element j of S is row r0 + 8 * ((j % 4) /
+// 2) and key k0 + 2 * tq + 8 * (j / 4) + j % 2 (k0: the tile's first
+// key); brow[hh]: the bias row of fragment row r0
+// + 8 hh (rows past seq_q read row seq_q - 1: their scores are never
+// stored). wg_bias_load issues the tile's loads as soon as its key block
+// is known (before S is computed, so their latency hides behind the
+// tensor cores), with immediate offsets from one address per row when
+// the tile lies inside seq_k; wg_bias adds them after the mask.
+__device__ __forceinline__ void
+wg_bias_load(unsigned (&u)[2][BLOCK_N / 8],
+             const unsigned short *const (&brow)[2], int k0, int tq,
+             int seq_k)
 {
+    const int c0 = k0 + 2 * tq;
+    if (k0 + BLOCK_N <= seq_k) {
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        if (!brow[hh])
-            continue;
+        for (int hh = 0; hh < 2; hh++) {
+            const unsigned short *r = brow[hh] + c0;
+#pragma unroll
+            for (int nt = 0; nt < BLOCK_N / 8; nt++)
+                u[hh][nt] = stof_bias_ld2_full(r + 8 * nt);
+        }
+        return;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
 #pragma unroll
         for (int nt = 0; nt < BLOCK_N / 8; nt++)
-            stof_bias_add2(brow[hh], c0 + 8 * nt, s[4 * nt + 2 * hh],
-                           s[4 * nt + 2 * hh + 1]);
-    }
+            u[hh][nt] =
+                stof_bias_ld2(brow[hh], c0 + 8 * nt, seq_k - c0 - 8 * nt);
 }
-// The tile's key block is read before the slot is released; the bias is
-// added after (its loads do not hold the producer back).
-#define WG_BIAS_COL(col) const int bias_col = (col)
-#define WG_BIAS(s) wg_bias(s, brow, bias_col * BLOCK_N + 2 * tq)
+
+__device__ __forceinline__ void wg_bias(float (&s)[WG_SN],
+                                        const unsigned (&u)[2][BLOCK_N / 8],
+                                        float mul)
+{
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+        for (int nt = 0; nt < BLOCK_N / 8; nt++)
+            stof_bias_add2(u[hh][nt], s[4 * nt + 2 * hh],
+                           s[4 * nt + 2 * hh + 1], mul);
+}
+#define WG_BIAS_LOAD(col)                                                      \
+    wg_bias_load(bias_u, brow, (col) * BLOCK_N, tq, p.seq_k)
+#define WG_BIAS(s) wg_bias(s, bias_u, bias_mul)
 #else
-#define WG_BIAS_COL(col) ((void)0)
+#define WG_BIAS_LOAD(col) ((void)0)
 #define WG_BIAS(s) ((void)0)
 #endif
 
@@ -1018,7 +1043,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
     const int wl = warp & 3;      // warp inside the warpgroup: 16 rows
     const int g = lane >> 2, tq = lane & 3;
     const int r0 = cw * 64 + wl * 16 + g; // tile row of fragment row g
-#if SOFTCAP || ALIBI || BIAS
+#if SOFTCAP || ALIBI
     const float sl2 = 1.0f; // S is in log2 units after WG_MODS
 #else
     const float sl2 = p.scale_log2;
@@ -1033,12 +1058,16 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
     const unsigned short *brow[2];
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
-        const int gr = q0 + r0 + 8 * hh;
-        brow[hh] = gr < p.seq_q ? p.bias + b * p.bias_stride[0] +
-                                      h * p.bias_stride[1] +
-                                      (stof_i64)gr * p.bias_stride[2]
-                                : nullptr;
+        const int gr = min(q0 + r0 + 8 * hh, p.seq_q - 1);
+        brow[hh] = p.bias + b * p.bias_stride[0] + h * p.bias_stride[1] +
+                   (stof_i64)gr * p.bias_stride[2];
     }
+    unsigned bias_u[2][BLOCK_N / 8]; // the current tile's bias pairs
+    // S in log2 units after WG_MODS; else raw q.k, which the softmax
+    // scales (scale_log2 > 0: the wgmma kinds take no negative scale), so
+    // the bias comes in divided by the scale.
+    const float bias_mul =
+        (SOFTCAP || ALIBI) ? STOF_LOG2E : STOF_LOG2E / p.scale_log2;
 #endif
     const unsigned *s_bits = (const unsigned *)(smem + WG_OFF_B);
 
@@ -1067,13 +1096,13 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         // Tile 0: S, softmax, P (nothing to overlap with yet).
         mb_wait(BAR_FULL_K(0), 0);
         WG_GFENCE();
+        WG_BIAS_LOAD(s_meta[0]);
         wg_fence();
         wg_qk(sacc, dq, dk0);
         wg_commit();
         wg_wait<0>();
         wg_keep(sacc);
         WG_MODS(sacc, s_meta[0]);
-        WG_BIAS_COL(s_meta[0]);
         wg_mask(sacc, s_meta[1], s_meta[0], s_bits, r0, tq, klim);
         __syncwarp();
         if (lane == 0)
@@ -1089,6 +1118,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                 ph ^= 1u;
             }
             mb_wait(BAR_FULL_K(s), ph);
+            WG_BIAS_LOAD(s_meta[2 * s]);
             mb_wait(BAR_FULL_V(ps), pph);
             WG_GFENCE();
             wg_fence();
@@ -1099,7 +1129,6 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             wg_wait<1>(); // S(t) done; P(t-1) V(t-1) may still run
             wg_keep(sacc);
             WG_MODS(sacc, s_meta[2 * s]);
-            WG_BIAS_COL(s_meta[2 * s]);
             wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
                     s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
             __syncwarp();
@@ -1126,13 +1155,13 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         for (int t = 0; t < n; t++) {
             mb_wait(BAR_FULL_K(s), ph);
             WG_GFENCE();
+            WG_BIAS_LOAD(s_meta[2 * s]);
             wg_fence();
             wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
             wg_commit();
             wg_wait<0>();
             wg_keep(sacc);
             WG_MODS(sacc, s_meta[2 * s]);
-            WG_BIAS_COL(s_meta[2 * s]);
             wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
                     s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
             __syncwarp();

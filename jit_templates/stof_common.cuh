@@ -214,25 +214,41 @@ __device__ __forceinline__ float stof_score_l2(float x, float sl2,
     return v;
 }
 
-// BIAS: adds the additive bias of columns c and c + 1 of one query row
-// (row: the row's first element, 16-byte aligned rows; c even), in log2
-// units, to scores s0 and s1 (log2 units) unless they are -inf: masked
-// scores and columns past seq_k read nothing. A -inf bias masks its key.
-__device__ __forceinline__ void stof_bias_add2(const unsigned short *row,
-                                               int c, float &s0, float &s1)
+// BIAS: the additive bias of columns c and c + 1 of one query row (row:
+// the row's first element, 16-byte aligned rows; c even) as two 16-bit
+// values, column c's in the low half; lim = seq_k - c: columns at or past
+// seq_k read nothing (0). The conditions are on integers only, so a
+// tile's loads issue together (predicated) and wait once.
+__device__ __forceinline__ unsigned stof_bias_ld2(const unsigned short *row,
+                                                  int c, int lim)
 {
-    const bool a0 = s0 != STOF_NEG_INF, a1 = s1 != STOF_NEG_INF;
-    if (a0 && a1) {
-        unsigned u;
+    unsigned u = 0u;
+    if (lim >= 2) {
         asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(u) : "l"(row + c));
-        s0 = fmaf(stof_load_bits((unsigned short)(u & 0xffffu)), STOF_LOG2E,
-                  s0);
-        s1 = fmaf(stof_load_bits((unsigned short)(u >> 16)), STOF_LOG2E, s1);
-    } else if (a0) {
-        s0 = fmaf(stof_load(row + c), STOF_LOG2E, s0);
-    } else if (a1) {
-        s1 = fmaf(stof_load(row + c + 1), STOF_LOG2E, s1);
+    } else if (lim == 1) {
+        unsigned short h;
+        asm("ld.global.nc.u16 %0, [%1];\n" : "=h"(h) : "l"(row + c));
+        u = h;
     }
+    return u;
+}
+
+// The bias pair at p (4-byte aligned, both columns inside the row).
+__device__ __forceinline__ unsigned stof_bias_ld2_full(const unsigned short *p)
+{
+    unsigned u;
+    asm("ld.global.nc.b32 %0, [%1];\n" : "=r"(u) : "l"(p));
+    return u;
+}
+
+// Add a pair from stof_bias_ld2 times mul (> 0: log2(e) for scores in
+// log2 units, 1 / scale for raw q.k scores) to scores s0, s1. A masked
+// score (-inf) stays -inf; a -inf bias masks its key.
+__device__ __forceinline__ void stof_bias_add2(unsigned u, float &s0,
+                                               float &s1, float mul)
+{
+    s0 = fmaf(stof_load_bits((unsigned short)(u & 0xffffu)), mul, s0);
+    s1 = fmaf(stof_load_bits((unsigned short)(u >> 16)), mul, s1);
 }
 
 #ifdef STOF_JIT_FORCE_ERROR
