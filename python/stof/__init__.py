@@ -10,6 +10,8 @@ Score modifiers (planned once, applied by the kernel):
 
     plan = ctx.attention_plan(q, k, v, mask, softcap=50.0,   # tanh soft-capping
                               alibi_slopes=stof.alibi_slopes(q.shape[1]))  # ALiBi
+    plan = ctx.attention_plan(q, k, v, mask, bias=bias)  # additive, e.g. (1, H, Sq, Sk)
+    plan.run(q, k, v, out, bias=bias)  # a bias of the plan's shape and strides
 
 Masks that change every batch (mask families, stof_mask_family in stof.h):
 
@@ -44,7 +46,7 @@ import math
 import os
 
 __all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
-           "StofError", "library_path", "alibi_slopes",
+           "StofError", "library_path", "alibi_slopes", "pad_bias",
            "LAYER_WEIGHT_NAMES"]
 
 _STATUS_BUFFER_TOO_SMALL = 10
@@ -112,7 +114,9 @@ class _Desc(ctypes.Structure):
         ("kv_heads", ctypes.c_int),
         ("softcap", ctypes.c_float),
         ("alibi_slopes", ctypes.POINTER(ctypes.c_float)),
-        ("reserved", ctypes.c_uint8 * 48),
+        ("bias_stride", ctypes.c_int64 * 3),
+        ("bias", ctypes.c_int),
+        ("reserved", ctypes.c_uint8 * 20),
     ]
 
 
@@ -129,7 +133,8 @@ class _LayerDesc(ctypes.Structure):
         ("norm", ctypes.c_int),       # stof_norm_kind
         ("pre_norm", ctypes.c_int),
         ("norm_eps", ctypes.c_float),
-        ("reserved", ctypes.c_uint8 * 64),
+        ("kv_heads", ctypes.c_int),   # grouped-query attention (0 = heads)
+        ("reserved", ctypes.c_uint8 * 60),
     ]
 
 
@@ -152,9 +157,11 @@ if ctypes.sizeof(ctypes.c_void_p) == 8:
         if ctypes.sizeof(_t) != _n:
             raise ImportError("stof binding: sizeof(%s) is %d, stof.h says %d"
                               % (_t.__name__, ctypes.sizeof(_t), _n))
-    if (_Desc.softcap.offset, _Desc.alibi_slopes.offset) != (132, 136):
-        raise ImportError("stof binding: stof_attention_desc's softcap / alibi_slopes "
-                          "offsets differ from stof.h's (132, 136)")
+    if (_Desc.softcap.offset, _Desc.alibi_slopes.offset, _Desc.bias_stride.offset,
+            _Desc.bias.offset) != (132, 136, 144, 168):
+        raise ImportError("stof binding: stof_attention_desc's softcap, alibi_slopes, "
+                          "bias_stride, bias offsets differ from stof.h's (132, 136, "
+                          "144, 168)")
 
 _ACTS = {"none": 0, "gelu_tanh": 1, "gelu": 1, "gelu_erf": 2, "erf": 2,
          "relu": 3, "silu": 4}
@@ -174,6 +181,19 @@ class _MaskData(ctypes.Structure):
                 ("bitmap", ctypes.c_void_p), ("bitmap_stride", ctypes.c_int64),
                 ("bitmap_words", ctypes.c_int32), ("head", ctypes.c_int32),
                 ("head_window", ctypes.c_void_p), ("reserved", ctypes.c_uint8 * 8)]
+
+
+class _RunArgs(ctypes.Structure):
+    """stof_run_args (stof_attention_run_ex): device pointers."""
+    _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p),
+                ("v", ctypes.c_void_p), ("o", ctypes.c_void_p),
+                ("data", ctypes.POINTER(_MaskData)), ("lse", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("reserved", ctypes.c_void_p * 5)]
+
+
+if ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(_RunArgs) != 96:
+    raise ImportError("stof binding: sizeof(_RunArgs) is %d, stof.h says 96"
+                      % ctypes.sizeof(_RunArgs))
 
 
 _DATA_FIELDS = ("q_len", "k_len", "q_offset", "prefix", "doc_id", "seed",
@@ -348,6 +368,109 @@ def _score_mods(d, softcap, slopes, heads):
     return arr
 
 
+_BIAS_DIMS = ("batch", "head", "query row")
+
+
+def _bias_descriptor(bias):
+    """(shape, strides) of a plan's bias given without a tensor: a shape
+    (a contiguous tensor of it) or a pair (shape, strides), in elements."""
+    try:
+        if len(bias) == 2 and all(isinstance(x, (tuple, list)) for x in bias):
+            shape = tuple(int(x) for x in bias[0])
+            strides = tuple(int(x) for x in bias[1])
+        else:
+            shape = tuple(int(x) for x in bias)
+            strides, n = [], 1
+            for size in reversed(shape):
+                strides.insert(0, n)
+                n *= size
+            strides = tuple(strides)
+    except (TypeError, ValueError):
+        raise ValueError("bias must be a tensor, a shape or a pair (shape, strides), "
+                         "not %r" % (bias,))
+    return shape, strides
+
+
+def _bias_layout(shape, strides, size):
+    """The 4-D shape and the bias_stride {batch, head, query row} of an
+    additive bias of `shape` and `strides` (elements; 2-D (seq_q, seq_k),
+    3-D (heads, seq_q, seq_k) or 4-D) that broadcasts to `size` = (batch,
+    heads, seq_q, seq_k) by torch's rules: a dimension of size 1 (and a
+    missing leading one) broadcasts, stride 0; an expanded one (stride 0)
+    too. The key dimension is seq_k, contiguous. Raises ValueError for a
+    layout stof refuses."""
+    shape, strides = tuple(int(x) for x in shape), tuple(int(x) for x in strides)
+    size = tuple(int(x) for x in size)
+    if len(shape) != len(strides) or not 2 <= len(shape) <= 4:
+        raise ValueError("bias must be 2-D (seq_q, seq_k), 3-D (heads, seq_q, seq_k) "
+                         "or 4-D (batch, heads, seq_q, seq_k), not of shape %s"
+                         % (shape,))
+    lead = 4 - len(shape)
+    shape, strides = (1,) * lead + shape, (0,) * lead + strides
+    if shape[3] != size[3] or any(n not in (1, w) for n, w in zip(shape[:3], size[:3])):
+        raise ValueError("bias of shape %s does not broadcast to (batch, heads, seq_q, "
+                         "seq_k) = %s: each of the first dimensions must be its size "
+                         "or 1, the last one seq_k" % (shape[lead:], size))
+    if size[3] > 1 and strides[3] != 1:
+        raise ValueError("the bias's key (last) dimension must be contiguous (stride "
+                         "1), not stride %d" % strides[3])
+    out = tuple(0 if n == 1 else st for n, st in zip(shape[:3], strides[:3]))
+    bad = ["%s %d" % (name, st) for name, st in zip(_BIAS_DIMS, out)
+           if st < 0 or st % 8]
+    if bad:
+        raise ValueError("the bias's strides must be multiples of 8 elements and >= 0, "
+                         "not (%s); stof.pad_bias(bias) makes a copy whose rows are "
+                         "stored padded to a multiple of 8 keys (plan and run with "
+                         "it)" % ", ".join(bad))
+    return shape, out
+
+
+def _set_bias(d, bias, q, seq_k):
+    """Set d's bias and bias_stride from a plan's bias argument (None: no
+    bias): a tensor of q's dtype and device, or a shape or (shape, strides)
+    pair (_bias_descriptor) of a tensor of q's dtype. q: anything with
+    shape, dtype and device. Returns the layout (_bias_layout) or None."""
+    if bias is None:
+        return None
+    size = (int(q.shape[0]), int(q.shape[1]), int(q.shape[2]), int(seq_k))
+    if hasattr(bias, "stride") and hasattr(bias, "dtype"):
+        if bias.dtype != q.dtype:
+            raise ValueError("bias is %s, q is %s: the bias must have q's dtype"
+                             % (bias.dtype, q.dtype))
+        if bias.device != q.device:
+            raise ValueError("bias is on %s, q on %s" % (bias.device, q.device))
+        layout = _bias_layout(tuple(bias.shape), tuple(bias.stride()), size)
+    else:
+        layout = _bias_layout(*_bias_descriptor(bias), size)
+    d.bias = 1
+    for i in range(3):
+        d.bias_stride[i] = layout[1][i]
+    return layout
+
+
+def pad_bias(bias):
+    """A copy of an additive bias tensor (same values, dtype, device and
+    shape) whose rows are stored padded to a multiple of 8 keys, sliced
+    back: its strides are multiples of 8 elements, as attention_plan(bias=
+    ...) needs. Dimensions of size 1 and broadcast ones (stride 0, e.g. from
+    expand) stay broadcast, not materialised. Always a new tensor: make it
+    once and write later biases into it (plans take the layout only)."""
+    import torch
+    if bias.dim() < 1:
+        raise ValueError("pad_bias: the bias must have a key dimension")
+    shape = tuple(bias.shape)
+    base = bias
+    for i in range(bias.dim() - 1):
+        if bias.stride(i) == 0 and shape[i] > 1:
+            base = base.narrow(i, 0, 1)
+    n = shape[-1]
+    store = torch.zeros(*base.shape[:-1], n + (-n) % 8, dtype=bias.dtype,
+                        device=bias.device)
+    view = store[..., :n]
+    view.copy_(base)
+    return view.expand(shape)
+
+
 def _lse_ptr(lse, n):
     """The device pointer of an LSE output tensor of n float32 elements."""
     import torch
@@ -391,7 +514,8 @@ def _load():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
-    # Mask families: optional, so that an older library still loads.
+    # Mask families and the general run: optional, so that an older library
+    # still loads.
     md = ctypes.POINTER(_MaskData)
     family_sigs = {
         "stof_mask_family_create": (i, [vp, cp, ctypes.POINTER(vp)]),
@@ -402,6 +526,7 @@ def _load():
                                            ctypes.POINTER(vp)]),
         "stof_attention_run_family": (i, [vp, md, vp, vp, vp, vp, vp]),
         "stof_attention_run_lse": (i, [vp, md, vp, vp, vp, vp, vp, vp]),
+        "stof_attention_run_ex": (i, [vp, ctypes.POINTER(_RunArgs), vp]),
     }
     for name, (res, args) in family_sigs.items():
         fn = getattr(lib, name, None)
@@ -566,18 +691,34 @@ class Context:
         return Mask(self, h)
 
     def attention_plan(self, q, k, v, mask, scale=0.0, out=None, softcap=0.0,
-                       alibi_slopes=None):
+                       alibi_slopes=None, bias=None):
         """Plan attention for tensors shaped (batch, heads, seq, head_dim).
         softcap: 0 = none; > 0: every score s becomes softcap * tanh(s /
         softcap). alibi_slopes: None, or one float per query head (e.g.
-        stof.alibi_slopes(heads)): head h's scores get slope[h] * (k - q)."""
+        stof.alibi_slopes(heads)): head h's scores get slope[h] * (k - q).
+        bias: None, or an additive bias added to every score (after the
+        soft-cap and ALiBi; -inf masks a key): a CUDA tensor of q's dtype
+        whose shape broadcasts to (batch, heads, seq_q, seq_k), e.g. (1,
+        heads, seq_q, seq_k) or (batch, 1, seq_q, seq_k) or (seq_q, seq_k);
+        the key dimension contiguous, the other strides multiples of 8
+        (stof.pad_bias). Instead of a tensor: its shape (contiguous) or a
+        pair (shape, strides). Every run then takes a bias tensor of that
+        shape and those strides (Plan.run(bias=...))."""
         d, strides = self._desc(q, k, v, scale, out)
         slopes = _score_mods(d, softcap, alibi_slopes, q.shape[1])
+        layout = self._bias(d, bias, q, k.shape[2])
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan(self._h, ctypes.byref(d), mask._h,
                                                   ctypes.byref(h)))
         del slopes  # copied by the plan
-        return Plan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
+        return Plan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides, layout)
+
+    def _bias(self, d, bias, q, seq_k):
+        """_set_bias, where the library has stof_attention_run_ex."""
+        if bias is not None and not hasattr(self._lib, "stof_attention_run_ex"):
+            raise StofError(_STATUS_UNSUPPORTED, "this libstof has no additive bias "
+                            "(stof_attention_run_ex)")
+        return _set_bias(d, bias, q, seq_k)
 
     def _desc(self, q, k, v, scale, out):
         import torch
@@ -617,18 +758,19 @@ class Context:
         return MaskFamily(self, h)
 
     def attention_plan_family(self, q, k, v, family, sample=None, scale=0.0,
-                              out=None, softcap=0.0, alibi_slopes=None):
+                              out=None, softcap=0.0, alibi_slopes=None, bias=None):
         """Plan attention over a mask family for tensors shaped (batch,
         heads, seq, head_dim): the largest batch and lengths. sample: a dict
         of host per-sequence data (q_len, k_len, q_offset, prefix: lists;
         doc_id: (batch, seq_k)) that the kernel is chosen on (sequence 0);
         None = the default instance. Runs take their own instance data
-        (FamilyPlan.run). softcap, alibi_slopes: score modifiers, as for
-        attention_plan."""
+        (FamilyPlan.run). softcap, alibi_slopes, bias: score modifiers, as
+        for attention_plan (runs then take bias=...)."""
         if not isinstance(family, MaskFamily):
             raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
         d, strides = self._desc(q, k, v, scale, out)
         slopes = _score_mods(d, softcap, alibi_slopes, q.shape[1])
+        layout = self._bias(d, bias, q, k.shape[2])
         keep = []
         md = _mask_data(sample or {}, None, q.shape[0], k.shape[2], keep,
                         heads=q.shape[1])
@@ -637,11 +779,12 @@ class Context:
             self._h, ctypes.byref(d), family._h,
             ctypes.byref(md) if sample else None, ctypes.byref(h)))
         del slopes  # copied by the plan
-        return FamilyPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides)
+        return FamilyPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides,
+                          layout)
 
     def attention_plan_packed(self, q, k, v, family, cu_seqlens_q,
                               cu_seqlens_k=None, scale=0.0, out=None, softcap=0.0,
-                              alibi_slopes=None, **sample):
+                              alibi_slopes=None, bias=None, **sample):
         """Plan attention over a mask family for packed sequences (the
         layout of flash-attn's varlen functions): q and out (total_q, heads,
         head_dim), k and v (total_k, heads, head_dim), the most rows any run
@@ -651,7 +794,12 @@ class Context:
         per-sequence data: q_offset, prefix, seed; doc_id per packed key)
         are the instance the kernel is chosen on. Runs take their own
         offsets (PackedPlan.run). softcap, alibi_slopes: as for
-        attention_plan (the library refuses ALiBi with the packed layout)."""
+        attention_plan (the library refuses ALiBi with the packed layout).
+        bias: must be None (no additive bias with the packed layout)."""
+        if bias is not None:
+            raise ValueError("bias: an additive bias is not supported with the packed "
+                             "layout; use attention_plan_family with (batch, heads, "
+                             "seq, head_dim) tensors")
         import torch
         if not isinstance(family, MaskFamily):
             raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
@@ -700,7 +848,7 @@ class Context:
                           batch)
 
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
-                   pre_norm, mask, eps=0.0, sample=None):
+                   pre_norm, mask, eps=0.0, sample=None, kv_heads=0):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
         loads from the tuning database or tunes. dtype: torch.float16 /
         torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
@@ -709,7 +857,9 @@ class Context:
         Mask, or a MaskFamily (stof_layer_plan_family: every run then takes
         its own instance, e.g. the batch's lengths, and nothing is planned
         again; sample: host instance data as for attention_plan_family);
-        eps: the norm's epsilon (0: 1e-5)."""
+        eps: the norm's epsilon (0: 1e-5); kv_heads: grouped-query attention,
+        K/V heads dividing heads (0 = heads): w_qkv then has hidden + 2 *
+        kv_heads * (hidden // heads) rows, Q's, then K's, then V's."""
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
                             "this libstof has no layer API (stof_layer_plan)")
@@ -730,6 +880,7 @@ class Context:
         d.norm = _enum_code(norm, _NORMS, "norm")
         d.pre_norm = 1 if pre_norm else 0
         d.norm_eps = float(eps)
+        d.kv_heads = int(kv_heads)
         h = ctypes.c_void_p()
         if family:
             keep = []
@@ -813,10 +964,16 @@ class MaskFamily:
 
 
 class Plan:
-    def __init__(self, ctx, h, qshape, kshape, dtype, strides):
+    def __init__(self, ctx, h, qshape, kshape, dtype, strides, bias=None):
         self._ctx, self._h = ctx, h
         self._qshape, self._kshape, self._dtype = qshape, kshape, dtype
         self._strides = strides
+        self._bias = bias  # _bias_layout of the plan's bias, None: none
+
+    @property
+    def has_bias(self):
+        """Whether the plan was made with an additive bias (runs take one)."""
+        return self._bias is not None
 
     def describe(self):
         return _json_out(self._ctx._lib.stof_plan_describe, self._h)
@@ -834,12 +991,55 @@ class Plan:
             stream = torch.cuda.current_stream(q.device)
         return ctypes.c_void_p(stream.cuda_stream)
 
-    def run(self, q, k, v, out, stream=None, lse=None):
+    def _bias_ptr(self, bias, q):
+        """The device pointer of a run's bias, checked against the plan's."""
+        if self._bias is None:
+            raise ValueError("bias given to a plan made without one (make the plan "
+                             "with attention_plan(..., bias=...))")
+        if bias is None:
+            raise ValueError("this plan was made with an additive bias: every run "
+                             "takes one (run(..., bias=tensor))")
+        if not hasattr(bias, "data_ptr") or not bias.is_cuda:
+            raise ValueError("bias must be a CUDA tensor")
+        if bias.dtype != self._dtype or bias.device != q.device:
+            raise ValueError("bias is %s on %s; the plan's tensors are %s on %s"
+                             % (bias.dtype, bias.device, self._dtype, q.device))
+        size = self._qshape[:3] + self._kshape[2:3]
+        layout = _bias_layout(tuple(bias.shape), tuple(bias.stride()), size)
+        if layout != self._bias:
+            raise ValueError("bias of shape %s and strides %s differs from the plan's "
+                             "(shape %s, bias_stride %s)"
+                             % (tuple(bias.shape), tuple(bias.stride()), self._bias[0],
+                                self._bias[1]))
+        if bias.data_ptr() % 16:
+            raise ValueError("bias must be 16-byte aligned")
+        return bias.data_ptr()
+
+    def _run_ex(self, s, q, k, v, out, md, lse, bias, lse_n):
+        """stof_attention_run_ex (plans with a bias)."""
+        a = _RunArgs()
+        a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        a.bias = self._bias_ptr(bias, q)
+        if md is not None:
+            a.data = ctypes.pointer(md)
+        if lse is not None:
+            a.lse = _lse_ptr(lse, lse_n)
+        st = self._ctx._lib.stof_attention_run_ex(self._h, ctypes.byref(a), s)
+        if st != 0:
+            raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
+        return out
+
+    def run(self, q, k, v, out, stream=None, lse=None, bias=None):
         """Enqueue on `stream` (a torch.cuda.Stream; default: the current one).
         The tensors must have the strides the plan was made with. lse: None,
         or a float32 CUDA tensor of (batch, heads, seq_q) that receives each
-        row's log-sum-exp (-inf for rows with no key)."""
+        row's log-sum-exp (-inf for rows with no key). bias: for plans made
+        with one (and only for them), the bias tensor: the plan's dtype,
+        shape (up to leading 1s) and strides (stof_attention_run_ex)."""
         s = self._check_tensors(q, k, v, out, stream)
+        if self._bias is not None or bias is not None:
+            return self._run_ex(s, q, k, v, out, None, lse, bias,
+                                self._qshape[0] * self._qshape[1] * self._qshape[2])
         if lse is not None:
             st = self._ctx._lib.stof_attention_run_lse(
                 self._h, None, q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -863,16 +1063,19 @@ class Plan:
 class FamilyPlan(Plan):
     """Attention over a mask family (Context.attention_plan_family)."""
 
-    def run(self, q, k, v, out, stream=None, lse=None, **instance):
+    def run(self, q, k, v, out, stream=None, lse=None, bias=None, **instance):
         """Enqueue with this call's instance data: int32 CUDA tensors q_len,
         k_len, q_offset, prefix of shape (batch,), doc_id of shape (batch,
         seq_k) (or flat); missing = the default. The formats are built on
-        the GPU on the same stream; nothing is tuned or compiled. lse: as
-        Plan.run."""
+        the GPU on the same stream; nothing is tuned or compiled. lse, bias:
+        as Plan.run."""
         s = self._check_tensors(q, k, v, out, stream)
         keep = []
         md = _mask_data(instance, q.device, self._qshape[0], self._kshape[2], keep,
                         heads=self._qshape[1])
+        if self._bias is not None or bias is not None:
+            return self._run_ex(s, q, k, v, out, md, lse, bias,
+                                self._qshape[0] * self._qshape[1] * self._qshape[2])
         if lse is not None:
             st = self._ctx._lib.stof_attention_run_lse(
                 self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -896,12 +1099,16 @@ class PackedPlan(Plan):
         self.batch = batch
 
     def run(self, q, k, v, out, cu_seqlens_q, cu_seqlens_k=None, stream=None,
-            lse=None, **instance):
+            lse=None, bias=None, **instance):
         """Enqueue with this call's offsets (int32 CUDA tensors of batch + 1)
         and instance data (int32 CUDA tensors: q_offset, prefix of (batch,),
         doc_id with an entry for each of k's rows; seed: int64 (batch,)). q/out may hold fewer
         rows than the plan's (at most its), k/v likewise: the kernels read
-        and write only these. Rows outside every sequence are zeros."""
+        and write only these. Rows outside every sequence are zeros. bias:
+        must be None (no additive bias with the packed layout)."""
+        if bias is not None:
+            raise ValueError("bias: an additive bias is not supported with the packed "
+                             "layout")
         import torch
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or out.shape != q.shape or \
                 k.shape != v.shape:
@@ -948,6 +1155,7 @@ class Layer:
         self._ctx, self._h, self._mask = ctx, h, mask
         self.batch, self.seq = desc.batch, desc.seq
         self.hidden, self.heads, self.ffn = desc.hidden, desc.heads, desc.ffn
+        self.kv_heads = desc.kv_heads if desc.kv_heads > 0 else desc.heads
         self.pre_norm = bool(desc.pre_norm)
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype
@@ -983,7 +1191,8 @@ class Layer:
 
     def _shapes(self):
         h, f = self.hidden, self.ffn
-        return {"w_qkv": (3 * h, h), "b_qkv": (3 * h,), "w_o": (h, h), "b_o": (h,),
+        qn = h + 2 * self.kv_heads * (h // self.heads)  # Q, K, V
+        return {"w_qkv": (qn, h), "b_qkv": (qn,), "w_o": (h, h), "b_o": (h,),
                 "w_ffn1": (f, h), "b_ffn1": (f,), "w_ffn2": (h, f), "b_ffn2": (h,),
                 "norm1_gamma": (h,), "norm1_beta": (h,),
                 "norm2_gamma": (h,), "norm2_beta": (h,)}

@@ -3,8 +3,9 @@ neither): the library loads, a context opens without a device, masks and
 mask families evaluate on the host with their instance data (lengths,
 documents, prefixes, a window per head), and bad input is refused with a
 message naming it. Counts are checked against direct evaluations. The
-attention descriptor's mirror (soft-cap, ALiBi slopes) and the ALiBi slopes
-helper are checked first, without the library."""
+attention descriptor's mirror (soft-cap, ALiBi slopes, additive bias), the
+ALiBi slopes helper and the bias layout checks are checked first, without
+the library; then that the library reads the mirror's bias fields."""
 import os
 import sys
 
@@ -35,7 +36,9 @@ def check_score_mods():
     assert ctypes.sizeof(stof._Desc) == 192, ctypes.sizeof(stof._Desc)
     assert stof._Desc.softcap.offset == 132, stof._Desc.softcap.offset
     assert stof._Desc.alibi_slopes.offset == 136, stof._Desc.alibi_slopes.offset
-    assert stof._Desc.reserved.offset == 144, stof._Desc.reserved.offset
+    assert stof._Desc.bias_stride.offset == 144, stof._Desc.bias_stride.offset
+    assert stof._Desc.bias.offset == 168, stof._Desc.bias.offset
+    assert stof._Desc.reserved.offset == 172, stof._Desc.reserved.offset
 
     s8 = stof.alibi_slopes(8)
     assert s8 == [2.0 ** -(i + 1) for i in range(8)], s8
@@ -66,13 +69,199 @@ def check_score_mods():
                  ValueError, "alibi_slopes[1]")
 
 
+class FakeTensor:
+    """What the bias checks read of a torch tensor."""
+
+    def __init__(self, shape, strides, dtype="bf16", device="cuda:0", ptr=1 << 20):
+        self.shape, self._strides = tuple(shape), tuple(strides)
+        self.dtype, self.device, self._ptr = dtype, device, ptr
+        self.is_cuda = device.startswith("cuda")
+
+    def stride(self):
+        return self._strides
+
+    def data_ptr(self):
+        return self._ptr
+
+
+def contiguous(shape):
+    return stof._bias_descriptor(shape)[1]
+
+
+def check_bias():
+    """stof_attention_desc's bias fields, stof_run_args' mirror and the bias
+    layout checks of the plans and runs: no library call."""
+    import ctypes
+    if ctypes.sizeof(ctypes.c_void_p) == 8:
+        assert ctypes.sizeof(stof._RunArgs) == 96, ctypes.sizeof(stof._RunArgs)
+        offsets = [getattr(stof._RunArgs, f).offset
+                   for f in ("q", "k", "v", "o", "data", "lse", "bias", "reserved")]
+        assert offsets == [0, 8, 16, 24, 32, 40, 48, 56], offsets
+    assert len(stof._RunArgs().reserved) == 5
+
+    B, H, S = 4, 16, 256
+    size = (B, H, S, S)
+    # Shapes (strides of contiguous tensors) and the bias_stride they give.
+    cases = [((1, H, S, S), (1, H, S, S), (0, S * S, S)),    # per head (T5)
+             ((B, 1, S, S), (B, 1, S, S), (S * S, 0, S)),    # per sequence
+             ((S, S), (1, 1, S, S), (0, 0, S)),              # one for all
+             ((H, S, S), (1, H, S, S), (0, S * S, S)),       # 3-D: heads
+             ((B, H, S, S), (B, H, S, S), (H * S * S, S * S, S)),
+             ((B, H, 1, S), (B, H, 1, S), (H * S, S, 0))]    # one row per head
+    for shape, shape4, want in cases:
+        got = stof._bias_layout(shape, contiguous(shape), size)
+        assert got == (shape4, want), (shape, got, want)
+        assert stof._bias_descriptor(shape) == (shape, contiguous(shape))
+    # Expanded (stride 0) and padded rows (a pad_bias layout).
+    got = stof._bias_layout((B, H, S, S), (0, S * S, S, 1), size)
+    assert got == ((B, H, S, S), (0, S * S, S)), got
+    n, r = 100, 104
+    small = (2, 3, n, n)
+    got = stof._bias_layout((1, 3, n, n), (3 * n * r, n * r, r, 1), small)
+    assert got == ((1, 3, n, n), (0, n * r, r)), got
+    # A size-1 dimension broadcasts whatever its stride.
+    got = stof._bias_layout((1, 3, n, n), (7, n * r, r, 1), small)
+    assert got == ((1, 3, n, n), (0, n * r, r)), got
+    pair = ((1, 3, n, n), (3 * n * r, n * r, r, 1))
+    assert stof._bias_descriptor(pair) == pair
+    assert stof._bias_descriptor([list(pair[0]), list(pair[1])]) == pair
+
+    # Refused layouts, each named.
+    expect_error(lambda: stof._bias_layout((1, 3, n, n), contiguous((1, 3, n, n)),
+                                           small),
+                 ValueError, "multiples of 8", "query row 100", "stof.pad_bias")
+    expect_error(lambda: stof._bias_layout((1, 3, n, n), (3 * n * r, n * r + 4, r, 1),
+                                           small),
+                 ValueError, "head %d" % (n * r + 4))
+    expect_error(lambda: stof._bias_layout((1, H, S, S), (H * S * S, S * S, 1, S),
+                                           size),
+                 ValueError, "contiguous", "stride %d" % S)
+    expect_error(lambda: stof._bias_layout((2, H, S, S), contiguous((2, H, S, S)),
+                                           size),
+                 ValueError, "broadcast", "(2, %d, %d, %d)" % (H, S, S))
+    expect_error(lambda: stof._bias_layout((B, H, S, S), (-S, S * S, S, 1), size),
+                 ValueError, "batch %d" % -S)
+    expect_error(lambda: stof._bias_layout((1, H, S, 1), (H * S, S, 1, 1), size),
+                 ValueError, "broadcast", "seq_k")
+    expect_error(lambda: stof._bias_layout((S,), (1,), size), ValueError, "2-D")
+    expect_error(lambda: stof._bias_layout((1,) + size, (0,) + contiguous(size), size),
+                 ValueError, "4-D")
+    expect_error(lambda: stof._bias_layout((S, S), (S, 1, 1), size), ValueError,
+                 "2-D")
+    expect_error(lambda: stof._bias_descriptor(7), ValueError, "shape")
+    expect_error(lambda: stof._bias_descriptor(("a", "b")), ValueError, "shape")
+
+    # The descriptor's fields from a plan's bias argument.
+    q = FakeTensor((B, H, S, 64), contiguous((B, H, S, 64)))
+    d = stof._Desc()
+    assert stof._set_bias(d, None, q, S) is None
+    assert d.bias == 0 and list(d.bias_stride) == [0, 0, 0]
+    for bias in (FakeTensor((1, H, S, S), contiguous((1, H, S, S))), (1, H, S, S),
+                 ((1, H, S, S), contiguous((1, H, S, S))), (H, S, S)):
+        d = stof._Desc()
+        got = stof._set_bias(d, bias, q, S)
+        assert got == ((1, H, S, S), (0, S * S, S)), (bias, got)
+        assert d.bias == 1 and list(d.bias_stride) == [0, S * S, S], list(d.bias_stride)
+    expect_error(lambda: stof._set_bias(stof._Desc(), FakeTensor(
+        (1, H, S, S), contiguous((1, H, S, S)), dtype="fp16"), q, S),
+                 ValueError, "dtype")
+    expect_error(lambda: stof._set_bias(stof._Desc(), FakeTensor(
+        (1, H, S, S), contiguous((1, H, S, S)), device="cpu"), q, S),
+                 ValueError, "cpu")
+    expect_error(lambda: stof._set_bias(stof._Desc(), (1, H, S, S - 8), q, S),
+                 ValueError, "broadcast")
+
+    # A run's bias against its plan's (no library call before the checks).
+    layout = ((1, H, S, S), (0, S * S, S))
+    plan = stof.Plan(None, None, q.shape, q.shape, "bf16", None, layout)
+    assert plan.has_bias and not stof.Plan(None, None, q.shape, q.shape, "bf16",
+                                           None).has_bias
+    ok = FakeTensor((1, H, S, S), contiguous((1, H, S, S)))
+    assert plan._bias_ptr(ok, q) == ok.data_ptr()
+    # The same layout with leading 1s dropped or another size-1 stride.
+    assert plan._bias_ptr(FakeTensor((H, S, S), contiguous((H, S, S))), q)
+    assert plan._bias_ptr(FakeTensor((1, H, S, S), (1, S * S, S, 1)), q)
+    expect_error(lambda: plan._bias_ptr(None, q), ValueError, "bias=tensor")
+    expect_error(lambda: plan._bias_ptr(FakeTensor((B, 1, S, S),
+                                                   contiguous((B, 1, S, S))), q),
+                 ValueError, "differs from the plan's")
+    expect_error(lambda: plan._bias_ptr(FakeTensor((1, H, S, S), (0, S * S + 8, S, 1)),
+                                        q),
+                 ValueError, "differs from the plan's")
+    expect_error(lambda: plan._bias_ptr(FakeTensor((1, H, S, S), contiguous(
+        (1, H, S, S)), dtype="fp16"), q), ValueError, "fp16")
+    expect_error(lambda: plan._bias_ptr(FakeTensor((1, H, S, S), contiguous(
+        (1, H, S, S)), device="cpu"), q), ValueError, "CUDA")
+    expect_error(lambda: plan._bias_ptr(FakeTensor((1, H, S, S), contiguous(
+        (1, H, S, S)), ptr=(1 << 20) + 8), q), ValueError, "16-byte")
+    plain = stof.Plan(None, None, q.shape, q.shape, "bf16", None)
+    expect_error(lambda: plain._bias_ptr(ok, q), ValueError, "without one")
+    # Packed plans have no bias (refused before anything is read).
+    expect_error(lambda: stof.PackedPlan(None, None, q.shape, q.shape, "bf16", None,
+                                         1).run(q, q, q, q, [0, S], bias=ok),
+                 ValueError, "packed")
+
+    try:
+        import torch
+    except ImportError:
+        return
+    # pad_bias on the CPU: values kept, strides multiples of 8, broadcast
+    # dimensions not materialised.
+    t = torch.randn(1, 3, 100, 100).to(torch.bfloat16)
+    p = stof.pad_bias(t)
+    assert p.shape == t.shape and torch.equal(p, t) and p.stride()[-2:] == (104, 1)
+    stof._bias_layout(p.shape, p.stride(), (2, 3, 100, 100))
+    e = torch.randn(1, 1, 100, 100).expand(2, 3, 100, 100)
+    p = stof.pad_bias(e)
+    assert p.shape == e.shape and torch.equal(p, e)
+    assert p.stride() == (0, 0, 104, 1), p.stride()
+
+
+def check_bias_library(lib, ctx):
+    """The library reads the mirror's bias fields: it names a bad stride or
+    a stride without bias = 1, and has the general run."""
+    import ctypes
+    m = ctx.mask("causal", 64, 64)
+    init = lib.stof_attention_desc_init
+    init.restype = ctypes.c_int
+    init.argtypes = [ctypes.POINTER(stof._Desc)] + [ctypes.c_int] * 7
+
+    def plan(bias, strides):
+        d = stof._Desc()
+        assert init(ctypes.byref(d), 2, 4, 64, 64, 64, 1, 0) == 0  # bf16, BHSD
+        d.bias = bias
+        for i, s in enumerate(strides):
+            d.bias_stride[i] = s
+        h = ctypes.c_void_p()
+        st = lib.stof_attention_plan(ctx._h, ctypes.byref(d), m._h, ctypes.byref(h))
+        msg = lib.stof_errmsg(ctx._h).decode()
+        if h:
+            lib.stof_plan_free(ctypes.byref(h))
+        return st, msg
+
+    st, msg = plan(1, (0, 4096, 12))
+    assert st == 1 and "bias_stride[2]: 12" in msg, (st, msg)
+    st, msg = plan(1, (0, 4100, 64))
+    assert st == 1 and "bias_stride[1]: 4100" in msg, (st, msg)
+    st, msg = plan(0, (0, 4096, 64))
+    assert st == 1 and "bias_stride[1]" in msg and "bias is 0" in msg, (st, msg)
+    st, msg = plan(2, (0, 0, 0))
+    assert st == 1 and "desc.bias: 2" in msg, (st, msg)
+    # A good layout passes the checks (no GPU here: no device).
+    st, msg = plan(1, (0, 4096, 64))
+    assert st in (0, 3), (st, msg)
+    assert lib.stof_attention_run_ex(None, None, None) == 1
+
+
 def main():
     check_score_mods()
+    check_bias()
     lib = stof._load()
     version = lib.stof_version_string().decode()
     assert version.count(".") == 2, version
     ctx = stof.Context(require_device=False, user_db="")
     print("stof", version, "library", stof.library_path())
+    check_bias_library(lib, ctx)
 
     # Masks from specs: shapes and counts.
     m = ctx.mask("causal", 100, 80)
@@ -115,6 +304,9 @@ def main():
     expect_error(lambda: fam.mask(8, 8, cu_seqlens_q=[0, 8]), ValueError,
                  "packed")
     expect_error(lambda: ctx.mask_family("random:0.5"), stof.StofError, "random")
+    expect_error(lambda: ctx.attention_plan_packed(None, None, None, fam, [0, 8],
+                                                   bias=(8, 8)),
+                 ValueError, "packed")
     print("ok")
 
 
