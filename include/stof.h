@@ -740,7 +740,13 @@ typedef struct stof_layer_desc {
     stof_norm_kind norm;
     int pre_norm;         /* 0: post-norm, 1: pre-norm */
     float norm_eps;       /* 0 means 1e-5 */
-    uint8_t reserved[64]; /* must be zero */
+    int kv_heads;         /* grouped-query attention: K and V have kv_heads
+                             heads (dividing heads; 0 = heads), so the QKV
+                             projection makes hidden + 2 * kv_heads *
+                             head_dim columns (stof_layer_weights) and
+                             each K/V head serves heads / kv_heads query
+                             heads */
+    uint8_t reserved[60]; /* must be zero */
 } stof_layer_desc;
 
 /* Fill a descriptor with defaults: GELU (tanh), LayerNorm, post-norm,
@@ -751,12 +757,13 @@ STOF_API stof_status stof_layer_desc_init(stof_layer_desc *d /* OUT */,
 
 /* A layer's weights: device pointers in the descriptor's dtype, laid out
  * like PyTorch's nn.Linear (weight [out][in], row-major). w_qkv stacks the
- * Q, K and V projections: rows [0, hidden) make Q, [hidden, 2 hidden) K,
- * [2 hidden, 3 hidden) V; head h uses columns [h*head_dim, (h+1)*head_dim)
- * of each. Every pointer is required (norm beta: only for LayerNorm) and
- * must be 16-byte aligned. */
+ * Q, K and V projections: rows [0, hidden) make Q, [hidden, hidden + kvd)
+ * K, [hidden + kvd, hidden + 2 kvd) V, kvd = kv_heads * head_dim (hidden
+ * without grouped-query attention: 3 hidden rows in all); head h uses
+ * columns [h*head_dim, (h+1)*head_dim) of each. Every pointer is required
+ * (norm beta: only for LayerNorm) and must be 16-byte aligned. */
 typedef struct stof_layer_weights {
-    const void *w_qkv, *b_qkv;     /* [3 hidden][hidden], [3 hidden] */
+    const void *w_qkv, *b_qkv;     /* [hidden + 2 kvd][hidden], [.. + 2 kvd] */
     const void *w_o, *b_o;         /* [hidden][hidden], [hidden] */
     const void *w_ffn1, *b_ffn1;   /* [ffn][hidden], [ffn] */
     const void *w_ffn2, *b_ffn2;   /* [hidden][ffn], [hidden] */

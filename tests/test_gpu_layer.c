@@ -59,10 +59,18 @@ static CUdeviceptr upload(tu_rng *r, stof_dtype dt, size_t n, float amp,
     return p;
 }
 
+/* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
+static int qkv_cols(const stof_layer_desc *d)
+{
+    const int kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
+    return d->hidden + 2 * kvh * (d->hidden / d->heads);
+}
+
 static void make_weights(tu_rng *r, const stof_layer_desc *d, lw *w)
 {
-    const size_t h = (size_t)d->hidden, f = (size_t)d->ffn;
-    const size_t n[12] = {3 * h * h, 3 * h, h * h, h, f * h, f, h * f, h,
+    const size_t h = (size_t)d->hidden, f = (size_t)d->ffn,
+                 qn = (size_t)qkv_cols(d);
+    const size_t n[12] = {qn * h, qn, h * h, h, f * h, f, h * f, h,
                           h, h, h, h};
     for (int i = 0; i < 12; i++) {
         const int is_w = i == W_QKV || i == W_O || i == W_1 || i == W_2;
@@ -113,11 +121,12 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
                       const lw *w, const float *x, float *y)
 {
     const int M = d->batch * d->seq, h = d->hidden, f = d->ffn,
-              hd = h / d->heads;
+              hd = h / d->heads, qn = qkv_cols(d),
+              kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
     const stof_dtype dt = d->dtype;
     const float eps = d->norm_eps > 0 ? d->norm_eps : 1e-5f;
     float *n1 = malloc(sizeof(float) * (size_t)M * h);
-    float *qkv = malloc(sizeof(float) * (size_t)M * 3 * h);
+    float *qkv = malloc(sizeof(float) * (size_t)M * qn);
     float *att = malloc(sizeof(float) * (size_t)M * h);
     float *hbuf = malloc(sizeof(float) * (size_t)M * h);
     float *n2 = malloc(sizeof(float) * (size_t)M * h);
@@ -145,24 +154,33 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
         }
         in = n1;
     }
-    stof__ref_gemm(in, w->f[W_QKV], w->f[B_QKV], NULL, NULL, NULL, M, 3 * h, h,
-                   h, h, 3 * h, &e_bias, eps, dt, qkv, NULL);
-    /* attention, BHSD copies */
+    stof__ref_gemm(in, w->f[W_QKV], w->f[B_QKV], NULL, NULL, NULL, M, qn, h,
+                   h, h, qn, &e_bias, eps, dt, qkv, NULL);
+    /* attention, BHSD copies: Q's heads, then K's and V's kv_heads heads */
     for (int b = 0; b < d->batch; b++)
         for (int s = 0; s < d->seq; s++)
             for (int hh = 0; hh < d->heads; hh++)
                 for (int j = 0; j < hd; j++) {
-                    const size_t src = ((size_t)b * d->seq + s) * 3 * h +
+                    const size_t src = ((size_t)b * d->seq + s) * qn +
                                        (size_t)hh * hd + j;
                     const size_t dst =
                         (((size_t)b * d->heads + hh) * d->seq + s) * hd + j;
                     q[dst] = qkv[src];
-                    k[dst] = qkv[src + h];
-                    v[dst] = qkv[src + 2 * h];
+                    if (hh >= kvh)
+                        continue;
+                    const size_t kdst =
+                        (((size_t)b * kvh + hh) * d->seq + s) * hd + j;
+                    k[kdst] = qkv[src + h];
+                    v[kdst] = qkv[src + h + (size_t)kvh * hd];
                 }
     stof_attention_desc ad;
     stof_attention_desc_init(&ad, d->batch, d->heads, d->seq, d->seq, hd, dt,
                              STOF_LAYOUT_BHSD);
+    ad.kv_heads = kvh; /* K and V: kv_heads heads of BHSD */
+    for (int t = 0; t < 2; t++) {
+        int64_t *st = t ? ad.v_stride : ad.k_stride;
+        st[0] = (int64_t)kvh * d->seq * hd;
+    }
     cr_assert_eq(stof__ref_attention(&ad, m, q, k, v, o), STOF_OK);
     for (int b = 0; b < d->batch; b++)
         for (int s = 0; s < d->seq; s++)
@@ -239,6 +257,7 @@ typedef struct lcase {
     stof_activation act;
     stof_tuning_mode mode;
     int in_place;
+    int heads, kv_heads; /* 0, 0: 2 heads of 64 (hidden 128), no grouping */
 } lcase;
 
 static void run_case(const lcase *c)
@@ -246,7 +265,9 @@ static void run_case(const lcase *c)
     stof_context *ctx = open_ctx("", c->mode);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     stof_layer_desc d;
-    stof_layer_desc_init(&d, 2, 128, 128, 2, c->dt);
+    const int heads = c->heads > 0 ? c->heads : 2;
+    stof_layer_desc_init(&d, 2, 128, 64 * heads, heads, c->dt);
+    d.kv_heads = c->kv_heads;
     d.ffn = 256;
     d.pre_norm = c->pre;
     d.norm = c->norm;
@@ -279,9 +300,10 @@ static void run_case(const lcase *c)
     download(y, n, c->dt, yf);
     const double e = rel(yf, ref, n);
     const double tol = c->dt == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
-    cr_log_info("dtype %d pre %d norm %d act %d mode %d: relative error %.3g",
+    cr_log_info("dtype %d pre %d norm %d act %d mode %d heads %d/%d: "
+                "relative error %.3g",
                 (int)c->dt, c->pre, (int)c->norm, (int)c->act, (int)c->mode,
-                e);
+                heads, c->kv_heads, e);
     cr_expect(e <= tol, "relative error %.3g > %.3g (%s)", e, tol, desc);
     stof_layer_free(&L);
     cr_assert_null(L);
@@ -441,35 +463,51 @@ Test(gpu_layer, family_run_on_a_mask_layer_is_refused)
 Test(gpu_layer, post_layernorm_gelu_tanh_fp16)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_DEFAULT, 0};
+               STOF_TUNE_DEFAULT, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_layernorm_gelu_erf_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_DEFAULT, 0};
+               STOF_TUNE_DEFAULT, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, post_rmsnorm_relu_bf16_in_place)
 {
     lcase c = {STOF_DTYPE_BF16, 0, STOF_NORM_RMS, STOF_ACT_RELU,
-               STOF_TUNE_DEFAULT, 1};
+               STOF_TUNE_DEFAULT, 1, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_rmsnorm_silu_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_CACHE_ONLY, 0};
+               STOF_TUNE_CACHE_ONLY, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_CACHE_ONLY, 1};
+               STOF_TUNE_CACHE_ONLY, 1, 0, 0};
+    run_case(&c);
+}
+
+/* Grouped-query layers: 4 query heads on 2 K/V heads (tuned), and
+ * multi-query (8 on 1, the cost model's choice). */
+Test(gpu_layer, grouped_query_pre_rmsnorm_silu_bf16)
+{
+    lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
+               STOF_TUNE_DEFAULT, 0, 4, 2};
+    run_case(&c);
+}
+
+Test(gpu_layer, multi_query_post_layernorm_gelu_fp16_cost_model)
+{
+    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
+               STOF_TUNE_CACHE_ONLY, 0, 8, 1};
     run_case(&c);
 }
 

@@ -104,6 +104,13 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
     STOF_CHECK_ARG(ctx, d->heads >= 1 && d->hidden % d->heads == 0,
                    "desc.heads %d does not divide desc.hidden %d", d->heads,
                    d->hidden);
+    STOF_CHECK_ARG(ctx,
+                   d->kv_heads == 0 ||
+                       (d->kv_heads >= 1 && d->kv_heads <= d->heads &&
+                        d->heads % d->kv_heads == 0),
+                   "desc.kv_heads %d does not divide desc.heads %d (0 = "
+                   "heads)",
+                   d->kv_heads, d->heads);
     STOF_CHECK_ARG(ctx, d->ffn >= 8 && d->ffn <= 131072 && d->ffn % 8 == 0,
                    "desc.ffn %d: a multiple of 8 in [8, 131072]", d->ffn);
     STOF_CHECK_ARG(ctx,
@@ -148,7 +155,7 @@ static void init_ops(stof_layer *L)
         gemm_op *g = &L->g[i];
         memset(g, 0, sizeof(*g));
         g->M = M;
-        g->N = shape[i].n3 ? 3 * h : shape[i].n_is_ffn ? f : h;
+        g->N = shape[i].n3 ? stof__layer_qkv_n(d) : shape[i].n_is_ffn ? f : h;
         g->K = shape[i].k_is_ffn ? f : h;
         g->epi.bias = shape[i].bias;
         g->epi.act = shape[i].act ? (int)d->act : STOF_ACT_NONE;
@@ -167,9 +174,15 @@ static void init_ops(stof_layer *L)
     }
 }
 
+int stof__layer_qkv_n(const stof_layer_desc *d)
+{
+    const int kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
+    return d->hidden + 2 * kvh * (d->hidden / d->heads);
+}
+
 int stof__layer_tok_ld(const stof_layer *L, int sym)
 {
-    return sym == SYM_QKV ? 3 * L->d.hidden
+    return sym == SYM_QKV ? stof__layer_qkv_n(&L->d)
                           : sym == SYM_F ? L->d.ffn : L->d.hidden;
 }
 
@@ -362,17 +375,19 @@ stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
 
 static stof_status launch_attn(stof_layer *L, CUstream stream)
 {
+    /* K after the hidden Q columns, V after K's (kv_heads heads). */
     const CUdeviceptr q = L->buf[SYM_QKV];
     const size_t hb = (size_t)L->d.hidden * 2;
+    const size_t kb = (size_t)(stof__layer_qkv_n(&L->d) - L->d.hidden);
+    const CUdeviceptr k = q + hb, v = k + kb;
     if (L->run_data)
         return stof_attention_run_family(
             L->attn, L->run_data, (const void *)(uintptr_t)q,
-            (const void *)(uintptr_t)(q + hb),
-            (const void *)(uintptr_t)(q + 2 * hb),
+            (const void *)(uintptr_t)k, (const void *)(uintptr_t)v,
             (void *)(uintptr_t)L->buf[SYM_ATT], stream);
     return stof_attention_run(L->attn, (const void *)(uintptr_t)q,
-                              (const void *)(uintptr_t)(q + hb),
-                              (const void *)(uintptr_t)(q + 2 * hb),
+                              (const void *)(uintptr_t)k,
+                              (const void *)(uintptr_t)v,
                               (void *)(uintptr_t)L->buf[SYM_ATT], stream);
 }
 
@@ -739,14 +754,15 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     L->hd = d->hidden / d->heads;
     L->eps = d->norm_eps > 0 ? d->norm_eps : 1e-5f;
     init_ops(L);
-    /* The attention reads Q, K, V from the [tokens][3 hidden] projection
-     * and writes [tokens][hidden]. */
+    /* The attention reads Q, K, V from the [tokens][hidden + 2 kvd]
+     * projection (kvd = kv_heads * head_dim) and writes [tokens][hidden]. */
     stof_attention_desc ad;
     stof_attention_desc_init(&ad, d->batch, d->heads, d->seq, d->seq, L->hd,
                              d->dtype, STOF_LAYOUT_BSHD);
     ad.layout = STOF_LAYOUT_STRIDED;
-    const int64_t h = d->hidden, s = d->seq;
-    const int64_t qs[3] = {s * 3 * h, L->hd, 3 * h};
+    ad.kv_heads = d->kv_heads;
+    const int64_t h = d->hidden, s = d->seq, qn = stof__layer_qkv_n(d);
+    const int64_t qs[3] = {s * qn, L->hd, qn};
     const int64_t os[3] = {s * h, L->hd, h};
     memcpy(ad.q_stride, qs, sizeof(qs));
     memcpy(ad.k_stride, qs, sizeof(qs));
@@ -925,10 +941,11 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
     for (int i = 0; steps && i < L->n_steps; i++)
         json_array_append_new(steps, describe_step(L, &L->steps[i]));
     json_t *o = json_pack(
-        "{s:{s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:o},"
+        "{s:{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:o},"
         " s:s, s:s, s:o, s:o, s:o, s:o, s:{s:s, s:s, s:i}, s:o}",
         "desc", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
-        "heads", d->heads, "ffn", d->ffn, "dtype",
+        "heads", d->heads, "kv_heads",
+        d->kv_heads > 0 ? d->kv_heads : d->heads, "ffn", d->ffn, "dtype",
         stof__layer_dtype_str(d->dtype), "act", acts[d->act], "norm",
         d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm", "pre_norm",
         d->pre_norm, "eps", jnum((double)L->eps), "key", L->key, "source",

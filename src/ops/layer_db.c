@@ -45,6 +45,11 @@ void stof__layer_key(stof_layer *L, const char *mask_hex)
              dev->sm_count, dev->driver_version, dev->nvrtc_major,
              dev->nvrtc_minor, stof_version_string(),
              (unsigned long long)stof_template_hash(), stof__blaslt_version());
+    /* Grouped-query layers only (the others' keys are unchanged). */
+    const size_t kl = strlen(L->key_text);
+    if (d->kv_heads > 0 && d->kv_heads != d->heads)
+        snprintf(L->key_text + kl, sizeof(L->key_text) - kl, ";kv_heads=%d",
+                 d->kv_heads);
     hash_key(L->key_text, L->key);
 }
 

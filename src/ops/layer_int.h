@@ -105,6 +105,9 @@ struct stof_layer {
 
 /* Elements per token row of buffer sym. */
 int stof__layer_tok_ld(const stof_layer *L, int sym);
+
+/* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
+int stof__layer_qkv_n(const stof_layer_desc *d);
 /* The steps of scheme (ja, jb) into L->steps. */
 void stof__layer_build_steps(stof_layer *L, int ja, int jb);
 /* The cheapest cut of a junction (measured or modelled costs), or -1. */

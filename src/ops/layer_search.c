@@ -311,11 +311,11 @@ static stof_status tuner_start(stof_layer *L, tuner *t)
     const stof_api *api = ctx->api;
     const stof_layer_desc *d = &L->d;
     const size_t h = (size_t)d->hidden, f = (size_t)d->ffn,
-                 M = (size_t)L->M;
+                 M = (size_t)L->M, qn = (size_t)stof__layer_qkv_n(d);
     /* Scratch weights, X and Y, each 256-byte aligned. */
     const size_t sizes[SYM_COUNT] = {
-        [SYM_X] = M * h, [SYM_Y] = M * h, [SYM_WQKV] = 3 * h * h,
-        [SYM_BQKV] = 3 * h, [SYM_WO] = h * h, [SYM_BO] = h,
+        [SYM_X] = M * h, [SYM_Y] = M * h, [SYM_WQKV] = qn * h,
+        [SYM_BQKV] = qn, [SYM_WO] = h * h, [SYM_BO] = h,
         [SYM_W1] = f * h, [SYM_B1] = f, [SYM_W2] = h * f, [SYM_B2] = h,
         [SYM_G1] = h, [SYM_BE1] = h, [SYM_G2] = h, [SYM_BE2] = h};
     size_t total = 0;
