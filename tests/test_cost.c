@@ -69,6 +69,24 @@ Test(cost, sparser_masks_are_predicted_faster)
     stof_close(&ctx);
 }
 
+/* head_dim 256: every ranked configuration fits the device's shared
+ * memory, the row-wise builds' key offsets included (a 64x64 3-stage
+ * row-wise build is 544 bytes over an H100's 232448). */
+Test(cost, head_dim_256_candidates_fit_shared_memory)
+{
+    stof_context *ctx = open_fake_h100();
+    static const char *const specs[] = {"causal", "strided:128", "dense"};
+    for (size_t i = 0; i < sizeof(specs) / sizeof(*specs); i++)
+        best_ms(ctx, specs[i], 4096, 256, NULL);
+    stof_block_cfg g = {.block_m = 64, .block_n = 64, .warps = 4,
+                        .stages = 3, .gather = 1};
+    cr_assert_gt(stof__block_smem_bytes(256, &g), 232448u);
+    cr_assert_not(stof__block_cfg_valid(&ctx->device, 256, &g, NULL, 0));
+    g.gather = 0;
+    cr_assert(stof__block_cfg_valid(&ctx->device, 256, &g, NULL, 0));
+    stof_close(&ctx);
+}
+
 Test(cost, unsupported_head_dim_falls_back)
 {
     stof_context *ctx = open_fake_h100();

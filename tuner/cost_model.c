@@ -491,15 +491,17 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                     stof_block_cfg c = {.block_m = bms[a], .block_n = bns[b],
                                         .warps = ws[x], .stages = ss[y],
                                         .mods = mods};
-                    if (!stof__block_cfg_valid(&ctx->device, d->head_dim, &c,
-                                               NULL, 0))
-                        continue;
                     for (int kind = STOF_KERNEL_BLOCK;
                          kind <= STOF_KERNEL_ROWWISE; kind++) {
                         if ((kind == STOF_KERNEL_BLOCK && group > 1) ||
                             (kind == STOF_KERNEL_ROWWISE && !rowwise_ok))
                             continue;
+                        /* Checked per kind: the row-wise build's key
+                         * offsets take shared memory of their own. */
                         c.gather = kind == STOF_KERNEL_ROWWISE;
+                        if (!stof__block_cfg_valid(&ctx->device, d->head_dim,
+                                                   &c, NULL, 0))
+                            continue;
                         stof_candidate *slot = next_slot(all, count, cap);
                         if (!slot)
                             goto oom;
