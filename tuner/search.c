@@ -276,9 +276,9 @@ static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
         op->describe(op->user, w->cand, name, sizeof(name));
         stof__log(ctx, STOF_LOG_INFO,
                   "search %s: winner %s, %.4f ms (%d timed, %d rejected, %d "
-                  "failed)",
+                  "failed; %.2f s since the compiles began)",
                   op->name, name, best_ms, res->n_timed, res->n_rejected,
-                  res->n_failed);
+                  res->n_failed, now_s() - t0);
     }
 }
 

@@ -619,13 +619,19 @@ static stof_status miss_prepare(stof_context *ctx, miss *x, unsigned kinds,
               "tuning attention %dx%dx%dx%d d=%d %s: %d candidates ranked",
               x->nd.batch, x->nd.heads, x->nd.seq_q, x->nd.seq_k,
               x->nd.head_dim, dtype_name(x->nd.dtype), x->n_ranked);
-    if (!x->pr.m) /* a family: every sequence, the first head of each */
-        return stof__attention_family_op_new(
-            ctx, &x->nd, x->pr.fam, x->pr.dev, x->ranked, x->n_ranked,
-            SEARCH_SEED, ctx->settings.tuning_reps, 1, &x->op, op);
-    return stof__attention_op_new(ctx, &x->nd, x->pr.m, x->ranked,
-                                  x->n_ranked, SEARCH_SEED,
-                                  ctx->settings.tuning_reps, &x->op, op);
+    const double t0 = stof__now_ms();
+    st = !x->pr.m /* a family: every sequence, the first head of each */
+             ? stof__attention_family_op_new(
+                   ctx, &x->nd, x->pr.fam, x->pr.dev, x->ranked, x->n_ranked,
+                   SEARCH_SEED, ctx->settings.tuning_reps, 1, &x->op, op)
+             : stof__attention_op_new(ctx, &x->nd, x->pr.m, x->ranked,
+                                      x->n_ranked, SEARCH_SEED,
+                                      ctx->settings.tuning_reps, &x->op, op);
+    if (st == STOF_OK)
+        stof__log(ctx, STOF_LOG_INFO,
+                  "tuning attention: inputs and reference output in %.2f s",
+                  (stof__now_ms() - t0) * 1e-3);
+    return st;
 }
 
 /* Grouped-query attention with short queries (decode, small chunks): the
@@ -636,8 +642,9 @@ static stof_status miss_prepare(stof_context *ctx, miss *x, unsigned kinds,
  * needs the query heads of a group equally spaced in rows: q and o heads
  * seq_q rows apart (BHSD), or one query row. The outputs (O, the
  * log-sum-exp) land where the problem's own would. Not with ALiBi (a
- * slope per query head) or a bias tensor (rows per query head). 1 with *pd and *pm (the caller frees it) set; 0
- * when d is not such a problem; -1 when out of memory (recorded). */
+ * slope per query head) or a bias tensor (rows per query head). 1 with
+ * *pd and *pm (the caller frees it) set; 0 when d is not such a problem;
+ * -1 when out of memory (recorded). */
 #define GQA_ROWS_MAX 128
 static int gqa_rows_view(stof_context *ctx, const stof_attention_desc *d,
                          const stof_mask *m, stof_attention_desc *pd,

@@ -294,6 +294,13 @@ stof_status stof_device_describe(stof_context *ctx, char *buf, size_t n,
         *needed = len;
     if (st == STOF_ERR_OUT_OF_MEMORY)
         return stof__fail(ctx, st, "out of memory describing the device");
+    /* A size query (n = 0) is the protocol's first step, not an error
+     * worth logging; the status and message are still recorded. */
+    if (st == STOF_ERR_BUFFER_TOO_SMALL && n == 0)
+        return stof__fail_quiet(ctx, st,
+                                "buf: 0 bytes: the description needs %zu "
+                                "plus the terminating NUL",
+                                len);
     if (st == STOF_ERR_BUFFER_TOO_SMALL)
         return stof__fail(ctx, st,
                           "buf: %zu bytes are too few: the description "
