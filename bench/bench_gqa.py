@@ -6,7 +6,8 @@ the same tensors. Kernel times: triton.testing.do_bench (median, L2
 flushed). Errors against an fp32 reference on the expanded problem.
 
 Usage: python bench/bench_gqa.py [--shapes 1x32x8x8192x128,...]
-       [--masks causal,sliding:1024,bigbird:64:3:2:3:1] [--json FILE]
+       [--masks causal,sliding:1024,bigbird:64:3:2:3:1] [--dtype bf16|fp16]
+       [--json FILE]
 """
 import argparse
 import json
@@ -28,8 +29,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1x32x8x8192x128,4x32x8x4096x128,1x32x4x16384x128")
     ap.add_argument("--masks", default="causal,sliding:1024,bigbird:64:3:2:3:1")
+    ap.add_argument("--dtype", default="bf16", choices=["fp16", "bf16"])
     ap.add_argument("--json")
     args = ap.parse_args()
+    dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     flex = torch.compile(flex_attention, dynamic=False)
     ctx = stof.Context()
@@ -40,9 +43,9 @@ def main():
     for shape in args.shapes.split(","):
         B, H, KV, N, D = (int(x) for x in shape.split("x"))
         g = H // KV
-        q = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(B, KV, N, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(B, KV, N, D, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(B, H, N, D, device="cuda", dtype=dt)
+        k = torch.randn(B, KV, N, D, device="cuda", dtype=dt)
+        v = torch.randn(B, KV, N, D, device="cuda", dtype=dt)
         ke, ve = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
         out, out2 = torch.empty_like(q), torch.empty_like(q)
         for spec in args.masks.split(","):
