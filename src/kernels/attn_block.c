@@ -116,17 +116,8 @@ int stof__block_cfg_valid(const stof_device *dev, int head_dim,
                        c->block_m, c->warps);
     if (c->stages < 1 || c->stages > 3)
         return stof__why(why, n, "stages %d: must be 1..3", c->stages);
-    if (c->gather != 0 && c->gather != 1)
-        return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
-    if (c->split != 0 && c->split != 1)
-        return stof__why(why, n, "split %d: must be 0 or 1", c->split);
-    if (c->mods < 0 || c->mods > STOF_MOD_ALL)
-        return stof__why(why, n, "mods %d: must be 0..%d", c->mods,
-                         STOF_MOD_ALL);
-    if ((c->mods & STOF_MOD_BLOCK_ONLY) && c->gather)
-        return stof__why(why, n, "ALiBi and the bias tensor need block mode "
-                                 "(gather: the keys' indices are not at "
-                                 "hand)");
+    if (!stof__attn_options_valid(c->gather, c->split, c->mods, why, n))
+        return 0;
     const int acc = block_acc_regs(head_dim, c);
     if (acc > BLOCK_ACC_REGS_MAX)
         return stof__why(why, n,

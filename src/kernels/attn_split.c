@@ -69,6 +69,23 @@ int stof__mods_match(int mods, const stof_attention_desc *d,
            ((mods & STOF_MOD_BIAS) != 0) == bias && bias == (d->bias != 0);
 }
 
+int stof__attn_options_valid(int gather, int split, int mods, char *why,
+                             size_t n)
+{
+    if (gather != 0 && gather != 1)
+        return stof__why(why, n, "gather %d: must be 0 or 1", gather);
+    if (split != 0 && split != 1)
+        return stof__why(why, n, "split %d: must be 0 or 1", split);
+    if (mods < 0 || mods > STOF_MOD_ALL)
+        return stof__why(why, n, "mods %d: must be 0..%d", mods,
+                         STOF_MOD_ALL);
+    if ((mods & STOF_MOD_BLOCK_ONLY) && gather)
+        return stof__why(why, n, "ALiBi and the bias tensor need block mode "
+                                 "(gather: the keys' indices are not at "
+                                 "hand)");
+    return 1;
+}
+
 int stof__attn_option_defines(int gather, int split, int mods,
                               const char **defs, int n)
 {

@@ -54,6 +54,12 @@ int stof__attn_mods(const stof_attention_desc *d);
 int stof__mods_match(int mods, const stof_attention_desc *d,
                      const stof_attn_ext *x);
 
+/* Whether a build's options are valid: gather and split 0 or 1, mods
+ * within STOF_MOD_ALL, ALiBi and the bias only in block mode (gather 0).
+ * 1, or 0 with the reason in why (n bytes). */
+int stof__attn_options_valid(int gather, int split, int mods, char *why,
+                             size_t n);
+
 /* Append the attention templates' option defines that are set (GATHER=1,
  * SPLIT=1, SOFTCAP=1, ALIBI=1, BIAS=1) to defs[0 .. n-1] (room for 5
  * more); returns the new count. */

@@ -94,17 +94,8 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n, "stages %d: must be 2..4", c->stages);
     if (c->overlap != 0 && c->overlap != 1)
         return stof__why(why, n, "overlap %d: must be 0 or 1", c->overlap);
-    if (c->gather != 0 && c->gather != 1)
-        return stof__why(why, n, "gather %d: must be 0 or 1", c->gather);
-    if (c->split != 0 && c->split != 1)
-        return stof__why(why, n, "split %d: must be 0 or 1", c->split);
-    if (c->mods < 0 || c->mods > STOF_MOD_ALL)
-        return stof__why(why, n, "mods %d: must be 0..%d", c->mods,
-                         STOF_MOD_ALL);
-    if ((c->mods & STOF_MOD_BLOCK_ONLY) && c->gather)
-        return stof__why(why, n, "ALiBi and the bias tensor need block mode "
-                                 "(gather: the keys' indices are not at "
-                                 "hand)");
+    if (!stof__attn_options_valid(c->gather, c->split, c->mods, why, n))
+        return 0;
     if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
         return stof__why(why, n, "block_m %d: must be 64 or 128 (0: 128)",
                        c->block_m);
