@@ -510,7 +510,10 @@ typedef struct stof_attention_desc {
                              batch element); each a multiple of 8 */
     int bias;             /* 1: every score gets the bias tensor's element
                              added (after the soft-cap and ALiBi; a -inf
-                             element masks its key, as the mask does; +inf
+                             element masks its key, as the mask does, and
+                             so does a bf16 value so negative that it
+                             overflows fp32 once scaled by log2(e) or 1 /
+                             scale (e.g. torch.finfo(bfloat16).min); +inf
                              and NaN are not allowed); 0: none. Head h is
                              the query head. Not with the packed layout */
     uint8_t reserved[20]; /* must be zero */

@@ -36,7 +36,8 @@
 //   ALIBI     0/1: plus alibi[h] * (key - query row) (block mode only: the
 //             gathered keys' indices are not at hand)
 //   BIAS      0/1: plus the additive bias tensor's element (after the
-//             mask: masked scores read nothing; -inf masks; block mode)
+//             mask; keys at or past seq_k read nothing; -inf masks;
+//             block mode)
 //   STOF_BLOCK_CHECKS  1: trap on inconsistent launch data (debugging)
 //
 // Shared memory (dynamic; bytes, in this order, see stof__block_smem_bytes

@@ -697,7 +697,8 @@ class Context:
         softcap). alibi_slopes: None, or one float per query head (e.g.
         stof.alibi_slopes(heads)): head h's scores get slope[h] * (k - q).
         bias: None, or an additive bias added to every score (after the
-        soft-cap and ALiBi; -inf masks a key): a CUDA tensor of q's dtype
+        soft-cap and ALiBi; -inf masks a key, as does a bf16 value near
+        torch.finfo(torch.bfloat16).min, which overflows once scaled): a CUDA tensor of q's dtype
         whose shape broadcasts to (batch, heads, seq_q, seq_k), e.g. (1,
         heads, seq_q, seq_k) or (batch, 1, seq_q, seq_k) or (seq_q, seq_k);
         the key dimension contiguous, the other strides multiples of 8

@@ -11,8 +11,8 @@
  *              H = X + ATT Wo^T + bo, N = norm2(H) [junction A];
  *              F = act(N W1^T + b1);  Y = H + F W2^T + b2
  * The attention reads Q, K and V in place from the QKV projection's
- * [tokens][3 hidden] output through strides, and writes ATT as
- * [tokens][hidden], so no transposes exist. A junction (GEMM, then bias,
+ * [tokens][hidden + 2 kvd] output (kvd = kv_heads * head_dim) through
+ * strides, and writes ATT as [tokens][hidden], so no transposes exist. A junction (GEMM, then bias,
  * residual and norm) is cut into kernels in one of three ways, the fusion
  * scheme:
  *   res+norm       GEMM with bias and residual in its epilogue -> T (or H),
@@ -375,11 +375,12 @@ stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
 
 static stof_status launch_attn(stof_layer *L, CUstream stream)
 {
-    /* K after the hidden Q columns, V after K's (kv_heads heads). */
+    /* K after the hidden Q columns, V after K's kvd = kv_heads *
+     * head_dim columns (16-bit: 2 bytes each). */
     const CUdeviceptr q = L->buf[SYM_QKV];
-    const size_t hb = (size_t)L->d.hidden * 2;
-    const size_t kb = (size_t)(stof__layer_qkv_n(&L->d) - L->d.hidden);
-    const CUdeviceptr k = q + hb, v = k + kb;
+    const size_t q_bytes = (size_t)L->d.hidden * 2;
+    const size_t kvd = (size_t)(stof__layer_qkv_n(&L->d) - L->d.hidden) / 2;
+    const CUdeviceptr k = q + q_bytes, v = k + kvd * 2;
     if (L->run_data)
         return stof_attention_run_family(
             L->attn, L->run_data, (const void *)(uintptr_t)q,
