@@ -136,8 +136,9 @@ static CUresult ref_launch(const stof_api *api, CUfunction f, unsigned gx,
 
 /* The verification inputs of op b from `seed`, on the GPU with
  * stof_ref_fill of the reference module `mod` (q, k uniform in [-2, 2], v
- * in [-1, 1], the bias, if any, in [-2, 2]): no host copies, so problems with gigabytes of K and V do
- * not spend seconds filling them. The caller made the context current. */
+ * in [-1, 1], the bias, if any, in [-2, 2]): no host copies, so
+ * problems with gigabytes of K and V do not spend seconds filling them.
+ * The caller made the context current. */
 static CUresult fill_inputs(const stof_api *api, CUmodule mod,
                             const stof_attention_op *b, uint64_t seed)
 {

@@ -12,9 +12,9 @@
  *              F = act(N W1^T + b1);  Y = H + F W2^T + b2
  * The attention reads Q, K and V in place from the QKV projection's
  * [tokens][hidden + 2 kvd] output (kvd = kv_heads * head_dim) through
- * strides, and writes ATT as [tokens][hidden], so no transposes exist. A junction (GEMM, then bias,
- * residual and norm) is cut into kernels in one of three ways, the fusion
- * scheme:
+ * strides, and writes ATT as [tokens][hidden], so no transposes exist.
+ * A junction (GEMM, then bias, residual and norm) is cut into kernels in
+ * one of three ways, the fusion scheme:
  *   res+norm       GEMM with bias and residual in its epilogue -> T (or H),
  *                  then the norm kernel
  *   bias+res+norm  plain GEMM -> T, then one memory-bound kernel doing
