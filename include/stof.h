@@ -749,7 +749,10 @@ typedef struct stof_layer_desc {
                              head_dim columns (stof_layer_weights) and
                              each K/V head serves heads / kv_heads query
                              heads */
-    uint8_t reserved[60]; /* must be zero */
+    int no_bias;          /* 1: the projections have no biases (Llama-
+                             style layers): b_qkv, b_o, b_ffn1 and b_ffn2
+                             must be NULL; 0: all four are required */
+    uint8_t reserved[56]; /* must be zero */
 } stof_layer_desc;
 
 /* Fill a descriptor with defaults: GELU (tanh), LayerNorm, post-norm,
@@ -764,7 +767,8 @@ STOF_API stof_status stof_layer_desc_init(stof_layer_desc *d /* OUT */,
  * K, [hidden + kvd, hidden + 2 kvd) V, kvd = kv_heads * head_dim (hidden
  * without grouped-query attention: 3 hidden rows in all); head h uses
  * columns [h*head_dim, (h+1)*head_dim) of each. Every pointer is required
- * (norm beta: only for LayerNorm) and must be 16-byte aligned. */
+ * (norm beta: only for LayerNorm; the four biases: not with desc.no_bias,
+ * which wants them NULL) and must be 16-byte aligned. */
 typedef struct stof_layer_weights {
     const void *w_qkv, *b_qkv;     /* [hidden + 2 kvd][hidden], [.. + 2 kvd] */
     const void *w_o, *b_o;         /* [hidden][hidden], [hidden] */

@@ -107,6 +107,8 @@ static stof_layer_weights as_weights(const lw *w, const stof_layer_desc *d)
     x.norm1_beta = d->norm == STOF_NORM_LAYER ? P(BE_1) : NULL;
     x.norm2_gamma = P(G_2);
     x.norm2_beta = d->norm == STOF_NORM_LAYER ? P(BE_2) : NULL;
+    if (d->no_bias)
+        x.b_qkv = x.b_o = x.b_ffn1 = x.b_ffn2 = NULL;
 #undef P
     return x;
 }
@@ -140,9 +142,13 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
     const float *g1 = w->f[G_1], *g2 = w->f[G_2];
     const float *be1 = d->norm == STOF_NORM_LAYER ? w->f[BE_1] : NULL;
     const float *be2 = d->norm == STOF_NORM_LAYER ? w->f[BE_2] : NULL;
-    const stof_gemm_epi e_bias = {.bias = 1};
-    const stof_gemm_epi e_res = {.bias = 1, .residual = 1};
-    const stof_gemm_epi e_act = {.bias = 1, .act = (int)d->act};
+    /* Without biases (desc.no_bias) the GEMMs add none. */
+    const int wb = !d->no_bias;
+    const stof_gemm_epi e_bias = {.bias = wb};
+    const stof_gemm_epi e_res = {.bias = wb, .residual = 1};
+    const stof_gemm_epi e_act = {.bias = wb, .act = (int)d->act};
+    const float *bqkv = wb ? w->f[B_QKV] : NULL, *bo = wb ? w->f[B_O] : NULL,
+                *b1 = wb ? w->f[B_1] : NULL, *b2 = wb ? w->f[B_2] : NULL;
     /* norm1 (pre-norm) */
     const float *in = x;
     if (d->pre_norm) {
@@ -154,7 +160,7 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
         }
         in = n1;
     }
-    stof__ref_gemm(in, w->f[W_QKV], w->f[B_QKV], NULL, NULL, NULL, M, qn, h,
+    stof__ref_gemm(in, w->f[W_QKV], bqkv, NULL, NULL, NULL, M, qn, h,
                    h, h, qn, &e_bias, eps, dt, qkv, NULL);
     /* attention, BHSD copies: Q's heads, then K's and V's kv_heads heads */
     for (int b = 0; b < d->batch; b++)
@@ -191,7 +197,7 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
                               j],
                             dt);
     /* output projection + residual, then norm */
-    stof__ref_gemm(att, w->f[W_O], w->f[B_O], x, NULL, NULL, M, h, h, h, h, h,
+    stof__ref_gemm(att, w->f[W_O], bo, x, NULL, NULL, M, h, h, h, h, h,
                    &e_res, eps, dt, hbuf, NULL);
     const float *gA = d->pre_norm ? g2 : g1, *bA = d->pre_norm ? be2 : be1;
     for (int r = 0; r < M; r++) {
@@ -203,9 +209,9 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
     /* post-norm: H = n2; pre-norm: residual stream hbuf, FFN input n2 */
     const float *ffn_in = n2;
     const float *res2 = d->pre_norm ? hbuf : n2;
-    stof__ref_gemm(ffn_in, w->f[W_1], w->f[B_1], NULL, NULL, NULL, M, f, h, h,
+    stof__ref_gemm(ffn_in, w->f[W_1], b1, NULL, NULL, NULL, M, f, h, h,
                    h, f, &e_act, eps, dt, fb, NULL);
-    stof__ref_gemm(fb, w->f[W_2], w->f[B_2], res2, NULL, NULL, M, h, f, f, f,
+    stof__ref_gemm(fb, w->f[W_2], b2, res2, NULL, NULL, M, h, f, f, f,
                    h, &e_res, eps, dt, y, NULL);
     if (!d->pre_norm)
         for (int r = 0; r < M; r++) {
@@ -258,6 +264,7 @@ typedef struct lcase {
     stof_tuning_mode mode;
     int in_place;
     int heads, kv_heads; /* 0, 0: 2 heads of 64 (hidden 128), no grouping */
+    int no_bias;
 } lcase;
 
 static void run_case(const lcase *c)
@@ -268,6 +275,7 @@ static void run_case(const lcase *c)
     const int heads = c->heads > 0 ? c->heads : 2;
     stof_layer_desc_init(&d, 2, 128, 64 * heads, heads, c->dt);
     d.kv_heads = c->kv_heads;
+    d.no_bias = c->no_bias;
     d.ffn = 256;
     d.pre_norm = c->pre;
     d.norm = c->norm;
@@ -293,6 +301,15 @@ static void run_case(const lcase *c)
     cr_log_info("layer: %s", desc);
     const stof_layer_weights lwt = as_weights(&w, &d);
     ref_layer(&d, m, &w, xf, ref);
+    if (c->no_bias) { /* a bias given to a layer planned without is refused */
+        stof_layer_weights wb = lwt;
+        wb.b_o = (const void *)(uintptr_t)w.d[B_O];
+        cr_assert_eq(stof_layer_run(L, &wb, (void *)(uintptr_t)x,
+                                    (void *)(uintptr_t)y, NULL),
+                     STOF_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(stof_layer_errmsg(L), "no_bias"), "%s",
+                  stof_layer_errmsg(L));
+    }
     st = stof_layer_run(L, &lwt, (void *)(uintptr_t)x, (void *)(uintptr_t)y,
                         NULL);
     cr_assert_eq(st, STOF_OK, "stof_layer_run: %s", stof_layer_errmsg(L));
@@ -463,35 +480,35 @@ Test(gpu_layer, family_run_on_a_mask_layer_is_refused)
 Test(gpu_layer, post_layernorm_gelu_tanh_fp16)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_DEFAULT, 0, 0, 0};
+               STOF_TUNE_DEFAULT, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_layernorm_gelu_erf_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_DEFAULT, 0, 0, 0};
+               STOF_TUNE_DEFAULT, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, post_rmsnorm_relu_bf16_in_place)
 {
     lcase c = {STOF_DTYPE_BF16, 0, STOF_NORM_RMS, STOF_ACT_RELU,
-               STOF_TUNE_DEFAULT, 1, 0, 0};
+               STOF_TUNE_DEFAULT, 1, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_rmsnorm_silu_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_CACHE_ONLY, 0, 0, 0};
+               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_CACHE_ONLY, 1, 0, 0};
+               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 0};
     run_case(&c);
 }
 
@@ -500,14 +517,30 @@ Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
 Test(gpu_layer, grouped_query_pre_rmsnorm_silu_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2};
+               STOF_TUNE_DEFAULT, 0, 4, 2, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, multi_query_post_layernorm_gelu_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_CACHE_ONLY, 0, 8, 1};
+               STOF_TUNE_CACHE_ONLY, 0, 8, 1, 0};
+    run_case(&c);
+}
+
+/* Llama-style: no biases, pre-RMSNorm, SiLU, 4 query heads on 2 (tuned);
+ * and post-LayerNorm without biases with the cost model's choice. */
+Test(gpu_layer, no_bias_grouped_pre_rmsnorm_silu_bf16)
+{
+    lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
+               STOF_TUNE_DEFAULT, 0, 4, 2, 1};
+    run_case(&c);
+}
+
+Test(gpu_layer, no_bias_post_layernorm_gelu_erf_fp16_cost_model)
+{
+    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
+               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 1};
     run_case(&c);
 }
 

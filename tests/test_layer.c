@@ -50,6 +50,7 @@ static void e_hidden(stof_layer_desc *d) { d->hidden = 100; }
 static void e_heads(stof_layer_desc *d) { d->heads = 5; }
 static void e_ffn(stof_layer_desc *d) { d->ffn = 1001; }
 static void e_kvh(stof_layer_desc *d) { d->kv_heads = 3; }
+static void e_nobias(stof_layer_desc *d) { d->no_bias = 2; }
 static void e_kvh_neg(stof_layer_desc *d) { d->kv_heads = -4; }
 static void e_kvh_big(stof_layer_desc *d) { d->kv_heads = 8; }
 static void e_dtype(stof_layer_desc *d) { d->dtype = (stof_dtype)7; }
@@ -77,7 +78,7 @@ Test(layer, bad_descriptors_are_named)
         {"desc.pre_norm", e_pre}, {"desc.norm_eps", e_eps},
         {"desc.reserved[7]", e_res}, {"tokens", e_tokens},
         {"desc.kv_heads 3", e_kvh}, {"desc.kv_heads -4", e_kvh_neg},
-        {"desc.kv_heads 8", e_kvh_big},
+        {"desc.kv_heads 8", e_kvh_big}, {"desc.no_bias 2", e_nobias},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
         stof_layer_desc d;

@@ -134,7 +134,8 @@ class _LayerDesc(ctypes.Structure):
         ("pre_norm", ctypes.c_int),
         ("norm_eps", ctypes.c_float),
         ("kv_heads", ctypes.c_int),   # grouped-query attention (0 = heads)
-        ("reserved", ctypes.c_uint8 * 60),
+        ("no_bias", ctypes.c_int),    # 1: no projection biases
+        ("reserved", ctypes.c_uint8 * 56),
     ]
 
 
@@ -849,7 +850,7 @@ class Context:
                           batch)
 
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
-                   pre_norm, mask, eps=0.0, sample=None, kv_heads=0):
+                   pre_norm, mask, eps=0.0, sample=None, kv_heads=0, bias=True):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
         loads from the tuning database or tunes. dtype: torch.float16 /
         torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
@@ -860,7 +861,9 @@ class Context:
         again; sample: host instance data as for attention_plan_family);
         eps: the norm's epsilon (0: 1e-5); kv_heads: grouped-query attention,
         K/V heads dividing heads (0 = heads): w_qkv then has hidden + 2 *
-        kv_heads * (hidden // heads) rows, Q's, then K's, then V's."""
+        kv_heads * (hidden // heads) rows, Q's, then K's, then V's; bias:
+        False for layers whose projections have no biases (Llama-style):
+        the weights then leave b_qkv, b_o, b_ffn1 and b_ffn2 out."""
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
                             "this libstof has no layer API (stof_layer_plan)")
@@ -882,6 +885,7 @@ class Context:
         d.pre_norm = 1 if pre_norm else 0
         d.norm_eps = float(eps)
         d.kv_heads = int(kv_heads)
+        d.no_bias = 0 if bias else 1
         h = ctypes.c_void_p()
         if family:
             keep = []
@@ -1157,6 +1161,7 @@ class Layer:
         self.batch, self.seq = desc.batch, desc.seq
         self.hidden, self.heads, self.ffn = desc.hidden, desc.heads, desc.ffn
         self.kv_heads = desc.kv_heads if desc.kv_heads > 0 else desc.heads
+        self.bias = not desc.no_bias
         self.pre_norm = bool(desc.pre_norm)
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype
@@ -1224,6 +1229,11 @@ class Layer:
         kept = []
         for name, shape in self._shapes().items():
             t = w.get(name)
+            if not self.bias and name.startswith("b_"):
+                if t is not None:
+                    raise ValueError("weight %s given to a layer planned without "
+                                     "biases (layer_plan(bias=False))" % name)
+                continue  # NULL
             if t is None:
                 if self.rms and name.endswith("_beta"):
                     continue  # RMSNorm has no beta: NULL

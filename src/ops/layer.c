@@ -111,6 +111,8 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                    "desc.kv_heads %d does not divide desc.heads %d (0 = "
                    "heads)",
                    d->kv_heads, d->heads);
+    STOF_CHECK_ARG(ctx, d->no_bias == 0 || d->no_bias == 1,
+                   "desc.no_bias %d: 0 (biases) or 1 (none)", d->no_bias);
     STOF_CHECK_ARG(ctx, d->ffn >= 8 && d->ffn <= 131072 && d->ffn % 8 == 0,
                    "desc.ffn %d: a multiple of 8 in [8, 131072]", d->ffn);
     STOF_CHECK_ARG(ctx,
@@ -157,7 +159,7 @@ static void init_ops(stof_layer *L)
         g->M = M;
         g->N = shape[i].n3 ? stof__layer_qkv_n(d) : shape[i].n_is_ffn ? f : h;
         g->K = shape[i].k_is_ffn ? f : h;
-        g->epi.bias = shape[i].bias;
+        g->epi.bias = shape[i].bias && !d->no_bias;
         g->epi.act = shape[i].act ? (int)d->act : STOF_ACT_NONE;
         g->epi.residual = shape[i].res;
         g->epi.norm = shape[i].norm ? nk : 0;
@@ -167,7 +169,8 @@ static void init_ops(stof_layer *L)
     for (int i = 0; i < N_COUNT; i++) {
         norm_op *n = &L->n[i];
         memset(n, 0, sizeof(*n));
-        n->bias = n->res = (i == N_A_BR || i == N_B_BR);
+        n->res = (i == N_A_BR || i == N_B_BR);
+        n->bias = n->res && !d->no_bias;
         n->pre = pre && i == N_A_BR;
         n->used = pre ? i <= N_A_BR : i != N_IN;
         n->warps = 4;
@@ -249,27 +252,31 @@ void stof__layer_build_steps(stof_layer *L, int ja, int jb)
     L->n_steps = 0;
     L->ja = ja;
     L->jb = jb;
+    /* The projections' biases (none with desc.no_bias). */
+    const int nb = L->d.no_bias;
+    const int bqkv = nb ? SYM_NONE : SYM_BQKV, bo = nb ? SYM_NONE : SYM_BO,
+              b1 = nb ? SYM_NONE : SYM_B1, b2 = nb ? SYM_NONE : SYM_B2;
     if (!L->d.pre_norm) {
-        add_gemm(L, G_QKV, SYM_X, SYM_WQKV, SYM_BQKV, SYM_NONE, SYM_QKV,
+        add_gemm(L, G_QKV, SYM_X, SYM_WQKV, bqkv, SYM_NONE, SYM_QKV,
                  SYM_NONE, SYM_NONE, SYM_NONE);
         add_step(L, STEP_ATTN, 0);
-        add_junction(L, ja, G_A_RES, N_A_PLAIN, SYM_ATT, SYM_WO, SYM_BO, SYM_X,
+        add_junction(L, ja, G_A_RES, N_A_PLAIN, SYM_ATT, SYM_WO, bo, SYM_X,
                      SYM_H, SYM_NONE, SYM_G1, SYM_BE1);
-        add_gemm(L, G_FFN1, SYM_H, SYM_W1, SYM_B1, SYM_NONE, SYM_F, SYM_NONE,
+        add_gemm(L, G_FFN1, SYM_H, SYM_W1, b1, SYM_NONE, SYM_F, SYM_NONE,
                  SYM_NONE, SYM_NONE);
-        add_junction(L, jb, G_B_RES, N_B_PLAIN, SYM_F, SYM_W2, SYM_B2, SYM_H,
+        add_junction(L, jb, G_B_RES, N_B_PLAIN, SYM_F, SYM_W2, b2, SYM_H,
                      SYM_Y, SYM_NONE, SYM_G2, SYM_BE2);
     } else {
         add_norm(L, N_IN, SYM_X, SYM_NONE, SYM_NONE, SYM_N, SYM_NONE, SYM_G1,
                  SYM_BE1);
-        add_gemm(L, G_QKV, SYM_N, SYM_WQKV, SYM_BQKV, SYM_NONE, SYM_QKV,
+        add_gemm(L, G_QKV, SYM_N, SYM_WQKV, bqkv, SYM_NONE, SYM_QKV,
                  SYM_NONE, SYM_NONE, SYM_NONE);
         add_step(L, STEP_ATTN, 0);
-        add_junction(L, ja, G_A_RES, N_A_PLAIN, SYM_ATT, SYM_WO, SYM_BO, SYM_X,
+        add_junction(L, ja, G_A_RES, N_A_PLAIN, SYM_ATT, SYM_WO, bo, SYM_X,
                      SYM_N, SYM_H, SYM_G2, SYM_BE2);
-        add_gemm(L, G_FFN1, SYM_N, SYM_W1, SYM_B1, SYM_NONE, SYM_F, SYM_NONE,
+        add_gemm(L, G_FFN1, SYM_N, SYM_W1, b1, SYM_NONE, SYM_F, SYM_NONE,
                  SYM_NONE, SYM_NONE);
-        add_gemm(L, G_B_RES, SYM_F, SYM_W2, SYM_B2, SYM_H, SYM_Y, SYM_NONE,
+        add_gemm(L, G_B_RES, SYM_F, SYM_W2, b2, SYM_H, SYM_Y, SYM_NONE,
                  SYM_NONE, SYM_NONE);
     }
 }
@@ -458,6 +465,17 @@ static stof_status weights_ptrs(stof_layer *L, const stof_layer_weights *w,
         const int is_beta = t[i].sym == SYM_BE1 || t[i].sym == SYM_BE2;
         if (is_beta && L->d.norm == STOF_NORM_RMS)
             continue;
+        const int is_bias = t[i].sym == SYM_BQKV || t[i].sym == SYM_BO ||
+                            t[i].sym == SYM_B1 || t[i].sym == SYM_B2;
+        if (is_bias && L->d.no_bias) {
+            if (t[i].p)
+                return (stof_status)layer_fail(
+                    L, STOF_ERR_INVALID_ARGUMENT,
+                    "weights.%s is set but the layer was planned without "
+                    "biases (desc.no_bias)",
+                    t[i].name);
+            continue;
+        }
         if (!t[i].p)
             return (stof_status)layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
                                            "weights.%s is NULL", t[i].name);
@@ -942,11 +960,12 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
     for (int i = 0; steps && i < L->n_steps; i++)
         json_array_append_new(steps, describe_step(L, &L->steps[i]));
     json_t *o = json_pack(
-        "{s:{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:s, s:i, s:o},"
+        "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:s, s:s, s:s, s:i, s:o},"
         " s:s, s:s, s:o, s:o, s:o, s:o, s:{s:s, s:s, s:i}, s:o}",
         "desc", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
         "heads", d->heads, "kv_heads",
-        d->kv_heads > 0 ? d->kv_heads : d->heads, "ffn", d->ffn, "dtype",
+        d->kv_heads > 0 ? d->kv_heads : d->heads, "biases", !d->no_bias,
+        "ffn", d->ffn, "dtype",
         stof__layer_dtype_str(d->dtype), "act", acts[d->act], "norm",
         d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm", "pre_norm",
         d->pre_norm, "eps", jnum((double)L->eps), "key", L->key, "source",

@@ -50,6 +50,10 @@ void stof__layer_key(stof_layer *L, const char *mask_hex)
     if (d->kv_heads > 0 && d->kv_heads != d->heads)
         snprintf(L->key_text + kl, sizeof(L->key_text) - kl, ";kv_heads=%d",
                  d->kv_heads);
+    /* Layers without biases only, likewise. */
+    const size_t kn = strlen(L->key_text);
+    if (d->no_bias)
+        snprintf(L->key_text + kn, sizeof(L->key_text) - kn, ";no_bias=1");
     hash_key(L->key_text, L->key);
 }
 
