@@ -165,7 +165,10 @@ typedef struct stof_settings {
 } stof_settings;
 
 /* Fill `s` with the defaults. Always call it before changing fields, so that
- * fields added in later versions get their defaults. Thread-safe. */
+ * fields added in later versions get their defaults. Thread-safe. The
+ * environment sets one default: $STOF_TUNING_MODE = default, cache-only
+ * or force gives tuning_mode (a program that sets the field wins); any
+ * other value makes stof_open fail with STOF_ERR_INVALID_ARGUMENT. */
 STOF_API void stof_default_settings(stof_settings *s /* OUT */);
 
 /* Open a context. On success *ctx is a new context. On failure *ctx is still

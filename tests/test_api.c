@@ -4,6 +4,7 @@
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "stof.h"
@@ -77,6 +78,41 @@ Test(api, bad_settings_are_named)
     cr_assert_eq(stof_open(&ctx, &s), STOF_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(stof_errmsg(ctx), "tuning_mode"), "%s", stof_errmsg(ctx));
     stof_close(&ctx);
+}
+
+/* $STOF_TUNING_MODE sets the default tuning mode; a field set by the
+ * program wins; a value naming no mode makes stof_open fail by name
+ * (each Criterion test runs in its own process). */
+Test(api, tuning_mode_from_the_environment)
+{
+    stof_settings s;
+    unsetenv("STOF_TUNING_MODE");
+    stof_default_settings(&s);
+    cr_assert_eq(s.tuning_mode, STOF_TUNE_DEFAULT);
+    static const struct {
+        const char *v;
+        stof_tuning_mode m;
+    } ok[] = {{"cache-only", STOF_TUNE_CACHE_ONLY},
+              {"force", STOF_TUNE_FORCE},
+              {"default", STOF_TUNE_DEFAULT},
+              {"", STOF_TUNE_DEFAULT}};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(*ok); i++) {
+        cr_assert_eq(setenv("STOF_TUNING_MODE", ok[i].v, 1), 0);
+        stof_default_settings(&s);
+        cr_assert_eq(s.tuning_mode, ok[i].m, "%s", ok[i].v);
+    }
+    cr_assert_eq(setenv("STOF_TUNING_MODE", "force", 1), 0);
+    stof_default_settings(&s);
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_OK, "%s", stof_errmsg(ctx));
+    stof_close(&ctx);
+    cr_assert_eq(setenv("STOF_TUNING_MODE", "cache_only", 1), 0);
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "STOF_TUNING_MODE=cache_only"), "%s",
+              stof_errmsg(ctx));
+    stof_close(&ctx);
+    unsetenv("STOF_TUNING_MODE");
 }
 
 Test(api, device_required_but_absent_or_present)

@@ -622,11 +622,12 @@ class Context:
     """A stof context on one CUDA device (default: torch's current one)."""
 
     def __init__(self, device=None, require_device=True, user_db=None,
-                 system_dbs=(), tuning_mode="default", budget_s=0.0):
+                 system_dbs=(), tuning_mode=None, budget_s=0.0):
         """user_db: tuning database path (None: the default location, "":
         none); system_dbs: read-only databases under it; tuning_mode:
         "default" (tune misses), "cache-only" (never tune; record misses) or
-        "force" (always re-tune); budget_s: tuning budget per problem."""
+        "force" (always re-tune); None: $STOF_TUNING_MODE, else "default";
+        budget_s: tuning budget per problem."""
         lib = _load()
         s = _Settings()
         lib.stof_default_settings(ctypes.byref(s))
@@ -639,9 +640,11 @@ class Context:
         s.device = int(device)
         s.require_device = 1 if require_device else 0
         modes = {"default": 0, "cache-only": 1, "force": 2}
-        if tuning_mode not in modes:
-            raise ValueError("tuning_mode must be one of %s" % sorted(modes))
-        s.tuning_mode = modes[tuning_mode]
+        if tuning_mode is not None:  # None: the library's ($STOF_TUNING_MODE)
+            if tuning_mode not in modes:
+                raise ValueError("tuning_mode must be one of %s"
+                                 % sorted(modes))
+            s.tuning_mode = modes[tuning_mode]
         s.tuning_budget_s = float(budget_s)
         # Keep the encoded strings alive for the duration of stof_open.
         self._db_bytes = user_db.encode() if user_db is not None else None

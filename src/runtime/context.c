@@ -9,6 +9,20 @@
 #include <string.h>
 #include <time.h>
 
+/* $STOF_TUNING_MODE (default, cache-only or force): the default tuning
+ * mode; -1 when unset or empty, -2 when it names no mode. */
+static int env_tuning_mode(void)
+{
+    const char *e = getenv("STOF_TUNING_MODE");
+    if (!e || !*e)
+        return -1;
+    static const char *const names[] = {"default", "cache-only", "force"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(e, names[i]) == 0)
+            return i;
+    return -2;
+}
+
 void stof_default_settings(stof_settings *s)
 {
     if (!s)
@@ -16,7 +30,9 @@ void stof_default_settings(stof_settings *s)
     memset(s, 0, sizeof(*s));
     s->device = 0;
     s->require_device = 0;
-    s->tuning_mode = STOF_TUNE_DEFAULT;
+    const int env_mode = env_tuning_mode();
+    s->tuning_mode = env_mode >= 0 ? (stof_tuning_mode)env_mode
+                                   : STOF_TUNE_DEFAULT;
     s->tuning_budget_s = 0.0;
     s->compile_threads = 0;
     s->log_level = STOF_LOG_WARN;
@@ -167,6 +183,14 @@ static stof_status open_context(stof_context **out, const stof_settings *s,
         ctx->settings = *s;
     else
         stof_default_settings(&ctx->settings);
+    if (env_tuning_mode() == -2) {
+        ctx->settings.user_db = NULL;
+        ctx->settings.system_dbs = NULL;
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "STOF_TUNING_MODE=%s: expected default, "
+                          "cache-only or force",
+                          getenv("STOF_TUNING_MODE"));
+    }
     stof_status st = check_settings(ctx);
     if (st != STOF_OK) {
         ctx->settings.user_db = NULL;
