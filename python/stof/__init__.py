@@ -49,6 +49,14 @@ __all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
            "StofError", "library_path", "alibi_slopes", "pad_bias",
            "LAYER_WEIGHT_NAMES"]
 
+
+def __getattr__(name):
+    """stof.__version__: the loaded library's version (stof_version_string),
+    read when first asked for, so importing stof loads nothing."""
+    if name == "__version__":
+        return _load().stof_version_string().decode()
+    raise AttributeError("module 'stof' has no attribute %r" % name)
+
 _STATUS_BUFFER_TOO_SMALL = 10
 _STATUS_UNSUPPORTED = 6
 _STACK_GRAPH = 1  # STOF_STACK_GRAPH

@@ -259,6 +259,11 @@ def main():
     lib = stof._load()
     version = lib.stof_version_string().decode()
     assert version.count(".") == 2, version
+    # stof.__version__ is the library's, and the build's (meson's project
+    # version, passed by the test's environment).
+    assert stof.__version__ == version, (stof.__version__, version)
+    want = os.environ.get("STOF_EXPECT_VERSION")
+    assert not want or version == want, (version, want)
     ctx = stof.Context(require_device=False, user_db="")
     print("stof", version, "library", stof.library_path())
     check_bias_library(lib, ctx)
