@@ -86,6 +86,11 @@ def library_path():
     return "libstof.so.0"
 
 
+# stof_log_fn: (user, level, message).
+_LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+_LOG_LEVELS = {"error": 0, "warn": 1, "info": 2, "debug": 3}
+
+
 class _Settings(ctypes.Structure):
     _fields_ = [
         ("device", ctypes.c_int),
@@ -630,12 +635,17 @@ class Context:
     """A stof context on one CUDA device (default: torch's current one)."""
 
     def __init__(self, device=None, require_device=True, user_db=None,
-                 system_dbs=(), tuning_mode=None, budget_s=0.0):
+                 system_dbs=(), tuning_mode=None, budget_s=0.0, log=None,
+                 log_level="info"):
         """user_db: tuning database path (None: the default location, "":
         none); system_dbs: read-only databases under it; tuning_mode:
         "default" (tune misses), "cache-only" (never tune; record misses) or
         "force" (always re-tune); None: $STOF_TUNING_MODE, else "default";
-        budget_s: tuning budget per problem."""
+        budget_s: tuning budget per problem. log: None ($STOF_LOG then
+        sends messages to stderr), or a callable log(level, message) that
+        receives the library's messages up to log_level ("error", "warn",
+        "info", "debug"): a cold plan's progress (candidates ranked,
+        compiled, each timed, the winner) comes at "info"."""
         lib = _load()
         s = _Settings()
         lib.stof_default_settings(ctypes.byref(s))
@@ -654,6 +664,21 @@ class Context:
                                  % sorted(modes))
             s.tuning_mode = modes[tuning_mode]
         s.tuning_budget_s = float(budget_s)
+        self._log_cb = None  # the C callback lives as long as the context
+        if log is not None:
+            if not callable(log):
+                raise TypeError("log must be a callable log(level, message)")
+            if log_level not in _LOG_LEVELS:
+                raise ValueError("log_level must be one of %s"
+                                 % sorted(_LOG_LEVELS, key=_LOG_LEVELS.get))
+            names = {v: k for k, v in _LOG_LEVELS.items()}
+
+            def forward(user, level, msg):
+                log(names.get(level, str(level)),
+                    msg.decode(errors="replace") if msg else "")
+            self._log_cb = _LOG_FN(forward)
+            s.log_fn = ctypes.cast(self._log_cb, ctypes.c_void_p)
+            s.log_level = _LOG_LEVELS[log_level]
         # Keep the encoded strings alive for the duration of stof_open.
         self._db_bytes = user_db.encode() if user_db is not None else None
         s.user_db = self._db_bytes

@@ -253,6 +253,26 @@ def check_bias_library(lib, ctx):
     assert lib.stof_attention_run_ex(None, None, None) == 1
 
 
+def check_log_callback():
+    """Context(log=...) receives the library's messages with their level:
+    opening one logs what became of the device (its name, or why there is
+    no GPU), at "info" or above."""
+    got = []
+    lctx = stof.Context(require_device=False, user_db="",
+                        log=lambda level, msg: got.append((level, msg)),
+                        log_level="debug")
+    assert got, "opening a context logged nothing"
+    assert all(lv in ("error", "warn", "info", "debug") and isinstance(m, str)
+               and m for lv, m in got), got
+    assert any("device" in m or "CUDA" in m or "GPU" in m for _, m in got), got
+    lctx.mask("causal", 8, 8)
+    expect_error(lambda: stof.Context(require_device=False, log=42), TypeError,
+                 "callable")
+    expect_error(lambda: stof.Context(require_device=False, log=print,
+                                      log_level="loud"), ValueError, "log_level")
+    lctx.close()
+
+
 def main():
     check_score_mods()
     check_bias()
@@ -266,6 +286,7 @@ def main():
     assert not want or version == want, (version, want)
     ctx = stof.Context(require_device=False, user_db="")
     print("stof", version, "library", stof.library_path())
+    check_log_callback()
     check_bias_library(lib, ctx)
 
     # Masks from specs: shapes and counts.
