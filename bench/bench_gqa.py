@@ -54,6 +54,13 @@ def main():
             p = ctx.attention_plan(q, k, v, m, out=out)
             pe = ctx.attention_plan(q, ke, ve, m, out=out2)
             r["kernel"] = p.describe().get("kernel")
+            # The two searches may choose different kernels (then the
+            # outputs differ in rounding, and so may the times).
+            cfg = lambda pl: {k: v for k, v in pl.describe().get("params", {}).items()
+                              if k not in ("HEAD_DIM", "DTYPE")}
+            r["config"], r["config_expanded"] = cfg(p), cfg(pe)
+            r["same_kernel"] = (r["kernel"] == pe.describe().get("kernel")
+                                and r["config"] == r["config_expanded"])
             r["stof_gqa_ms"] = bench(lambda: p.run(q, k, v, out))
             r["stof_expanded_ms"] = bench(lambda: pe.run(q, ke, ve, out2))
             pe.run(q, ke, ve, out2)
@@ -82,14 +89,14 @@ def main():
             rows.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
     print()
-    print("| B x H (KV) x N x D | mask | kernel | stof GQA ms | stof expanded ms | Flex (enable_gqa) ms | SDPA (enable_gqa) ms | expanded / GQA | Flex / stof | SDPA / stof | equal | err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| B x H (KV) x N x D | mask | kernel | stof GQA ms | stof expanded ms | Flex (enable_gqa) ms | SDPA (enable_gqa) ms | expanded / GQA | Flex / stof | SDPA / stof | same kernel | equal | err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         f, s = r.get("flex_ms", float("nan")), r.get("sdpa_ms", float("nan"))
         print(f"| {r['shape']} | {r['mask']} | {r['kernel']} | {r['stof_gqa_ms']:.3f} | "
               f"{r['stof_expanded_ms']:.3f} | {f:.3f} | {s:.3f} | "
               f"{r['stof_expanded_ms'] / r['stof_gqa_ms']:.2f} | {f / r['stof_gqa_ms']:.2f} | "
-              f"{s / r['stof_gqa_ms']:.2f} | {r['gqa_equals_expanded']} | "
+              f"{s / r['stof_gqa_ms']:.2f} | {r['same_kernel']} | {r['gqa_equals_expanded']} | "
               f"{r.get('stof_err', float('nan')):.1e} |")
     if args.json:
         with open(args.json, "w") as fh:

@@ -58,11 +58,13 @@
 // alignment slack):
 //   sQ   BLOCK_M x HEAD_DIM: HEAD_DIM/64 column blocks of 128 rows x 128 B
 //        (TMA / wgmma 128-byte swizzle: 16-byte chunk c of row r stored at
-//        chunk c ^ (r & 7)); reused to stage O at the end
+//        chunk c ^ (r & 7)); reused to stage O at the end (PERSIST: two
+//        such buffers, one per work item in turn)
 //   sK   STAGES x (HEAD_DIM/64 column blocks of BLOCK_N rows x 128 B)
 //   sV   the same
 //   sB   STAGES x BLOCK_M x BLOCK_N/32 words (partial tiles' bitmaps)
-//   bar  1 + 4*STAGES mbarriers (Q, fullK, fullV, emptyK, emptyV)
+//   bar  1 + 4*STAGES mbarriers (Q, fullK, fullV, emptyK, emptyV; PERSIST:
+//        + the second Q buffer's full, both buffers' empty)
 //   meta STAGES x {key block (gather: list tile), kind}
 //   idx  (GATHER only) 2 slots x {K, V} x BLOCK_N u32 key row offsets
 //
@@ -120,6 +122,21 @@
 //   BIAS     0/1: plus the additive bias tensor (after the mask; block
 //            mode only; without SOFTCAP / ALIBI the raw scores get bias /
 //            scale and the softmax keeps its scale)
+//   PERSIST  0/1: the persistent kernel (block mode, not SPLIT; see
+//            "Persistent" below)
+// Persistent (PERSIST=1): the grid is at most one CTA per SM slot
+// (gridDim.x, gridDim.y = 1) and each CTA computes a share of the
+// n_row_blocks * batch * heads work items one after the other (dealt in
+// rounds, heavy row blocks first, see wg_persist_item). The producer loads
+// the next item's Q and K/V tiles as soon as their buffers are free, so
+// they arrive under the current item's last tiles and epilogue instead of
+// after the CTA's start: Q alternates between two buffers (sQ, sQ +
+// WG_Q_BYTES), each with a full barrier (the TMA, or a plain arrival for
+// an item without tiles) and an empty one (every consumer warp, after it
+// has stored the O staged in that buffer); the K/V slots and their phases
+// run on across items. The static schedule suits problems of many
+// similar row blocks (sliding windows, the public suite at 16k tokens);
+// the search times it against the one-CTA-per-item grid.
 // Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
 //
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_N=128,STAGES=3
@@ -134,6 +151,7 @@
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=1,BLOCK_N=64,STAGES=2 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BIAS=1 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SOFTCAP=1,BIAS=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,SPLIT=1,BIAS=1
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2,PERSIST=1 | HEAD_DIM=128,DTYPE=1,BLOCK_N=64,STAGES=3,OVERLAP=0,PERSIST=1 | HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=4,PERSIST=1,BIAS=1,ALIBI=1
 #include "stof_common.cuh"
 
 #ifndef HEAD_DIM
@@ -161,6 +179,9 @@
 #ifndef BLOCK_M
 #define BLOCK_M 128
 #endif
+#ifndef PERSIST
+#define PERSIST 0
+#endif
 #define WG_BLOCK_M BLOCK_M
 #define WG_NCW (BLOCK_M / 64)              // consumer warpgroups
 #define WG_THREADS (128 * (1 + WG_NCW))
@@ -170,11 +191,12 @@
 #define WG_KV_BYTES (BLOCK_N * HEAD_DIM * 2)   // one slot of K (or V)
 #define WG_WPR (BLOCK_N / 32)                  // bitmap words per tile row
 #define WG_BITS_BYTES (WG_BLOCK_M * WG_WPR * 4)
-#define WG_OFF_K (WG_Q_BYTES)
+#define WG_NQBUF (PERSIST ? 2 : 1)              // Q buffers
+#define WG_OFF_K (WG_NQBUF * WG_Q_BYTES)
 #define WG_OFF_V (WG_OFF_K + STAGES * WG_KV_BYTES)
 #define WG_OFF_B (WG_OFF_V + STAGES * WG_KV_BYTES)
 #define WG_OFF_BAR (WG_OFF_B + STAGES * WG_BITS_BYTES)
-#define WG_N_BARS (1 + 4 * STAGES)
+#define WG_N_BARS (1 + 4 * STAGES + (PERSIST ? 3 : 0))
 #define WG_OFF_META (WG_OFF_BAR + 8 * WG_N_BARS)
 #define WG_OFF_IDX (WG_OFF_META + 8 * STAGES)
 #if GATHER
@@ -204,6 +226,8 @@ static_assert(OVERLAP == 0 || OVERLAP == 1, "OVERLAP must be 0 or 1");
 static_assert(GATHER == 0 || GATHER == 1, "GATHER must be 0 or 1");
 static_assert(!(ALIBI && GATHER), "ALIBI needs block mode (key indices)");
 static_assert(!(BIAS && GATHER), "BIAS needs block mode (key indices)");
+static_assert(PERSIST == 0 || (PERSIST == 1 && !GATHER && !SPLIT),
+              "PERSIST needs block mode without SPLIT");
 static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
               "swizzle atoms must stay 1024-byte aligned");
 
@@ -813,6 +837,81 @@ __device__ __forceinline__ void wg_idx_store(unsigned *so, int j, int key,
 }
 #endif // GATHER
 
+// One CTA's work item: row block rb of (batch b, head h), its first tile
+// e0 in the format and its n non-empty tiles (split: this CTA's share,
+// from the row block's tile lo).
+struct wg_work {
+    int rb, b, h, hk, q0, e0, n, lo;
+};
+
+// Work item (x, bh): x indexes row_order (or is the row block), bh = b *
+// heads + h.
+__device__ __forceinline__ wg_work wg_work_at(const stof_attn_wgmma_params &p,
+                                              int x, int bh)
+{
+    wg_work w;
+    w.rb = p.row_order ? wg_ldg_i32(p.row_order + x) : x;
+    w.b = bh / p.heads;
+    w.h = bh - w.b * p.heads;
+    w.hk = p.kv_group > 1 ? w.h / p.kv_group : w.h; // K/V head (GQA)
+    w.q0 = w.rb * WG_BLOCK_M;
+    const int *rpb =
+        p.row_ptr +
+        (p.rp_stride >= 0
+             ? (stof_i64)w.b * p.rp_stride
+             : ((stof_i64)w.b * p.heads + w.h) * -(stof_i64)p.rp_stride);
+    w.e0 = wg_ldg_i32(rpb + w.rb);
+    w.n = wg_ldg_i32(rpb + w.rb + 1) - w.e0; // non-empty tiles
+    w.lo = 0;
+#if SPLIT
+    int hi; // split-KV: this CTA's share of the row block's tiles
+    stof_split_range(w.n, p.n_split, w.lo, hi);
+    w.e0 += w.lo;
+    w.n = hi - w.lo;
+#endif
+    return w;
+}
+
+// PERSIST: the kq-th work item of this CTA. The n_row_blocks * batch *
+// heads items are numbered by row_order position, then (b, h) (item =
+// position * batch * heads + b * heads + h: heavy row blocks of every head
+// first), and dealt in rounds of gridDim.x, every other round in reverse
+// (CTA x gets item x of round 0, gridDim.x - 1 - x of round 1, ...), so
+// that heavy-first orders leave every CTA about the same work. Items past
+// the last are >= n_items.
+__device__ __forceinline__ stof_i64 wg_persist_item(int kq)
+{
+    const stof_i64 g = gridDim.x;
+    const int x = blockIdx.x;
+    return (stof_i64)kq * g + ((kq & 1) ? g - 1 - x : x);
+}
+
+// The work items of this CTA: `for` over kq = 0, 1, ... with `item` the
+// item's number. PERSIST: as wg_persist_item; otherwise the one item of
+// the CTA.
+#if PERSIST
+#define WG_FOR_WORK(kq, item)                                                  \
+    for (int kq = 0, item = (int)wg_persist_item(0);                          \
+         wg_persist_item(kq) < (stof_i64)p.n_row_blocks * p.batch * p.heads;  \
+         kq++, item = (int)wg_persist_item(kq))
+#else
+#define WG_FOR_WORK(kq, item) for (int item = 0, kq = 0; kq < 1; kq++)
+#endif
+
+// The work item `item` of WG_FOR_WORK; without PERSIST the CTA's
+// (blockIdx.x, blockIdx.y).
+__device__ __forceinline__ wg_work wg_work_of(const stof_attn_wgmma_params &p,
+                                              int item)
+{
+#if PERSIST
+    const int bh_n = p.batch * p.heads;
+    return wg_work_at(p, item / bh_n, item % bh_n);
+#else
+    (void)item;
+    return wg_work_at(p, blockIdx.x, blockIdx.y);
+#endif
+}
+
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
 // ---------------------------------------------------------------------------
@@ -828,13 +927,6 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2; // 0 producer, 1.. consumers
-    const int rb = p.row_order ? wg_ldg_i32(p.row_order + blockIdx.x)
-                               : (int)blockIdx.x;
-    const int bh = blockIdx.y;
-    const int b = bh / p.heads, h = bh - b * p.heads;
-    const int hk = p.kv_group > 1 ? h / p.kv_group : h; // K/V head (GQA)
-    const int q0 = rb * WG_BLOCK_M;
-
     // Every offset below is from the first 1024-byte boundary.
     const unsigned raw = stof_smem_addr(wg_smem_raw);
     const unsigned pad = ((raw + 1023u) & ~1023u) - raw;
@@ -848,26 +940,22 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #define BAR_FULL_V(s) (bar_q + 8u * (1 + STAGES + (s)))
 #define BAR_EMPTY_K(s) (bar_q + 8u * (1 + 2 * STAGES + (s)))
 #define BAR_EMPTY_V(s) (bar_q + 8u * (1 + 3 * STAGES + (s)))
+    // Q buffer j (PERSIST: two, alternating over the work items): full
+    // (the producer's Q load, or a plain arrival for an item without
+    // tiles) and empty (PERSIST: every consumer warp once it has stored
+    // the item's O, staged through the buffer).
+#define BAR_Q_FULL(j) ((j) ? bar_q + 8u * (1 + 4 * STAGES) : bar_q)
+#define BAR_Q_EMPTY(j) (bar_q + 8u * (2 + 4 * STAGES + (j)))
     int *s_meta = (int *)(smem + WG_OFF_META); // [stage][2]: col, kind
 
-    const int *rpb =
-        p.row_ptr + (p.rp_stride >= 0
-                         ? (stof_i64)b * p.rp_stride
-                         : ((stof_i64)b * p.heads + h) * -(stof_i64)p.rp_stride);
-    int e0 = wg_ldg_i32(rpb + rb);
-    int n = wg_ldg_i32(rpb + rb + 1) - e0; // non-empty tiles
-#if SPLIT
-    int lo, hi; // split-KV: this CTA's share of the row block's tiles
-    stof_split_range(n, p.n_split, lo, hi);
-#else
-    const int lo = 0, hi = n;
-#endif
-    e0 += lo;
-    n = hi - lo;
 #if GATHER
+    // One work item (gather kernels are not persistent).
+    const wg_work w = wg_work_of(p, 0);
+    const int rb = w.rb, b = w.b, h = w.h, hk = w.hk, q0 = w.q0;
+    const int e0 = w.e0, n = w.n;
     // The compacted key list from this CTA's first tile (at most n tiles of
     // it); its length stands in for seq_k in the mask.
-    const int kb0 = wg_ldg_i32(p.key_ptr + rb) + lo * BLOCK_N;
+    const int kb0 = wg_ldg_i32(p.key_ptr + rb) + w.lo * BLOCK_N;
     const int klim = max(0, min(wg_ldg_i32(p.key_ptr + rb + 1) - kb0,
                                 n * BLOCK_N));
     // Arrivals: one cp.async.mbarrier.arrive.noinc per producer thread
@@ -893,6 +981,11 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             mb_init(BAR_EMPTY_K(s), 4 * WG_NCW);
             mb_init(BAR_EMPTY_V(s), 4 * WG_NCW);
         }
+#if PERSIST
+        mb_init(BAR_Q_FULL(1), 1);
+        mb_init(BAR_Q_EMPTY(0), 4 * WG_NCW);
+        mb_init(BAR_Q_EMPTY(1), 4 * WG_NCW);
+#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -976,59 +1069,78 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             cp_async_wait_all();
         }
 #else
-        if (warp == 0 && lane == 0 && n > 0) {
+        if (warp == 0 && lane == 0) {
             tma_prefetch_map(&p.tm_q);
             tma_prefetch_map(&p.tm_k);
             tma_prefetch_map(&p.tm_v);
-            mb_expect_tx(bar_q, WG_Q_BYTES);
-#pragma unroll
-            for (int db = 0; db < WG_DB; db++)
-                tma_load4(sQ + db * (WG_BLOCK_M * 128), &p.tm_q, db * 64, q0,
-                          h, b, bar_q);
-            int s = 0;
+            int s = 0;      // K/V slot and its phase, over all work items
             unsigned ph = 0;
-            // Tile metadata, loaded one tile ahead.
-            int col = wg_ldg_i32(p.col_idx + e0);
-            int kind = wg_ldg_u8(p.kind + e0);
-            int bidx = wg_ldg_i32(p.bitmap_idx + e0);
-            for (int t = 0; t < n; t++) {
-                int n_col = 0, n_kind = 0, n_bidx = 0;
-                if (t + 1 < n) {
-                    n_col = wg_ldg_i32(p.col_idx + e0 + t + 1);
-                    n_kind = wg_ldg_u8(p.kind + e0 + t + 1);
-                    n_bidx = wg_ldg_i32(p.bitmap_idx + e0 + t + 1);
-                }
-                const int part = kind == STOF_TILE_PARTIAL_;
-                if (t >= STAGES)
-                    mb_wait(BAR_EMPTY_K(s), ph ^ 1u);
-                s_meta[2 * s] = col;
-                s_meta[2 * s + 1] = kind;
-                mb_expect_tx(BAR_FULL_K(s),
-                             WG_KV_BYTES + (part ? WG_BITS_BYTES : 0));
+            int gt = 0;     // tiles loaded so far
+            WG_FOR_WORK(kq, item) {
+                const wg_work w = wg_work_of(p, item);
+                // Q into buffer kq & 1 (PERSIST: once the consumers have
+                // stored the O of the item that used it before).
+                const int j = PERSIST ? (kq & 1) : 0;
+                if (PERSIST && kq >= 2)
+                    mb_wait(BAR_Q_EMPTY(j), ((kq >> 1) - 1) & 1u);
+                if (w.n > 0) {
+                    mb_expect_tx(BAR_Q_FULL(j), WG_Q_BYTES);
 #pragma unroll
-                for (int db = 0; db < WG_DB; db++)
-                    tma_load4(sK + s * WG_KV_BYTES + db * (BLOCK_N * 128),
-                              &p.tm_k, db * 64, col * BLOCK_N,
-                              hk, b, BAR_FULL_K(s));
-                if (part)
-                    bulk_load(sB + s * WG_BITS_BYTES,
-                              p.bitmaps + (stof_i64)bidx * (WG_BLOCK_M * WG_WPR),
-                              WG_BITS_BYTES, BAR_FULL_K(s));
-                if (t >= STAGES)
-                    mb_wait(BAR_EMPTY_V(s), ph ^ 1u);
-                mb_expect_tx(BAR_FULL_V(s), WG_KV_BYTES);
-#pragma unroll
-                for (int db = 0; db < WG_DB; db++)
-                    tma_load4(sV + s * WG_KV_BYTES + db * (BLOCK_N * 128),
-                              &p.tm_v, db * 64, col * BLOCK_N,
-                              hk, b, BAR_FULL_V(s));
-                if (++s == STAGES) {
-                    s = 0;
-                    ph ^= 1u;
+                    for (int db = 0; db < WG_DB; db++)
+                        tma_load4(sQ + j * WG_Q_BYTES + db * (WG_BLOCK_M * 128),
+                                  &p.tm_q, db * 64, w.q0, w.h, w.b,
+                                  BAR_Q_FULL(j));
+                } else if (PERSIST) {
+                    mb_arrive(BAR_Q_FULL(j)); // nothing to load: zeros
                 }
-                col = n_col;
-                kind = n_kind;
-                bidx = n_bidx;
+                // Tile metadata, loaded one tile ahead.
+                const int e0 = w.e0, n = w.n;
+                int col = 0, kind = 0, bidx = 0;
+                if (n > 0) {
+                    col = wg_ldg_i32(p.col_idx + e0);
+                    kind = wg_ldg_u8(p.kind + e0);
+                    bidx = wg_ldg_i32(p.bitmap_idx + e0);
+                }
+                for (int t = 0; t < n; t++, gt++) {
+                    int n_col = 0, n_kind = 0, n_bidx = 0;
+                    if (t + 1 < n) {
+                        n_col = wg_ldg_i32(p.col_idx + e0 + t + 1);
+                        n_kind = wg_ldg_u8(p.kind + e0 + t + 1);
+                        n_bidx = wg_ldg_i32(p.bitmap_idx + e0 + t + 1);
+                    }
+                    const int part = kind == STOF_TILE_PARTIAL_;
+                    if (gt >= STAGES)
+                        mb_wait(BAR_EMPTY_K(s), ph ^ 1u);
+                    s_meta[2 * s] = col;
+                    s_meta[2 * s + 1] = kind;
+                    mb_expect_tx(BAR_FULL_K(s),
+                                 WG_KV_BYTES + (part ? WG_BITS_BYTES : 0));
+#pragma unroll
+                    for (int db = 0; db < WG_DB; db++)
+                        tma_load4(sK + s * WG_KV_BYTES + db * (BLOCK_N * 128),
+                                  &p.tm_k, db * 64, col * BLOCK_N, w.hk, w.b,
+                                  BAR_FULL_K(s));
+                    if (part)
+                        bulk_load(sB + s * WG_BITS_BYTES,
+                                  p.bitmaps +
+                                      (stof_i64)bidx * (WG_BLOCK_M * WG_WPR),
+                                  WG_BITS_BYTES, BAR_FULL_K(s));
+                    if (gt >= STAGES)
+                        mb_wait(BAR_EMPTY_V(s), ph ^ 1u);
+                    mb_expect_tx(BAR_FULL_V(s), WG_KV_BYTES);
+#pragma unroll
+                    for (int db = 0; db < WG_DB; db++)
+                        tma_load4(sV + s * WG_KV_BYTES + db * (BLOCK_N * 128),
+                                  &p.tm_v, db * 64, col * BLOCK_N, w.hk, w.b,
+                                  BAR_FULL_V(s));
+                    if (++s == STAGES) {
+                        s = 0;
+                        ph ^= 1u;
+                    }
+                    col = n_col;
+                    kind = n_kind;
+                    bidx = n_bidx;
+                }
             }
         }
 #endif
@@ -1048,111 +1160,65 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #else
     const float sl2 = p.scale_log2;
 #endif
+    const unsigned *s_bits = (const unsigned *)(smem + WG_OFF_B);
+    int s = 0;      // K/V slot and its phase, over all work items
+    unsigned ph = 0;
+
+    WG_FOR_WORK(kq, item) {
+#if !GATHER
+        const wg_work w = wg_work_of(p, item);
+        const int b = w.b, h = w.h, q0 = w.q0, n = w.n;
+#endif
+        // This item's Q buffer (its O is staged there at the end).
+        const int j = PERSIST ? (kq & 1) : 0;
+        const unsigned sQj = sQ + j * WG_Q_BYTES;
+        unsigned char *const smem_o = smem + j * WG_Q_BYTES;
 #if ALIBI
-    const float slope_l2 = p.alibi[h] * STOF_LOG2E;
+        const float slope_l2 = p.alibi[h] * STOF_LOG2E;
 #else
-    const float slope_l2 = 0.0f;
-    (void)slope_l2;
+        const float slope_l2 = 0.0f;
+        (void)slope_l2;
 #endif
 #if BIAS
-    const unsigned short *brow[2];
+        const unsigned short *brow[2];
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int gr = min(q0 + r0 + 8 * hh, p.seq_q - 1);
-        brow[hh] = p.bias + b * p.bias_stride[0] + h * p.bias_stride[1] +
-                   (stof_i64)gr * p.bias_stride[2];
-    }
-    unsigned bias_u[2][BLOCK_N / 8]; // the current tile's bias pairs
-    // S in log2 units after WG_MODS; else raw q.k, which the softmax
-    // scales (scale_log2 > 0: the wgmma kinds take no negative scale), so
-    // the bias comes in divided by the scale.
-    const float bias_mul =
-        (SOFTCAP || ALIBI) ? STOF_LOG2E : STOF_LOG2E / p.scale_log2;
-#endif
-    const unsigned *s_bits = (const unsigned *)(smem + WG_OFF_B);
-
-    float oacc[WG_ON], sacc[WG_SN];
-    unsigned pa[WG_PK][4];
-    float m_run[2] = {STOF_NEG_INF, STOF_NEG_INF}, l_run[2] = {0.0f, 0.0f};
-    float alpha[2];
-#pragma unroll
-    for (int i = 0; i < WG_ON; i++)
-        oacc[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < WG_SN; i++)
-        sacc[i] = 0.0f;
-
-    if (n > 0) {
-        // Descriptors of k-step 0: Q rows 64 cw.., K and V of slot 0.
-        const stof_u64 dq = wg_desc(sQ + cw * 64 * 128, 16, 1024);
-        const stof_u64 dk0 = wg_desc(sK, 16, 1024);
-        const stof_u64 dv0 = wg_desc(sV, BLOCK_N * 128, 1024);
-        const stof_u64 dslot = (stof_u64)(WG_KV_BYTES >> 4);
-        mb_wait(bar_q, 0);
-        WG_GFENCE();
-        int s = 0;
-        unsigned ph = 0;
-#if OVERLAP
-        // Tile 0: S, softmax, P (nothing to overlap with yet).
-        mb_wait(BAR_FULL_K(0), 0);
-        WG_GFENCE();
-        WG_BIAS_LOAD(s_meta[0]);
-        wg_fence();
-        wg_qk(sacc, dq, dk0);
-        wg_commit();
-        wg_wait<0>();
-        wg_keep(sacc);
-        WG_MODS(sacc, s_meta[0]);
-        wg_mask(sacc, s_meta[1], s_meta[0], s_bits, r0, tq, klim);
-        __syncwarp();
-        if (lane == 0)
-            mb_arrive(BAR_EMPTY_K(0));
-        WG_BIAS(sacc);
-        wg_softmax(sacc, m_run, l_run, alpha, sl2);
-        wg_convert(sacc, pa);
-        for (int t = 1; t < n; t++) {
-            const int ps = s;
-            const unsigned pph = ph;
-            if (++s == STAGES) {
-                s = 0;
-                ph ^= 1u;
-            }
-            mb_wait(BAR_FULL_K(s), ph);
-            WG_BIAS_LOAD(s_meta[2 * s]);
-            mb_wait(BAR_FULL_V(ps), pph);
-            WG_GFENCE();
-            wg_fence();
-            wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
-            wg_commit();
-            wg_pv(oacc, pa, dv0 + (stof_u64)ps * dslot);
-            wg_commit();
-            wg_wait<1>(); // S(t) done; P(t-1) V(t-1) may still run
-            wg_keep(sacc);
-            WG_MODS(sacc, s_meta[2 * s]);
-            wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
-                    s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
-            __syncwarp();
-            if (lane == 0)
-                mb_arrive(BAR_EMPTY_K(s));
-            WG_BIAS(sacc);
-            wg_softmax(sacc, m_run, l_run, alpha, sl2);
-            wg_wait<0>();
-            wg_keep(oacc);
-            __syncwarp();
-            if (lane == 0)
-                mb_arrive(BAR_EMPTY_V(ps));
-            wg_rescale(oacc, alpha);
-            wg_convert(sacc, pa);
+        for (int hh = 0; hh < 2; hh++) {
+            const int gr = min(q0 + r0 + 8 * hh, p.seq_q - 1);
+            brow[hh] = p.bias + b * p.bias_stride[0] + h * p.bias_stride[1] +
+                       (stof_i64)gr * p.bias_stride[2];
         }
-        mb_wait(BAR_FULL_V(s), ph);
-        WG_GFENCE();
-        wg_fence();
-        wg_pv(oacc, pa, dv0 + (stof_u64)s * dslot);
-        wg_commit();
-        wg_wait<0>();
-        wg_keep(oacc);
-#else
-        for (int t = 0; t < n; t++) {
+        unsigned bias_u[2][BLOCK_N / 8]; // the current tile's bias pairs
+        // S in log2 units after WG_MODS; else raw q.k, which the softmax
+        // scales (scale_log2 > 0: the wgmma kinds take no negative scale), so
+        // the bias comes in divided by the scale.
+        const float bias_mul =
+            (SOFTCAP || ALIBI) ? STOF_LOG2E : STOF_LOG2E / p.scale_log2;
+#endif
+
+        float oacc[WG_ON], sacc[WG_SN];
+        unsigned pa[WG_PK][4];
+        float m_run[2] = {STOF_NEG_INF, STOF_NEG_INF}, l_run[2] = {0.0f, 0.0f};
+        float alpha[2];
+#pragma unroll
+        for (int i = 0; i < WG_ON; i++)
+            oacc[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < WG_SN; i++)
+            sacc[i] = 0.0f;
+
+        // PERSIST: an item without tiles completes its Q barrier too (the
+        // producer's plain arrival), so the buffer's phases stay in step.
+        if (n > 0 || PERSIST)
+            mb_wait(BAR_Q_FULL(j), PERSIST ? (kq >> 1) & 1u : 0u);
+        if (n > 0) {
+            // Descriptors of k-step 0: Q rows 64 cw.., K and V of slot 0.
+            const stof_u64 dq = wg_desc(sQj + cw * 64 * 128, 16, 1024);
+            const stof_u64 dk0 = wg_desc(sK, 16, 1024);
+            const stof_u64 dv0 = wg_desc(sV, BLOCK_N * 128, 1024);
+            const stof_u64 dslot = (stof_u64)(WG_KV_BYTES >> 4);
+            WG_GFENCE();
+#if OVERLAP
+            // Tile 0: S, softmax, P (nothing to overlap with yet).
             mb_wait(BAR_FULL_K(s), ph);
             WG_GFENCE();
             WG_BIAS_LOAD(s_meta[2 * s]);
@@ -1169,8 +1235,41 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                 mb_arrive(BAR_EMPTY_K(s));
             WG_BIAS(sacc);
             wg_softmax(sacc, m_run, l_run, alpha, sl2);
-            wg_rescale(oacc, alpha);
             wg_convert(sacc, pa);
+            for (int t = 1; t < n; t++) {
+                const int ps = s;
+                const unsigned pph = ph;
+                if (++s == STAGES) {
+                    s = 0;
+                    ph ^= 1u;
+                }
+                mb_wait(BAR_FULL_K(s), ph);
+                WG_BIAS_LOAD(s_meta[2 * s]);
+                mb_wait(BAR_FULL_V(ps), pph);
+                WG_GFENCE();
+                wg_fence();
+                wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
+                wg_commit();
+                wg_pv(oacc, pa, dv0 + (stof_u64)ps * dslot);
+                wg_commit();
+                wg_wait<1>(); // S(t) done; P(t-1) V(t-1) may still run
+                wg_keep(sacc);
+                WG_MODS(sacc, s_meta[2 * s]);
+                wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
+                        s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
+                __syncwarp();
+                if (lane == 0)
+                    mb_arrive(BAR_EMPTY_K(s));
+                WG_BIAS(sacc);
+                wg_softmax(sacc, m_run, l_run, alpha, sl2);
+                wg_wait<0>();
+                wg_keep(oacc);
+                __syncwarp();
+                if (lane == 0)
+                    mb_arrive(BAR_EMPTY_V(ps));
+                wg_rescale(oacc, alpha);
+                wg_convert(sacc, pa);
+            }
             mb_wait(BAR_FULL_V(s), ph);
             WG_GFENCE();
             wg_fence();
@@ -1181,102 +1280,148 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             __syncwarp();
             if (lane == 0)
                 mb_arrive(BAR_EMPTY_V(s));
-            if (++s == STAGES) {
+            if (++s == STAGES) { // the next item starts at the next slot
                 s = 0;
                 ph ^= 1u;
             }
-        }
+#else
+            for (int t = 0; t < n; t++) {
+                mb_wait(BAR_FULL_K(s), ph);
+                WG_GFENCE();
+                WG_BIAS_LOAD(s_meta[2 * s]);
+                wg_fence();
+                wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
+                wg_commit();
+                wg_wait<0>();
+                wg_keep(sacc);
+                WG_MODS(sacc, s_meta[2 * s]);
+                wg_mask(sacc, s_meta[2 * s + 1], s_meta[2 * s],
+                        s_bits + s * (WG_BLOCK_M * WG_WPR), r0, tq, klim);
+                __syncwarp();
+                if (lane == 0)
+                    mb_arrive(BAR_EMPTY_K(s));
+                WG_BIAS(sacc);
+                wg_softmax(sacc, m_run, l_run, alpha, sl2);
+                wg_rescale(oacc, alpha);
+                wg_convert(sacc, pa);
+                mb_wait(BAR_FULL_V(s), ph);
+                WG_GFENCE();
+                wg_fence();
+                wg_pv(oacc, pa, dv0 + (stof_u64)s * dslot);
+                wg_commit();
+                wg_wait<0>();
+                wg_keep(oacc);
+                __syncwarp();
+                if (lane == 0)
+                    mb_arrive(BAR_EMPTY_V(s));
+                if (++s == STAGES) {
+                    s = 0;
+                    ph ^= 1u;
+                }
+            }
 #endif
-    }
+        }
 
-    // ---- epilogue: O / l, staged through this warpgroup's own sQ rows -----
-    float inv[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        float l = l_run[hh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[hh] = l > 0.0f ? 1.0f / l : 0.0f; // no key -> zeros
-        const int gr = q0 + r0 + 8 * hh;
-#if SPLIT
-        float *lse_out = p.lse_part + (stof_i64)blockIdx.z * p.batch *
-                                          p.heads * p.seq_q;
-#else
-        float *lse_out = p.lse;
-#endif
-        if (lse_out && tq == 0 && gr < p.seq_q) {
-            // m_run is the row's max in log2 units (scores * sl2).
-#if GATHER
-            const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
-#else
-            const int orow = gr;
-#endif
-            lse_out[((stof_i64)b * p.heads + h) * p.seq_q + orow] =
-                l > 0.0f ? (m_run[hh] + log2f(l)) * 0.69314718f : STOF_NEG_INF;
-        }
-    }
-#if SPLIT
-    // Split-KV: every thread stores its own fragments of O / l in fp32 and
-    // stof_attn_combine writes the output.
-    {
-        const stof_i64 bh_rows = (stof_i64)p.batch * p.heads * p.seq_q;
+        // ---- epilogue: O / l, staged through this warpgroup's sQ rows ----
+        float inv[2];
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
+            float l = l_run[hh];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[hh] = l > 0.0f ? 1.0f / l : 0.0f; // no key -> zeros
             const int gr = q0 + r0 + 8 * hh;
-            if (gr >= p.seq_q)
-                continue;
-#if GATHER
-            const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
+#if SPLIT
+            float *lse_out = p.lse_part + (stof_i64)blockIdx.z * p.batch *
+                                              p.heads * p.seq_q;
 #else
-            const int orow = gr;
+            float *lse_out = p.lse;
 #endif
-            const stof_i64 row = (stof_i64)bh * p.seq_q + orow;
-#pragma unroll
-            for (int dt = 0; dt < HEAD_DIM / 8; dt++)
-                stof_split_store2(p.o_part, blockIdx.z, bh_rows, row,
-                                  8 * dt + 2 * tq,
-                                  oacc[4 * dt + 2 * hh] * inv[hh],
-                                  oacc[4 * dt + 2 * hh + 1] * inv[hh]);
-        }
-        return;
-    }
-#endif
-    // Every warp of the warpgroup has waited for its last wgmma: nothing
-    // reads these Q rows any more.
-    named_bar_sync(1 + cw, 128);
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int r = r0 + 8 * hh;
-#pragma unroll
-        for (int dt = 0; dt < HEAD_DIM / 8; dt++) {
-            const unsigned off = (dt >> 3) * (WG_BLOCK_M * 128) + r * 128 +
-                                 (((dt & 7) ^ (r & 7)) << 4) + 4 * tq;
-            *(unsigned *)(smem + off) =
-                stof_pack2(oacc[4 * dt + 2 * hh] * inv[hh],
-                         oacc[4 * dt + 2 * hh + 1] * inv[hh]);
-        }
-    }
-    named_bar_sync(1 + cw, 128);
-    unsigned short *og = p.o + b * p.o_stride[0] + h * p.o_stride[1];
-    constexpr int CPR = HEAD_DIM / 8; // 16-byte chunks per row
-    const int ti = tid & 127;
-#pragma unroll
-    for (int i = 0; i < 64 * CPR / 128; i++) {
-        const int idx = ti + 128 * i;
-        const int r = cw * 64 + idx / CPR, c = idx % CPR;
-        const int gr = q0 + r;
-        if (gr < p.seq_q) {
-            const unsigned off =
-                (c >> 3) * (WG_BLOCK_M * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-            const uint4 v4 = *(const uint4 *)(smem + off);
+            if (lse_out && tq == 0 && gr < p.seq_q) {
+                // m_run is the row's max in log2 units (scores * sl2).
 #if GATHER
-            const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
+                const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
 #else
-            const int orow = gr;
+                const int orow = gr;
 #endif
-            *(uint4 *)(og + (stof_i64)orow * p.o_stride[2] + c * 8) = v4;
+                lse_out[((stof_i64)b * p.heads + h) * p.seq_q + orow] =
+                    l > 0.0f ? (m_run[hh] + log2f(l)) * 0.69314718f
+                             : STOF_NEG_INF;
+            }
         }
-    }
+#if SPLIT
+        // Split-KV: every thread stores its own fragments of O / l in fp32 and
+        // stof_attn_combine writes the output.
+        {
+            const stof_i64 bh_rows = (stof_i64)p.batch * p.heads * p.seq_q;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int gr = q0 + r0 + 8 * hh;
+                if (gr >= p.seq_q)
+                    continue;
+#if GATHER
+                const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
+#else
+                const int orow = gr;
+#endif
+                const stof_i64 row =
+                    ((stof_i64)b * p.heads + h) * p.seq_q + orow;
+#pragma unroll
+                for (int dt = 0; dt < HEAD_DIM / 8; dt++)
+                    stof_split_store2(p.o_part, blockIdx.z, bh_rows, row,
+                                      8 * dt + 2 * tq,
+                                      oacc[4 * dt + 2 * hh] * inv[hh],
+                                      oacc[4 * dt + 2 * hh + 1] * inv[hh]);
+            }
+            return;
+        }
+#endif
+        // Every warp of the warpgroup has waited for its last wgmma: nothing
+        // reads these Q rows any more.
+        named_bar_sync(1 + cw, 128);
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = r0 + 8 * hh;
+#pragma unroll
+            for (int dt = 0; dt < HEAD_DIM / 8; dt++) {
+                const unsigned off = (dt >> 3) * (WG_BLOCK_M * 128) + r * 128 +
+                                     (((dt & 7) ^ (r & 7)) << 4) + 4 * tq;
+                *(unsigned *)(smem_o + off) =
+                    stof_pack2(oacc[4 * dt + 2 * hh] * inv[hh],
+                             oacc[4 * dt + 2 * hh + 1] * inv[hh]);
+            }
+        }
+        named_bar_sync(1 + cw, 128);
+        unsigned short *og = p.o + b * p.o_stride[0] + h * p.o_stride[1];
+        constexpr int CPR = HEAD_DIM / 8; // 16-byte chunks per row
+        const int ti = tid & 127;
+#pragma unroll
+        for (int i = 0; i < 64 * CPR / 128; i++) {
+            const int idx = ti + 128 * i;
+            const int r = cw * 64 + idx / CPR, c = idx % CPR;
+            const int gr = q0 + r;
+            if (gr < p.seq_q) {
+                const unsigned off =
+                    (c >> 3) * (WG_BLOCK_M * 128) + r * 128 +
+                    (((c & 7) ^ (r & 7)) << 4);
+                const uint4 v4 = *(const uint4 *)(smem_o + off);
+#if GATHER
+                const int orow = p.q_rows ? wg_ldg_i32_nv(p.q_rows + gr) : gr;
+#else
+                const int orow = gr;
+#endif
+                *(uint4 *)(og + (stof_i64)orow * p.o_stride[2] + c * 8) = v4;
+            }
+        }
+#if PERSIST
+        // This warp has read its staged O: the buffer may take a later item's
+        // Q (a TMA write, ordered after these generic-proxy accesses).
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0)
+            mb_arrive(BAR_Q_EMPTY(j));
+#endif
+    } // WG_FOR_WORK
 #else
     __trap(); // needs sm_90a (wgmma, setmaxnreg)
 #endif

@@ -396,3 +396,49 @@ Test(cost, split_and_modifier_rules)
     cr_assert(stof__wgmma_cfg_valid(NULL, 128, &w, why, sizeof(why)), "%s",
               why);
 }
+
+/* The persistent wgmma kernel: ranked in block mode only and never split;
+ * on many short row blocks (a 256-key sliding window at 16k tokens) it is
+ * predicted faster than the same cfg launched one CTA per row block,
+ * whose every CTA pays its start and epilogue in the open. */
+Test(cost, persistent_kernel_is_ranked_for_short_row_blocks)
+{
+    stof_context *ctx = open_fake_h100();
+    ctx->device.ok = 1; /* the model reads the fields only */
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "sliding:256", 16384, 16384, &m),
+                 STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 16, 16384, 16384, 64, STOF_DTYPE_BF16,
+                             STOF_LAYOUT_BHSD);
+    stof_candidate c[512];
+    int k = 0;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 512, &k), STOF_OK);
+    int n_persist = 0;
+    for (int i = 0; i < k; i++) {
+        if (!c[i].wcfg.persist)
+            continue;
+        n_persist++;
+        cr_assert_eq(c[i].kind, STOF_KERNEL_WGMMA);
+        cr_assert_eq(c[i].splits, 0);
+        /* The same cfg, one CTA per row block. */
+        int found = 0;
+        for (int j = 0; j < k && !found; j++) {
+            const stof_wgmma_cfg *a = &c[i].wcfg, *b = &c[j].wcfg;
+            if (c[j].kind != STOF_KERNEL_WGMMA || b->persist ||
+                c[j].splits || a->block_n != b->block_n ||
+                a->stages != b->stages ||
+                stof__wgmma_block_m(a) != stof__wgmma_block_m(b))
+                continue;
+            found = 1;
+            cr_assert_lt(c[i].predicted_ms, c[j].predicted_ms,
+                         "persistent %dx%d s%d %.4f ms vs %.4f",
+                         stof__wgmma_block_m(a), a->block_n, a->stages,
+                         c[i].predicted_ms, c[j].predicted_ms);
+        }
+        cr_assert(found);
+    }
+    cr_assert_gt(n_persist, 0);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}

@@ -225,6 +225,50 @@ Test(trust, split_counts_in_records_are_read_and_checked)
     stof__db_record_clear(&r);
 }
 
+/* Records of the persistent wgmma kernel say so ("persist": 1); older
+ * records have no such field (not persistent). Other kernels, split
+ * counts and values other than 0 / 1 are refused. */
+Test(trust, persistent_flag_in_records_is_read_and_checked)
+{
+    static const struct {
+        const char *kernel, *tail;
+        int ok, persist;
+    } cases[] = {
+        {"wgmma", "}", 1, 0},
+        {"wgmma", ",\"persist\":0}", 1, 0},
+        {"wgmma", ",\"persist\":1}", 1, 1},
+        {"wgmma", ",\"persist\":2}", 0, 0},
+        {"wgmma", ",\"persist\":\"1\"}", 0, 0},
+        {"wgmma", ",\"splits\":4,\"persist\":1}", 0, 0},
+        {"wgmma-gather", ",\"persist\":1}", 0, 0},
+        {"block", ",\"persist\":1}", 0, 0},
+        {"block", ",\"persist\":0}", 1, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        stof_db_record r;
+        tu_record_fill(&r, 40 + i, 128);
+        snprintf(r.kernel, sizeof(r.kernel), "%s", cases[i].kernel);
+        if (cases[i].kernel[0] == 'w')
+            snprintf(r.arch, sizeof(r.arch), "sm_90a");
+        snprintf(r.config, sizeof(r.config),
+                 "{\"kind\":\"%s\",\"block_m\":%d,\"block_n\":64,"
+                 "\"warps\":%d,\"stages\":2,\"overlap\":1,\"group\":0%s",
+                 cases[i].kernel, cases[i].kernel[0] == 'w' ? 128 : 64,
+                 cases[i].kernel[0] == 'w' ? 12 : 4, cases[i].tail);
+        stof__db_record_hash(&r, r.content_hash);
+        char why[256] = "";
+        stof_candidate c;
+        cr_assert_eq(stof__attention_record_candidate(&r, &c, why,
+                                                      sizeof(why)),
+                     cases[i].ok, "%s %s: %s", r.kernel, r.config, why);
+        if (cases[i].ok)
+            cr_assert_eq(c.wcfg.persist, cases[i].persist, "%s", r.config);
+        else
+            cr_assert(strstr(why, "persist"), "%s: %s", r.config, why);
+        stof__db_record_clear(&r);
+    }
+}
+
 Test(trust, lookup_skips_damaged_and_crafted_records)
 {
     stof_context *ctx = ctx_new();

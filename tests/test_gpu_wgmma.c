@@ -50,28 +50,39 @@ typedef struct wg_cfg {
 
 /* The template's STOF_VARIANTS. */
 static const wg_cfg configs[] = {
-    {64, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0, 0}},  /* 0 */
-    {64, STOF_DTYPE_BF16, {128, 3, 1, 0, 0, 0, 0}},  /* 1 */
-    {128, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0, 0}}, /* 2 */
-    {128, STOF_DTYPE_BF16, {128, 2, 1, 0, 0, 0, 0}}, /* 3 */
-    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 0, 0, 0}},   /* 4 */
-    {128, STOF_DTYPE_BF16, {64, 3, 1, 0, 0, 0, 0}},  /* 5 */
-    {64, STOF_DTYPE_BF16, {128, 2, 0, 0, 0, 0, 0}},  /* 6: no overlap */
-    {128, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0, 0}},  /* 7: no overlap */
+    {64, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0, 0, 0}},  /* 0 */
+    {64, STOF_DTYPE_BF16, {128, 3, 1, 0, 0, 0, 0, 0}},  /* 1 */
+    {128, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0, 0, 0}}, /* 2 */
+    {128, STOF_DTYPE_BF16, {128, 2, 1, 0, 0, 0, 0, 0}}, /* 3 */
+    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 0, 0, 0, 0}},   /* 4 */
+    {128, STOF_DTYPE_BF16, {64, 3, 1, 0, 0, 0, 0, 0}},  /* 5 */
+    {64, STOF_DTYPE_BF16, {128, 2, 0, 0, 0, 0, 0, 0}},  /* 6: no overlap */
+    {128, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0, 0, 0}},  /* 7: no overlap */
     /* gather mode (GATHER=1) */
-    {64, STOF_DTYPE_FP16, {128, 2, 1, 1, 0, 0, 0}},  /* 8 */
-    {128, STOF_DTYPE_BF16, {128, 2, 1, 1, 0, 0, 0}}, /* 9 */
-    {64, STOF_DTYPE_BF16, {64, 4, 1, 1, 0, 0, 0}},   /* 10 */
-    {128, STOF_DTYPE_FP16, {64, 2, 0, 1, 0, 0, 0}},  /* 11: no overlap */
+    {64, STOF_DTYPE_FP16, {128, 2, 1, 1, 0, 0, 0, 0}},  /* 8 */
+    {128, STOF_DTYPE_BF16, {128, 2, 1, 1, 0, 0, 0, 0}}, /* 9 */
+    {64, STOF_DTYPE_BF16, {64, 4, 1, 1, 0, 0, 0, 0}},   /* 10 */
+    {128, STOF_DTYPE_FP16, {64, 2, 0, 1, 0, 0, 0, 0}},  /* 11: no overlap */
     /* 64 query rows per CTA (BLOCK_M=64) */
-    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 64, 0, 0}},   /* 12 */
-    {128, STOF_DTYPE_BF16, {64, 2, 1, 0, 64, 0, 0}},  /* 13 */
-    {64, STOF_DTYPE_BF16, {128, 2, 1, 1, 64, 0, 0}},  /* 14: gather */
-    {128, STOF_DTYPE_FP16, {64, 2, 1, 1, 64, 0, 0}},  /* 15: gather */
+    {64, STOF_DTYPE_FP16, {64, 4, 1, 0, 64, 0, 0, 0}},   /* 12 */
+    {128, STOF_DTYPE_BF16, {64, 2, 1, 0, 64, 0, 0, 0}},  /* 13 */
+    {64, STOF_DTYPE_BF16, {128, 2, 1, 1, 64, 0, 0, 0}},  /* 14: gather */
+    {128, STOF_DTYPE_FP16, {64, 2, 1, 1, 64, 0, 0, 0}},  /* 15: gather */
     /* head_dim 256: 128-row CTAs, 64-key tiles, two stages */
-    {256, STOF_DTYPE_BF16, {64, 2, 1, 0, 0, 0, 0}},   /* 16 */
-    {256, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0, 0}},   /* 17: no overlap */
+    {256, STOF_DTYPE_BF16, {64, 2, 1, 0, 0, 0, 0, 0}},   /* 16 */
+    {256, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0, 0, 0}},   /* 17: no overlap */
+    /* persistent (PERSIST=1), launched with a few CTAs only so that each
+     * walks many work items, empty row blocks included */
+    {64, STOF_DTYPE_FP16, {128, 2, 1, 0, 0, 0, 0, 1}},  /* 18 */
+    {128, STOF_DTYPE_BF16, {64, 3, 1, 0, 0, 0, 0, 1}},  /* 19 */
+    {64, STOF_DTYPE_BF16, {64, 4, 1, 0, 64, 0, 0, 1}},  /* 20: 64 rows */
+    {128, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0, 0, 1}},  /* 21: no overlap */
 };
+
+/* CTAs of a persistent test launch: fewer than the work items of most
+ * cases (3 and 5 alternate, so the items' Q buffers alternate in both
+ * parities per CTA). */
+#define PERSIST_TEST_CTAS(i) (3 + 2 * ((i) % 2))
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
  *   "#single"  each row i allows exactly key (7 i + 3) mod seq_k, so the
@@ -131,17 +142,18 @@ static const char *dt_name(stof_dtype dt)
  * with_order: heavy-first row order; qperm (gather only): the format is
  * built on permuted_mask() and the kernel gets the permutation. */
 static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
-                     const wg_case *c, int with_order, int qperm, tu_rng *rng)
+                     const wg_case *c, int with_order, int qperm, int ctas,
+                     tu_rng *rng)
 {
     const stof_api *api = stof__api();
     const int gather = k->c.gather;
     char tag[256];
     snprintf(tag, sizeof(tag),
-             "[%s d=%d %s bm=%d bn=%d s=%d ov=%d%s%s] %s %dx%dx%dx%d "
-             "layout=%d",
+             "[%s d=%d %s bm=%d bn=%d s=%d ov=%d ctas=%d%s%s] %s "
+             "%dx%dx%dx%d layout=%d",
              gather ? "gather" : "block", k->head_dim, dt_name(k->dtype),
              stof__wgmma_block_m(&k->c), k->c.block_n, k->c.stages,
-             k->c.overlap,
+             k->c.overlap, ctas,
              with_order ? " ordered" : "", qperm ? " qperm" : "", c->spec,
              c->batch, c->heads, c->seq_q, c->seq_k, (int)c->layout);
 
@@ -215,9 +227,11 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
         st = stof__wgmma_gather_launch(fn, &k->c, k->head_dim, &d, 0.0f, &rf,
                                        dord, dperm, dq, dk, dv, dout, NULL,
                                        api);
-    else
-        st = stof__wgmma_launch(fn, &k->c, k->head_dim, &d, 0.0f, &bf, dord,
-                                dq, dk, dv, dout, NULL, api);
+    else {
+        const stof_attn_ext x = {.ctas = ctas};
+        st = stof__wgmma_launch_ex(fn, &k->c, k->head_dim, &d, 0.0f, &bf,
+                                   dord, dq, dk, dv, dout, &x, NULL, api);
+    }
     cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag, stof_status_str(st));
     CUresult r = api->cuCtxSynchronize();
     const char *en = NULL;
@@ -360,7 +374,7 @@ static void run_config(int idx)
                      k->c.gather &&
                          ((i / 2) % 2 || strncmp(cases[i].spec, "dilated",
                                                  7) == 0),
-                     &rng);
+                     k->c.persist ? PERSIST_TEST_CTAS(i) : 0, &rng);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     ctx->api->cuModuleUnload(mod);
     stof__ctx_pop(ctx);
@@ -388,8 +402,12 @@ WGMMA_CONFIG_TEST(14)
 WGMMA_CONFIG_TEST(15)
 WGMMA_CONFIG_TEST(16)
 WGMMA_CONFIG_TEST(17)
+WGMMA_CONFIG_TEST(18)
+WGMMA_CONFIG_TEST(19)
+WGMMA_CONFIG_TEST(20)
+WGMMA_CONFIG_TEST(21)
 
-_Static_assert(sizeof(configs) / sizeof(*configs) == 18,
+_Static_assert(sizeof(configs) / sizeof(*configs) == 22,
                "one WGMMA_CONFIG_TEST per configuration");
 
 /* The host-side rules, the row order, and the launch's argument checks (no
@@ -397,29 +415,29 @@ _Static_assert(sizeof(configs) / sizeof(*configs) == 18,
 Test(gpu, wgmma_cfg_rules_and_launch_checks)
 {
     char why[256];
-    const stof_wgmma_cfg ok = {128, 2, 1, 0, 0, 0, 0};
+    const stof_wgmma_cfg ok = {128, 2, 1, 0, 0, 0, 0, 0};
     cr_expect(stof__wgmma_cfg_valid(NULL, 64, &ok, why, sizeof(why)), "%s",
               why);
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 96, &ok, why, sizeof(why)));
     cr_expect(strstr(why, "head_dim"), "%s", why);
     /* head_dim 256: 128 x 64 tiles, two stages, block mode only. */
-    const stof_wgmma_cfg d256 = {64, 2, 1, 0, 0, 0, 0};
+    const stof_wgmma_cfg d256 = {64, 2, 1, 0, 0, 0, 0, 0};
     cr_expect(stof__wgmma_cfg_valid(NULL, 256, &d256, why, sizeof(why)),
               "%s", why);
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &ok, why, sizeof(why)));
     cr_expect(strstr(why, "head_dim 256"), "%s", why);
-    const stof_wgmma_cfg d256g = {64, 2, 1, 1, 0, 0, 0};
+    const stof_wgmma_cfg d256g = {64, 2, 1, 1, 0, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &d256g, why, sizeof(why)));
-    const stof_wgmma_cfg d256m = {64, 2, 1, 0, 64, 0, 0};
+    const stof_wgmma_cfg d256m = {64, 2, 1, 0, 64, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 256, &d256m, why, sizeof(why)));
-    const stof_wgmma_cfg bn32 = {32, 2, 1, 0, 0, 0, 0};
+    const stof_wgmma_cfg bn32 = {32, 2, 1, 0, 0, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &bn32, why, sizeof(why)));
     cr_expect(strstr(why, "block_n"), "%s", why);
-    const stof_wgmma_cfg st1 = {128, 1, 1, 0, 0, 0, 0};
+    const stof_wgmma_cfg st1 = {128, 1, 1, 0, 0, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &st1, why, sizeof(why)));
     cr_expect(strstr(why, "stages"), "%s", why);
     /* d=128: 3 x 64 KiB of K/V */
-    const stof_wgmma_cfg big = {128, 3, 1, 0, 0, 0, 0};
+    const stof_wgmma_cfg big = {128, 3, 1, 0, 0, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 128, &big, why, sizeof(why)));
     cr_expect(strstr(why, "shared memory"), "%s", why);
     /* Q 16 KiB + K,V 2 x 2 x 16 KiB + bitmaps 2 x 2 KiB + 9 barriers +
@@ -427,23 +445,55 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
     cr_expect_eq(stof__wgmma_smem_bytes(64, &ok),
                  16384u + 65536u + 4096u + 72u + 16u + 1024u);
     /* Gather: + 2 slots x (K, V) x 128 row offsets. */
-    const stof_wgmma_cfg g = {128, 2, 1, 1, 0, 0, 0};
+    const stof_wgmma_cfg g = {128, 2, 1, 1, 0, 0, 0, 0};
     cr_expect(stof__wgmma_cfg_valid(NULL, 64, &g, why, sizeof(why)), "%s",
               why);
     cr_expect_eq(stof__wgmma_smem_bytes(64, &g),
                  16384u + 65536u + 4096u + 72u + 16u + 2048u + 1024u);
-    const stof_wgmma_cfg g2 = {128, 2, 1, 2, 0, 0, 0};
+    const stof_wgmma_cfg g2 = {128, 2, 1, 2, 0, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &g2, why, sizeof(why)));
     cr_expect(strstr(why, "gather"), "%s", why);
     /* 64 rows: Q 8 KiB, bitmaps 2 x 1 KiB; block_m 32 is refused. */
-    const stof_wgmma_cfg m64 = {128, 2, 1, 0, 64, 0, 0};
+    const stof_wgmma_cfg m64 = {128, 2, 1, 0, 64, 0, 0, 0};
     cr_expect_eq(stof__wgmma_block_m(&m64), 64);
     cr_expect_eq(stof__wgmma_block_m(&ok), 128);
     cr_expect_eq(stof__wgmma_smem_bytes(64, &m64),
                  8192u + 65536u + 2048u + 72u + 16u + 1024u);
-    const stof_wgmma_cfg m32 = {128, 2, 1, 0, 32, 0, 0};
+    const stof_wgmma_cfg m32 = {128, 2, 1, 0, 32, 0, 0, 0};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &m32, why, sizeof(why)));
     cr_expect(strstr(why, "block_m"), "%s", why);
+    /* Persistent: a second Q buffer and three more barriers; block mode
+     * without split only; at d=256 it does not fit. */
+    const stof_wgmma_cfg pe = {128, 2, 1, 0, 0, 0, 0, 1};
+    cr_expect(stof__wgmma_cfg_valid(NULL, 64, &pe, why, sizeof(why)), "%s",
+              why);
+    cr_expect_eq(stof__wgmma_smem_bytes(64, &pe),
+                 2u * 16384u + 65536u + 4096u + 72u + 24u + 16u + 1024u);
+    const stof_wgmma_cfg peg = {128, 2, 1, 1, 0, 0, 0, 1};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &peg, why, sizeof(why)));
+    cr_expect(strstr(why, "persistent"), "%s", why);
+    const stof_wgmma_cfg pes = {128, 2, 1, 0, 0, 1, 0, 1};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &pes, why, sizeof(why)));
+    cr_expect(strstr(why, "persistent"), "%s", why);
+    const stof_wgmma_cfg pe2 = {128, 2, 1, 0, 0, 0, 0, 2};
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &pe2, why, sizeof(why)));
+    cr_expect(strstr(why, "persist"), "%s", why);
+    const stof_wgmma_cfg pe256 = {64, 2, 1, 0, 0, 0, 0, 1};
+    cr_expect_not(
+        stof__wgmma_cfg_valid(NULL, 256, &pe256, why, sizeof(why)));
+    cr_expect(strstr(why, "shared memory"), "%s", why);
+    /* CTAs of a persistent launch: one per SM, two for 64-row CTAs that
+     * fit twice (d=64, 64 keys, 4 stages: 85 KB). */
+    stof_device dv132 = {.ok = 1, .sm_count = 132};
+    cr_expect_eq(stof__wgmma_persist_ctas(&dv132, 64, &pe), 132);
+    const stof_wgmma_cfg pm = {64, 4, 1, 0, 64, 0, 0, 1};
+    cr_expect_eq(stof__wgmma_persist_ctas(&dv132, 64, &pm), 264);
+    /* d=128, 128 keys, 2 stages: 164 KB, once per SM. */
+    const stof_wgmma_cfg pmb = {128, 2, 1, 0, 64, 0, 0, 1};
+    cr_expect(stof__wgmma_cfg_valid(NULL, 128, &pmb, why, sizeof(why)), "%s",
+              why);
+    cr_expect_eq(stof__wgmma_persist_ctas(&dv132, 128, &pmb), 132);
+    cr_expect_eq(stof__wgmma_persist_ctas(NULL, 64, &pe), 1);
 
     /* Heavy-first order of a causal mask: the last row block first. */
     stof_context *ctx = open_or_skip();
@@ -471,7 +521,7 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
     const CUfunction fake = (CUfunction)(uintptr_t)1;
     const stof_api *api = stof__api();
     /* ok has block_n 128 = the format's: only the other checks fail. */
-    const stof_wgmma_cfg bn64 = {64, 2, 1, 0, 0, 0, 0};
+    const stof_wgmma_cfg bn64 = {64, 2, 1, 0, 0, 0, 0, 0};
     cr_expect_eq(stof__wgmma_launch(fake, &bn64, 64, &d, 0.0f, &bf, 0, 256,
                                     256, 256, 256, NULL, api),
                  STOF_ERR_INVALID_ARGUMENT);
@@ -517,7 +567,7 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
                                            256, 264, 256, 256, NULL, api),
                  STOF_ERR_INVALID_ARGUMENT);
     /* block_n 64 against the 128-key format; a k stride of 68. */
-    const stof_wgmma_cfg g64 = {64, 2, 1, 1, 0, 0, 0};
+    const stof_wgmma_cfg g64 = {64, 2, 1, 1, 0, 0, 0, 0};
     cr_expect_eq(stof__wgmma_gather_launch(fake, &g64, 64, &d, 0.0f, &rf, 0,
                                            0, 256, 256, 256, 256, NULL, api),
                  STOF_ERR_INVALID_ARGUMENT);

@@ -77,6 +77,10 @@ static int ctas_per_sm(const stof_device *dev, int head_dim,
 #define GAMMA_GATHER 1.03
 /* Per-CTA fixed cost in tile units: loading Q, the epilogue, the start. */
 #define TAU0_TILES 1.5
+/* The persistent kernel's fixed cost per work item after its first: the
+ * next item's Q and first tiles load under the current one's last tiles
+ * and epilogue; what remains is the pipeline's refill at the boundary. */
+#define TAU0_PERSIST_TILES 0.5
 #define LAUNCH_US 4.0
 
 typedef struct slot_heap {
@@ -172,6 +176,34 @@ static double makespan_us(double *w, int nrb, int64_t bh, int slots, int o,
     return makespan;
 }
 
+/* makespan_us for the persistent kernel, as its static schedule
+ * (attn_wgmma.cu, wg_persist_item): the items ordered by row block
+ * (heaviest first with heavy_first), then (batch, head), dealt to the
+ * slots in rounds, every other round in reverse; each CTA pays TAU0_TILES
+ * once and TAU0_PERSIST_TILES per item. */
+static double makespan_persist_us(double *w, int nrb, int64_t bh, int slots,
+                                  int o, double tau, int heavy_first)
+{
+    if (heavy_first)
+        qsort(w, (size_t)nrb, sizeof(double), cmp_desc);
+    double *t = calloc((size_t)slots, sizeof(double));
+    if (!t)
+        return INFINITY;
+    int64_t idx = 0;
+    for (int i = 0; i < nrb; i++)
+        for (int64_t b = 0; b < bh; b++, idx++) {
+            const int64_t round = idx / slots, pos = idx % slots;
+            t[round & 1 ? slots - 1 - pos : pos] +=
+                o * (w[i] + TAU0_PERSIST_TILES) * tau;
+        }
+    double makespan = 0.0;
+    for (int i = 0; i < slots; i++)
+        if (t[i] > makespan)
+            makespan = t[i];
+    free(t);
+    return makespan + o * (TAU0_TILES - TAU0_PERSIST_TILES) * tau;
+}
+
 /* DRAM bandwidth of the device in bytes per microsecond, a little under
  * the peak (H100 SXM 3.35 TB/s, H200 4.8: 3.0e6 is safe for both; A100
  * 1.5-2.0 TB/s). */
@@ -218,12 +250,13 @@ static double tile_mem_us(const stof_device *dev, const stof_attention_desc *d,
 /* The model's time in ms of a kernel with the given per-tile time (tau,
  * us) and CTAs per SM (o) on format f (row work by `wkind`, mask cost mu),
  * its row blocks' tiles split over `splits` CTAs each (0/1: not split;
- * then a merge pass reads the partials); heavy_first as makespan_us.
+ * then a merge pass reads the partials); heavy_first as makespan_us;
+ * persist: the persistent schedule (makespan_persist_us, never split).
  * *total: the row work of one (batch, head) in tiles. */
 static double predict_ms(const stof_device *dev, const stof_attention_desc *d,
                          const stof_format *f, int wkind, int block_n,
                          double tau, int o, double mu, int heavy_first,
-                         int splits, double *total)
+                         int persist, int splits, double *total)
 {
     double *w = row_work(f, wkind, block_n, mu, total);
     if (!w)
@@ -242,8 +275,12 @@ static double predict_ms(const stof_device *dev, const stof_attention_desc *d,
                 ws[(size_t)i * s + z] = w[i] / s;
     }
     const int slots = dev->sm_count * o > 0 ? dev->sm_count * o : 1;
-    double us = makespan_us(ws, nrb * s, (int64_t)d->batch * d->heads, slots,
-                            o, tau, heavy_first) +
+    const int64_t bh = (int64_t)d->batch * d->heads;
+    double us = (persist && s == 1
+                     ? makespan_persist_us(ws, nrb, bh, slots, o, tau,
+                                           heavy_first)
+                     : makespan_us(ws, nrb * s, bh, slots, o, tau,
+                                   heavy_first)) +
                 LAUNCH_US;
     if (s > 1) {
         /* The partials: written by the kernel, read by the merge (fp32
@@ -273,7 +310,7 @@ static double predict_block(const stof_device *dev,
     double total = 0.0;
     splits = splits > 1 ? splits : 0;
     const double ms = predict_ms(dev, d, f, kind, cfg->block_n, tau, o,
-                                 MU_PARTIAL, 0, splits, &total);
+                                 MU_PARTIAL, 0, 0, splits, &total);
     if (out) {
         memset(out, 0, sizeof(*out));
         out->kind = kind;
@@ -339,7 +376,8 @@ static double predict_wgmma(const stof_device *dev,
     splits = splits > 1 ? splits : 0;
     const double ms = predict_ms(
         dev, d, f, wc->gather ? STOF_KERNEL_ROWWISE : STOF_KERNEL_BLOCK,
-        wc->block_n, tau, o, MU_PARTIAL_WGMMA, 1, splits, &total);
+        wc->block_n, tau, o, MU_PARTIAL_WGMMA, 1, wc->persist, splits,
+        &total);
     if (out) {
         memset(out, 0, sizeof(*out));
         out->kind = wc->gather ? STOF_KERNEL_WGMMA_GATHER : STOF_KERNEL_WGMMA;
@@ -515,10 +553,12 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
             for (int g = 0; wgmma_ok && g < 2; g++) {
                 if ((g == 0 && group > 1) || (g == 1 && !rowwise_ok))
                     continue;
-                for (int y = 0; y < 3; y++) {
-                    stof_wgmma_cfg wc = {.block_n = bns[b], .stages = 2 + y,
-                                         .overlap = 1, .gather = g,
-                                         .block_m = bms[a], .mods = mods};
+                /* Block mode also as the persistent kernel (not split). */
+                for (int y = 0; y < 3 * (2 - g); y++) {
+                    stof_wgmma_cfg wc = {.block_n = bns[b],
+                                         .stages = 2 + y % 3, .overlap = 1,
+                                         .gather = g, .block_m = bms[a],
+                                         .mods = mods, .persist = y >= 3};
                     if (!stof__wgmma_cfg_valid(&ctx->device, d->head_dim, &wc,
                                                NULL, 0))
                         continue;
@@ -527,7 +567,8 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                         goto oom;
                     stof__cost_predict_wgmma(&ctx->device, d, f, &wc, slot);
                     slot->group = group;
-                    if (add_splits(&ctx->device, d, f, all, count, cap))
+                    if (!wc.persist &&
+                        add_splits(&ctx->device, d, f, all, count, cap))
                         goto oom;
                 }
             }

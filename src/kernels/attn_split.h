@@ -31,6 +31,7 @@ typedef struct stof_attn_ext {
     CUdeviceptr o_part, lse_part;
     CUdeviceptr alibi;
     CUdeviceptr bias;
+    int ctas; /* persistent kernels: CTAs to launch (0: one per work item) */
 } stof_attn_ext;
 
 /* Score modifiers (stof_block_cfg.mods, stof_wgmma_cfg.mods): the kernel

@@ -70,6 +70,8 @@ size_t stof__wgmma_smem_bytes(int head_dim, const stof_wgmma_cfg *c)
     bytes += 2u * s * (size_t)c->block_n * row;                /* K, V */
     bytes += s * bm * (size_t)(c->block_n / 32) * 4u;          /* bits */
     bytes += 8u * (1u + 4u * s);                               /* mbarriers */
+    if (c->persist)
+        bytes += bm * row + 8u * 3u;           /* second Q, its barriers */
     bytes += 8u * s;                                           /* meta */
     if (c->gather)
         bytes += 2u * 2u * (size_t)c->block_n * 4u;            /* offsets */
@@ -96,6 +98,12 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n, "overlap %d: must be 0 or 1", c->overlap);
     if (!stof__attn_options_valid(c->gather, c->split, c->mods, why, n))
         return 0;
+    if (c->persist != 0 && c->persist != 1)
+        return stof__why(why, n, "persist %d: must be 0 or 1", c->persist);
+    if (c->persist && (c->gather || c->split))
+        return stof__why(why, n,
+                         "the persistent kernel is block mode only, without "
+                         "split-KV");
     if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
         return stof__why(why, n, "block_m %d: must be 64 or 128 (0: 128)",
                        c->block_m);
@@ -127,6 +135,17 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
 int stof__wgmma_device_ok(const stof_device *dev)
 {
     return dev && dev->ok && dev->cc_major == 9 && dev->cc_minor == 0;
+}
+
+int stof__wgmma_persist_ctas(const stof_device *dev, int head_dim,
+                             const stof_wgmma_cfg *c)
+{
+    const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 1;
+    /* 228 KB of shared memory per SM on cc 9.0, 1 KB of it reserved per
+     * CTA. */
+    const size_t smem = stof__wgmma_smem_bytes(head_dim, c) + 1024u;
+    const int two = stof__wgmma_block_m(c) == 64 && 2u * smem <= 228u * 1024u;
+    return sms * (two ? 2 : 1);
 }
 
 /* Check (head_dim, dt, c) for this device; STOF_OK or a recorded error. */
@@ -171,14 +190,16 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
     snprintf(d_bn, sizeof(d_bn), "BLOCK_N=%d", c->block_n);
     snprintf(d_s, sizeof(d_s), "STAGES=%d", c->stages);
     snprintf(d_o, sizeof(d_o), "OVERLAP=%d", c->overlap);
-    /* GATHER and BLOCK_M are defined only when they differ from the
-     * defaults: the 128-row block-mode kernels compile from exactly the
-     * defines they always had. */
+    /* GATHER, BLOCK_M and PERSIST are defined only when they differ from
+     * the defaults: the 128-row block-mode kernels compile from exactly
+     * the defines they always had. */
     const char *defs[12] = {d_hd, d_dt, d_bn, d_s, d_o};
     int n_defs =
         stof__attn_option_defines(c->gather, c->split, c->mods, defs, 5);
     if (stof__wgmma_block_m(c) == 64)
         defs[n_defs++] = "BLOCK_M=64";
+    if (c->persist)
+        defs[n_defs++] = "PERSIST=1";
     return (stof_status)stof__jit_compile(ctx, "attn_wgmma.cu", defs, n_defs,
                                           "sm_90a", cubin, size);
 }
@@ -385,11 +406,21 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
     set_out(&p, d, x);
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
+    unsigned gx = (unsigned)bf->n_row_blocks,
+             gy = (unsigned)(d->batch * d->heads);
+    if (c->persist) {
+        /* One CTA per SM slot at most, each walking the work items. */
+        const int64_t items = (int64_t)gx * gy;
+        if (items > INT32_MAX)
+            return STOF_ERR_INVALID_ARGUMENT;
+        gx = x && x->ctas > 0 && x->ctas < items ? (unsigned)x->ctas
+                                                 : (unsigned)items;
+        gy = 1;
+    }
     void *args[] = {&p};
     CUresult r = api->cuLaunchKernel(
-        fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), gz,
-        128u + 2u * (unsigned)stof__wgmma_block_m(c), 1, 1, (unsigned)smem, s,
-        args, NULL);
+        fn, gx, gy, gz, 128u + 2u * (unsigned)stof__wgmma_block_m(c), 1, 1,
+        (unsigned)smem, s, args, NULL);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 

@@ -37,6 +37,12 @@ typedef struct stof_wgmma_cfg {
     int block_m;
     int split; /* 1: the split-KV kernel (SPLIT=1, attn_split.h) */
     int mods;  /* STOF_MOD_* (attn_split.h): SOFTCAP=1 / ALIBI=1 builds */
+    /* 1: the persistent kernel (PERSIST=1; block mode, not split): a grid
+     * of at most one CTA per SM slot (stof__wgmma_persist_ctas, passed as
+     * stof_attn_ext.ctas) walks the row blocks of every (batch, head), the
+     * next one's Q and first K/V tiles loading under the current one's
+     * last tiles and epilogue (two Q buffers). */
+    int persist;
 } stof_wgmma_cfg;
 
 /* The query rows per CTA of c: 64 or 128 (block_m 0 counts as 128). */
@@ -54,9 +60,16 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
 /* 1 when `dev` can run the kernel (usable, compute capability 9.0). */
 int stof__wgmma_device_ok(const stof_device *dev);
 
+/* The CTAs of a persistent launch of c on dev: one per SM, two for 64-row
+ * CTAs whose shared memory fits twice (the registers allow two); at
+ * least 1. */
+int stof__wgmma_persist_ctas(const stof_device *dev, int head_dim,
+                             const stof_wgmma_cfg *c);
+
 /* Dynamic shared memory of one CTA in bytes, with bm = stof__wgmma_block_m:
- *   bm*head_dim*2 (Q) + 2 * stages*block_n*head_dim*2 (K, V)
- *   + stages*bm*(block_n/32)*4 (bitmaps) + 8*(1 + 4*stages) (mbarriers)
+ *   bm*head_dim*2 (Q; twice when persist) + 2 * stages*block_n*head_dim*2
+ *   (K, V) + stages*bm*(block_n/32)*4 (bitmaps) + 8*(1 + 4*stages
+ *   (+ 3 when persist)) (mbarriers)
  *   + 8*stages (meta) + (gather ? 2*2*block_n*4 : 0) (key row offsets)
  *   + 1024 (alignment slack: the kernel aligns its buffers to 1024 bytes
  * for the 128-byte swizzle). 0 for a NULL cfg. */
@@ -84,9 +97,10 @@ stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
                              const stof_wgmma_cfg *c, CUmodule *mod /* OUT */,
                              CUfunction *fn /* OUT */);
 
-/* Enqueue the kernel on stream `s`: grid (bf->n_row_blocks, batch * heads),
- * 128 + 2 * block_m threads, stof__wgmma_smem_bytes() of dynamic shared
- * memory. Builds
+/* Enqueue the kernel on stream `s`: grid (bf->n_row_blocks, batch * heads)
+ * (persistent cfgs: min(x->ctas, n_row_blocks * batch * heads) CTAs, or one
+ * per row block and head when x or x->ctas is 0), 128 + 2 * block_m
+ * threads, stof__wgmma_smem_bytes() of dynamic shared memory. Builds
  * the three TMA tensor maps (q, k, v over (head_dim, seq, heads, batch))
  * from the pointers and d's strides with cuTensorMapEncodeTiled, resolved
  * from the already loaded libcuda.

@@ -30,12 +30,12 @@ static json_t *describe_kernel(const stof_plan *p, const char *dt,
     json_t *j;
     if (p->kind >= STOF_KERNEL_WGMMA) {
         *tpl = "attn_wgmma.cu";
-        j = json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}", "HEAD_DIM",
-                      d->head_dim, "DTYPE", dt, "BLOCK_M",
+        j = json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
+                      "HEAD_DIM", d->head_dim, "DTYPE", dt, "BLOCK_M",
                       stof__wgmma_block_m(&p->wcfg), "BLOCK_N",
                       p->wcfg.block_n, "STAGES", p->wcfg.stages, "OVERLAP",
                       p->wcfg.overlap, "GATHER", p->wcfg.gather, "ROW_GROUP",
-                      group);
+                      group, "PERSIST", p->wcfg.persist);
     } else {
         *tpl = "attn_block.cu";
         j = json_pack("{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i}", "HEAD_DIM",

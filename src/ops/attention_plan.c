@@ -53,12 +53,15 @@ static const char *layout_str(stof_layout l)
 static void cand_to_json(const stof_candidate *c, char *buf, size_t n)
 {
     stof__json_text(
-        json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "kind",
-                  stof__kernel_kind_name(c->kind), "block_m", c->cfg.block_m,
-                  "block_n", c->cfg.block_n, "warps", c->cfg.warps, "stages",
-                  c->cfg.stages, "overlap", c->wcfg.overlap, "group",
-                  c->group, "splits", c->splits > 1 ? c->splits : 0, "mods",
-                  c->kind >= STOF_KERNEL_WGMMA ? c->wcfg.mods : c->cfg.mods),
+        json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
+                  "kind", stof__kernel_kind_name(c->kind), "block_m",
+                  c->cfg.block_m, "block_n", c->cfg.block_n, "warps",
+                  c->cfg.warps, "stages", c->cfg.stages, "overlap",
+                  c->wcfg.overlap, "group", c->group, "splits",
+                  c->splits > 1 ? c->splits : 0, "mods",
+                  c->kind >= STOF_KERNEL_WGMMA ? c->wcfg.mods : c->cfg.mods,
+                  "persist", c->kind >= STOF_KERNEL_WGMMA ? c->wcfg.persist
+                                                           : 0),
         buf, n);
 }
 
@@ -118,6 +121,16 @@ int stof__attention_record_candidate(const stof_db_record *r,
         return stof__why(why, n, "score modifiers %d are out of range",
                          mods);
     c->cfg.mods = c->wcfg.mods = mods;
+    /* The persistent wgmma kernel (older records: not persistent). */
+    static const char *const pkey[] = {"persist"};
+    int persist = 0;
+    if (strstr(r->config, "\"persist\"") &&
+        !stof__json_ints(r->config, pkey, 1, &persist))
+        return stof__why(why, n, "unreadable persist flag");
+    if (persist != 0 && (persist != 1 || c->kind != STOF_KERNEL_WGMMA))
+        return stof__why(why, n, "persist %d is out of range for %s", persist,
+                         r->kernel);
+    c->wcfg.persist = persist;
     c->cfg.gather = c->kind == STOF_KERNEL_ROWWISE;
     c->wcfg.block_n = c->cfg.block_n;
     c->wcfg.stages = c->cfg.stages;

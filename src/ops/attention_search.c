@@ -239,9 +239,15 @@ done:
 
 /* --- the operation ------------------------------------------------------ */
 
+/* The kernel family stage 1 keeps top_k of: the kind, the persistent
+ * wgmma kernel a family of its own (the model favours it everywhere, so
+ * it would otherwise push the one-CTA-per-row-block kernels out). */
 static int op_kind(void *user, int i)
 {
-    return ((stof_attention_op *)user)->cands[i].kind;
+    const stof_candidate *c = &((stof_attention_op *)user)->cands[i];
+    return c->kind == STOF_KERNEL_WGMMA && c->wcfg.persist
+               ? STOF_KERNEL_WGMMA_GATHER + 1
+               : c->kind;
 }
 
 static double op_model_ms(void *user, int i)
@@ -262,8 +268,9 @@ static void op_describe(void *user, int i, char *buf, size_t n)
         snprintf(buf, n, "%s %dx%d w%d s%d rows%%%d%s", k, c->cfg.block_m,
                  c->cfg.block_n, c->cfg.warps, c->cfg.stages, c->group, split);
     else
-        snprintf(buf, n, "%s %dx%d w%d s%d%s", k, c->cfg.block_m,
-                 c->cfg.block_n, c->cfg.warps, c->cfg.stages, split);
+        snprintf(buf, n, "%s %dx%d w%d s%d%s%s", k, c->cfg.block_m,
+                 c->cfg.block_n, c->cfg.warps, c->cfg.stages,
+                 c->wcfg.persist ? " persistent" : "", split);
 }
 
 static int op_compile(void *user, int i, void **art, size_t *size, char *err,
@@ -298,7 +305,8 @@ static uint64_t op_art_key(void *user, int i)
     const int v[] = {c->kind,         c->cfg.block_m,   c->cfg.block_n,
                      c->cfg.warps,    c->cfg.stages,    c->wcfg.overlap,
                      c->wcfg.block_m, b->desc.head_dim, (int)b->desc.dtype,
-                     c->splits > 1,   c->cfg.mods,      c->wcfg.mods};
+                     c->splits > 1,   c->cfg.mods,      c->wcfg.mods,
+                     c->wcfg.persist};
     uint64_t h = XXH3_64bits(v, sizeof(v));
     return h ? h : 1;
 }
