@@ -152,7 +152,7 @@
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BIAS=1 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SOFTCAP=1,BIAS=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,SPLIT=1,BIAS=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2,PERSIST=1 | HEAD_DIM=128,DTYPE=1,BLOCK_N=64,STAGES=3,OVERLAP=0,PERSIST=1 | HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=4,PERSIST=1,BIAS=1,ALIBI=1
-#include "stof_common.cuh"
+#include "sm90_common.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -257,11 +257,6 @@ static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
 #endif
 #endif
 
-// An opaque CUtensorMap (128 bytes, 128-byte aligned as in cuda.h).
-struct __align__(128) stof_tmap {
-    stof_u64 w[16];
-};
-
 // The launch parameters, by value (__grid_constant__: the tensor maps are
 // read in place). Mirrored by stof_attn_wgmma_params in src/attn_wgmma.c;
 // both sides check the size and the offsets of `o` and `q`.
@@ -316,71 +311,6 @@ static_assert(sizeof(stof_attn_wgmma_params) == 768,
 // PTX helpers
 // ---------------------------------------------------------------------------
 
-__device__ __forceinline__ void mb_init(unsigned bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
-                 "r"(count)
-                 : "memory");
-}
-
-// One arrival that also expects `bytes` of asynchronous copies.
-__device__ __forceinline__ void mb_expect_tx(unsigned bar, unsigned bytes)
-{
-    asm volatile(
-        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-        "r"(bytes)
-        : "memory");
-}
-
-__device__ __forceinline__ void mb_arrive(unsigned bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar)
-                 : "memory");
-}
-
-// Wait until the phase with parity `parity` has completed.
-__device__ __forceinline__ void mb_wait(unsigned bar, unsigned parity)
-{
-    unsigned done;
-    do {
-        asm volatile("{\n .reg .pred p;\n"
-                     " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
-// TMA: box at coordinates (c0, c1, c2, c3) of the 4-D map into `dst`,
-// completing `bytes` of transactions on `bar`.
-__device__ __forceinline__ void tma_load4(unsigned dst, const stof_tmap *map,
-                                          int c0, int c1, int c2, int c3,
-                                          unsigned bar)
-{
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile."
-                 "mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-                 "[%6];\n" ::"r"(dst),
-                 "l"((stof_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                 "r"(bar)
-                 : "memory");
-}
-
-// 1-D bulk copy (16-byte aligned addresses, size a multiple of 16).
-__device__ __forceinline__ void bulk_load(unsigned dst, const void *src,
-                                          unsigned bytes, unsigned bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx"
-                 "::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
-__device__ __forceinline__ void tma_prefetch_map(const stof_tmap *map)
-{
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"((stof_u64)map) : "memory");
-}
-
 // 16-byte global -> shared copy; src_bytes 0 writes 16 zero bytes and reads
 // nothing. No memory clobber: the shared loads of the row offsets may move
 // ahead of it (the named barriers and mbarrier waits, which do clobber,
@@ -404,18 +334,6 @@ __device__ __forceinline__ void cp_async_arrive(unsigned bar)
 __device__ __forceinline__ void cp_async_wait_all()
 {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-// Generic-proxy writes (cp.async) seen through an mbarrier -> visible to
-// the async proxy (wgmma operand reads).
-__device__ __forceinline__ void fence_proxy_async()
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void named_bar_sync(int id, int count)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 __device__ __forceinline__ int wg_ldg_i32(const int *p)
@@ -445,86 +363,6 @@ __device__ __forceinline__ float wg_exp2(float x)
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x)); // ex2(-inf) = +0
     return y;
-}
-
-// ---------------------------------------------------------------------------
-// wgmma
-// ---------------------------------------------------------------------------
-
-#if DTYPE == 0
-#define WG_AB ".f16.f16"
-#else
-#define WG_AB ".bf16.bf16"
-#endif
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading
-// and stride byte offsets (all >> 4), swizzle mode 1 in bits 62..63.
-__device__ __forceinline__ stof_u64 wg_desc(unsigned addr, unsigned lbo,
-                                            unsigned sbo)
-{
-    return (stof_u64)((addr & 0x3ffffu) >> 4) |
-           ((stof_u64)((lbo >> 4) & 0x3fffu) << 16) |
-           ((stof_u64)((sbo >> 4) & 0x3fffu) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence()
-{
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void wg_commit()
-{
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
-template <int N> __device__ __forceinline__ void wg_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Keep the compiler from moving accesses of x across a wgmma wait.
-template <int N> __device__ __forceinline__ void wg_keep(float (&x)[N])
-{
-#pragma unroll
-    for (int i = 0; i < N; i++)
-        asm volatile("" : "+f"(x[i])::"memory");
-}
-
-#define WG_F8(d, i)                                                           \
-    "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]),   \
-        "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
-#define WG_F32(d) WG_F8(d, 0), WG_F8(d, 8), WG_F8(d, 16), WG_F8(d, 24)
-#define WG_F64(d)                                                             \
-    WG_F32(d), WG_F8(d, 32), WG_F8(d, 40), WG_F8(d, 48), WG_F8(d, 56)
-#define WG_R32                                                                \
-    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"  \
-    "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define WG_R64                                                                \
-    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"  \
-    "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37," \
-    "%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55," \
-    "%56,%57,%58,%59,%60,%61,%62,%63}"
-
-// D (64 x N, f32) (+)= A (64 x 16, smem, K-major) * B (16 x N, smem,
-// K-major); accum 0 overwrites D.
-__device__ __forceinline__ void wg_mma_ss(float (&d)[32], stof_u64 da,
-                                          stof_u64 db, int accum)
-{
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32" WG_AB
-                 " " WG_R32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_F32(d)
-                 : "l"(da), "l"(db), "r"(accum));
-}
-
-__device__ __forceinline__ void wg_mma_ss(float (&d)[64], stof_u64 da,
-                                          stof_u64 db, int accum)
-{
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n128k16.f32" WG_AB
-                 " " WG_R64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WG_F64(d)
-                 : "l"(da), "l"(db), "r"(accum));
 }
 
 // D (64 x N) += A (64 x 16, registers) * B (16 x N, smem, MN-major).

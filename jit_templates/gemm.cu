@@ -80,6 +80,7 @@
 // STOF_VARIANTS: DTYPE=0,BLOCK_M=32,BLOCK_N=128,BLOCK_K=32,WARPS_M=2,WARPS_N=4,STAGES=3,BIAS=1,ACT=0,RESIDUAL=1,NORM=1,WRITE_PRE=1,N_TOTAL=768 | DTYPE=1,BLOCK_M=16,BLOCK_N=128,BLOCK_K=64,WARPS_M=1,WARPS_N=4,STAGES=3,BIAS=1,ACT=0,RESIDUAL=1,NORM=2,WRITE_PRE=0,N_TOTAL=1024
 // STOF_VARIANTS: DTYPE=1,BLOCK_M=64,BLOCK_N=64,BLOCK_K=32,WARPS_M=2,WARPS_N=2,STAGES=3,BIAS=0,ACT=0,RESIDUAL=0,NORM=1,WRITE_PRE=0,N_TOTAL=1000
 #include "stof_common.cuh"
+#include "gemm_epi.cuh"
 
 #ifndef BLOCK_M
 #define BLOCK_M 128
@@ -98,15 +99,6 @@
 #endif
 #ifndef STAGES
 #define STAGES 3
-#endif
-#ifndef BIAS
-#define BIAS 0
-#endif
-#ifndef ACT
-#define ACT 0
-#endif
-#ifndef RESIDUAL
-#define RESIDUAL 0
 #endif
 #ifndef NORM
 #define NORM 0
@@ -170,41 +162,6 @@ __device__ __forceinline__ void gm_ldsm_x4(unsigned r[4], unsigned addr)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
-}
-
-__device__ __forceinline__ float gm_to_f32(unsigned short h)
-{
-#if DTYPE == 0
-    return stof_f16_to_f32(h);
-#else
-    return stof_bf16_to_f32(h);
-#endif
-}
-
-__device__ __forceinline__ float gm_lo(unsigned x)
-{
-    return gm_to_f32((unsigned short)(x & 0xffffu));
-}
-
-__device__ __forceinline__ float gm_hi(unsigned x)
-{
-    return gm_to_f32((unsigned short)(x >> 16));
-}
-
-__device__ __forceinline__ float gm_act(float v)
-{
-#if ACT == 1
-    const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
-    return 0.5f * v * (1.0f + tanhf(u));
-#elif ACT == 2
-    return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
-#elif ACT == 3
-    return v > 0.0f ? v : 0.0f;
-#elif ACT == 4
-    return v / (1.0f + expf(-v));
-#else
-    return v;
-#endif
 }
 
 // ---------------------------------------------------------------------------

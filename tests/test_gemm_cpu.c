@@ -17,7 +17,7 @@ static const stof_gemm_epi plain = {0, 0, 0, 0, 0};
 Test(gemm_cpu, valid_and_invalid)
 {
     char why[256];
-    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3};
+    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0};
     cr_assert(stof__gemm_cfg_valid(NULL, &c, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
@@ -27,21 +27,21 @@ Test(gemm_cpu, valid_and_invalid)
         int N, K;
         const char *needle;
     } bad[] = {
-        {{128, 128, 32, 2, 4, 3}, {0, 0, 0, 0, 0}, 100, 768, "N 100"},
-        {{128, 128, 32, 2, 4, 3}, {0, 0, 0, 0, 0}, 768, 20, "K 20"},
-        {{96, 128, 32, 2, 4, 3}, {0, 0, 0, 0, 0}, 768, 768, "block_m"},
-        {{128, 48, 32, 2, 4, 3}, {0, 0, 0, 0, 0}, 768, 768, "block_n"},
-        {{128, 128, 16, 2, 4, 3}, {0, 0, 0, 0, 0}, 768, 768, "block_k"},
-        {{128, 128, 32, 4, 4, 3}, {0, 0, 0, 0, 0}, 768, 768, "warps"},
-        {{16, 128, 32, 2, 2, 3}, {0, 0, 0, 0, 0}, 768, 768, "multiple of 16"},
-        {{256, 256, 32, 2, 2, 3}, {0, 0, 0, 0, 0}, 768, 768, "accumulators"},
-        {{128, 128, 32, 2, 4, 1}, {0, 0, 0, 0, 0}, 768, 768, "stages"},
-        {{128, 128, 32, 2, 4, 3}, {0, 7, 0, 0, 0}, 768, 768, "act 7"},
-        {{128, 128, 32, 2, 4, 3}, {0, 0, 0, 3, 0}, 768, 768, "norm 3"},
-        {{64, 64, 32, 2, 2, 3}, {0, 1, 0, 1, 0}, 768, 768, "act = none"},
-        {{128, 128, 32, 2, 4, 3}, {0, 0, 0, 0, 1}, 768, 768, "write_pre"},
-        {{64, 128, 32, 2, 4, 3}, {0, 0, 1, 1, 1}, 4096, 768, "shared memory"},
-        {{128, 128, 32, 2, 4, 3}, {2, 0, 0, 0, 0}, 768, 768, "0 or 1"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 100, 768, "N 100"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 20, "K 20"},
+        {{96, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "block_m"},
+        {{128, 48, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "block_n"},
+        {{128, 128, 16, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "block_k"},
+        {{128, 128, 32, 4, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "warps"},
+        {{16, 128, 32, 2, 2, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "multiple of 16"},
+        {{256, 256, 32, 2, 2, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "accumulators"},
+        {{128, 128, 32, 2, 4, 1, 0}, {0, 0, 0, 0, 0}, 768, 768, "stages"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 7, 0, 0, 0}, 768, 768, "act 7"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 3, 0}, 768, 768, "norm 3"},
+        {{64, 64, 32, 2, 2, 3, 0}, {0, 1, 0, 1, 0}, 768, 768, "act = none"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 1}, 768, 768, "write_pre"},
+        {{64, 128, 32, 2, 4, 3, 0}, {0, 0, 1, 1, 1}, 4096, 768, "shared memory"},
+        {{128, 128, 32, 2, 4, 3, 0}, {2, 0, 0, 0, 0}, 768, 768, "0 or 1"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         why[0] = '\0';
@@ -59,7 +59,7 @@ Test(gemm_cpu, valid_and_invalid)
     dev.ok = 1;
     dev.sm_count = 108;
     dev.max_smem_optin = 48 * 1024;
-    stof_gemm_cfg big = {128, 256, 32, 2, 4, 4};
+    stof_gemm_cfg big = {128, 256, 32, 2, 4, 4, 0};
     cr_expect_not(stof__gemm_cfg_valid(&dev, &big, &plain, 768, 768, why,
                                        sizeof(why)));
     cr_expect(strstr(why, "device") != NULL, "%s", why);
@@ -67,14 +67,14 @@ Test(gemm_cpu, valid_and_invalid)
 
 Test(gemm_cpu, smem_bytes)
 {
-    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3};
+    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0};
     /* 3 stages x 256 rows x 40 elements x 2 bytes. */
     cr_expect_eq(stof__gemm_smem_bytes(&c, &plain, 768), 3u * 256 * 40 * 2);
-    stof_gemm_cfg s = {128, 256, 32, 2, 4, 2};
+    stof_gemm_cfg s = {128, 256, 32, 2, 4, 2, 0};
     /* The staging tile 128 x 264 is larger than 2 x 384 x 40. */
     cr_expect_eq(stof__gemm_smem_bytes(&s, &plain, 768), 128u * 264 * 2);
     stof_gemm_epi ln = {1, 0, 1, 1, 1};
-    stof_gemm_cfg n = {32, 128, 32, 2, 4, 3};
+    stof_gemm_cfg n = {32, 128, 32, 2, 4, 3, 0};
     cr_expect_eq(stof__gemm_smem_bytes(&n, &ln, 768),
                  3u * 160 * 40 * 2 + 32u * 776 * 2);
     cr_expect_eq(stof__gemm_smem_bytes(NULL, &plain, 768), 0);
@@ -82,7 +82,7 @@ Test(gemm_cpu, smem_bytes)
 
 Test(gemm_cpu, json_round_trip)
 {
-    stof_gemm_cfg c = {128, 256, 64, 2, 4, 4}, c2;
+    stof_gemm_cfg c = {128, 256, 64, 2, 4, 4, 0}, c2;
     stof_gemm_epi e = {1, 2, 1, 0, 0}, e2;
     stof_str s = {0};
     stof__gemm_cfg_json(&c, &e, &s);
@@ -160,7 +160,7 @@ Test(gemm_cpu, model_prefers_sensible_tiles)
     dev.ok = 1;
     dev.sm_count = 132;
     dev.max_smem_optin = 227 * 1024;
-    stof_gemm_cfg big = {128, 256, 32, 2, 4, 3}, small = {32, 64, 32, 1, 2, 4};
+    stof_gemm_cfg big = {128, 256, 32, 2, 4, 3, 0}, small = {32, 64, 32, 1, 2, 4, 0};
     /* Large M: the large tile; tiny M: the small one (more CTAs). */
     cr_expect_lt(stof__gemm_model_ms(&dev, &big, &plain, 4096, 3072, 3072),
                  stof__gemm_model_ms(&dev, &small, &plain, 4096, 3072, 3072));
@@ -207,4 +207,110 @@ Test(gemm_cpu, references)
     stof__ref_gemm(a1, w1, NULL, NULL, NULL, NULL, 1, 1, 8, 8, 8, 1, &plain,
                    0.0f, STOF_DTYPE_BF16, out, NULL);
     cr_expect_float_eq(out[0], 1.0f, 0);
+}
+
+/* The Hopper template (wgmma = 1): its rules and reasons, its shared
+ * memory, its "wg" key in records (written only when set, older records
+ * without it still read), and its candidates only on a described cc 9.0
+ * device and never for a norm. */
+Test(gemm_cpu, hopper_template)
+{
+    char why[256];
+    const stof_gemm_cfg ok = {128, 256, 64, 2, 1, 3, 1};
+    cr_assert(stof__gemm_cfg_valid(NULL, &ok, &plain, 768, 768, why,
+                                   sizeof(why)),
+              "%s", why);
+    /* 3 x (128 + 256) x 64 x 2 + the C tile 128 x 256 x 2 + 3 x 16
+     * mbarrier bytes + 1024. */
+    cr_expect_eq(stof__gemm_smem_bytes(&ok, &plain, 768),
+                 3u * 384 * 128 + 65536u + 48u + 1024u);
+    static const struct {
+        stof_gemm_cfg c;
+        stof_gemm_epi e;
+        const char *needle;
+    } bad[] = {
+        {{64, 128, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0}, "128 x"},
+        {{128, 32, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 32, 2, 1, 4, 1}, {0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 64, 2, 4, 4, 1}, {0, 0, 0, 0, 0}, "2x1"},
+        {{128, 128, 64, 2, 1, 7, 1}, {0, 0, 0, 0, 0}, "stages"},
+        {{128, 256, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0}, "shared memory"},
+        {{128, 128, 64, 2, 1, 4, 1}, {0, 0, 1, 2, 0}, "no row norm"},
+        {{128, 128, 64, 2, 1, 4, 1}, {0, 9, 0, 0, 0}, "act 9"},
+        {{128, 128, 64, 2, 1, 4, 2}, {0, 0, 0, 0, 0}, "wgmma 2"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        why[0] = '\0';
+        cr_expect_not(stof__gemm_cfg_valid(NULL, &bad[i].c, &bad[i].e, 768,
+                                           768, why, sizeof(why)),
+                      "case %zu accepted", i);
+        cr_expect(strstr(why, bad[i].needle) != NULL,
+                  "case %zu: reason '%s' lacks '%s'", i, why, bad[i].needle);
+    }
+    /* An A100 refuses it by name. */
+    stof_device dev;
+    memset(&dev, 0, sizeof(dev));
+    dev.ok = 1;
+    dev.sm_count = 108;
+    dev.cc_major = 8;
+    dev.max_smem_optin = 166912;
+    cr_expect_not(stof__gemm_cfg_valid(&dev, &ok, &plain, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "9.0") != NULL, "%s", why);
+    stof_gemm_cfg c[64];
+    const stof_gemm_epi gelu = {1, STOF_ACT_GELU_ERF, 0, 0, 0};
+    int n = stof__gemm_candidates(&dev, &gelu, 4096, 3072, 768, c, 64);
+    for (int i = 0; i < n; i++)
+        cr_expect_eq(c[i].wgmma, 0, "an A100 got a wgmma candidate");
+    n = stof__gemm_candidates(NULL, &gelu, 4096, 3072, 768, c, 64);
+    for (int i = 0; i < n; i++)
+        cr_expect_eq(c[i].wgmma, 0, "no device, yet a wgmma candidate");
+    /* An H100: wgmma candidates, valid, and ranked by the model first for
+     * a large GEMM; none for a norm epilogue. */
+    dev.cc_major = 9;
+    dev.sm_count = 132;
+    dev.max_smem_optin = 232448;
+    n = stof__gemm_candidates(&dev, &gelu, 16384, 3072, 768, c, 64);
+    int n_wg = 0, best = -1;
+    double best_ms = INFINITY;
+    for (int i = 0; i < n; i++) {
+        cr_expect(stof__gemm_cfg_valid(&dev, &c[i], &gelu, 3072, 768, why,
+                                       sizeof(why)),
+                  "%s", why);
+        n_wg += c[i].wgmma;
+        const double ms =
+            stof__gemm_model_ms(&dev, &c[i], &gelu, 16384, 3072, 768);
+        if (ms < best_ms) {
+            best_ms = ms;
+            best = i;
+        }
+    }
+    cr_expect_gt(n_wg, 0);
+    cr_assert_geq(best, 0);
+    cr_expect_eq(c[best].wgmma, 1, "the model prefers mma.sync on H100");
+    const stof_gemm_epi ln = {1, 0, 1, 1, 0};
+    n = stof__gemm_candidates(&dev, &ln, 4096, 768, 768, c, 64);
+    for (int i = 0; i < n; i++)
+        cr_expect_eq(c[i].wgmma, 0, "a norm epilogue got a wgmma candidate");
+    /* Records: "wg" only when set; both forms read back. */
+    stof_str s = {0};
+    stof__gemm_cfg_json(&ok, &gelu, &s);
+    cr_assert(s.p && !s.oom);
+    cr_expect(strstr(s.p, "\"wg\":1") != NULL, "%s", s.p);
+    stof_gemm_cfg c2;
+    stof_gemm_epi e2;
+    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2), "%s", s.p);
+    cr_expect_eq(memcmp(&ok, &c2, sizeof(ok)), 0);
+    stof__str_free(&s);
+    const stof_gemm_cfg mma = {128, 128, 32, 2, 4, 3, 0};
+    stof__gemm_cfg_json(&mma, &gelu, &s);
+    cr_expect(strstr(s.p, "wg") == NULL, "%s", s.p);
+    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2));
+    cr_expect_eq(c2.wgmma, 0);
+    stof__str_free(&s);
+    cr_expect_not(stof__gemm_cfg_parse(
+        "{\"bm\":128,\"bn\":256,\"bk\":64,\"wm\":2,\"wn\":1,\"st\":4,"
+        "\"bias\":1,\"act\":2,\"res\":0,\"norm\":0,\"pre\":0,"
+        "\"wg\":\"1\"}",
+        &c2, &e2));
 }

@@ -1,6 +1,7 @@
 /*
- * test_gpu_gemm.c - the "gpu" suite for the tensor-core GEMM template
- * (jit_templates/gemm.cu, src/kernels/gemm.c): every epilogue (bias, each
+ * test_gpu_gemm.c - the "gpu" suite for the tensor-core GEMM templates
+ * (jit_templates/gemm.cu and, on compute capability 9.0, gemm_wgmma.cu;
+ * src/kernels/gemm.c): every epilogue (bias, each
  * activation, residual, LayerNorm / RMSNorm with and without write_pre),
  * fp16 and bf16, M/N/K tails and a few layer shapes, on fresh random inputs
  * with the outputs poisoned first, compared with stof__ref_gemm:
@@ -10,7 +11,8 @@
  *   - every output element written (no NaN left from the poison), nothing
  *     in the padding columns of ldc written.
  * STOF_GEMM_BENCH=1 also times the layer shapes (M=4096 and M=128) over a
- * list of configurations and logs the TFLOP/s of each and the best.
+ * list of configurations and logs the TFLOP/s of each and the best, and
+ * the Hopper template against cuBLASLt (bench_hopper).
  * Without a usable GPU the program prints why and exits 77 (skip).
  */
 #include <criterion/criterion.h>
@@ -21,6 +23,7 @@
 #include <string.h>
 
 #include "cuda_shim.h"
+#include "blaslt.h"
 #include "gemm.h"
 #include "internal.h"
 #include "testutil.h"
@@ -92,11 +95,11 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
 {
     char tag[256];
     snprintf(tag, sizeof(tag),
-             "[%s %dx%dx%d w%dx%d s%d bias=%d act=%d res=%d norm=%d pre=%d] "
-             "M=%d N=%d K=%d pad=%d",
-             dt_name(dt), c->block_m, c->block_n, c->block_k, c->warps_m,
-             c->warps_n, c->stages, e->bias, e->act, e->residual, e->norm,
-             e->write_pre, M, N, K, pad);
+             "[%s%s %dx%dx%d w%dx%d s%d bias=%d act=%d res=%d norm=%d "
+             "pre=%d] M=%d N=%d K=%d pad=%d",
+             dt_name(dt), c->wgmma ? " wgmma" : "", c->block_m, c->block_n,
+             c->block_k, c->warps_m, c->warps_n, c->stages, e->bias, e->act,
+             e->residual, e->norm, e->write_pre, M, N, K, pad);
     char why[256];
     cr_assert(stof__gemm_cfg_valid(&ctx->device, c, e, N, K, why,
                                    sizeof(why)),
@@ -146,7 +149,10 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
     cr_assert_eq(api->cuMemsetD8(a.c, 0xff, nc * 2), CUDA_SUCCESS);
     if (a.pre)
         cr_assert_eq(api->cuMemsetD8(a.pre, 0xff, nc * 2), CUDA_SUCCESS);
-    stof_status st = stof__gemm_launch(k.fn, c, e, &a, NULL, api);
+    /* The Hopper template: a few CTAs on odd salts (each walks many
+     * tiles), one per SM otherwise. */
+    const int ctas = salt % 2 ? 3 : ctx->device.sm_count;
+    stof_status st = stof__gemm_launch(k.fn, c, e, &a, ctas, NULL, api);
     cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag, stof_status_str(st));
     CUresult r = api->cuCtxSynchronize();
     const char *en = NULL;
@@ -206,7 +212,7 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
     free(fp);
 }
 
-static const stof_gemm_cfg cfg_64 = {64, 64, 32, 2, 2, 3};
+static const stof_gemm_cfg cfg_64 = {64, 64, 32, 2, 2, 3, 0};
 
 /* Every activation, with and without bias / residual, on tails. */
 static void epilogues(stof_dtype dt)
@@ -232,11 +238,11 @@ Test(gpu, tiles, .timeout = 600)
 {
     stof_context *ctx = open_or_skip();
     static const stof_gemm_cfg cfgs[] = {
-        {128, 256, 32, 2, 4, 3}, {256, 128, 32, 4, 2, 3},
-        {128, 128, 32, 2, 4, 4}, {128, 128, 64, 2, 4, 3},
-        {64, 128, 32, 2, 2, 4},  {128, 64, 32, 2, 2, 2},
-        {64, 64, 64, 2, 2, 5},   {32, 64, 32, 1, 2, 4},
-        {32, 128, 32, 1, 4, 3},  {16, 64, 64, 1, 4, 3},
+        {128, 256, 32, 2, 4, 3, 0}, {256, 128, 32, 4, 2, 3, 0},
+        {128, 128, 32, 2, 4, 4, 0}, {128, 128, 64, 2, 4, 3, 0},
+        {64, 128, 32, 2, 2, 4, 0},  {128, 64, 32, 2, 2, 2, 0},
+        {64, 64, 64, 2, 2, 5, 0},   {32, 64, 32, 1, 2, 4, 0},
+        {32, 128, 32, 1, 4, 3, 0},  {16, 64, 64, 1, 4, 3, 0},
     };
     stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 1, 0, 0};
     for (size_t i = 0; i < sizeof(cfgs) / sizeof(*cfgs); i++)
@@ -250,7 +256,7 @@ static void norms(stof_dtype dt)
 {
     stof_context *ctx = open_or_skip();
     static const stof_gemm_cfg cfgs[] = {
-        {16, 64, 64, 1, 4, 3}, {32, 128, 32, 2, 4, 3}, {64, 64, 32, 2, 2, 3}};
+        {16, 64, 64, 1, 4, 3, 0}, {32, 128, 32, 2, 4, 3, 0}, {64, 64, 32, 2, 2, 3, 0}};
     int i = 0;
     for (int norm = 1; norm <= 2; norm++)
         for (int pre = 0; pre < 2; pre++, i++) {
@@ -295,11 +301,11 @@ Test(gpu, bench, .timeout = 600)
     stof_context *ctx = open_or_skip();
     const stof_api *api = ctx->api;
     static const stof_gemm_cfg cfgs[] = {
-        {128, 256, 32, 2, 4, 3}, {128, 256, 32, 2, 4, 4},
-        {256, 128, 32, 4, 2, 3}, {128, 128, 32, 2, 4, 3},
-        {128, 128, 32, 2, 4, 4}, {128, 128, 64, 2, 4, 3},
-        {64, 128, 32, 2, 2, 4},  {64, 64, 32, 2, 2, 4},
-        {32, 64, 32, 1, 2, 4},
+        {128, 256, 32, 2, 4, 3, 0}, {128, 256, 32, 2, 4, 4, 0},
+        {256, 128, 32, 4, 2, 3, 0}, {128, 128, 32, 2, 4, 3, 0},
+        {128, 128, 32, 2, 4, 4, 0}, {128, 128, 64, 2, 4, 3, 0},
+        {64, 128, 32, 2, 2, 4, 0},  {64, 64, 32, 2, 2, 4, 0},
+        {32, 64, 32, 1, 2, 4, 0},
     };
     enum { NC = sizeof(cfgs) / sizeof(*cfgs) };
     static const int shapes[][3] = {
@@ -351,10 +357,12 @@ Test(gpu, bench, .timeout = 600)
         for (int i = 0; i < NC; i++) {
             const int iters = M >= 1024 ? 20 : 50;
             for (int w = 0; w < 3; w++)
-                stof__gemm_launch(k[i].fn, &cfgs[i], &e, &a, NULL, api);
+                stof__gemm_launch(k[i].fn, &cfgs[i], &e, &a,
+                                  ctx->device.sm_count, NULL, api);
             api->cuEventRecord(e0, NULL);
             for (int it = 0; it < iters; it++)
-                stof__gemm_launch(k[i].fn, &cfgs[i], &e, &a, NULL, api);
+                stof__gemm_launch(k[i].fn, &cfgs[i], &e, &a,
+                                  ctx->device.sm_count, NULL, api);
             api->cuEventRecord(e1, NULL);
             cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
             float ms = 0.0f;
@@ -388,6 +396,201 @@ Test(gpu, bench, .timeout = 600)
     stof__ctx_pop(ctx);
     for (int i = 0; i < NC; i++)
         unload(ctx, &k[i]);
+    stof_close(&ctx);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The Hopper template (gemm_wgmma.cu)                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Open a context on a compute capability 9.0 GPU or skip. */
+static stof_context *open_hopper_or_skip(void)
+{
+    stof_context *ctx = open_or_skip();
+    if (ctx->device.cc_major != 9 || ctx->device.cc_minor != 0) {
+        char name[300];
+        snprintf(name, sizeof(name), "%.255s (cc %d.%d)", ctx->device.name,
+                 ctx->device.cc_major, ctx->device.cc_minor);
+        stof_close(&ctx);
+        cr_skip_test("the wgmma GEMM needs compute capability 9.0; %s", name);
+    }
+    return ctx;
+}
+
+static const stof_gemm_cfg wg_tiles[] = {
+    {128, 256, 64, 2, 1, 3, 1}, {128, 256, 64, 2, 1, 2, 1},
+    {128, 128, 64, 2, 1, 4, 1}, {128, 128, 64, 2, 1, 6, 1},
+    {128, 64, 64, 2, 1, 6, 1},  {128, 128, 64, 2, 1, 2, 1},
+};
+#define N_WG_TILES ((int)(sizeof(wg_tiles) / sizeof(*wg_tiles)))
+
+/* Every activation with and without bias / residual, on M, N, K tails and
+ * padded rows; one tile shape per case, in turn. */
+static void wgmma_epilogues(stof_dtype dt)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    int i = 0;
+    for (int act = 0; act <= STOF_ACT_SILU; act++)
+        for (int v = 0; v < 2; v++, i++) {
+            stof_gemm_epi e = {v == 0 || act == 0, act, v == 1 || act == 0,
+                               0, 0};
+            check(ctx, dt, &wg_tiles[i % N_WG_TILES], &e, 300, 264, 200,
+                  v ? 8 : 0, (uint64_t)(5000 + i));
+        }
+    stof_gemm_epi none = {0, 0, 0, 0, 0};
+    check(ctx, dt, &wg_tiles[2], &none, 1, 8, 8, 0, 5100);
+    stof_close(&ctx);
+}
+
+Test(gpu, wgmma_epilogues_fp16, .timeout = 300)
+{
+    wgmma_epilogues(STOF_DTYPE_FP16);
+}
+Test(gpu, wgmma_epilogues_bf16, .timeout = 300)
+{
+    wgmma_epilogues(STOF_DTYPE_BF16);
+}
+
+/* Every tile shape of the candidate list: tails in every dimension, and a
+ * layer shape with many tiles per CTA. */
+Test(gpu, wgmma_tiles, .timeout = 600)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    stof_gemm_epi e = {1, STOF_ACT_GELU_ERF, 1, 0, 0};
+    for (int i = 0; i < N_WG_TILES; i++)
+        check(ctx, i % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &wg_tiles[i],
+              &e, 1000, 776, 328, 0, (uint64_t)(5200 + i));
+    stof_gemm_epi b = {1, STOF_ACT_NONE, 0, 0, 0};
+    check(ctx, STOF_DTYPE_BF16, &wg_tiles[1], &b, 2048, 3072, 768, 0, 5301);
+    stof_close(&ctx);
+}
+
+/* STOF_GEMM_BENCH=1: the Hopper template against cuBLASLt (the best of its
+ * heuristic's algorithms) on the layer GEMMs of BERT-base / large and a
+ * Llama-style model at 4096-32768 tokens, fp16, plain and with erf-GELU
+ * (which cuBLASLt cannot fuse). Logs one line per shape. */
+Test(gpu, bench_hopper, .timeout = 600)
+{
+    const char *bb = getenv("STOF_GEMM_BENCH");
+    if (!bb || !bb[0] || strcmp(bb, "0") == 0)
+        cr_skip_test("set STOF_GEMM_BENCH=1 to time the GEMM");
+    stof_context *ctx = open_hopper_or_skip();
+    const stof_api *api = ctx->api;
+    static const int shapes[][3] = {
+        {16384, 2304, 768},  {16384, 3072, 768},  {16384, 768, 3072},
+        {8192, 4096, 1024},  {8192, 1024, 4096},  {32768, 768, 768},
+        {4096, 11008, 4096}, {4096, 4096, 11008}, {16384, 768, 768}};
+    enum { NS = sizeof(shapes) / sizeof(*shapes) };
+    const stof_dtype dt = STOF_DTYPE_FP16;
+    const stof_gemm_epi epis[2] = {{0, 0, 0, 0, 0},
+                                   {1, STOF_ACT_GELU_ERF, 0, 0, 0}};
+    kernel k[2][N_WG_TILES];
+    for (int x = 0; x < 2; x++)
+        for (int i = 0; i < N_WG_TILES; i++)
+            k[x][i] = load(ctx, dt, &wg_tiles[i], &epis[x], 8);
+    const size_t maxa = 32768u * 4096u, maxw = 11008u * 4096u,
+                 maxc = 32768u * 4096u;
+    CUdeviceptr da, dw, dc, dbias, ws;
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    cr_assert_eq(api->cuMemAlloc(&da, maxa * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dw, maxw * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dc, maxc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dbias, 16384 * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&ws, STOF_BLASLT_WORKSPACE), CUDA_SUCCESS);
+    /* Small values (0x1111 ~ 3e-4 in fp16): no overflow, no denormals. */
+    cr_assert_eq(api->cuMemsetD8(da, 0x11, maxa * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(dw, 0x11, maxw * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(dbias, 0x11, 16384 * 2), CUDA_SUCCESS);
+    CUevent e0, e1;
+    cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
+    cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
+    char why[256];
+    const int have_lt = stof__blaslt_available(why, sizeof(why));
+    if (!have_lt)
+        cr_log_warn("no cuBLASLt: %s", why);
+    for (int s = 0; s < NS; s++) {
+        const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        stof_gemm_args a;
+        memset(&a, 0, sizeof(a));
+        a.a = da;
+        a.w = dw;
+        a.c = dc;
+        a.bias = dbias;
+        a.M = M;
+        a.N = N;
+        a.K = K;
+        a.lda = a.ldw = K;
+        a.ldc = N;
+        const double flop = 2.0 * M * N * (double)K;
+        double best[2] = {INFINITY, INFINITY};
+        int best_i[2] = {-1, -1};
+        for (int x = 0; x < 2; x++)
+            for (int i = 0; i < N_WG_TILES; i++) {
+                const int iters = 20;
+                for (int w = 0; w < 3; w++)
+                    stof__gemm_launch(k[x][i].fn, &wg_tiles[i], &epis[x], &a,
+                                      ctx->device.sm_count, NULL, api);
+                api->cuEventRecord(e0, NULL);
+                for (int it = 0; it < iters; it++)
+                    stof__gemm_launch(k[x][i].fn, &wg_tiles[i], &epis[x], &a,
+                                      ctx->device.sm_count, NULL, api);
+                api->cuEventRecord(e1, NULL);
+                cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
+                float ms = 0.0f;
+                api->cuEventElapsedTime(&ms, e0, e1);
+                ms /= (float)iters;
+                if (ms < best[x]) {
+                    best[x] = ms;
+                    best_i[x] = i;
+                }
+            }
+        /* cuBLASLt, plain: the best of its heuristic's algorithms. */
+        double lt_ms = INFINITY;
+        stof_blaslt_gemm *lt = NULL;
+        if (have_lt &&
+            stof__blaslt_create(ctx, dt, M, N, K, K, K, N, &epis[0], 8,
+                                &lt) == STOF_OK) {
+            for (int al = 0; al < stof__blaslt_n_algos(lt); al++) {
+                const int iters = 20;
+                int ok = 1;
+                for (int w = 0; w < 3 && ok; w++)
+                    ok = stof__blaslt_run(lt, al, &a, ws, NULL) == STOF_OK;
+                if (!ok)
+                    continue;
+                api->cuEventRecord(e0, NULL);
+                for (int it = 0; it < iters; it++)
+                    stof__blaslt_run(lt, al, &a, ws, NULL);
+                api->cuEventRecord(e1, NULL);
+                cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
+                float ms = 0.0f;
+                api->cuEventElapsedTime(&ms, e0, e1);
+                ms /= (float)iters;
+                if (ms < lt_ms)
+                    lt_ms = ms;
+            }
+            stof__blaslt_free(&lt);
+        }
+        cr_assert(best_i[0] >= 0 && best_i[1] >= 0);
+        cr_log_info("HOPPER M=%d N=%d K=%d: wgmma %.4f ms (%.0f TF/s, "
+                    "128x%d s%d), erf-GELU+bias %.4f ms (128x%d s%d); "
+                    "cuBLASLt %.4f ms (%.0f TF/s); wgmma/cuBLASLt time %.3f",
+                    M, N, K, best[0], flop / (best[0] * 1e9),
+                    wg_tiles[best_i[0]].block_n, wg_tiles[best_i[0]].stages,
+                    best[1], wg_tiles[best_i[1]].block_n,
+                    wg_tiles[best_i[1]].stages, lt_ms,
+                    flop / (lt_ms * 1e9), best[0] / lt_ms);
+    }
+    api->cuEventDestroy(e0);
+    api->cuEventDestroy(e1);
+    api->cuMemFree(da);
+    api->cuMemFree(dw);
+    api->cuMemFree(dc);
+    api->cuMemFree(dbias);
+    api->cuMemFree(ws);
+    stof__ctx_pop(ctx);
+    for (int x = 0; x < 2; x++)
+        for (int i = 0; i < N_WG_TILES; i++)
+            unload(ctx, &k[x][i]);
     stof_close(&ctx);
 }
 

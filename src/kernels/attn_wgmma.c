@@ -6,10 +6,8 @@
  */
 #include "attn_wgmma.h"
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,44 +233,12 @@ stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
 /* TMA tensor maps                                                           */
 /* ------------------------------------------------------------------------ */
 
-typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType,
-                                    cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *,
-                                    const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                    CUtensorMapFloatOOBfill);
-
-/* cuTensorMapEncodeTiled from the libcuda the table loaded (or, when the
- * table was swapped, whichever libcuda the process already has); cached. */
-static encode_tiled_fn encode_fn(const stof_api *api)
-{
-    static _Atomic(encode_tiled_fn) cached;
-    encode_tiled_fn f = atomic_load(&cached);
-    if (f)
-        return f;
-    void *sym = NULL;
-    if (api && api->cuda_lib)
-        sym = dlsym(api->cuda_lib, "cuTensorMapEncodeTiled");
-    if (!sym) {
-        void *h = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
-        if (h) {
-            sym = dlsym(h, "cuTensorMapEncodeTiled");
-            dlclose(h); /* NOLOAD took a reference; the library stays */
-        }
-    }
-    if (!sym)
-        return NULL;
-    /* dlsym returns data pointers; POSIX guarantees the conversion. */
-    memcpy(&f, &sym, sizeof(f));
-    atomic_store(&cached, f);
-    return f;
-}
-
 /* A 4-D map over (head_dim, seq, heads, batch) of 16-bit elements, boxes of
  * 64 columns x box_rows rows, 128-byte swizzle, zero fill out of bounds. */
-static CUresult make_map(encode_tiled_fn enc, CUtensorMap *m, stof_dtype dt,
-                         CUdeviceptr base, int head_dim, int seq, int heads,
-                         int batch, const int64_t st[3], unsigned box_rows)
+static CUresult make_map(stof_encode_tiled_fn enc, CUtensorMap *m,
+                         stof_dtype dt, CUdeviceptr base, int head_dim,
+                         int seq, int heads, int batch, const int64_t st[3],
+                         unsigned box_rows)
 {
     const cuuint64_t dims[4] = {(cuuint64_t)head_dim, (cuuint64_t)seq,
                                 (cuuint64_t)heads, (cuuint64_t)batch};
@@ -371,7 +337,7 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
     if (!(scale > 0.0f) || isinf(scale))
         return STOF_ERR_INVALID_ARGUMENT;
 
-    encode_tiled_fn enc = encode_fn(api);
+    stof_encode_tiled_fn enc = stof__encode_tiled(api);
     if (!enc)
         return STOF_ERR_UNSUPPORTED;
 

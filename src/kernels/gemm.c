@@ -25,9 +25,30 @@ _Static_assert(offsetof(stof_gemm_args, M) == 64 &&
                    offsetof(stof_gemm_args, eps) == 104,
                "stof_gemm_args must match gemm.cu's stof_gemm_params");
 
+/* The Hopper template's launch parameters (struct stof_gemm_wgmma_params in
+ * gemm_wgmma.cu: same field order and types; both sides check the size). */
+typedef struct stof_gemm_wgmma_params {
+    CUtensorMap tm_a, tm_w, tm_c;
+    CUdeviceptr c, bias, residual;
+    int64_t ldc;
+    int M, N, K;
+    int tiles_m, tiles_n;
+    int pad_;
+    uint8_t tail_[72];
+} stof_gemm_wgmma_params;
+_Static_assert(sizeof(stof_gemm_wgmma_params) == 512,
+               "stof_gemm_wgmma_params must match gemm_wgmma.cu");
+_Static_assert(offsetof(stof_gemm_wgmma_params, c) == 384 &&
+                   offsetof(stof_gemm_wgmma_params, M) == 416,
+               "stof_gemm_wgmma_params must match gemm_wgmma.cu");
+
 /* The largest opt-in shared memory of any GPU the kernel targets (sm_90:
  * 227 KiB); used when no device is given. */
 #define GEMM_SMEM_MAX_ANY (227 * 1024)
+
+/* The Hopper template: 128-row tiles, 64 of K per stage. */
+#define WG_BM 128
+#define WG_BK 64
 
 /* Accumulator floats per thread the kernel allows (a 64x64 warp tile): with
  * the fragments and addresses this stays under 255 registers. */
@@ -36,12 +57,13 @@ _Static_assert(offsetof(stof_gemm_args, M) == 64 &&
 /* Cost model constants (H100 / H200 class, mma.sync):
  *   GEMM_SM_PEAK   dense fp16/bf16 mma.sync throughput of one SM, FLOP/s
  *                  (about 3.0 TFLOP/s: 132 SMs give ~400 TFLOP/s, roughly
- *                  what the best mma.sync kernels reach on H100; wgmma is
- *                  faster but not used here);
+ *                  what the best mma.sync kernels reach on H100);
  *   GEMM_BW        DRAM bandwidth in bytes/s (H100 SXM 3.35 TB/s, H200
  *                  4.8 TB/s; the lower bound is used);
  *   GEMM_LAUNCH_MS launch and tail overhead of one kernel. */
 #define GEMM_SM_PEAK 3.0e12
+/* wgmma: about 990 TFLOP/s dense fp16/bf16 on an H100 SXM, 7.5 per SM. */
+#define WGMMA_SM_PEAK 7.5e12
 #define GEMM_BW 3.0e12
 #define GEMM_LAUNCH_MS 0.003
 
@@ -56,6 +78,13 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
     if (!c || c->block_m <= 0 || c->block_n <= 0 || c->block_k <= 0 ||
         c->stages <= 0)
         return 0;
+    if (c->wgmma) /* stages x {A, W} tiles, the C tile, the mbarriers,
+                     1024 of slack */
+        return (size_t)c->stages *
+                   ((size_t)c->block_m + (size_t)c->block_n) *
+                   (size_t)c->block_k * 2u +
+               (size_t)c->block_m * (size_t)c->block_n * 2u +
+               16u * (size_t)c->stages + 1024u;
     const size_t pitch = (size_t)c->block_k + 8u;
     const size_t pipe = (size_t)c->stages *
                         ((size_t)c->block_m + (size_t)c->block_n) * pitch * 2u;
@@ -66,6 +95,73 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
     }
     const size_t stage = (size_t)c->block_m * ((size_t)c->block_n + 8u) * 2u;
     return pipe > stage ? pipe : stage;
+}
+
+/* The epilogue's own rules (both templates). */
+static int epi_valid(const stof_gemm_epi *e, char *why, size_t n)
+{
+    if ((e->bias != 0 && e->bias != 1) ||
+        (e->residual != 0 && e->residual != 1) ||
+        (e->write_pre != 0 && e->write_pre != 1))
+        return stof__why(why, n, "bias, residual and write_pre must be 0 or 1");
+    if (e->act < STOF_ACT_NONE || e->act > STOF_ACT_SILU)
+        return stof__why(why, n, "act %d: not a stof_activation", e->act);
+    if (e->norm < 0 || e->norm > 2)
+        return stof__why(why, n,
+                         "norm %d: must be 0 (none), 1 (LayerNorm) or 2 "
+                         "(RMSNorm)",
+                         e->norm);
+    if (e->norm && e->act != STOF_ACT_NONE)
+        return stof__why(why, n, "norm needs act = none (act %d)", e->act);
+    if (e->write_pre && !e->norm)
+        return stof__why(why, n, "write_pre needs norm");
+    return 1;
+}
+
+static size_t smem_limit(const stof_device *dev)
+{
+    return dev && dev->ok && dev->max_smem_optin > 0
+               ? (size_t)dev->max_smem_optin
+               : (size_t)GEMM_SMEM_MAX_ANY;
+}
+
+/* stof__gemm_cfg_valid for the Hopper template. */
+static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
+                           const stof_gemm_epi *e, char *why, size_t n)
+{
+    if (c->block_m != WG_BM || c->block_k != WG_BK ||
+        (c->block_n != 64 && c->block_n != 128 && c->block_n != 256))
+        return stof__why(why, n,
+                         "wgmma template: block %dx%dx%d, must be 128 x "
+                         "(64, 128 or 256) x 64",
+                         c->block_m, c->block_n, c->block_k);
+    if (c->warps_m != 2 || c->warps_n != 1)
+        return stof__why(why, n,
+                         "wgmma template: warps %dx%d, must be 2x1 (two "
+                         "consumer warpgroups)",
+                         c->warps_m, c->warps_n);
+    if (c->stages < 2 || c->stages > 6)
+        return stof__why(why, n, "wgmma template: stages %d, must be 2..6",
+                         c->stages);
+    if (!epi_valid(e, why, n))
+        return 0;
+    if (e->norm)
+        return stof__why(why, n,
+                         "wgmma template: no row norm (the mma.sync "
+                         "template's row-complete variant has it)");
+    if (dev && dev->ok && (dev->cc_major != 9 || dev->cc_minor != 0))
+        return stof__why(why, n,
+                         "wgmma template: needs compute capability 9.0 "
+                         "(sm_90a), the device is %d.%d",
+                         dev->cc_major, dev->cc_minor);
+    const size_t smem = stof__gemm_smem_bytes(c, e, 8);
+    if (smem > smem_limit(dev))
+        return stof__why(why, n,
+                         "wgmma template: block 128x%d, %d stages: %zu bytes "
+                         "of shared memory, more than the %zu the %s allows",
+                         c->block_n, c->stages, smem, smem_limit(dev),
+                         dev && dev->ok ? "device" : "largest supported GPU");
+    return 1;
 }
 
 int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
@@ -80,6 +176,10 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
         return stof__why(why, n, "N %d: must be a positive multiple of 8", N);
     if (K <= 0 || K % 8 != 0)
         return stof__why(why, n, "K %d: must be a positive multiple of 8", K);
+    if (c->wgmma != 0 && c->wgmma != 1)
+        return stof__why(why, n, "wgmma %d: must be 0 or 1", c->wgmma);
+    if (c->wgmma)
+        return wgmma_cfg_valid(dev, c, e, why, n);
     if (!is_pow2(c->block_m) || c->block_m < 16 || c->block_m > 256)
         return stof__why(why, n, "block_m %d: must be 16, 32, 64, 128 or 256",
                          c->block_m);
@@ -109,25 +209,10 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          GEMM_ACC_MAX);
     if (c->stages < 2 || c->stages > 5)
         return stof__why(why, n, "stages %d: must be 2..5", c->stages);
-    if ((e->bias != 0 && e->bias != 1) ||
-        (e->residual != 0 && e->residual != 1) ||
-        (e->write_pre != 0 && e->write_pre != 1))
-        return stof__why(why, n, "bias, residual and write_pre must be 0 or 1");
-    if (e->act < STOF_ACT_NONE || e->act > STOF_ACT_SILU)
-        return stof__why(why, n, "act %d: not a stof_activation", e->act);
-    if (e->norm < 0 || e->norm > 2)
-        return stof__why(why, n,
-                         "norm %d: must be 0 (none), 1 (LayerNorm) or 2 "
-                         "(RMSNorm)",
-                         e->norm);
-    if (e->norm && e->act != STOF_ACT_NONE)
-        return stof__why(why, n, "norm needs act = none (act %d)", e->act);
-    if (e->write_pre && !e->norm)
-        return stof__why(why, n, "write_pre needs norm");
+    if (!epi_valid(e, why, n))
+        return 0;
     const size_t smem = stof__gemm_smem_bytes(c, e, N);
-    const size_t lim = dev && dev->ok && dev->max_smem_optin > 0
-                           ? (size_t)dev->max_smem_optin
-                           : (size_t)GEMM_SMEM_MAX_ANY;
+    const size_t lim = smem_limit(dev);
     if (smem > lim)
         return stof__why(why, n,
                          "block %dx%dx%d, %d stages%s: %zu bytes of shared "
@@ -166,12 +251,29 @@ static int round_up(int x, int m)
     return (x + m - 1) / m * m;
 }
 
+/* The Hopper template's tiles: block_n and stages. */
+static const int wgmma_tiles[][2] = {{256, 3}, {256, 2}, {128, 4},
+                                     {128, 5}, {128, 6}, {64, 6}};
+
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max)
 {
     if (!e || !out || max <= 0 || M <= 0)
         return 0;
     int k = 0;
+    const int hopper = dev && dev->ok && dev->cc_major == 9 &&
+                       dev->cc_minor == 0 && !e->norm;
+    for (int i = 0; hopper && i < (int)(sizeof(wgmma_tiles) /
+                                        sizeof(*wgmma_tiles)) &&
+                    k < max;
+         i++) {
+        const int bn = wgmma_tiles[i][0];
+        if (bn > 64 && bn >= 2 * round_up(N > 0 ? N : 1, 32))
+            continue;
+        stof_gemm_cfg c = {WG_BM, bn, WG_BK, 2, 1, wgmma_tiles[i][1], 1};
+        if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
+            out[k++] = c;
+    }
     const tile *list = e->norm ? norm_tiles : gemm_tiles;
     const int n_list = e->norm ? (int)(sizeof(norm_tiles) / sizeof(*norm_tiles))
                                : (int)(sizeof(gemm_tiles) / sizeof(*gemm_tiles));
@@ -185,12 +287,44 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
             continue;
         static const int stages[] = {3, 4};
         for (int s = 0; s < 2 && k < max; s++) {
-            stof_gemm_cfg c = {t->bm, t->bn, t->bk, t->wm, t->wn, stages[s]};
+            stof_gemm_cfg c = {t->bm, t->bn, t->bk, t->wm,
+                               t->wn, stages[s], 0};
             if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
                 out[k++] = c;
         }
     }
     return k;
+}
+
+/* The memory-bound time of the problem in seconds: A, W, C (and the
+ * residual, pre, bias) once through DRAM. */
+static double gemm_mem_s(const stof_gemm_epi *e, int M, int N, int K)
+{
+    double bytes = ((double)M * K + (double)N * K) * 2.0 +
+                   (double)M * N * 2.0 * (1 + e->residual + e->write_pre);
+    if (e->bias)
+        bytes += (double)N * 2.0;
+    return bytes / GEMM_BW;
+}
+
+/* stof__gemm_model_ms of the Hopper template: one CTA per SM walks the
+ * tiles; a tile's time at WGMMA_SM_PEAK times the tile's efficiency
+ * (wide tiles reuse each A tile more; two stages hide less latency). */
+static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
+                             const stof_gemm_epi *e, int M, int N, int K)
+{
+    const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 132;
+    double eff = c->block_n >= 256 ? 0.78 : c->block_n >= 128 ? 0.72 : 0.55;
+    if (c->stages <= 2)
+        eff *= 0.85;
+    const double tiles = (double)((M + WG_BM - 1) / WG_BM) *
+                         (double)((N + c->block_n - 1) / c->block_n);
+    const double kpad = (double)round_up(K, WG_BK);
+    const double tile_s =
+        2.0 * WG_BM * c->block_n * kpad / (WGMMA_SM_PEAK * eff);
+    const double compute_s = ceil(tiles / sms) * tile_s;
+    const double mem_s = gemm_mem_s(e, M, N, K);
+    return (compute_s > mem_s ? compute_s : mem_s) * 1e3 + GEMM_LAUNCH_MS;
 }
 
 double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
@@ -199,6 +333,8 @@ double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
     if (!c || !e || M <= 0 || N <= 0 || K <= 0 || c->block_m <= 0 ||
         c->block_n <= 0 || c->block_k <= 0)
         return INFINITY;
+    if (c->wgmma)
+        return wgmma_model_ms(dev, c, e, M, N, K);
     const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 132;
     const size_t smem_sm = dev && dev->ok && dev->max_smem_optin > 0
                                ? (size_t)dev->max_smem_optin
@@ -243,11 +379,7 @@ double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
     const double busy = ctas < slots ? ceil(ctas / sms) : waves * occ;
     const double compute_s =
         (ctas < slots ? busy * cta_s / occ : waves * cta_s);
-    double bytes = ((double)M * K + (double)N * K) * 2.0 +
-                   (double)M * N * 2.0 * (1 + e->residual + e->write_pre);
-    if (e->bias)
-        bytes += (double)N * 2.0;
-    const double mem_s = bytes / GEMM_BW;
+    const double mem_s = gemm_mem_s(e, M, N, K);
     const double s = compute_s > mem_s ? compute_s : mem_s;
     return s * 1e3 + GEMM_LAUNCH_MS;
 }
@@ -255,6 +387,24 @@ double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
 /* ------------------------------------------------------------------------ */
 /* Compile, load, launch                                                     */
 /* ------------------------------------------------------------------------ */
+
+/* stof__gemm_compile of the Hopper template (c already checked). */
+static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
+                                 const stof_gemm_cfg *c,
+                                 const stof_gemm_epi *e, void **cubin,
+                                 size_t *size)
+{
+    char d[6][32];
+    snprintf(d[0], 32, "DTYPE=%d", (int)dt);
+    snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
+    snprintf(d[2], 32, "STAGES=%d", c->stages);
+    snprintf(d[3], 32, "BIAS=%d", e->bias);
+    snprintf(d[4], 32, "ACT=%d", e->act);
+    snprintf(d[5], 32, "RESIDUAL=%d", e->residual);
+    const char *defs[6] = {d[0], d[1], d[2], d[3], d[4], d[5]};
+    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 6,
+                                          "sm_90a", cubin, size);
+}
 
 stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
                                const stof_gemm_cfg *c, const stof_gemm_epi *e,
@@ -278,6 +428,8 @@ stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
     if (!stof__gemm_cfg_valid(dev, c, e, n_chk, 8, why, sizeof(why)))
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "gemm kernel configuration not supported: %s", why);
+    if (c->wgmma)
+        return wgmma_compile(ctx, dt, c, e, cubin, size);
     char d[13][32];
     int k = 0;
     snprintf(d[k++], 32, "DTYPE=%d", (int)dt);
@@ -310,12 +462,75 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
         return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
                           "gemm load: NULL argument");
     return (stof_status)stof__module_load(
-        ctx, cubin, "stof_gemm", stof__gemm_smem_bytes(c, e, N), mod, fn);
+        ctx, cubin, c->wgmma ? "stof_gemm_wgmma" : "stof_gemm",
+        stof__gemm_smem_bytes(c, e, N), mod, fn);
+}
+
+/* A 2-D map over (cols, rows) of 16-bit elements with leading dimension
+ * ld, boxes of 64 x box_rows, 128-byte swizzle, zeros out of bounds (and
+ * stores clipped there). The elements travel as raw 16 bits (the zero
+ * fill is +0 in fp16 and bf16), so one map type serves both dtypes. */
+static CUresult make_map2(stof_encode_tiled_fn enc, CUtensorMap *m,
+                          CUdeviceptr base, int cols, int rows, int64_t ld,
+                          unsigned box_rows)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2u};
+    const cuuint32_t box[2] = {(cuuint32_t)WG_BK, box_rows};
+    const cuuint32_t estr[2] = {1u, 1u};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2u,
+               (void *)(uintptr_t)base, dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+/* stof__gemm_launch of the Hopper template (arguments already checked). */
+static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
+                                const stof_gemm_epi *e,
+                                const stof_gemm_args *a, int ctas,
+                                CUstream stream,
+                                const stof_api *api)
+{
+    stof_encode_tiled_fn enc = stof__encode_tiled(api);
+    if (!enc)
+        return STOF_ERR_UNSUPPORTED;
+    if (a->lda >= ((int64_t)1 << 38) || a->ldw >= ((int64_t)1 << 38) ||
+        a->ldc >= ((int64_t)1 << 38))
+        return STOF_ERR_INVALID_ARGUMENT; /* TMA strides: < 2^40 bytes */
+    stof_gemm_wgmma_params p;
+    memset(&p, 0, sizeof(p));
+    if (make_map2(enc, &p.tm_a, a->a, a->K, a->M, a->lda, WG_BM) !=
+            CUDA_SUCCESS ||
+        make_map2(enc, &p.tm_w, a->w, a->K, a->N, a->ldw,
+                  (unsigned)c->block_n) != CUDA_SUCCESS ||
+        make_map2(enc, &p.tm_c, a->c, a->N, a->M, a->ldc, 64u) !=
+            CUDA_SUCCESS)
+        return STOF_ERR_CUDA;
+    p.c = a->c;
+    p.bias = e->bias ? a->bias : 0;
+    p.residual = e->residual ? a->residual : 0;
+    p.ldc = a->ldc;
+    p.M = a->M;
+    p.N = a->N;
+    p.K = a->K;
+    p.tiles_m = (a->M + WG_BM - 1) / WG_BM;
+    p.tiles_n = (a->N + c->block_n - 1) / c->block_n;
+    const int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
+    if (tiles > INT32_MAX)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const unsigned grid =
+        (unsigned)(ctas > 0 && ctas < tiles ? ctas : tiles);
+    void *params[] = {&p};
+    CUresult r = api->cuLaunchKernel(fn, grid, 1, 1, 384, 1, 1,
+                                     (unsigned)stof__gemm_smem_bytes(c, e, 8),
+                                     stream, params, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
 stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
                               const stof_gemm_epi *e, const stof_gemm_args *a,
-                              CUstream stream, const stof_api *api)
+                              int ctas, CUstream stream, const stof_api *api)
 {
     if (!fn || !c || !e || !a || !api || !api->cuLaunchKernel)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -338,6 +553,10 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
     if (e->write_pre && (!a->pre || a->pre % 16u))
         return STOF_ERR_INVALID_ARGUMENT;
+    if (c->wgmma)
+        return e->norm || e->write_pre
+                   ? STOF_ERR_INVALID_ARGUMENT
+                   : wgmma_launch(fn, c, e, a, ctas, stream, api);
     const unsigned gx =
         e->norm ? 1u : (unsigned)((a->N + c->block_n - 1) / c->block_n);
     const int64_t gy = ((int64_t)a->M + c->block_m - 1) / c->block_m;
@@ -355,21 +574,24 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
 /* JSON                                                                      */
 /* ------------------------------------------------------------------------ */
 
-static const char *const cfg_keys[] = {"bm",  "bn",  "bk",   "wm",
-                                        "wn",  "st",  "bias", "act",
-                                        "res", "norm", "pre"};
-enum { CFG_KEYS = 11 };
+static const char *const cfg_keys[] = {"bm",  "bn",   "bk",  "wm",
+                                        "wn",  "st",   "bias", "act",
+                                        "res", "norm", "pre",  "wg"};
+/* "wg" (the Hopper template) is written only when set; older records
+ * have the first 11 keys. */
+enum { CFG_KEYS = 11, CFG_KEYS_WG = 12 };
 
 void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                          stof_str *out)
 {
     if (!c || !e || !out)
         return;
-    const int v[CFG_KEYS] = {c->block_m, c->block_n, c->block_k, c->warps_m,
-                             c->warps_n, c->stages,  e->bias,    e->act,
-                             e->residual, e->norm,   e->write_pre};
+    const int v[CFG_KEYS_WG] = {c->block_m,  c->block_n, c->block_k,
+                                c->warps_m,  c->warps_n, c->stages,
+                                e->bias,     e->act,     e->residual,
+                                e->norm,     e->write_pre, c->wgmma};
     json_t *o = json_object();
-    for (int i = 0; o && i < CFG_KEYS; i++)
+    for (int i = 0; o && i < (c->wgmma ? CFG_KEYS_WG : CFG_KEYS); i++)
         json_object_set_new(o, cfg_keys[i], json_integer(v[i]));
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
@@ -383,16 +605,21 @@ void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
 int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
                          stof_gemm_epi *e)
 {
-    int val[CFG_KEYS];
+    int val[CFG_KEYS_WG];
     if (!json || !c || !e || !stof__json_ints(json, cfg_keys, CFG_KEYS, val))
         return 0;
-    /* Exactly these keys: a configuration with more is not one of ours. */
+    /* Exactly these keys (and "wg" when set): a configuration with more is
+     * not one of ours. */
     json_t *o = json_loads(json, 0, NULL);
-    const int exact = json_object_size(o) == CFG_KEYS;
+    const int has_wg = o && json_object_get(o, "wg") != NULL;
+    const int exact =
+        json_object_size(o) == (size_t)(has_wg ? CFG_KEYS_WG : CFG_KEYS);
     json_decref(o);
-    if (!exact)
+    val[CFG_KEYS] = 0;
+    if (!exact || (has_wg && !stof__json_ints(json, cfg_keys + CFG_KEYS, 1,
+                                              val + CFG_KEYS)))
         return 0;
-    for (int i = 0; i < CFG_KEYS; i++)
+    for (int i = 0; i < CFG_KEYS_WG; i++)
         if (val[i] < -1000000 || val[i] > 1000000)
             return 0;
     c->block_m = val[0];
@@ -406,6 +633,7 @@ int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
     e->residual = val[8];
     e->norm = val[9];
     e->write_pre = val[10];
+    c->wgmma = val[11];
     return 1;
 }
 

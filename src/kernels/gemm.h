@@ -1,8 +1,9 @@
 /*
  * gemm.h - GEMMs of the layer chain: C = epilogue(A W^T), with A [M][K]
  * and W [N][K] row-major (W is an nn.Linear weight), on tensor cores
- * (jit_templates/gemm.cu, mma.sync, sm_80+) or through cuBLASLt
- * (blaslt.h). The epilogue is fixed at compile time.
+ * (jit_templates/gemm.cu, mma.sync, sm_80+; jit_templates/gemm_wgmma.cu,
+ * TMA + wgmma, persistent, sm_90a) or through cuBLASLt (blaslt.h). The
+ * epilogue is fixed at compile time.
  */
 #ifndef STOF_GEMM_H
 #define STOF_GEMM_H
@@ -31,11 +32,16 @@ typedef struct stof_gemm_epi {
 /* Template configuration: CTA tile block_m x block_n x block_k, a
  * warps_m x warps_n grid of warps, `stages` cp.async stages. In the
  * row-complete (norm) variant block_n is the width of one pass and the
- * CTA loops over all of N. */
+ * CTA loops over all of N.
+ * wgmma = 1: the Hopper template (gemm_wgmma.cu, compute capability 9.0
+ * only, no norm): block_m 128 (two consumer warpgroups: warps_m 2,
+ * warps_n 1), block_k 64, block_n 64, 128 or 256, 2..6 TMA stages; one
+ * CTA per SM walks the tiles (stof__gemm_launch's ctas). */
 typedef struct stof_gemm_cfg {
     int block_m, block_n, block_k;
     int warps_m, warps_n;
     int stages;
+    int wgmma;
 } stof_gemm_cfg;
 
 /* Launch arguments. Pointers the epilogue does not use may be 0. */
@@ -47,7 +53,7 @@ typedef struct stof_gemm_args {
     float eps;
 } stof_gemm_args;
 
-/* Shape rules of the template: N and K multiples of 8, lda/ldw/ldc
+/* Shape rules of the templates: N and K multiples of 8, lda/ldw/ldc
  * multiples of 8, pointers 16-byte aligned; M, N, K tails are handled. */
 
 /* 1 when (cfg, epi) is a legal kernel for an N x K problem on dev (dev
@@ -60,8 +66,9 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
 size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                              int N);
 
-/* The template's candidate configurations for an M x N x K problem with
- * epilogue e on dev: fills up to max entries, returns how many. */
+/* The templates' candidate configurations for an M x N x K problem with
+ * epilogue e on dev (the Hopper template's only when dev is given and has
+ * compute capability 9.0): fills up to max entries, returns how many. */
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max);
 
@@ -70,8 +77,9 @@ double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
                            const stof_gemm_epi *e, int M, int N, int K);
 
 /* NVRTC compile of gemm.cu for (dt, c, e, N) (N is compiled in only by
- * the row-complete variant) for `arch` (NULL = ctx's device). No GPU
- * work: thread-safe with ctx NULL. *cubin malloc'd. */
+ * the row-complete variant) for `arch` (NULL = ctx's device), or of
+ * gemm_wgmma.cu for sm_90a when c->wgmma. No GPU work: thread-safe with
+ * ctx NULL. *cubin malloc'd. */
 stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
                                const stof_gemm_cfg *c, const stof_gemm_epi *e,
                                int N, const char *arch, void **cubin /* OUT */,
@@ -83,10 +91,14 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
                                   const void *cubin, CUmodule *mod /* OUT */,
                                   CUfunction *fn /* OUT */);
 
-/* Enqueue. Capture-safe (no allocation, copy or synchronisation). */
+/* Enqueue. Capture-safe (no allocation, copy or synchronisation; the
+ * Hopper template's tensor maps are encoded on the host, by value).
+ * ctas: the Hopper template's grid, at most one CTA per SM (0: one per
+ * tile); ignored by the mma.sync template. STOF_ERR_UNSUPPORTED when the
+ * driver lacks cuTensorMapEncodeTiled. */
 stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
                               const stof_gemm_epi *e, const stof_gemm_args *a,
-                              CUstream stream, const stof_api *api);
+                              int ctas, CUstream stream, const stof_api *api);
 
 /* JSON object of (c, e) for descriptions and tuning records, and its
  * parse (0 on a malformed string). */

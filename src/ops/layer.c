@@ -353,8 +353,8 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     a.eps = L->eps;
     if (g->lt)
         return stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, stream);
-    return stof__gemm_launch(g->fn, &g->cfg, &g->epi, &a, stream,
-                             L->ctx->api);
+    return stof__gemm_launch(g->fn, &g->cfg, &g->epi, &a,
+                             L->ctx->device.sm_count, stream, L->ctx->api);
 }
 
 stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,

@@ -507,6 +507,9 @@ static void so_describe(void *user, int i, char *buf, size_t n)
         snprintf(buf, n, "norm w%d", c->warps);
     else if (c->kind == KIND_CUBLASLT)
         snprintf(buf, n, "cublaslt algo %d", c->algo);
+    else if (c->cfg.wgmma)
+        snprintf(buf, n, "gemm wgmma %dx%dx%d st%d", c->cfg.block_m,
+                 c->cfg.block_n, c->cfg.block_k, c->cfg.stages);
     else
         snprintf(buf, n, "gemm %dx%dx%d %dx%d st%d", c->cfg.block_m,
                  c->cfg.block_n, c->cfg.block_k, c->cfg.warps_m,

@@ -9,6 +9,7 @@
 #include "internal.h"
 
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -294,4 +295,28 @@ int stof__cuda_fail(struct stof_context *ctx, CUresult r, const char *what,
                           short_path(file), line);
     return stof__fail(ctx, STOF_ERR_CUDA, "%s failed: %s at %s:%d",
                       what ? what : "CUDA call", name, short_path(file), line);
+}
+
+stof_encode_tiled_fn stof__encode_tiled(const stof_api *api)
+{
+    static _Atomic(stof_encode_tiled_fn) cached;
+    stof_encode_tiled_fn f = atomic_load(&cached);
+    if (f)
+        return f;
+    void *sym = NULL;
+    if (api && api->cuda_lib)
+        sym = dlsym(api->cuda_lib, "cuTensorMapEncodeTiled");
+    if (!sym) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
+        if (h) {
+            sym = dlsym(h, "cuTensorMapEncodeTiled");
+            dlclose(h); /* NOLOAD took a reference; the library stays */
+        }
+    }
+    if (!sym)
+        return NULL;
+    /* dlsym returns data pointers; POSIX guarantees the conversion. */
+    memcpy(&f, &sym, sizeof(f));
+    atomic_store(&cached, f);
+    return f;
 }

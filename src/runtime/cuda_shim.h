@@ -92,6 +92,18 @@ const stof_api *stof__api(void);
  * restores the loaded one). Not thread-safe; call before opening contexts. */
 void stof__api_override(const stof_api *api);
 
+/* cuTensorMapEncodeTiled (CUDA 12+), for the TMA kernels. */
+typedef CUresult (*stof_encode_tiled_fn)(
+    CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled from the libcuda `api` loaded (or, when the table
+ * was swapped, whichever libcuda the process already has); cached after
+ * the first success. NULL when neither has it. */
+stof_encode_tiled_fn stof__encode_tiled(const stof_api *api);
+
 struct stof_context;
 
 /* Record a failed driver call: the message names the call, the CUDA error

@@ -1,0 +1,325 @@
+// gemm_wgmma.cu - C = epilogue(A W^T) for sm_90a (Hopper): TMA loads,
+// wgmma, a producer warpgroup and two consumer warpgroups, persistent.
+// STOF_NEEDS_SM90A
+//
+// Same problem and epilogue semantics as gemm.cu (see src/kernels/gemm.h):
+// A [M][K] (lda), W [N][K] (ldw, an nn.Linear weight), C and residual
+// [M][N] (ldc), 16-bit (DTYPE), fp32 accumulation; on v = acc:
+//   BIAS      v += bias[n]
+//   ACT       v = act(v): 0 none, 1 gelu (tanh), 2 gelu (erf), 3 relu,
+//             4 silu
+//   RESIDUAL  v += residual[m][n]
+// then v is rounded to the dtype once and stored. No row norms here (the
+// row-complete variant stays in gemm.cu).
+//
+// Compile-time parameters (-D): DTYPE 0 fp16 / 1 bf16; BLOCK_N 64, 128 or
+// 256 (C tile columns; the tile has 128 rows, K goes in steps of 64);
+// STAGES 2..6 (K-steps of A and W in flight); BIAS, ACT, RESIDUAL.
+//
+// Grid: at most one CTA per SM (gridDim.x; the host passes the SM count),
+// 384 threads. The C tiles (ceil(M/128) x ceil(N/BLOCK_N)) are numbered in
+// groups of GW_GROUP_M tile rows (tile rows fastest inside a group, so
+// the CTAs running together share W tiles and A tiles in L2) and CTA x
+// computes tiles x, x + gridDim.x, ... (a static schedule).
+//
+// Roles:
+//   warpgroup 0   producer: one thread issues every TMA load (A box 64 x
+//                 128, W box 64 x BLOCK_N per K-step, 128-byte swizzle,
+//                 rows and columns past M, N, K arrive as zeros) into
+//                 STAGES slots, running on into the next tile while the
+//                 consumers finish the current one;
+//   warpgroups 1, 2 consumers: warpgroup 1 + c owns rows 64c .. 64c+63
+//                 of the tile: per K-step four wgmma m64 n BLOCK_N k16
+//                 (A and W from shared memory, both K-major), one K-step's
+//                 group kept in flight (the slot of K-step k-1 is released
+//                 once K-step k's group is issued and k-1's has retired);
+//                 then the epilogue on the accumulators (fragment pairs:
+//                 row g / g + 8 of each 16-row warp slice, columns 2 tq,
+//                 2 tq + 1 of each 8-column block), written rounded into
+//                 the warpgroup's rows of the C tile in shared memory and
+//                 stored by TMA (one thread), which goes on while the
+//                 warpgroup computes its next tile. Measured (H100, fp16,
+//                 16384 x 2304 x 768): storing each pair from registers
+//                 took a third of the kernel's time.
+// mbarriers: full[s] (1 arrival + the slot's bytes), empty[s] (lane 0 of
+// each of the 8 consumer warps).
+//
+// Shared memory (dynamic, from the first 1024-byte boundary;
+// stof__gemm_smem_bytes adds the 1024 bytes of slack): STAGES x {A 128
+// rows x 128 B, W BLOCK_N rows x 128 B}; the C tile (per warpgroup,
+// BLOCK_N / 64 blocks of 64 rows x 128 B, the TMA's 128-byte swizzle);
+// 2 x STAGES mbarriers.
+//
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,RESIDUAL=0 | DTYPE=1,BLOCK_N=128,STAGES=5,BIAS=0,ACT=0,RESIDUAL=1 | DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,ACT=3,RESIDUAL=1
+// STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,BIAS=1,ACT=4,RESIDUAL=1 | DTYPE=0,BLOCK_N=128,STAGES=2,BIAS=1,ACT=1,RESIDUAL=0
+#include "sm90_common.cuh"
+#include "gemm_epi.cuh"
+
+#ifndef BLOCK_N
+#define BLOCK_N 128
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+
+#define GW_BM 128                          // tile rows (two warpgroups)
+#define GW_BK 64                           // K per stage (128-byte rows)
+#define GW_GROUP_M 8                       // tile rows per raster group
+#define GW_A_BYTES (GW_BM * GW_BK * 2)
+#define GW_W_BYTES (BLOCK_N * GW_BK * 2)
+#define GW_STAGE_BYTES (GW_A_BYTES + GW_W_BYTES)
+#define GW_OFF_C (STAGES * GW_STAGE_BYTES)  // the C tile, staged
+#define GW_C_BYTES (GW_BM * BLOCK_N * 2)
+#define GW_OFF_BAR (GW_OFF_C + GW_C_BYTES)
+#define GW_ACC (BLOCK_N / 2)               // accumulators per thread
+#define GW_RC 8                            // residual 8-column blocks a pass
+
+static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256,
+              "BLOCK_N must be 64, 128 or 256");
+static_assert(STAGES >= 2 && STAGES <= 6, "STAGES must be 2..6");
+static_assert((BLOCK_N / 8) % GW_RC == 0, "GW_RC must divide BLOCK_N / 8");
+static_assert(GW_STAGE_BYTES % 1024 == 0,
+              "swizzle atoms must stay 1024-byte aligned");
+
+// The launch parameters, by value (__grid_constant__: the tensor maps are
+// read in place). Mirrored by stof_gemm_wgmma_params in src/kernels/gemm.c;
+// both sides check the size.
+struct stof_gemm_wgmma_params {
+    stof_tmap tm_a, tm_w;            // (K, M) and (K, N) maps, box 64 wide
+    stof_tmap tm_c;                  // (N, M) map of C, box 64 x 64
+    unsigned short *c;               // output, ldc elements per row
+    const unsigned short *bias;      // BIAS: [N]
+    const unsigned short *residual;  // RESIDUAL: [M][ldc]
+    stof_i64 ldc;
+    int M, N, K;
+    int tiles_m, tiles_n;
+    int pad_;
+    unsigned char tail_[72];         // to 512 bytes on both sides
+};
+static_assert(sizeof(stof_gemm_wgmma_params) == 512,
+              "stof_gemm_wgmma_params layout");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Tile t of the raster: its tile row and column.
+__device__ __forceinline__ void gw_tile(const stof_gemm_wgmma_params &p,
+                                        int t, int &tm, int &tn)
+{
+    const int per_group = GW_GROUP_M * p.tiles_n;
+    const int first = (t / per_group) * GW_GROUP_M;
+    const int rows = min(p.tiles_m - first, GW_GROUP_M);
+    const int r = t % per_group;
+    tm = first + r % rows;
+    tn = r / rows;
+}
+
+__device__ __forceinline__ unsigned gw_ldg_u32(const unsigned short *p)
+{
+    unsigned v;
+    asm volatile("ld.global.nc.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// One K-step: acc (+)= A rows of this warpgroup x W^T over 64 of K.
+__device__ __forceinline__ void gw_kstep(float (&acc)[GW_ACC], stof_u64 da,
+                                         stof_u64 dw, int first)
+{
+#pragma unroll
+    for (int kk = 0; kk < GW_BK / 16; kk++)
+        wg_mma_ss(acc, da + (stof_u64)(kk * 2), dw + (stof_u64)(kk * 2),
+                  !(first && kk == 0));
+}
+
+#endif // __CUDA_ARCH_FEAT_SM90_ALL
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char gw_smem_raw[];
+    const unsigned raw = stof_smem_addr(gw_smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;
+    const unsigned bar = base + GW_OFF_BAR;
+#define GW_FULL(s) (bar + 8u * (s))
+#define GW_EMPTY(s) (bar + 8u * (STAGES + (s)))
+#define GW_SA(s) (base + (s) * GW_STAGE_BYTES)
+#define GW_SW(s) (base + (s) * GW_STAGE_BYTES + GW_A_BYTES)
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2;
+    const int n_tiles = p.tiles_m * p.tiles_n;
+    const int kt_n = (p.K + GW_BK - 1) / GW_BK;
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            mb_init(GW_FULL(s), 1);
+            mb_init(GW_EMPTY(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ------------------------------------------------------------------
+        // Producer
+        // ------------------------------------------------------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (tid == 0) {
+            tma_prefetch_map(&p.tm_a);
+            tma_prefetch_map(&p.tm_w);
+            int s = 0, gk = 0; // slot; K-steps loaded so far
+            unsigned ph = 0;
+            for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+                int tm, tn;
+                gw_tile(p, t, tm, tn);
+                for (int kt = 0; kt < kt_n; kt++, gk++) {
+                    if (gk >= STAGES)
+                        mb_wait(GW_EMPTY(s), ph ^ 1u);
+                    mb_expect_tx(GW_FULL(s), GW_STAGE_BYTES);
+                    tma_load2(GW_SA(s), &p.tm_a, kt * GW_BK, tm * GW_BM,
+                              GW_FULL(s));
+                    tma_load2(GW_SW(s), &p.tm_w, kt * GW_BK, tn * BLOCK_N,
+                              GW_FULL(s));
+                    if (++s == STAGES) {
+                        s = 0;
+                        ph ^= 1u;
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    // ----------------------------------------------------------------------
+    // Consumers
+    // ----------------------------------------------------------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int cw = wg - 1;            // rows 64 cw .. 64 cw + 63
+    const int wl = warp & 3;          // 16-row slice of the warpgroup
+    const int ctid = tid & 127;       // thread in the warpgroup
+    const int g = lane >> 2, tq = lane & 3;
+    float acc[GW_ACC];
+    int s = 0;
+    unsigned ph = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        int tm, tn;
+        gw_tile(p, t, tm, tn);
+#if BIAS
+        // This thread's bias pairs, loaded now: their latency passes under
+        // the K loop (loaded in the epilogue, each would wait behind the
+        // stores before it, which the compiler cannot reorder).
+        unsigned bias_r[BLOCK_N / 8];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; j++) {
+            const int col = tn * BLOCK_N + 8 * j + 2 * tq;
+            bias_r[j] = col < p.N ? gw_ldg_u32(p.bias + col) : 0u;
+        }
+#endif
+        int prev = 0;
+        for (int kt = 0; kt < kt_n; kt++) {
+            mb_wait(GW_FULL(s), ph);
+            wg_fence();
+            gw_kstep(acc, wg_desc(GW_SA(s) + cw * 64 * 128, 16, 1024),
+                     wg_desc(GW_SW(s), 16, 1024), kt == 0);
+            wg_commit();
+            if (kt > 0) {
+                wg_wait<1>(); // K-step kt-1 has retired: free its slot
+                __syncwarp();
+                if (lane == 0)
+                    mb_arrive(GW_EMPTY(prev));
+            }
+            prev = s;
+            if (++s == STAGES) {
+                s = 0;
+                ph ^= 1u;
+            }
+        }
+        wg_wait<0>();
+        wg_keep(acc);
+        __syncwarp();
+        if (lane == 0)
+            mb_arrive(GW_EMPTY(prev));
+
+        // ---- epilogue: registers -> this warpgroup's C rows in shared
+        // memory (64-column blocks of 64 rows x 128 B, 128-byte swizzle:
+        // conflict-free for the fragment pattern) -> TMA stores, which
+        // run on while the warpgroup starts the next tile. GW_RC 8-column
+        // blocks at a time: their residual pairs are loaded together
+        // first, so their latencies overlap.
+        const unsigned s_c = base + GW_OFF_C + cw * (64 * BLOCK_N * 2);
+        // The previous tile's stores have read the buffer.
+        if (ctid == 0)
+            bulk_wait_read0();
+        named_bar_sync(1 + cw, 128);
+        const int r0 = wl * 16 + g; // row in the warpgroup's 64
+#pragma unroll
+        for (int j0 = 0; j0 < BLOCK_N / 8; j0 += GW_RC) {
+#if RESIDUAL
+            const int row0 = tm * GW_BM + cw * 64 + r0;
+            unsigned res_r[GW_RC][2];
+#pragma unroll
+            for (int jj = 0; jj < GW_RC; jj++) {
+                const int col = tn * BLOCK_N + 8 * (j0 + jj) + 2 * tq;
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int row = row0 + 8 * hh;
+                    res_r[jj][hh] =
+                        col < p.N && row < p.M
+                            ? gw_ldg_u32(p.residual +
+                                         (stof_i64)row * p.ldc + col)
+                            : 0u;
+                }
+            }
+#endif
+#pragma unroll
+            for (int jj = 0; jj < GW_RC; jj++) {
+                const int j = j0 + jj;
+                float b0 = 0.0f, b1 = 0.0f;
+#if BIAS
+                b0 = gm_lo(bias_r[j]);
+                b1 = gm_hi(bias_r[j]);
+#endif
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = r0 + 8 * hh;
+                    float v0 = gm_act(acc[4 * j + 2 * hh] + b0);
+                    float v1 = gm_act(acc[4 * j + 2 * hh + 1] + b1);
+#if RESIDUAL
+                    v0 += gm_lo(res_r[jj][hh]);
+                    v1 += gm_hi(res_r[jj][hh]);
+#endif
+                    const unsigned off = (j >> 3) * (64 * 128) + r * 128 +
+                                         (((j & 7) ^ (r & 7)) << 4) + 4 * tq;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_c + off),
+                                 "r"(stof_pack2(v0, v1))
+                                 : "memory");
+                }
+            }
+        }
+        // The writes, seen by the TMA (async proxy), then one thread
+        // stores the warpgroup's 64 rows (the map clips rows >= M and
+        // columns >= N).
+        fence_proxy_async();
+        named_bar_sync(1 + cw, 128);
+        if (ctid == 0) {
+#pragma unroll
+            for (int cb = 0; cb < BLOCK_N / 64; cb++)
+                tma_store2(&p.tm_c, tn * BLOCK_N + cb * 64,
+                           tm * GW_BM + cw * 64, s_c + cb * (64 * 128));
+            bulk_commit();
+        }
+    }
+    // Leave only once the last stores have completed (they read this
+    // CTA's shared memory).
+    if (ctid == 0)
+        bulk_wait0();
+#undef GW_FULL
+#undef GW_EMPTY
+#undef GW_SA
+#undef GW_SW
+#else
+    __trap(); // needs sm_90a (wgmma, setmaxnreg)
+#endif
+}
