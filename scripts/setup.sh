@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # One command for a fresh Debian/Ubuntu machine: install the build
-# dependencies (when missing), configure and build stof in ./build, and run
-# the main job (stof-demo: the mask suite on the CPU, and masked attention on
-# the GPU when one is present; without one it says so and runs the CPU part).
+# dependencies (when missing), configure and build stof in ./build, run the
+# main job (stof-demo: the mask suite on the CPU, and masked attention on
+# the GPU when one is present; without one it says so and runs the CPU
+# part), and pip-install the Python package into ./build/venv.
 #
 #   bash scripts/setup.sh            # as root, or with sudo available
 #
 # Environment: BUILD_DIR (default build), STOF_WERROR=1 (warnings are
-# errors, as in CI), CUDA_HOME (default /usr/local/cuda).
+# errors, as in CI), CUDA_HOME (default /usr/local/cuda), STOF_PIP=0 (skip
+# the pip install of the Python package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-PKGS="meson ninja-build pkg-config gcc g++ python3 libsqlite3-dev libuv1-dev \
-libxxhash-dev libcriterion-dev libjansson-dev"
+PKGS="meson ninja-build pkg-config gcc g++ python3 python3-venv libsqlite3-dev \
+libuv1-dev libxxhash-dev libcriterion-dev libjansson-dev"
 
 missing=""
 for p in $PKGS; do
@@ -46,3 +48,15 @@ ninja -C "$BUILD_DIR"
 
 echo "== running the main job: $BUILD_DIR/tools/stof-demo"
 "$BUILD_DIR/tools/stof-demo"
+
+# The Python package as users install it (pip install ., meson-python from
+# PyPI), into a virtual environment in the build directory, where the
+# python_package test imports it from. STOF_PIP=0 skips it (offline).
+if [ "${STOF_PIP:-1}" != 0 ]; then
+    echo "== pip install . into $BUILD_DIR/venv"
+    [ -x "$BUILD_DIR/venv/bin/python" ] || python3 -m venv "$BUILD_DIR/venv"
+    "$BUILD_DIR/venv/bin/python" -m pip install --quiet --force-reinstall \
+        --no-deps -Csetup-args=-Dcudatoolkit="$CUDA_HOME" .
+    "$BUILD_DIR/venv/bin/python" -c \
+        'import stof; print("== stof", stof.__version__, "from", stof.__file__)'
+fi

@@ -37,10 +37,12 @@ or (batch * seq, hidden) tensors.
 q, k, v, out: CUDA tensors of shape (batch, heads, seq, head_dim) in
 torch.float16 or torch.bfloat16 whose last dimension is contiguous (any other
 strides work, e.g. a (batch, seq, heads, dim) tensor transposed to BHSD).
-The library is found through $STOF_LIBRARY, else next to this package in a
-meson build directory, else by the system loader (libstof.so.0).
+The library is found through $STOF_LIBRARY, else inside this package (pip
+install .), else next to this package in a meson build directory, else by
+the system loader (libstof.so.0).
 """
 import ctypes
+import sys
 import json
 import math
 import os
@@ -62,6 +64,20 @@ _STATUS_UNSUPPORTED = 6
 _STACK_GRAPH = 1  # STOF_STACK_GRAPH
 
 
+def _torch():
+    """PyTorch, or an ImportError naming the stof call that needs it (masks,
+    mask families and the tuning database work without it)."""
+    try:
+        import torch
+    except ImportError:
+        caller = sys._getframe(1).f_code.co_name
+        raise ImportError(
+            f"stof: {caller}() needs PyTorch, which is not installed (pip "
+            f"install torch, or pip install 'stof[torch]'); masks, mask "
+            f"families and the tuning database work without it") from None
+    return torch
+
+
 class StofError(RuntimeError):
     """A stof call failed; .status is the stof_status code."""
 
@@ -75,6 +91,10 @@ def library_path():
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
+    # Installed by pip: the library sits in the package.
+    p = os.path.join(here, "libstof.so")
+    if os.path.exists(p):
+        return p
     root = os.path.dirname(os.path.dirname(here))
     for d in ("build", "build-dev", "build-release", ".carry/lib"):
         p = os.path.join(root, d, "src", "libstof.so")
@@ -219,7 +239,7 @@ def pack_bitmap(allowed):
     (batch, rows, keys), True = may attend: int32 (.., rows, ceil(keys /
     32)), bit k % 32 of word k / 32, on the tensor's device (give it to a
     plan's run as bitmap=...)."""
-    import torch
+    torch = _torch()
     if allowed.dim() not in (2, 3):
         raise ValueError("pack_bitmap: (rows, keys) or (batch, rows, keys)")
     n = allowed.shape[-1]
@@ -240,7 +260,7 @@ def _bitmap_field(d, val, device, keep):
     d.bitmap_words = int(val.shape[-1])
     d.bitmap_stride = 0 if val.ndim == 2 else int(val.shape[1]) * int(val.shape[2])
     if device is not None:
-        import torch
+        torch = _torch()
         if not isinstance(val, torch.Tensor) or not val.is_cuda or \
                 val.dtype != torch.int32 or not val.is_contiguous():
             raise ValueError("bitmap must be a contiguous int32 CUDA tensor (pack_bitmap)")
@@ -292,7 +312,7 @@ def _mask_data(fields, device, batch, seq_k, keep, packed=False, heads=None):
             heads if name == "head_window" else batch
         wide = name == "seed"
         if device is not None:
-            import torch
+            torch = _torch()
             t = val
             dt = torch.int64 if wide else torch.int32
             if not isinstance(t, torch.Tensor) or not t.is_cuda or \
@@ -469,7 +489,7 @@ def pad_bias(bias):
     ...) needs. Dimensions of size 1 and broadcast ones (stride 0, e.g. from
     expand) stay broadcast, not materialised. Always a new tensor: make it
     once and write later biases into it (plans take the layout only)."""
-    import torch
+    torch = _torch()
     if bias.dim() < 1:
         raise ValueError("pad_bias: the bias must have a key dimension")
     shape = tuple(bias.shape)
@@ -487,7 +507,7 @@ def pad_bias(bias):
 
 def _lse_ptr(lse, n):
     """The device pointer of an LSE output tensor of n float32 elements."""
-    import torch
+    torch = _torch()
     if not isinstance(lse, torch.Tensor) or not lse.is_cuda or \
             lse.dtype != torch.float32 or not lse.is_contiguous() or lse.numel() != n:
         raise ValueError("lse must be a contiguous float32 CUDA tensor of %d elements" % n)
@@ -601,7 +621,7 @@ def _dtype_code(dtype):
         if dtype.lower() not in codes:
             raise ValueError("dtype must be fp16 or bf16, not %r" % dtype)
         return codes[dtype.lower()]
-    import torch
+    torch = _torch()
     if dtype == torch.float16:
         return 0
     if dtype == torch.bfloat16:
@@ -624,7 +644,7 @@ def _stream_handle(stream):
     """A cudaStream_t as an int: torch's current stream when None, a
     torch.cuda.Stream / ExternalStream, or a raw handle (int)."""
     if stream is None:
-        import torch
+        torch = _torch()
         return torch.cuda.current_stream().cuda_stream
     if isinstance(stream, int):
         return stream
@@ -651,7 +671,7 @@ class Context:
         lib.stof_default_settings(ctypes.byref(s))
         if device is None:
             try:
-                import torch
+                torch = _torch()
                 device = torch.cuda.current_device() if torch.cuda.is_available() else 0
             except ImportError:
                 device = 0
@@ -759,7 +779,7 @@ class Context:
         return _set_bias(d, bias, q, seq_k)
 
     def _desc(self, q, k, v, scale, out):
-        import torch
+        torch = _torch()
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
             raise ValueError("q, k, v must be 4-D (batch, heads, seq, head_dim)")
         if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -838,7 +858,7 @@ class Context:
             raise ValueError("bias: an additive bias is not supported with the packed "
                              "layout; use attention_plan_family with (batch, heads, "
                              "seq, head_dim) tensors")
-        import torch
+        torch = _torch()
         if not isinstance(family, MaskFamily):
             raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
@@ -955,7 +975,7 @@ class Mask:
 
     def to_dense(self):
         """A (seq_q, seq_k) torch.bool tensor on the CPU."""
-        import torch
+        torch = _torch()
         sq, sk = self.shape
         t = torch.empty((sq, sk), dtype=torch.uint8)
         self._ctx._lib.stof_mask_to_dense(self._h, ctypes.c_void_p(t.data_ptr()))
@@ -1020,7 +1040,7 @@ class Plan:
         return _json_out(self._ctx._lib.stof_plan_describe, self._h)
 
     def _check_tensors(self, q, k, v, out, stream):
-        import torch
+        torch = _torch()
         if tuple(q.shape) != self._qshape or tuple(k.shape) != self._kshape or \
                 tuple(v.shape) != self._kshape or tuple(out.shape) != self._qshape:
             raise ValueError("tensor shapes differ from the plan's")
@@ -1150,7 +1170,7 @@ class PackedPlan(Plan):
         if bias is not None:
             raise ValueError("bias: an additive bias is not supported with the packed "
                              "layout")
-        import torch
+        torch = _torch()
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or out.shape != q.shape or \
                 k.shape != v.shape:
             raise ValueError("q, out (total_q, heads, dim) and k, v (total_k, heads, dim)")
@@ -1210,7 +1230,7 @@ class Layer:
 
     @property
     def dtype(self):
-        import torch
+        torch = _torch()
         return torch.float16 if self._dtype_code == 0 else torch.bfloat16
 
     @property
