@@ -54,9 +54,17 @@ __all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
 
 def __getattr__(name):
     """stof.__version__: the loaded library's version (stof_version_string),
-    read when first asked for, so importing stof loads nothing."""
+    read when first asked for, so importing stof loads nothing.
+    stof.attention: the PyTorch operator (stof.ops, imported on first use:
+    it needs PyTorch)."""
     if name == "__version__":
         return _load().stof_version_string().decode()
+    if name in ("attention", "ops"):
+        _torch("stof." + name)
+        # (not "from . import ops": that asks this function for "ops")
+        import importlib
+        ops = importlib.import_module(__name__ + ".ops")
+        return ops if name == "ops" else ops.attention
     raise AttributeError("module 'stof' has no attribute %r" % name)
 
 _STATUS_BUFFER_TOO_SMALL = 10
@@ -64,15 +72,16 @@ _STATUS_UNSUPPORTED = 6
 _STACK_GRAPH = 1  # STOF_STACK_GRAPH
 
 
-def _torch():
-    """PyTorch, or an ImportError naming the stof call that needs it (masks,
-    mask families and the tuning database work without it)."""
+def _torch(what=None):
+    """PyTorch, or an ImportError naming what needs it (default: the
+    calling function; masks, mask families and the tuning database work
+    without it)."""
     try:
         import torch
     except ImportError:
-        caller = sys._getframe(1).f_code.co_name
+        what = what or sys._getframe(1).f_code.co_name + "()"
         raise ImportError(
-            f"stof: {caller}() needs PyTorch, which is not installed (pip "
+            f"stof: {what} needs PyTorch, which is not installed (pip "
             f"install torch, or pip install 'stof[torch]'); masks, mask "
             f"families and the tuning database work without it") from None
     return torch
@@ -1090,6 +1099,16 @@ class Plan:
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out
 
+    def _launch(self, q, k, v, out, s):
+        """stof_attention_run without run()'s checks: q, k, v, out already
+        known to match the plan (stof.ops keys its plans by exactly what
+        run() checks); s: the stream handle (ctypes or int)."""
+        st = self._ctx._lib.stof_attention_run(
+            self._h, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), s)
+        if st != 0:
+            raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
+        return out
+
     def run(self, q, k, v, out, stream=None, lse=None, bias=None):
         """Enqueue on `stream` (a torch.cuda.Stream; default: the current one).
         The tensors must have the strides the plan was made with. lse: None,
@@ -1101,14 +1120,12 @@ class Plan:
         if self._bias is not None or bias is not None:
             return self._run_ex(s, q, k, v, out, None, lse, bias,
                                 self._qshape[0] * self._qshape[1] * self._qshape[2])
-        if lse is not None:
-            st = self._ctx._lib.stof_attention_run_lse(
-                self._h, None, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                out.data_ptr(), _lse_ptr(lse, self._qshape[0] * self._qshape[1] *
-                                         self._qshape[2]), s)
-        else:
-            st = self._ctx._lib.stof_attention_run(
-                self._h, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), s)
+        if lse is None:
+            return self._launch(q, k, v, out, s)
+        st = self._ctx._lib.stof_attention_run_lse(
+            self._h, None, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+            out.data_ptr(), _lse_ptr(lse, self._qshape[0] * self._qshape[1] *
+                                     self._qshape[2]), s)
         if st != 0:
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out

@@ -1,0 +1,117 @@
+"""stof attention as a PyTorch operator: torch.ops.stof.attention, registered
+through torch.library with a fake (meta) implementation, so that models
+calling it compile with torch.compile(fullgraph=True) and run under CUDA-graph
+capture (mode="reduce-overhead"). Inference only (no backward).
+
+    import stof
+    out = stof.attention(q, k, v, mask="causal")             # (B, H, S, D)
+    out = stof.attention(q, k, v, mask="sliding:256", layout="bshd")
+
+Plans are made on first use and cached per device, mask spec, shapes,
+strides, dtype, scale, soft-cap and bias layout: the first call of each
+(tuning, or a database hit) must happen outside a CUDA-graph capture, as
+torch.compile's warm-up runs do. The contexts are stof.Context() per device
+(so $STOF_TUNING_MODE and the default databases apply).
+"""
+import threading
+from typing import Optional
+
+import torch
+
+from . import Context
+
+_lock = threading.Lock()
+_contexts = {}  # device index -> Context
+_masks = {}     # (device, spec, seq_q, seq_k) -> Mask
+_plans = {}     # see _plan
+
+
+def _context(device):
+    ctx = _contexts.get(device)
+    if ctx is None:
+        ctx = _contexts[device] = Context(device=device)
+    return ctx
+
+
+def _layout_key(t):
+    return None if t is None else (tuple(t.shape), tuple(t.stride()))
+
+
+def _plan(q, k, v, out, mask, scale, softcap, bias):
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    key = (dev, mask, tuple(q.shape), tuple(k.shape),
+           tuple(tuple(t.stride()) for t in (q, k, v, out)), q.dtype, scale,
+           softcap, _layout_key(bias))
+    p = _plans.get(key)
+    if p is not None:
+        return p
+    with _lock:
+        p = _plans.get(key)
+        if p is None:
+            ctx = _context(dev)
+            mkey = (dev, mask, q.shape[2], k.shape[2])
+            m = _masks.get(mkey)
+            if m is None:
+                m = _masks[mkey] = ctx.mask(mask, q.shape[2], k.shape[2])
+            p = _plans[key] = ctx.attention_plan(
+                q, k, v, m, scale=scale, out=out, softcap=softcap,
+                bias=_layout_key(bias))
+    return p
+
+
+def _attention_impl(q, k, v, mask, scale, softcap, bias):
+    out = torch.empty_like(q)
+    p = _plan(q, k, v, out, mask, scale, softcap, bias)
+    if bias is None:
+        # The plan's key holds every property run() would check.
+        return p._launch(q, k, v, out, torch.cuda.current_stream(q.device).cuda_stream)
+    return p.run(q, k, v, out, bias=bias)
+
+
+@torch.library.custom_op("stof::attention", mutates_args=())
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str,
+               scale: float, softcap: float,
+               bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _attention_impl(q, k, v, mask, scale, softcap, bias)
+
+
+@_attention.register_fake
+def _attention_fake(q, k, v, mask, scale, softcap, bias):
+    return torch.empty_like(q)
+
+
+def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
+              bias=None):
+    """Masked attention of q against k, v: torch.ops.stof.attention.
+
+    q: (B, H, Sq, D), k and v: (B, Hkv, Sk, D) with Hkv dividing H
+    (grouped-query attention), or all with S and H swapped for
+    layout="bshd"; float16 or bfloat16 CUDA tensors, the last dimension
+    contiguous. mask: a stof mask spec ("dense", "causal", "sliding:256",
+    "bigbird:64:3:2:3:1", ...; stof.Context.mask) of Sq x Sk. scale: None =
+    1 / sqrt(D). softcap: 0, or scores s -> softcap * tanh(s / softcap).
+    bias: None, or an additive bias broadcasting to (B, H, Sq, Sk) in q's
+    dtype (the key dimension contiguous, other strides multiples of 8: see
+    stof.pad_bias); -inf masks a key. Returns a new tensor shaped and laid
+    out like q. Rows with no allowed key give zeros."""
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout {layout!r}: 'bhsd' (batch, heads, seq, dim) "
+                         "or 'bshd' (batch, seq, heads, dim)")
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    args = (q, k, v, str(mask), 0.0 if scale is None else float(scale),
+            float(softcap), bias)
+    # Traced by torch.compile / torch.export: the registered operator (its
+    # fake implementation gives the output's shape). Eager: the same
+    # implementation without the dispatcher's cost per call.
+    out = (torch.ops.stof.attention(*args) if torch.compiler.is_compiling()
+           else _attention_impl(*args))
+    return out.transpose(1, 2) if layout == "bshd" else out
+
+
+def clear_cache():
+    """Forget the cached plans and masks (their GPU memory is freed once
+    nothing else holds them)."""
+    with _lock:
+        _plans.clear()
+        _masks.clear()
