@@ -1,0 +1,2 @@
+"""Integrations of stof with other libraries (each imported on its own:
+stof.integrations.transformers needs Hugging Face transformers)."""
