@@ -16,23 +16,15 @@
 #define RESIDUAL 0
 #endif
 
-__device__ __forceinline__ float gm_to_f32(unsigned short h)
-{
-#if DTYPE == 0
-    return stof_f16_to_f32(h);
-#else
-    return stof_bf16_to_f32(h);
-#endif
-}
-
+// The low and high 16-bit values of a pair, as float.
 __device__ __forceinline__ float gm_lo(unsigned x)
 {
-    return gm_to_f32((unsigned short)(x & 0xffffu));
+    return stof_load_bits((unsigned short)(x & 0xffffu));
 }
 
 __device__ __forceinline__ float gm_hi(unsigned x)
 {
-    return gm_to_f32((unsigned short)(x >> 16));
+    return stof_load_bits((unsigned short)(x >> 16));
 }
 
 // 2^x with the SFU (ex2.approx: about 2 ulp; +0 far below, +inf far

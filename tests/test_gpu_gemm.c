@@ -256,7 +256,9 @@ static void norms(stof_dtype dt)
 {
     stof_context *ctx = open_or_skip();
     static const stof_gemm_cfg cfgs[] = {
-        {16, 64, 64, 1, 4, 3, 0}, {32, 128, 32, 2, 4, 3, 0}, {64, 64, 32, 2, 2, 3, 0}};
+        {16, 64, 64, 1, 4, 3, 0},
+        {32, 128, 32, 2, 4, 3, 0},
+        {64, 64, 32, 2, 2, 3, 0}};
     int i = 0;
     for (int norm = 1; norm <= 2; norm++)
         for (int pre = 0; pre < 2; pre++, i++) {
@@ -293,11 +295,55 @@ Test(gpu, layer_shapes, .timeout = 600)
 /* Timing (STOF_GEMM_BENCH=1)                                                */
 /* ------------------------------------------------------------------------ */
 
-Test(gpu, bench, .timeout = 600)
+static void bench_or_skip(void)
 {
     const char *b = getenv("STOF_GEMM_BENCH");
     if (!b || !b[0] || strcmp(b, "0") == 0)
         cr_skip_test("set STOF_GEMM_BENCH=1 to time the GEMM");
+}
+
+/* One GEMM launch to time: the template's kernel (fn) or, with lt set,
+ * cuBLASLt's algorithm `algo`. */
+typedef struct timed {
+    CUfunction fn;
+    const stof_gemm_cfg *cfg;
+    const stof_gemm_epi *epi;
+    const stof_blaslt_gemm *lt;
+    int algo;
+    CUdeviceptr ws;
+} timed;
+
+static stof_status timed_launch(const stof_context *ctx, const timed *t,
+                                const stof_gemm_args *a)
+{
+    return t->lt ? stof__blaslt_run(t->lt, t->algo, a, t->ws, NULL)
+                 : stof__gemm_launch(t->fn, t->cfg, t->epi, a,
+                                     ctx->device.sm_count, NULL, ctx->api);
+}
+
+/* Mean milliseconds of one launch over `iters` (CUDA events, after 3
+ * warm-ups); INFINITY when the launch fails. */
+static double time_ms(const stof_context *ctx, const timed *t,
+                      const stof_gemm_args *a, int iters, CUevent e0,
+                      CUevent e1)
+{
+    const stof_api *api = ctx->api;
+    for (int w = 0; w < 3; w++)
+        if (timed_launch(ctx, t, a) != STOF_OK)
+            return INFINITY;
+    api->cuEventRecord(e0, NULL);
+    for (int it = 0; it < iters; it++)
+        timed_launch(ctx, t, a);
+    api->cuEventRecord(e1, NULL);
+    cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
+    float ms = 0.0f;
+    api->cuEventElapsedTime(&ms, e0, e1);
+    return ms / (float)iters;
+}
+
+Test(gpu, bench, .timeout = 600)
+{
+    bench_or_skip();
     stof_context *ctx = open_or_skip();
     const stof_api *api = ctx->api;
     static const stof_gemm_cfg cfgs[] = {
@@ -355,19 +401,9 @@ Test(gpu, bench, .timeout = 600)
         double best = 0.0;
         int best_i = -1;
         for (int i = 0; i < NC; i++) {
-            const int iters = M >= 1024 ? 20 : 50;
-            for (int w = 0; w < 3; w++)
-                stof__gemm_launch(k[i].fn, &cfgs[i], &e, &a,
-                                  ctx->device.sm_count, NULL, api);
-            api->cuEventRecord(e0, NULL);
-            for (int it = 0; it < iters; it++)
-                stof__gemm_launch(k[i].fn, &cfgs[i], &e, &a,
-                                  ctx->device.sm_count, NULL, api);
-            api->cuEventRecord(e1, NULL);
-            cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
-            float ms = 0.0f;
-            api->cuEventElapsedTime(&ms, e0, e1);
-            ms /= (float)iters;
+            const timed t = {k[i].fn, &cfgs[i], &e, NULL, 0, 0};
+            const double ms =
+                time_ms(ctx, &t, &a, M >= 1024 ? 20 : 50, e0, e1);
             const double tf = 2.0 * M * N * (double)K / (ms * 1e-3) / 1e12;
             const double model =
                 stof__gemm_model_ms(&ctx->device, &cfgs[i], &e, M, N, K);
@@ -471,9 +507,7 @@ Test(gpu, wgmma_tiles, .timeout = 600)
  * (which cuBLASLt cannot fuse). Logs one line per shape. */
 Test(gpu, bench_hopper, .timeout = 600)
 {
-    const char *bb = getenv("STOF_GEMM_BENCH");
-    if (!bb || !bb[0] || strcmp(bb, "0") == 0)
-        cr_skip_test("set STOF_GEMM_BENCH=1 to time the GEMM");
+    bench_or_skip();
     stof_context *ctx = open_hopper_or_skip();
     const stof_api *api = ctx->api;
     static const int shapes[][3] = {
@@ -526,19 +560,9 @@ Test(gpu, bench_hopper, .timeout = 600)
         int best_i[2] = {-1, -1};
         for (int x = 0; x < 2; x++)
             for (int i = 0; i < N_WG_TILES; i++) {
-                const int iters = 20;
-                for (int w = 0; w < 3; w++)
-                    stof__gemm_launch(k[x][i].fn, &wg_tiles[i], &epis[x], &a,
-                                      ctx->device.sm_count, NULL, api);
-                api->cuEventRecord(e0, NULL);
-                for (int it = 0; it < iters; it++)
-                    stof__gemm_launch(k[x][i].fn, &wg_tiles[i], &epis[x], &a,
-                                      ctx->device.sm_count, NULL, api);
-                api->cuEventRecord(e1, NULL);
-                cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
-                float ms = 0.0f;
-                api->cuEventElapsedTime(&ms, e0, e1);
-                ms /= (float)iters;
+                const timed t = {k[x][i].fn, &wg_tiles[i], &epis[x], NULL, 0,
+                                 0};
+                const double ms = time_ms(ctx, &t, &a, 20, e0, e1);
                 if (ms < best[x]) {
                     best[x] = ms;
                     best_i[x] = i;
@@ -551,20 +575,8 @@ Test(gpu, bench_hopper, .timeout = 600)
             stof__blaslt_create(ctx, dt, M, N, K, K, K, N, &epis[0], 8,
                                 &lt) == STOF_OK) {
             for (int al = 0; al < stof__blaslt_n_algos(lt); al++) {
-                const int iters = 20;
-                int ok = 1;
-                for (int w = 0; w < 3 && ok; w++)
-                    ok = stof__blaslt_run(lt, al, &a, ws, NULL) == STOF_OK;
-                if (!ok)
-                    continue;
-                api->cuEventRecord(e0, NULL);
-                for (int it = 0; it < iters; it++)
-                    stof__blaslt_run(lt, al, &a, ws, NULL);
-                api->cuEventRecord(e1, NULL);
-                cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
-                float ms = 0.0f;
-                api->cuEventElapsedTime(&ms, e0, e1);
-                ms /= (float)iters;
+                const timed t = {NULL, NULL, NULL, lt, al, ws};
+                const double ms = time_ms(ctx, &t, &a, 20, e0, e1);
                 if (ms < lt_ms)
                     lt_ms = ms;
             }
