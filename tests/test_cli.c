@@ -7,6 +7,7 @@
  * $STOF_TUNE (set by tests/meson.build).
  */
 #include <criterion/criterion.h>
+#include <jansson.h>
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -174,7 +175,8 @@ static int gpu_present(void)
 
 static const char *const commands[] = {"tune",   "pending", "ls",
                                        "show",   "stats",   "export",
-                                       "import", "merge",   "verify", "gc"};
+                                       "import", "merge",   "verify", "gc",
+                                       "doctor"};
 
 Test(cli, help_for_every_command)
 {
@@ -195,6 +197,59 @@ Test(cli, help_for_every_command)
     }
     cr_assert_eq(run("--version"), 0);
     cr_assert(strstr(out_buf, stof_version_string()));
+}
+
+/* doctor: the libraries, GPUs, database and settings in use, whatever
+ * the host has (exit 0); --json is one parsable document whose fields
+ * follow the environment. */
+Test(cli, doctor_reports_what_the_host_has)
+{
+    const fx recs[] = {{1, "NVIDIA H100", 13000, 0.3, 1, "a", 0, 1, NULL},
+                       {2, "NVIDIA H100", 13000, 0.4, 0, "a", 0, 2, NULL}};
+    make_db(P("d.db"), recs, 2);
+    cr_assert_eq(run("doctor"), 0, "%s", err_buf);
+    cr_assert(strstr(out_buf, "libcuda"), "%s", out_buf);
+    cr_assert(strstr(out_buf, stof_version_string()), "%s", out_buf);
+    cr_assert_eq(run("doctor --json --db %s", P("d.db")), 0, "%s", err_buf);
+    json_error_t je;
+    json_t *doc = json_loads(out_buf, 0, &je);
+    cr_assert(doc, "not JSON (%s): %s", je.text, out_buf);
+    cr_expect_str_eq(json_string_value(json_object_get(
+                         json_object_get(doc, "stof"), "version")),
+                     stof_version_string());
+    json_t *libs = json_object_get(doc, "libraries");
+    cr_expect(json_is_boolean(json_object_get(
+        json_object_get(libs, "libcuda"), "loaded")));
+    cr_expect(json_is_array(json_object_get(doc, "devices")));
+    json_t *db = json_array_get(json_object_get(doc, "databases"), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(db, "path_from")),
+                     "--db");
+    cr_expect_eq(json_integer_value(json_object_get(db, "records")), 2);
+    cr_expect_eq(json_integer_value(json_object_get(db, "schema")),
+                 STOF_DB_SCHEMA_VERSION);
+    json_decref(doc);
+    /* Told to use no driver and a mode that does not exist: it says so. */
+    cr_assert_eq(run("doctor --json --db %s", P("missing.db")), 0);
+    setenv("STOF_LIBCUDA", "none", 1);
+    setenv("STOF_TUNING_MODE", "bogus", 1);
+    const int rc = run("doctor --json --db %s", P("missing.db"));
+    unsetenv("STOF_LIBCUDA");
+    unsetenv("STOF_TUNING_MODE");
+    cr_assert_eq(rc, 0, "%s", err_buf);
+    doc = json_loads(out_buf, 0, &je);
+    cr_assert(doc, "not JSON (%s): %s", je.text, out_buf);
+    json_t *cuda = json_object_get(json_object_get(doc, "libraries"),
+                                   "libcuda");
+    cr_expect(json_is_false(json_object_get(cuda, "loaded")));
+    cr_expect(strstr(json_string_value(json_object_get(cuda, "chosen_by")),
+                     "$STOF_LIBCUDA=none"));
+    cr_expect_eq(json_array_size(json_object_get(doc, "devices")), 0);
+    cr_expect(strstr(json_string_value(json_object_get(doc, "tuning_mode")),
+                     "INVALID"));
+    cr_expect(json_is_false(json_object_get(
+        json_array_get(json_object_get(doc, "databases"), 0), "exists")));
+    cr_expect(!exists(P("missing.db")), "doctor created the database");
+    json_decref(doc);
 }
 
 Test(cli, usage_errors)

@@ -12,6 +12,7 @@
  *   merge     merge database files into a new file
  *   verify    re-check this GPU's records against the reference
  *   gc        drop records made by other stof or template versions
+ *   doctor    which libraries, GPUs and databases stof uses here (and why)
  *
  * This file holds the command table, option parsing (getopt_long), the
  * mapping from statuses to exit codes, and the cleanup of temporary output
@@ -190,6 +191,15 @@ static const command commands[] = {
      "without checking again; bad ones are reported, and deleted with\n"
      "--drop. Records without a mask spec cannot be rebuilt and are\n"
      "skipped.\n"},
+    {"doctor", cmd_doctor, "db json", 0, 0,
+     "usage: stof-tune doctor [--db PATH] [--json]\n"
+     "\n"
+     "What this host gives stof: which libcuda, NVRTC and cuBLASLt were\n"
+     "loaded (the file, the variable or default search that chose it, the\n"
+     "version, or why one is missing), each GPU as stof sees it, the user\n"
+     "database (path, where the path came from, schema, records, misses,\n"
+     "trusted records), the tuning mode, the stof variables set, and this\n"
+     "build's version and template hash. Exit 0 whatever it finds.\n"},
     {"gc", cmd_gc, "db dry-run json", 0, 0,
      "usage: stof-tune gc [--db PATH] [--dry-run] [--json]\n"
      "\n"
@@ -222,6 +232,7 @@ static void usage_main(FILE *f)
             "  merge A B... -o OUT  merge files into a new file\n"
             "  verify           re-check this GPU's records\n"
             "  gc               drop records of other stof/template versions\n"
+            "  doctor           libraries, GPUs, databases, settings in use\n"
             "\n"
             "common options: --db PATH (default: $STOF_USER_DB, else\n"
             "$XDG_CACHE_HOME/stof/tuning.db, else ~/.cache/stof/tuning.db),\n"

@@ -98,5 +98,6 @@ int cmd_gc(stof_context *ctx, const opts *o);
 int cmd_tune(stof_context *ctx, const opts *o);
 int cmd_pending(stof_context *ctx, const opts *o);
 int cmd_verify(stof_context *ctx, const opts *o);
+int cmd_doctor(stof_context *ctx, const opts *o);
 
 #endif
