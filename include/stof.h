@@ -270,6 +270,21 @@ STOF_API void stof_mask_digest(const stof_mask *m, uint64_t digest[2] /* OUT */,
 /* Unpack into row-major bytes (0/1), seq_q*seq_k bytes, caller-owned. */
 STOF_API void stof_mask_to_dense(const stof_mask *m, uint8_t *bytes /* OUT */);
 
+/* A picture of m as an 8-bit RGB PNG file's bytes: keys left to right,
+ * queries top to bottom, in block_m x block_n tiles (0: 128 x 128) coloured
+ * as the sparse formats see them: full tiles blue, partial tiles orange
+ * (each pixel darker the more of its elements are allowed: the square
+ * root of the share, so that sparse pixels show), empty tiles
+ * white, tile lines grey when a tile spans 4 pixels or more. At most
+ * max_side pixels a side (0: 1024; 16..8192): each pixel then covers s x s
+ * elements. Size-then-fetch: *size gets the bytes needed;
+ * STOF_ERR_BUFFER_TOO_SMALL (no message when buf is NULL and cap 0) when
+ * cap is smaller. */
+STOF_API stof_status stof_mask_png(stof_context *ctx, const stof_mask *m,
+                                   int block_m, int block_n, int max_side,
+                                   unsigned char *buf, size_t cap,
+                                   size_t *size /* OUT */);
+
 /* ------------------------------------------------------------------------ */
 /* Sparse formats                                                            */
 /* ------------------------------------------------------------------------ */

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 PKGS="meson ninja-build pkg-config gcc g++ python3 python3-venv libsqlite3-dev \
-libuv1-dev libxxhash-dev libcriterion-dev libjansson-dev"
+libuv1-dev libxxhash-dev libcriterion-dev libjansson-dev zlib1g-dev"
 
 missing=""
 for p in $PKGS; do

@@ -176,7 +176,7 @@ static int gpu_present(void)
 static const char *const commands[] = {"tune",   "pending", "ls",
                                        "show",   "stats",   "export",
                                        "import", "merge",   "verify", "gc",
-                                       "doctor"};
+                                       "doctor", "show-mask"};
 
 Test(cli, help_for_every_command)
 {
@@ -250,6 +250,43 @@ Test(cli, doctor_reports_what_the_host_has)
         json_array_get(json_object_get(doc, "databases"), 0), "exists")));
     cr_expect(!exists(P("missing.db")), "doctor created the database");
     json_decref(doc);
+}
+
+/* show-mask: tile counts as the formats count them, --json, the picture
+ * written whole (a PNG), and bad sizes, tiles and pixels refused. */
+Test(cli, show_mask_counts_tiles_and_draws)
+{
+    cr_assert_eq(run("show-mask causal 256 --tile 64x64"), 0, "%s", err_buf);
+    /* 4 x 4 tiles of 64: 4 diagonal (partial), 6 below (full), 6 empty. */
+    cr_assert(strstr(out_buf, "6 full, 4 partial, 6 empty"), "%s", out_buf);
+    cr_assert_eq(run("show-mask bigbird:64:3:2:3:1 1000x2000 --png %s --json",
+                     P("m.png")),
+                 0, "%s", err_buf);
+    json_error_t je;
+    json_t *doc = json_loads(out_buf, 0, &je);
+    cr_assert(doc, "not JSON (%s): %s", je.text, out_buf);
+    cr_expect_eq(json_integer_value(json_object_get(doc, "seq_k")), 2000);
+    json_decref(doc);
+    FILE *f = fopen(P("m.png"), "rb");
+    cr_assert(f, "no picture");
+    unsigned char head[24];
+    cr_assert_eq(fread(head, 1, 24, f), 24);
+    fclose(f);
+    cr_expect_eq(memcmp(head, "\x89PNG\r\n\x1a\n", 8), 0);
+    /* 2000 keys in at most 1024 pixels: 2 elements a pixel, 1000 x 500. */
+    cr_expect_eq((head[16] << 24 | head[17] << 16 | head[18] << 8 | head[19]),
+                 1000);
+    cr_expect_eq((head[20] << 24 | head[21] << 16 | head[22] << 8 | head[23]),
+                 500);
+    cr_assert(!has_tmp_files());
+    cr_assert_eq(run("show-mask causal 0"), 2);
+    cr_assert(strstr(err_buf, "not a size"), "%s", err_buf);
+    cr_assert_eq(run("show-mask causal 64 --tile 64"), 2);
+    cr_assert_eq(run("show-mask causal 64 --pixels 4"), 2);
+    cr_assert_eq(run("show-mask nosuchmask 64"), 2);
+    cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
+    cr_assert_eq(run("show-mask causal 64 --png %s", P("nodir/x.png")), 1);
+    cr_assert(strstr(err_buf, "cannot write"), "%s", err_buf);
 }
 
 Test(cli, usage_errors)

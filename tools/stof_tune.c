@@ -13,6 +13,7 @@
  *   verify    re-check this GPU's records against the reference
  *   gc        drop records made by other stof or template versions
  *   doctor    which libraries, GPUs and databases stof uses here (and why)
+ *   show-mask a mask's tiles as the kernels see them, and its picture
  *
  * This file holds the command table, option parsing (getopt_long), the
  * mapping from statuses to exit codes, and the cleanup of temporary output
@@ -191,6 +192,16 @@ static const command commands[] = {
      "without checking again; bad ones are reported, and deleted with\n"
      "--drop. Records without a mask spec cannot be rebuilt and are\n"
      "skipped.\n"},
+    {"show-mask", cmd_show_mask, "png tile pixels json", 2, 2,
+     "usage: stof-tune show-mask SPEC N|NQxNK [--png FILE] [--tile BMxBN]\n"
+     "                          [--pixels PX] [--json]\n"
+     "\n"
+     "A mask spec at a size as the kernels see it: its density, digest and\n"
+     "tiles (--tile, default 128x128) full, partial and empty. --png FILE\n"
+     "draws it: keys left to right, queries top to bottom, full tiles\n"
+     "blue, partial tiles orange (darker where more elements are allowed),\n"
+     "empty tiles white, at most PX pixels a side (--pixels, default\n"
+     "1024). Needs no GPU.\n"},
     {"doctor", cmd_doctor, "db json", 0, 0,
      "usage: stof-tune doctor [--db PATH] [--json]\n"
      "\n"
@@ -233,6 +244,7 @@ static void usage_main(FILE *f)
             "  verify           re-check this GPU's records\n"
             "  gc               drop records of other stof/template versions\n"
             "  doctor           libraries, GPUs, databases, settings in use\n"
+            "  show-mask SPEC N a mask's tiles; --png FILE draws it\n"
             "\n"
             "common options: --db PATH (default: $STOF_USER_DB, else\n"
             "$XDG_CACHE_HOME/stof/tuning.db, else ~/.cache/stof/tuning.db),\n"
@@ -277,6 +289,9 @@ static const struct option long_opts[] = {
     {"drop-invalid", no_argument, NULL, 'X'},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
+    {"png", required_argument, NULL, 'P'},
+    {"tile", required_argument, NULL, 'T'},
+    {"pixels", required_argument, NULL, 'q'},
     {NULL, 0, NULL, 0},
 };
 
@@ -361,6 +376,20 @@ static int parse_opts(const command *c, int argc, char **argv, opts *o)
         case 'n': o->dry_run = 1; break;
         case 'x': o->drop = 1; break;
         case 'X': o->drop_invalid = 1; break;
+        case 'P': o->png = optarg; break;
+        case 'T': o->tile = optarg; break;
+        case 'q': {
+            char *end;
+            long px = strtol(optarg, &end, 10);
+            if (!*optarg || *end || px < 16 || px > 8192) {
+                err("%s: --pixels: '%s' is not a number of pixels (16 to "
+                    "8192)",
+                    c->name, optarg);
+                return 0;
+            }
+            o->pixels = (int)px;
+            break;
+        }
         case 'm':
             if (!add_list(c->name, name, o->masks, &o->n_masks, optarg))
                 return 0;

@@ -35,6 +35,8 @@ typedef struct opts {
     const char *shapes[OPT_MAX_LIST];
     int n_shapes;
     const char *dtype, *layout;
+    const char *png, *tile; /* show-mask */
+    int pixels;             /* show-mask: 0 = the default */
     double budget;
     int json, force, dry_run, drop, drop_invalid, help, version;
     const char *pos[256];
@@ -99,5 +101,6 @@ int cmd_tune(stof_context *ctx, const opts *o);
 int cmd_pending(stof_context *ctx, const opts *o);
 int cmd_verify(stof_context *ctx, const opts *o);
 int cmd_doctor(stof_context *ctx, const opts *o);
+int cmd_show_mask(stof_context *ctx, const opts *o);
 
 #endif

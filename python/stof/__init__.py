@@ -557,8 +557,8 @@ def _load():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
-    # Mask families and the general run: optional, so that an older library
-    # still loads.
+    # Mask pictures, mask families and the general run: optional, so that an
+    # older library still loads.
     md = ctypes.POINTER(_MaskData)
     family_sigs = {
         "stof_mask_family_create": (i, [vp, cp, ctypes.POINTER(vp)]),
@@ -570,6 +570,7 @@ def _load():
         "stof_attention_run_family": (i, [vp, md, vp, vp, vp, vp, vp]),
         "stof_attention_run_lse": (i, [vp, md, vp, vp, vp, vp, vp, vp]),
         "stof_attention_run_ex": (i, [vp, ctypes.POINTER(_RunArgs), vp]),
+        "stof_mask_png": (i, [vp, vp, i, i, i, vp, sz, ctypes.POINTER(sz)]),
     }
     for name, (res, args) in family_sigs.items():
         fn = getattr(lib, name, None)
@@ -989,6 +990,39 @@ class Mask:
         t = torch.empty((sq, sk), dtype=torch.uint8)
         self._ctx._lib.stof_mask_to_dense(self._h, ctypes.c_void_p(t.data_ptr()))
         return t.bool()
+
+    def to_png(self, block_m=128, block_n=128, max_side=1024):
+        """The mask's picture as PNG bytes (stof_mask_png): keys left to
+        right, queries top to bottom, block_m x block_n tiles coloured as the
+        kernels see them (full blue, partial orange, empty white), at most
+        max_side pixels a side. Needs no PyTorch."""
+        lib = self._ctx._lib
+        if not hasattr(lib, "stof_mask_png"):
+            raise StofError(_STATUS_UNSUPPORTED, "this libstof has no stof_mask_png")
+        need = ctypes.c_size_t()
+        st = lib.stof_mask_png(self._ctx._h, self._h, block_m, block_n, max_side,
+                               None, 0, ctypes.byref(need))
+        if st != _STATUS_BUFFER_TOO_SMALL:
+            self._ctx._check(st)
+        buf = ctypes.create_string_buffer(need.value)
+        self._ctx._check(lib.stof_mask_png(self._ctx._h, self._h, block_m, block_n,
+                                           max_side, buf, need, ctypes.byref(need)))
+        return buf.raw[:need.value]
+
+    def to_image(self, path=None, block_m=128, block_n=128, max_side=1024):
+        """The picture of to_png: written to `path` (returns path), else a
+        PIL.Image when Pillow is installed, else the PNG bytes."""
+        png = self.to_png(block_m, block_n, max_side)
+        if path is not None:
+            with open(path, "wb") as f:
+                f.write(png)
+            return path
+        try:
+            import io
+            from PIL import Image
+        except ImportError:
+            return png
+        return Image.open(io.BytesIO(png))
 
     def __del__(self):
         try:

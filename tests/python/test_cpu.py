@@ -273,6 +273,54 @@ def check_log_callback():
     lctx.close()
 
 
+def png_pixels(png):
+    """(width, height, rows of (r, g, b)) of an 8-bit RGB PNG without
+    filters, as stof_mask_png writes it, read with zlib only."""
+    import struct
+    import zlib
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", png[:8]
+    pos, idat, w, h = 8, b"", 0, 0
+    while pos < len(png):
+        n, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        data = png[pos + 8:pos + 8 + n]
+        crc = struct.unpack(">I", png[pos + 8 + n:pos + 12 + n])[0]
+        assert zlib.crc32(kind + data) == crc, kind
+        if kind == b"IHDR":
+            w, h, depth, colour = struct.unpack(">IIBB", data[:10])
+            assert (depth, colour) == (8, 2), (depth, colour)
+        elif kind == b"IDAT":
+            idat += data
+        pos += 12 + n
+    raw = zlib.decompress(idat)
+    assert len(raw) == h * (1 + 3 * w)
+    rows = []
+    for y in range(h):
+        r = raw[y * (1 + 3 * w):(y + 1) * (1 + 3 * w)]
+        assert r[0] == 0  # no filter
+        rows.append([tuple(r[1 + 3 * x:4 + 3 * x]) for x in range(w)])
+    return w, h, rows
+
+
+def check_pictures(ctx):
+    """Mask.to_png: causal 64 x 64 in 16 x 16 tiles, one pixel per element:
+    diagonal tiles partial (orange where allowed, pale above the diagonal),
+    tiles below full (blue), above empty (white); tile lines grey."""
+    png = ctx.mask("causal", 64, 64).to_png(16, 16)
+    w, h, px = png_pixels(png)
+    assert (w, h) == (64, 64), (w, h)
+    blue, white = (31, 78, 161), (255, 255, 255)
+    orange, pale = (230, 110, 0), (255, 236, 204)
+    assert px[1][1] == orange and px[1][2] == pale, (px[1][1], px[1][2])
+    assert px[1][17] == white, px[1][17]          # row block 0, key block 1
+    assert px[17][1] == blue, px[17][1]           # row block 1, key block 0
+    assert px[16][5] == (205, 205, 205)           # a tile line
+    # Large masks are scaled down to max_side.
+    w, h, _ = png_pixels(ctx.mask("sliding:256", 4096, 2048).to_png(max_side=256))
+    assert (w, h) == (128, 256), (w, h)
+    expect_error(lambda: ctx.mask("causal", 8, 8).to_png(max_side=8),
+                 stof.StofError, "max_side")
+
+
 def main():
     check_score_mods()
     check_bias()
@@ -288,6 +336,7 @@ def main():
     print("stof", version, "library", stof.library_path())
     check_log_callback()
     check_bias_library(lib, ctx)
+    check_pictures(ctx)
 
     # Masks from specs: shapes and counts.
     m = ctx.mask("causal", 100, 80)
