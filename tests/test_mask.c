@@ -11,6 +11,7 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#include <zlib.h>
 
 #include "internal.h"
 #include "stof.h"
@@ -383,5 +384,67 @@ Test(mask, keeps_its_spec)
     cr_assert_null(d->spec);
     stof_mask_free(&m);
     stof_mask_free(&d);
+    stof_close(&ctx);
+}
+
+/* stof_mask_png: a size query (no buffer) fails quietly with the size; a
+ * short buffer fails with a message; the picture decodes (zlib) to the
+ * colour of each tile kind: a dense tile blue, a tile with one row of
+ * alternate keys orange where allowed and pale where not, an empty tile
+ * white, tile lines grey. */
+Test(mask, png_picture)
+{
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    /* 32 x 32, tiles 16 x 16: keys < 16 of rows < 16 allowed (full tile),
+     * row 20's even keys >= 16 (partial), nothing else (empty). */
+    uint8_t d[32 * 32] = {0};
+    for (int q = 0; q < 16; q++)
+        for (int k = 0; k < 16; k++)
+            d[q * 32 + k] = 1;
+    for (int k = 16; k < 32; k += 2)
+        d[20 * 32 + k] = 1;
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_dense(ctx, d, 32, 32, &m), STOF_OK);
+    size_t need = 0;
+    cr_assert_eq(stof_mask_png(ctx, m, 16, 16, 0, NULL, 0, &need),
+                 STOF_ERR_BUFFER_TOO_SMALL);
+    cr_assert_gt(need, 8);
+    unsigned char *png = malloc(need), small[8];
+    cr_assert(png);
+    size_t got = 0;
+    cr_assert_eq(stof_mask_png(ctx, m, 16, 16, 0, small, 8, &got),
+                 STOF_ERR_BUFFER_TOO_SMALL);
+    cr_assert(strstr(stof_errmsg(ctx), "bytes"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_mask_png(ctx, m, 16, 16, 0, png, need, &got), STOF_OK);
+    cr_assert_eq(got, need);
+    cr_assert_eq(memcmp(png, "\x89PNG\r\n\x1a\n", 8), 0);
+    /* IHDR: 32 x 32, 8-bit RGB; IDAT right after it (33 bytes in). */
+    cr_assert_eq(png[19], 32);
+    cr_assert_eq(png[23], 32);
+    cr_assert_eq(memcmp(png + 37, "IDAT", 4), 0);
+    const unsigned len = (unsigned)png[33] << 24 | (unsigned)png[34] << 16 |
+                         (unsigned)png[35] << 8 | png[36];
+    unsigned char raw[32 * (1 + 96)];
+    uLongf n = sizeof(raw);
+    cr_assert_eq(uncompress(raw, &n, png + 41, len), Z_OK);
+    cr_assert_eq(n, sizeof(raw));
+#define PX(y, x) (raw + (y) * 97 + 1 + 3 * (x))
+    static const unsigned char blue[3] = {31, 78, 161},
+                               white[3] = {255, 255, 255},
+                               orange[3] = {230, 110, 0},
+                               pale[3] = {255, 236, 204},
+                               grey[3] = {205, 205, 205};
+    cr_expect_eq(memcmp(PX(3, 3), blue, 3), 0);     /* full tile */
+    cr_expect_eq(memcmp(PX(3, 20), white, 3), 0);   /* empty tile */
+    cr_expect_eq(memcmp(PX(20, 18), orange, 3), 0); /* allowed, partial */
+    cr_expect_eq(memcmp(PX(20, 19), pale, 3), 0);   /* masked, partial */
+    cr_expect_eq(memcmp(PX(16, 3), grey, 3), 0);    /* tile line */
+#undef PX
+    cr_assert_eq(stof_mask_png(ctx, m, 16, 16, 8, png, need, &got),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "max_side"), "%s", stof_errmsg(ctx));
+    free(png);
+    stof_mask_free(&m);
     stof_close(&ctx);
 }
