@@ -14,9 +14,11 @@ so models compile with torch.compile):
   - a mask tensor: when it equals one of those patterns, or the layer's
     causal sliding window ("causal_sliding:W"), in every batch element and
     head (checked on the GPU once per forward), that structured kernel;
-    otherwise (padding, anything else) an additive bias (0 / -inf) on the
-    dense pattern. Either is worked out once per forward and shared by the
-    layers.
+    when it is full or causal attention over each sequence's first k_len
+    keys (right padding), stof's "dense" / "causal" mask family with the
+    lengths as this batch's data (padded keys are skipped, not computed);
+    otherwise an additive bias (0 / -inf) on the dense pattern. The choice
+    is made once per forward and shared by the layers.
 Inference only: dropout must be 0 (model.eval()). Attention weights are not
 returned (None), as with SDPA.
 """
@@ -60,12 +62,35 @@ def _pattern(allowed, window):
     return None
 
 
+def _right_padding(allowed):
+    """("dense" or "causal", k_len) when `allowed` (batch, 1, S, S) is full
+    or causal attention over each sequence's first k_len keys (its
+    padding on the right), else None. k_len: int32 on the mask's device."""
+    if allowed.dim() != 4 or allowed.shape[1] != 1 or \
+            allowed.shape[2] != allowed.shape[3]:
+        return None
+    a = allowed[:, 0]
+    valid = a.any(dim=-2)  # (batch, S): keys some query may see
+    lens = valid.sum(-1)
+    i = torch.arange(a.shape[-1], device=a.device)
+    if not bool((valid == (i[None, :] < lens[:, None])).all()):
+        return None
+    keys = valid[:, None, :]
+    if bool((a == keys).all()):
+        return "dense", lens.to(torch.int32)
+    if bool((a == ((i[:, None] >= i[None, :])[None] & keys)).all()):
+        return "causal", lens.to(torch.int32)
+    return None
+
+
 def _mask_plan(mask, dtype, seq_k, window):
-    """(spec, bias) for a transformers mask, boolean (True = attend) or
-    additive: a structured spec and no bias when the mask is one (see
-    _pattern), else "dense" and an additive bias in q's dtype (key
-    dimension padded to a multiple of 8 elements). Cached for the same mask
-    tensor (same storage and version) and window."""
+    """(spec, extra) for a transformers mask, boolean (True = attend) or
+    additive: a structured spec and None when the mask is one (see
+    _pattern); "family:dense" / "family:causal" and the int32 key lengths
+    for right padding (_right_padding); else "dense" and an additive bias
+    in q's dtype (key dimension padded to a multiple of 8 elements).
+    Cached for the same mask tensor (same storage and version) and
+    window."""
     key = (mask.data_ptr(), mask._version, tuple(mask.shape), mask.dtype, dtype,
            seq_k, window)
     if _last["key"] == key:
@@ -73,8 +98,11 @@ def _mask_plan(mask, dtype, seq_k, window):
     mask = mask[..., :seq_k]
     allowed = mask if mask.dtype == torch.bool else mask == 0
     spec = _pattern(allowed, window)
+    padded = None if spec is not None else _right_padding(allowed)
     if spec is not None:
         plan = (spec, None)
+    elif padded is not None:
+        plan = ("family:" + padded[0], padded[1])
     elif mask.dtype == torch.bool:
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
         bias.masked_fill_(~mask, float("-inf"))
@@ -103,8 +131,32 @@ def stof_attention_forward(module, query, key, value, attention_mask,
         if is_causal is None:
             is_causal = getattr(module, "is_causal", True)
         spec = "causal" if (is_causal and seq_q > 1) else "dense"
-    out = _ops.attention(query, key, value, mask=spec, scale=scaling, bias=bias)
+    if spec.startswith("family:"):
+        out = _family_attention(query, key, value, spec[7:], bias, scaling)
+    else:
+        out = _ops.attention(query, key, value, mask=spec, scale=scaling,
+                             bias=bias)
     return out.transpose(1, 2).contiguous(), None
+
+
+_family_plans = {}
+
+
+def _family_attention(q, k, v, family, k_len, scale):
+    """Attention over mask family `family` ("dense" or "causal") with this
+    batch's key lengths (int32 CUDA tensor): a family plan per shape,
+    strides and dtype, made once."""
+    out = torch.empty_like(q)
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    key = (dev, family, tuple(q.shape), tuple(k.shape),
+           tuple(tuple(t.stride()) for t in (q, k, v, out)), q.dtype, scale)
+    p = _family_plans.get(key)
+    if p is None:
+        ctx = _ops._context(dev)
+        p = _family_plans[key] = ctx.attention_plan_family(
+            q, k, v, ctx.mask_family(family),
+            scale=0.0 if scale is None else float(scale), out=out)
+    return p.run(q, k, v, out, k_len=k_len)
 
 
 AttentionInterface.register(NAME, stof_attention_forward)
