@@ -24,6 +24,20 @@ _lock = threading.Lock()
 _contexts = {}  # device index -> Context
 _masks = {}     # (device, spec, seq_q, seq_k) -> Mask
 _plans = {}     # see _plan
+_registered = {}  # "stof-mask:<digest>" -> Mask (register_mask)
+
+MASK_PREFIX = "stof-mask:"
+
+
+def register_mask(mask):
+    """A name for a stof Mask (any construction: Context.mask_from_dense,
+    stof.flex.mask_from_mask_mod, ...) that stof.attention's `mask` accepts
+    like a spec ("stof-mask:" + its digest). The mask stays registered (and
+    alive) until clear_cache()."""
+    name = MASK_PREFIX + mask.digest()
+    with _lock:
+        _registered.setdefault(name, mask)
+    return name
 
 
 def _context(device):
@@ -51,6 +65,14 @@ def _plan(q, k, v, out, mask, scale, softcap, bias):
             ctx = _context(dev)
             mkey = (dev, mask, q.shape[2], k.shape[2])
             m = _masks.get(mkey)
+            if m is None and mask.startswith(MASK_PREFIX):
+                m = _registered.get(mask)
+                if m is None:
+                    raise ValueError(f"{mask}: no such registered mask "
+                                     "(stof.ops.register_mask)")
+                if m.shape != (q.shape[2], k.shape[2]):
+                    raise ValueError(f"{mask} is {m.shape[0]} x {m.shape[1]}; "
+                                     f"the problem is {q.shape[2]} x {k.shape[2]}")
             if m is None:
                 m = _masks[mkey] = ctx.mask(mask, q.shape[2], k.shape[2])
             p = _plans[key] = ctx.attention_plan(
@@ -88,7 +110,8 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
     (grouped-query attention), or all with S and H swapped for
     layout="bshd"; float16 or bfloat16 CUDA tensors, the last dimension
     contiguous. mask: a stof mask spec ("dense", "causal", "sliding:256",
-    "bigbird:64:3:2:3:1", ...; stof.Context.mask) of Sq x Sk. scale: None =
+    "bigbird:64:3:2:3:1", ...; stof.Context.mask) of Sq x Sk, or the name
+    of a registered Mask (register_mask). scale: None =
     1 / sqrt(D). softcap: 0, or scores s -> softcap * tanh(s / softcap).
     bias: None, or an additive bias broadcasting to (B, H, Sq, Sk) in q's
     dtype (the key dimension contiguous, other strides multiples of 8: see
@@ -115,3 +138,4 @@ def clear_cache():
     with _lock:
         _plans.clear()
         _masks.clear()
+        _registered.clear()

@@ -1,0 +1,88 @@
+"""FlexAttention interop: stof masks from FlexAttention mask_mods and
+BlockMasks, and a flex_attention-shaped call, so that a FlexAttention user
+switches with one line:
+
+    from stof.flex import flex_attention        # instead of torch's
+    out = flex_attention(q, k, v, block_mask=block_mask)
+
+The mask_mod (a BlockMask's, or one given) is evaluated on the GPU over the
+whole (Sq, Sk) grid once per mask_mod and size, and becomes a stof Mask
+(registered with stof.ops, so the call is stof.attention and its plan
+cache). Masks that depend on the batch element or head are refused by
+name (stof's 2-D masks apply to every (b, h); its mask families cover
+per-sequence data). score_mod functions are not translated: use
+stof.attention's softcap= and bias=.
+"""
+import torch
+
+from . import ops as _ops
+
+_from_mods = {}  # (id(mask_mod), Sq, Sk, device) -> (mask_mod, registered name)
+
+
+def mask_from_mask_mod(ctx, mask_mod, seq_q, seq_k, device="cuda", b=0, h=0):
+    """A stof Mask from a FlexAttention mask_mod(b, h, q_idx, kv_idx) -> bool,
+    evaluated on `device` over the (seq_q, seq_k) grid for batch element b
+    and head h (broadcasting index tensors, as FlexAttention's own
+    create_mask does)."""
+    return ctx.mask_from_dense(_evaluate(mask_mod, seq_q, seq_k, device, b, h))
+
+
+def _evaluate(mask_mod, seq_q, seq_k, device, b, h):
+    qi = torch.arange(seq_q, device=device)[:, None]
+    ki = torch.arange(seq_k, device=device)[None, :]
+    bi = torch.tensor(b, device=device)
+    hi = torch.tensor(h, device=device)
+    return torch.broadcast_to(mask_mod(bi, hi, qi, ki), (seq_q, seq_k)).bool()
+
+
+def _registered_name(mask_mod, batch, heads, seq_q, seq_k, device):
+    """The stof.ops name of the mask of mask_mod (made once per mask_mod,
+    size and device; refused when it depends on b or h)."""
+    key = (id(mask_mod), seq_q, seq_k, str(device))
+    hit = _from_mods.get(key)
+    if hit is not None and hit[0] is mask_mod:
+        return hit[1]
+    first = _evaluate(mask_mod, seq_q, seq_k, device, 0, 0)
+    for b, h in ((batch - 1, 0), (0, heads - 1), (batch - 1, heads - 1)):
+        if (b, h) != (0, 0) and not torch.equal(
+                first, _evaluate(mask_mod, seq_q, seq_k, device, b, h)):
+            raise NotImplementedError(
+                "stof.flex: this mask_mod depends on the batch element or head "
+                f"(b={b}, h={h} differs from b=0, h=0); stof's masks apply to "
+                "every (b, h): use a stof mask family for per-sequence data")
+    ctx = _ops._context(first.device.index if first.device.index is not None
+                        else torch.cuda.current_device())
+    name = _ops.register_mask(ctx.mask_from_dense(first))
+    _from_mods[key] = (mask_mod, name)
+    return name
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
+                   enable_gqa=False, return_lse=False, kernel_options=None):
+    """torch.nn.attention.flex_attention's call, computed by stof: query
+    (B, H, Sq, D), key and value (B, Hkv, Sk, D) (Hkv < H needs
+    enable_gqa=True, as in FlexAttention); block_mask: a BlockMask (its
+    mask_mod is used) or None (no mask). Returns the output (B, H, Sq, D).
+    score_mod, return_lse and kernel_options are not supported (a clear
+    error)."""
+    if score_mod is not None:
+        raise NotImplementedError("stof.flex: score_mod functions are not "
+                                  "translated; use stof.attention(softcap=, "
+                                  "bias=)")
+    if return_lse or kernel_options:
+        raise NotImplementedError("stof.flex: return_lse and kernel_options are "
+                                  "not supported")
+    if key.shape[1] != query.shape[1] and not enable_gqa:
+        raise ValueError("key/value have fewer heads than query: pass "
+                         "enable_gqa=True (as FlexAttention requires)")
+    sq, sk = query.shape[2], key.shape[2]
+    if block_mask is None:
+        mask = "dense"
+    else:
+        mask_mod = getattr(block_mask, "mask_mod", None)
+        if mask_mod is None:
+            raise ValueError("stof.flex: the BlockMask has no mask_mod")
+        mask = _registered_name(mask_mod, query.shape[0], query.shape[1], sq, sk,
+                                query.device)
+    return _ops.attention(query, key, value, mask=mask, scale=scale)
