@@ -168,9 +168,12 @@ static json_t *user_db(const opts *o)
         from = "--db";
     } else if (stof__db_default_path(buf, sizeof(buf))) {
         path = buf;
-        from = env && *env                 ? "$STOF_USER_DB"
-               : getenv("XDG_CACHE_HOME") ? "$XDG_CACHE_HOME/stof/tuning.db"
-                                          : "$HOME/.cache/stof/tuning.db";
+        /* The rules of stof__db_default_path: $XDG_CACHE_HOME only when
+         * absolute. */
+        const char *xdg = getenv("XDG_CACHE_HOME");
+        from = env && *env            ? "$STOF_USER_DB"
+               : xdg && xdg[0] == '/' ? "$XDG_CACHE_HOME/stof/tuning.db"
+                                      : "$HOME/.cache/stof/tuning.db";
     }
     if (!path)
         return json_pack("{s:s, s:s}", "role", "user", "error",

@@ -366,7 +366,11 @@ static double predict_wgmma(const stof_device *dev,
 {
     const int D = d->head_dim;
     const int bm = stof__wgmma_block_m(wc);
-    const int o = bm == 64 ? 2 : 1;
+    /* The persistent grid holds exactly what fits (its second Q buffer
+     * often keeps 64-row CTAs to one per SM); the ordinary grid's 64-row
+     * CTAs are counted two per SM as before. */
+    const int o = wc->persist ? stof__wgmma_ctas_per_sm(D, wc)
+                              : (bm == 64 ? 2 : 1);
     const double rate = WGMMA_SM_RATE * wgmma_efficiency(D, wc);
     double tau = 4.0 * bm * wc->block_n * D / rate;
     const double tm = tile_mem_us(dev, d, f, wc->block_n);

@@ -41,7 +41,7 @@ def _registered_name(mask_mod, batch, heads, seq_q, seq_k, device):
     size and device; refused when it depends on b or h)."""
     key = (id(mask_mod), seq_q, seq_k, str(device))
     hit = _from_mods.get(key)
-    if hit is not None and hit[0] is mask_mod:
+    if hit is not None and hit[0] is mask_mod and hit[1] in _ops._registered:
         return hit[1]
     first = _evaluate(mask_mod, seq_q, seq_k, device, 0, 0)
     for b, h in ((batch - 1, 0), (0, heads - 1), (batch - 1, heads - 1)):

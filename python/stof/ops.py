@@ -7,8 +7,9 @@ capture (mode="reduce-overhead"). Inference only (no backward).
     out = stof.attention(q, k, v, mask="causal")             # (B, H, S, D)
     out = stof.attention(q, k, v, mask="sliding:256", layout="bshd")
 
-Plans are made on first use and cached per device, mask spec, shapes,
-strides, dtype, scale, soft-cap and bias layout: the first call of each
+Plans are made on first use and cached (the last MAX_PLANS) per device,
+mask spec, shapes, strides, dtypes, scale, soft-cap and bias layout: the
+first call of each
 (tuning, or a database hit) must happen outside a CUDA-graph capture, as
 torch.compile's warm-up runs do. The contexts are stof.Context() per device
 (so $STOF_TUNING_MODE and the default databases apply).
@@ -25,6 +26,7 @@ _contexts = {}  # device index -> Context
 _masks = {}     # (device, spec, seq_q, seq_k) -> Mask
 _plans = {}     # see _plan
 _registered = {}  # "stof-mask:<digest>" -> Mask (register_mask)
+_family_plans = {}  # mask-family plans of stof.integrations.transformers
 
 MASK_PREFIX = "stof-mask:"
 
@@ -51,10 +53,25 @@ def _layout_key(t):
     return None if t is None else (tuple(t.shape), tuple(t.stride()))
 
 
+# At most this many plans are kept (each holds GPU memory): a server
+# seeing many sequence lengths evicts the oldest first.
+MAX_PLANS = 256
+
+
+def cache_put(cache, key, value):
+    """cache[key] = value, dropping the oldest entries past MAX_PLANS."""
+    while len(cache) >= MAX_PLANS:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+
+
 def _plan(q, k, v, out, mask, scale, softcap, bias):
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    key = (dev, mask, tuple(q.shape), tuple(k.shape),
-           tuple(tuple(t.stride()) for t in (q, k, v, out)), q.dtype, scale,
+    # Everything Plan.run checks (the eager path launches without its
+    # checks): shapes, strides, dtypes and devices of q, k, v and out.
+    key = (dev, mask, tuple(q.shape), tuple(k.shape), tuple(v.shape),
+           tuple(tuple(t.stride()) for t in (q, k, v, out)),
+           (q.dtype, k.dtype, v.dtype), (q.device, k.device, v.device), scale,
            softcap, _layout_key(bias))
     p = _plans.get(key)
     if p is not None:
@@ -74,10 +91,11 @@ def _plan(q, k, v, out, mask, scale, softcap, bias):
                     raise ValueError(f"{mask} is {m.shape[0]} x {m.shape[1]}; "
                                      f"the problem is {q.shape[2]} x {k.shape[2]}")
             if m is None:
-                m = _masks[mkey] = ctx.mask(mask, q.shape[2], k.shape[2])
-            p = _plans[key] = ctx.attention_plan(
-                q, k, v, m, scale=scale, out=out, softcap=softcap,
-                bias=_layout_key(bias))
+                m = ctx.mask(mask, q.shape[2], k.shape[2])
+                cache_put(_masks, mkey, m)
+            p = ctx.attention_plan(q, k, v, m, scale=scale, out=out,
+                                   softcap=softcap, bias=_layout_key(bias))
+            cache_put(_plans, key, p)
     return p
 
 
@@ -133,9 +151,10 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
 
 
 def clear_cache():
-    """Forget the cached plans and masks (their GPU memory is freed once
-    nothing else holds them)."""
+    """Forget the cached plans, masks and registered masks (their GPU
+    memory is freed once nothing else holds them)."""
     with _lock:
         _plans.clear()
         _masks.clear()
         _registered.clear()
+        _family_plans.clear()

@@ -135,15 +135,19 @@ int stof__wgmma_device_ok(const stof_device *dev)
     return dev && dev->ok && dev->cc_major == 9 && dev->cc_minor == 0;
 }
 
+int stof__wgmma_ctas_per_sm(int head_dim, const stof_wgmma_cfg *c)
+{
+    /* 228 KB of shared memory per SM on cc 9.0, 1 KB of it reserved per
+     * CTA; the registers allow two 64-row CTAs, one 128-row CTA. */
+    const size_t smem = stof__wgmma_smem_bytes(head_dim, c) + 1024u;
+    return stof__wgmma_block_m(c) == 64 && 2u * smem <= 228u * 1024u ? 2 : 1;
+}
+
 int stof__wgmma_persist_ctas(const stof_device *dev, int head_dim,
                              const stof_wgmma_cfg *c)
 {
     const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 1;
-    /* 228 KB of shared memory per SM on cc 9.0, 1 KB of it reserved per
-     * CTA. */
-    const size_t smem = stof__wgmma_smem_bytes(head_dim, c) + 1024u;
-    const int two = stof__wgmma_block_m(c) == 64 && 2u * smem <= 228u * 1024u;
-    return sms * (two ? 2 : 1);
+    return sms * stof__wgmma_ctas_per_sm(head_dim, c);
 }
 
 /* Check (head_dim, dt, c) for this device; STOF_OK or a recorded error. */

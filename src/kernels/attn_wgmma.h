@@ -60,9 +60,12 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
 /* 1 when `dev` can run the kernel (usable, compute capability 9.0). */
 int stof__wgmma_device_ok(const stof_device *dev);
 
-/* The CTAs of a persistent launch of c on dev: one per SM, two for 64-row
- * CTAs whose shared memory fits twice (the registers allow two); at
- * least 1. */
+/* CTAs of c that one SM holds: two for 64-row CTAs whose shared memory
+ * fits twice (the registers allow two), else one. */
+int stof__wgmma_ctas_per_sm(int head_dim, const stof_wgmma_cfg *c);
+
+/* The CTAs of a persistent launch of c on dev: stof__wgmma_ctas_per_sm per
+ * SM; at least 1. */
 int stof__wgmma_persist_ctas(const stof_device *dev, int head_dim,
                              const stof_wgmma_cfg *c);
 

@@ -136,8 +136,10 @@ stof_status stof_mask_png(stof_context *ctx, const stof_mask *m, int block_m,
                                            f * (C_PART_FG[i] - C_PART_BG[i]) +
                                            0.5);
             }
-            if ((grid_m && q0 % block_m == 0 && q0 > 0) ||
-                (grid_n && k0 % block_n == 0 && k0 > 0))
+            /* A tile line where this pixel starts a new tile row / column
+             * (the pixel size need not divide the tile). */
+            if ((grid_m && y > 0 && q0 / block_m != (q0 - s) / block_m) ||
+                (grid_n && x > 0 && k0 / block_n != (k0 - s) / block_n))
                 memcpy(c, C_GRID, 3);
             memcpy(row + 1 + (size_t)x * 3, c, 3);
         }

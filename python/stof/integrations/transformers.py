@@ -7,8 +7,9 @@
 Importing this module registers "stof" with transformers' AttentionInterface
 (and, where transformers has one, its AttentionMaskInterface, with the SDPA
 mask builder: a boolean 4-D mask, or None when the mask is plain causal or
-full). The attention runs through stof.attention (a torch.library operator,
-so models compile with torch.compile):
+full). Eager use: working out a mask tensor's pattern reads it on the host
+once per forward, so torch.compile(fullgraph=True) of a model with a mask
+breaks the graph there (stof.attention itself compiles). The attention:
   - no mask tensor: stof's "causal" (or "dense" for bidirectional layers,
     and single-token decode steps) structured kernels;
   - a mask tensor: when it equals one of those patterns, or the layer's
@@ -36,8 +37,9 @@ from .. import pad_bias
 
 NAME = "stof"
 
-# The last mask converted to a bias: layers of one forward pass share it.
-_last = {"key": None, "plan": None}
+# The last mask worked out (the tensor itself, held so that its memory is
+# not reused by the next batch's mask): layers of one forward pass share it.
+_last = {"mask": None, "key": None, "plan": None}
 # Calls of stof_attention_forward (tests check that a model really runs it).
 calls = [0]
 
@@ -89,11 +91,10 @@ def _mask_plan(mask, dtype, seq_k, window):
     _pattern); "family:dense" / "family:causal" and the int32 key lengths
     for right padding (_right_padding); else "dense" and an additive bias
     in q's dtype (key dimension padded to a multiple of 8 elements).
-    Cached for the same mask tensor (same storage and version) and
-    window."""
-    key = (mask.data_ptr(), mask._version, tuple(mask.shape), mask.dtype, dtype,
-           seq_k, window)
-    if _last["key"] == key:
+    Cached for the same mask tensor object (transformers passes one mask to
+    every layer of a forward pass) and the same dtype, seq_k and window."""
+    key = (dtype, seq_k, window)
+    if _last["mask"] is mask and _last["key"] == key:
         return _last["plan"]
     mask = mask[..., :seq_k]
     allowed = mask if mask.dtype == torch.bool else mask == 0
@@ -109,7 +110,7 @@ def _mask_plan(mask, dtype, seq_k, window):
         plan = ("dense", pad_bias(bias))
     else:
         plan = ("dense", pad_bias(mask.to(dtype)))
-    _last["key"], _last["plan"] = key, plan
+    _last["mask"], _last["key"], _last["plan"] = mask, key, plan
     return plan
 
 
@@ -139,7 +140,6 @@ def stof_attention_forward(module, query, key, value, attention_mask,
     return out.transpose(1, 2).contiguous(), None
 
 
-_family_plans = {}
 
 
 def _family_attention(q, k, v, family, k_len, scale):
@@ -150,12 +150,13 @@ def _family_attention(q, k, v, family, k_len, scale):
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     key = (dev, family, tuple(q.shape), tuple(k.shape),
            tuple(tuple(t.stride()) for t in (q, k, v, out)), q.dtype, scale)
-    p = _family_plans.get(key)
+    p = _ops._family_plans.get(key)
     if p is None:
         ctx = _ops._context(dev)
-        p = _family_plans[key] = ctx.attention_plan_family(
+        p = ctx.attention_plan_family(
             q, k, v, ctx.mask_family(family),
             scale=0.0 if scale is None else float(scale), out=out)
+        _ops.cache_put(_ops._family_plans, key, p)
     return p.run(q, k, v, out, k_len=k_len)
 
 
