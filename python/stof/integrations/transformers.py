@@ -37,8 +37,9 @@ from .. import pad_bias
 
 NAME = "stof"
 
-# The last mask worked out (the tensor itself, held so that its memory is
-# not reused by the next batch's mask): layers of one forward pass share it.
+# The last mask worked out, and the tensor itself: held, its memory cannot
+# be handed to the next batch's mask, so a later mask at the same address
+# is a view of this one (layers slice the forward pass's mask).
 _last = {"mask": None, "key": None, "plan": None}
 # Calls of stof_attention_forward (tests check that a model really runs it).
 calls = [0]
@@ -91,10 +92,16 @@ def _mask_plan(mask, dtype, seq_k, window):
     _pattern); "family:dense" / "family:causal" and the int32 key lengths
     for right padding (_right_padding); else "dense" and an additive bias
     in q's dtype (key dimension padded to a multiple of 8 elements).
-    Cached for the same mask tensor object (transformers passes one mask to
-    every layer of a forward pass) and the same dtype, seq_k and window."""
-    key = (dtype, seq_k, window)
-    if _last["mask"] is mask and _last["key"] == key:
+    Cached for the same mask memory (address, shape, strides; the version
+    counter where tensors have one: not under torch.inference_mode) and
+    the same dtype, seq_k and window."""
+    try:
+        version = mask._version
+    except RuntimeError:  # inference tensors have no version counter
+        version = None
+    key = (mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask.dtype,
+           version, dtype, seq_k, window)
+    if _last["key"] == key:
         return _last["plan"]
     mask = mask[..., :seq_k]
     allowed = mask if mask.dtype == torch.bool else mask == 0
