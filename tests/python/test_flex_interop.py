@@ -4,24 +4,17 @@ document (a mask_mod indexing a tensor) and grouped-query problems against
 an fp32 reference and against torch's flex_attention on the same inputs;
 mask_mods that depend on the batch element are refused by name; times
 printed. Skips (exit 77) without PyTorch (with FlexAttention) or a GPU."""
-import os
 import sys
 
-try:
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask
-    from torch.nn.attention.flex_attention import flex_attention as torch_flex
-except ImportError as e:
-    print(f"skip: {e}")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("skip: no CUDA GPU")
-    sys.exit(77)
+from gpu_test import require
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "python"))
+(flex_mod,) = require("torch.nn.attention.flex_attention")
+import torch  # noqa: E402
 import stof  # noqa: E402
 import stof.flex  # noqa: E402
+
+create_block_mask = flex_mod.create_block_mask
+torch_flex = flex_mod.flex_attention
 
 DEV = "cuda"
 

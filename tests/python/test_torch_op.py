@@ -4,21 +4,13 @@ K/V and with an additive bias; inside torch.compile(fullgraph=True) (a graph
 break fails the compile), under a captured CUDA graph and under
 mode="reduce-overhead"; and the operator's per-call overhead over a direct
 Plan.run (printed). Skips (exit 77) without PyTorch or a GPU."""
-import os
 import sys
 import time
 
-try:
-    import torch
-except ImportError:
-    print("skip: PyTorch is not installed")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("skip: no CUDA GPU")
-    sys.exit(77)
+from gpu_test import require
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "python"))
+require()
+import torch  # noqa: E402
 import stof  # noqa: E402
 
 

@@ -7,23 +7,14 @@ the same model with attn_implementation="sdpa" (same seed, same weights);
 forward times of stof, sdpa and flex_attention printed (--bench times more
 sizes). Skips (exit 77) without PyTorch, transformers or a GPU."""
 import copy
-import os
 import statistics
 import sys
 
-try:
-    import torch
-    import transformers
-    from transformers import AutoConfig, AutoModel
-except ImportError as e:
-    print(f"skip: {e}")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("skip: no CUDA GPU")
-    sys.exit(77)
+from gpu_test import require
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "python"))
+(transformers,) = require("transformers")
+import torch  # noqa: E402
+from transformers import AutoConfig, AutoModel  # noqa: E402
 import stof  # noqa: E402
 import stof.integrations.transformers  # noqa: E402,F401  (registers "stof")
 
