@@ -13,6 +13,7 @@ writes every number as JSON with --json.
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -97,6 +98,8 @@ def main():
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
     ap.add_argument("--json", help="write all results to this file")
+    ap.add_argument("--plot", help="draw the speed-ups over Flex and SDPA into "
+                    "this PNG (bench/plot_attention.py; needs matplotlib)")
     ap.add_argument("--user-db", help="tuning database (default: stof's default "
                     "location); the first plan of each problem tunes, the second loads")
     args = ap.parse_args()
@@ -222,6 +225,16 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.plot:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        try:
+            import plot_attention
+            plot_attention.plot(results, args.plot,
+                                f"stof vs FlexAttention and SDPA, {dev['name']}, "
+                                f"{args.dtype}")
+            print(f"# plot: {args.plot}")
+        except ImportError as e:
+            print(f"# no plot ({e}): pip install matplotlib", file=sys.stderr)
     if bad:
         print(f"{len(bad)} result(s) failed the 1e-2 accuracy check", file=sys.stderr)
         return 1
