@@ -295,6 +295,23 @@ Test(gpu, layer_shapes, .timeout = 600)
 /* Timing (STOF_GEMM_BENCH=1)                                                */
 /* ------------------------------------------------------------------------ */
 
+/* The arguments of a plain M x N x K GEMM over contiguous A, W and C. */
+static stof_gemm_args plain_args(CUdeviceptr a, CUdeviceptr w, CUdeviceptr c,
+                                 int M, int N, int K)
+{
+    stof_gemm_args g;
+    memset(&g, 0, sizeof(g));
+    g.a = a;
+    g.w = w;
+    g.c = c;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.lda = g.ldw = K;
+    g.ldc = N;
+    return g;
+}
+
 static void bench_or_skip(void)
 {
     const char *b = getenv("STOF_GEMM_BENCH");
@@ -388,16 +405,7 @@ Test(gpu, bench, .timeout = 600)
     cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
     for (int s = 0; s < NS; s++) {
         const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        stof_gemm_args a;
-        memset(&a, 0, sizeof(a));
-        a.a = da;
-        a.w = dw;
-        a.c = dc;
-        a.M = M;
-        a.N = N;
-        a.K = K;
-        a.lda = a.ldw = K;
-        a.ldc = N;
+        stof_gemm_args a = plain_args(da, dw, dc, M, N, K);
         double best = 0.0;
         int best_i = -1;
         for (int i = 0; i < NC; i++) {
@@ -544,17 +552,8 @@ Test(gpu, bench_hopper, .timeout = 600)
         cr_log_warn("no cuBLASLt: %s", why);
     for (int s = 0; s < NS; s++) {
         const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        stof_gemm_args a;
-        memset(&a, 0, sizeof(a));
-        a.a = da;
-        a.w = dw;
-        a.c = dc;
+        stof_gemm_args a = plain_args(da, dw, dc, M, N, K);
         a.bias = dbias;
-        a.M = M;
-        a.N = N;
-        a.K = K;
-        a.lda = a.ldw = K;
-        a.ldc = N;
         const double flop = 2.0 * M * N * (double)K;
         double best[2] = {INFINITY, INFINITY};
         int best_i[2] = {-1, -1};

@@ -85,11 +85,7 @@ static json_t *libraries(void)
                   "libcublasLt.so.13, .12, libcublasLt.so, the toolkit, "
                   "PyTorch's NVIDIA wheels"));
     if (lt) {
-        /* stof__blaslt_available says "<file> (cuBLASLt <version>)". */
-        char *cut = strstr(why, " (cuBLASLt ");
-        if (cut)
-            *cut = '\0';
-        json_object_set_new(blas, "file", tt_jstr(why));
+        json_object_set_new(blas, "file", tt_jstr(stof__blaslt_path()));
         json_object_set_new(blas, "version",
                             json_integer((json_int_t)stof__blaslt_version()));
     } else

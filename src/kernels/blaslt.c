@@ -307,6 +307,12 @@ size_t stof__blaslt_version(void)
     return a ? a->version : 0;
 }
 
+const char *stof__blaslt_path(void)
+{
+    const lt_api *a = lt();
+    return a ? a->path : "";
+}
+
 int stof__blaslt_epi_ok(const stof_gemm_epi *e)
 {
     if (!e)

@@ -17,6 +17,9 @@ int stof__blaslt_available(char *why, size_t n);
 /* The loaded library's version (cublasLtGetVersion), 0 when absent. */
 size_t stof__blaslt_version(void);
 
+/* The file the library was loaded from, "" when absent. */
+const char *stof__blaslt_path(void);
+
 /* 1 when cuBLASLt can compute epilogue e. */
 int stof__blaslt_epi_ok(const stof_gemm_epi *e);
 

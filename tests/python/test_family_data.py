@@ -9,20 +9,12 @@ are checked untouched.
 
 Exit status 77 (skipped) without torch or a GPU."""
 import os
-import sys
 import tempfile
 
-try:
-    import torch
-except ImportError:
-    print("skipped: PyTorch is not installed")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("skipped: no GPU")
-    sys.exit(77)
+from gpu_test import require
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
-                                "python"))
+require()
+import torch  # noqa: E402
 import stof  # noqa: E402
 
 TOL = 2e-3  # fp16, as the C suites

@@ -10,21 +10,13 @@ description does not change and the runs compile nothing.
 Exit status 77 (skipped) without torch or a GPU."""
 import math
 import os
-import sys
 import tempfile
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:
-    print("skipped: PyTorch is not installed")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("skipped: no GPU")
-    sys.exit(77)
+from gpu_test import require
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
-                                "python"))
+require()
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 import stof  # noqa: E402
 
 B, S, HID, HEADS, FFN = 4, 192, 256, 4, 1024
