@@ -27,12 +27,14 @@ typedef struct fake_spec {
     int kind;
     int no_art;   /* needs no compile */
     uint64_t key; /* shared-compile key (0: none) */
+    double first_ms; /* the first timing, when nonzero (a noisy one) */
 } fake_spec;
 
 typedef struct fake {
     fake_spec spec[64];
     int n;        /* candidates: ids 1..n, in rank order */
     int compiles, loads, unloads, times, verifies;
+    int timed[64];  /* timings per id */
     int concurrent, max_concurrent;
     pthread_mutex_t mu;
     double time_sleep_s;
@@ -129,7 +131,10 @@ static int f_time(void *u, void *h, double *ms, char *err, size_t n)
     f->times++;
     if (f->time_sleep_s > 0)
         usleep((useconds_t)(f->time_sleep_s * 1e6));
-    *ms = f->spec[(intptr_t)h].ms;
+    const intptr_t id = (intptr_t)h;
+    *ms = f->timed[id]++ == 0 && f->spec[id].first_ms > 0
+              ? f->spec[id].first_ms
+              : f->spec[id].ms;
     (void)err, (void)n;
     return 0;
 }
@@ -224,6 +229,50 @@ Test(search, fastest_verified_candidate_wins)
     cr_assert_not_null(res.winner_art);
     cr_assert_eq(*(int *)res.winner_art, 5);
     cr_assert_gt(f.max_concurrent, 1, "compiles did not run in parallel");
+    stof__search_results_free(&res, 1);
+    stof_close(&ctx);
+}
+
+Test(search, near_ties_are_decided_by_the_finals)
+{
+    stof_context *ctx = ctx_new();
+    fake f;
+    fake_init(&f, 5);
+    /* 1 times 1.00; 2 is truly 0.98 but its first timing said 1.02 (a
+     * near tie the first timings rank wrongly); 3 is 5% slower than 1 (not
+     * a finalist); 4 is wrong; 5 first timed 1.01, truly 1.03. */
+    f.spec[1].ms = 1.00;
+    f.spec[2].ms = 0.98;
+    f.spec[2].first_ms = 1.02;
+    f.spec[3].ms = 1.05;
+    f.spec[4] = (fake_spec){0, 0, 0.5, 0.5, 0, 0, 0, 0};
+    f.spec[5].ms = 1.03;
+    f.spec[5].first_ms = 1.01;
+    stof_search_op op = op_of(&f, "finals");
+    stof_search_opts o = {.top_k = 8, .threads = 2};
+    stof_search_result res;
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_eq(res.winner, 1, "winner %d", res.winner + 1);
+    cr_assert_eq(res.n_finals, 3);
+    cr_assert_float_eq(res.winner_ms, 0.98, 1e-12);
+    cr_assert_float_eq(res.runner_up_ms, 1.00, 1e-12);
+    cr_assert_eq(f.timed[3], 1, "3 was not within the margin");
+    cr_assert_eq(f.timed[4], 0, "a wrong candidate is never timed");
+    cr_assert_gt(f.timed[2], 3);
+    cr_assert_eq(f.loads, f.unloads, "every finalist is unloaded");
+    stof__search_results_free(&res, 1);
+
+    /* A clear winner has no finals. */
+    fake_init(&f, 3);
+    f.spec[1].ms = 1.0;
+    f.spec[2].ms = 0.5;
+    f.spec[3].ms = 0.8;
+    op = op_of(&f, "clear");
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert_eq(res.winner, 1);
+    cr_assert_eq(res.n_finals, 0);
+    cr_assert_eq(f.times, 3);
     stof__search_results_free(&res, 1);
     stof_close(&ctx);
 }

@@ -13,7 +13,10 @@
  *            of several operations compiled once), then, operation by
  *            operation on the calling thread, load, verify (a mismatch is
  *            rejected and logged, never chosen) and time each in rank
- *            order within the budget, and pick the fastest verified one.
+ *            order within the budget, and pick the fastest verified one;
+ *            when others are within a few percent of it, those finalists
+ *            are timed again in alternating rounds and ranked by the
+ *            median (a near tie is decided the same way every time).
  * Budget, repetitions (the op's timing), progress and logging behave the
  * same for every operation. The selection logic is tested on the CPU with
  * a fake operation (tests/test_search.c).
@@ -86,6 +89,8 @@ typedef struct stof_search_result {
                              (0 if it was not timed or failed) */
     int n_selected;       /* after stage 1 */
     int n_timed, n_rejected, n_failed;
+    int n_finals;         /* candidates re-timed in the finals (0: the
+                             runner-up was not within a few percent) */
     void *winner_art;     /* the winner's artifact (NULL when it needs
                              none), owned by the caller: free() */
     size_t winner_art_size;
