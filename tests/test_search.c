@@ -152,7 +152,7 @@ static void fake_init(fake *f, int n)
     pthread_mutex_init(&f->mu, NULL);
     f->n = n;
     for (int i = 1; i <= n; i++)
-        f->spec[i] = (fake_spec){0, 0, 1e-4, 1.0, 0, 0, 0};
+        f->spec[i] = (fake_spec){0, 0, 1e-4, 1.0, 0, 0, 0, 0};
 }
 
 static stof_search_op op_of(fake *f, const char *name)
@@ -204,13 +204,13 @@ Test(search, fastest_verified_candidate_wins)
     fake_init(&f, 7);
     /* 1: model's choice, ok but slow; 2: fastest but wrong; 3: does not
      * compile; 4: does not load; 5: ok, fast; 6: NaN; 7: ok, slower. */
-    f.spec[1] = (fake_spec){0, 0, 1e-4, 2.0, 0, 0, 0};
-    f.spec[2] = (fake_spec){0, 0, 0.5, 0.1, 0, 0, 0};
-    f.spec[3] = (fake_spec){1, 0, 1e-4, 0.05, 0, 0, 0};
-    f.spec[4] = (fake_spec){0, 1, 1e-4, 0.05, 0, 0, 0};
-    f.spec[5] = (fake_spec){0, 0, 3e-3, 0.9, 0, 0, 0};
-    f.spec[6] = (fake_spec){0, 0, NAN, 0.01, 0, 0, 0}; /* NaN never passes */
-    f.spec[7] = (fake_spec){0, 0, 1e-3, 1.0, 0, 0, 0};
+    f.spec[1] = (fake_spec){0, 0, 1e-4, 2.0, 0, 0, 0, 0};
+    f.spec[2] = (fake_spec){0, 0, 0.5, 0.1, 0, 0, 0, 0};
+    f.spec[3] = (fake_spec){1, 0, 1e-4, 0.05, 0, 0, 0, 0};
+    f.spec[4] = (fake_spec){0, 1, 1e-4, 0.05, 0, 0, 0, 0};
+    f.spec[5] = (fake_spec){0, 0, 3e-3, 0.9, 0, 0, 0, 0};
+    f.spec[6] = (fake_spec){0, 0, NAN, 0.01, 0, 0, 0, 0}; /* NaN: never */
+    f.spec[7] = (fake_spec){0, 0, 1e-3, 1.0, 0, 0, 0, 0};
     stof_search_op op = op_of(&f, "fake");
     stof_search_opts o = {.top_k = 8, .threads = 4};
     stof_search_result res;
@@ -282,8 +282,8 @@ Test(search, nothing_verified_is_an_error)
     stof_context *ctx = ctx_new();
     fake f;
     fake_init(&f, 2);
-    f.spec[1] = (fake_spec){0, 0, 0.2, 1.0, 0, 0, 0};
-    f.spec[2] = (fake_spec){1, 0, 0.0, 1.0, 0, 0, 0};
+    f.spec[1] = (fake_spec){0, 0, 0.2, 1.0, 0, 0, 0, 0};
+    f.spec[2] = (fake_spec){1, 0, 0.0, 1.0, 0, 0, 0, 0};
     stof_search_op op = op_of(&f, "fake");
     stof_search_opts o = {.top_k = 2, .threads = 2};
     stof_search_result res;
