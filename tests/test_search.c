@@ -5,7 +5,8 @@
  * choice is reported; several operations share one compile pool and
  * identical kernels are compiled once; one operation failing leaves the
  * others' results; model-only runs compile the first choice and time
- * nothing; a candidate that needs no compile (a library's algorithm) works.
+ * nothing; near ties are timed again (the finals), within a time budget;
+ * a candidate that needs no compile (a library's algorithm) works.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -273,6 +274,19 @@ Test(search, near_ties_are_decided_by_the_finals)
     cr_assert_eq(res.winner, 1);
     cr_assert_eq(res.n_finals, 0);
     cr_assert_eq(f.times, 3);
+    stof__search_results_free(&res, 1);
+
+    /* Slow timings (0.3 s each, two finalists): one round, not four. */
+    fake_init(&f, 2);
+    f.time_sleep_s = 0.3;
+    f.spec[1].ms = 1.0;
+    f.spec[2].ms = 0.99;
+    op = op_of(&f, "slow");
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert_eq(res.winner, 1);
+    cr_assert_eq(res.n_finals, 2);
+    cr_assert_eq(f.timed[1], 2);
+    cr_assert_eq(f.timed[2], 2);
     stof__search_results_free(&res, 1);
     stof_close(&ctx);
 }

@@ -179,13 +179,15 @@ static const job *art_of(const job *jobs, const job *j)
 }
 
 /* The finals: candidates timed within FINAL_MARGIN of the fastest (at most
- * FINAL_MAX of them, the fastest first) are timed FINAL_ROUNDS more times,
- * in alternating order, and ranked by the median of all their timings. One
- * timing each ranks kernels 1-2% apart by chance (clocks, the L2's state
- * after the flush, the neighbour on the bus); the rounds make the choice of
- * a near tie repeatable. */
+ * FINAL_MAX of them, the fastest first) are timed up to FINAL_ROUNDS more
+ * times, in alternating order, and ranked by the median of all their
+ * timings. One timing each ranks kernels 1-2% apart by chance (clocks, the
+ * L2's state after the flush, the neighbour on the bus); the rounds make
+ * the choice of a near tie repeatable. The rounds are fewer (at least one)
+ * where they would take more than FINAL_BUDGET_S (long kernels). */
 enum { FINAL_MAX = 4, FINAL_ROUNDS = 4 };
 #define FINAL_MARGIN 0.04
+#define FINAL_BUDGET_S 1.0
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -194,10 +196,11 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Re-time the finalists fin[0..nf) (job indices; ms[] their times by job
- * index - a, replaced by the finals' medians). Returns how many finished. */
+ * index - a, replaced by the finals' medians) in `rounds` rounds. Returns
+ * how many finished. */
 static int run_finals(stof_context *ctx, const stof_search_op *op,
                       const job *jobs, int a, const int *fin, int nf,
-                      double *ms)
+                      int rounds, double *ms)
 {
     void *h[FINAL_MAX] = {0};
     double t[FINAL_MAX][FINAL_ROUNDS + 1];
@@ -209,7 +212,7 @@ static int run_finals(stof_context *ctx, const stof_search_op *op,
                          &h[f], err, sizeof(err)) == 0;
         t[f][0] = ms[fin[f] - a];
     }
-    for (int r = 1; r <= FINAL_ROUNDS; r++)
+    for (int r = 1; r <= rounds; r++)
         for (int k = 0; k < nf; k++) {
             const int f = r % 2 ? k : nf - 1 - k;
             double v = INFINITY;
@@ -223,14 +226,13 @@ static int run_finals(stof_context *ctx, const stof_search_op *op,
             op->unload(op->user, h[f]);
         if (!ok[f])
             continue; /* keeps its first timing */
-        qsort(t[f], FINAL_ROUNDS + 1, sizeof(double), cmp_double);
-        const double med = 0.5 * (t[f][FINAL_ROUNDS / 2] +
-                                  t[f][(FINAL_ROUNDS + 1) / 2]);
+        qsort(t[f], (size_t)rounds + 1, sizeof(double), cmp_double);
+        const double med = 0.5 * (t[f][rounds / 2] + t[f][(rounds + 1) / 2]);
         char name[128];
         op->describe(op->user, jobs[fin[f]].cand, name, sizeof(name));
         stof__log(ctx, STOF_LOG_INFO,
                   "search %s: final %-24s %8.4f ms (median of %d timings)",
-                  op->name, name, med, FINAL_ROUNDS + 1);
+                  op->name, name, med, rounds + 1);
         ms[fin[f] - a] = med;
         n_ok++;
     }
@@ -246,9 +248,11 @@ static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
     int best = -1, second = -1;
     res->winner = -1;
     res->n_selected = b - a;
-    double *all_ms = malloc(sizeof(double) * (size_t)(b > a ? b - a : 1));
+    /* Each timed candidate's time and the wall time its timing took. */
+    double *all_ms = malloc(sizeof(double) * 2 * (size_t)(b > a ? b - a : 1));
+    double *wall = all_ms ? all_ms + (b - a) : NULL;
     for (int i = a; all_ms && i < b; i++)
-        all_ms[i - a] = INFINITY;
+        all_ms[i - a] = INFINITY, wall[i - a] = 0.0;
     for (int i = a; i < b; i++) {
         const job *j = &jobs[i];
         const job *aj = art_of(jobs, j);
@@ -292,7 +296,10 @@ static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
             op->unload(op->user, h);
             continue;
         }
+        const double tw = now_s();
         rc = op->time(op->user, h, &ms, err, sizeof(err));
+        if (wall)
+            wall[i - a] = now_s() - tw;
         op->unload(op->user, h);
         if (rc != 0 || !isfinite(ms)) {
             res->n_failed++;
@@ -338,7 +345,13 @@ static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
                 if (all_ms[i - a] < all_ms[fin[worst] - a])
                     fin[worst] = i;
             }
-        if (run_finals(ctx, op, jobs, a, fin, nf, all_ms) > 0) {
+        double round_s = 0.0;
+        for (int f = 0; f < nf; f++)
+            round_s += wall[fin[f] - a];
+        int rounds = FINAL_ROUNDS;
+        while (rounds > 1 && rounds * round_s > FINAL_BUDGET_S)
+            rounds--;
+        if (run_finals(ctx, op, jobs, a, fin, nf, rounds, all_ms) > 0) {
             best = second = -1;
             best_ms = second_ms = INFINITY;
             for (int i = a; i < b; i++) {
