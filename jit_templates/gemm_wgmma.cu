@@ -11,10 +11,19 @@
 //   RESIDUAL  v += residual[m][n]
 // then v is rounded to the dtype once and stored. No row norms here (the
 // row-complete variant stays in gemm.cu).
+// GATED (a gated FFN's first GEMM: SwiGLU with ACT 4, GeGLU with ACT 1 or
+// 2): W has 2N rows, the gate's N then the up projection's N (and bias 2N
+// values, in the same order); v = act(g + bias[n]) * (u + bias[N + n]),
+// g and u the two products of column n; then RESIDUAL as above. A tile
+// computes BLOCK_N / 2 output columns: the W tile's first half is loaded
+// from the gate rows, its second from the same columns' up rows, so every
+// thread holds both products of each of its columns (accumulator blocks j
+// and j + BLOCK_N / 16) and combines them in registers.
 //
 // Compile-time parameters (-D): DTYPE 0 fp16 / 1 bf16; BLOCK_N 64, 128 or
 // 256 (C tile columns; the tile has 128 rows, K goes in steps of 64);
-// STAGES 2..6 (K-steps of A and W in flight); BIAS, ACT, RESIDUAL.
+// STAGES 2..6 (K-steps of A and W in flight); BIAS, ACT, RESIDUAL; GATED
+// (BLOCK_N 128 or 256).
 //
 // Grid: at most one CTA per SM (gridDim.x; the host passes the SM count),
 // 384 threads. The C tiles (ceil(M/128) x ceil(N/BLOCK_N)) are numbered in
@@ -47,11 +56,13 @@
 // Shared memory (dynamic, from the first 1024-byte boundary;
 // stof__gemm_smem_bytes adds the 1024 bytes of slack): STAGES x {A 128
 // rows x 128 B, W BLOCK_N rows x 128 B}; the C tile (per warpgroup,
-// BLOCK_N / 64 blocks of 64 rows x 128 B, the TMA's 128-byte swizzle);
-// 2 x STAGES mbarriers.
+// GW_ON / 64 blocks of 64 rows x 128 B, the TMA's 128-byte swizzle; GW_ON
+// = BLOCK_N, or BLOCK_N / 2 with GATED); 2 x STAGES mbarriers.
 //
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,RESIDUAL=0 | DTYPE=1,BLOCK_N=128,STAGES=5,BIAS=0,ACT=0,RESIDUAL=1 | DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,ACT=3,RESIDUAL=1
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,BIAS=1,ACT=4,RESIDUAL=1 | DTYPE=0,BLOCK_N=128,STAGES=2,BIAS=1,ACT=1,RESIDUAL=0
+// STOF_VARIANTS: DTYPE=1,BLOCK_N=256,STAGES=3,BIAS=0,ACT=4,RESIDUAL=0,GATED=1
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=128,STAGES=4,BIAS=1,ACT=2,RESIDUAL=1,GATED=1
 #include "sm90_common.cuh"
 #include "gemm_epi.cuh"
 
@@ -61,6 +72,9 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
+#ifndef GATED
+#define GATED 0
+#endif
 
 #define GW_BM 128                          // tile rows (two warpgroups)
 #define GW_BK 64                           // K per stage (128-byte rows)
@@ -69,7 +83,9 @@
 #define GW_W_BYTES (BLOCK_N * GW_BK * 2)
 #define GW_STAGE_BYTES (GW_A_BYTES + GW_W_BYTES)
 #define GW_OFF_C (STAGES * GW_STAGE_BYTES)  // the C tile, staged
-#define GW_C_BYTES (GW_BM * BLOCK_N * 2)
+#define GW_ON (GATED ? BLOCK_N / 2 : BLOCK_N) // C tile columns
+#define GW_HB (BLOCK_N / 16)               // GATED: up block of block 0
+#define GW_C_BYTES (GW_BM * GW_ON * 2)
 #define GW_OFF_BAR (GW_OFF_C + GW_C_BYTES)
 #define GW_ACC (BLOCK_N / 2)               // accumulators per thread
 #define GW_RC 8                            // residual 8-column blocks a pass
@@ -77,7 +93,8 @@
 static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256,
               "BLOCK_N must be 64, 128 or 256");
 static_assert(STAGES >= 2 && STAGES <= 6, "STAGES must be 2..6");
-static_assert((BLOCK_N / 8) % GW_RC == 0, "GW_RC must divide BLOCK_N / 8");
+static_assert(!GATED || BLOCK_N >= 128, "GATED needs BLOCK_N 128 or 256");
+static_assert((GW_ON / 8) % GW_RC == 0, "GW_RC must divide the C tile / 8");
 static_assert(GW_STAGE_BYTES % 1024 == 0,
               "swizzle atoms must stay 1024-byte aligned");
 
@@ -86,6 +103,7 @@ static_assert(GW_STAGE_BYTES % 1024 == 0,
 // both sides check the size.
 struct stof_gemm_wgmma_params {
     stof_tmap tm_a, tm_w;            // (K, M) and (K, N) maps, box 64 wide
+                                     // (GATED: (K, 2N), box 64 x BLOCK_N/2)
     stof_tmap tm_c;                  // (N, M) map of C, box 64 x 64
     unsigned short *c;               // output, ldc elements per row
     const unsigned short *bias;      // BIAS: [N]
@@ -180,8 +198,15 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                     mb_expect_tx(GW_FULL(s), GW_STAGE_BYTES);
                     tma_load2(GW_SA(s), &p.tm_a, kt * GW_BK, tm * GW_BM,
                               GW_FULL(s));
+#if GATED
+                    tma_load2(GW_SW(s), &p.tm_w, kt * GW_BK, tn * GW_ON,
+                              GW_FULL(s));
+                    tma_load2(GW_SW(s) + GW_ON * 128, &p.tm_w, kt * GW_BK,
+                              p.N + tn * GW_ON, GW_FULL(s));
+#else
                     tma_load2(GW_SW(s), &p.tm_w, kt * GW_BK, tn * BLOCK_N,
                               GW_FULL(s));
+#endif
                     if (++s == STAGES) {
                         s = 0;
                         ph ^= 1u;
@@ -213,8 +238,16 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         unsigned bias_r[BLOCK_N / 8];
 #pragma unroll
         for (int j = 0; j < BLOCK_N / 8; j++) {
+#if GATED
+            // Blocks GW_HB.. hold the up projection's columns.
+            const int col = tn * GW_ON + 8 * (j % GW_HB) + 2 * tq;
+            bias_r[j] = col < p.N ? gw_ldg_u32(p.bias + col +
+                                               (j >= GW_HB ? p.N : 0))
+                                  : 0u;
+#else
             const int col = tn * BLOCK_N + 8 * j + 2 * tq;
             bias_r[j] = col < p.N ? gw_ldg_u32(p.bias + col) : 0u;
+#endif
         }
 #endif
         int prev = 0;
@@ -248,20 +281,20 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         // run on while the warpgroup starts the next tile. GW_RC 8-column
         // blocks at a time: their residual pairs are loaded together
         // first, so their latencies overlap.
-        const unsigned s_c = base + GW_OFF_C + cw * (64 * BLOCK_N * 2);
+        const unsigned s_c = base + GW_OFF_C + cw * (64 * GW_ON * 2);
         // The previous tile's stores have read the buffer.
         if (ctid == 0)
             bulk_wait_read0();
         named_bar_sync(1 + cw, 128);
         const int r0 = wl * 16 + g; // row in the warpgroup's 64
 #pragma unroll
-        for (int j0 = 0; j0 < BLOCK_N / 8; j0 += GW_RC) {
+        for (int j0 = 0; j0 < GW_ON / 8; j0 += GW_RC) {
 #if RESIDUAL
             const int row0 = tm * GW_BM + cw * 64 + r0;
             unsigned res_r[GW_RC][2];
 #pragma unroll
             for (int jj = 0; jj < GW_RC; jj++) {
-                const int col = tn * BLOCK_N + 8 * (j0 + jj) + 2 * tq;
+                const int col = tn * GW_ON + 8 * (j0 + jj) + 2 * tq;
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int row = row0 + 8 * hh;
@@ -286,6 +319,17 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                     const int r = r0 + 8 * hh;
                     float v0 = gm_act(acc[4 * j + 2 * hh] + b0);
                     float v1 = gm_act(acc[4 * j + 2 * hh + 1] + b1);
+#if GATED
+                    const int ju = j + GW_HB;
+                    float u0 = acc[4 * ju + 2 * hh];
+                    float u1 = acc[4 * ju + 2 * hh + 1];
+#if BIAS
+                    u0 += gm_lo(bias_r[ju]);
+                    u1 += gm_hi(bias_r[ju]);
+#endif
+                    v0 *= u0;
+                    v1 *= u1;
+#endif
 #if RESIDUAL
                     v0 += gm_lo(res_r[jj][hh]);
                     v1 += gm_hi(res_r[jj][hh]);
@@ -305,8 +349,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         named_bar_sync(1 + cw, 128);
         if (ctid == 0) {
 #pragma unroll
-            for (int cb = 0; cb < BLOCK_N / 64; cb++)
-                tma_store2(&p.tm_c, tn * BLOCK_N + cb * 64,
+            for (int cb = 0; cb < GW_ON / 64; cb++)
+                tma_store2(&p.tm_c, tn * GW_ON + cb * 64,
                            tm * GW_BM + cw * 64, s_c + cb * (64 * 128));
             bulk_commit();
         }

@@ -1,5 +1,6 @@
-// layer_ops.cu - the memory-bound kernel of the layer chain: bias +
-// residual + LayerNorm/RMSNorm over rows of HIDDEN elements.
+// layer_ops.cu - the memory-bound kernels of the layer chain: bias +
+// residual + LayerNorm/RMSNorm over rows of HIDDEN elements (stof_norm),
+// and a GEMM's unfused activation or gate (stof_gate, below).
 //
 // One warp per row, WARPS rows per CTA (grid.x = ceil(rows / WARPS)). A
 // row is HIDDEN/8 chunks of 8 elements (16 bytes); lane l owns chunks
@@ -20,10 +21,12 @@
 //   DTYPE 0 fp16, 1 bf16     HIDDEN row length, a multiple of 8, <= 16384
 //   NORM 1 LayerNorm, 2 RMSNorm       WARPS rows per CTA (1..32)
 //   BIAS, RESIDUAL, WRITE_PRE 0/1
+//   ACT, GATED: stof_gate's (below)
 //
 // STOF_VARIANTS: DTYPE=0,HIDDEN=768,NORM=1,WARPS=4,BIAS=1,RESIDUAL=1,WRITE_PRE=0 | DTYPE=1,HIDDEN=1024,NORM=2,WARPS=8,BIAS=0,RESIDUAL=0,WRITE_PRE=1
 // STOF_VARIANTS: DTYPE=0,HIDDEN=72,NORM=1,WARPS=2,BIAS=0,RESIDUAL=1,WRITE_PRE=1 | DTYPE=1,HIDDEN=4096,NORM=1,WARPS=4,BIAS=1,RESIDUAL=0,WRITE_PRE=0
-#include "stof_common.cuh"
+// STOF_VARIANTS: DTYPE=1,ACT=4,GATED=1 | DTYPE=0,ACT=2,GATED=0
+#include "gemm_epi.cuh"
 
 #ifndef HIDDEN
 #define HIDDEN 768
@@ -42,6 +45,9 @@
 #endif
 #ifndef WRITE_PRE
 #define WRITE_PRE 0
+#endif
+#ifndef GATED
+#define GATED 0
 #endif
 
 #if HIDDEN % 8 != 0 || HIDDEN < 8 || HIDDEN > 16384
@@ -166,6 +172,41 @@ stof_norm(const unsigned short *x,
     (void)bias;
     (void)residual;
     (void)pre;
+}
+
+// The activation or the gate of a GEMM whose kernel cannot fuse it (the
+// mma.sync template and cuBLASLt have no gated epilogue, cuBLASLt no erf):
+//   GATED 1: out[r][c] = act(x[r][c]) * x[r][n + c]   (x has 2n columns)
+//   GATED 0: out[r][c] = act(x[r][c])                 (out may alias x)
+// in fp32, rounded once; ACT as in gemm_epi.cuh (0 none, 1 gelu (tanh),
+// 2 gelu (erf), 3 relu, 4 silu). n and the leading dimensions (elements)
+// are multiples of 8, the pointers 16-byte aligned: 8 elements a thread
+// per step of a grid-stride loop.
+extern "C" __global__ void stof_gate(const unsigned short *x,
+                                     unsigned short *out, int rows, int n,
+                                     stof_i64 ld_x, stof_i64 ld_out)
+{
+    const int per_row = n / 8;
+    const stof_i64 total = (stof_i64)rows * per_row;
+    for (stof_i64 i = blockIdx.x * (stof_i64)blockDim.x + threadIdx.x;
+         i < total; i += (stof_i64)gridDim.x * blockDim.x) {
+        const stof_i64 r = i / per_row;
+        const int c = (int)(i - r * per_row) * 8;
+        float g[8];
+        stof_unpack8(*(const stof_v8 *)(x + r * ld_x + c), g);
+#if GATED
+        float u[8];
+        stof_unpack8(*(const stof_v8 *)(x + r * ld_x + n + c), u);
+#endif
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            g[k] = gm_act(g[k]);
+#if GATED
+            g[k] *= u[k];
+#endif
+        }
+        *(stof_v8 *)(out + r * ld_out + c) = stof_pack8(g);
+    }
 }
 
 // Scratch data for tuning: p[i] = offset + scale * u, u uniform in

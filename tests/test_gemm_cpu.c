@@ -9,10 +9,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "blaslt.h"
 #include "gemm.h"
 #include "internal.h"
 
-static const stof_gemm_epi plain = {0, 0, 0, 0, 0};
+static const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0};
 
 Test(gemm_cpu, valid_and_invalid)
 {
@@ -27,21 +28,21 @@ Test(gemm_cpu, valid_and_invalid)
         int N, K;
         const char *needle;
     } bad[] = {
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 100, 768, "N 100"},
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 20, "K 20"},
-        {{96, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "block_m"},
-        {{128, 48, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "block_n"},
-        {{128, 128, 16, 2, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "block_k"},
-        {{128, 128, 32, 4, 4, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "warps"},
-        {{16, 128, 32, 2, 2, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "multiple of 16"},
-        {{256, 256, 32, 2, 2, 3, 0}, {0, 0, 0, 0, 0}, 768, 768, "accumulators"},
-        {{128, 128, 32, 2, 4, 1, 0}, {0, 0, 0, 0, 0}, 768, 768, "stages"},
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 7, 0, 0, 0}, 768, 768, "act 7"},
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 3, 0}, 768, 768, "norm 3"},
-        {{64, 64, 32, 2, 2, 3, 0}, {0, 1, 0, 1, 0}, 768, 768, "act = none"},
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 1}, 768, 768, "write_pre"},
-        {{64, 128, 32, 2, 4, 3, 0}, {0, 0, 1, 1, 1}, 4096, 768, "shared memory"},
-        {{128, 128, 32, 2, 4, 3, 0}, {2, 0, 0, 0, 0}, 768, 768, "0 or 1"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 100, 768, "N 100"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 20, "K 20"},
+        {{96, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_m"},
+        {{128, 48, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_n"},
+        {{128, 128, 16, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_k"},
+        {{128, 128, 32, 4, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "warps"},
+        {{16, 128, 32, 2, 2, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "of 16"},
+        {{256, 256, 32, 2, 2, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "accumul"},
+        {{128, 128, 32, 2, 4, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "stages"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 7, 0, 0, 0, 0}, 768, 768, "act 7"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 3, 0, 0}, 768, 768, "norm 3"},
+        {{64, 64, 32, 2, 2, 3, 0}, {0, 1, 0, 1, 0, 0}, 768, 768, "act = none"},
+        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 1, 0}, 768, 768, "write_pre"},
+        {{64, 128, 32, 2, 4, 3, 0}, {0, 0, 1, 1, 1, 0}, 4096, 768, "shared"},
+        {{128, 128, 32, 2, 4, 3, 0}, {2, 0, 0, 0, 0, 0}, 768, 768, "0 or 1"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         why[0] = '\0';
@@ -73,7 +74,7 @@ Test(gemm_cpu, smem_bytes)
     stof_gemm_cfg s = {128, 256, 32, 2, 4, 2, 0};
     /* The staging tile 128 x 264 is larger than 2 x 384 x 40. */
     cr_expect_eq(stof__gemm_smem_bytes(&s, &plain, 768), 128u * 264 * 2);
-    stof_gemm_epi ln = {1, 0, 1, 1, 1};
+    stof_gemm_epi ln = {1, 0, 1, 1, 1, 0};
     stof_gemm_cfg n = {32, 128, 32, 2, 4, 3, 0};
     cr_expect_eq(stof__gemm_smem_bytes(&n, &ln, 768),
                  3u * 160 * 40 * 2 + 32u * 776 * 2);
@@ -83,7 +84,7 @@ Test(gemm_cpu, smem_bytes)
 Test(gemm_cpu, json_round_trip)
 {
     stof_gemm_cfg c = {128, 256, 64, 2, 4, 4, 0}, c2;
-    stof_gemm_epi e = {1, 2, 1, 0, 0}, e2;
+    stof_gemm_epi e = {1, 2, 1, 0, 0, 0}, e2;
     stof_str s = {0};
     stof__gemm_cfg_json(&c, &e, &s);
     cr_assert(s.p && !s.oom);
@@ -125,8 +126,8 @@ Test(gemm_cpu, candidates_of_layer_shapes)
                                     {128, 768, 768},    {128, 3072, 768},
                                     {128, 768, 3072},   {512, 2304, 768},
                                     {1, 768, 768},      {100, 200, 72}};
-    stof_gemm_epi epis[] = {{1, 1, 0, 0, 0}, {1, 0, 1, 0, 0},
-                            {1, 0, 1, 1, 1}, {1, 0, 1, 2, 0}};
+    stof_gemm_epi epis[] = {{1, 1, 0, 0, 0, 0}, {1, 0, 1, 0, 0, 0},
+                            {1, 0, 1, 1, 1, 0}, {1, 0, 1, 2, 0, 0}};
     for (size_t s = 0; s < sizeof(shapes) / sizeof(*shapes); s++)
         for (size_t j = 0; j < sizeof(epis) / sizeof(*epis); j++) {
             stof_gemm_cfg c[64];
@@ -149,7 +150,7 @@ Test(gemm_cpu, candidates_of_layer_shapes)
         }
     /* Norm: no candidate when even 16 rows of N do not fit. */
     stof_gemm_cfg c[8];
-    stof_gemm_epi ln = {0, 0, 0, 1, 0};
+    stof_gemm_epi ln = {0, 0, 0, 1, 0, 0};
     cr_expect_eq(stof__gemm_candidates(NULL, &ln, 128, 65536, 768, c, 8), 0);
 }
 
@@ -194,7 +195,7 @@ Test(gemm_cpu, references)
     /* A 2x3x2 GEMM with bias, relu, residual; rounding to fp16. */
     const float A[4] = {1, 2, 3, 4}, W[6] = {1, 0, 0, 1, 1, -1},
                 bias[3] = {0.5f, 0, -10}, res[6] = {1, 1, 1, 1, 1, 1};
-    stof_gemm_epi e = {1, STOF_ACT_RELU, 1, 0, 0};
+    stof_gemm_epi e = {1, STOF_ACT_RELU, 1, 0, 0, 0};
     float out[6];
     stof__ref_gemm(A, W, bias, res, NULL, NULL, 2, 3, 2, 2, 2, 3, &e, 0.0f,
                    STOF_DTYPE_FP16, out, NULL);
@@ -207,6 +208,102 @@ Test(gemm_cpu, references)
     stof__ref_gemm(a1, w1, NULL, NULL, NULL, NULL, 1, 1, 8, 8, 8, 1, &plain,
                    0.0f, STOF_DTYPE_BF16, out, NULL);
     cr_expect_float_eq(out[0], 1.0f, 0);
+}
+
+/* The gated epilogue (a gated FFN's first GEMM): only the Hopper template
+ * with block_n 128 or 256 fuses it; its C tile is half as wide (shared
+ * memory, tiles in the model), records keep "gated" (written only when
+ * set), cuBLASLt never takes it, and the reference multiplies act(gate)
+ * by the up projection's row N + n. */
+Test(gemm_cpu, gated)
+{
+    char why[256];
+    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1};
+    const stof_gemm_cfg wg256 = {128, 256, 64, 2, 1, 3, 1},
+                        wg64 = {128, 64, 64, 2, 1, 6, 1},
+                        mma = {128, 128, 32, 2, 4, 3, 0};
+    cr_expect(stof__gemm_cfg_valid(NULL, &wg256, &swiglu, 11008, 4096, why,
+                                   sizeof(why)),
+              "%s", why);
+    cr_expect_not(stof__gemm_cfg_valid(NULL, &wg64, &swiglu, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "128 or 256") != NULL, "%s", why);
+    cr_expect_not(stof__gemm_cfg_valid(NULL, &mma, &swiglu, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "only the wgmma template") != NULL, "%s", why);
+    const stof_gemm_epi gn = {0, 0, 0, 2, 0, 1}, g2 = {0, 0, 0, 0, 0, 2};
+    cr_expect_not(stof__gemm_cfg_valid(NULL, &wg256, &gn, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "gated and norm") != NULL, "%s", why);
+    cr_expect_not(stof__gemm_cfg_valid(NULL, &wg256, &g2, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "0 or 1") != NULL, "%s", why);
+    cr_expect_not(stof__blaslt_epi_ok(&swiglu));
+    /* The C tile is 128 x 128, not 128 x 256. */
+    const stof_gemm_epi plain0 = {0, 0, 0, 0, 0, 0};
+    cr_expect_eq(stof__gemm_smem_bytes(&wg256, &plain0, 8) -
+                     stof__gemm_smem_bytes(&wg256, &swiglu, 8),
+                 128u * 128u * 2u);
+    /* Candidates on an H100: wgmma tiles of 128 or 256 only, all valid. */
+    stof_device dev;
+    memset(&dev, 0, sizeof(dev));
+    dev.ok = 1;
+    dev.sm_count = 132;
+    dev.cc_major = 9;
+    dev.max_smem_optin = 232448;
+    stof_gemm_cfg c[64];
+    const int n = stof__gemm_candidates(&dev, &swiglu, 4096, 11008, 4096, c,
+                                        64);
+    cr_expect_gt(n, 0);
+    for (int i = 0; i < n; i++) {
+        cr_expect(c[i].wgmma && c[i].block_n >= 128, "candidate %d", i);
+        cr_expect(stof__gemm_cfg_valid(&dev, &c[i], &swiglu, 11008, 4096,
+                                       why, sizeof(why)),
+                  "%s", why);
+    }
+    dev.cc_major = 8; /* elsewhere none: the layer splits it */
+    cr_expect_eq(stof__gemm_candidates(&dev, &swiglu, 4096, 11008, 4096, c,
+                                       64),
+                 0);
+    /* A gated tile covers half the columns: about twice the plain model's
+     * time for the same output (twice the products). */
+    dev.cc_major = 9;
+    const double tg =
+        stof__gemm_model_ms(&dev, &wg256, &swiglu, 8192, 11008, 4096);
+    const double tp =
+        stof__gemm_model_ms(&dev, &wg256, &plain0, 8192, 11008, 4096);
+    cr_expect(tg > 1.8 * tp && tg < 2.2 * tp, "gated %g, plain %g", tg, tp);
+    /* Records. */
+    stof_str s = {0};
+    stof__gemm_cfg_json(&wg256, &swiglu, &s);
+    cr_assert(s.p && !s.oom);
+    cr_expect(strstr(s.p, "\"gated\":1") != NULL, "%s", s.p);
+    stof_gemm_cfg c2;
+    stof_gemm_epi e2;
+    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2), "%s", s.p);
+    cr_expect_eq(memcmp(&e2, &swiglu, sizeof(e2)), 0);
+    cr_expect_eq(memcmp(&c2, &wg256, sizeof(c2)), 0);
+    stof__str_free(&s);
+    stof__gemm_cfg_json(&wg256, &plain0, &s);
+    cr_expect(strstr(s.p, "gated") == NULL, "%s", s.p);
+    stof__str_free(&s);
+    cr_expect_not(stof__gemm_cfg_parse(
+        "{\"bm\":128,\"bn\":256,\"bk\":64,\"wm\":2,\"wn\":1,\"st\":4,"
+        "\"bias\":1,\"act\":2,\"res\":0,\"norm\":0,\"pre\":0,"
+        "\"wg\":1,\"gated\":1,\"extra\":1}",
+        &c2, &e2));
+    /* Reference: N = 2, K = 2; W rows: gate (1 0), (0 1), up (2 0), (1 1);
+     * bias (0 0 1 0); A = (1 2): gate (1 2), up (3 3); silu(g) * u. */
+    const float A[2] = {1, 2}, W[8] = {1, 0, 0, 1, 2, 0, 1, 1},
+                bias[4] = {0, 0, 1, 0};
+    const stof_gemm_epi sb = {1, STOF_ACT_SILU, 0, 0, 0, 1};
+    float out[2];
+    stof__ref_gemm(A, W, bias, NULL, NULL, NULL, 1, 2, 2, 2, 2, 2, &sb, 0.0f,
+                   STOF_DTYPE_BF16, out, NULL);
+    const float w0 = stof__ref_act(1.0f, STOF_ACT_SILU) * 3.0f,
+                w1 = stof__ref_act(2.0f, STOF_ACT_SILU) * 3.0f;
+    cr_expect(fabsf(out[0] - w0) < 1e-2f * w0, "%g vs %g", out[0], w0);
+    cr_expect(fabsf(out[1] - w1) < 1e-2f * w1, "%g vs %g", out[1], w1);
 }
 
 /* The Hopper template (wgmma = 1): its rules and reasons, its shared
@@ -229,15 +326,15 @@ Test(gemm_cpu, hopper_template)
         stof_gemm_epi e;
         const char *needle;
     } bad[] = {
-        {{64, 128, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0}, "128 x"},
-        {{128, 32, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0}, "128 x"},
-        {{128, 128, 32, 2, 1, 4, 1}, {0, 0, 0, 0, 0}, "128 x"},
-        {{128, 128, 64, 2, 4, 4, 1}, {0, 0, 0, 0, 0}, "2x1"},
-        {{128, 128, 64, 2, 1, 7, 1}, {0, 0, 0, 0, 0}, "stages"},
-        {{128, 256, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0}, "shared memory"},
-        {{128, 128, 64, 2, 1, 4, 1}, {0, 0, 1, 2, 0}, "no row norm"},
-        {{128, 128, 64, 2, 1, 4, 1}, {0, 9, 0, 0, 0}, "act 9"},
-        {{128, 128, 64, 2, 1, 4, 2}, {0, 0, 0, 0, 0}, "wgmma 2"},
+        {{64, 128, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 32, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 32, 2, 1, 4, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 64, 2, 4, 4, 1}, {0, 0, 0, 0, 0, 0}, "2x1"},
+        {{128, 128, 64, 2, 1, 7, 1}, {0, 0, 0, 0, 0, 0}, "stages"},
+        {{128, 256, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0, 0}, "shared memory"},
+        {{128, 128, 64, 2, 1, 4, 1}, {0, 0, 1, 2, 0, 0}, "no row norm"},
+        {{128, 128, 64, 2, 1, 4, 1}, {0, 9, 0, 0, 0, 0}, "act 9"},
+        {{128, 128, 64, 2, 1, 4, 2}, {0, 0, 0, 0, 0, 0}, "wgmma 2"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         why[0] = '\0';
@@ -258,7 +355,7 @@ Test(gemm_cpu, hopper_template)
                                        sizeof(why)));
     cr_expect(strstr(why, "9.0") != NULL, "%s", why);
     stof_gemm_cfg c[64];
-    const stof_gemm_epi gelu = {1, STOF_ACT_GELU_ERF, 0, 0, 0};
+    const stof_gemm_epi gelu = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0};
     int n = stof__gemm_candidates(&dev, &gelu, 4096, 3072, 768, c, 64);
     for (int i = 0; i < n; i++)
         cr_expect_eq(c[i].wgmma, 0, "an A100 got a wgmma candidate");
@@ -288,7 +385,7 @@ Test(gemm_cpu, hopper_template)
     cr_expect_gt(n_wg, 0);
     cr_assert_geq(best, 0);
     cr_expect_eq(c[best].wgmma, 1, "the model prefers mma.sync on H100");
-    const stof_gemm_epi ln = {1, 0, 1, 1, 0};
+    const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0};
     n = stof__gemm_candidates(&dev, &ln, 4096, 768, 768, c, 64);
     for (int i = 0; i < n; i++)
         cr_expect_eq(c[i].wgmma, 0, "a norm epilogue got a wgmma candidate");

@@ -96,10 +96,10 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
     char tag[256];
     snprintf(tag, sizeof(tag),
              "[%s%s %dx%dx%d w%dx%d s%d bias=%d act=%d res=%d norm=%d "
-             "pre=%d] M=%d N=%d K=%d pad=%d",
+             "pre=%d gated=%d] M=%d N=%d K=%d pad=%d",
              dt_name(dt), c->wgmma ? " wgmma" : "", c->block_m, c->block_n,
              c->block_k, c->warps_m, c->warps_n, c->stages, e->bias, e->act,
-             e->residual, e->norm, e->write_pre, M, N, K, pad);
+             e->residual, e->norm, e->write_pre, e->gated, M, N, K, pad);
     char why[256];
     cr_assert(stof__gemm_cfg_valid(&ctx->device, c, e, N, K, why,
                                    sizeof(why)),
@@ -107,12 +107,13 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
     const stof_api *api = ctx->api;
     tu_rng rng = {tu_seed() ^ salt};
     const int64_t lda = K + pad, ldw = K + pad, ldc = N + pad;
-    const size_t na = (size_t)M * lda, nw = (size_t)N * ldw,
+    const int wn = e->gated ? 2 * N : N; /* W's rows, bias's length */
+    const size_t na = (size_t)M * lda, nw = (size_t)wn * ldw,
                  nc = (size_t)M * ldc;
-    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *hb = malloc(N * 2u),
+    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *hb = malloc(wn * 2u),
              *hr = malloc(nc * 2), *hg = malloc(N * 2u), *hbe = malloc(N * 2u),
              *ho = malloc(nc * 2), *hp = malloc(nc * 2);
-    float *fa = malloc(na * 4), *fw = malloc(nw * 4), *fb = malloc(N * 4u),
+    float *fa = malloc(na * 4), *fw = malloc(nw * 4), *fb = malloc(wn * 4u),
           *fr = malloc(nc * 4), *fg = malloc(N * 4u), *fbe = malloc(N * 4u),
           *fo = calloc(nc, 4), *fp = calloc(nc, 4);
     cr_assert(ha && hw && hb && hr && hg && hbe && ho && hp && fa && fw &&
@@ -120,7 +121,7 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
     const float wamp = 2.0f / sqrtf((float)K);
     fill(&rng, ha, fa, na, dt, -1.0f, 1.0f);
     fill(&rng, hw, fw, nw, dt, -wamp, wamp);
-    fill(&rng, hb, fb, N, dt, -0.5f, 0.5f);
+    fill(&rng, hb, fb, wn, dt, -0.5f, 0.5f);
     fill(&rng, hr, fr, nc, dt, -1.0f, 1.0f);
     fill(&rng, hg, fg, N, dt, 0.5f, 1.5f);
     fill(&rng, hbe, fbe, N, dt, -0.5f, 0.5f);
@@ -133,7 +134,7 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
     a.a = upload(api, ha, na * 2);
     a.w = upload(api, hw, nw * 2);
     a.c = upload(api, NULL, nc * 2);
-    a.bias = e->bias ? upload(api, hb, N * 2u) : 0;
+    a.bias = e->bias ? upload(api, hb, wn * 2u) : 0;
     a.residual = e->residual ? upload(api, hr, nc * 2) : 0;
     a.gamma = e->norm ? upload(api, hg, N * 2u) : 0;
     a.beta = e->norm == 1 ? upload(api, hbe, N * 2u) : 0;
@@ -221,11 +222,11 @@ static void epilogues(stof_dtype dt)
     for (int act = 0; act <= STOF_ACT_SILU; act++)
         for (int v = 0; v < 2; v++) {
             stof_gemm_epi e = {v == 0 || act == 0, act, v == 1 || act == 0,
-                               0, 0};
+                               0, 0, 0};
             check(ctx, dt, &cfg_64, &e, 100, 200, 72, v ? 8 : 0,
                   (uint64_t)(act * 2 + v));
         }
-    stof_gemm_epi none = {0, 0, 0, 0, 0};
+    stof_gemm_epi none = {0, 0, 0, 0, 0, 0};
     check(ctx, dt, &cfg_64, &none, 1, 8, 8, 0, 99);
     stof_close(&ctx);
 }
@@ -244,7 +245,7 @@ Test(gpu, tiles, .timeout = 600)
         {64, 64, 64, 2, 2, 5, 0},   {32, 64, 32, 1, 2, 4, 0},
         {32, 128, 32, 1, 4, 3, 0},  {16, 64, 64, 1, 4, 3, 0},
     };
-    stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 1, 0, 0};
+    stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0};
     for (size_t i = 0; i < sizeof(cfgs) / sizeof(*cfgs); i++)
         check(ctx, i % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &cfgs[i], &e,
               300, 264, 200, 0, 1000 + i);
@@ -262,11 +263,11 @@ static void norms(stof_dtype dt)
     int i = 0;
     for (int norm = 1; norm <= 2; norm++)
         for (int pre = 0; pre < 2; pre++, i++) {
-            stof_gemm_epi e = {pre, 0, 1, norm, pre};
+            stof_gemm_epi e = {pre, 0, 1, norm, pre, 0};
             check(ctx, dt, &cfgs[i % 3], &e, 100, 200, 72, pre ? 8 : 0,
                   (uint64_t)(2000 + i));
         }
-    stof_gemm_epi ln = {1, 0, 1, 1, 1};
+    stof_gemm_epi ln = {1, 0, 1, 1, 1, 0};
     check(ctx, dt, &cfgs[1], &ln, 128, 768, 3072, 0, 2100);
     stof_close(&ctx);
 }
@@ -280,7 +281,8 @@ Test(gpu, layer_shapes, .timeout = 600)
     stof_context *ctx = open_or_skip();
     static const int shapes[][3] = {{512, 2304, 768}, {128, 768, 3072}};
     for (int s = 0; s < 2; s++) {
-        stof_gemm_epi e = {1, s ? STOF_ACT_NONE : STOF_ACT_GELU_ERF, s, 0, 0};
+        stof_gemm_epi e = {1, s ? STOF_ACT_NONE : STOF_ACT_GELU_ERF, s,
+                           0, 0, 0};
         stof_gemm_cfg c[32];
         int n = stof__gemm_candidates(&ctx->device, &e, shapes[s][0],
                                       shapes[s][1], shapes[s][2], c, 32);
@@ -319,8 +321,17 @@ static void bench_or_skip(void)
         cr_skip_test("set STOF_GEMM_BENCH=1 to time the GEMM");
 }
 
+/* A separate activation or gate kernel after the GEMM (the unfused
+ * chain): stof_gate over the GEMM's output. */
+typedef struct gate_step {
+    CUfunction fn;
+    CUdeviceptr x, out;
+    int rows, n, gated;
+    int64_t ld_x, ld_out;
+} gate_step;
+
 /* One GEMM launch to time: the template's kernel (fn) or, with lt set,
- * cuBLASLt's algorithm `algo`. */
+ * cuBLASLt's algorithm `algo`; then `after` when set. */
 typedef struct timed {
     CUfunction fn;
     const stof_gemm_cfg *cfg;
@@ -328,14 +339,37 @@ typedef struct timed {
     const stof_blaslt_gemm *lt;
     int algo;
     CUdeviceptr ws;
+    const gate_step *after;
 } timed;
 
 static stof_status timed_launch(const stof_context *ctx, const timed *t,
                                 const stof_gemm_args *a)
 {
-    return t->lt ? stof__blaslt_run(t->lt, t->algo, a, t->ws, NULL)
-                 : stof__gemm_launch(t->fn, t->cfg, t->epi, a,
-                                     ctx->device.sm_count, NULL, ctx->api);
+    stof_status st =
+        t->lt ? stof__blaslt_run(t->lt, t->algo, a, t->ws, NULL)
+              : stof__gemm_launch(t->fn, t->cfg, t->epi, a,
+                                  ctx->device.sm_count, NULL, ctx->api);
+    const gate_step *g = t->after;
+    if (st == STOF_OK && g)
+        st = stof__gate_launch(g->fn, g->x, g->out, g->rows, g->n, g->ld_x,
+                               g->ld_out, g->gated, NULL, ctx->api);
+    return st;
+}
+
+/* The gate kernel's module (stof_gate). */
+static kernel load_gate(stof_context *ctx, stof_dtype dt, int act, int gated)
+{
+    kernel k = {0};
+    void *bin = NULL;
+    size_t size = 0;
+    stof_status st = stof__gate_compile(ctx, dt, act, gated, NULL, &bin,
+                                        &size);
+    cr_assert_eq(st, STOF_OK, "gate compile: %s", stof_errmsg(ctx));
+    st = (stof_status)stof__module_load(ctx, bin, "stof_gate", 0, &k.mod,
+                                        &k.fn);
+    free(bin);
+    cr_assert_eq(st, STOF_OK, "gate load: %s", stof_errmsg(ctx));
+    return k;
 }
 
 /* Mean milliseconds of one launch over `iters` (CUDA events, after 3
@@ -358,6 +392,41 @@ static double time_ms(const stof_context *ctx, const timed *t,
     return ms / (float)iters;
 }
 
+/* cuBLASLt's best time (of its heuristic's algorithms) for a's GEMM with
+ * epilogue e in dt, followed by `after` when set; INFINITY without
+ * cuBLASLt. */
+static double lt_best_dt(stof_context *ctx, stof_dtype dt,
+                         const stof_gemm_args *a, const stof_gemm_epi *e,
+                         const gate_step *after, CUdeviceptr ws, CUevent e0,
+                         CUevent e1)
+{
+    char why[256];
+    if (!stof__blaslt_available(why, sizeof(why))) {
+        cr_log_warn("no cuBLASLt: %s", why);
+        return INFINITY;
+    }
+    double best = INFINITY;
+    stof_blaslt_gemm *lt = NULL;
+    if (stof__blaslt_create(ctx, dt, a->M, a->N, a->K, a->lda, a->ldw,
+                            a->ldc, e, 8, &lt) != STOF_OK)
+        return INFINITY;
+    for (int al = 0; al < stof__blaslt_n_algos(lt); al++) {
+        const timed t = {NULL, NULL, NULL, lt, al, ws, after};
+        const double ms = time_ms(ctx, &t, a, 10, e0, e1);
+        if (ms < best)
+            best = ms;
+    }
+    stof__blaslt_free(&lt);
+    return best;
+}
+
+static double lt_best(stof_context *ctx, const stof_gemm_args *a,
+                      const stof_gemm_epi *e, const gate_step *after,
+                      CUdeviceptr ws, CUevent e0, CUevent e1)
+{
+    return lt_best_dt(ctx, STOF_DTYPE_FP16, a, e, after, ws, e0, e1);
+}
+
 Test(gpu, bench, .timeout = 600)
 {
     bench_or_skip();
@@ -377,7 +446,7 @@ Test(gpu, bench, .timeout = 600)
         {128, 2304, 768},  {128, 3072, 768},  {128, 768, 3072}};
     enum { NS = sizeof(shapes) / sizeof(*shapes) };
     const stof_dtype dt = STOF_DTYPE_FP16;
-    stof_gemm_epi e = {0, 0, 0, 0, 0};
+    stof_gemm_epi e = {0, 0, 0, 0, 0, 0};
     kernel k[NC];
     for (int i = 0; i < NC; i++)
         k[i] = load(ctx, dt, &cfgs[i], &e, 8);
@@ -409,7 +478,7 @@ Test(gpu, bench, .timeout = 600)
         double best = 0.0;
         int best_i = -1;
         for (int i = 0; i < NC; i++) {
-            const timed t = {k[i].fn, &cfgs[i], &e, NULL, 0, 0};
+            const timed t = {k[i].fn, &cfgs[i], &e, NULL, 0, 0, NULL};
             const double ms =
                 time_ms(ctx, &t, &a, M >= 1024 ? 20 : 50, e0, e1);
             const double tf = 2.0 * M * N * (double)K / (ms * 1e-3) / 1e12;
@@ -477,11 +546,11 @@ static void wgmma_epilogues(stof_dtype dt)
     for (int act = 0; act <= STOF_ACT_SILU; act++)
         for (int v = 0; v < 2; v++, i++) {
             stof_gemm_epi e = {v == 0 || act == 0, act, v == 1 || act == 0,
-                               0, 0};
+                               0, 0, 0};
             check(ctx, dt, &wg_tiles[i % N_WG_TILES], &e, 300, 264, 200,
                   v ? 8 : 0, (uint64_t)(5000 + i));
         }
-    stof_gemm_epi none = {0, 0, 0, 0, 0};
+    stof_gemm_epi none = {0, 0, 0, 0, 0, 0};
     check(ctx, dt, &wg_tiles[2], &none, 1, 8, 8, 0, 5100);
     stof_close(&ctx);
 }
@@ -500,11 +569,11 @@ Test(gpu, wgmma_epilogues_bf16, .timeout = 300)
 Test(gpu, wgmma_tiles, .timeout = 600)
 {
     stof_context *ctx = open_hopper_or_skip();
-    stof_gemm_epi e = {1, STOF_ACT_GELU_ERF, 1, 0, 0};
+    stof_gemm_epi e = {1, STOF_ACT_GELU_ERF, 1, 0, 0, 0};
     for (int i = 0; i < N_WG_TILES; i++)
         check(ctx, i % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &wg_tiles[i],
               &e, 1000, 776, 328, 0, (uint64_t)(5200 + i));
-    stof_gemm_epi b = {1, STOF_ACT_NONE, 0, 0, 0};
+    stof_gemm_epi b = {1, STOF_ACT_NONE, 0, 0, 0, 0};
     check(ctx, STOF_DTYPE_BF16, &wg_tiles[1], &b, 2048, 3072, 768, 0, 5301);
     stof_close(&ctx);
 }
@@ -524,8 +593,8 @@ Test(gpu, bench_hopper, .timeout = 600)
         {4096, 11008, 4096}, {4096, 4096, 11008}, {16384, 768, 768}};
     enum { NS = sizeof(shapes) / sizeof(*shapes) };
     const stof_dtype dt = STOF_DTYPE_FP16;
-    const stof_gemm_epi epis[2] = {{0, 0, 0, 0, 0},
-                                   {1, STOF_ACT_GELU_ERF, 0, 0, 0}};
+    const stof_gemm_epi epis[2] = {{0, 0, 0, 0, 0, 0},
+                                   {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0}};
     kernel k[2][N_WG_TILES];
     for (int x = 0; x < 2; x++)
         for (int i = 0; i < N_WG_TILES; i++)
@@ -546,10 +615,8 @@ Test(gpu, bench_hopper, .timeout = 600)
     CUevent e0, e1;
     cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
     cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
-    char why[256];
-    const int have_lt = stof__blaslt_available(why, sizeof(why));
-    if (!have_lt)
-        cr_log_warn("no cuBLASLt: %s", why);
+    const stof_gemm_epi lt_bias = {1, 0, 0, 0, 0, 0};
+    kernel gelu_k = load_gate(ctx, dt, STOF_ACT_GELU_ERF, 0);
     for (int s = 0; s < NS; s++) {
         const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         stof_gemm_args a = plain_args(da, dw, dc, M, N, K);
@@ -560,36 +627,32 @@ Test(gpu, bench_hopper, .timeout = 600)
         for (int x = 0; x < 2; x++)
             for (int i = 0; i < N_WG_TILES; i++) {
                 const timed t = {k[x][i].fn, &wg_tiles[i], &epis[x], NULL, 0,
-                                 0};
+                                 0,          NULL};
                 const double ms = time_ms(ctx, &t, &a, 20, e0, e1);
                 if (ms < best[x]) {
                     best[x] = ms;
                     best_i[x] = i;
                 }
             }
-        /* cuBLASLt, plain: the best of its heuristic's algorithms. */
-        double lt_ms = INFINITY;
-        stof_blaslt_gemm *lt = NULL;
-        if (have_lt &&
-            stof__blaslt_create(ctx, dt, M, N, K, K, K, N, &epis[0], 8,
-                                &lt) == STOF_OK) {
-            for (int al = 0; al < stof__blaslt_n_algos(lt); al++) {
-                const timed t = {NULL, NULL, NULL, lt, al, ws};
-                const double ms = time_ms(ctx, &t, &a, 20, e0, e1);
-                if (ms < lt_ms)
-                    lt_ms = ms;
-            }
-            stof__blaslt_free(&lt);
-        }
+        /* cuBLASLt, plain, and with its bias epilogue followed by the
+         * separate erf-GELU kernel (in place): the best of its heuristic's
+         * algorithms each. */
+        const gate_step gelu = {gelu_k.fn, dc, dc, M, N, 0, N, N};
+        const double lt_ms = lt_best(ctx, &a, &epis[0], NULL, ws, e0, e1);
+        const double lt_gelu_ms = lt_best(ctx, &a, &lt_bias, &gelu, ws, e0,
+                                          e1);
         cr_assert(best_i[0] >= 0 && best_i[1] >= 0);
         cr_log_info("HOPPER M=%d N=%d K=%d: wgmma %.4f ms (%.0f TF/s, "
                     "128x%d s%d), erf-GELU+bias %.4f ms (128x%d s%d); "
-                    "cuBLASLt %.4f ms (%.0f TF/s); wgmma/cuBLASLt time %.3f",
+                    "cuBLASLt %.4f ms (%.0f TF/s); wgmma/cuBLASLt time %.3f; "
+                    "cuBLASLt+bias then erf-GELU kernel %.4f ms, fused "
+                    "speed-up %.2fx",
                     M, N, K, best[0], flop / (best[0] * 1e9),
                     wg_tiles[best_i[0]].block_n, wg_tiles[best_i[0]].stages,
                     best[1], wg_tiles[best_i[1]].block_n,
                     wg_tiles[best_i[1]].stages, lt_ms,
-                    flop / (lt_ms * 1e9), best[0] / lt_ms);
+                    flop / (lt_ms * 1e9), best[0] / lt_ms, lt_gelu_ms,
+                    lt_gelu_ms / best[1]);
     }
     api->cuEventDestroy(e0);
     api->cuEventDestroy(e1);
@@ -602,6 +665,196 @@ Test(gpu, bench_hopper, .timeout = 600)
     for (int x = 0; x < 2; x++)
         for (int i = 0; i < N_WG_TILES; i++)
             unload(ctx, &k[x][i]);
+    unload(ctx, &gelu_k);
+    stof_close(&ctx);
+}
+
+/* The gated epilogue (SwiGLU with bias and residual, GeGLU) on M, N, K
+ * tails (the last tile's gate rows run into the up rows: their columns
+ * must not be stored) and padded rows, with few CTAs and one per SM. */
+static void wgmma_gated(stof_dtype dt)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1},
+                        swiglu_br = {1, STOF_ACT_SILU, 1, 0, 0, 1},
+                        geglu = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 1},
+                        geglu_t = {0, STOF_ACT_GELU_TANH, 1, 0, 0, 1};
+    const stof_gemm_epi *es[] = {&swiglu, &swiglu_br, &geglu, &geglu_t};
+    for (int i = 0; i < 4; i++) {
+        const stof_gemm_cfg *c = &wg_tiles[i % 4]; /* 256 s3/s2, 128 s4/s6 */
+        check(ctx, dt, c, es[i], 300, 264, 200, i % 2 ? 8 : 0,
+              (uint64_t)(5400 + i));
+        check(ctx, dt, c, es[i], 1000, 1096, 328, 0, (uint64_t)(5410 + i));
+    }
+    check(ctx, dt, &wg_tiles[5], &swiglu, 1, 8, 8, 0, 5420);
+    stof_close(&ctx);
+}
+
+Test(gpu, wgmma_gated_fp16, .timeout = 300)
+{
+    wgmma_gated(STOF_DTYPE_FP16);
+}
+Test(gpu, wgmma_gated_bf16, .timeout = 300)
+{
+    wgmma_gated(STOF_DTYPE_BF16);
+}
+
+/* The separate gate and activation kernel (stof_gate) against the CPU:
+ * gated SiLU into another buffer with padded rows, and erf-GELU in
+ * place; bad arguments refused. */
+Test(gpu, gate_kernel, .timeout = 120)
+{
+    stof_context *ctx = open_or_skip();
+    const stof_api *api = ctx->api;
+    const stof_dtype dt = STOF_DTYPE_BF16;
+    enum { R = 37, NN = 264, LDX = 2 * NN + 8, LDO = NN + 16 };
+    tu_rng rng = {tu_seed() ^ 77};
+    uint16_t *hx = malloc(R * LDX * 2), *ho = malloc(R * LDX * 2);
+    float *fx = malloc(R * LDX * 4);
+    cr_assert(hx && ho && fx);
+    fill(&rng, hx, fx, R * LDX, dt, -4.0f, 4.0f);
+    for (int gated = 1; gated >= 0; gated--) {
+        const int act = gated ? STOF_ACT_SILU : STOF_ACT_GELU_ERF;
+        const int64_t ldo = gated ? LDO : LDX;
+        kernel k = load_gate(ctx, dt, act, gated);
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        CUdeviceptr dx = upload(api, hx, R * LDX * 2);
+        CUdeviceptr dout = gated ? upload(api, NULL, R * LDO * 2) : dx;
+        if (gated) {
+            cr_assert_eq(api->cuMemsetD8(dout, 0xff, R * LDO * 2),
+                         CUDA_SUCCESS);
+            cr_expect_eq(stof__gate_launch(k.fn, dx, dout, R, NN, NN, ldo, 1,
+                                           NULL, api),
+                         STOF_ERR_INVALID_ARGUMENT,
+                         "ld_x < 2n must be refused when gated");
+        }
+        cr_expect_eq(stof__gate_launch(k.fn, dx + 2, dout, R, NN, LDX, ldo,
+                                       gated, NULL, api),
+                     STOF_ERR_INVALID_ARGUMENT);
+        cr_assert_eq(stof__gate_launch(k.fn, dx, dout, R, NN, LDX, ldo,
+                                       gated, NULL, api),
+                     STOF_OK);
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyDtoH(ho, dout, R * ldo * 2), CUDA_SUCCESS);
+        api->cuMemFree(dx);
+        if (gated)
+            api->cuMemFree(dout);
+        stof__ctx_pop(ctx);
+        unload(ctx, &k);
+        double err = 0.0;
+        size_t pad_written = 0, up_changed = 0;
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < ldo; c++) {
+                const uint16_t h = ho[r * ldo + c];
+                if (c >= NN) { /* padding, or (in place) the up half */
+                    if (gated)
+                        pad_written += h != 0xffffu;
+                    else
+                        up_changed += h != hx[r * LDX + c];
+                    continue;
+                }
+                float want = stof__ref_act(fx[r * LDX + c], act);
+                if (gated)
+                    want *= fx[r * LDX + NN + c];
+                const double d =
+                    fabs(stof__half_to_f32(h, dt) - want) / (fabs(want) + 1);
+                err = d > err ? d : err;
+            }
+        cr_expect(err < 1e-2, "gated=%d: max error %.3e", gated, err);
+        cr_expect_eq(pad_written, 0);
+        cr_expect_eq(up_changed, 0);
+    }
+    free(hx), free(ho), free(fx);
+    stof_close(&ctx);
+}
+
+/* STOF_GEMM_BENCH=1: a gated FFN's first GEMM (SwiGLU, no bias, as in
+ * Llama-style layers), fused in the Hopper template, against cuBLASLt's
+ * 2N-wide GEMM followed by the separate gate kernel, fp16 and bf16. */
+Test(gpu, bench_gated, .timeout = 600)
+{
+    bench_or_skip();
+    stof_context *ctx = open_hopper_or_skip();
+    const stof_api *api = ctx->api;
+    static const int shapes[][3] = {{4096, 11008, 4096},
+                                    {8192, 14336, 4096},
+                                    {16384, 5632, 2048},
+                                    {16384, 3072, 768}};
+    enum { NS = sizeof(shapes) / sizeof(*shapes) };
+    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1},
+                        plain0 = {0, 0, 0, 0, 0, 0};
+    const size_t maxa = 16384u * 4096u, maxw = 2u * 14336u * 4096u,
+                 maxc = 16384u * 2u * 14336u;
+    CUdeviceptr da, dw, dc, dg, ws;
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    cr_assert_eq(api->cuMemAlloc(&da, maxa * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dw, maxw * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dc, maxc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dg, maxc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&ws, STOF_BLASLT_WORKSPACE), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(da, 0x11, maxa * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(dw, 0x11, maxw * 2), CUDA_SUCCESS);
+    CUevent e0, e1;
+    cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
+    cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
+    stof__ctx_pop(ctx);
+    for (int x = 0; x < 2; x++) {
+        const stof_dtype dt = x ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16;
+        kernel k[N_WG_TILES];
+        memset(k, 0, sizeof(k));
+        for (int i = 0; i < N_WG_TILES; i++)
+            if (wg_tiles[i].block_n >= 128)
+                k[i] = load(ctx, dt, &wg_tiles[i], &swiglu, 8);
+        kernel gk = load_gate(ctx, dt, STOF_ACT_SILU, 1);
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        for (int s = 0; s < NS; s++) {
+            const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            stof_gemm_args a = plain_args(da, dw, dc, M, N, K);
+            double best = INFINITY;
+            int best_i = -1;
+            for (int i = 0; i < N_WG_TILES; i++) {
+                if (!k[i].fn)
+                    continue;
+                const timed t = {k[i].fn, &wg_tiles[i], &swiglu, NULL, 0, 0,
+                                 NULL};
+                const double ms = time_ms(ctx, &t, &a, 10, e0, e1);
+                if (ms < best) {
+                    best = ms;
+                    best_i = i;
+                }
+            }
+            /* The unfused chain: [M][2N] by cuBLASLt into dg, then the
+             * gate into dc. */
+            stof_gemm_args wide = plain_args(da, dw, dg, M, 2 * N, K);
+            const gate_step g = {gk.fn, dg, dc, M, N, 1, 2 * N, N};
+            const double lt_ms = lt_best_dt(ctx, dt, &wide, &plain0, &g, ws,
+                                            e0, e1);
+            const double lt_gemm = lt_best_dt(ctx, dt, &wide, &plain0, NULL,
+                                              ws, e0, e1);
+            const double flop = 2.0 * M * 2.0 * N * (double)K;
+            cr_assert_geq(best_i, 0);
+            cr_log_info("GATED %s M=%d N=%d K=%d (SwiGLU): fused wgmma %.4f "
+                        "ms (%.0f TF/s, 128x%d s%d); cuBLASLt 2N GEMM %.4f "
+                        "ms (%.0f TF/s) + gate kernel = %.4f ms; fused "
+                        "speed-up %.2fx",
+                        dt_name(dt), M, N, K, best, flop / (best * 1e9),
+                        wg_tiles[best_i].block_n, wg_tiles[best_i].stages,
+                        lt_gemm, flop / (lt_gemm * 1e9), lt_ms, lt_ms / best);
+        }
+        stof__ctx_pop(ctx);
+        for (int i = 0; i < N_WG_TILES; i++)
+            unload(ctx, &k[i]);
+        unload(ctx, &gk);
+    }
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    api->cuEventDestroy(e0);
+    api->cuEventDestroy(e1);
+    api->cuMemFree(da);
+    api->cuMemFree(dw);
+    api->cuMemFree(dc);
+    api->cuMemFree(dg);
+    api->cuMemFree(ws);
+    stof__ctx_pop(ctx);
     stof_close(&ctx);
 }
 

@@ -83,7 +83,8 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
         return (size_t)c->stages *
                    ((size_t)c->block_m + (size_t)c->block_n) *
                    (size_t)c->block_k * 2u +
-               (size_t)c->block_m * (size_t)c->block_n * 2u +
+               (size_t)c->block_m * (size_t)c->block_n * 2u /
+                   (e && e->gated ? 2u : 1u) +
                16u * (size_t)c->stages + 1024u;
     const size_t pitch = (size_t)c->block_k + 8u;
     const size_t pipe = (size_t)c->stages *
@@ -102,8 +103,10 @@ static int epi_valid(const stof_gemm_epi *e, char *why, size_t n)
 {
     if ((e->bias != 0 && e->bias != 1) ||
         (e->residual != 0 && e->residual != 1) ||
-        (e->write_pre != 0 && e->write_pre != 1))
-        return stof__why(why, n, "bias, residual and write_pre must be 0 or 1");
+        (e->write_pre != 0 && e->write_pre != 1) ||
+        (e->gated != 0 && e->gated != 1))
+        return stof__why(why, n,
+                         "bias, residual, write_pre and gated must be 0 or 1");
     if (e->act < STOF_ACT_NONE || e->act > STOF_ACT_SILU)
         return stof__why(why, n, "act %d: not a stof_activation", e->act);
     if (e->norm < 0 || e->norm > 2)
@@ -115,6 +118,8 @@ static int epi_valid(const stof_gemm_epi *e, char *why, size_t n)
         return stof__why(why, n, "norm needs act = none (act %d)", e->act);
     if (e->write_pre && !e->norm)
         return stof__why(why, n, "write_pre needs norm");
+    if (e->gated && e->norm)
+        return stof__why(why, n, "gated and norm cannot be combined");
     return 1;
 }
 
@@ -149,6 +154,11 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
         return stof__why(why, n,
                          "wgmma template: no row norm (the mma.sync "
                          "template's row-complete variant has it)");
+    if (e->gated && c->block_n < 128)
+        return stof__why(why, n,
+                         "wgmma template: gated needs block_n 128 or 256 "
+                         "(the output tile is half of it), not %d",
+                         c->block_n);
     if (dev && dev->ok && (dev->cc_major != 9 || dev->cc_minor != 0))
         return stof__why(why, n,
                          "wgmma template: needs compute capability 9.0 "
@@ -211,6 +221,11 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
         return stof__why(why, n, "stages %d: must be 2..5", c->stages);
     if (!epi_valid(e, why, n))
         return 0;
+    if (e->gated)
+        return stof__why(why, n,
+                         "gated: only the wgmma template (sm_90a) fuses it; "
+                         "elsewhere the layer runs the 2N-wide GEMM and a "
+                         "gate kernel");
     const size_t smem = stof__gemm_smem_bytes(c, e, N);
     const size_t lim = smem_limit(dev);
     if (smem > lim)
@@ -268,7 +283,8 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                     k < max;
          i++) {
         const int bn = wgmma_tiles[i][0];
-        if (bn > 64 && bn >= 2 * round_up(N > 0 ? N : 1, 32))
+        const int out_n = e->gated ? bn / 2 : bn; /* the C tile's */
+        if (out_n > 64 && out_n >= 2 * round_up(N > 0 ? N : 1, 32))
             continue;
         stof_gemm_cfg c = {WG_BM, bn, WG_BK, 2, 1, wgmma_tiles[i][1], 1};
         if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
@@ -300,10 +316,11 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
  * residual, pre, bias) once through DRAM. */
 static double gemm_mem_s(const stof_gemm_epi *e, int M, int N, int K)
 {
-    double bytes = ((double)M * K + (double)N * K) * 2.0 +
+    const double wn = e->gated ? 2.0 * N : (double)N; /* W's rows */
+    double bytes = ((double)M * K + wn * K) * 2.0 +
                    (double)M * N * 2.0 * (1 + e->residual + e->write_pre);
     if (e->bias)
-        bytes += (double)N * 2.0;
+        bytes += wn * 2.0;
     return bytes / GEMM_BW;
 }
 
@@ -317,8 +334,9 @@ static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
     double eff = c->block_n >= 256 ? 0.78 : c->block_n >= 128 ? 0.72 : 0.55;
     if (c->stages <= 2)
         eff *= 0.85;
+    const int out_n = e->gated ? c->block_n / 2 : c->block_n;
     const double tiles = (double)((M + WG_BM - 1) / WG_BM) *
-                         (double)((N + c->block_n - 1) / c->block_n);
+                         (double)((N + out_n - 1) / out_n);
     const double kpad = (double)round_up(K, WG_BK);
     const double tile_s =
         2.0 * WG_BM * c->block_n * kpad / (WGMMA_SM_PEAK * eff);
@@ -394,15 +412,16 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
                                  const stof_gemm_epi *e, void **cubin,
                                  size_t *size)
 {
-    char d[6][32];
+    char d[7][32];
     snprintf(d[0], 32, "DTYPE=%d", (int)dt);
     snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
     snprintf(d[2], 32, "STAGES=%d", c->stages);
     snprintf(d[3], 32, "BIAS=%d", e->bias);
     snprintf(d[4], 32, "ACT=%d", e->act);
     snprintf(d[5], 32, "RESIDUAL=%d", e->residual);
-    const char *defs[6] = {d[0], d[1], d[2], d[3], d[4], d[5]};
-    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 6,
+    snprintf(d[6], 32, "GATED=%d", e->gated);
+    const char *defs[7] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 7,
                                           "sm_90a", cubin, size);
 }
 
@@ -500,10 +519,12 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT; /* TMA strides: < 2^40 bytes */
     stof_gemm_wgmma_params p;
     memset(&p, 0, sizeof(p));
+    /* gated: W's 2N rows, loaded in two boxes of half a tile. */
+    const int out_n = e->gated ? c->block_n / 2 : c->block_n;
     if (make_map2(enc, &p.tm_a, a->a, a->K, a->M, a->lda, WG_BM) !=
             CUDA_SUCCESS ||
-        make_map2(enc, &p.tm_w, a->w, a->K, a->N, a->ldw,
-                  (unsigned)c->block_n) != CUDA_SUCCESS ||
+        make_map2(enc, &p.tm_w, a->w, a->K, e->gated ? 2 * a->N : a->N,
+                  a->ldw, (unsigned)out_n) != CUDA_SUCCESS ||
         make_map2(enc, &p.tm_c, a->c, a->N, a->M, a->ldc, 64u) !=
             CUDA_SUCCESS)
         return STOF_ERR_CUDA;
@@ -515,7 +536,7 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
     p.N = a->N;
     p.K = a->K;
     p.tiles_m = (a->M + WG_BM - 1) / WG_BM;
-    p.tiles_n = (a->N + c->block_n - 1) / c->block_n;
+    p.tiles_n = (a->N + out_n - 1) / out_n;
     const int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
     if (tiles > INT32_MAX)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -570,29 +591,76 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
+stof_status stof__gate_compile(stof_context *ctx, stof_dtype dt, int act,
+                               int gated, const char *arch, void **cubin,
+                               size_t *size)
+{
+    if (!cubin || !size)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gate compile: NULL output pointer");
+    *cubin = NULL;
+    *size = 0;
+    if ((dt != STOF_DTYPE_FP16 && dt != STOF_DTYPE_BF16) ||
+        act < STOF_ACT_NONE || act > STOF_ACT_SILU ||
+        (gated != 0 && gated != 1))
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gate compile: dtype %d, act %d, gated %d",
+                          (int)dt, act, gated);
+    char d[3][32];
+    snprintf(d[0], 32, "DTYPE=%d", (int)dt);
+    snprintf(d[1], 32, "ACT=%d", act);
+    snprintf(d[2], 32, "GATED=%d", gated);
+    const char *defs[3] = {d[0], d[1], d[2]};
+    return (stof_status)stof__jit_compile(ctx, "layer_ops.cu", defs, 3, arch,
+                                          cubin, size);
+}
+
+stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
+                              int rows, int n, int64_t ld_x, int64_t ld_out,
+                              int gated, CUstream stream, const stof_api *api)
+{
+    if (!fn || !api || !api->cuLaunchKernel || rows < 0 || n <= 0 ||
+        n % 8 || ld_x % 8 || ld_out % 8 || ld_out < n ||
+        ld_x < (gated ? 2 * (int64_t)n : n) || !x || !out ||
+        (x | out) % 16u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (rows == 0)
+        return STOF_OK;
+    const int64_t chunks = (int64_t)rows * (n / 8);
+    const int64_t blocks = (chunks + 255) / 256;
+    const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
+    void *params[] = {&x, &out, &rows, &n, &ld_x, &ld_out};
+    CUresult r = api->cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream,
+                                     params, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
 /* ------------------------------------------------------------------------ */
 /* JSON                                                                      */
 /* ------------------------------------------------------------------------ */
 
 static const char *const cfg_keys[] = {"bm",  "bn",   "bk",  "wm",
                                         "wn",  "st",   "bias", "act",
-                                        "res", "norm", "pre",  "wg"};
-/* "wg" (the Hopper template) is written only when set; older records
- * have the first 11 keys. */
-enum { CFG_KEYS = 11, CFG_KEYS_WG = 12 };
+                                        "res", "norm", "pre",  "wg",
+                                        "gated"};
+/* "wg" (the Hopper template) and "gated" are written only when set;
+ * older records have the first 11 keys. */
+enum { CFG_KEYS = 11, CFG_KEYS_ALL = 13 };
 
 void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                          stof_str *out)
 {
     if (!c || !e || !out)
         return;
-    const int v[CFG_KEYS_WG] = {c->block_m,  c->block_n, c->block_k,
-                                c->warps_m,  c->warps_n, c->stages,
-                                e->bias,     e->act,     e->residual,
-                                e->norm,     e->write_pre, c->wgmma};
+    const int v[CFG_KEYS_ALL] = {c->block_m,  c->block_n,   c->block_k,
+                                 c->warps_m,  c->warps_n,   c->stages,
+                                 e->bias,     e->act,       e->residual,
+                                 e->norm,     e->write_pre, c->wgmma,
+                                 e->gated};
     json_t *o = json_object();
-    for (int i = 0; o && i < (c->wgmma ? CFG_KEYS_WG : CFG_KEYS); i++)
-        json_object_set_new(o, cfg_keys[i], json_integer(v[i]));
+    for (int i = 0; o && i < CFG_KEYS_ALL; i++)
+        if (i < CFG_KEYS || v[i])
+            json_object_set_new(o, cfg_keys[i], json_integer(v[i]));
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (text)
@@ -605,21 +673,26 @@ void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
 int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
                          stof_gemm_epi *e)
 {
-    int val[CFG_KEYS_WG];
+    int val[CFG_KEYS_ALL];
     if (!json || !c || !e || !stof__json_ints(json, cfg_keys, CFG_KEYS, val))
         return 0;
-    /* Exactly these keys (and "wg" when set): a configuration with more is
-     * not one of ours. */
+    /* Exactly these keys (and the optional ones when set): a configuration
+     * with more is not one of ours. */
     json_t *o = json_loads(json, 0, NULL);
-    const int has_wg = o && json_object_get(o, "wg") != NULL;
-    const int exact =
-        json_object_size(o) == (size_t)(has_wg ? CFG_KEYS_WG : CFG_KEYS);
+    size_t want = CFG_KEYS;
+    int ok = o != NULL;
+    for (int i = CFG_KEYS; ok && i < CFG_KEYS_ALL; i++) {
+        val[i] = 0;
+        if (json_object_get(o, cfg_keys[i])) {
+            want++;
+            ok = stof__json_ints(json, cfg_keys + i, 1, val + i);
+        }
+    }
+    ok = ok && json_object_size(o) == want;
     json_decref(o);
-    val[CFG_KEYS] = 0;
-    if (!exact || (has_wg && !stof__json_ints(json, cfg_keys + CFG_KEYS, 1,
-                                              val + CFG_KEYS)))
+    if (!ok)
         return 0;
-    for (int i = 0; i < CFG_KEYS_WG; i++)
+    for (int i = 0; i < CFG_KEYS_ALL; i++)
         if (val[i] < -1000000 || val[i] > 1000000)
             return 0;
     c->block_m = val[0];
@@ -634,6 +707,7 @@ int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
     e->norm = val[9];
     e->write_pre = val[10];
     c->wgmma = val[11];
+    e->gated = val[12];
     return 1;
 }
 
@@ -691,6 +765,14 @@ static float round_dt(float v, stof_dtype dt)
     return stof__half_to_f32(stof__f32_to_half(v, dt), dt);
 }
 
+static float dot_row(const float *a, const float *w, int K)
+{
+    double acc = 0.0;
+    for (int k = 0; k < K; k++)
+        acc += (double)a[k] * (double)w[k];
+    return (float)acc;
+}
+
 void stof__ref_gemm(const float *A, const float *W, const float *bias,
                     const float *residual, const float *gamma,
                     const float *beta, int M, int N, int K, int64_t lda,
@@ -706,14 +788,16 @@ void stof__ref_gemm(const float *A, const float *W, const float *bias,
     for (int m = 0; m < M; m++) {
         const float *a = A + (int64_t)m * lda;
         for (int n = 0; n < N; n++) {
-            const float *w = W + (int64_t)n * ldw;
-            double acc = 0.0;
-            for (int k = 0; k < K; k++)
-                acc += (double)a[k] * (double)w[k];
-            float v = (float)acc;
+            float v = dot_row(a, W + (int64_t)n * ldw, K);
             if (e->bias && bias)
                 v += bias[n];
             v = stof__ref_act(v, e->act);
+            if (e->gated) { /* times the up projection, row N + n */
+                float u = dot_row(a, W + (int64_t)(N + n) * ldw, K);
+                if (e->bias && bias)
+                    u += bias[N + n];
+                v *= u;
+            }
             if (e->residual && residual)
                 v += residual[(int64_t)m * ldc + n];
             row[n] = round_dt(v, dt);

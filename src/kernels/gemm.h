@@ -13,6 +13,12 @@
 /* What follows the product, in this order, on v = acc (fp32):
  *   bias:     v += bias[n]
  *   act:      v = act(v)                    (stof_activation)
+ *   gated:    a gated FFN (SwiGLU, GeGLU): W has 2N rows (the gate's N,
+ *             then the up projection's N; bias 2N values in that order)
+ *             and v = act(g + bias[n]) * (u + bias[N + n]), g and u the
+ *             products with rows n and N + n. Only the Hopper template
+ *             fuses it (elsewhere a layer runs the 2N-wide GEMM and
+ *             layer_ops.cu's gate kernel); not with norm.
  *   residual: v += residual[m][n]
  *   norm:     out = norm(v over the whole row n = 0..N-1), with gamma/beta
  *             (1 = STOF_NORM_LAYER + 1, 2 = STOF_NORM_RMS + 1); only in the
@@ -27,6 +33,7 @@ typedef struct stof_gemm_epi {
     int residual;
     int norm;
     int write_pre;
+    int gated;
 } stof_gemm_epi;
 
 /* Template configuration: CTA tile block_m x block_n x block_k, a
@@ -44,7 +51,8 @@ typedef struct stof_gemm_cfg {
     int wgmma;
 } stof_gemm_cfg;
 
-/* Launch arguments. Pointers the epilogue does not use may be 0. */
+/* Launch arguments. Pointers the epilogue does not use may be 0. N is the
+ * output's width (with gated, W has 2N rows). */
 typedef struct stof_gemm_args {
     CUdeviceptr a, w, c;
     CUdeviceptr bias, residual, gamma, beta, pre;
@@ -99,6 +107,18 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
 stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
                               const stof_gemm_epi *e, const stof_gemm_args *a,
                               int ctas, CUstream stream, const stof_api *api);
+
+/* The unfused activation or gate (layer_ops.cu's stof_gate): out[r][c] =
+ * act(x[r][c]) (* x[r][n + c] when gated) over rows x n. Compile (NVRTC,
+ * for ctx's device; thread-safe with ctx NULL and arch given) and
+ * enqueue: n, ld_x and ld_out multiples of 8 (elements), pointers 16-byte
+ * aligned; out may alias x when not gated. Capture-safe. */
+stof_status stof__gate_compile(stof_context *ctx, stof_dtype dt, int act,
+                               int gated, const char *arch,
+                               void **cubin /* OUT */, size_t *size /* OUT */);
+stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
+                              int rows, int n, int64_t ld_x, int64_t ld_out,
+                              int gated, CUstream stream, const stof_api *api);
 
 /* JSON object of (c, e) for descriptions and tuning records, and its
  * parse (0 on a malformed string). */
