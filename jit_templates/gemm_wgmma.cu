@@ -23,7 +23,7 @@
 // Compile-time parameters (-D): DTYPE 0 fp16 / 1 bf16; BLOCK_N 64, 128 or
 // 256 (C tile columns; the tile has 128 rows, K goes in steps of 64);
 // STAGES 2..6 (K-steps of A and W in flight); BIAS, ACT, RESIDUAL; GATED
-// (BLOCK_N 128 or 256).
+// (BLOCK_N 128 or 256); PINGPONG (BLOCK_N 64 or 128, below).
 //
 // Grid: at most one CTA per SM (gridDim.x; the host passes the SM count),
 // 384 threads. The C tiles (ceil(M/128) x ceil(N/BLOCK_N)) are numbered in
@@ -50,19 +50,33 @@
 //                 warpgroup computes its next tile. Measured (H100, fp16,
 //                 16384 x 2304 x 768): storing each pair from registers
 //                 took a third of the kernel's time.
+//   PINGPONG 1    the two consumer warpgroups take whole tiles in turn
+//                 (the CTA's tile i goes to warpgroup i % 2, all 128 rows
+//                 in two 64-row halves, 128 x BLOCK_N accumulators a
+//                 thread): a warpgroup starts its K loop once the other's
+//                 K loop has passed all its waits (order[c]), so the K
+//                 loops take turns on the tensor cores and each epilogue
+//                 runs under the other warpgroup's K loop. With both
+//                 warpgroups on one tile (PINGPONG 0) the tensor cores
+//                 idle during the epilogue, a large share at small K.
 // mbarriers: full[s] (1 arrival + the slot's bytes), empty[s] (lane 0 of
-// each of the 8 consumer warps).
+// each consumer warp that reads the slot: 8, or 4 with PINGPONG),
+// order[2] (PINGPONG: one arrival per tile of warpgroup c).
 //
 // Shared memory (dynamic, from the first 1024-byte boundary;
 // stof__gemm_smem_bytes adds the 1024 bytes of slack): STAGES x {A 128
-// rows x 128 B, W BLOCK_N rows x 128 B}; the C tile (per warpgroup,
-// GW_ON / 64 blocks of 64 rows x 128 B, the TMA's 128-byte swizzle; GW_ON
-// = BLOCK_N, or BLOCK_N / 2 with GATED); 2 x STAGES mbarriers.
+// rows x 128 B, W BLOCK_N rows x 128 B}; each warpgroup's C rows (64, or
+// 128 with PINGPONG: per 64 rows GW_ON / 64 blocks of 64 rows x 128 B, the
+// TMA's 128-byte swizzle; GW_ON = BLOCK_N, or BLOCK_N / 2 with GATED);
+// 2 x STAGES + 2 mbarriers.
 //
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,RESIDUAL=0 | DTYPE=1,BLOCK_N=128,STAGES=5,BIAS=0,ACT=0,RESIDUAL=1 | DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,ACT=3,RESIDUAL=1
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,BIAS=1,ACT=4,RESIDUAL=1 | DTYPE=0,BLOCK_N=128,STAGES=2,BIAS=1,ACT=1,RESIDUAL=0
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=256,STAGES=3,BIAS=0,ACT=4,RESIDUAL=0,GATED=1
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=128,STAGES=4,BIAS=1,ACT=2,RESIDUAL=1,GATED=1
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=128,STAGES=4,BIAS=1,ACT=2,PINGPONG=1
+// STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,RESIDUAL=1,PINGPONG=1
+// STOF_VARIANTS: DTYPE=1,BLOCK_N=128,STAGES=4,ACT=4,GATED=1,PINGPONG=1
 #include "sm90_common.cuh"
 #include "gemm_epi.cuh"
 
@@ -75,6 +89,9 @@
 #ifndef GATED
 #define GATED 0
 #endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
 
 #define GW_BM 128                          // tile rows (two warpgroups)
 #define GW_BK 64                           // K per stage (128-byte rows)
@@ -85,7 +102,9 @@
 #define GW_OFF_C (STAGES * GW_STAGE_BYTES)  // the C tile, staged
 #define GW_ON (GATED ? BLOCK_N / 2 : BLOCK_N) // C tile columns
 #define GW_HB (BLOCK_N / 16)               // GATED: up block of block 0
-#define GW_C_BYTES (GW_BM * GW_ON * 2)
+#define GW_HALVES (PINGPONG ? 2 : 1)       // 64-row halves a warpgroup owns
+#define GW_WG_ROWS (64 * GW_HALVES)
+#define GW_C_BYTES (2 * GW_WG_ROWS * GW_ON * 2) // both warpgroups' C rows
 #define GW_OFF_BAR (GW_OFF_C + GW_C_BYTES)
 #define GW_ACC (BLOCK_N / 2)               // accumulators per thread
 #define GW_RC 8                            // residual 8-column blocks a pass
@@ -94,6 +113,8 @@ static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256,
               "BLOCK_N must be 64, 128 or 256");
 static_assert(STAGES >= 2 && STAGES <= 6, "STAGES must be 2..6");
 static_assert(!GATED || BLOCK_N >= 128, "GATED needs BLOCK_N 128 or 256");
+static_assert(!PINGPONG || BLOCK_N <= 128,
+              "PINGPONG: 128 x BLOCK_N accumulators a thread, BLOCK_N <= 128");
 static_assert((GW_ON / 8) % GW_RC == 0, "GW_RC must divide the C tile / 8");
 static_assert(GW_STAGE_BYTES % 1024 == 0,
               "swizzle atoms must stay 1024-byte aligned");
@@ -160,6 +181,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     const unsigned bar = base + GW_OFF_BAR;
 #define GW_FULL(s) (bar + 8u * (s))
 #define GW_EMPTY(s) (bar + 8u * (STAGES + (s)))
+#define GW_ORDER(c) (bar + 8u * (2 * STAGES + (c)))
 #define GW_SA(s) (base + (s) * GW_STAGE_BYTES)
 #define GW_SW(s) (base + (s) * GW_STAGE_BYTES + GW_A_BYTES)
 
@@ -173,8 +195,10 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             mb_init(GW_FULL(s), 1);
-            mb_init(GW_EMPTY(s), 8);
+            mb_init(GW_EMPTY(s), PINGPONG ? 4 : 8); // consumer warps
         }
+        mb_init(GW_ORDER(0), 1);
+        mb_init(GW_ORDER(1), 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -221,14 +245,27 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     // Consumers
     // ----------------------------------------------------------------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    const int cw = wg - 1;            // rows 64 cw .. 64 cw + 63
-    const int wl = warp & 3;          // 16-row slice of the warpgroup
+    const int cw = wg - 1;            // consumer warpgroup 0 or 1
+    const int wl = warp & 3;          // 16-row slice of each 64 rows
     const int ctid = tid & 127;       // thread in the warpgroup
     const int g = lane >> 2, tq = lane & 3;
-    float acc[GW_ACC];
+    // This warpgroup's rows of a tile: 64 cw .. 64 cw + 63, or (PINGPONG)
+    // all 128 in two halves.
+    const int wg_row0 = PINGPONG ? 0 : 64 * cw;
+    float acc[GW_HALVES][GW_ACC];
     int s = 0;
     unsigned ph = 0;
+#if PINGPONG
+    // The CTA's i-th tile goes to warpgroup i % 2; its K-steps are the
+    // producer's i * kt_n .. (i + 1) * kt_n - 1.
+    int i = cw;
+    for (int t = blockIdx.x + cw * gridDim.x; t < n_tiles;
+         t += 2 * gridDim.x, i += 2) {
+        s = (i * kt_n) % STAGES;
+        ph = (unsigned)((i * kt_n) / STAGES) & 1u;
+#else
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+#endif
         int tm, tn;
         gw_tile(p, t, tm, tn);
 #if BIAS
@@ -250,12 +287,24 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #endif
         }
 #endif
+#if PINGPONG
+        // The other warpgroup's K loop of tile i - 1 has passed all its
+        // waits (so every earlier phase of the slots has completed, and
+        // parity waits below cannot alias): the two K loops take turns on
+        // the tensor cores while the other warpgroup runs its epilogue.
+        if (i > 0)
+            mb_wait(GW_ORDER(cw ^ 1), (unsigned)((i - 1) >> 1) & 1u);
+#endif
         int prev = 0;
         for (int kt = 0; kt < kt_n; kt++) {
             mb_wait(GW_FULL(s), ph);
             wg_fence();
-            gw_kstep(acc, wg_desc(GW_SA(s) + cw * 64 * 128, 16, 1024),
-                     wg_desc(GW_SW(s), 16, 1024), kt == 0);
+#pragma unroll
+            for (int h = 0; h < GW_HALVES; h++)
+                gw_kstep(acc[h],
+                         wg_desc(GW_SA(s) + (wg_row0 + 64 * h) * 128, 16,
+                                 1024),
+                         wg_desc(GW_SW(s), 16, 1024), kt == 0);
             wg_commit();
             if (kt > 0) {
                 wg_wait<1>(); // K-step kt-1 has retired: free its slot
@@ -269,89 +318,105 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                 ph ^= 1u;
             }
         }
+#if PINGPONG
+        if (ctid == 0)
+            mb_arrive(GW_ORDER(cw));
+#endif
         wg_wait<0>();
-        wg_keep(acc);
+#pragma unroll
+        for (int h = 0; h < GW_HALVES; h++)
+            wg_keep(acc[h]);
         __syncwarp();
         if (lane == 0)
             mb_arrive(GW_EMPTY(prev));
 
         // ---- epilogue: registers -> this warpgroup's C rows in shared
-        // memory (64-column blocks of 64 rows x 128 B, 128-byte swizzle:
-        // conflict-free for the fragment pattern) -> TMA stores, which
-        // run on while the warpgroup starts the next tile. GW_RC 8-column
-        // blocks at a time: their residual pairs are loaded together
-        // first, so their latencies overlap.
-        const unsigned s_c = base + GW_OFF_C + cw * (64 * GW_ON * 2);
+        // memory (per 64 rows, 64-column blocks of 64 rows x 128 B,
+        // 128-byte swizzle: conflict-free for the fragment pattern) -> TMA
+        // stores, which run on while the warpgroup starts the next tile.
+        // GW_RC 8-column blocks at a time: their residual pairs are loaded
+        // together first, so their latencies overlap.
+        const unsigned s_c = base + GW_OFF_C + cw * (GW_WG_ROWS * GW_ON * 2);
         // The previous tile's stores have read the buffer.
         if (ctid == 0)
             bulk_wait_read0();
         named_bar_sync(1 + cw, 128);
-        const int r0 = wl * 16 + g; // row in the warpgroup's 64
+        const int r0 = wl * 16 + g; // row in each 64
 #pragma unroll
-        for (int j0 = 0; j0 < GW_ON / 8; j0 += GW_RC) {
+        for (int h = 0; h < GW_HALVES; h++) {
+            const unsigned s_h = s_c + h * (64 * GW_ON * 2);
+#pragma unroll
+            for (int j0 = 0; j0 < GW_ON / 8; j0 += GW_RC) {
 #if RESIDUAL
-            const int row0 = tm * GW_BM + cw * 64 + r0;
-            unsigned res_r[GW_RC][2];
+                const int row0 = tm * GW_BM + wg_row0 + 64 * h + r0;
+                unsigned res_r[GW_RC][2];
 #pragma unroll
-            for (int jj = 0; jj < GW_RC; jj++) {
-                const int col = tn * GW_ON + 8 * (j0 + jj) + 2 * tq;
+                for (int jj = 0; jj < GW_RC; jj++) {
+                    const int col = tn * GW_ON + 8 * (j0 + jj) + 2 * tq;
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int row = row0 + 8 * hh;
-                    res_r[jj][hh] =
-                        col < p.N && row < p.M
-                            ? gw_ldg_u32(p.residual +
-                                         (stof_i64)row * p.ldc + col)
-                            : 0u;
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int row = row0 + 8 * hh;
+                        res_r[jj][hh] =
+                            col < p.N && row < p.M
+                                ? gw_ldg_u32(p.residual +
+                                             (stof_i64)row * p.ldc + col)
+                                : 0u;
+                    }
                 }
-            }
 #endif
 #pragma unroll
-            for (int jj = 0; jj < GW_RC; jj++) {
-                const int j = j0 + jj;
-                float b0 = 0.0f, b1 = 0.0f;
+                for (int jj = 0; jj < GW_RC; jj++) {
+                    const int j = j0 + jj;
+                    float b0 = 0.0f, b1 = 0.0f;
 #if BIAS
-                b0 = gm_lo(bias_r[j]);
-                b1 = gm_hi(bias_r[j]);
+                    b0 = gm_lo(bias_r[j]);
+                    b1 = gm_hi(bias_r[j]);
 #endif
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int r = r0 + 8 * hh;
-                    float v0 = gm_act(acc[4 * j + 2 * hh] + b0);
-                    float v1 = gm_act(acc[4 * j + 2 * hh + 1] + b1);
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int r = r0 + 8 * hh;
+                        float v0 = gm_act(acc[h][4 * j + 2 * hh] + b0);
+                        float v1 = gm_act(acc[h][4 * j + 2 * hh + 1] + b1);
 #if GATED
-                    const int ju = j + GW_HB;
-                    float u0 = acc[4 * ju + 2 * hh];
-                    float u1 = acc[4 * ju + 2 * hh + 1];
+                        const int ju = j + GW_HB;
+                        float u0 = acc[h][4 * ju + 2 * hh];
+                        float u1 = acc[h][4 * ju + 2 * hh + 1];
 #if BIAS
-                    u0 += gm_lo(bias_r[ju]);
-                    u1 += gm_hi(bias_r[ju]);
+                        u0 += gm_lo(bias_r[ju]);
+                        u1 += gm_hi(bias_r[ju]);
 #endif
-                    v0 *= u0;
-                    v1 *= u1;
+                        v0 *= u0;
+                        v1 *= u1;
 #endif
 #if RESIDUAL
-                    v0 += gm_lo(res_r[jj][hh]);
-                    v1 += gm_hi(res_r[jj][hh]);
+                        v0 += gm_lo(res_r[jj][hh]);
+                        v1 += gm_hi(res_r[jj][hh]);
 #endif
-                    const unsigned off = (j >> 3) * (64 * 128) + r * 128 +
-                                         (((j & 7) ^ (r & 7)) << 4) + 4 * tq;
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_c + off),
-                                 "r"(stof_pack2(v0, v1))
-                                 : "memory");
+                        const unsigned off = (j >> 3) * (64 * 128) +
+                                             r * 128 +
+                                             (((j & 7) ^ (r & 7)) << 4) +
+                                             4 * tq;
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(
+                                         s_h + off),
+                                     "r"(stof_pack2(v0, v1))
+                                     : "memory");
+                    }
                 }
             }
         }
         // The writes, seen by the TMA (async proxy), then one thread
-        // stores the warpgroup's 64 rows (the map clips rows >= M and
+        // stores the warpgroup's rows (the map clips rows >= M and
         // columns >= N).
         fence_proxy_async();
         named_bar_sync(1 + cw, 128);
         if (ctid == 0) {
 #pragma unroll
-            for (int cb = 0; cb < GW_ON / 64; cb++)
-                tma_store2(&p.tm_c, tn * GW_ON + cb * 64,
-                           tm * GW_BM + cw * 64, s_c + cb * (64 * 128));
+            for (int h = 0; h < GW_HALVES; h++)
+#pragma unroll
+                for (int cb = 0; cb < GW_ON / 64; cb++)
+                    tma_store2(&p.tm_c, tn * GW_ON + cb * 64,
+                               tm * GW_BM + wg_row0 + 64 * h,
+                               s_c + h * (64 * GW_ON * 2) + cb * (64 * 128));
             bulk_commit();
         }
     }
@@ -361,6 +426,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         bulk_wait0();
 #undef GW_FULL
 #undef GW_EMPTY
+#undef GW_ORDER
 #undef GW_SA
 #undef GW_SW
 #else

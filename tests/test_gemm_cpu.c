@@ -317,10 +317,39 @@ Test(gemm_cpu, hopper_template)
     cr_assert(stof__gemm_cfg_valid(NULL, &ok, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
-    /* 3 x (128 + 256) x 64 x 2 + the C tile 128 x 256 x 2 + 3 x 16
-     * mbarrier bytes + 1024. */
+    /* 3 x (128 + 256) x 64 x 2 + the C tile 128 x 256 x 2 + (3 x 2 + 2)
+     * mbarriers + 1024. */
     cr_expect_eq(stof__gemm_smem_bytes(&ok, &plain, 768),
-                 3u * 384 * 128 + 65536u + 48u + 1024u);
+                 3u * 384 * 128 + 65536u + 64u + 1024u);
+    /* Ping-pong (warps 1x1): block_n <= 128, a C tile per warpgroup. */
+    const stof_gemm_cfg pp = {128, 128, 64, 1, 1, 5, 1},
+                        pp256 = {128, 256, 64, 1, 1, 3, 1};
+    cr_assert(stof__gemm_cfg_valid(NULL, &pp, &plain, 768, 768, why,
+                                   sizeof(why)),
+              "%s", why);
+    cr_expect_eq(stof__gemm_smem_bytes(&pp, &plain, 768),
+                 5u * 256 * 128 + 2u * 32768u + 96u + 1024u);
+    cr_expect_not(stof__gemm_cfg_valid(NULL, &pp256, &plain, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "ping-pong") != NULL, "%s", why);
+    /* The model prefers ping-pong at small K (the epilogue's share) far
+     * more than at large K. */
+    stof_device h100;
+    memset(&h100, 0, sizeof(h100));
+    h100.ok = 1;
+    h100.sm_count = 132;
+    h100.cc_major = 9;
+    h100.max_smem_optin = 232448;
+    const stof_gemm_cfg co = {128, 128, 64, 2, 1, 5, 1};
+    const double small_k =
+        stof__gemm_model_ms(&h100, &co, &plain, 16384, 3072, 768) /
+        stof__gemm_model_ms(&h100, &pp, &plain, 16384, 3072, 768);
+    const double large_k =
+        stof__gemm_model_ms(&h100, &co, &plain, 4096, 4096, 11008) /
+        stof__gemm_model_ms(&h100, &pp, &plain, 4096, 4096, 11008);
+    cr_expect(small_k > 1.1 && large_k < 1.05 && large_k >= 1.0,
+              "cooperative / ping-pong: %g at K 768, %g at K 11008", small_k,
+              large_k);
     static const struct {
         stof_gemm_cfg c;
         stof_gemm_epi e;

@@ -78,14 +78,16 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
     if (!c || c->block_m <= 0 || c->block_n <= 0 || c->block_k <= 0 ||
         c->stages <= 0)
         return 0;
-    if (c->wgmma) /* stages x {A, W} tiles, the C tile, the mbarriers,
-                     1024 of slack */
+    if (c->wgmma) /* stages x {A, W} tiles, the C rows of both consumer
+                     warpgroups (a tile, or two with ping-pong), the
+                     mbarriers, 1024 of slack */
         return (size_t)c->stages *
                    ((size_t)c->block_m + (size_t)c->block_n) *
                    (size_t)c->block_k * 2u +
-               (size_t)c->block_m * (size_t)c->block_n * 2u /
+               (size_t)c->block_m * (size_t)c->block_n * 2u *
+                   (c->warps_m == 1 ? 2u : 1u) /
                    (e && e->gated ? 2u : 1u) +
-               16u * (size_t)c->stages + 1024u;
+               16u * (size_t)c->stages + 16u + 1024u;
     const size_t pitch = (size_t)c->block_k + 8u;
     const size_t pipe = (size_t)c->stages *
                         ((size_t)c->block_m + (size_t)c->block_n) * pitch * 2u;
@@ -140,11 +142,18 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          "wgmma template: block %dx%dx%d, must be 128 x "
                          "(64, 128 or 256) x 64",
                          c->block_m, c->block_n, c->block_k);
-    if (c->warps_m != 2 || c->warps_n != 1)
+    if ((c->warps_m != 2 && c->warps_m != 1) || c->warps_n != 1)
         return stof__why(why, n,
                          "wgmma template: warps %dx%d, must be 2x1 (two "
-                         "consumer warpgroups)",
+                         "consumer warpgroups on each tile) or 1x1 (ping-"
+                         "pong: each takes whole tiles in turn)",
                          c->warps_m, c->warps_n);
+    if (c->warps_m == 1 && c->block_n > 128)
+        return stof__why(why, n,
+                         "wgmma template: ping-pong (warps 1x1) needs "
+                         "block_n 64 or 128 (a warpgroup holds the whole "
+                         "tile), not %d",
+                         c->block_n);
     if (c->stages < 2 || c->stages > 6)
         return stof__why(why, n, "wgmma template: stages %d, must be 2..6",
                          c->stages);
@@ -266,9 +275,11 @@ static int round_up(int x, int m)
     return (x + m - 1) / m * m;
 }
 
-/* The Hopper template's tiles: block_n and stages. */
-static const int wgmma_tiles[][2] = {{256, 3}, {256, 2}, {128, 4},
-                                     {128, 5}, {128, 6}, {64, 6}};
+/* The Hopper template's tiles: block_n, stages, warps_m (2: both
+ * consumer warpgroups on each tile; 1: ping-pong). */
+static const int wgmma_tiles[][3] = {
+    {256, 3, 2}, {256, 2, 2}, {128, 4, 2}, {128, 5, 2}, {128, 6, 2},
+    {64, 6, 2},  {128, 4, 1}, {128, 5, 1}, {64, 6, 1}};
 
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max)
@@ -286,7 +297,8 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
         const int out_n = e->gated ? bn / 2 : bn; /* the C tile's */
         if (out_n > 64 && out_n >= 2 * round_up(N > 0 ? N : 1, 32))
             continue;
-        stof_gemm_cfg c = {WG_BM, bn, WG_BK, 2, 1, wgmma_tiles[i][1], 1};
+        stof_gemm_cfg c = {WG_BM, bn,  WG_BK, wgmma_tiles[i][2],
+                           1,     wgmma_tiles[i][1], 1};
         if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
             out[k++] = c;
     }
@@ -326,12 +338,18 @@ static double gemm_mem_s(const stof_gemm_epi *e, int M, int N, int K)
 
 /* stof__gemm_model_ms of the Hopper template: one CTA per SM walks the
  * tiles; a tile's time at WGMMA_SM_PEAK times the tile's efficiency
- * (wide tiles reuse each A tile more; two stages hide less latency). */
+ * (wide tiles reuse each A tile more; two stages hide less latency;
+ * ping-pong hides the epilogue under the other warpgroup's K loop, which
+ * counts most at small K). */
 static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
                              const stof_gemm_epi *e, int M, int N, int K)
 {
     const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 132;
     double eff = c->block_n >= 256 ? 0.78 : c->block_n >= 128 ? 0.72 : 0.55;
+    if (c->warps_m == 1) /* the epilogue's share, about 1/(K/64 + 4) */
+        eff *= 1.0 + 4.0 / (round_up(K, WG_BK) / WG_BK + 4.0);
+    if (eff > 0.9)
+        eff = 0.9;
     if (c->stages <= 2)
         eff *= 0.85;
     const int out_n = e->gated ? c->block_n / 2 : c->block_n;
@@ -412,7 +430,7 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
                                  const stof_gemm_epi *e, void **cubin,
                                  size_t *size)
 {
-    char d[7][32];
+    char d[8][32];
     snprintf(d[0], 32, "DTYPE=%d", (int)dt);
     snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
     snprintf(d[2], 32, "STAGES=%d", c->stages);
@@ -420,8 +438,9 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
     snprintf(d[4], 32, "ACT=%d", e->act);
     snprintf(d[5], 32, "RESIDUAL=%d", e->residual);
     snprintf(d[6], 32, "GATED=%d", e->gated);
-    const char *defs[7] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
-    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 7,
+    snprintf(d[7], 32, "PINGPONG=%d", c->warps_m == 1);
+    const char *defs[8] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 8,
                                           "sm_90a", cubin, size);
 }
 

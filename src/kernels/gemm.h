@@ -41,9 +41,10 @@ typedef struct stof_gemm_epi {
  * row-complete (norm) variant block_n is the width of one pass and the
  * CTA loops over all of N.
  * wgmma = 1: the Hopper template (gemm_wgmma.cu, compute capability 9.0
- * only, no norm): block_m 128 (two consumer warpgroups: warps_m 2,
- * warps_n 1), block_k 64, block_n 64, 128 or 256, 2..6 TMA stages; one
- * CTA per SM walks the tiles (stof__gemm_launch's ctas). */
+ * only, no norm): block_m 128, block_k 64, block_n 64, 128 or 256, 2..6
+ * TMA stages; warps_n 1 and warps_m 2 (two consumer warpgroups share each
+ * tile) or 1 (ping-pong: they take whole tiles in turn, block_n <= 128);
+ * one CTA per SM walks the tiles (stof__gemm_launch's ctas). */
 typedef struct stof_gemm_cfg {
     int block_m, block_n, block_k;
     int warps_m, warps_n;
