@@ -770,7 +770,13 @@ typedef struct stof_layer_desc {
     int no_bias;          /* 1: the projections have no biases (Llama-
                              style layers): b_qkv, b_o, b_ffn1 and b_ffn2
                              must be NULL; 0: all four are required */
-    uint8_t reserved[56]; /* must be zero */
+    int gated;            /* 1: a gated FFN (SwiGLU with STOF_ACT_SILU,
+                             GeGLU with a GELU): the first projection
+                             makes 2 ffn columns, a gate g and an up
+                             projection u, and the FFN is
+                             w_ffn2 (act(g) * u) (stof_layer_weights);
+                             0: w_ffn2 act(x w_ffn1^T) */
+    uint8_t reserved[52]; /* must be zero */
 } stof_layer_desc;
 
 /* Fill a descriptor with defaults: GELU (tanh), LayerNorm, post-norm,
@@ -784,13 +790,16 @@ STOF_API stof_status stof_layer_desc_init(stof_layer_desc *d /* OUT */,
  * Q, K and V projections: rows [0, hidden) make Q, [hidden, hidden + kvd)
  * K, [hidden + kvd, hidden + 2 kvd) V, kvd = kv_heads * head_dim (hidden
  * without grouped-query attention: 3 hidden rows in all); head h uses
- * columns [h*head_dim, (h+1)*head_dim) of each. Every pointer is required
+ * columns [h*head_dim, (h+1)*head_dim) of each. With desc.gated, w_ffn1 is
+ * [2 ffn][hidden]: rows [0, ffn) the gate, [ffn, 2 ffn) the up projection
+ * (Llama's gate_proj and up_proj stacked), b_ffn1 [2 ffn] likewise. Every
+ * pointer is required
  * (norm beta: only for LayerNorm; the four biases: not with desc.no_bias,
  * which wants them NULL) and must be 16-byte aligned. */
 typedef struct stof_layer_weights {
     const void *w_qkv, *b_qkv;     /* [hidden + 2 kvd][hidden], [.. + 2 kvd] */
     const void *w_o, *b_o;         /* [hidden][hidden], [hidden] */
-    const void *w_ffn1, *b_ffn1;   /* [ffn][hidden], [ffn] */
+    const void *w_ffn1, *b_ffn1;   /* [ffn][hidden], [ffn] (gated: 2 ffn) */
     const void *w_ffn2, *b_ffn2;   /* [hidden][ffn], [hidden] */
     const void *norm1_gamma, *norm1_beta; /* [hidden] */
     const void *norm2_gamma, *norm2_beta; /* [hidden] */

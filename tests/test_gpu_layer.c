@@ -69,8 +69,9 @@ static int qkv_cols(const stof_layer_desc *d)
 static void make_weights(tu_rng *r, const stof_layer_desc *d, lw *w)
 {
     const size_t h = (size_t)d->hidden, f = (size_t)d->ffn,
-                 qn = (size_t)qkv_cols(d);
-    const size_t n[12] = {qn * h, qn, h * h, h, f * h, f, h * f, h,
+                 qn = (size_t)qkv_cols(d),
+                 f1 = d->gated ? 2 * f : f; /* gate and up rows */
+    const size_t n[12] = {qn * h, qn, h * h, h, f1 * h, f1, h * f, h,
                           h, h, h, h};
     for (int i = 0; i < 12; i++) {
         const int is_w = i == W_QKV || i == W_O || i == W_1 || i == W_2;
@@ -146,7 +147,8 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
     const int wb = !d->no_bias;
     const stof_gemm_epi e_bias = {.bias = wb};
     const stof_gemm_epi e_res = {.bias = wb, .residual = 1};
-    const stof_gemm_epi e_act = {.bias = wb, .act = (int)d->act};
+    const stof_gemm_epi e_act = {.bias = wb, .act = (int)d->act,
+                                 .gated = d->gated};
     const float *bqkv = wb ? w->f[B_QKV] : NULL, *bo = wb ? w->f[B_O] : NULL,
                 *b1 = wb ? w->f[B_1] : NULL, *b2 = wb ? w->f[B_2] : NULL;
     /* norm1 (pre-norm) */
@@ -265,6 +267,7 @@ typedef struct lcase {
     int in_place;
     int heads, kv_heads; /* 0, 0: 2 heads of 64 (hidden 128), no grouping */
     int no_bias;
+    int gated;
 } lcase;
 
 static void run_case(const lcase *c)
@@ -276,6 +279,7 @@ static void run_case(const lcase *c)
     stof_layer_desc_init(&d, 2, 128, 64 * heads, heads, c->dt);
     d.kv_heads = c->kv_heads;
     d.no_bias = c->no_bias;
+    d.gated = c->gated;
     d.ffn = 256;
     d.pre_norm = c->pre;
     d.norm = c->norm;
@@ -317,10 +321,10 @@ static void run_case(const lcase *c)
     download(y, n, c->dt, yf);
     const double e = rel(yf, ref, n);
     const double tol = c->dt == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
-    cr_log_info("dtype %d pre %d norm %d act %d mode %d heads %d/%d: "
-                "relative error %.3g",
+    cr_log_info("dtype %d pre %d norm %d act %d mode %d heads %d/%d gated "
+                "%d: relative error %.3g",
                 (int)c->dt, c->pre, (int)c->norm, (int)c->act, (int)c->mode,
-                heads, c->kv_heads, e);
+                heads, c->kv_heads, c->gated, e);
     cr_expect(e <= tol, "relative error %.3g > %.3g (%s)", e, tol, desc);
     stof_layer_free(&L);
     cr_assert_null(L);
@@ -480,35 +484,35 @@ Test(gpu_layer, family_run_on_a_mask_layer_is_refused)
 Test(gpu_layer, post_layernorm_gelu_tanh_fp16)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_DEFAULT, 0, 0, 0, 0};
+               STOF_TUNE_DEFAULT, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_layernorm_gelu_erf_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_DEFAULT, 0, 0, 0, 0};
+               STOF_TUNE_DEFAULT, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, post_rmsnorm_relu_bf16_in_place)
 {
     lcase c = {STOF_DTYPE_BF16, 0, STOF_NORM_RMS, STOF_ACT_RELU,
-               STOF_TUNE_DEFAULT, 1, 0, 0, 0};
+               STOF_TUNE_DEFAULT, 1, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_rmsnorm_silu_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0};
+               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 0};
+               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 0, 0};
     run_case(&c);
 }
 
@@ -517,14 +521,14 @@ Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
 Test(gpu_layer, grouped_query_pre_rmsnorm_silu_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2, 0};
+               STOF_TUNE_DEFAULT, 0, 4, 2, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, multi_query_post_layernorm_gelu_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_CACHE_ONLY, 0, 8, 1, 0};
+               STOF_TUNE_CACHE_ONLY, 0, 8, 1, 0, 0};
     run_case(&c);
 }
 
@@ -533,14 +537,33 @@ Test(gpu_layer, multi_query_post_layernorm_gelu_fp16_cost_model)
 Test(gpu_layer, no_bias_grouped_pre_rmsnorm_silu_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2, 1};
+               STOF_TUNE_DEFAULT, 0, 4, 2, 1, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, no_bias_post_layernorm_gelu_erf_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 1};
+               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 1, 0};
+    run_case(&c);
+}
+
+/* Gated FFNs: a Llama-style layer (SwiGLU, no biases, pre-RMSNorm, 4
+ * query heads on 2; tuned: on Hopper the fused template competes with
+ * cuBLASLt's wide product and the gate kernel), and GeGLU with biases,
+ * post-LayerNorm, with the cost model's choice (cuBLASLt's first
+ * algorithm where it can serve: the split path). */
+Test(gpu_layer, gated_swiglu_llama_style_bf16)
+{
+    lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
+               STOF_TUNE_DEFAULT, 0, 4, 2, 1, 1};
+    run_case(&c);
+}
+
+Test(gpu_layer, gated_geglu_bias_post_layernorm_fp16_cost_model)
+{
+    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
+               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0, 1};
     run_case(&c);
 }
 

@@ -51,6 +51,12 @@ static void e_heads(stof_layer_desc *d) { d->heads = 5; }
 static void e_ffn(stof_layer_desc *d) { d->ffn = 1001; }
 static void e_kvh(stof_layer_desc *d) { d->kv_heads = 3; }
 static void e_nobias(stof_layer_desc *d) { d->no_bias = 2; }
+static void e_gated(stof_layer_desc *d) { d->gated = -1; }
+static void e_gated_ffn(stof_layer_desc *d)
+{
+    d->gated = 1;
+    d->ffn = 65536 + 8;
+}
 static void e_kvh_neg(stof_layer_desc *d) { d->kv_heads = -4; }
 static void e_kvh_big(stof_layer_desc *d) { d->kv_heads = 8; }
 static void e_dtype(stof_layer_desc *d) { d->dtype = (stof_dtype)7; }
@@ -79,6 +85,7 @@ Test(layer, bad_descriptors_are_named)
         {"desc.reserved[7]", e_res}, {"tokens", e_tokens},
         {"desc.kv_heads 3", e_kvh}, {"desc.kv_heads -4", e_kvh_neg},
         {"desc.kv_heads 8", e_kvh_big}, {"desc.no_bias 2", e_nobias},
+        {"desc.gated -1", e_gated}, {"gated FFN's is at most", e_gated_ffn},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
         stof_layer_desc d;

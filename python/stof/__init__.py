@@ -177,7 +177,8 @@ class _LayerDesc(ctypes.Structure):
         ("norm_eps", ctypes.c_float),
         ("kv_heads", ctypes.c_int),   # grouped-query attention (0 = heads)
         ("no_bias", ctypes.c_int),    # 1: no projection biases
-        ("reserved", ctypes.c_uint8 * 56),
+        ("gated", ctypes.c_int),      # 1: gated FFN (SwiGLU, GeGLU)
+        ("reserved", ctypes.c_uint8 * 52),
     ]
 
 
@@ -916,7 +917,8 @@ class Context:
                           batch)
 
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
-                   pre_norm, mask, eps=0.0, sample=None, kv_heads=0, bias=True):
+                   pre_norm, mask, eps=0.0, sample=None, kv_heads=0, bias=True,
+                   gated=False):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
         loads from the tuning database or tunes. dtype: torch.float16 /
         torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
@@ -929,7 +931,11 @@ class Context:
         K/V heads dividing heads (0 = heads): w_qkv then has hidden + 2 *
         kv_heads * (hidden // heads) rows, Q's, then K's, then V's; bias:
         False for layers whose projections have no biases (Llama-style):
-        the weights then leave b_qkv, b_o, b_ffn1 and b_ffn2 out."""
+        the weights then leave b_qkv, b_o, b_ffn1 and b_ffn2 out; gated: a
+        gated FFN (act="silu": SwiGLU as in Llama, a GELU: GeGLU): w_ffn1 is
+        (2 ffn, hidden), the gate's rows then the up projection's
+        (torch.cat([gate_proj.weight, up_proj.weight])), b_ffn1 (2 ffn,),
+        and the FFN is w_ffn2 (act(gate) * up)."""
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
                             "this libstof has no layer API (stof_layer_plan)")
@@ -952,6 +958,7 @@ class Context:
         d.norm_eps = float(eps)
         d.kv_heads = int(kv_heads)
         d.no_bias = 0 if bias else 1
+        d.gated = 1 if gated else 0
         h = ctypes.c_void_p()
         if family:
             keep = []
@@ -1269,6 +1276,7 @@ class Layer:
         self.hidden, self.heads, self.ffn = desc.hidden, desc.heads, desc.ffn
         self.kv_heads = desc.kv_heads if desc.kv_heads > 0 else desc.heads
         self.bias = not desc.no_bias
+        self.gated = bool(desc.gated)
         self.pre_norm = bool(desc.pre_norm)
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype
@@ -1305,8 +1313,9 @@ class Layer:
     def _shapes(self):
         h, f = self.hidden, self.ffn
         qn = h + 2 * self.kv_heads * (h // self.heads)  # Q, K, V
+        f1 = 2 * f if self.gated else f  # gated: gate rows, then up rows
         return {"w_qkv": (qn, h), "b_qkv": (qn,), "w_o": (h, h), "b_o": (h,),
-                "w_ffn1": (f, h), "b_ffn1": (f,), "w_ffn2": (h, f), "b_ffn2": (h,),
+                "w_ffn1": (f1, h), "b_ffn1": (f1,), "w_ffn2": (h, f), "b_ffn2": (h,),
                 "norm1_gamma": (h,), "norm1_beta": (h,),
                 "norm2_gamma": (h,), "norm2_beta": (h,)}
 

@@ -113,6 +113,13 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                    d->kv_heads, d->heads);
     STOF_CHECK_ARG(ctx, d->no_bias == 0 || d->no_bias == 1,
                    "desc.no_bias %d: 0 (biases) or 1 (none)", d->no_bias);
+    STOF_CHECK_ARG(ctx, d->gated == 0 || d->gated == 1,
+                   "desc.gated %d: 0 (act(x w1) w2) or 1 (a gated FFN)",
+                   d->gated);
+    STOF_CHECK_ARG(ctx, !d->gated || d->ffn <= 65536,
+                   "desc.ffn %d: a gated FFN's is at most 65536 (its first "
+                   "projection makes 2 ffn columns)",
+                   d->ffn);
     STOF_CHECK_ARG(ctx, d->ffn >= 8 && d->ffn <= 131072 && d->ffn % 8 == 0,
                    "desc.ffn %d: a multiple of 8 in [8, 131072]", d->ffn);
     STOF_CHECK_ARG(ctx,
@@ -164,6 +171,7 @@ static void init_ops(stof_layer *L)
         g->epi.residual = shape[i].res;
         g->epi.norm = shape[i].norm ? nk : 0;
         g->epi.write_pre = shape[i].norm && pre && i == G_A_NORM;
+        g->epi.gated = i == G_FFN1 && d->gated;
         g->used = !pre || (i != G_B_PLAIN && i != G_B_NORM);
     }
     for (int i = 0; i < N_COUNT; i++) {
@@ -185,8 +193,26 @@ int stof__layer_qkv_n(const stof_layer_desc *d)
 
 int stof__layer_tok_ld(const stof_layer *L, int sym)
 {
+    if (sym == SYM_G)
+        return L->d.gated ? 2 * L->d.ffn : 0;
     return sym == SYM_QKV ? stof__layer_qkv_n(&L->d)
                           : sym == SYM_F ? L->d.ffn : L->d.hidden;
+}
+
+int stof__layer_gemm_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
+{
+    return g->epi.gated && (lt || !c || !c->wgmma);
+}
+
+stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,
+                                     const stof_gemm_cfg *c)
+{
+    stof_gemm_epi e = g->epi;
+    if (stof__layer_gemm_split(g, lt, c)) { /* the wide GEMM: bias only */
+        e.gated = 0;
+        e.act = STOF_ACT_NONE;
+    }
+    return e;
 }
 
 static step *add_step(stof_layer *L, int kind, int op)
@@ -351,6 +377,23 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     a.ldw = g->K;
     a.ldc = g->N;
     a.eps = L->eps;
+    if (stof__layer_gemm_split(g, g->lt, &g->cfg)) {
+        /* [M][2 ffn] into SYM_G, then out = act(gate) * up. */
+        const CUdeviceptr out = a.c;
+        a.N = 2 * g->N;
+        a.ldc = a.N;
+        a.c = L->buf[SYM_G];
+        const stof_gemm_epi e = stof__layer_kernel_epi(g, g->lt, &g->cfg);
+        stof_status st =
+            g->lt ? stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, stream)
+                  : stof__gemm_launch(g->fn, &g->cfg, &e, &a,
+                                      L->ctx->device.sm_count, stream,
+                                      L->ctx->api);
+        if (st == STOF_OK)
+            st = stof__gate_launch(L->gate_fn, a.c, out, g->M, g->N, a.N,
+                                   g->N, 1, stream, L->ctx->api);
+        return st;
+    }
     if (g->lt)
         return stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, stream);
     return stof__gemm_launch(g->fn, &g->cfg, &g->epi, &a,
@@ -689,7 +732,8 @@ void stof__layer_gemm_config_json(const gemm_op *g, char *buf, size_t n)
         return;
     }
     stof_str s = {0};
-    stof__gemm_cfg_json(&g->cfg, &g->epi, &s);
+    const stof_gemm_epi e = stof__layer_kernel_epi(g, 0, &g->cfg);
+    stof__gemm_cfg_json(&g->cfg, &e, &s);
     snprintf(buf, n, "%s", s.p && !s.oom ? s.p : "{}");
     stof__str_free(&s);
 }
@@ -704,6 +748,8 @@ static void layer_release(stof_layer *L)
             stof__layer_gemm_unload(L, &L->g[i]);
         for (int i = 0; i < N_COUNT; i++)
             stof__layer_norm_unload(L, &L->n[i]);
+        if (L->gate_mod)
+            api->cuModuleUnload(L->gate_mod);
         if (L->cap_stream)
             api->cuStreamDestroy(L->cap_stream);
         if (L->lt_ws)
@@ -740,7 +786,19 @@ static stof_status alloc_buffers(stof_layer *L)
     }
     STOF_CU(ctx, api->cuMemAlloc(&L->mem, total));
     for (int s = SYM_FIRST_BUF; s <= SYM_LAST_BUF; s++)
-        L->buf[s] = L->mem + off[s];
+        L->buf[s] = stof__layer_tok_ld(L, s) ? L->mem + off[s] : 0;
+    if (L->d.gated) { /* the gate kernel of split runs */
+        void *cubin = NULL;
+        size_t size = 0;
+        stof_status st = stof__gate_compile(ctx, L->d.dtype, (int)L->d.act,
+                                            1, NULL, &cubin, &size);
+        if (st == STOF_OK)
+            st = (stof_status)stof__module_load(ctx, cubin, "stof_gate", 0,
+                                                &L->gate_mod, &L->gate_fn);
+        free(cubin);
+        if (st != STOF_OK)
+            return st;
+    }
     char why[256];
     if (stof__blaslt_available(why, sizeof(why)))
         STOF_CU(ctx, api->cuMemAlloc(&L->lt_ws, STOF_BLASLT_WORKSPACE));
@@ -960,12 +1018,13 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
     for (int i = 0; steps && i < L->n_steps; i++)
         json_array_append_new(steps, describe_step(L, &L->steps[i]));
     json_t *o = json_pack(
-        "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:s, s:s, s:s, s:i, s:o},"
+        "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:b, s:s, s:s, s:s, s:i, "
+        "s:o},"
         " s:s, s:s, s:o, s:o, s:o, s:o, s:{s:s, s:s, s:i}, s:o}",
         "desc", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
         "heads", d->heads, "kv_heads",
         d->kv_heads > 0 ? d->kv_heads : d->heads, "biases", !d->no_bias,
-        "ffn", d->ffn, "dtype",
+        "ffn", d->ffn, "gated", d->gated, "dtype",
         stof__layer_dtype_str(d->dtype), "act", acts[d->act], "norm",
         d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm", "pre_norm",
         d->pre_norm, "eps", jnum((double)L->eps), "key", L->key, "source",

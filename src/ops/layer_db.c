@@ -54,6 +54,9 @@ void stof__layer_key(stof_layer *L, const char *mask_hex)
     const size_t kn = strlen(L->key_text);
     if (d->no_bias)
         snprintf(L->key_text + kn, sizeof(L->key_text) - kn, ";no_bias=1");
+    const size_t kg = strlen(L->key_text);
+    if (d->gated)
+        snprintf(L->key_text + kg, sizeof(L->key_text) - kg, ";gated=1");
     hash_key(L->key_text, L->key);
 }
 
@@ -65,6 +68,15 @@ void stof__layer_op_key(const stof_layer *L, const char *slot, char key[33])
 }
 
 /* --- loading kernels -------------------------------------------------------- */
+
+/* Whether a stored template kernel's epilogue e is the one op g runs with
+ * configuration c (a gated op's split kernel has the wide GEMM's). */
+static int epi_matches(const gemm_op *g, const stof_gemm_cfg *c,
+                       const stof_gemm_epi *e)
+{
+    const stof_gemm_epi k = stof__layer_kernel_epi(g, 0, c);
+    return memcmp(&k, e, sizeof(k)) == 0;
+}
 
 void stof__layer_gemm_unload(stof_layer *L, gemm_op *g)
 {
@@ -90,7 +102,8 @@ stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,
                                            const void *cubin)
 {
     stof__layer_gemm_unload(L, g);
-    stof_status st = stof__gemm_load_cubin(L->ctx, c, &g->epi, g->N, cubin,
+    const stof_gemm_epi e = stof__layer_kernel_epi(g, 0, c);
+    stof_status st = stof__gemm_load_cubin(L->ctx, c, &e, g->N, cubin,
                                            &g->mod, &g->fn);
     if (st == STOF_OK) {
         g->cfg = *c;
@@ -104,9 +117,11 @@ stof_status stof__layer_gemm_load_lt(stof_layer *L, gemm_op *g,
                                      const void *algo)
 {
     stof__layer_gemm_unload(L, g);
-    stof_status st = stof__blaslt_create(L->ctx, L->d.dtype, g->M, g->N, g->K,
-                                         g->K, g->K, g->N, &g->epi, 1,
-                                         &g->ltg);
+    /* A gated op runs split: cuBLASLt makes the 2 ffn-wide product. */
+    const int wn = g->epi.gated ? 2 * g->N : g->N;
+    const stof_gemm_epi e = stof__layer_kernel_epi(g, 1, NULL);
+    stof_status st = stof__blaslt_create(L->ctx, L->d.dtype, g->M, wn, g->K,
+                                         g->K, g->K, wn, &e, 1, &g->ltg);
     if (st == STOF_OK)
         st = stof__blaslt_set_algo(L->ctx, g->ltg, algo);
     if (st == STOF_OK) {
@@ -271,7 +286,7 @@ stof_status stof__layer_from_db(stof_layer *L)
                 st = stof__layer_gemm_load_lt(L, g, rec.cubin);
             else if (strcmp(rec.kernel, "gemm") == 0 &&
                      stof__gemm_cfg_parse(rec.config, &c, &e) &&
-                     memcmp(&e, &g->epi, sizeof(e)) == 0 && rec.cubin)
+                     epi_matches(g, &c, &e) && rec.cubin)
                 st = stof__layer_gemm_load_template(L, g, &c, rec.cubin);
             else
                 st = STOF_ERR_NOT_FOUND;

@@ -19,13 +19,13 @@
 
 enum {
     SYM_NONE,
-    SYM_X, SYM_Y, SYM_QKV, SYM_ATT, SYM_H, SYM_T, SYM_N, SYM_F,
+    SYM_X, SYM_Y, SYM_QKV, SYM_ATT, SYM_H, SYM_T, SYM_N, SYM_F, SYM_G,
     SYM_WQKV, SYM_BQKV, SYM_WO, SYM_BO, SYM_W1, SYM_B1, SYM_W2, SYM_B2,
     SYM_G1, SYM_BE1, SYM_G2, SYM_BE2,
     SYM_COUNT
 };
 #define SYM_FIRST_BUF SYM_QKV
-#define SYM_LAST_BUF SYM_F
+#define SYM_LAST_BUF SYM_G /* a gated FFN's 2 ffn columns, when split */
 #define SYM_FIRST_W SYM_WQKV
 
 /* The GEMMs and norm kernels any scheme may use. */
@@ -87,7 +87,9 @@ struct stof_layer {
     int ja, jb;
     step steps[MAX_STEPS];
     int n_steps;
-    CUdeviceptr buf[SYM_COUNT]; /* intermediates (QKV..F) */
+    CUdeviceptr buf[SYM_COUNT]; /* intermediates (QKV..G) */
+    CUmodule gate_mod;        /* desc.gated: the gate kernel (stof_gate) */
+    CUfunction gate_fn;
     CUdeviceptr mem, lt_ws;
     CUstream cap_stream;
     CUgraph graph;
@@ -105,6 +107,14 @@ struct stof_layer {
 
 /* Elements per token row of buffer sym. */
 int stof__layer_tok_ld(const stof_layer *L, int sym);
+
+/* A gated op (the first FFN GEMM of a gated layer) runs split on
+ * cuBLASLt (lt) and the mma.sync template (the 2 ffn-wide GEMM with the
+ * bias into SYM_G, then the gate kernel); only the Hopper template fuses
+ * it. The epilogue the kernel itself is built with. */
+int stof__layer_gemm_split(const gemm_op *g, int lt, const stof_gemm_cfg *c);
+stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,
+                                     const stof_gemm_cfg *c);
 
 /* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
 int stof__layer_qkv_n(const stof_layer_desc *d);

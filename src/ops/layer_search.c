@@ -52,6 +52,12 @@ static stof_status norm_compile(stof_context *ctx, const stof_layer *L,
                                           cubin, size);
 }
 
+/* The gate kernel of a split gated op: reads 2 ffn, writes ffn a row. */
+static double gate_model_ms(const stof_layer *L)
+{
+    return 0.003 + (double)L->M * L->d.ffn * 2.0 * 3.0 / 3.0e9;
+}
+
 static double norm_model_ms(const stof_layer *L, const norm_op *n)
 {
     /* Memory-bound: bytes over ~3 TB/s plus a launch. */
@@ -169,14 +175,16 @@ static double verify_step(tuner *t, const step *s)
     CUdeviceptr pp = stof__layer_sym_ptr(L, wp, t->x, t->y, s->s[O_PRE]);
     const int N = s->kind == STEP_GEMM ? L->g[s->op].N : L->d.hidden;
     const int K = s->kind == STEP_GEMM ? L->g[s->op].K : L->d.hidden;
+    /* W's rows and the bias's length: 2N for a gated op. */
+    const int WN = s->kind == STEP_GEMM && L->g[s->op].epi.gated ? 2 * N : N;
     float *A = calloc((size_t)R * K, sizeof(float));
     float *W = NULL;
     if (s->kind == STEP_GEMM) {
         /* The weight is the same for every candidate of an op. */
         if (!t->w_host[s->op]) {
-            float *w = malloc(sizeof(float) * (size_t)N * K);
+            float *w = malloc(sizeof(float) * (size_t)WN * K);
             if (w && fetch_vec(t, stof__layer_sym_ptr(L, wp, t->x, t->y, s->s[O_W]),
-                               (size_t)N * K, w)) {
+                               (size_t)WN * K, w)) {
                 free(w);
                 w = NULL;
             }
@@ -185,7 +193,7 @@ static double verify_step(tuner *t, const step *s)
         W = t->w_host[s->op];
     }
     float *res = calloc((size_t)R * N, sizeof(float));
-    float *vec = calloc((size_t)N * 3, sizeof(float));
+    float *vec = calloc((size_t)N * 2 + WN, sizeof(float));
     float *out = calloc((size_t)R * N, sizeof(float));
     float *pre = calloc((size_t)R * N, sizeof(float));
     float *ref = calloc((size_t)R * N, sizeof(float));
@@ -194,12 +202,12 @@ static double verify_step(tuner *t, const step *s)
     if (!A || (s->kind == STEP_GEMM && !W) || !res || !vec || !out || !pre ||
         !ref || !ref_pre)
         goto done;
-    float *bias = pb ? vec : NULL, *gamma = pg ? vec + N : NULL,
-          *beta = pe ? vec + 2 * N : NULL;
+    float *bias = pb ? vec : NULL, *gamma = pg ? vec + WN : NULL,
+          *beta = pe ? vec + WN + N : NULL;
     if (fetch_rows(t, pa, K, K, A) || (pr && fetch_rows(t, pr, N, N, res)) ||
-        fetch_vec(t, pb, (size_t)N, vec) ||
-        fetch_vec(t, pg, (size_t)N, vec + N) ||
-        fetch_vec(t, pe, (size_t)N, vec + 2 * N) ||
+        fetch_vec(t, pb, (size_t)WN, vec) ||
+        fetch_vec(t, pg, (size_t)N, vec + WN) ||
+        fetch_vec(t, pe, (size_t)N, vec + WN + N) ||
         fetch_rows(t, po, N, N, out) || (pp && fetch_rows(t, pp, N, N, pre)))
         goto done;
     if (s->kind == STEP_GEMM) {
@@ -311,12 +319,13 @@ static stof_status tuner_start(stof_layer *L, tuner *t)
     const stof_api *api = ctx->api;
     const stof_layer_desc *d = &L->d;
     const size_t h = (size_t)d->hidden, f = (size_t)d->ffn,
-                 M = (size_t)L->M, qn = (size_t)stof__layer_qkv_n(d);
+                 M = (size_t)L->M, qn = (size_t)stof__layer_qkv_n(d),
+                 f1 = d->gated ? 2 * f : f; /* the first FFN GEMM's N */
     /* Scratch weights, X and Y, each 256-byte aligned. */
     const size_t sizes[SYM_COUNT] = {
         [SYM_X] = M * h, [SYM_Y] = M * h, [SYM_WQKV] = qn * h,
         [SYM_BQKV] = qn, [SYM_WO] = h * h, [SYM_BO] = h,
-        [SYM_W1] = f * h, [SYM_B1] = f, [SYM_W2] = h * f, [SYM_B2] = h,
+        [SYM_W1] = f1 * h, [SYM_B1] = f1, [SYM_W2] = h * f, [SYM_B2] = h,
         [SYM_G1] = h, [SYM_BE1] = h, [SYM_G2] = h, [SYM_BE2] = h};
     size_t total = 0;
     for (int s = 0; s < SYM_COUNT; s++)
@@ -534,11 +543,11 @@ static int so_compile(void *user, int i, void **art, size_t *size, char *err,
     const stof_layer *L = o->L;
     tmp->api = L->ctx->api;
     tmp->device = L->ctx->device;
+    const stof_gemm_epi e = stof__layer_kernel_epi(&L->g[o->op], 0, &c->cfg);
     stof_status st =
         o->is_norm ? norm_compile(tmp, L, &L->n[o->op], c->warps, art, size)
-                   : stof__gemm_compile(tmp, L->d.dtype, &c->cfg,
-                                        &L->g[o->op].epi, L->g[o->op].N, NULL,
-                                        art, size);
+                   : stof__gemm_compile(tmp, L->d.dtype, &c->cfg, &e,
+                                        L->g[o->op].N, NULL, art, size);
     if (st != STOF_OK)
         snprintf(err, errn, "%s", tmp->errmsg);
     free(tmp);
@@ -562,9 +571,10 @@ static uint64_t so_art_key(void *user, int i)
         h = XXH3_64bits(v, sizeof(v));
     } else {
         const gemm_op *g = &L->g[o->op];
+        const stof_gemm_epi e = stof__layer_kernel_epi(g, 0, &c->cfg);
         const int v[] = {2, g->N, (int)L->d.dtype};
         h = XXH3_64bits_withSeed(&c->cfg, sizeof(c->cfg),
-                                 XXH3_64bits_withSeed(&g->epi, sizeof(g->epi),
+                                 XXH3_64bits_withSeed(&e, sizeof(e),
                                                       XXH3_64bits(v,
                                                                   sizeof(v))));
     }
@@ -650,10 +660,16 @@ static void gemm_candidates(slot_op *o, int per_op, int model_only)
     stof_layer *L = o->L;
     gemm_op *g = &L->g[o->op];
     char why[256];
+    /* A gated op: cuBLASLt makes the 2N-wide product (then the gate
+     * kernel); the Hopper template fuses it; elsewhere the mma.sync
+     * template makes the wide product. */
+    const stof_gemm_epi wide = stof__layer_kernel_epi(g, 1, NULL);
+    const int wn = g->epi.gated ? 2 * g->N : g->N;
+    const double gate_ms = g->epi.gated ? gate_model_ms(L) : 0.0;
     if (stof__blaslt_available(why, sizeof(why)) &&
-        stof__blaslt_epi_ok(&g->epi) &&
-        stof__blaslt_create(L->ctx, L->d.dtype, g->M, g->N, g->K, g->K, g->K,
-                            g->N, &g->epi, model_only ? 1 : MAX_LT,
+        stof__blaslt_epi_ok(&wide) &&
+        stof__blaslt_create(L->ctx, L->d.dtype, g->M, wn, g->K, g->K, g->K,
+                            wn, &wide, model_only ? 1 : MAX_LT,
                             &o->lt) == STOF_OK) {
         const int na = stof__blaslt_n_algos(o->lt);
         for (int a = 0; a < na && a < MAX_LT; a++)
@@ -662,15 +678,30 @@ static void gemm_candidates(slot_op *o, int per_op, int model_only)
     const int n_lt = o->n;
     stof_gemm_cfg *cands = malloc(sizeof(*cands) * 256);
     slot_cand *ranked = malloc(sizeof(*ranked) * 256);
-    const int nc = cands && ranked
-                       ? stof__gemm_candidates(&L->ctx->device, &g->epi, g->M,
-                                               g->N, g->K, cands, 256)
-                       : 0;
+    int nc = cands && ranked
+                 ? stof__gemm_candidates(&L->ctx->device, &g->epi, g->M,
+                                         g->N, g->K, cands, 256)
+                 : 0;
+    int split = 0; /* the templates make the wide product */
+    if (nc == 0 && g->epi.gated && cands && ranked) {
+        nc = stof__gemm_candidates(&L->ctx->device, &wide, g->M, wn, g->K,
+                                   cands, 256);
+        int k = 0; /* mma.sync only: a wide wgmma kernel would be split */
+        for (int c = 0; c < nc; c++)
+            if (!cands[c].wgmma)
+                cands[k++] = cands[c];
+        nc = k;
+        split = 1;
+    }
     for (int c = 0; c < nc; c++)
         ranked[c] = (slot_cand){
             .kind = KIND_TEMPLATE,
             .cfg = cands[c],
-            .model_ms = stof__gemm_model_ms(&L->ctx->device, &cands[c],
+            .model_ms =
+                split ? stof__gemm_model_ms(&L->ctx->device, &cands[c], &wide,
+                                            g->M, wn, g->K) +
+                            gate_ms
+                      : stof__gemm_model_ms(&L->ctx->device, &cands[c],
                                             &g->epi, g->M, g->N, g->K)};
     if (nc)
         qsort(ranked, (size_t)nc, sizeof(*ranked), cmp_model);
