@@ -6,6 +6,8 @@ capture (mode="reduce-overhead"). Inference only (no backward).
     import stof
     out = stof.attention(q, k, v, mask="causal")             # (B, H, S, D)
     out = stof.attention(q, k, v, mask="sliding:256", layout="bshd")
+    out = stof.attention(q, k, v, mask="causal", k_lens=lens)  # padded batch
+    out = stof.attention(q, k, v, attn_mask=keep)            # bool or additive
 
 Plans are made on first use and cached (the last MAX_PLANS) per device,
 mask spec, shapes, strides, dtypes, scale, soft-cap and bias layout: the
@@ -19,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import Context
+from . import Context, pad_bias
 
 _lock = threading.Lock()
 _contexts = {}  # device index -> Context
@@ -108,6 +110,70 @@ def _attention_impl(q, k, v, mask, scale, softcap, bias):
     return p.run(q, k, v, out, bias=bias)
 
 
+def _family_impl(q, k, v, family, scale, q_lens, k_lens):
+    """Attention over mask family `family` with this batch's lengths (int32
+    CUDA tensors of shape (batch,), or None): a family plan per shape,
+    strides and dtype, made once; the formats are built on the GPU from
+    the lengths at each call, nothing is planned again."""
+    out = torch.empty_like(q)
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    key = (dev, family, tuple(q.shape), tuple(k.shape),
+           tuple(tuple(t.stride()) for t in (q, k, v, out)), q.dtype, scale)
+    p = _family_plans.get(key)
+    if p is None:
+        with _lock:
+            p = _family_plans.get(key)
+            if p is None:
+                ctx = _context(dev)
+                p = ctx.attention_plan_family(q, k, v, ctx.mask_family(family),
+                                              scale=scale, out=out)
+                cache_put(_family_plans, key, p)
+    lens = {}
+    if q_lens is not None:
+        lens["q_len"] = q_lens
+    if k_lens is not None:
+        lens["k_len"] = k_lens
+    return p.run(q, k, v, out, **lens)
+
+
+@torch.library.custom_op("stof::attention_lens", mutates_args=())
+def _attention_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    family: str, scale: float, q_lens: Optional[torch.Tensor],
+                    k_lens: Optional[torch.Tensor]) -> torch.Tensor:
+    return _family_impl(q, k, v, family, scale, q_lens, k_lens)
+
+
+@_attention_lens.register_fake
+def _attention_lens_fake(q, k, v, family, scale, q_lens, k_lens):
+    return torch.empty_like(q)
+
+
+def _lens(t, batch, device, name):
+    """A per-sequence length argument as an int32 CUDA tensor (batch,)."""
+    if not isinstance(t, torch.Tensor):
+        t = torch.as_tensor(t, dtype=torch.int32)
+    if t.shape != (batch,):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected ({batch},), "
+                         "one length per sequence")
+    if t.dtype != torch.int32 or t.device != device:
+        t = t.to(device=device, dtype=torch.int32)
+    return t.contiguous()
+
+
+def _mask_bias(attn_mask, dtype):
+    """An attention mask as stof's additive bias: boolean (True = attend)
+    or additive (added to the scores, -inf masks), broadcasting to (B, H,
+    Sq, Sk); stored with its rows padded to a multiple of 8 keys."""
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, dtype=dtype, device=attn_mask.device)
+        bias = bias.masked_fill(~attn_mask, float("-inf"))
+    else:
+        bias = attn_mask.to(dtype)
+    while bias.dim() < 4:
+        bias = bias.unsqueeze(0)
+    return pad_bias(bias)
+
+
 @torch.library.custom_op("stof::attention", mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str,
                scale: float, softcap: float,
@@ -121,7 +187,7 @@ def _attention_fake(q, k, v, mask, scale, softcap, bias):
 
 
 def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
-              bias=None):
+              bias=None, attn_mask=None, q_lens=None, k_lens=None):
     """Masked attention of q against k, v: torch.ops.stof.attention.
 
     q: (B, H, Sq, D), k and v: (B, Hkv, Sk, D) with Hkv dividing H
@@ -133,15 +199,40 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
     1 / sqrt(D). softcap: 0, or scores s -> softcap * tanh(s / softcap).
     bias: None, or an additive bias broadcasting to (B, H, Sq, Sk) in q's
     dtype (the key dimension contiguous, other strides multiples of 8: see
-    stof.pad_bias); -inf masks a key. Returns a new tensor shaped and laid
-    out like q. Rows with no allowed key give zeros."""
+    stof.pad_bias); -inf masks a key. attn_mask: what
+    F.scaled_dot_product_attention takes, a boolean mask (True = attend)
+    or an additive one, broadcasting to (B, H, Sq, Sk), on top of `mask`
+    (made into a bias each call; for a padded batch prefer the lengths).
+    q_lens, k_lens: per-sequence lengths of a padded batch (int tensors of
+    shape (B,), best int32 on q's device): sequence b's queries past
+    q_lens[b] and keys past k_lens[b] are padding (not computed; padded
+    query rows give zeros); `mask` is then a mask family ("dense",
+    "causal", "sliding:256", ...: Context.mask_family) whose plan is made
+    once per shape and reused for every batch's lengths (CUDA-graph and
+    torch.compile safe: the lengths are read on the GPU). Returns a new
+    tensor shaped and laid out like q. Rows with no allowed key give
+    zeros."""
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout {layout!r}: 'bhsd' (batch, heads, seq, dim) "
                          "or 'bshd' (batch, seq, heads, dim)")
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    args = (q, k, v, str(mask), 0.0 if scale is None else float(scale),
-            float(softcap), bias)
+    sc = 0.0 if scale is None else float(scale)
+    if q_lens is not None or k_lens is not None:
+        if bias is not None or attn_mask is not None or softcap:
+            raise ValueError("q_lens / k_lens (a mask family with lengths) take "
+                             "no bias, attn_mask or softcap")
+        lens = [None if t is None else _lens(t, q.shape[0], q.device, name)
+                for t, name in ((q_lens, "q_lens"), (k_lens, "k_lens"))]
+        args = (q, k, v, str(mask), sc, lens[0], lens[1])
+        out = (torch.ops.stof.attention_lens(*args) if torch.compiler.is_compiling()
+               else _family_impl(*args))
+        return out.transpose(1, 2) if layout == "bshd" else out
+    if attn_mask is not None:
+        if bias is not None:
+            raise ValueError("give attn_mask or bias, not both")
+        bias = _mask_bias(attn_mask, q.dtype)
+    args = (q, k, v, str(mask), sc, float(softcap), bias)
     # Traced by torch.compile / torch.export: the registered operator (its
     # fake implementation gives the output's shape). Eager: the same
     # implementation without the dispatcher's cost per call.

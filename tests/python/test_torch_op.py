@@ -1,6 +1,8 @@
 """stof.attention, the torch.library operator (python/stof/ops.py), on the
 GPU: against an fp32 reference in BHSD and BSHD layouts, with grouped-query
-K/V and with an additive bias; inside torch.compile(fullgraph=True) (a graph
+K/V and with an additive bias; a padded batch by its lengths (q_lens,
+k_lens) and SDPA-style attn_mask (boolean, additive); inside
+torch.compile(fullgraph=True) (a graph
 break fails the compile), under a captured CUDA graph and under
 mode="reduce-overhead"; and the operator's per-call overhead over a direct
 Plan.run (printed). Skips (exit 77) without PyTorch or a GPU."""
@@ -108,6 +110,60 @@ def main():
     for _ in range(3):
         got = ro(x2)
     expect(torch.equal(got, Block()(x2)), "mode='reduce-overhead' matches eager")
+
+    # A padded batch by its lengths (a mask family, planned once): key
+    # lengths only (causal), then query and key lengths (dense; padded
+    # query rows give zeros); lists and int64 tensors are taken too.
+    B, S = 3, 200
+    q, k, v = (torch.randn(B, 4, S, 64, device=dev, dtype=torch.float16)
+               for _ in range(3))
+    lens = torch.tensor([200, 130, 7], device=dev, dtype=torch.int32)
+    pos = torch.arange(S, device=dev)
+    kvalid = pos[None, :] < lens[:, None]                      # (B, S)
+    causal = pos[:, None] >= pos[None, :]
+    allowed = (causal[None] & kvalid[:, None, :])[:, None]     # (B, 1, S, S)
+    out = stof.attention(q, k, v, mask="causal", k_lens=lens)
+    e = rel_err(out, reference(q, k, v, allowed))
+    expect(e < 1e-2, f"causal with k_lens, rel err {e:.2e}")
+    qk = kvalid[:, :, None] & kvalid[:, None, :]
+    out = stof.attention(q, k, v, mask="dense", q_lens=[200, 130, 7],
+                         k_lens=lens.long())
+    want = reference(q, k, v, qk[:, None])
+    e = rel_err(out, want)
+    pad_rows = out[1, :, 130:].abs().max().item() + out[2, :, 7:].abs().max().item()
+    expect(e < 1e-2 and pad_rows == 0.0,
+           f"dense with q_lens and k_lens, rel err {e:.2e}, padded rows zero")
+    try:
+        stof.attention(q, k, v, mask="causal", k_lens=lens[:2])
+        expect(False, "k_lens of the wrong shape refused")
+    except ValueError as err:
+        expect("k_lens" in str(err), f"k_lens of the wrong shape refused ({err})")
+
+    class Padded(torch.nn.Module):
+        def forward(self, x, n):
+            return stof.attention(x, x, x, mask="causal", k_lens=n) * 2.0
+
+    lens2 = torch.tensor([S, 50, 120], device=dev, dtype=torch.int32)
+    eager = Padded()(q, lens2)
+    got = torch.compile(Padded(), fullgraph=True)(q, lens2)
+    expect(torch.equal(got, eager), "k_lens under torch.compile(fullgraph=True)")
+
+    # attn_mask as SDPA takes it: boolean (True = attend) and additive.
+    keep = torch.rand(B, 1, S, S, device=dev) < 0.3
+    keep[..., 0] = True
+    out = stof.attention(q, k, v, attn_mask=keep)
+    e = rel_err(out, reference(q, k, v, keep))
+    expect(e < 1e-2, f"boolean attn_mask, rel err {e:.2e}")
+    add = torch.randn(B, 4, S, S, device=dev, dtype=torch.float16)
+    add = add.masked_fill(~keep, float("-inf"))
+    out = stof.attention(q, k, v, mask="causal", attn_mask=add)
+    want = reference(q, k, v, keep & causal[None, None],
+                     bias=add.masked_fill(~keep, 0))
+    e = rel_err(out, want)
+    expect(e < 1e-2, f"additive attn_mask on top of a causal mask, rel err {e:.2e}")
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    e = rel_err(stof.attention(q, k, v, attn_mask=keep), sdpa)
+    expect(e < 1e-2, f"boolean attn_mask matches SDPA, rel err {e:.2e}")
 
     # Overhead per call: the operator against Plan.run on the same plan, a
     # small problem (launch-bound), host time over many calls.

@@ -151,20 +151,10 @@ def stof_attention_forward(module, query, key, value, attention_mask,
 
 def _family_attention(q, k, v, family, k_len, scale):
     """Attention over mask family `family` ("dense" or "causal") with this
-    batch's key lengths (int32 CUDA tensor): a family plan per shape,
-    strides and dtype, made once."""
-    out = torch.empty_like(q)
-    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    key = (dev, family, tuple(q.shape), tuple(k.shape),
-           tuple(tuple(t.stride()) for t in (q, k, v, out)), q.dtype, scale)
-    p = _ops._family_plans.get(key)
-    if p is None:
-        ctx = _ops._context(dev)
-        p = ctx.attention_plan_family(
-            q, k, v, ctx.mask_family(family),
-            scale=0.0 if scale is None else float(scale), out=out)
-        _ops.cache_put(_ops._family_plans, key, p)
-    return p.run(q, k, v, out, k_len=k_len)
+    batch's key lengths (int32 CUDA tensor): stof.attention's family path
+    (a family plan per shape, strides and dtype, made once)."""
+    return _ops._family_impl(q, k, v, family,
+                             0.0 if scale is None else float(scale), None, k_len)
 
 
 AttentionInterface.register(NAME, stof_attention_forward)
