@@ -3,26 +3,38 @@
 
 Models (fp16, random weights, seeded): BERT-base and BERT-large (post-norm),
 GPT-2 and ViT-base (pre-norm), LayerNorm eps 1e-5, tanh-GELU (--act erf for
-BERT's exact GELU), the bigbird mask bigbird:64:3:2:3:1 built by stof, at
+BERT's exact GELU); with --models ...,llama also a Llama-style stack in the
+TinyLlama-1.1B shape (22 layers, hidden 2048, 32 heads of which 4 K/V heads,
+FFN 5632 SwiGLU, pre-norm RMSNorm eps 1e-5, no biases, no rotary embedding:
+stof's layer has none). The bigbird mask bigbird:64:3:2:3:1 built by stof, at
 (batch, seq) = (1,128), (8,512), (16,2048) (../shared/BENCH.md, "End-to-end
-peer figures"). For each model and size, three stacks over the same weights
+peer figures"). For each model and size, these stacks over the same weights
 and the same input:
 
-  eager    PyTorch, F.linear / F.layer_norm / F.gelu, attention by
-           F.scaled_dot_product_attention with stof's mask as a dense bool
-           tensor;
+  eager    PyTorch, F.linear / F.layer_norm or F.rms_norm / F.gelu or F.silu,
+           attention by F.scaled_dot_product_attention with stof's mask as a
+           dense bool tensor (grouped-query K/V heads repeated to the query
+           heads);
   compile  the same layer under torch.compile(dynamic=False), attention by
-           flex_attention with a BlockMask whose mask_mod looks that dense
-           tensor up;
+           flex_attention (enable_gqa for grouped-query) with a BlockMask
+           whose mask_mod looks that dense tensor up;
+  hf-eager with --hf: Hugging Face transformers' own layer classes (BertLayer,
+  hf-sdpa  GPT2Block, ViTLayer, LlamaDecoderLayer) built from a config,
+           loaded with the same weights, under config._attn_implementation
+           "eager" and "sdpa", given the mask as an additive [1, 1, S, S]
+           float mask (0 where attended, the dtype's minimum elsewhere). The
+           Llama layer gets the identity rotary embedding (cos = 1, sin = 0),
+           so it does the work of stof's layer, which has no rotary embedding;
   stof     Context.layer_plan once (cold plan seconds reported), then
            Layer.stack_run(graph=True): the whole stack as one CUDA graph.
 
-stof's output is checked against eager (and all three against an fp32 run of
-the eager stack) before timing; rel err = |out - ref| / |ref| (Frobenius).
-Timing: CUDA events around the whole stack, warm-ups first, median of --reps.
+stof's output is checked against eager (and all of them against an fp32 run
+of the eager stack) before timing; rel err = |out - ref| / |ref| (Frobenius).
+"x best" is the fastest peer's time over stof's. Timing: CUDA events around
+the whole stack, warm-ups first, median of --reps.
 
-    PYTHONPATH=python python3 bench/bench_layers.py [--models bert-base,gpt2]
-        [--sizes 1x128,8x512] [--no-compile] [--peers-only] [--json FILE]
+    PYTHONPATH=python python3 bench/bench_layers.py [--models bert-base,gpt2,llama]
+        [--sizes 1x128,8x512] [--no-compile] [--hf] [--peers-only] [--json FILE]
 """
 import argparse
 import json
@@ -40,75 +52,134 @@ import torch.nn.functional as F
 import stof
 
 MODELS = {
-    # name: layers, hidden, heads, ffn, pre-norm
-    "bert-base": (12, 768, 12, 3072, False),
-    "bert-large": (24, 1024, 16, 4096, False),
-    "gpt2": (12, 768, 12, 3072, True),
-    "vit-base": (12, 768, 12, 3072, True),
+    # layers, hidden, heads, ffn, pre_norm; and where a model differs from
+    # the BERT/GPT-2 kind: kv_heads (grouped-query attention, default heads),
+    # norm ("layer" or "rms"), gated (gated FFN), bias (projection biases),
+    # act (its own activation, else the GELU of --act), eps (its own norm
+    # eps, else --eps); hf: the family of its Hugging Face peer (--hf)
+    "bert-base": dict(layers=12, hidden=768, heads=12, ffn=3072, pre_norm=False,
+                      hf="bert"),
+    "bert-large": dict(layers=24, hidden=1024, heads=16, ffn=4096, pre_norm=False,
+                       hf="bert"),
+    "gpt2": dict(layers=12, hidden=768, heads=12, ffn=3072, pre_norm=True, hf="gpt2"),
+    "vit-base": dict(layers=12, hidden=768, heads=12, ffn=3072, pre_norm=True,
+                     hf="vit"),
+    # TinyLlama-1.1B: SwiGLU FFN, RMSNorm, 4 K/V heads, no biases
+    "llama": dict(layers=22, hidden=2048, heads=32, ffn=5632, pre_norm=True,
+                  kv_heads=4, norm="rms", gated=True, bias=False, act="silu",
+                  eps=1e-5, hf="llama"),
 }
+# The models run when --models is not given: the ones from before llama was
+# added, so that old command lines measure the same thing.
+DEFAULT_MODELS = "bert-base,bert-large,gpt2,vit-base"
 SIZES = "1x128,8x512,16x2048"
 MASK_SPEC = "bigbird:64:3:2:3:1"
 FAIL_REL_ERR = 2e-2
+PEER_TIMES = ("eager_ms", "compile_ms", "hf_eager_ms", "hf_sdpa_ms")
 
 
 class Cfg:
     def __init__(self, name, batch, seq, act, eps):
+        m = MODELS[name]
         self.name = name
-        self.layers, self.hidden, self.heads, self.ffn, self.pre_norm = MODELS[name]
+        self.layers, self.hidden = m["layers"], m["hidden"]
+        self.heads, self.ffn, self.pre_norm = m["heads"], m["ffn"], m["pre_norm"]
+        self.kv_heads = m.get("kv_heads", self.heads)
+        self.norm = m.get("norm", "layer")      # "layer" or "rms"
+        self.gated = m.get("gated", False)
+        self.bias = m.get("bias", True)
+        self.hf = m.get("hf")
         self.batch, self.seq = batch, seq
         self.head_dim = self.hidden // self.heads
-        self.act = act          # "tanh" or "erf"
-        self.eps = eps
+        # stof's name of the activation: the model's own (llama: "silu"),
+        # else the GELU that --act picks ("tanh" or "erf")
+        self.act = m.get("act") or ("gelu_tanh" if act == "tanh" else "gelu_erf")
+        self.eps = m.get("eps", eps)
 
 
 def make_weights(cfg, dtype, seed):
     """cfg.layers dicts of contiguous CUDA tensors, named like
     stof_layer_weights: weights N(0, 0.02), biases and betas N(0, 0.02),
-    gammas 1 + N(0, 0.02)."""
+    gammas 1 + N(0, 0.02). w_qkv has hidden + 2 kv_heads head_dim rows (Q's,
+    then K's, then V's); a gated FFN's w_ffn1 has 2 ffn rows (gate, then up).
+    Without biases the b_* keys are left out, with RMSNorm the *_beta keys."""
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
     h, f = cfg.hidden, cfg.ffn
+    qn = h + 2 * cfg.kv_heads * cfg.head_dim
+    f1 = 2 * f if cfg.gated else f
 
     def rnd(*shape, mean=0.0):
         t = torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32)
         return (t * 0.02 + mean).to(dtype).contiguous()
 
+    # (name, shape, mean), in the order the generator draws them: the order
+    # of before, so that the older models keep the weights they had
+    spec = [("w_qkv", (qn, h), 0.0), ("b_qkv", (qn,), 0.0),
+            ("w_o", (h, h), 0.0), ("b_o", (h,), 0.0),
+            ("w_ffn1", (f1, h), 0.0), ("b_ffn1", (f1,), 0.0),
+            ("w_ffn2", (h, f), 0.0), ("b_ffn2", (h,), 0.0),
+            ("norm1_gamma", (h,), 1.0), ("norm1_beta", (h,), 0.0),
+            ("norm2_gamma", (h,), 1.0), ("norm2_beta", (h,), 0.0)]
     layers = []
     for _ in range(cfg.layers):
-        layers.append({
-            "w_qkv": rnd(3 * h, h), "b_qkv": rnd(3 * h),
-            "w_o": rnd(h, h), "b_o": rnd(h),
-            "w_ffn1": rnd(f, h), "b_ffn1": rnd(f),
-            "w_ffn2": rnd(h, f), "b_ffn2": rnd(h),
-            "norm1_gamma": rnd(h, mean=1.0), "norm1_beta": rnd(h),
-            "norm2_gamma": rnd(h, mean=1.0), "norm2_beta": rnd(h),
-        })
+        w = {}
+        for name, shape, mean in spec:
+            if name.startswith("b_") and not cfg.bias:
+                continue
+            if name.endswith("_beta") and cfg.norm == "rms":
+                continue
+            w[name] = rnd(*shape, mean=mean)
+        layers.append(w)
     return layers
 
 
 def make_layer_fn(cfg, attention):
     """One encoder layer x [B, S, hidden] -> [B, S, hidden] with the
     semantics of stof_layer_desc. attention(q, k, v, m) takes (B, H, S, D)
-    tensors and the mask object m passed to the layer."""
+    queries, (B, kv_heads, S, D) keys and values, and the mask object m
+    passed to the layer."""
     B, S, h, H, D = cfg.batch, cfg.seq, cfg.hidden, cfg.heads, cfg.head_dim
-    approx = "tanh" if cfg.act == "tanh" else "none"
+    KV, f = cfg.kv_heads, cfg.ffn
     eps = cfg.eps
 
-    def ln(u, w, which):
-        return F.layer_norm(u, (h,), w[which + "_gamma"], w[which + "_beta"], eps)
+    if cfg.act == "silu":
+        act = F.silu
+    elif cfg.act == "gelu_erf":
+        def act(t):
+            return F.gelu(t)
+    else:
+        def act(t):
+            return F.gelu(t, approximate="tanh")
 
+    if cfg.norm == "rms":
+        def ln(u, w, which):
+            return F.rms_norm(u, (h,), w[which + "_gamma"], eps)
+    else:
+        def ln(u, w, which):
+            return F.layer_norm(u, (h,), w[which + "_gamma"], w[which + "_beta"], eps)
+
+    # w.get: a model without biases has no b_* keys, and F.linear takes None
     def attn(u, w, m):
-        qkv = F.linear(u, w["w_qkv"], w["b_qkv"])          # [B, S, 3h]
-        # rows [0,h) of w_qkv make Q, [h,2h) K, [2h,3h) V; head i is columns
-        # i*D..(i+1)*D of each
-        q, k, v = (t.view(B, S, H, D).transpose(1, 2) for t in qkv.split(h, dim=-1))
+        qkv = F.linear(u, w["w_qkv"], w.get("b_qkv"))     # [B, S, h + 2 KV D]
+        # rows [0,h) of w_qkv make Q, the next KV*D rows K, the last KV*D V;
+        # head i is columns i*D..(i+1)*D of each
+        q, k, v = qkv.split((h, KV * D, KV * D), dim=-1)
+        q = q.view(B, S, H, D).transpose(1, 2)
+        k = k.view(B, S, KV, D).transpose(1, 2)
+        v = v.view(B, S, KV, D).transpose(1, 2)
         o = attention(q, k, v, m)                          # [B, H, S, D]
         o = o.transpose(1, 2).reshape(B, S, h)
-        return F.linear(o, w["w_o"], w["b_o"])
+        return F.linear(o, w["w_o"], w.get("b_o"))
 
     def ffn(u, w):
-        t = F.gelu(F.linear(u, w["w_ffn1"], w["b_ffn1"]), approximate=approx)
-        return F.linear(t, w["w_ffn2"], w["b_ffn2"])
+        t = F.linear(u, w["w_ffn1"], w.get("b_ffn1"))
+        if cfg.gated:
+            gate, up = t.split(f, dim=-1)                  # gate rows come first
+            t = act(gate) * up
+        else:
+            t = act(t)
+        return F.linear(t, w["w_ffn2"], w.get("b_ffn2"))
 
     if cfg.pre_norm:
         def layer(x, w, m):
@@ -122,6 +193,14 @@ def make_layer_fn(cfg, attention):
 
 
 def sdpa_attention(q, k, v, dense):
+    if k.shape[1] != q.shape[1]:
+        # Grouped-query: query head i reads K/V head i // (H / KV). Repeat the
+        # K/V heads rather than pass enable_gqa=True: with a mask, SDPA's
+        # memory-efficient kernel may not take enable_gqa and the math path
+        # would make this peer slower than it need be.
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
 
 
@@ -129,6 +208,8 @@ def flex_attention_fn():
     from torch.nn.attention.flex_attention import flex_attention
 
     def attention(q, k, v, block_mask):
+        if k.shape[1] != q.shape[1]:  # grouped-query: the kernel maps heads itself
+            return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
         return flex_attention(q, k, v, block_mask=block_mask)
     return attention
 
@@ -180,11 +261,208 @@ def short(e):
     return (s[0] if s else type(e).__name__)[:200]
 
 
+def hf_stack(cfg, weights, dtype):
+    """The stack as Hugging Face transformers layers (imported here, so that
+    the script needs transformers only with --hf): (config, modules, keyword
+    arguments of each layer's call but the mask), each module on CUDA in
+    dtype, in eval mode, holding a copy of weights. The attention
+    implementation is config._attn_implementation, read by the layers at
+    each call, so one stack serves both "eager" and "sdpa"."""
+    h, H, f, KV, D, eps = (cfg.hidden, cfg.heads, cfg.ffn, cfg.kv_heads,
+                           cfg.head_dim, cfg.eps)
+    B, S = cfg.batch, cfg.seq
+    # "gelu_new" is HF's tanh approximation (GPT-2's own), "gelu" the exact one
+    hf_act = "gelu_new" if cfg.act == "gelu_tanh" else "gelu"
+    kw = {}
+    if cfg.hf == "bert":
+        from transformers import BertConfig
+        from transformers.models.bert.modeling_bert import BertLayer
+        config = BertConfig(hidden_size=h, num_attention_heads=H, intermediate_size=f,
+                            hidden_act=hf_act, layer_norm_eps=eps,
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+        def make(i):
+            return BertLayer(config)
+
+        def pairs(m, w):
+            a = m.attention
+            q, k, v = w["w_qkv"].split(h)
+            bq, bk, bv = w["b_qkv"].split(h)
+            return [(a.self.query.weight, q), (a.self.query.bias, bq),
+                    (a.self.key.weight, k), (a.self.key.bias, bk),
+                    (a.self.value.weight, v), (a.self.value.bias, bv),
+                    (a.output.dense.weight, w["w_o"]), (a.output.dense.bias, w["b_o"]),
+                    (a.output.LayerNorm.weight, w["norm1_gamma"]),
+                    (a.output.LayerNorm.bias, w["norm1_beta"]),
+                    (m.intermediate.dense.weight, w["w_ffn1"]),
+                    (m.intermediate.dense.bias, w["b_ffn1"]),
+                    (m.output.dense.weight, w["w_ffn2"]),
+                    (m.output.dense.bias, w["b_ffn2"]),
+                    (m.output.LayerNorm.weight, w["norm2_gamma"]),
+                    (m.output.LayerNorm.bias, w["norm2_beta"])]
+    elif cfg.hf == "gpt2":
+        from transformers import GPT2Config
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+        config = GPT2Config(n_embd=h, n_head=H, n_inner=f, activation_function=hf_act,
+                            layer_norm_epsilon=eps, resid_pdrop=0.0, embd_pdrop=0.0,
+                            attn_pdrop=0.0)
+
+        def make(i):
+            return GPT2Block(config, layer_idx=i)
+
+        # GPT-2's Conv1D keeps its weight as [in, out], nn.Linear's transposed.
+        # Its attention is causal only through the mask it is given (the
+        # model builds that mask): given ours, it attends as the others do.
+        def pairs(m, w):
+            return [(m.ln_1.weight, w["norm1_gamma"]), (m.ln_1.bias, w["norm1_beta"]),
+                    (m.attn.c_attn.weight, w["w_qkv"].t()),
+                    (m.attn.c_attn.bias, w["b_qkv"]),
+                    (m.attn.c_proj.weight, w["w_o"].t()), (m.attn.c_proj.bias, w["b_o"]),
+                    (m.ln_2.weight, w["norm2_gamma"]), (m.ln_2.bias, w["norm2_beta"]),
+                    (m.mlp.c_fc.weight, w["w_ffn1"].t()), (m.mlp.c_fc.bias, w["b_ffn1"]),
+                    (m.mlp.c_proj.weight, w["w_ffn2"].t()),
+                    (m.mlp.c_proj.bias, w["b_ffn2"])]
+    elif cfg.hf == "vit":
+        from transformers import ViTConfig
+        from transformers.models.vit.modeling_vit import ViTLayer
+        config = ViTConfig(hidden_size=h, num_attention_heads=H, intermediate_size=f,
+                           hidden_act=hf_act, layer_norm_eps=eps,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+        def make(i):
+            return ViTLayer(config)
+
+        # the layout of transformers 5 (q_proj ... o_proj, mlp.fc1/fc2); an
+        # older one has other names and ends as hf_error
+        def pairs(m, w):
+            a = m.attention
+            q, k, v = w["w_qkv"].split(h)
+            bq, bk, bv = w["b_qkv"].split(h)
+            return [(m.layernorm_before.weight, w["norm1_gamma"]),
+                    (m.layernorm_before.bias, w["norm1_beta"]),
+                    (a.q_proj.weight, q), (a.q_proj.bias, bq),
+                    (a.k_proj.weight, k), (a.k_proj.bias, bk),
+                    (a.v_proj.weight, v), (a.v_proj.bias, bv),
+                    (a.o_proj.weight, w["w_o"]), (a.o_proj.bias, w["b_o"]),
+                    (m.layernorm_after.weight, w["norm2_gamma"]),
+                    (m.layernorm_after.bias, w["norm2_beta"]),
+                    (m.mlp.fc1.weight, w["w_ffn1"]), (m.mlp.fc1.bias, w["b_ffn1"]),
+                    (m.mlp.fc2.weight, w["w_ffn2"]), (m.mlp.fc2.bias, w["b_ffn2"])]
+    elif cfg.hf == "llama":
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+        config = LlamaConfig(hidden_size=h, intermediate_size=f, num_attention_heads=H,
+                             num_key_value_heads=KV, rms_norm_eps=eps, hidden_act="silu",
+                             attention_bias=False, mlp_bias=False)
+
+        def make(i):
+            return LlamaDecoderLayer(config, layer_idx=i)
+
+        def pairs(m, w):
+            a = m.self_attn
+            q, k, v = w["w_qkv"].split((h, KV * D, KV * D))
+            gate, up = w["w_ffn1"].split(f)
+            return [(m.input_layernorm.weight, w["norm1_gamma"]),
+                    (a.q_proj.weight, q), (a.k_proj.weight, k), (a.v_proj.weight, v),
+                    (a.o_proj.weight, w["w_o"]),
+                    (m.post_attention_layernorm.weight, w["norm2_gamma"]),
+                    (m.mlp.gate_proj.weight, gate), (m.mlp.up_proj.weight, up),
+                    (m.mlp.down_proj.weight, w["w_ffn2"])]
+        # The identity rotary embedding: q * cos + rotate_half(q) * sin = q.
+        # stof's layer has no rotary embedding; this way both do the same work
+        # (HF's layer still spends the two multiply-adds).
+        kw["position_embeddings"] = (
+            torch.ones(B, S, D, device="cuda", dtype=dtype),
+            torch.zeros(B, S, D, device="cuda", dtype=dtype))
+    else:
+        raise ValueError("no Hugging Face peer for %s" % cfg.name)
+
+    modules = []
+    with torch.no_grad():
+        for i, w in enumerate(weights):
+            # Made on the GPU (the fp32 init of one layer at a time, then
+            # dtype), not on the CPU: llama's 22 layers are 1.1 G parameters.
+            with torch.device("cuda"):
+                m = make(i)
+            m = m.to(dtype=dtype).eval().requires_grad_(False)
+            done = set()
+            for param, src in pairs(m, w):
+                if tuple(param.shape) != tuple(src.shape):
+                    raise ValueError("HF %s layer: parameter of shape %s for a weight "
+                                     "of shape %s" % (cfg.hf, tuple(param.shape),
+                                                      tuple(src.shape)))
+                param.copy_(src)
+                done.add(id(param))
+            # every parameter must come from our weights, none left at its init
+            left = [n for n, p in m.named_parameters() if id(p) not in done]
+            if left:
+                raise ValueError("HF %s layer: parameters not loaded: %s"
+                                 % (cfg.hf, ", ".join(left)))
+            modules.append(m)
+    return config, modules, kw
+
+
+def bench_hf(args, cfg, r, x, weights, dense, y_eager, ref32, dtype):
+    """Time the Hugging Face stack (hf_stack) under the "eager" and "sdpa"
+    attention implementations into r; failures go to r["hf_error"]. All its
+    tensors and modules are locals here, freed when it returns."""
+    B, S = cfg.batch, cfg.seq
+    errors = []
+    try:
+        import transformers
+        r["hf_version"] = transformers.__version__
+        t0 = time.perf_counter()
+        config, modules, kw = hf_stack(cfg, weights, dtype)
+        torch.cuda.synchronize()
+        r["hf_build_s"] = time.perf_counter() - t0
+        # HF layers add the mask to the scores (eager) or give it to SDPA as
+        # attn_mask: an additive float mask in the dtype, 0 where dense is
+        # True, the dtype's minimum (not -inf) where False, as HF's own
+        # mask builders make it. Every bigbird row attends somewhere.
+        ext = torch.zeros(S, S, device="cuda", dtype=dtype)
+        ext.masked_fill_(~dense, torch.finfo(dtype).min)
+        ext = ext.view(1, 1, S, S)
+
+        def run():
+            hh = x
+            for m in modules:
+                out = m(hh, attention_mask=ext, **kw)
+                hh = out[0] if isinstance(out, tuple) else out  # older versions: tuples
+            return hh
+    except Exception as e:  # no transformers, or its classes changed: go on
+        r["hf_error"] = short(e)
+        print(f"# {cfg.name} {B}x{S}: Hugging Face peer failed: {short(e)}",
+              file=sys.stderr, flush=True)
+        if args.verbose:
+            traceback.print_exc()
+        return
+    for impl in ("eager", "sdpa"):
+        try:
+            config._attn_implementation = impl
+            with torch.no_grad():
+                y = run()
+                torch.cuda.synchronize()
+                r[f"hf_{impl}_err"] = rel_err(y, y_eager)
+                if ref32 is not None:
+                    r[f"hf_{impl}_err_fp32"] = rel_err(y, ref32)
+                del y
+                r[f"hf_{impl}_ms"] = time_ms(run, args.reps, args.warmup)
+        except Exception as e:  # e.g. out of memory in HF's eager attention
+            errors.append(f"{impl}: {short(e)}")
+            print(f"# {cfg.name} {B}x{S}: Hugging Face {impl} failed: {short(e)}",
+                  file=sys.stderr, flush=True)
+            if args.verbose:
+                traceback.print_exc()
+    if errors:
+        r["hf_error"] = "; ".join(errors)
+
+
 def bench_case(args, ctx, cfg, dtype, seed):
     B, S = cfg.batch, cfg.seq
     r = {"model": cfg.name, "batch": B, "seq": S, "layers": cfg.layers,
-         "hidden": cfg.hidden, "heads": cfg.heads, "ffn": cfg.ffn,
-         "pre_norm": cfg.pre_norm, "act": "gelu_" + cfg.act, "eps": cfg.eps,
+         "hidden": cfg.hidden, "heads": cfg.heads, "kv_heads": cfg.kv_heads,
+         "ffn": cfg.ffn, "pre_norm": cfg.pre_norm, "norm": cfg.norm,
+         "gated": cfg.gated, "bias": cfg.bias, "act": cfg.act, "eps": cfg.eps,
          "dtype": args.dtype, "mask": MASK_SPEC}
     mask = ctx.mask(MASK_SPEC, S, S)
     r["density"] = mask.density
@@ -242,14 +520,30 @@ def bench_case(args, ctx, cfg, dtype, seed):
             if args.verbose:
                 traceback.print_exc()
 
+    # Hugging Face transformers' own layers
+    if args.hf:
+        if cfg.hf is not None:
+            bench_hf(args, cfg, r, x, weights, dense, y_eager, ref32, dtype)
+        else:
+            r["hf_error"] = "no Hugging Face peer for " + cfg.name
+        # drop the HF stack's copy of the weights (llama: 2 GiB) before stof
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
     # stof
     if not args.peers_only:
         layer = None
+
+        def plan():
+            # kv_heads 0 means "= heads": the older models keep the very
+            # descriptor (and tuning database entries) they had before
+            kv = 0 if cfg.kv_heads == cfg.heads else cfg.kv_heads
+            return ctx.layer_plan(B, S, cfg.hidden, cfg.heads, cfg.ffn, dtype, cfg.act,
+                                  cfg.norm, cfg.pre_norm, mask, eps=cfg.eps,
+                                  kv_heads=kv, bias=cfg.bias, gated=cfg.gated)
         try:
-            act = "gelu_tanh" if cfg.act == "tanh" else "gelu_erf"
             t0 = time.perf_counter()
-            layer = ctx.layer_plan(B, S, cfg.hidden, cfg.heads, cfg.ffn, dtype, act,
-                                   "layer", cfg.pre_norm, mask, eps=cfg.eps)
+            layer = plan()
             r["stof_plan_s"] = time.perf_counter() - t0
             desc = layer.describe()
             r["stof_describe"] = desc
@@ -257,8 +551,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
             r["stof_scheme"] = desc.get("scheme", desc)
             if args.warm_plan:
                 t0 = time.perf_counter()
-                l2 = ctx.layer_plan(B, S, cfg.hidden, cfg.heads, cfg.ffn, dtype, act,
-                                    "layer", cfg.pre_norm, mask, eps=cfg.eps)
+                l2 = plan()
                 r["stof_warm_plan_s"] = time.perf_counter() - t0
                 r["stof_warm_source"] = l2.describe().get("source")
                 l2.close()
@@ -305,9 +598,11 @@ def bench_case(args, ctx, cfg, dtype, seed):
             if layer is not None:
                 layer.close()
             del layer
-    peers = [r[k] for k in ("eager_ms", "compile_ms") if k in r]
+    peers = {k: r[k] for k in PEER_TIMES if k in r}
     if "stof_ms" in r and peers:
-        r["speedup"] = min(peers) / r["stof_ms"]
+        best = min(peers, key=peers.get)
+        r["best_peer"] = best[:-len("_ms")]
+        r["speedup"] = peers[best] / r["stof_ms"]
     return r  # the tensors go with this frame
 
 
@@ -320,7 +615,7 @@ def print_table(results):
     print()
     print(f"{'model':>10} {'BxS':>8} {'eager ms':>9} {'compile ms':>10} {'stof ms':>8} "
           f"{'x best':>7} {'stof err':>9} {'max abs':>8} {'plan s':>7} {'source':>8} "
-          f"{'compile 1st s':>13}")
+          f"{'compile 1st s':>13} {'hf eager ms':>11} {'hf sdpa ms':>10}")
     for r in results:
         bs = f"{r['batch']}x{r['seq']}"
         err = r.get("rel_err")
@@ -330,14 +625,18 @@ def print_table(results):
               f"{fmt(r.get('speedup'), '7.2f')} {fmt(err, '9.1e')} "
               f"{fmt(r.get('max_abs_err'), '8.1e')} {fmt(r.get('stof_plan_s'), '7.2f')} "
               f"{str(r.get('stof_source') or '-'):>8} "
-              f"{fmt(r.get('compile_first_s'), '13.2f')}{flag}")
-    print("x best = the faster of eager and compile / stof (whole stack, median); "
+              f"{fmt(r.get('compile_first_s'), '13.2f')} "
+              f"{fmt(r.get('hf_eager_ms'), '11.3f')} {fmt(r.get('hf_sdpa_ms'), '10.3f')}"
+              f"{flag}")
+    print("x best = the fastest peer (eager, compile, hf eager, hf sdpa) / stof "
+          "(whole stack, median); "
           f"stof err = |stof - eager| / |eager|, FAIL above {FAIL_REL_ERR:g}")
-    errs = [r for r in results if "stof_error" in r or "compile_error" in r]
+    errs = [r for r in results
+            if any(k in r for k in ("stof_error", "compile_error", "hf_error"))]
     if errs:
         print()
         for r in errs:
-            for k in ("stof_error", "compile_error"):
+            for k in ("stof_error", "compile_error", "hf_error"):
                 if k in r:
                     print(f"{r['model']} {r['batch']}x{r['seq']} {k}: {r[k]}")
     schemes = [r for r in results if "stof_scheme" in r]
@@ -360,23 +659,47 @@ def print_table(results):
                   f"{fmt(r.get('stof_layer1_err'), '12.1e')} "
                   f"{fmt(r.get('stof_nograph_err'), '13.1e')}")
         print("(stof 1 layer and stof no graph are against eager fp16)")
+    hf = [r for r in results if "hf_eager_err" in r or "hf_sdpa_err" in r]
+    if hf:
+        # A large error here means the weights went to the wrong HF parameters
+        # (or the mask was not applied): the HF times would then not be of
+        # the same work, so the rows are marked.
+        print()
+        print("Hugging Face layers against the eager stack (|hf - eager| / |eager|) "
+              "and the fp32 one:")
+        print(f"{'model':>10} {'BxS':>8} {'hf eager':>9} {'hf sdpa':>9} "
+              f"{'eager fp32':>10} {'sdpa fp32':>10}")
+        for r in hf:
+            bs = f"{r['batch']}x{r['seq']}"
+            bad = [r.get(k) for k in ("hf_eager_err", "hf_sdpa_err")
+                   if r.get(k) is not None and not r[k] <= FAIL_REL_ERR]
+            print(f"{r['model']:>10} {bs:>8} {fmt(r.get('hf_eager_err'), '9.1e')} "
+                  f"{fmt(r.get('hf_sdpa_err'), '9.1e')} "
+                  f"{fmt(r.get('hf_eager_err_fp32'), '10.1e')} "
+                  f"{fmt(r.get('hf_sdpa_err_fp32'), '10.1e')}"
+                  f"{' MISMATCH' if bad else ''}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(MODELS),
-                    help="comma-separated, from %s" % ", ".join(MODELS))
+    ap.add_argument("--models", default=DEFAULT_MODELS,
+                    help="comma-separated, from %s (default: %%(default)s)"
+                    % ", ".join(MODELS))
     ap.add_argument("--sizes", default=SIZES, help="comma-separated BATCHxSEQ "
                     "(default: %(default)s)")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--act", default="tanh", choices=["tanh", "erf"],
                     help="GELU: tanh approximation (the protocol) or exact erf")
-    ap.add_argument("--eps", type=float, default=1e-5, help="LayerNorm eps")
+    ap.add_argument("--eps", type=float, default=1e-5,
+                    help="LayerNorm eps (llama keeps its RMSNorm eps, 1e-5)")
     ap.add_argument("--reps", type=int, default=20, help="timed runs (median)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed runs first")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--hf", action="store_true",
+                    help="also time Hugging Face transformers' own layers (eager and "
+                    "sdpa attention) with the same weights")
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode (default, reduce-overhead, "
                     "max-autotune-no-cudagraphs, ...)")
@@ -429,7 +752,8 @@ def main():
     dev = ctx.device()
     print(f"# {dev.get('name')}, torch {torch.__version__}, "
           f"stof {stof._load().stof_version_string().decode()}, db {user_db}, "
-          f"mask {MASK_SPEC}, {args.dtype}, gelu_{args.act}, reps {args.reps}",
+          f"mask {MASK_SPEC}, {args.dtype}, gelu_{args.act}"
+          f"{' (llama: SwiGLU)' if 'llama' in models else ''}, reps {args.reps}",
           flush=True)
 
     results = []
