@@ -36,6 +36,7 @@ typedef struct fake {
     int n;        /* candidates: ids 1..n, in rank order */
     int compiles, loads, unloads, times, verifies;
     int timed[64];  /* timings per id */
+    int loaded_now, max_loaded; /* handles loaded at once */
     int concurrent, max_concurrent;
     pthread_mutex_t mu;
     double time_sleep_s;
@@ -113,6 +114,8 @@ static int f_load(void *u, int i, const void *art, size_t size, void **h,
         snprintf(err, n, "fake load error");
         return 1;
     }
+    if (++f->loaded_now > f->max_loaded)
+        f->max_loaded = f->loaded_now;
     *h = (void *)(intptr_t)id;
     return 0;
 }
@@ -145,6 +148,7 @@ static void f_unload(void *u, void *h)
     fake *f = u;
     (void)h;
     f->unloads++;
+    f->loaded_now--;
 }
 
 static void fake_init(fake *f, int n)
@@ -262,6 +266,24 @@ Test(search, near_ties_are_decided_by_the_finals)
     cr_assert_eq(f.timed[4], 0, "a wrong candidate is never timed");
     cr_assert_gt(f.timed[2], 3);
     cr_assert_eq(f.loads, f.unloads, "every finalist is unloaded");
+    cr_assert_eq(f.max_loaded, 3, "the finalists are loaded together");
+    stof__search_results_free(&res, 1);
+
+    /* An exclusive operation (one candidate loaded at a time, like a
+     * layer's GEMM slot): the finals load, time and unload each timing. */
+    fake_init(&f, 3);
+    f.spec[1].ms = 1.00;
+    f.spec[2].ms = 0.98;
+    f.spec[2].first_ms = 1.02;
+    f.spec[3].ms = 1.01;
+    op = op_of(&f, "exclusive");
+    op.exclusive = 1;
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert_eq(res.winner, 1, "winner %d", res.winner + 1);
+    cr_assert_eq(res.n_finals, 3);
+    cr_assert_eq(f.max_loaded, 1, "two candidates were loaded at once");
+    cr_assert_eq(f.loads, f.unloads);
+    cr_assert_eq(f.loads, 3 + 3 * 4, "a load for every timing");
     stof__search_results_free(&res, 1);
 
     /* A clear winner has no finals. */

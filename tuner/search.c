@@ -196,8 +196,9 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Re-time the finalists fin[0..nf) (job indices; ms[] their times by job
- * index - a, replaced by the finals' medians) in `rounds` rounds. Returns
- * how many finished. */
+ * index - a, replaced by the finals' medians) in `rounds` rounds. Loaded
+ * together for the rounds, or (op->exclusive) loaded, timed and unloaded
+ * for each timing. Returns how many finished. */
 static int run_finals(stof_context *ctx, const stof_search_op *op,
                       const job *jobs, int a, const int *fin, int nf,
                       int rounds, double *ms)
@@ -208,7 +209,8 @@ static int run_finals(stof_context *ctx, const stof_search_op *op,
     char err[1024];
     for (int f = 0; f < nf; f++) {
         const job *aj = art_of(jobs, &jobs[fin[f]]);
-        ok[f] = op->load(op->user, jobs[fin[f]].cand, aj->art, aj->art_size,
+        ok[f] = op->exclusive ||
+                op->load(op->user, jobs[fin[f]].cand, aj->art, aj->art_size,
                          &h[f], err, sizeof(err)) == 0;
         t[f][0] = ms[fin[f] - a];
     }
@@ -216,9 +218,18 @@ static int run_finals(stof_context *ctx, const stof_search_op *op,
         for (int k = 0; k < nf; k++) {
             const int f = r % 2 ? k : nf - 1 - k;
             double v = INFINITY;
+            if (ok[f] && op->exclusive) {
+                const job *aj = art_of(jobs, &jobs[fin[f]]);
+                ok[f] = op->load(op->user, jobs[fin[f]].cand, aj->art,
+                                 aj->art_size, &h[f], err, sizeof(err)) == 0;
+            }
             if (ok[f] && (op->time(op->user, h[f], &v, err, sizeof(err)) ||
                           !isfinite(v)))
                 ok[f] = 0;
+            if (h[f] && op->exclusive) {
+                op->unload(op->user, h[f]);
+                h[f] = NULL;
+            }
             t[f][r] = v;
         }
     for (int f = 0; f < nf; f++) {

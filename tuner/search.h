@@ -68,6 +68,10 @@ typedef struct stof_search_op {
                 size_t errn);
     void (*unload)(void *user, void *handle);
     double tolerance;   /* largest accepted relative error */
+    int exclusive;      /* 1: one candidate loaded at a time (the handles
+                           share the operation's state, as a layer's GEMM
+                           slot does); the finals then load each for each
+                           timing */
 } stof_search_op;
 
 typedef struct stof_search_opts {

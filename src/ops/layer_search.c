@@ -773,7 +773,8 @@ static int make_ops(stof_layer *L, tuner *t, int per_op, int model_only,
                                       .verify = so_verify,
                                       .time = so_time,
                                       .unload = so_unload,
-                                      .tolerance = t ? t->tol : 0};
+                                      .tolerance = t ? t->tol : 0,
+                                      .exclusive = 1};
             k++;
         }
     }
