@@ -210,6 +210,22 @@ Test(gemm_cpu, references)
     cr_expect_float_eq(out[0], 1.0f, 0);
 }
 
+/* (c, e) written as a record's JSON holds `key` and reads back equal. */
+static void round_trip(const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                       const char *key)
+{
+    stof_str s = {0};
+    stof__gemm_cfg_json(c, e, &s);
+    cr_assert(s.p && !s.oom);
+    cr_expect(strstr(s.p, key) != NULL, "%s lacks %s", s.p, key);
+    stof_gemm_cfg c2;
+    stof_gemm_epi e2;
+    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2), "%s", s.p);
+    cr_expect_eq(memcmp(&c2, c, sizeof(c2)), 0, "%s", s.p);
+    cr_expect_eq(memcmp(&e2, e, sizeof(e2)), 0, "%s", s.p);
+    stof__str_free(&s);
+}
+
 /* The gated epilogue (a gated FFN's first GEMM): only the Hopper template
  * with block_n 128 or 256 fuses it; its C tile is half as wide (shared
  * memory, tiles in the model), records keep "gated" (written only when
@@ -274,16 +290,10 @@ Test(gemm_cpu, gated)
         stof__gemm_model_ms(&dev, &wg256, &plain0, 8192, 11008, 4096);
     cr_expect(tg > 1.8 * tp && tg < 2.2 * tp, "gated %g, plain %g", tg, tp);
     /* Records. */
+    round_trip(&wg256, &swiglu, "\"gated\":1");
     stof_str s = {0};
-    stof__gemm_cfg_json(&wg256, &swiglu, &s);
-    cr_assert(s.p && !s.oom);
-    cr_expect(strstr(s.p, "\"gated\":1") != NULL, "%s", s.p);
     stof_gemm_cfg c2;
     stof_gemm_epi e2;
-    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2), "%s", s.p);
-    cr_expect_eq(memcmp(&e2, &swiglu, sizeof(e2)), 0);
-    cr_expect_eq(memcmp(&c2, &wg256, sizeof(c2)), 0);
-    stof__str_free(&s);
     stof__gemm_cfg_json(&wg256, &plain0, &s);
     cr_expect(strstr(s.p, "gated") == NULL, "%s", s.p);
     stof__str_free(&s);
@@ -419,15 +429,10 @@ Test(gemm_cpu, hopper_template)
     for (int i = 0; i < n; i++)
         cr_expect_eq(c[i].wgmma, 0, "a norm epilogue got a wgmma candidate");
     /* Records: "wg" only when set; both forms read back. */
+    round_trip(&ok, &gelu, "\"wg\":1");
     stof_str s = {0};
-    stof__gemm_cfg_json(&ok, &gelu, &s);
-    cr_assert(s.p && !s.oom);
-    cr_expect(strstr(s.p, "\"wg\":1") != NULL, "%s", s.p);
     stof_gemm_cfg c2;
     stof_gemm_epi e2;
-    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2), "%s", s.p);
-    cr_expect_eq(memcmp(&ok, &c2, sizeof(ok)), 0);
-    stof__str_free(&s);
     const stof_gemm_cfg mma = {128, 128, 32, 2, 4, 3, 0};
     stof__gemm_cfg_json(&mma, &gelu, &s);
     cr_expect(strstr(s.p, "wg") == NULL, "%s", s.p);

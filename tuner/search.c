@@ -250,6 +250,21 @@ static int run_finals(stof_context *ctx, const stof_search_op *op,
     return n_ok;
 }
 
+/* Job i timed ms: the fastest and the runner-up so far. */
+static void rank(int i, double ms, int *best, double *best_ms, int *second,
+                 double *second_ms)
+{
+    if (ms < *best_ms) {
+        *second = *best;
+        *second_ms = *best_ms;
+        *best = i;
+        *best_ms = ms;
+    } else if (ms < *second_ms) {
+        *second = i;
+        *second_ms = ms;
+    }
+}
+
 /* Stage 2 for one operation over its jobs [a, b). */
 static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
                    int a, int b, const stof_search_opts *o, double t0,
@@ -327,15 +342,7 @@ static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
         stof__log(ctx, STOF_LOG_INFO,
                   "search %s: %-24s %8.4f ms (model %.4f ms, error %.2e)",
                   op->name, name, ms, op->model_ms(op->user, j->cand), rel);
-        if (ms < best_ms) {
-            second = best;
-            second_ms = best_ms;
-            best = i;
-            best_ms = ms;
-        } else if (ms < second_ms) {
-            second = i;
-            second_ms = ms;
-        }
+        rank(i, ms, &best, &best_ms, &second, &second_ms);
     }
     /* The finals, when the runner-up is close and time is left. */
     if (best >= 0 && all_ms && second >= 0 &&
@@ -365,18 +372,8 @@ static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
         if (run_finals(ctx, op, jobs, a, fin, nf, rounds, all_ms) > 0) {
             best = second = -1;
             best_ms = second_ms = INFINITY;
-            for (int i = a; i < b; i++) {
-                const double v = all_ms[i - a];
-                if (v < best_ms) {
-                    second = best;
-                    second_ms = best_ms;
-                    best = i;
-                    best_ms = v;
-                } else if (v < second_ms) {
-                    second = i;
-                    second_ms = v;
-                }
-            }
+            for (int i = a; i < b; i++)
+                rank(i, all_ms[i - a], &best, &best_ms, &second, &second_ms);
             res->n_finals = nf;
         }
     }
