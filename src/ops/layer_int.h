@@ -134,6 +134,14 @@ stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
                                     const step *s, const CUdeviceptr *wp,
                                     CUdeviceptr x, CUdeviceptr y,
                                     CUstream stream);
+/* The layer's error message (stof_layer_errmsg) from fmt; returns st. */
+int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Destroy the stack's captured graph, if any (the context current). */
+void stof__layer_graph_drop(stof_layer *L);
 /* Enqueue every step; the context must be current. */
 stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
                                   CUdeviceptr x, CUdeviceptr y,
@@ -141,6 +149,56 @@ stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
 /* A GEMM's configuration as stored in records and described. */
 void stof__layer_gemm_config_json(const gemm_op *g, char *buf, size_t n);
 const char *stof__layer_dtype_str(stof_dtype t);
+
+/* --- layer_probe.c: scratch data, verification, timing -------------------- */
+
+#define FLUSH_BYTES (128u << 20)
+#define VROWS 6     /* rows checked against the C reference */
+
+typedef struct aux_kernels {
+    CUmodule mod;
+    CUfunction fill;
+} aux_kernels;
+
+/* A GEMM's reference on the sampled rows, with the inputs it was computed
+ * from: every candidate of an op reads the same inputs, so the reference
+ * (a large share of a wide FFN's tuning time on the CPU) is computed once
+ * and reused while the inputs are bit-identical. */
+typedef struct ref_entry {
+    float *in, *ref, *ref_pre; /* one allocation: inputs, then outputs */
+    size_t n_in;
+} ref_entry;
+
+/* The scratch data and state of one layer tuning. */
+typedef struct layer_tuner {
+    stof_layer *L;
+    CUdeviceptr scratch, flush;
+    CUdeviceptr wp[SYM_COUNT];
+    CUdeviceptr x, y;
+    CUevent e0, e1;
+    int reps;
+    double deadline;       /* seconds on the monotonic clock; 0 = none */
+    int rows[VROWS], n_rows;
+    float tol;
+    aux_kernels aux;
+    float *w_host[G_COUNT]; /* each GEMM's scratch weight, fetched once */
+    ref_entry ref_cache[G_COUNT];
+} layer_tuner;
+
+/* Scratch buffers, events and the fill kernel for L's kernels (the context
+ * current); stop frees them. */
+stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t);
+void stof__layer_tuner_stop(layer_tuner *t);
+/* Run step s on the scratch data (no synchronisation). */
+stof_status stof__layer_launch_step(layer_tuner *t, const step *s);
+/* The relative error of s's last output on the sampled rows against the C
+ * reference (INFINITY when it cannot tell). */
+double stof__layer_verify_step(layer_tuner *t, const step *s);
+/* Median time of t->reps runs of s (or of the whole layer when s is NULL),
+ * each after flushing L2. 0 on success. */
+int stof__layer_time_it(layer_tuner *t, const step *s, double *ms);
+/* The step that exercises op (gemm or norm) on scratch buffers. */
+int stof__layer_probe_step(stof_layer *L, int is_norm, int op, step *out);
 
 /* --- layer_db.c: keys, kernels, records ------------------------------------ */
 

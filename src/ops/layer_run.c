@@ -1,0 +1,439 @@
+/*
+ * layer_run.c - running planned layers: the launches of a step (GEMM, norm,
+ * attention), a layer (stof_layer_run), a stack (stof_layer_stack_run,
+ * with its CUDA graph) and their mask-family forms (the instance data of
+ * each call). The chain and planning: layer.c.
+ */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "layer_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define g_slot stof__layer_g_slot
+#define n_slot stof__layer_n_slot
+
+/* --- running -------------------------------------------------------------- */
+
+CUdeviceptr stof__layer_sym_ptr(const stof_layer *L, const CUdeviceptr *wp,
+                                CUdeviceptr x, CUdeviceptr y, int s)
+{
+    if (s == SYM_NONE)
+        return 0;
+    if (s == SYM_X)
+        return x;
+    if (s == SYM_Y)
+        return y;
+    if (s >= SYM_FIRST_W)
+        return wp[s];
+    return L->buf[s];
+}
+
+stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
+                                    const step *s, const CUdeviceptr *wp,
+                                    CUdeviceptr x, CUdeviceptr y,
+                                    CUstream stream)
+{
+    stof_gemm_args a;
+    memset(&a, 0, sizeof(a));
+    a.a = stof__layer_sym_ptr(L, wp, x, y, s->s[O_A]);
+    a.w = stof__layer_sym_ptr(L, wp, x, y, s->s[O_W]);
+    a.c = stof__layer_sym_ptr(L, wp, x, y, s->s[O_OUT]);
+    a.bias = stof__layer_sym_ptr(L, wp, x, y, s->s[O_BIAS]);
+    a.residual = stof__layer_sym_ptr(L, wp, x, y, s->s[O_RES]);
+    a.pre = stof__layer_sym_ptr(L, wp, x, y, s->s[O_PRE]);
+    a.gamma = stof__layer_sym_ptr(L, wp, x, y, s->s[O_GAMMA]);
+    a.beta = stof__layer_sym_ptr(L, wp, x, y, s->s[O_BETA]);
+    a.M = g->M;
+    a.N = g->N;
+    a.K = g->K;
+    a.lda = stof__layer_tok_ld(L, s->s[O_A]);
+    a.ldw = g->K;
+    a.ldc = g->N;
+    a.eps = L->eps;
+    if (stof__layer_gemm_split(g, g->lt, &g->cfg)) {
+        /* [M][2 ffn] into SYM_G, then out = act(gate) * up. */
+        const CUdeviceptr out = a.c;
+        a.N = 2 * g->N;
+        a.ldc = a.N;
+        a.c = L->buf[SYM_G];
+        const stof_gemm_epi e = stof__layer_kernel_epi(g, g->lt, &g->cfg);
+        stof_status st =
+            g->lt ? stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, stream)
+                  : stof__gemm_launch(g->fn, &g->cfg, &e, &a,
+                                      L->ctx->device.sm_count, stream,
+                                      L->ctx->api);
+        if (st == STOF_OK)
+            st = stof__gate_launch(L->gate_fn, a.c, out, g->M, g->N, a.N,
+                                   g->N, 1, stream, L->ctx->api);
+        return st;
+    }
+    if (g->lt)
+        return stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, stream);
+    return stof__gemm_launch(g->fn, &g->cfg, &g->epi, &a,
+                             L->ctx->device.sm_count, stream, L->ctx->api);
+}
+
+stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
+                                    const step *s, const CUdeviceptr *wp,
+                                    CUdeviceptr x, CUdeviceptr y,
+                                    CUstream stream)
+{
+    CUdeviceptr px = stof__layer_sym_ptr(L, wp, x, y, s->s[O_A]);
+    CUdeviceptr pr = stof__layer_sym_ptr(L, wp, x, y, s->s[O_RES]);
+    CUdeviceptr pb = stof__layer_sym_ptr(L, wp, x, y, s->s[O_BIAS]);
+    CUdeviceptr pg = stof__layer_sym_ptr(L, wp, x, y, s->s[O_GAMMA]);
+    CUdeviceptr pe = stof__layer_sym_ptr(L, wp, x, y, s->s[O_BETA]);
+    CUdeviceptr po = stof__layer_sym_ptr(L, wp, x, y, s->s[O_OUT]);
+    CUdeviceptr pp = stof__layer_sym_ptr(L, wp, x, y, s->s[O_PRE]);
+    int rows = L->M;
+    long long ld = L->d.hidden;
+    float eps = L->eps;
+    void *args[] = {&px, &pr, &pb, &pg, &pe, &po, &pp, &rows, &ld, &eps};
+    const unsigned grid = (unsigned)((rows + n->warps - 1) / n->warps);
+    CUresult r = L->ctx->api->cuLaunchKernel(n->fn, grid, 1, 1,
+                                             (unsigned)(32 * n->warps), 1, 1,
+                                             0, stream, args, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
+static stof_status launch_attn(stof_layer *L, CUstream stream)
+{
+    /* K after the hidden Q columns, V after K's kvd = kv_heads *
+     * head_dim columns (16-bit: 2 bytes each). */
+    const CUdeviceptr q = L->buf[SYM_QKV];
+    const size_t q_bytes = (size_t)L->d.hidden * 2;
+    const size_t kvd = (size_t)(stof__layer_qkv_n(&L->d) - L->d.hidden) / 2;
+    const CUdeviceptr k = q + q_bytes, v = k + kvd * 2;
+    if (L->run_data)
+        return stof_attention_run_family(
+            L->attn, L->run_data, (const void *)(uintptr_t)q,
+            (const void *)(uintptr_t)k, (const void *)(uintptr_t)v,
+            (void *)(uintptr_t)L->buf[SYM_ATT], stream);
+    return stof_attention_run(L->attn, (const void *)(uintptr_t)q,
+                              (const void *)(uintptr_t)k,
+                              (const void *)(uintptr_t)v,
+                              (void *)(uintptr_t)L->buf[SYM_ATT], stream);
+}
+
+int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->errmsg, sizeof(L->errmsg), fmt, ap);
+    va_end(ap);
+    return (int)st;
+}
+
+/* Enqueue the steps; the context must be current. */
+stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
+                                  CUdeviceptr x, CUdeviceptr y,
+                                  CUstream stream)
+{
+    for (int i = 0; i < L->n_steps; i++) {
+        const step *s = &L->steps[i];
+        stof_status st;
+        const char *what;
+        if (s->kind == STEP_GEMM) {
+            st = stof__layer_launch_gemm(L, &L->g[s->op], s, wp, x, y, stream);
+            what = g_slot[s->op];
+        } else if (s->kind == STEP_NORM) {
+            st = stof__layer_launch_norm(L, &L->n[s->op], s, wp, x, y, stream);
+            what = n_slot[s->op];
+        } else {
+            st = launch_attn(L, stream);
+            what = "attention";
+        }
+        if (st != STOF_OK)
+            return (stof_status)stof__layer_fail(
+                L, st, "stof_layer_run: launching %s failed: %s", what,
+                s->kind == STEP_ATTN ? stof_plan_errmsg(L->attn)
+                : s->kind == STEP_GEMM && L->g[s->op].lt
+                    ? stof_errmsg(L->ctx)
+                    : stof_status_str(st));
+    }
+    return STOF_OK;
+}
+
+static stof_status weights_ptrs(stof_layer *L, const stof_layer_weights *w,
+                                CUdeviceptr wp[SYM_COUNT])
+{
+    memset(wp, 0, sizeof(CUdeviceptr) * SYM_COUNT);
+    const struct {
+        int sym;
+        const void *p;
+        const char *name;
+    } t[] = {
+        {SYM_WQKV, w->w_qkv, "w_qkv"},   {SYM_BQKV, w->b_qkv, "b_qkv"},
+        {SYM_WO, w->w_o, "w_o"},         {SYM_BO, w->b_o, "b_o"},
+        {SYM_W1, w->w_ffn1, "w_ffn1"},   {SYM_B1, w->b_ffn1, "b_ffn1"},
+        {SYM_W2, w->w_ffn2, "w_ffn2"},   {SYM_B2, w->b_ffn2, "b_ffn2"},
+        {SYM_G1, w->norm1_gamma, "norm1_gamma"},
+        {SYM_BE1, w->norm1_beta, "norm1_beta"},
+        {SYM_G2, w->norm2_gamma, "norm2_gamma"},
+        {SYM_BE2, w->norm2_beta, "norm2_beta"},
+    };
+    for (size_t i = 0; i < sizeof(t) / sizeof(*t); i++) {
+        const int is_beta = t[i].sym == SYM_BE1 || t[i].sym == SYM_BE2;
+        if (is_beta && L->d.norm == STOF_NORM_RMS)
+            continue;
+        const int is_bias = t[i].sym == SYM_BQKV || t[i].sym == SYM_BO ||
+                            t[i].sym == SYM_B1 || t[i].sym == SYM_B2;
+        if (is_bias && L->d.no_bias) {
+            if (t[i].p)
+                return (stof_status)stof__layer_fail(
+                    L, STOF_ERR_INVALID_ARGUMENT,
+                    "weights.%s is set but the layer was planned without "
+                    "biases (desc.no_bias)",
+                    t[i].name);
+            continue;
+        }
+        if (!t[i].p)
+            return (stof_status)stof__layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                           "weights.%s is NULL", t[i].name);
+        if ((uintptr_t)t[i].p % 16)
+            return (stof_status)stof__layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                           "weights.%s is not 16-byte aligned",
+                                           t[i].name);
+        wp[t[i].sym] = (CUdeviceptr)(uintptr_t)t[i].p;
+    }
+    return STOF_OK;
+}
+
+static stof_status check_xy(stof_layer *L, const void *x, const void *y)
+{
+    if (!x || !y)
+        return (stof_status)stof__layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                       "%s is NULL", !x ? "x" : "y");
+    if ((uintptr_t)x % 16 || (uintptr_t)y % 16)
+        return (stof_status)stof__layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                       "%s is not 16-byte aligned",
+                                       (uintptr_t)x % 16 ? "x" : "y");
+    return STOF_OK;
+}
+
+stof_status stof_layer_run(stof_layer *L, const stof_layer_weights *w,
+                           const void *x, void *y, void *stream)
+{
+    if (!L)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!w)
+        return (stof_status)stof__layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                       "weights is NULL");
+    CUdeviceptr wp[SYM_COUNT];
+    stof_status st = weights_ptrs(L, w, wp);
+    if (st == STOF_OK)
+        st = check_xy(L, x, y);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = L->ctx->api;
+    if (api->cuCtxPushCurrent(L->ctx->device.pctx) != CUDA_SUCCESS)
+        return (stof_status)stof__layer_fail(
+            L, STOF_ERR_CUDA, "cannot make the device's context current");
+    st = stof__layer_run_steps(L, wp, (CUdeviceptr)(uintptr_t)x, (CUdeviceptr)(uintptr_t)y,
+                   (CUstream)stream);
+    CUcontext popped;
+    api->cuCtxPopCurrent(&popped);
+    if (st == STOF_OK)
+        L->errmsg[0] = '\0';
+    return st;
+}
+
+void stof__layer_graph_drop(stof_layer *L)
+{
+    const stof_api *api = L->ctx->api;
+    if (L->gexec)
+        api->cuGraphExecDestroy(L->gexec);
+    if (L->graph)
+        api->cuGraphDestroy(L->graph);
+    L->gexec = NULL;
+    L->graph = NULL;
+    L->graph_key = 0;
+}
+
+static stof_status stack_enqueue(stof_layer *L, int n_layers,
+                                 const CUdeviceptr *wps, const void *x,
+                                 void *y, CUstream stream)
+{
+    for (int i = 0; i < n_layers; i++) {
+        stof_status st =
+            stof__layer_run_steps(L, wps + (size_t)i * SYM_COUNT,
+                      (CUdeviceptr)(uintptr_t)(i ? y : x),
+                      (CUdeviceptr)(uintptr_t)y, stream);
+        if (st != STOF_OK)
+            return st;
+    }
+    return STOF_OK;
+}
+
+stof_status stof_layer_stack_run(stof_layer *L, int n_layers,
+                                 const stof_layer_weights *w, const void *x,
+                                 void *y, void *stream, unsigned flags)
+{
+    if (!L)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (n_layers < 1 || !w)
+        return (stof_status)stof__layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                       n_layers < 1 ? "n_layers %d < 1"
+                                                    : "weights is NULL (%d)",
+                                       n_layers);
+    if (flags & ~STOF_STACK_GRAPH)
+        return (stof_status)stof__layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                       "flags 0x%x: unknown bits", flags);
+    stof_status st = check_xy(L, x, y);
+    if (st != STOF_OK)
+        return st;
+    CUdeviceptr *wps = malloc(sizeof(CUdeviceptr) * SYM_COUNT *
+                              (size_t)n_layers);
+    if (!wps)
+        return (stof_status)stof__layer_fail(L, STOF_ERR_OUT_OF_MEMORY,
+                                       "out of memory");
+    for (int i = 0; i < n_layers && st == STOF_OK; i++) {
+        st = weights_ptrs(L, &w[i], wps + (size_t)i * SYM_COUNT);
+        if (st != STOF_OK) {
+            char m[sizeof(L->errmsg)];
+            snprintf(m, sizeof(m), "%s", L->errmsg);
+            stof__layer_fail(L, st, "layer %d: %s", i, m);
+        }
+    }
+    const stof_api *api = L->ctx->api;
+    if (st == STOF_OK &&
+        api->cuCtxPushCurrent(L->ctx->device.pctx) != CUDA_SUCCESS)
+        st = (stof_status)stof__layer_fail(L, STOF_ERR_CUDA,
+                                     "cannot make the device's context current");
+    else if (st == STOF_OK) {
+        CUstream s = (CUstream)stream;
+        if (!(flags & STOF_STACK_GRAPH)) {
+            st = stack_enqueue(L, n_layers, wps, x, y, s);
+        } else {
+            uint64_t key = XXH3_64bits(wps, sizeof(CUdeviceptr) * SYM_COUNT *
+                                                (size_t)n_layers);
+            const stof_mask_data *md = L->run_data;
+            /* The instance's device pointers are recorded in the graph (a
+             * replay reads their current contents). */
+            const uintptr_t xy[9] = {
+                (uintptr_t)x,
+                (uintptr_t)y,
+                (uintptr_t)n_layers,
+                md ? (uintptr_t)md->q_len : 1,
+                md ? (uintptr_t)md->k_len : 0,
+                md ? (uintptr_t)md->q_offset : 0,
+                md ? (uintptr_t)md->prefix : 0,
+                md ? (uintptr_t)md->doc_id : 0,
+                md ? (uintptr_t)md->doc_stride : 0};
+            key = XXH3_64bits_withSeed(xy, sizeof(xy), key);
+            CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+            if (api->cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS &&
+                cs != CU_STREAM_CAPTURE_STATUS_NONE)
+                st = (stof_status)stof__layer_fail(
+                    L, STOF_ERR_INVALID_ARGUMENT,
+                    "STOF_STACK_GRAPH on a stream that is being captured: "
+                    "pass flags 0 and let the caller's graph hold the "
+                    "launches");
+            if (st == STOF_OK && (!L->gexec || L->graph_key != key)) {
+                stof__layer_graph_drop(L);
+                CUresult r = api->cuStreamBeginCapture(
+                    L->cap_stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+                if (r != CUDA_SUCCESS) {
+                    st = (stof_status)stof__cuda_fail(L->ctx, r,
+                                                      "cuStreamBeginCapture",
+                                                      __FILE__, __LINE__);
+                    stof__layer_fail(L, st, "%s", stof_errmsg(L->ctx));
+                } else {
+                    st = stack_enqueue(L, n_layers, wps, x, y, L->cap_stream);
+                    CUgraph g = NULL;
+                    r = api->cuStreamEndCapture(L->cap_stream, &g);
+                    if (st == STOF_OK && r != CUDA_SUCCESS) {
+                        st = (stof_status)stof__cuda_fail(
+                            L->ctx, r, "cuStreamEndCapture", __FILE__,
+                            __LINE__);
+                        stof__layer_fail(L, st, "%s", stof_errmsg(L->ctx));
+                    }
+                    L->graph = g;
+                    if (st == STOF_OK) {
+                        r = api->cuGraphInstantiate(&L->gexec, g, 0);
+                        if (r != CUDA_SUCCESS) {
+                            L->gexec = NULL;
+                            st = (stof_status)stof__cuda_fail(
+                                L->ctx, r, "cuGraphInstantiate", __FILE__,
+                                __LINE__);
+                            stof__layer_fail(L, st, "%s", stof_errmsg(L->ctx));
+                        }
+                    }
+                    if (st == STOF_OK)
+                        L->graph_key = key;
+                    else
+                        stof__layer_graph_drop(L);
+                }
+            }
+            if (st == STOF_OK) {
+                CUresult r = api->cuGraphLaunch(L->gexec, s);
+                if (r != CUDA_SUCCESS) {
+                    st = (stof_status)stof__cuda_fail(L->ctx, r,
+                                                      "cuGraphLaunch",
+                                                      __FILE__, __LINE__);
+                    stof__layer_fail(L, st, "%s", stof_errmsg(L->ctx));
+                }
+            }
+        }
+        CUcontext popped;
+        api->cuCtxPopCurrent(&popped);
+    }
+    free(wps);
+    if (st == STOF_OK)
+        L->errmsg[0] = '\0';
+    return st;
+}
+
+/* Run f with the instance data of the call (a family layer only). */
+static stof_status with_instance(stof_layer *L, const stof_mask_data *data,
+                                 const char *fn)
+{
+    if (!L)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!stof__plan_is_family(L->attn))
+        return (stof_status)stof__layer_fail(L, STOF_ERR_INVALID_ARGUMENT,
+                                       "%s: the layer was not planned by "
+                                       "stof_layer_plan_family",
+                                       fn);
+    L->run_data = data;
+    return STOF_OK;
+}
+
+/* The default instance when a family layer runs without data. */
+static const stof_mask_data no_data;
+
+stof_status stof_layer_run_family(stof_layer *L, const stof_mask_data *data,
+                                  const stof_layer_weights *w, const void *x,
+                                  void *y, void *stream)
+{
+    stof_status st = with_instance(L, data ? data : &no_data,
+                                   "stof_layer_run_family");
+    if (st != STOF_OK)
+        return st;
+    st = stof_layer_run(L, w, x, y, stream);
+    L->run_data = NULL;
+    return st;
+}
+
+stof_status stof_layer_stack_run_family(stof_layer *L,
+                                        const stof_mask_data *data,
+                                        int n_layers,
+                                        const stof_layer_weights *w,
+                                        const void *x, void *y, void *stream,
+                                        unsigned flags)
+{
+    stof_status st = with_instance(L, data ? data : &no_data,
+                                   "stof_layer_stack_run_family");
+    if (st != STOF_OK)
+        return st;
+    st = stof_layer_stack_run(L, n_layers, w, x, y, stream, flags);
+    L->run_data = NULL;
+    return st;
+}
+
+/* A number for a description; null when it is not finite. */
