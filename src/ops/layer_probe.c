@@ -36,8 +36,7 @@ static double now_s(void)
 
 /* Rows [rows] of a [*][ld] device matrix, ncols each, as floats. */
 static int fetch_rows(const layer_tuner *t, CUdeviceptr p, int64_t ld,
-                      int ncols,
-                      float *out)
+                      int ncols, float *out)
 {
     const stof_api *api = t->L->ctx->api;
     uint16_t *h = malloc(sizeof(uint16_t) * (size_t)ncols);
