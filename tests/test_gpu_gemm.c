@@ -740,6 +740,10 @@ Test(gpu, gate_kernel, .timeout = 120)
                                            NULL, api),
                          STOF_ERR_INVALID_ARGUMENT,
                          "ld_x < 2n must be refused when gated");
+            cr_expect_eq(stof__gate_launch(k.fn, dx, dx + 64, R, NN, LDX,
+                                           LDX, 1, NULL, api),
+                         STOF_ERR_INVALID_ARGUMENT,
+                         "an output overlapping a gated input is refused");
         }
         cr_expect_eq(stof__gate_launch(k.fn, dx + 2, dout, R, NN, LDX, ldo,
                                        gated, NULL, api),

@@ -286,6 +286,37 @@ Test(search, near_ties_are_decided_by_the_finals)
     cr_assert_eq(f.loads, 3 + 3 * 4, "a load for every timing");
     stof__search_results_free(&res, 1);
 
+    /* Lucky first timings do not let an outsider win: 1 and 2 first timed
+     * 0.96 / 0.97 (truly 1.00), 3 timed once at 0.999 (outside the 4%
+     * margin, truly 1.06): the finals' medians compete only with each
+     * other. */
+    fake_init(&f, 3);
+    f.spec[1].ms = 1.00;
+    f.spec[1].first_ms = 0.96;
+    f.spec[2].ms = 1.00;
+    f.spec[2].first_ms = 0.97;
+    f.spec[3].ms = 1.06;
+    f.spec[3].first_ms = 0.999;
+    op = op_of(&f, "outsider");
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert(res.winner == 0 || res.winner == 1, "winner %d", res.winner + 1);
+    cr_assert_eq(res.n_finals, 2);
+    cr_assert_float_eq(res.winner_ms, 1.00, 1e-12);
+    stof__search_results_free(&res, 1);
+    /* Nor one left out of the finals (at most four are kept). */
+    fake_init(&f, 5);
+    const double first[5] = {0.980, 0.985, 0.986, 0.987, 0.990};
+    for (int i = 0; i < 5; i++) {
+        f.spec[i + 1].ms = i == 4 ? 1.10 : 1.00;
+        f.spec[i + 1].first_ms = first[i];
+    }
+    op = op_of(&f, "left out");
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert_neq(res.winner, 4, "the candidate left out of the finals won");
+    cr_assert_eq(res.n_finals, 4);
+    cr_assert_eq(f.timed[5], 1);
+    stof__search_results_free(&res, 1);
+
     /* A clear winner has no finals. */
     fake_init(&f, 3);
     f.spec[1].ms = 1.0;

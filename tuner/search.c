@@ -196,9 +196,10 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Re-time the finalists fin[0..nf) (job indices; ms[] their times by job
- * index - a, replaced by the finals' medians) in `rounds` rounds. Loaded
- * together for the rounds, or (op->exclusive) loaded, timed and unloaded
- * for each timing. Returns how many finished. */
+ * index - a, replaced by the finals' medians, or INFINITY for a finalist
+ * that failed to load or run) in `rounds` rounds. Loaded together for the
+ * rounds, or (op->exclusive) loaded, timed and unloaded for each timing.
+ * Returns how many finished. */
 static int run_finals(stof_context *ctx, const stof_search_op *op,
                       const job *jobs, int a, const int *fin, int nf,
                       int rounds, double *ms)
@@ -235,8 +236,10 @@ static int run_finals(stof_context *ctx, const stof_search_op *op,
     for (int f = 0; f < nf; f++) {
         if (h[f])
             op->unload(op->user, h[f]);
-        if (!ok[f])
-            continue; /* keeps its first timing */
+        if (!ok[f]) { /* out of the running: it did not repeat its time */
+            ms[fin[f] - a] = INFINITY;
+            continue;
+        }
         qsort(t[f], (size_t)rounds + 1, sizeof(double), cmp_double);
         const double med = 0.5 * (t[f][rounds / 2] + t[f][(rounds + 1) / 2]);
         char name[128];
@@ -366,15 +369,40 @@ static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
         double round_s = 0.0;
         for (int f = 0; f < nf; f++)
             round_s += wall[fin[f] - a];
+        /* Within FINAL_BUDGET_S, and within what is left of the call's
+         * budget (no finals when not even one round fits). */
+        double cap = FINAL_BUDGET_S;
+        if (o->budget_s > 0 && o->budget_s - (now_s() - t0) < cap)
+            cap = o->budget_s - (now_s() - t0);
         int rounds = FINAL_ROUNDS;
-        while (rounds > 1 && rounds * round_s > FINAL_BUDGET_S)
+        while (rounds > 1 && rounds * round_s > cap)
             rounds--;
-        if (run_finals(ctx, op, jobs, a, fin, nf, rounds, all_ms) > 0) {
+        const int n_ok = round_s <= cap ? run_finals(ctx, op, jobs, a, fin,
+                                                     nf, rounds, all_ms)
+                                        : 0;
+        if (n_ok > 0) {
+            /* Only the finalists that finished compete: the others lost
+             * to the first timings already, and a single timing must not
+             * beat medians. The runner-up from the others' first timings
+             * when one finalist is left. */
             best = second = -1;
             best_ms = second_ms = INFINITY;
-            for (int i = a; i < b; i++)
-                rank(i, all_ms[i - a], &best, &best_ms, &second, &second_ms);
-            res->n_finals = nf;
+            for (int f = 0; f < nf; f++)
+                rank(fin[f], all_ms[fin[f] - a], &best, &best_ms, &second,
+                     &second_ms);
+            for (int i = a; i < b && second < 0; i++) {
+                int is_fin = 0;
+                for (int f = 0; f < nf; f++)
+                    is_fin |= fin[f] == i;
+                if (!is_fin && all_ms[i - a] < second_ms)
+                    second_ms = all_ms[i - a];
+            }
+            if (second < 0 && isfinite(second_ms))
+                second = best; /* a runner-up time without a finalist */
+            for (int f = 0; f < nf; f++)
+                if (jobs[fin[f]].cand == 0 && isfinite(all_ms[fin[f] - a]))
+                    res->model_ms = all_ms[fin[f] - a];
+            res->n_finals = n_ok;
         }
     }
     free(all_ms);

@@ -597,6 +597,8 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
         return e->norm || e->write_pre
                    ? STOF_ERR_INVALID_ARGUMENT
                    : wgmma_launch(fn, c, e, a, ctas, stream, api);
+    if (e->gated) /* the mma.sync template has no gated epilogue */
+        return STOF_ERR_INVALID_ARGUMENT;
     const unsigned gx =
         e->norm ? 1u : (unsigned)((a->N + c->block_n - 1) / c->block_n);
     const int64_t gy = ((int64_t)a->M + c->block_m - 1) / c->block_m;
@@ -645,6 +647,14 @@ stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
         return STOF_ERR_INVALID_ARGUMENT;
     if (rows == 0)
         return STOF_OK;
+    if (gated) { /* threads write rows that others still read: no overlap */
+        const CUdeviceptr x_end =
+            x + (CUdeviceptr)(((int64_t)(rows - 1) * ld_x + 2 * n) * 2);
+        const CUdeviceptr o_end =
+            out + (CUdeviceptr)(((int64_t)(rows - 1) * ld_out + n) * 2);
+        if (out < x_end && x < o_end)
+            return STOF_ERR_INVALID_ARGUMENT;
+    }
     const int64_t chunks = (int64_t)rows * (n / 8);
     const int64_t blocks = (chunks + 255) / 256;
     const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);

@@ -113,7 +113,8 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
  * act(x[r][c]) (* x[r][n + c] when gated) over rows x n. Compile (NVRTC,
  * for ctx's device; thread-safe with ctx NULL and arch given) and
  * enqueue: n, ld_x and ld_out multiples of 8 (elements), pointers 16-byte
- * aligned; out may alias x when not gated. Capture-safe. */
+ * aligned; out may alias x when not gated (gated: overlapping ranges are
+ * refused). Capture-safe. */
 stof_status stof__gate_compile(stof_context *ctx, stof_dtype dt, int act,
                                int gated, const char *arch,
                                void **cubin /* OUT */, size_t *size /* OUT */);
