@@ -110,9 +110,10 @@ def _attention_impl(q, k, v, mask, scale, softcap, bias):
     return p.run(q, k, v, out, bias=bias)
 
 
-def _family_impl(q, k, v, family, scale, q_lens, k_lens):
+def _family_impl(q, k, v, family, scale, q_lens, k_lens, prefix=None):
     """Attention over mask family `family` with this batch's lengths (int32
-    CUDA tensors of shape (batch,), or None): a family plan per shape,
+    CUDA tensors of shape (batch,), or None; prefix: the instance's prefix
+    lengths, for families that say `prefix`): a family plan per shape,
     strides and dtype, made once; the formats are built on the GPU from
     the lengths at each call, nothing is planned again."""
     out = torch.empty_like(q)
@@ -133,6 +134,8 @@ def _family_impl(q, k, v, family, scale, q_lens, k_lens):
         lens["q_len"] = q_lens
     if k_lens is not None:
         lens["k_len"] = k_lens
+    if prefix is not None:
+        lens["prefix"] = prefix
     return p.run(q, k, v, out, **lens)
 
 

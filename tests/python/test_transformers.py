@@ -1,7 +1,8 @@
 """attn_implementation="stof" in Hugging Face transformers
 (stof.integrations.transformers), on real model classes built from
 configurations with random weights (fp16, eval): a BERT-base encoder on a
-padded batch of mixed lengths and on full sequences, and a Mistral-style
+padded batch of mixed lengths and on full sequences, a left-padded
+Llama-style decoder, and a Mistral-style
 decoder with grouped-query attention and a sliding window. Outputs against
 the same model with attn_implementation="sdpa" (same seed, same weights);
 forward times of stof, sdpa and flex_attention printed (--bench times more
@@ -116,6 +117,24 @@ def main():
         compare(f"Mistral-style decoder {b}x{s} (GQA 16/4, sliding window 256)",
                 mistral, {"input_ids": ids},
                 torch.ones(b, s, dtype=torch.bool, device=DEV))
+    # Left padding (batched generation's prefill): a Llama-style decoder,
+    # sequences padded at the start; compared on the valid positions.
+    llama = AutoConfig.for_model("llama", hidden_size=1024, num_hidden_layers=4,
+                                 num_attention_heads=16, num_key_value_heads=4,
+                                 intermediate_size=2816, vocab_size=32000,
+                                 max_position_embeddings=4096)
+    b, s = 4, 1024
+    ids = torch.randint(0, 32000, (b, s), generator=g).to(DEV)
+    lens = [s, s - 100, s // 2, 37]
+    am = torch.zeros(b, s, dtype=torch.long)
+    for i, n in enumerate(lens):
+        am[i, s - n:] = 1
+    am = am.to(DEV)
+    compare(f"Llama-style decoder {b}x{s} left-padded (lengths {lens[-1]}..{s})",
+            llama, {"input_ids": ids, "attention_mask": am}, am.bool())
+    path = stof.integrations.transformers._last["plan"]
+    print(f"  stof's path for the left-padded mask: "
+          f"{path[0] if path else None}")
     print("all checks passed")
     return 0
 

@@ -65,32 +65,46 @@ def _pattern(allowed, window):
     return None
 
 
-def _right_padding(allowed):
-    """("dense" or "causal", k_len) when `allowed` (batch, 1, S, S) is full
-    or causal attention over each sequence's first k_len keys (its
-    padding on the right), else None. k_len: int32 on the mask's device."""
+def _padding(allowed, window):
+    """(family, lengths) when `allowed` (batch, 1, S, S) is full, causal or
+    causal within `window` over each sequence's valid keys, padded on the
+    right (family "dense" / "causal" / "causal_sliding:W" and the int32 key
+    lengths k_len) or on the left (the same with "&!prefix" and the int32
+    prefix lengths to skip); else None."""
     if allowed.dim() != 4 or allowed.shape[1] != 1 or \
             allowed.shape[2] != allowed.shape[3]:
         return None
     a = allowed[:, 0]
     valid = a.any(dim=-2)  # (batch, S): keys some query may see
-    lens = valid.sum(-1)
+    n = valid.sum(-1)
     i = torch.arange(a.shape[-1], device=a.device)
-    if not bool((valid == (i[None, :] < lens[:, None])).all()):
+    if bool((valid == (i[None, :] < n[:, None])).all()):
+        side, lens = "right", n
+    elif bool((valid == (i[None, :] >= (a.shape[-1] - n)[:, None])).all()):
+        side, lens = "left", a.shape[-1] - n
+    else:
         return None
     keys = valid[:, None, :]
-    if bool((a == keys).all()):
-        return "dense", lens.to(torch.int32)
-    if bool((a == ((i[:, None] >= i[None, :])[None] & keys)).all()):
-        return "causal", lens.to(torch.int32)
+    d = i[:, None] - i[None, :]  # q - k
+    pats = [("dense", None), ("causal", d >= 0)]
+    if window:
+        pats.append((f"causal_sliding:{int(window)}", (d >= 0) & (d < window)))
+    for spec, p in pats:
+        want = keys if p is None else p[None] & keys
+        if bool((a == want).all()):
+            if side == "right":
+                return spec, ("k_len", lens.to(torch.int32))
+            fam = "!prefix" if spec == "dense" else spec + "&!prefix"
+            return fam, ("prefix", lens.to(torch.int32))
     return None
 
 
 def _mask_plan(mask, dtype, seq_k, window):
     """(spec, extra) for a transformers mask, boolean (True = attend) or
     additive: a structured spec and None when the mask is one (see
-    _pattern); "family:dense" / "family:causal" and the int32 key lengths
-    for right padding (_right_padding); else "dense" and an additive bias
+    _pattern); "family:<spec>" and the lengths for right or left padding
+    (_padding: ("k_len" or "prefix", int32 lengths)); else "dense" and an
+    additive bias
     in q's dtype (key dimension padded to a multiple of 8 elements).
     Cached for the same mask memory (address, shape, strides; the version
     counter where tensors have one: not under torch.inference_mode) and
@@ -106,7 +120,7 @@ def _mask_plan(mask, dtype, seq_k, window):
     mask = mask[..., :seq_k]
     allowed = mask if mask.dtype == torch.bool else mask == 0
     spec = _pattern(allowed, window)
-    padded = None if spec is not None else _right_padding(allowed)
+    padded = None if spec is not None else _padding(allowed, window)
     if spec is not None:
         plan = (spec, None)
     elif padded is not None:
@@ -149,12 +163,15 @@ def stof_attention_forward(module, query, key, value, attention_mask,
 
 
 
-def _family_attention(q, k, v, family, k_len, scale):
-    """Attention over mask family `family` ("dense" or "causal") with this
-    batch's key lengths (int32 CUDA tensor): stof.attention's family path
-    (a family plan per shape, strides and dtype, made once)."""
+def _family_attention(q, k, v, family, lengths, scale):
+    """Attention over mask family `family` with this batch's lengths
+    (("k_len" or "prefix", int32 CUDA tensor)): stof.attention's family
+    path (a family plan per shape, strides and dtype, made once)."""
+    name, t = lengths
     return _ops._family_impl(q, k, v, family,
-                             0.0 if scale is None else float(scale), None, k_len)
+                             0.0 if scale is None else float(scale), None,
+                             t if name == "k_len" else None,
+                             prefix=t if name == "prefix" else None)
 
 
 AttentionInterface.register(NAME, stof_attention_forward)
