@@ -68,13 +68,15 @@ def cache_put(cache, key, value):
 
 
 def _plan(q, k, v, out, mask, scale, softcap, bias):
-    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    qd = q.device
+    dev = qd.index if qd.index is not None else torch.cuda.current_device()
     # Everything Plan.run checks (the eager path launches without its
-    # checks): shapes, strides, dtypes and devices of q, k, v and out.
-    key = (dev, mask, tuple(q.shape), tuple(k.shape), tuple(v.shape),
-           tuple(tuple(t.stride()) for t in (q, k, v, out)),
-           (q.dtype, k.dtype, v.dtype), (q.device, k.device, v.device), scale,
-           softcap, _layout_key(bias))
+    # checks): shapes, strides, dtypes and devices of q, k, v and out (a
+    # flat tuple: this runs on every eager call).
+    key = (dev, mask, q.shape, k.shape, v.shape, q.stride(), k.stride(),
+           v.stride(), out.stride(), q.dtype, k.dtype, v.dtype, qd, k.device,
+           v.device, scale, softcap,
+           None if bias is None else _layout_key(bias))
     p = _plans.get(key)
     if p is not None:
         return p
@@ -106,8 +108,21 @@ def _attention_impl(q, k, v, mask, scale, softcap, bias):
     p = _plan(q, k, v, out, mask, scale, softcap, bias)
     if bias is None:
         # The plan's key holds every property run() would check.
-        return p._launch(q, k, v, out, torch.cuda.current_stream(q.device).cuda_stream)
+        return p._launch(q, k, v, out, _raw_stream(q.device))
     return p.run(q, k, v, out, bias=bias)
+
+
+def _raw_stream(device):
+    """The current CUDA stream's handle on `device` (torch's private raw
+    accessor when it has one: a few microseconds less per call than
+    torch.cuda.current_stream)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if _get_raw_stream is not None:
+        return _get_raw_stream(idx)
+    return torch.cuda.current_stream(idx).cuda_stream
+
+
+_get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _family_impl(q, k, v, family, scale, q_lens, k_lens, prefix=None):
