@@ -695,8 +695,20 @@ typedef struct stof_run_args {
                               bias tensor (device memory, desc.dtype,
                               16-byte aligned, laid out as
                               desc.bias_stride says); NULL otherwise */
-    void *reserved[5];     /* must be NULL */
+    uint32_t flags;        /* STOF_RUN_* bits; 0 = none */
+    uint32_t reserved_u;   /* must be 0 */
+    void *reserved[4];     /* must be NULL */
 } stof_run_args;
+
+/* stof_run_args.flags: this family run's instance data are the previous
+ * run's of this plan: the same device arrays (every pointer of `data`
+ * equal) with the same contents, that run ordered before this one (one
+ * stream). The format that run built on the GPU is used again instead of
+ * being rebuilt: the layers of a model share one mask and one plan, and
+ * only the first builds. Where the plan has built no format yet, or any
+ * pointer differs, the format is built as usual; equal contents are the
+ * caller's promise (the arrays are not read on the host). */
+#define STOF_RUN_SAME_DATA 1u
 
 /* The general run: stof_attention_run, stof_attention_run_family and
  * stof_attention_run_lse are this with some fields left NULL; a plan made

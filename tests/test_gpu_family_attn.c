@@ -489,6 +489,110 @@ Test(gpu_family_attn, graph_replay_with_new_instance_data)
     stof_close(&ctx);
 }
 
+/* The nodes of one family run captured on stream st (flags: its
+ * stof_run_args.flags): the format builder's, if it ran, and the
+ * kernels'. */
+static size_t captured_nodes(stof_plan *plan, const problem *p,
+                             const stof_mask_data *md, uint32_t flags,
+                             CUstream st)
+{
+    const stof_api *api = stof__api();
+    stof_run_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = (const void *)(uintptr_t)p->dq;
+    a.k = (const void *)(uintptr_t)p->dk;
+    a.v = (const void *)(uintptr_t)p->dv;
+    a.o = (void *)(uintptr_t)p->dout;
+    a.data = md;
+    a.flags = flags;
+    cr_assert_eq(api->cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                 CUDA_SUCCESS);
+    const stof_status rs = stof_attention_run_ex(plan, &a, st);
+    CUgraph g = NULL;
+    cr_assert_eq(api->cuStreamEndCapture(st, &g), CUDA_SUCCESS);
+    cr_assert_eq(rs, STOF_OK, "%s", stof_plan_errmsg(plan));
+    size_t n = 0;
+    cr_assert_eq(api->cuGraphGetNodes(g, NULL, &n), CUDA_SUCCESS);
+    api->cuGraphDestroy(g);
+    return n;
+}
+
+Test(gpu_family_attn, same_data_reuses_the_format)
+{
+    /* STOF_RUN_SAME_DATA: a run whose instance data are the previous run's
+     * (the same device arrays) uses that run's format; the first run, and
+     * a run whose arrays differ, build it anyway; outputs match the
+     * reference each time. */
+    stof_settings s;
+    stof_default_settings(&s);
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
+    s.user_db = db_path();
+    stof_context *ctx = tu_open_gpu_or_skip(&s);
+    tu_rng r = {tu_seed() ^ 0x5d};
+    problem p, p2;
+    problem_new(&p, ctx, &r, 3, 2, 300, 300, 64, STOF_DTYPE_FP16);
+    problem_new(&p2, ctx, &r, 3, 1, 300, 300, 64, STOF_DTYPE_FP16);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "causal&docs&!prefix", &fam),
+                 STOF_OK);
+    inst a, b;
+    inst_random(&a, &p, &r);
+    inst_random(&b, &p, &r);
+    stof_plan *plan = NULL;
+    cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, NULL, &plan),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    inst_upload(&a, &p, ctx);
+    /* b's arrays at other addresses (p2's data buffer; same batch). */
+    inst_upload(&b, &p2, ctx);
+    stof_run_args ra;
+    memset(&ra, 0, sizeof(ra));
+    ra.q = (const void *)(uintptr_t)p.dq;
+    ra.k = (const void *)(uintptr_t)p.dk;
+    ra.v = (const void *)(uintptr_t)p.dv;
+    ra.o = (void *)(uintptr_t)p.dout;
+    ra.flags = STOF_RUN_SAME_DATA;
+    const stof_mask_data *order[] = {&a.dev, &a.dev, &b.dev, &b.dev, &a.dev};
+    const inst *want[] = {&a, &a, &b, &b, &a};
+    for (int i = 0; i < 5; i++) {
+        /* The first run has no format to reuse; runs 2 and 4 reuse. */
+        ra.data = order[i];
+        poison(&p, ctx);
+        cr_assert_eq(stof_attention_run_ex(plan, &ra, NULL), STOF_OK, "%s",
+                     stof_plan_errmsg(plan));
+        check(&p, ctx, fam, want[i]);
+    }
+    /* Captured: a reusing run is the kernels alone, a building run has
+     * the builder's nodes too. */
+    const stof_api *api = stof__api();
+    stof__ctx_push(ctx);
+    CUstream st;
+    cr_assert_eq(api->cuStreamCreate(&st, 1), CUDA_SUCCESS);
+    const size_t built = captured_nodes(plan, &p, &b.dev, 0, st);
+    const size_t reused = captured_nodes(plan, &p, &b.dev, STOF_RUN_SAME_DATA,
+                                         st);
+    const size_t other = captured_nodes(plan, &p, &a.dev, STOF_RUN_SAME_DATA,
+                                        st);
+    api->cuStreamDestroy(st);
+    stof__ctx_pop(ctx);
+    cr_log_info("captured nodes: built %zu, reused %zu, other data %zu",
+                built, reused, other);
+    cr_assert_lt(reused, built);
+    cr_assert_eq(other, built);
+    /* The flag is for family plans; unknown bits are refused. */
+    ra.flags = 0x80u;
+    cr_assert_eq(stof_attention_run_ex(plan, &ra, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_plan_errmsg(plan), "unknown bits"), "%s",
+              stof_plan_errmsg(plan));
+    stof_plan_free(&plan);
+    inst_free(&a);
+    inst_free(&b);
+    stof_mask_family_free(&fam);
+    problem_free(&p2, ctx);
+    problem_free(&p, ctx);
+    stof_close(&ctx);
+}
+
 /* In a child: plan the family over seq x seq, report the source, the
  * compiles and the key text. */
 static void plan_child(const char *spec, int seq, int *fd)

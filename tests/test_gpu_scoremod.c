@@ -282,6 +282,19 @@ static void check_case(stof_context *ctx, const mod_case *g, tu_rng *r)
             if (split) { /* the same kernel split over the keys */
                 if (c.kind == STOF_KERNEL_REFERENCE)
                     break;
+                if (c.kind >= STOF_KERNEL_WGMMA && c.wcfg.persist) {
+                    /* The persistent kernel is never split: the best
+                     * ranked of this kind that is not persistent. */
+                    int other = 0;
+                    for (int i = 0; i < n && !other; i++)
+                        if (cands[i].kind == c.kind && cands[i].splits <= 1 &&
+                            !cands[i].wcfg.persist) {
+                            cs = cands[i];
+                            other = 1;
+                        }
+                    if (!other)
+                        break;
+                }
                 cs.splits = 3;
                 cs.cfg.split = cs.wcfg.split = 1;
             }

@@ -232,7 +232,12 @@ class _RunArgs(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p),
                 ("v", ctypes.c_void_p), ("o", ctypes.c_void_p),
                 ("data", ctypes.POINTER(_MaskData)), ("lse", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("reserved", ctypes.c_void_p * 5)]
+                ("bias", ctypes.c_void_p), ("flags", ctypes.c_uint32),
+                ("reserved_u", ctypes.c_uint32), ("reserved", ctypes.c_void_p * 4)]
+
+
+# stof_run_args.flags (stof.h)
+RUN_SAME_DATA = 1
 
 
 if ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(_RunArgs) != 96:
@@ -1126,11 +1131,13 @@ class Plan:
             raise ValueError("bias must be 16-byte aligned")
         return bias.data_ptr()
 
-    def _run_ex(self, s, q, k, v, out, md, lse, bias, lse_n):
-        """stof_attention_run_ex (plans with a bias)."""
+    def _run_ex(self, s, q, k, v, out, md, lse, bias, lse_n, flags=0):
+        """stof_attention_run_ex (plans with a bias, runs with flags)."""
         a = _RunArgs()
         a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-        a.bias = self._bias_ptr(bias, q)
+        if self._bias is not None or bias is not None:
+            a.bias = self._bias_ptr(bias, q)
+        a.flags = flags
         if md is not None:
             a.data = ctypes.pointer(md)
         if lse is not None:
@@ -1182,19 +1189,24 @@ class Plan:
 class FamilyPlan(Plan):
     """Attention over a mask family (Context.attention_plan_family)."""
 
-    def run(self, q, k, v, out, stream=None, lse=None, bias=None, **instance):
+    def run(self, q, k, v, out, stream=None, lse=None, bias=None, same_data=False,
+            **instance):
         """Enqueue with this call's instance data: int32 CUDA tensors q_len,
         k_len, q_offset, prefix of shape (batch,), doc_id of shape (batch,
         seq_k) (or flat); missing = the default. The formats are built on
         the GPU on the same stream; nothing is tuned or compiled. lse, bias:
-        as Plan.run."""
+        as Plan.run. same_data=True: the instance tensors are this plan's
+        previous run's, unchanged since (the layers of a model sharing one
+        mask): that run's format is used again, not rebuilt (where a tensor
+        differs from that run's, the format is built as usual)."""
         s = self._check_tensors(q, k, v, out, stream)
         keep = []
         md = _mask_data(instance, q.device, self._qshape[0], self._kshape[2], keep,
                         heads=self._qshape[1])
-        if self._bias is not None or bias is not None:
+        if self._bias is not None or bias is not None or same_data:
             return self._run_ex(s, q, k, v, out, md, lse, bias,
-                                self._qshape[0] * self._qshape[1] * self._qshape[2])
+                                self._qshape[0] * self._qshape[1] * self._qshape[2],
+                                RUN_SAME_DATA if same_data else 0)
         if lse is not None:
             st = self._ctx._lib.stof_attention_run_lse(
                 self._h, ctypes.byref(md), q.data_ptr(), k.data_ptr(), v.data_ptr(),

@@ -80,6 +80,7 @@ def _plan(q, k, v, out, mask, scale, softcap, bias):
     p = _plans.get(key)
     if p is not None:
         return p
+    _not_capturing()
     with _lock:
         p = _plans.get(key)
         if p is None:
@@ -112,6 +113,18 @@ def _attention_impl(q, k, v, mask, scale, softcap, bias):
     return p.run(q, k, v, out, bias=bias)
 
 
+def _not_capturing():
+    """Raise a clear error when a plan would be made during CUDA-graph
+    capture (making one tunes or loads kernels and synchronises)."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "stof: this attention problem has no plan yet, and a plan cannot "
+            "be made during CUDA-graph capture (it is tuned or loaded on first "
+            "use): run the same call once before capturing (for the "
+            "transformers backend, the warm-up forward inside "
+            "stof.integrations.transformers.capture_safe())")
+
+
 def _raw_stream(device):
     """The current CUDA stream's handle on `device` (torch's private raw
     accessor when it has one: a few microseconds less per call than
@@ -125,18 +138,17 @@ def _raw_stream(device):
 _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _family_impl(q, k, v, family, scale, q_lens, k_lens, prefix=None):
-    """Attention over mask family `family` with this batch's lengths (int32
-    CUDA tensors of shape (batch,), or None; prefix: the instance's prefix
-    lengths, for families that say `prefix`): a family plan per shape,
-    strides and dtype, made once; the formats are built on the GPU from
-    the lengths at each call, nothing is planned again."""
-    out = torch.empty_like(q)
+def family_plan(q, k, v, family, scale, out=None):
+    """The cached family plan of stof.attention's family path for these
+    tensors (made on first use: tuned or loaded), without running it."""
+    if out is None:
+        out = torch.empty_like(q)
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     key = (dev, family, tuple(q.shape), tuple(k.shape),
            tuple(tuple(t.stride()) for t in (q, k, v, out)), q.dtype, scale)
     p = _family_plans.get(key)
     if p is None:
+        _not_capturing()
         with _lock:
             p = _family_plans.get(key)
             if p is None:
@@ -144,26 +156,69 @@ def _family_impl(q, k, v, family, scale, q_lens, k_lens, prefix=None):
                 p = ctx.attention_plan_family(q, k, v, ctx.mask_family(family),
                                               scale=scale, out=out)
                 cache_put(_family_plans, key, p)
+    return p
+
+
+def _family_impl(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
+                 prefix=None, doc_id=None, same_data=False):
+    """Attention over mask family `family` with this batch's lengths (int32
+    CUDA tensors of shape (batch,), or None; q_offset: the key position of
+    each sequence's first query row; prefix: the instance's prefix
+    lengths, for families that say `prefix`; doc_id: (batch, seq_k) int32,
+    each key's document, for families that say `docs`; same_data: these are
+    the tensors of this plan's previous run, unchanged (FamilyPlan.run)):
+    a family plan per shape, strides and dtype, made once (family_plan);
+    the formats are built on the GPU from the lengths at each call, nothing
+    is planned again."""
+    out = torch.empty_like(q)
+    p = family_plan(q, k, v, family, scale, out)
     lens = {}
     if q_lens is not None:
         lens["q_len"] = q_lens
     if k_lens is not None:
         lens["k_len"] = k_lens
+    if q_offset is not None:
+        lens["q_offset"] = q_offset
     if prefix is not None:
         lens["prefix"] = prefix
-    return p.run(q, k, v, out, **lens)
+    if doc_id is not None:
+        lens["doc_id"] = doc_id
+    return p.run(q, k, v, out, same_data=same_data, **lens)
 
 
 @torch.library.custom_op("stof::attention_lens", mutates_args=())
 def _attention_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     family: str, scale: float, q_lens: Optional[torch.Tensor],
-                    k_lens: Optional[torch.Tensor]) -> torch.Tensor:
-    return _family_impl(q, k, v, family, scale, q_lens, k_lens)
+                    k_lens: Optional[torch.Tensor],
+                    q_offset: Optional[torch.Tensor] = None,
+                    prefix: Optional[torch.Tensor] = None,
+                    doc_id: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _family_impl(q, k, v, family, scale, q_lens, k_lens, q_offset, prefix,
+                        doc_id)
 
 
 @_attention_lens.register_fake
-def _attention_lens_fake(q, k, v, family, scale, q_lens, k_lens):
+def _attention_lens_fake(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
+                         prefix=None, doc_id=None):
     return torch.empty_like(q)
+
+
+def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
+                     q_offset=None, prefix=None, doc_id=None, same_data=False):
+    """Attention (B, H, S, D) over mask family `family` with per-sequence
+    int32 CUDA tensors (batch,) of instance data (None: the default) and
+    doc_id (batch, seq_k) for families that say `docs`. same_data: the
+    tensors are those of the previous call of the same plan (same family,
+    shapes, strides, dtype and scale), unchanged since: its format is used
+    again (eager only; traced calls build theirs, as a compiled graph may
+    reorder calls that do not depend on each other):
+    torch.ops.stof.attention_lens when traced by torch.compile, the same
+    implementation without the dispatcher otherwise."""
+    args = (q, k, v, family, 0.0 if scale is None else float(scale), q_lens,
+            k_lens, q_offset, prefix, doc_id)
+    if torch.compiler.is_compiling():
+        return torch.ops.stof.attention_lens(*args)
+    return _family_impl(*args, same_data=same_data)
 
 
 def _lens(t, batch, device, name):
@@ -242,9 +297,7 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
                              "no bias, attn_mask or softcap")
         lens = [None if t is None else _lens(t, q.shape[0], q.device, name)
                 for t, name in ((q_lens, "q_lens"), (k_lens, "k_lens"))]
-        args = (q, k, v, str(mask), sc, lens[0], lens[1])
-        out = (torch.ops.stof.attention_lens(*args) if torch.compiler.is_compiling()
-               else _family_impl(*args))
+        out = family_attention(q, k, v, str(mask), sc, lens[0], lens[1])
         return out.transpose(1, 2) if layout == "bshd" else out
     if attn_mask is not None:
         if bias is not None:

@@ -750,7 +750,7 @@ static stof_status plan_fail(stof_plan *p, stof_status st, const char *fmt,
 static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
                             const void *q, const void *k, const void *v,
                             void *o, float *lse, const void *bias,
-                            void *stream);
+                            uint32_t flags, void *stream);
 static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data,
                                      const char *fn);
 
@@ -761,7 +761,7 @@ stof_status stof_attention_run(stof_plan *p, const void *q, const void *k,
         return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
                          "stof_attention_run: a packed plan runs with "
                          "stof_attention_run_family and its cu_seqlens");
-    return run_impl(p, NULL, q, k, v, o, NULL, NULL, stream);
+    return run_impl(p, NULL, q, k, v, o, NULL, NULL, 0, stream);
 }
 
 stof_status stof_attention_run_lse(stof_plan *p, const stof_mask_data *data,
@@ -782,7 +782,7 @@ stof_status stof_attention_run_lse(stof_plan *p, const stof_mask_data *data,
                          ? run_family_checks(p, data, "stof_attention_run_lse")
                          : STOF_OK;
     return st != STOF_OK ? st
-                         : run_impl(p, data, q, k, v, o, lse, NULL, stream);
+                         : run_impl(p, data, q, k, v, o, lse, NULL, 0, stream);
 }
 
 stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
@@ -793,7 +793,7 @@ stof_status stof_attention_run_family(stof_plan *p, const stof_mask_data *data,
         return STOF_ERR_INVALID_ARGUMENT;
     stof_status st = run_family_checks(p, data, "stof_attention_run_family");
     return st != STOF_OK ? st
-                         : run_impl(p, data, q, k, v, o, NULL, NULL, stream);
+                         : run_impl(p, data, q, k, v, o, NULL, NULL, 0, stream);
 }
 
 stof_status stof_attention_run_ex(stof_plan *p, const stof_run_args *a,
@@ -809,6 +809,17 @@ stof_status stof_attention_run_ex(stof_plan *p, const stof_run_args *a,
         if (a->reserved[i])
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
                              "%s: args.reserved[%zu] is not NULL", fn, i);
+    if (a->reserved_u)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "%s: args.reserved_u is not 0", fn);
+    if (a->flags & ~STOF_RUN_SAME_DATA)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "%s: args.flags has unknown bits 0x%x", fn,
+                         (unsigned)(a->flags & ~STOF_RUN_SAME_DATA));
+    if ((a->flags & STOF_RUN_SAME_DATA) && !p->family)
+        return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                         "%s: STOF_RUN_SAME_DATA is for plans of "
+                         "stof_attention_plan_family", fn);
     if (a->lse && (uintptr_t)a->lse % 4u)
         return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
                          "%s: lse is not 4-byte aligned", fn);
@@ -820,7 +831,7 @@ stof_status stof_attention_run_ex(stof_plan *p, const stof_run_args *a,
     stof_status st = p->family ? run_family_checks(p, a->data, fn) : STOF_OK;
     return st != STOF_OK ? st
                          : run_impl(p, a->data, a->q, a->k, a->v, a->o,
-                                    a->lse, a->bias, stream);
+                                    a->lse, a->bias, a->flags, stream);
 }
 
 /* The checks of a family run's plan and instance data (fn: the entry
@@ -879,10 +890,23 @@ static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data,
     return STOF_OK;
 }
 
+/* Whether a family run may use the plan's last format: asked to
+ * (STOF_RUN_SAME_DATA), one was built, and the instance data's struct
+ * (its device pointers and values) is the one that built it. */
+static int format_reusable(const stof_plan *p, const stof_mask_data *data,
+                           uint32_t flags)
+{
+    if (!(flags & STOF_RUN_SAME_DATA) || !p->fmt_valid)
+        return 0;
+    stof_mask_data none;
+    memset(&none, 0, sizeof(none));
+    return memcmp(data ? data : &none, &p->fmt_data, sizeof(none)) == 0;
+}
+
 static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
                             const void *q, const void *k, const void *v,
                             void *o, float *lse, const void *bias,
-                            void *stream)
+                            uint32_t flags, void *stream)
 {
     const CUdeviceptr dl = (CUdeviceptr)(uintptr_t)lse;
     if (!p)
@@ -917,13 +941,19 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
         return plan_fail(p, STOF_ERR_CUDA, "stof_attention_run: %s",
                          "cannot make the device's primary context current");
     stof_status st = STOF_OK;
-    if (p->family &&
-        (st = stof__attention_family_build(p, data, (CUstream)stream)) !=
+    if (p->family && !format_reusable(p, data, flags)) {
+        p->fmt_valid = 0;
+        if ((st = stof__attention_family_build(p, data, (CUstream)stream)) !=
             STOF_OK) {
-        CUcontext popped;
-        api->cuCtxPopCurrent(&popped);
-        return plan_fail(p, st, "%s", "stof_attention_run: launching the "
-                                      "format builder failed");
+            CUcontext popped;
+            api->cuCtxPopCurrent(&popped);
+            return plan_fail(p, st, "%s", "stof_attention_run: launching the "
+                                          "format builder failed");
+        }
+        memset(&p->fmt_data, 0, sizeof(p->fmt_data));
+        if (data)
+            memcpy(&p->fmt_data, data, sizeof(p->fmt_data));
+        p->fmt_valid = 1;
     }
     st = stof__plan_launch(p, data, (CUdeviceptr)(uintptr_t)q,
                            (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,

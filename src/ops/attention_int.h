@@ -97,6 +97,9 @@ struct stof_plan {
                                  kernels' view: batch 1, strided) */
     stof_mb_kernels mb_k;
     stof_mb_workspace mb_ws;
+    int fmt_valid;            /* mb_ws holds the format of fmt_data */
+    stof_mask_data fmt_data;  /* the instance data of the last build (a
+                                 copy of the struct: device pointers) */
     char family_spec[256];
     char family_key[640];     /* the text its database key hashes */
 };

@@ -53,6 +53,7 @@
     X(cuGraphInstantiate, CUresult,                                            \
       (CUgraphExec *, CUgraph, unsigned long long))                            \
     X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                        \
+    X(cuGraphGetNodes, CUresult, (CUgraph, CUgraphNode *, size_t *))          \
     X(cuGraphExecDestroy, CUresult, (CUgraphExec))                             \
     X(cuGraphDestroy, CUresult, (CUgraph))
 

@@ -95,9 +95,11 @@ def check_bias():
     if ctypes.sizeof(ctypes.c_void_p) == 8:
         assert ctypes.sizeof(stof._RunArgs) == 96, ctypes.sizeof(stof._RunArgs)
         offsets = [getattr(stof._RunArgs, f).offset
-                   for f in ("q", "k", "v", "o", "data", "lse", "bias", "reserved")]
-        assert offsets == [0, 8, 16, 24, 32, 40, 48, 56], offsets
-    assert len(stof._RunArgs().reserved) == 5
+                   for f in ("q", "k", "v", "o", "data", "lse", "bias", "flags",
+                             "reserved_u", "reserved")]
+        assert offsets == [0, 8, 16, 24, 32, 40, 48, 56, 60, 64], offsets
+    assert len(stof._RunArgs().reserved) == 4
+    assert stof.RUN_SAME_DATA == 1
 
     B, H, S = 4, 16, 256
     size = (B, H, S, S)

@@ -7,6 +7,7 @@ decoder with grouped-query attention and a sliding window. Outputs against
 the same model with attn_implementation="sdpa" (same seed, same weights);
 forward times of stof, sdpa and flex_attention printed (--bench times more
 sizes). Skips (exit 77) without PyTorch, transformers or a GPU."""
+import contextlib
 import copy
 import statistics
 import sys
@@ -48,9 +49,56 @@ def fwd_ms(model, kw, reps=10):
     return statistics.median(times)
 
 
-def compare(name, cfg, kw, valid, impls=("sdpa", "flex_attention"), tol=2e-2):
+def graphed(model, kw, impl):
+    """The model's forward captured in a CUDA graph (after warm-up
+    forwards on a side stream; stof's under capture_safe, so the captured
+    forward's plans exist): (graph, static output), or (None, reason)."""
+    safe = (stof.integrations.transformers.capture_safe() if impl == "stof"
+            else contextlib.nullcontext())
+    try:
+        with torch.no_grad():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), safe:
+                for _ in range(3):
+                    model(**kw)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = model(**kw).last_hidden_state
+        g.replay()
+        torch.cuda.synchronize()
+        return g, out
+    except Exception as e:  # a peer whose forward cannot be captured
+        torch.cuda.synchronize()
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
+def graph_times(graphs, rounds=5, reps=10):
+    """Median ms per replay of each graph, timed in interleaved rounds
+    (the order alternating) so clock drift falls on all alike."""
+    times = {k: [] for k in graphs}
+    keys = list(graphs)
+    for r in range(rounds):
+        for k in (keys if r % 2 == 0 else keys[::-1]):
+            g = graphs[k]
+            for _ in range(reps):
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                times[k].append(a.elapsed_time(b))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def compare(name, cfg, kw, valid, impls=("sdpa", "flex_attention"), tol=2e-2,
+            graphs=False):
     """Outputs of stof against sdpa on the valid (unpadded) positions, and
-    the forward times of stof and each peer."""
+    the forward times of stof and each peer (graphs: also of each model's
+    forward captured in a CUDA graph, and the captured stof forward's
+    output against sdpa's)."""
     models = {"stof": build(cfg, "stof")}
     for impl in impls:
         try:
@@ -72,22 +120,44 @@ def compare(name, cfg, kw, valid, impls=("sdpa", "flex_attention"), tol=2e-2):
                 sys.exit(1)
     ref = outs["sdpa"].float()[valid]
     err = ((outs["stof"].float()[valid] - ref).norm() / ref.norm()).item()
+    path = stof.integrations.transformers.last["path"]
     times = {k: fwd_ms(m, kw) for k, m in models.items()}
     peers = " ".join(f"{k} {t:.3f} ms ({t / times['stof']:.2f}x)"
                      for k, t in times.items() if k != "stof")
-    print(f"{name}: rel err vs sdpa {err:.2e}; stof {times['stof']:.3f} ms; "
-          f"{peers}")
+    print(f"{name}: rel err vs sdpa {err:.2e}; stof ({path}) "
+          f"{times['stof']:.3f} ms; {peers}")
     if not err < tol:
         print(f"FAIL: {name}: stof differs from sdpa by {err:.2e} (>= {tol})")
         sys.exit(1)
+    if graphs:
+        caught = {k: graphed(m, kw, k) for k, m in models.items()}
+        if caught["stof"][0] is None:
+            print(f"FAIL: {name}: stof's forward could not be captured: "
+                  f"{caught['stof'][1]}")
+            sys.exit(1)
+        gout = caught["stof"][1].float()[valid]
+        gerr = ((gout - ref).norm() / ref.norm()).item()
+        gpath = stof.integrations.transformers.last["path"]
+        ok = {k: g for k, (g, _) in caught.items() if g is not None}
+        gt = graph_times(ok)
+        peers = " ".join(
+            f"{k} {gt[k]:.3f} ms ({gt[k] / gt['stof']:.2f}x)" if k in gt else
+            f"{k} n/a ({caught[k][1]})" for k in models if k != "stof")
+        print(f"  CUDA graphs: rel err vs sdpa {gerr:.2e}; stof ({gpath}) "
+              f"{gt['stof']:.3f} ms; {peers}")
+        if not gerr < tol:
+            print(f"FAIL: {name}: captured stof differs from sdpa by {gerr:.2e}")
+            sys.exit(1)
+        del caught, ok
     del models
     torch.cuda.empty_cache()
-    return err, times
+    return err, times, path
 
 
 def main():
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     bench = "--bench" in sys.argv
+    graphs = bench or "--graphs" in sys.argv
     bert = AutoConfig.for_model("bert", hidden_size=768, num_hidden_layers=12,
                                 num_attention_heads=12, intermediate_size=3072,
                                 hidden_act="gelu", max_position_embeddings=4096,
@@ -103,9 +173,10 @@ def main():
             am[i, :n] = 1
         am = am.to(DEV)
         compare(f"BERT-base {b}x{s} padded (lengths {lens[-1]}..{s})", bert,
-                {"input_ids": ids, "attention_mask": am}, am.bool())
+                {"input_ids": ids, "attention_mask": am}, am.bool(),
+                graphs=graphs)
         compare(f"BERT-base {b}x{s} full", bert, {"input_ids": ids},
-                torch.ones(b, s, dtype=torch.bool, device=DEV))
+                torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=graphs)
 
     mistral = AutoConfig.for_model("mistral", hidden_size=1024,
                                    num_hidden_layers=8, num_attention_heads=16,
@@ -115,8 +186,8 @@ def main():
     for b, s in [(2, 2048)] + ([(1, 8192)] if bench else []):
         ids = torch.randint(0, 32000, (b, s), generator=g).to(DEV)
         compare(f"Mistral-style decoder {b}x{s} (GQA 16/4, sliding window 256)",
-                mistral, {"input_ids": ids},
-                torch.ones(b, s, dtype=torch.bool, device=DEV))
+                mistral, {"input_ids": ids, "use_cache": False},
+                torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=graphs)
     # Left padding (batched generation's prefill): a Llama-style decoder,
     # sequences padded at the start; compared on the valid positions.
     llama = AutoConfig.for_model("llama", hidden_size=1024, num_hidden_layers=4,
@@ -130,11 +201,28 @@ def main():
     for i, n in enumerate(lens):
         am[i, s - n:] = 1
     am = am.to(DEV)
-    compare(f"Llama-style decoder {b}x{s} left-padded (lengths {lens[-1]}..{s})",
-            llama, {"input_ids": ids, "attention_mask": am}, am.bool())
-    path = stof.integrations.transformers._last["plan"]
-    print(f"  stof's path for the left-padded mask: "
-          f"{path[0] if path else None}")
+    path = compare(
+        f"Llama-style decoder {b}x{s} left-padded (lengths {lens[-1]}..{s})",
+        llama, {"input_ids": ids, "attention_mask": am, "use_cache": False},
+        am.bool(), graphs=True)[2]
+    if path != "family:causal&!prefix":
+        print(f"FAIL: the left-padded batch took {path}, not the "
+              "causal&!prefix family")
+        sys.exit(1)
+    # Packed sequences (position ids restarting within a row, as
+    # transformers' data collators with flattening give them): each token
+    # sees its own sequence only: stof's "causal&docs" family.
+    b, s = 2, 2048
+    ids = torch.randint(0, 32000, (b, s), generator=g).to(DEV)
+    pos = torch.cat([torch.arange(n) for n in (700, 900, 448)])
+    pos = pos[None].repeat(b, 1).to(DEV)
+    path = compare(
+        f"Llama-style decoder {b}x{s} packed (sequences of 700, 900, 448)",
+        llama, {"input_ids": ids, "position_ids": pos, "use_cache": False},
+        torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=True)[2]
+    if path != "family:causal&docs":
+        print(f"FAIL: the packed batch took {path}, not the causal&docs family")
+        sys.exit(1)
     print("all checks passed")
     return 0
 

@@ -5,24 +5,35 @@
     # or AutoModelForCausalLM.from_pretrained(name, attn_implementation="stof")
 
 Importing this module registers "stof" with transformers' AttentionInterface
-(and, where transformers has one, its AttentionMaskInterface, with the SDPA
-mask builder: a boolean 4-D mask, or None when the mask is plain causal or
-full). Eager use: working out a mask tensor's pattern reads it on the host
-once per forward, so torch.compile(fullgraph=True) of a model with a mask
-breaks the graph there (stof.attention itself compiles). The attention:
-  - no mask tensor: stof's "causal" (or "dense" for bidirectional layers,
-    and single-token decode steps) structured kernels;
-  - a mask tensor: when it equals one of those patterns, or the layer's
-    causal sliding window ("causal_sliding:W"), in every batch element and
-    head (checked on the GPU once per forward), that structured kernel;
-    when it is full or causal attention over each sequence's first k_len
-    keys (right padding), stof's "dense" / "causal" mask family with the
-    lengths as this batch's data (padded keys are skipped, not computed);
-    otherwise an additive bias (0 / -inf) on the dense pattern. The choice
-    is made once per forward and shared by the layers.
+and its AttentionMaskInterface. The mask: transformers' masking code hands
+the mask interface its pattern (a mask function) and the batch's 2-D
+padding mask. stof_mask recognises the patterns stof has kernels for
+(causal, bidirectional, and either with a sliding window) and returns a
+StofMask: the stof spec and, for a padded batch, each sequence's span of
+valid keys [first, end) as int32 tensors worked out on the GPU, without
+reading them on the host. The attention then runs
+  - the structured kernel ("causal", "dense", "causal_sliding:W",
+    "sliding:W") when nothing is padded;
+  - otherwise the mask family of that spec with the spans as this batch's
+    data: "<spec>&!prefix" with prefix = first and k_len = end (left and
+    right padding alike; padded keys are skipped, not computed), and
+    q_offset where the queries sit after cached keys.
+Eager, the mask interface reads one small summary of the padding mask
+(padded at all, contiguous, padded on the left) once per forward to take
+the cheapest of these; under CUDA-graph capture and torch.compile nothing
+is read on the host (the family path always, and a device-side assert
+that every sequence's valid keys are contiguous), so models capture and
+compile whole (capture_safe: the same for a warm-up before capturing a
+CUDA graph yourself). Other patterns (custom mask functions, packed sequences,
+chunked attention, offsets held in tensors) get transformers' SDPA mask,
+a boolean 4-D tensor, as do 4-D masks given by the caller; for those the
+attention works out the pattern from the tensor on the host once per mask
+(structured kernel, the padding families, or an additive bias).
 Inference only: dropout must be 0 (model.eval()). Attention weights are not
 returned (None), as with SDPA.
 """
+import contextlib
+
 import torch
 
 try:
@@ -36,6 +47,223 @@ from .. import ops as _ops
 from .. import pad_bias
 
 NAME = "stof"
+
+try:
+    from transformers import masking_utils as _mu
+    # The code objects of transformers' composite mask functions: a mask
+    # function is recognised by its code and the values it closes over,
+    # exactly, never by evaluating it.
+    _AND_CODE = _mu.and_masks(_mu.causal_mask_function).__code__
+    _SW_CODE = _mu.sliding_window_overlay(1).__code__
+    _SWB_CODE = getattr(_mu, "sliding_window_bidirectional_overlay",
+                        lambda w: None)(1)
+    _SWB_CODE = getattr(_SWB_CODE, "__code__", None)
+    _PACKED_CODE = _mu.packed_sequence_mask_function(None).__code__
+except (ImportError, AttributeError):  # pragma: no cover - older transformers
+    _mu = None
+
+
+def _closure(fn):
+    """The values a function closes over, by name."""
+    cells = fn.__closure__ or ()
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in cells)))
+
+
+def mask_spec(mask_function):
+    """The stof spec of a transformers mask function: "causal", "dense",
+    "causal_sliding:W" (transformers' causal sliding window W: q - k < W)
+    or "sliding:<W+1>" (its bidirectional window |q - k| <= W); None for
+    any other function (custom, chunked, or combined with more; packed
+    sequences: see parse_mask_function)."""
+    if _mu is None:
+        return None
+    if mask_function is _mu.causal_mask_function:
+        return "causal"
+    if mask_function is _mu.bidirectional_mask_function:
+        return "dense"
+    if getattr(mask_function, "__code__", None) is not _AND_CODE:
+        return None
+    parts = _closure(mask_function).get("mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2:
+        return None
+    overlay, base = parts
+    code = getattr(overlay, "__code__", None)
+    if code is None or code not in (_SW_CODE, _SWB_CODE):
+        return None
+    w = _closure(overlay).get("sliding_window")
+    if not isinstance(w, int) or isinstance(w, bool) or w <= 0:
+        return None
+    if code is _SW_CODE and base is _mu.causal_mask_function:
+        return f"causal_sliding:{w}"
+    if code is _SWB_CODE and base is _mu.bidirectional_mask_function:
+        return f"sliding:{w + 1}"
+    return None
+
+
+def parse_mask_function(mask_function):
+    """(spec, documents) of a transformers mask function: mask_spec's spec,
+    with documents None; or, for such a pattern within packed sequences
+    (transformers' and_masks(pattern, packed_sequence_mask_function(ids))),
+    the spec and the (batch, seq) tensor of each token's sequence index
+    (non-decreasing: stof's `docs`). None for anything else."""
+    spec = mask_spec(mask_function)
+    if spec is not None or _mu is None:
+        return None if spec is None else (spec, None)
+    if getattr(mask_function, "__code__", None) is not _AND_CODE:
+        return None
+    parts = _closure(mask_function).get("mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2 or \
+            getattr(parts[1], "__code__", None) is not _PACKED_CODE:
+        return None
+    spec = mask_spec(parts[0])
+    ids = _closure(parts[1]).get("packed_sequence_mask")
+    if spec is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return None
+    return spec, ids
+
+
+class StofMask:
+    """The mask the "stof" mask interface gives the attention: `spec` (a
+    stof spec) over q_length x kv_length, the queries at key position
+    `q_offset` + row (an int; the keys start at position 0); and for a
+    padded batch `family` (the mask family to run) with `data` (its int32
+    instance tensors of shape (batch,): prefix, k_lens), else None and {}.
+    `check`: None, or a CUDA bool tensor that must be true (every
+    sequence's valid keys contiguous), asserted on the device when the
+    mask is made. The layers of a forward share the mask: the first run of
+    each family plan builds the format from `data`, the others reuse it
+    (`used`: the plans run so far)."""
+
+    def __init__(self, spec, q_length, kv_length, q_offset, family=None,
+                 data=None, check=None, warm=()):
+        self.spec, self.q_length, self.kv_length = spec, q_length, kv_length
+        self.q_offset, self.family, self.data = q_offset, family, data or {}
+        self.check = check
+        self.used = set()
+        self.warm = warm  # families to plan too (capture_safe's warm-up)
+        if check is not None:
+            torch._assert_async(check, "stof: a padding mask whose valid keys "
+                                "are not contiguous in some sequence; this "
+                                "path takes left or right padding only")
+
+    def __repr__(self):
+        return (f"StofMask({self.spec!r}, {self.q_length}x{self.kv_length}, "
+                f"q_offset={self.q_offset}, family={self.family!r})")
+
+
+def _family_of(spec, prefix):
+    """The family running `spec` with keys before each sequence's prefix
+    left out (prefix=True) or not."""
+    if not prefix:
+        return spec
+    return "!prefix" if spec == "dense" else spec + "&!prefix"
+
+
+def key_spans(padding):
+    """Each sequence's span of valid keys in a (batch, keys) boolean
+    padding mask, on its device and without reading it on the host:
+    (first, end, contiguous) with first and end int32 (batch,) (0 and 0
+    for a sequence with no valid key) and contiguous a bool scalar tensor,
+    true when every sequence's valid keys are exactly first..end-1."""
+    keys = padding.shape[-1]
+    idx = torch.arange(keys, device=padding.device, dtype=torch.int32)
+    end = torch.where(padding, idx + 1, 0).amax(-1)
+    first = torch.minimum(torch.where(padding, idx, keys).amin(-1), end)
+    n = padding.sum(-1, dtype=torch.int32)
+    contiguous = ((end - first) == n).all()
+    return first.to(torch.int32), end.to(torch.int32), contiguous
+
+
+_no_host_reads = [0]
+
+
+@contextlib.contextmanager
+def capture_safe():
+    """Within this context the backend reads nothing on the host, as under
+    CUDA-graph capture: run a model's warm-up forward in it before
+    capturing the model in a CUDA graph yourself, so that the plans the
+    captured forward needs (made on first use: tuning or a database hit,
+    which cannot happen during capture) exist. torch.compile needs none
+    of this: its warm-up runs are traced."""
+    _no_host_reads[0] += 1
+    try:
+        yield
+    finally:
+        _no_host_reads[0] -= 1
+
+
+def _tracing():
+    """Whether host reads must be avoided: CUDA-graph capture, tracing by
+    torch.compile / export, or capture_safe()."""
+    return bool(_no_host_reads[0]) or torch.compiler.is_compiling() or \
+        (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+              mask_function=None, attention_mask=None, **kwargs):
+    """transformers' mask interface for "stof": a StofMask when the pattern
+    is one stof has kernels for (mask_spec) and the offsets are ints;
+    otherwise transformers' SDPA mask (a boolean 4-D tensor or None)."""
+    if mask_function is None and _mu is not None:
+        mask_function = _mu.causal_mask_function
+    parsed = parse_mask_function(mask_function)
+    offsets_ok = all(isinstance(o, int) and not isinstance(o, bool)
+                     for o in (q_offset, kv_offset)) and q_offset >= kv_offset
+    docs = None if parsed is None else parsed[1]
+    if docs is not None and (q_offset != kv_offset or q_length != kv_length or
+                             tuple(docs.shape) != (batch_size, kv_length)):
+        parsed = None  # packed sequences with a cache: the general path
+    if parsed is None or not offsets_ok:
+        return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
+                             kv_length=kv_length, q_offset=q_offset,
+                             kv_offset=kv_offset, mask_function=mask_function,
+                             attention_mask=attention_mask, **kwargs)
+    spec = parsed[0]
+    rel = q_offset - kv_offset
+    if docs is not None:
+        # Packed sequences (transformers passes their ids only when it
+        # found some, or when it cannot look: under capture or compile).
+        data = {"doc_id": docs.to(torch.int32).contiguous()}
+        if attention_mask is not None:
+            pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+            first, end, contiguous = key_spans(
+                pad[:, kv_offset:kv_offset + kv_length].to(torch.bool))
+            data.update(prefix=first, k_lens=end)
+            return StofMask(spec, q_length, kv_length, rel,
+                            _family_of(spec, True) + "&docs", data,
+                            check=contiguous)
+        return StofMask(spec, q_length, kv_length, rel, spec + "&docs", data)
+    if attention_mask is None:
+        warm = ()
+        if _no_host_reads[0] and spec.startswith("causal") and rel == 0 and \
+                q_length == kv_length:
+            # A warm-up for a capture: under capture transformers cannot
+            # look for packed sequences in the position ids, so it passes
+            # its sequence ids for every causal mask made without a cache
+            # or padding mask, and that forward runs "<spec>&docs": plan it
+            # now (it cannot be planned during the capture).
+            warm = (spec + "&docs",)
+        return StofMask(spec, q_length, kv_length, rel, warm=warm)
+    pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    pad = pad[:, kv_offset:kv_offset + kv_length].to(torch.bool)
+    first, end, contiguous = key_spans(pad)
+    if _tracing():
+        return StofMask(spec, q_length, kv_length, rel, _family_of(spec, True),
+                        {"prefix": first, "k_lens": end}, check=contiguous)
+    # Eager: one small read decides the cheapest path for this forward.
+    full, contiguous, left = torch.stack(
+        [pad.all(), contiguous, (first > 0).any()]).tolist()
+    if full:
+        return StofMask(spec, q_length, kv_length, rel)
+    if not contiguous:  # keys padded in the middle: the general path
+        return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
+                             kv_length=kv_length, q_offset=q_offset,
+                             kv_offset=kv_offset, mask_function=mask_function,
+                             attention_mask=attention_mask, **kwargs)
+    data = {"k_lens": end}
+    if left:
+        data["prefix"] = first
+    return StofMask(spec, q_length, kv_length, rel, _family_of(spec, left), data)
 
 # The last mask worked out, and the tensor itself: held, its memory cannot
 # be handed to the next batch's mask, so a later mask at the same address
@@ -142,10 +370,17 @@ def stof_attention_forward(module, query, key, value, attention_mask,
     if dropout:
         raise ValueError("stof attention is for inference: dropout must be 0 "
                          "(call model.eval())")
-    calls[0] += 1
+    if not torch.compiler.is_compiling():  # a traced counter would recompile
+        calls[0] += 1
     seq_q, seq_k = query.shape[2], key.shape[2]
+    if isinstance(attention_mask, StofMask):
+        return _run_stof_mask(attention_mask, query, key, value, scaling), None
     bias = None
-    if attention_mask is not None:
+    if attention_mask is not None and _tracing():
+        # Nothing may be read on the host: the mask as an additive bias.
+        spec, bias = "dense", _ops._mask_bias(attention_mask[..., :seq_k],
+                                              query.dtype)
+    elif attention_mask is not None:
         window = kwargs.get("sliding_window") or getattr(module, "sliding_window",
                                                          None)
         spec, bias = _mask_plan(attention_mask, query.dtype, seq_k, window)
@@ -156,11 +391,10 @@ def stof_attention_forward(module, query, key, value, attention_mask,
     if spec.startswith("family:"):
         out = _family_attention(query, key, value, spec[7:], bias, scaling)
     else:
+        last["path"] = spec if bias is None else spec + "+bias"
         out = _ops.attention(query, key, value, mask=spec, scale=scaling,
                              bias=bias)
     return out.transpose(1, 2).contiguous(), None
-
-
 
 
 def _family_attention(q, k, v, family, lengths, scale):
@@ -168,15 +402,61 @@ def _family_attention(q, k, v, family, lengths, scale):
     (("k_len" or "prefix", int32 CUDA tensor)): stof.attention's family
     path (a family plan per shape, strides and dtype, made once)."""
     name, t = lengths
-    return _ops._family_impl(q, k, v, family,
-                             0.0 if scale is None else float(scale), None,
-                             t if name == "k_len" else None,
-                             prefix=t if name == "prefix" else None)
+    last["path"] = "family:" + family
+    return _ops.family_attention(q, k, v, family, scale,
+                                 k_lens=t if name == "k_len" else None,
+                                 prefix=t if name == "prefix" else None)
+
+
+def _run_stof_mask(m, q, k, v, scale):
+    """Attention (B, Sq, H, D) of q, k, v (B, H, S, D) under a StofMask."""
+    if (q.shape[2], k.shape[2]) != (m.q_length, m.kv_length):
+        raise ValueError(f"stof: the mask is {m.q_length} x {m.kv_length}, the "
+                         f"attention {q.shape[2]} x {k.shape[2]} (queries x keys)")
+    for family in m.warm:
+        _ops.family_plan(q, k, v, family, 0.0 if scale is None else float(scale))
+    if m.family is None and m.q_offset == 0:
+        last["path"] = m.spec
+        out = _ops.attention(q, k, v, mask=m.spec, scale=scale)
+    else:
+        family = m.family or m.spec
+        data = dict(m.data)
+        if m.q_offset:
+            data["q_offset"] = _offsets(q.shape[0], m.q_offset, q.device)
+        last["path"] = "family:" + family
+        # Later layers of this forward (the same plan: same family, shapes,
+        # strides, dtype, scale) reuse the format the first one built.
+        key = (family, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
+               q.dtype, scale)
+        same = key in m.used
+        m.used.add(key)
+        out = _ops.family_attention(q, k, v, family, scale, same_data=same,
+                                    **data)
+    return out.transpose(1, 2).contiguous()
+
+
+def _offsets(batch, value, device):
+    """An int32 (batch,) tensor of `value` on `device` (cached: the same for
+    every layer and forward)."""
+    if torch.compiler.is_compiling():
+        return torch.full((batch,), value, dtype=torch.int32, device=device)
+    key = (batch, value, device)
+    t = _offset_cache.get(key)
+    if t is None:
+        t = torch.full((batch,), value, dtype=torch.int32, device=device)
+        _ops.cache_put(_offset_cache, key, t)
+    return t
+
+
+_offset_cache = {}
+# The path the last attention call took ("causal", "family:causal&!prefix",
+# "dense+bias", ...): tests and benchmarks print it.
+last = {"path": None}
 
 
 AttentionInterface.register(NAME, stof_attention_forward)
 try:
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionMaskInterface.register(NAME, stof_mask)
 except ImportError:  # older transformers build masks for any implementation
     pass

@@ -1,0 +1,324 @@
+"""The "stof" mask interface of stof.integrations.transformers, on the CPU:
+transformers' own mask builders (create_causal_mask, create_bidirectional_
+mask, create_sliding_window_causal_mask) called for a config whose
+attention implementation is "stof", on padded and unpadded batches; the
+StofMask they return checked against transformers' SDPA mask of the same
+arguments (the spec's pattern, restricted to each sequence's key span, must
+equal it exactly), and the patterns stof has no kernel for must come back
+as SDPA's tensor. Needs PyTorch and transformers, no GPU (skips, exit 77,
+without them)."""
+import copy
+import importlib
+import os
+import sys
+
+for _name in ("torch", "transformers"):
+    try:
+        importlib.import_module(_name)
+    except ImportError as e:
+        print(f"skip: {_name} is not available ({e})")
+        sys.exit(77)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "python"))
+
+import torch  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
+from transformers import masking_utils as mu  # noqa: E402
+
+try:
+    import stof.integrations.transformers as st  # noqa: E402
+except OSError as e:  # the package imports libstof
+    print(f"skip: libstof is not available ({e})")
+    sys.exit(77)
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def spec_allowed(spec, sq, sk, q_offset):
+    """The boolean (sq, sk) pattern of a stof spec used here."""
+    q = torch.arange(sq)[:, None] + q_offset
+    k = torch.arange(sk)[None, :]
+    if spec == "dense":
+        return torch.ones(sq, sk, dtype=torch.bool)
+    if spec == "causal":
+        return k <= q
+    name, w = spec.split(":")
+    w = int(w)
+    if name == "causal_sliding":
+        return (k <= q) & (q - k < w)
+    if name == "sliding":
+        return (q - k).abs() < w
+    raise AssertionError(spec)
+
+
+def stof_allowed(m, batch):
+    """What a StofMask lets each sequence see: (batch, 1, sq, sk)."""
+    base = spec_allowed(m.spec, m.q_length, m.kv_length, m.q_offset)
+    out = base[None, None].repeat(batch, 1, 1, 1)
+    k = torch.arange(m.kv_length)
+    if "k_lens" in m.data:
+        out &= (k[None, :] < m.data["k_lens"][:, None].long())[:, None, None, :]
+    if "prefix" in m.data:
+        out &= (k[None, :] >= m.data["prefix"][:, None].long())[:, None, None, :]
+    if "doc_id" in m.data:
+        d = m.data["doc_id"].long()
+        out &= (d[:, :, None] == d[:, None, :])[:, None]
+    return out
+
+
+def config(kind, impl, **kw):
+    cfg = AutoConfig.for_model(kind, **kw)
+    cfg = copy.deepcopy(cfg)
+    cfg._attn_implementation = impl
+    return cfg
+
+
+def both(builder, cfg_kind, kw, emb, am, **extra):
+    """The mask the builder makes for "stof" and for "sdpa" (materialised:
+    sdpa_mask's skips turned off by comparing against the full pattern)."""
+    out = {}
+    for impl in ("stof", "sdpa"):
+        cfg = config(cfg_kind, impl, **kw)
+        out[impl] = builder(cfg, emb, am, past_key_values=None, **extra)
+    return out["stof"], out["sdpa"]
+
+
+def sdpa_dense(sdpa, batch, sq, sk, spec):
+    """sdpa's mask as a (batch, 1, sq, sk) boolean tensor (None: its
+    skip, i.e. the plain pattern)."""
+    if sdpa is None:
+        return spec_allowed(spec, sq, sk, 0)[None, None].repeat(batch, 1, 1, 1)
+    return sdpa.expand(batch, 1, sq, sk)
+
+
+def main():
+    b, s = 4, 48
+    emb = torch.zeros(b, s, 8)
+    right = torch.zeros(b, s, dtype=torch.long)
+    left = torch.zeros(b, s, dtype=torch.long)
+    for i, n in enumerate([s, 40, 17, 1]):
+        right[i, :n] = 1
+        left[i, s - n:] = 1
+    holes = torch.ones(b, s, dtype=torch.long)
+    holes[1, 5] = 0
+    cases = [("no mask", None), ("all ones", torch.ones(b, s, dtype=torch.long)),
+             ("right padding", right), ("left padding", left)]
+
+    # Recognised mask functions.
+    check(st.mask_spec(mu.causal_mask_function) == "causal", "causal recognised")
+    check(st.mask_spec(mu.bidirectional_mask_function) == "dense",
+          "bidirectional recognised")
+    check(st.mask_spec(mu.sliding_window_causal_mask_function(7)) ==
+          "causal_sliding:7", "causal sliding window 7 recognised")
+    if hasattr(mu, "sliding_window_bidirectional_mask_function"):
+        check(st.mask_spec(mu.sliding_window_bidirectional_mask_function(7)) ==
+              "sliding:8", "bidirectional window 7 is stof's sliding:8")
+    check(st.mask_spec(mu.and_masks(mu.causal_mask_function,
+                                    mu.sliding_window_overlay(7))) is None,
+          "the overlay in the other order is not claimed")
+    check(st.mask_spec(mu.or_masks(mu.causal_mask_function,
+                                   mu.bidirectional_mask_function)) is None,
+          "or_masks is not claimed")
+    check(st.mask_spec(mu.chunked_causal_mask_function(8, torch.zeros(1))) is None,
+          "chunked attention is not claimed")
+    check(st.mask_spec(lambda b, h, q, k: k <= q) is None,
+          "a user's own function is not claimed")
+
+    llama = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
+                 intermediate_size=128, vocab_size=100)
+    mistral = dict(llama, sliding_window=5)
+    bert = dict(llama)
+    builders = [
+        ("causal", mu.create_causal_mask, "llama", llama, "causal"),
+        ("bidirectional", mu.create_bidirectional_mask, "bert", bert, "dense"),
+        ("sliding", mu.create_sliding_window_causal_mask, "mistral", mistral,
+         "causal_sliding:5"),
+    ]
+    for bname, builder, kind, kw, spec in builders:
+        for cname, am in cases:
+            extra = {}
+            if builder is not mu.create_bidirectional_mask:
+                extra["position_ids"] = None
+            m, sdpa = both(builder, kind, kw, emb, am, **extra)
+            what = f"{bname}, {cname}"
+            if not isinstance(m, st.StofMask):
+                check(False, f"{what}: a StofMask (got {type(m).__name__})")
+                continue
+            check(m.spec == spec, f"{what}: spec {m.spec}")
+            padded = cname in ("right padding", "left padding")
+            check((m.family is not None) == padded,
+                  f"{what}: family {m.family} (padded: {padded})")
+            if cname == "left padding":
+                check("prefix" in m.data and m.family.endswith("!prefix"),
+                      f"{what}: left padding skips each sequence's prefix")
+            want = sdpa_dense(sdpa, b, s, s, spec)
+            got = stof_allowed(m, b)
+            # Padded query rows may differ (sdpa lets them see something
+            # to avoid NaN; stof gives zeros): compare the valid rows.
+            rows = torch.ones(b, s, dtype=torch.bool) if am is None else am.bool()
+            same = bool((got == want)[:, 0][rows].all())
+            check(same, f"{what}: the same allowed keys as sdpa's mask on "
+                  "the valid rows")
+
+    # Patterns stof does not claim get SDPA's mask.
+    cfg = config("llama", "stof", **llama)
+    m = mu.create_causal_mask(cfg, emb, holes, past_key_values=None,
+                              position_ids=None,
+                              and_mask_function=lambda b, h, q, k: k != 3)
+    check(isinstance(m, torch.Tensor) and m.shape == (b, 1, s, s),
+          "an and_mask_function gives SDPA's 4-D tensor")
+    # Keys padded in the middle: eager takes SDPA's tensor ...
+    m = mu.create_causal_mask(cfg, emb, holes, past_key_values=None,
+                              position_ids=None)
+    check(isinstance(m, torch.Tensor), "a mask with a hole gives SDPA's tensor")
+    # ... and the spans say the keys are not contiguous (what the device
+    # asserts under capture and compile).
+    first, end, contiguous = st.key_spans(holes.bool())
+    check(not bool(contiguous), "key_spans: a hole is not contiguous")
+    first, end, contiguous = st.key_spans(left.bool())
+    check(bool(contiguous) and first.tolist() == [0, 8, 31, 47] and
+          end.tolist() == [48] * 4, "key_spans of left padding")
+    first, end, contiguous = st.key_spans(torch.zeros(2, 6, dtype=torch.bool))
+    check(bool(contiguous) and first.tolist() == [0, 0] and end.tolist() == [0, 0],
+          "key_spans of sequences with no valid key")
+
+    # Under capture_safe (and CUDA-graph capture, torch.compile) nothing is
+    # read on the host: a padded batch always runs "<spec>&!prefix" with
+    # both spans, and the contiguity check goes to the device.
+    with st.capture_safe():
+        m = mu.create_causal_mask(cfg, emb, right, past_key_values=None,
+                                  position_ids=None)
+    check(isinstance(m, st.StofMask) and m.family == "causal&!prefix" and
+          set(m.data) == {"prefix", "k_lens"} and m.check is not None and
+          bool(m.check) and bool((stof_allowed(m, b) == sdpa_dense(
+              mu.create_causal_mask(config("llama", "sdpa", **llama), emb, right,
+                                    past_key_values=None, position_ids=None),
+              b, s, s, "causal"))[:, 0][right.bool()].all()),
+          "capture_safe: right padding as causal&!prefix, checked on the device")
+    with st.capture_safe():
+        m = mu.create_causal_mask(cfg, emb, None, past_key_values=None,
+                                  position_ids=None)
+    check(isinstance(m, st.StofMask) and m.family is None and
+          m.warm == ("causal&docs",),
+          f"capture_safe: a causal mask without padding plans causal&docs too "
+          f"(what a captured forward gets): {m.warm if m is not None else m}")
+    try:
+        with st.capture_safe():
+            m = mu.create_causal_mask(cfg, emb, holes, past_key_values=None,
+                                      position_ids=None)
+        check(False, "capture_safe: a hole fails the device-side check")
+    except RuntimeError as e:  # on the CPU the assert raises at once
+        check("not contiguous" in str(e),
+              f"capture_safe: a hole fails the device-side check ({e})")
+
+    # Packed sequences (position ids restarting within a row): the pattern
+    # within each sequence, stof's `docs` with transformers' sequence ids.
+    pos = torch.cat([torch.arange(20), torch.arange(28)])[None].repeat(b, 1)
+    for bname, builder, kind, kw, spec in builders[::2]:
+        ms = {impl: builder(config(kind, impl, **kw), emb, None,
+                            past_key_values=None, position_ids=pos)
+              for impl in ("stof", "sdpa")}
+        m = ms["stof"]
+        ok = isinstance(m, st.StofMask) and m.family == spec + "&docs" and \
+            bool((stof_allowed(m, b) == sdpa_dense(ms["sdpa"], b, s, s, spec)).all())
+        check(ok, f"{bname}, packed sequences of 20 and 28: {m}, the same "
+              "allowed keys as sdpa's mask")
+    m = st.stof_mask(batch_size=b, q_length=s, kv_length=s,
+                     mask_function=mu.and_masks(
+                         mu.causal_mask_function,
+                         mu.packed_sequence_mask_function(torch.zeros(b, s))),
+                     attention_mask=left)
+    check(isinstance(m, st.StofMask) and m.family == "causal&!prefix&docs" and
+          m.check is not None and set(m.data) == {"doc_id", "prefix", "k_lens"},
+          f"packed ids with left padding: {m}")
+
+    # Queries after cached keys (a decode step: q_offset 9, 10 keys).
+    m = st.stof_mask(batch_size=2, q_length=1, kv_length=10, q_offset=9,
+                     kv_offset=0, mask_function=mu.causal_mask_function,
+                     attention_mask=torch.ones(2, 10, dtype=torch.bool))
+    check(isinstance(m, st.StofMask) and m.q_offset == 9 and m.family is None,
+          "decode step: causal with q_offset 9, nothing padded")
+    # Offsets held in tensors (static caches) go to SDPA's mask.
+    m = st.stof_mask(batch_size=2, q_length=1, kv_length=10,
+                     q_offset=torch.tensor(9), kv_offset=0,
+                     mask_function=mu.causal_mask_function, attention_mask=None,
+                     device="cpu")
+    check(not isinstance(m, st.StofMask), "a tensor q_offset gives SDPA's mask")
+
+    # The attention under each StofMask: the calls it makes to stof's ops
+    # (recorded by stand-ins: no GPU here), with their arguments.
+    calls = []
+
+    def fake_attention(q, k, v, mask="dense", scale=None, **kw):
+        calls.append(("attention", mask, scale, kw))
+        return torch.zeros_like(q)
+
+    def fake_family(q, k, v, family, scale, q_lens=None, k_lens=None,
+                    q_offset=None, prefix=None, doc_id=None, same_data=False):
+        if same_data:
+            family += " (same data)"
+        calls.append(("family", family, scale,
+                      {n: t.tolist() for n, t in (("k_lens", k_lens),
+                                                  ("q_offset", q_offset),
+                                                  ("prefix", prefix),
+                                                  ("doc_id", doc_id))
+                       if t is not None}))
+        return torch.zeros_like(q)
+
+    real = st._ops.attention, st._ops.family_attention
+    st._ops.attention, st._ops.family_attention = fake_attention, fake_family
+    try:
+        q = torch.zeros(b, 4, s, 16)
+        for am, want in ((None, ("attention", "causal", 0.25, {})),
+                         (right, ("family", "causal", 0.25,
+                                  {"k_lens": [48, 40, 17, 1]})),
+                         (left, ("family", "causal&!prefix", 0.25,
+                                 {"k_lens": [48] * 4, "prefix": [0, 8, 31, 47]}))):
+            m = mu.create_causal_mask(cfg, emb, am, past_key_values=None,
+                                      position_ids=None)
+            calls.clear()
+            out, w = st.stof_attention_forward(None, q, q, q, m, scaling=0.25)
+            check(calls == [want] and out.shape == (b, s, 4, 16) and w is None,
+                  f"attention under {m}: {calls}")
+            if want[0] == "family":
+                # The next layer: the same mask and plan reuse the format.
+                calls.clear()
+                st.stof_attention_forward(None, q, q, q, m, scaling=0.25)
+                again = (want[0], want[1] + " (same data)") + want[2:]
+                check(calls == [again], f"the next layer reuses the format: {calls}")
+                calls.clear()
+                st.stof_attention_forward(None, q[:, :2], q[:, :2], q[:, :2], m,
+                                          scaling=0.25)
+                check(len(calls) == 1 and "same data" not in calls[0][1],
+                      f"another plan (2 heads) builds its own: {calls}")
+        m = st.stof_mask(batch_size=b, q_length=1, kv_length=s, q_offset=s - 1,
+                         kv_offset=0, mask_function=mu.causal_mask_function,
+                         attention_mask=right.bool())
+        calls.clear()
+        st.stof_attention_forward(None, q[:, :, :1], q, q, m, scaling=0.25)
+        check(calls == [("family", "causal", 0.25,
+                         {"k_lens": [48, 40, 17, 1], "q_offset": [47] * b})],
+              f"a padded decode step: {calls}")
+        try:
+            st.stof_attention_forward(None, q[:, :, :2], q, q, m)
+            check(False, "a mask of another size is refused")
+        except ValueError as e:
+            check("1 x 48" in str(e), f"a mask of another size is refused ({e})")
+    finally:
+        st._ops.attention, st._ops.family_attention = real
+
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
