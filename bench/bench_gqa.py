@@ -4,12 +4,14 @@ kv_heads heads against the same stof problem with K/V heads expanded
 enable_gqa=True (bool mask, or is_causal for causal), in one process on
 the same tensors. Kernel times: triton.testing.do_bench (median, L2
 flushed), GQA and expanded timed in --rounds interleaved rounds of
-alternating order (median). Errors against an fp32 reference on the
-expanded problem.
+alternating order (median), and --pairs single launches of each back to
+back (alternating which goes first), each pair's ratio taken while the
+GPU's clocks are the same for both (median of the ratios; no L2 flush).
+Errors against an fp32 reference on the expanded problem.
 
 Usage: python bench/bench_gqa.py [--shapes 1x32x8x8192x128,...]
        [--masks causal,sliding:1024,bigbird:64:3:2:3:1] [--dtype bf16|fp16]
-       [--json FILE]
+       [--rounds N] [--pairs N] [--json FILE]
 """
 import argparse
 import json
@@ -28,6 +30,25 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def pair_ratios(fa, fb, n):
+    """Median over n back-to-back pairs of (time of fb) / (time of fa),
+    single launches timed with CUDA events, the order alternating."""
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    ratios = []
+    for i in range(n):
+        first, second = (fa, fb) if i % 2 == 0 else (fb, fa)
+        ev[0].record()
+        first()
+        ev[1].record()
+        second()
+        ev[2].record()
+        ev[2].synchronize()
+        t1, t2 = ev[0].elapsed_time(ev[1]), ev[1].elapsed_time(ev[2])
+        ta, tb = (t1, t2) if i % 2 == 0 else (t2, t1)
+        ratios.append(tb / ta)
+    return statistics.median(ratios)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1x32x8x8192x128,4x32x8x4096x128,1x32x4x16384x128")
@@ -35,6 +56,9 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["fp16", "bf16"])
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved timing rounds of GQA and expanded (median)")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="back-to-back launch pairs of GQA and expanded (median "
+                    "of the per-pair ratios; 0: none)")
     ap.add_argument("--json")
     args = ap.parse_args()
     dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
@@ -77,6 +101,10 @@ def main():
                     dst.append(bench(fn))
             r["stof_gqa_ms"] = statistics.median(g_ms)
             r["stof_expanded_ms"] = statistics.median(e_ms)
+            if args.pairs:
+                r["pair_ratio"] = pair_ratios(lambda: p.run(q, k, v, out),
+                                              lambda: pe.run(q, ke, ve, out2),
+                                              args.pairs)
             pe.run(q, ke, ve, out2)
             p.run(q, k, v, out)
             torch.cuda.synchronize()
@@ -103,13 +131,14 @@ def main():
             rows.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
     print()
-    print("| B x H (KV) x N x D | mask | kernel | stof GQA ms | stof expanded ms | Flex (enable_gqa) ms | SDPA (enable_gqa) ms | expanded / GQA | Flex / stof | SDPA / stof | same kernel | equal | err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| B x H (KV) x N x D | mask | kernel | stof GQA ms | stof expanded ms | Flex (enable_gqa) ms | SDPA (enable_gqa) ms | expanded / GQA | pairs: expanded / GQA | Flex / stof | SDPA / stof | same kernel | equal | err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         f, s = r.get("flex_ms", float("nan")), r.get("sdpa_ms", float("nan"))
         print(f"| {r['shape']} | {r['mask']} | {r['kernel']} | {r['stof_gqa_ms']:.3f} | "
               f"{r['stof_expanded_ms']:.3f} | {f:.3f} | {s:.3f} | "
-              f"{r['stof_expanded_ms'] / r['stof_gqa_ms']:.2f} | {f / r['stof_gqa_ms']:.2f} | "
+              f"{r['stof_expanded_ms'] / r['stof_gqa_ms']:.2f} | "
+              f"{r.get('pair_ratio', float('nan')):.3f} | {f / r['stof_gqa_ms']:.2f} | "
               f"{s / r['stof_gqa_ms']:.2f} | {r['same_kernel']} | {r['gqa_equals_expanded']} | "
               f"{r.get('stof_err', float('nan')):.1e} |")
     if args.json:
