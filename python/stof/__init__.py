@@ -1221,6 +1221,21 @@ class FamilyPlan(Plan):
         return out
 
 
+    def _launch_family(self, q, k, v, out, md, flags, s):
+        """stof_attention_run_ex without run()'s checks (stof.ops keys its
+        family plans by everything run() checks, and checks the instance
+        tensors itself): md a _MaskData, flags STOF_RUN_* bits, s the
+        stream handle."""
+        a = _RunArgs()
+        a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        a.data = ctypes.pointer(md)
+        a.flags = flags
+        st = self._ctx._lib.stof_attention_run_ex(self._h, ctypes.byref(a), s)
+        if st != 0:
+            raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
+        return out
+
+
 class PackedPlan(Plan):
     """Attention over a mask family for packed sequences
     (Context.attention_plan_packed)."""

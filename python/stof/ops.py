@@ -21,14 +21,15 @@ from typing import Optional
 
 import torch
 
-from . import Context, pad_bias
+from . import RUN_SAME_DATA, Context, _MaskData, pad_bias
 
 _lock = threading.Lock()
 _contexts = {}  # device index -> Context
 _masks = {}     # (device, spec, seq_q, seq_k) -> Mask
 _plans = {}     # see _plan
 _registered = {}  # "stof-mask:<digest>" -> Mask (register_mask)
-_family_plans = {}  # mask-family plans of stof.integrations.transformers
+_family_plans = {}  # mask-family plans (family_plan)
+_family_fast = {}   # the eager family path's flat keys -> the same plans
 
 MASK_PREFIX = "stof-mask:"
 
@@ -170,20 +171,48 @@ def _family_impl(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
     a family plan per shape, strides and dtype, made once (family_plan);
     the formats are built on the GPU from the lengths at each call, nothing
     is planned again."""
+    qd = q.device
     out = torch.empty_like(q)
-    p = family_plan(q, k, v, family, scale, out)
-    lens = {}
-    if q_lens is not None:
-        lens["q_len"] = q_lens
-    if k_lens is not None:
-        lens["k_len"] = k_lens
-    if q_offset is not None:
-        lens["q_offset"] = q_offset
-    if prefix is not None:
-        lens["prefix"] = prefix
+    # Everything FamilyPlan.run checks, in one flat key (out's layout
+    # follows from q's: empty_like), so the eager call launches directly.
+    key = (family, q.shape, k.shape, v.shape, q.stride(), k.stride(),
+           v.stride(), q.dtype, k.dtype, v.dtype, qd, k.device, v.device, scale)
+    p = _family_fast.get(key)
+    if p is None:
+        p = family_plan(q, k, v, family, scale, out)
+        p._check_tensors(q, k, v, out, None)
+        cache_put(_family_fast, key, p)
+    md = _instance(q.shape[0], k.shape[2], qd, q_lens, k_lens, q_offset, prefix,
+                   doc_id)
+    return p._launch_family(q, k, v, out, md, RUN_SAME_DATA if same_data else 0,
+                            _raw_stream(qd))
+
+
+def _instance(batch, seq_k, device, q_len, k_len, q_offset, prefix, doc_id):
+    """The _MaskData of a family run from its int32 tensors on `device`
+    ((batch,) each; doc_id (batch, >= seq_k) or (batch * seq_k,)),
+    checked."""
+    d = _MaskData()
+    for name, t in (("q_len", q_len), ("k_len", k_len), ("q_offset", q_offset),
+                    ("prefix", prefix)):
+        if t is None:
+            continue
+        if t.dtype != torch.int32 or t.device != device or t.numel() != batch \
+                or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous int32 tensor of "
+                             f"{batch} elements on {device}")
+        setattr(d, name, t.data_ptr())
     if doc_id is not None:
-        lens["doc_id"] = doc_id
-    return p.run(q, k, v, out, same_data=same_data, **lens)
+        flat = doc_id.dim() == 1 and doc_id.numel() == batch * seq_k
+        rows = doc_id.dim() == 2 and doc_id.shape[0] == batch and \
+            doc_id.shape[1] >= seq_k
+        if doc_id.dtype != torch.int32 or doc_id.device != device or \
+                not (flat or rows) or not doc_id.is_contiguous():
+            raise ValueError(f"doc_id must be a contiguous int32 tensor of "
+                             f"({batch}, >= {seq_k}) on {device}")
+        d.doc_id = doc_id.data_ptr()
+        d.doc_stride = 0 if flat else doc_id.shape[1]
+    return d
 
 
 @torch.library.custom_op("stof::attention_lens", mutates_args=())
@@ -320,3 +349,4 @@ def clear_cache():
         _masks.clear()
         _registered.clear()
         _family_plans.clear()
+        _family_fast.clear()

@@ -33,20 +33,33 @@ def build(cfg, impl):
     return m.half().to(DEV).eval()
 
 
-def fwd_ms(model, kw, reps=10):
+def interleaved(fns, rounds=5, reps=4):
+    """Median ms per call of each function (name -> callable), timed with
+    CUDA events in interleaved rounds (the order alternating), so the
+    host's and the GPU's drift falls on all alike."""
+    times = {k: [] for k in fns}
+    keys = list(fns)
+    for r in range(rounds):
+        for k in (keys if r % 2 == 0 else keys[::-1]):
+            for _ in range(reps):
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                fns[k]()
+                b.record()
+                b.synchronize()
+                times[k].append(a.elapsed_time(b))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def eager_times(models, kw):
+    """Whole forward passes of each model (after 3 warm-ups), interleaved."""
     with torch.no_grad():
-        for _ in range(3):
-            model(**kw)
+        for m in models.values():
+            for _ in range(3):
+                m(**kw)
         torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            model(**kw)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-    return statistics.median(times)
+        return interleaved({k: (lambda m=m: m(**kw)) for k, m in models.items()})
 
 
 def graphed(model, kw, impl):
@@ -74,23 +87,9 @@ def graphed(model, kw, impl):
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
 
 
-def graph_times(graphs, rounds=5, reps=10):
-    """Median ms per replay of each graph, timed in interleaved rounds
-    (the order alternating) so clock drift falls on all alike."""
-    times = {k: [] for k in graphs}
-    keys = list(graphs)
-    for r in range(rounds):
-        for k in (keys if r % 2 == 0 else keys[::-1]):
-            g = graphs[k]
-            for _ in range(reps):
-                a = torch.cuda.Event(enable_timing=True)
-                b = torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                b.synchronize()
-                times[k].append(a.elapsed_time(b))
-    return {k: statistics.median(v) for k, v in times.items()}
+def graph_times(graphs):
+    """Median ms per replay of each graph, interleaved."""
+    return interleaved({k: g.replay for k, g in graphs.items()}, reps=10)
 
 
 def compare(name, cfg, kw, valid, impls=("sdpa", "flex_attention"), tol=2e-2,
@@ -121,7 +120,7 @@ def compare(name, cfg, kw, valid, impls=("sdpa", "flex_attention"), tol=2e-2,
     ref = outs["sdpa"].float()[valid]
     err = ((outs["stof"].float()[valid] - ref).norm() / ref.norm()).item()
     path = stof.integrations.transformers.last["path"]
-    times = {k: fwd_ms(m, kw) for k, m in models.items()}
+    times = eager_times(models, kw)
     peers = " ".join(f"{k} {t:.3f} ms ({t / times['stof']:.2f}x)"
                      for k, t in times.items() if k != "stof")
     print(f"{name}: rel err vs sdpa {err:.2e}; stof ({path}) "
@@ -188,6 +187,20 @@ def main():
         compare(f"Mistral-style decoder {b}x{s} (GQA 16/4, sliding window 256)",
                 mistral, {"input_ids": ids, "use_cache": False},
                 torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=graphs)
+    if bench:
+        # The same decoder on a batch of mixed lengths, padded on the left
+        # (batched generation's prefill): sliding window and padding.
+        b, s = 8, 2048
+        ids = torch.randint(0, 32000, (b, s), generator=g).to(DEV)
+        lens = [s - (i * s) // (2 * b) for i in range(b)]
+        am = torch.zeros(b, s, dtype=torch.long)
+        for i, n in enumerate(lens):
+            am[i, s - n:] = 1
+        am = am.to(DEV)
+        compare(f"Mistral-style decoder {b}x{s} left-padded (lengths "
+                f"{lens[-1]}..{s}; GQA 16/4, sliding window 256)", mistral,
+                {"input_ids": ids, "attention_mask": am, "use_cache": False},
+                am.bool(), graphs=graphs)
     # Left padding (batched generation's prefill): a Llama-style decoder,
     # sequences padded at the start; compared on the valid positions.
     llama = AutoConfig.for_model("llama", hidden_size=1024, num_hidden_layers=4,

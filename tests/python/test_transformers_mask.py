@@ -313,6 +313,29 @@ def main():
     finally:
         st._ops.attention, st._ops.family_attention = real
 
+    # The eager family path's instance data: checked like FamilyPlan.run's.
+    ops = st._ops
+    cpu = torch.device("cpu")
+    d = ops._instance(2, 10, cpu, None, torch.tensor([3, 4], dtype=torch.int32),
+                      None, torch.zeros(2, dtype=torch.int32),
+                      torch.zeros(2, 12, dtype=torch.int32))
+    check(d.k_len != 0 and d.prefix != 0 and d.q_len is None and
+          d.doc_stride == 12, "instance data: pointers and the doc_id stride")
+    for bad, what in ((torch.tensor([3, 4]), "int64 lengths"),
+                      (torch.tensor([3], dtype=torch.int32), "one length for two"),
+                      (torch.zeros(4, dtype=torch.int32)[::2], "a strided tensor")):
+        try:
+            ops._instance(2, 10, cpu, None, bad, None, None, None)
+            check(False, f"instance data: {what} refused")
+        except ValueError as e:
+            check("k_len must be" in str(e), f"instance data: {what} refused ({e})")
+    try:
+        ops._instance(2, 10, cpu, None, None, None, None,
+                      torch.zeros(2, 9, dtype=torch.int32))
+        check(False, "instance data: doc_id shorter than seq_k refused")
+    except ValueError as e:
+        check("doc_id" in str(e), "instance data: doc_id shorter than seq_k refused")
+
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1
