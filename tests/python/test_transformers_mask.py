@@ -244,12 +244,32 @@ def main():
                      attention_mask=torch.ones(2, 10, dtype=torch.bool))
     check(isinstance(m, st.StofMask) and m.q_offset == 9 and m.family is None,
           "decode step: causal with q_offset 9, nothing padded")
-    # Offsets held in tensors (static caches) go to SDPA's mask.
-    m = st.stof_mask(batch_size=2, q_length=1, kv_length=10,
-                     q_offset=torch.tensor(9), kv_offset=0,
-                     mask_function=mu.causal_mask_function, attention_mask=None,
-                     device="cpu")
-    check(not isinstance(m, st.StofMask), "a tensor q_offset gives SDPA's mask")
+    # Offsets held in tensors (static caches: a cache of 16 positions, 6
+    # filled, one new query, sequence 1 padded on the left by 2): the
+    # family with the offset as data.
+    am = torch.ones(2, 7, dtype=torch.bool)
+    am[1, :2] = False
+    args = dict(batch_size=2, q_length=1, kv_length=16, q_offset=torch.tensor(6),
+                kv_offset=0, mask_function=mu.causal_mask_function,
+                attention_mask=am)
+    m = st.stof_mask(**args)
+    want = mu.sdpa_mask(**args, allow_is_causal_skip=False, device="cpu")
+    check(isinstance(m, st.StofMask) and m.family == "causal&!prefix" and
+          m.data["q_offset"].tolist() == [6, 6] and
+          m.data["k_lens"].tolist() == [7, 7] and
+          m.data["prefix"].tolist() == [0, 2] and m.q_offset is None,
+          f"a static cache's tensor offset: {m}")
+    got = spec_allowed("causal", 1, 16, 6)[None, None].repeat(2, 1, 1, 1)
+    k = torch.arange(16)
+    got &= ((k[None] < m.data["k_lens"][:, None]) &
+            (k[None] >= m.data["prefix"][:, None]))[:, None, None]
+    check(bool((got == want).all()), "a static cache's decode step: the same "
+          "allowed keys as sdpa's mask")
+    m = st.stof_mask(**dict(args, attention_mask=None))
+    check(isinstance(m, st.StofMask) and m.family == "causal" and
+          set(m.data) == {"q_offset"}, f"a static cache without padding: {m}")
+    m = st.stof_mask(**dict(args, kv_offset=torch.tensor(0), attention_mask=None))
+    check(not isinstance(m, st.StofMask), "a tensor kv_offset gives SDPA's mask")
 
     # The attention under each StofMask: the calls it makes to stof's ops
     # (recorded by stand-ins: no GPU here), with their arguments.
@@ -305,6 +325,19 @@ def main():
         check(calls == [("family", "causal", 0.25,
                          {"k_lens": [48, 40, 17, 1], "q_offset": [47] * b})],
               f"a padded decode step: {calls}")
+        m = st.stof_mask(batch_size=2, q_length=1, kv_length=16,
+                         q_offset=torch.tensor(6), kv_offset=0,
+                         mask_function=mu.causal_mask_function,
+                         attention_mask=torch.ones(2, 7, dtype=torch.bool))
+        calls.clear()
+        kv = torch.zeros(2, 4, 16, 16)
+        st.stof_attention_forward(None, kv[:, :, :1], kv, kv, m, scaling=0.25)
+        check(calls == [("family", "causal&!prefix", 0.25,
+                         {"k_lens": [7, 7], "q_offset": [6, 6], "prefix": [0, 0]})],
+              f"a static cache's decode step runs the family: {calls}")
+        m = st.stof_mask(batch_size=b, q_length=1, kv_length=s, q_offset=s - 1,
+                         kv_offset=0, mask_function=mu.causal_mask_function,
+                         attention_mask=right.bool())
         try:
             st.stof_attention_forward(None, q[:, :, :2], q, q, m)
             check(False, "a mask of another size is refused")

@@ -63,6 +63,10 @@ except (ImportError, AttributeError):  # pragma: no cover - older transformers
     _mu = None
 
 
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _closure(fn):
     """The values a function closes over, by name."""
     cells = fn.__closure__ or ()
@@ -125,9 +129,11 @@ def parse_mask_function(mask_function):
 class StofMask:
     """The mask the "stof" mask interface gives the attention: `spec` (a
     stof spec) over q_length x kv_length, the queries at key position
-    `q_offset` + row (an int; the keys start at position 0); and for a
-    padded batch `family` (the mask family to run) with `data` (its int32
-    instance tensors of shape (batch,): prefix, k_lens), else None and {}.
+    `q_offset` + row (an int, the keys starting at position 0; None when
+    the offset is a tensor, in `data`); and where it needs one (padding, an
+    offset held in a tensor, packed sequences) `family` (the mask family
+    to run) with `data` (its int32 instance tensors of shape (batch,):
+    prefix, k_lens, q_offset; doc_id (batch, keys)), else None and {}.
     `check`: None, or a CUDA bool tensor that must be true (every
     sequence's valid keys contiguous), asserted on the device when the
     mask is made. The layers of a forward share the mask: the first run of
@@ -202,15 +208,20 @@ def _tracing():
 def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
               mask_function=None, attention_mask=None, **kwargs):
     """transformers' mask interface for "stof": a StofMask when the pattern
-    is one stof has kernels for (mask_spec) and the offsets are ints;
+    is one stof has kernels for (parse_mask_function) and the offsets are
+    ints (or, static caches, the queries' offset a one-element tensor);
     otherwise transformers' SDPA mask (a boolean 4-D tensor or None)."""
     if mask_function is None and _mu is not None:
         mask_function = _mu.causal_mask_function
     parsed = parse_mask_function(mask_function)
-    offsets_ok = all(isinstance(o, int) and not isinstance(o, bool)
-                     for o in (q_offset, kv_offset)) and q_offset >= kv_offset
+    ints = _is_int(q_offset) and _is_int(kv_offset)
+    # Static caches give the queries' offset as a one-element tensor.
+    held = _is_int(kv_offset) and isinstance(q_offset, torch.Tensor) and \
+        q_offset.numel() == 1
+    offsets_ok = (ints and q_offset >= kv_offset) or held
     docs = None if parsed is None else parsed[1]
-    if docs is not None and (q_offset != kv_offset or q_length != kv_length or
+    if docs is not None and (not ints or q_offset != kv_offset or
+                             q_length != kv_length or
                              tuple(docs.shape) != (batch_size, kv_length)):
         parsed = None  # packed sequences with a cache: the general path
     if parsed is None or not offsets_ok:
@@ -219,6 +230,21 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                              kv_offset=kv_offset, mask_function=mask_function,
                              attention_mask=attention_mask, **kwargs)
     spec = parsed[0]
+    if held:
+        # The family with the offset as instance data (read on the GPU:
+        # positions past the cache's filled part are beyond every query,
+        # so causal patterns leave them out), and the key spans of the
+        # padding mask, if any.
+        data = {"q_offset": (q_offset.reshape(1) - kv_offset).to(
+            torch.int32).expand(batch_size).contiguous()}
+        if attention_mask is None:
+            return StofMask(spec, q_length, kv_length, None, spec, data)
+        pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        first, end, contiguous = key_spans(
+            pad[:, kv_offset:kv_offset + kv_length].to(torch.bool))
+        data.update(prefix=first, k_lens=end)
+        return StofMask(spec, q_length, kv_length, None, _family_of(spec, True),
+                        data, check=contiguous)
     rel = q_offset - kv_offset
     if docs is not None:
         # Packed sequences (transformers passes their ids only when it
