@@ -221,33 +221,38 @@ def _attention_lens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_lens: Optional[torch.Tensor],
                     q_offset: Optional[torch.Tensor] = None,
                     prefix: Optional[torch.Tensor] = None,
-                    doc_id: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    doc_id: Optional[torch.Tensor] = None,
+                    after: Optional[torch.Tensor] = None) -> torch.Tensor:
+    # after: the output of the call that built the format this one reuses
+    # (None: build): as an input here it orders the two in a compiled graph.
     return _family_impl(q, k, v, family, scale, q_lens, k_lens, q_offset, prefix,
-                        doc_id)
+                        doc_id, same_data=after is not None)
 
 
 @_attention_lens.register_fake
 def _attention_lens_fake(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
-                         prefix=None, doc_id=None):
+                         prefix=None, doc_id=None, after=None):
     return torch.empty_like(q)
 
 
 def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
-                     q_offset=None, prefix=None, doc_id=None, same_data=False):
+                     q_offset=None, prefix=None, doc_id=None, after=None):
     """Attention (B, H, S, D) over mask family `family` with per-sequence
     int32 CUDA tensors (batch,) of instance data (None: the default) and
-    doc_id (batch, seq_k) for families that say `docs`. same_data: the
-    tensors are those of the previous call of the same plan (same family,
-    shapes, strides, dtype and scale), unchanged since: its format is used
-    again (eager only; traced calls build theirs, as a compiled graph may
-    reorder calls that do not depend on each other):
-    torch.ops.stof.attention_lens when traced by torch.compile, the same
-    implementation without the dispatcher otherwise."""
+    doc_id (batch, seq_k) for families that say `docs`. after: None, or
+    (traced: must be) the output of an earlier call of the same plan (same
+    family, shapes, strides, dtype and scale) with these same instance
+    tensors, unchanged since: this call then reuses the format that call
+    built (STOF_RUN_SAME_DATA; where the plan ran in between with other
+    tensors, the library builds it again). Passing that output makes the
+    order explicit to torch.compile, which may otherwise reorder calls
+    that do not depend on each other. torch.ops.stof.attention_lens when
+    traced, the same implementation without the dispatcher otherwise."""
     args = (q, k, v, family, 0.0 if scale is None else float(scale), q_lens,
             k_lens, q_offset, prefix, doc_id)
     if torch.compiler.is_compiling():
-        return torch.ops.stof.attention_lens(*args)
-    return _family_impl(*args, same_data=same_data)
+        return torch.ops.stof.attention_lens(*args, after)
+    return _family_impl(*args, same_data=after is not None)
 
 
 def _lens(t, batch, device, name):

@@ -97,6 +97,48 @@ def sdpa_dense(sdpa, batch, sq, sk, spec):
     return sdpa.expand(batch, 1, sq, sk)
 
 
+def compiled_reuse():
+    """A BERT model compiled (fullgraph, inductor, on the CPU) with stof's
+    family implementation recorded: every layer gets the same instance
+    tensors and the later layers say same_data, as in eager."""
+    from transformers import AutoModel
+    rec = []
+
+    def fake_impl(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
+                  prefix=None, doc_id=None, same_data=False):
+        rec.append((family, same_data, k_lens.data_ptr(), prefix.data_ptr()))
+        return torch.zeros_like(q)
+
+    real = st._ops._family_impl
+    st._ops._family_impl = fake_impl
+    try:
+        torch.manual_seed(0)
+        cfg = config("bert", "stof", hidden_size=64, num_hidden_layers=3,
+                     num_attention_heads=4, intermediate_size=128, vocab_size=100)
+        m = AutoModel.from_config(cfg, attn_implementation="stof").eval()
+        ids = torch.randint(0, 100, (2, 16))
+        am = torch.ones(2, 16, dtype=torch.long)
+        am[1, 10:] = 0
+        try:
+            cm = torch.compile(m, fullgraph=True)
+            with torch.no_grad():
+                cm(input_ids=ids, attention_mask=am)
+                rec.clear()
+                cm(input_ids=ids, attention_mask=am)
+        except Exception as e:  # no C++ compiler for inductor here
+            print(f"skip: torch.compile on the CPU failed ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:100]})")
+            return
+        ptrs = {r[2:] for r in rec}
+        check(len(rec) == 3 and [r[1] for r in rec] == [False, True, True] and
+              len(ptrs) == 1 and all(r[0] == "!prefix" for r in rec),
+              f"compiled: one format build a forward, the same instance "
+              f"tensors for every layer ({[r[:2] for r in rec]}, "
+              f"{len(ptrs)} distinct pointer pairs)")
+    finally:
+        st._ops._family_impl = real
+
+
 def main():
     b, s = 4, 48
     emb = torch.zeros(b, s, 8)
@@ -185,8 +227,8 @@ def main():
     check(bool(contiguous) and first.tolist() == [0, 8, 31, 47] and
           end.tolist() == [48] * 4, "key_spans of left padding")
     first, end, contiguous = st.key_spans(torch.zeros(2, 6, dtype=torch.bool))
-    check(bool(contiguous) and first.tolist() == [0, 0] and end.tolist() == [0, 0],
-          "key_spans of sequences with no valid key")
+    check(bool(contiguous) and first.tolist() == [6, 6] and end.tolist() == [0, 0],
+          "key_spans of sequences with no valid key (an empty span)")
 
     # Under capture_safe (and CUDA-graph capture, torch.compile) nothing is
     # read on the host: a padded batch always runs "<spec>&!prefix" with
@@ -280,8 +322,8 @@ def main():
         return torch.zeros_like(q)
 
     def fake_family(q, k, v, family, scale, q_lens=None, k_lens=None,
-                    q_offset=None, prefix=None, doc_id=None, same_data=False):
-        if same_data:
+                    q_offset=None, prefix=None, doc_id=None, after=None):
+        if after is not None:
             family += " (same data)"
         calls.append(("family", family, scale,
                       {n: t.tolist() for n, t in (("k_lens", k_lens),
@@ -345,6 +387,7 @@ def main():
             check("1 x 48" in str(e), f"a mask of another size is refused ({e})")
     finally:
         st._ops.attention, st._ops.family_attention = real
+    compiled_reuse()
 
     # The eager family path's instance data: checked like FamilyPlan.run's.
     ops = st._ops

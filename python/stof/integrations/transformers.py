@@ -138,14 +138,15 @@ class StofMask:
     sequence's valid keys contiguous), asserted on the device when the
     mask is made. The layers of a forward share the mask: the first run of
     each family plan builds the format from `data`, the others reuse it
-    (`used`: the plans run so far)."""
+    (`built`: each plan's first output, which the later runs take as
+    `after` so that a compiled graph keeps them in order)."""
 
     def __init__(self, spec, q_length, kv_length, q_offset, family=None,
                  data=None, check=None, warm=()):
         self.spec, self.q_length, self.kv_length = spec, q_length, kv_length
         self.q_offset, self.family, self.data = q_offset, family, data or {}
         self.check = check
-        self.used = set()
+        self.built = {}  # plan key -> the output of the run that built it
         self.warm = warm  # families to plan too (capture_safe's warm-up)
         if check is not None:
             torch._assert_async(check, "stof: a padding mask whose valid keys "
@@ -168,16 +169,20 @@ def _family_of(spec, prefix):
 def key_spans(padding):
     """Each sequence's span of valid keys in a (batch, keys) boolean
     padding mask, on its device and without reading it on the host:
-    (first, end, contiguous) with first and end int32 (batch,) (0 and 0
-    for a sequence with no valid key) and contiguous a bool scalar tensor,
-    true when every sequence's valid keys are exactly first..end-1."""
+    (first, end, contiguous) with first and end int32 (batch,) (keys and 0
+    for a sequence with no valid key: an empty span) and contiguous a bool
+    scalar tensor, true when every sequence's valid keys are exactly
+    first..end-1. first and end are each a reduction's output, nothing
+    computed on top: torch.compile then stores them once rather than
+    recomputing them for each layer's call (which would give every call
+    new tensors, and the layers could not share one format build)."""
     keys = padding.shape[-1]
     idx = torch.arange(keys, device=padding.device, dtype=torch.int32)
-    end = torch.where(padding, idx + 1, 0).amax(-1)
-    first = torch.minimum(torch.where(padding, idx, keys).amin(-1), end)
+    end = torch.where(padding, idx + 1, 0).amax(-1).to(torch.int32)
+    first = torch.where(padding, idx, keys).amin(-1).to(torch.int32)
     n = padding.sum(-1, dtype=torch.int32)
-    contiguous = ((end - first) == n).all()
-    return first.to(torch.int32), end.to(torch.int32), contiguous
+    contiguous = (((end - first) == n) | (n == 0)).all()
+    return first, end, contiguous
 
 
 _no_host_reads = [0]
@@ -452,12 +457,14 @@ def _run_stof_mask(m, q, k, v, scale):
         last["path"] = "family:" + family
         # Later layers of this forward (the same plan: same family, shapes,
         # strides, dtype, scale) reuse the format the first one built.
-        key = (family, q.shape, k.shape, q.stride(), k.stride(), v.stride(),
-               q.dtype, scale)
-        same = key in m.used
-        m.used.add(key)
-        out = _ops.family_attention(q, k, v, family, scale, same_data=same,
-                                    **data)
+        key = (family, tuple(q.shape), tuple(k.shape), q.stride(), k.stride(),
+               v.stride(), q.dtype, scale)
+        out = _ops.family_attention(q, k, v, family, scale,
+                                    after=m.built.get(key), **data)
+        if key not in m.built:
+            # Traced, the output itself (it orders the later calls); eager,
+            # a marker (holding the tensor would keep its memory).
+            m.built[key] = out if torch.compiler.is_compiling() else True
     return out.transpose(1, 2).contiguous()
 
 
