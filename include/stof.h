@@ -701,13 +701,16 @@ typedef struct stof_run_args {
 } stof_run_args;
 
 /* stof_run_args.flags: this family run's instance data are the previous
- * run's of this plan: the same device arrays (every pointer of `data`
- * equal) with the same contents, that run ordered before this one (one
- * stream). The format that run built on the GPU is used again instead of
- * being rebuilt: the layers of a model share one mask and one plan, and
- * only the first builds. Where the plan has built no format yet, or any
- * pointer differs, the format is built as usual; equal contents are the
- * caller's promise (the arrays are not read on the host). */
+ * run's of this plan: the same device arrays (the same stof_mask_data:
+ * every pointer and value equal) with the same contents, that run ordered
+ * before this one (one stream). The format that run built on the GPU is
+ * used again instead of being rebuilt: the layers of a model share one
+ * mask and one plan, and only the first builds. The format is built as
+ * usual where the plan has built none yet, where data differ, and across
+ * CUDA-graph capture: a captured run reuses only a build captured before
+ * it, and once a plan has built a format in a capture its eager runs
+ * always build (a replay rewrites the format unseen). Equal contents are
+ * the caller's promise (the arrays are not read on the host). */
 #define STOF_RUN_SAME_DATA 1u
 
 /* The general run: stof_attention_run, stof_attention_run_family and

@@ -572,12 +572,23 @@ Test(gpu_family_attn, same_data_reuses_the_format)
                                          st);
     const size_t other = captured_nodes(plan, &p, &a.dev, STOF_RUN_SAME_DATA,
                                         st);
+    /* A captured build of b (never run: the graph is dropped) while the
+     * workspace holds a's format from the last eager run: an eager run of
+     * b asking to reuse must build, not take a's format. */
+    const size_t again = captured_nodes(plan, &p, &b.dev, 0, st);
     api->cuStreamDestroy(st);
     stof__ctx_pop(ctx);
     cr_log_info("captured nodes: built %zu, reused %zu, other data %zu",
                 built, reused, other);
     cr_assert_lt(reused, built);
     cr_assert_eq(other, built);
+    cr_assert_eq(again, built);
+    ra.flags = STOF_RUN_SAME_DATA;
+    ra.data = &b.dev;
+    poison(&p, ctx);
+    cr_assert_eq(stof_attention_run_ex(plan, &ra, NULL), STOF_OK, "%s",
+                 stof_plan_errmsg(plan));
+    check(&p, ctx, fam, &b);
     /* The flag is for family plans; unknown bits are refused. */
     ra.flags = 0x80u;
     cr_assert_eq(stof_attention_run_ex(plan, &ra, NULL),

@@ -108,10 +108,24 @@ def _plan(q, k, v, out, mask, scale, softcap, bias):
 def _attention_impl(q, k, v, mask, scale, softcap, bias):
     out = torch.empty_like(q)
     p = _plan(q, k, v, out, mask, scale, softcap, bias)
+    if _is_capturing():
+        _pin(p)
     if bias is None:
         # The plan's key holds every property run() would check.
         return p._launch(q, k, v, out, _raw_stream(q.device))
     return p.run(q, k, v, out, bias=bias)
+
+
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                        lambda: False)
+# Plans run inside a CUDA-graph capture: kept for good (a graph replays
+# their kernels and workspaces; evicting one from the caches must not
+# free it).
+_pinned = {}
+
+
+def _pin(p):
+    _pinned.setdefault(id(p), p)
 
 
 def _not_capturing():
@@ -182,6 +196,8 @@ def _family_impl(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
         p = family_plan(q, k, v, family, scale, out)
         p._check_tensors(q, k, v, out, None)
         cache_put(_family_fast, key, p)
+    if _is_capturing():
+        _pin(p)
     md = _instance(q.shape[0], k.shape[2], qd, q_lens, k_lens, q_offset, prefix,
                    doc_id)
     return p._launch_family(q, k, v, out, md, RUN_SAME_DATA if same_data else 0,
@@ -193,13 +209,14 @@ def _instance(batch, seq_k, device, q_len, k_len, q_offset, prefix, doc_id):
     ((batch,) each; doc_id (batch, >= seq_k) or (batch * seq_k,)),
     checked."""
     d = _MaskData()
-    for name, t in (("q_len", q_len), ("k_len", k_len), ("q_offset", q_offset),
-                    ("prefix", prefix)):
+    for name, arg, t in (("q_len", "q_lens", q_len), ("k_len", "k_lens", k_len),
+                         ("q_offset", "q_offset", q_offset),
+                         ("prefix", "prefix", prefix)):
         if t is None:
             continue
         if t.dtype != torch.int32 or t.device != device or t.numel() != batch \
                 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous int32 tensor of "
+            raise ValueError(f"{arg} must be a contiguous int32 tensor of "
                              f"{batch} elements on {device}")
         setattr(d, name, t.data_ptr())
     if doc_id is not None:
@@ -346,10 +363,14 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
     return out.transpose(1, 2) if layout == "bshd" else out
 
 
-def clear_cache():
+def clear_cache(captured=False):
     """Forget the cached plans, masks and registered masks (their GPU
-    memory is freed once nothing else holds them)."""
+    memory is freed once nothing else holds them). Plans that ran inside a
+    CUDA-graph capture stay, as the graphs replay them, unless captured=True
+    (once those graphs are gone)."""
     with _lock:
+        if captured:
+            _pinned.clear()
         _plans.clear()
         _masks.clear()
         _registered.clear()

@@ -890,13 +890,35 @@ static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data,
     return STOF_OK;
 }
 
-/* Whether a family run may use the plan's last format: asked to
- * (STOF_RUN_SAME_DATA), one was built, and the instance data's struct
- * (its device pointers and values) is the one that built it. */
-static int format_reusable(const stof_plan *p, const stof_mask_data *data,
-                           uint32_t flags)
+_Static_assert(sizeof(stof_run_args) == 12 * sizeof(void *) &&
+                   offsetof(stof_run_args, flags) == 7 * sizeof(void *),
+               "stof_run_args' layout is part of the ABI (Python mirrors it)");
+
+/* Whether `stream` is being captured into a CUDA graph: 1, 0, or -1 when
+ * the driver cannot say (the format is then built). */
+static int stream_capturing(const stof_api *api, void *stream)
 {
-    if (!(flags & STOF_RUN_SAME_DATA) || !p->fmt_valid)
+    CUstreamCaptureStatus cs;
+    if (api->cuStreamIsCapturing((CUstream)stream, &cs) != CUDA_SUCCESS)
+        return -1;
+    return cs == CU_STREAM_CAPTURE_STATUS_NONE     ? 0
+           : cs == CU_STREAM_CAPTURE_STATUS_ACTIVE ? 1
+                                                   : -1;
+}
+
+/* Whether a family run may use the plan's last format: asked to
+ * (STOF_RUN_SAME_DATA), one was built, the instance data's struct (its
+ * device pointers and values) is the one that built it, and the build
+ * happened where this run happens: a captured run reuses only a captured
+ * build (the graph then holds both, in order); an eager run reuses only an
+ * eager build, and never once the plan has been captured (a replay
+ * rewrites the format with the graph's data, unseen here). */
+static int format_reusable(const stof_plan *p, const stof_mask_data *data,
+                           uint32_t flags, int capturing)
+{
+    if (!(flags & STOF_RUN_SAME_DATA) || !p->fmt_valid || capturing < 0)
+        return 0;
+    if (capturing ? !p->fmt_captured : p->fmt_captured || p->ever_captured)
         return 0;
     stof_mask_data none;
     memset(&none, 0, sizeof(none));
@@ -941,7 +963,8 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
         return plan_fail(p, STOF_ERR_CUDA, "stof_attention_run: %s",
                          "cannot make the device's primary context current");
     stof_status st = STOF_OK;
-    if (p->family && !format_reusable(p, data, flags)) {
+    const int capturing = p->family ? stream_capturing(api, stream) : 0;
+    if (p->family && !format_reusable(p, data, flags, capturing)) {
         p->fmt_valid = 0;
         if ((st = stof__attention_family_build(p, data, (CUstream)stream)) !=
             STOF_OK) {
@@ -954,6 +977,8 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
         if (data)
             memcpy(&p->fmt_data, data, sizeof(p->fmt_data));
         p->fmt_valid = 1;
+        p->fmt_captured = capturing == 1;
+        p->ever_captured |= capturing == 1;
     }
     st = stof__plan_launch(p, data, (CUdeviceptr)(uintptr_t)q,
                            (CUdeviceptr)(uintptr_t)k, (CUdeviceptr)(uintptr_t)v,

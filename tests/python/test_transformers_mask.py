@@ -307,6 +307,19 @@ def main():
             (k[None] >= m.data["prefix"][:, None]))[:, None, None]
     check(bool((got == want).all()), "a static cache's decode step: the same "
           "allowed keys as sdpa's mask")
+    # A right-padded prompt decoding on: keys padded in the middle. Eager,
+    # SDPA's mask (not a device assert); under capture_safe the assert.
+    hole = torch.tensor([[1, 1, 1, 0, 0, 1, 1]] * 2, dtype=torch.bool)
+    m = st.stof_mask(**dict(args, attention_mask=hole))
+    check(isinstance(m, torch.Tensor), "a static cache with a hole, eager: "
+          f"SDPA's mask ({type(m).__name__})")
+    try:
+        with st.capture_safe():
+            st.stof_mask(**dict(args, attention_mask=hole))
+        check(False, "a static cache with a hole under capture_safe: asserted")
+    except RuntimeError as e:
+        check("not contiguous" in str(e), "a static cache with a hole under "
+              "capture_safe: asserted")
     m = st.stof_mask(**dict(args, attention_mask=None))
     check(isinstance(m, st.StofMask) and m.family == "causal" and
           set(m.data) == {"q_offset"}, f"a static cache without padding: {m}")
@@ -337,7 +350,7 @@ def main():
     st._ops.attention, st._ops.family_attention = fake_attention, fake_family
     try:
         q = torch.zeros(b, 4, s, 16)
-        for am, want in ((None, ("attention", "causal", 0.25, {})),
+        for am, want in ((None, ("attention", "causal", 0.25, {"softcap": 0.0})),
                          (right, ("family", "causal", 0.25,
                                   {"k_lens": [48, 40, 17, 1]})),
                          (left, ("family", "causal&!prefix", 0.25,
@@ -377,9 +390,30 @@ def main():
         check(calls == [("family", "causal&!prefix", 0.25,
                          {"k_lens": [7, 7], "q_offset": [6, 6], "prefix": [0, 0]})],
               f"a static cache's decode step runs the family: {calls}")
+        # Soft-capping (Gemma 2) reaches the structured kernel; a family
+        # path refuses it, and attention sinks are refused, by name.
+        m = mu.create_causal_mask(cfg, emb, None, past_key_values=None,
+                                  position_ids=None)
+        calls.clear()
+        st.stof_attention_forward(None, q, q, q, m, scaling=0.25, softcap=30.0)
+        check(calls == [("attention", "causal", 0.25, {"softcap": 30.0})],
+              f"softcap reaches the structured kernel: {calls}")
+        m = mu.create_causal_mask(cfg, emb, right, past_key_values=None,
+                                  position_ids=None)
+        for kw, what in (({"softcap": 30.0}, "soft-capping"),
+                         ({"s_aux": torch.zeros(4)}, "sinks")):
+            try:
+                st.stof_attention_forward(None, q, q, q, m, **kw)
+                check(False, f"{what} with a mask family refused")
+            except ValueError as e:
+                check("not supported" in str(e), f"{what} refused ({e})")
         m = st.stof_mask(batch_size=b, q_length=1, kv_length=s, q_offset=s - 1,
                          kv_offset=0, mask_function=mu.causal_mask_function,
                          attention_mask=right.bool())
+        meta = m.data_on(torch.device("meta"))
+        check(all(t.device.type == "meta" for t in meta.values()) and
+              m.data_on(torch.device("meta"))["k_lens"] is meta["k_lens"],
+              "a mask's data on another device: copied once")
         try:
             st.stof_attention_forward(None, q[:, :, :2], q, q, m)
             check(False, "a mask of another size is refused")
@@ -404,7 +438,7 @@ def main():
             ops._instance(2, 10, cpu, None, bad, None, None, None)
             check(False, f"instance data: {what} refused")
         except ValueError as e:
-            check("k_len must be" in str(e), f"instance data: {what} refused ({e})")
+            check("k_lens must be" in str(e), f"instance data: {what} refused ({e})")
     try:
         ops._instance(2, 10, cpu, None, None, None, None,
                       torch.zeros(2, 9, dtype=torch.int32))

@@ -147,11 +147,22 @@ class StofMask:
         self.q_offset, self.family, self.data = q_offset, family, data or {}
         self.check = check
         self.built = {}  # plan key -> the output of the run that built it
+        self._on = {}    # device -> data there (data_on)
         self.warm = warm  # families to plan too (capture_safe's warm-up)
         if check is not None:
             torch._assert_async(check, "stof: a padding mask whose valid keys "
                                 "are not contiguous in some sequence; this "
                                 "path takes left or right padding only")
+
+    def data_on(self, device):
+        """A copy of `data` whose tensors are on `device` (models split
+        over GPUs: each device's copy is made once per mask)."""
+        d = self._on.get(device)
+        if d is None:
+            d = {n: t if t.device == device else t.to(device)
+                 for n, t in self.data.items()}
+            self._on[device] = d
+        return dict(d)
 
     def __repr__(self):
         return (f"StofMask({self.spec!r}, {self.q_length}x{self.kv_length}, "
@@ -203,11 +214,15 @@ def capture_safe():
         _no_host_reads[0] -= 1
 
 
+def _capturing():
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _tracing():
     """Whether host reads must be avoided: CUDA-graph capture, tracing by
     torch.compile / export, or capture_safe()."""
     return bool(_no_host_reads[0]) or torch.compiler.is_compiling() or \
-        (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+        _capturing()
 
 
 def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
@@ -247,9 +262,16 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
         pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
         first, end, contiguous = key_spans(
             pad[:, kv_offset:kv_offset + kv_length].to(torch.bool))
+        if not _tracing() and not bool(contiguous):
+            # Eager, keys padded in the middle (say a right-padded prompt
+            # decoding on): the general path, not the device assert.
+            return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
+                                 kv_length=kv_length, q_offset=q_offset,
+                                 kv_offset=kv_offset, mask_function=mask_function,
+                                 attention_mask=attention_mask, **kwargs)
         data.update(prefix=first, k_lens=end)
         return StofMask(spec, q_length, kv_length, None, _family_of(spec, True),
-                        data, check=contiguous)
+                        data, check=contiguous if _tracing() else None)
     rel = q_offset - kv_offset
     if docs is not None:
         # Packed sequences (transformers passes their ids only when it
@@ -404,8 +426,12 @@ def stof_attention_forward(module, query, key, value, attention_mask,
     if not torch.compiler.is_compiling():  # a traced counter would recompile
         calls[0] += 1
     seq_q, seq_k = query.shape[2], key.shape[2]
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("stof: attention sinks (s_aux) are not supported")
+    softcap = kwargs.get("softcap") or 0.0
     if isinstance(attention_mask, StofMask):
-        return _run_stof_mask(attention_mask, query, key, value, scaling), None
+        return _run_stof_mask(attention_mask, query, key, value, scaling,
+                              float(softcap)), None
     bias = None
     if attention_mask is not None and _tracing():
         # Nothing may be read on the host: the mask as an additive bias.
@@ -420,11 +446,14 @@ def stof_attention_forward(module, query, key, value, attention_mask,
             is_causal = getattr(module, "is_causal", True)
         spec = "causal" if (is_causal and seq_q > 1) else "dense"
     if spec.startswith("family:"):
+        if softcap:
+            raise ValueError("stof: logit soft-capping with a padded batch (a "
+                             "mask family) is not supported")
         out = _family_attention(query, key, value, spec[7:], bias, scaling)
     else:
         last["path"] = spec if bias is None else spec + "+bias"
         out = _ops.attention(query, key, value, mask=spec, scale=scaling,
-                             bias=bias)
+                             bias=bias, softcap=float(softcap))
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -439,7 +468,7 @@ def _family_attention(q, k, v, family, lengths, scale):
                                  prefix=t if name == "prefix" else None)
 
 
-def _run_stof_mask(m, q, k, v, scale):
+def _run_stof_mask(m, q, k, v, scale, softcap=0.0):
     """Attention (B, Sq, H, D) of q, k, v (B, H, S, D) under a StofMask."""
     if (q.shape[2], k.shape[2]) != (m.q_length, m.kv_length):
         raise ValueError(f"stof: the mask is {m.q_length} x {m.kv_length}, the "
@@ -448,17 +477,21 @@ def _run_stof_mask(m, q, k, v, scale):
         _ops.family_plan(q, k, v, family, 0.0 if scale is None else float(scale))
     if m.family is None and m.q_offset == 0:
         last["path"] = m.spec
-        out = _ops.attention(q, k, v, mask=m.spec, scale=scale)
+        out = _ops.attention(q, k, v, mask=m.spec, scale=scale, softcap=softcap)
     else:
+        if softcap:
+            raise ValueError("stof: logit soft-capping with padding, packed "
+                             "sequences or a cache offset (a mask family) is not "
+                             "supported; without them it is")
         family = m.family or m.spec
-        data = dict(m.data)
+        data = m.data_on(q.device)
         if m.q_offset:
             data["q_offset"] = _offsets(q.shape[0], m.q_offset, q.device)
         last["path"] = "family:" + family
         # Later layers of this forward (the same plan: same family, shapes,
-        # strides, dtype, scale) reuse the format the first one built.
+        # strides, dtype, scale, device) reuse the format the first built.
         key = (family, tuple(q.shape), tuple(k.shape), q.stride(), k.stride(),
-               v.stride(), q.dtype, scale)
+               v.stride(), q.dtype, q.device, scale)
         out = _ops.family_attention(q, k, v, family, scale,
                                     after=m.built.get(key), **data)
         if key not in m.built:
@@ -471,7 +504,9 @@ def _run_stof_mask(m, q, k, v, scale):
 def _offsets(batch, value, device):
     """An int32 (batch,) tensor of `value` on `device` (cached: the same for
     every layer and forward)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _capturing():
+        # Traced or captured: made in the graph (a cached tensor whose fill
+        # was only captured would hold nothing for the eager calls).
         return torch.full((batch,), value, dtype=torch.int32, device=device)
     key = (batch, value, device)
     t = _offset_cache.get(key)
@@ -488,8 +523,7 @@ last = {"path": None}
 
 
 AttentionInterface.register(NAME, stof_attention_forward)
-try:
-    from transformers.masking_utils import AttentionMaskInterface
-    AttentionMaskInterface.register(NAME, stof_mask)
-except ImportError:  # older transformers build masks for any implementation
-    pass
+if _mu is not None and hasattr(_mu, "AttentionMaskInterface"):
+    _mu.AttentionMaskInterface.register(NAME, stof_mask)
+# (older transformers build SDPA-style masks for any implementation: the
+# attention then works out the pattern from the tensor)
