@@ -11,55 +11,19 @@ library's format cache (a run that says same_data reuses the format its
 plan built last when the instance tensors are the same) and fails on any
 reuse whose tensors' values changed. Needs PyTorch and transformers, no
 GPU (skips, exit 77, without them)."""
-import importlib
 import math
-import os
 import sys
 
-for _name in ("torch", "transformers"):
-    try:
-        importlib.import_module(_name)
-    except ImportError as e:
-        print(f"skip: {_name} is not available ({e})")
-        sys.exit(77)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "python"))
+from cpu_test import check, finish, leaf, require
 
+st = require()
 import torch  # noqa: E402
 from transformers import (AutoConfig, AutoModel,  # noqa: E402
                           AutoModelForCausalLM, DynamicCache, StaticCache)
+import stof.ops as ops  # noqa: E402
 
-try:
-    import stof.ops as ops  # noqa: E402
-    import stof.integrations.transformers as st  # noqa: E402
-except OSError as e:  # the package imports libstof
-    print(f"skip: libstof is not available ({e})")
-    sys.exit(77)
-
-failures = []
 formats = {}      # plan key -> (pointers, values) of its last build
 counts = {"build": 0, "reuse": 0, "stale": 0}
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def leaf(spec, q, k):
-    """The allowed keys of a structured spec, positions q (rows) x k."""
-    if spec == "dense":
-        return torch.ones(q.shape[0], k.shape[1], dtype=torch.bool)
-    if spec == "causal":
-        return k <= q
-    name, w = spec.split(":")
-    w = int(w)
-    if name == "causal_sliding":
-        return (k <= q) & (q - k < w)
-    if name == "sliding":
-        return (q - k).abs() < w
-    raise AssertionError(f"no reference for {spec}")
 
 
 def attend(q, k, v, allowed, scale, softcap=0.0):
@@ -126,6 +90,19 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def padding_mask(b, s, pad, step):
+    """A (b, s) attention mask: sequence i keeps s - step * i tokens, padded
+    on the `pad` side ("left", "right"; "none": no padding)."""
+    am = torch.ones(b, s, dtype=torch.long)
+    for i in range(b):
+        n = s - step * i
+        if pad == "left":
+            am[i, :s - n] = 0
+        elif pad == "right":
+            am[i, n:] = 0
+    return am
+
+
 def decoder(kind, kw, cache, pad, peer="sdpa", b=3, s=12, steps=4):
     """Logits of the last position after a prefill and (with a cache)
     decode steps, stof against `peer`: the worst relative error."""
@@ -136,13 +113,7 @@ def decoder(kind, kw, cache, pad, peer="sdpa", b=3, s=12, steps=4):
         m = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(0, 100, (b, s), generator=g)
-        am = torch.ones(b, s, dtype=torch.long)
-        for i in range(b):
-            n = s - 3 * i
-            if pad == "left":
-                am[i, :s - n] = 0
-            elif pad == "right":
-                am[i, n:] = 0
+        am = padding_mask(b, s, pad, 3)
         pkv = None
         if cache == "static":
             pkv = StaticCache(config=cfg, max_cache_len=s + steps + 2)
@@ -176,13 +147,7 @@ def encoder(kind, kw, pad, b=3, s=20):
         m = AutoModel.from_config(cfg, attn_implementation=impl).eval()
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(3, 100, (b, s), generator=g)
-        am = torch.ones(b, s, dtype=torch.long)
-        for i in range(b):
-            n = s - 5 * i
-            if pad == "left":
-                am[i, :s - n] = 0
-            elif pad == "right":
-                am[i, n:] = 0
+        am = padding_mask(b, s, pad, 5)
         with torch.no_grad():
             res[impl] = m(input_ids=ids, attention_mask=am).last_hidden_state
     valid = am.bool()
@@ -252,11 +217,7 @@ def main():
     check(counts["reuse"] > 0 and counts["stale"] == 0,
           f"format reuse: {counts['build']} builds, {counts['reuse']} reuses, "
           f"{counts['stale']} with changed values")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

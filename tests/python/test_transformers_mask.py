@@ -8,53 +8,20 @@ equal it exactly), and the patterns stof has no kernel for must come back
 as SDPA's tensor. Needs PyTorch and transformers, no GPU (skips, exit 77,
 without them)."""
 import copy
-import importlib
-import os
 import sys
 
-for _name in ("torch", "transformers"):
-    try:
-        importlib.import_module(_name)
-    except ImportError as e:
-        print(f"skip: {_name} is not available ({e})")
-        sys.exit(77)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "python"))
+from cpu_test import check, finish, leaf, require
 
+st = require()
 import torch  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 from transformers import masking_utils as mu  # noqa: E402
 
-try:
-    import stof.integrations.transformers as st  # noqa: E402
-except OSError as e:  # the package imports libstof
-    print(f"skip: libstof is not available ({e})")
-    sys.exit(77)
-
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
 
 def spec_allowed(spec, sq, sk, q_offset):
-    """The boolean (sq, sk) pattern of a stof spec used here."""
-    q = torch.arange(sq)[:, None] + q_offset
-    k = torch.arange(sk)[None, :]
-    if spec == "dense":
-        return torch.ones(sq, sk, dtype=torch.bool)
-    if spec == "causal":
-        return k <= q
-    name, w = spec.split(":")
-    w = int(w)
-    if name == "causal_sliding":
-        return (k <= q) & (q - k < w)
-    if name == "sliding":
-        return (q - k).abs() < w
-    raise AssertionError(spec)
+    """The boolean (sq, sk) pattern of a stof spec, queries at q_offset."""
+    return leaf(spec, torch.arange(sq)[:, None] + q_offset,
+                torch.arange(sk)[None, :])
 
 
 def stof_allowed(m, batch):
@@ -446,11 +413,7 @@ def main():
     except ValueError as e:
         check("doc_id" in str(e), "instance data: doc_id shorter than seq_k refused")
 
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":
