@@ -8,27 +8,32 @@ Importing this module registers "stof" with transformers' AttentionInterface
 and its AttentionMaskInterface. The mask: transformers' masking code hands
 the mask interface its pattern (a mask function) and the batch's 2-D
 padding mask. stof_mask recognises the patterns stof has kernels for
-(causal, bidirectional, and either with a sliding window) and returns a
-StofMask: the stof spec and, for a padded batch, each sequence's span of
-valid keys [first, end) as int32 tensors worked out on the GPU, without
-reading them on the host. The attention then runs
+(causal, bidirectional, either with a sliding window, and those within
+packed sequences found in the position ids) and returns a StofMask: the
+stof spec and, where needed, a mask family with its instance tensors
+worked out on the GPU without reading them on the host: each sequence's
+span of valid keys [first, end), the queries' offset after cached keys (an
+int, or a tensor for static caches), the packed sequences' ids. The
+attention then runs
   - the structured kernel ("causal", "dense", "causal_sliding:W",
-    "sliding:W") when nothing is padded;
-  - otherwise the mask family of that spec with the spans as this batch's
-    data: "<spec>&!prefix" with prefix = first and k_len = end (left and
-    right padding alike; padded keys are skipped, not computed), and
-    q_offset where the queries sit after cached keys.
+    "sliding:W") when nothing is padded, packed or offset;
+  - otherwise the mask family: "<spec>&!prefix" with prefix = first and
+    k_len = end for padding on either side (padded keys are skipped, not
+    computed), q_offset for queries after cached keys, "&docs" for packed
+    sequences. The layers of a forward build its format once.
 Eager, the mask interface reads one small summary of the padding mask
 (padded at all, contiguous, padded on the left) once per forward to take
 the cheapest of these; under CUDA-graph capture and torch.compile nothing
 is read on the host (the family path always, and a device-side assert
 that every sequence's valid keys are contiguous), so models capture and
 compile whole (capture_safe: the same for a warm-up before capturing a
-CUDA graph yourself). Other patterns (custom mask functions, packed sequences,
-chunked attention, offsets held in tensors) get transformers' SDPA mask,
-a boolean 4-D tensor, as do 4-D masks given by the caller; for those the
+CUDA graph yourself). Other patterns (custom mask functions, chunked
+attention, keys padded in the middle) get transformers' SDPA mask, a
+boolean 4-D tensor, as do 4-D masks given by the caller; for those the
 attention works out the pattern from the tensor on the host once per mask
-(structured kernel, the padding families, or an additive bias).
+(structured kernel, the padding families, or an additive bias; under
+capture or compile, an additive bias). Soft-capping (Gemma 2) reaches the
+structured kernels; with a mask family, and attention sinks, it is refused.
 Inference only: dropout must be 0 (model.eval()). Attention weights are not
 returned (None), as with SDPA.
 """
