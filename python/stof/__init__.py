@@ -1220,7 +1220,6 @@ class FamilyPlan(Plan):
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out
 
-
     def _launch_family(self, q, k, v, out, md, flags, s):
         """stof_attention_run_ex without run()'s checks (stof.ops keys its
         family plans by everything run() checks, and checks the instance
