@@ -32,7 +32,12 @@ attention, keys padded in the middle) get transformers' SDPA mask, a
 boolean 4-D tensor, as do 4-D masks given by the caller; for those the
 attention works out the pattern from the tensor on the host once per mask
 (structured kernel, the padding families, or an additive bias; under
-capture or compile, an additive bias). Soft-capping (Gemma 2) reaches the
+capture or compile, an additive bias). Traced by torch.compile, only the
+plain causal and bidirectional patterns are recognised (the closures of
+the composite mask functions transformers makes inside the traced code
+cannot be read there): sliding windows and packed sequences then take
+SDPA's mask as an additive bias, correct but without the window's
+savings; CUDA graphs captured from eager code keep them. Soft-capping (Gemma 2) reaches the
 structured kernels; with a mask family, and attention sinks, it is refused.
 Inference only: dropout must be 0 (model.eval()). Attention weights are not
 returned (None), as with SDPA.
@@ -72,10 +77,13 @@ def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _closure(fn):
-    """The values a function closes over, by name."""
-    cells = fn.__closure__ or ()
-    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in cells)))
+def _cell(fn, name):
+    """The value function `fn` closes over as `name`, or None (by index:
+    what torch.compile can trace)."""
+    names = fn.__code__.co_freevars
+    if name not in names or fn.__closure__ is None:
+        return None
+    return fn.__closure__[names.index(name)].cell_contents
 
 
 def mask_spec(mask_function):
@@ -90,16 +98,19 @@ def mask_spec(mask_function):
         return "causal"
     if mask_function is _mu.bidirectional_mask_function:
         return "dense"
-    if getattr(mask_function, "__code__", None) is not _AND_CODE:
+    if torch.compiler.is_compiling() or \
+            getattr(mask_function, "__code__", None) is not _AND_CODE:
+        # (torch.compile cannot read the closures of functions made in the
+        # traced code: composites go to SDPA's mask there, an additive bias)
         return None
-    parts = _closure(mask_function).get("mask_functions")
+    parts = _cell(mask_function, "mask_functions")
     if not isinstance(parts, tuple) or len(parts) != 2:
         return None
     overlay, base = parts
     code = getattr(overlay, "__code__", None)
     if code is None or code not in (_SW_CODE, _SWB_CODE):
         return None
-    w = _closure(overlay).get("sliding_window")
+    w = _cell(overlay, "sliding_window")
     if not isinstance(w, int) or isinstance(w, bool) or w <= 0:
         return None
     if code is _SW_CODE and base is _mu.causal_mask_function:
@@ -118,14 +129,15 @@ def parse_mask_function(mask_function):
     spec = mask_spec(mask_function)
     if spec is not None or _mu is None:
         return None if spec is None else (spec, None)
-    if getattr(mask_function, "__code__", None) is not _AND_CODE:
+    if torch.compiler.is_compiling() or \
+            getattr(mask_function, "__code__", None) is not _AND_CODE:
         return None
-    parts = _closure(mask_function).get("mask_functions")
+    parts = _cell(mask_function, "mask_functions")
     if not isinstance(parts, tuple) or len(parts) != 2 or \
             getattr(parts[1], "__code__", None) is not _PACKED_CODE:
         return None
     spec = mask_spec(parts[0])
-    ids = _closure(parts[1]).get("packed_sequence_mask")
+    ids = _cell(parts[1], "packed_sequence_mask")
     if spec is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         return None
     return spec, ids
