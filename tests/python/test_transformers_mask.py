@@ -238,14 +238,22 @@ def main():
             bool((stof_allowed(m, b) == sdpa_dense(ms["sdpa"], b, s, s, spec)).all())
         check(ok, f"{bname}, packed sequences of 20 and 28: {m}, the same "
               "allowed keys as sdpa's mask")
-    m = st.stof_mask(batch_size=b, q_length=s, kv_length=s,
-                     mask_function=mu.and_masks(
-                         mu.causal_mask_function,
-                         mu.packed_sequence_mask_function(torch.zeros(b, s))),
-                     attention_mask=left)
+    packed_args = dict(batch_size=b, q_length=s, kv_length=s,
+                       mask_function=mu.and_masks(
+                           mu.causal_mask_function,
+                           mu.packed_sequence_mask_function(torch.zeros(b, s))),
+                       attention_mask=left)
+    m = st.stof_mask(**packed_args)
     check(isinstance(m, st.StofMask) and m.family == "causal&!prefix&docs" and
-          m.check is not None and set(m.data) == {"doc_id", "prefix", "k_lens"},
+          m.check is None and set(m.data) == {"doc_id", "prefix", "k_lens"},
           f"packed ids with left padding: {m}")
+    with st.capture_safe():
+        m = st.stof_mask(**packed_args)
+    check(isinstance(m, st.StofMask) and m.check is not None,
+          "packed ids with left padding under capture_safe: checked on the device")
+    m = st.stof_mask(**dict(packed_args, attention_mask=holes))
+    check(isinstance(m, torch.Tensor),
+          "packed ids with a hole in the padding, eager: SDPA's mask")
 
     # Queries after cached keys (a decode step: q_offset 9, 10 keys).
     m = st.stof_mask(batch_size=2, q_length=1, kv_length=10, q_offset=9,

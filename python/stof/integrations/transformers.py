@@ -298,10 +298,16 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
             pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
             first, end, contiguous = key_spans(
                 pad[:, kv_offset:kv_offset + kv_length].to(torch.bool))
+            if not _tracing() and not bool(contiguous):
+                return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
+                                     kv_length=kv_length, q_offset=q_offset,
+                                     kv_offset=kv_offset,
+                                     mask_function=mask_function,
+                                     attention_mask=attention_mask, **kwargs)
             data.update(prefix=first, k_lens=end)
             return StofMask(spec, q_length, kv_length, rel,
                             _family_of(spec, True) + "&docs", data,
-                            check=contiguous)
+                            check=contiguous if _tracing() else None)
         return StofMask(spec, q_length, kv_length, rel, spec + "&docs", data)
     if attention_mask is None:
         warm = ()
