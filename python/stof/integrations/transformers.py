@@ -248,6 +248,12 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     is one stof has kernels for (parse_mask_function) and the offsets are
     ints (or, static caches, the queries' offset a one-element tensor);
     otherwise transformers' SDPA mask (a boolean 4-D tensor or None)."""
+    def sdpa():  # transformers' own mask, for what stof does not claim
+        return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
+                             kv_length=kv_length, q_offset=q_offset,
+                             kv_offset=kv_offset, mask_function=mask_function,
+                             attention_mask=attention_mask, **kwargs)
+
     if mask_function is None and _mu is not None:
         mask_function = _mu.causal_mask_function
     parsed = parse_mask_function(mask_function)
@@ -262,10 +268,7 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                              tuple(docs.shape) != (batch_size, kv_length)):
         parsed = None  # packed sequences with a cache: the general path
     if parsed is None or not offsets_ok:
-        return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
-                             kv_length=kv_length, q_offset=q_offset,
-                             kv_offset=kv_offset, mask_function=mask_function,
-                             attention_mask=attention_mask, **kwargs)
+        return sdpa()
     spec = parsed[0]
     if held:
         # The family with the offset as instance data (read on the GPU:
@@ -282,10 +285,7 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
         if not _tracing() and not bool(contiguous):
             # Eager, keys padded in the middle (say a right-padded prompt
             # decoding on): the general path, not the device assert.
-            return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
-                                 kv_length=kv_length, q_offset=q_offset,
-                                 kv_offset=kv_offset, mask_function=mask_function,
-                                 attention_mask=attention_mask, **kwargs)
+            return sdpa()
         data.update(prefix=first, k_lens=end)
         return StofMask(spec, q_length, kv_length, None, _family_of(spec, True),
                         data, check=contiguous if _tracing() else None)
@@ -299,11 +299,7 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
             first, end, contiguous = key_spans(
                 pad[:, kv_offset:kv_offset + kv_length].to(torch.bool))
             if not _tracing() and not bool(contiguous):
-                return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
-                                     kv_length=kv_length, q_offset=q_offset,
-                                     kv_offset=kv_offset,
-                                     mask_function=mask_function,
-                                     attention_mask=attention_mask, **kwargs)
+                return sdpa()
             data.update(prefix=first, k_lens=end)
             return StofMask(spec, q_length, kv_length, rel,
                             _family_of(spec, True) + "&docs", data,
@@ -332,10 +328,7 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     if full:
         return StofMask(spec, q_length, kv_length, rel)
     if not contiguous:  # keys padded in the middle: the general path
-        return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
-                             kv_length=kv_length, q_offset=q_offset,
-                             kv_offset=kv_offset, mask_function=mask_function,
-                             attention_mask=attention_mask, **kwargs)
+        return sdpa()
     data = {"k_lens": end}
     if left:
         data["prefix"] = first
