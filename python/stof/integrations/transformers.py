@@ -254,6 +254,11 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                              kv_offset=kv_offset, mask_function=mask_function,
                              attention_mask=attention_mask, **kwargs)
 
+    def spans():  # the padding mask over these keys, and its key spans
+        pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        pad = pad[:, kv_offset:kv_offset + kv_length].to(torch.bool)
+        return (pad,) + key_spans(pad)
+
     if mask_function is None and _mu is not None:
         mask_function = _mu.causal_mask_function
     parsed = parse_mask_function(mask_function)
@@ -279,9 +284,7 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
             torch.int32).expand(batch_size).contiguous()}
         if attention_mask is None:
             return StofMask(spec, q_length, kv_length, None, spec, data)
-        pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
-        first, end, contiguous = key_spans(
-            pad[:, kv_offset:kv_offset + kv_length].to(torch.bool))
+        _, first, end, contiguous = spans()
         if not _tracing() and not bool(contiguous):
             # Eager, keys padded in the middle (say a right-padded prompt
             # decoding on): the general path, not the device assert.
@@ -295,9 +298,7 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
         # found some, or when it cannot look: under capture or compile).
         data = {"doc_id": docs.to(torch.int32).contiguous()}
         if attention_mask is not None:
-            pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
-            first, end, contiguous = key_spans(
-                pad[:, kv_offset:kv_offset + kv_length].to(torch.bool))
+            _, first, end, contiguous = spans()
             if not _tracing() and not bool(contiguous):
                 return sdpa()
             data.update(prefix=first, k_lens=end)
@@ -316,9 +317,7 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
             # now (it cannot be planned during the capture).
             warm = (spec + "&docs",)
         return StofMask(spec, q_length, kv_length, rel, warm=warm)
-    pad = _mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
-    pad = pad[:, kv_offset:kv_offset + kv_length].to(torch.bool)
-    first, end, contiguous = key_spans(pad)
+    pad, first, end, contiguous = spans()
     if _tracing():
         return StofMask(spec, q_length, kv_length, rel, _family_of(spec, True),
                         {"prefix": first, "k_lens": end}, check=contiguous)
