@@ -90,6 +90,50 @@ __device__ __forceinline__ void tma_load2(unsigned dst, const stof_tmap *map,
                  : "memory");
 }
 
+// TMA multicast: the box at (c0, c1) into `dst` of every CTA of the
+// cluster whose bit is set in `mask`, completing bytes on the mbarrier at
+// `bar`'s offset in each of them.
+__device__ __forceinline__ void tma_load2_mc(unsigned dst, const stof_tmap *map,
+                                             int c0, int c1, unsigned bar,
+                                             unsigned short mask)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile."
+                 "mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+                 "{%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"((stof_u64)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+// Every thread of every CTA of the cluster (release / acquire).
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// One arrival on the mbarrier at `bar`'s offset in the cluster's CTA of
+// rank `rank`, with the default release at CTA scope: a cluster-scope
+// release fences every arrival (measured: half the warps' stalls of a
+// GEMM K loop, twice its time), and the slot's reader here is the peer's
+// TMA, ordered by the barrier itself.
+__device__ __forceinline__ void mb_arrive_rank(unsigned bar, unsigned rank)
+{
+    asm volatile("{\n .reg .b32 ra;\n"
+                 " mapa.shared::cluster.u32 ra, %0, %1;\n"
+                 " mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n"
+                 ::"r"(bar),
+                 "r"(rank)
+                 : "memory");
+}
+
 // TMA store: the box at `src` to coordinates (c0, c1) of a 2-D map (rows
 // and columns outside the map are not written), in this thread's current
 // bulk group.

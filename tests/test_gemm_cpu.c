@@ -18,7 +18,7 @@ static const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0};
 Test(gemm_cpu, valid_and_invalid)
 {
     char why[256];
-    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0};
+    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0, 1};
     cr_assert(stof__gemm_cfg_valid(NULL, &c, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
@@ -28,21 +28,21 @@ Test(gemm_cpu, valid_and_invalid)
         int N, K;
         const char *needle;
     } bad[] = {
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 100, 768, "N 100"},
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 20, "K 20"},
-        {{96, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_m"},
-        {{128, 48, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_n"},
-        {{128, 128, 16, 2, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_k"},
-        {{128, 128, 32, 4, 4, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "warps"},
-        {{16, 128, 32, 2, 2, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "of 16"},
-        {{256, 256, 32, 2, 2, 3, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "accumul"},
-        {{128, 128, 32, 2, 4, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "stages"},
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 7, 0, 0, 0, 0}, 768, 768, "act 7"},
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 3, 0, 0}, 768, 768, "norm 3"},
-        {{64, 64, 32, 2, 2, 3, 0}, {0, 1, 0, 1, 0, 0}, 768, 768, "act = none"},
-        {{128, 128, 32, 2, 4, 3, 0}, {0, 0, 0, 0, 1, 0}, 768, 768, "write_pre"},
-        {{64, 128, 32, 2, 4, 3, 0}, {0, 0, 1, 1, 1, 0}, 4096, 768, "shared"},
-        {{128, 128, 32, 2, 4, 3, 0}, {2, 0, 0, 0, 0, 0}, 768, 768, "0 or 1"},
+        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 100, 768, "N 100"},
+        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 20, "K 20"},
+        {{96, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_m"},
+        {{128, 48, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_n"},
+        {{128, 128, 16, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_k"},
+        {{128, 128, 32, 4, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "warps"},
+        {{16, 128, 32, 2, 2, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "of 16"},
+        {{256, 256, 32, 2, 2, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "accumul"},
+        {{128, 128, 32, 2, 4, 1, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "stages"},
+        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 7, 0, 0, 0, 0}, 768, 768, "act 7"},
+        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 3, 0, 0}, 768, 768, "norm 3"},
+        {{64, 64, 32, 2, 2, 3, 0, 1}, {0, 1, 0, 1, 0, 0}, 768, 768, "act = none"},
+        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 1, 0}, 768, 768, "write_pre"},
+        {{64, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 1, 1, 1, 0}, 4096, 768, "shared"},
+        {{128, 128, 32, 2, 4, 3, 0, 1}, {2, 0, 0, 0, 0, 0}, 768, 768, "0 or 1"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         why[0] = '\0';
@@ -60,7 +60,7 @@ Test(gemm_cpu, valid_and_invalid)
     dev.ok = 1;
     dev.sm_count = 108;
     dev.max_smem_optin = 48 * 1024;
-    stof_gemm_cfg big = {128, 256, 32, 2, 4, 4, 0};
+    stof_gemm_cfg big = {128, 256, 32, 2, 4, 4, 0, 1};
     cr_expect_not(stof__gemm_cfg_valid(&dev, &big, &plain, 768, 768, why,
                                        sizeof(why)));
     cr_expect(strstr(why, "device") != NULL, "%s", why);
@@ -68,14 +68,14 @@ Test(gemm_cpu, valid_and_invalid)
 
 Test(gemm_cpu, smem_bytes)
 {
-    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0};
+    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0, 1};
     /* 3 stages x 256 rows x 40 elements x 2 bytes. */
     cr_expect_eq(stof__gemm_smem_bytes(&c, &plain, 768), 3u * 256 * 40 * 2);
-    stof_gemm_cfg s = {128, 256, 32, 2, 4, 2, 0};
+    stof_gemm_cfg s = {128, 256, 32, 2, 4, 2, 0, 1};
     /* The staging tile 128 x 264 is larger than 2 x 384 x 40. */
     cr_expect_eq(stof__gemm_smem_bytes(&s, &plain, 768), 128u * 264 * 2);
     stof_gemm_epi ln = {1, 0, 1, 1, 1, 0};
-    stof_gemm_cfg n = {32, 128, 32, 2, 4, 3, 0};
+    stof_gemm_cfg n = {32, 128, 32, 2, 4, 3, 0, 1};
     cr_expect_eq(stof__gemm_smem_bytes(&n, &ln, 768),
                  3u * 160 * 40 * 2 + 32u * 776 * 2);
     cr_expect_eq(stof__gemm_smem_bytes(NULL, &plain, 768), 0);
@@ -83,7 +83,7 @@ Test(gemm_cpu, smem_bytes)
 
 Test(gemm_cpu, json_round_trip)
 {
-    stof_gemm_cfg c = {128, 256, 64, 2, 4, 4, 0}, c2;
+    stof_gemm_cfg c = {128, 256, 64, 2, 4, 4, 0, 1}, c2;
     stof_gemm_epi e = {1, 2, 1, 0, 0, 0}, e2;
     stof_str s = {0};
     stof__gemm_cfg_json(&c, &e, &s);
@@ -94,6 +94,14 @@ Test(gemm_cpu, json_round_trip)
     cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2));
     cr_expect_eq(memcmp(&c, &c2, sizeof(c)), 0);
     cr_expect_eq(memcmp(&e, &e2, sizeof(e)), 0);
+    stof__str_free(&s);
+    /* A Hopper kernel in pairs of CTAs keeps "wg" and "cl". */
+    const stof_gemm_cfg pair = {128, 256, 64, 2, 1, 3, 1, 2};
+    stof__gemm_cfg_json(&pair, &e, &s);
+    cr_assert(s.p && !s.oom);
+    cr_expect(strstr(s.p, "\"wg\":1,\"cl\":2}") != NULL, "%s", s.p);
+    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2));
+    cr_expect_eq(memcmp(&pair, &c2, sizeof(c2)), 0);
     stof__str_free(&s);
     /* Whitespace and key order do not matter. */
     cr_expect(stof__gemm_cfg_parse(
@@ -161,7 +169,7 @@ Test(gemm_cpu, model_prefers_sensible_tiles)
     dev.ok = 1;
     dev.sm_count = 132;
     dev.max_smem_optin = 227 * 1024;
-    stof_gemm_cfg big = {128, 256, 32, 2, 4, 3, 0}, small = {32, 64, 32, 1, 2, 4, 0};
+    stof_gemm_cfg big = {128, 256, 32, 2, 4, 3, 0, 1}, small = {32, 64, 32, 1, 2, 4, 0, 1};
     /* Large M: the large tile; tiny M: the small one (more CTAs). */
     cr_expect_lt(stof__gemm_model_ms(&dev, &big, &plain, 4096, 3072, 3072),
                  stof__gemm_model_ms(&dev, &small, &plain, 4096, 3072, 3072));
@@ -235,9 +243,9 @@ Test(gemm_cpu, gated)
 {
     char why[256];
     const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1};
-    const stof_gemm_cfg wg256 = {128, 256, 64, 2, 1, 3, 1},
-                        wg64 = {128, 64, 64, 2, 1, 6, 1},
-                        mma = {128, 128, 32, 2, 4, 3, 0};
+    const stof_gemm_cfg wg256 = {128, 256, 64, 2, 1, 3, 1, 1},
+                        wg64 = {128, 64, 64, 2, 1, 6, 1, 1},
+                        mma = {128, 128, 32, 2, 4, 3, 0, 1};
     cr_expect(stof__gemm_cfg_valid(NULL, &wg256, &swiglu, 11008, 4096, why,
                                    sizeof(why)),
               "%s", why);
@@ -323,7 +331,7 @@ Test(gemm_cpu, gated)
 Test(gemm_cpu, hopper_template)
 {
     char why[256];
-    const stof_gemm_cfg ok = {128, 256, 64, 2, 1, 3, 1};
+    const stof_gemm_cfg ok = {128, 256, 64, 2, 1, 3, 1, 1};
     cr_assert(stof__gemm_cfg_valid(NULL, &ok, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
@@ -332,8 +340,8 @@ Test(gemm_cpu, hopper_template)
     cr_expect_eq(stof__gemm_smem_bytes(&ok, &plain, 768),
                  3u * 384 * 128 + 65536u + 64u + 1024u);
     /* Ping-pong (warps 1x1): block_n <= 128, a C tile per warpgroup. */
-    const stof_gemm_cfg pp = {128, 128, 64, 1, 1, 5, 1},
-                        pp256 = {128, 256, 64, 1, 1, 3, 1};
+    const stof_gemm_cfg pp = {128, 128, 64, 1, 1, 5, 1, 1},
+                        pp256 = {128, 256, 64, 1, 1, 3, 1, 1};
     cr_assert(stof__gemm_cfg_valid(NULL, &pp, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
@@ -350,7 +358,7 @@ Test(gemm_cpu, hopper_template)
     h100.sm_count = 132;
     h100.cc_major = 9;
     h100.max_smem_optin = 232448;
-    const stof_gemm_cfg co = {128, 128, 64, 2, 1, 5, 1};
+    const stof_gemm_cfg co = {128, 128, 64, 2, 1, 5, 1, 1};
     const double small_k =
         stof__gemm_model_ms(&h100, &co, &plain, 16384, 3072, 768) /
         stof__gemm_model_ms(&h100, &pp, &plain, 16384, 3072, 768);
@@ -365,15 +373,17 @@ Test(gemm_cpu, hopper_template)
         stof_gemm_epi e;
         const char *needle;
     } bad[] = {
-        {{64, 128, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 32, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 128, 32, 2, 1, 4, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 128, 64, 2, 4, 4, 1}, {0, 0, 0, 0, 0, 0}, "2x1"},
-        {{128, 128, 64, 2, 1, 7, 1}, {0, 0, 0, 0, 0, 0}, "stages"},
-        {{128, 256, 64, 2, 1, 4, 1}, {0, 0, 0, 0, 0, 0}, "shared memory"},
-        {{128, 128, 64, 2, 1, 4, 1}, {0, 0, 1, 2, 0, 0}, "no row norm"},
-        {{128, 128, 64, 2, 1, 4, 1}, {0, 9, 0, 0, 0, 0}, "act 9"},
-        {{128, 128, 64, 2, 1, 4, 2}, {0, 0, 0, 0, 0, 0}, "wgmma 2"},
+        {{64, 128, 64, 2, 1, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 32, 64, 2, 1, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 32, 2, 1, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 64, 2, 4, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "2x1"},
+        {{128, 128, 64, 2, 1, 7, 1, 1}, {0, 0, 0, 0, 0, 0}, "stages"},
+        {{128, 256, 64, 2, 1, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "shared memory"},
+        {{128, 128, 64, 2, 1, 4, 1, 1}, {0, 0, 1, 2, 0, 0}, "no row norm"},
+        {{128, 128, 64, 2, 1, 4, 1, 1}, {0, 9, 0, 0, 0, 0}, "act 9"},
+        {{128, 128, 64, 2, 1, 4, 2, 1}, {0, 0, 0, 0, 0, 0}, "wgmma 2"},
+        {{128, 128, 64, 2, 1, 4, 1, 3}, {0, 0, 0, 0, 0, 0}, "cluster 3"},
+        {{128, 128, 32, 2, 4, 3, 0, 2}, {0, 0, 0, 0, 0, 0}, "clusters"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         why[0] = '\0';
@@ -422,6 +432,15 @@ Test(gemm_cpu, hopper_template)
         }
     }
     cr_expect_gt(n_wg, 0);
+    int n_pairs = 0;
+    for (int i = 0; i < n; i++)
+        n_pairs += c[i].cluster == 2;
+    cr_expect_gt(n_pairs, 0, "no candidate in pairs of CTAs");
+    /* One tile row: nothing to pair. */
+    const int n1 = stof__gemm_candidates(&dev, &gelu, 128, 3072, 768, c, 64);
+    for (int i = 0; i < n1; i++)
+        cr_expect_neq(c[i].cluster, 2, "a pair for one tile row");
+    n = stof__gemm_candidates(&dev, &gelu, 16384, 3072, 768, c, 64);
     cr_assert_geq(best, 0);
     cr_expect_eq(c[best].wgmma, 1, "the model prefers mma.sync on H100");
     const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0};
@@ -433,7 +452,7 @@ Test(gemm_cpu, hopper_template)
     stof_str s = {0};
     stof_gemm_cfg c2;
     stof_gemm_epi e2;
-    const stof_gemm_cfg mma = {128, 128, 32, 2, 4, 3, 0};
+    const stof_gemm_cfg mma = {128, 128, 32, 2, 4, 3, 0, 1};
     stof__gemm_cfg_json(&mma, &gelu, &s);
     cr_expect(strstr(s.p, "wg") == NULL, "%s", s.p);
     cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2));

@@ -213,7 +213,7 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
     free(fp);
 }
 
-static const stof_gemm_cfg cfg_64 = {64, 64, 32, 2, 2, 3, 0};
+static const stof_gemm_cfg cfg_64 = {64, 64, 32, 2, 2, 3, 0, 1};
 
 /* Every activation, with and without bias / residual, on tails. */
 static void epilogues(stof_dtype dt)
@@ -239,11 +239,11 @@ Test(gpu, tiles, .timeout = 600)
 {
     stof_context *ctx = open_or_skip();
     static const stof_gemm_cfg cfgs[] = {
-        {128, 256, 32, 2, 4, 3, 0}, {256, 128, 32, 4, 2, 3, 0},
-        {128, 128, 32, 2, 4, 4, 0}, {128, 128, 64, 2, 4, 3, 0},
-        {64, 128, 32, 2, 2, 4, 0},  {128, 64, 32, 2, 2, 2, 0},
-        {64, 64, 64, 2, 2, 5, 0},   {32, 64, 32, 1, 2, 4, 0},
-        {32, 128, 32, 1, 4, 3, 0},  {16, 64, 64, 1, 4, 3, 0},
+        {128, 256, 32, 2, 4, 3, 0, 1}, {256, 128, 32, 4, 2, 3, 0, 1},
+        {128, 128, 32, 2, 4, 4, 0, 1}, {128, 128, 64, 2, 4, 3, 0, 1},
+        {64, 128, 32, 2, 2, 4, 0, 1},  {128, 64, 32, 2, 2, 2, 0, 1},
+        {64, 64, 64, 2, 2, 5, 0, 1},   {32, 64, 32, 1, 2, 4, 0, 1},
+        {32, 128, 32, 1, 4, 3, 0, 1},  {16, 64, 64, 1, 4, 3, 0, 1},
     };
     stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0};
     for (size_t i = 0; i < sizeof(cfgs) / sizeof(*cfgs); i++)
@@ -257,9 +257,9 @@ static void norms(stof_dtype dt)
 {
     stof_context *ctx = open_or_skip();
     static const stof_gemm_cfg cfgs[] = {
-        {16, 64, 64, 1, 4, 3, 0},
-        {32, 128, 32, 2, 4, 3, 0},
-        {64, 64, 32, 2, 2, 3, 0}};
+        {16, 64, 64, 1, 4, 3, 0, 1},
+        {32, 128, 32, 2, 4, 3, 0, 1},
+        {64, 64, 32, 2, 2, 3, 0, 1}};
     int i = 0;
     for (int norm = 1; norm <= 2; norm++)
         for (int pre = 0; pre < 2; pre++, i++) {
@@ -319,6 +319,39 @@ static void bench_or_skip(void)
     const char *b = getenv("STOF_GEMM_BENCH");
     if (!b || !b[0] || strcmp(b, "0") == 0)
         cr_skip_test("set STOF_GEMM_BENCH=1 to time the GEMM");
+}
+
+/* Benchmark knobs for profiling runs: STOF_GEMM_BENCH=2 logs every
+ * configuration's time; STOF_GEMM_BENCH_SHAPES="1,4" times only those
+ * shapes (indices of the test's list); STOF_GEMM_BENCH_REPS launches a
+ * timing (default `def`). */
+static int bench_verbose(void)
+{
+    const char *b = getenv("STOF_GEMM_BENCH");
+    return b && atoi(b) >= 2;
+}
+
+static int bench_shape_on(int s)
+{
+    const char *l = getenv("STOF_GEMM_BENCH_SHAPES");
+    if (!l || !l[0])
+        return 1;
+    for (const char *p = l; *p;) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        if (v == s)
+            return 1;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+static int bench_reps(int def)
+{
+    const char *r = getenv("STOF_GEMM_BENCH_REPS");
+    return r && atoi(r) > 0 ? atoi(r) : def;
 }
 
 /* A separate activation or gate kernel after the GEMM (the unfused
@@ -433,11 +466,11 @@ Test(gpu, bench, .timeout = 600)
     stof_context *ctx = open_or_skip();
     const stof_api *api = ctx->api;
     static const stof_gemm_cfg cfgs[] = {
-        {128, 256, 32, 2, 4, 3, 0}, {128, 256, 32, 2, 4, 4, 0},
-        {256, 128, 32, 4, 2, 3, 0}, {128, 128, 32, 2, 4, 3, 0},
-        {128, 128, 32, 2, 4, 4, 0}, {128, 128, 64, 2, 4, 3, 0},
-        {64, 128, 32, 2, 2, 4, 0},  {64, 64, 32, 2, 2, 4, 0},
-        {32, 64, 32, 1, 2, 4, 0},
+        {128, 256, 32, 2, 4, 3, 0, 1}, {128, 256, 32, 2, 4, 4, 0, 1},
+        {256, 128, 32, 4, 2, 3, 0, 1}, {128, 128, 32, 2, 4, 3, 0, 1},
+        {128, 128, 32, 2, 4, 4, 0, 1}, {128, 128, 64, 2, 4, 3, 0, 1},
+        {64, 128, 32, 2, 2, 4, 0, 1},  {64, 64, 32, 2, 2, 4, 0, 1},
+        {32, 64, 32, 1, 2, 4, 0, 1},
     };
     enum { NC = sizeof(cfgs) / sizeof(*cfgs) };
     static const int shapes[][3] = {
@@ -531,14 +564,18 @@ static stof_context *open_hopper_or_skip(void)
 }
 
 /* Both consumer warpgroups on each tile (warps 2x1), then ping-pong
- * (1x1: they take whole tiles in turn). */
+ * (1x1: they take whole tiles in turn), then both in pairs of CTAs
+ * (cluster 2: tile rows 2i and 2i + 1 share each W tile). */
 static const stof_gemm_cfg wg_tiles[] = {
-    {128, 256, 64, 2, 1, 3, 1}, {128, 256, 64, 2, 1, 2, 1},
-    {128, 128, 64, 2, 1, 4, 1}, {128, 128, 64, 2, 1, 6, 1},
-    {128, 64, 64, 2, 1, 6, 1},  {128, 128, 64, 2, 1, 2, 1},
-    {128, 128, 64, 1, 1, 4, 1}, {128, 128, 64, 1, 1, 5, 1},
-    {128, 64, 64, 1, 1, 6, 1},
+    {128, 256, 64, 2, 1, 3, 1, 1}, {128, 256, 64, 2, 1, 2, 1, 1},
+    {128, 128, 64, 2, 1, 4, 1, 1}, {128, 128, 64, 2, 1, 6, 1, 1},
+    {128, 64, 64, 2, 1, 6, 1, 1},  {128, 128, 64, 2, 1, 2, 1, 1},
+    {128, 128, 64, 1, 1, 4, 1, 1}, {128, 128, 64, 1, 1, 5, 1, 1},
+    {128, 64, 64, 1, 1, 6, 1, 1},
+    {128, 256, 64, 2, 1, 3, 1, 2}, {128, 128, 64, 2, 1, 5, 1, 2},
+    {128, 128, 64, 1, 1, 5, 1, 2}, {128, 64, 64, 1, 1, 6, 1, 2},
 };
+#define WG_FIRST_PAIR 9
 #define N_WG_TILES ((int)(sizeof(wg_tiles) / sizeof(*wg_tiles)))
 
 /* Every activation with and without bias / residual, on M, N, K tails and
@@ -579,6 +616,14 @@ Test(gpu, wgmma_tiles, .timeout = 600)
               &e, 1000, 776, 328, 0, (uint64_t)(5200 + i));
     stof_gemm_epi b = {1, STOF_ACT_NONE, 0, 0, 0, 0};
     check(ctx, STOF_DTYPE_BF16, &wg_tiles[1], &b, 2048, 3072, 768, 0, 5301);
+    /* Pairs on an odd number of tile rows (the last pair's second tile
+     * lies past M) with a residual, and a layer shape. */
+    stof_gemm_epi r = {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0};
+    for (int i = WG_FIRST_PAIR; i < N_WG_TILES; i++)
+        check(ctx, i % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &wg_tiles[i],
+              &r, 1100, 520, 200, 8, (uint64_t)(5310 + i));
+    check(ctx, STOF_DTYPE_FP16, &wg_tiles[WG_FIRST_PAIR], &b, 4096, 3072,
+          768, 0, 5330);
     stof_close(&ctx);
 }
 
@@ -622,19 +667,32 @@ Test(gpu, bench_hopper, .timeout = 600)
     const stof_gemm_epi lt_bias = {1, 0, 0, 0, 0, 0};
     kernel gelu_k = load_gate(ctx, dt, STOF_ACT_GELU_ERF, 0);
     for (int s = 0; s < NS; s++) {
+        if (!bench_shape_on(s))
+            continue;
         const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         stof_gemm_args a = plain_args(da, dw, dc, M, N, K);
         a.bias = dbias;
         const double flop = 2.0 * M * N * (double)K;
-        double best[2] = {INFINITY, INFINITY}, coop[2] = {INFINITY, INFINITY};
+        double best[2] = {INFINITY, INFINITY}, coop[2] = {INFINITY, INFINITY},
+               alone[2] = {INFINITY, INFINITY};
         int best_i[2] = {-1, -1};
         for (int x = 0; x < 2; x++)
             for (int i = 0; i < N_WG_TILES; i++) {
                 const timed t = {k[x][i].fn, &wg_tiles[i], &epis[x], NULL, 0,
                                  0,          NULL};
-                const double ms = time_ms(ctx, &t, &a, 20, e0, e1);
+                const double ms = time_ms(ctx, &t, &a, bench_reps(20), e0, e1);
+                if (bench_verbose())
+                    cr_log_info("  M=%d N=%d K=%d %s 128x%d s%d%s%s: %.4f ms "
+                                "(%.0f TF/s)",
+                                M, N, K, x ? "erf-GELU" : "plain",
+                                wg_tiles[i].block_n, wg_tiles[i].stages,
+                                wg_tiles[i].warps_m == 1 ? " ping-pong" : "",
+                                wg_tiles[i].cluster > 1 ? " pairs" : "", ms,
+                                flop / (ms * 1e9));
                 if (wg_tiles[i].warps_m == 2 && ms < coop[x])
                     coop[x] = ms;
+                if (wg_tiles[i].cluster < 2 && ms < alone[x])
+                    alone[x] = ms;
                 if (ms < best[x]) {
                     best[x] = ms;
                     best_i[x] = i;
@@ -651,16 +709,20 @@ Test(gpu, bench_hopper, .timeout = 600)
         const stof_gemm_cfg *b0 = &wg_tiles[best_i[0]],
                             *b1 = &wg_tiles[best_i[1]];
         cr_log_info("HOPPER M=%d N=%d K=%d: wgmma %.4f ms (%.0f TF/s, "
-                    "128x%d s%d%s; shared tiles only %.4f), erf-GELU+bias "
-                    "%.4f ms (128x%d s%d%s; shared tiles only %.4f); "
-                    "cuBLASLt %.4f ms (%.0f TF/s); wgmma/cuBLASLt time %.3f; "
+                    "128x%d s%d%s%s; shared tiles only %.4f), erf-GELU+bias "
+                    "%.4f ms (128x%d s%d%s%s; shared tiles only %.4f); "
+                    "cuBLASLt %.4f ms (%.0f TF/s); wgmma/cuBLASLt time %.3f "
+                    "(without pairs %.3f); "
                     "cuBLASLt+bias then erf-GELU kernel %.4f ms, fused "
                     "speed-up %.2fx",
                     M, N, K, best[0], flop / (best[0] * 1e9), b0->block_n,
                     b0->stages, b0->warps_m == 1 ? " ping-pong" : "",
-                    coop[0], best[1], b1->block_n, b1->stages,
-                    b1->warps_m == 1 ? " ping-pong" : "", coop[1], lt_ms,
-                    flop / (lt_ms * 1e9), best[0] / lt_ms, lt_gelu_ms,
+                    b0->cluster > 1 ? " pairs" : "", coop[0], best[1],
+                    b1->block_n, b1->stages,
+                    b1->warps_m == 1 ? " ping-pong" : "",
+                    b1->cluster > 1 ? " pairs" : "", coop[1], lt_ms,
+                    flop / (lt_ms * 1e9), best[0] / lt_ms, alone[0] / lt_ms,
+                    lt_gelu_ms,
                     lt_gelu_ms / best[1]);
     }
     api->cuEventDestroy(e0);
@@ -700,6 +762,12 @@ static void wgmma_gated(stof_dtype dt)
     for (int i = 0; i < 2; i++) /* ping-pong, few CTAs and one per SM */
         check(ctx, dt, &wg_tiles[6 + i], &swiglu_br, 1000, 1096, 328, 0,
               (uint64_t)(5430 + i));
+    /* Pairs (rank 0 loads the gate half, rank 1 the up half): both kinds
+     * of tile, odd and even tile rows. */
+    for (int i = 0; i < 4; i++)
+        check(ctx, dt, &wg_tiles[WG_FIRST_PAIR + (i % 2) * 2], es[i],
+              i < 2 ? 300 : 1000, 1096, 328, i % 2 ? 8 : 0,
+              (uint64_t)(5440 + i));
     stof_close(&ctx);
 }
 

@@ -11,6 +11,7 @@
 
 #include <ctype.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +158,11 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
     if (c->stages < 2 || c->stages > 6)
         return stof__why(why, n, "wgmma template: stages %d, must be 2..6",
                          c->stages);
+    if (c->cluster < 0 || c->cluster > 2)
+        return stof__why(why, n,
+                         "wgmma template: cluster %d, must be 0 or 1 (none) "
+                         "or 2 (pairs of CTAs sharing W tiles)",
+                         c->cluster);
     if (!epi_valid(e, why, n))
         return 0;
     if (e->norm)
@@ -197,6 +203,11 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
         return stof__why(why, n, "K %d: must be a positive multiple of 8", K);
     if (c->wgmma != 0 && c->wgmma != 1)
         return stof__why(why, n, "wgmma %d: must be 0 or 1", c->wgmma);
+    if (!c->wgmma && c->cluster > 1)
+        return stof__why(why, n,
+                         "cluster %d: only the wgmma template (sm_90a) runs "
+                         "in clusters",
+                         c->cluster);
     if (c->wgmma)
         return wgmma_cfg_valid(dev, c, e, why, n);
     if (!is_pow2(c->block_m) || c->block_m < 16 || c->block_m > 256)
@@ -276,10 +287,15 @@ static int round_up(int x, int m)
 }
 
 /* The Hopper template's tiles: block_n, stages, warps_m (2: both
- * consumer warpgroups on each tile; 1: ping-pong). */
-static const int wgmma_tiles[][3] = {
-    {256, 3, 2}, {256, 2, 2}, {128, 4, 2}, {128, 5, 2}, {128, 6, 2},
-    {64, 6, 2},  {128, 4, 1}, {128, 5, 1}, {64, 6, 1}};
+ * consumer warpgroups on each tile; 1: ping-pong), cluster (2: pairs of
+ * CTAs sharing each W tile). Of the pairs only 128 x 256 is listed: on an
+ * H100 it won the 16384 x 768 x 3072 GEMM (2% over the same tile alone)
+ * and was within 6% elsewhere; 128 x 128 and 64-wide pairs (-11% to +9%
+ * against the same tile alone) were never the fastest of any shape. */
+static const int wgmma_tiles[][4] = {
+    {256, 3, 2, 1}, {256, 2, 2, 1}, {128, 4, 2, 1}, {128, 5, 2, 1},
+    {128, 6, 2, 1}, {64, 6, 2, 1},  {128, 4, 1, 1}, {128, 5, 1, 1},
+    {64, 6, 1, 1},  {256, 3, 2, 2}};
 
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max)
@@ -298,7 +314,10 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
         if (out_n > 64 && out_n >= 2 * round_up(N > 0 ? N : 1, 32))
             continue;
         stof_gemm_cfg c = {WG_BM, bn,  WG_BK, wgmma_tiles[i][2],
-                           1,     wgmma_tiles[i][1], 1};
+                           1,     wgmma_tiles[i][1], 1, wgmma_tiles[i][3]};
+        /* A pair needs two tile rows. */
+        if (c.cluster > 1 && M <= WG_BM)
+            continue;
         if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
             out[k++] = c;
     }
@@ -316,7 +335,7 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
         static const int stages[] = {3, 4};
         for (int s = 0; s < 2 && k < max; s++) {
             stof_gemm_cfg c = {t->bm, t->bn, t->bk, t->wm,
-                               t->wn, stages[s], 0};
+                               t->wn, stages[s], 0, 1};
             if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
                 out[k++] = c;
         }
@@ -352,8 +371,14 @@ static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
         eff = 0.9;
     if (c->stages <= 2)
         eff *= 0.85;
+    /* Pairs read each W tile once for two CTAs: less L2 traffic a K-step
+     * (a few percent; the search's timings decide). */
+    if (c->cluster > 1)
+        eff *= 1.03;
     const int out_n = e->gated ? c->block_n / 2 : c->block_n;
-    const double tiles = (double)((M + WG_BM - 1) / WG_BM) *
+    const int tiles_m = (M + WG_BM - 1) / WG_BM;
+    const double tiles = (double)(c->cluster > 1 ? round_up(tiles_m, 2)
+                                                 : tiles_m) *
                          (double)((N + out_n - 1) / out_n);
     const double kpad = (double)round_up(K, WG_BK);
     const double tile_s =
@@ -430,7 +455,7 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
                                  const stof_gemm_epi *e, void **cubin,
                                  size_t *size)
 {
-    char d[8][32];
+    char d[9][32];
     snprintf(d[0], 32, "DTYPE=%d", (int)dt);
     snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
     snprintf(d[2], 32, "STAGES=%d", c->stages);
@@ -439,8 +464,10 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
     snprintf(d[5], 32, "RESIDUAL=%d", e->residual);
     snprintf(d[6], 32, "GATED=%d", e->gated);
     snprintf(d[7], 32, "PINGPONG=%d", c->warps_m == 1);
-    const char *defs[8] = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
-    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 8,
+    snprintf(d[8], 32, "CLUSTER=%d", c->cluster > 1 ? c->cluster : 1);
+    const char *defs[9] = {d[0], d[1], d[2], d[3], d[4],
+                           d[5], d[6], d[7], d[8]};
+    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 9,
                                           "sm_90a", cubin, size);
 }
 
@@ -523,6 +550,93 @@ static CUresult make_map2(stof_encode_tiled_fn enc, CUtensorMap *m,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+/* How many clusters of two CTAs of fn can run at once (one CTA per SM:
+ * clusters cannot span GPCs, so fewer than half the SMs when a GPC has an
+ * odd number free), cached per function; `fallback` when the driver cannot
+ * say. */
+static int pair_slots(CUfunction fn, const stof_api *api, unsigned smem,
+                      int fallback)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static struct {
+        CUfunction fn;
+        int n;
+    } cache[32];
+    static unsigned next;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < 32; i++)
+        if (cache[i].fn == fn) {
+            const int n = cache[i].n;
+            pthread_mutex_unlock(&lock);
+            return n;
+        }
+    pthread_mutex_unlock(&lock);
+    stof_max_clusters_fn occ = stof__max_clusters(api);
+    int n = 0;
+    if (occ) {
+        CUlaunchAttribute at;
+        memset(&at, 0, sizeof(at));
+        at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        at.value.clusterDim.x = 2;
+        at.value.clusterDim.y = 1;
+        at.value.clusterDim.z = 1;
+        CUlaunchConfig cfg;
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.gridDimX = 2u * (unsigned)(fallback > 0 ? fallback : 1);
+        cfg.gridDimY = cfg.gridDimZ = 1;
+        cfg.blockDimX = 384;
+        cfg.blockDimY = cfg.blockDimZ = 1;
+        cfg.sharedMemBytes = smem;
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+        if (occ(&n, fn, &cfg) != CUDA_SUCCESS)
+            n = 0;
+    }
+    if (n <= 0)
+        return fallback;
+    pthread_mutex_lock(&lock);
+    const unsigned i = next++ % 32u;
+    cache[i].fn = fn;
+    cache[i].n = n;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Launch fn in clusters of two CTAs: as many pairs as run at once (at
+ * most ctas / 2, at most `items`). */
+static stof_status cluster_launch(CUfunction fn, const stof_api *api,
+                                  int ctas, int64_t items, unsigned smem,
+                                  CUstream stream, void **params)
+{
+    stof_launch_ex_fn launch = stof__launch_ex(api);
+    if (!launch)
+        return STOF_ERR_UNSUPPORTED;
+    int pairs = ctas > 1 ? ctas / 2 : 1;
+    const int fit = pair_slots(fn, api, smem, pairs);
+    if (fit < pairs)
+        pairs = fit;
+    if (pairs > items)
+        pairs = (int)items;
+    CUlaunchAttribute at;
+    memset(&at, 0, sizeof(at));
+    at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    at.value.clusterDim.x = 2;
+    at.value.clusterDim.y = 1;
+    at.value.clusterDim.z = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDimX = 2u * (unsigned)pairs;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 384;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = stream;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    return launch(&cfg, fn, params, NULL) == CUDA_SUCCESS ? STOF_OK
+                                                          : STOF_ERR_CUDA;
+}
+
 /* stof__gemm_launch of the Hopper template (arguments already checked). */
 static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
                                 const stof_gemm_epi *e,
@@ -538,12 +652,15 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT; /* TMA strides: < 2^40 bytes */
     stof_gemm_wgmma_params p;
     memset(&p, 0, sizeof(p));
-    /* gated: W's 2N rows, loaded in two boxes of half a tile. */
+    /* gated: W's 2N rows, loaded in two boxes of half a tile; a pair of
+     * CTAs loads half a W tile each (gated: one of the two boxes). */
     const int out_n = e->gated ? c->block_n / 2 : c->block_n;
+    const int pair = c->cluster > 1;
+    const unsigned w_box = (unsigned)(pair ? c->block_n / 2 : out_n);
     if (make_map2(enc, &p.tm_a, a->a, a->K, a->M, a->lda, WG_BM) !=
             CUDA_SUCCESS ||
         make_map2(enc, &p.tm_w, a->w, a->K, e->gated ? 2 * a->N : a->N,
-                  a->ldw, (unsigned)out_n) != CUDA_SUCCESS ||
+                  a->ldw, w_box) != CUDA_SUCCESS ||
         make_map2(enc, &p.tm_c, a->c, a->N, a->M, a->ldc, 64u) !=
             CUDA_SUCCESS)
         return STOF_ERR_CUDA;
@@ -556,16 +673,21 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
     p.K = a->K;
     p.tiles_m = (a->M + WG_BM - 1) / WG_BM;
     p.tiles_n = (a->N + out_n - 1) / out_n;
-    const int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
-    if (tiles > INT32_MAX)
+    /* The raster's items: tiles, or pairs of tile rows. */
+    const int64_t items = (int64_t)(pair ? (p.tiles_m + 1) / 2 : p.tiles_m) *
+                          p.tiles_n;
+    if (items > INT32_MAX / 2)
         return STOF_ERR_INVALID_ARGUMENT;
-    const unsigned grid =
-        (unsigned)(ctas > 0 && ctas < tiles ? ctas : tiles);
+    const unsigned smem = (unsigned)stof__gemm_smem_bytes(c, e, 8);
     void *params[] = {&p};
-    CUresult r = api->cuLaunchKernel(fn, grid, 1, 1, 384, 1, 1,
-                                     (unsigned)stof__gemm_smem_bytes(c, e, 8),
-                                     stream, params, NULL);
-    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+    if (!pair) {
+        const unsigned grid =
+            (unsigned)(ctas > 0 && ctas < items ? ctas : items);
+        CUresult r = api->cuLaunchKernel(fn, grid, 1, 1, 384, 1, 1, smem,
+                                         stream, params, NULL);
+        return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+    }
+    return cluster_launch(fn, api, ctas, items, smem, stream, params);
 }
 
 stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
@@ -671,10 +793,10 @@ stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
 static const char *const cfg_keys[] = {"bm",  "bn",   "bk",  "wm",
                                         "wn",  "st",   "bias", "act",
                                         "res", "norm", "pre",  "wg",
-                                        "gated"};
-/* "wg" (the Hopper template) and "gated" are written only when set;
- * older records have the first 11 keys. */
-enum { CFG_KEYS = 11, CFG_KEYS_ALL = 13 };
+                                        "gated", "cl"};
+/* "wg" (the Hopper template), "gated" and "cl" (its cluster) are written
+ * only when set; older records have the first 11 keys. */
+enum { CFG_KEYS = 11, CFG_KEYS_ALL = 14 };
 
 void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                          stof_str *out)
@@ -685,7 +807,7 @@ void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                                  c->warps_m,  c->warps_n,   c->stages,
                                  e->bias,     e->act,       e->residual,
                                  e->norm,     e->write_pre, c->wgmma,
-                                 e->gated};
+                                 e->gated,    c->cluster > 1 ? c->cluster : 0};
     json_t *o = json_object();
     for (int i = 0; o && i < CFG_KEYS_ALL; i++)
         if (i < CFG_KEYS || v[i])
@@ -737,6 +859,7 @@ int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
     e->write_pre = val[10];
     c->wgmma = val[11];
     e->gated = val[12];
+    c->cluster = val[13] > 1 ? val[13] : 1; /* absent: alone */
     return 1;
 }
 

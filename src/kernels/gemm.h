@@ -44,12 +44,16 @@ typedef struct stof_gemm_epi {
  * only, no norm): block_m 128, block_k 64, block_n 64, 128 or 256, 2..6
  * TMA stages; warps_n 1 and warps_m 2 (two consumer warpgroups share each
  * tile) or 1 (ping-pong: they take whole tiles in turn, block_n <= 128);
- * one CTA per SM walks the tiles (stof__gemm_launch's ctas). */
+ * one CTA per SM walks the tiles (stof__gemm_launch's ctas).
+ * cluster (wgmma only): 0 or 1 alone; 2: clusters of two CTAs on tile
+ * rows 2i, 2i + 1 of one column, each W tile read once for both (TMA
+ * multicast). */
 typedef struct stof_gemm_cfg {
     int block_m, block_n, block_k;
     int warps_m, warps_n;
     int stages;
     int wgmma;
+    int cluster;
 } stof_gemm_cfg;
 
 /* Launch arguments. Pointers the epilogue does not use may be 0. N is the

@@ -297,26 +297,56 @@ int stof__cuda_fail(struct stof_context *ctx, CUresult r, const char *what,
                       what ? what : "CUDA call", name, short_path(file), line);
 }
 
-stof_encode_tiled_fn stof__encode_tiled(const stof_api *api)
+/* An entry point of libcuda that the table does not hold: from the
+ * library `api` loaded or, when the table was swapped, whichever libcuda
+ * the process already has. NULL when neither has it. */
+static void *cuda_optional(const stof_api *api, const char *name)
 {
-    static _Atomic(stof_encode_tiled_fn) cached;
-    stof_encode_tiled_fn f = atomic_load(&cached);
-    if (f)
-        return f;
     void *sym = NULL;
     if (api && api->cuda_lib)
-        sym = dlsym(api->cuda_lib, "cuTensorMapEncodeTiled");
+        sym = dlsym(api->cuda_lib, name);
     if (!sym) {
         void *h = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_NOW);
         if (h) {
-            sym = dlsym(h, "cuTensorMapEncodeTiled");
+            sym = dlsym(h, name);
             dlclose(h); /* NOLOAD took a reference; the library stays */
         }
     }
-    if (!sym)
-        return NULL;
-    /* dlsym returns data pointers; POSIX guarantees the conversion. */
-    memcpy(&f, &sym, sizeof(f));
-    atomic_store(&cached, f);
-    return f;
+    return sym;
+}
+
+/* The optional entry point `name` of type `type`, cached after the first
+ * success in `cached` (dlsym returns data pointers; POSIX guarantees the
+ * conversion). */
+#define STOF__OPTIONAL(type, cached, api, name)                                \
+    do {                                                                       \
+        type f_ = atomic_load(&(cached));                                      \
+        if (f_)                                                                \
+            return f_;                                                         \
+        void *sym_ = cuda_optional((api), (name));                             \
+        if (!sym_)                                                             \
+            return NULL;                                                       \
+        memcpy(&f_, &sym_, sizeof(f_));                                        \
+        atomic_store(&(cached), f_);                                           \
+        return f_;                                                             \
+    } while (0)
+
+stof_encode_tiled_fn stof__encode_tiled(const stof_api *api)
+{
+    static _Atomic(stof_encode_tiled_fn) cached;
+    STOF__OPTIONAL(stof_encode_tiled_fn, cached, api,
+                   "cuTensorMapEncodeTiled");
+}
+
+stof_launch_ex_fn stof__launch_ex(const stof_api *api)
+{
+    static _Atomic(stof_launch_ex_fn) cached;
+    STOF__OPTIONAL(stof_launch_ex_fn, cached, api, STOF__STR(cuLaunchKernelEx));
+}
+
+stof_max_clusters_fn stof__max_clusters(const stof_api *api)
+{
+    static _Atomic(stof_max_clusters_fn) cached;
+    STOF__OPTIONAL(stof_max_clusters_fn, cached, api,
+                   STOF__STR(cuOccupancyMaxActiveClusters));
 }

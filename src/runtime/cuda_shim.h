@@ -105,6 +105,16 @@ typedef CUresult (*stof_encode_tiled_fn)(
  * the first success. NULL when neither has it. */
 stof_encode_tiled_fn stof__encode_tiled(const stof_api *api);
 
+/* cuLaunchKernelEx and cuOccupancyMaxActiveClusters (CUDA 12+), for
+ * kernels launched in clusters; like stof__encode_tiled, NULL when the
+ * driver lacks them. */
+typedef CUresult (*stof_launch_ex_fn)(const CUlaunchConfig *, CUfunction,
+                                      void **, void **);
+typedef CUresult (*stof_max_clusters_fn)(int *, CUfunction,
+                                         const CUlaunchConfig *);
+stof_launch_ex_fn stof__launch_ex(const stof_api *api);
+stof_max_clusters_fn stof__max_clusters(const stof_api *api);
+
 struct stof_context;
 
 /* Record a failed driver call: the message names the call, the CUDA error
