@@ -550,6 +550,27 @@ static CUresult make_map2(stof_encode_tiled_fn enc, CUtensorMap *m,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+/* A launch of `pairs` clusters of two 384-thread CTAs (at points to the
+ * attribute cfg uses). */
+static void pair_config(CUlaunchConfig *cfg, CUlaunchAttribute *at,
+                        unsigned pairs, unsigned smem, CUstream stream)
+{
+    memset(at, 0, sizeof(*at));
+    at->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    at->value.clusterDim.x = 2;
+    at->value.clusterDim.y = 1;
+    at->value.clusterDim.z = 1;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->gridDimX = 2u * pairs;
+    cfg->gridDimY = cfg->gridDimZ = 1;
+    cfg->blockDimX = 384;
+    cfg->blockDimY = cfg->blockDimZ = 1;
+    cfg->sharedMemBytes = smem;
+    cfg->hStream = stream;
+    cfg->attrs = at;
+    cfg->numAttrs = 1;
+}
+
 /* How many clusters of two CTAs of fn can run at once (one CTA per SM:
  * clusters cannot span GPCs, so fewer than half the SMs when a GPC has an
  * odd number free), cached per function; `fallback` when the driver cannot
@@ -575,20 +596,9 @@ static int pair_slots(CUfunction fn, const stof_api *api, unsigned smem,
     int n = 0;
     if (occ) {
         CUlaunchAttribute at;
-        memset(&at, 0, sizeof(at));
-        at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        at.value.clusterDim.x = 2;
-        at.value.clusterDim.y = 1;
-        at.value.clusterDim.z = 1;
         CUlaunchConfig cfg;
-        memset(&cfg, 0, sizeof(cfg));
-        cfg.gridDimX = 2u * (unsigned)(fallback > 0 ? fallback : 1);
-        cfg.gridDimY = cfg.gridDimZ = 1;
-        cfg.blockDimX = 384;
-        cfg.blockDimY = cfg.blockDimZ = 1;
-        cfg.sharedMemBytes = smem;
-        cfg.attrs = &at;
-        cfg.numAttrs = 1;
+        pair_config(&cfg, &at, (unsigned)(fallback > 0 ? fallback : 1), smem,
+                    NULL);
         if (occ(&n, fn, &cfg) != CUDA_SUCCESS)
             n = 0;
     }
@@ -618,21 +628,8 @@ static stof_status cluster_launch(CUfunction fn, const stof_api *api,
     if (pairs > items)
         pairs = (int)items;
     CUlaunchAttribute at;
-    memset(&at, 0, sizeof(at));
-    at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    at.value.clusterDim.x = 2;
-    at.value.clusterDim.y = 1;
-    at.value.clusterDim.z = 1;
     CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.gridDimX = 2u * (unsigned)pairs;
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = 384;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = smem;
-    cfg.hStream = stream;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
+    pair_config(&cfg, &at, (unsigned)pairs, smem, stream);
     return launch(&cfg, fn, params, NULL) == CUDA_SUCCESS ? STOF_OK
                                                           : STOF_ERR_CUDA;
 }
