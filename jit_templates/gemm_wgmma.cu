@@ -46,11 +46,11 @@
 //                 then the epilogue on the accumulators (fragment pairs:
 //                 row g / g + 8 of each 16-row warp slice, columns 2 tq,
 //                 2 tq + 1 of each 8-column block), written rounded into
-//                 the warpgroup's rows of the C tile in shared memory and
-//                 stored by TMA (one thread), which goes on while the
-//                 warpgroup computes its next tile. Measured (H100, fp16,
-//                 16384 x 2304 x 768): storing each pair from registers
-//                 took a third of the kernel's time.
+//                 64 x 64 C units in shared memory, each stored by TMA
+//                 (one thread) while the warpgroup goes on with the next
+//                 unit and its next tile. Measured (H100, fp16, 16384 x
+//                 2304 x 768): storing each pair from registers took a
+//                 third of the kernel's time.
 //   PINGPONG 1    the two consumer warpgroups take whole tiles in turn
 //                 (the CTA's tile i goes to warpgroup i % 2, all 128 rows
 //                 in two 64-row halves, 128 x BLOCK_N accumulators a
@@ -83,16 +83,16 @@
 //
 // Shared memory (dynamic, from the first 1024-byte boundary;
 // stof__gemm_smem_bytes adds the 1024 bytes of slack): STAGES x {A 128
-// rows x 128 B, W BLOCK_N rows x 128 B}; each warpgroup's C rows (64, or
-// 128 with PINGPONG: per 64 rows GW_ON / 64 blocks of 64 rows x 128 B, the
-// TMA's 128-byte swizzle; GW_ON = BLOCK_N, or BLOCK_N / 2 with GATED);
-// 2 x STAGES + 2 mbarriers.
+// rows x 128 B, W BLOCK_N rows x 128 B}; each warpgroup's ring of GW_CBUF
+// C units of 64 rows x 128 B (the TMA's 128-byte swizzle); 2 x STAGES + 2
+// mbarriers. 128 x 256 takes up to 4 stages, 128 x 128 up to 6.
 //
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,RESIDUAL=0 | DTYPE=1,BLOCK_N=128,STAGES=5,BIAS=0,ACT=0,RESIDUAL=1 | DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,ACT=3,RESIDUAL=1
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,BIAS=1,ACT=4,RESIDUAL=1 | DTYPE=0,BLOCK_N=128,STAGES=2,BIAS=1,ACT=1,RESIDUAL=0
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=256,STAGES=3,BIAS=0,ACT=4,RESIDUAL=0,GATED=1
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=128,STAGES=4,BIAS=1,ACT=2,RESIDUAL=1,GATED=1
-// STOF_VARIANTS: DTYPE=0,BLOCK_N=128,STAGES=4,BIAS=1,ACT=2,PINGPONG=1
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=128,STAGES=4,BIAS=1,ACT=2,PINGPONG=1 | DTYPE=1,BLOCK_N=128,STAGES=6,BIAS=1,ACT=1,RESIDUAL=1,PINGPONG=1
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=4,BIAS=1,ACT=4,RESIDUAL=1 | DTYPE=1,BLOCK_N=256,STAGES=4,ACT=1,GATED=1,CLUSTER=2
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,RESIDUAL=1,PINGPONG=1
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=128,STAGES=4,ACT=4,GATED=1,PINGPONG=1
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,CLUSTER=2 | DTYPE=1,BLOCK_N=64,STAGES=6,RESIDUAL=1,PINGPONG=1,CLUSTER=2
@@ -127,10 +127,12 @@
 #define GW_HB (BLOCK_N / 16)               // GATED: up block of block 0
 #define GW_HALVES (PINGPONG ? 2 : 1)       // 64-row halves a warpgroup owns
 #define GW_WG_ROWS (64 * GW_HALVES)
-#define GW_C_BYTES (2 * GW_WG_ROWS * GW_ON * 2) // both warpgroups' C rows
+#define GW_CBUF 2                          // C units (64 x 64) staged a warpgroup
+#define GW_C_BYTES (2 * GW_CBUF * 64 * 128) // both warpgroups' C units
 #define GW_OFF_BAR (GW_OFF_C + GW_C_BYTES)
 #define GW_ACC (BLOCK_N / 2)               // accumulators per thread
 #define GW_RC 8                            // residual 8-column blocks a pass
+#define GW_AB 2                            // 8-column blocks an activation pass
 #define GW_WH (BLOCK_N / CLUSTER)          // W rows one producer loads
 
 static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256,
@@ -140,6 +142,8 @@ static_assert(!GATED || BLOCK_N >= 128, "GATED needs BLOCK_N 128 or 256");
 static_assert(!PINGPONG || BLOCK_N <= 128,
               "PINGPONG: 128 x BLOCK_N accumulators a thread, BLOCK_N <= 128");
 static_assert((GW_ON / 8) % GW_RC == 0, "GW_RC must divide the C tile / 8");
+static_assert(GW_RC == 8, "a C unit is 64 columns: GW_RC blocks of 8");
+static_assert(GW_RC % GW_AB == 0, "GW_AB must divide GW_RC");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER must be 1 or 2");
 static_assert(!(GATED && CLUSTER == 2) || GW_WH == GW_ON,
               "GATED pairs: one half of the W tile each");
@@ -320,6 +324,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     const int wg_row0 = PINGPONG ? 0 : 64 * cw;
     float acc[GW_HALVES][GW_ACC];
     int s = 0;
+    unsigned cu = 0; // C units this warpgroup has staged
     unsigned ph = 0;
 #if PINGPONG
     // The CTA's i-th tile goes to warpgroup i % 2; its K-steps are the
@@ -395,23 +400,23 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         if (lane == 0)
             gw_release(GW_EMPTY(prev));
 
-        // ---- epilogue: registers -> this warpgroup's C rows in shared
-        // memory (per 64 rows, 64-column blocks of 64 rows x 128 B,
-        // 128-byte swizzle: conflict-free for the fragment pattern) -> TMA
-        // stores, which run on while the warpgroup starts the next tile.
-        // GW_RC 8-column blocks at a time: their residual pairs are loaded
-        // together first, so their latencies overlap.
-        const unsigned s_c = base + GW_OFF_C + cw * (GW_WG_ROWS * GW_ON * 2);
-        // The previous tile's stores have read the buffer.
-        if (ctid == 0)
-            bulk_wait_read0();
-        named_bar_sync(1 + cw, 128);
+        // ---- epilogue: registers -> shared memory -> TMA stores, in C
+        // units of 64 rows x 64 columns (128-byte rows, the TMA's 128-byte
+        // swizzle: conflict-free for the fragment pattern) through a ring
+        // of GW_CBUF units a warpgroup: a unit is written once the store
+        // GW_CBUF units back has read its buffer, and its own store (one
+        // thread) runs on while the warpgroup writes the next units and
+        // starts its next tile. Staging whole tiles took 64 KB at 128 x 256
+        // (one pipeline stage less); the ring takes 16 KB a warpgroup.
+        // Each unit's residual pairs are loaded together first, so their
+        // latencies overlap (and pass under the wait for the buffer).
+        const unsigned s_c = base + GW_OFF_C + cw * (GW_CBUF * 64 * 128);
         const int r0 = wl * 16 + g; // row in each 64
 #pragma unroll
         for (int h = 0; h < GW_HALVES; h++) {
-            const unsigned s_h = s_c + h * (64 * GW_ON * 2);
 #pragma unroll
-            for (int j0 = 0; j0 < GW_ON / 8; j0 += GW_RC) {
+            for (int j0 = 0; j0 < GW_ON / 8; j0 += GW_RC, cu++) {
+                const unsigned s_u = s_c + (cu % GW_CBUF) * (64 * 128);
 #if RESIDUAL
                 const int row0 = tm * GW_BM + wg_row0 + 64 * h + r0;
                 unsigned res_r[GW_RC][2];
@@ -429,60 +434,77 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                     }
                 }
 #endif
+                if (ctid == 0)
+                    bulk_wait_read<GW_CBUF - 1>();
+                named_bar_sync(1 + cw, 128);
+                // GW_AB 8-column blocks at a time through the activation:
+                // 4 GW_AB independent chains (gm_act_n).
 #pragma unroll
-                for (int jj = 0; jj < GW_RC; jj++) {
-                    const int j = j0 + jj;
-                    float b0 = 0.0f, b1 = 0.0f;
-#if BIAS
-                    b0 = gm_lo(bias_r[j]);
-                    b1 = gm_hi(bias_r[j]);
-#endif
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int r = r0 + 8 * hh;
-                        float v0 = gm_act(acc[h][4 * j + 2 * hh] + b0);
-                        float v1 = gm_act(acc[h][4 * j + 2 * hh + 1] + b1);
+                for (int jb = 0; jb < GW_RC; jb += GW_AB) {
+                    // [4 jj + 2 hh + c]: row r0 + 8 hh, column 2 tq + c of
+                    // block j0 + jb + jj (the accumulators' own order)
+                    float v[4 * GW_AB];
 #if GATED
-                        const int ju = j + GW_HB;
-                        float u0 = acc[h][4 * ju + 2 * hh];
-                        float u1 = acc[h][4 * ju + 2 * hh + 1];
-#if BIAS
-                        u0 += gm_lo(bias_r[ju]);
-                        u1 += gm_hi(bias_r[ju]);
+                    float u[4 * GW_AB];
 #endif
-                        v0 *= u0;
-                        v1 *= u1;
+#pragma unroll
+                    for (int jj = 0; jj < GW_AB; jj++) {
+                        const int j = j0 + jb + jj;
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            v[4 * jj + e] = acc[h][4 * j + e];
+#if GATED
+                            u[4 * jj + e] = acc[h][4 * (j + GW_HB) + e];
+#endif
+#if BIAS
+                            v[4 * jj + e] += (e & 1) ? gm_hi(bias_r[j])
+                                                     : gm_lo(bias_r[j]);
+#if GATED
+                            u[4 * jj + e] +=
+                                (e & 1) ? gm_hi(bias_r[j + GW_HB])
+                                        : gm_lo(bias_r[j + GW_HB]);
+#endif
+#endif
+                        }
+                    }
+                    gm_act_n(v);
+#pragma unroll
+                    for (int jj = 0; jj < GW_AB; jj++) {
+                        const int j = j0 + jb + jj;
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int r = r0 + 8 * hh;
+                            float v0 = v[4 * jj + 2 * hh];
+                            float v1 = v[4 * jj + 2 * hh + 1];
+#if GATED
+                            v0 *= u[4 * jj + 2 * hh];
+                            v1 *= u[4 * jj + 2 * hh + 1];
 #endif
 #if RESIDUAL
-                        v0 += gm_lo(res_r[jj][hh]);
-                        v1 += gm_hi(res_r[jj][hh]);
+                            v0 += gm_lo(res_r[jb + jj][hh]);
+                            v1 += gm_hi(res_r[jb + jj][hh]);
 #endif
-                        const unsigned off = (j >> 3) * (64 * 128) +
-                                             r * 128 +
-                                             (((j & 7) ^ (r & 7)) << 4) +
-                                             4 * tq;
-                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(
-                                         s_h + off),
-                                     "r"(stof_pack2(v0, v1))
-                                     : "memory");
+                            const unsigned off = r * 128 +
+                                                 (((j & 7) ^ (r & 7)) << 4) +
+                                                 4 * tq;
+                            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(
+                                             s_u + off),
+                                         "r"(stof_pack2(v0, v1))
+                                         : "memory");
+                        }
                     }
                 }
+                // The unit's writes, seen by the TMA (async proxy), then
+                // one thread stores it (the map clips rows >= M and
+                // columns >= N).
+                fence_proxy_async();
+                named_bar_sync(1 + cw, 128);
+                if (ctid == 0) {
+                    tma_store2(&p.tm_c, tn * GW_ON + j0 * 8,
+                               tm * GW_BM + wg_row0 + 64 * h, s_u);
+                    bulk_commit();
+                }
             }
-        }
-        // The writes, seen by the TMA (async proxy), then one thread
-        // stores the warpgroup's rows (the map clips rows >= M and
-        // columns >= N).
-        fence_proxy_async();
-        named_bar_sync(1 + cw, 128);
-        if (ctid == 0) {
-#pragma unroll
-            for (int h = 0; h < GW_HALVES; h++)
-#pragma unroll
-                for (int cb = 0; cb < GW_ON / 64; cb++)
-                    tma_store2(&p.tm_c, tn * GW_ON + cb * 64,
-                               tm * GW_BM + wg_row0 + 64 * h,
-                               s_c + h * (64 * GW_ON * 2) + cb * (64 * 128));
-            bulk_commit();
         }
     }
     // Leave only once the last stores have completed (they read this

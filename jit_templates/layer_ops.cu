@@ -198,13 +198,12 @@ extern "C" __global__ void stof_gate(const unsigned short *x,
         float u[8];
         stof_unpack8(*(const stof_v8 *)(x + r * ld_x + n + c), u);
 #endif
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            g[k] = gm_act(g[k]);
+        gm_act_n(g);
 #if GATED
+#pragma unroll
+        for (int k = 0; k < 8; k++)
             g[k] *= u[k];
 #endif
-        }
         *(stof_v8 *)(out + r * ld_out + c) = stof_pack8(g);
     }
 }

@@ -151,11 +151,12 @@ __device__ __forceinline__ void bulk_commit()
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
-// Wait until this thread's bulk groups have read their shared memory
-// (the source may be written again).
-__device__ __forceinline__ void bulk_wait_read0()
+// Wait until all but the newest N of this thread's bulk groups have read
+// their shared memory (those sources may be written again).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read()
 {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
 
 // Wait until this thread's bulk groups have completed.

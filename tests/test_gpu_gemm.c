@@ -572,10 +572,12 @@ static const stof_gemm_cfg wg_tiles[] = {
     {128, 64, 64, 2, 1, 6, 1, 1},  {128, 128, 64, 2, 1, 2, 1, 1},
     {128, 128, 64, 1, 1, 4, 1, 1}, {128, 128, 64, 1, 1, 5, 1, 1},
     {128, 64, 64, 1, 1, 6, 1, 1},
+    {128, 256, 64, 2, 1, 4, 1, 1}, {128, 128, 64, 1, 1, 6, 1, 1},
     {128, 256, 64, 2, 1, 3, 1, 2}, {128, 128, 64, 2, 1, 5, 1, 2},
     {128, 128, 64, 1, 1, 5, 1, 2}, {128, 64, 64, 1, 1, 6, 1, 2},
+    {128, 256, 64, 2, 1, 4, 1, 2},
 };
-#define WG_FIRST_PAIR 9
+#define WG_FIRST_PAIR 11
 #define N_WG_TILES ((int)(sizeof(wg_tiles) / sizeof(*wg_tiles)))
 
 /* Every activation with and without bias / residual, on M, N, K tails and

@@ -79,16 +79,14 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
     if (!c || c->block_m <= 0 || c->block_n <= 0 || c->block_k <= 0 ||
         c->stages <= 0)
         return 0;
-    if (c->wgmma) /* stages x {A, W} tiles, the C rows of both consumer
-                     warpgroups (a tile, or two with ping-pong), the
-                     mbarriers, 1024 of slack */
+    if (c->wgmma) /* stages x {A, W} tiles, the two consumer warpgroups'
+                     rings of two 64 x 64 C units, the mbarriers, 1024 of
+                     slack */
         return (size_t)c->stages *
                    ((size_t)c->block_m + (size_t)c->block_n) *
                    (size_t)c->block_k * 2u +
-               (size_t)c->block_m * (size_t)c->block_n * 2u *
-                   (c->warps_m == 1 ? 2u : 1u) /
-                   (e && e->gated ? 2u : 1u) +
-               16u * (size_t)c->stages + 16u + 1024u;
+               2u * 2u * 64u * 64u * 2u + 16u * (size_t)c->stages + 16u +
+               1024u;
     const size_t pitch = (size_t)c->block_k + 8u;
     const size_t pipe = (size_t)c->stages *
                         ((size_t)c->block_m + (size_t)c->block_n) * pitch * 2u;
@@ -293,9 +291,10 @@ static int round_up(int x, int m)
  * and was within 6% elsewhere; 128 x 128 and 64-wide pairs (-11% to +9%
  * against the same tile alone) were never the fastest of any shape. */
 static const int wgmma_tiles[][4] = {
-    {256, 3, 2, 1}, {256, 2, 2, 1}, {128, 4, 2, 1}, {128, 5, 2, 1},
-    {128, 6, 2, 1}, {64, 6, 2, 1},  {128, 4, 1, 1}, {128, 5, 1, 1},
-    {64, 6, 1, 1},  {256, 3, 2, 2}};
+    {256, 4, 2, 1}, {256, 3, 2, 1}, {256, 2, 2, 1}, {128, 4, 2, 1},
+    {128, 5, 2, 1}, {128, 6, 2, 1}, {64, 6, 2, 1},  {128, 4, 1, 1},
+    {128, 5, 1, 1}, {128, 6, 1, 1}, {64, 6, 1, 1},  {256, 4, 2, 2},
+    {256, 3, 2, 2}};
 
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max)
