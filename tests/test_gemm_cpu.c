@@ -336,14 +336,24 @@ Test(gemm_cpu, hopper_template)
                                    sizeof(why)),
               "%s", why);
     /* 3 x (128 + 256) x 64 x 2 + two warpgroups' rings of two 64 x 64 C
-     * units + (3 x 2 + 2) mbarriers + 1024. */
+     * units + (3 x 2 + 4) mbarriers + 1024. */
     cr_expect_eq(stof__gemm_smem_bytes(&ok, &plain, 768),
-                 3u * 384 * 128 + 32768u + 64u + 1024u);
-    /* Four stages of 128 x 256 fit (227 KB), five do not. */
+                 3u * 384 * 128 + 32768u + 80u + 1024u);
+    /* Four stages of 128 x 256 fit (227 KB), five do not; with a residual
+     * (loaded into rings of four units) three. */
     const stof_gemm_cfg s4 = {128, 256, 64, 2, 1, 4, 1, 1};
+    const stof_gemm_epi res = {1, 0, 1, 0, 0, 0};
     cr_expect(stof__gemm_cfg_valid(NULL, &s4, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
+    cr_expect_not(stof__gemm_cfg_valid(NULL, &s4, &res, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(stof__gemm_cfg_valid(NULL, &ok, &res, 768, 768, why,
+                                   sizeof(why)),
+              "%s", why);
+    cr_expect_eq(stof__gemm_smem_bytes(&ok, &res, 768) -
+                     stof__gemm_smem_bytes(&ok, &plain, 768),
+                 32768u);
     /* Ping-pong (warps 1x1): block_n <= 128, the same C rings. */
     const stof_gemm_cfg pp = {128, 128, 64, 1, 1, 5, 1, 1},
                         pp256 = {128, 256, 64, 1, 1, 3, 1, 1};
@@ -351,7 +361,7 @@ Test(gemm_cpu, hopper_template)
                                    sizeof(why)),
               "%s", why);
     cr_expect_eq(stof__gemm_smem_bytes(&pp, &plain, 768),
-                 5u * 256 * 128 + 32768u + 96u + 1024u);
+                 5u * 256 * 128 + 32768u + 112u + 1024u);
     cr_expect_not(stof__gemm_cfg_valid(NULL, &pp256, &plain, 768, 768, why,
                                        sizeof(why)));
     cr_expect(strstr(why, "ping-pong") != NULL, "%s", why);

@@ -89,10 +89,27 @@ static CUdeviceptr upload(const stof_api *api, const void *h, size_t bytes)
 
 /* One GEMM on the GPU against the reference; `pad` extra elements per row
  * of A, W and C. */
-static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *c,
+/* The Hopper template's configuration c with as many stages as fit with
+ * epilogue e: a residual takes 32 KB more (its C rings hold whole tiles),
+ * so the lists' 4-stage 128x256 and 6-stage ping-pong tiles run with one
+ * stage less there. */
+static stof_gemm_cfg fit_stages(const stof_context *ctx,
+                                const stof_gemm_cfg *c,
+                                const stof_gemm_epi *e, int N, int K)
+{
+    stof_gemm_cfg f = *c;
+    while (f.wgmma && f.stages > 2 &&
+           !stof__gemm_cfg_valid(&ctx->device, &f, e, N, K, NULL, 0))
+        f.stages--;
+    return f;
+}
+
+static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
                   const stof_gemm_epi *e, int M, int N, int K, int pad,
                   uint64_t salt)
 {
+    const stof_gemm_cfg fitted = fit_stages(ctx, cfg, e, N, K);
+    const stof_gemm_cfg *c = &fitted;
     char tag[256];
     snprintf(tag, sizeof(tag),
              "[%s%s %dx%dx%d w%dx%d s%d bias=%d act=%d res=%d norm=%d "
@@ -631,8 +648,9 @@ Test(gpu, wgmma_tiles, .timeout = 600)
 
 /* STOF_GEMM_BENCH=1: the Hopper template against cuBLASLt (the best of its
  * heuristic's algorithms) on the layer GEMMs of BERT-base / large and a
- * Llama-style model at 4096-32768 tokens, fp16, plain and with erf-GELU
- * (which cuBLASLt cannot fuse). Logs one line per shape. */
+ * Llama-style model at 4096-32768 tokens, fp16: plain, with erf-GELU
+ * (which cuBLASLt cannot fuse) and with bias + residual (both fuse it: an
+ * FFN2's or an output projection's epilogue). Logs one line per shape. */
 Test(gpu, bench_hopper, .timeout = 600)
 {
     bench_or_skip();
@@ -644,19 +662,30 @@ Test(gpu, bench_hopper, .timeout = 600)
         {4096, 11008, 4096}, {4096, 4096, 11008}, {16384, 768, 768}};
     enum { NS = sizeof(shapes) / sizeof(*shapes) };
     const stof_dtype dt = STOF_DTYPE_FP16;
-    const stof_gemm_epi epis[2] = {{0, 0, 0, 0, 0, 0},
-                                   {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0}};
-    kernel k[2][N_WG_TILES];
-    for (int x = 0; x < 2; x++)
-        for (int i = 0; i < N_WG_TILES; i++)
-            k[x][i] = load(ctx, dt, &wg_tiles[i], &epis[x], 8);
+    enum { NE = 3 };
+    const stof_gemm_epi epis[NE] = {{0, 0, 0, 0, 0, 0},
+                                    {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0},
+                                    {1, 0, 1, 0, 0, 0}};
+    static const char *const epi_name[NE] = {"plain", "erf-GELU",
+                                             "bias+res"};
+    kernel k[NE][N_WG_TILES];
+    /* Each list entry with as many stages as fit the epilogue (a
+     * residual's take one stage less at 128x256 s4 / ping-pong s6). */
+    stof_gemm_cfg tiles[NE][N_WG_TILES];
+    for (int x = 0; x < NE; x++)
+        for (int i = 0; i < N_WG_TILES; i++) {
+            tiles[x][i] = fit_stages(ctx, &wg_tiles[i], &epis[x], 768, 768);
+            k[x][i] = load(ctx, dt, &tiles[x][i], &epis[x], 8);
+        }
     const size_t maxa = 32768u * 4096u, maxw = 11008u * 4096u,
                  maxc = 32768u * 4096u;
-    CUdeviceptr da, dw, dc, dbias, ws;
+    CUdeviceptr da, dw, dc, dres, dbias, ws;
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     cr_assert_eq(api->cuMemAlloc(&da, maxa * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&dw, maxw * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&dc, maxc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dres, maxc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(dres, 0x11, maxc * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&dbias, 16384 * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemAlloc(&ws, STOF_BLASLT_WORKSPACE), CUDA_SUCCESS);
     /* Small values (0x1111 ~ 3e-4 in fp16): no overflow, no denormals. */
@@ -674,26 +703,30 @@ Test(gpu, bench_hopper, .timeout = 600)
         const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         stof_gemm_args a = plain_args(da, dw, dc, M, N, K);
         a.bias = dbias;
+        a.residual = dres;
         const double flop = 2.0 * M * N * (double)K;
-        double best[2] = {INFINITY, INFINITY}, coop[2] = {INFINITY, INFINITY},
-               alone[2] = {INFINITY, INFINITY};
-        int best_i[2] = {-1, -1};
-        for (int x = 0; x < 2; x++)
+        double best[NE], coop[NE], alone[NE];
+        int best_i[NE];
+        for (int x = 0; x < NE; x++) {
+            best[x] = coop[x] = alone[x] = INFINITY;
+            best_i[x] = -1;
+        }
+        for (int x = 0; x < NE; x++)
             for (int i = 0; i < N_WG_TILES; i++) {
-                const timed t = {k[x][i].fn, &wg_tiles[i], &epis[x], NULL, 0,
+                const timed t = {k[x][i].fn, &tiles[x][i], &epis[x], NULL, 0,
                                  0,          NULL};
                 const double ms = time_ms(ctx, &t, &a, bench_reps(20), e0, e1);
                 if (bench_verbose())
                     cr_log_info("  M=%d N=%d K=%d %s 128x%d s%d%s%s: %.4f ms "
                                 "(%.0f TF/s)",
-                                M, N, K, x ? "erf-GELU" : "plain",
-                                wg_tiles[i].block_n, wg_tiles[i].stages,
-                                wg_tiles[i].warps_m == 1 ? " ping-pong" : "",
-                                wg_tiles[i].cluster > 1 ? " pairs" : "", ms,
+                                M, N, K, epi_name[x],
+                                tiles[x][i].block_n, tiles[x][i].stages,
+                                tiles[x][i].warps_m == 1 ? " ping-pong" : "",
+                                tiles[x][i].cluster > 1 ? " pairs" : "", ms,
                                 flop / (ms * 1e9));
-                if (wg_tiles[i].warps_m == 2 && ms < coop[x])
+                if (tiles[x][i].warps_m == 2 && ms < coop[x])
                     coop[x] = ms;
-                if (wg_tiles[i].cluster < 2 && ms < alone[x])
+                if (tiles[x][i].cluster < 2 && ms < alone[x])
                     alone[x] = ms;
                 if (ms < best[x]) {
                     best[x] = ms;
@@ -707,9 +740,17 @@ Test(gpu, bench_hopper, .timeout = 600)
         const double lt_ms = lt_best(ctx, &a, &epis[0], NULL, ws, e0, e1);
         const double lt_gelu_ms = lt_best(ctx, &a, &lt_bias, &gelu, ws, e0,
                                           e1);
-        cr_assert(best_i[0] >= 0 && best_i[1] >= 0);
-        const stof_gemm_cfg *b0 = &wg_tiles[best_i[0]],
-                            *b1 = &wg_tiles[best_i[1]];
+        const double lt_res_ms = lt_best(ctx, &a, &epis[2], NULL, ws, e0, e1);
+        cr_assert(best_i[0] >= 0 && best_i[1] >= 0 && best_i[2] >= 0);
+        const stof_gemm_cfg *b2 = &tiles[2][best_i[2]];
+        cr_log_info("HOPPER-RES M=%d N=%d K=%d: bias+residual wgmma %.4f ms "
+                    "(128x%d s%d%s%s), cuBLASLt %.4f ms: time %.3f",
+                    M, N, K, best[2], b2->block_n, b2->stages,
+                    b2->warps_m == 1 ? " ping-pong" : "",
+                    b2->cluster > 1 ? " pairs" : "", lt_res_ms,
+                    best[2] / lt_res_ms);
+        const stof_gemm_cfg *b0 = &tiles[0][best_i[0]],
+                            *b1 = &tiles[1][best_i[1]];
         cr_log_info("HOPPER M=%d N=%d K=%d: wgmma %.4f ms (%.0f TF/s, "
                     "128x%d s%d%s%s; shared tiles only %.4f), erf-GELU+bias "
                     "%.4f ms (128x%d s%d%s%s; shared tiles only %.4f); "
@@ -732,10 +773,11 @@ Test(gpu, bench_hopper, .timeout = 600)
     api->cuMemFree(da);
     api->cuMemFree(dw);
     api->cuMemFree(dc);
+    api->cuMemFree(dres);
     api->cuMemFree(dbias);
     api->cuMemFree(ws);
     stof__ctx_pop(ctx);
-    for (int x = 0; x < 2; x++)
+    for (int x = 0; x < NE; x++)
         for (int i = 0; i < N_WG_TILES; i++)
             unload(ctx, &k[x][i]);
     unload(ctx, &gelu_k);

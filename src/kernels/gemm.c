@@ -29,7 +29,7 @@ _Static_assert(offsetof(stof_gemm_args, M) == 64 &&
 /* The Hopper template's launch parameters (struct stof_gemm_wgmma_params in
  * gemm_wgmma.cu: same field order and types; both sides check the size). */
 typedef struct stof_gemm_wgmma_params {
-    CUtensorMap tm_a, tm_w, tm_c;
+    CUtensorMap tm_a, tm_w, tm_c, tm_r;
     CUdeviceptr c, bias, residual;
     int64_t ldc;
     int M, N, K;
@@ -37,10 +37,10 @@ typedef struct stof_gemm_wgmma_params {
     int pad_;
     uint8_t tail_[72];
 } stof_gemm_wgmma_params;
-_Static_assert(sizeof(stof_gemm_wgmma_params) == 512,
+_Static_assert(sizeof(stof_gemm_wgmma_params) == 640,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
-_Static_assert(offsetof(stof_gemm_wgmma_params, c) == 384 &&
-                   offsetof(stof_gemm_wgmma_params, M) == 416,
+_Static_assert(offsetof(stof_gemm_wgmma_params, c) == 512 &&
+                   offsetof(stof_gemm_wgmma_params, M) == 544,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
 
 /* The largest opt-in shared memory of any GPU the kernel targets (sm_90:
@@ -80,13 +80,14 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
         c->stages <= 0)
         return 0;
     if (c->wgmma) /* stages x {A, W} tiles, the two consumer warpgroups'
-                     rings of two 64 x 64 C units, the mbarriers, 1024 of
-                     slack */
+                     rings of 64 x 64 C units (two; four with a residual,
+                     which is loaded into them), the mbarriers (two a
+                     stage, four more), 1024 of slack */
         return (size_t)c->stages *
                    ((size_t)c->block_m + (size_t)c->block_n) *
                    (size_t)c->block_k * 2u +
-               2u * 2u * 64u * 64u * 2u + 16u * (size_t)c->stages + 16u +
-               1024u;
+               2u * (e && e->residual ? 4u : 2u) * 64u * 64u * 2u +
+               16u * (size_t)c->stages + 32u + 1024u;
     const size_t pitch = (size_t)c->block_k + 8u;
     const size_t pipe = (size_t)c->stages *
                         ((size_t)c->block_m + (size_t)c->block_n) * pitch * 2u;
@@ -658,7 +659,9 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
         make_map2(enc, &p.tm_w, a->w, a->K, e->gated ? 2 * a->N : a->N,
                   a->ldw, w_box) != CUDA_SUCCESS ||
         make_map2(enc, &p.tm_c, a->c, a->N, a->M, a->ldc, 64u) !=
-            CUDA_SUCCESS)
+            CUDA_SUCCESS ||
+        (e->residual && make_map2(enc, &p.tm_r, a->residual, a->N, a->M,
+                                  a->ldc, 64u) != CUDA_SUCCESS))
         return STOF_ERR_CUDA;
     p.c = a->c;
     p.bias = e->bias ? a->bias : 0;
