@@ -371,6 +371,10 @@ static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
         eff = 0.9;
     if (c->stages <= 2)
         eff *= 0.85;
+    /* 128 x 256 hides the K-steps' latency fully only with 4 stages
+     * (H100, plain: s3 2-3% slower at K 768, 22% at K 3072). */
+    else if (c->block_n >= 256 && c->stages == 3)
+        eff *= 0.95;
     /* Pairs read each W tile once for two CTAs: less L2 traffic a K-step
      * (a few percent; the search's timings decide). */
     if (c->cluster > 1)

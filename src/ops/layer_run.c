@@ -94,7 +94,16 @@ stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
     long long ld = L->d.hidden;
     float eps = L->eps;
     void *args[] = {&px, &pr, &pb, &pg, &pe, &po, &pp, &rows, &ld, &eps};
-    const unsigned grid = (unsigned)((rows + n->warps - 1) / n->warps);
+    /* A CTA a WARPS rows, at most one wave of them (64 warps an SM); the
+     * kernel's warps stride over the rows past that and keep the norm's
+     * parameters in registers across them. */
+    const int sms = L->ctx->device.sm_count > 0 ? L->ctx->device.sm_count
+                                                : 132;
+    const int per_sm = n->warps < 64 ? 64 / n->warps : 1;
+    int grid_n = (rows + n->warps - 1) / n->warps;
+    if (grid_n > sms * per_sm)
+        grid_n = sms * per_sm;
+    const unsigned grid = (unsigned)grid_n;
     CUresult r = L->ctx->api->cuLaunchKernel(n->fn, grid, 1, 1,
                                              (unsigned)(32 * n->warps), 1, 1,
                                              0, stream, args, NULL);
