@@ -185,7 +185,11 @@
 #define WG_BLOCK_M BLOCK_M
 #define WG_NCW (BLOCK_M / 64)              // consumer warpgroups
 #define WG_THREADS (128 * (1 + WG_NCW))
-#define WG_MIN_BLOCKS (BLOCK_M == 64 ? 2 : 1) // CTAs per SM (registers)
+// CTAs per SM (registers): 64-row tiles of head_dim 64 in block mode
+// need few registers (O and S 32 floats a thread each): three CTAs, so
+// that short rows (sparse masks) keep more loads in flight.
+#define WG_OCC3 (BLOCK_M == 64 && HEAD_DIM == 64 && !GATHER)
+#define WG_MIN_BLOCKS (WG_OCC3 ? 3 : BLOCK_M == 64 ? 2 : 1)
 #define WG_DB (HEAD_DIM / 64)                  // 64-column blocks
 #define WG_Q_BYTES (WG_BLOCK_M * HEAD_DIM * 2)
 #define WG_KV_BYTES (BLOCK_N * HEAD_DIM * 2)   // one slot of K (or V)
@@ -247,6 +251,10 @@ static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
 #define WG_PRODUCER_REGS "24"
 #define WG_CONSUMER_REGS "240"
 #endif
+#elif WG_OCC3
+// 80 a thread at launch (three CTAs of 256 threads): 24 + 136.
+#define WG_PRODUCER_REGS "24"
+#define WG_CONSUMER_REGS "136"
 #else
 #if GATHER
 #define WG_PRODUCER_REGS "32"

@@ -88,7 +88,22 @@ __device__ __forceinline__ stof_v8 stof_pack8(const float *f)
 // the rows a warp takes when they are few (HIDDEN <= 1024): re-read from
 // L1 for every row they were most of its traffic (measured, H100, ncu,
 // 32768 x 768: L1 89.6% busy, DRAM 43%).
+// Then each warp also loads its next row's chunks before this row's
+// reductions (one row's latency under another's arithmetic).
 #define NORM_HOIST (PER_LANE <= 4)
+
+// A lane's chunks of row `base` of p.
+__device__ __forceinline__ void norm_load(const unsigned short *p,
+                                          stof_i64 base, int lane,
+                                          stof_v8 (&d)[PER_LANE])
+{
+#pragma unroll
+    for (int j = 0; j < PER_LANE; j++) {
+        const int c = lane + 32 * j;
+        if (c < CHUNKS)
+            d[j] = *(const stof_v8 *)(p + base + 8 * c);
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 stof_norm(const unsigned short *x,
@@ -130,16 +145,53 @@ stof_norm(const unsigned short *x,
 #endif
     // Rows warp, warp + WARPS gridDim.x, ... (the host launches at most
     // one wave of CTAs).
-    for (int row = blockIdx.x * WARPS + (threadIdx.x >> 5); row < rows;
-         row += gridDim.x * WARPS) {
+    const int stride = gridDim.x * WARPS;
+    int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    stof_v8 xv[PER_LANE];
+#if RESIDUAL
+    stof_v8 rv[PER_LANE];
+#endif
+#if NORM_HOIST
+    stof_v8 xn[PER_LANE];
+#if RESIDUAL
+    stof_v8 rn[PER_LANE];
+#endif
+    if (row < rows) {
+        norm_load(x, (stof_i64)row * ld, lane, xn);
+#if RESIDUAL
+        norm_load(residual, (stof_i64)row * ld, lane, rn);
+#endif
+    }
+#endif
+    for (; row < rows; row += stride) {
         const stof_i64 base = (stof_i64)row * ld;
+#if NORM_HOIST
+#pragma unroll
+        for (int j = 0; j < PER_LANE; j++) {
+            xv[j] = xn[j];
+#if RESIDUAL
+            rv[j] = rn[j];
+#endif
+        }
+        if (row + stride < rows) {
+            norm_load(x, base + stride * ld, lane, xn);
+#if RESIDUAL
+            norm_load(residual, base + stride * ld, lane, rn);
+#endif
+        }
+#else
+        norm_load(x, base, lane, xv);
+#if RESIDUAL
+        norm_load(residual, base, lane, rv);
+#endif
+#endif
         float v[PER_LANE][8];
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < PER_LANE; j++) {
             const int c = lane + 32 * j;
             if (c < CHUNKS) {
-                stof_unpack8(*(const stof_v8 *)(x + base + 8 * c), v[j]);
+                stof_unpack8(xv[j], v[j]);
 #if BIAS
                 float b[8];
                 stof_unpack8(NORM_BIAS(j, c), b);
@@ -149,7 +201,7 @@ stof_norm(const unsigned short *x,
 #endif
 #if RESIDUAL
                 float r[8];
-                stof_unpack8(*(const stof_v8 *)(residual + base + 8 * c), r);
+                stof_unpack8(rv[j], r);
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     v[j][i] += r[i];
