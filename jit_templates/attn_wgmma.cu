@@ -147,6 +147,8 @@
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_N=64,STAGES=4,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BLOCK_M=64,SPLIT=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,GATHER=1,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=4 | HEAD_DIM=128,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=2
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=3 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=3,GATHER=1 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=128,STAGES=2,OVERLAP=0
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=2,SOFTCAP=1,BIAS=1 | HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=3,GATHER=1,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,SOFTCAP=1,ALIBI=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,BLOCK_M=64,OVERLAP=0,ALIBI=1 | HEAD_DIM=128,DTYPE=0,BLOCK_N=128,STAGES=2,GATHER=1,SOFTCAP=1
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=1,BLOCK_N=64,STAGES=2 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
@@ -185,10 +187,11 @@
 #define WG_BLOCK_M BLOCK_M
 #define WG_NCW (BLOCK_M / 64)              // consumer warpgroups
 #define WG_THREADS (128 * (1 + WG_NCW))
-// CTAs per SM (registers): 64-row tiles of head_dim 64 in block mode
-// need few registers (O and S 32 floats a thread each): three CTAs, so
-// that short rows (sparse masks) keep more loads in flight.
-#define WG_OCC3 (BLOCK_M == 64 && HEAD_DIM == 64 && !GATHER)
+// CTAs per SM (registers): 64-row tiles of head_dim 64 need few
+// registers (O and S 32 floats a thread each): three CTAs, so that short
+// rows (sparse masks) keep more loads in flight. With 64-key tiles
+// only: the 128-key S tile's wgmma needs 90 registers at launch (ptxas).
+#define WG_OCC3 (BLOCK_M == 64 && HEAD_DIM == 64 && BLOCK_N == 64)
 #define WG_MIN_BLOCKS (WG_OCC3 ? 3 : BLOCK_M == 64 ? 2 : 1)
 #define WG_DB (HEAD_DIM / 64)                  // 64-column blocks
 #define WG_Q_BYTES (WG_BLOCK_M * HEAD_DIM * 2)
@@ -252,9 +255,15 @@ static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
 #define WG_CONSUMER_REGS "240"
 #endif
 #elif WG_OCC3
-// 80 a thread at launch (three CTAs of 256 threads): 24 + 136.
+// 80 a thread at launch (three CTAs of 256 threads): 24 + 136, or 32 +
+// 128 for the gather producer.
+#if GATHER
+#define WG_PRODUCER_REGS "32"
+#define WG_CONSUMER_REGS "128"
+#else
 #define WG_PRODUCER_REGS "24"
 #define WG_CONSUMER_REGS "136"
+#endif
 #else
 #if GATHER
 #define WG_PRODUCER_REGS "32"

@@ -138,13 +138,13 @@ int stof__wgmma_device_ok(const stof_device *dev)
 int stof__wgmma_ctas_per_sm(int head_dim, const stof_wgmma_cfg *c)
 {
     /* 228 KB of shared memory per SM on cc 9.0, 1 KB of it reserved per
-     * CTA; the registers allow three 64-row CTAs of head_dim 64 in block
-     * mode, two other 64-row CTAs, one 128-row CTA (WG_MIN_BLOCKS in
-     * attn_wgmma.cu). */
+     * CTA; the registers allow three 64-row CTAs of head_dim 64 with
+     * 64-key tiles, two other 64-row CTAs, one 128-row CTA (WG_MIN_BLOCKS
+     * in attn_wgmma.cu). */
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c) + 1024u;
     if (stof__wgmma_block_m(c) != 64)
         return 1;
-    const int regs = head_dim == 64 && !c->gather ? 3 : 2;
+    const int regs = head_dim == 64 && c->block_n == 64 ? 3 : 2;
     const int by_smem = (int)((228u * 1024u) / smem);
     return by_smem < 1 ? 1 : by_smem < regs ? by_smem : regs;
 }
