@@ -218,11 +218,9 @@ __device__ __forceinline__ void gw_kstep(float (&acc)[GW_ACC], stof_u64 da,
 // into it.
 __device__ __forceinline__ void gw_release(unsigned empty_bar)
 {
+    mb_arrive(empty_bar);
 #if CLUSTER > 1
-    mb_arrive(empty_bar);
     mb_arrive_rank(empty_bar, cluster_rank() ^ 1u);
-#else
-    mb_arrive(empty_bar);
 #endif
 }
 
