@@ -79,13 +79,15 @@
 // mbarriers: full[s] (1 arrival + the slot's bytes), empty[s] (lane 0 of
 // each consumer warp that reads the slot, of each CTA of the cluster: 8,
 // or 4 with PINGPONG, times CLUSTER), order[2] (PINGPONG: one arrival per
-// tile of warpgroup c).
+// tile of warpgroup c), res[2] (RESIDUAL: a tile's residual units of
+// warpgroup c, 1 arrival + their bytes).
 //
 // Shared memory (dynamic, from the first 1024-byte boundary;
 // stof__gemm_smem_bytes adds the 1024 bytes of slack): STAGES x {A 128
 // rows x 128 B, W BLOCK_N rows x 128 B}; each warpgroup's ring of GW_CBUF
-// C units of 64 rows x 128 B (the TMA's 128-byte swizzle); 2 x STAGES + 2
-// mbarriers. 128 x 256 takes up to 4 stages, 128 x 128 up to 6.
+// C units of 64 rows x 128 B (the TMA's 128-byte swizzle; 2, or 4 with a
+// residual); 2 x STAGES + 4 mbarriers. 128 x 256 takes up to 4 stages (3
+// with a residual), 128 x 128 up to 6 (5).
 //
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,RESIDUAL=0 | DTYPE=1,BLOCK_N=128,STAGES=5,BIAS=0,ACT=0,RESIDUAL=1 | DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,ACT=3,RESIDUAL=1
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,BIAS=1,ACT=4,RESIDUAL=1 | DTYPE=0,BLOCK_N=128,STAGES=2,BIAS=1,ACT=1,RESIDUAL=0
