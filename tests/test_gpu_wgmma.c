@@ -483,11 +483,19 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
         stof__wgmma_cfg_valid(NULL, 256, &pe256, why, sizeof(why)));
     cr_expect(strstr(why, "shared memory"), "%s", why);
     /* CTAs of a persistent launch: one per SM, two for 64-row CTAs that
-     * fit twice (d=64, 64 keys, 4 stages: 85 KB). */
+     * fit twice (d=64, 64 keys, 4 stages: 85 KB), three for d=64 64-row
+     * 64-key CTAs that fit three times. */
     stof_device dv132 = {.ok = 1, .sm_count = 132};
     cr_expect_eq(stof__wgmma_persist_ctas(&dv132, 64, &pe), 132);
     const stof_wgmma_cfg pm = {64, 4, 1, 0, 64, 0, 0, 1};
     cr_expect_eq(stof__wgmma_persist_ctas(&dv132, 64, &pm), 264);
+    /* Three where the registers allow it (d=64, 64 keys: 80 a thread at
+     * launch) and three fit (2 stages: 43 KB); 128-key tiles keep two. */
+    const stof_wgmma_cfg pm3 = {64, 2, 1, 0, 64, 0, 0, 1},
+                         pm128 = {128, 2, 1, 0, 64, 0, 0, 1};
+    cr_expect_eq(stof__wgmma_persist_ctas(&dv132, 64, &pm3), 396);
+    cr_expect_eq(stof__wgmma_persist_ctas(&dv132, 64, &pm128), 264);
+    cr_expect_eq(stof__wgmma_persist_ctas(&dv132, 128, &pm3), 264);
     /* d=128, 128 keys, 2 stages: 164 KB, once per SM. */
     const stof_wgmma_cfg pmb = {128, 2, 1, 0, 64, 0, 0, 1};
     cr_expect(stof__wgmma_cfg_valid(NULL, 128, &pmb, why, sizeof(why)), "%s",
