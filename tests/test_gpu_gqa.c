@@ -191,6 +191,11 @@ Test(gpu_gqa, every_kernel_kind_matches_the_reference)
          "bigbird:64:3:2:3:1"},
         {1, 8, 1, 384, 384, 128, STOF_DTYPE_FP16, STOF_LAYOUT_BSHD,
          "dilated:128:2"},
+        /* head_dim 256 (Gemma-class): the wgmma kernel's 64-key tiles,
+         * the mma.sync block and row-wise kernels. */
+        {1, 8, 2, 300, 300, 256, STOF_DTYPE_BF16, STOF_LAYOUT_BHSD, "causal"},
+        {2, 4, 1, 200, 450, 256, STOF_DTYPE_FP16, STOF_LAYOUT_BSHD,
+         "bigbird:64:3:2:3:1"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         check_case(ctx, &cases[i], &r);
