@@ -127,7 +127,7 @@
 // Persistent (PERSIST=1): the grid is at most one CTA per SM slot
 // (gridDim.x, gridDim.y = 1) and each CTA computes a share of the
 // n_row_blocks * batch * heads work items one after the other (dealt in
-// rounds, heavy row blocks first, see wg_persist_item). The producer loads
+// rounds, heavy row blocks first, see wg_persist_pos). The producer loads
 // the next item's Q and K/V tiles as soon as their buffers are free, so
 // they arrive under the current item's last tiles and epilogue instead of
 // after the CTA's start: Q alternates between two buffers (sQ, sQ +
@@ -299,7 +299,9 @@ struct stof_attn_wgmma_params {
                                   // -n_row_blocks: one per (element, head)
     int kv_group;                 // query heads per K/V head (GQA), >= 1;
                                   // the K/V maps hold heads / kv_group
-    int pad_;
+    int persist_hg;               // PERSIST: (batch, head) pairs a group
+                                  // of the schedule (wg_work_of; 0: one
+                                  // group)
     // Gather mode only (0 in block mode):
     const unsigned short *q, *k, *v; // inputs, 16-byte aligned
     const int *key_ptr;           // n_row_blocks + 1
@@ -727,14 +729,23 @@ __device__ __forceinline__ wg_work wg_work_at(const stof_attn_wgmma_params &p,
     return w;
 }
 
-// PERSIST: the kq-th work item of this CTA. The n_row_blocks * batch *
-// heads items are numbered by row_order position, then (b, h) (item =
-// position * batch * heads + b * heads + h: heavy row blocks of every head
-// first), and dealt in rounds of gridDim.x, every other round in reverse
-// (CTA x gets item x of round 0, gridDim.x - 1 - x of round 1, ...), so
-// that heavy-first orders leave every CTA about the same work. Items past
-// the last are >= n_items.
-__device__ __forceinline__ stof_i64 wg_persist_item(int kq)
+// PERSIST: the work items of this CTA. The n_row_blocks * batch * heads
+// items (a row block of one (batch, head)) form a sequence dealt in rounds
+// of gridDim.x, every other round in reverse (CTA x gets position x of
+// round 0, gridDim.x - 1 - x of round 1, ...), so that a heavy-first
+// sequence leaves every CTA about the same work. The sequence takes the
+// (batch, head) pairs in groups of p.persist_hg (0: all in one group),
+// and within a group row block by row block (in row_order: heaviest
+// first), pair by pair: position P is group j = P / (hg n_row_blocks),
+// then rank r and pair g0 + i of the group's n pairs (P = j hg
+// n_row_blocks + r n + i). One group: every head's heaviest row block
+// first. Smaller groups keep the K and V of the items that run together
+// in the L2 (dealt over every head, each round of CTAs reads every head's
+// K and V again: dense 4x16x4096x64 on 132 SMs, 16 rounds of 2 row blocks,
+// 16 times the K/V bytes of the one-CTA-per-item grid, whose CTAs start
+// row block by row block within a head); the host groups only where the
+// rounds stay balanced (stof__wgmma_persist_heads).
+__device__ __forceinline__ stof_i64 wg_persist_pos(int kq)
 {
     const stof_i64 g = gridDim.x;
     const int x = blockIdx.x;
@@ -742,25 +753,30 @@ __device__ __forceinline__ stof_i64 wg_persist_item(int kq)
 }
 
 // The work items of this CTA: `for` over kq = 0, 1, ... with `item` the
-// item's number. PERSIST: as wg_persist_item; otherwise the one item of
-// the CTA.
+// item's position in the sequence. PERSIST: as wg_persist_pos; otherwise
+// the one item of the CTA.
 #if PERSIST
 #define WG_FOR_WORK(kq, item)                                                  \
-    for (int kq = 0, item = (int)wg_persist_item(0);                          \
-         wg_persist_item(kq) < (stof_i64)p.n_row_blocks * p.batch * p.heads;  \
-         kq++, item = (int)wg_persist_item(kq))
+    for (int kq = 0, item = (int)wg_persist_pos(0);                           \
+         wg_persist_pos(kq) < (stof_i64)p.n_row_blocks * p.batch * p.heads;   \
+         kq++, item = (int)wg_persist_pos(kq))
 #else
 #define WG_FOR_WORK(kq, item) for (int item = 0, kq = 0; kq < 1; kq++)
 #endif
 
-// The work item `item` of WG_FOR_WORK; without PERSIST the CTA's
-// (blockIdx.x, blockIdx.y).
+// The work item at position `item` of WG_FOR_WORK; without PERSIST the
+// CTA's (blockIdx.x, blockIdx.y).
 __device__ __forceinline__ wg_work wg_work_of(const stof_attn_wgmma_params &p,
                                               int item)
 {
 #if PERSIST
     const int bh_n = p.batch * p.heads;
-    return wg_work_at(p, item / bh_n, item % bh_n);
+    const int hg = p.persist_hg > 0 && p.persist_hg < bh_n ? p.persist_hg
+                                                            : bh_n;
+    const int gs = hg * p.n_row_blocks; // items of a whole group
+    const int j = item / gs, g0 = j * hg, n = min(hg, bh_n - g0);
+    const int in = item - j * gs, r = in / n;
+    return wg_work_at(p, r, g0 + (in - r * n));
 #else
     (void)item;
     return wg_work_at(p, blockIdx.x, blockIdx.y);

@@ -8,6 +8,7 @@
 
 #include "cost_model.h"
 #include "attn_block.h"
+#include "attn_wgmma.h"
 #include "internal.h"
 #include "testutil.h"
 
@@ -441,4 +442,53 @@ Test(cost, persistent_kernel_is_ranked_for_short_row_blocks)
     cr_assert_gt(n_persist, 0);
     stof_mask_free(&m);
     stof_close(&ctx);
+}
+
+Test(cost, persistent_schedule_groups_fit_the_l2)
+{
+    /* Groups of the persistent schedule: the K and V of a group within a
+     * third of the L2 (50 MB: 16.7 MB). */
+    stof_device dl2 = {.ok = 1, .sm_count = 132, .l2_bytes = 50 << 20};
+    stof_attention_desc gd;
+    /* 4096 keys x 64: 1 MiB a head -> 16 of the 64 pairs. */
+    stof_attention_desc_init(&gd, 4, 16, 4096, 4096, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    cr_expect_eq(stof__wgmma_persist_group(&dl2, &gd), 16);
+    /* All 64 fit at 1024 keys: one group (0). */
+    stof_attention_desc_init(&gd, 4, 16, 1024, 1024, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    cr_expect_eq(stof__wgmma_persist_group(&dl2, &gd), 0);
+    /* 16384 x 128: 8 MiB a head -> 2. */
+    stof_attention_desc_init(&gd, 1, 32, 16384, 16384, 128, STOF_DTYPE_BF16,
+                             STOF_LAYOUT_BHSD);
+    cr_expect_eq(stof__wgmma_persist_group(&dl2, &gd), 2);
+    /* GQA, 8 query heads a K/V head: 1 MiB a query head -> 16, whole K/V
+     * heads of 8; a K/V head larger than the budget still makes a group. */
+    gd.kv_heads = 4;
+    cr_expect_eq(stof__wgmma_persist_group(&dl2, &gd), 16);
+    stof_attention_desc_init(&gd, 1, 32, 131072, 131072, 128,
+                             STOF_DTYPE_BF16, STOF_LAYOUT_BHSD);
+    gd.kv_heads = 4;
+    cr_expect_eq(stof__wgmma_persist_group(&dl2, &gd), 8);
+    /* No device: 48 MB assumed. */
+    stof_attention_desc_init(&gd, 4, 16, 4096, 4096, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    cr_expect_eq(stof__wgmma_persist_group(NULL, &gd), 16);
+
+    /* Grouped only where the deal stays balanced: 32 equal row blocks
+     * (dense) over 132 CTAs -> 16; a causal staircase -> 0 (dealt in
+     * groups, each group's heavy rows would start a round anywhere). */
+    double w[32];
+    for (int i = 0; i < 32; i++)
+        w[i] = 32.0;
+    cr_expect_eq(stof__wgmma_persist_heads(&dl2, &gd, w, 32, 132), 16);
+    for (int i = 0; i < 32; i++)
+        w[i] = i + 1.0;
+    cr_expect_eq(stof__wgmma_persist_heads(&dl2, &gd, w, 32, 132), 0);
+    /* ... and never when every pair fits in one group. */
+    stof_attention_desc_init(&gd, 4, 16, 1024, 1024, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    for (int i = 0; i < 32; i++)
+        w[i] = 8.0;
+    cr_expect_eq(stof__wgmma_persist_heads(&dl2, &gd, w, 8, 132), 0);
 }

@@ -83,6 +83,10 @@ static const wg_cfg configs[] = {
  * cases (3 and 5 alternate, so the items' Q buffers alternate in both
  * parities per CTA). */
 #define PERSIST_TEST_CTAS(i) (3 + 2 * ((i) % 2))
+/* (batch, head) pairs a group of the persistent schedule: one group,
+ * single pairs, pairs of two (cases of 2-6 pairs: several groups, the
+ * last one short, groups ending inside a round). */
+#define PERSIST_TEST_GROUPS(i) ((i) % 3)
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
  *   "#single"  each row i allows exactly key (7 i + 3) mod seq_k, so the
@@ -143,17 +147,17 @@ static const char *dt_name(stof_dtype dt)
  * built on permuted_mask() and the kernel gets the permutation. */
 static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
                      const wg_case *c, int with_order, int qperm, int ctas,
-                     tu_rng *rng)
+                     int groups, tu_rng *rng)
 {
     const stof_api *api = stof__api();
     const int gather = k->c.gather;
     char tag[256];
     snprintf(tag, sizeof(tag),
-             "[%s d=%d %s bm=%d bn=%d s=%d ov=%d ctas=%d%s%s] %s "
-             "%dx%dx%dx%d layout=%d",
+             "[%s d=%d %s bm=%d bn=%d s=%d ov=%d ctas=%d groups of %d%s%s] "
+             "%s %dx%dx%dx%d layout=%d",
              gather ? "gather" : "block", k->head_dim, dt_name(k->dtype),
              stof__wgmma_block_m(&k->c), k->c.block_n, k->c.stages,
-             k->c.overlap, ctas,
+             k->c.overlap, ctas, groups,
              with_order ? " ordered" : "", qperm ? " qperm" : "", c->spec,
              c->batch, c->heads, c->seq_q, c->seq_k, (int)c->layout);
 
@@ -228,7 +232,7 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
                                        dord, dperm, dq, dk, dv, dout, NULL,
                                        api);
     else {
-        const stof_attn_ext x = {.ctas = ctas};
+        const stof_attn_ext x = {.ctas = ctas, .persist_heads = groups};
         st = stof__wgmma_launch_ex(fn, &k->c, k->head_dim, &d, 0.0f, &bf,
                                    dord, dq, dk, dv, dout, &x, NULL, api);
     }
@@ -374,7 +378,8 @@ static void run_config(int idx)
                      k->c.gather &&
                          ((i / 2) % 2 || strncmp(cases[i].spec, "dilated",
                                                  7) == 0),
-                     k->c.persist ? PERSIST_TEST_CTAS(i) : 0, &rng);
+                     k->c.persist ? PERSIST_TEST_CTAS(i) : 0,
+                     k->c.persist ? PERSIST_TEST_GROUPS(i) : 0, &rng);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     ctx->api->cuModuleUnload(mod);
     stof__ctx_pop(ctx);

@@ -177,25 +177,28 @@ static double makespan_us(double *w, int nrb, int64_t bh, int slots, int o,
 }
 
 /* makespan_us for the persistent kernel, as its static schedule
- * (attn_wgmma.cu, wg_persist_item): the items ordered by row block
- * (heaviest first with heavy_first), then (batch, head), dealt to the
- * slots in rounds, every other round in reverse; each CTA pays TAU0_TILES
- * once and TAU0_PERSIST_TILES per item. */
-static double makespan_persist_us(double *w, int nrb, int64_t bh, int slots,
-                                  int o, double tau, int heavy_first)
+ * (attn_wgmma.cu, wg_persist_pos / wg_work_of): the (batch, head) pairs in
+ * groups of hg (0: one group), in a group the row blocks heaviest first
+ * (with heavy_first), each over the group's pairs; the sequence dealt to
+ * the slots in rounds, every other round in reverse; each CTA pays
+ * TAU0_TILES once and TAU0_PERSIST_TILES per item. */
+static double makespan_persist_us(double *w, int nrb, int64_t bh, int hg,
+                                  int slots, int o, double tau,
+                                  int heavy_first)
 {
     if (heavy_first)
         qsort(w, (size_t)nrb, sizeof(double), cmp_desc);
     double *t = calloc((size_t)slots, sizeof(double));
     if (!t)
         return INFINITY;
-    int64_t idx = 0;
-    for (int i = 0; i < nrb; i++)
-        for (int64_t b = 0; b < bh; b++, idx++) {
-            const int64_t round = idx / slots, pos = idx % slots;
-            t[round & 1 ? slots - 1 - pos : pos] +=
-                o * (w[i] + TAU0_PERSIST_TILES) * tau;
-        }
+    const int64_t g = hg > 0 && hg < bh ? hg : bh, gs = g * nrb;
+    for (int64_t pos = 0; pos < bh * nrb; pos++) {
+        const int64_t j = pos / gs, g0 = j * g;
+        const int64_t n = bh - g0 < g ? bh - g0 : g;
+        const int64_t round = pos / slots, x = pos % slots;
+        t[round & 1 ? slots - 1 - x : x] +=
+            o * (w[(pos - j * gs) / n] + TAU0_PERSIST_TILES) * tau;
+    }
     double makespan = 0.0;
     for (int i = 0; i < slots; i++)
         if (t[i] > makespan)
@@ -277,8 +280,10 @@ static double predict_ms(const stof_device *dev, const stof_attention_desc *d,
     const int slots = dev->sm_count * o > 0 ? dev->sm_count * o : 1;
     const int64_t bh = (int64_t)d->batch * d->heads;
     double us = (persist && s == 1
-                     ? makespan_persist_us(ws, nrb, bh, slots, o, tau,
-                                           heavy_first)
+                     ? makespan_persist_us(
+                           ws, nrb, bh,
+                           stof__wgmma_persist_heads(dev, d, ws, nrb, slots),
+                           slots, o, tau, heavy_first)
                      : makespan_us(ws, nrb * s, bh, slots, o, tau,
                                    heavy_first)) +
                 LAUNCH_US;

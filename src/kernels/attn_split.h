@@ -32,6 +32,8 @@ typedef struct stof_attn_ext {
     CUdeviceptr alibi;
     CUdeviceptr bias;
     int ctas; /* persistent kernels: CTAs to launch (0: one per work item) */
+    int persist_heads; /* persistent kernels: (batch, head) pairs a group of
+                        * the schedule (stof__wgmma_persist_heads; 0: all) */
 } stof_attn_ext;
 
 /* Score modifiers (stof_block_cfg.mods, stof_wgmma_cfg.mods): the kernel

@@ -24,7 +24,8 @@ typedef struct stof_attn_wgmma_params {
     int n_row_blocks, bitmap_words_per_row;
     float scale_log2;
     int rp_stride;
-    int kv_group, pad_; /* query heads per K/V head (GQA) */
+    int kv_group;   /* query heads per K/V head (GQA) */
+    int persist_hg; /* persistent: (batch, head) pairs a group, 0: one */
     /* gather mode only */
     CUdeviceptr q, k, v;
     CUdeviceptr key_ptr, keys, q_rows;
@@ -154,6 +155,79 @@ int stof__wgmma_persist_ctas(const stof_device *dev, int head_dim,
 {
     const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 1;
     return sms * stof__wgmma_ctas_per_sm(head_dim, c);
+}
+
+int stof__wgmma_persist_group(const stof_device *dev,
+                              const stof_attention_desc *d)
+{
+    const int64_t bh = (int64_t)d->batch * d->heads;
+    const int g = stof__kv_group(d);
+    /* K and V of one query head (a K/V head shared by g of them). */
+    const int64_t per = (int64_t)d->seq_k * d->head_dim * 4 / g;
+    /* A third of the L2 (the rest: Q, O, the next group's first loads). */
+    const int64_t l2 = dev && dev->ok && dev->l2_bytes > 0
+                           ? dev->l2_bytes
+                           : (int64_t)48 << 20;
+    int64_t hg = per > 0 ? l2 / 3 / per : bh;
+    hg -= hg % g; /* whole K/V heads */
+    if (hg < g)
+        hg = g;
+    return hg >= bh ? 0 : (int)hg;
+}
+
+/* The largest per-slot sum of the persistent schedule's deal (attn_wgmma.cu,
+ * wg_persist_pos / wg_work_of) of items weighing w[rank] + over, the
+ * (batch, head) pairs in groups of hg (hg >= bh: one group). */
+static double persist_deal_max(const double *w, int nrb, int64_t bh,
+                               int64_t hg, int slots, double over, double *t)
+{
+    memset(t, 0, sizeof(*t) * (size_t)slots);
+    const int64_t gs = hg * nrb, total = bh * nrb;
+    for (int64_t pos = 0; pos < total; pos++) {
+        const int64_t j = pos / gs, g0 = j * hg;
+        const int64_t n = bh - g0 < hg ? bh - g0 : hg;
+        const int64_t round = pos / slots, x = pos % slots;
+        t[round & 1 ? slots - 1 - x : x] += w[(pos - j * gs) / n] + over;
+    }
+    double m = 0.0;
+    for (int i = 0; i < slots; i++)
+        if (t[i] > m)
+            m = t[i];
+    return m;
+}
+
+static int cmp_double_desc(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+int stof__wgmma_persist_heads(const stof_device *dev,
+                              const stof_attention_desc *d,
+                              const double *row_work, int nrb, int slots)
+{
+    const int hg = stof__wgmma_persist_group(dev, d);
+    if (hg <= 0 || !row_work || nrb < 1 || slots < 1)
+        return 0;
+    const int64_t bh = (int64_t)d->batch * d->heads;
+    double *w = malloc(sizeof(double) * (size_t)nrb);
+    double *t = malloc(sizeof(double) * (size_t)slots);
+    int ok = 0;
+    if (w && t) {
+        memcpy(w, row_work, sizeof(double) * (size_t)nrb);
+        qsort(w, (size_t)nrb, sizeof(double), cmp_double_desc);
+        double mean = 0.0;
+        for (int i = 0; i < nrb; i++)
+            mean += w[i];
+        mean /= nrb;
+        /* An item's fixed cost: about half a mean row block's work. */
+        const double one = persist_deal_max(w, nrb, bh, bh, slots, mean / 2, t);
+        const double grp = persist_deal_max(w, nrb, bh, hg, slots, mean / 2, t);
+        ok = grp <= one * 1.02;
+    }
+    free(w);
+    free(t);
+    return ok ? hg : 0;
 }
 
 /* Check (head_dim, dt, c) for this device; STOF_OK or a recorded error. */
@@ -392,6 +466,10 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
         gx = x && x->ctas > 0 && x->ctas < items ? (unsigned)x->ctas
                                                  : (unsigned)items;
         gy = 1;
+        p.persist_hg = x && x->persist_heads > 0 &&
+                               x->persist_heads < d->batch * d->heads
+                           ? x->persist_heads
+                           : 0;
     }
     void *args[] = {&p};
     CUresult r = api->cuLaunchKernel(
@@ -512,6 +590,29 @@ static int cmp_work(const void *a, const void *b)
     if (x->w != y->w)
         return x->w < y->w ? 1 : -1;
     return (x->i > y->i) - (x->i < y->i);
+}
+
+int stof__wgmma_format_persist_heads(const stof_device *dev,
+                                     const stof_attention_desc *d,
+                                     const stof_wgmma_cfg *c,
+                                     const stof_format *f)
+{
+    if (!f || f->n_row_blocks < 1 || !f->row_ptr || !f->kind)
+        return 0;
+    const int nb = f->n_row_blocks;
+    double *w = malloc(sizeof(double) * (size_t)nb);
+    if (!w)
+        return 0;
+    for (int i = 0; i < nb; i++) {
+        int64_t t = 0; /* as stof__wgmma_row_order weighs them */
+        for (int64_t e = f->row_ptr[i]; e < f->row_ptr[i + 1]; e++)
+            t += f->kind[e] == STOF_TILE_PARTIAL ? 5 : 4;
+        w[i] = (double)t;
+    }
+    const int hg = stof__wgmma_persist_heads(
+        dev, d, w, nb, stof__wgmma_persist_ctas(dev, d->head_dim, c));
+    free(w);
+    return hg;
 }
 
 void stof__wgmma_row_order(const stof_format *f, int32_t *order)

@@ -69,6 +69,30 @@ int stof__wgmma_ctas_per_sm(int head_dim, const stof_wgmma_cfg *c);
 int stof__wgmma_persist_ctas(const stof_device *dev, int head_dim,
                              const stof_wgmma_cfg *c);
 
+/* The (batch, head) pairs a group of the persistent schedule takes on dev
+ * for problem d (stof_attn_ext.persist_heads): as many as keep their K
+ * and V within a third of the L2 (48 MB assumed without a device), whole
+ * K/V heads (a multiple of the GQA group), at least one K/V head; 0 when
+ * every pair fits (one group: the schedule by row block over all heads). */
+int stof__wgmma_persist_group(const stof_device *dev,
+                              const stof_attention_desc *d);
+
+/* The persistent schedule's group for problem d on dev, row blocks of
+ * work row_work[0..nrb-1] (any order, any unit) dealt to `slots` CTAs:
+ * stof__wgmma_persist_group where dealing the grouped sequence leaves the
+ * most loaded CTA within 2% of the one-group deal (uniform rows: dense,
+ * sliding windows), else 0 (heavy-first over every head: causal). */
+int stof__wgmma_persist_heads(const stof_device *dev,
+                              const stof_attention_desc *d,
+                              const double *row_work, int nrb, int slots);
+
+/* stof__wgmma_persist_heads for a persistent launch of c on format f (its
+ * row blocks weighed as stof__wgmma_row_order weighs them). */
+int stof__wgmma_format_persist_heads(const stof_device *dev,
+                                     const stof_attention_desc *d,
+                                     const stof_wgmma_cfg *c,
+                                     const stof_format *f);
+
 /* Dynamic shared memory of one CTA in bytes, with bm = stof__wgmma_block_m:
  *   bm*head_dim*2 (Q; twice when persist) + 2 * stages*block_n*head_dim*2
  *   (K, V) + stages*bm*(block_n/32)*4 (bitmaps) + 8*(1 + 4*stages

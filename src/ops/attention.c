@@ -524,6 +524,10 @@ order:
         stof__wgmma_gather_row_order(f, order);
     else
         stof__wgmma_row_order(f, order);
+    if (!rowwise && p->wcfg.persist)
+        p->persist_heads =
+            stof__wgmma_format_persist_heads(&ctx->device, &p->desc,
+                                             &p->wcfg, f);
     st = upload_i32(ctx, order, (size_t)f->n_row_blocks, &p->d_row_order,
                     "uploading the row order");
 done:
