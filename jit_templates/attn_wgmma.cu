@@ -127,7 +127,7 @@
 // Persistent (PERSIST=1): the grid is at most one CTA per SM slot
 // (gridDim.x, gridDim.y = 1) and each CTA computes a share of the
 // n_row_blocks * batch * heads work items one after the other (dealt in
-// rounds, heavy row blocks first, see wg_persist_pos). The producer loads
+// rounds, heavy row blocks first, see wg_sched). The producer loads
 // the next item's Q and K/V tiles as soon as their buffers are free, so
 // they arrive under the current item's last tiles and epilogue instead of
 // after the CTA's start: Q alternates between two buffers (sQ, sQ +
@@ -299,9 +299,8 @@ struct stof_attn_wgmma_params {
                                   // -n_row_blocks: one per (element, head)
     int kv_group;                 // query heads per K/V head (GQA), >= 1;
                                   // the K/V maps hold heads / kv_group
-    int persist_hg;               // PERSIST: (batch, head) pairs a group
-                                  // of the schedule (wg_work_of; 0: one
-                                  // group)
+    int persist_hg;               // PERSIST: the schedule (wg_sched): 0,
+                                  // or +-(batch, head)s a group
     // Gather mode only (0 in block mode):
     const unsigned short *q, *k, *v; // inputs, 16-byte aligned
     const int *key_ptr;           // n_row_blocks + 1
@@ -729,54 +728,104 @@ __device__ __forceinline__ wg_work wg_work_at(const stof_attn_wgmma_params &p,
     return w;
 }
 
-// PERSIST: the work items of this CTA. The n_row_blocks * batch * heads
-// items (a row block of one (batch, head)) form a sequence dealt in rounds
-// of gridDim.x, every other round in reverse (CTA x gets position x of
-// round 0, gridDim.x - 1 - x of round 1, ...), so that a heavy-first
-// sequence leaves every CTA about the same work. The sequence takes the
-// (batch, head) pairs in groups of p.persist_hg (0: all in one group),
-// and within a group row block by row block (in row_order: heaviest
-// first), pair by pair: position P is group j = P / (hg n_row_blocks),
-// then rank r and pair g0 + i of the group's n pairs (P = j hg
-// n_row_blocks + r n + i). One group: every head's heaviest row block
-// first. Smaller groups keep the K and V of the items that run together
-// in the L2 (dealt over every head, each round of CTAs reads every head's
-// K and V again: dense 4x16x4096x64 on 132 SMs, 16 rounds of 2 row blocks,
-// 16 times the K/V bytes of the one-CTA-per-item grid, whose CTAs start
-// row block by row block within a head); the host groups only where the
-// rounds stay balanced (stof__wgmma_persist_heads).
-__device__ __forceinline__ stof_i64 wg_persist_pos(int kq)
+// PERSIST: the work items of this CTA, an item being one row block of one
+// (batch, head), numbered item = rank * batch * heads + b * heads + h
+// (rank: the row block's place in row_order, heaviest first). A sequence
+// of them is dealt in rounds of gridDim.x, every other round in reverse
+// (CTA x takes position x of round 0, gridDim.x - 1 - x of round 1, ...),
+// so that a heavy-first sequence leaves every CTA about the same work:
+//   p.persist_hg == 0: the items in order (rank by rank, every head's
+//     heaviest row block first);
+//   p.persist_hg = G > 0: the (batch, head)s in groups of G, in a group
+//     rank by rank over its heads;
+//   p.persist_hg = -G < 0: the same groups, in a group pairs of ranks i
+//     and n_row_blocks - 1 - i of one head (the heaviest with the
+//     lightest: a causal mask's pairs all weigh the same; an odd count's
+//     middle row block alone), by i then head, a pair's two items dealt
+//     together (one CTA computes them one after the other).
+// A group's K and V stay in the L2 while its items run: in order, each
+// round of CTAs reads every head's K and V again (dense 4x16x4096x64 on
+// 132 SMs: 16 rounds of 2 row blocks, 16 times the K/V bytes of the
+// one-CTA-per-item grid, whose CTAs start row block by row block within a
+// head). The host picks the schedule (stof__wgmma_persist_heads).
+struct wg_sched {
+    int k;    // this CTA's items so far (the Q buffers alternate over it)
+    int r, h; // round; the pair's half (persist_hg < 0)
+    int item; // the current item, -1 after the last
+};
+
+__device__ __forceinline__ void wg_sched_next(const stof_attn_wgmma_params &p,
+                                              wg_sched &s)
 {
-    const stof_i64 g = gridDim.x;
-    const int x = blockIdx.x;
-    return (stof_i64)kq * g + ((kq & 1) ? g - 1 - x : x);
+    const int bh_n = p.batch * p.heads, nrb = p.n_row_blocks;
+    const stof_i64 g = gridDim.x, x = blockIdx.x;
+    if (p.persist_hg >= 0) {
+        s.r++;
+        const stof_i64 pos = (stof_i64)s.r * g + ((s.r & 1) ? g - 1 - x : x);
+        if (pos >= (stof_i64)nrb * bh_n) {
+            s.item = -1;
+            return;
+        }
+        const int hg = p.persist_hg > 0 ? min(p.persist_hg, bh_n) : bh_n;
+        const int gs = hg * nrb; // items of a whole group
+        const int j = (int)(pos / gs), g0 = j * hg, n = min(hg, bh_n - g0);
+        const int in = (int)(pos - (stof_i64)j * gs), r = in / n;
+        s.item = r * bh_n + g0 + (in - r * n);
+        s.k++;
+        return;
+    }
+    const int hg = min(-p.persist_hg, bh_n), np = (nrb + 1) >> 1;
+    for (;;) {
+        if (s.h) {
+            s.r++;
+            s.h = 0;
+        } else {
+            s.h = 1;
+        }
+        const stof_i64 q = (stof_i64)s.r * g + ((s.r & 1) ? g - 1 - x : x);
+        if (q >= (stof_i64)np * bh_n) {
+            s.item = -1;
+            return;
+        }
+        const int gs = hg * np; // pairs of a whole group
+        const int j = (int)(q / gs), g0 = j * hg, n = min(hg, bh_n - g0);
+        const int in = (int)(q - (stof_i64)j * gs), i = in / n;
+        const int rank = s.h ? nrb - 1 - i : i;
+        if (s.h && rank == i)
+            continue; // the middle row block: a pair of one
+        s.item = rank * bh_n + g0 + (in - i * n);
+        s.k++;
+        return;
+    }
+}
+
+__device__ __forceinline__ wg_sched wg_sched_first(
+    const stof_attn_wgmma_params &p)
+{
+    wg_sched s = {-1, -1, 1, -1};
+    wg_sched_next(p, s);
+    return s;
 }
 
 // The work items of this CTA: `for` over kq = 0, 1, ... with `item` the
-// item's position in the sequence. PERSIST: as wg_persist_pos; otherwise
-// the one item of the CTA.
+// item's number. PERSIST: as wg_sched; otherwise the one item of the CTA.
 #if PERSIST
 #define WG_FOR_WORK(kq, item)                                                  \
-    for (int kq = 0, item = (int)wg_persist_pos(0);                           \
-         wg_persist_pos(kq) < (stof_i64)p.n_row_blocks * p.batch * p.heads;   \
-         kq++, item = (int)wg_persist_pos(kq))
+    for (wg_sched ws_ = wg_sched_first(p); ws_.item >= 0;                     \
+         wg_sched_next(p, ws_))                                                \
+        if (const int kq = ws_.k, item = ws_.item; true)
 #else
 #define WG_FOR_WORK(kq, item) for (int item = 0, kq = 0; kq < 1; kq++)
 #endif
 
-// The work item at position `item` of WG_FOR_WORK; without PERSIST the
-// CTA's (blockIdx.x, blockIdx.y).
+// The work item `item` of WG_FOR_WORK; without PERSIST the CTA's
+// (blockIdx.x, blockIdx.y).
 __device__ __forceinline__ wg_work wg_work_of(const stof_attn_wgmma_params &p,
                                               int item)
 {
 #if PERSIST
     const int bh_n = p.batch * p.heads;
-    const int hg = p.persist_hg > 0 && p.persist_hg < bh_n ? p.persist_hg
-                                                            : bh_n;
-    const int gs = hg * p.n_row_blocks; // items of a whole group
-    const int j = item / gs, g0 = j * hg, n = min(hg, bh_n - g0);
-    const int in = item - j * gs, r = in / n;
-    return wg_work_at(p, r, g0 + (in - r * n));
+    return wg_work_at(p, item / bh_n, item % bh_n);
 #else
     (void)item;
     return wg_work_at(p, blockIdx.x, blockIdx.y);

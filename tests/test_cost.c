@@ -475,15 +475,26 @@ Test(cost, persistent_schedule_groups_fit_the_l2)
                              STOF_LAYOUT_BHSD);
     cr_expect_eq(stof__wgmma_persist_group(NULL, &gd), 16);
 
-    /* Grouped only where the deal stays balanced: 32 equal row blocks
-     * (dense) over 132 CTAs -> 16; a causal staircase -> 0 (dealt in
-     * groups, each group's heavy rows would start a round anywhere). */
-    double w[32];
+    /* The schedule: 32 equal row blocks (dense) over 132 CTAs -> groups
+     * of 16 by rank; a causal staircase -> groups too (by rank or in
+     * pairs of ranks), dealt within 3% of the in-order balance; two heavy
+     * rows and thirty light ones (neither grouping deals them evenly) ->
+     * in order. */
+    double w[32], t[132];
     for (int i = 0; i < 32; i++)
         w[i] = 32.0;
     cr_expect_eq(stof__wgmma_persist_heads(&dl2, &gd, w, 32, 132), 16);
     for (int i = 0; i < 32; i++)
-        w[i] = i + 1.0;
+        w[i] = 32.0 - i;
+    const int stair = stof__wgmma_persist_heads(&dl2, &gd, w, 32, 132);
+    cr_expect(stair == 16 || stair == -16, "%d", stair);
+    const double in_order =
+        stof__wgmma_persist_deal_max(w, 32, 64, 0, 132, 8.25, t);
+    const double chosen =
+        stof__wgmma_persist_deal_max(w, 32, 64, stair, 132, 8.25, t);
+    cr_expect_leq(chosen, 1.03 * in_order, "%g vs %g", chosen, in_order);
+    for (int i = 0; i < 32; i++)
+        w[i] = i < 2 ? 400.0 : 1.0;
     cr_expect_eq(stof__wgmma_persist_heads(&dl2, &gd, w, 32, 132), 0);
     /* ... and never when every pair fits in one group. */
     stof_attention_desc_init(&gd, 4, 16, 1024, 1024, 64, STOF_DTYPE_FP16,

@@ -83,10 +83,11 @@ static const wg_cfg configs[] = {
  * cases (3 and 5 alternate, so the items' Q buffers alternate in both
  * parities per CTA). */
 #define PERSIST_TEST_CTAS(i) (3 + 2 * ((i) % 2))
-/* (batch, head) pairs a group of the persistent schedule: one group,
- * single pairs, pairs of two (cases of 2-6 pairs: several groups, the
- * last one short, groups ending inside a round). */
-#define PERSIST_TEST_GROUPS(i) ((i) % 3)
+/* The persistent schedule: in order (0), groups of 1 or 2 (batch, head)s
+ * by rank (1, 2) or in pairs of ranks (-1, -2): with cases of 2-6
+ * (batch, head)s, several groups, the last one short, groups ending
+ * inside a round, odd row block counts (a pair of one). */
+#define PERSIST_TEST_GROUPS(i) ((i) % 5 - 2)
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
  *   "#single"  each row i allows exactly key (7 i + 3) mod seq_k, so the
@@ -153,7 +154,7 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     const int gather = k->c.gather;
     char tag[256];
     snprintf(tag, sizeof(tag),
-             "[%s d=%d %s bm=%d bn=%d s=%d ov=%d ctas=%d groups of %d%s%s] "
+             "[%s d=%d %s bm=%d bn=%d s=%d ov=%d ctas=%d schedule %d%s%s] "
              "%s %dx%dx%dx%d layout=%d",
              gather ? "gather" : "block", k->head_dim, dt_name(k->dtype),
              stof__wgmma_block_m(&k->c), k->c.block_n, k->c.stages,

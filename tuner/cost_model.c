@@ -177,11 +177,9 @@ static double makespan_us(double *w, int nrb, int64_t bh, int slots, int o,
 }
 
 /* makespan_us for the persistent kernel, as its static schedule
- * (attn_wgmma.cu, wg_persist_pos / wg_work_of): the (batch, head) pairs in
- * groups of hg (0: one group), in a group the row blocks heaviest first
- * (with heavy_first), each over the group's pairs; the sequence dealt to
- * the slots in rounds, every other round in reverse; each CTA pays
- * TAU0_TILES once and TAU0_PERSIST_TILES per item. */
+ * (attn_wgmma.cu, wg_sched; hg as stof__wgmma_persist_deal_max, the row
+ * blocks heaviest first with heavy_first); each CTA pays TAU0_TILES once
+ * and TAU0_PERSIST_TILES per item. */
 static double makespan_persist_us(double *w, int nrb, int64_t bh, int hg,
                                   int slots, int o, double tau,
                                   int heavy_first)
@@ -191,20 +189,10 @@ static double makespan_persist_us(double *w, int nrb, int64_t bh, int hg,
     double *t = calloc((size_t)slots, sizeof(double));
     if (!t)
         return INFINITY;
-    const int64_t g = hg > 0 && hg < bh ? hg : bh, gs = g * nrb;
-    for (int64_t pos = 0; pos < bh * nrb; pos++) {
-        const int64_t j = pos / gs, g0 = j * g;
-        const int64_t n = bh - g0 < g ? bh - g0 : g;
-        const int64_t round = pos / slots, x = pos % slots;
-        t[round & 1 ? slots - 1 - x : x] +=
-            o * (w[(pos - j * gs) / n] + TAU0_PERSIST_TILES) * tau;
-    }
-    double makespan = 0.0;
-    for (int i = 0; i < slots; i++)
-        if (t[i] > makespan)
-            makespan = t[i];
+    const double m = stof__wgmma_persist_deal_max(w, nrb, bh, hg, slots,
+                                                  TAU0_PERSIST_TILES, t);
     free(t);
-    return makespan + o * (TAU0_TILES - TAU0_PERSIST_TILES) * tau;
+    return o * m * tau + o * (TAU0_TILES - TAU0_PERSIST_TILES) * tau;
 }
 
 /* DRAM bandwidth of the device in bytes per microsecond, a little under

@@ -32,8 +32,9 @@ typedef struct stof_attn_ext {
     CUdeviceptr alibi;
     CUdeviceptr bias;
     int ctas; /* persistent kernels: CTAs to launch (0: one per work item) */
-    int persist_heads; /* persistent kernels: (batch, head) pairs a group of
-                        * the schedule (stof__wgmma_persist_heads; 0: all) */
+    int persist_heads; /* persistent kernels: the schedule, 0 in order, G
+                        * groups of G (batch, head)s, -G the same in pairs
+                        * of row blocks (stof__wgmma_persist_heads) */
 } stof_attn_ext;
 
 /* Score modifiers (stof_block_cfg.mods, stof_wgmma_cfg.mods): the kernel

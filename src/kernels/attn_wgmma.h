@@ -77,11 +77,21 @@ int stof__wgmma_persist_ctas(const stof_device *dev, int head_dim,
 int stof__wgmma_persist_group(const stof_device *dev,
                               const stof_attention_desc *d);
 
-/* The persistent schedule's group for problem d on dev, row blocks of
- * work row_work[0..nrb-1] (any order, any unit) dealt to `slots` CTAs:
- * stof__wgmma_persist_group where dealing the grouped sequence leaves the
- * most loaded CTA within 2% of the one-group deal (uniform rows: dense,
- * sliding windows), else 0 (heavy-first over every head: causal). */
+/* The largest load of `slots` CTAs under the persistent kernel's deal
+ * (attn_wgmma.cu, wg_sched) of nrb row blocks of bh (batch, head)s, the
+ * row block of rank r weighing w[r] (w heaviest first) plus `over` an
+ * item; hg: the schedule (stof_attn_wgmma_params.persist_hg: 0 in order,
+ * G > 0 groups of G heads, -G the same groups in pairs of ranks). t:
+ * scratch of `slots` doubles. */
+double stof__wgmma_persist_deal_max(const double *w, int nrb, int64_t bh,
+                                    int hg, int slots, double over,
+                                    double *t);
+
+/* The persistent schedule for problem d on dev (persist_hg), row blocks of
+ * work row_work[0..nrb-1] (any order, any unit) dealt to `slots` CTAs: the
+ * groups of stof__wgmma_persist_group, by rank (G) or in pairs of ranks
+ * (-G), whichever leaves the most loaded CTA lighter, where that is
+ * within 3% of the in-order deal's; else 0 (in order). */
 int stof__wgmma_persist_heads(const stof_device *dev,
                               const stof_attention_desc *d,
                               const double *row_work, int nrb, int slots);
