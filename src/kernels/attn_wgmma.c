@@ -224,7 +224,7 @@ int stof__wgmma_persist_heads(const stof_device *dev,
     const int64_t bh = (int64_t)d->batch * d->heads;
     double *w = malloc(sizeof(double) * (size_t)nrb);
     double *t = malloc(sizeof(double) * (size_t)slots);
-    int ok = 0;
+    int sched = 0;
     if (w && t) {
         memcpy(w, row_work, sizeof(double) * (size_t)nrb);
         qsort(w, (size_t)nrb, sizeof(double), cmp_double_desc);
@@ -241,12 +241,12 @@ int stof__wgmma_persist_heads(const stof_device *dev,
             stof__wgmma_persist_deal_max(w, nrb, bh, -hg, slots, mean / 2, t);
         /* The L2 is worth a few percent of balance (measured, dense: the
          * grouped deal 3-10% faster at the same balance). */
-        ok = grp <= pair ? (grp <= one * 1.03 ? hg : 0)
-                         : (pair <= one * 1.03 ? -hg : 0);
+        sched = grp <= pair ? (grp <= one * 1.03 ? hg : 0)
+                            : (pair <= one * 1.03 ? -hg : 0);
     }
     free(w);
     free(t);
-    return ok;
+    return sched;
 }
 
 /* Check (head_dim, dt, c) for this device; STOF_OK or a recorded error. */
@@ -625,10 +625,10 @@ int stof__wgmma_format_persist_heads(const stof_device *dev,
             t += f->kind[e] == STOF_TILE_PARTIAL ? 5 : 4;
         w[i] = (double)t;
     }
-    const int hg = stof__wgmma_persist_heads(
+    const int sched = stof__wgmma_persist_heads(
         dev, d, w, nb, stof__wgmma_persist_ctas(dev, d->head_dim, c));
     free(w);
-    return hg;
+    return sched;
 }
 
 void stof__wgmma_row_order(const stof_format *f, int32_t *order)

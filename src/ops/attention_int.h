@@ -47,9 +47,9 @@ struct stof_plan {
     stof_block_format bf;     /* block / wgmma kernels: the device tile BSR */
     stof_rowwise_format rf;   /* row-wise kernel: compacted key tiles */
     CUdeviceptr d_row_order;  /* wgmma kernels: row blocks, heaviest first */
-    int persist_heads;        /* persistent wgmma kernel: (batch, head)
-                                 pairs a group of its schedule, or 0
-                                 (stof__wgmma_persist_heads) */
+    int persist_heads;        /* persistent wgmma kernel: its schedule
+                                 (stof__wgmma_persist_heads: 0 in order,
+                                 G or -G groups of G (batch, head)s) */
     int group;                /* row grouping period (row-wise kinds) */
     CUdeviceptr d_q_rows;     /* with group > 1: query row of each format
                                  row (int32[seq_q]) */
