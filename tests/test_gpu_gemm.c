@@ -12,7 +12,8 @@
  *     in the padding columns of ldc written.
  * STOF_GEMM_BENCH=1 also times the layer shapes (M=4096 and M=128) over a
  * list of configurations and logs the TFLOP/s of each and the best, and
- * the Hopper template against cuBLASLt (bench_hopper).
+ * the Hopper template against cuBLASLt (bench_hopper; with
+ * STOF_GEMM_BENCH_ALONE=1 each launch runs on an idle GPU).
  * Without a usable GPU the program prints why and exits 77 (skip).
  */
 #include <criterion/criterion.h>
@@ -341,7 +342,9 @@ static void bench_or_skip(void)
 /* Benchmark knobs for profiling runs: STOF_GEMM_BENCH=2 logs every
  * configuration's time; STOF_GEMM_BENCH_SHAPES="1,4" times only those
  * shapes (indices of the test's list); STOF_GEMM_BENCH_REPS launches a
- * timing (default `def`). */
+ * timing (default `def`; for the template's configurations and each of
+ * cuBLASLt's algorithms alike: thousands keep the GPU at its sustained
+ * clock and power for seconds). */
 static int bench_verbose(void)
 {
     const char *b = getenv("STOF_GEMM_BENCH");
@@ -369,6 +372,14 @@ static int bench_reps(int def)
 {
     const char *r = getenv("STOF_GEMM_BENCH_REPS");
     return r && atoi(r) > 0 ? atoi(r) : def;
+}
+
+/* STOF_GEMM_BENCH_ALONE=1: time_ms times each launch alone, the host
+ * waiting for the GPU to be idle first. */
+static int bench_alone(void)
+{
+    const char *v = getenv("STOF_GEMM_BENCH_ALONE");
+    return v && atoi(v) > 0;
 }
 
 /* A separate activation or gate kernel after the GEMM (the unfused
@@ -432,6 +443,22 @@ static double time_ms(const stof_context *ctx, const timed *t,
     for (int w = 0; w < 3; w++)
         if (timed_launch(ctx, t, a) != STOF_OK)
             return INFINITY;
+    if (bench_alone()) {
+        /* Each launch on an idle GPU (the host waits for the one before):
+         * the call's host work and launch latency included. */
+        double sum = 0.0;
+        for (int it = 0; it < iters; it++) {
+            cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+            api->cuEventRecord(e0, NULL);
+            timed_launch(ctx, t, a);
+            api->cuEventRecord(e1, NULL);
+            cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
+            float ms = 0.0f;
+            api->cuEventElapsedTime(&ms, e0, e1);
+            sum += ms;
+        }
+        return sum / iters;
+    }
     api->cuEventRecord(e0, NULL);
     for (int it = 0; it < iters; it++)
         timed_launch(ctx, t, a);
@@ -462,7 +489,7 @@ static double lt_best_dt(stof_context *ctx, stof_dtype dt,
         return INFINITY;
     for (int al = 0; al < stof__blaslt_n_algos(lt); al++) {
         const timed t = {NULL, NULL, NULL, lt, al, ws, after};
-        const double ms = time_ms(ctx, &t, a, 10, e0, e1);
+        const double ms = time_ms(ctx, &t, a, bench_reps(10), e0, e1);
         if (ms < best)
             best = ms;
     }
