@@ -19,6 +19,13 @@
 //                 128 threads issue cp.async (see "Gather mode" below);
 //   warpgroups 1.. consumers: warpgroup 1 + c owns query rows 64c..64c+63
 //                 of the block (one wgmma M = 64 each).
+// BLOCK_M 192 (head_dim 64, block mode; 512 threads = 4 warpgroups,
+// __launch_bounds__(512, 1)): three consumer warpgroups, so that two run
+// their GEMMs while the third runs its softmax (FlashAttention-3's tile
+// for head_dim 64). It reads a 64-row format (row block 3 rb's tiles for
+// its row block rb; the host builds the format with BLOCK_M 64 and allows
+// it only when every three consecutive row blocks list the same tiles,
+// all FULL: dense masks), without row_order.
 // BLOCK_M 64 is for masks whose structure is 64 rows fine (bigbird:64's
 // blocks are exactly full 64 x 64 tiles; 128-row blocks union two block
 // rows' columns): one consumer warpgroup, and two CTAs share an SM (at
@@ -112,7 +119,7 @@
 //            mode)    DTYPE 0 fp16, 1 bf16    BLOCK_N 64 or 128
 //   STAGES   2..4 K/V slots    OVERLAP 0/1 (default 1)
 //   GATHER   0 tile BSR + TMA (default), 1 row-wise lists + cp.async
-//   BLOCK_M  128 (default) or 64 query rows per CTA
+//   BLOCK_M  128 (default), 64 or 192 (above) query rows per CTA
 //   SPLIT    0/1: split-KV (attn_split.cuh): gridDim.z = n_split CTAs share
 //            a row block's tiles and write partial results that
 //            stof_attn_combine (in the same module) merges
@@ -153,6 +160,7 @@
 // STOF_VARIANTS: HEAD_DIM=256,DTYPE=1,BLOCK_N=64,STAGES=2 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,OVERLAP=0 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SPLIT=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BIAS=1 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SOFTCAP=1,BIAS=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,SPLIT=1,BIAS=1
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=192,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_M=192,BLOCK_N=128,STAGES=3,PERSIST=1 | HEAD_DIM=64,DTYPE=0,BLOCK_M=192,BLOCK_N=64,STAGES=2,SOFTCAP=1,BIAS=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2,PERSIST=1 | HEAD_DIM=128,DTYPE=1,BLOCK_N=64,STAGES=3,OVERLAP=0,PERSIST=1 | HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=4,PERSIST=1,BIAS=1,ALIBI=1
 #include "sm90_common.cuh"
 
@@ -185,6 +193,9 @@
 #define PERSIST 0
 #endif
 #define WG_BLOCK_M BLOCK_M
+// The format's row block of row block rb: BLOCK_M 192 reads a 64-row
+// format (formats take power-of-two row blocks), the first of its three.
+#define WG_FMT_RB(rb) (BLOCK_M == 192 ? 3 * (rb) : (rb))
 #define WG_NCW (BLOCK_M / 64)              // consumer warpgroups
 #define WG_THREADS (128 * (1 + WG_NCW))
 // CTAs per SM (registers): 64-row tiles of head_dim 64 need few
@@ -225,7 +236,10 @@ static_assert(HEAD_DIM != 256 || (BLOCK_M == 128 && BLOCK_N == 64 &&
                                   STAGES == 2 && GATHER == 0),
               "HEAD_DIM 256 needs BLOCK_M 128, BLOCK_N 64, STAGES 2, block "
               "mode");
-static_assert(BLOCK_M == 64 || BLOCK_M == 128, "BLOCK_M must be 64 or 128");
+static_assert(BLOCK_M == 64 || BLOCK_M == 128 || BLOCK_M == 192,
+              "BLOCK_M must be 64, 128 or 192");
+static_assert(BLOCK_M != 192 || (HEAD_DIM == 64 && !GATHER && !SPLIT),
+              "BLOCK_M 192 needs HEAD_DIM 64, block mode, no SPLIT");
 static_assert(BLOCK_N == 64 || BLOCK_N == 128, "BLOCK_N must be 64 or 128");
 static_assert(STAGES >= 2 && STAGES <= 4, "STAGES must be 2..4");
 static_assert(DTYPE == 0 || DTYPE == 1, "DTYPE must be 0 (fp16) or 1 (bf16)");
@@ -246,7 +260,12 @@ static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
 // producer computes addresses: 32 registers (24 spill), so its consumers
 // get 8 (BLOCK_M 128) or 32 (64) fewer; d=128 still fits without spilling
 // (ptxas -v).
-#if BLOCK_M == 128
+#if BLOCK_M == 192
+// 128 a thread at launch (512 threads): 24 + 160 (head_dim 64, ptxas -v:
+// no spills).
+#define WG_PRODUCER_REGS "24"
+#define WG_CONSUMER_REGS "160"
+#elif BLOCK_M == 128
 #if GATHER
 #define WG_PRODUCER_REGS "32"
 #define WG_CONSUMER_REGS "232"
@@ -716,8 +735,8 @@ __device__ __forceinline__ wg_work wg_work_at(const stof_attn_wgmma_params &p,
         (p.rp_stride >= 0
              ? (stof_i64)w.b * p.rp_stride
              : ((stof_i64)w.b * p.heads + w.h) * -(stof_i64)p.rp_stride);
-    w.e0 = wg_ldg_i32(rpb + w.rb);
-    w.n = wg_ldg_i32(rpb + w.rb + 1) - w.e0; // non-empty tiles
+    w.e0 = wg_ldg_i32(rpb + WG_FMT_RB(w.rb));
+    w.n = wg_ldg_i32(rpb + WG_FMT_RB(w.rb) + 1) - w.e0; // non-empty tiles
     w.lo = 0;
 #if SPLIT
     int hi; // split-KV: this CTA's share of the row block's tiles

@@ -503,3 +503,131 @@ Test(cost, persistent_schedule_groups_fit_the_l2)
         w[i] = 8.0;
     cr_expect_eq(stof__wgmma_persist_heads(&dl2, &gd, w, 8, 132), 0);
 }
+
+/* 192-row wgmma CTAs (head_dim 64): their rules, the 64-row formats they
+ * read (stof__wgmma_uniform_triples: every three row blocks the same full
+ * tiles), and their candidates: for masks with such formats only. */
+Test(cost, wgmma_192_rows)
+{
+    char why[256];
+    const stof_wgmma_cfg c192 = {128, 2, 1, 0, 192, 0, 0, 0};
+    cr_expect(stof__wgmma_cfg_valid(NULL, 64, &c192, why, sizeof(why)), "%s",
+              why);
+    cr_expect_eq(stof__wgmma_block_m(&c192), 192);
+    cr_expect_eq(stof__wgmma_format_block_m(&c192), 64);
+    cr_expect_eq(stof__wgmma_row_blocks(&c192, 1000), 6);
+    cr_expect_eq(stof__wgmma_row_blocks(&c192, 192), 1);
+    const stof_wgmma_cfg c128 = {128, 2, 1, 0, 0, 0, 0, 0};
+    cr_expect_eq(stof__wgmma_format_block_m(&c128), 128);
+    /* Q 192 x 128 B, K and V 2 x 2 x 16 KiB, bitmaps 2 x 192 x 16 B, nine
+     * barriers, meta, alignment slack. */
+    cr_expect_eq(stof__wgmma_smem_bytes(64, &c192),
+                 24576u + 65536u + 6144u + 72u + 16u + 1024u);
+    cr_expect_not(stof__wgmma_cfg_valid(NULL, 128, &c192, why, sizeof(why)));
+    cr_expect(strstr(why, "block_m 192") != NULL, "%s", why);
+    const stof_wgmma_cfg bad[] = {
+        {128, 2, 1, 1, 192, 0, 0, 0},                 /* gather */
+        {128, 2, 1, 0, 192, 1, 0, 0},                 /* split */
+        {128, 2, 1, 0, 192, 0, STOF_MOD_ALIBI, 0},    /* ALiBi */
+        {128, 2, 1, 0, 192, 0, STOF_MOD_BIAS, 0},     /* bias tensor */
+        {128, 2, 1, 0, 96, 0, 0, 0},                  /* not a size */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        why[0] = '\0';
+        cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &bad[i], why,
+                                            sizeof(why)),
+                      "case %zu accepted", i);
+        cr_expect(strstr(why, "block_m") != NULL, "case %zu: %s", i, why);
+    }
+    const stof_wgmma_cfg cap = {128, 3, 1, 0, 192, 0, STOF_MOD_SOFTCAP, 1};
+    cr_expect(stof__wgmma_cfg_valid(NULL, 64, &cap, why, sizeof(why)), "%s",
+              why);
+
+    stof_context *ctx = open_fake_h100();
+    ctx->device.ok = 1; /* the model reads the fields only */
+    static const struct {
+        const char *spec;
+        int n, bm, uniform;
+    } fm[] = {
+        {"dense", 1000, 64, 1},  {"none", 300, 64, 1},
+        {"dense", 64, 64, 1},    {"causal", 1000, 64, 0},
+        {"sliding:256", 1000, 64, 0}, {"bigbird:64:3:2:3:1", 1024, 64, 0},
+        {"dense", 1000, 128, 0}, /* not a 64-row format */
+    };
+    for (size_t i = 0; i < sizeof(fm) / sizeof(*fm); i++) {
+        stof_mask *m = NULL;
+        cr_assert_eq(stof_mask_from_spec(ctx, fm[i].spec, fm[i].n, fm[i].n,
+                                         &m),
+                     STOF_OK);
+        stof_format *f = NULL;
+        cr_assert_eq(stof_format_build(ctx, m, fm[i].bm, 128, &f), STOF_OK);
+        cr_expect_eq(stof__wgmma_uniform_triples(f), fm[i].uniform,
+                     "%s %d at %d rows", fm[i].spec, fm[i].n, fm[i].bm);
+        stof_format_free(&f);
+        stof_mask_free(&m);
+    }
+    cr_expect_not(stof__wgmma_uniform_triples(NULL));
+    /* A format built on the GPU comes with counts only (no col_idx): every
+     * row block listing every key block decides it (dense); otherwise not
+     * (causal with its tiles called full: the lists differ, and unread). */
+    {
+        stof_mask *m = NULL;
+        stof_format *f = NULL;
+        cr_assert_eq(stof_mask_from_spec(ctx, "dense", 1000, 700, &m), STOF_OK);
+        cr_assert_eq(stof_format_build(ctx, m, 64, 128, &f), STOF_OK);
+        int32_t *cols = f->col_idx;
+        f->col_idx = NULL;
+        cr_expect(stof__wgmma_uniform_triples(f));
+        f->col_idx = cols;
+        stof_format_free(&f);
+        stof_mask_free(&m);
+        cr_assert_eq(stof_mask_from_spec(ctx, "causal", 1000, 1000, &m),
+                     STOF_OK);
+        cr_assert_eq(stof_format_build(ctx, m, 64, 128, &f), STOF_OK);
+        memset(f->kind, STOF_TILE_FULL, (size_t)f->row_ptr[f->n_row_blocks]);
+        cr_expect_not(stof__wgmma_uniform_triples(f));
+        cols = f->col_idx;
+        f->col_idx = NULL;
+        cr_expect_not(stof__wgmma_uniform_triples(f));
+        f->col_idx = cols;
+        stof_format_free(&f);
+        stof_mask_free(&m);
+    }
+
+    /* Ranked for dense head_dim 64 (valid, folded to 192-row items), not
+     * for causal or head_dim 128. */
+    static const struct {
+        const char *spec;
+        int hd, want;
+    } rk[] = {{"dense", 64, 1}, {"causal", 64, 0}, {"dense", 128, 0}};
+    for (size_t i = 0; i < sizeof(rk) / sizeof(*rk); i++) {
+        stof_mask *m = NULL;
+        cr_assert_eq(stof_mask_from_spec(ctx, rk[i].spec, 4096, 4096, &m),
+                     STOF_OK);
+        stof_attention_desc d;
+        stof_attention_desc_init(&d, 1, 12, 4096, 4096, rk[i].hd,
+                                 STOF_DTYPE_FP16, STOF_LAYOUT_BHSD);
+        stof_candidate c[512];
+        int k = 0, n192 = 0;
+        cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 512, &k), STOF_OK);
+        for (int j = 0; j < k; j++) {
+            if (c[j].kind != STOF_KERNEL_WGMMA ||
+                stof__wgmma_block_m(&c[j].wcfg) != 192)
+                continue;
+            n192++;
+            cr_expect(stof__wgmma_cfg_valid(&ctx->device, rk[i].hd,
+                                            &c[j].wcfg, why, sizeof(why)),
+                      "%s", why);
+            cr_expect_eq(c[j].cfg.block_m, 192);
+            cr_expect(isfinite(c[j].predicted_ms) && c[j].predicted_ms > 0);
+            /* The work of one head: 22 row blocks of 192 (the 64 of the
+             * format, folded by three), each all 32 key blocks. */
+            cr_expect_eq((int64_t)c[j].work_tiles, (int64_t)22 * 32,
+                         "work %g", c[j].work_tiles);
+        }
+        cr_expect_eq(n192 > 0, rk[i].want, "%s d=%d: %d candidates of 192 rows",
+                     rk[i].spec, rk[i].hd, n192);
+        stof_mask_free(&m);
+    }
+    stof_close(&ctx);
+}

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_int.h"
 #include "attn_wgmma.h"
 #include "cuda_shim.h"
 #include "attn_block.h"
@@ -77,6 +78,11 @@ static const wg_cfg configs[] = {
     {128, STOF_DTYPE_BF16, {64, 3, 1, 0, 0, 0, 0, 1}},  /* 19 */
     {64, STOF_DTYPE_BF16, {64, 4, 1, 0, 64, 0, 0, 1}},  /* 20: 64 rows */
     {128, STOF_DTYPE_FP16, {64, 2, 0, 0, 0, 0, 0, 1}},  /* 21: no overlap */
+    /* 192 query rows per CTA (BLOCK_M=192, three consumer warpgroups) on
+     * 64-row formats: the cases whose formats allow it */
+    {64, STOF_DTYPE_FP16, {128, 2, 1, 0, 192, 0, 0, 0}}, /* 22 */
+    {64, STOF_DTYPE_BF16, {128, 3, 1, 0, 192, 0, 0, 1}}, /* 23: persistent */
+    {64, STOF_DTYPE_BF16, {64, 2, 0, 0, 192, 0, 0, 0}},  /* 24: no overlap */
 };
 
 /* CTAs of a persistent test launch: fewer than the work items of most
@@ -134,6 +140,7 @@ static const wg_case cases[] = {
     {"random:0.05:9", 1, 1, 3000, 1000, STOF_LAYOUT_BHSD, 0},
     {"#colsparse", 1, 1, 1000, 1000, STOF_LAYOUT_BSHD, 0},
     {"dilated:512:2", 2, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8},
+    {"dense", 2, 2, 700, 1500, STOF_LAYOUT_STRIDED, 8},
 };
 
 #define N_CASES ((int)(sizeof(cases) / sizeof(*cases)))
@@ -169,9 +176,19 @@ static void run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     if (qperm)
         fm = tu_permuted_mask(ctx, m, rng, &perm, &period);
     stof_format *f = NULL;
-    stof_status st = stof_format_build(ctx, fm, stof__wgmma_block_m(&k->c),
-                                       k->c.block_n, &f);
+    stof_status st = stof_format_build(
+        ctx, fm, stof__wgmma_format_block_m(&k->c), k->c.block_n, &f);
     cr_assert_eq(st, STOF_OK, "%s: format: %s", tag, stof_errmsg(ctx));
+    if (stof__wgmma_block_m(&k->c) == 192 && !stof__wgmma_uniform_triples(f)) {
+        /* (the plan refuses such masks for 192-row CTAs) */
+        cr_log_info("%s: not three-row-block uniform, skipped", tag);
+        stof_format_free(&f);
+        if (fm != m)
+            stof_mask_free(&fm);
+        free(perm);
+        stof_mask_free(&m);
+        return;
+    }
     stof_block_format bf;
     stof_rowwise_format rf;
     memset(&bf, 0, sizeof(bf));
@@ -375,7 +392,8 @@ static void run_config(int idx)
     const int is_quick = quick && quick[0] && strcmp(quick, "0") != 0;
     for (int i = 0; i < N_CASES; i++)
         if (!is_quick || (int64_t)cases[i].seq_q * cases[i].seq_k <= 300000)
-            run_case(ctx, k, fn, &cases[i], i % 2,
+            run_case(ctx, k, fn, &cases[i],
+                     stof__wgmma_block_m(&k->c) == 192 ? 0 : i % 2,
                      k->c.gather &&
                          ((i / 2) % 2 || strncmp(cases[i].spec, "dilated",
                                                  7) == 0),
@@ -412,8 +430,11 @@ WGMMA_CONFIG_TEST(18)
 WGMMA_CONFIG_TEST(19)
 WGMMA_CONFIG_TEST(20)
 WGMMA_CONFIG_TEST(21)
+WGMMA_CONFIG_TEST(22)
+WGMMA_CONFIG_TEST(23)
+WGMMA_CONFIG_TEST(24)
 
-_Static_assert(sizeof(configs) / sizeof(*configs) == 22,
+_Static_assert(sizeof(configs) / sizeof(*configs) == 25,
                "one WGMMA_CONFIG_TEST per configuration");
 
 /* The host-side rules, the row order, and the launch's argument checks (no
@@ -598,6 +619,55 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
     stof__block_format_free(ctx, &bf);
     stof_format_free(&f);
     stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* A plan for 192-row CTAs: made for a dense mask (its 64-row format's
+ * every three row blocks alike), refused with a reason for a causal one
+ * (as a database record naming it for such a mask would be). */
+Test(gpu, wgmma_192_rows_plan_rules)
+{
+    stof_context *ctx = open_or_skip();
+    if (!stof__wgmma_device_ok(&ctx->device)) {
+        stof_close(&ctx);
+        cr_skip_test("the wgmma kernel needs compute capability 9.0");
+    }
+    stof_candidate c;
+    memset(&c, 0, sizeof(c));
+    c.kind = STOF_KERNEL_WGMMA;
+    c.cfg.block_m = 192;
+    c.cfg.block_n = 128;
+    c.cfg.warps = 16;
+    c.cfg.stages = 2;
+    c.group = 1;
+    c.wcfg = (stof_wgmma_cfg){128, 2, 1, 0, 192, 0, 0, 0};
+    void *cubin = NULL;
+    size_t size = 0;
+    cr_assert_eq(stof__kernel_cubin(ctx, &c, 64, STOF_DTYPE_FP16, &cubin,
+                                    &size),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    static const struct {
+        const char *spec;
+        stof_status want;
+    } want[] = {{"dense", STOF_OK}, {"causal", STOF_ERR_UNSUPPORTED}};
+    for (int i = 0; i < 2; i++) {
+        stof_mask *m = tu_make_mask(ctx, want[i].spec, 1000, 1000);
+        stof_attention_desc d;
+        tu_make_desc(&d, 1, 2, 1000, 1000, 64, STOF_DTYPE_FP16,
+                     STOF_LAYOUT_BHSD, 0);
+        stof_plan *p = NULL;
+        const stof_status st =
+            stof__plan_from_cubin(ctx, &d, m, &c, cubin, size, &p);
+        cr_expect_eq(st, want[i].want, "%s: %s", want[i].spec,
+                     stof_errmsg(ctx));
+        if (st != STOF_OK)
+            cr_expect(strstr(stof_errmsg(ctx), "192") != NULL, "%s",
+                      stof_errmsg(ctx));
+        if (p)
+            stof__plan_release(p);
+        stof_mask_free(&m);
+    }
+    free(cubin);
     stof_close(&ctx);
 }
 

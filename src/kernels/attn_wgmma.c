@@ -55,7 +55,51 @@ _Static_assert(offsetof(stof_attn_wgmma_params, lse) == 624,
 
 int stof__wgmma_block_m(const stof_wgmma_cfg *c)
 {
-    return c && c->block_m == 64 ? 64 : STOF_WGMMA_BLOCK_M;
+    return c && (c->block_m == 64 || c->block_m == 192) ? c->block_m
+                                                          : STOF_WGMMA_BLOCK_M;
+}
+
+int stof__wgmma_format_block_m(const stof_wgmma_cfg *c)
+{
+    const int bm = stof__wgmma_block_m(c);
+    return bm == 192 ? 64 : bm;
+}
+
+int stof__wgmma_row_blocks(const stof_wgmma_cfg *c, int seq_q)
+{
+    const int bm = stof__wgmma_block_m(c);
+    return seq_q > 0 ? (int)(((int64_t)seq_q + bm - 1) / bm) : 0;
+}
+
+int stof__wgmma_uniform_triples(const stof_format *f)
+{
+    if (!f || !f->row_ptr || f->block_m != 64 || f->n_row_blocks < 1 ||
+        (f->row_ptr[f->n_row_blocks] > 0 && !f->kind))
+        return 0;
+    for (int64_t e = 0; e < f->row_ptr[f->n_row_blocks]; e++)
+        if (f->kind[e] != STOF_TILE_FULL)
+            return 0;
+    /* Every row block listing every key block: the same lists (a format
+     * lists a row block's key blocks once each), no need to read them. */
+    int all = 1;
+    for (int r = 0; r < f->n_row_blocks && all; r++)
+        all = f->row_ptr[r + 1] - f->row_ptr[r] == f->n_col_blocks;
+    if (all)
+        return 1;
+    if (!f->col_idx)
+        return 0;
+    for (int g = 0; 3 * g < f->n_row_blocks; g++) {
+        const int r0 = 3 * g;
+        const int64_t b0 = f->row_ptr[r0], n0 = f->row_ptr[r0 + 1] - b0;
+        for (int r = r0 + 1; r < r0 + 3 && r < f->n_row_blocks; r++) {
+            const int64_t b = f->row_ptr[r];
+            if (f->row_ptr[r + 1] - b != n0 ||
+                memcmp(f->col_idx + b, f->col_idx + b0,
+                       sizeof(*f->col_idx) * (size_t)n0) != 0)
+                return 0;
+        }
+    }
+    return 1;
 }
 
 size_t stof__wgmma_smem_bytes(int head_dim, const stof_wgmma_cfg *c)
@@ -103,9 +147,22 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
         return stof__why(why, n,
                          "the persistent kernel is block mode only, without "
                          "split-KV");
-    if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128)
-        return stof__why(why, n, "block_m %d: must be 64 or 128 (0: 128)",
+    if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128 &&
+        c->block_m != 192)
+        return stof__why(why, n, "block_m %d: must be 64, 128 or 192 (0: 128)",
                        c->block_m);
+    /* 192 rows: three consumer warpgroups at 160 registers a thread fit
+     * head_dim 64's accumulators (ptxas, without spills; with ALiBi and
+     * the bias tensor they spill). */
+    if (c->block_m == 192 &&
+        (head_dim != 64 || c->gather || c->split ||
+         (c->mods & STOF_MOD_BLOCK_ONLY)))
+        return stof__why(why, n,
+                         "block_m 192: head_dim 64, block mode, no split-KV, "
+                         "no ALiBi or bias tensor (head_dim %d%s%s%s)",
+                         head_dim, c->gather ? ", gather" : "",
+                         c->split ? ", split" : "",
+                         c->mods & STOF_MOD_BLOCK_ONLY ? ", ALiBi/bias" : "");
     /* head_dim 256: 128 O accumulators a consumer thread leave room for
      * 64-key S tiles only, in 128-row CTAs (two consumer warpgroups), two
      * stages, TMA loads. */
@@ -299,6 +356,8 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
         stof__attn_option_defines(c->gather, c->split, c->mods, defs, 5);
     if (stof__wgmma_block_m(c) == 64)
         defs[n_defs++] = "BLOCK_M=64";
+    else if (stof__wgmma_block_m(c) == 192)
+        defs[n_defs++] = "BLOCK_M=192";
     if (c->persist)
         defs[n_defs++] = "PERSIST=1";
     return (stof_status)stof__jit_compile(ctx, "attn_wgmma.cu", defs, n_defs,
@@ -418,11 +477,13 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
     if (d->head_dim != head_dim ||
         (d->dtype != STOF_DTYPE_FP16 && d->dtype != STOF_DTYPE_BF16) ||
-        bf->block_m != stof__wgmma_block_m(c) || bf->block_n != c->block_n ||
-        bf->seq_q != d->seq_q || bf->seq_k != d->seq_k ||
+        bf->block_m != stof__wgmma_format_block_m(c) ||
+        bf->block_n != c->block_n || bf->seq_q != d->seq_q ||
+        bf->seq_k != d->seq_k ||
         bf->bitmap_words_per_row != c->block_n / 32 || !bf->mem ||
         d->batch < 1 || d->heads < 1 ||
-        (int64_t)d->batch * d->heads > 65535 || bf->n_row_blocks < 1)
+        (int64_t)d->batch * d->heads > 65535 || bf->n_row_blocks < 1 ||
+        (stof__wgmma_block_m(c) == 192 && row_order))
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -466,7 +527,11 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
     p.heads = d->heads;
     p.seq_q = d->seq_q;
     p.seq_k = d->seq_k;
-    p.n_row_blocks = bf->n_row_blocks;
+    /* (192 rows: the CTAs' row blocks; the kernel finds each one's tiles
+     * at the format's row block 3 rb) */
+    p.n_row_blocks = stof__wgmma_block_m(c) == 192
+                         ? stof__wgmma_row_blocks(c, d->seq_q)
+                         : bf->n_row_blocks;
     p.bitmap_words_per_row = bf->bitmap_words_per_row;
     p.scale_log2 = (float)((double)scale * 1.4426950408889634);
     stof__softcap_params(d->softcap, scale, &p.cap_in, &p.cap_out);
@@ -475,7 +540,7 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
     set_out(&p, d, x);
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
-    unsigned gx = (unsigned)bf->n_row_blocks,
+    unsigned gx = (unsigned)p.n_row_blocks,
              gy = (unsigned)(d->batch * d->heads);
     if (c->persist) {
         /* One CTA per SM slot at most, each walking the work items. */
@@ -615,15 +680,19 @@ int stof__wgmma_format_persist_heads(const stof_device *dev,
 {
     if (!f || f->n_row_blocks < 1 || !f->row_ptr || !f->kind)
         return 0;
-    const int nb = f->n_row_blocks;
+    /* 192-row CTAs: one item per three of the format's row blocks, its
+     * work three times the first's (the three list the same tiles). */
+    const int fold = stof__wgmma_block_m(c) == 192 ? 3 : 1;
+    const int nb = (f->n_row_blocks + fold - 1) / fold;
     double *w = malloc(sizeof(double) * (size_t)nb);
     if (!w)
         return 0;
     for (int i = 0; i < nb; i++) {
         int64_t t = 0; /* as stof__wgmma_row_order weighs them */
-        for (int64_t e = f->row_ptr[i]; e < f->row_ptr[i + 1]; e++)
+        for (int64_t e = f->row_ptr[fold * i]; e < f->row_ptr[fold * i + 1];
+             e++)
             t += f->kind[e] == STOF_TILE_PARTIAL ? 5 : 4;
-        w[i] = (double)t;
+        w[i] = (double)(t * fold);
     }
     const int sched = stof__wgmma_persist_heads(
         dev, d, w, nb, stof__wgmma_persist_ctas(dev, d->head_dim, c));

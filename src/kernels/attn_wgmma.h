@@ -28,9 +28,14 @@
  * block_m: query rows per CTA, 128 (or 0, the same) = two consumer
  * warpgroups, or 64 = one consumer warpgroup and 256 threads, two CTAs per
  * SM when the shared memory allows (for masks structured in 64-row blocks,
- * e.g. bigbird:64, whose 64 x 64 blocks are exactly full). The format
- * must be built with stof__wgmma_block_m(c) rows. A cfg initialised with
- * only the first three fields is block mode with 128 rows. */
+ * e.g. bigbird:64, whose 64 x 64 blocks are exactly full), or 192 = three
+ * consumer warpgroups and 512 threads (head_dim 64, block mode, no split,
+ * no ALiBi or bias tensor: FlashAttention-3's tile for head_dim 64) on a
+ * 64-row format whose every three consecutive row blocks list the same
+ * tiles, all full (stof__wgmma_uniform_triples: dense masks), without a
+ * row order. The format must be built with
+ * stof__wgmma_format_block_m(c) rows. A cfg initialised with only the
+ * first three fields is block mode with 128 rows. */
 typedef struct stof_wgmma_cfg {
     int block_n, stages, overlap;
     int gather;
@@ -45,12 +50,26 @@ typedef struct stof_wgmma_cfg {
     int persist;
 } stof_wgmma_cfg;
 
-/* The query rows per CTA of c: 64 or 128 (block_m 0 counts as 128). */
+/* The query rows per CTA of c: 64, 128 or 192 (block_m 0 counts as 128). */
 int stof__wgmma_block_m(const stof_wgmma_cfg *c);
+
+/* The row blocks of the format c runs on: 64 for block_m 192, else
+ * stof__wgmma_block_m(c). */
+int stof__wgmma_format_block_m(const stof_wgmma_cfg *c);
+
+/* The CTAs' row blocks of c on a problem of seq_q query rows. */
+int stof__wgmma_row_blocks(const stof_wgmma_cfg *c, int seq_q);
+
+/* 1 when a 64-row block format f can serve block_m 192: every tile FULL
+ * and row blocks 3g, 3g + 1, 3g + 2 listing the same key blocks (decided
+ * without f->col_idx, which may then be NULL, when every row block lists
+ * every key block). */
+int stof__wgmma_uniform_triples(const stof_format *f);
 
 /* 1 when the kernel supports (head_dim, *c): head_dim 64, 128 or 256
  * (256: block_m 128, block_n 64, 2 stages, block mode), the sizes above,
- * gather and split 0 or 1, block_m 0, 64 or 128 and, when `dev` is given,
+ * gather and split 0 or 1, block_m 0, 64, 128 or 192 (see above) and,
+ * when `dev` is given,
  * its shared memory fits the device's opt-in limit. Otherwise 0 with the
  * reason in why[n] (may be NULL). Says nothing about the
  * device's architecture (see stof__wgmma_device_ok). */
@@ -143,9 +162,10 @@ stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
  * from the already loaded libcuda.
  * d: strides filled, dtype and head_dim those fn was loaded with, every
  * stride >= 0 and a multiple of 8 elements; q, k, v, o 16-byte aligned.
- * bf: block_m stof__wgmma_block_m(c), block_n c->block_n, seq_q / seq_k as
- * d.
- * row_order: 0, or a device array of bf->n_row_blocks int32 (a permutation
+ * bf: block_m stof__wgmma_format_block_m(c), block_n c->block_n, seq_q /
+ * seq_k as d (block_m 192: a format stof__wgmma_uniform_triples accepted).
+ * row_order: 0 (block_m 192: must be), or a device array of
+ * bf->n_row_blocks int32 (a permutation
  * of the row blocks): CTA x then computes row block row_order[x] (the host
  * puts heavy row blocks first, see stof__wgmma_row_order).
  * scale: softmax scale, 0 = 1/sqrt(head_dim); must be > 0.

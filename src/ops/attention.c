@@ -457,8 +457,9 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
                    p->kind == STOF_KERNEL_WGMMA_GATHER;
     const int rowwise = p->kind == STOF_KERNEL_ROWWISE ||
                         p->kind == STOF_KERNEL_WGMMA_GATHER;
-    const int bm = wg ? stof__wgmma_block_m(&p->wcfg) : p->cfg.block_m;
+    const int bm = wg ? stof__wgmma_format_block_m(&p->wcfg) : p->cfg.block_m;
     const int bn = wg ? p->wcfg.block_n : p->cfg.block_n;
+    const int rows192 = wg && stof__wgmma_block_m(&p->wcfg) == 192;
     stof_status st = STOF_OK;
     stof_mask *grouped = NULL;
     int32_t *perm = NULL, *order = NULL;
@@ -515,6 +516,43 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
     if (st != STOF_OK || !wg)
         goto done;
 order:
+    if (rows192) {
+        /* 192-row CTAs read row block 3 rb of the 64-row format: only
+         * where its three row blocks list the same full tiles; no row
+         * order (they all weigh the same). */
+        const int64_t nt = f->row_ptr[f->n_row_blocks];
+        if (!f->col_idx && nt > 0 && p->bf.col_idx && p->bf.n_tiles == nt &&
+            !stof__wgmma_uniform_triples(f)) {
+            /* Built on the GPU (f holds the counts, which did not decide):
+             * its key blocks. */
+            if (!(f->col_idx = malloc(sizeof(int32_t) * (size_t)nt))) {
+                st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
+                goto done;
+            }
+            if ((st = stof__ctx_push(ctx)) != STOF_OK)
+                goto done;
+            const CUresult r = ctx->api->cuMemcpyDtoH(
+                f->col_idx, p->bf.col_idx, sizeof(int32_t) * (size_t)nt);
+            stof__ctx_pop(ctx);
+            if (r != CUDA_SUCCESS) {
+                st = (stof_status)stof__cuda_fail(ctx, r,
+                                                  "reading the format's tiles",
+                                                  __FILE__, __LINE__);
+                goto done;
+            }
+        }
+        if (p->group > 1 || !stof__wgmma_uniform_triples(f)) {
+            st = stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                            "wgmma block_m 192 needs a mask whose every "
+                            "three 64-row blocks list the same full tiles "
+                            "(a dense mask); this one does not");
+            goto done;
+        }
+        if (p->wcfg.persist)
+            p->persist_heads = stof__wgmma_format_persist_heads(
+                &ctx->device, &p->desc, &p->wcfg, f);
+        goto done;
+    }
     if (!(order = malloc(sizeof(int32_t) * (size_t)f->n_row_blocks))) {
         st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
                         "out of memory ordering row blocks");

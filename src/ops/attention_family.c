@@ -175,6 +175,13 @@ static stof_status attach_builder(stof_context *ctx, stof_plan *p,
                                                 : p->cfg.block_m;
     const int bn = p->kind == STOF_KERNEL_WGMMA ? p->wcfg.block_n
                                                 : p->cfg.block_n;
+    /* 192-row CTAs need formats checked on the host
+     * (stof__wgmma_uniform_triples); a family's are built on the GPU. */
+    if (bm == 192)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "wgmma block_m 192 is not available to mask "
+                          "families (their formats are built on the GPU, "
+                          "unchecked)");
     stof_status st = stof__mb_workspace_heads(ctx, fam, p->desc.batch,
                                               p->desc.heads, p->desc.seq_q,
                                               p->desc.seq_k, bm, bn,
