@@ -505,6 +505,24 @@ static int add_splits(const stof_device *dev, const stof_attention_desc *d,
     return 0;
 }
 
+/* Rank wgmma configuration wc on f (skipped when the device cannot run
+ * it) and, with splits, its split-KV variants. 0, or -1 when out of
+ * memory. */
+static int add_wgmma(const stof_device *dev, const stof_attention_desc *d,
+                     const stof_format *f, const stof_wgmma_cfg *wc,
+                     int group, int splits, stof_candidate **all, int *count,
+                     int *cap)
+{
+    if (!stof__wgmma_cfg_valid(dev, d->head_dim, wc, NULL, 0))
+        return 0;
+    stof_candidate *slot = next_slot(all, count, cap);
+    if (!slot)
+        return -1;
+    stof__cost_predict_wgmma(dev, d, f, wc, slot);
+    slot->group = group;
+    return splits ? add_splits(dev, d, f, all, count, cap) : 0;
+}
+
 static stof_status mask_format(void *user, int block_m, int block_n,
                                stof_format **f)
 {
@@ -567,20 +585,13 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                     continue;
                 /* Block mode also as the persistent kernel (not split). */
                 for (int y = 0; y < 3 * (2 - g); y++) {
-                    stof_wgmma_cfg wc = {.block_n = bns[b],
-                                         .stages = 2 + y % 3, .overlap = 1,
-                                         .gather = g, .block_m = bms[a],
-                                         .mods = mods, .persist = y >= 3};
-                    if (!stof__wgmma_cfg_valid(&ctx->device, d->head_dim, &wc,
-                                               NULL, 0))
-                        continue;
-                    stof_candidate *slot = next_slot(all, count, cap);
-                    if (!slot)
-                        goto oom;
-                    stof__cost_predict_wgmma(&ctx->device, d, f, &wc, slot);
-                    slot->group = group;
-                    if (!wc.persist &&
-                        add_splits(&ctx->device, d, f, all, count, cap))
+                    const stof_wgmma_cfg wc = {.block_n = bns[b],
+                                               .stages = 2 + y % 3,
+                                               .overlap = 1, .gather = g,
+                                               .block_m = bms[a], .mods = mods,
+                                               .persist = y >= 3};
+                    if (add_wgmma(&ctx->device, d, f, &wc, group, !wc.persist,
+                                  all, count, cap))
                         goto oom;
                 }
             }
@@ -591,18 +602,14 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                 bms[a] == 64 && bns[b] == 128 && d->head_dim == 64 &&
                 stof__wgmma_uniform_triples(f))
                 for (int y = 0; y < 4; y++) {
-                    stof_wgmma_cfg wc = {.block_n = 128,
-                                         .stages = 2 + y % 2, .overlap = 1,
-                                         .block_m = 192, .mods = mods,
-                                         .persist = y >= 2};
-                    if (!stof__wgmma_cfg_valid(&ctx->device, d->head_dim, &wc,
-                                               NULL, 0))
-                        continue;
-                    stof_candidate *slot = next_slot(all, count, cap);
-                    if (!slot)
+                    const stof_wgmma_cfg wc = {.block_n = 128,
+                                               .stages = 2 + y % 2,
+                                               .overlap = 1, .block_m = 192,
+                                               .mods = mods,
+                                               .persist = y >= 2};
+                    if (add_wgmma(&ctx->device, d, f, &wc, group, 0, all,
+                                  count, cap))
                         goto oom;
-                    stof__cost_predict_wgmma(&ctx->device, d, f, &wc, slot);
-                    slot->group = group;
                 }
             stof_format_free(&f);
             continue;
