@@ -150,6 +150,18 @@ static const char *dt_name(stof_dtype dt)
     return dt == STOF_DTYPE_FP16 ? "fp16" : "bf16";
 }
 
+/* A case's format, its mask, the mask the format was built on (when
+ * another) and the row permutation. */
+static void free_case_masks(stof_format **f, stof_mask *m, stof_mask *fm,
+                            int32_t *perm)
+{
+    stof_format_free(f);
+    if (fm != m)
+        stof_mask_free(&fm);
+    free(perm);
+    stof_mask_free(&m);
+}
+
 /* Run one case on a loaded kernel; fails the test on any mismatch; 0 when
  * the case does not apply to the kernel (192 rows on a mask whose format
  * does not allow them), else 1.
@@ -184,11 +196,7 @@ static int run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     if (stof__wgmma_block_m(&k->c) == 192 && !stof__wgmma_uniform_triples(f)) {
         /* (the plan refuses such masks for 192-row CTAs) */
         cr_log_info("%s: not three-row-block uniform, skipped", tag);
-        stof_format_free(&f);
-        if (fm != m)
-            stof_mask_free(&fm);
-        free(perm);
-        stof_mask_free(&m);
+        free_case_masks(&f, m, fm, perm);
         return 0;
     }
     stof_block_format bf;
@@ -347,11 +355,7 @@ static int run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     free(want);
     free(hq), free(hk), free(hv), free(ho);
     free(fq), free(fk), free(fv), free(fo);
-    stof_format_free(&f);
-    if (fm != m)
-        stof_mask_free(&fm);
-    free(perm);
-    stof_mask_free(&m);
+    free_case_masks(&f, m, fm, perm);
     return 1;
 }
 
