@@ -1,6 +1,7 @@
 /*
  * test_search.c - the search engine (tuner/search.c) with fake operations:
- * stage 1 keeps the top few of each kind; compile failures, wrong results
+ * stage 1 keeps the top few of each kind (each tile shape's best first);
+ * compile failures, wrong results
  * and slow candidates never win; the budget stops timing; the model's first
  * choice is reported; several operations share one compile pool and
  * identical kernels are compiled once; one operation failing leaves the
@@ -29,6 +30,7 @@ typedef struct fake_spec {
     int no_art;   /* needs no compile */
     uint64_t key; /* shared-compile key (0: none) */
     double first_ms; /* the first timing, when nonzero (a noisy one) */
+    uint64_t shape; /* tile shape key (op.shape: f_shape) */
 } fake_spec;
 
 typedef struct fake {
@@ -45,6 +47,11 @@ typedef struct fake {
 static int f_kind(void *u, int i)
 {
     return ((fake *)u)->spec[i + 1].kind;
+}
+
+static uint64_t f_shape(void *u, int i)
+{
+    return ((fake *)u)->spec[i + 1].shape;
 }
 
 static double f_model(void *u, int i)
@@ -157,7 +164,7 @@ static void fake_init(fake *f, int n)
     pthread_mutex_init(&f->mu, NULL);
     f->n = n;
     for (int i = 1; i <= n; i++)
-        f->spec[i] = (fake_spec){0, 0, 1e-4, 1.0, 0, 0, 0, 0};
+        f->spec[i] = (fake_spec){0, 0, 1e-4, 1.0, 0, 0, 0, 0, 0};
 }
 
 static stof_search_op op_of(fake *f, const char *name)
@@ -202,6 +209,55 @@ Test(search, stage1_keeps_top_k_of_each_kind_in_rank_order)
     cr_assert_eq(stof__search_select(&op, 2, out, 3), 3);
 }
 
+/* The ids picked, as a string ("0 3 5"). */
+static const char *picked(const int *out, int m)
+{
+    static char buf[128];
+    buf[0] = '\0';
+    for (int i = 0; i < m; i++)
+        snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%d",
+                 i ? " " : "", out[i]);
+    return buf;
+}
+
+Test(search, stage1_takes_each_shape_s_best_before_a_second_variant)
+{
+    /* One kind; shapes A A A B A C B (say one tile's pipeline depths,
+     * which the model ranks alike): the best of A, B and C first, then
+     * the rank order; another kind keeps its own top_k. */
+    fake f;
+    fake_init(&f, 9);
+    const uint64_t shapes[9] = {1, 1, 1, 2, 1, 3, 2, 7, 7};
+    for (int i = 0; i < 9; i++) {
+        f.spec[i + 1].kind = i < 7 ? 1 : 2;
+        f.spec[i + 1].shape = shapes[i];
+    }
+    stof_search_op op = op_of(&f, "shapes");
+    op.shape = f_shape;
+    int out[9];
+    int m = stof__search_select(&op, 3, out, 9);
+    cr_expect_str_eq(picked(out, m), "0 3 5 7 8");
+    m = stof__search_select(&op, 4, out, 9);
+    cr_expect_str_eq(picked(out, m), "0 1 3 5 7 8");
+    m = stof__search_select(&op, 1, out, 9);
+    cr_expect_str_eq(picked(out, m), "0 7");
+    /* max bounds the output, kept in rank order. */
+    m = stof__search_select(&op, 3, out, 2);
+    cr_expect_str_eq(picked(out, m), "0 3");
+    /* Without op.shape: rank order. */
+    op.shape = NULL;
+    m = stof__search_select(&op, 3, out, 9);
+    cr_expect_str_eq(picked(out, m), "0 1 2 7 8");
+    /* stof__search_pick directly: keys, none, k past n. */
+    m = stof__search_pick(7, 2, f_shape, &f, out);
+    cr_expect_str_eq(picked(out, m), "0 3");
+    m = stof__search_pick(7, 3, NULL, &f, out);
+    cr_expect_str_eq(picked(out, m), "0 1 2");
+    m = stof__search_pick(3, 5, f_shape, &f, out);
+    cr_expect_str_eq(picked(out, m), "0 1 2");
+    cr_expect_eq(stof__search_pick(0, 3, f_shape, &f, out), 0);
+}
+
 Test(search, fastest_verified_candidate_wins)
 {
     stof_context *ctx = ctx_new();
@@ -209,13 +265,13 @@ Test(search, fastest_verified_candidate_wins)
     fake_init(&f, 7);
     /* 1: model's choice, ok but slow; 2: fastest but wrong; 3: does not
      * compile; 4: does not load; 5: ok, fast; 6: NaN; 7: ok, slower. */
-    f.spec[1] = (fake_spec){0, 0, 1e-4, 2.0, 0, 0, 0, 0};
-    f.spec[2] = (fake_spec){0, 0, 0.5, 0.1, 0, 0, 0, 0};
-    f.spec[3] = (fake_spec){1, 0, 1e-4, 0.05, 0, 0, 0, 0};
-    f.spec[4] = (fake_spec){0, 1, 1e-4, 0.05, 0, 0, 0, 0};
-    f.spec[5] = (fake_spec){0, 0, 3e-3, 0.9, 0, 0, 0, 0};
-    f.spec[6] = (fake_spec){0, 0, NAN, 0.01, 0, 0, 0, 0}; /* NaN: never */
-    f.spec[7] = (fake_spec){0, 0, 1e-3, 1.0, 0, 0, 0, 0};
+    f.spec[1] = (fake_spec){0, 0, 1e-4, 2.0, 0, 0, 0, 0, 0};
+    f.spec[2] = (fake_spec){0, 0, 0.5, 0.1, 0, 0, 0, 0, 0};
+    f.spec[3] = (fake_spec){1, 0, 1e-4, 0.05, 0, 0, 0, 0, 0};
+    f.spec[4] = (fake_spec){0, 1, 1e-4, 0.05, 0, 0, 0, 0, 0};
+    f.spec[5] = (fake_spec){0, 0, 3e-3, 0.9, 0, 0, 0, 0, 0};
+    f.spec[6] = (fake_spec){0, 0, NAN, 0.01, 0, 0, 0, 0, 0}; /* NaN: never */
+    f.spec[7] = (fake_spec){0, 0, 1e-3, 1.0, 0, 0, 0, 0, 0};
     stof_search_op op = op_of(&f, "fake");
     stof_search_opts o = {.top_k = 8, .threads = 4};
     stof_search_result res;
@@ -250,7 +306,7 @@ Test(search, near_ties_are_decided_by_the_finals)
     f.spec[2].ms = 0.98;
     f.spec[2].first_ms = 1.02;
     f.spec[3].ms = 1.05;
-    f.spec[4] = (fake_spec){0, 0, 0.5, 0.5, 0, 0, 0, 0};
+    f.spec[4] = (fake_spec){0, 0, 0.5, 0.5, 0, 0, 0, 0, 0};
     f.spec[5].ms = 1.03;
     f.spec[5].first_ms = 1.01;
     stof_search_op op = op_of(&f, "finals");
@@ -349,8 +405,8 @@ Test(search, nothing_verified_is_an_error)
     stof_context *ctx = ctx_new();
     fake f;
     fake_init(&f, 2);
-    f.spec[1] = (fake_spec){0, 0, 0.2, 1.0, 0, 0, 0, 0};
-    f.spec[2] = (fake_spec){1, 0, 0.0, 1.0, 0, 0, 0, 0};
+    f.spec[1] = (fake_spec){0, 0, 0.2, 1.0, 0, 0, 0, 0, 0};
+    f.spec[2] = (fake_spec){1, 0, 0.0, 1.0, 0, 0, 0, 0, 0};
     stof_search_op op = op_of(&f, "fake");
     stof_search_opts o = {.top_k = 2, .threads = 2};
     stof_search_result res;

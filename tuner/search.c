@@ -11,18 +11,93 @@
 #include <unistd.h>
 #include <uv.h>
 
+int stof__search_pick(int n, int k, uint64_t (*key)(void *user, int i),
+                      void *user, int *out)
+{
+    if (n <= 0 || k <= 0)
+        return 0;
+    if (k > n)
+        k = n;
+    char *taken = calloc((size_t)n, 1);
+    uint64_t *keys = key ? malloc(sizeof(uint64_t) * (size_t)n) : NULL;
+    if (!taken || !keys) { /* no keys (or no memory): the first k */
+        free(taken);
+        free(keys);
+        for (int i = 0; i < k; i++)
+            out[i] = i;
+        return k;
+    }
+    for (int i = 0; i < n; i++)
+        keys[i] = key(user, i);
+    int m = 0;
+    /* The first of each key, in rank order (n is a few hundred). */
+    for (int i = 0; i < n && m < k; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = keys[j] == keys[i];
+        if (!seen)
+            taken[i] = 1, m++;
+    }
+    for (int i = 0; i < n && m < k; i++) /* rank order fills the rest */
+        if (!taken[i])
+            taken[i] = 1, m++;
+    m = 0;
+    for (int i = 0; i < n; i++)
+        if (taken[i])
+            out[m++] = i;
+    free(taken);
+    free(keys);
+    return m;
+}
+
+/* The candidates of one kind, for stof__search_pick. */
+typedef struct kind_view {
+    const stof_search_op *op;
+    const int *idx; /* the kind's candidates, in rank order */
+} kind_view;
+
+static uint64_t kind_view_shape(void *user, int i)
+{
+    const kind_view *v = user;
+    return v->op->shape(v->op->user, v->idx[i]);
+}
+
 int stof__search_select(const stof_search_op *op, int top_k, int *out,
                         int max)
 {
     enum { KINDS = 16 };
-    int per_kind[KINDS] = {0}, m = 0;
-    for (int i = 0; i < op->n && m < max; i++) {
-        int k = op->kind(op->user, i);
-        if (k < 0 || k >= KINDS || per_kind[k] >= top_k)
-            continue;
-        per_kind[k]++;
-        out[m++] = i;
+    int m = 0;
+    int *idx = op->shape ? malloc(sizeof(int) * 2 * (size_t)(op->n + 1))
+                         : NULL;
+    char *keep = idx ? calloc((size_t)op->n + 1, 1) : NULL;
+    if (!keep) { /* no shapes (or no memory for them): rank order */
+        free(idx);
+        int per_kind[KINDS] = {0};
+        for (int i = 0; i < op->n && m < max; i++) {
+            int k = op->kind(op->user, i);
+            if (k < 0 || k >= KINDS || per_kind[k] >= top_k)
+                continue;
+            per_kind[k]++;
+            out[m++] = i;
+        }
+        return m;
     }
+    int *pick = idx + op->n;
+    for (int k = 0; k < KINDS; k++) {
+        int n = 0;
+        for (int i = 0; i < op->n; i++)
+            if (op->kind(op->user, i) == k)
+                idx[n++] = i;
+        kind_view v = {op, idx};
+        const int got = stof__search_pick(n, top_k, kind_view_shape, &v, pick);
+        for (int j = 0; j < got; j++)
+            keep[idx[pick[j]]] = 1;
+    }
+    for (int i = 0; i < op->n && m < max; i++)
+        if (keep[i])
+            out[m++] = i;
+    free(idx);
+    free(keep);
     return m;
 }
 

@@ -41,6 +41,11 @@ typedef struct stof_search_op {
                            timed sets n) */
     /* The kernel family of candidate i (stage 1 keeps top_k of each). */
     int (*kind)(void *user, int i);
+    /* Optional: candidates of one kind with equal keys are variants of one
+     * shape (a tile's pipeline depths, which the cost model cannot tell
+     * apart): stage 1 takes each shape's best first and the rest of top_k
+     * in rank order after (stof__search_pick). NULL: rank order only. */
+    uint64_t (*shape)(void *user, int i);
     /* The cost model's time of candidate i, in ms (0: the model has none). */
     double (*model_ms)(void *user, int i);
     /* A one-line description, e.g. "block 128x64 w4 s2". */
@@ -100,8 +105,16 @@ typedef struct stof_search_result {
     size_t winner_art_size;
 } stof_search_result;
 
-/* Stage 1 for op: the candidates to time, as indices in rank order: the
- * first top_k of each kind. Returns how many were written (at most max). */
+/* k of the n candidates 0..n-1 (in rank order), written to out in rank
+ * order: the first of each distinct key(user, i) in rank order, then, while
+ * fewer than k, the others in rank order (key NULL: the first k). Returns
+ * how many were written (at most k and n). */
+int stof__search_pick(int n, int k, uint64_t (*key)(void *user, int i),
+                      void *user, int *out);
+
+/* Stage 1 for op: the candidates to time, as indices in rank order: top_k
+ * of each kind (the first of each shape first, when op->shape is set:
+ * stof__search_pick). Returns how many were written (at most max). */
 int stof__search_select(const stof_search_op *op, int top_k, int *out,
                         int max);
 
