@@ -1,6 +1,7 @@
 /*
  * cost_model.c - see cost_model.h for the model. The constants are
- * calibrated from stof-bench-kernels runs (COST_MODEL.md has the data).
+ * calibrated from stof-bench-kernels / stof-bench-wgmma runs and the
+ * search's own timings (bench/RESULTS.md has the measurements).
  */
 #include "cost_model.h"
 #include "attn_block.h"
@@ -342,28 +343,43 @@ double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
 #define WGMMA_SM_RATE 7.5e6
 #define MU_PARTIAL_WGMMA 0.35
 
-static double wgmma_efficiency(int head_dim, const stof_wgmma_cfg *c)
+/* 64-row CTAs have one consumer warpgroup: its softmax hides under other
+ * CTAs' GEMMs only, so their rate follows the CTAs resident on an SM (o:
+ * registers and shared memory, stof__wgmma_ctas_per_sm), relative to
+ * 128-row TMA at 128-key tiles; fitted to the search's timings of every
+ * wgmma configuration on seven problems (dense, bigbird, sliding,
+ * longformer; 512 to 4096 tokens, head_dim 64 and 128; H100, 2026-11-25:
+ * bench/RESULTS.md). One CTA an SM
+ * runs about two thirds as fast as two; at head_dim 64 three (64-key
+ * tiles, up to 3 stages) gain another tenth. The persistent grid's 64-row
+ * CTAs trail the ordinary grid's (their static deal is coarser than the
+ * hardware's scheduling of 3 CTAs an SM). */
+static const double M64_RATE[2][3] = {{0.72, 1.08, 1.20}, /* head_dim 64 */
+                                      {0.67, 0.91, 0.91}}; /* 128, 256 */
+
+static double wgmma_efficiency(int head_dim, const stof_wgmma_cfg *c, int o)
 {
     const int big = head_dim >= 128;
+    const int bm = stof__wgmma_block_m(c);
     double e = big ? 0.70 : 0.46;
-    if (c->block_n == 64)
-        e *= 0.90;
+    if (c->block_n == 64) /* (64-row: fitted with M64_RATE) */
+        e *= bm == 64 ? 0.86 : 0.90;
     if (!c->overlap)
         e *= 0.89;
-    /* 64-row CTAs (two per SM) and gathered K/V (cp.async instead of TMA),
-     * dense, relative to 128-row TMA (H200, stof-bench-wgmma). */
-    const int m64 = stof__wgmma_block_m(c) == 64;
     /* 192 rows (head_dim 64 only): a third consumer warpgroup's GEMMs
      * under the others' softmax (FlashAttention-3's tile): dense, 5-8%
      * faster than 128 rows at 2048-4096 tokens (H100). */
-    if (stof__wgmma_block_m(c) == 192)
+    if (bm == 192)
         e *= 1.08;
-    if (m64 && c->gather)
-        e *= big ? 0.63 : 0.82;
-    else if (m64)
-        e *= big ? 0.83 : 0.86;
-    else if (c->gather)
-        e *= big ? 0.81 : 0.90;
+    if (bm == 64) {
+        e *= M64_RATE[big][(o < 1 ? 1 : o > 3 ? 3 : o) - 1];
+        if (c->persist)
+            e *= big ? 0.84 : 0.90;
+    }
+    /* Gathered K/V (cp.async instead of TMA), dense, relative to the
+     * same rows with TMA (H200, stof-bench-wgmma). */
+    if (c->gather)
+        e *= bm == 64 ? (big ? 0.76 : 0.95) : (big ? 0.81 : 0.90);
     return e;
 }
 
@@ -374,12 +390,10 @@ static double predict_wgmma(const stof_device *dev,
 {
     const int D = d->head_dim;
     const int bm = stof__wgmma_block_m(wc);
-    /* The persistent grid holds exactly what fits (its second Q buffer
-     * often keeps 64-row CTAs to one per SM); the ordinary grid's 64-row
-     * CTAs are counted two per SM as before. */
-    const int o = wc->persist ? stof__wgmma_ctas_per_sm(D, wc)
-                              : (bm == 64 ? 2 : 1);
-    const double rate = WGMMA_SM_RATE * wgmma_efficiency(D, wc);
+    /* The CTAs that fit an SM (a persistent grid holds exactly these; its
+     * second Q buffer can keep 64-row CTAs to fewer). */
+    const int o = stof__wgmma_ctas_per_sm(D, wc);
+    const double rate = WGMMA_SM_RATE * wgmma_efficiency(D, wc, o);
     double tau = 4.0 * bm * wc->block_n * D / rate;
     const double tm = tile_mem_us(dev, d, f, wc->block_n);
     if (tm > tau)

@@ -31,10 +31,11 @@
  *
  * R_sm is the tensor-core rate per SM for mma.sync or wgmma (by compute
  * capability), e(cfg, D) the fraction a configuration reaches on dense
- * work (calibrated on an H200: see COST_MODEL.md), mu the extra cost of a
- * masked tile, gamma that of gathering K/V rows, tau0 the per-CTA cost of
- * loading Q and writing O, o the CTAs per SM that fit (registers, shared
- * memory, threads). The makespan captures waves and imbalance (causal's
+ * work (calibrated on an H200 and an H100: bench/RESULTS.md), mu the
+ * extra cost of a masked tile, gamma that of gathering K/V rows, tau0 the
+ * per-CTA cost of loading Q and writing O, o the CTAs per SM that fit
+ * (registers, shared memory, threads; for 64-row wgmma CTAs, which have
+ * one consumer warpgroup each, o also sets e). The makespan captures waves and imbalance (causal's
  * long last rows, bigbird's global rows).
  */
 #ifndef STOF_COST_MODEL_H

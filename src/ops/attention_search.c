@@ -250,6 +250,27 @@ static int op_kind(void *user, int i)
                : c->kind;
 }
 
+/* A wgmma candidate's tile shape and work split, all but its pipeline
+ * depth (stages) where that leaves the CTAs an SM holds alone: the cost
+ * model ranks such depths alike and they time within a few percent
+ * (H100), so stage 1 times the best of each shape before a second depth
+ * of one. mma.sync kernels keep the rank order (each its own key): their
+ * depths differ more (a layer's mma.sync GEMM: 3 against 4 stages, 20%). */
+static uint64_t op_shape(void *user, int i)
+{
+    const stof_candidate *c = &((stof_attention_op *)user)->cands[i];
+    if (c->kind != STOF_KERNEL_WGMMA && c->kind != STOF_KERNEL_WGMMA_GATHER)
+        return (uint64_t)i << 32; /* unlike any shape below (< 2^32) */
+    const uint64_t v[] = {(uint64_t)c->kind,      (uint64_t)c->cfg.block_m,
+                          (uint64_t)c->cfg.block_n, (uint64_t)c->cfg.warps,
+                          (uint64_t)c->wcfg.persist, (uint64_t)c->group,
+                          (uint64_t)c->splits,      (uint64_t)c->ctas_per_sm};
+    uint64_t h = 0;
+    for (size_t j = 0; j < sizeof(v) / sizeof(v[0]); j++)
+        h = (h * 1000003u + (v[j] & 0xffffu)) & 0xffffffffu;
+    return h;
+}
+
 static double op_model_ms(void *user, int i)
 {
     return ((stof_attention_op *)user)->cands[i].predicted_ms;
@@ -448,6 +469,7 @@ static void op_table(stof_attention_op *a, stof_search_op *op)
                         .name = a->name,
                         .n = a->n,
                         .kind = op_kind,
+                        .shape = op_shape,
                         .model_ms = op_model_ms,
                         .describe = op_describe,
                         .compile = op_compile,
