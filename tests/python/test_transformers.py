@@ -6,11 +6,13 @@ Llama-style decoder, and a Mistral-style
 decoder with grouped-query attention and a sliding window. Outputs against
 the same model with attn_implementation="sdpa" (same seed, same weights);
 forward times of stof, sdpa and flex_attention printed (--bench times more
-sizes). Skips (exit 77) without PyTorch, transformers or a GPU."""
+sizes, and each eager forward's GPU time apart from its host issue time:
+gpu_times). Skips (exit 77) without PyTorch, transformers or a GPU."""
 import contextlib
 import copy
 import statistics
 import sys
+import time
 
 from gpu_test import require
 
@@ -62,6 +64,37 @@ def eager_times(models, kw):
         return interleaved({k: (lambda m=m: m(**kw)) for k, m in models.items()})
 
 
+def gpu_times(models, kw, n=9):
+    """Median GPU time (ms, or None) and host issue time (ms) of each
+    model's eager forward: each forward is issued while the GPU spins on a
+    long kernel, so that its kernels run back to back once the spin ends,
+    and events recorded after the spin and after the forward time the
+    GPU's work alone. (transformers' eager forwards take about as long to
+    issue as to run on slower hosts, so their wall time mixes the two.)
+    A forward that waits for the GPU on the host (reading a padding mask,
+    say) waits for the spin too: its GPU time is None (not separable)."""
+    out = {}
+    with torch.no_grad():
+        for k, m in models.items():
+            host, gpu, waited = [], [], False
+            for _ in range(n):
+                torch.cuda.synchronize()
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+                ev[0].record()
+                torch.cuda._sleep(200_000_000)  # ~0.1 s of spinning
+                ev[1].record()
+                t0 = time.perf_counter()
+                m(**kw)
+                host.append((time.perf_counter() - t0) * 1e3)
+                ev[2].record()
+                ev[2].synchronize()
+                waited |= host[-1] >= 0.8 * ev[0].elapsed_time(ev[1])
+                gpu.append(ev[1].elapsed_time(ev[2]))
+            out[k] = (None if waited else statistics.median(gpu),
+                      statistics.median(host))
+    return out
+
+
 def graphed(model, kw, impl):
     """The model's forward captured in a CUDA graph (after warm-up
     forwards on a side stream; stof's under capture_safe, so the captured
@@ -93,11 +126,12 @@ def graph_times(graphs):
 
 
 def compare(name, cfg, kw, valid, impls=("sdpa", "flex_attention"), tol=2e-2,
-            graphs=False):
+            graphs=False, gpu=False):
     """Outputs of stof against sdpa on the valid (unpadded) positions, and
     the forward times of stof and each peer (graphs: also of each model's
     forward captured in a CUDA graph, and the captured stof forward's
-    output against sdpa's)."""
+    output against sdpa's; gpu: also the GPU time and host issue time of
+    each eager forward, gpu_times)."""
     models = {"stof": build(cfg, "stof")}
     for impl in impls:
         try:
@@ -128,6 +162,16 @@ def compare(name, cfg, kw, valid, impls=("sdpa", "flex_attention"), tol=2e-2,
     if not err < tol:
         print(f"FAIL: {name}: stof differs from sdpa by {err:.2e} (>= {tol})")
         sys.exit(1)
+    if gpu:
+        gt = gpu_times(models, kw)
+        g0 = gt["stof"][0]
+        each = " ".join(
+            f"{k} n/a" if g is None else f"{k} {g:.3f}" +
+            (f" ({g / g0:.2f}x)" if g0 and k != "stof" else "")
+            for k, (g, _) in gt.items())
+        issue = " ".join(f"{k} {h:.2f}" for k, (_, h) in gt.items())
+        print(f"  GPU time per eager forward (ms; n/a: the forward waits for "
+              f"the GPU): {each}; host issue ms: {issue}")
     if graphs:
         caught = {k: graphed(m, kw, k) for k, m in models.items()}
         if caught["stof"][0] is None:
@@ -173,9 +217,10 @@ def main():
         am = am.to(DEV)
         compare(f"BERT-base {b}x{s} padded (lengths {lens[-1]}..{s})", bert,
                 {"input_ids": ids, "attention_mask": am}, am.bool(),
-                graphs=graphs)
+                graphs=graphs, gpu=bench)
         compare(f"BERT-base {b}x{s} full", bert, {"input_ids": ids},
-                torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=graphs)
+                torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=graphs,
+                gpu=bench)
 
     mistral = AutoConfig.for_model("mistral", hidden_size=1024,
                                    num_hidden_layers=8, num_attention_heads=16,
@@ -186,7 +231,8 @@ def main():
         ids = torch.randint(0, 32000, (b, s), generator=g).to(DEV)
         compare(f"Mistral-style decoder {b}x{s} (GQA 16/4, sliding window 256)",
                 mistral, {"input_ids": ids, "use_cache": False},
-                torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=graphs)
+                torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=graphs,
+                gpu=bench)
     if bench:
         # The same decoder on a batch of mixed lengths, padded on the left
         # (batched generation's prefill): sliding window and padding.
@@ -200,7 +246,7 @@ def main():
         compare(f"Mistral-style decoder {b}x{s} left-padded (lengths "
                 f"{lens[-1]}..{s}; GQA 16/4, sliding window 256)", mistral,
                 {"input_ids": ids, "attention_mask": am, "use_cache": False},
-                am.bool(), graphs=graphs)
+                am.bool(), graphs=graphs, gpu=bench)
     # Left padding (batched generation's prefill): a Llama-style decoder,
     # sequences padded at the start; compared on the valid positions.
     llama = AutoConfig.for_model("llama", hidden_size=1024, num_hidden_layers=4,
@@ -217,7 +263,7 @@ def main():
     path = compare(
         f"Llama-style decoder {b}x{s} left-padded (lengths {lens[-1]}..{s})",
         llama, {"input_ids": ids, "attention_mask": am, "use_cache": False},
-        am.bool(), graphs=True)[2]
+        am.bool(), graphs=True, gpu=bench)[2]
     if path != "family:causal&!prefix":
         print(f"FAIL: the left-padded batch took {path}, not the "
               "causal&!prefix family")
@@ -232,7 +278,8 @@ def main():
     path = compare(
         f"Llama-style decoder {b}x{s} packed (sequences of 700, 900, 448)",
         llama, {"input_ids": ids, "position_ids": pos, "use_cache": False},
-        torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=True)[2]
+        torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=True,
+        gpu=bench)[2]
     if path != "family:causal&docs":
         print(f"FAIL: the packed batch took {path}, not the causal&docs family")
         sys.exit(1)
