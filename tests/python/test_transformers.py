@@ -206,18 +206,21 @@ def main():
                                 hidden_act="gelu", max_position_embeddings=4096,
                                 vocab_size=30522)
     g = torch.Generator().manual_seed(1)
-    sizes = [(8, 512)] + ([(16, 2048), (1, 4096)] if bench else [])
+    sizes = [(8, 512)] + ([(16, 2048), (1, 4096), (2, 4096)] if bench
+                          else [])
     for b, s in sizes:
         ids = torch.randint(0, 30522, (b, s), generator=g).to(DEV)
-        # Mixed lengths: sequence i keeps s - i * s / (2 b) tokens.
+        # Mixed lengths: sequence i keeps s - i * s / (2 b) tokens (one
+        # sequence: no padding, so only the full row).
         lens = [s - (i * s) // (2 * b) for i in range(b)]
         am = torch.zeros(b, s, dtype=torch.long)
         for i, n in enumerate(lens):
             am[i, :n] = 1
         am = am.to(DEV)
-        compare(f"BERT-base {b}x{s} padded (lengths {lens[-1]}..{s})", bert,
-                {"input_ids": ids, "attention_mask": am}, am.bool(),
-                graphs=graphs, gpu=bench)
+        if b > 1:
+            compare(f"BERT-base {b}x{s} padded (lengths {lens[-1]}..{s})", bert,
+                    {"input_ids": ids, "attention_mask": am}, am.bool(),
+                    graphs=graphs, gpu=bench)
         compare(f"BERT-base {b}x{s} full", bert, {"input_ids": ids},
                 torch.ones(b, s, dtype=torch.bool, device=DEV), graphs=graphs,
                 gpu=bench)
