@@ -587,31 +587,55 @@ __device__ __forceinline__ void wg_bias(float (&s)[WG_SN],
 // slower (their rows see few tiles: the vote costs more than it saves).
 #define WG_LAZY_RESCALE (BLOCK_M == 192)
 #define WG_MAX_SLACK 8.0f
-#if WG_LAZY_RESCALE
+
+// The max of row half hh (rows r0 and r0 + 8) of the S tile, unscaled.
+__device__ __forceinline__ float wg_row_max(const float (&s)[WG_SN], int hh)
+{
+    float mx = STOF_NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < BLOCK_N / 8; nt++) {
+        mx = fmaxf(mx, s[4 * nt + 2 * hh]);
+        mx = fmaxf(mx, s[4 * nt + 2 * hh + 1]);
+    }
+    // The four lanes of a quad hold the same row.
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
+// s -> exp2(s * sl2 - mu) over row half hh; returns this lane's sum.
+__device__ __forceinline__ float wg_row_exp(float (&s)[WG_SN], int hh,
+                                            float sl2, float mu)
+{
+    float rs = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < BLOCK_N / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int j = 4 * nt + 2 * hh + e;
+            const float pe = wg_exp2(fmaf(s[j], sl2, -mu));
+            s[j] = pe;
+            rs += pe;
+        }
+    }
+    return rs;
+}
+
 __device__ __forceinline__ bool wg_softmax(float (&s)[WG_SN], float (&m_run)[2],
                                            float (&l_run)[2], float (&alpha)[2],
                                            float sl2)
 {
-    float mx[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        mx[hh] = STOF_NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < BLOCK_N / 8; nt++) {
-            mx[hh] = fmaxf(mx[hh], s[4 * nt + 2 * hh]);
-            mx[hh] = fmaxf(mx[hh], s[4 * nt + 2 * hh + 1]);
-        }
-        // The four lanes of a quad hold the same row.
-        mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
-        mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
-        mx[hh] *= sl2;
-    }
+#if WG_LAZY_RESCALE
+    const float mx[2] = {wg_row_max(s, 0) * sl2, wg_row_max(s, 1) * sl2};
     // A row whose max so far is -inf (no key yet) takes any finite one.
     const bool grow = !(mx[0] <= m_run[0] + WG_MAX_SLACK) ||
                       !(mx[1] <= m_run[1] + WG_MAX_SLACK);
     const bool resc = __any_sync(0xffffffffu, grow);
+#else
+    const bool resc = true;
+#endif
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
+#if WG_LAZY_RESCALE
         if (resc) {
             const float m_new = fmaxf(m_run[hh], mx[hh]); // -inf stays -inf
             // Safe max: no allowed key so far -> subtract 0; exp2(-inf) = 0.
@@ -620,59 +644,18 @@ __device__ __forceinline__ bool wg_softmax(float (&s)[WG_SN], float (&m_run)[2],
             m_run[hh] = m_new;
         }
         const float mu = m_run[hh] == STOF_NEG_INF ? 0.0f : m_run[hh];
-        float rs = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < BLOCK_N / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int j = 4 * nt + 2 * hh + e;
-                const float pe = wg_exp2(fmaf(s[j], sl2, -mu));
-                s[j] = pe;
-                rs += pe;
-            }
-        }
+#else
+        const float m_new = fmaxf(m_run[hh], wg_row_max(s, hh) * sl2);
+        const float mu = m_new == STOF_NEG_INF ? 0.0f : m_new; // (as above)
+        alpha[hh] = wg_exp2(m_run[hh] - mu);
+        m_run[hh] = m_new;
+#endif
+        const float rs = wg_row_exp(s, hh, sl2, mu);
         // (partial: this lane's columns)
         l_run[hh] = resc ? l_run[hh] * alpha[hh] + rs : l_run[hh] + rs;
     }
     return resc;
 }
-#else
-__device__ __forceinline__ bool wg_softmax(float (&s)[WG_SN], float (&m_run)[2],
-                                           float (&l_run)[2], float (&alpha)[2],
-                                           float sl2)
-{
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        float mx = STOF_NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < BLOCK_N / 8; nt++) {
-            mx = fmaxf(mx, s[4 * nt + 2 * hh]);
-            mx = fmaxf(mx, s[4 * nt + 2 * hh + 1]);
-        }
-        // The four lanes of a quad hold the same row.
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[hh], mx * sl2); // -inf stays -inf
-        // Safe max: no allowed key so far -> subtract 0; exp2(-inf) = 0.
-        const float mu = m_new == STOF_NEG_INF ? 0.0f : m_new;
-        alpha[hh] = wg_exp2(m_run[hh] - mu);
-        m_run[hh] = m_new;
-        float rs = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < BLOCK_N / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int j = 4 * nt + 2 * hh + e;
-                const float pe = wg_exp2(fmaf(s[j], sl2, -mu));
-                s[j] = pe;
-                rs += pe;
-            }
-        }
-        l_run[hh] = l_run[hh] * alpha[hh] + rs; // partial (this lane's cols)
-    }
-    return true;
-}
-#endif
 
 __device__ __forceinline__ void wg_rescale(float (&o)[WG_ON],
                                            const float (&alpha)[2])

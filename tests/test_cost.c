@@ -458,6 +458,23 @@ Test(cost, persistent_kernel_is_ranked_for_short_row_blocks)
     stof_close(&ctx);
 }
 
+/* Rank every candidate for attention B x H x N x N x D (fp16) under mask
+ * `spec` into c[0..cap); returns how many. */
+static int rank_problem(stof_context *ctx, const char *spec, int B, int H,
+                        int N, int D, stof_candidate *c, int cap)
+{
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, spec, N, N, &m), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, B, H, N, N, D, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    int k = 0;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, cap, &k), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    stof_mask_free(&m);
+    return k;
+}
+
 /* The predicted ms of the wgmma candidate 64 x bn, `stages`, on c[0..k). */
 static double m64_ms(const stof_candidate *c, int k, int bn, int stages,
                      int persist)
@@ -480,29 +497,21 @@ Test(cost, row_blocks_of_64_are_ranked_by_the_ctas_an_sm_holds)
      * 2026-11-25, bench/RESULTS.md: sliding:256 4x16x4096x64 64x64 s2
      * (3 an SM) 0.117 ms, 64x64 s4 (2) 0.140, 64x128 s4 (1) 0.212; the
      * best 128-row kernel 0.132). */
-    cr_expect_eq(stof__wgmma_ctas_per_sm(64, &(stof_wgmma_cfg){64, 2, 1, 0,
-                                                               64, 0, 0, 0}),
-                 3);
-    cr_expect_eq(stof__wgmma_ctas_per_sm(64, &(stof_wgmma_cfg){64, 4, 1, 0,
-                                                               64, 0, 0, 0}),
-                 2);
-    cr_expect_eq(stof__wgmma_ctas_per_sm(64, &(stof_wgmma_cfg){128, 4, 1, 0,
-                                                               64, 0, 0, 0}),
-                 1);
-    cr_expect_eq(stof__wgmma_ctas_per_sm(128, &(stof_wgmma_cfg){64, 3, 1, 0,
-                                                                64, 0, 0, 0}),
-                 1);
+    /* head_dim, block_n, stages -> 64-row CTAs an SM. */
+    static const int fits[][4] = {
+        {64, 64, 2, 3}, {64, 64, 4, 2}, {64, 128, 4, 1}, {128, 64, 3, 1}};
+    for (size_t i = 0; i < sizeof(fits) / sizeof(fits[0]); i++) {
+        const stof_wgmma_cfg wc = {.block_n = fits[i][1],
+                                   .stages = fits[i][2],
+                                   .overlap = 1,
+                                   .block_m = 64};
+        cr_expect_eq(stof__wgmma_ctas_per_sm(fits[i][0], &wc), fits[i][3],
+                     "d%d 64x%d s%d", fits[i][0], fits[i][1], fits[i][2]);
+    }
     stof_context *ctx = open_fake_h100();
     ctx->device.ok = 1;
-    stof_mask *m = NULL;
-    cr_assert_eq(stof_mask_from_spec(ctx, "sliding:256", 4096, 4096, &m),
-                 STOF_OK);
-    stof_attention_desc d;
-    stof_attention_desc_init(&d, 4, 16, 4096, 4096, 64, STOF_DTYPE_FP16,
-                             STOF_LAYOUT_BHSD);
     static stof_candidate c[1024];
-    int k = 0;
-    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 1024, &k), STOF_OK);
+    int k = rank_problem(ctx, "sliding:256", 4, 16, 4096, 64, c, 1024);
     const double o3 = m64_ms(c, k, 64, 2, 0), o2 = m64_ms(c, k, 64, 4, 0),
                  o1 = m64_ms(c, k, 128, 4, 0);
     cr_expect(o3 < o2 && o2 < o1, "3 an SM %.4f, 2 %.4f, 1 %.4f", o3, o2, o1);
@@ -514,16 +523,11 @@ Test(cost, row_blocks_of_64_are_ranked_by_the_ctas_an_sm_holds)
             cr_expect_lt(c[i].wcfg.stages, 4);
             break;
         }
-    stof_mask_free(&m);
     /* head_dim 128: 64 x 64 with 2 stages fits twice, 3 stages once
      * (dense 4x16x2048x128: 0.264 against 0.398 ms). */
-    cr_assert_eq(stof_mask_from_spec(ctx, "dense", 2048, 2048, &m), STOF_OK);
-    stof_attention_desc_init(&d, 4, 16, 2048, 2048, 128, STOF_DTYPE_FP16,
-                             STOF_LAYOUT_BHSD);
-    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 1024, &k), STOF_OK);
+    k = rank_problem(ctx, "dense", 4, 16, 2048, 128, c, 1024);
     const double two = m64_ms(c, k, 64, 2, 0), one = m64_ms(c, k, 64, 3, 0);
     cr_expect_lt(two * 1.2, one, "2 an SM %.4f, 1 %.4f", two, one);
-    stof_mask_free(&m);
     stof_close(&ctx);
 }
 
