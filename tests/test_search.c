@@ -1,13 +1,13 @@
 /*
  * test_search.c - the search engine (tuner/search.c) with fake operations:
  * stage 1 keeps the top few of each kind (each tile shape's best first);
- * compile failures, wrong results
- * and slow candidates never win; the budget stops timing; the model's first
- * choice is reported; several operations share one compile pool and
- * identical kernels are compiled once; one operation failing leaves the
- * others' results; model-only runs compile the first choice and time
- * nothing; near ties are timed again (the finals), within a time budget;
- * a candidate that needs no compile (a library's algorithm) works.
+ * compile failures, wrong results and slow candidates never win; the
+ * budget stops timing; the model's first choice is reported; several
+ * operations share one compile pool and identical kernels are compiled
+ * once; one operation failing leaves the others' results; model-only runs
+ * compile the first choice and time nothing; near ties are timed again
+ * (the finals), within a time budget; a candidate that needs no compile
+ * (a library's algorithm) works.
  */
 #include <criterion/criterion.h>
 #include <math.h>

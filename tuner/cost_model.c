@@ -349,11 +349,10 @@ double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
  * 128-row TMA at 128-key tiles; fitted to the search's timings of every
  * wgmma configuration on seven problems (dense, bigbird, sliding,
  * longformer; 512 to 4096 tokens, head_dim 64 and 128; H100, 2026-11-25:
- * bench/RESULTS.md). One CTA an SM
- * runs about two thirds as fast as two; at head_dim 64 three (64-key
- * tiles, up to 3 stages) gain another tenth. The persistent grid's 64-row
- * CTAs trail the ordinary grid's (their static deal is coarser than the
- * hardware's scheduling of 3 CTAs an SM). */
+ * bench/RESULTS.md). One CTA an SM runs about two thirds as fast as two;
+ * at head_dim 64 three (64-key tiles, up to 3 stages) gain another tenth.
+ * The persistent grid's 64-row CTAs trail the ordinary grid's (their
+ * static deal is coarser than the hardware's scheduling of 3 CTAs an SM). */
 static const double M64_RATE[2][3] = {{0.72, 1.08, 1.20}, /* head_dim 64 */
                                       {0.67, 0.91, 0.91}}; /* 128, 256 */
 

@@ -35,8 +35,8 @@
  * extra cost of a masked tile, gamma that of gathering K/V rows, tau0 the
  * per-CTA cost of loading Q and writing O, o the CTAs per SM that fit
  * (registers, shared memory, threads; for 64-row wgmma CTAs, which have
- * one consumer warpgroup each, o also sets e). The makespan captures waves and imbalance (causal's
- * long last rows, bigbird's global rows).
+ * one consumer warpgroup each, o also sets e). The makespan captures
+ * waves and imbalance (causal's long last rows, bigbird's global rows).
  */
 #ifndef STOF_COST_MODEL_H
 #define STOF_COST_MODEL_H
