@@ -67,7 +67,9 @@ int stof__search_select(const stof_search_op *op, int top_k, int *out,
 {
     enum { KINDS = 16 };
     int m = 0;
-    int *idx = op->shape ? malloc(sizeof(int) * 2 * (size_t)(op->n + 1))
+    /* idx: a kind's candidates; pick: stof__search_pick's answer; kinds:
+     * each candidate's kind. */
+    int *idx = op->shape ? malloc(sizeof(int) * 3 * (size_t)(op->n + 1))
                          : NULL;
     char *keep = idx ? calloc((size_t)op->n + 1, 1) : NULL;
     if (!keep) { /* no shapes (or no memory for them): rank order */
@@ -82,11 +84,13 @@ int stof__search_select(const stof_search_op *op, int top_k, int *out,
         }
         return m;
     }
-    int *pick = idx + op->n;
+    int *pick = idx + op->n, *kinds = idx + 2 * op->n;
+    for (int i = 0; i < op->n; i++)
+        kinds[i] = op->kind(op->user, i);
     for (int k = 0; k < KINDS; k++) {
         int n = 0;
         for (int i = 0; i < op->n; i++)
-            if (op->kind(op->user, i) == k)
+            if (kinds[i] == k)
                 idx[n++] = i;
         kind_view v = {op, idx};
         const int got = stof__search_pick(n, top_k, kind_view_shape, &v, pick);
