@@ -46,7 +46,8 @@
 //                 then the epilogue on the accumulators (fragment pairs:
 //                 row g / g + 8 of each 16-row warp slice, columns 2 tq,
 //                 2 tq + 1 of each 8-column block), written rounded into
-//                 64 x 64 C units in shared memory, each stored by TMA
+//                 64 x 64 C units in shared memory (stmatrix: four 8 x 8
+//                 fragments a warp instruction), each stored by TMA
 //                 (one thread) while the warpgroup goes on with the next
 //                 unit and its next tile. Measured (H100, fp16, 16384 x
 //                 2304 x 768): storing each pair from registers took a
@@ -447,7 +448,6 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         // epilogue made a 16384 x 2304 x 768 GEMM 1.75x slower than plain,
         // 1.24x cuBLASLt's time with the same epilogue).
         const unsigned s_c = base + GW_OFF_C + cw * (GW_CBUF * 64 * 128);
-        const int r0 = wl * 16 + g; // row in each 64
 #pragma unroll
         for (int h = 0; h < GW_HALVES; h++) {
 #pragma unroll
@@ -468,8 +468,9 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                 // 4 GW_AB independent chains (gm_act_n).
 #pragma unroll
                 for (int jb = 0; jb < GW_RC; jb += GW_AB) {
-                    // [4 jj + 2 hh + c]: row r0 + 8 hh, column 2 tq + c of
-                    // block j0 + jb + jj (the accumulators' own order)
+                    // [4 jj + 2 hh + c]: row g + 8 hh of the warp's 16,
+                    // column 2 tq + c of block j0 + jb + jj (the
+                    // accumulators' own order)
                     float v[4 * GW_AB];
 #if GATED
                     float u[4 * GW_AB];
@@ -495,36 +496,37 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                         }
                     }
                     gm_act_n(v);
-#pragma unroll
-                    for (int jj = 0; jj < GW_AB; jj++) {
-                        const int j = j0 + jb + jj;
-#pragma unroll
-                        for (int hh = 0; hh < 2; hh++) {
-                            const int r = r0 + 8 * hh;
-                            float v0 = v[4 * jj + 2 * hh];
-                            float v1 = v[4 * jj + 2 * hh + 1];
+                    // The four 8 x 8 fragments [2 jj + hh] (rows 8 hh ..
+                    // 8 hh + 7 of the warp's 16, block j0 + jb + jj),
+                    // packed, go through one ldmatrix (the residual) and
+                    // one stmatrix: lane l addresses row l % 8 of
+                    // fragment l / 8 (the swizzled 16-byte chunk of its
+                    // block).
+                    static_assert(GW_AB == 2, "one stmatrix.x4 a pass");
 #if GATED
-                            v0 *= u[4 * jj + 2 * hh];
-                            v1 *= u[4 * jj + 2 * hh + 1];
+#pragma unroll
+                    for (int i = 0; i < 4 * GW_AB; i++)
+                        v[i] *= u[i];
 #endif
-                            const unsigned off = r * 128 +
-                                                 (((j & 7) ^ (r & 7)) << 4) +
-                                                 4 * tq;
+                    const int lr = wl * 16 + 8 * ((lane >> 3) & 1) +
+                                   (lane & 7);
+                    const int lj = j0 + jb + (lane >> 4);
+                    const unsigned m_addr =
+                        s_u + lr * 128 + (((lj & 7) ^ (lr & 7)) << 4);
 #if RESIDUAL
-                            unsigned rr;
-                            asm volatile("ld.shared.b32 %0, [%1];\n"
-                                         : "=r"(rr)
-                                         : "r"(s_u + off)
-                                         : "memory");
-                            v0 += gm_lo(rr);
-                            v1 += gm_hi(rr);
-#endif
-                            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(
-                                             s_u + off),
-                                         "r"(stof_pack2(v0, v1))
-                                         : "memory");
-                        }
+                    unsigned rr[4];
+                    ld_matrix4(m_addr, rr[0], rr[1], rr[2], rr[3]);
+#pragma unroll
+                    for (int f = 0; f < 4; f++) {
+                        v[2 * f] += gm_lo(rr[f]);
+                        v[2 * f + 1] += gm_hi(rr[f]);
                     }
+#endif
+                    unsigned pk[4];
+#pragma unroll
+                    for (int f = 0; f < 4; f++)
+                        pk[f] = stof_pack2(v[2 * f], v[2 * f + 1]);
+                    st_matrix4(m_addr, pk[0], pk[1], pk[2], pk[3]);
                 }
                 // The unit's writes, seen by the TMA (async proxy), then
                 // one thread stores it (the map clips rows >= M and

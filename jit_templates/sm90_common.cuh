@@ -146,6 +146,32 @@ __device__ __forceinline__ void tma_store2(const stof_tmap *map, int c0,
                  : "memory");
 }
 
+// Four 8 x 8 matrices of 16-bit values from registers to shared memory
+// (a warp): register i of lane t holds row t / 4, columns 2 (t % 4) and
+// 2 (t % 4) + 1 of matrix i (an mma accumulator fragment's layout, packed);
+// lane t gives the address of row t % 8 of matrix t / 8.
+__device__ __forceinline__ void st_matrix4(unsigned addr, unsigned r0,
+                                           unsigned r1, unsigned r2,
+                                           unsigned r3)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], "
+                 "{%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+// The converse of st_matrix4: the same fragments loaded.
+__device__ __forceinline__ void ld_matrix4(unsigned addr, unsigned &r0,
+                                           unsigned &r1, unsigned &r2,
+                                           unsigned &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
+                 "{%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit()
 {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");

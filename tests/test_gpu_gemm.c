@@ -341,7 +341,8 @@ static void bench_or_skip(void)
 
 /* Benchmark knobs for profiling runs: STOF_GEMM_BENCH=2 logs every
  * configuration's time; STOF_GEMM_BENCH_SHAPES="1,4" times only those
- * shapes (indices of the test's list); STOF_GEMM_BENCH_REPS launches a
+ * shapes (indices of the test's list); STOF_GEMM_BENCH_TILES="0,9" only
+ * those of bench_hopper's tile list; STOF_GEMM_BENCH_REPS launches a
  * timing (default `def`; for the template's configurations and each of
  * cuBLASLt's algorithms alike: thousands keep the GPU at its sustained
  * clock and power for seconds). */
@@ -351,9 +352,11 @@ static int bench_verbose(void)
     return b && atoi(b) >= 2;
 }
 
-static int bench_shape_on(int s)
+/* Whether index s is in the comma-separated list in environment variable
+ * `var` (every index when it is unset or empty). */
+static int bench_listed(const char *var, int s)
 {
-    const char *l = getenv("STOF_GEMM_BENCH_SHAPES");
+    const char *l = getenv(var);
     if (!l || !l[0])
         return 1;
     for (const char *p = l; *p;) {
@@ -368,6 +371,11 @@ static int bench_shape_on(int s)
     return 0;
 }
 
+static int bench_shape_on(int s)
+{
+    return bench_listed("STOF_GEMM_BENCH_SHAPES", s);
+}
+
 static int bench_reps(int def)
 {
     const char *r = getenv("STOF_GEMM_BENCH_REPS");
@@ -375,11 +383,19 @@ static int bench_reps(int def)
 }
 
 /* STOF_GEMM_BENCH_ALONE=1: time_ms times each launch alone, the host
- * waiting for the GPU to be idle first. */
+ * waiting for the GPU to be idle first; =2: launches back to back with an
+ * event between each two, the median interval (a launch's time in the
+ * stream, whatever it overlaps). */
 static int bench_alone(void)
 {
     const char *v = getenv("STOF_GEMM_BENCH_ALONE");
-    return v && atoi(v) > 0;
+    return v ? atoi(v) : 0;
+}
+
+static int cmp_float(const void *x, const void *y)
+{
+    const float a = *(const float *)x, b = *(const float *)y;
+    return (a > b) - (a < b);
 }
 
 /* A separate activation or gate kernel after the GEMM (the unfused
@@ -443,7 +459,27 @@ static double time_ms(const stof_context *ctx, const timed *t,
     for (int w = 0; w < 3; w++)
         if (timed_launch(ctx, t, a) != STOF_OK)
             return INFINITY;
-    if (bench_alone()) {
+    if (bench_alone() == 2) {
+        enum { MAXEV = 64 };
+        CUevent ev[MAXEV + 1];
+        const int n = iters < MAXEV ? iters : MAXEV;
+        for (int i = 0; i <= n; i++)
+            cr_assert_eq(api->cuEventCreate(&ev[i], 0), CUDA_SUCCESS);
+        api->cuEventRecord(ev[0], NULL);
+        for (int it = 0; it < n; it++) {
+            timed_launch(ctx, t, a);
+            api->cuEventRecord(ev[it + 1], NULL);
+        }
+        cr_assert_eq(api->cuEventSynchronize(ev[n]), CUDA_SUCCESS);
+        float d[MAXEV];
+        for (int i = 0; i < n; i++)
+            api->cuEventElapsedTime(&d[i], ev[i], ev[i + 1]);
+        for (int i = 0; i <= n; i++)
+            api->cuEventDestroy(ev[i]);
+        qsort(d, (size_t)n, sizeof(*d), cmp_float);
+        return d[n / 2];
+    }
+    if (bench_alone() == 1) {
         /* Each launch on an idle GPU (the host waits for the one before):
          * the call's host work and launch latency included. */
         double sum = 0.0;
@@ -695,14 +731,15 @@ Test(gpu, bench_hopper, .timeout = 600)
                                     {1, 0, 1, 0, 0, 0}};
     static const char *const epi_name[NE] = {"plain", "erf-GELU",
                                              "bias+res"};
-    kernel k[NE][N_WG_TILES];
+    kernel k[NE][N_WG_TILES] = {{{0}}};
     /* Each list entry with as many stages as fit the epilogue (a
      * residual's take one stage less at 128x256 s4 / ping-pong s6). */
     stof_gemm_cfg tiles[NE][N_WG_TILES];
     for (int x = 0; x < NE; x++)
         for (int i = 0; i < N_WG_TILES; i++) {
             tiles[x][i] = fit_stages(ctx, &wg_tiles[i], &epis[x], 768, 768);
-            k[x][i] = load(ctx, dt, &tiles[x][i], &epis[x], 8);
+            if (bench_listed("STOF_GEMM_BENCH_TILES", i))
+                k[x][i] = load(ctx, dt, &tiles[x][i], &epis[x], 8);
         }
     const size_t maxa = 32768u * 4096u, maxw = 11008u * 4096u,
                  maxc = 32768u * 4096u;
@@ -740,6 +777,8 @@ Test(gpu, bench_hopper, .timeout = 600)
         }
         for (int x = 0; x < NE; x++)
             for (int i = 0; i < N_WG_TILES; i++) {
+                if (!k[x][i].fn)
+                    continue;
                 const timed t = {k[x][i].fn, &tiles[x][i], &epis[x], NULL, 0,
                                  0,          NULL};
                 const double ms = time_ms(ctx, &t, &a, bench_reps(20), e0, e1);
