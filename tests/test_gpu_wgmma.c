@@ -107,40 +107,46 @@ typedef struct wg_case {
     int batch, heads, seq_q, seq_k;
     stof_layout layout; /* STRIDED: BSHD with padded rows */
     int pad;
+    int growth; /* scores that grow along the row: fill_growing() */
 } wg_case;
 
 static const wg_case cases[] = {
-    {"dense", 1, 2, 1024, 1024, STOF_LAYOUT_BHSD, 0},
-    {"dense", 2, 3, 1000, 1000, STOF_LAYOUT_BSHD, 0},
-    {"causal", 1, 1, 1000, 1000, STOF_LAYOUT_BSHD, 0},
-    {"causal", 2, 2, 1024, 1024, STOF_LAYOUT_BHSD, 0},
-    {"sliding:256", 1, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8},
-    {"dilated:512:2", 1, 1, 3000, 1000, STOF_LAYOUT_BHSD, 0},
-    {"longformer:256:64", 1, 1, 1024, 1024, STOF_LAYOUT_BSHD, 0},
-    {"bigbird:64:3:2:3:1", 1, 1, 1024, 1024, STOF_LAYOUT_STRIDED, 16},
-    {"strided:128", 2, 1, 1000, 1000, STOF_LAYOUT_BHSD, 0},
-    {"random:0.05:3", 2, 3, 77, 65, STOF_LAYOUT_BSHD, 0},
-    {"none", 1, 2, 77, 65, STOF_LAYOUT_BHSD, 0},
-    {"causal&strided:300", 1, 1, 1000, 1000, STOF_LAYOUT_STRIDED, 8},
-    {"random:0.002:5", 1, 2, 500, 300, STOF_LAYOUT_BHSD, 0},
-    {"random:0.05:3&random:0.05:4", 1, 1, 700, 900, STOF_LAYOUT_BSHD, 0},
-    {"dense", 1, 1, 1, 1, STOF_LAYOUT_BHSD, 0},
-    {"none", 1, 1, 1, 1, STOF_LAYOUT_BSHD, 0},
-    {"dense", 3, 1, 1, 777, STOF_LAYOUT_BSHD, 0},
-    {"dense", 1, 1, 200, 1000, STOF_LAYOUT_BSHD, 0},
-    {"longformer:128:200", 1, 2, 500, 1000, STOF_LAYOUT_STRIDED, 8},
-    {"causal_sliding:64", 2, 2, 129, 4097, STOF_LAYOUT_STRIDED, 16},
-    {"sliding:100|strided:37", 1, 1, 300, 1000, STOF_LAYOUT_BHSD, 0},
-    {"#single", 1, 2, 333, 197, STOF_LAYOUT_BHSD, 0},
-    {"#lastcol", 1, 1, 200, 97, STOF_LAYOUT_STRIDED, 8},
-    {"#halfempty", 1, 1, 130, 250, STOF_LAYOUT_BSHD, 0},
+    {"dense", 1, 2, 1024, 1024, STOF_LAYOUT_BHSD, 0, 0},
+    {"dense", 2, 3, 1000, 1000, STOF_LAYOUT_BSHD, 0, 0},
+    {"causal", 1, 1, 1000, 1000, STOF_LAYOUT_BSHD, 0, 0},
+    {"causal", 2, 2, 1024, 1024, STOF_LAYOUT_BHSD, 0, 0},
+    {"sliding:256", 1, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8, 0},
+    {"dilated:512:2", 1, 1, 3000, 1000, STOF_LAYOUT_BHSD, 0, 0},
+    {"longformer:256:64", 1, 1, 1024, 1024, STOF_LAYOUT_BSHD, 0, 0},
+    {"bigbird:64:3:2:3:1", 1, 1, 1024, 1024, STOF_LAYOUT_STRIDED, 16, 0},
+    {"strided:128", 2, 1, 1000, 1000, STOF_LAYOUT_BHSD, 0, 0},
+    {"random:0.05:3", 2, 3, 77, 65, STOF_LAYOUT_BSHD, 0, 0},
+    {"none", 1, 2, 77, 65, STOF_LAYOUT_BHSD, 0, 0},
+    {"causal&strided:300", 1, 1, 1000, 1000, STOF_LAYOUT_STRIDED, 8, 0},
+    {"random:0.002:5", 1, 2, 500, 300, STOF_LAYOUT_BHSD, 0, 0},
+    {"random:0.05:3&random:0.05:4", 1, 1, 700, 900, STOF_LAYOUT_BSHD, 0, 0},
+    {"dense", 1, 1, 1, 1, STOF_LAYOUT_BHSD, 0, 0},
+    {"none", 1, 1, 1, 1, STOF_LAYOUT_BSHD, 0, 0},
+    {"dense", 3, 1, 1, 777, STOF_LAYOUT_BSHD, 0, 0},
+    {"dense", 1, 1, 200, 1000, STOF_LAYOUT_BSHD, 0, 0},
+    {"longformer:128:200", 1, 2, 500, 1000, STOF_LAYOUT_STRIDED, 8, 0},
+    {"causal_sliding:64", 2, 2, 129, 4097, STOF_LAYOUT_STRIDED, 16, 0},
+    {"sliding:100|strided:37", 1, 1, 300, 1000, STOF_LAYOUT_BHSD, 0, 0},
+    {"#single", 1, 2, 333, 197, STOF_LAYOUT_BHSD, 0, 0},
+    {"#lastcol", 1, 1, 200, 97, STOF_LAYOUT_STRIDED, 8, 0},
+    {"#halfempty", 1, 1, 130, 250, STOF_LAYOUT_BSHD, 0, 0},
     /* Sparse inside the tiles, where the gather mode matters. */
-    {"dilated:64:3", 1, 2, 1000, 1000, STOF_LAYOUT_BSHD, 0},
-    {"strided:128", 1, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8},
-    {"random:0.05:9", 1, 1, 3000, 1000, STOF_LAYOUT_BHSD, 0},
-    {"#colsparse", 1, 1, 1000, 1000, STOF_LAYOUT_BSHD, 0},
-    {"dilated:512:2", 2, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8},
-    {"dense", 2, 2, 700, 1500, STOF_LAYOUT_STRIDED, 8},
+    {"dilated:64:3", 1, 2, 1000, 1000, STOF_LAYOUT_BSHD, 0, 0},
+    {"strided:128", 1, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8, 0},
+    {"random:0.05:9", 1, 1, 3000, 1000, STOF_LAYOUT_BHSD, 0, 0},
+    {"#colsparse", 1, 1, 1000, 1000, STOF_LAYOUT_BSHD, 0, 0},
+    {"dilated:512:2", 2, 1, 1000, 3000, STOF_LAYOUT_STRIDED, 8, 0},
+    {"dense", 2, 2, 700, 1500, STOF_LAYOUT_STRIDED, 8, 0},
+    /* Rows whose scores grow tile after tile, and once by a jump: the
+     * 192-row kernel's conditional rescaling (kept max, then a rescale
+     * once a tile passes it by more than 2^8) on every path. */
+    {"dense", 1, 2, 256, 1152, STOF_LAYOUT_BSHD, 0, 1},
+    {"dense", 1, 1, 250, 1000, STOF_LAYOUT_STRIDED, 8, 2},
 };
 
 #define N_CASES ((int)(sizeof(cases) / sizeof(*cases)))
@@ -160,6 +166,49 @@ static void free_case_masks(stof_format **f, stof_mask *m, stof_mask *fm,
         stof_mask_free(&fm);
     free(perm);
     stof_mask_free(&m);
+}
+
+static uint16_t to_dt(stof_dtype dt, float x, float *back)
+{
+    const uint16_t h = dt == STOF_DTYPE_FP16 ? tu_f32_to_f16(x)
+                                             : tu_f32_to_bf16(x);
+    *back = dt == STOF_DTYPE_FP16 ? tu_f16_to_f32(h) : tu_bf16_to_f32(h);
+    return h;
+}
+
+/* Q and K whose scores grow along each row: q in [0.25, 0.75], key j's
+ * values in [0, s(j)], so a score is about 2 s(j) (scale 1 / 8, head_dim
+ * 64). growth 1: s = j / 128, a ramp of ~2.9 (log2 units) a 128-key tile,
+ * which the kept maximum absorbs for two tiles before the third passes it
+ * by more than 8; growth 2: s = 0.2, then 6 from key seq_k / 2 on (a jump
+ * of ~17). */
+static void fill_growing(const wg_case *c, const stof_attention_desc *d,
+                         tu_rng *rng, uint16_t *hq, float *fq, uint16_t *hk,
+                         float *fk)
+{
+    const stof_dtype dt = d->dtype;
+    for (int b = 0; b < c->batch; b++)
+        for (int h = 0; h < c->heads; h++) {
+            for (int i = 0; i < c->seq_q; i++)
+                for (int e = 0; e < d->head_dim; e++) {
+                    const size_t o = (size_t)(b * d->q_stride[0] +
+                                              h * d->q_stride[1] +
+                                              i * d->q_stride[2] + e);
+                    hq[o] = to_dt(dt, 0.25f + 0.5f * (float)tu_uniform(rng),
+                                  &fq[o]);
+                }
+            for (int j = 0; j < c->seq_k; j++) {
+                const float sj = c->growth == 1 ? (float)j / 128.0f
+                                 : j < c->seq_k / 2 ? 0.2f
+                                                    : 6.0f;
+                for (int e = 0; e < d->head_dim; e++) {
+                    const size_t o = (size_t)(b * d->k_stride[0] +
+                                              h * d->k_stride[1] +
+                                              j * d->k_stride[2] + e);
+                    hk[o] = to_dt(dt, sj * (float)tu_uniform(rng), &fk[o]);
+                }
+            }
+        }
 }
 
 /* Run one case on a loaded kernel; fails the test on any mismatch; 0 when
@@ -223,6 +272,8 @@ static int run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     cr_assert(hq && hk && hv && ho && fq && fk && fv && fo);
     tu_fill_random(rng, hq, fq, nq, k->dtype, 2.0f);
     tu_fill_random(rng, hk, fk, nk, k->dtype, 2.0f);
+    if (c->growth)
+        fill_growing(c, &d, rng, hq, fq, hk, fk);
     tu_fill_random(rng, hv, fv, nk, k->dtype, 1.0f);
     int32_t *order = NULL;
     if (with_order) {
