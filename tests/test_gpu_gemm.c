@@ -13,10 +13,13 @@
  * STOF_GEMM_BENCH=1 also times the layer shapes (M=4096 and M=128) over a
  * list of configurations and logs the TFLOP/s of each and the best, and
  * the Hopper template against cuBLASLt (bench_hopper; with
- * STOF_GEMM_BENCH_ALONE=1 each launch runs on an idle GPU).
+ * STOF_GEMM_BENCH_ALONE=1 each launch runs on an idle GPU, with
+ * STOF_GEMM_BENCH_ENERGY=1 the energy of a launch is logged too; more
+ * knobs at bench_verbose).
  * Without a usable GPU the program prints why and exits 77 (skip).
  */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <criterion/logging.h>
 #include <math.h>
 #include <stdio.h>
@@ -392,6 +395,55 @@ static int bench_alone(void)
     return v ? atoi(v) : 0;
 }
 
+/* STOF_GEMM_BENCH_ENERGY=1: time_ms also reads the GPU's energy counter
+ * (NVML, loaded at run time; device 0) around the timed launches and its
+ * SM clock after them: energy_mj (a launch) and energy_mhz of the last
+ * timing, NAN when NVML is not there. Energy per launch is what sets the
+ * speed of a kernel that keeps the GPU at its power limit. */
+static double energy_mj = NAN, energy_mhz = NAN;
+typedef struct nvml_fns {
+    int tried, ok;
+    void *dev;
+    int (*energy)(void *, unsigned long long *);
+    int (*clock)(void *, int, unsigned *);
+} nvml_fns;
+static nvml_fns nvml;
+
+static int bench_energy(void)
+{
+    const char *v = getenv("STOF_GEMM_BENCH_ENERGY");
+    if (!v || atoi(v) <= 0)
+        return 0;
+    if (!nvml.tried) {
+        nvml.tried = 1;
+        void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*init)(void) = h ? (int (*)(void))dlsym(h, "nvmlInit_v2") : NULL;
+        int (*get)(unsigned, void **) =
+            h ? (int (*)(unsigned, void **))dlsym(
+                    h, "nvmlDeviceGetHandleByIndex_v2")
+              : NULL;
+        nvml.energy = h ? (int (*)(void *, unsigned long long *))dlsym(
+                              h, "nvmlDeviceGetTotalEnergyConsumption")
+                        : NULL;
+        nvml.clock = h ? (int (*)(void *, int, unsigned *))dlsym(
+                             h, "nvmlDeviceGetClockInfo")
+                       : NULL;
+        nvml.ok = init && get && nvml.energy && nvml.clock && init() == 0 &&
+                  get(0, &nvml.dev) == 0;
+        if (!nvml.ok)
+            cr_log_warn("STOF_GEMM_BENCH_ENERGY: no NVML (%s)",
+                        h ? "symbols or init" : dlerror());
+    }
+    return nvml.ok;
+}
+
+static unsigned long long energy_now(void)
+{
+    unsigned long long mj = 0;
+    nvml.energy(nvml.dev, &mj);
+    return mj;
+}
+
 static int cmp_float(const void *x, const void *y)
 {
     const float a = *(const float *)x, b = *(const float *)y;
@@ -495,11 +547,23 @@ static double time_ms(const stof_context *ctx, const timed *t,
         }
         return sum / iters;
     }
+    const int energy = bench_energy();
+    unsigned long long mj0 = 0;
+    if (energy) {
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        mj0 = energy_now();
+    }
     api->cuEventRecord(e0, NULL);
     for (int it = 0; it < iters; it++)
         timed_launch(ctx, t, a);
     api->cuEventRecord(e1, NULL);
     cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
+    if (energy) {
+        unsigned mhz = 0;
+        nvml.clock(nvml.dev, 1 /* NVML_CLOCK_SM */, &mhz);
+        energy_mj = (double)(energy_now() - mj0) / iters;
+        energy_mhz = mhz;
+    }
     float ms = 0.0f;
     api->cuEventElapsedTime(&ms, e0, e1);
     return ms / (float)iters;
@@ -518,7 +582,7 @@ static double lt_best_dt(stof_context *ctx, stof_dtype dt,
         cr_log_warn("no cuBLASLt: %s", why);
         return INFINITY;
     }
-    double best = INFINITY;
+    double best = INFINITY, best_mj = NAN, best_mhz = NAN;
     stof_blaslt_gemm *lt = NULL;
     if (stof__blaslt_create(ctx, dt, a->M, a->N, a->K, a->lda, a->ldw,
                             a->ldc, e, 8, &lt) != STOF_OK)
@@ -526,10 +590,15 @@ static double lt_best_dt(stof_context *ctx, stof_dtype dt,
     for (int al = 0; al < stof__blaslt_n_algos(lt); al++) {
         const timed t = {NULL, NULL, NULL, lt, al, ws, after};
         const double ms = time_ms(ctx, &t, a, bench_reps(10), e0, e1);
-        if (ms < best)
+        if (ms < best) {
             best = ms;
+            best_mj = energy_mj;
+            best_mhz = energy_mhz;
+        }
     }
     stof__blaslt_free(&lt);
+    energy_mj = best_mj; /* the fastest algorithm's */
+    energy_mhz = best_mhz;
     return best;
 }
 
@@ -784,12 +853,12 @@ Test(gpu, bench_hopper, .timeout = 600)
                 const double ms = time_ms(ctx, &t, &a, bench_reps(20), e0, e1);
                 if (bench_verbose())
                     cr_log_info("  M=%d N=%d K=%d %s 128x%d s%d%s%s: %.4f ms "
-                                "(%.0f TF/s)",
+                                "(%.0f TF/s; %.2f mJ, %.0f MHz)",
                                 M, N, K, epi_name[x],
                                 tiles[x][i].block_n, tiles[x][i].stages,
                                 tiles[x][i].warps_m == 1 ? " ping-pong" : "",
                                 tiles[x][i].cluster > 1 ? " pairs" : "", ms,
-                                flop / (ms * 1e9));
+                                flop / (ms * 1e9), energy_mj, energy_mhz);
                 if (tiles[x][i].warps_m == 2 && ms < coop[x])
                     coop[x] = ms;
                 if (tiles[x][i].cluster < 2 && ms < alone[x])
@@ -804,6 +873,10 @@ Test(gpu, bench_hopper, .timeout = 600)
          * algorithms each. */
         const gate_step gelu = {gelu_k.fn, dc, dc, M, N, 0, N, N};
         const double lt_ms = lt_best(ctx, &a, &epis[0], NULL, ws, e0, e1);
+        if (bench_verbose())
+            cr_log_info("  M=%d N=%d K=%d plain cuBLASLt: %.4f ms (%.2f mJ, "
+                        "%.0f MHz)",
+                        M, N, K, lt_ms, energy_mj, energy_mhz);
         const double lt_gelu_ms = lt_best(ctx, &a, &lt_bias, &gelu, ws, e0,
                                           e1);
         const double lt_res_ms = lt_best(ctx, &a, &epis[2], NULL, ws, e0, e1);
