@@ -31,7 +31,9 @@ and the same input:
 stof's output is checked against eager (and all of them against an fp32 run
 of the eager stack) before timing; rel err = |out - ref| / |ref| (Frobenius).
 "x best" is the fastest peer's time over stof's. Timing: CUDA events around
-the whole stack, warm-ups first, median of --reps.
+the whole stack, warm-ups first, median of --reps; the SM clock NVML reads
+meanwhile is reported per system (back to back, a stack that keeps the GPU at
+its power limit runs at a lower clock).
 
     PYTHONPATH=python python3 bench/bench_layers.py [--models bert-base,gpt2,llama]
         [--sizes 1x128,8x512] [--no-compile] [--hf] [--peers-only] [--json FILE]
@@ -232,18 +234,62 @@ def max_abs_err(out, ref):
     return float("inf") if not torch.isfinite(d).all() else d.max().item()
 
 
+class _Nvml:
+    """The GPU's SM clock through NVML (libnvidia-ml, loaded with ctypes;
+    device 0, or CUDA_VISIBLE_DEVICES' first): None where it is missing."""
+
+    def __init__(self):
+        self.lib = self.dev = None
+        try:
+            import ctypes
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            dev = ctypes.c_void_p()
+            idx = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
+            if (lib.nvmlInit_v2() == 0 and
+                    lib.nvmlDeviceGetHandleByIndex_v2(idx, ctypes.byref(dev)) == 0):
+                self.lib, self.dev, self.ct = lib, dev, ctypes
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def sm_mhz(self):
+        if self.lib is None:
+            return None
+        v = self.ct.c_uint()
+        ok = self.lib.nvmlDeviceGetClockInfo(self.dev, 1, self.ct.byref(v)) == 0
+        return v.value if ok else None
+
+
+_NVML = None
+# The median SM clock (MHz) NVML read while the last time_ms call's runs
+# were on the GPU (None without NVML or without a sample).
+LAST_MHZ = [None]
+
+
 def time_ms(fn, reps, warmup):
-    """Median ms of `reps` runs of fn (the whole stack), CUDA events."""
+    """Median ms of `reps` runs of fn (the whole stack), CUDA events; the SM
+    clock sampled meanwhile into LAST_MHZ (the stacks run back to back, so a
+    power-dense stack runs at the clock the GPU's power limit leaves it)."""
+    global _NVML
+    if _NVML is None:
+        _NVML = _Nvml()
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
           for _ in range(reps)]
-    for a, b in ev:
+    clocks = []
+    for i, (a, b) in enumerate(ev):
         a.record()
         fn()
         b.record()
+        if i >= reps // 2 and i % 4 == 0:  # while the host issues (eager)
+            clocks.append(_NVML.sm_mhz())
+    while not ev[-1][1].query():           # while the GPU catches up
+        clocks.append(_NVML.sm_mhz())
+        time.sleep(0.002)
     torch.cuda.synchronize()
+    clocks = [c for c in clocks if c]
+    LAST_MHZ[0] = statistics.median(clocks) if clocks else None
     return statistics.median(a.elapsed_time(b) for a, b in ev)
 
 
@@ -447,6 +493,7 @@ def bench_hf(args, cfg, r, x, weights, dense, y_eager, ref32, dtype):
                     r[f"hf_{impl}_err_fp32"] = rel_err(y, ref32)
                 del y
                 r[f"hf_{impl}_ms"] = time_ms(run, args.reps, args.warmup)
+                r[f"hf_{impl}_mhz"] = LAST_MHZ[0]
         except Exception as e:  # e.g. out of memory in HF's eager attention
             errors.append(f"{impl}: {short(e)}")
             print(f"# {cfg.name} {B}x{S}: Hugging Face {impl} failed: {short(e)}",
@@ -484,6 +531,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
         ref32 = None
     r["eager_ms"] = time_ms(lambda: run_stack(eager_layer, x, weights, dense),
                             args.reps, args.warmup)
+    r["eager_mhz"] = LAST_MHZ[0]
 
     # torch.compile with FlexAttention, in each of the --compile-mode modes;
     # compile_ms is the fastest mode's (the best of them is the peer)
@@ -515,10 +563,12 @@ def bench_case(args, ctx, cfg, dtype, seed):
                     m["err_fp32"] = rel_err(y_c, ref32)
                 del y_c
                 m["ms"] = time_ms(fn, args.reps, args.warmup)
+                m["mhz"] = LAST_MHZ[0]
                 del fn, bm
                 r.setdefault("compile_modes", {})[mode] = m
                 if "compile_ms" not in r or m["ms"] < r["compile_ms"]:
                     r["compile_ms"], r["compile_mode"] = m["ms"], mode
+                    r["compile_mhz"] = m["mhz"]
                     r["compile_first_s"], r["compile_err"] = m["first_s"], m["err"]
                     if "err_fp32" in m:
                         r["compile_err_fp32"] = m["err_fp32"]
@@ -589,6 +639,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
                             r["stof_nograph_err"] <= FAIL_REL_ERR)
             r["stof_ms"] = time_ms(lambda: layer.stack_run(weights, x, y, graph=True),
                                    args.reps, args.warmup)
+            r["stof_mhz"] = LAST_MHZ[0]
             # the graph replays of the timing must still give the same output
             r["stof_replay_err"] = rel_err(y, y_eager)
             r["stof_ok"] = r["stof_ok"] and r["stof_replay_err"] <= FAIL_REL_ERR
@@ -641,6 +692,21 @@ def print_table(results):
     print("x best = the fastest peer (eager, compile, hf eager, hf sdpa) / stof "
           "(whole stack, median); "
           f"stof err = |stof - eager| / |eager|, FAIL above {FAIL_REL_ERR:g}")
+    clk = [r for r in results if any(r.get(k) for k in
+                                     ("stof_mhz", "eager_mhz", "compile_mhz"))]
+    if clk:
+        print()
+        print("SM clock while each stack was timed, MHz (NVML, median of samples; "
+              "back to back, a stack that keeps the GPU at its power limit runs "
+              "at a lower clock):")
+        print(f"{'model':>10} {'BxS':>8} {'eager':>6} {'compile':>7} {'hf eager':>8} "
+              f"{'hf sdpa':>7} {'stof':>6}")
+        for r in clk:
+            bs = f"{r['batch']}x{r['seq']}"
+            print(f"{r['model']:>10} {bs:>8} {fmt(r.get('eager_mhz'), '6.0f')} "
+                  f"{fmt(r.get('compile_mhz'), '7.0f')} "
+                  f"{fmt(r.get('hf_eager_mhz'), '8.0f')} "
+                  f"{fmt(r.get('hf_sdpa_mhz'), '7.0f')} {fmt(r.get('stof_mhz'), '6.0f')}")
     multi = [r for r in results if len(r.get("compile_modes", {})) > 1]
     if multi:
         print()
