@@ -399,7 +399,8 @@ static int bench_alone(void)
  * (NVML, loaded at run time; device 0) around the timed launches and its
  * SM clock after them: energy_mj (a launch) and energy_mhz of the last
  * timing, NAN when NVML is not there. Energy per launch is what sets the
- * speed of a kernel that keeps the GPU at its power limit. */
+ * speed of a kernel that keeps the GPU at its power limit. NVML's counter
+ * moves in coarse steps: time seconds (STOF_GEMM_BENCH_REPS) for it. */
 static double energy_mj = NAN, energy_mhz = NAN;
 typedef struct nvml_fns {
     int tried, ok;
