@@ -652,7 +652,10 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
 
 /* Tuned once into a database, a second context loads the layer with no
  * compile and the same scheme. */
-Test(gpu_layer, database_hit_compiles_nothing)
+/* A plan from the database compiles nothing (a gated layer: nothing but
+ * the gate kernel, and that only when its first FFN GEMM runs split), and
+ * says where its time went. */
+static void database_hit(int gated)
 {
     char path[] = "/tmp/stof-layer-db-XXXXXX";
     int fd = mkstemp(path);
@@ -664,6 +667,14 @@ Test(gpu_layer, database_hit_compiles_nothing)
         stof_context *ctx = open_ctx(path, STOF_TUNE_DEFAULT);
         stof_layer_desc d;
         stof_layer_desc_init(&d, 1, 128, 128, 2, STOF_DTYPE_FP16);
+        if (gated) { /* Llama-style */
+            d.gated = 1;
+            d.ffn = 256;
+            d.act = STOF_ACT_SILU;
+            d.norm = STOF_NORM_RMS;
+            d.pre_norm = 1;
+            d.no_bias = 1;
+        }
         stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
         const long c0 = stof__jit_compile_count();
         stof_layer *L = NULL;
@@ -675,10 +686,23 @@ Test(gpu_layer, database_hit_compiles_nothing)
                                          &need),
                      STOF_OK);
         cr_log_info("pass %d: %ld compiles: %s", pass, compiles, json[pass]);
+        cr_expect(strstr(json[pass], "\"plan_ms\":{\"attention\":"), "%s",
+                  json[pass]);
         if (pass == 0) {
             cr_expect(strstr(json[0], "\"source\":\"tuned\""));
         } else {
-            cr_expect_eq(compiles, 0, "a database hit compiled %ld kernels",
+            /* The split FFN: cuBLASLt's, or the mma.sync template's. */
+            const char *f1 = strstr(json[1], "\"op\":\"ffn1\"");
+            const char *next = f1 ? strstr(f1 + 5, "\"op\":") : NULL;
+            const char *wg0 = f1 ? strstr(f1, "\"wg\":0") : NULL;
+            static const char lt_f1[] = "\"op\":\"ffn1\",\"kernel\":"
+                                        "\"cublaslt\"";
+            const int split =
+                gated && f1 &&
+                (strncmp(f1, lt_f1, sizeof(lt_f1) - 1) == 0 ||
+                 (wg0 && (!next || wg0 < next)));
+            cr_log_info("gated %d, first FFN GEMM split %d", gated, split);
+            cr_expect_eq(compiles, split, "a database hit compiled %ld kernels",
                          compiles);
             cr_expect(strstr(json[1], "\"source\":\"database\""));
             const char *s0 = strstr(json[0], "\"scheme\""),
@@ -697,6 +721,16 @@ Test(gpu_layer, database_hit_compiles_nothing)
     unlink(side);
     snprintf(side, sizeof(side), "%s-shm", path);
     unlink(side);
+}
+
+Test(gpu_layer, database_hit_compiles_nothing)
+{
+    database_hit(0);
+}
+
+Test(gpu_layer, database_hit_of_a_gated_layer)
+{
+    database_hit(1);
 }
 
 __attribute__((visibility("default"))) int main(int argc, char **argv)

@@ -441,7 +441,7 @@ stof_status stof__blaslt_create(stof_context *ctx, stof_dtype dt, int M, int N,
                    "leading dimensions too small (lda %lld, ldw %lld for K "
                    "%d; ldc %lld for N %d)",
                    (long long)lda, (long long)ldw, K, (long long)ldc, N);
-    STOF_CHECK_ARG(ctx, max_algos > 0, "max_algos %d", max_algos);
+    STOF_CHECK_ARG(ctx, max_algos >= 0, "max_algos %d", max_algos);
     if (!stof__blaslt_epi_ok(e))
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "cuBLASLt cannot compute this epilogue (act %d, "
@@ -541,13 +541,14 @@ stof_status stof__blaslt_create(stof_context *ctx, stof_dtype dt, int M, int N,
                     a->cublasLtMatmulPreferenceSetAttribute(
                         pref, al_attr[i], &al, sizeof(al)));
     }
-    res = calloc((size_t)max_algos, sizeof(*res));
-    g->algos = calloc((size_t)max_algos, sizeof(*g->algos));
+    res = calloc((size_t)(max_algos > 0 ? max_algos : 1), sizeof(*res));
+    g->algos = calloc((size_t)(max_algos > 0 ? max_algos : 1),
+                      sizeof(*g->algos));
     if (!res || !g->algos) {
         st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
         goto out;
     }
-    {
+    if (max_algos > 0) {
         int got = 0;
         cublasStatus_t r = a->cublasLtMatmulAlgoGetHeuristic(
             g->h, g->op, g->lw, g->la, g->lc, g->lc, pref, max_algos, res,

@@ -33,7 +33,9 @@ typedef struct stof_blaslt_gemm stof_blaslt_gemm;
 
 /* Describe an M x N x K problem with epilogue e for (lda, ldw, ldc) and ask
  * the heuristic for up to max_algos algorithms (at least one, else
- * STOF_ERR_UNSUPPORTED). Errors name the failing cuBLASLt call. */
+ * STOF_ERR_UNSUPPORTED). max_algos 0: no heuristic query (a database hit
+ * gives its algorithm to stof__blaslt_set_algo, which checks it; until
+ * then there is none to run). Errors name the failing cuBLASLt call. */
 stof_status stof__blaslt_create(stof_context *ctx, stof_dtype dt, int M, int N,
                                 int K, int64_t lda, int64_t ldw, int64_t ldc,
                                 const stof_gemm_epi *e, int max_algos,

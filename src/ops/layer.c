@@ -410,24 +410,8 @@ static stof_status alloc_buffers(stof_layer *L)
     STOF_CU(ctx, api->cuMemAlloc(&L->mem, total));
     for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
         L->buf[s] = L->mem + off[s];
-    if (L->d.gated) {
-        /* A split gated FFN's 2 ffn columns (freed after planning when the
-         * fused kernel wins: drop_unused_g) and its gate kernel. */
-        STOF_CU(ctx, api->cuMemAlloc(&L->buf[SYM_G],
-                                     (size_t)L->M *
-                                         (size_t)stof__layer_tok_ld(L, SYM_G) *
-                                         2));
-        void *cubin = NULL;
-        size_t size = 0;
-        stof_status st = stof__gate_compile(ctx, L->d.dtype, (int)L->d.act,
-                                            1, NULL, &cubin, &size);
-        if (st == STOF_OK)
-            st = (stof_status)stof__module_load(ctx, cubin, "stof_gate", 0,
-                                                &L->gate_mod, &L->gate_fn);
-        free(cubin);
-        if (st != STOF_OK)
-            return st;
-    }
+    /* (A gated layer's split FFN buffer and gate kernel: only when a split
+     * FFN is timed or chosen, stof__layer_gate_ready.) */
     char why[256];
     if (stof__blaslt_available(why, sizeof(why)))
         STOF_CU(ctx, api->cuMemAlloc(&L->lt_ws, STOF_BLASLT_WORKSPACE));
@@ -436,6 +420,30 @@ static stof_status alloc_buffers(stof_layer *L)
                   "cuBLASLt is not a candidate: %s", why);
     STOF_CU(ctx, api->cuStreamCreate(&L->cap_stream, CU_STREAM_NON_BLOCKING));
     return STOF_OK;
+}
+
+stof_status stof__layer_gate_ready(stof_layer *L)
+{
+    stof_context *ctx = L->ctx;
+    const stof_api *api = ctx->api;
+    if (!L->d.gated)
+        return STOF_OK;
+    if (!L->buf[SYM_G])
+        STOF_CU(ctx, api->cuMemAlloc(&L->buf[SYM_G],
+                                     (size_t)L->M *
+                                         (size_t)stof__layer_tok_ld(L, SYM_G) *
+                                         2));
+    if (L->gate_fn)
+        return STOF_OK;
+    void *cubin = NULL;
+    size_t size = 0;
+    stof_status st = stof__gate_compile(ctx, L->d.dtype, (int)L->d.act, 1,
+                                        NULL, &cubin, &size);
+    if (st == STOF_OK)
+        st = (stof_status)stof__module_load(ctx, cubin, "stof_gate", 0,
+                                            &L->gate_mod, &L->gate_fn);
+    free(cubin);
+    return st;
 }
 
 /* A gated layer whose first FFN GEMM runs fused needs no [tokens][2 ffn]
@@ -487,6 +495,7 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     memcpy(ad.v_stride, qs, sizeof(qs));
     memcpy(ad.o_stride, os, sizeof(os));
     const double t0 = stof__now_ms() * 1e-3;
+    double tp = stof__now_ms();
     st = m ? stof_attention_plan(ctx, &ad, m, &L->attn)
            : stof_attention_plan_family(ctx, &ad, fam, sample, &L->attn);
     if (st != STOF_OK) {
@@ -510,7 +519,11 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         free(L);
         return st;
     }
+    L->plan_ms[0] = stof__now_ms() - tp;
+    tp = stof__now_ms();
     st = alloc_buffers(L);
+    L->plan_ms[1] = stof__now_ms() - tp;
+    tp = stof__now_ms();
     if (st == STOF_OK) {
         const stof_tuning_mode mode = ctx->settings.tuning_mode;
         if (mode != STOF_TUNE_FORCE && stof__layer_from_db(L) == STOF_OK) {
@@ -523,8 +536,15 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
             snprintf(L->source, sizeof(L->source), "tuned");
         }
     }
+    /* A split first FFN GEMM (chosen, or read from the database) runs
+     * with the gate kernel. */
+    if (st == STOF_OK && L->d.gated &&
+        stof__layer_gemm_split(&L->g[G_FFN1], L->g[G_FFN1].lt,
+                               &L->g[G_FFN1].cfg))
+        st = stof__layer_gate_ready(L);
     if (st == STOF_OK)
         drop_unused_g(L);
+    L->plan_ms[2] = stof__now_ms() - tp;
     stof__ctx_pop(ctx);
     if (st != STOF_OK) {
         char msg[STOF_ERRMSG_MAX];
@@ -615,7 +635,8 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
     json_t *o = json_pack(
         "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:b, s:s, s:s, s:s, s:i, "
         "s:o},"
-        " s:s, s:s, s:o, s:o, s:o, s:o, s:{s:s, s:s, s:i}, s:o}",
+        " s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:o, s:o, s:{s:s, s:s, s:i},"
+        " s:o}",
         "desc", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
         "heads", d->heads, "kv_heads",
         d->kv_heads > 0 ? d->kv_heads : d->heads, "biases", !d->no_bias,
@@ -623,7 +644,9 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         stof__layer_dtype_str(d->dtype), "act", acts[d->act], "norm",
         d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm", "pre_norm",
         d->pre_norm, "eps", jnum((double)L->eps), "key", L->key, "source",
-        L->source, "plan_s", jnum(L->tune_s), "verify_ms", jnum(L->verify_ms),
+        L->source, "plan_s", jnum(L->tune_s), "plan_ms", "attention",
+        jnum(L->plan_ms[0]), "buffers", jnum(L->plan_ms[1]), "kernels",
+        jnum(L->plan_ms[2]), "verify_ms", jnum(L->verify_ms),
         "layer_ms", jnum(L->layer_ms), "model_ms", jnum(L->model_ms),
         "scheme", "junction_a", j_name[L->ja], "junction_b",
         d->pre_norm ? "none" : j_name[L->jb], "kernels", L->n_steps,

@@ -121,7 +121,7 @@ stof_status stof__layer_gemm_load_lt(stof_layer *L, gemm_op *g,
     const int wn = g->epi.gated ? 2 * g->N : g->N;
     const stof_gemm_epi e = stof__layer_kernel_epi(g, 1, NULL);
     stof_status st = stof__blaslt_create(L->ctx, L->d.dtype, g->M, wn, g->K,
-                                         g->K, g->K, wn, &e, 1, &g->ltg);
+                                         g->K, g->K, wn, &e, 0, &g->ltg);
     if (st == STOF_OK)
         st = stof__blaslt_set_algo(L->ctx, g->ltg, algo);
     if (st == STOF_OK) {
@@ -256,6 +256,9 @@ stof_status stof__layer_from_db(stof_layer *L)
     }
     stof__layer_build_steps(L, ja, jb);
     stof_status st = STOF_OK;
+    /* Where a database hit's time goes (ms): the kernels' lookups, their
+     * modules, cuBLASLt's descriptors and checks. */
+    double t_lookup = 0.0, t_mod = 0.0, t_lt = 0.0, t;
     /* The kernels' records that this host has not verified yet. */
     stof_db_record fresh[MAX_STEPS];
     int fresh_step[MAX_STEPS], n_fresh = 0;
@@ -266,7 +269,10 @@ stof_status stof__layer_from_db(stof_layer *L)
         const char *slot = s->kind == STEP_GEMM ? g_slot[s->op] : n_slot[s->op];
         char key[33];
         stof__layer_op_key(L, slot, key);
-        if (stof__db_lookup(db, key, &rec) != STOF_OK) {
+        t = stof__now_ms();
+        const stof_status found = stof__db_lookup(db, key, &rec);
+        t_lookup += stof__now_ms() - t;
+        if (found != STOF_OK) {
             stof__log(L->ctx, STOF_LOG_WARN,
                       "layer %s: the record of its %s kernel is missing; "
                       "tuning again",
@@ -279,29 +285,35 @@ stof_status stof__layer_from_db(stof_layer *L)
             stof_gemm_cfg c;
             stof_gemm_epi e;
             int ver = 0;
+            t = stof__now_ms();
             if (strcmp(rec.kernel, "cublaslt") == 0 &&
                 stof__json_ints(rec.config, lt_key, 1, &ver) &&
                 (size_t)ver == stof__blaslt_version() &&
-                rec.cubin_size == STOF_BLASLT_ALGO_BYTES)
+                rec.cubin_size == STOF_BLASLT_ALGO_BYTES) {
                 st = stof__layer_gemm_load_lt(L, g, rec.cubin);
-            else if (strcmp(rec.kernel, "gemm") == 0 &&
-                     stof__gemm_cfg_parse(rec.config, &c, &e) &&
-                     epi_matches(g, &c, &e) && rec.cubin)
+                t_lt += stof__now_ms() - t;
+            } else if (strcmp(rec.kernel, "gemm") == 0 &&
+                       stof__gemm_cfg_parse(rec.config, &c, &e) &&
+                       epi_matches(g, &c, &e) && rec.cubin) {
                 st = stof__layer_gemm_load_template(L, g, &c, rec.cubin);
-            else
+                t_mod += stof__now_ms() - t;
+            } else {
                 st = STOF_ERR_NOT_FOUND;
+            }
             g->ms = rec.time_ms;
             g->model_ms = rec.model_ms;
             g->n_timed = rec.n_candidates;
         } else {
             norm_op *n = &L->n[s->op];
             int warps = 0;
+            t = stof__now_ms();
             if (strcmp(rec.kernel, "norm") == 0 &&
                 stof__json_ints(rec.config, warps_key, 1, &warps) &&
                 warps >= 1 && warps <= 32 && rec.cubin)
                 st = stof__layer_norm_load(L, n, warps, rec.cubin);
             else
                 st = STOF_ERR_NOT_FOUND;
+            t_mod += stof__now_ms() - t;
             n->ms = rec.time_ms;
         }
         if (st != STOF_OK)
@@ -317,8 +329,17 @@ stof_status stof__layer_from_db(stof_layer *L)
         }
         stof__db_record_clear(&rec);
     }
+    /* (A split first FFN GEMM runs, and is verified, with the gate.) */
+    if (st == STOF_OK && L->d.gated &&
+        stof__layer_gemm_split(&L->g[G_FFN1], L->g[G_FFN1].lt,
+                               &L->g[G_FFN1].cfg))
+        st = stof__layer_gate_ready(L);
     if (st == STOF_OK && n_fresh)
         st = stof__layer_verify_loaded(L, db, fresh, fresh_step, n_fresh);
+    stof__log(L->ctx, STOF_LOG_DEBUG,
+              "layer %s from the database: lookups %.3f ms, modules %.3f ms, "
+              "cuBLASLt %.3f ms",
+              L->key, t_lookup, t_mod, t_lt);
     if (st != STOF_OK) {
         for (int i = 0; i < G_COUNT; i++)
             stof__layer_gemm_unload(L, &L->g[i]);

@@ -100,6 +100,8 @@ struct stof_layer {
     char source[16];       /* "database", "tuned", "model" */
     double layer_ms, model_ms, tune_s;
     double verify_ms;       /* first use of database kernels here */
+    double plan_ms[3];      /* the plan's parts: the attention plan, the
+                               buffers, the kernels (database or search) */
     char errmsg[1024];
 };
 
@@ -115,6 +117,11 @@ int stof__layer_tok_ld(const stof_layer *L, int sym);
 int stof__layer_gemm_split(const gemm_op *g, int lt, const stof_gemm_cfg *c);
 stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,
                                      const stof_gemm_cfg *c);
+
+/* A gated layer's split first FFN GEMM needs the [tokens][2 ffn] buffer
+ * and the gate kernel (NVRTC, tens of ms): made here, once, when a split
+ * kernel is timed or chosen; nothing for other layers. */
+stof_status stof__layer_gate_ready(stof_layer *L);
 
 /* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
 int stof__layer_qkv_n(const stof_layer_desc *d);

@@ -57,6 +57,8 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     a.eps = L->eps;
     if (stof__layer_gemm_split(g, g->lt, &g->cfg)) {
         /* [M][2 ffn] into SYM_G, then out = act(gate) * up. */
+        if (!L->gate_fn || !L->buf[SYM_G])
+            return STOF_ERR_INTERNAL; /* (stof__layer_gate_ready not run) */
         const CUdeviceptr out = a.c;
         a.N = 2 * g->N;
         a.ldc = a.N;

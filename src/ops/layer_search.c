@@ -508,7 +508,10 @@ stof_status stof__layer_tune(stof_layer *L, const char *spec,
         memset(&t, 0, sizeof(t));
         t.L = L;
     } else {
-        st = stof__layer_tuner_start(L, &t);
+        /* The split FFN candidates of a gated layer run with the gate. */
+        st = stof__layer_gate_ready(L);
+        if (st == STOF_OK)
+            st = stof__layer_tuner_start(L, &t);
     }
     slot_op so[G_COUNT + N_COUNT];
     stof_search_op ops[G_COUNT + N_COUNT];
