@@ -129,7 +129,7 @@ _Static_assert(sizeof(db_migrations) / sizeof(db_migrations[0]) ==
 
 const char *const stof__db_sql[ST_COUNT_] = {
     [ST_LOOKUP] = "SELECT " DB_COLUMNS " FROM records WHERE key = ?1",
-    [ST_HIT] = "UPDATE records SET hits = hits + 1 WHERE key = ?1",
+    [ST_HIT] = "UPDATE records SET hits = hits + ?2 WHERE key = ?1",
     /* The conflict rule: replace when asked, else only with a verified
      * record that is faster than the stored one or replaces an unverified
      * one; hits are kept. */
@@ -894,11 +894,14 @@ void stof__db_close(stof_db **pdb)
     if (!pdb || !*pdb)
         return;
     stof_db *db = *pdb;
+    stof__db_hits_flush(db);
     for (int i = 0; i < db->n_layers; i++) {
         layer_close(&db->layers[i]);
         free(db->layers[i].path);
     }
     free(db->trust.v);
+    free(db->pend.key);
+    free(db->pend.n);
     free(db);
     *pdb = NULL;
 }

@@ -92,19 +92,86 @@ int stof__db_read_row(sqlite3_stmt *s, int first, stof_db_record *r)
 /* Count a hit in the user database without waiting: a lookup must not
  * stall behind another process's write for a statistic. Returns 1 when
  * counted. */
-static int count_hit(db_layer *L, const char *key)
+static double mono_ms(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Pending hits are written once this many keys wait, or this long after
+ * the last write, and when the database closes. */
+#define PEND_MAX_KEYS 64
+#define PEND_MAX_MS 5000.0
+
+void stof__db_hits_flush(stof_db *db)
+{
+    db_pending_hits *p = &db->pend;
+    if (!p->len)
+        return;
+    db_layer *L = &db->layers[0];
+    p->last_flush_ms = mono_ms();
+    if (!L->conn || !L->writable) {
+        p->len = 0;
+        return;
+    }
     sqlite3_stmt *s;
-    if (stof__db_layer_stmt(L, ST_HIT, &s) != SQLITE_OK)
-        return 0;
-    int ok = 0;
-    if (sqlite3_busy_timeout(L->conn, 0) == SQLITE_OK &&
-        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC) == SQLITE_OK &&
-        sqlite3_step(s) == SQLITE_DONE)
-        ok = sqlite3_changes(L->conn) > 0;
-    stof__db_done_stmt(s);
+    /* Statistics only: never inside another transaction of this connection
+     * and never waiting for a busy database (the hits stay in memory for
+     * the next time). */
+    if (!sqlite3_get_autocommit(L->conn) ||
+        sqlite3_busy_timeout(L->conn, 0) != SQLITE_OK)
+        return;
+    int ok = stof__db_exec(L->conn, "BEGIN IMMEDIATE") == SQLITE_OK;
+    for (int i = 0; ok && i < p->len; i++) {
+        ok = stof__db_layer_stmt(L, ST_HIT, &s) == SQLITE_OK &&
+             sqlite3_bind_text(s, 1, p->key[i], -1, SQLITE_STATIC) ==
+                 SQLITE_OK &&
+             sqlite3_bind_int64(s, 2, p->n[i]) == SQLITE_OK &&
+             sqlite3_step(s) == SQLITE_DONE;
+        stof__db_done_stmt(s);
+    }
+    if (ok)
+        ok = stof__db_exec(L->conn, "COMMIT") == SQLITE_OK;
+    if (ok)
+        p->len = 0;
+    else
+        stof__db_rollback(L->conn);
     (void)sqlite3_busy_timeout(L->conn, DB_BUSY_TIMEOUT_MS);
-    return ok;
+}
+
+/* One more hit of key in memory; its pending count (0 when memory ran
+ * out: the hit is then lost, it is a statistic). */
+static int64_t count_hit(stof_db *db, const char *key)
+{
+    db_pending_hits *p = &db->pend;
+    int i = 0;
+    while (i < p->len && strcmp(p->key[i], key) != 0)
+        i++;
+    if (i == p->len) {
+        if (p->len == p->cap) {
+            const int cap = p->cap ? 2 * p->cap : 16;
+            char(*k)[33] = realloc(p->key, (size_t)cap * sizeof(*k));
+            if (k)
+                p->key = k;
+            int64_t *n = realloc(p->n, (size_t)cap * sizeof(*n));
+            if (n)
+                p->n = n;
+            if (!k || !n)
+                return 0;
+            p->cap = cap;
+        }
+        snprintf(p->key[i], sizeof(p->key[i]), "%s", key);
+        p->n[i] = 0;
+        p->len++;
+    }
+    const int64_t n = ++p->n[i];
+    if (p->last_flush_ms == 0.0) /* the first hit starts the clock */
+        p->last_flush_ms = mono_ms();
+    if (p->len >= PEND_MAX_KEYS ||
+        mono_ms() - p->last_flush_ms >= PEND_MAX_MS)
+        stof__db_hits_flush(db);
+    return n;
 }
 
 stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
@@ -148,8 +215,9 @@ stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
             snprintf(out->source, sizeof(out->source), "%s",
                      i == 0 ? "user" : "system");
             out->layer = i;
-            if (i == 0 && L->writable && count_hit(L, key))
-                out->hits++;
+            /* The row's hits and those still in memory, this one too. */
+            if (i == 0 && L->writable)
+                out->hits += count_hit(db, key);
             return STOF_OK;
         }
         stof__db_done_stmt(s);

@@ -613,6 +613,56 @@ Test(db, replace_rule)
 
 /* --------------------------------------------------------------- layering */
 
+/* Hits are counted in memory (a lookup writes nothing) and written in one
+ * transaction: once 64 keys wait, and when the database closes. */
+Test(db, hits_are_written_together)
+{
+    char *dir = tmpdir_new();
+    char *path = path_join(dir, "tuning.db");
+    logcap lc;
+    stof_context *ctx = ctx_new(&lc);
+    stof_db *db = db_open(ctx, path, NULL);
+    enum { NK = 70 };
+    stof_db_record r, out;
+    for (int k = 0; k < NK; k++) {
+        record_fill(&r, 1000 + k, 16);
+        cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        stof__db_record_clear(&r);
+    }
+    record_fill(&r, 1000, 16);
+    char key0[sizeof(r.key)];
+    snprintf(key0, sizeof(key0), "%s", r.key);
+    stof__db_record_clear(&r);
+    sqlite3 *c = raw_open(path, SQLITE_OPEN_READONLY);
+    for (int i = 1; i <= 3; i++) {
+        cr_assert_eq(stof__db_lookup(db, key0, &out), STOF_OK);
+        cr_assert_eq(out.hits, i, "hits %lld", (long long)out.hits);
+        stof__db_record_clear(&out);
+    }
+    cr_assert_eq(raw_int(c, "SELECT sum(hits) FROM records"), 0,
+                 "a lookup wrote its hit");
+    /* 63 more keys: 64 waiting, all written. */
+    for (int k = 1; k < 64; k++) {
+        record_fill(&r, 1000 + k, 16);
+        cr_assert_eq(stof__db_lookup(db, r.key, &out), STOF_OK);
+        stof__db_record_clear(&out);
+        stof__db_record_clear(&r);
+    }
+    cr_assert_eq(raw_int(c, "SELECT sum(hits) FROM records"), 66);
+    /* After the write a lookup counts the row's hits and its own. */
+    cr_assert_eq(stof__db_lookup(db, key0, &out), STOF_OK);
+    cr_assert_eq(out.hits, 4, "hits %lld", (long long)out.hits);
+    stof__db_record_clear(&out);
+    cr_assert_eq(raw_int(c, "SELECT sum(hits) FROM records"), 66);
+    stof__db_close(&db);
+    cr_assert_eq(raw_int(c, "SELECT sum(hits) FROM records"), 67);
+    sqlite3_close(c);
+    stof_close(&ctx);
+    free(path);
+    tmpdir_free(dir);
+}
+
 Test(db, user_over_two_system_databases)
 {
     char *dir = tmpdir_new();
