@@ -710,6 +710,47 @@ static void database_hit(int gated)
             cr_assert(s0 && s1);
             cr_expect(strncmp(s0, s1, 60) == 0, "schemes differ: %.60s / %.60s",
                       s0, s1);
+            /* Planned again in this context: the modules are shared (none
+             * loaded), and they outlive the first plan's free. */
+            const long l0 = stof__module_shared_loads(ctx);
+            cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+            stof_layer *L2 = NULL;
+            cr_assert_eq(stof_layer_plan(ctx, &d, m, &L2), STOF_OK, "%s",
+                         stof_errmsg(ctx));
+            cr_expect_eq(stof__module_shared_loads(ctx), l0,
+                         "a second plan loaded %ld modules",
+                         stof__module_shared_loads(ctx) - l0);
+            tu_rng r = {tu_seed() ^ 0xdb417u};
+            lw w;
+            make_weights(&r, &d, &w);
+            const stof_layer_weights lwt = as_weights(&w, &d);
+            const size_t n = (size_t)d.batch * d.seq * d.hidden;
+            float *xf = NULL, *y1 = malloc(n * sizeof(float)),
+                  *y2 = malloc(n * sizeof(float));
+            cr_assert(y1 && y2);
+            CUdeviceptr x = upload(&r, d.dtype, n, 1.0f, 0.0f, &xf), y;
+            cr_assert_eq(stof__api()->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+            cr_assert_eq(stof_layer_run(L, &lwt, (void *)(uintptr_t)x,
+                                        (void *)(uintptr_t)y, NULL),
+                         STOF_OK, "%s", stof_layer_errmsg(L));
+            cr_assert_eq(stof__api()->cuCtxSynchronize(), CUDA_SUCCESS);
+            download(y, n, d.dtype, y1);
+            stof_layer_free(&L);
+            cr_assert_eq(stof_layer_run(L2, &lwt, (void *)(uintptr_t)x,
+                                        (void *)(uintptr_t)y, NULL),
+                         STOF_OK, "%s", stof_layer_errmsg(L2));
+            cr_assert_eq(stof__api()->cuCtxSynchronize(), CUDA_SUCCESS);
+            download(y, n, d.dtype, y2);
+            cr_expect(memcmp(y1, y2, n * sizeof(float)) == 0,
+                      "the second plan's output differs");
+            stof_layer_free(&L2);
+            stof__api()->cuMemFree(x);
+            stof__api()->cuMemFree(y);
+            free_weights(&w);
+            free(xf);
+            free(y1);
+            free(y2);
+            stof__ctx_pop(ctx);
         }
         stof_layer_free(&L);
         stof_mask_free(&m);

@@ -535,6 +535,20 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
         stof__gemm_smem_bytes(c, e, N), mod, fn);
 }
 
+stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
+                                         const stof_gemm_cfg *c,
+                                         const stof_gemm_epi *e, int N,
+                                         const void *cubin, CUmodule *mod,
+                                         CUfunction *fn)
+{
+    if (!c || !e || !cubin || !mod || !fn)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm load: NULL argument");
+    return (stof_status)stof__module_load_shared(
+        ctx, cubin, c->wgmma ? "stof_gemm_wgmma" : "stof_gemm",
+        stof__gemm_smem_bytes(c, e, N), mod, fn);
+}
+
 /* A 2-D map over (cols, rows) of 16-bit elements with leading dimension
  * ld, boxes of 64 x box_rows, 128-byte swizzle, zeros out of bounds (and
  * stores clipped there). The elements travel as raw 16 bits (the zero

@@ -103,6 +103,14 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
                                   const stof_gemm_epi *e, int N,
                                   const void *cubin, CUmodule *mod /* OUT */,
                                   CUfunction *fn /* OUT */);
+/* The same through the context's module cache (stof__module_load_shared;
+ * give the module back with stof__module_release). */
+stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
+                                         const stof_gemm_cfg *c,
+                                         const stof_gemm_epi *e, int N,
+                                         const void *cubin,
+                                         CUmodule *mod /* OUT */,
+                                         CUfunction *fn /* OUT */);
 
 /* Enqueue. Capture-safe (no allocation, copy or synchronisation; the
  * Hopper template's tensor maps are encoded on the host, by value).

@@ -308,8 +308,7 @@ void stof__plan_release(stof_plan *p)
             api->cuMemFree(p->d_q_rows);
         if (p->d_row_order)
             api->cuMemFree(p->d_row_order);
-        if (p->module)
-            api->cuModuleUnload(p->module);
+        stof__module_release(p->ctx, p->module);
         stof__ctx_pop(p->ctx);
     }
     free(p->alibi_host);
@@ -380,19 +379,26 @@ stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
     const double t0 = stof__now_ms();
     stof_status st;
     switch (p->kind) {
+    /* Through the context's module cache: a plan made again (or another
+     * plan of the same kernel) shares the module (stof__module_release at
+     * the plan's free). */
     case STOF_KERNEL_BLOCK:
     case STOF_KERNEL_ROWWISE:
-        st = stof__block_load_cubin(ctx, p->desc.head_dim, &p->cfg, cubin,
-                                    &p->module, &p->fn);
+        st = (stof_status)stof__module_load_shared(
+            ctx, cubin, "stof_attn_block",
+            stof__block_smem_bytes(p->desc.head_dim, &p->cfg), &p->module,
+            &p->fn);
         break;
     case STOF_KERNEL_WGMMA:
     case STOF_KERNEL_WGMMA_GATHER:
-        st = stof__wgmma_load_cubin(ctx, p->desc.head_dim, &p->wcfg, cubin,
-                                    &p->module, &p->fn);
+        st = (stof_status)stof__module_load_shared(
+            ctx, cubin, "stof_attn_wgmma",
+            stof__wgmma_smem_bytes(p->desc.head_dim, &p->wcfg), &p->module,
+            &p->fn);
         break;
     default:
-        st = (stof_status)stof__module_load(ctx, cubin, "stof_attn_reference",
-                                            0, &p->module, &p->fn);
+        st = (stof_status)stof__module_load_shared(
+            ctx, cubin, "stof_attn_reference", 0, &p->module, &p->fn);
         p->block[0] = 32 * REF_WARPS;
         p->block[1] = p->block[2] = 1;
         p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS);

@@ -80,8 +80,7 @@ static int epi_matches(const gemm_op *g, const stof_gemm_cfg *c,
 
 void stof__layer_gemm_unload(stof_layer *L, gemm_op *g)
 {
-    if (g->mod)
-        L->ctx->api->cuModuleUnload(g->mod);
+    stof__module_release(L->ctx, g->mod);
     stof__blaslt_free(&g->ltg);
     g->mod = NULL;
     g->fn = NULL;
@@ -90,8 +89,7 @@ void stof__layer_gemm_unload(stof_layer *L, gemm_op *g)
 
 void stof__layer_norm_unload(stof_layer *L, norm_op *n)
 {
-    if (n->mod)
-        L->ctx->api->cuModuleUnload(n->mod);
+    stof__module_release(L->ctx, n->mod);
     n->mod = NULL;
     n->fn = NULL;
     n->ok = 0;
@@ -103,8 +101,8 @@ stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,
 {
     stof__layer_gemm_unload(L, g);
     const stof_gemm_epi e = stof__layer_kernel_epi(g, 0, c);
-    stof_status st = stof__gemm_load_cubin(L->ctx, c, &e, g->N, cubin,
-                                           &g->mod, &g->fn);
+    stof_status st = stof__gemm_load_cubin_shared(L->ctx, c, &e, g->N, cubin,
+                                                  &g->mod, &g->fn);
     if (st == STOF_OK) {
         g->cfg = *c;
         g->lt = 0;
@@ -137,8 +135,8 @@ stof_status stof__layer_norm_load(stof_layer *L, norm_op *n, int warps,
                                   const void *cubin)
 {
     stof__layer_norm_unload(L, n);
-    stof_status st = (stof_status)stof__module_load(L->ctx, cubin, "stof_norm",
-                                                    0, &n->mod, &n->fn);
+    stof_status st = (stof_status)stof__module_load_shared(
+        L->ctx, cubin, "stof_norm", 0, &n->mod, &n->fn);
     if (st == STOF_OK) {
         n->warps = warps;
         n->ok = 1;

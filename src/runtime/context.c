@@ -259,6 +259,7 @@ void stof_close(stof_context **pctx)
         ctx->db_close(&ctx->db);
     if (ctx->mb_close)
         ctx->mb_close(ctx);
+    stof__modcache_close(ctx);
     for (int i = 0; i < ctx->n_ref_cubins; i++)
         free(ctx->ref_cubins[i].cubin);
     free(ctx->mb_cubin);

@@ -168,6 +168,26 @@ int stof__jit_compile(struct stof_context *ctx, const char *name,
                       const char *arch, void **cubin /* OUT */,
                       size_t *size /* OUT */);
 
+/* stof__module_load through the context's module cache: the same cubin
+ * (by content), kernel and shared memory limit loaded before and not yet
+ * evicted gives the same module (no load; a reference more). Modules from
+ * here are given back with stof__module_release, never cuModuleUnload;
+ * stof_close unloads what the cache holds. */
+int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
+                             const char *fn_name, size_t smem_bytes,
+                             CUmodule *mod, CUfunction *fn);
+
+/* Give a module back: one reference less to a cached module (kept loaded
+ * for the next plan until evicted or stof_close), or unloaded when it is
+ * not the cache's. Needs nothing current; NULL does nothing. */
+void stof__module_release(struct stof_context *ctx, CUmodule mod);
+
+/* stof_close: unload every module of the cache. */
+void stof__modcache_close(struct stof_context *ctx);
+
+/* How many cubins the context's shared loads actually loaded (tests). */
+long stof__module_shared_loads(const struct stof_context *ctx);
+
 /* Load a cubin into the device's primary context and get its kernel
  * `fn_name`, raising its dynamic shared memory limit to smem_bytes when
  * that is not 0. On failure nothing stays loaded. */

@@ -71,6 +71,10 @@ struct stof_context {
      * the context; unloaded by mb_close at stof_close). */
     void *mb_kernels;
     void (*mb_close)(struct stof_context *ctx);
+    /* Modules shared by the plans of this context (stof__module_load_
+     * shared): a cubin loaded again (a layer planned again from the
+     * database, the same kernel in another layer) reuses its module. */
+    struct stof_modcache *modcache;
     /* Set while a database hit is being planned: spec masks' formats are
      * built on the GPU only if the builder is already compiled (a hit
      * compiles nothing), else on the host. */

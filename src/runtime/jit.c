@@ -6,9 +6,14 @@
  * compiles with ctx == NULL may run on several threads at once (the tuner
  * compiles its candidates on a thread pool).
  */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,4 +302,202 @@ fail:
         api->cuModuleUnload(m);
     stof__ctx_pop(ctx);
     return st;
+}
+
+/* --- the module cache ------------------------------------------------------ */
+
+#define MODCACHE_MAX 64
+
+typedef struct modcache_entry {
+    uint64_t hash;
+    size_t size, smem;
+    char name[64];
+    CUmodule mod;
+    CUfunction fn;
+    int refs;
+    uint64_t tick; /* last use */
+} modcache_entry;
+
+struct stof_modcache {
+    pthread_mutex_t mu;
+    modcache_entry e[MODCACHE_MAX];
+    int n;
+    uint64_t tick;
+    long loads;
+};
+
+static uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static unsigned rd16(const unsigned char *p)
+{
+    return (unsigned)p[0] | ((unsigned)p[1] << 8);
+}
+
+/* Bytes of a little-endian ELF64 image (what cuModuleLoadData reads of a
+ * cubin): the furthest end of its headers and of the sections and
+ * segments they name; 0 when it is not one (then it is not cached). */
+static size_t elf64_size(const void *image)
+{
+    const unsigned char *h = image;
+    if (h[0] != 0x7f || h[1] != 'E' || h[2] != 'L' || h[3] != 'F' ||
+        h[4] != 2 || h[5] != 1)
+        return 0;
+    const uint64_t phoff = rd64(h + 0x20), shoff = rd64(h + 0x28);
+    const unsigned phes = rd16(h + 0x36), phn = rd16(h + 0x38);
+    const unsigned shes = rd16(h + 0x3A), shn = rd16(h + 0x3C);
+    const uint64_t limit = (uint64_t)1 << 30;
+    if (phoff > limit || shoff > limit || (phn && phes < 0x38) ||
+        (shn && shes < 0x40))
+        return 0;
+    uint64_t end = 0x40;
+    if (phoff + (uint64_t)phn * phes > end)
+        end = phoff + (uint64_t)phn * phes;
+    if (shoff + (uint64_t)shn * shes > end)
+        end = shoff + (uint64_t)shn * shes;
+    for (unsigned i = 0; i < shn; i++) {
+        const unsigned char *sh = h + shoff + (uint64_t)i * shes;
+        const uint32_t type = (uint32_t)rd16(sh + 4) |
+                              ((uint32_t)rd16(sh + 6) << 16);
+        const uint64_t off = rd64(sh + 0x18), sz = rd64(sh + 0x20);
+        if (type == 8 /* SHT_NOBITS */)
+            continue;
+        if (off > limit || sz > limit)
+            return 0;
+        if (off + sz > end)
+            end = off + sz;
+    }
+    for (unsigned i = 0; i < phn; i++) {
+        const unsigned char *ph = h + phoff + (uint64_t)i * phes;
+        const uint64_t off = rd64(ph + 8), sz = rd64(ph + 0x20);
+        if (off > limit || sz > limit)
+            return 0;
+        if (off + sz > end)
+            end = off + sz;
+    }
+    return end <= limit ? (size_t)end : 0;
+}
+
+static struct stof_modcache *modcache(struct stof_context *ctx)
+{
+    if (!ctx->modcache) {
+        struct stof_modcache *c = calloc(1, sizeof(*c));
+        if (!c || pthread_mutex_init(&c->mu, NULL) != 0) {
+            free(c);
+            return NULL;
+        }
+        ctx->modcache = c;
+    }
+    return ctx->modcache;
+}
+
+int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
+                             const char *fn_name, size_t smem_bytes,
+                             CUmodule *mod, CUfunction *fn)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, mod && fn && cubin && fn_name,
+                   "NULL cubin, name or output pointer");
+    struct stof_modcache *c = modcache(ctx);
+    const size_t size = elf64_size(cubin);
+    if (!c || !size || strlen(fn_name) >= sizeof(c->e[0].name))
+        return stof__module_load(ctx, cubin, fn_name, smem_bytes, mod, fn);
+    const uint64_t hash = XXH3_64bits(cubin, size);
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++) {
+        modcache_entry *e = &c->e[i];
+        if (e->hash == hash && e->size == size && e->smem == smem_bytes &&
+            strcmp(e->name, fn_name) == 0) {
+            e->refs++;
+            e->tick = ++c->tick;
+            *mod = e->mod;
+            *fn = e->fn;
+            pthread_mutex_unlock(&c->mu);
+            return stof__ok(ctx);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    int st = stof__module_load(ctx, cubin, fn_name, smem_bytes, mod, fn);
+    if (st != STOF_OK)
+        return st;
+    pthread_mutex_lock(&c->mu);
+    c->loads++;
+    int slot = c->n < MODCACHE_MAX ? c->n : -1;
+    if (slot < 0) /* full: the least recently used module nobody holds */
+        for (int i = 0; i < c->n; i++)
+            if (c->e[i].refs == 0 &&
+                (slot < 0 || c->e[i].tick < c->e[slot].tick))
+                slot = i;
+    CUmodule evict = NULL;
+    if (slot >= 0) {
+        modcache_entry *e = &c->e[slot];
+        if (slot < c->n)
+            evict = e->mod;
+        else
+            c->n++;
+        e->hash = hash;
+        e->size = size;
+        e->smem = smem_bytes;
+        snprintf(e->name, sizeof(e->name), "%s", fn_name);
+        e->mod = *mod;
+        e->fn = *fn;
+        e->refs = 1;
+        e->tick = ++c->tick;
+    }
+    pthread_mutex_unlock(&c->mu);
+    /* (every slot held: the module stays the caller's alone, and
+     * stof__module_release unloads it) */
+    if (evict && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuModuleUnload(evict);
+        stof__ctx_pop(ctx);
+    }
+    return stof__ok(ctx);
+}
+
+void stof__module_release(struct stof_context *ctx, CUmodule mod)
+{
+    if (!ctx || !mod)
+        return;
+    struct stof_modcache *c = ctx->modcache;
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        for (int i = 0; i < c->n; i++)
+            if (c->e[i].mod == mod) {
+                if (c->e[i].refs > 0)
+                    c->e[i].refs--;
+                pthread_mutex_unlock(&c->mu);
+                return;
+            }
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuModuleUnload(mod);
+        stof__ctx_pop(ctx);
+    }
+}
+
+void stof__modcache_close(struct stof_context *ctx)
+{
+    struct stof_modcache *c = ctx ? ctx->modcache : NULL;
+    if (!c)
+        return;
+    if (c->n && stof__ctx_push(ctx) == STOF_OK) {
+        for (int i = 0; i < c->n; i++)
+            ctx->api->cuModuleUnload(c->e[i].mod);
+        stof__ctx_pop(ctx);
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    ctx->modcache = NULL;
+}
+
+long stof__module_shared_loads(const struct stof_context *ctx)
+{
+    return ctx && ctx->modcache ? ctx->modcache->loads : 0;
 }
