@@ -372,8 +372,6 @@ static void layer_release(stof_layer *L)
             api->cuModuleUnload(L->gate_mod);
         if (L->cap_stream)
             api->cuStreamDestroy(L->cap_stream);
-        if (L->lt_ws)
-            api->cuMemFree(L->lt_ws);
         if (L->mem)
             api->cuMemFree(L->mem);
         if (L->buf[SYM_G])
@@ -407,18 +405,24 @@ static stof_status alloc_buffers(stof_layer *L)
         total += ((size_t)L->M * (size_t)stof__layer_tok_ld(L, s) * 2 + 255) /
                  256 * 256;
     }
-    STOF_CU(ctx, api->cuMemAlloc(&L->mem, total));
-    for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
-        L->buf[s] = L->mem + off[s];
-    /* (A gated layer's split FFN buffer and gate kernel: only when a split
-     * FFN is timed or chosen, stof__layer_gate_ready.) */
+    /* cuBLASLt's workspace in the same allocation (one cuMemAlloc a plan:
+     * each costs a warm plan tens of microseconds). */
     char why[256];
-    if (stof__blaslt_available(why, sizeof(why)))
-        STOF_CU(ctx, api->cuMemAlloc(&L->lt_ws, STOF_BLASLT_WORKSPACE));
+    const int lt = stof__blaslt_available(why, sizeof(why));
+    const size_t ws_off = total;
+    if (lt)
+        total += ((size_t)STOF_BLASLT_WORKSPACE + 255) / 256 * 256;
     else
         stof__log(ctx, STOF_LOG_INFO,
                   "cuBLASLt is not a candidate: %s", why);
-    STOF_CU(ctx, api->cuStreamCreate(&L->cap_stream, CU_STREAM_NON_BLOCKING));
+    STOF_CU(ctx, api->cuMemAlloc(&L->mem, total));
+    for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
+        L->buf[s] = L->mem + off[s];
+    if (lt)
+        L->lt_ws = L->mem + ws_off;
+    /* (A gated layer's split FFN buffer and gate kernel: only when a split
+     * FFN is timed or chosen, stof__layer_gate_ready; the capture stream
+     * at the first graph run.) */
     return STOF_OK;
 }
 

@@ -347,11 +347,18 @@ stof_status stof_layer_stack_run(stof_layer *L, int n_layers,
                     "launches");
             if (st == STOF_OK && (!L->gexec || L->graph_key != key)) {
                 stof__layer_graph_drop(L);
-                CUresult r = api->cuStreamBeginCapture(
-                    L->cap_stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+                CUresult r = CUDA_SUCCESS;
+                const char *what = "cuStreamCreate";
+                if (!L->cap_stream) /* the first graph of this layer */
+                    r = api->cuStreamCreate(&L->cap_stream,
+                                            CU_STREAM_NON_BLOCKING);
+                if (r == CUDA_SUCCESS) {
+                    what = "cuStreamBeginCapture";
+                    r = api->cuStreamBeginCapture(
+                        L->cap_stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+                }
                 if (r != CUDA_SUCCESS) {
-                    st = (stof_status)stof__cuda_fail(L->ctx, r,
-                                                      "cuStreamBeginCapture",
+                    st = (stof_status)stof__cuda_fail(L->ctx, r, what,
                                                       __FILE__, __LINE__);
                     stof__layer_fail(L, st, "%s", stof_errmsg(L->ctx));
                 } else {
