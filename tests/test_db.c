@@ -611,8 +611,6 @@ Test(db, replace_rule)
     free(ctx);
 }
 
-/* --------------------------------------------------------------- layering */
-
 /* Hits are counted in memory (a lookup writes nothing) and written in one
  * transaction: once 64 keys wait, and when the database closes. */
 Test(db, hits_are_written_together)
@@ -662,6 +660,8 @@ Test(db, hits_are_written_together)
     free(path);
     tmpdir_free(dir);
 }
+
+/* --------------------------------------------------------------- layering */
 
 Test(db, user_over_two_system_databases)
 {

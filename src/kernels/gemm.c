@@ -522,17 +522,28 @@ stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
                                           cubin, size);
 }
 
+static stof_status load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
+                              const stof_gemm_epi *e, int N,
+                              const void *cubin, CUmodule *mod, CUfunction *fn,
+                              int shared)
+{
+    if (!c || !e || !cubin || !mod || !fn)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm load: NULL argument");
+    const char *name = c->wgmma ? "stof_gemm_wgmma" : "stof_gemm";
+    const size_t smem = stof__gemm_smem_bytes(c, e, N);
+    return (stof_status)(shared ? stof__module_load_shared(ctx, cubin, name,
+                                                           smem, mod, fn)
+                                : stof__module_load(ctx, cubin, name, smem,
+                                                    mod, fn));
+}
+
 stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
                                   const stof_gemm_epi *e, int N,
                                   const void *cubin, CUmodule *mod,
                                   CUfunction *fn)
 {
-    if (!c || !e || !cubin || !mod || !fn)
-        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
-                          "gemm load: NULL argument");
-    return (stof_status)stof__module_load(
-        ctx, cubin, c->wgmma ? "stof_gemm_wgmma" : "stof_gemm",
-        stof__gemm_smem_bytes(c, e, N), mod, fn);
+    return load_cubin(ctx, c, e, N, cubin, mod, fn, 0);
 }
 
 stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
@@ -541,12 +552,7 @@ stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
                                          const void *cubin, CUmodule *mod,
                                          CUfunction *fn)
 {
-    if (!c || !e || !cubin || !mod || !fn)
-        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
-                          "gemm load: NULL argument");
-    return (stof_status)stof__module_load_shared(
-        ctx, cubin, c->wgmma ? "stof_gemm_wgmma" : "stof_gemm",
-        stof__gemm_smem_bytes(c, e, N), mod, fn);
+    return load_cubin(ctx, c, e, N, cubin, mod, fn, 1);
 }
 
 /* A 2-D map over (cols, rows) of 16-bit elements with leading dimension
