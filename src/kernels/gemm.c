@@ -524,16 +524,16 @@ stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
 
 static stof_status load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
                               const stof_gemm_epi *e, int N,
-                              const void *cubin, CUmodule *mod, CUfunction *fn,
-                              int shared)
+                              const void *cubin, size_t size, CUmodule *mod,
+                              CUfunction *fn, int shared)
 {
     if (!c || !e || !cubin || !mod || !fn)
         return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
                           "gemm load: NULL argument");
     const char *name = c->wgmma ? "stof_gemm_wgmma" : "stof_gemm";
     const size_t smem = stof__gemm_smem_bytes(c, e, N);
-    return (stof_status)(shared ? stof__module_load_shared(ctx, cubin, name,
-                                                           smem, mod, fn)
+    return (stof_status)(shared ? stof__module_load_shared(ctx, cubin, size,
+                                                           name, smem, mod, fn)
                                 : stof__module_load(ctx, cubin, name, smem,
                                                     mod, fn));
 }
@@ -543,16 +543,16 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
                                   const void *cubin, CUmodule *mod,
                                   CUfunction *fn)
 {
-    return load_cubin(ctx, c, e, N, cubin, mod, fn, 0);
+    return load_cubin(ctx, c, e, N, cubin, 0, mod, fn, 0);
 }
 
 stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
                                          const stof_gemm_cfg *c,
                                          const stof_gemm_epi *e, int N,
-                                         const void *cubin, CUmodule *mod,
-                                         CUfunction *fn)
+                                         const void *cubin, size_t size,
+                                         CUmodule *mod, CUfunction *fn)
 {
-    return load_cubin(ctx, c, e, N, cubin, mod, fn, 1);
+    return load_cubin(ctx, c, e, N, cubin, size, mod, fn, 1);
 }
 
 /* A 2-D map over (cols, rows) of 16-bit elements with leading dimension

@@ -108,7 +108,7 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
 stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
                                          const stof_gemm_cfg *c,
                                          const stof_gemm_epi *e, int N,
-                                         const void *cubin,
+                                         const void *cubin, size_t size,
                                          CUmodule *mod /* OUT */,
                                          CUfunction *fn /* OUT */);
 

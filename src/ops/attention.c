@@ -374,7 +374,7 @@ stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
 /* Load a cubin into the plan: module, function, its shared memory limit
  * and, for the reference kernel, the launch shape. */
 stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
-                              const void *cubin)
+                              const void *cubin, size_t size)
 {
     const double t0 = stof__now_ms();
     stof_status st;
@@ -385,20 +385,20 @@ stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
     case STOF_KERNEL_BLOCK:
     case STOF_KERNEL_ROWWISE:
         st = (stof_status)stof__module_load_shared(
-            ctx, cubin, "stof_attn_block",
+            ctx, cubin, size, "stof_attn_block",
             stof__block_smem_bytes(p->desc.head_dim, &p->cfg), &p->module,
             &p->fn);
         break;
     case STOF_KERNEL_WGMMA:
     case STOF_KERNEL_WGMMA_GATHER:
         st = (stof_status)stof__module_load_shared(
-            ctx, cubin, "stof_attn_wgmma",
+            ctx, cubin, size, "stof_attn_wgmma",
             stof__wgmma_smem_bytes(p->desc.head_dim, &p->wcfg), &p->module,
             &p->fn);
         break;
     default:
         st = (stof_status)stof__module_load_shared(
-            ctx, cubin, "stof_attn_reference", 0, &p->module, &p->fn);
+            ctx, cubin, size, "stof_attn_reference", 0, &p->module, &p->fn);
         p->block[0] = 32 * REF_WARPS;
         p->block[1] = p->block[2] = 1;
         p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS);
@@ -687,7 +687,7 @@ stof_status stof__plan_from_cubin(stof_context *ctx,
     stof_status st = plan_prepare(ctx, d, m, c, &p);
     if (st != STOF_OK)
         return st;
-    if ((st = stof__plan_attach(ctx, p, cubin)) != STOF_OK) {
+    if ((st = stof__plan_attach(ctx, p, cubin, size)) != STOF_OK) {
         stof__plan_release(p);
         return st;
     }
@@ -765,7 +765,7 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     st = stof__kernel_cubin(ctx, &pick, d->head_dim, d->dtype, &cubin, &size);
     p->compile_ms = stof__now_ms() - t0;
     if (st == STOF_OK)
-        st = stof__plan_attach(ctx, p, cubin);
+        st = stof__plan_attach(ctx, p, cubin, size);
     free(cubin);
     if (st != STOF_OK) {
         stof__plan_release(p);

@@ -227,7 +227,7 @@ static stof_status family_plan(stof_context *ctx, const stof_attention_desc *d,
     st = attach_builder(ctx, p, fam, k);
     p->formats_ms = stof__now_ms() - t0;
     if (st == STOF_OK)
-        st = stof__plan_attach(ctx, p, cubin);
+        st = stof__plan_attach(ctx, p, cubin, size);
     if (st != STOF_OK) {
         stof__plan_release(p);
         return st;

@@ -213,10 +213,11 @@ stof_status stof__plan_new(stof_context *ctx, const stof_attention_desc *d,
                            float scale, const stof_candidate *c,
                            stof_plan **out /* OUT */);
 
-/* Load a cubin into plan p (kind and configuration set): module, function,
- * shared memory limit and, for the reference kernel, the launch shape. */
+/* Load a cubin (`size` bytes) into plan p (kind and configuration set)
+ * through the context's module cache: module, function, shared memory
+ * limit and, for the reference kernel, the launch shape. */
 stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
-                              const void *cubin);
+                              const void *cubin, size_t size);
 
 /* Compile c, or for the reference kernel take the context's copy of an
  * earlier compile (a malloc'd copy either way; the reference module also

@@ -97,12 +97,12 @@ void stof__layer_norm_unload(stof_layer *L, norm_op *n)
 
 stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,
                                            const stof_gemm_cfg *c,
-                                           const void *cubin)
+                                           const void *cubin, size_t size)
 {
     stof__layer_gemm_unload(L, g);
     const stof_gemm_epi e = stof__layer_kernel_epi(g, 0, c);
     stof_status st = stof__gemm_load_cubin_shared(L->ctx, c, &e, g->N, cubin,
-                                                  &g->mod, &g->fn);
+                                                  size, &g->mod, &g->fn);
     if (st == STOF_OK) {
         g->cfg = *c;
         g->lt = 0;
@@ -132,11 +132,11 @@ stof_status stof__layer_gemm_load_lt(stof_layer *L, gemm_op *g,
 }
 
 stof_status stof__layer_norm_load(stof_layer *L, norm_op *n, int warps,
-                                  const void *cubin)
+                                  const void *cubin, size_t size)
 {
     stof__layer_norm_unload(L, n);
     stof_status st = (stof_status)stof__module_load_shared(
-        L->ctx, cubin, "stof_norm", 0, &n->mod, &n->fn);
+        L->ctx, cubin, size, "stof_norm", 0, &n->mod, &n->fn);
     if (st == STOF_OK) {
         n->warps = warps;
         n->ok = 1;
@@ -293,7 +293,8 @@ stof_status stof__layer_from_db(stof_layer *L)
             } else if (strcmp(rec.kernel, "gemm") == 0 &&
                        stof__gemm_cfg_parse(rec.config, &c, &e) &&
                        epi_matches(g, &c, &e) && rec.cubin) {
-                st = stof__layer_gemm_load_template(L, g, &c, rec.cubin);
+                st = stof__layer_gemm_load_template(L, g, &c, rec.cubin,
+                                                    rec.cubin_size);
                 t_mod += stof__now_ms() - t;
             } else {
                 st = STOF_ERR_NOT_FOUND;
@@ -308,7 +309,8 @@ stof_status stof__layer_from_db(stof_layer *L)
             if (strcmp(rec.kernel, "norm") == 0 &&
                 stof__json_ints(rec.config, warps_key, 1, &warps) &&
                 warps >= 1 && warps <= 32 && rec.cubin)
-                st = stof__layer_norm_load(L, n, warps, rec.cubin);
+                st = stof__layer_norm_load(L, n, warps, rec.cubin,
+                                           rec.cubin_size);
             else
                 st = STOF_ERR_NOT_FOUND;
             t_mod += stof__now_ms() - t;

@@ -217,11 +217,11 @@ void stof__layer_gemm_unload(stof_layer *L, gemm_op *g);
 void stof__layer_norm_unload(stof_layer *L, norm_op *n);
 stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,
                                            const stof_gemm_cfg *c,
-                                           const void *cubin);
+                                           const void *cubin, size_t size);
 stof_status stof__layer_gemm_load_lt(stof_layer *L, gemm_op *g,
                                      const void *algo);
 stof_status stof__layer_norm_load(stof_layer *L, norm_op *n, int warps,
-                                  const void *cubin);
+                                  const void *cubin, size_t size);
 /* Unload the kernels no step of the current scheme uses. */
 void stof__layer_unload_unused(stof_layer *L);
 /* Load the scheme and its kernels stored under L's keys, each record

@@ -190,16 +190,16 @@ static int so_load(void *user, int i, const void *art, size_t size,
     slot_op *o = user;
     const slot_cand *c = &o->c[i];
     stof_layer *L = o->L;
-    (void)size;
     stof_status st;
     if (o->is_norm) {
-        st = stof__layer_norm_load(L, &L->n[o->op], c->warps, art);
+        st = stof__layer_norm_load(L, &L->n[o->op], c->warps, art, size);
     } else if (c->kind == KIND_CUBLASLT) {
         uint8_t bytes[STOF_BLASLT_ALGO_BYTES];
         stof__blaslt_algo_bytes(o->lt, c->algo, bytes);
         st = stof__layer_gemm_load_lt(L, &L->g[o->op], bytes);
     } else {
-        st = stof__layer_gemm_load_template(L, &L->g[o->op], &c->cfg, art);
+        st = stof__layer_gemm_load_template(L, &L->g[o->op], &c->cfg, art,
+                                            size);
     }
     if (st != STOF_OK) {
         snprintf(err, errn, "%s", stof_errmsg(L->ctx));
@@ -396,13 +396,15 @@ static int apply_winner(slot_op *o, const stof_search_result *r,
     const slot_cand *c = &o->c[r->winner];
     stof_status st;
     if (o->is_norm) {
-        st = stof__layer_norm_load(L, &L->n[o->op], c->warps, r->winner_art);
+        st = stof__layer_norm_load(L, &L->n[o->op], c->warps, r->winner_art,
+                                   r->winner_art_size);
     } else if (c->kind == KIND_CUBLASLT) {
         stof__blaslt_algo_bytes(o->lt, c->algo, w->algo);
         st = stof__layer_gemm_load_lt(L, &L->g[o->op], w->algo);
     } else {
         st = stof__layer_gemm_load_template(L, &L->g[o->op], &c->cfg,
-                                            r->winner_art);
+                                            r->winner_art,
+                                            r->winner_art_size);
     }
     if (st != STOF_OK)
         return 0;

@@ -169,13 +169,14 @@ int stof__jit_compile(struct stof_context *ctx, const char *name,
                       size_t *size /* OUT */);
 
 /* stof__module_load through the context's module cache: the same cubin
- * (by content), kernel and shared memory limit loaded before and not yet
- * evicted gives the same module (no load; a reference more). Modules from
- * here are given back with stof__module_release, never cuModuleUnload;
- * stof_close unloads what the cache holds. */
+ * (its `size` bytes, by content), kernel and shared memory limit loaded
+ * before and not yet evicted gives the same module (no load; a reference
+ * more); size 0: loaded apart. Modules from here are given back with
+ * stof__module_release, never cuModuleUnload; stof_close unloads what the
+ * cache holds. */
 int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
-                             const char *fn_name, size_t smem_bytes,
-                             CUmodule *mod, CUfunction *fn);
+                             size_t size, const char *fn_name,
+                             size_t smem_bytes, CUmodule *mod, CUfunction *fn);
 
 /* Give a module back: one reference less to a cached module (kept loaded
  * for the next plan until evicted or stof_close), or unloaded when it is

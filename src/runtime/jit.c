@@ -326,63 +326,6 @@ struct stof_modcache {
     long loads;
 };
 
-static uint64_t rd64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static unsigned rd16(const unsigned char *p)
-{
-    return (unsigned)p[0] | ((unsigned)p[1] << 8);
-}
-
-/* Bytes of a little-endian ELF64 image (what cuModuleLoadData reads of a
- * cubin): the furthest end of its headers and of the sections and
- * segments they name; 0 when it is not one (then it is not cached). */
-static size_t elf64_size(const void *image)
-{
-    const unsigned char *h = image;
-    if (h[0] != 0x7f || h[1] != 'E' || h[2] != 'L' || h[3] != 'F' ||
-        h[4] != 2 || h[5] != 1)
-        return 0;
-    const uint64_t phoff = rd64(h + 0x20), shoff = rd64(h + 0x28);
-    const unsigned phes = rd16(h + 0x36), phn = rd16(h + 0x38);
-    const unsigned shes = rd16(h + 0x3A), shn = rd16(h + 0x3C);
-    const uint64_t limit = (uint64_t)1 << 30;
-    if (phoff > limit || shoff > limit || (phn && phes < 0x38) ||
-        (shn && shes < 0x40))
-        return 0;
-    uint64_t end = 0x40;
-    if (phoff + (uint64_t)phn * phes > end)
-        end = phoff + (uint64_t)phn * phes;
-    if (shoff + (uint64_t)shn * shes > end)
-        end = shoff + (uint64_t)shn * shes;
-    for (unsigned i = 0; i < shn; i++) {
-        const unsigned char *sh = h + shoff + (uint64_t)i * shes;
-        const uint32_t type = (uint32_t)rd16(sh + 4) |
-                              ((uint32_t)rd16(sh + 6) << 16);
-        const uint64_t off = rd64(sh + 0x18), sz = rd64(sh + 0x20);
-        if (type == 8 /* SHT_NOBITS */)
-            continue;
-        if (off > limit || sz > limit)
-            return 0;
-        if (off + sz > end)
-            end = off + sz;
-    }
-    for (unsigned i = 0; i < phn; i++) {
-        const unsigned char *ph = h + phoff + (uint64_t)i * phes;
-        const uint64_t off = rd64(ph + 8), sz = rd64(ph + 0x20);
-        if (off > limit || sz > limit)
-            return 0;
-        if (off + sz > end)
-            end = off + sz;
-    }
-    return end <= limit ? (size_t)end : 0;
-}
-
 static struct stof_modcache *modcache(struct stof_context *ctx)
 {
     if (!ctx->modcache) {
@@ -397,15 +340,14 @@ static struct stof_modcache *modcache(struct stof_context *ctx)
 }
 
 int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
-                             const char *fn_name, size_t smem_bytes,
-                             CUmodule *mod, CUfunction *fn)
+                             size_t size, const char *fn_name,
+                             size_t smem_bytes, CUmodule *mod, CUfunction *fn)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARGUMENT;
     STOF_CHECK_ARG(ctx, mod && fn && cubin && fn_name,
                    "NULL cubin, name or output pointer");
     struct stof_modcache *c = modcache(ctx);
-    const size_t size = elf64_size(cubin);
     if (!c || !size || strlen(fn_name) >= sizeof(c->e[0].name))
         return stof__module_load(ctx, cubin, fn_name, smem_bytes, mod, fn);
     const uint64_t hash = XXH3_64bits(cubin, size);
