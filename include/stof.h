@@ -895,7 +895,8 @@ STOF_API stof_status stof_layer_stack_run_family(
     unsigned flags);
 
 /* JSON: the descriptor, the fusion scheme (kernels in order with their
- * parameters), where it came from and measured times. Size-then-fetch. */
+ * parameters), where it came from, measured times and where the plan's
+ * time went ("plan_ms": attention, buffers, kernels). Size-then-fetch. */
 STOF_API stof_status stof_layer_describe(const stof_layer *layer,
                                               char *buf, size_t n,
                                               size_t *needed /* OUT */);
