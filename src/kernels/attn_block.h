@@ -91,6 +91,13 @@ stof_status stof__block_load_cubin(stof_context *ctx, int head_dim,
                                    const stof_block_cfg *c, const void *cubin,
                                    CUmodule *mod /* OUT */,
                                    CUfunction *fn /* OUT */);
+/* The same through the context's module cache (its `size` bytes; size 0:
+ * loaded apart); give the module back with stof__module_release. */
+stof_status stof__block_load_cubin_shared(stof_context *ctx, int head_dim,
+                                          const stof_block_cfg *c,
+                                          const void *cubin, size_t size,
+                                          CUmodule *mod /* OUT */,
+                                          CUfunction *fn /* OUT */);
 
 /* Compile attn_block.cu for (head_dim, dt, *c) (with GATHER=1 when
  * c->gather) with NVRTC for `arch_or_NULL`

@@ -148,6 +148,13 @@ stof_status stof__wgmma_load_cubin(stof_context *ctx, int head_dim,
                                    const stof_wgmma_cfg *c, const void *cubin,
                                    CUmodule *mod /* OUT */,
                                    CUfunction *fn /* OUT */);
+/* The same through the context's module cache (its `size` bytes; size 0:
+ * loaded apart); give the module back with stof__module_release. */
+stof_status stof__wgmma_load_cubin_shared(stof_context *ctx, int head_dim,
+                                          const stof_wgmma_cfg *c,
+                                          const void *cubin, size_t size,
+                                          CUmodule *mod /* OUT */,
+                                          CUfunction *fn /* OUT */);
 
 stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
                              const stof_wgmma_cfg *c, CUmodule *mod /* OUT */,

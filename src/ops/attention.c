@@ -384,17 +384,13 @@ stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
      * the plan's free). */
     case STOF_KERNEL_BLOCK:
     case STOF_KERNEL_ROWWISE:
-        st = (stof_status)stof__module_load_shared(
-            ctx, cubin, size, "stof_attn_block",
-            stof__block_smem_bytes(p->desc.head_dim, &p->cfg), &p->module,
-            &p->fn);
+        st = stof__block_load_cubin_shared(ctx, p->desc.head_dim, &p->cfg,
+                                           cubin, size, &p->module, &p->fn);
         break;
     case STOF_KERNEL_WGMMA:
     case STOF_KERNEL_WGMMA_GATHER:
-        st = (stof_status)stof__module_load_shared(
-            ctx, cubin, size, "stof_attn_wgmma",
-            stof__wgmma_smem_bytes(p->desc.head_dim, &p->wcfg), &p->module,
-            &p->fn);
+        st = stof__wgmma_load_cubin_shared(ctx, p->desc.head_dim, &p->wcfg,
+                                           cubin, size, &p->module, &p->fn);
         break;
     default:
         st = (stof_status)stof__module_load_shared(
