@@ -643,6 +643,10 @@ def bench_case(args, ctx, cfg, dtype, seed):
             # the graph replays of the timing must still give the same output
             r["stof_replay_err"] = rel_err(y, y_eager)
             r["stof_ok"] = r["stof_ok"] and r["stof_replay_err"] <= FAIL_REL_ERR
+            if args.profile:
+                r["stof_profile"] = profile_kernels(
+                    lambda: layer.stack_run(weights, x, y, graph=True),
+                    r["layers"])
             if not args.no_graph_compare:
                 r["stof_nograph_ms"] = time_ms(
                     lambda: layer.stack_run(weights, x, y, graph=False),
@@ -665,6 +669,46 @@ def bench_case(args, ctx, cfg, dtype, seed):
         r["best_peer"] = best[:-len("_ms")]
         r["speedup"] = peers[best] / r["stof_ms"]
     return r  # the tensors go with this frame
+
+
+def profile_kernels(fn, layers, replays=3):
+    """Kernel times of one call of fn (a stack of `layers` layers) under
+    torch.profiler, `replays` calls after one untimed: by position in a
+    layer, [(name, us a layer, averaged over the layers and calls)], in
+    launch order; None when the kernels do not split into equal layers."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            fn()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events()
+           if str(getattr(e, "device_type", "")).endswith("CUDA") and
+           "Memset" not in e.name and "Memcpy" not in e.name]
+    evs.sort(key=lambda e: e.time_range.start)
+    per = len(evs) // (replays * layers) if layers else 0
+    if per == 0 or len(evs) != per * replays * layers:
+        return None
+    rows = []
+    for k in range(per):
+        ts = [evs[i].time_range.elapsed_us() for i in range(k, len(evs), per)]
+        rows.append((evs[k].name, sum(ts) / len(ts)))
+    return rows
+
+
+def print_profiles(results):
+    for r in results:
+        rows = r.get("stof_profile")
+        if not rows:
+            continue
+        total = sum(t[1] for t in rows)
+        print()
+        print(f"stof kernels of a layer, {r['model']} {r['batch']}x{r['seq']} "
+              f"(torch.profiler, mean over the stack's {r['layers']} layers: "
+              f"{total:.1f} us a layer)")
+        for name, us in rows:
+            print(f"{us:9.1f} us {100 * us / total:5.1f}%  {name[:90]}")
 
 
 def fmt(v, spec):
@@ -798,6 +842,8 @@ def main():
                     help="skip the fp32 eager reference")
     ap.add_argument("--no-graph-compare", action="store_true",
                     help="skip timing stof's stack without the CUDA graph")
+    ap.add_argument("--profile", action="store_true",
+                    help="print stof's kernels of one stack (torch.profiler)")
     ap.add_argument("--warm-plan", action="store_true",
                     help="also time a second (database-hit) plan")
     ap.add_argument("--user-db", default=os.environ.get("STOF_USER_DB"),
@@ -856,13 +902,15 @@ def main():
                     if args.verbose:
                         traceback.print_exc()
                 results.append(r)
-                line = {k: v for k, v in r.items() if k not in ("stof_describe",)}
+                line = {k: v for k, v in r.items()
+                        if k not in ("stof_describe", "stof_profile")}
                 print(json.dumps(line), file=sys.stderr, flush=True)
                 torch.cuda.synchronize()
                 if not args.no_compile:
                     torch._dynamo.reset()  # drop the compiled code of this case
                 torch.cuda.empty_cache()
     print_table([r for r in results if "error" not in r])
+    print_profiles(results)
     for r in results:
         if "error" in r:
             print(f"{r['model']} {r['batch']}x{r['seq']}: failed: {r['error']}")

@@ -327,7 +327,7 @@ Test(gemm_cpu, gated)
 /* The Hopper template (wgmma = 1): its rules and reasons, its shared
  * memory, its "wg" key in records (written only when set, older records
  * without it still read), and its candidates only on a described cc 9.0
- * device and never for a norm. */
+ * device; with a norm only where a row's tiles make one cluster. */
 Test(gemm_cpu, hopper_template)
 {
     char why[256];
@@ -394,7 +394,9 @@ Test(gemm_cpu, hopper_template)
         {{128, 128, 64, 2, 4, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "2x1"},
         {{128, 128, 64, 2, 1, 7, 1, 1}, {0, 0, 0, 0, 0, 0}, "stages"},
         {{128, 256, 64, 2, 1, 5, 1, 1}, {0, 0, 0, 0, 0, 0}, "shared memory"},
-        {{128, 128, 64, 2, 1, 4, 1, 1}, {0, 0, 1, 2, 0, 0}, "no row norm"},
+        {{128, 128, 64, 1, 1, 4, 1, 1}, {0, 0, 1, 2, 0, 0}, "row norm needs"},
+        {{128, 256, 64, 2, 1, 3, 1, 2}, {0, 0, 1, 1, 0, 0}, "row norm needs"},
+        {{128, 64, 64, 2, 1, 4, 1, 1}, {0, 0, 1, 1, 0, 0}, "one cluster"},
         {{128, 128, 64, 2, 1, 4, 1, 1}, {0, 9, 0, 0, 0, 0}, "act 9"},
         {{128, 128, 64, 2, 1, 4, 2, 1}, {0, 0, 0, 0, 0, 0}, "wgmma 2"},
         {{128, 128, 64, 2, 1, 4, 1, 3}, {0, 0, 0, 0, 0, 0}, "cluster 3"},
@@ -458,10 +460,40 @@ Test(gemm_cpu, hopper_template)
     n = stof__gemm_candidates(&dev, &gelu, 16384, 3072, 768, c, 64);
     cr_assert_geq(best, 0);
     cr_expect_eq(c[best].wgmma, 1, "the model prefers mma.sync on H100");
+    /* A norm: clusters of a row's 3 (or 6) tiles at N 768, ranked first;
+     * none where a row takes more than 8 tiles. */
     const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0};
     n = stof__gemm_candidates(&dev, &ln, 4096, 768, 768, c, 64);
+    n_wg = 0;
+    best = -1;
+    best_ms = INFINITY;
+    for (int i = 0; i < n; i++) {
+        cr_expect(stof__gemm_cfg_valid(&dev, &c[i], &ln, 768, 768, why,
+                                       sizeof(why)),
+                  "%s", why);
+        n_wg += c[i].wgmma;
+        cr_expect(!c[i].wgmma || (c[i].warps_m == 2 && c[i].cluster <= 1));
+        const double ms = stof__gemm_model_ms(&dev, &c[i], &ln, 4096, 768,
+                                              768);
+        if (ms < best_ms) {
+            best_ms = ms;
+            best = i;
+        }
+    }
+    cr_expect_gt(n_wg, 0, "no wgmma candidate for a norm at N 768");
+    cr_assert_geq(best, 0);
+    cr_expect_eq(c[best].wgmma, 1, "the model prefers the row-complete "
+                                   "mma.sync kernel for a norm");
+    n = stof__gemm_candidates(&dev, &ln, 4096, 4096, 4096, c, 64);
+    cr_expect_gt(n, 0);
     for (int i = 0; i < n; i++)
-        cr_expect_eq(c[i].wgmma, 0, "a norm epilogue got a wgmma candidate");
+        cr_expect_eq(c[i].wgmma, 0, "a wgmma norm over 16 tiles a row");
+    /* Its shared memory: four C units a warpgroup, two more mbarriers,
+     * gamma and beta of 256 columns, the row statistics of 3 CTAs. */
+    cr_expect_eq(stof__gemm_smem_bytes(&ok, &ln, 768),
+                 3u * 384 * 128 + 65536u + 48u + 48u + 1024u + 3072u +
+                     1024u);
+    cr_expect_eq(stof__gemm_smem_bytes(&ok, &ln, 0), 0u);
     /* Records: "wg" only when set; both forms read back. */
     round_trip(&ok, &gelu, "\"wg\":1");
     stof_str s = {0};

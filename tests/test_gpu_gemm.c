@@ -964,6 +964,43 @@ Test(gpu, wgmma_gated_bf16, .timeout = 300)
     wgmma_gated(STOF_DTYPE_BF16);
 }
 
+/* Row norms in clusters (a row's tiles exchange row sums): LayerNorm and
+ * RMSNorm after bias + residual (post-norm), with pre (pre-norm), and
+ * without a residual; on M, K tails, padded rows, N a multiple of the
+ * tile and not (the last CTA's columns past N must not count), clusters
+ * of 3, 4, 6 and 8, one cluster walking every tile row (odd salts) and as
+ * many as fit, and a layer shape. */
+static void wgmma_norms(stof_dtype dt)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    static const stof_gemm_cfg cfgs[] = {{128, 256, 64, 2, 1, 3, 1, 1},
+                                         {128, 128, 64, 2, 1, 4, 1, 1},
+                                         {128, 256, 64, 2, 1, 2, 1, 1}};
+    int i = 0;
+    for (int norm = 1; norm <= 2; norm++)
+        for (int v = 0; v < 3; v++, i++) {
+            const int with_pre = v == 1 || (v == 2 && norm == 2);
+            const stof_gemm_epi e = {v < 2, 0, v < 2, norm, with_pre, 0};
+            check(ctx, dt, &cfgs[i % 3], &e, 300, i % 2 ? 1000 : 768, 200,
+                  v == 1 ? 8 : 0, (uint64_t)(5500 + i));
+        }
+    const stof_gemm_epi post = {1, 0, 1, 1, 0, 0}, pre = {1, 0, 1, 2, 1, 0};
+    check(ctx, dt, &cfgs[0], &post, 4096, 768, 3072, 0, 5510);
+    check(ctx, dt, &cfgs[0], &pre, 2048, 1024, 1024, 0, 5511);
+    check(ctx, dt, &cfgs[1], &post, 1, 1024, 64, 0, 5512);
+    check(ctx, dt, &cfgs[2], &pre, 520, 2048, 128, 8, 5513);
+    stof_close(&ctx);
+}
+
+Test(gpu, wgmma_norms_fp16, .timeout = 300)
+{
+    wgmma_norms(STOF_DTYPE_FP16);
+}
+Test(gpu, wgmma_norms_bf16, .timeout = 300)
+{
+    wgmma_norms(STOF_DTYPE_BF16);
+}
+
 /* The separate gate and activation kernel (stof_gate) against the CPU:
  * gated SiLU into another buffer with padded rows, and erf-GELU in
  * place; bad arguments refused. */

@@ -29,27 +29,31 @@ _Static_assert(offsetof(stof_gemm_args, M) == 64 &&
 /* The Hopper template's launch parameters (struct stof_gemm_wgmma_params in
  * gemm_wgmma.cu: same field order and types; both sides check the size). */
 typedef struct stof_gemm_wgmma_params {
-    CUtensorMap tm_a, tm_w, tm_c, tm_r;
-    CUdeviceptr c, bias, residual;
+    CUtensorMap tm_a, tm_w, tm_c, tm_r, tm_p;
+    CUdeviceptr c, bias, residual, gamma, beta;
     int64_t ldc;
     int M, N, K;
     int tiles_m, tiles_n;
-    int pad_;
-    uint8_t tail_[72];
+    float eps;
+    uint8_t tail_[56];
 } stof_gemm_wgmma_params;
-_Static_assert(sizeof(stof_gemm_wgmma_params) == 640,
+_Static_assert(sizeof(stof_gemm_wgmma_params) == 768,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
-_Static_assert(offsetof(stof_gemm_wgmma_params, c) == 512 &&
-                   offsetof(stof_gemm_wgmma_params, M) == 544,
+_Static_assert(offsetof(stof_gemm_wgmma_params, c) == 640 &&
+                   offsetof(stof_gemm_wgmma_params, M) == 688 &&
+                   offsetof(stof_gemm_wgmma_params, eps) == 708,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
 
 /* The largest opt-in shared memory of any GPU the kernel targets (sm_90:
  * 227 KiB); used when no device is given. */
 #define GEMM_SMEM_MAX_ANY (227 * 1024)
 
-/* The Hopper template: 128-row tiles, 64 of K per stage. */
+/* The Hopper template: 128-row tiles, 64 of K per stage; with a row norm
+ * a row's tiles are one cluster, at most WG_NORM_CTAS CTAs (the portable
+ * cluster size). */
 #define WG_BM 128
 #define WG_BK 64
+#define WG_NORM_CTAS 8
 
 /* Accumulator floats per thread the kernel allows (a 64x64 warp tile): with
  * the fragments and addresses this stays under 255 registers. */
@@ -79,15 +83,28 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
     if (!c || c->block_m <= 0 || c->block_n <= 0 || c->block_k <= 0 ||
         c->stages <= 0)
         return 0;
-    if (c->wgmma) /* stages x {A, W} tiles, the two consumer warpgroups'
-                     rings of 64 x 64 C units (two; four with a residual,
-                     which is loaded into them), the mbarriers (two a
-                     stage, four more), 1024 of slack */
+    if (c->wgmma) { /* stages x {A, W} tiles, the two consumer
+                       warpgroups' rings of 64 x 64 C units (two; four with
+                       a residual, which is loaded into them, or a norm),
+                       the mbarriers (two a stage, four more; two more
+                       with a norm), with a norm gamma and beta of the
+                       tile's columns and the row statistics (two
+                       warpgroups, 512 bytes from each CTA of the row),
+                       1024 of slack */
+        const int norm = e && e->norm;
+        if (norm && N <= 0)
+            return 0;
+        const size_t ctas =
+            norm ? (size_t)((N + c->block_n - 1) / c->block_n) : 0;
         return (size_t)c->stages *
                    ((size_t)c->block_m + (size_t)c->block_n) *
                    (size_t)c->block_k * 2u +
-               2u * (e && e->residual ? 4u : 2u) * 64u * 64u * 2u +
-               16u * (size_t)c->stages + 32u + 1024u;
+               2u * (e && (e->residual || norm) ? 4u : 2u) * 64u * 64u *
+                   2u +
+               16u * (size_t)c->stages + (norm ? 48u : 32u) +
+               (norm ? 4u * (size_t)c->block_n + 2u * 512u * ctas : 0u) +
+               1024u;
+    }
     const size_t pitch = (size_t)c->block_k + 8u;
     const size_t pipe = (size_t)c->stages *
                         ((size_t)c->block_m + (size_t)c->block_n) * pitch * 2u;
@@ -134,7 +151,8 @@ static size_t smem_limit(const stof_device *dev)
 
 /* stof__gemm_cfg_valid for the Hopper template. */
 static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
-                           const stof_gemm_epi *e, char *why, size_t n)
+                           const stof_gemm_epi *e, int N, char *why,
+                           size_t n)
 {
     if (c->block_m != WG_BM || c->block_k != WG_BK ||
         (c->block_n != 64 && c->block_n != 128 && c->block_n != 256))
@@ -164,10 +182,16 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          c->cluster);
     if (!epi_valid(e, why, n))
         return 0;
-    if (e->norm)
+    if (e->norm && (c->warps_m != 2 || c->cluster > 1))
         return stof__why(why, n,
-                         "wgmma template: no row norm (the mma.sync "
-                         "template's row-complete variant has it)");
+                         "wgmma template: a row norm needs warps 2x1 and "
+                         "no pairs (its clusters are a row's tiles)");
+    if (e->norm && (N + c->block_n - 1) / c->block_n > WG_NORM_CTAS)
+        return stof__why(why, n,
+                         "wgmma template: a row norm over N %d takes %d "
+                         "tiles of %d, one cluster of at most %d CTAs",
+                         N, (N + c->block_n - 1) / c->block_n, c->block_n,
+                         WG_NORM_CTAS);
     if (e->gated && c->block_n < 128)
         return stof__why(why, n,
                          "wgmma template: gated needs block_n 128 or 256 "
@@ -178,7 +202,7 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          "wgmma template: needs compute capability 9.0 "
                          "(sm_90a), the device is %d.%d",
                          dev->cc_major, dev->cc_minor);
-    const size_t smem = stof__gemm_smem_bytes(c, e, 8);
+    const size_t smem = stof__gemm_smem_bytes(c, e, N);
     if (smem > smem_limit(dev))
         return stof__why(why, n,
                          "wgmma template: block 128x%d, %d stages: %zu bytes "
@@ -208,7 +232,7 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          "in clusters",
                          c->cluster);
     if (c->wgmma)
-        return wgmma_cfg_valid(dev, c, e, why, n);
+        return wgmma_cfg_valid(dev, c, e, N, why, n);
     if (!is_pow2(c->block_m) || c->block_m < 16 || c->block_m > 256)
         return stof__why(why, n, "block_m %d: must be 16, 32, 64, 128 or 256",
                          c->block_m);
@@ -297,6 +321,9 @@ static const int wgmma_tiles[][4] = {
     {128, 5, 1, 1}, {128, 6, 1, 1}, {64, 6, 1, 1},  {256, 4, 2, 2},
     {256, 3, 2, 2}};
 
+/* With a row norm (a row's tiles in one cluster): block_n, stages. */
+static const int wgmma_norm_tiles[][2] = {{256, 3}, {128, 4}, {256, 2}};
+
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max)
 {
@@ -304,9 +331,21 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
         return 0;
     int k = 0;
     const int hopper = dev && dev->ok && dev->cc_major == 9 &&
-                       dev->cc_minor == 0 && !e->norm;
-    for (int i = 0; hopper && i < (int)(sizeof(wgmma_tiles) /
-                                        sizeof(*wgmma_tiles)) &&
+                       dev->cc_minor == 0;
+    for (int i = 0; hopper && e->norm &&
+                    i < (int)(sizeof(wgmma_norm_tiles) /
+                              sizeof(*wgmma_norm_tiles)) &&
+                    k < max;
+         i++) {
+        const stof_gemm_cfg c = {WG_BM, wgmma_norm_tiles[i][0],
+                                 WG_BK, 2,
+                                 1,     wgmma_norm_tiles[i][1],
+                                 1,     1};
+        if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
+            out[k++] = c;
+    }
+    for (int i = 0; hopper && !e->norm &&
+                    i < (int)(sizeof(wgmma_tiles) / sizeof(*wgmma_tiles)) &&
                     k < max;
          i++) {
         const int bn = wgmma_tiles[i][0];
@@ -381,13 +420,20 @@ static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
         eff *= 1.03;
     const int out_n = e->gated ? c->block_n / 2 : c->block_n;
     const int tiles_m = (M + WG_BM - 1) / WG_BM;
+    const int tiles_n = (N + out_n - 1) / out_n;
     const double tiles = (double)(c->cluster > 1 ? round_up(tiles_m, 2)
                                                  : tiles_m) *
-                         (double)((N + out_n - 1) / out_n);
+                         (double)tiles_n;
     const double kpad = (double)round_up(K, WG_BK);
+    /* A row norm: the row's tiles run together in a cluster (the SMs
+     * in whole clusters), and each tile waits out two exchanges of row
+     * sums between them (about a microsecond each). */
     const double tile_s =
-        2.0 * WG_BM * c->block_n * kpad / (WGMMA_SM_PEAK * eff);
-    const double compute_s = ceil(tiles / sms) * tile_s;
+        2.0 * WG_BM * c->block_n * kpad / (WGMMA_SM_PEAK * eff) +
+        (e->norm ? 2e-6 : 0.0);
+    const double compute_s =
+        e->norm ? ceil((double)tiles_m / (double)(sms / tiles_n)) * tile_s
+                : ceil(tiles / sms) * tile_s;
     const double mem_s = gemm_mem_s(e, M, N, K);
     return (compute_s > mem_s ? compute_s : mem_s) * 1e3 + GEMM_LAUNCH_MS;
 }
@@ -456,10 +502,10 @@ double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
 /* stof__gemm_compile of the Hopper template (c already checked). */
 static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
                                  const stof_gemm_cfg *c,
-                                 const stof_gemm_epi *e, void **cubin,
+                                 const stof_gemm_epi *e, int N, void **cubin,
                                  size_t *size)
 {
-    char d[9][32];
+    char d[12][32];
     snprintf(d[0], 32, "DTYPE=%d", (int)dt);
     snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
     snprintf(d[2], 32, "STAGES=%d", c->stages);
@@ -469,9 +515,12 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
     snprintf(d[6], 32, "GATED=%d", e->gated);
     snprintf(d[7], 32, "PINGPONG=%d", c->warps_m == 1);
     snprintf(d[8], 32, "CLUSTER=%d", c->cluster > 1 ? c->cluster : 1);
-    const char *defs[9] = {d[0], d[1], d[2], d[3], d[4],
-                           d[5], d[6], d[7], d[8]};
-    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 9,
+    snprintf(d[9], 32, "NORM=%d", e->norm);
+    snprintf(d[10], 32, "WRITE_PRE=%d", e->write_pre);
+    snprintf(d[11], 32, "N_TOTAL=%d", e->norm ? N : 0);
+    const char *defs[12] = {d[0], d[1], d[2], d[3], d[4],  d[5],
+                            d[6], d[7], d[8], d[9], d[10], d[11]};
+    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 12,
                                           "sm_90a", cubin, size);
 }
 
@@ -498,7 +547,7 @@ stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                           "gemm kernel configuration not supported: %s", why);
     if (c->wgmma)
-        return wgmma_compile(ctx, dt, c, e, cubin, size);
+        return wgmma_compile(ctx, dt, c, e, N, cubin, size);
     char d[13][32];
     int k = 0;
     snprintf(d[k++], 32, "DTYPE=%d", (int)dt);
@@ -574,18 +623,19 @@ static CUresult make_map2(stof_encode_tiled_fn enc, CUtensorMap *m,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-/* A launch of `pairs` clusters of two 384-thread CTAs (at points to the
- * attribute cfg uses). */
-static void pair_config(CUlaunchConfig *cfg, CUlaunchAttribute *at,
-                        unsigned pairs, unsigned smem, CUstream stream)
+/* A launch of `clusters` clusters of `cs` 384-thread CTAs (at points to
+ * the attribute cfg uses). */
+static void cluster_config(CUlaunchConfig *cfg, CUlaunchAttribute *at,
+                           unsigned cs, unsigned clusters, unsigned smem,
+                           CUstream stream)
 {
     memset(at, 0, sizeof(*at));
     at->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    at->value.clusterDim.x = 2;
+    at->value.clusterDim.x = cs;
     at->value.clusterDim.y = 1;
     at->value.clusterDim.z = 1;
     memset(cfg, 0, sizeof(*cfg));
-    cfg->gridDimX = 2u * pairs;
+    cfg->gridDimX = cs * clusters;
     cfg->gridDimY = cfg->gridDimZ = 1;
     cfg->blockDimX = 384;
     cfg->blockDimY = cfg->blockDimZ = 1;
@@ -595,12 +645,12 @@ static void pair_config(CUlaunchConfig *cfg, CUlaunchAttribute *at,
     cfg->numAttrs = 1;
 }
 
-/* How many clusters of two CTAs of fn can run at once (one CTA per SM:
- * clusters cannot span GPCs, so fewer than half the SMs when a GPC has an
- * odd number free), cached per function; `fallback` when the driver cannot
- * say. */
-static int pair_slots(CUfunction fn, const stof_api *api, unsigned smem,
-                      int fallback)
+/* How many clusters of `cs` CTAs of fn can run at once (one CTA per SM:
+ * clusters cannot span GPCs, so fewer than SMs / cs when a GPC's free SMs
+ * are not a multiple of cs), cached per function (a function has one
+ * cluster size); `fallback` when the driver cannot say. */
+static int cluster_slots(CUfunction fn, const stof_api *api, unsigned cs,
+                         unsigned smem, int fallback)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static struct {
@@ -621,8 +671,8 @@ static int pair_slots(CUfunction fn, const stof_api *api, unsigned smem,
     if (occ) {
         CUlaunchAttribute at;
         CUlaunchConfig cfg;
-        pair_config(&cfg, &at, (unsigned)(fallback > 0 ? fallback : 1), smem,
-                    NULL);
+        cluster_config(&cfg, &at, cs, (unsigned)(fallback > 0 ? fallback : 1),
+                       smem, NULL);
         if (occ(&n, fn, &cfg) != CUDA_SUCCESS)
             n = 0;
     }
@@ -636,24 +686,27 @@ static int pair_slots(CUfunction fn, const stof_api *api, unsigned smem,
     return n;
 }
 
-/* Launch fn in clusters of two CTAs: as many pairs as run at once (at
- * most ctas / 2, at most `items`). */
+/* Launch fn in clusters of `cs` CTAs: as many as run at once (at most
+ * ctas / cs, at least one; ctas 0: no limit; at most `items`). */
 static stof_status cluster_launch(CUfunction fn, const stof_api *api,
-                                  int ctas, int64_t items, unsigned smem,
-                                  CUstream stream, void **params)
+                                  unsigned cs, int ctas, int64_t items,
+                                  unsigned smem, CUstream stream,
+                                  void **params)
 {
     stof_launch_ex_fn launch = stof__launch_ex(api);
     if (!launch)
         return STOF_ERR_UNSUPPORTED;
-    int pairs = ctas > 1 ? ctas / 2 : 1;
-    const int fit = pair_slots(fn, api, smem, pairs);
-    if (fit < pairs)
-        pairs = fit;
-    if (pairs > items)
-        pairs = (int)items;
+    int64_t clusters = ctas <= 0          ? items
+                       : ctas >= (int)cs ? ctas / (int)cs
+                                         : 1;
+    if (clusters > items)
+        clusters = items;
+    const int fit = cluster_slots(fn, api, cs, smem, (int)clusters);
+    if (fit < clusters)
+        clusters = fit;
     CUlaunchAttribute at;
     CUlaunchConfig cfg;
-    pair_config(&cfg, &at, (unsigned)pairs, smem, stream);
+    cluster_config(&cfg, &at, cs, (unsigned)clusters, smem, stream);
     return launch(&cfg, fn, params, NULL) == CUDA_SUCCESS ? STOF_OK
                                                           : STOF_ERR_CUDA;
 }
@@ -685,24 +738,36 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
         make_map2(enc, &p.tm_c, a->c, a->N, a->M, a->ldc, 64u) !=
             CUDA_SUCCESS ||
         (e->residual && make_map2(enc, &p.tm_r, a->residual, a->N, a->M,
-                                  a->ldc, 64u) != CUDA_SUCCESS))
+                                  a->ldc, 64u) != CUDA_SUCCESS) ||
+        (e->write_pre && make_map2(enc, &p.tm_p, a->pre, a->N, a->M, a->ldc,
+                                   64u) != CUDA_SUCCESS))
         return STOF_ERR_CUDA;
     p.c = a->c;
     p.bias = e->bias ? a->bias : 0;
     p.residual = e->residual ? a->residual : 0;
+    p.gamma = e->norm ? a->gamma : 0;
+    p.beta = e->norm == 1 ? a->beta : 0;
+    p.eps = a->eps;
     p.ldc = a->ldc;
     p.M = a->M;
     p.N = a->N;
     p.K = a->K;
     p.tiles_m = (a->M + WG_BM - 1) / WG_BM;
     p.tiles_n = (a->N + out_n - 1) / out_n;
-    /* The raster's items: tiles, or pairs of tile rows. */
-    const int64_t items = (int64_t)(pair ? (p.tiles_m + 1) / 2 : p.tiles_m) *
-                          p.tiles_n;
-    if (items > INT32_MAX / 2)
+    /* The raster's items: tiles, pairs of tile rows, or (norm) tile rows,
+     * each taken by a cluster of the row's tiles. */
+    const int64_t items =
+        e->norm ? (int64_t)p.tiles_m
+                : (int64_t)(pair ? (p.tiles_m + 1) / 2 : p.tiles_m) *
+                      p.tiles_n;
+    if (items > INT32_MAX / 2 ||
+        (e->norm && (p.tiles_n > WG_NORM_CTAS || pair)))
         return STOF_ERR_INVALID_ARGUMENT;
-    const unsigned smem = (unsigned)stof__gemm_smem_bytes(c, e, 8);
+    const unsigned smem = (unsigned)stof__gemm_smem_bytes(c, e, a->N);
     void *params[] = {&p};
+    if (e->norm)
+        return cluster_launch(fn, api, (unsigned)p.tiles_n, ctas, items, smem,
+                              stream, params);
     if (!pair) {
         const unsigned grid =
             (unsigned)(ctas > 0 && ctas < items ? ctas : items);
@@ -710,7 +775,7 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
                                          stream, params, NULL);
         return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
     }
-    return cluster_launch(fn, api, ctas, items, smem, stream, params);
+    return cluster_launch(fn, api, 2u, ctas, items, smem, stream, params);
 }
 
 stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
@@ -739,9 +804,7 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
     if (e->write_pre && (!a->pre || a->pre % 16u))
         return STOF_ERR_INVALID_ARGUMENT;
     if (c->wgmma)
-        return e->norm || e->write_pre
-                   ? STOF_ERR_INVALID_ARGUMENT
-                   : wgmma_launch(fn, c, e, a, ctas, stream, api);
+        return wgmma_launch(fn, c, e, a, ctas, stream, api);
     if (e->gated) /* the mma.sync template has no gated epilogue */
         return STOF_ERR_INVALID_ARGUMENT;
     const unsigned gx =

@@ -21,10 +21,12 @@
  *             layer_ops.cu's gate kernel); not with norm.
  *   residual: v += residual[m][n]
  *   norm:     out = norm(v over the whole row n = 0..N-1), with gamma/beta
- *             (1 = STOF_NORM_LAYER + 1, 2 = STOF_NORM_RMS + 1); only in the
- *             row-complete variant (a CTA owns block_m whole rows), and
- *             only with act = STOF_ACT_NONE. v is rounded to the dtype
- *             before the norm (as an unfused chain would store it).
+ *             (1 = STOF_NORM_LAYER + 1, 2 = STOF_NORM_RMS + 1); in the
+ *             mma.sync template's row-complete variant (a CTA owns block_m
+ *             whole rows) or the Hopper template in clusters (a row's
+ *             ceil(N / block_n) <= 8 tiles run together and exchange row
+ *             sums), only with act = STOF_ACT_NONE. v is rounded to the
+ *             dtype before the norm (as an unfused chain would store it).
  *   write_pre: with norm, also store the rounded v to pre[m][n].
  * The output (and residual, pre) use leading dimension ldc. */
 typedef struct stof_gemm_epi {
@@ -41,10 +43,12 @@ typedef struct stof_gemm_epi {
  * row-complete (norm) variant block_n is the width of one pass and the
  * CTA loops over all of N.
  * wgmma = 1: the Hopper template (gemm_wgmma.cu, compute capability 9.0
- * only, no norm): block_m 128, block_k 64, block_n 64, 128 or 256, 2..6
- * TMA stages; warps_n 1 and warps_m 2 (two consumer warpgroups share each
+ * only): block_m 128, block_k 64, block_n 64, 128 or 256, 2..6 TMA
+ * stages; warps_n 1 and warps_m 2 (two consumer warpgroups share each
  * tile) or 1 (ping-pong: they take whole tiles in turn, block_n <= 128);
- * one CTA per SM walks the tiles (stof__gemm_launch's ctas).
+ * one CTA per SM walks the tiles (stof__gemm_launch's ctas). With a norm:
+ * warps 2x1, cluster 1, and the kernel is compiled for its N (like the
+ * row-complete variant); it runs in clusters of a row's tiles.
  * cluster (wgmma only): 0 or 1 alone; 2: clusters of two CTAs on tile
  * rows 2i, 2i + 1 of one column, each W tile read once for both (TMA
  * multicast). */
@@ -89,8 +93,8 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
 double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
                            const stof_gemm_epi *e, int M, int N, int K);
 
-/* NVRTC compile of gemm.cu for (dt, c, e, N) (N is compiled in only by
- * the row-complete variant) for `arch` (NULL = ctx's device), or of
+/* NVRTC compile of gemm.cu for (dt, c, e, N) (N is compiled in only with
+ * a norm) for `arch` (NULL = ctx's device), or of
  * gemm_wgmma.cu for sm_90a when c->wgmma. No GPU work: thread-safe with
  * ctx NULL. *cubin malloc'd. */
 stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,

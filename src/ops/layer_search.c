@@ -418,6 +418,9 @@ static int apply_winner(slot_op *o, const stof_search_result *r,
     w->n_rejected = r->n_rejected;
     if (o->is_norm) {
         L->n[o->op].ms = r->winner_ms;
+        stof__log(L->ctx, STOF_LOG_INFO,
+                  "layer tune: %-9s %6d rows x %5d  best %.4f ms of %d timed",
+                  n_slot[o->op], L->M, L->d.hidden, r->winner_ms, r->n_timed);
     } else {
         gemm_op *g = &L->g[o->op];
         g->ms = r->winner_ms;
