@@ -150,8 +150,9 @@ struct stof_gemm_params {
     int M, N, K;
     stof_i64 lda, ldw, ldc;
     float eps;
+    unsigned *ws; // (the Hopper template's; unused here)
 };
-static_assert(sizeof(stof_gemm_params) == 112, "stof_gemm_params layout");
+static_assert(sizeof(stof_gemm_params) == 120, "stof_gemm_params layout");
 
 // ---------------------------------------------------------------------------
 // PTX helpers

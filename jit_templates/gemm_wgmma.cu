@@ -15,32 +15,27 @@
 //             (WRITE_PRE) the rounded v stored to pre (the semantics of
 //             gemm.cu's row-complete variant; the variance from each
 //             tile's sum and squares about its own mean, combined).
-// NORM (ACT 0, not GATED, PINGPONG or CLUSTER): a row of C is GW_NC =
-// ceil(N_TOTAL / BLOCK_N) tiles (N_TOTAL, the N compiled in, must be the
-// launch's N; GW_NC <= 8), computed together by a cluster of GW_NC CTAs
-// (launched with that cluster dimension), rank r taking tile column r of
-// every tile row the cluster walks. After the K loop each consumer
-// warpgroup computes its 64 rows' statistics over its columns (LayerNorm:
-// the sum and the sum of squares about the tile's mean; RMSNorm: the sum
-// of squares), sends them to every CTA of the cluster (st.async into
-// their shared memory, completing bytes on their mbarriers) and waits for
-// all GW_NC: every CTA combines them in rank order, so all agree on each
-// row's mean and rstd bit for bit. One exchange a tile; no norm kernel
-// follows, and C is written once.
-// GATED (a gated FFN's first GEMM: SwiGLU with ACT 4, GeGLU with ACT 1 or
-// 2): W has 2N rows, the gate's N then the up projection's N (and bias 2N
-// values, in the same order); v = act(g + bias[n]) * (u + bias[N + n]),
-// g and u the two products of column n; then RESIDUAL as above. A tile
-// computes BLOCK_N / 2 output columns: the W tile's first half is loaded
-// from the gate rows, its second from the same columns' up rows, so every
-// thread holds both products of each of its columns (accumulator blocks j
-// and j + BLOCK_N / 16) and combines them in registers.
+// NORM (ACT 0, not GATED, not CLUSTER): a row of C is GW_NC =
+// ceil(N_TOTAL / BLOCK_N) <= 16 tiles (N_TOTAL, the N compiled in, must be
+// the launch's N), tiles numbered row by row, and the grid (a multiple of
+// GW_NC CTAs, all resident: a cooperative launch) walks them in rounds of
+// gridDim.x, so a row's tiles run in the same round, each CTA always in
+// the same tile column. After the K loop the warpgroup that owns a tile's
+// rows computes their statistics over its columns (LayerNorm: the sum and
+// the sum of squares about the tile's own mean; RMSNorm: the sum of
+// squares), writes them to the workspace ws, arrives on the row's counter
+// and waits for the row's GW_NC tiles (GW_NC x 2 arrivals, or GW_NC with
+// PINGPONG); every CTA then combines them in tile order, so all agree on
+// each row's mean and rstd bit for bit. With PINGPONG the wait passes
+// under the other warpgroup's K loop. The last reader of a row resets its
+// counter, so ws stays ready for the next launch (zeroed once when
+// allocated: stof__gemm_ws_bytes). C is written once; no norm kernel.
 //
 // Compile-time parameters (-D): DTYPE 0 fp16 / 1 bf16; BLOCK_N 64, 128 or
 // 256 (C tile columns; the tile has 128 rows, K goes in steps of 64);
 // STAGES 2..6 (K-steps of A and W in flight); BIAS, ACT, RESIDUAL; GATED
 // (BLOCK_N 128 or 256); PINGPONG (BLOCK_N 64 or 128, below); CLUSTER 1 or
-// 2 (below); NORM 0..2, WRITE_PRE, N_TOTAL (above).
+// 2 (below); NORM 0..2, WRITE_PRE, N_TOTAL (above, with the workspace).
 //
 // Grid: at most one CTA per SM (gridDim.x; the host passes the SM count),
 // 384 threads. The C tiles (ceil(M/128) x ceil(N/BLOCK_N)) are numbered in
@@ -97,16 +92,14 @@
 // each consumer warp that reads the slot, of each CTA of the cluster: 8,
 // or 4 with PINGPONG, times CLUSTER), order[2] (PINGPONG: one arrival per
 // tile of warpgroup c), res[2] (RESIDUAL: a tile's residual units of
-// warpgroup c, 1 arrival + their bytes), NORM: stat[c] (warpgroup c's
-// arrival + the cluster's GW_NC x 512 bytes of row statistics).
+// warpgroup c, 1 arrival + their bytes).
 //
 // Shared memory (dynamic, from the first 1024-byte boundary;
 // stof__gemm_smem_bytes adds the 1024 bytes of slack): STAGES x {A 128
 // rows x 128 B, W BLOCK_N rows x 128 B}; each warpgroup's ring of GW_CBUF
 // C units of 64 rows x 128 B (the TMA's 128-byte swizzle; 2, or 4 with a
-// residual or a norm); 2 x STAGES + 4 mbarriers (+ 2 with NORM); NORM:
-// gamma and beta of the CTA's BLOCK_N columns, then the row statistics
-// [warpgroup][rank][32 x float4] (rows g, g + 8 of each warp's 16).
+// residual or a norm); 2 x STAGES + 4 mbarriers; NORM: gamma and beta of
+// the CTA's BLOCK_N columns.
 // 128 x 256 takes up to 4 stages (3 with a residual or a norm), 128 x 128
 // up to 6 (5; 4 with a norm).
 //
@@ -121,7 +114,8 @@
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,CLUSTER=2 | DTYPE=1,BLOCK_N=64,STAGES=6,RESIDUAL=1,PINGPONG=1,CLUSTER=2
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=256,STAGES=3,ACT=4,GATED=1,CLUSTER=2 | DTYPE=0,BLOCK_N=128,STAGES=4,BIAS=1,ACT=2,GATED=1,PINGPONG=1,CLUSTER=2
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768 | DTYPE=1,BLOCK_N=128,STAGES=4,RESIDUAL=1,NORM=2,WRITE_PRE=1,N_TOTAL=1000
-// STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,NORM=1,WRITE_PRE=1,N_TOTAL=2048
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,NORM=1,WRITE_PRE=1,N_TOTAL=4096 | DTYPE=0,BLOCK_N=128,STAGES=5,BIAS=1,RESIDUAL=1,NORM=1,PINGPONG=1,N_TOTAL=768
+// STOF_VARIANTS: DTYPE=1,BLOCK_N=128,STAGES=4,RESIDUAL=1,NORM=2,WRITE_PRE=1,PINGPONG=1,N_TOTAL=1000
 #include "sm90_common.cuh"
 #include "gemm_epi.cuh"
 
@@ -167,11 +161,9 @@
 #define GW_CBUF (RESIDUAL || NORM ? 4 : 2)
 #define GW_C_BYTES (2 * GW_CBUF * 64 * 128) // both warpgroups' C units
 #define GW_OFF_BAR (GW_OFF_C + GW_C_BYTES)
-#define GW_NBAR (2 * STAGES + (NORM ? 6 : 4)) // mbarriers
-#define GW_NC (NORM ? (N_TOTAL + BLOCK_N - 1) / BLOCK_N : 1) // CTAs a row
+#define GW_NBAR (2 * STAGES + 4)           // mbarriers
+#define GW_NC (NORM ? (N_TOTAL + BLOCK_N - 1) / BLOCK_N : 1) // tiles a row
 #define GW_OFF_GB (GW_OFF_BAR + 8 * GW_NBAR) // NORM: gamma, beta (16-bit)
-#define GW_OFF_ST (GW_OFF_GB + 4 * BLOCK_N)  // NORM: the row statistics
-#define GW_ST_BYTES 512                      // a warpgroup's, from one CTA
 #define GW_ACC (BLOCK_N / 2)               // accumulators per thread
 #define GW_RC 8                            // residual 8-column blocks a pass
 #define GW_AB 2                            // 8-column blocks an activation pass
@@ -194,10 +186,10 @@ static_assert(!(GATED && CLUSTER == 2) || GW_WH == GW_ON,
 static_assert(GW_STAGE_BYTES % 1024 == 0,
               "swizzle atoms must stay 1024-byte aligned");
 static_assert(NORM >= 0 && NORM <= 2, "NORM must be 0, 1 or 2");
-static_assert(!NORM || (N_TOTAL > 0 && N_TOTAL % 8 == 0 && GW_NC <= 8),
-              "NORM needs N_TOTAL, a multiple of 8, of at most 8 tiles");
-static_assert(!NORM || (ACT == 0 && !GATED && !PINGPONG && CLUSTER == 1),
-              "NORM: no activation, gate, ping-pong or pairs");
+static_assert(!NORM || (N_TOTAL > 0 && N_TOTAL % 8 == 0 && GW_NC <= 16),
+              "NORM needs N_TOTAL, a multiple of 8, of at most 16 tiles");
+static_assert(!NORM || (ACT == 0 && !GATED && CLUSTER == 1),
+              "NORM: no activation, gate or pairs");
 static_assert(!WRITE_PRE || NORM, "WRITE_PRE needs NORM");
 
 // The launch parameters, by value (__grid_constant__: the tensor maps are
@@ -218,7 +210,11 @@ struct stof_gemm_wgmma_params {
     int M, N, K;
     int tiles_m, tiles_n;
     float eps;                       // NORM
-    unsigned char tail_[56];         // to 768 bytes on both sides
+    unsigned *ws;                    // NORM: the row counters [tiles_m]
+                                     // (256-byte padded), then the tiles'
+                                     // statistics [tiles_m][GW_NC][128]
+                                     // (float2)
+    unsigned char tail_[48];         // to 768 bytes on both sides
 };
 static_assert(sizeof(stof_gemm_wgmma_params) == 768,
               "stof_gemm_wgmma_params layout");
@@ -231,15 +227,16 @@ __device__ __forceinline__ int gw_rows(const stof_gemm_wgmma_params &p)
     return (p.tiles_m + CLUSTER - 1) / CLUSTER;
 }
 
-// Item t of the raster (a tile, or a pair of tiles of one column, or
-// (NORM) a whole tile row): this CTA's tile row (rank: its place in the
-// pair, or in the row) and column.
+// Item t of the raster (a tile, or a pair of tiles of one column; NORM:
+// tiles row by row): this CTA's tile row (rank: its place in the pair)
+// and column.
 __device__ __forceinline__ void gw_tile(const stof_gemm_wgmma_params &p,
                                         int t, int rank, int &tm, int &tn)
 {
 #if NORM
-    tm = t;
-    tn = rank;
+    (void)rank;
+    tm = t / GW_NC;
+    tn = t % GW_NC;
     return;
 #endif
     const int group = GW_GROUP_M / CLUSTER;
@@ -275,67 +272,61 @@ __device__ __forceinline__ constexpr int gw_cols(int r)
     return N_TOTAL - r * BLOCK_N < BLOCK_N ? N_TOTAL - r * BLOCK_N : BLOCK_N;
 }
 
-// Row statistics over the cluster, one exchange: this thread holds, for
-// row g + 8 hh of its warp's 16, its tile's s[hh] (NORM 1: the sum of the
-// row's values in the tile; NORM 2: the sum of their squares) and m2[hh]
-// (NORM 1: the sum of squared differences from the tile's own mean), the
-// same in all 4 threads of the quad. Every CTA sends its 64 rows' values
-// to every CTA's buffer `st` (this warpgroup's: [rank][32 x float4]) and
-// combines the GW_NC tiles in rank order (Chan et al.'s pairwise formula
-// for NORM 1: M2 = sum of m2_r + (s_r - n_r mean)^2 / n_r), returning the
-// row's mean (0 for NORM 2) and rstd. `bar` (this warpgroup's arrival and
-// GW_NC x 512 bytes a phase), its phase `ph`. One buffer is enough: a CTA
-// sends the next tile's values only after its consumers have passed this
-// wait, and every CTA reads its buffer before it sends again, which all
-// must have done before any can pass the next wait.
-__device__ __forceinline__ void gw_row_stats(const float (&s)[2],
-                                             const float (&m2)[2],
-                                             unsigned st, unsigned bar,
-                                             unsigned &ph, int rank, int ctid,
-                                             float eps, float (&mean)[2],
-                                             float (&rstd)[2])
+// Combine a row's GW_NC tile statistics st[r] = (s, m2) (NORM 1: the
+// tile's sum and its sum of squares about the tile's mean; NORM 2: the
+// sum of squares), in tile order: the row's mean (0 for NORM 2) and rstd.
+// NORM 1 by Chan et al.'s pairwise formula: M2 = sum of m2_r + (s_r -
+// n_r mean)^2 / n_r over the tiles.
+__device__ __forceinline__ void gw_combine(const float2 *st, float eps,
+                                           float &mean, float &rstd)
 {
-    const int lane = ctid & 31, wl = ctid >> 5;
-    const unsigned mine = st + (unsigned)((wl * 8 + (lane >> 2)) * 16);
-    if (ctid == 0)
-        mb_expect_tx(bar, GW_NC * GW_ST_BYTES);
-    if ((lane & 3) == 0) {
-#pragma unroll
-        for (int r = 0; r < GW_NC; r++)
-            st_async_v4(mine + rank * GW_ST_BYTES, bar, (unsigned)r, s[0],
-                        m2[0], s[1], m2[1]);
-    }
-    mb_wait_cluster(bar, ph);
-    ph ^= 1u;
-    float v[GW_NC][4];
+    float2 v[GW_NC];
 #pragma unroll
     for (int r = 0; r < GW_NC; r++)
-        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=f"(v[r][0]), "=f"(v[r][1]), "=f"(v[r][2]),
-                       "=f"(v[r][3])
-                     : "r"(mine + r * GW_ST_BYTES)
-                     : "memory");
+        v[r] = __ldcg(st + r * 128);
+    float t = 0.0f;
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        float t = 0.0f;
-#pragma unroll
-        for (int r = 0; r < GW_NC; r++)
-            t += v[r][2 * hh];
-        float var;
+    for (int r = 0; r < GW_NC; r++)
+        t += v[r].x;
 #if NORM == 1
-        mean[hh] = t * (1.0f / (float)N_TOTAL);
-        float q = 0.0f;
+    mean = t * (1.0f / (float)N_TOTAL);
+    float q = 0.0f;
 #pragma unroll
-        for (int r = 0; r < GW_NC; r++) {
-            const float d = v[r][2 * hh] - (float)gw_cols(r) * mean[hh];
-            q += v[r][2 * hh + 1] + d * d * (1.0f / (float)gw_cols(r));
-        }
-        var = q * (1.0f / (float)N_TOTAL);
+    for (int r = 0; r < GW_NC; r++) {
+        const float d = v[r].x - (float)gw_cols(r) * mean;
+        q += v[r].y + d * d * (1.0f / (float)gw_cols(r));
+    }
+    rstd = rsqrtf(q * (1.0f / (float)N_TOTAL) + eps);
 #else
-        mean[hh] = 0.0f;
-        var = t * (1.0f / (float)N_TOTAL);
+    mean = 0.0f;
+    rstd = rsqrtf(t * (1.0f / (float)N_TOTAL) + eps);
 #endif
-        rstd[hh] = rsqrtf(var + eps);
+}
+
+// One arrival on a row counter, releasing at GPU scope what the
+// warpgroup wrote before (ordered by the named barrier before it).
+__device__ __forceinline__ unsigned gw_arrive(unsigned *ctr)
+{
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;\n"
+                 : "=r"(old)
+                 : "l"(ctr)
+                 : "memory");
+    return old;
+}
+
+// Wait until the row counter reaches n (acquiring at GPU scope).
+__device__ __forceinline__ void gw_wait_count(const unsigned *ctr, unsigned n)
+{
+    unsigned v;
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
+                     : "=r"(v)
+                     : "l"(ctr)
+                     : "memory");
+        if (v >= n)
+            break;
+        __nanosleep(32);
     }
 }
 
@@ -371,7 +362,6 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #define GW_EMPTY(s) (bar + 8u * (STAGES + (s)))
 #define GW_ORDER(c) (bar + 8u * (2 * STAGES + (c)))
 #define GW_RES(c) (bar + 8u * (2 * STAGES + 2 + (c)))
-#define GW_STAT(c) (bar + 8u * (2 * STAGES + 4 + (c)))
 #define GW_SA(s) (base + (s) * GW_STAGE_BYTES)
 #define GW_SW(s) (base + (s) * GW_STAGE_BYTES + GW_A_BYTES)
 
@@ -379,16 +369,14 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     const int lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
     // Raster items (tiles, or pairs) and this CTA's walk over them.
-    const int n_tiles = NORM ? p.tiles_m : gw_rows(p) * p.tiles_n;
+    const int n_tiles = NORM ? p.tiles_m * GW_NC : gw_rows(p) * p.tiles_n;
     const int kt_n = (p.K + GW_BK - 1) / GW_BK;
-#if CLUSTER > 1 || NORM
+#if CLUSTER > 1
     const int rank = (int)cluster_rank();
 #else
     const int rank = 0;
 #endif
-    // CTAs an item: a pair, or (NORM) the cluster of a tile row.
-    constexpr int per_item = NORM ? GW_NC : CLUSTER;
-    const int t0 = blockIdx.x / per_item, t_step = gridDim.x / per_item;
+    const int t0 = blockIdx.x / CLUSTER, t_step = gridDim.x / CLUSTER;
 
     if (tid == 0) {
 #pragma unroll
@@ -400,15 +388,11 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         mb_init(GW_ORDER(1), 1);
         mb_init(GW_RES(0), 1);
         mb_init(GW_RES(1), 1);
-#if NORM
-        mb_init(GW_STAT(0), 1);
-        mb_init(GW_STAT(1), 1);
-#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     // The peer's multicasts and arrivals target these barriers: both
     // CTAs' are initialised first.
-#if CLUSTER > 1 || NORM
+#if CLUSTER > 1
     cluster_sync();
 #else
     __syncthreads();
@@ -476,17 +460,17 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     unsigned res_ph = 0; // phase of GW_RES(cw)
 #endif
 #if NORM
-    // gamma and beta of this CTA's columns (the same in every tile row)
-    // into shared memory, zeros past N.
+    // gamma and beta of this CTA's columns (the same in every tile it
+    // takes: gridDim.x is a multiple of GW_NC) into shared memory, zeros
+    // past N.
     unsigned *const gb = (unsigned *)(gw_smem_raw + (base - raw) + GW_OFF_GB);
     for (int i = tid - 128; i < BLOCK_N / 2; i += 256) {
-        const int col = rank * BLOCK_N + 2 * i;
+        const int col = (int)(blockIdx.x % GW_NC) * BLOCK_N + 2 * i;
         gb[i] = col < p.N ? gw_ldg_u32(p.gamma + col) : 0u;
         gb[BLOCK_N / 2 + i] =
             NORM == 1 && col < p.N ? gw_ldg_u32(p.beta + col) : 0u;
     }
     named_bar_sync(3, 256);
-    unsigned st_ph = 0; // phase of GW_STAT(cw)
 #endif
     unsigned ph = 0;
 #if PINGPONG
@@ -586,14 +570,16 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #if NORM
         // ---- row norm epilogue: (1) v = acc + bias (+ residual), rounded,
         // back into acc (WRITE_PRE: stored to pre through the C units);
-        // (2) the rows' mean and rstd over the cluster; (3) the normalised
-        // rows through the C units to C. The units are this warpgroup's
-        // four, in the ring's order (the residual's, loaded during the K
-        // loop); each warp reads and writes only its own 16 rows of them.
+        // (2) the rows' statistics through ws, the row's mean and rstd;
+        // (3) the normalised rows through the C units to C. The units are
+        // this warpgroup's four, in the ring's order (the residual's,
+        // loaded during the K loop); each warp reads and writes only its
+        // own 16 rows of each.
         {
             const unsigned s_c =
                 base + GW_OFF_C + cw * (GW_CBUF * 64 * 128);
             const int lr = wl * 16 + 8 * ((lane >> 3) & 1) + (lane & 7);
+            constexpr int UH = GW_ON / 64; // C units a 64-row half
 #if RESIDUAL
             mb_wait(GW_RES(cw), res_ph);
             res_ph ^= 1u;
@@ -604,92 +590,115 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             named_bar_sync(1 + cw, 128);
 #endif
 #pragma unroll
-            for (int u = 0; u < GW_UNITS; u++) {
-                const unsigned s_u = s_c + ((cu + u) % GW_CBUF) * (64 * 128);
+            for (int h = 0; h < GW_HALVES; h++)
 #pragma unroll
-                for (int jb = 0; jb < GW_RC; jb += GW_AB) {
-                    const int j = 8 * u + jb; // first 8-column block
-                    float v[4 * GW_AB];
+                for (int u = 0; u < UH; u++) {
+                    const unsigned s_u =
+                        s_c + ((cu + h * UH + u) % GW_CBUF) * (64 * 128);
 #pragma unroll
-                    for (int i = 0; i < 4 * GW_AB; i++) {
-                        v[i] = acc[0][4 * j + i];
+                    for (int jb = 0; jb < GW_RC; jb += GW_AB) {
+                        const int j = 8 * u + jb; // first 8-column block
+                        float v[4 * GW_AB];
+#pragma unroll
+                        for (int i = 0; i < 4 * GW_AB; i++) {
+                            v[i] = acc[h][4 * j + i];
 #if BIAS
-                        const unsigned b = bias_r[j + i / 4];
-                        v[i] += (i & 1) ? gm_hi(b) : gm_lo(b);
+                            const unsigned b = bias_r[j + i / 4];
+                            v[i] += (i & 1) ? gm_hi(b) : gm_lo(b);
 #endif
-                    }
-                    const unsigned m_addr =
-                        s_u + lr * 128 +
-                        ((((j + (lane >> 4)) & 7) ^ (lr & 7)) << 4);
+                        }
+                        const unsigned m_addr =
+                            s_u + lr * 128 +
+                            ((((j + (lane >> 4)) & 7) ^ (lr & 7)) << 4);
 #if RESIDUAL
-                    unsigned rr[4];
-                    ld_matrix4(m_addr, rr[0], rr[1], rr[2], rr[3]);
+                        unsigned rr[4];
+                        ld_matrix4(m_addr, rr[0], rr[1], rr[2], rr[3]);
 #pragma unroll
-                    for (int f = 0; f < 4; f++) {
-                        v[2 * f] += gm_lo(rr[f]);
-                        v[2 * f + 1] += gm_hi(rr[f]);
-                    }
+                        for (int f = 0; f < 4; f++) {
+                            v[2 * f] += gm_lo(rr[f]);
+                            v[2 * f + 1] += gm_hi(rr[f]);
+                        }
 #endif
-                    unsigned pk[4];
+                        unsigned pk[4];
 #pragma unroll
-                    for (int f = 0; f < 4; f++) {
-                        pk[f] = stof_pack2(v[2 * f], v[2 * f + 1]);
-                        acc[0][4 * j + 2 * f] = gm_lo(pk[f]);
-                        acc[0][4 * j + 2 * f + 1] = gm_hi(pk[f]);
+                        for (int f = 0; f < 4; f++) {
+                            pk[f] = stof_pack2(v[2 * f], v[2 * f + 1]);
+                            acc[h][4 * j + 2 * f] = gm_lo(pk[f]);
+                            acc[h][4 * j + 2 * f + 1] = gm_hi(pk[f]);
+                        }
+#if WRITE_PRE
+                        st_matrix4(m_addr, pk[0], pk[1], pk[2], pk[3]);
+#endif
                     }
 #if WRITE_PRE
-                    st_matrix4(m_addr, pk[0], pk[1], pk[2], pk[3]);
+                    fence_proxy_async();
+                    named_bar_sync(1 + cw, 128);
+                    if (ctid == 0) {
+                        tma_store2(&p.tm_p, tn * GW_ON + u * 64,
+                                   tm * GW_BM + wg_row0 + 64 * h, s_u);
+                        bulk_commit();
+                    }
 #endif
                 }
-#if WRITE_PRE
-                fence_proxy_async();
-                named_bar_sync(1 + cw, 128);
-                if (ctid == 0) {
-                    tma_store2(&p.tm_p, tn * GW_ON + u * 64,
-                               tm * GW_BM + wg_row0, s_u);
-                    bulk_commit();
-                }
-#endif
-            }
             // (2) [4 j + 2 hh + c]: row g + 8 hh, column 8 j + 2 tq + c.
-            // Columns past N hold zeros, not values: left out.
-            float s2[2], m2[2] = {0.0f, 0.0f}, mean[2], rstd[2];
+            // Columns past N hold zeros, not values: left out. One thread
+            // of each quad writes its rows' (s, m2) to ws.
+            float2 *const st_row =
+                (float2 *)(p.ws + (((unsigned)p.tiles_m + 63u) & ~63u)) +
+                (size_t)tm * (GW_NC * 128) + wg_row0 + 16 * wl + g;
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                float x = 0.0f;
+            for (int h = 0; h < GW_HALVES; h++)
 #pragma unroll
-                for (int j = 0; j < GW_ACC / 4; j++)
+                for (int hh = 0; hh < 2; hh++) {
+                    float x = 0.0f;
 #pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float a = acc[0][4 * j + 2 * hh + c];
-                        x += NORM == 1 ? a : a * a;
-                    }
-                s2[hh] = gw_quad_sum(x);
+                    for (int j = 0; j < GW_ACC / 4; j++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            const float a = acc[h][4 * j + 2 * hh + c];
+                            x += NORM == 1 ? a : a * a;
+                        }
+                    const float s2 = gw_quad_sum(x);
+                    float m2 = 0.0f;
 #if NORM == 1
-                // The tile's own mean, then the squares about it.
-                float n_t = (float)(N_TOTAL - rank * BLOCK_N);
-                n_t = n_t < (float)BLOCK_N ? n_t : (float)BLOCK_N;
-                const float mt = s2[hh] / n_t;
-                x = 0.0f;
+                    // The tile's own mean, then the squares about it.
+                    const float mt = s2 * (1.0f / (float)gw_cols(tn));
+                    x = 0.0f;
 #pragma unroll
-                for (int j = 0; j < GW_ACC / 4; j++)
+                    for (int j = 0; j < GW_ACC / 4; j++)
 #pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float d = acc[0][4 * j + 2 * hh + c] - mt;
-                        if (N_TOTAL % BLOCK_N == 0 ||
-                            rank * BLOCK_N + 8 * j + 2 * tq + c < N_TOTAL)
-                            x += d * d;
-                    }
-                m2[hh] = gw_quad_sum(x);
+                        for (int c = 0; c < 2; c++) {
+                            const float d = acc[h][4 * j + 2 * hh + c] - mt;
+                            if (N_TOTAL % BLOCK_N == 0 ||
+                                tn * BLOCK_N + 8 * j + 2 * tq + c < N_TOTAL)
+                                x += d * d;
+                        }
+                    m2 = gw_quad_sum(x);
 #endif
+                    if (tq == 0)
+                        st_row[tn * 128 + 64 * h + 8 * hh] =
+                            make_float2(s2, m2);
+                }
+            // Arrive on the row's counter, wait for the row's tiles.
+            unsigned *const ctr = p.ws + tm;
+            constexpr unsigned per_row = GW_NC * (PINGPONG ? 1u : 2u);
+            named_bar_sync(1 + cw, 128);
+            if (ctid == 0) {
+                gw_arrive(ctr);
+                gw_wait_count(ctr, per_row);
             }
-            gw_row_stats(s2, m2,
-                         base + GW_OFF_ST + cw * (GW_NC * GW_ST_BYTES),
-                         GW_STAT(cw), st_ph, rank, ctid, p.eps, mean, rstd);
-            float sh[2]; // -mean * rstd
+            named_bar_sync(1 + cw, 128);
+            float mean[GW_HALVES][2], rstd[GW_HALVES][2];
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-                sh[hh] = -mean[hh] * rstd[hh];
+            for (int h = 0; h < GW_HALVES; h++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    gw_combine(st_row + 64 * h + 8 * hh, p.eps, mean[h][hh],
+                               rstd[h][hh]);
+            // Read: the last reader of the row resets its counter.
+            named_bar_sync(1 + cw, 128);
+            if (ctid == 0 && gw_arrive(ctr) == 2u * per_row - 1u)
+                atomicExch(ctr, 0u);
             // (3) The units are free: their residual was read above by the
             // warp that now writes, and (WRITE_PRE) the pre stores have
             // read them; else the previous tile's stores have.
@@ -699,43 +708,48 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             named_bar_sync(1 + cw, 128);
 #endif
 #pragma unroll
-            for (int u = 0; u < GW_UNITS; u++, cu++) {
-                const unsigned s_u = s_c + (cu % GW_CBUF) * (64 * 128);
+            for (int h = 0; h < GW_HALVES; h++)
 #pragma unroll
-                for (int jb = 0; jb < GW_RC; jb += GW_AB) {
-                    const int j = 8 * u + jb;
-                    unsigned pk[4];
+                for (int u = 0; u < UH; u++, cu++) {
+                    const unsigned s_u = s_c + (cu % GW_CBUF) * (64 * 128);
 #pragma unroll
-                    for (int f = 0; f < 4; f++) {
-                        // fragment f = 2 jj + hh: block j + jj, row g + 8 hh
-                        const int jj = f >> 1, hh = f & 1;
-                        const int col = 8 * (j + jj) + 2 * tq;
-                        const unsigned gv = gb[col / 2],
-                                       bv = gb[BLOCK_N / 2 + col / 2];
-                        const float *x = &acc[0][4 * (j + jj) + 2 * hh];
-                        float y0 = fmaf(x[0], rstd[hh], sh[hh]) * gm_lo(gv);
-                        float y1 = fmaf(x[1], rstd[hh], sh[hh]) * gm_hi(gv);
+                    for (int jb = 0; jb < GW_RC; jb += GW_AB) {
+                        const int j = 8 * u + jb;
+                        unsigned pk[4];
+#pragma unroll
+                        for (int f = 0; f < 4; f++) {
+                            // fragment f = 2 jj + hh: block j + jj, row
+                            // g + 8 hh
+                            const int jj = f >> 1, hh = f & 1;
+                            const int col = 8 * (j + jj) + 2 * tq;
+                            const unsigned gv = gb[col / 2],
+                                           bv = gb[BLOCK_N / 2 + col / 2];
+                            const float *x = &acc[h][4 * (j + jj) + 2 * hh];
+                            const float r = rstd[h][hh],
+                                        sh = -mean[h][hh] * r;
+                            float y0 = fmaf(x[0], r, sh) * gm_lo(gv);
+                            float y1 = fmaf(x[1], r, sh) * gm_hi(gv);
 #if NORM == 1
-                        y0 += gm_lo(bv);
-                        y1 += gm_hi(bv);
+                            y0 += gm_lo(bv);
+                            y1 += gm_hi(bv);
 #else
-                        (void)bv;
+                            (void)bv;
 #endif
-                        pk[f] = stof_pack2(y0, y1);
+                            pk[f] = stof_pack2(y0, y1);
+                        }
+                        const unsigned m_addr =
+                            s_u + lr * 128 +
+                            ((((j + (lane >> 4)) & 7) ^ (lr & 7)) << 4);
+                        st_matrix4(m_addr, pk[0], pk[1], pk[2], pk[3]);
                     }
-                    const unsigned m_addr =
-                        s_u + lr * 128 +
-                        ((((j + (lane >> 4)) & 7) ^ (lr & 7)) << 4);
-                    st_matrix4(m_addr, pk[0], pk[1], pk[2], pk[3]);
+                    fence_proxy_async();
+                    named_bar_sync(1 + cw, 128);
+                    if (ctid == 0) {
+                        tma_store2(&p.tm_c, tn * GW_ON + u * 64,
+                                   tm * GW_BM + wg_row0 + 64 * h, s_u);
+                        bulk_commit();
+                    }
                 }
-                fence_proxy_async();
-                named_bar_sync(1 + cw, 128);
-                if (ctid == 0) {
-                    tma_store2(&p.tm_c, tn * GW_ON + u * 64,
-                               tm * GW_BM + wg_row0, s_u);
-                    bulk_commit();
-                }
-            }
         }
 #else
         // ---- epilogue: registers -> shared memory -> TMA stores, in C
@@ -852,16 +866,14 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     if (ctid == 0)
         bulk_wait0();
     } // consumers
-#if CLUSTER > 1 || NORM
-    // Nor before the peers' last arrivals (and NORM: stores) on this CTA's
-    // shared memory.
+#if CLUSTER > 1
+    // Nor before the peer's last arrivals on this CTA's barriers.
     cluster_sync();
 #endif
 #undef GW_FULL
 #undef GW_EMPTY
 #undef GW_ORDER
 #undef GW_RES
-#undef GW_STAT
 #undef GW_SA
 #undef GW_SW
 #else

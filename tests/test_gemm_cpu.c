@@ -394,9 +394,7 @@ Test(gemm_cpu, hopper_template)
         {{128, 128, 64, 2, 4, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "2x1"},
         {{128, 128, 64, 2, 1, 7, 1, 1}, {0, 0, 0, 0, 0, 0}, "stages"},
         {{128, 256, 64, 2, 1, 5, 1, 1}, {0, 0, 0, 0, 0, 0}, "shared memory"},
-        {{128, 128, 64, 1, 1, 4, 1, 1}, {0, 0, 1, 2, 0, 0}, "row norm needs"},
-        {{128, 256, 64, 2, 1, 3, 1, 2}, {0, 0, 1, 1, 0, 0}, "row norm needs"},
-        {{128, 64, 64, 2, 1, 4, 1, 1}, {0, 0, 1, 1, 0, 0}, "one cluster"},
+        {{128, 256, 64, 2, 1, 3, 1, 2}, {0, 0, 1, 1, 0, 0}, "no pairs"},
         {{128, 128, 64, 2, 1, 4, 1, 1}, {0, 9, 0, 0, 0, 0}, "act 9"},
         {{128, 128, 64, 2, 1, 4, 2, 1}, {0, 0, 0, 0, 0, 0}, "wgmma 2"},
         {{128, 128, 64, 2, 1, 4, 1, 3}, {0, 0, 0, 0, 0, 0}, "cluster 3"},
@@ -460,8 +458,8 @@ Test(gemm_cpu, hopper_template)
     n = stof__gemm_candidates(&dev, &gelu, 16384, 3072, 768, c, 64);
     cr_assert_geq(best, 0);
     cr_expect_eq(c[best].wgmma, 1, "the model prefers mma.sync on H100");
-    /* A norm: clusters of a row's 3 (or 6) tiles at N 768, ranked first;
-     * none where a row takes more than 8 tiles. */
+    /* A norm: rows of 3 (or 6) tiles at N 768, ranked first; at N 4096
+     * only 256-wide tiles (16 a row), none at 8192. */
     const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0};
     n = stof__gemm_candidates(&dev, &ln, 4096, 768, 768, c, 64);
     n_wg = 0;
@@ -472,7 +470,7 @@ Test(gemm_cpu, hopper_template)
                                        sizeof(why)),
                   "%s", why);
         n_wg += c[i].wgmma;
-        cr_expect(!c[i].wgmma || (c[i].warps_m == 2 && c[i].cluster <= 1));
+        cr_expect(!c[i].wgmma || c[i].cluster <= 1);
         const double ms = stof__gemm_model_ms(&dev, &c[i], &ln, 4096, 768,
                                               768);
         if (ms < best_ms) {
@@ -485,15 +483,27 @@ Test(gemm_cpu, hopper_template)
     cr_expect_eq(c[best].wgmma, 1, "the model prefers the row-complete "
                                    "mma.sync kernel for a norm");
     n = stof__gemm_candidates(&dev, &ln, 4096, 4096, 4096, c, 64);
-    cr_expect_gt(n, 0);
+    n_wg = 0;
+    for (int i = 0; i < n; i++) {
+        n_wg += c[i].wgmma;
+        cr_expect(!c[i].wgmma || c[i].block_n == 256,
+                  "a wgmma norm over 32 tiles a row");
+    }
+    cr_expect_gt(n_wg, 0, "no wgmma candidate for a norm at N 4096");
+    n = stof__gemm_candidates(&dev, &ln, 4096, 8192, 4096, c, 64);
     for (int i = 0; i < n; i++)
-        cr_expect_eq(c[i].wgmma, 0, "a wgmma norm over 16 tiles a row");
-    /* Its shared memory: four C units a warpgroup, two more mbarriers,
-     * gamma and beta of 256 columns, the row statistics of 3 CTAs. */
+        cr_expect_eq(c[i].wgmma, 0, "a wgmma norm over 32 tiles a row");
+    cr_expect_not(stof__gemm_cfg_valid(&dev, &co, &ln, 4096, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "more than the 16") != NULL, "%s", why);
+    /* Its shared memory: four C units a warpgroup, gamma and beta of 256
+     * columns; its workspace: a row counter a tile row (256-byte padded)
+     * and 128 rows x 8 bytes a tile. */
     cr_expect_eq(stof__gemm_smem_bytes(&ok, &ln, 768),
-                 3u * 384 * 128 + 65536u + 48u + 48u + 1024u + 3072u +
-                     1024u);
-    cr_expect_eq(stof__gemm_smem_bytes(&ok, &ln, 0), 0u);
+                 3u * 384 * 128 + 65536u + 48u + 32u + 1024u + 1024u);
+    cr_expect_eq(stof__gemm_ws_bytes(&ok, &ln, 300, 768),
+                 256u + 3u * 3u * 1024u);
+    cr_expect_eq(stof__gemm_ws_bytes(&ok, &gelu, 300, 768), 0u);
     /* Records: "wg" only when set; both forms read back. */
     round_trip(&ok, &gelu, "\"wg\":1");
     stof_str s = {0};

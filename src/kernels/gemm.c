@@ -19,7 +19,7 @@
 
 /* The kernel receives stof_gemm_args by value (struct stof_gemm_params in
  * gemm.cu has the same layout; both sides check the size). */
-_Static_assert(sizeof(stof_gemm_args) == 112,
+_Static_assert(sizeof(stof_gemm_args) == 120,
                "stof_gemm_args must match gemm.cu's stof_gemm_params");
 _Static_assert(offsetof(stof_gemm_args, M) == 64 &&
                    offsetof(stof_gemm_args, lda) == 80 &&
@@ -35,13 +35,15 @@ typedef struct stof_gemm_wgmma_params {
     int M, N, K;
     int tiles_m, tiles_n;
     float eps;
-    uint8_t tail_[56];
+    CUdeviceptr ws;
+    uint8_t tail_[48];
 } stof_gemm_wgmma_params;
 _Static_assert(sizeof(stof_gemm_wgmma_params) == 768,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
 _Static_assert(offsetof(stof_gemm_wgmma_params, c) == 640 &&
                    offsetof(stof_gemm_wgmma_params, M) == 688 &&
-                   offsetof(stof_gemm_wgmma_params, eps) == 708,
+                   offsetof(stof_gemm_wgmma_params, eps) == 708 &&
+                   offsetof(stof_gemm_wgmma_params, ws) == 712,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
 
 /* The largest opt-in shared memory of any GPU the kernel targets (sm_90:
@@ -49,11 +51,10 @@ _Static_assert(offsetof(stof_gemm_wgmma_params, c) == 640 &&
 #define GEMM_SMEM_MAX_ANY (227 * 1024)
 
 /* The Hopper template: 128-row tiles, 64 of K per stage; with a row norm
- * a row's tiles are one cluster, at most WG_NORM_CTAS CTAs (the portable
- * cluster size). */
+ * a row is at most WG_NORM_TILES tiles. */
 #define WG_BM 128
 #define WG_BK 64
-#define WG_NORM_CTAS 8
+#define WG_NORM_TILES 16
 
 /* Accumulator floats per thread the kernel allows (a 64x64 warp tile): with
  * the fragments and addresses this stays under 255 registers. */
@@ -86,24 +87,17 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
     if (c->wgmma) { /* stages x {A, W} tiles, the two consumer
                        warpgroups' rings of 64 x 64 C units (two; four with
                        a residual, which is loaded into them, or a norm),
-                       the mbarriers (two a stage, four more; two more
-                       with a norm), with a norm gamma and beta of the
-                       tile's columns and the row statistics (two
-                       warpgroups, 512 bytes from each CTA of the row),
-                       1024 of slack */
+                       the mbarriers (two a stage, four more), with a norm
+                       gamma and beta of the tile's columns, 1024 of
+                       slack */
         const int norm = e && e->norm;
-        if (norm && N <= 0)
-            return 0;
-        const size_t ctas =
-            norm ? (size_t)((N + c->block_n - 1) / c->block_n) : 0;
         return (size_t)c->stages *
                    ((size_t)c->block_m + (size_t)c->block_n) *
                    (size_t)c->block_k * 2u +
                2u * (e && (e->residual || norm) ? 4u : 2u) * 64u * 64u *
                    2u +
-               16u * (size_t)c->stages + (norm ? 48u : 32u) +
-               (norm ? 4u * (size_t)c->block_n + 2u * 512u * ctas : 0u) +
-               1024u;
+               16u * (size_t)c->stages + 32u +
+               (norm ? 4u * (size_t)c->block_n : 0u) + 1024u;
     }
     const size_t pitch = (size_t)c->block_k + 8u;
     const size_t pipe = (size_t)c->stages *
@@ -115,6 +109,20 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
     }
     const size_t stage = (size_t)c->block_m * ((size_t)c->block_n + 8u) * 2u;
     return pipe > stage ? pipe : stage;
+}
+
+size_t stof__gemm_ws_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                           int M, int N)
+{
+    if (!c || !e || !c->wgmma || !e->norm || M <= 0 || N <= 0 ||
+        c->block_n <= 0)
+        return 0;
+    /* The row counters (one a tile row, padded to 256 bytes), then each
+     * tile's 128 rows' statistics (two floats). */
+    const size_t tiles_m = ((size_t)M + WG_BM - 1) / WG_BM;
+    const size_t row_tiles = ((size_t)N + (size_t)c->block_n - 1) /
+                             (size_t)c->block_n;
+    return (tiles_m + 63u) / 64u * 256u + tiles_m * row_tiles * 128u * 8u;
 }
 
 /* The epilogue's own rules (both templates). */
@@ -182,16 +190,17 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          c->cluster);
     if (!epi_valid(e, why, n))
         return 0;
-    if (e->norm && (c->warps_m != 2 || c->cluster > 1))
+    if (e->norm && c->cluster > 1)
         return stof__why(why, n,
-                         "wgmma template: a row norm needs warps 2x1 and "
-                         "no pairs (its clusters are a row's tiles)");
-    if (e->norm && (N + c->block_n - 1) / c->block_n > WG_NORM_CTAS)
+                         "wgmma template: a row norm runs no pairs "
+                         "(cluster %d)",
+                         c->cluster);
+    if (e->norm && (N + c->block_n - 1) / c->block_n > WG_NORM_TILES)
         return stof__why(why, n,
                          "wgmma template: a row norm over N %d takes %d "
-                         "tiles of %d, one cluster of at most %d CTAs",
+                         "tiles of %d, more than the %d a row may have",
                          N, (N + c->block_n - 1) / c->block_n, c->block_n,
-                         WG_NORM_CTAS);
+                         WG_NORM_TILES);
     if (e->gated && c->block_n < 128)
         return stof__why(why, n,
                          "wgmma template: gated needs block_n 128 or 256 "
@@ -321,8 +330,10 @@ static const int wgmma_tiles[][4] = {
     {128, 5, 1, 1}, {128, 6, 1, 1}, {64, 6, 1, 1},  {256, 4, 2, 2},
     {256, 3, 2, 2}};
 
-/* With a row norm (a row's tiles in one cluster): block_n, stages. */
-static const int wgmma_norm_tiles[][2] = {{256, 3}, {128, 4}, {256, 2}};
+/* With a row norm: block_n, stages, warps_m (1: ping-pong, the row
+ * statistics' wait passes under the other warpgroup's K loop). */
+static const int wgmma_norm_tiles[][3] = {
+    {128, 5, 1}, {128, 4, 1}, {256, 3, 2}, {128, 4, 2}, {256, 2, 2}};
 
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max)
@@ -338,7 +349,7 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                     k < max;
          i++) {
         const stof_gemm_cfg c = {WG_BM, wgmma_norm_tiles[i][0],
-                                 WG_BK, 2,
+                                 WG_BK, wgmma_norm_tiles[i][2],
                                  1,     wgmma_norm_tiles[i][1],
                                  1,     1};
         if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
@@ -425,15 +436,15 @@ static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
                                                  : tiles_m) *
                          (double)tiles_n;
     const double kpad = (double)round_up(K, WG_BK);
-    /* A row norm: the row's tiles run together in a cluster (the SMs
-     * in whole clusters), and each tile waits out two exchanges of row
-     * sums between them (about a microsecond each). */
+    /* A row norm: the grid is a multiple of the row's tiles, and each
+     * tile waits for its row's statistics (about two microseconds; under
+     * the other warpgroup's K loop with ping-pong). */
     const double tile_s =
         2.0 * WG_BM * c->block_n * kpad / (WGMMA_SM_PEAK * eff) +
-        (e->norm ? 2e-6 : 0.0);
+        (e->norm && c->warps_m != 1 ? 2e-6 : 0.0);
+    const int grid = e->norm ? sms / tiles_n * tiles_n : sms;
     const double compute_s =
-        e->norm ? ceil((double)tiles_m / (double)(sms / tiles_n)) * tile_s
-                : ceil(tiles / sms) * tile_s;
+        grid > 0 ? ceil(tiles / grid) * tile_s : INFINITY;
     const double mem_s = gemm_mem_s(e, M, N, K);
     return (compute_s > mem_s ? compute_s : mem_s) * 1e3 + GEMM_LAUNCH_MS;
 }
@@ -711,6 +722,40 @@ static stof_status cluster_launch(CUfunction fn, const stof_api *api,
                                                           : STOF_ERR_CUDA;
 }
 
+/* Launch a row-norm kernel: a multiple of the row's `row_tiles` tiles (so
+ * a row's tiles run in the same round), at most ctas (0: one CTA per
+ * tile) and items, cooperatively: its CTAs wait for each other's row
+ * statistics, so all must be resident (the launch fails rather than
+ * hangs when they cannot be). */
+static stof_status norm_launch(CUfunction fn, const stof_api *api,
+                               int row_tiles, int ctas, int64_t items,
+                               unsigned smem, CUstream stream, void **params)
+{
+    stof_launch_ex_fn launch = stof__launch_ex(api);
+    if (!launch)
+        return STOF_ERR_UNSUPPORTED;
+    int64_t grid = ctas > 0 && ctas < items ? ctas : items;
+    grid = grid / row_tiles * row_tiles;
+    if (grid < row_tiles)
+        grid = row_tiles;
+    CUlaunchAttribute at;
+    memset(&at, 0, sizeof(at));
+    at.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    at.value.cooperative = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDimX = (unsigned)grid;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 384;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = stream;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    return launch(&cfg, fn, params, NULL) == CUDA_SUCCESS ? STOF_OK
+                                                          : STOF_ERR_CUDA;
+}
+
 /* stof__gemm_launch of the Hopper template (arguments already checked). */
 static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
                                 const stof_gemm_epi *e,
@@ -748,26 +793,25 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
     p.gamma = e->norm ? a->gamma : 0;
     p.beta = e->norm == 1 ? a->beta : 0;
     p.eps = a->eps;
+    p.ws = e->norm ? a->ws : 0;
     p.ldc = a->ldc;
     p.M = a->M;
     p.N = a->N;
     p.K = a->K;
     p.tiles_m = (a->M + WG_BM - 1) / WG_BM;
     p.tiles_n = (a->N + out_n - 1) / out_n;
-    /* The raster's items: tiles, pairs of tile rows, or (norm) tile rows,
-     * each taken by a cluster of the row's tiles. */
-    const int64_t items =
-        e->norm ? (int64_t)p.tiles_m
-                : (int64_t)(pair ? (p.tiles_m + 1) / 2 : p.tiles_m) *
-                      p.tiles_n;
+    /* The raster's items: tiles, or pairs of tile rows. */
+    const int64_t items = (int64_t)(pair ? (p.tiles_m + 1) / 2 : p.tiles_m) *
+                          p.tiles_n;
     if (items > INT32_MAX / 2 ||
-        (e->norm && (p.tiles_n > WG_NORM_CTAS || pair)))
+        (e->norm && (p.tiles_n > WG_NORM_TILES || pair || !a->ws ||
+                     a->ws % 16u)))
         return STOF_ERR_INVALID_ARGUMENT;
     const unsigned smem = (unsigned)stof__gemm_smem_bytes(c, e, a->N);
     void *params[] = {&p};
     if (e->norm)
-        return cluster_launch(fn, api, (unsigned)p.tiles_n, ctas, items, smem,
-                              stream, params);
+        return norm_launch(fn, api, p.tiles_n, ctas, items, smem, stream,
+                           params);
     if (!pair) {
         const unsigned grid =
             (unsigned)(ctas > 0 && ctas < items ? ctas : items);

@@ -23,10 +23,11 @@
  *   norm:     out = norm(v over the whole row n = 0..N-1), with gamma/beta
  *             (1 = STOF_NORM_LAYER + 1, 2 = STOF_NORM_RMS + 1); in the
  *             mma.sync template's row-complete variant (a CTA owns block_m
- *             whole rows) or the Hopper template in clusters (a row's
- *             ceil(N / block_n) <= 8 tiles run together and exchange row
- *             sums), only with act = STOF_ACT_NONE. v is rounded to the
- *             dtype before the norm (as an unfused chain would store it).
+ *             whole rows) or the Hopper template (a row's ceil(N /
+ *             block_n) <= 16 tiles run in the same round of a resident
+ *             grid and exchange row statistics through the workspace),
+ *             only with act = STOF_ACT_NONE. v is rounded to the dtype
+ *             before the norm (as an unfused chain would store it).
  *   write_pre: with norm, also store the rounded v to pre[m][n].
  * The output (and residual, pre) use leading dimension ldc. */
 typedef struct stof_gemm_epi {
@@ -47,8 +48,9 @@ typedef struct stof_gemm_epi {
  * stages; warps_n 1 and warps_m 2 (two consumer warpgroups share each
  * tile) or 1 (ping-pong: they take whole tiles in turn, block_n <= 128);
  * one CTA per SM walks the tiles (stof__gemm_launch's ctas). With a norm:
- * warps 2x1, cluster 1, and the kernel is compiled for its N (like the
- * row-complete variant); it runs in clusters of a row's tiles.
+ * cluster 1, the kernel compiled for its N (like the row-complete
+ * variant), a cooperative launch (all CTAs resident) of a multiple of the
+ * row's tiles, and a workspace.
  * cluster (wgmma only): 0 or 1 alone; 2: clusters of two CTAs on tile
  * rows 2i, 2i + 1 of one column, each W tile read once for both (TMA
  * multicast). */
@@ -68,6 +70,10 @@ typedef struct stof_gemm_args {
     int M, N, K;
     int64_t lda, ldw, ldc; /* elements */
     float eps;
+    /* The Hopper template with a norm: its workspace of
+     * stof__gemm_ws_bytes, zeroed once when allocated (each launch
+     * leaves it ready for the next); launches using it run in order. */
+    CUdeviceptr ws;
 } stof_gemm_args;
 
 /* Shape rules of the templates: N and K multiples of 8, lda/ldw/ldc
@@ -78,6 +84,11 @@ typedef struct stof_gemm_args {
 int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          const stof_gemm_epi *e, int N, int K, char *why,
                          size_t n);
+
+/* The workspace (stof_gemm_args.ws) a launch of (c, e) for M x N needs in
+ * bytes: 0 but for the Hopper template with a norm. */
+size_t stof__gemm_ws_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                           int M, int N);
 
 /* Dynamic shared memory of one CTA in bytes. */
 size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,

@@ -415,11 +415,25 @@ static stof_status alloc_buffers(stof_layer *L)
     else
         stof__log(ctx, STOF_LOG_INFO,
                   "cuBLASLt is not a candidate: %s", why);
+    /* The workspace of a Hopper GEMM with a norm (the two junctions' in
+     * turn), for its widest shape (128-column tiles), zeroed here once. */
+    const stof_gemm_cfg narrow = {128, 128, 64, 1, 1, 2, 1, 1};
+    const stof_gemm_epi norm = {0, 0, 0, 1, 0, 0};
+    const size_t norm_ws =
+        ctx->device.cc_major == 9 && ctx->device.cc_minor == 0
+            ? stof__gemm_ws_bytes(&narrow, &norm, L->M, L->d.hidden)
+            : 0;
+    const size_t norm_off = total;
+    total += (norm_ws + 255) / 256 * 256;
     STOF_CU(ctx, api->cuMemAlloc(&L->mem, total));
     for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
         L->buf[s] = L->mem + off[s];
     if (lt)
         L->lt_ws = L->mem + ws_off;
+    if (norm_ws) {
+        L->norm_ws = L->mem + norm_off;
+        STOF_CU(ctx, api->cuMemsetD8(L->norm_ws, 0, norm_ws));
+    }
     /* (A gated layer's split FFN buffer and gate kernel: only when a split
      * FFN is timed or chosen, stof__layer_gate_ready; the capture stream
      * at the first graph run.) */

@@ -90,7 +90,8 @@ struct stof_layer {
     CUdeviceptr buf[SYM_COUNT]; /* intermediates (QKV..G) */
     CUmodule gate_mod;        /* desc.gated: the gate kernel (stof_gate) */
     CUfunction gate_fn;
-    CUdeviceptr mem, lt_ws;
+    CUdeviceptr mem, lt_ws, norm_ws; /* norm_ws: the Hopper GEMMs' with a
+                                        norm (stof__gemm_ws_bytes) */
     CUstream cap_stream;
     CUgraph graph;
     CUgraphExec gexec;

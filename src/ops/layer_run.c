@@ -55,6 +55,7 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     a.ldw = g->K;
     a.ldc = g->N;
     a.eps = L->eps;
+    a.ws = L->norm_ws;
     if (stof__layer_gemm_split(g, g->lt, &g->cfg)) {
         /* [M][2 ffn] into SYM_G, then out = act(gate) * up. */
         if (!L->gate_fn || !L->buf[SYM_G])
