@@ -134,41 +134,6 @@ __device__ __forceinline__ void mb_arrive_rank(unsigned bar, unsigned rank)
                  : "memory");
 }
 
-// Wait until the phase with parity `parity` has completed, acquiring at
-// cluster scope: what other CTAs of the cluster stored here (st_async_v2)
-// before completing the phase's bytes is visible after it.
-__device__ __forceinline__ void mb_wait_cluster(unsigned bar, unsigned parity)
-{
-    unsigned done;
-    do {
-        asm volatile("{\n .reg .pred p;\n"
-                     " mbarrier.try_wait.parity.acquire.cluster.shared::cta"
-                     ".b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
-// Four floats (16 bytes) to `addr`'s offset in the shared memory of the
-// cluster's CTA of rank `rank`, completing 16 bytes of transactions on
-// the mbarrier at `bar`'s offset in that CTA (`addr` 16-byte aligned).
-__device__ __forceinline__ void st_async_v4(unsigned addr, unsigned bar,
-                                            unsigned rank, float x, float y,
-                                            float z, float w)
-{
-    asm volatile("{\n .reg .b32 ra, rb;\n"
-                 " mapa.shared::cluster.u32 ra, %0, %2;\n"
-                 " mapa.shared::cluster.u32 rb, %1, %2;\n"
-                 " st.async.shared::cluster.mbarrier::complete_tx::bytes"
-                 ".v4.b32 [ra], {%3, %4, %5, %6}, [rb];\n}\n" ::"r"(addr),
-                 "r"(bar), "r"(rank), "r"(__float_as_uint(x)),
-                 "r"(__float_as_uint(y)), "r"(__float_as_uint(z)),
-                 "r"(__float_as_uint(w))
-                 : "memory");
-}
-
 // TMA store: the box at `src` to coordinates (c0, c1) of a 2-D map (rows
 // and columns outside the map are not written), in this thread's current
 // bulk group.
