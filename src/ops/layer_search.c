@@ -426,12 +426,13 @@ static int apply_winner(slot_op *o, const stof_search_result *r,
         g->ms = r->winner_ms;
         g->n_timed = r->n_timed;
         g->n_rejected = r->n_rejected;
+        char name[96];
+        so_describe(o, r->winner, name, sizeof(name));
         stof__log(L->ctx, STOF_LOG_INFO,
                   "layer tune: %-9s %6dx%5dx%5d  best %s %.4f ms of %d timed "
                   "(%d rejected)",
-                  g_slot[o->op], g->M, g->N, g->K,
-                  g->lt ? "cublaslt" : "template", r->winner_ms, r->n_timed,
-                  r->n_rejected);
+                  g_slot[o->op], g->M, g->N, g->K, name, r->winner_ms,
+                  r->n_timed, r->n_rejected);
     }
     return 1;
 }
