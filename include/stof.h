@@ -859,7 +859,11 @@ STOF_API stof_status stof_layer_run(stof_layer *layer,
 /* Run n_layers layers with the same shape: layer i uses w[i]; x -> y
  * (y may equal x). With STOF_STACK_GRAPH the launches are recorded once
  * and later calls enqueue one graph launch; a call with other pointers
- * records again. Not capturable itself with STOF_STACK_GRAPH (use 0). */
+ * records again. Not capturable itself with STOF_STACK_GRAPH (use 0).
+ * Pre-norm layers whose scheme has a stack ending (stof_layer_describe:
+ * "junction_b": "stack") fuse each layer's input norm into the previous
+ * layer's last GEMM, so a stack rounds slightly differently from
+ * stof_layer_run layer by layer (within the dtype's rounding). */
 STOF_API stof_status stof_layer_stack_run(stof_layer *layer, int n_layers,
                                           const stof_layer_weights *w,
                                           const void *x, void *y,

@@ -603,6 +603,18 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
     cr_assert_eq(stof_layer_run(L, &lwt[2], py2, py2, NULL), STOF_OK);
     cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
     download(y2, n, d.dtype, a);
+    /* Where the scheme fuses the stack ending (each layer's last GEMM
+     * also normalises for the next, which skips its input norm: the
+     * model's choice on a Hopper GPU), the stack rounds differently from
+     * layer runs; else it is the same kernels, bit for bit. */
+    char desc[16384];
+    cr_assert_eq(stof_layer_describe(L, desc, sizeof(desc), NULL), STOF_OK);
+    const int fused = strstr(desc, "\"junction_b\":\"stack\"") != NULL;
+    if (ctx->device.cc_major == 9 && ctx->device.cc_minor == 0)
+        cr_expect(fused, "the stack ending is not fused on cc 9.0: %s", desc);
+    float *first = malloc(n * 4);
+    double *ga = malloc(n * 16), *gb = ga + n;
+    cr_assert(first && ga);
     for (int rep = 0; rep < 3; rep++) {
         cr_assert_eq(api->cuMemsetD8(y, 0, n * 2), CUDA_SUCCESS);
         const unsigned flags = rep == 0 ? 0u : STOF_STACK_GRAPH;
@@ -610,8 +622,23 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
                      STOF_OK, "%s", stof_layer_errmsg(L));
         cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
         download(y, n, d.dtype, b);
-        cr_expect(memcmp(a, b, n * 4) == 0, "stack run %d (flags %u) differs",
-                  rep, flags);
+        if (rep == 0)
+            memcpy(first, b, n * 4);
+        else
+            cr_expect(memcmp(first, b, n * 4) == 0,
+                      "graph stack run %d differs from the plain one", rep);
+        if (fused) {
+            for (size_t i = 0; i < n; i++) {
+                ga[i] = a[i];
+                gb[i] = b[i];
+            }
+            const double err = tu_rel_err(gb, ga, n);
+            cr_expect(err < 1e-2, "stack run %d: %.3e from layer runs", rep,
+                      err);
+        } else {
+            cr_expect(memcmp(a, b, n * 4) == 0,
+                      "stack run %d (flags %u) differs", rep, flags);
+        }
     }
     /* New pointers: the graph is recorded again. */
     cr_assert_eq(api->cuMemsetD8(y2, 0, n * 2), CUDA_SUCCESS);
@@ -620,7 +647,17 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
                  STOF_OK);
     cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
     download(y2, n, d.dtype, b);
-    cr_expect(memcmp(a, b, n * 4) == 0, "recaptured stack differs");
+    cr_expect(memcmp(first, b, n * 4) == 0, "recaptured stack differs");
+    /* One layer: no stack ending. */
+    cr_assert_eq(api->cuMemsetD8(y, 0, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(stof_layer_stack_run(L, 1, lwt, px, py, NULL, 0), STOF_OK);
+    cr_assert_eq(stof_layer_run(L, &lwt[0], px, py2, NULL), STOF_OK);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    download(y, n, d.dtype, a);
+    download(y2, n, d.dtype, b);
+    cr_expect(memcmp(a, b, n * 4) == 0, "a stack of one differs");
+    free(first);
+    free(ga);
     /* Errors: a NULL weight, a misaligned x, bad flags. */
     stof_layer_weights bad = lwt[1];
     bad.w_o = NULL;

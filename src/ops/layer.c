@@ -10,6 +10,9 @@
  *   pre-norm:  N = norm1(X);  QKV = N Wqkv^T + b;  ATT = attn(QKV);
  *              H = X + ATT Wo^T + bo, N = norm2(H) [junction A];
  *              F = act(N W1^T + b1);  Y = H + F W2^T + b2
+ *              [in a stack, where the scheme's jb is "fused": Y = H + F
+ *              W2^T + b2, N = norm1'(Y) in one GEMM, norm1' the next
+ *              layer's, which then skips its first norm]
  * The attention reads Q, K and V in place from the QKV projection's
  * [tokens][hidden + 2 kvd] output (kvd = kv_heads * head_dim) through
  * strides, and writes ATT as [tokens][hidden], so no transposes exist.
@@ -167,9 +170,11 @@ static void init_ops(stof_layer *L)
         g->epi.act = shape[i].act ? (int)d->act : STOF_ACT_NONE;
         g->epi.residual = shape[i].res;
         g->epi.norm = shape[i].norm ? nk : 0;
-        g->epi.write_pre = shape[i].norm && pre && i == G_A_NORM;
+        /* Pre-norm: G_B_NORM is the stack ending (Y kept, N for the next
+         * layer). */
+        g->epi.write_pre = shape[i].norm && pre;
         g->epi.gated = i == G_FFN1 && d->gated;
-        g->used = !pre || (i != G_B_PLAIN && i != G_B_NORM);
+        g->used = !pre || i != G_B_PLAIN;
     }
     for (int i = 0; i < N_COUNT; i++) {
         norm_op *n = &L->n[i];
@@ -301,6 +306,12 @@ void stof__layer_build_steps(stof_layer *L, int ja, int jb)
                  SYM_NONE, SYM_NONE);
         add_gemm(L, G_B_RES, SYM_F, SYM_W2, b2, SYM_H, SYM_Y, SYM_NONE,
                  SYM_NONE, SYM_NONE);
+        if (jb == J_FUSED) {
+            add_gemm(L, G_B_NORM, SYM_F, SYM_W2, b2, SYM_H, SYM_N, SYM_Y,
+                     SYM_G1_NEXT,
+                     L->d.norm == STOF_NORM_LAYER ? SYM_BE1_NEXT : SYM_NONE);
+            L->steps[L->n_steps - 1].stack_end = 1;
+        }
     }
 }
 
@@ -573,7 +584,9 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     L->tune_s = stof__now_ms() * 1e-3 - t0;
     stof__log(ctx, STOF_LOG_INFO,
               "layer plan (%s) in %.3f s: scheme %s / %s", L->source,
-              L->tune_s, j_name[L->ja], d->pre_norm ? "-" : j_name[L->jb]);
+              L->tune_s, j_name[L->ja],
+              d->pre_norm ? (L->jb == J_FUSED ? "stack" : "-")
+                          : j_name[L->jb]);
     *out = L;
     return stof__ok(ctx);
 }
@@ -627,10 +640,14 @@ static json_t *describe_step(const stof_layer *L, const step *st)
         char cfg[256];
         stof__layer_gemm_config_json(g, cfg, sizeof(cfg));
         json_t *c = json_loads(cfg, 0, NULL);
-        return json_pack("{s:s, s:s, s:i, s:i, s:i, s:o, s:o}", "op",
-                         g_slot[st->op], "kernel", g->lt ? "cublaslt" : "gemm",
-                         "m", g->M, "n", g->N, "k", g->K, "config",
-                         c ? c : json_object(), "ms", jnum(g->ms));
+        json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:o, s:o}", "op",
+                              g_slot[st->op], "kernel",
+                              g->lt ? "cublaslt" : "gemm", "m", g->M, "n",
+                              g->N, "k", g->K, "config",
+                              c ? c : json_object(), "ms", jnum(g->ms));
+        if (o && st->stack_end) /* runs in stacks only, for the step before */
+            json_object_set_new(o, "stack_end", json_true());
+        return o;
     }
     const norm_op *nn = &L->n[st->op];
     return json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:o}", "op",
@@ -648,8 +665,11 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
     static const char *const acts[] = {"none", "gelu_tanh", "gelu_erf",
                                        "relu", "silu"};
     json_t *steps = json_array();
-    for (int i = 0; steps && i < L->n_steps; i++)
+    int stack_end = 0;
+    for (int i = 0; steps && i < L->n_steps; i++) {
         json_array_append_new(steps, describe_step(L, &L->steps[i]));
+        stack_end += L->steps[i].stack_end;
+    }
     json_t *o = json_pack(
         "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:b, s:s, s:s, s:s, s:i, "
         "s:o},"
@@ -667,7 +687,8 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         jnum(L->plan_ms[2]), "verify_ms", jnum(L->verify_ms),
         "layer_ms", jnum(L->layer_ms), "model_ms", jnum(L->model_ms),
         "scheme", "junction_a", j_name[L->ja], "junction_b",
-        d->pre_norm ? "none" : j_name[L->jb], "kernels", L->n_steps,
+        d->pre_norm ? (L->jb == J_FUSED ? "stack" : "none") : j_name[L->jb],
+        "kernels", L->n_steps - stack_end,
         "kernels", steps ? steps : json_array());
     return stof__json_out(o, buf, n, needed);
 }

@@ -22,6 +22,9 @@ enum {
     SYM_X, SYM_Y, SYM_QKV, SYM_ATT, SYM_H, SYM_T, SYM_N, SYM_F, SYM_G,
     SYM_WQKV, SYM_BQKV, SYM_WO, SYM_BO, SYM_W1, SYM_B1, SYM_W2, SYM_B2,
     SYM_G1, SYM_BE1, SYM_G2, SYM_BE2,
+    /* In a stack: the next layer's input norm (pre-norm layers whose
+     * last GEMM normalises for the next layer, L->jb == J_FUSED) */
+    SYM_G1_NEXT, SYM_BE1_NEXT,
     SYM_COUNT
 };
 #define SYM_FIRST_BUF SYM_QKV
@@ -70,7 +73,14 @@ enum { O_A, O_W, O_BIAS, O_RES, O_OUT, O_PRE, O_GAMMA, O_BETA, O_COUNT };
 typedef struct step {
     int kind, op;
     int s[O_COUNT];
+    /* 1: runs only inside a stack, in place of the step before it, when
+     * the next layer's input norm is fused into it (RUN_END_FUSED). */
+    int stack_end;
 } step;
+
+/* stof__layer_run_steps' mode bits: skip the input norm (N holds the
+ * previous layer's fused output), end with the stack_end step. */
+enum { RUN_SKIP_NORM_IN = 1, RUN_END_FUSED = 2 };
 
 #define MAX_STEPS 12
 
@@ -150,10 +160,11 @@ int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
     ;
 /* Destroy the stack's captured graph, if any (the context current). */
 void stof__layer_graph_drop(stof_layer *L);
-/* Enqueue every step; the context must be current. */
+/* Enqueue the steps (mode: RUN_* bits, 0 for one layer); the context
+ * must be current. */
 stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
                                   CUdeviceptr x, CUdeviceptr y,
-                                  CUstream stream);
+                                  CUstream stream, int mode);
 /* A GEMM's configuration as stored in records and described. */
 void stof__layer_gemm_config_json(const gemm_op *g, char *buf, size_t n);
 const char *stof__layer_dtype_str(stof_dtype t);

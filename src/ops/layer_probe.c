@@ -228,7 +228,7 @@ int stof__layer_time_it(layer_tuner *t, const step *s, double *ms)
         if (api->cuEventRecord(t->e0, NULL) != CUDA_SUCCESS)
             return 1;
         stof_status st = s ? stof__layer_launch_step(t, s)
-                           : stof__layer_run_steps(L, t->wp, t->x, t->y, NULL);
+                           : stof__layer_run_steps(L, t->wp, t->x, t->y, NULL, 0);
         if (st != STOF_OK || api->cuEventRecord(t->e1, NULL) != CUDA_SUCCESS ||
             api->cuEventSynchronize(t->e1) != CUDA_SUCCESS)
             return 1;
@@ -292,6 +292,10 @@ stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t)
     }
     if (d->norm == STOF_NORM_RMS)
         t->wp[SYM_BE1] = t->wp[SYM_BE2] = 0;
+    /* A stack ending normalises with the next layer's input norm: here
+     * the same scratch vectors. */
+    t->wp[SYM_G1_NEXT] = t->wp[SYM_G1];
+    t->wp[SYM_BE1_NEXT] = t->wp[SYM_BE1];
     STOF_CU(ctx, api->cuMemAlloc(&t->flush, FLUSH_BYTES));
     STOF_CU(ctx, api->cuEventCreate(&t->e0, CU_EVENT_DEFAULT));
     STOF_CU(ctx, api->cuEventCreate(&t->e1, CU_EVENT_DEFAULT));

@@ -144,10 +144,19 @@ int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
 /* Enqueue the steps; the context must be current. */
 stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
                                   CUdeviceptr x, CUdeviceptr y,
-                                  CUstream stream)
+                                  CUstream stream, int mode)
 {
+    const int end_fused = (mode & RUN_END_FUSED) != 0;
     for (int i = 0; i < L->n_steps; i++) {
         const step *s = &L->steps[i];
+        /* The stack ending replaces the step before it. */
+        if (s->stack_end != end_fused &&
+            (s->stack_end ||
+             (i + 1 < L->n_steps && L->steps[i + 1].stack_end)))
+            continue;
+        if ((mode & RUN_SKIP_NORM_IN) && s->kind == STEP_NORM &&
+            s->op == N_IN)
+            continue;
         stof_status st;
         const char *what;
         if (s->kind == STEP_GEMM) {
@@ -246,8 +255,9 @@ stof_status stof_layer_run(stof_layer *L, const stof_layer_weights *w,
     if (api->cuCtxPushCurrent(L->ctx->device.pctx) != CUDA_SUCCESS)
         return (stof_status)stof__layer_fail(
             L, STOF_ERR_CUDA, "cannot make the device's context current");
-    st = stof__layer_run_steps(L, wp, (CUdeviceptr)(uintptr_t)x, (CUdeviceptr)(uintptr_t)y,
-                   (CUstream)stream);
+    st = stof__layer_run_steps(L, wp, (CUdeviceptr)(uintptr_t)x,
+                               (CUdeviceptr)(uintptr_t)y, (CUstream)stream,
+                               0);
     CUcontext popped;
     api->cuCtxPopCurrent(&popped);
     if (st == STOF_OK)
@@ -271,11 +281,17 @@ static stof_status stack_enqueue(stof_layer *L, int n_layers,
                                  const CUdeviceptr *wps, const void *x,
                                  void *y, CUstream stream)
 {
+    /* Pre-norm layers whose last GEMM can normalise for the next layer
+     * (the scheme's stack ending): each but the last does, each but the
+     * first skips its input norm. */
+    const int fused = L->d.pre_norm && L->jb == J_FUSED;
     for (int i = 0; i < n_layers; i++) {
+        const int mode = (fused && i > 0 ? RUN_SKIP_NORM_IN : 0) |
+                         (fused && i + 1 < n_layers ? RUN_END_FUSED : 0);
         stof_status st =
             stof__layer_run_steps(L, wps + (size_t)i * SYM_COUNT,
-                      (CUdeviceptr)(uintptr_t)(i ? y : x),
-                      (CUdeviceptr)(uintptr_t)y, stream);
+                                  (CUdeviceptr)(uintptr_t)(i ? y : x),
+                                  (CUdeviceptr)(uintptr_t)y, stream, mode);
         if (st != STOF_OK)
             return st;
     }
@@ -311,6 +327,13 @@ stof_status stof_layer_stack_run(stof_layer *L, int n_layers,
             snprintf(m, sizeof(m), "%s", L->errmsg);
             stof__layer_fail(L, st, "layer %d: %s", i, m);
         }
+    }
+    /* Each layer's view of the next one's input norm (its stack ending). */
+    for (int i = 0; i + 1 < n_layers && st == STOF_OK; i++) {
+        wps[(size_t)i * SYM_COUNT + SYM_G1_NEXT] =
+            wps[(size_t)(i + 1) * SYM_COUNT + SYM_G1];
+        wps[(size_t)i * SYM_COUNT + SYM_BE1_NEXT] =
+            wps[(size_t)(i + 1) * SYM_COUNT + SYM_BE1];
     }
     const stof_api *api = L->ctx->api;
     if (st == STOF_OK &&

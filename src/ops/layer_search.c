@@ -439,6 +439,22 @@ static int apply_winner(slot_op *o, const stof_search_result *r,
 
 /* --- tuning: the engine's client ------------------------------------------- */
 
+/* A pre-norm layer's jb: J_FUSED (in stacks, the last GEMM also
+ * normalises for the next layer, which skips its input norm) when that
+ * GEMM costs less than the plain one and the input norm together, else
+ * 0. */
+static int stack_ending(const stof_layer *L, int measured)
+{
+    const gemm_op *f = &L->g[G_B_NORM], *g = &L->g[G_B_RES];
+    const norm_op *n = &L->n[N_IN];
+    if (!f->ok || !g->ok || !n->ok)
+        return 0;
+    const double fused = measured ? f->ms : f->model_ms,
+                 apart = measured ? g->ms + n->ms
+                                  : g->model_ms + n->model_ms;
+    return fused > 0 && fused < apart ? J_FUSED : 0;
+}
+
 /* Pick the scheme from the slots' results; STOF_ERR_UNSUPPORTED when no
  * scheme has a kernel for every step. */
 static stof_status pick_scheme(stof_layer *L, int model_only)
@@ -446,7 +462,7 @@ static stof_status pick_scheme(stof_layer *L, int model_only)
     /* The scheme: measured costs, or the model's. */
     int ja = stof__layer_pick_junction(L, G_A_RES, N_A_PLAIN, !model_only);
     int jb = L->d.pre_norm
-                 ? 0
+                 ? stack_ending(L, !model_only)
                  : stof__layer_pick_junction(L, G_B_RES, N_B_PLAIN,
                                              !model_only);
     /* The model has no figure for cuBLASLt: where it serves the
@@ -572,7 +588,9 @@ stof_status stof__layer_tune(stof_layer *L, const char *spec,
             stof__log(ctx, STOF_LOG_INFO,
                       "layer tune: scheme %s / %s: %.4f ms a layer (%.1f s "
                       "of tuning)",
-                      j_name[L->ja], L->d.pre_norm ? "-" : j_name[L->jb],
+                      j_name[L->ja],
+                      L->d.pre_norm ? (L->jb == J_FUSED ? "stack" : "-")
+                                    : j_name[L->jb],
                       L->layer_ms, L->tune_s);
             stof__layer_store(L, spec, mask_hex, wg, wn, t.reps, t.n_rows,
                               (double)t.tol);
