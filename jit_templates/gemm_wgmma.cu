@@ -338,6 +338,30 @@ __device__ __forceinline__ float gw_quad_sum(float x)
 }
 #endif
 
+// The address lane `lane` gives ldmatrix / stmatrix for the four 8 x 8
+// fragments [2 jj + hh] of a 64 x 64 C unit at s_u (128-byte swizzle):
+// rows lr (row lane % 8 of fragment lane / 8, in the warp's 16) of the
+// 8-column blocks j and j + 1 (j: the pass's first block in the unit's
+// row of blocks, mod 8).
+__device__ __forceinline__ unsigned gw_frag_addr(unsigned s_u, int lr, int j,
+                                                 int lane)
+{
+    return s_u + lr * 128 + ((((j + (lane >> 4)) & 7) ^ (lr & 7)) << 4);
+}
+
+// v[2 f], v[2 f + 1] += fragment f of the unit at m_addr (the residual,
+// loaded there by TMA): [4 jj + 2 hh + c] in the accumulators' order.
+__device__ __forceinline__ void gw_add_frags(float (&v)[8], unsigned m_addr)
+{
+    unsigned rr[4];
+    ld_matrix4(m_addr, rr[0], rr[1], rr[2], rr[3]);
+#pragma unroll
+    for (int f = 0; f < 4; f++) {
+        v[2 * f] += gm_lo(rr[f]);
+        v[2 * f + 1] += gm_hi(rr[f]);
+    }
+}
+
 // A consumer warp is done with a slot: in every CTA whose producer writes
 // into it.
 __device__ __forceinline__ void gw_release(unsigned empty_bar)
@@ -608,16 +632,9 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #endif
                         }
                         const unsigned m_addr =
-                            s_u + lr * 128 +
-                            ((((j + (lane >> 4)) & 7) ^ (lr & 7)) << 4);
+                            gw_frag_addr(s_u, lr, j, lane);
 #if RESIDUAL
-                        unsigned rr[4];
-                        ld_matrix4(m_addr, rr[0], rr[1], rr[2], rr[3]);
-#pragma unroll
-                        for (int f = 0; f < 4; f++) {
-                            v[2 * f] += gm_lo(rr[f]);
-                            v[2 * f + 1] += gm_hi(rr[f]);
-                        }
+                        gw_add_frags(v, m_addr);
 #endif
                         unsigned pk[4];
 #pragma unroll
@@ -737,10 +754,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #endif
                             pk[f] = stof_pack2(y0, y1);
                         }
-                        const unsigned m_addr =
-                            s_u + lr * 128 +
-                            ((((j + (lane >> 4)) & 7) ^ (lr & 7)) << 4);
-                        st_matrix4(m_addr, pk[0], pk[1], pk[2], pk[3]);
+                        st_matrix4(gw_frag_addr(s_u, lr, j, lane), pk[0],
+                                   pk[1], pk[2], pk[3]);
                     }
                     fence_proxy_async();
                     named_bar_sync(1 + cw, 128);
@@ -829,17 +844,10 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #endif
                     const int lr = wl * 16 + 8 * ((lane >> 3) & 1) +
                                    (lane & 7);
-                    const int lj = j0 + jb + (lane >> 4);
                     const unsigned m_addr =
-                        s_u + lr * 128 + (((lj & 7) ^ (lr & 7)) << 4);
+                        gw_frag_addr(s_u, lr, j0 + jb, lane);
 #if RESIDUAL
-                    unsigned rr[4];
-                    ld_matrix4(m_addr, rr[0], rr[1], rr[2], rr[3]);
-#pragma unroll
-                    for (int f = 0; f < 4; f++) {
-                        v[2 * f] += gm_lo(rr[f]);
-                        v[2 * f + 1] += gm_hi(rr[f]);
-                    }
+                    gw_add_frags(v, m_addr);
 #endif
                     unsigned pk[4];
 #pragma unroll

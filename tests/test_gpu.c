@@ -83,11 +83,8 @@ static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
     cr_assert_eq(st, STOF_OK, "run: %s", stof_plan_errmsg(plan));
 
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
-    CUresult r = api->cuCtxSynchronize();
-    const char *en = NULL;
-    if (r != CUDA_SUCCESS)
-        api->cuGetErrorName(r, &en);
-    cr_assert_eq(r, CUDA_SUCCESS, "kernel failed: %s", en ? en : "?");
+    const char *failed = tu_sync_error();
+    cr_assert(!failed, "kernel failed: %s", failed);
     cr_assert_eq(api->cuMemcpyDtoH(ho, dout, nq * 2), CUDA_SUCCESS);
     api->cuMemFree(dq);
     api->cuMemFree(dk);

@@ -215,12 +215,8 @@ static void run_case(stof_context *ctx, const blk_cfg *k, CUfunction fn,
         st = stof__block_launch(fn, &k->c, k->head_dim, &d, 0.0f, &bf, dq,
                                 dk, dv, dout, NULL, api);
     cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag, stof_status_str(st));
-    CUresult r = api->cuCtxSynchronize();
-    const char *en = NULL;
-    if (r != CUDA_SUCCESS)
-        api->cuGetErrorName(r, &en);
-    cr_assert_eq(r, CUDA_SUCCESS, "%s: kernel failed: %s", tag,
-                 en ? en : "?");
+    const char *failed = tu_sync_error();
+    cr_assert(!failed, "%s: kernel failed: %s", tag, failed);
     cr_assert_eq(api->cuMemcpyDtoH(ho, dout, nq * 2), CUDA_SUCCESS);
     api->cuMemFree(dq);
     api->cuMemFree(dk);

@@ -185,12 +185,8 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
         stof_status st = stof__gemm_launch(k.fn, c, e, &a, ctas, NULL, api);
         cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag,
                      stof_status_str(st));
-        CUresult r = api->cuCtxSynchronize();
-        const char *en = NULL;
-        if (r != CUDA_SUCCESS)
-            api->cuGetErrorName(r, &en);
-        cr_assert_eq(r, CUDA_SUCCESS, "%s: kernel failed: %s", tag,
-                     en ? en : "?");
+        const char *failed = tu_sync_error();
+        cr_assert(!failed, "%s: kernel failed: %s", tag, failed);
     }
     cr_assert_eq(api->cuMemcpyDtoH(ho, a.c, nc * 2), CUDA_SUCCESS);
     if (a.pre)

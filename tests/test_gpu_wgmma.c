@@ -316,12 +316,8 @@ static int run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
                                    dord, dq, dk, dv, dout, &x, NULL, api);
     }
     cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag, stof_status_str(st));
-    CUresult r = api->cuCtxSynchronize();
-    const char *en = NULL;
-    if (r != CUDA_SUCCESS)
-        api->cuGetErrorName(r, &en);
-    cr_assert_eq(r, CUDA_SUCCESS, "%s: kernel failed: %s", tag,
-                 en ? en : "?");
+    const char *failed = tu_sync_error();
+    cr_assert(!failed, "%s: kernel failed: %s", tag, failed);
     cr_assert_eq(api->cuMemcpyDtoH(ho, dout, nq * 2), CUDA_SUCCESS);
     api->cuMemFree(dq);
     api->cuMemFree(dk);

@@ -479,3 +479,15 @@ double tu_out_rel_err(const stof_attention_desc *d, const uint16_t *ho,
                 }
     return den > 0.0 ? sqrt(num / den) : sqrt(num);
 }
+
+const char *tu_sync_error(void)
+{
+    const stof_api *api = stof__api();
+    const CUresult r = api->cuCtxSynchronize();
+    if (r == CUDA_SUCCESS)
+        return NULL;
+    const char *name = NULL;
+    if (api->cuGetErrorName(r, &name) != CUDA_SUCCESS || !name)
+        name = "an unknown CUDA error";
+    return name;
+}

@@ -36,6 +36,10 @@ double tu_rel_err(const double *a, const double *b, size_t n);
  * (caller frees). */
 uint8_t *tu_random_dense(tu_rng *r, int seq_q, int seq_k, double p);
 
+/* Synchronise the current CUDA context: NULL when the work so far
+ * succeeded, else the driver's name of the error. */
+const char *tu_sync_error(void);
+
 /* The path of a file under the source tree (static buffer). */
 const char *tu_src_path(const char *rel);
 /* A database path of this process (/tmp/stof-test-NAME-PID.db, fixed by
