@@ -227,8 +227,9 @@ int stof__layer_time_it(layer_tuner *t, const step *s, double *ms)
             return 1;
         if (api->cuEventRecord(t->e0, NULL) != CUDA_SUCCESS)
             return 1;
-        stof_status st = s ? stof__layer_launch_step(t, s)
-                           : stof__layer_run_steps(L, t->wp, t->x, t->y, NULL, 0);
+        stof_status st =
+            s ? stof__layer_launch_step(t, s)
+              : stof__layer_run_steps(L, t->wp, t->x, t->y, NULL, 0);
         if (st != STOF_OK || api->cuEventRecord(t->e1, NULL) != CUDA_SUCCESS ||
             api->cuEventSynchronize(t->e1) != CUDA_SUCCESS)
             return 1;
