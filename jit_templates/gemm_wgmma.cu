@@ -134,15 +134,6 @@
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
-#ifndef NORM
-#define NORM 0
-#endif
-#ifndef WRITE_PRE
-#define WRITE_PRE 0
-#endif
-#ifndef N_TOTAL
-#define N_TOTAL 0
-#endif
 
 #define GW_BM 128                          // tile rows (two warpgroups)
 #define GW_BK 64                           // K per stage (128-byte rows)
@@ -359,6 +350,21 @@ __device__ __forceinline__ void gw_add_frags(float (&v)[8], unsigned m_addr)
     for (int f = 0; f < 4; f++) {
         v[2 * f] += gm_lo(rr[f]);
         v[2 * f + 1] += gm_hi(rr[f]);
+    }
+}
+
+// The C unit at s_u, just written by warpgroup cw's threads, seen by the
+// TMA (async proxy), then stored by one thread to (c0, c1) of map m (the
+// map clips rows and columns outside it), in its current bulk group.
+__device__ __forceinline__ void gw_store_unit(const stof_tmap *m, int c0,
+                                              int c1, unsigned s_u, int cw,
+                                              int ctid)
+{
+    fence_proxy_async();
+    named_bar_sync(1 + cw, 128);
+    if (ctid == 0) {
+        tma_store2(m, c0, c1, s_u);
+        bulk_commit();
     }
 }
 
@@ -648,13 +654,9 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #endif
                     }
 #if WRITE_PRE
-                    fence_proxy_async();
-                    named_bar_sync(1 + cw, 128);
-                    if (ctid == 0) {
-                        tma_store2(&p.tm_p, tn * GW_ON + u * 64,
-                                   tm * GW_BM + wg_row0 + 64 * h, s_u);
-                        bulk_commit();
-                    }
+                    gw_store_unit(&p.tm_p, tn * GW_ON + u * 64,
+                                  tm * GW_BM + wg_row0 + 64 * h, s_u, cw,
+                                  ctid);
 #endif
                 }
             // (2) [4 j + 2 hh + c]: row g + 8 hh, column 8 j + 2 tq + c.
@@ -757,13 +759,9 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                         st_matrix4(gw_frag_addr(s_u, lr, j, lane), pk[0],
                                    pk[1], pk[2], pk[3]);
                     }
-                    fence_proxy_async();
-                    named_bar_sync(1 + cw, 128);
-                    if (ctid == 0) {
-                        tma_store2(&p.tm_c, tn * GW_ON + u * 64,
-                                   tm * GW_BM + wg_row0 + 64 * h, s_u);
-                        bulk_commit();
-                    }
+                    gw_store_unit(&p.tm_c, tn * GW_ON + u * 64,
+                                  tm * GW_BM + wg_row0 + 64 * h, s_u, cw,
+                                  ctid);
                 }
         }
 #else
@@ -855,16 +853,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                         pk[f] = stof_pack2(v[2 * f], v[2 * f + 1]);
                     st_matrix4(m_addr, pk[0], pk[1], pk[2], pk[3]);
                 }
-                // The unit's writes, seen by the TMA (async proxy), then
-                // one thread stores it (the map clips rows >= M and
-                // columns >= N).
-                fence_proxy_async();
-                named_bar_sync(1 + cw, 128);
-                if (ctid == 0) {
-                    tma_store2(&p.tm_c, tn * GW_ON + j0 * 8,
-                               tm * GW_BM + wg_row0 + 64 * h, s_u);
-                    bulk_commit();
-                }
+                gw_store_unit(&p.tm_c, tn * GW_ON + j0 * 8,
+                              tm * GW_BM + wg_row0 + 64 * h, s_u, cw, ctid);
             }
         }
 #endif // NORM

@@ -10,6 +10,12 @@
 
 #include "internal.h"
 
+/* The Hopper template: 128-row tiles, 64 of K per stage; with a row norm
+ * a row is at most WG_NORM_TILES tiles. */
+#define WG_BM 128
+#define WG_BK 64
+#define WG_NORM_TILES 16
+
 /* What follows the product, in this order, on v = acc (fp32):
  *   bias:     v += bias[n]
  *   act:      v = act(v)                    (stof_activation)

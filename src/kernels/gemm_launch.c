@@ -1,0 +1,449 @@
+/*
+ * gemm_launch.c - the GEMM templates compiled (NVRTC), loaded (through
+ * the context's module cache or not) and launched: the mma.sync template
+ * with its arguments by value, the Hopper template with its tensor maps,
+ * alone, in pairs of CTAs (clusters) or, with a row norm, cooperatively;
+ * and the separate gate / activation kernel. Declarations: gemm.h.
+ */
+#include "gemm.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The kernel receives stof_gemm_args by value (struct stof_gemm_params in
+ * gemm.cu has the same layout; both sides check the size). */
+_Static_assert(sizeof(stof_gemm_args) == 120,
+               "stof_gemm_args must match gemm.cu's stof_gemm_params");
+_Static_assert(offsetof(stof_gemm_args, M) == 64 &&
+                   offsetof(stof_gemm_args, lda) == 80 &&
+                   offsetof(stof_gemm_args, eps) == 104,
+               "stof_gemm_args must match gemm.cu's stof_gemm_params");
+
+/* The Hopper template's launch parameters (struct stof_gemm_wgmma_params in
+ * gemm_wgmma.cu: same field order and types; both sides check the size). */
+typedef struct stof_gemm_wgmma_params {
+    CUtensorMap tm_a, tm_w, tm_c, tm_r, tm_p;
+    CUdeviceptr c, bias, residual, gamma, beta;
+    int64_t ldc;
+    int M, N, K;
+    int tiles_m, tiles_n;
+    float eps;
+    CUdeviceptr ws;
+    uint8_t tail_[48];
+} stof_gemm_wgmma_params;
+_Static_assert(sizeof(stof_gemm_wgmma_params) == 768,
+               "stof_gemm_wgmma_params must match gemm_wgmma.cu");
+_Static_assert(offsetof(stof_gemm_wgmma_params, c) == 640 &&
+                   offsetof(stof_gemm_wgmma_params, M) == 688 &&
+                   offsetof(stof_gemm_wgmma_params, eps) == 708 &&
+                   offsetof(stof_gemm_wgmma_params, ws) == 712,
+               "stof_gemm_wgmma_params must match gemm_wgmma.cu");
+
+/* stof__gemm_compile of the Hopper template (c already checked). */
+static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
+                                 const stof_gemm_cfg *c,
+                                 const stof_gemm_epi *e, int N, void **cubin,
+                                 size_t *size)
+{
+    char d[12][32];
+    snprintf(d[0], 32, "DTYPE=%d", (int)dt);
+    snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
+    snprintf(d[2], 32, "STAGES=%d", c->stages);
+    snprintf(d[3], 32, "BIAS=%d", e->bias);
+    snprintf(d[4], 32, "ACT=%d", e->act);
+    snprintf(d[5], 32, "RESIDUAL=%d", e->residual);
+    snprintf(d[6], 32, "GATED=%d", e->gated);
+    snprintf(d[7], 32, "PINGPONG=%d", c->warps_m == 1);
+    snprintf(d[8], 32, "CLUSTER=%d", c->cluster > 1 ? c->cluster : 1);
+    snprintf(d[9], 32, "NORM=%d", e->norm);
+    snprintf(d[10], 32, "WRITE_PRE=%d", e->write_pre);
+    snprintf(d[11], 32, "N_TOTAL=%d", e->norm ? N : 0);
+    const char *defs[12] = {d[0], d[1], d[2], d[3], d[4],  d[5],
+                            d[6], d[7], d[8], d[9], d[10], d[11]};
+    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 12,
+                                          "sm_90a", cubin, size);
+}
+
+stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
+                               const stof_gemm_cfg *c, const stof_gemm_epi *e,
+                               int N, const char *arch, void **cubin,
+                               size_t *size)
+{
+    if (!cubin || !size)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm compile: NULL output pointer");
+    *cubin = NULL;
+    *size = 0;
+    if (dt != STOF_DTYPE_FP16 && dt != STOF_DTYPE_BF16)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm compile: dtype %d is not a stof_dtype",
+                          (int)dt);
+    /* The N check only matters to the norm variant; others compile for any
+     * N (a multiple of 8). */
+    const int n_chk = e && e->norm ? N : 8;
+    char why[256];
+    const stof_device *dev = ctx && ctx->device.ok ? &ctx->device : NULL;
+    if (!stof__gemm_cfg_valid(dev, c, e, n_chk, 8, why, sizeof(why)))
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "gemm kernel configuration not supported: %s", why);
+    if (c->wgmma)
+        return wgmma_compile(ctx, dt, c, e, N, cubin, size);
+    char d[13][32];
+    int k = 0;
+    snprintf(d[k++], 32, "DTYPE=%d", (int)dt);
+    snprintf(d[k++], 32, "BLOCK_M=%d", c->block_m);
+    snprintf(d[k++], 32, "BLOCK_N=%d", c->block_n);
+    snprintf(d[k++], 32, "BLOCK_K=%d", c->block_k);
+    snprintf(d[k++], 32, "WARPS_M=%d", c->warps_m);
+    snprintf(d[k++], 32, "WARPS_N=%d", c->warps_n);
+    snprintf(d[k++], 32, "STAGES=%d", c->stages);
+    snprintf(d[k++], 32, "BIAS=%d", e->bias);
+    snprintf(d[k++], 32, "ACT=%d", e->act);
+    snprintf(d[k++], 32, "RESIDUAL=%d", e->residual);
+    snprintf(d[k++], 32, "NORM=%d", e->norm);
+    snprintf(d[k++], 32, "WRITE_PRE=%d", e->write_pre);
+    if (e->norm)
+        snprintf(d[k++], 32, "N_TOTAL=%d", N);
+    const char *defs[13];
+    for (int i = 0; i < k; i++)
+        defs[i] = d[i];
+    return (stof_status)stof__jit_compile(ctx, "gemm.cu", defs, k, arch,
+                                          cubin, size);
+}
+
+static stof_status load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
+                              const stof_gemm_epi *e, int N,
+                              const void *cubin, size_t size, CUmodule *mod,
+                              CUfunction *fn, int shared)
+{
+    if (!c || !e || !cubin || !mod || !fn)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm load: NULL argument");
+    const char *name = c->wgmma ? "stof_gemm_wgmma" : "stof_gemm";
+    const size_t smem = stof__gemm_smem_bytes(c, e, N);
+    return (stof_status)(shared ? stof__module_load_shared(ctx, cubin, size,
+                                                           name, smem, mod, fn)
+                                : stof__module_load(ctx, cubin, name, smem,
+                                                    mod, fn));
+}
+
+stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
+                                  const stof_gemm_epi *e, int N,
+                                  const void *cubin, CUmodule *mod,
+                                  CUfunction *fn)
+{
+    return load_cubin(ctx, c, e, N, cubin, 0, mod, fn, 0);
+}
+
+stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
+                                         const stof_gemm_cfg *c,
+                                         const stof_gemm_epi *e, int N,
+                                         const void *cubin, size_t size,
+                                         CUmodule *mod, CUfunction *fn)
+{
+    return load_cubin(ctx, c, e, N, cubin, size, mod, fn, 1);
+}
+
+/* A 2-D map over (cols, rows) of 16-bit elements with leading dimension
+ * ld, boxes of 64 x box_rows, 128-byte swizzle, zeros out of bounds (and
+ * stores clipped there). The elements travel as raw 16 bits (the zero
+ * fill is +0 in fp16 and bf16), so one map type serves both dtypes. */
+static CUresult make_map2(stof_encode_tiled_fn enc, CUtensorMap *m,
+                          CUdeviceptr base, int cols, int rows, int64_t ld,
+                          unsigned box_rows)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2u};
+    const cuuint32_t box[2] = {(cuuint32_t)WG_BK, box_rows};
+    const cuuint32_t estr[2] = {1u, 1u};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2u,
+               (void *)(uintptr_t)base, dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+/* A launch of `clusters` clusters of `cs` 384-thread CTAs (at points to
+ * the attribute cfg uses). */
+static void cluster_config(CUlaunchConfig *cfg, CUlaunchAttribute *at,
+                           unsigned cs, unsigned clusters, unsigned smem,
+                           CUstream stream)
+{
+    memset(at, 0, sizeof(*at));
+    at->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    at->value.clusterDim.x = cs;
+    at->value.clusterDim.y = 1;
+    at->value.clusterDim.z = 1;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->gridDimX = cs * clusters;
+    cfg->gridDimY = cfg->gridDimZ = 1;
+    cfg->blockDimX = 384;
+    cfg->blockDimY = cfg->blockDimZ = 1;
+    cfg->sharedMemBytes = smem;
+    cfg->hStream = stream;
+    cfg->attrs = at;
+    cfg->numAttrs = 1;
+}
+
+/* How many clusters of `cs` CTAs of fn can run at once (one CTA per SM:
+ * clusters cannot span GPCs, so fewer than SMs / cs when a GPC's free SMs
+ * are not a multiple of cs), cached per function (a function has one
+ * cluster size); `fallback` when the driver cannot say. */
+static int cluster_slots(CUfunction fn, const stof_api *api, unsigned cs,
+                         unsigned smem, int fallback)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static struct {
+        CUfunction fn;
+        int n;
+    } cache[32];
+    static unsigned next;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < 32; i++)
+        if (cache[i].fn == fn) {
+            const int n = cache[i].n;
+            pthread_mutex_unlock(&lock);
+            return n;
+        }
+    pthread_mutex_unlock(&lock);
+    stof_max_clusters_fn occ = stof__max_clusters(api);
+    int n = 0;
+    if (occ) {
+        CUlaunchAttribute at;
+        CUlaunchConfig cfg;
+        cluster_config(&cfg, &at, cs, (unsigned)(fallback > 0 ? fallback : 1),
+                       smem, NULL);
+        if (occ(&n, fn, &cfg) != CUDA_SUCCESS)
+            n = 0;
+    }
+    if (n <= 0)
+        return fallback;
+    pthread_mutex_lock(&lock);
+    const unsigned i = next++ % 32u;
+    cache[i].fn = fn;
+    cache[i].n = n;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Launch fn in clusters of `cs` CTAs: as many as run at once (at most
+ * ctas / cs, at least one; ctas 0: no limit; at most `items`). */
+static stof_status cluster_launch(CUfunction fn, const stof_api *api,
+                                  unsigned cs, int ctas, int64_t items,
+                                  unsigned smem, CUstream stream,
+                                  void **params)
+{
+    stof_launch_ex_fn launch = stof__launch_ex(api);
+    if (!launch)
+        return STOF_ERR_UNSUPPORTED;
+    int64_t clusters = ctas <= 0          ? items
+                       : ctas >= (int)cs ? ctas / (int)cs
+                                         : 1;
+    if (clusters > items)
+        clusters = items;
+    const int fit = cluster_slots(fn, api, cs, smem, (int)clusters);
+    if (fit < clusters)
+        clusters = fit;
+    CUlaunchAttribute at;
+    CUlaunchConfig cfg;
+    cluster_config(&cfg, &at, cs, (unsigned)clusters, smem, stream);
+    return launch(&cfg, fn, params, NULL) == CUDA_SUCCESS ? STOF_OK
+                                                          : STOF_ERR_CUDA;
+}
+
+/* Launch a row-norm kernel: a multiple of the row's `row_tiles` tiles (so
+ * a row's tiles run in the same round), at most ctas (0: one CTA per
+ * tile) and items, cooperatively: its CTAs wait for each other's row
+ * statistics, so all must be resident (the launch fails rather than
+ * hangs when they cannot be). */
+static stof_status norm_launch(CUfunction fn, const stof_api *api,
+                               int row_tiles, int ctas, int64_t items,
+                               unsigned smem, CUstream stream, void **params)
+{
+    stof_launch_ex_fn launch = stof__launch_ex(api);
+    if (!launch)
+        return STOF_ERR_UNSUPPORTED;
+    int64_t grid = ctas > 0 && ctas < items ? ctas : items;
+    grid = grid / row_tiles * row_tiles;
+    if (grid < row_tiles)
+        grid = row_tiles;
+    CUlaunchAttribute at;
+    memset(&at, 0, sizeof(at));
+    at.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    at.value.cooperative = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDimX = (unsigned)grid;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 384;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = stream;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    return launch(&cfg, fn, params, NULL) == CUDA_SUCCESS ? STOF_OK
+                                                          : STOF_ERR_CUDA;
+}
+
+/* stof__gemm_launch of the Hopper template (arguments already checked). */
+static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
+                                const stof_gemm_epi *e,
+                                const stof_gemm_args *a, int ctas,
+                                CUstream stream,
+                                const stof_api *api)
+{
+    stof_encode_tiled_fn enc = stof__encode_tiled(api);
+    if (!enc)
+        return STOF_ERR_UNSUPPORTED;
+    if (a->lda >= ((int64_t)1 << 38) || a->ldw >= ((int64_t)1 << 38) ||
+        a->ldc >= ((int64_t)1 << 38))
+        return STOF_ERR_INVALID_ARGUMENT; /* TMA strides: < 2^40 bytes */
+    stof_gemm_wgmma_params p;
+    memset(&p, 0, sizeof(p));
+    /* gated: W's 2N rows, loaded in two boxes of half a tile; a pair of
+     * CTAs loads half a W tile each (gated: one of the two boxes). */
+    const int out_n = e->gated ? c->block_n / 2 : c->block_n;
+    const int pair = c->cluster > 1;
+    const unsigned w_box = (unsigned)(pair ? c->block_n / 2 : out_n);
+    if (make_map2(enc, &p.tm_a, a->a, a->K, a->M, a->lda, WG_BM) !=
+            CUDA_SUCCESS ||
+        make_map2(enc, &p.tm_w, a->w, a->K, e->gated ? 2 * a->N : a->N,
+                  a->ldw, w_box) != CUDA_SUCCESS ||
+        make_map2(enc, &p.tm_c, a->c, a->N, a->M, a->ldc, 64u) !=
+            CUDA_SUCCESS ||
+        (e->residual && make_map2(enc, &p.tm_r, a->residual, a->N, a->M,
+                                  a->ldc, 64u) != CUDA_SUCCESS) ||
+        (e->write_pre && make_map2(enc, &p.tm_p, a->pre, a->N, a->M, a->ldc,
+                                   64u) != CUDA_SUCCESS))
+        return STOF_ERR_CUDA;
+    p.c = a->c;
+    p.bias = e->bias ? a->bias : 0;
+    p.residual = e->residual ? a->residual : 0;
+    p.gamma = e->norm ? a->gamma : 0;
+    p.beta = e->norm == 1 ? a->beta : 0;
+    p.eps = a->eps;
+    p.ws = e->norm ? a->ws : 0;
+    p.ldc = a->ldc;
+    p.M = a->M;
+    p.N = a->N;
+    p.K = a->K;
+    p.tiles_m = (a->M + WG_BM - 1) / WG_BM;
+    p.tiles_n = (a->N + out_n - 1) / out_n;
+    /* The raster's items: tiles, or pairs of tile rows. */
+    const int64_t items = (int64_t)(pair ? (p.tiles_m + 1) / 2 : p.tiles_m) *
+                          p.tiles_n;
+    if (items > INT32_MAX / 2 ||
+        (e->norm && (p.tiles_n > WG_NORM_TILES || pair || !a->ws ||
+                     a->ws % 16u)))
+        return STOF_ERR_INVALID_ARGUMENT;
+    const unsigned smem = (unsigned)stof__gemm_smem_bytes(c, e, a->N);
+    void *params[] = {&p};
+    if (e->norm)
+        return norm_launch(fn, api, p.tiles_n, ctas, items, smem, stream,
+                           params);
+    if (!pair) {
+        const unsigned grid =
+            (unsigned)(ctas > 0 && ctas < items ? ctas : items);
+        CUresult r = api->cuLaunchKernel(fn, grid, 1, 1, 384, 1, 1, smem,
+                                         stream, params, NULL);
+        return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+    }
+    return cluster_launch(fn, api, 2u, ctas, items, smem, stream, params);
+}
+
+stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
+                              const stof_gemm_epi *e, const stof_gemm_args *a,
+                              int ctas, CUstream stream, const stof_api *api)
+{
+    if (!fn || !c || !e || !a || !api || !api->cuLaunchKernel)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (a->M < 0 || a->N <= 0 || a->K <= 0 || a->N % 8 || a->K % 8 ||
+        c->block_m <= 0 || c->block_n <= 0)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (a->M == 0)
+        return STOF_OK;
+    if (a->lda < a->K || a->ldw < a->K || a->ldc < a->N || a->lda % 8 ||
+        a->ldw % 8 || a->ldc % 8)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (!a->a || !a->w || !a->c || (a->a | a->w | a->c) % 16u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (e->bias && (!a->bias || a->bias % 16u))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (e->residual && (!a->residual || a->residual % 16u))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (e->norm && (!a->gamma || a->gamma % 16u ||
+                    (e->norm == 1 && (!a->beta || a->beta % 16u))))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (e->write_pre && (!a->pre || a->pre % 16u))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (c->wgmma)
+        return wgmma_launch(fn, c, e, a, ctas, stream, api);
+    if (e->gated) /* the mma.sync template has no gated epilogue */
+        return STOF_ERR_INVALID_ARGUMENT;
+    const unsigned gx =
+        e->norm ? 1u : (unsigned)((a->N + c->block_n - 1) / c->block_n);
+    const int64_t gy = ((int64_t)a->M + c->block_m - 1) / c->block_m;
+    if (gy > 65535)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const size_t smem = stof__gemm_smem_bytes(c, e, a->N);
+    void *params[] = {(void *)a};
+    CUresult r = api->cuLaunchKernel(
+        fn, gx, (unsigned)gy, 1, (unsigned)(c->warps_m * c->warps_n * 32), 1,
+        1, (unsigned)smem, stream, params, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
+stof_status stof__gate_compile(stof_context *ctx, stof_dtype dt, int act,
+                               int gated, const char *arch, void **cubin,
+                               size_t *size)
+{
+    if (!cubin || !size)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gate compile: NULL output pointer");
+    *cubin = NULL;
+    *size = 0;
+    if ((dt != STOF_DTYPE_FP16 && dt != STOF_DTYPE_BF16) ||
+        act < STOF_ACT_NONE || act > STOF_ACT_SILU ||
+        (gated != 0 && gated != 1))
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gate compile: dtype %d, act %d, gated %d",
+                          (int)dt, act, gated);
+    char d[3][32];
+    snprintf(d[0], 32, "DTYPE=%d", (int)dt);
+    snprintf(d[1], 32, "ACT=%d", act);
+    snprintf(d[2], 32, "GATED=%d", gated);
+    const char *defs[3] = {d[0], d[1], d[2]};
+    return (stof_status)stof__jit_compile(ctx, "layer_ops.cu", defs, 3, arch,
+                                          cubin, size);
+}
+
+stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
+                              int rows, int n, int64_t ld_x, int64_t ld_out,
+                              int gated, CUstream stream, const stof_api *api)
+{
+    if (!fn || !api || !api->cuLaunchKernel || rows < 0 || n <= 0 ||
+        n % 8 || ld_x % 8 || ld_out % 8 || ld_out < n ||
+        ld_x < (gated ? 2 * (int64_t)n : n) || !x || !out ||
+        (x | out) % 16u)
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (rows == 0)
+        return STOF_OK;
+    if (gated) { /* threads write rows that others still read: no overlap */
+        const CUdeviceptr x_end =
+            x + (CUdeviceptr)(((int64_t)(rows - 1) * ld_x + 2 * n) * 2);
+        const CUdeviceptr o_end =
+            out + (CUdeviceptr)(((int64_t)(rows - 1) * ld_out + n) * 2);
+        if (out < x_end && x < o_end)
+            return STOF_ERR_INVALID_ARGUMENT;
+    }
+    const int64_t chunks = (int64_t)rows * (n / 8);
+    const int64_t blocks = (chunks + 255) / 256;
+    const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
+    void *params[] = {&x, &out, &rows, &n, &ld_x, &ld_out};
+    CUresult r = api->cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream,
+                                     params, NULL);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}
+
