@@ -100,6 +100,15 @@
 #ifndef STAGES
 #define STAGES 3
 #endif
+#ifndef NORM
+#define NORM 0
+#endif
+#ifndef WRITE_PRE
+#define WRITE_PRE 0
+#endif
+#ifndef N_TOTAL
+#define N_TOTAL 0
+#endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif

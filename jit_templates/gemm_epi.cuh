@@ -1,8 +1,7 @@
 // gemm_epi.cuh - the GEMM templates' epilogue pieces (gemm.cu,
-// gemm_wgmma.cu): the epilogue switches' defaults (BIAS, ACT, RESIDUAL,
-// NORM, WRITE_PRE, N_TOTAL), 16-bit pairs to float and the activation ACT
-// (0 none, 1 gelu (tanh), 2 gelu (erf), 3 relu, 4 silu: stof_activation).
-// Compiled by NVRTC only.
+// gemm_wgmma.cu): the epilogue switches' defaults, 16-bit pairs to float
+// and the activation ACT (0 none, 1 gelu (tanh), 2 gelu (erf), 3 relu,
+// 4 silu: stof_activation). Compiled by NVRTC only.
 #pragma once
 
 #include "stof_common.cuh"
@@ -15,15 +14,6 @@
 #endif
 #ifndef RESIDUAL
 #define RESIDUAL 0
-#endif
-#ifndef NORM
-#define NORM 0
-#endif
-#ifndef WRITE_PRE
-#define WRITE_PRE 0
-#endif
-#ifndef N_TOTAL
-#define N_TOTAL 0
 #endif
 
 // The low and high 16-bit values of a pair, as float.

@@ -134,6 +134,15 @@
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
+#ifndef NORM
+#define NORM 0
+#endif
+#ifndef WRITE_PRE
+#define WRITE_PRE 0
+#endif
+#ifndef N_TOTAL
+#define N_TOTAL 0
+#endif
 
 #define GW_BM 128                          // tile rows (two warpgroups)
 #define GW_BK 64                           // K per stage (128-byte rows)
