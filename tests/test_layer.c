@@ -1,11 +1,14 @@
 /*
  * test_layer.c - the layer API on the CPU: descriptor defaults and
  * validation (every bad field is named in the message), NULL handling of
- * every entry point, and, without a GPU, a clear STOF_ERR_NO_DEVICE.
+ * every entry point, and, without a GPU, a clear STOF_ERR_NO_DEVICE; the
+ * steps of a scheme and which of them a stack runs.
  */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "layer_int.h"
 #include "stof.h"
 
 static stof_context *ctx_open(void)
@@ -152,4 +155,64 @@ Test(layer, null_layer_is_harmless)
     stof_layer *L = NULL;
     stof_layer_free(&L);
     stof_layer_free(NULL);
+}
+
+/* The chain of a pre-norm layer whose scheme fuses the stack ending: the
+ * last GEMM's stack-only twin writes Y (pre) and N with the next layer's
+ * input norm, and runs, in place of the plain one, only inside a stack;
+ * a layer after the first skips its input norm; post-norm layers have no
+ * stack ending. */
+Test(layer, stack_ending_steps)
+{
+    stof_layer *L = calloc(1, sizeof(*L));
+    cr_assert(L);
+    stof_layer_desc_init(&L->d, 2, 128, 256, 4, STOF_DTYPE_FP16);
+    L->d.pre_norm = 1;
+    stof__layer_build_steps(L, J_FUSED, J_FUSED);
+    const int n = L->n_steps;
+    cr_assert_geq(n, 3);
+    const step *last = &L->steps[n - 1], *plain = &L->steps[n - 2];
+    cr_expect(last->stack_end && last->kind == STEP_GEMM &&
+              last->op == G_B_NORM);
+    cr_expect_eq(last->s[O_OUT], SYM_N);
+    cr_expect_eq(last->s[O_PRE], SYM_Y);
+    cr_expect_eq(last->s[O_RES], SYM_H);
+    cr_expect_eq(last->s[O_GAMMA], SYM_G1_NEXT);
+    cr_expect_eq(last->s[O_BETA], SYM_BE1_NEXT);
+    cr_expect(!plain->stack_end && plain->op == G_B_RES &&
+              plain->s[O_OUT] == SYM_Y);
+    cr_expect(L->steps[0].kind == STEP_NORM && L->steps[0].op == N_IN);
+    static const int modes[] = {0, RUN_END_FUSED,
+                                RUN_SKIP_NORM_IN | RUN_END_FUSED,
+                                RUN_SKIP_NORM_IN};
+    for (int m = 0; m < 4; m++) {
+        const int mode = modes[m];
+        int runs = 0;
+        for (int i = 0; i < n; i++)
+            runs += stof__layer_step_runs(L, i, mode);
+        cr_expect_eq(runs, n - 1 - !!(mode & RUN_SKIP_NORM_IN),
+                     "mode %d: %d of %d steps", mode, runs, n);
+        cr_expect_eq(stof__layer_step_runs(L, n - 1, mode),
+                     !!(mode & RUN_END_FUSED), "mode %d", mode);
+        cr_expect_eq(stof__layer_step_runs(L, n - 2, mode),
+                     !(mode & RUN_END_FUSED), "mode %d", mode);
+        cr_expect_eq(stof__layer_step_runs(L, 0, mode),
+                     !(mode & RUN_SKIP_NORM_IN), "mode %d", mode);
+    }
+    /* RMSNorm: no beta; no stack ending without jb = J_FUSED. */
+    L->d.norm = STOF_NORM_RMS;
+    stof__layer_build_steps(L, J_FUSED, J_FUSED);
+    cr_expect_eq(L->steps[L->n_steps - 1].s[O_BETA], SYM_NONE);
+    stof__layer_build_steps(L, J_FUSED, 0);
+    for (int i = 0; i < L->n_steps; i++)
+        cr_expect(!L->steps[i].stack_end && stof__layer_step_runs(L, i, 0));
+    /* Post-norm: the fused junction B is a plain step. */
+    L->d.pre_norm = 0;
+    L->d.norm = STOF_NORM_LAYER;
+    stof__layer_build_steps(L, J_FUSED, J_FUSED);
+    for (int i = 0; i < L->n_steps; i++)
+        cr_expect(!L->steps[i].stack_end);
+    cr_expect_eq(L->steps[L->n_steps - 1].op, G_B_NORM);
+    cr_expect_eq(L->steps[L->n_steps - 1].s[O_OUT], SYM_Y);
+    free(L);
 }

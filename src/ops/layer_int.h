@@ -160,6 +160,8 @@ int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
     ;
 /* Destroy the stack's captured graph, if any (the context current). */
 void stof__layer_graph_drop(stof_layer *L);
+/* Whether step i runs in `mode` (RUN_* bits, 0 for one layer). */
+int stof__layer_step_runs(const stof_layer *L, int i, int mode);
 /* Enqueue the steps (mode: RUN_* bits, 0 for one layer); the context
  * must be current. */
 stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,

@@ -141,21 +141,26 @@ int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
     return (int)st;
 }
 
+int stof__layer_step_runs(const stof_layer *L, int i, int mode)
+{
+    const step *s = &L->steps[i];
+    const int end_fused = (mode & RUN_END_FUSED) != 0;
+    /* The stack ending replaces the step before it. */
+    if (s->stack_end != end_fused &&
+        (s->stack_end || (i + 1 < L->n_steps && L->steps[i + 1].stack_end)))
+        return 0;
+    return !((mode & RUN_SKIP_NORM_IN) && s->kind == STEP_NORM &&
+             s->op == N_IN);
+}
+
 /* Enqueue the steps; the context must be current. */
 stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
                                   CUdeviceptr x, CUdeviceptr y,
                                   CUstream stream, int mode)
 {
-    const int end_fused = (mode & RUN_END_FUSED) != 0;
     for (int i = 0; i < L->n_steps; i++) {
         const step *s = &L->steps[i];
-        /* The stack ending replaces the step before it. */
-        if (s->stack_end != end_fused &&
-            (s->stack_end ||
-             (i + 1 < L->n_steps && L->steps[i + 1].stack_end)))
-            continue;
-        if ((mode & RUN_SKIP_NORM_IN) && s->kind == STEP_NORM &&
-            s->op == N_IN)
+        if (!stof__layer_step_runs(L, i, mode))
             continue;
         stof_status st;
         const char *what;
