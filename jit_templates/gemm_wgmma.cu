@@ -31,11 +31,13 @@
 // counter, so ws stays ready for the next launch (zeroed once when
 // allocated: stof__gemm_ws_bytes). C is written once; no norm kernel.
 //
-// Compile-time parameters (-D): DTYPE 0 fp16 / 1 bf16; BLOCK_N 64, 128 or
-// 256 (C tile columns; the tile has 128 rows, K goes in steps of 64);
-// STAGES 2..6 (K-steps of A and W in flight); BIAS, ACT, RESIDUAL; GATED
-// (BLOCK_N 128 or 256); PINGPONG (BLOCK_N 64 or 128, below); CLUSTER 1 or
-// 2 (below); NORM 0..2, WRITE_PRE, N_TOTAL (above, with the workspace).
+// Compile-time parameters (-D): DTYPE 0 fp16 / 1 bf16; BLOCK_N 64, 128,
+// 192 or 256 (C tile columns; the tile has 128 rows, K goes in steps of
+// 64; 192 makes a 768-wide row 4 tiles: 4096 tokens are 128 tiles, one
+// round on 132 SMs); STAGES 2..6 (K-steps of A and W in flight); BIAS,
+// ACT, RESIDUAL; GATED (BLOCK_N 128 or 256); PINGPONG (BLOCK_N 64 or 128,
+// below); CLUSTER 1 or 2 (below; not with 192); NORM 0..2, WRITE_PRE,
+// N_TOTAL (above, with the workspace).
 //
 // Grid: at most one CTA per SM (gridDim.x; the host passes the SM count),
 // 384 threads. The C tiles (ceil(M/128) x ceil(N/BLOCK_N)) are numbered in
@@ -116,6 +118,7 @@
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768 | DTYPE=1,BLOCK_N=128,STAGES=4,RESIDUAL=1,NORM=2,WRITE_PRE=1,N_TOTAL=1000
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,NORM=1,WRITE_PRE=1,N_TOTAL=4096 | DTYPE=0,BLOCK_N=128,STAGES=5,BIAS=1,RESIDUAL=1,NORM=1,PINGPONG=1,N_TOTAL=768
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=128,STAGES=4,RESIDUAL=1,NORM=2,WRITE_PRE=1,PINGPONG=1,N_TOTAL=1000
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768 | DTYPE=1,BLOCK_N=192,STAGES=3,BIAS=1,ACT=2
 #include "sm90_common.cuh"
 #include "gemm_epi.cuh"
 
@@ -169,8 +172,11 @@
 #define GW_AB 2                            // 8-column blocks an activation pass
 #define GW_WH (BLOCK_N / CLUSTER)          // W rows one producer loads
 
-static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256,
-              "BLOCK_N must be 64, 128 or 256");
+static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 192 ||
+                  BLOCK_N == 256,
+              "BLOCK_N must be 64, 128, 192 or 256");
+static_assert(BLOCK_N != 192 || (!GATED && CLUSTER == 1),
+              "BLOCK_N 192: not gated (96 output columns) nor in pairs");
 static_assert(STAGES >= 2 && STAGES <= 6, "STAGES must be 2..6");
 static_assert(!GATED || BLOCK_N >= 128, "GATED needs BLOCK_N 128 or 256");
 static_assert(!PINGPONG || BLOCK_N <= 128,

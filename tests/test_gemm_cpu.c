@@ -496,6 +496,19 @@ Test(gemm_cpu, hopper_template)
     cr_expect_not(stof__gemm_cfg_valid(&dev, &co, &ln, 4096, 768, why,
                                        sizeof(why)));
     cr_expect(strstr(why, "more than the 16") != NULL, "%s", why);
+    /* 192-wide tiles: four stages with a norm's rings; not gated, not in
+     * pairs. */
+    const stof_gemm_cfg w192 = {128, 192, 64, 2, 1, 4, 1, 1},
+                        w192p = {128, 192, 64, 2, 1, 3, 1, 2};
+    cr_expect(stof__gemm_cfg_valid(&dev, &w192, &ln, 768, 3072, why,
+                                   sizeof(why)),
+              "%s", why);
+    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1};
+    cr_expect_not(stof__gemm_cfg_valid(&dev, &w192, &swiglu, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect_not(stof__gemm_cfg_valid(&dev, &w192p, &gelu, 768, 768, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "192") != NULL, "%s", why);
     /* Its shared memory: four C units a warpgroup, gamma and beta of 256
      * columns; its workspace: a row counter a tile row (256-byte padded)
      * and 128 rows x 8 bytes a tile. */

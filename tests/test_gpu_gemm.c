@@ -1001,6 +1001,15 @@ static void wgmma_norms(stof_dtype dt)
     check(ctx, dt, &cfgs[3], &pre, 520, 2048, 128, 8, 5513);
     check(ctx, dt, &cfgs[0], &pre, 1000, 4096, 256, 0, 5516);
     check(ctx, dt, &cfgs[1], &pre, 700, 2048, 128, 0, 5517);
+    /* 192-wide tiles (a 768-wide row is 4 of them): the norms, a row's
+     * last tile mostly past N, and an epilogue without a norm. */
+    static const stof_gemm_cfg w192[] = {{128, 192, 64, 2, 1, 4, 1, 1},
+                                         {128, 192, 64, 2, 1, 3, 1, 1}};
+    check(ctx, dt, &w192[0], &post, 300, 768, 200, 0, 5520);
+    check(ctx, dt, &w192[1], &pre, 4096, 768, 3072, 0, 5521);
+    check(ctx, dt, &w192[0], &post, 1000, 1000, 328, 8, 5522);
+    const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 1, 0, 0, 0};
+    check(ctx, dt, &w192[1], &erf, 1000, 776, 328, 0, 5523);
     stof_close(&ctx);
 }
 

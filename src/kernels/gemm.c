@@ -129,10 +129,11 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                            size_t n)
 {
     if (c->block_m != WG_BM || c->block_k != WG_BK ||
-        (c->block_n != 64 && c->block_n != 128 && c->block_n != 256))
+        (c->block_n != 64 && c->block_n != 128 && c->block_n != 192 &&
+         c->block_n != 256))
         return stof__why(why, n,
                          "wgmma template: block %dx%dx%d, must be 128 x "
-                         "(64, 128 or 256) x 64",
+                         "(64, 128, 192 or 256) x 64",
                          c->block_m, c->block_n, c->block_k);
     if ((c->warps_m != 2 && c->warps_m != 1) || c->warps_n != 1)
         return stof__why(why, n,
@@ -167,11 +168,16 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          "tiles of %d, more than the %d a row may have",
                          N, (N + c->block_n - 1) / c->block_n, c->block_n,
                          WG_NORM_TILES);
-    if (e->gated && c->block_n < 128)
+    if (e->gated && (c->block_n < 128 || c->block_n == 192))
         return stof__why(why, n,
                          "wgmma template: gated needs block_n 128 or 256 "
                          "(the output tile is half of it), not %d",
                          c->block_n);
+    if (c->block_n == 192 && c->cluster > 1)
+        return stof__why(why, n,
+                         "wgmma template: block_n 192 runs no pairs "
+                         "(cluster %d)",
+                         c->cluster);
     if (dev && dev->ok && (dev->cc_major != 9 || dev->cc_minor != 0))
         return stof__why(why, n,
                          "wgmma template: needs compute capability 9.0 "
@@ -297,9 +303,12 @@ static const int wgmma_tiles[][4] = {
     {256, 3, 2, 2}};
 
 /* With a row norm: block_n, stages, warps_m (1: ping-pong, the row
- * statistics' wait passes under the other warpgroup's K loop). */
+ * statistics' wait passes under the other warpgroup's K loop). 192 makes
+ * a 768-wide row 4 tiles, so 4096 tokens' 128 tiles fill 132 SMs in one
+ * round (128 x 128: 192 tiles, two rounds; 128 x 256: 96). */
 static const int wgmma_norm_tiles[][3] = {
-    {128, 5, 1}, {128, 4, 1}, {256, 3, 2}, {128, 4, 2}, {256, 2, 2}};
+    {128, 5, 1}, {128, 4, 1}, {256, 3, 2}, {128, 4, 2},
+    {256, 2, 2}, {192, 4, 2}, {192, 3, 2}};
 
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max)
@@ -380,7 +389,10 @@ static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
                              const stof_gemm_epi *e, int M, int N, int K)
 {
     const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 132;
-    double eff = c->block_n >= 256 ? 0.78 : c->block_n >= 128 ? 0.72 : 0.55;
+    double eff = c->block_n >= 256   ? 0.78
+                 : c->block_n >= 192 ? 0.76
+                 : c->block_n >= 128 ? 0.72
+                                     : 0.55;
     if (c->warps_m == 1) /* the epilogue's share, about 1/(K/64 + 4) */
         eff *= 1.0 + 4.0 / (round_up(K, WG_BK) / WG_BK + 4.0);
     if (eff > 0.9)
