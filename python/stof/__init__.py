@@ -1436,7 +1436,10 @@ class Layer:
         referenced here so that a replay never reads freed memory. A family
         layer takes this call's instance as run does; the graph records the
         instance tensors' addresses, so write each batch's values into the
-        same tensors to replay it."""
+        same tensors to replay it. Pre-norm layers whose scheme has a stack
+        ending (describe()["scheme"]["junction_b"] == "stack") fold each
+        layer's input norm into the previous layer's last GEMM, so a stack
+        rounds slightly differently from run() layer by layer."""
         lib = self._lib()
         weights = list(weights)
         if not weights:
