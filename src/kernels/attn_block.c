@@ -550,13 +550,10 @@ stof_status stof__block_load_cubin_shared(stof_context *ctx, int head_dim,
                                           const void *cubin, size_t size,
                                           CUmodule *mod, CUfunction *fn)
 {
-    const size_t smem = stof__block_smem_bytes(head_dim, c);
-    return (stof_status)(size ? stof__module_load_shared(ctx, cubin, size,
-                                                         "stof_attn_block",
-                                                         smem, mod, fn)
-                              : stof__module_load(ctx, cubin,
-                                                  "stof_attn_block", smem,
-                                                  mod, fn));
+    /* (size 0: loaded apart, not through the cache) */
+    return (stof_status)stof__module_load_shared(
+        ctx, cubin, size, "stof_attn_block",
+        stof__block_smem_bytes(head_dim, c), mod, fn);
 }
 
 stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,

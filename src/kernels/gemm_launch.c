@@ -113,28 +113,13 @@ stof_status stof__gemm_compile(stof_context *ctx, stof_dtype dt,
                                           cubin, size);
 }
 
-static stof_status load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
-                              const stof_gemm_epi *e, int N,
-                              const void *cubin, size_t size, CUmodule *mod,
-                              CUfunction *fn, int shared)
-{
-    if (!c || !e || !cubin || !mod || !fn)
-        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
-                          "gemm load: NULL argument");
-    const char *name = c->wgmma ? "stof_gemm_wgmma" : "stof_gemm";
-    const size_t smem = stof__gemm_smem_bytes(c, e, N);
-    return (stof_status)(shared ? stof__module_load_shared(ctx, cubin, size,
-                                                           name, smem, mod, fn)
-                                : stof__module_load(ctx, cubin, name, smem,
-                                                    mod, fn));
-}
-
 stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
                                   const stof_gemm_epi *e, int N,
                                   const void *cubin, CUmodule *mod,
                                   CUfunction *fn)
 {
-    return load_cubin(ctx, c, e, N, cubin, 0, mod, fn, 0);
+    /* (size 0: loaded apart, not through the cache) */
+    return stof__gemm_load_cubin_shared(ctx, c, e, N, cubin, 0, mod, fn);
 }
 
 stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
@@ -143,7 +128,12 @@ stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
                                          const void *cubin, size_t size,
                                          CUmodule *mod, CUfunction *fn)
 {
-    return load_cubin(ctx, c, e, N, cubin, size, mod, fn, 1);
+    if (!c || !e || !cubin || !mod || !fn)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "gemm load: NULL argument");
+    return (stof_status)stof__module_load_shared(
+        ctx, cubin, size, c->wgmma ? "stof_gemm_wgmma" : "stof_gemm",
+        stof__gemm_smem_bytes(c, e, N), mod, fn);
 }
 
 /* A 2-D map over (cols, rows) of 16-bit elements with leading dimension
