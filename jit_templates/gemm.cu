@@ -3,7 +3,7 @@
 // A is [M][K] row-major (leading dimension lda), W is [N][K] row-major (ldw,
 // an nn.Linear weight), C/residual/pre are [M][N] (ldc); all 16-bit (DTYPE),
 // fp32 accumulation. The epilogue, on v = acc in fp32, in this order (see
-// src/gemm.h):
+// src/kernels/gemm.h):
 //   BIAS      v += bias[n]
 //   ACT       v = act(v): 0 none, 1 gelu (tanh), 2 gelu (erf), 3 relu,
 //             4 silu (stof_activation)
@@ -30,8 +30,8 @@
 // Grid: x = column tile (ceil(N / BLOCK_N); 1 with NORM), y = row tile
 // (ceil(M / BLOCK_M)); WARPS_M * WARPS_N * 32 threads.
 //
-// Shared memory (dynamic; bytes; stof__gemm_smem_bytes in src/gemm.c
-// computes the same total):
+// Shared memory (dynamic; bytes; stof__gemm_smem_bytes in
+// src/kernels/gemm.c computes the same total):
 //   pipe  STAGES x (BLOCK_M + BLOCK_N) rows of SK = BLOCK_K + 8 elements:
 //         for each stage the A tile (BLOCK_M rows) then ... all A stages
 //         first, then all W stages. The 16-byte pad per row makes a row
@@ -140,8 +140,8 @@ static_assert(NORM == 0 || (N_TOTAL > 0 && N_TOTAL % 8 == 0),
               "NORM needs N_TOTAL, a multiple of 8");
 static_assert(WRITE_PRE == 0 || NORM != 0, "WRITE_PRE needs NORM");
 
-// Launch parameters, by value. Same layout as stof_gemm_args in src/gemm.h
-// (both sides check the size).
+// Launch parameters, by value. Same layout as stof_gemm_args in
+// src/kernels/gemm.h (both sides check the size).
 struct stof_gemm_params {
     const unsigned short *a, *w;
     unsigned short *c;

@@ -102,8 +102,8 @@
 // C units of 64 rows x 128 B (the TMA's 128-byte swizzle; 2, or 4 with a
 // residual or a norm); 2 x STAGES + 4 mbarriers; NORM: gamma and beta of
 // the CTA's BLOCK_N columns.
-// 128 x 256 takes up to 4 stages (3 with a residual or a norm), 128 x 128
-// up to 6 (5; 4 with a norm).
+// 128 x 256 takes up to 4 stages (3 with a residual or a norm), 128 x 192
+// 4, 128 x 128 up to 6 (5 with a residual or a norm).
 //
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,RESIDUAL=0 | DTYPE=1,BLOCK_N=128,STAGES=5,BIAS=0,ACT=0,RESIDUAL=1 | DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,ACT=3,RESIDUAL=1
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,BIAS=1,ACT=4,RESIDUAL=1 | DTYPE=0,BLOCK_N=128,STAGES=2,BIAS=1,ACT=1,RESIDUAL=0
@@ -199,8 +199,8 @@ static_assert(!NORM || (ACT == 0 && !GATED && CLUSTER == 1),
 static_assert(!WRITE_PRE || NORM, "WRITE_PRE needs NORM");
 
 // The launch parameters, by value (__grid_constant__: the tensor maps are
-// read in place). Mirrored by stof_gemm_wgmma_params in src/kernels/gemm.c;
-// both sides check the size.
+// read in place). Mirrored by stof_gemm_wgmma_params in
+// src/kernels/gemm_launch.c; both sides check the size.
 struct stof_gemm_wgmma_params {
     stof_tmap tm_a, tm_w;            // (K, M) and (K, N) maps, box 64 wide
                                      // (GATED: (K, 2N), box 64 x BLOCK_N/2)
