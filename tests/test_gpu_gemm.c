@@ -1008,8 +1008,11 @@ static void wgmma_norms(stof_dtype dt)
     check(ctx, dt, &w192[0], &post, 300, 768, 200, 0, 5520);
     check(ctx, dt, &w192[1], &pre, 4096, 768, 3072, 0, 5521);
     check(ctx, dt, &w192[0], &post, 1000, 1000, 328, 8, 5522);
-    const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 1, 0, 0, 0};
+    const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 1, 0, 0, 0},
+                        br = {1, 0, 1, 0, 0, 0}, plain = {0, 0, 0, 0, 0, 0};
     check(ctx, dt, &w192[1], &erf, 1000, 776, 328, 0, 5523);
+    check(ctx, dt, &w192[0], &br, 300, 2304, 768, 8, 5524);
+    check(ctx, dt, &w192[0], &plain, 4096, 3072, 1024, 0, 5525);
     stof_close(&ctx);
 }
 
