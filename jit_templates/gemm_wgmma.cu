@@ -368,6 +368,17 @@ __device__ __forceinline__ void gw_add_frags(float (&v)[8], unsigned m_addr)
     }
 }
 
+// Warpgroup cw's C units may be written again: its thread 0 waits until
+// all but the newest N of its stores have read theirs, then the whole
+// warpgroup passes a barrier.
+template <int N>
+__device__ __forceinline__ void gw_units_read(int cw, int ctid)
+{
+    if (ctid == 0)
+        bulk_wait_read<N>();
+    named_bar_sync(1 + cw, 128);
+}
+
 // The C unit at s_u, just written by warpgroup cw's threads, seen by the
 // TMA (async proxy), then stored by one thread to (c0, c1) of map m (the
 // map clips rows and columns outside it), in its current bulk group.
@@ -630,9 +641,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             res_ph ^= 1u;
 #elif WRITE_PRE
             // The previous tile's stores have read the units.
-            if (ctid == 0)
-                bulk_wait_read<0>();
-            named_bar_sync(1 + cw, 128);
+            gw_units_read<0>(cw, ctid);
 #endif
 #pragma unroll
             for (int h = 0; h < GW_HALVES; h++)
@@ -737,9 +746,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             // warp that now writes, and (WRITE_PRE) the pre stores have
             // read them; else the previous tile's stores have.
 #if WRITE_PRE || !RESIDUAL
-            if (ctid == 0)
-                bulk_wait_read<0>();
-            named_bar_sync(1 + cw, 128);
+            gw_units_read<0>(cw, ctid);
 #endif
 #pragma unroll
             for (int h = 0; h < GW_HALVES; h++)
@@ -807,9 +814,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                     res_ph ^= 1u;
                 }
 #else
-                if (ctid == 0)
-                    bulk_wait_read<GW_CBUF - 1>();
-                named_bar_sync(1 + cw, 128);
+                gw_units_read<GW_CBUF - 1>(cw, ctid);
 #endif
                 // GW_AB 8-column blocks at a time through the activation:
                 // 4 GW_AB independent chains (gm_act_n).
