@@ -487,6 +487,8 @@ __device__ __forceinline__ void bk_load_bits(unsigned dst,
 extern "C" __global__ void __launch_bounds__(BK_THREADS, MIN_BLOCKS)
 stof_attn_block(const stof_attn_block_params p)
 {
+    stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
+    stof_grid_release();
     extern __shared__ __align__(128) unsigned char bk_smem[];
 
     const int tid = threadIdx.x;

@@ -64,6 +64,8 @@ __device__ __forceinline__ void stof_split_store2(float *o_part, int z,
 extern "C" __global__ void __launch_bounds__(128)
     stof_attn_combine(const stof_attn_combine_params p)
 {
+    stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
+    stof_grid_release();
     constexpr int CPL = HEAD_DIM / 32; // columns per lane: 1, 2, 4 or 8
     const int lane = threadIdx.x & 31;
     const stof_i64 bh_rows = (stof_i64)p.batch * p.heads * p.seq_q;

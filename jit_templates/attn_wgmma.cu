@@ -907,6 +907,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS)
 stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
+    stof_grid_release();
     extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
 
     const int tid = threadIdx.x;

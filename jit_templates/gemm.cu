@@ -379,6 +379,8 @@ __device__ __forceinline__ void gm_epilogue_regs(
 extern "C" __global__ void __launch_bounds__(GM_THREADS, MIN_BLOCKS)
     stof_gemm(const stof_gemm_params p)
 {
+    stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
+    stof_grid_release();
     extern __shared__ __align__(128) unsigned char gm_smem[];
     unsigned short *pipe = (unsigned short *)gm_smem;
     const unsigned s_a = stof_smem_addr(pipe);

@@ -453,6 +453,10 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #else
     __syncthreads();
 #endif
+    // Nothing above touched global memory (programmatic dependent launch:
+    // see stof_common.cuh).
+    stof_grid_wait();
+    stof_grid_release();
 
     if (wg == 0) {
         // ------------------------------------------------------------------

@@ -113,6 +113,8 @@ stof_norm(const unsigned short *x,
           const unsigned short *__restrict__ beta, unsigned short *out,
           unsigned short *pre, int rows, stof_i64 ld, float eps)
 {
+    stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
+    stof_grid_release();
     const int lane = threadIdx.x & 31;
 #if NORM_HOIST
     stof_v8 g_h[PER_LANE];
@@ -279,6 +281,8 @@ extern "C" __global__ void stof_gate(const unsigned short *x,
                                      unsigned short *out, int rows, int n,
                                      stof_i64 ld_x, stof_i64 ld_out)
 {
+    stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
+    stof_grid_release();
     const int per_row = n / 8;
     const stof_i64 total = (stof_i64)rows * per_row;
     for (stof_i64 i = blockIdx.x * (stof_i64)blockDim.x + threadIdx.x;
@@ -306,6 +310,9 @@ extern "C" __global__ void stof_gate(const unsigned short *x,
 extern "C" __global__ void stof_fill(unsigned short *p, stof_i64 n,
                                      stof_u64 seed, float scale, float offset)
 {
+    // A successor launched with PDL may take SMs now (and wait): the
+    // GPU suite's pdl_chain test relies on it.
+    stof_grid_release();
     for (stof_i64 i = blockIdx.x * (stof_i64)blockDim.x + threadIdx.x; i < n;
          i += (stof_i64)gridDim.x * blockDim.x) {
         stof_u64 z = seed + (stof_u64)i * 0x9e3779b97f4a7c15ull;

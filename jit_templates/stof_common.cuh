@@ -9,6 +9,29 @@ typedef unsigned short stof_bf16_t;  // raw bfloat16 bits
 typedef long long stof_i64;
 typedef unsigned long long stof_u64;
 
+// Programmatic dependent launch (compute capability 9.0+): a kernel the
+// host launches with it (stof__launch's pdl) may start while the kernel
+// before it in the stream still runs. stof_grid_wait() returns once that
+// kernel has completed and its writes are visible: every CTA calls it
+// before it reads what that kernel may have written or writes what it may
+// still read. stof_grid_release() lets the next such kernel start: its
+// CTAs take the SMs this kernel's CTAs leave and wait there, so its launch
+// and prologue pass under this kernel's last tiles. Both do nothing in a
+// launch without it, and compile to nothing before sm_90.
+__device__ __forceinline__ void stof_grid_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void stof_grid_release()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // DTYPE: 0 = fp16, 1 = bf16 (matches stof_dtype in stof.h).
 #ifndef DTYPE
 #define DTYPE 0

@@ -1016,6 +1016,116 @@ static void wgmma_norms(stof_dtype dt)
     stof_close(&ctx);
 }
 
+/* Programmatic dependent launch: a slow kernel (stof_fill, one CTA)
+ * writes A over its poison while the GEMMs after it in the stream, launched
+ * with PDL, may already be resident: each must wait for it (stof_grid_wait)
+ * before it reads A. Their outputs equal the same GEMMs run again after a
+ * synchronisation, bit for bit: plain, in pairs, with a row norm
+ * (cooperative; its second run asks for a grid larger than the GPU holds
+ * at once, so the launch falls back to a smaller multiple of the row's
+ * tiles), and the mma.sync template. */
+Test(gpu, pdl_chain, .timeout = 300)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    const stof_api *api = ctx->api;
+    const int pdl_was = stof__pdl_enabled();
+    stof__pdl_set(1); /* opt-in (STOF_PDL=1): the launches ask for it */
+    const stof_dtype dt = STOF_DTYPE_FP16;
+    const int M = 4096, N = 768, K = 768;
+    const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0},
+                        ln = {1, 0, 1, 1, 0, 0};
+    const stof_gemm_cfg cfgs[] = {{128, 256, 64, 2, 1, 4, 1, 1},
+                                  {128, 256, 64, 2, 1, 4, 1, 2},
+                                  {128, 128, 64, 1, 1, 5, 1, 1},
+                                  {128, 128, 32, 2, 4, 3, 0, 1}};
+    const stof_gemm_epi *epis[] = {&plain, &plain, &ln, &plain};
+    enum { NC = sizeof(cfgs) / sizeof(*cfgs) };
+    kernel k[NC];
+    for (int i = 0; i < NC; i++)
+        k[i] = load(ctx, dt, &cfgs[i], epis[i], N);
+    kernel fk = load_gate(ctx, dt, STOF_ACT_NONE, 0);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    CUfunction fill = NULL;
+    cr_assert_eq(api->cuModuleGetFunction(&fill, fk.mod, "stof_fill"),
+                 CUDA_SUCCESS);
+    const size_t na = (size_t)M * K, nc = (size_t)M * N;
+    CUdeviceptr da, dw, dc, dc2, dres, dvec, ws;
+    cr_assert_eq(api->cuMemAlloc(&da, na * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dw, (size_t)N * K * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dc, nc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dc2, nc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dres, nc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dvec, (size_t)N * 2), CUDA_SUCCESS);
+    const size_t ws_bytes = stof__gemm_ws_bytes(&cfgs[2], &ln, M, N);
+    cr_assert_eq(api->cuMemAlloc(&ws, ws_bytes), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(ws, 0, ws_bytes), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(dw, 0x2c, (size_t)N * K * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(dres, 0x3c, nc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(dvec, 0x38, (size_t)N * 2), CUDA_SUCCESS);
+    uint16_t *h1 = malloc(nc * 2), *h2 = malloc(nc * 2);
+    cr_assert(h1 && h2);
+    for (int i = 0; i < NC; i++) {
+        stof_gemm_args a = plain_args(da, dw, dc, M, N, K);
+        a.bias = a.gamma = a.beta = dvec;
+        a.residual = dres;
+        a.eps = 1e-5f;
+        a.ws = ws;
+        for (int rep = 0; rep < 3; rep++) {
+            /* Poison (NaN), then the slow fill, then the GEMM at once. */
+            cr_assert_eq(api->cuMemsetD8(da, 0x7e, na * 2), CUDA_SUCCESS);
+            cr_assert_eq(api->cuMemsetD8(dc, 0x7e, nc * 2), CUDA_SUCCESS);
+            int64_t n = (int64_t)na;
+            uint64_t seed = 77u + (uint64_t)rep;
+            float scale = 1.0f, offset = 0.0f;
+            void *fa[] = {&da, &n, &seed, &scale, &offset};
+            cr_assert_eq(api->cuLaunchKernel(fill, 1, 1, 1, 256, 1, 1, 0,
+                                             NULL, fa, NULL),
+                         CUDA_SUCCESS);
+            a.c = dc;
+            cr_assert_eq(stof__gemm_launch(k[i].fn, &cfgs[i], epis[i], &a,
+                                           ctx->device.sm_count, NULL, api),
+                         STOF_OK, "cfg %d", i);
+            cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+            /* The norm's reference run asks for more CTAs than can be
+             * resident: its cooperative launch falls back to fewer. */
+            a.c = dc2;
+            const int ctas = ctx->device.sm_count * (epis[i]->norm ? 4 : 1);
+            cr_assert_eq(stof__gemm_launch(k[i].fn, &cfgs[i], epis[i], &a,
+                                           ctas, NULL, api),
+                         STOF_OK, "cfg %d, %d CTAs", i, ctas);
+            cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+            cr_assert_eq(api->cuMemcpyDtoH(h1, dc, nc * 2), CUDA_SUCCESS);
+            cr_assert_eq(api->cuMemcpyDtoH(h2, dc2, nc * 2), CUDA_SUCCESS);
+            size_t bad = 0, nan = 0;
+            for (size_t j = 0; j < nc; j++) {
+                bad += h1[j] != h2[j];
+                nan += (h2[j] & 0x7c00) == 0x7c00;
+            }
+            cr_expect_eq(nan, 0u, "cfg %d: the reference run saw poison",
+                         i);
+            cr_expect_eq(bad, 0u,
+                         "cfg %d rep %d: %zu of %zu outputs differ from the "
+                         "run after a synchronisation",
+                         i, rep, bad, nc);
+        }
+    }
+    stof__pdl_set(pdl_was);
+    free(h1);
+    free(h2);
+    api->cuMemFree(da);
+    api->cuMemFree(dw);
+    api->cuMemFree(dc);
+    api->cuMemFree(dc2);
+    api->cuMemFree(dres);
+    api->cuMemFree(dvec);
+    api->cuMemFree(ws);
+    stof__ctx_pop(ctx);
+    for (int i = 0; i < NC; i++)
+        unload(ctx, &k[i]);
+    unload(ctx, &fk);
+    stof_close(&ctx);
+}
+
 Test(gpu, wgmma_norms_fp16, .timeout = 300)
 {
     wgmma_norms(STOF_DTYPE_FP16);

@@ -660,9 +660,10 @@ stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
 
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};
-    CUresult r = api->cuLaunchKernel(
-        fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads), gz,
-        (unsigned)(32 * c->warps), 1, 1, (unsigned)smem, s, args, NULL);
+    const stof_launch_opts pdl = {.pdl = stof__fn_sm90(api, fn)};
+    CUresult r = stof__launch(
+        api, fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads),
+        gz, (unsigned)(32 * c->warps), (unsigned)smem, s, args, &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
@@ -733,8 +734,9 @@ stof_status stof__rowwise_launch_qperm_ex(
 
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};
-    CUresult r = api->cuLaunchKernel(
-        fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads), gz,
-        (unsigned)(32 * c->warps), 1, 1, (unsigned)smem, s, args, NULL);
+    const stof_launch_opts pdl = {.pdl = stof__fn_sm90(api, fn)};
+    CUresult r = stof__launch(
+        api, fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads),
+        gz, (unsigned)(32 * c->warps), (unsigned)smem, s, args, &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }

@@ -562,9 +562,10 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
         p.persist_hg = x ? x->persist_heads : 0;
     }
     void *args[] = {&p};
-    CUresult r = api->cuLaunchKernel(
-        fn, gx, gy, gz, 128u + 2u * (unsigned)stof__wgmma_block_m(c), 1, 1,
-        (unsigned)smem, s, args, NULL);
+    const stof_launch_opts pdl = {.pdl = 1};
+    CUresult r = stof__launch(
+        api, fn, gx, gy, gz, 128u + 2u * (unsigned)stof__wgmma_block_m(c),
+        (unsigned)smem, s, args, &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
@@ -658,10 +659,11 @@ stof_status stof__wgmma_gather_launch_ex(
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
     void *args[] = {&p};
-    CUresult r = api->cuLaunchKernel(
-        fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads), gz,
-        128u + 2u * (unsigned)stof__wgmma_block_m(c), 1, 1, (unsigned)smem, s,
-        args, NULL);
+    const stof_launch_opts pdl = {.pdl = 1};
+    CUresult r = stof__launch(
+        api, fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads),
+        gz, 128u + 2u * (unsigned)stof__wgmma_block_m(c), (unsigned)smem, s,
+        args, &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 

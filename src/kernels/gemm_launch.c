@@ -236,18 +236,54 @@ static stof_status cluster_launch(CUfunction fn, const stof_api *api,
     const int fit = cluster_slots(fn, api, cs, smem, (int)clusters);
     if (fit < clusters)
         clusters = fit;
-    CUlaunchAttribute at;
-    CUlaunchConfig cfg;
-    cluster_config(&cfg, &at, cs, (unsigned)clusters, smem, stream);
-    return launch(&cfg, fn, params, NULL) == CUDA_SUCCESS ? STOF_OK
-                                                          : STOF_ERR_CUDA;
+    const stof_launch_opts o = {.cluster = cs, .pdl = 1};
+    return stof__launch(api, fn, cs * (unsigned)clusters, 1, 1, 384, smem,
+                        stream, params, &o) == CUDA_SUCCESS
+               ? STOF_OK
+               : STOF_ERR_CUDA;
+}
+
+/* The largest cooperative grid of fn found to launch (0: none failed
+ * yet), cached per function: a process limited to part of the GPU (MPS,
+ * green contexts) may not hold one CTA on every SM. */
+static pthread_mutex_t coop_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    CUfunction fn;
+    int64_t grid;
+} coop_cache[32];
+static unsigned coop_next;
+
+static int64_t coop_limit(CUfunction fn)
+{
+    int64_t g = 0;
+    pthread_mutex_lock(&coop_lock);
+    for (unsigned i = 0; i < 32u; i++)
+        if (coop_cache[i].fn == fn)
+            g = coop_cache[i].grid;
+    pthread_mutex_unlock(&coop_lock);
+    return g;
+}
+
+static void coop_limit_set(CUfunction fn, int64_t grid)
+{
+    pthread_mutex_lock(&coop_lock);
+    unsigned i = 0;
+    while (i < 32u && coop_cache[i].fn != fn)
+        i++;
+    if (i == 32u)
+        i = coop_next++ % 32u;
+    coop_cache[i].fn = fn;
+    coop_cache[i].grid = grid;
+    pthread_mutex_unlock(&coop_lock);
 }
 
 /* Launch a row-norm kernel: a multiple of the row's `row_tiles` tiles (so
  * a row's tiles run in the same round), at most ctas (0: one CTA per
  * tile) and items, cooperatively: its CTAs wait for each other's row
- * statistics, so all must be resident (the launch fails rather than
- * hangs when they cannot be). */
+ * statistics, so all must be resident. When the driver finds the grid too
+ * large to be resident at once, a smaller multiple of row_tiles is
+ * launched instead (any multiple walks every tile) and remembered for fn;
+ * an error only when not even one row's tiles fit. */
 static stof_status norm_launch(CUfunction fn, const stof_api *api,
                                int row_tiles, int ctas, int64_t items,
                                unsigned smem, CUstream stream, void **params)
@@ -256,25 +292,27 @@ static stof_status norm_launch(CUfunction fn, const stof_api *api,
     if (!launch)
         return STOF_ERR_UNSUPPORTED;
     int64_t grid = ctas > 0 && ctas < items ? ctas : items;
+    const int64_t limit = coop_limit(fn);
+    if (limit > 0 && grid > limit)
+        grid = limit;
     grid = grid / row_tiles * row_tiles;
     if (grid < row_tiles)
         grid = row_tiles;
-    CUlaunchAttribute at;
-    memset(&at, 0, sizeof(at));
-    at.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    at.value.cooperative = 1;
-    CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.gridDimX = (unsigned)grid;
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = 384;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = smem;
-    cfg.hStream = stream;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    return launch(&cfg, fn, params, NULL) == CUDA_SUCCESS ? STOF_OK
-                                                          : STOF_ERR_CUDA;
+    const stof_launch_opts o = {.cooperative = 1, .pdl = 1};
+    for (;;) {
+        const CUresult r = stof__launch(api, fn, (unsigned)grid, 1, 1, 384,
+                                        smem, stream, params, &o);
+        if (r == CUDA_SUCCESS)
+            return STOF_OK;
+        if (r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE || grid <= row_tiles)
+            return STOF_ERR_CUDA;
+        /* The next smaller multiple of row_tiles, at most 7/8 of grid. */
+        int64_t next = grid * 7 / 8 / row_tiles * row_tiles;
+        if (next >= grid)
+            next = grid - row_tiles;
+        grid = next < row_tiles ? row_tiles : next;
+        coop_limit_set(fn, grid);
+    }
 }
 
 /* stof__gemm_launch of the Hopper template (arguments already checked). */
@@ -336,8 +374,9 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
     if (!pair) {
         const unsigned grid =
             (unsigned)(ctas > 0 && ctas < items ? ctas : items);
-        CUresult r = api->cuLaunchKernel(fn, grid, 1, 1, 384, 1, 1, smem,
-                                         stream, params, NULL);
+        const stof_launch_opts o = {.pdl = 1};
+        CUresult r = stof__launch(api, fn, grid, 1, 1, 384, smem, stream,
+                                  params, &o);
         return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
     }
     return cluster_launch(fn, api, 2u, ctas, items, smem, stream, params);
@@ -379,9 +418,10 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
     const size_t smem = stof__gemm_smem_bytes(c, e, a->N);
     void *params[] = {(void *)a};
-    CUresult r = api->cuLaunchKernel(
-        fn, gx, (unsigned)gy, 1, (unsigned)(c->warps_m * c->warps_n * 32), 1,
-        1, (unsigned)smem, stream, params, NULL);
+    const stof_launch_opts o = {.pdl = stof__fn_sm90(api, fn)};
+    CUresult r = stof__launch(api, fn, gx, (unsigned)gy, 1,
+                              (unsigned)(c->warps_m * c->warps_n * 32),
+                              (unsigned)smem, stream, params, &o);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
@@ -432,8 +472,9 @@ stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
     const int64_t blocks = (chunks + 255) / 256;
     const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
     void *params[] = {&x, &out, &rows, &n, &ld_x, &ld_out};
-    CUresult r = api->cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream,
-                                     params, NULL);
+    const stof_launch_opts o = {.pdl = stof__fn_sm90(api, fn)};
+    CUresult r = stof__launch(api, fn, grid, 1, 1, 256, 0, stream, params,
+                              &o);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 

@@ -107,9 +107,10 @@ stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
     if (grid_n > sms * per_sm)
         grid_n = sms * per_sm;
     const unsigned grid = (unsigned)grid_n;
-    CUresult r = L->ctx->api->cuLaunchKernel(n->fn, grid, 1, 1,
-                                             (unsigned)(32 * n->warps), 1, 1,
-                                             0, stream, args, NULL);
+    const stof_launch_opts pdl = {.pdl = stof__fn_sm90(L->ctx->api, n->fn)};
+    CUresult r = stof__launch(L->ctx->api, n->fn, grid, 1, 1,
+                              (unsigned)(32 * n->warps), 0, stream, args,
+                              &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 

@@ -344,6 +344,86 @@ stof_launch_ex_fn stof__launch_ex(const stof_api *api)
     STOF__OPTIONAL(stof_launch_ex_fn, cached, api, STOF__STR(cuLaunchKernelEx));
 }
 
+/* -1: not read yet; else 0 / 1. */
+static _Atomic int pdl_state = -1;
+
+int stof__pdl_enabled(void)
+{
+    int v = atomic_load(&pdl_state);
+    if (v < 0) {
+        const char *e = getenv("STOF_PDL");
+        v = e && e[0] == '1' && e[1] == '\0';
+        int expect = -1;
+        if (!atomic_compare_exchange_strong(&pdl_state, &expect, v))
+            v = expect;
+    }
+    return v;
+}
+
+void stof__pdl_set(int on)
+{
+    atomic_store(&pdl_state, on ? 1 : 0);
+}
+
+int stof__fn_sm90(const stof_api *api, CUfunction fn)
+{
+    int v = 0;
+    return api && api->cuFuncGetAttribute && fn &&
+           api->cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_BINARY_VERSION,
+                                   fn) == CUDA_SUCCESS &&
+           v >= 90;
+}
+
+CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
+                      unsigned gy, unsigned gz, unsigned threads,
+                      unsigned smem, CUstream stream, void **params,
+                      const stof_launch_opts *o)
+{
+    if (!api || !api->cuLaunchKernel)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    const int cluster = o && o->cluster > 1;
+    const int coop = o && o->cooperative;
+    stof_launch_ex_fn ex = stof__launch_ex(api);
+    const int pdl = o && o->pdl && ex && stof__pdl_enabled();
+    if (!cluster && !coop && !pdl)
+        return api->cuLaunchKernel(fn, gx, gy, gz, threads, 1, 1, smem,
+                                   stream, params, NULL);
+    if (!ex)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUlaunchAttribute at[3];
+    memset(at, 0, sizeof(at));
+    unsigned n = 0;
+    if (cluster) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        at[n].value.clusterDim.x = o->cluster;
+        at[n].value.clusterDim.y = 1;
+        at[n].value.clusterDim.z = 1;
+        n++;
+    }
+    if (coop) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        at[n].value.cooperative = 1;
+        n++;
+    }
+    if (pdl) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at[n].value.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDimX = gx;
+    cfg.gridDimY = gy;
+    cfg.gridDimZ = gz;
+    cfg.blockDimX = threads;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = stream;
+    cfg.attrs = at;
+    cfg.numAttrs = n;
+    return ex(&cfg, fn, params, NULL);
+}
+
 stof_max_clusters_fn stof__max_clusters(const stof_api *api)
 {
     static _Atomic(stof_max_clusters_fn) cached;

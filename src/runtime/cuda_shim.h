@@ -115,6 +115,40 @@ typedef CUresult (*stof_max_clusters_fn)(int *, CUfunction,
 stof_launch_ex_fn stof__launch_ex(const stof_api *api);
 stof_max_clusters_fn stof__max_clusters(const stof_api *api);
 
+/* How a kernel is launched (stof__launch). */
+typedef struct stof_launch_opts {
+    unsigned cluster; /* CTAs a cluster along x (0 or 1: none) */
+    int cooperative;  /* all CTAs resident at once */
+    /* Programmatic dependent launch: the kernel may start while the
+     * kernel before it in the stream is still running, so it must call
+     * stof_grid_wait() (jit_templates/stof_common.cuh) in every CTA before
+     * it touches global memory that kernel reads or writes. Only for such
+     * kernels; ignored where stof__pdl_enabled() is 0 or the driver has no
+     * cuLaunchKernelEx. */
+    int pdl;
+} stof_launch_opts;
+
+/* Launch fn on a gx x gy x gz grid of `threads`-thread CTAs: cuLaunchKernel
+ * when no option needs more, else cuLaunchKernelEx with the options'
+ * attributes (CUDA_ERROR_NOT_SUPPORTED when a cluster or a cooperative
+ * launch is asked and the driver lacks it). */
+CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
+                      unsigned gy, unsigned gz, unsigned threads,
+                      unsigned smem, CUstream stream, void **params,
+                      const stof_launch_opts *o);
+
+/* Whether launches may ask for programmatic dependent launch: 0 unless the
+ * environment sets STOF_PDL=1 (read once) or stof__pdl_set(1) was called.
+ * Off by default: on an H100 (2026-11-25, bench/RESULTS.md) the layer
+ * stacks ran 1-3% slower with it at 8x512 and 16x2048 tokens, and 1x128
+ * showed no gain beyond its run-to-run spread. */
+int stof__pdl_enabled(void);
+void stof__pdl_set(int on);
+
+/* Whether fn was compiled for compute capability 9.0 or later (its
+ * templates then call stof_grid_wait, and a launch may ask for PDL). */
+int stof__fn_sm90(const stof_api *api, CUfunction fn);
+
 struct stof_context;
 
 /* Record a failed driver call: the message names the call, the CUDA error
