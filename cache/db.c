@@ -154,6 +154,7 @@ const char *const stof__db_sql[ST_COUNT_] = {
     [ST_TRUST] = "INSERT OR REPLACE INTO trusted(key, content_hash, verified_at)"
                  " VALUES(?1, ?2, ?3)",
     [ST_FORGET] = "DELETE FROM records WHERE key = ?1 AND content_hash = ?2",
+    [ST_HASH] = "SELECT content_hash, hits FROM records WHERE key = ?1",
 };
 
 /* --------------------------------------------------- shared helpers */
@@ -900,6 +901,7 @@ void stof__db_close(stof_db **pdb)
         free(db->layers[i].path);
     }
     free(db->trust.v);
+    stof__db_memo_drop(db, NULL);
     free(db->pend.key);
     free(db->pend.n);
     free(db);

@@ -47,6 +47,7 @@ enum {
     ST_TRUSTED,
     ST_TRUST,
     ST_FORGET,
+    ST_HASH,
     ST_COUNT_
 };
 
@@ -82,11 +83,28 @@ typedef struct db_pending_hits {
     double last_flush_ms;  /* CLOCK_MONOTONIC */
 } db_pending_hits;
 
+/* Records this handle read and checked, kept with their cubins: a warm
+ * plan looks the same few up again, and one still stored under the same
+ * content hash is served from here (stof__db_lookup) without reading the
+ * row's cubin or hashing the record again. */
+typedef struct db_memo_entry {
+    int layer;             /* which database it came from */
+    stof_db_record rec;    /* as read and checked (source, hits aside) */
+} db_memo_entry;
+
+typedef struct db_memo {
+    db_memo_entry *e;
+    int n, cap;
+    size_t bytes;          /* their cubins */
+    unsigned next;         /* the next to replace when full */
+} db_memo;
+
 struct stof_db {
     stof_db_sink sink;     /* where failures and logs go */
     char last_err[1024];   /* the last failure of a write (DB_FAIL) */
     db_trust_mem trust;
     db_pending_hits pend;
+    db_memo memo;
     int n_layers;          /* 1 + number of system paths */
     db_layer layers[];     /* [0] user, [i + 1] system_paths[i] */
 };
@@ -101,6 +119,9 @@ stof_status stof__db_fail_at(stof_db *db, const db_layer *L, int rc,
 /* Write the hits counted in memory to the user layer (one transaction;
  * kept for later when the database is busy). */
 void stof__db_hits_flush(stof_db *db);
+
+/* Forget the memo's records of key (NULL: all of them, and its memory). */
+void stof__db_memo_drop(stof_db *db, const char *key);
 
 /* sqlite3_exec without callbacks. */
 int stof__db_exec(sqlite3 *c, const char *sql);

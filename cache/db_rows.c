@@ -174,6 +174,117 @@ static int64_t count_hit(stof_db *db, const char *key)
     return n;
 }
 
+/* --- the memo (db_int.h) ------------------------------------------------ */
+
+/* At most this many records and bytes of cubins are kept. */
+#define MEMO_MAX 64
+#define MEMO_MAX_BYTES ((size_t)64 << 20)
+
+void stof__db_memo_drop(stof_db *db, const char *key)
+{
+    db_memo *m = &db->memo;
+    for (int i = 0; i < m->n;) {
+        if (key && strcmp(m->e[i].rec.key, key) != 0) {
+            i++;
+            continue;
+        }
+        m->bytes -= m->e[i].rec.cubin_size;
+        stof__db_record_clear(&m->e[i].rec);
+        m->e[i] = m->e[--m->n];
+    }
+    if (!key) {
+        free(m->e);
+        memset(m, 0, sizeof(*m));
+    }
+}
+
+static int memo_find(const db_memo *m, int layer, const char *key)
+{
+    for (int i = 0; i < m->n; i++)
+        if (m->e[i].layer == layer && !strcmp(m->e[i].rec.key, key))
+            return i;
+    return -1;
+}
+
+/* A deep copy of r into *out; 0 when memory ran out. */
+static int record_copy(stof_db_record *out, const stof_db_record *r)
+{
+    *out = *r;
+    out->cubin = NULL;
+    if (r->cubin && r->cubin_size) {
+        out->cubin = malloc(r->cubin_size);
+        if (!out->cubin) {
+            memset(out, 0, sizeof(*out));
+            return 0;
+        }
+        memcpy(out->cubin, r->cubin, r->cubin_size);
+    }
+    return 1;
+}
+
+/* Keep a copy of r, just read from `layer` and checked (best effort:
+ * nothing when memory is short or the cubin is too large). */
+static void memo_put(stof_db *db, int layer, const stof_db_record *r)
+{
+    db_memo *m = &db->memo;
+    if (r->cubin_size > MEMO_MAX_BYTES / 4)
+        return;
+    stof__db_memo_drop(db, r->key);
+    if (m->n == m->cap && m->cap < MEMO_MAX) {
+        const int cap = m->cap ? 2 * m->cap : 8;
+        db_memo_entry *e = realloc(m->e, (size_t)cap * sizeof(*e));
+        if (!e)
+            return;
+        m->e = e;
+        m->cap = cap;
+    }
+    /* Full (entries or bytes): replace others in turn. */
+    while (m->n && (m->n == m->cap ||
+                    m->bytes + r->cubin_size > MEMO_MAX_BYTES)) {
+        const int i = (int)(m->next++ % (unsigned)m->n);
+        m->bytes -= m->e[i].rec.cubin_size;
+        stof__db_record_clear(&m->e[i].rec);
+        m->e[i] = m->e[--m->n];
+    }
+    if (!record_copy(&m->e[m->n].rec, r))
+        return;
+    m->e[m->n].layer = layer;
+    m->bytes += r->cubin_size;
+    m->n++;
+}
+
+/* The memo's record of key from layer L (index i), when L still stores
+ * that key under the same content hash: copied to *out with the row's
+ * hits. 1 served; 0 not (the entry is dropped when the row changed or
+ * is gone; out is then clear). */
+static int memo_serve(stof_db *db, int i, const char *key,
+                      stof_db_record *out)
+{
+    const int j = memo_find(&db->memo, i, key);
+    if (j < 0)
+        return 0;
+    sqlite3_stmt *s;
+    int rc = stof__db_layer_stmt(&db->layers[i], ST_HASH, &s);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(s);
+    const db_memo_entry *e = &db->memo.e[j];
+    const unsigned char *h =
+        rc == SQLITE_ROW ? sqlite3_column_text(s, 0) : NULL;
+    const int same = h && !strcmp((const char *)h, e->rec.content_hash);
+    const int64_t hits = same ? sqlite3_column_int64(s, 1) : 0;
+    stof__db_done_stmt(s);
+    if (!same) {
+        stof__db_memo_drop(db, key);
+        return 0;
+    }
+    if (!record_copy(out, &e->rec))
+        return 0;
+    out->hits = hits;
+    return 1;
+}
+
 stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
 {
     if (out)
@@ -186,32 +297,41 @@ stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
         db_layer *L = &db->layers[i];
         if (!L->conn)
             continue;
-        sqlite3_stmt *s;
-        int rc = stof__db_layer_stmt(L, ST_LOOKUP, &s);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(s);
+        sqlite3_stmt *s = NULL;
+        int rc = SQLITE_ROW;
+        if (!memo_serve(db, i, key, out)) {
+            rc = stof__db_layer_stmt(L, ST_LOOKUP, &s);
+            if (rc == SQLITE_OK)
+                rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+            if (rc == SQLITE_OK)
+                rc = sqlite3_step(s);
+            if (rc == SQLITE_ROW) {
+                rc = stof__db_read_row(s, 0, out);
+                stof__db_done_stmt(s);
+                s = NULL;
+                if (rc != SQLITE_OK) {
+                    stof__db_record_clear(out);
+                    return stof__dbs_fail((&db->sink), STOF_ERR_OUT_OF_MEMORY,
+                                          "tuning database %s: out of memory "
+                                          "reading record %s",
+                                          L->path, key);
+                }
+                char why[256];
+                if (!stof__db_record_check(out, why, sizeof(why))) {
+                    /* Damaged or crafted: never loaded, whatever it says. */
+                    stof__dbs_log((&db->sink), STOF_LOG_WARN,
+                                  "tuning database %s (%s): record %s is "
+                                  "invalid (%s): ignored",
+                                  L->path, i == 0 ? "user" : "system", key,
+                                  why);
+                    stof__db_record_clear(out);
+                    continue;
+                }
+                memo_put(db, i, out);
+                rc = SQLITE_ROW;
+            }
+        }
         if (rc == SQLITE_ROW) {
-            rc = stof__db_read_row(s, 0, out);
-            stof__db_done_stmt(s);
-            if (rc != SQLITE_OK) {
-                stof__db_record_clear(out);
-                return stof__dbs_fail((&db->sink), STOF_ERR_OUT_OF_MEMORY,
-                                  "tuning database %s: out of memory reading "
-                                  "record %s",
-                                  L->path, key);
-            }
-            char why[256];
-            if (!stof__db_record_check(out, why, sizeof(why))) {
-                /* Damaged or crafted: never loaded, whatever it says. */
-                stof__dbs_log((&db->sink), STOF_LOG_WARN,
-                          "tuning database %s (%s): record %s is invalid "
-                          "(%s): ignored",
-                          L->path, i == 0 ? "user" : "system", key, why);
-                stof__db_record_clear(out);
-                continue;
-            }
             snprintf(out->source, sizeof(out->source), "%s",
                      i == 0 ? "user" : "system");
             out->layer = i;
@@ -388,6 +508,22 @@ static int trust_mem_find(const db_trust_mem *t, const stof_db_record *r)
     return -1;
 }
 
+/* Remember in memory that (key, hash) of r is trusted (best effort). */
+static void trust_mem_add(db_trust_mem *m, const stof_db_record *r)
+{
+    if (m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 16;
+        void *v = realloc(m->v, (size_t)cap * sizeof(*m->v));
+        if (!v)
+            return; /* asked again next time: safe */
+        m->v = v;
+        m->cap = cap;
+    }
+    snprintf(m->v[m->n], 33, "%s", r->key);
+    snprintf(m->v[m->n] + 33, 33, "%s", r->content_hash);
+    m->n++;
+}
+
 int stof__db_trusted(stof_db *db, const stof_db_record *r)
 {
     if (!db || !r || !r->key[0] || !r->content_hash[0])
@@ -406,6 +542,10 @@ int stof__db_trusted(stof_db *db, const stof_db_record *r)
     if (rc == SQLITE_OK)
         rc = sqlite3_step(s);
     stof__db_done_stmt(s);
+    /* Trust is never withdrawn (a changed record has another hash): the
+     * answer is kept for the next plans of this process. */
+    if (rc == SQLITE_ROW)
+        trust_mem_add(&db->trust, r);
     return rc == SQLITE_ROW;
 }
 
@@ -422,8 +562,10 @@ void stof__db_trust(stof_db *db, const stof_db_record *r)
             rc = bind_trust(t, r);
         if (rc == SQLITE_OK &&
             run_write(db, L, t, NULL, "recording a verified record") ==
-                STOF_OK)
+                STOF_OK) {
+            trust_mem_add(&db->trust, r);
             return;
+        }
         if (rc != SQLITE_OK)
             stof__db_done_stmt(t);
         stof__dbs_log((&db->sink), STOF_LOG_WARN,
@@ -431,18 +573,7 @@ void stof__db_trust(stof_db *db, const stof_db_record *r)
                   "verified here (%s); it is trusted for this process only",
                   L->path, r->key, db->last_err);
     }
-    db_trust_mem *m = &db->trust;
-    if (m->n == m->cap) {
-        int cap = m->cap ? 2 * m->cap : 16;
-        void *v = realloc(m->v, (size_t)cap * sizeof(*m->v));
-        if (!v)
-            return; /* verified again next time: safe */
-        m->v = v;
-        m->cap = cap;
-    }
-    snprintf(m->v[m->n], 33, "%s", r->key);
-    snprintf(m->v[m->n] + 33, 33, "%s", r->content_hash);
-    m->n++;
+    trust_mem_add(&db->trust, r);
 }
 
 void stof__db_forget(stof_db *db, const char *key, const char *content_hash)

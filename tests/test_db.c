@@ -611,6 +611,69 @@ Test(db, replace_rule)
     free(ctx);
 }
 
+/* A record read and checked once is served again from memory while the
+ * database still stores it under the same content hash: the same record,
+ * cubin and all, and hits still counted. Bytes changed behind the handle
+ * under the old hash are never served (the checked copy is; a new handle
+ * rejects the row), a changed hash or a deleted row is read afresh. */
+Test(db, lookups_served_again_only_while_unchanged)
+{
+    char *dir = tmpdir_new();
+    char *path = path_join(dir, "tuning.db");
+    logcap lc;
+    stof_context *ctx = ctx_new(&lc);
+    stof_db *db = db_open(ctx, path, NULL);
+    stof_db_record r, a, b;
+    record_fill(&r, 11, 4096);
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_eq(stof__db_lookup(db, r.key, &a), STOF_OK);
+    assert_record_eq(&a, &r);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(stof__db_lookup(db, r.key, &b), STOF_OK);
+        assert_record_eq(&b, &r);
+        cr_assert_eq(b.hits, a.hits + 1 + i, "hits %lld",
+                     (long long)b.hits);
+        cr_assert_str_eq(b.source, "user");
+        stof__db_record_clear(&b);
+    }
+    /* The cubin zeroed behind the handle, the hash left as it was. */
+    sqlite3 *c = raw_open(path, SQLITE_OPEN_READWRITE);
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "UPDATE records SET cubin = zeroblob(4096) WHERE key = '%s'",
+             r.key);
+    cr_assert_eq(sqlite3_exec(c, sql, NULL, NULL, NULL), SQLITE_OK);
+    cr_assert_eq(stof__db_lookup(db, r.key, &b), STOF_OK);
+    assert_record_eq(&b, &r); /* the checked bytes, not the zeros */
+    stof__db_record_clear(&b);
+    stof_db *db2 = db_open(ctx, path, NULL);
+    cr_assert_eq(stof__db_lookup(db2, r.key, &b), STOF_ERR_NOT_FOUND);
+    stof__db_close(&db2);
+    /* A new hash: read again, checked, rejected. */
+    snprintf(sql, sizeof(sql),
+             "UPDATE records SET content_hash = '%032d' WHERE key = '%s'", 0,
+             r.key);
+    cr_assert_eq(sqlite3_exec(c, sql, NULL, NULL, NULL), SQLITE_OK);
+    cr_assert_eq(stof__db_lookup(db, r.key, &b), STOF_ERR_NOT_FOUND);
+    /* Stored again (replacing), then deleted. */
+    cr_assert_eq(stof__db_store(db, &r, 1, 0), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_eq(stof__db_lookup(db, r.key, &b), STOF_OK);
+    assert_record_eq(&b, &r);
+    stof__db_record_clear(&b);
+    snprintf(sql, sizeof(sql), "DELETE FROM records WHERE key = '%s'", r.key);
+    cr_assert_eq(sqlite3_exec(c, sql, NULL, NULL, NULL), SQLITE_OK);
+    cr_assert_eq(stof__db_lookup(db, r.key, &b), STOF_ERR_NOT_FOUND);
+    sqlite3_close(c);
+    stof__db_record_clear(&a);
+    stof__db_record_clear(&r);
+    stof__db_close(&db);
+    free(path);
+    tmpdir_free(dir);
+    free(ctx);
+}
+
 /* Hits are counted in memory (a lookup writes nothing) and written in one
  * transaction: once 64 keys wait, and when the database closes. */
 Test(db, hits_are_written_together)
