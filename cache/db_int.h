@@ -74,13 +74,12 @@ typedef struct db_trust_mem {
 } db_trust_mem;
 
 /* Hits counted in memory and written in one transaction (stof__db_hits_
- * flush): a write transaction per lookup cost a warm layer plan (seven
- * lookups) about half a millisecond. */
+ * flush, when a record is stored and at close): a write transaction per
+ * lookup cost a warm layer plan (seven lookups) about half a millisecond. */
 typedef struct db_pending_hits {
     char (*key)[33];
     int64_t *n;
     int len, cap;
-    double last_flush_ms;  /* CLOCK_MONOTONIC */
 } db_pending_hits;
 
 /* Records this handle read and checked, kept with their cubins: a warm

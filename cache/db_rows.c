@@ -88,21 +88,11 @@ int stof__db_read_row(sqlite3_stmt *s, int first, stof_db_record *r)
     return SQLITE_OK;
 }
 
-
-/* Count a hit in the user database without waiting: a lookup must not
- * stall behind another process's write for a statistic. Returns 1 when
- * counted. */
-static double mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-/* Pending hits are written once this many keys wait, or this long after
- * the last write, and when the database closes. */
-#define PEND_MAX_KEYS 64
-#define PEND_MAX_MS 5000.0
+/* Pending hits are written when the database stores a record (a tuning:
+ * writing already) and when it closes, never on a lookup's path: there the
+ * commit cost a warm plan 2-20 ms now and then (the write-ahead log's
+ * restart or checkpoint after a tuning). A process killed before either
+ * loses its counts; they are statistics. */
 
 void stof__db_hits_flush(stof_db *db)
 {
@@ -110,7 +100,6 @@ void stof__db_hits_flush(stof_db *db)
     if (!p->len)
         return;
     db_layer *L = &db->layers[0];
-    p->last_flush_ms = mono_ms();
     if (!L->conn || !L->writable) {
         p->len = 0;
         return;
@@ -165,13 +154,7 @@ static int64_t count_hit(stof_db *db, const char *key)
         p->n[i] = 0;
         p->len++;
     }
-    const int64_t n = ++p->n[i];
-    if (p->last_flush_ms == 0.0) /* the first hit starts the clock */
-        p->last_flush_ms = mono_ms();
-    if (p->len >= PEND_MAX_KEYS ||
-        mono_ms() - p->last_flush_ms >= PEND_MAX_MS)
-        stof__db_hits_flush(db);
-    return n;
+    return ++p->n[i];
 }
 
 /* --- the memo (db_int.h) ------------------------------------------------ */
@@ -418,6 +401,8 @@ static int bind_trust(sqlite3_stmt *t, const stof_db_record *r)
     return rc;
 }
 
+static void trust_mem_add(db_trust_mem *m, const stof_db_record *r);
+
 stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace,
                            int trusted_here)
 {
@@ -495,7 +480,21 @@ stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace,
             return DB_FAIL(db, L, rc, "binding the trust entry");
         }
     }
-    return run_write(db, L, s, t, "storing a record");
+    st = run_write(db, L, s, t, "storing a record");
+    if (st == STOF_OK) {
+        /* The first plan after a tuning finds it in memory (when the row
+         * kept another record under the conflict rule, its hash differs
+         * and the lookup reads the row). */
+        c.cubin = r->cubin;
+        if (stof__db_record_check(&c, NULL, 0))
+            memo_put(db, 0, &c);
+        c.cubin = NULL;
+        if (trusted_here)
+            trust_mem_add(&db->trust, &c);
+        /* The hits counted so far go out with the tuning's writes. */
+        stof__db_hits_flush(db);
+    }
+    return st;
 }
 
 /* The in-memory trust list: index of (key, hash) or -1. */

@@ -674,8 +674,9 @@ Test(db, lookups_served_again_only_while_unchanged)
     free(ctx);
 }
 
-/* Hits are counted in memory (a lookup writes nothing) and written in one
- * transaction: once 64 keys wait, and when the database closes. */
+/* Hits are counted in memory (a lookup writes nothing, however many keys
+ * wait) and written in one transaction when a record is stored and when
+ * the database closes. */
 Test(db, hits_are_written_together)
 {
     char *dir = tmpdir_new();
@@ -703,13 +704,20 @@ Test(db, hits_are_written_together)
     }
     cr_assert_eq(raw_int(c, "SELECT sum(hits) FROM records"), 0,
                  "a lookup wrote its hit");
-    /* 63 more keys: 64 waiting, all written. */
+    /* 63 more keys: still nothing written by a lookup... */
     for (int k = 1; k < 64; k++) {
         record_fill(&r, 1000 + k, 16);
         cr_assert_eq(stof__db_lookup(db, r.key, &out), STOF_OK);
         stof__db_record_clear(&out);
         stof__db_record_clear(&r);
     }
+    cr_assert_eq(raw_int(c, "SELECT sum(hits) FROM records"), 0,
+                 "a lookup wrote the hits");
+    /* ... until a record is stored (a tuning writes anyway). */
+    record_fill(&r, 2000, 16);
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    stof__db_record_clear(&r);
     cr_assert_eq(raw_int(c, "SELECT sum(hits) FROM records"), 66);
     /* After the write a lookup counts the row's hits and its own. */
     cr_assert_eq(stof__db_lookup(db, key0, &out), STOF_OK);

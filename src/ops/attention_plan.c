@@ -739,7 +739,13 @@ stof_status stof__attention_plan_problem(stof_context *ctx,
         return st;
     const double key_ms = stof__now_ms() - t0;
     if ((*out = plan_from_db(ctx, &x.nd, pr, x.key))) {
+        const stof_plan *p = *out;
         (*out)->key_ms += key_ms;
+        stof__log(ctx, STOF_LOG_DEBUG,
+                  "attention plan %s from the database in %.3f ms: key %.3f, "
+                  "lookup %.3f, formats %.3f, load %.3f, verify %.3f ms",
+                  p->key, stof__now_ms() - t0, p->key_ms, p->lookup_ms,
+                  p->formats_ms, p->load_ms, p->verify_ms);
         return stof__ok(ctx);
     }
     if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY) {
