@@ -660,7 +660,7 @@ stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
 
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};
-    const stof_launch_opts pdl = {.pdl = stof__fn_sm90(api, fn)};
+    const stof_launch_opts pdl = {.pdl = STOF_PDL_IF_SM90};
     CUresult r = stof__launch(
         api, fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads),
         gz, (unsigned)(32 * c->warps), (unsigned)smem, s, args, &pdl);
@@ -734,7 +734,7 @@ stof_status stof__rowwise_launch_qperm_ex(
 
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};
-    const stof_launch_opts pdl = {.pdl = stof__fn_sm90(api, fn)};
+    const stof_launch_opts pdl = {.pdl = STOF_PDL_IF_SM90};
     CUresult r = stof__launch(
         api, fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads),
         gz, (unsigned)(32 * c->warps), (unsigned)smem, s, args, &pdl);

@@ -145,7 +145,7 @@ stof_status stof__split_combine_launch(CUfunction fn,
     if (ctas > 0x7fffffffu)
         return STOF_ERR_INVALID_ARGUMENT;
     void *args[] = {&p};
-    const stof_launch_opts pdl = {.pdl = stof__fn_sm90(api, fn)};
+    const stof_launch_opts pdl = {.pdl = STOF_PDL_IF_SM90};
     CUresult r = stof__launch(api, fn, (unsigned)ctas, 1, 1, 128, 0, s, args,
                               &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;

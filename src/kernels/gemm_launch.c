@@ -418,7 +418,7 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
     const size_t smem = stof__gemm_smem_bytes(c, e, a->N);
     void *params[] = {(void *)a};
-    const stof_launch_opts o = {.pdl = stof__fn_sm90(api, fn)};
+    const stof_launch_opts o = {.pdl = STOF_PDL_IF_SM90};
     CUresult r = stof__launch(api, fn, gx, (unsigned)gy, 1,
                               (unsigned)(c->warps_m * c->warps_n * 32),
                               (unsigned)smem, stream, params, &o);
@@ -472,7 +472,7 @@ stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
     const int64_t blocks = (chunks + 255) / 256;
     const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
     void *params[] = {&x, &out, &rows, &n, &ld_x, &ld_out};
-    const stof_launch_opts o = {.pdl = stof__fn_sm90(api, fn)};
+    const stof_launch_opts o = {.pdl = STOF_PDL_IF_SM90};
     CUresult r = stof__launch(api, fn, grid, 1, 1, 256, 0, stream, params,
                               &o);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;

@@ -107,7 +107,7 @@ stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
     if (grid_n > sms * per_sm)
         grid_n = sms * per_sm;
     const unsigned grid = (unsigned)grid_n;
-    const stof_launch_opts pdl = {.pdl = stof__fn_sm90(L->ctx->api, n->fn)};
+    const stof_launch_opts pdl = {.pdl = STOF_PDL_IF_SM90};
     CUresult r = stof__launch(L->ctx->api, n->fn, grid, 1, 1,
                               (unsigned)(32 * n->warps), 0, stream, args,
                               &pdl);

@@ -365,7 +365,8 @@ void stof__pdl_set(int on)
     atomic_store(&pdl_state, on ? 1 : 0);
 }
 
-int stof__fn_sm90(const stof_api *api, CUfunction fn)
+/* Whether fn was compiled for compute capability 9.0 or later. */
+static int fn_sm90(const stof_api *api, CUfunction fn)
 {
     int v = 0;
     return api && api->cuFuncGetAttribute && fn &&
@@ -384,7 +385,8 @@ CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
     const int cluster = o && o->cluster > 1;
     const int coop = o && o->cooperative;
     stof_launch_ex_fn ex = stof__launch_ex(api);
-    const int pdl = o && o->pdl && ex && stof__pdl_enabled();
+    const int pdl = o && o->pdl && ex && stof__pdl_enabled() &&
+                    (o->pdl != STOF_PDL_IF_SM90 || fn_sm90(api, fn));
     if (!cluster && !coop && !pdl)
         return api->cuLaunchKernel(fn, gx, gy, gz, threads, 1, 1, smem,
                                    stream, params, NULL);

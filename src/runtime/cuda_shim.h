@@ -123,10 +123,14 @@ typedef struct stof_launch_opts {
      * kernel before it in the stream is still running, so it must call
      * stof_grid_wait() (jit_templates/stof_common.cuh) in every CTA before
      * it touches global memory that kernel reads or writes. Only for such
-     * kernels; ignored where stof__pdl_enabled() is 0 or the driver has no
-     * cuLaunchKernelEx. */
+     * kernels: 1, or STOF_PDL_IF_SM90 where the template is also compiled
+     * for older GPUs (which have no such instruction: asked only when fn
+     * was compiled for compute capability 9.0+, looked up only when PDL is
+     * enabled). Ignored where stof__pdl_enabled() is 0 or the driver has
+     * no cuLaunchKernelEx. */
     int pdl;
 } stof_launch_opts;
+#define STOF_PDL_IF_SM90 2
 
 /* Launch fn on a gx x gy x gz grid of `threads`-thread CTAs: cuLaunchKernel
  * when no option needs more, else cuLaunchKernelEx with the options'
@@ -145,9 +149,6 @@ CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
 int stof__pdl_enabled(void);
 void stof__pdl_set(int on);
 
-/* Whether fn was compiled for compute capability 9.0 or later (its
- * templates then call stof_grid_wait, and a launch may ask for PDL). */
-int stof__fn_sm90(const stof_api *api, CUfunction fn);
 
 struct stof_context;
 
