@@ -507,9 +507,12 @@ static int trust_mem_find(const db_trust_mem *t, const stof_db_record *r)
     return -1;
 }
 
-/* Remember in memory that (key, hash) of r is trusted (best effort). */
+/* Remember in memory that (key, hash) of r is trusted (once; best
+ * effort). */
 static void trust_mem_add(db_trust_mem *m, const stof_db_record *r)
 {
+    if (trust_mem_find(m, r) >= 0)
+        return;
     if (m->n == m->cap) {
         int cap = m->cap ? 2 * m->cap : 16;
         void *v = realloc(m->v, (size_t)cap * sizeof(*m->v));
