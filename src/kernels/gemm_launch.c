@@ -155,28 +155,6 @@ static CUresult make_map2(stof_encode_tiled_fn enc, CUtensorMap *m,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-/* A launch of `clusters` clusters of `cs` 384-thread CTAs (at points to
- * the attribute cfg uses). */
-static void cluster_config(CUlaunchConfig *cfg, CUlaunchAttribute *at,
-                           unsigned cs, unsigned clusters, unsigned smem,
-                           CUstream stream)
-{
-    memset(at, 0, sizeof(*at));
-    at->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    at->value.clusterDim.x = cs;
-    at->value.clusterDim.y = 1;
-    at->value.clusterDim.z = 1;
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->gridDimX = cs * clusters;
-    cfg->gridDimY = cfg->gridDimZ = 1;
-    cfg->blockDimX = 384;
-    cfg->blockDimY = cfg->blockDimZ = 1;
-    cfg->sharedMemBytes = smem;
-    cfg->hStream = stream;
-    cfg->attrs = at;
-    cfg->numAttrs = 1;
-}
-
 /* How many clusters of `cs` CTAs of fn can run at once (one CTA per SM:
  * clusters cannot span GPCs, so fewer than SMs / cs when a GPC's free SMs
  * are not a multiple of cs), cached per function (a function has one
@@ -201,10 +179,11 @@ static int cluster_slots(CUfunction fn, const stof_api *api, unsigned cs,
     stof_max_clusters_fn occ = stof__max_clusters(api);
     int n = 0;
     if (occ) {
-        CUlaunchAttribute at;
+        CUlaunchAttribute at[3];
         CUlaunchConfig cfg;
-        cluster_config(&cfg, &at, cs, (unsigned)(fallback > 0 ? fallback : 1),
-                       smem, NULL);
+        stof__launch_config(&cfg, at,
+                            cs * (unsigned)(fallback > 0 ? fallback : 1), 1,
+                            1, 384, smem, NULL, cs, 0, 0);
         if (occ(&n, fn, &cfg) != CUDA_SUCCESS)
             n = 0;
     }

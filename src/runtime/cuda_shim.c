@@ -375,6 +375,42 @@ static int fn_sm90(const stof_api *api, CUfunction fn)
            v >= 90;
 }
 
+void stof__launch_config(CUlaunchConfig *cfg, CUlaunchAttribute at[3],
+                         unsigned gx, unsigned gy, unsigned gz,
+                         unsigned threads, unsigned smem, CUstream stream,
+                         unsigned cluster, int cooperative, int pdl)
+{
+    memset(at, 0, 3 * sizeof(*at));
+    unsigned n = 0;
+    if (cluster > 1) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        at[n].value.clusterDim.x = cluster;
+        at[n].value.clusterDim.y = 1;
+        at[n].value.clusterDim.z = 1;
+        n++;
+    }
+    if (cooperative) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        at[n].value.cooperative = 1;
+        n++;
+    }
+    if (pdl) {
+        at[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at[n].value.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->gridDimX = gx;
+    cfg->gridDimY = gy;
+    cfg->gridDimZ = gz;
+    cfg->blockDimX = threads;
+    cfg->blockDimY = cfg->blockDimZ = 1;
+    cfg->sharedMemBytes = smem;
+    cfg->hStream = stream;
+    cfg->attrs = at;
+    cfg->numAttrs = n;
+}
+
 CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
                       unsigned gy, unsigned gz, unsigned threads,
                       unsigned smem, CUstream stream, void **params,
@@ -382,7 +418,7 @@ CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
 {
     if (!api || !api->cuLaunchKernel)
         return CUDA_ERROR_NOT_INITIALIZED;
-    const int cluster = o && o->cluster > 1;
+    const unsigned cluster = o && o->cluster > 1 ? o->cluster : 0;
     const int coop = o && o->cooperative;
     stof_launch_ex_fn ex = stof__launch_ex(api);
     const int pdl = o && o->pdl && ex && stof__pdl_enabled() &&
@@ -393,36 +429,9 @@ CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
     if (!ex)
         return CUDA_ERROR_NOT_SUPPORTED;
     CUlaunchAttribute at[3];
-    memset(at, 0, sizeof(at));
-    unsigned n = 0;
-    if (cluster) {
-        at[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        at[n].value.clusterDim.x = o->cluster;
-        at[n].value.clusterDim.y = 1;
-        at[n].value.clusterDim.z = 1;
-        n++;
-    }
-    if (coop) {
-        at[n].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-        at[n].value.cooperative = 1;
-        n++;
-    }
-    if (pdl) {
-        at[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        at[n].value.programmaticStreamSerializationAllowed = 1;
-        n++;
-    }
     CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.gridDimX = gx;
-    cfg.gridDimY = gy;
-    cfg.gridDimZ = gz;
-    cfg.blockDimX = threads;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = smem;
-    cfg.hStream = stream;
-    cfg.attrs = at;
-    cfg.numAttrs = n;
+    stof__launch_config(&cfg, at, gx, gy, gz, threads, smem, stream,
+                        cluster, coop, pdl);
     return ex(&cfg, fn, params, NULL);
 }
 

@@ -132,6 +132,14 @@ typedef struct stof_launch_opts {
 } stof_launch_opts;
 #define STOF_PDL_IF_SM90 2
 
+/* The configuration of such a launch (cfg points into at): a cluster of
+ * `cluster` CTAs along x when above 1, cooperative, PDL, as given. Also
+ * what occupancy queries of a launch take. */
+void stof__launch_config(CUlaunchConfig *cfg, CUlaunchAttribute at[3],
+                         unsigned gx, unsigned gy, unsigned gz,
+                         unsigned threads, unsigned smem, CUstream stream,
+                         unsigned cluster, int cooperative, int pdl);
+
 /* Launch fn on a gx x gy x gz grid of `threads`-thread CTAs: cuLaunchKernel
  * when no option needs more, else cuLaunchKernelEx with the options'
  * attributes (CUDA_ERROR_NOT_SUPPORTED when a cluster or a cooperative
