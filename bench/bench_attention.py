@@ -81,7 +81,13 @@ def rel_err(x, ref):
 def cfg_str(p):
     if not p or "BLOCK_M" not in p:
         return "-"
-    return f"{p['BLOCK_M']}/{p['BLOCK_N']}/{p.get('WARPS', 'wg')}/{p['STAGES']}"
+    s = f"{p['BLOCK_M']}/{p['BLOCK_N']}/{p.get('WARPS', 'wg')}/{p['STAGES']}"
+    # wgmma: P persistent, n without the in-warpgroup overlap
+    if str(p.get("PERSIST", "0")) == "1":
+        s += "P"
+    if str(p.get("OVERLAP", "1")) == "0" and "WARPS" not in p:
+        s += "n"
+    return s
 
 
 def bench(fn):

@@ -31,7 +31,12 @@
 // rows' columns): one consumer warpgroup, and two CTAs share an SM (at
 // most 113 KB of shared memory each: d=64, or d=128 with BLOCK_N 64), so
 // one CTA's prologue (Q and the first tiles from memory) and epilogue run
-// under the other's wgmmas.
+// under the other's wgmmas. At head_dim 64 with 64-key tiles three share
+// an SM (80 registers a thread), four without OVERLAP at two stages (64;
+// WG_OCC4): short rows wait mostly on their loads, and a fourth CTA's
+// loads hide more of that than the overlap inside one warpgroup does
+// (H100, bench/RESULTS.md: 3-9% faster on the sparse masks at 512 and
+// 2048 tokens).
 // Loads: Q once, then K(t) and V(t) of every tile t into STAGES slots, with
 // cp.async.bulk.tensor (TMA, 4-D tensor maps over (head_dim, seq, heads,
 // batch), built per launch on the host, 128-byte swizzle). Rows past seq_q /
@@ -161,6 +166,7 @@
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=128,STAGES=2,GATHER=1 | HEAD_DIM=128,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,GATHER=1
 // STOF_VARIANTS: HEAD_DIM=128,DTYPE=1,BLOCK_N=128,STAGES=2,BIAS=1 | HEAD_DIM=256,DTYPE=0,BLOCK_N=64,STAGES=2,SOFTCAP=1,BIAS=1 | HEAD_DIM=64,DTYPE=0,BLOCK_N=64,STAGES=3,SPLIT=1,BIAS=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=192,BLOCK_N=128,STAGES=2 | HEAD_DIM=64,DTYPE=1,BLOCK_M=192,BLOCK_N=128,STAGES=3,PERSIST=1 | HEAD_DIM=64,DTYPE=0,BLOCK_M=192,BLOCK_N=64,STAGES=2,SOFTCAP=1
+// STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_M=64,BLOCK_N=64,STAGES=2,OVERLAP=0 | HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=2,OVERLAP=0,PERSIST=1,SOFTCAP=1,BIAS=1
 // STOF_VARIANTS: HEAD_DIM=64,DTYPE=0,BLOCK_N=128,STAGES=2,PERSIST=1 | HEAD_DIM=128,DTYPE=1,BLOCK_N=64,STAGES=3,OVERLAP=0,PERSIST=1 | HEAD_DIM=64,DTYPE=1,BLOCK_M=64,BLOCK_N=64,STAGES=4,PERSIST=1,BIAS=1,ALIBI=1
 #include "sm90_common.cuh"
 
@@ -203,7 +209,12 @@
 // rows (sparse masks) keep more loads in flight. With 64-key tiles
 // only: the 128-key S tile's wgmma needs 90 registers at launch (ptxas).
 #define WG_OCC3 (BLOCK_M == 64 && HEAD_DIM == 64 && BLOCK_N == 64)
-#define WG_MIN_BLOCKS (WG_OCC3 ? 3 : BLOCK_M == 64 ? 2 : 1)
+// Four such CTAs an SM without the overlap inside the warpgroup (OVERLAP
+// 0: S and P V are not in flight together), two stages, TMA loads: 64
+// registers a thread (ptxas -v: no spills, no serialised wgmma; with the
+// overlap, 64 spill and serialise). stof__wgmma_ctas_per_sm mirrors it.
+#define WG_OCC4 (WG_OCC3 && !OVERLAP && STAGES == 2 && !GATHER)
+#define WG_MIN_BLOCKS (WG_OCC4 ? 4 : WG_OCC3 ? 3 : BLOCK_M == 64 ? 2 : 1)
 #define WG_DB (HEAD_DIM / 64)                  // 64-column blocks
 #define WG_Q_BYTES (WG_BLOCK_M * HEAD_DIM * 2)
 #define WG_KV_BYTES (BLOCK_N * HEAD_DIM * 2)   // one slot of K (or V)
@@ -273,6 +284,10 @@ static_assert(WG_KV_BYTES % 1024 == 0 && WG_Q_BYTES % 1024 == 0,
 #define WG_PRODUCER_REGS "24"
 #define WG_CONSUMER_REGS "240"
 #endif
+#elif WG_OCC4
+// 64 a thread at launch (four CTAs of 256 threads): 24 + 104.
+#define WG_PRODUCER_REGS "24"
+#define WG_CONSUMER_REGS "104"
 #elif WG_OCC3
 // 80 a thread at launch (three CTAs of 256 threads): 24 + 136, or 32 +
 // 128 for the gather producer.

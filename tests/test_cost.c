@@ -509,6 +509,17 @@ Test(cost, row_blocks_of_64_are_ranked_by_the_ctas_an_sm_holds)
         cr_expect_eq(stof__wgmma_ctas_per_sm(fits[i][0], &wc), fits[i][3],
                      "d%d 64x%d s%d", fits[i][0], fits[i][1], fits[i][2]);
     }
+    /* Without the overlap, two stages, block mode: four (64 registers a
+     * thread); gathered or with three stages, three. */
+    stof_wgmma_cfg w4 = {.block_n = 64, .stages = 2, .block_m = 64};
+    cr_expect_eq(stof__wgmma_ctas_per_sm(64, &w4), 4);
+    w4.persist = 1;
+    cr_expect_eq(stof__wgmma_ctas_per_sm(64, &w4), 4);
+    w4.gather = 1;
+    cr_expect_eq(stof__wgmma_ctas_per_sm(64, &w4), 3);
+    w4.gather = 0;
+    w4.stages = 3;
+    cr_expect_eq(stof__wgmma_ctas_per_sm(64, &w4), 3);
     stof_context *ctx = open_fake_h100();
     ctx->device.ok = 1;
     static stof_candidate c[1024];

@@ -83,6 +83,9 @@ static const wg_cfg configs[] = {
     {64, STOF_DTYPE_FP16, {128, 2, 1, 0, 192, 0, 0, 0}}, /* 22 */
     {64, STOF_DTYPE_BF16, {128, 3, 1, 0, 192, 0, 0, 1}}, /* 23: persistent */
     {64, STOF_DTYPE_BF16, {64, 2, 0, 0, 192, 0, 0, 0}},  /* 24: no overlap */
+    /* 64 x 64 at head_dim 64 without the overlap: four CTAs an SM */
+    {64, STOF_DTYPE_FP16, {64, 2, 0, 0, 64, 0, 0, 0}},   /* 25 */
+    {64, STOF_DTYPE_BF16, {64, 2, 0, 0, 64, 0, 0, 1}},   /* 26: persistent */
 };
 
 /* CTAs of a persistent test launch: fewer than the work items of most
@@ -491,8 +494,10 @@ WGMMA_CONFIG_TEST(21)
 WGMMA_CONFIG_TEST(22)
 WGMMA_CONFIG_TEST(23)
 WGMMA_CONFIG_TEST(24)
+WGMMA_CONFIG_TEST(25)
+WGMMA_CONFIG_TEST(26)
 
-_Static_assert(sizeof(configs) / sizeof(*configs) == 25,
+_Static_assert(sizeof(configs) / sizeof(*configs) == 27,
                "one WGMMA_CONFIG_TEST per configuration");
 
 /* The host-side rules, the row order, and the launch's argument checks (no

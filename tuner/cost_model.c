@@ -350,11 +350,14 @@ double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
  * wgmma configuration on seven problems (dense, bigbird, sliding,
  * longformer; 512 to 4096 tokens, head_dim 64 and 128; H100, 2026-11-25:
  * bench/RESULTS.md). One CTA an SM runs about two thirds as fast as two;
- * at head_dim 64 three (64-key tiles, up to 3 stages) gain another tenth.
+ * at head_dim 64 three (64-key tiles, up to 3 stages) gain another tenth,
+ * and four (no overlap, 2 stages: its 0.89 applies too) 3-9% more than
+ * three on sparse masks at 512 and 2048 tokens (H100, 2026-11-25).
  * The persistent grid's 64-row CTAs trail the ordinary grid's (their
  * static deal is coarser than the hardware's scheduling of 3 CTAs an SM). */
-static const double M64_RATE[2][3] = {{0.72, 1.08, 1.20}, /* head_dim 64 */
-                                      {0.67, 0.91, 0.91}}; /* 128, 256 */
+static const double M64_RATE[2][4] = {
+    {0.72, 1.08, 1.20, 1.36}, /* head_dim 64 */
+    {0.67, 0.91, 0.91, 0.91}}; /* 128, 256 */
 
 static double wgmma_efficiency(int head_dim, const stof_wgmma_cfg *c, int o)
 {
@@ -371,7 +374,7 @@ static double wgmma_efficiency(int head_dim, const stof_wgmma_cfg *c, int o)
     if (bm == 192)
         e *= 1.08;
     if (bm == 64) {
-        e *= M64_RATE[big][(o < 1 ? 1 : o > 3 ? 3 : o) - 1];
+        e *= M64_RATE[big][(o < 1 ? 1 : o > 4 ? 4 : o) - 1];
         if (c->persist)
             e *= big ? 0.84 : 0.90;
     }
@@ -607,6 +610,18 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
                                   all, count, cap))
                         goto oom;
                 }
+            }
+            /* 64 x 64 at head_dim 64 without the overlap: four CTAs an SM
+             * (stof__wgmma_ctas_per_sm), ordinary and persistent. */
+            for (int y = 0; wgmma_ok && group == 1 && bms[a] == 64 &&
+                            bns[b] == 64 && d->head_dim == 64 && y < 2;
+                 y++) {
+                const stof_wgmma_cfg wc = {.block_n = 64, .stages = 2,
+                                           .overlap = 0, .block_m = 64,
+                                           .mods = mods, .persist = y};
+                if (add_wgmma(&ctx->device, d, f, &wc, group, !wc.persist,
+                              all, count, cap))
+                    goto oom;
             }
             /* wgmma 192-row CTAs on the 64-row format, where every
              * three row blocks list the same full tiles (a mask's own

@@ -197,12 +197,16 @@ int stof__wgmma_ctas_per_sm(int head_dim, const stof_wgmma_cfg *c)
 {
     /* 228 KB of shared memory per SM on cc 9.0, 1 KB of it reserved per
      * CTA; the registers allow three 64-row CTAs of head_dim 64 with
-     * 64-key tiles, two other 64-row CTAs, one 128-row CTA (WG_MIN_BLOCKS
-     * in attn_wgmma.cu). */
+     * 64-key tiles (four without the overlap, two stages, block mode),
+     * two other 64-row CTAs, one 128-row CTA (WG_MIN_BLOCKS in
+     * attn_wgmma.cu). */
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c) + 1024u;
     if (stof__wgmma_block_m(c) != 64)
         return 1;
-    const int regs = head_dim == 64 && c->block_n == 64 ? 3 : 2;
+    const int occ3 = head_dim == 64 && c->block_n == 64;
+    const int regs = occ3 && !c->overlap && c->stages == 2 && !c->gather ? 4
+                     : occ3                                              ? 3
+                                                                         : 2;
     const int by_smem = (int)((228u * 1024u) / smem);
     return by_smem < 1 ? 1 : by_smem < regs ? by_smem : regs;
 }

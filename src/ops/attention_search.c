@@ -289,9 +289,13 @@ static void op_describe(void *user, int i, char *buf, size_t n)
         snprintf(buf, n, "%s %dx%d w%d s%d rows%%%d%s", k, c->cfg.block_m,
                  c->cfg.block_n, c->cfg.warps, c->cfg.stages, c->group, split);
     else
-        snprintf(buf, n, "%s %dx%d w%d s%d%s%s", k, c->cfg.block_m,
+        snprintf(buf, n, "%s %dx%d w%d s%d%s%s%s", k, c->cfg.block_m,
                  c->cfg.block_n, c->cfg.warps, c->cfg.stages,
-                 c->wcfg.persist ? " persistent" : "", split);
+                 c->wcfg.persist ? " persistent" : "",
+                 c->kind >= STOF_KERNEL_WGMMA && !c->wcfg.overlap
+                     ? " no-overlap"
+                     : "",
+                 split);
 }
 
 static int op_compile(void *user, int i, void **art, size_t *size, char *err,
