@@ -33,7 +33,15 @@ of the eager stack) before timing; rel err = |out - ref| / |ref| (Frobenius).
 "x best" is the fastest peer's time over stof's. Timing: CUDA events around
 the whole stack, warm-ups first, median of --reps; the SM clock NVML reads
 meanwhile is reported per system (back to back, a stack that keeps the GPU at
-its power limit runs at a lower clock).
+its power limit runs at a lower clock). --energy SECONDS also runs each stack
+back to back for that long and reports its sustained time, the board's energy
+a stack (NVML's counter) and the mean power: at 16x2048 every system runs at
+the power limit, where time follows energy. Each stack's floor is measured in
+the same run (--no-floor skips it): the layer's GEMM FLOPs at the best rate
+cuBLAS reaches on its GEMM shapes (at 32768 tokens), the attention's FLOPs
+times the mask's density at the rate of SDPA's dense kernel (16 x 2048), two
+norms a layer at the bandwidth of a device copy; stof's time is reported
+against it.
 
     PYTHONPATH=python python3 bench/bench_layers.py [--models bert-base,gpt2,llama]
         [--sizes 1x128,8x512] [--no-compile] [--hf] [--peers-only] [--json FILE]
@@ -258,6 +266,15 @@ class _Nvml:
         ok = self.lib.nvmlDeviceGetClockInfo(self.dev, 1, self.ct.byref(v)) == 0
         return v.value if ok else None
 
+    def energy_mj(self):
+        """The board's energy counter (mJ since the driver loaded; Volta and
+        newer), or None."""
+        if self.lib is None:
+            return None
+        v = self.ct.c_ulonglong()
+        ok = self.lib.nvmlDeviceGetTotalEnergyConsumption(self.dev, self.ct.byref(v)) == 0
+        return v.value if ok else None
+
 
 _NVML = None
 # The median SM clock (MHz) NVML read while the last time_ms call's runs
@@ -291,6 +308,105 @@ def time_ms(fn, reps, warmup):
     clocks = [c for c in clocks if c]
     LAST_MHZ[0] = statistics.median(clocks) if clocks else None
     return statistics.median(a.elapsed_time(b) for a, b in ev)
+
+
+def sustained(r, key, fn, seconds, ms):
+    """--energy: fn (one stack) back to back for about `seconds`, after a
+    second of warm-up at that load: r[key + "_sus_ms"] (wall time a stack,
+    the GPU at whatever clock its power limit leaves), key + "_j" (the
+    board's energy a stack, NVML's counter: it moves in coarse steps, so
+    take seconds), key + "_w" (mean power) and key + "_sus_mhz" (median SM
+    clock). Nothing without NVML's energy counter."""
+    global _NVML
+    if _NVML is None:
+        _NVML = _Nvml()
+    if seconds <= 0 or not ms or _NVML.energy_mj() is None:
+        return
+    n = max(3, int(seconds * 1000.0 / ms))
+    for _ in range(max(2, int(1000.0 / ms))):
+        fn()
+    torch.cuda.synchronize()
+    clocks = []
+    e0, t0 = _NVML.energy_mj(), time.perf_counter()
+    for i in range(n):
+        fn()
+        if i % 8 == 0:
+            clocks.append(_NVML.sm_mhz())
+    torch.cuda.synchronize()
+    e1, t1 = _NVML.energy_mj(), time.perf_counter()
+    clocks = [c for c in clocks if c]
+    r[key + "_sus_ms"] = (t1 - t0) * 1000.0 / n
+    r[key + "_j"] = (e1 - e0) / 1000.0 / n
+    r[key + "_w"] = (e1 - e0) / 1000.0 / (t1 - t0)
+    r[key + "_sus_mhz"] = statistics.median(clocks) if clocks else None
+
+
+_PEAKS = {}
+
+
+def _gemm_shapes(cfg):
+    h, f = cfg.hidden, cfg.ffn
+    qn = h + 2 * cfg.kv_heads * cfg.head_dim
+    return [(qn, h), (h, h), ((2 * f if cfg.gated else f), h), (h, f)]
+
+
+def _gemm_ms(M, shapes, dtype, reps, warmup):
+    """[(ms, flops)] of F.linear (cuBLAS, plain) on each (N, K) with M rows."""
+    import torch.nn.functional as F
+    g = torch.Generator(device="cuda")
+    g.manual_seed(7)
+    out = []
+    for n, k in shapes:
+        a = torch.randn(M, k, device="cuda", generator=g).to(dtype)
+        w = torch.randn(n, k, device="cuda", generator=g).to(dtype)
+        out.append((time_ms(lambda: F.linear(a, w), reps, warmup), 2.0 * M * n * k))
+        del a, w
+    return out
+
+
+def device_peaks(cfg, dtype, reps, warmup):
+    """The rates this GPU reaches on the model's shapes, measured once per
+    model at a size that fills it: the best TFLOP/s of cuBLAS (F.linear) on
+    the layer's four GEMM shapes at 32768 tokens, SDPA's dense attention at
+    16 x heads x 2048 x head_dim, and a device-to-device copy's TB/s."""
+    import torch.nn.functional as F
+    key = (cfg.name, dtype)
+    if key not in _PEAKS:
+        gemm = max(fl / ms / 1e9 for ms, fl in
+                   _gemm_ms(32768, _gemm_shapes(cfg), dtype, reps, warmup))
+        q = torch.randn(16, cfg.heads, 2048, cfg.head_dim, device="cuda").to(dtype)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        ams = time_ms(lambda: F.scaled_dot_product_attention(q, k, v), reps, warmup)
+        attn = 4.0 * q.numel() * 2048 / ams / 1e9
+        del q, k, v
+        big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        copy = 2.0 * big.numel() / time_ms(lambda: big.clone(), reps, warmup) / 1e9
+        del big
+        _PEAKS[key] = (gemm, attn, copy)
+    return _PEAKS[key]
+
+
+def stack_floor(cfg, dtype, density, reps, warmup):
+    """The stack's floor as the Hopper-GEMM issue defines it (ms a stack):
+    the layer's GEMM FLOPs at the peak cuBLAS reaches (device_peaks), plus
+    the attention's FLOPs (4 B H S^2 D times the mask's density) at SDPA's
+    dense rate, plus two norms a layer, each reading and writing tokens x
+    hidden, at the copy bandwidth. Also "cublas_gemm_ms": the layer's plain
+    GEMMs through cuBLAS at this size, each shape timed alone, summed."""
+    gemm_peak, attn_peak, copy = device_peaks(cfg, dtype, reps, warmup)
+    M = cfg.batch * cfg.seq
+    B, H, S, D = cfg.batch, cfg.heads, cfg.seq, cfg.head_dim
+    at_size = _gemm_ms(M, _gemm_shapes(cfg), dtype, reps, warmup)
+    flops = sum(fl for _, fl in at_size)
+    esz = torch.finfo(dtype).bits // 8
+    gemm = flops / (gemm_peak * 1e9)
+    attn = 4.0 * B * H * S * S * D * density / (attn_peak * 1e9)
+    norm = 2 * 2.0 * M * cfg.hidden * esz / (copy * 1e9)
+    n = cfg.layers
+    return {"gemm_peak_tflops": gemm_peak, "attn_tflops": attn_peak,
+            "copy_tbps": copy, "cublas_gemm_ms": sum(ms for ms, _ in at_size) * n,
+            "floor_gemm_ms": gemm * n, "floor_attn_ms": attn * n,
+            "floor_norm_ms": norm * n, "floor_ms": (gemm + attn + norm) * n}
 
 
 def fp32_reference(cfg, x, weights, dense):
@@ -494,6 +610,7 @@ def bench_hf(args, cfg, r, x, weights, dense, y_eager, ref32, dtype):
                 del y
                 r[f"hf_{impl}_ms"] = time_ms(run, args.reps, args.warmup)
                 r[f"hf_{impl}_mhz"] = LAST_MHZ[0]
+                sustained(r, f"hf_{impl}", run, args.energy, r[f"hf_{impl}_ms"])
         except Exception as e:  # e.g. out of memory in HF's eager attention
             errors.append(f"{impl}: {short(e)}")
             print(f"# {cfg.name} {B}x{S}: Hugging Face {impl} failed: {short(e)}",
@@ -532,6 +649,8 @@ def bench_case(args, ctx, cfg, dtype, seed):
     r["eager_ms"] = time_ms(lambda: run_stack(eager_layer, x, weights, dense),
                             args.reps, args.warmup)
     r["eager_mhz"] = LAST_MHZ[0]
+    sustained(r, "eager", lambda: run_stack(eager_layer, x, weights, dense),
+              args.energy, r["eager_ms"])
 
     # torch.compile with FlexAttention, in each of the --compile-mode modes;
     # compile_ms is the fastest mode's (the best of them is the peer)
@@ -564,11 +683,15 @@ def bench_case(args, ctx, cfg, dtype, seed):
                 del y_c
                 m["ms"] = time_ms(fn, args.reps, args.warmup)
                 m["mhz"] = LAST_MHZ[0]
+                sustained(m, "c", fn, args.energy, m["ms"])
                 del fn, bm
                 r.setdefault("compile_modes", {})[mode] = m
                 if "compile_ms" not in r or m["ms"] < r["compile_ms"]:
                     r["compile_ms"], r["compile_mode"] = m["ms"], mode
                     r["compile_mhz"] = m["mhz"]
+                    for k in ("sus_ms", "j", "w", "sus_mhz"):
+                        if "c_" + k in m:
+                            r["compile_" + k] = m["c_" + k]
                     r["compile_first_s"], r["compile_err"] = m["first_s"], m["err"]
                     if "err_fp32" in m:
                         r["compile_err_fp32"] = m["err_fp32"]
@@ -640,6 +763,8 @@ def bench_case(args, ctx, cfg, dtype, seed):
             r["stof_ms"] = time_ms(lambda: layer.stack_run(weights, x, y, graph=True),
                                    args.reps, args.warmup)
             r["stof_mhz"] = LAST_MHZ[0]
+            sustained(r, "stof", lambda: layer.stack_run(weights, x, y, graph=True),
+                      args.energy, r["stof_ms"])
             # the graph replays of the timing must still give the same output
             r["stof_replay_err"] = rel_err(y, y_eager)
             r["stof_ok"] = r["stof_ok"] and r["stof_replay_err"] <= FAIL_REL_ERR
@@ -668,6 +793,12 @@ def bench_case(args, ctx, cfg, dtype, seed):
         best = min(peers, key=peers.get)
         r["best_peer"] = best[:-len("_ms")]
         r["speedup"] = peers[best] / r["stof_ms"]
+    if not args.no_floor:
+        try:
+            r.update(stack_floor(cfg, dtype, r["density"], args.reps, args.warmup))
+        except Exception as e:  # e.g. out of memory: report and go on
+            print(f"# {cfg.name} {B}x{S}: floor failed: {short(e)}",
+                  file=sys.stderr, flush=True)
     return r  # the tensors go with this frame
 
 
@@ -757,6 +888,50 @@ def print_table(results):
                   f"{fmt(r.get('compile_mhz'), '7.0f')} "
                   f"{fmt(r.get('hf_eager_mhz'), '8.0f')} "
                   f"{fmt(r.get('hf_sdpa_mhz'), '7.0f')} {fmt(r.get('stof_mhz'), '6.0f')}")
+    fl = [r for r in results if r.get("floor_ms")]
+    if fl:
+        print()
+        print("Floor of each stack, measured in this run (GEMM FLOPs at the best "
+              "rate cuBLAS reaches on the layer's GEMM shapes at 32768 tokens + "
+              "attention FLOPs x density at SDPA's dense rate at 16 x 2048 + two "
+              "norms a layer at copy bandwidth), ms a stack; stof's fraction of "
+              "the floor's speed; cuBLAS = the layer's plain GEMMs at this size, "
+              "each shape timed alone:")
+        print(f"{'model':>10} {'BxS':>8} {'GEMM TF/s':>9} {'attn TF/s':>9} "
+              f"{'TB/s':>5} {'gemm':>7} {'attn':>7} {'norms':>7} {'floor':>7} "
+              f"{'cuBLAS':>7} {'stof':>7} {'floor/stof':>10}")
+        for r in fl:
+            bs = f"{r['batch']}x{r['seq']}"
+            print(f"{r['model']:>10} {bs:>8} {r['gemm_peak_tflops']:9.0f} "
+                  f"{r['attn_tflops']:9.0f} {r['copy_tbps']:5.2f} "
+                  f"{r['floor_gemm_ms']:7.3f} {r['floor_attn_ms']:7.3f} "
+                  f"{r['floor_norm_ms']:7.3f} {r['floor_ms']:7.3f} "
+                  f"{r['cublas_gemm_ms']:7.3f} {fmt(r.get('stof_ms'), '7.3f')} "
+                  f"{fmt(r['floor_ms'] / r['stof_ms'] if r.get('stof_ms') else None, '10.2f')}")
+    en = [r for r in results if r.get("stof_j") is not None]
+    if en:
+        print()
+        print("Sustained (--energy: each stack back to back for seconds): ms a "
+              "stack / J a stack (NVML board energy) / mean W; x best = the "
+              "best peer's sustained time over stof's, and its energy over "
+              "stof's:")
+        sysn = ("eager", "compile", "hf_eager", "hf_sdpa", "stof")
+        print(f"{'model':>10} {'BxS':>8} " + " ".join(f"{k:>20}" for k in sysn) +
+              f" {'x best':>7} {'x J':>6}")
+        for r in en:
+            bs = f"{r['batch']}x{r['seq']}"
+            cells = []
+            for k in sysn:
+                if r.get(k + "_j") is None:
+                    cells.append(f"{'-':>20}")
+                else:
+                    cells.append(f"{r[k + '_sus_ms']:7.2f}/{r[k + '_j']:6.3f}/"
+                                 f"{r[k + '_w']:5.0f}")
+            peers = [k for k in sysn[:-1] if r.get(k + "_sus_ms")]
+            best = min(peers, key=lambda k: r[k + "_sus_ms"]) if peers else None
+            xs = (f"{r[best + '_sus_ms'] / r['stof_sus_ms']:7.2f} "
+                  f"{r[best + '_j'] / r['stof_j']:6.2f}") if best else ""
+            print(f"{r['model']:>10} {bs:>8} " + " ".join(cells) + " " + xs)
     multi = [r for r in results if len(r.get("compile_modes", {})) > 1]
     if multi:
         print()
@@ -857,6 +1032,13 @@ def main():
                     "temporary file, so plans are cold)")
     ap.add_argument("--tuning-mode", default="default",
                     choices=["default", "cache-only", "force"])
+    ap.add_argument("--energy", type=float, default=0.0, metavar="SECONDS",
+                    help="also run each stack back to back for about SECONDS "
+                         "and report its sustained time, the board's energy a "
+                         "stack (NVML) and mean power")
+    ap.add_argument("--no-floor", action="store_true",
+                    help="skip measuring each stack's floor (cuBLAS GEMMs, "
+                         "SDPA's dense rate, copy bandwidth)")
     ap.add_argument("--json", help="write all results to this file")
     ap.add_argument("--verbose", action="store_true", help="tracebacks of failures")
     args = ap.parse_args()
