@@ -34,9 +34,9 @@
 // under the other's wgmmas. At head_dim 64 with 64-key tiles three share
 // an SM (80 registers a thread), four without OVERLAP at two stages (64;
 // WG_OCC4): short rows wait mostly on their loads, and a fourth CTA's
-// loads hide more of that than the overlap inside one warpgroup does
+// loads can hide more of that than the overlap inside one warpgroup does
 // (H100, bench/RESULTS.md: 3-9% faster on the sparse masks at 512 and
-// 2048 tokens).
+// 2048 tokens; the search times both).
 // Loads: Q once, then K(t) and V(t) of every tile t into STAGES slots, with
 // cp.async.bulk.tensor (TMA, 4-D tensor maps over (head_dim, seq, heads,
 // batch), built per launch on the host, 128-byte swizzle). Rows past seq_q /
@@ -211,8 +211,10 @@
 #define WG_OCC3 (BLOCK_M == 64 && HEAD_DIM == 64 && BLOCK_N == 64)
 // Four such CTAs an SM without the overlap inside the warpgroup (OVERLAP
 // 0: S and P V are not in flight together), two stages, TMA loads: 64
-// registers a thread (ptxas -v: no spills, no serialised wgmma; with the
-// overlap, 64 spill and serialise). stof__wgmma_ctas_per_sm mirrors it.
+// registers a thread at launch, 104 for the consumer warpgroup (ptxas -v:
+// no spills, also with split-KV or one score modifier; all three modifiers
+// with PERSIST spill a little; with the overlap, 104 spill and serialise
+// the wgmma). stof__wgmma_ctas_per_sm mirrors it.
 #define WG_OCC4 (WG_OCC3 && !OVERLAP && STAGES == 2 && !GATHER)
 #define WG_MIN_BLOCKS (WG_OCC4 ? 4 : WG_OCC3 ? 3 : BLOCK_M == 64 ? 2 : 1)
 #define WG_DB (HEAD_DIM / 64)                  // 64-column blocks
