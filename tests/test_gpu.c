@@ -36,8 +36,10 @@ typedef struct gpu_case {
 } gpu_case;
 
 /* Run one case through stof_attention_plan/run and compare with the C
- * reference; returns the relative error. */
-static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
+ * reference; returns the relative error. kernel: the plan's kernel (NULL:
+ * the reference or the model's pick, as c->reference says). */
+static double run_case_on(stof_context *ctx, const gpu_case *c, tu_rng *rng,
+                          const stof_candidate *kernel)
 {
     stof_mask *m = NULL;
     stof_status st = stof_mask_from_spec(ctx, c->spec, c->seq_q, c->seq_k, &m);
@@ -59,7 +61,8 @@ static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
 
     stof_plan *plan = NULL;
     stof_candidate ref_choice = {.kind = STOF_KERNEL_REFERENCE};
-    st = stof__attention_plan_kernel(ctx, &d, m, c->reference ? &ref_choice : NULL,
+    st = stof__attention_plan_kernel(ctx, &d, m,
+                                     c->reference ? &ref_choice : kernel,
                                      &plan);
     cr_assert_eq(st, STOF_OK, "plan %s: %s", c->spec, stof_errmsg(ctx));
 
@@ -132,6 +135,11 @@ static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
     return err;
 }
 
+static double run_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
+{
+    return run_case_on(ctx, c, rng, NULL);
+}
+
 static void check_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
 {
     double tol = c->dtype == STOF_DTYPE_FP16 ? 2e-3 : 1e-2;
@@ -143,6 +151,81 @@ static void check_case(stof_context *ctx, const gpu_case *c, tu_rng *rng)
     cr_expect(err < tol, "%s %dx%d d=%d %s: relative error %.3e >= %.1e",
               c->spec, c->seq_q, c->seq_k, c->head_dim,
               c->dtype == STOF_DTYPE_FP16 ? "fp16" : "bf16", err, tol);
+}
+
+/* A mask's block format is built once per context and shared by the plans
+ * that need it (format_cache.c): while the plan that built it lives, and
+ * after it is gone; each plan's output still matches the reference. */
+Test(gpu, plans_of_one_mask_share_its_block_format)
+{
+    stof_context *ctx = open_or_skip();
+    tu_rng rng = {tu_seed() ^ 7};
+    const stof_candidate blk = {.kind = STOF_KERNEL_BLOCK,
+                                .cfg = {64, 64, 4, 2, 0, 0, 0}};
+    const gpu_case c = {"bigbird:64:3:2:3:1", 2, 3, 1024, 1024, 64,
+                        STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0, 0};
+    /* builds it, then frees its plan */
+    double err = run_case_on(ctx, &c, &rng, &blk);
+    cr_expect(err < 2e-3, "first plan: relative error %.3e", err);
+
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, c.spec, 1024, 1024, &m), STOF_OK);
+    stof_attention_desc d;
+    tu_make_desc(&d, 2, 3, 1024, 1024, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD,
+                 0);
+    stof_plan *a = NULL, *b = NULL, *o = NULL;
+    cr_assert_eq(stof__attention_plan_kernel(ctx, &d, m, &blk, &a), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof__attention_plan_kernel(ctx, &d, m, &blk, &b), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    cr_assert(a->fmt_ref && a->fmt_ref == b->fmt_ref);
+    cr_assert(a->bf.mem && a->bf.mem == b->bf.mem);
+    char js[4096];
+    stof_plan_describe(b, js, sizeof(js), NULL);
+    cr_assert(strstr(js, "\"formats_shared\":true"), "%s", js);
+    /* Another tile: a format of its own. */
+    const stof_candidate blk2 = {.kind = STOF_KERNEL_BLOCK,
+                                 .cfg = {128, 64, 4, 2, 0, 0, 0}};
+    cr_assert_eq(stof__attention_plan_kernel(ctx, &d, m, &blk2, &o), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    cr_assert(o->bf.mem && o->bf.mem != a->bf.mem);
+    stof_plan_free(&a);
+    stof_plan_free(&o);
+    stof_plan_free(&b);
+    stof_mask_free(&m);
+    /* Every plan gone, the format kept: a new plan shares it and runs. */
+    err = run_case_on(ctx, &c, &rng, &blk);
+    cr_expect(err < 2e-3, "shared format: relative error %.3e", err);
+
+    /* Eight formats at most: eight plans of other masks alive take every
+     * slot (the two unreferenced bigbird ones give way), a ninth keeps its
+     * own; once they are gone, slots are taken again. */
+    enum { NP = 9 };
+    stof_mask *ms[NP] = {0};
+    stof_plan *ps[NP] = {0};
+    for (int i = 0; i < NP; i++) {
+        char spec[32];
+        snprintf(spec, sizeof(spec), "sliding:%d", 64 * (i + 1));
+        cr_assert_eq(stof_mask_from_spec(ctx, spec, 1024, 1024, &ms[i]),
+                     STOF_OK);
+        cr_assert_eq(stof__attention_plan_kernel(ctx, &d, ms[i], &blk, &ps[i]),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        if (i < NP - 1)
+            cr_expect_not_null(ps[i]->fmt_ref, "plan %d not shared", i);
+        else
+            cr_expect_null(ps[i]->fmt_ref, "a ninth format was kept");
+    }
+    for (int i = 0; i < NP; i++) {
+        stof_plan_free(&ps[i]);
+        stof_mask_free(&ms[i]);
+    }
+    const gpu_case c2 = {"sliding:192", 2, 3, 1024, 1024, 64, STOF_DTYPE_FP16,
+                         STOF_LAYOUT_BHSD, 0, 0};
+    err = run_case_on(ctx, &c2, &rng, &blk);
+    cr_expect(err < 2e-3, "after evictions: relative error %.3e", err);
+    err = run_case_on(ctx, &c, &rng, &blk);
+    cr_expect(err < 2e-3, "bigbird rebuilt: relative error %.3e", err);
+    stof_close(&ctx);
 }
 
 static const char *const suite_specs[] = {

@@ -293,6 +293,10 @@ void stof__plan_release(stof_plan *p)
         stof__mb_workspace_free(p->ctx, &p->mb_ws);
         stof__mb_unload(p->ctx, &p->mb_k);
     }
+    if (p->fmt_ref) { /* the context's shared format: released */
+        stof__fmtcache_unref(p->ctx, p->fmt_ref);
+        memset(&p->bf, 0, sizeof(p->bf));
+    }
     stof__block_format_free(p->ctx, &p->bf);
     stof__rowwise_format_free(p->ctx, &p->rf);
     if ((p->d_mask || p->module || p->d_row_order || p->d_q_rows ||
@@ -466,6 +470,17 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
     stof_mask *grouped = NULL;
     int32_t *perm = NULL, *order = NULL;
     stof_format *f = NULL;
+    /* The block format of these mask bits and tiles, if a plan of this
+     * context built it before (format_cache.c): shared, not rebuilt. */
+    const int cacheable = !rowwise && p->group <= 1;
+    if (cacheable &&
+        (p->fmt_ref = stof__fmtcache_get(ctx, p->mask_hex, m->seq_q,
+                                         m->seq_k, bm, bn, &p->bf,
+                                         &p->formats_gpu, wg ? &f : NULL))) {
+        if (!wg)
+            goto done;
+        goto order;
+    }
     if (m->spec) {
         /* A spec the GPU evaluates: its formats built there (tens of
          * microseconds), not from the bits on the host (milliseconds). */
@@ -473,9 +488,9 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
         st = rowwise ? stof__spec_rowwise_format_gpu(ctx, m->spec, m->seq_q,
                                                      m->seq_k, bm, bn, g,
                                                      &p->rf, wg ? &f : NULL)
-                     : stof__spec_block_format_gpu(ctx, m->spec, m->seq_q,
-                                                   m->seq_k, bm, bn, &p->bf,
-                                                   wg ? &f : NULL);
+                     : stof__spec_block_format_gpu(
+                           ctx, m->spec, m->seq_q, m->seq_k, bm, bn, &p->bf,
+                           wg || cacheable ? &f : NULL);
         if (st == STOF_OK && g > 1) {
             /* The query row of each format row, by residue class. */
             if (!(perm = malloc(sizeof(int32_t) * (size_t)m->seq_q)))
@@ -490,6 +505,9 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
                 goto done;
         }
         p->formats_gpu = st == STOF_OK;
+        if (st == STOF_OK && cacheable)
+            p->fmt_ref = stof__fmtcache_put(ctx, p->mask_hex, m->seq_q,
+                                            m->seq_k, bm, bn, &p->bf, 1, f);
         if (st == STOF_OK && !wg)
             goto done;
         if (st == STOF_OK)
@@ -515,6 +533,9 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
         goto done;
     st = rowwise ? stof__rowwise_format_upload(ctx, f, &p->rf)
                  : stof__block_format_upload(ctx, f, &p->bf);
+    if (st == STOF_OK && cacheable)
+        p->fmt_ref = stof__fmtcache_put(ctx, p->mask_hex, m->seq_q, m->seq_k,
+                                        bm, bn, &p->bf, 0, f);
     if (st != STOF_OK || !wg)
         goto done;
 order:

@@ -87,6 +87,8 @@ stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
     if (o)
         json_object_set_new(o, "formats_built_on",
                             json_string(p->formats_gpu ? "gpu" : "host"));
+    if (o) /* the context's shared block format (format_cache.c) */
+        json_object_set_new(o, "formats_shared", json_boolean(p->fmt_ref != NULL));
     if (o) /* where the plan's own time went */
         json_object_set_new(o, "plan_ms",
                             json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "key",

@@ -89,6 +89,8 @@ struct stof_plan {
     double formats_ms;        /* formats built and uploaded (or the GPU
                                  builder's workspace made) */
     int formats_gpu;          /* the formats were built on the GPU */
+    void *fmt_ref;            /* bf is the context's shared copy
+                                 (format_cache.c): released, not freed */
     double verify_ms;         /* the first use of a record on this host:
                                  the time its check took (0: none) */
     char errmsg[1024];
@@ -281,6 +283,23 @@ stof_status stof__family_plan_from_cubin(stof_context *ctx,
                                          const stof_candidate *c,
                                          const void *cubin, size_t size,
                                          stof_plan **out /* OUT */);
+
+/* The context's shared block formats (format_cache.c), keyed by the mask's
+ * digest (hex), sequence lengths and tile. get: on a hit *bf views the
+ * shared format, *gpu says where it was built and *counts (when asked) is
+ * a private copy of its row_ptr and kind; a handle to release with
+ * stof__fmtcache_unref, or NULL. put: the cache takes bf's memory and a
+ * copy of counts' row_ptr and kind (a handle, the caller's reference), or
+ * NULL, leaving both with the caller (every entry referenced). */
+void *stof__fmtcache_get(stof_context *ctx, const char *mask_hex, int seq_q,
+                         int seq_k, int block_m, int block_n,
+                         stof_block_format *bf, int *gpu,
+                         stof_format **counts);
+void *stof__fmtcache_put(stof_context *ctx, const char *mask_hex, int seq_q,
+                         int seq_k, int block_m, int block_n,
+                         const stof_block_format *bf, int gpu,
+                         const stof_format *counts);
+void stof__fmtcache_unref(stof_context *ctx, void *h);
 
 /* The block format of the mask of `spec` (seq_q x seq_k, as
  * stof_mask_from_spec makes it) built on the GPU once, for a plan that

@@ -259,6 +259,8 @@ void stof_close(stof_context **pctx)
         ctx->db_close(&ctx->db);
     if (ctx->mb_close)
         ctx->mb_close(ctx);
+    if (ctx->fmtcache_close)
+        ctx->fmtcache_close(ctx);
     stof__modcache_close(ctx);
     for (int i = 0; i < ctx->n_ref_cubins; i++)
         free(ctx->ref_cubins[i].cubin);

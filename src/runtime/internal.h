@@ -75,6 +75,10 @@ struct stof_context {
      * shared): a cubin loaded again (a layer planned again from the
      * database, the same kernel in another layer) reuses its module. */
     struct stof_modcache *modcache;
+    /* Spec masks' GPU-built block formats shared by the plans of this
+     * context (src/ops/format_cache.c), freed by fmtcache_close. */
+    struct stof_fmtcache *fmtcache;
+    void (*fmtcache_close)(struct stof_context *ctx);
     /* Set while a database hit is being planned: spec masks' formats are
      * built on the GPU only if the builder is already compiled (a hit
      * compiles nothing), else on the host. */
