@@ -732,9 +732,10 @@ STOF_API stof_status stof_plan_describe(const stof_plan *plan, char *buf,
  * happen on threads other than the context's). */
 STOF_API const char *stof_plan_errmsg(const stof_plan *plan);
 
-/* Free a plan (its device memory and module) and set *plan to NULL. The
- * caller must make sure no enqueued run still uses it (synchronise first).
- */
+/* Free a plan (its device memory and module; a module or block format the
+ * context shares between plans goes back to the context, which frees it at
+ * stof_close or when it needs the room) and set *plan to NULL. The caller
+ * must make sure no enqueued run still uses it (synchronise first). */
 STOF_API void stof_plan_free(stof_plan **plan);
 
 
