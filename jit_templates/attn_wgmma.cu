@@ -353,7 +353,11 @@ struct stof_attn_wgmma_params {
     const unsigned short *bias;   // BIAS: element (b, h, row, key) at b *
     stof_i64 bias_stride[3];      // bias_stride[0] + h * [1] + row * [2] +
                                   // key (16-bit, the dtype)
-    unsigned char tail_[56];      // to 768 bytes, a multiple of the
+    const int *sched;             // PERSIST: NULL, or the list schedule:
+                                  // gridDim.x + 1 offsets, then the items
+                                  // (CTA x takes items [sched[x],
+                                  // sched[x + 1]) in order; wg_sched)
+    unsigned char tail_[48];      // to 768 bytes, a multiple of the
                                   // maps' alignment on both sides
 };
 static_assert(sizeof(stof_attn_wgmma_params) == 768,
@@ -829,7 +833,11 @@ __device__ __forceinline__ wg_work wg_work_at(const stof_attn_wgmma_params &p,
 // round of CTAs reads every head's K and V again (dense 4x16x4096x64 on
 // 132 SMs: 16 rounds of 2 row blocks, 16 times the K/V bytes of the
 // one-CTA-per-item grid, whose CTAs start row block by row block within a
-// head). The host picks the schedule (stof__wgmma_persist_heads).
+// head). The host picks the schedule (stof__wgmma_persist_heads), or
+// deals the items itself (p.sched: stof__wgmma_persist_list, each item to
+// the CTA with the least work so far, heaviest first, a group of heads
+// after another: balanced like the one-CTA-per-item grid, with the
+// groups' L2 reuse).
 struct wg_sched {
     int k;    // this CTA's items so far (the Q buffers alternate over it)
     int r, h; // round; the pair's half (persist_hg < 0)
@@ -841,6 +849,16 @@ __device__ __forceinline__ void wg_sched_next(const stof_attn_wgmma_params &p,
 {
     const int bh_n = p.batch * p.heads, nrb = p.n_row_blocks;
     const stof_i64 g = gridDim.x, x = blockIdx.x;
+    if (p.sched) { // the host's list (stof__wgmma_persist_list)
+        const int i = wg_ldg_i32(p.sched + x) + s.k + 1;
+        if (i >= wg_ldg_i32(p.sched + x + 1)) {
+            s.item = -1;
+            return;
+        }
+        s.item = wg_ldg_i32(p.sched + g + 1 + i);
+        s.k++;
+        return;
+    }
     if (p.persist_hg >= 0) {
         s.r++;
         const stof_i64 pos = (stof_i64)s.r * g + ((s.r & 1) ? g - 1 - x : x);

@@ -730,3 +730,52 @@ Test(cost, wgmma_192_rows)
     }
     stof_close(&ctx);
 }
+
+/* The persistent kernel's list schedule: every item once, each slot's
+ * items in the deal's order (group by group), the busiest slot within one
+ * item of the mean (longest first onto the least loaded), and no list past
+ * STOF_PERSIST_LIST_MAX. */
+Test(cost, persist_list_deals_every_item_once_and_balanced)
+{
+    const double w[7] = {32, 32, 9, 8, 8, 7, 1}; /* heaviest first */
+    const int nrb = 7;
+    const int64_t bh = 10;
+    for (int hg = 0; hg <= 4; hg += 2)
+        for (int slots = 1; slots <= 13; slots += 4) {
+            size_t n = 0;
+            int32_t *l = stof__wgmma_persist_list(w, nrb, bh, hg, slots, 0.5,
+                                                  &n);
+            cr_assert_not_null(l);
+            cr_assert_eq(n, (size_t)slots + 1 + (size_t)(nrb * bh));
+            cr_assert_eq(l[0], 0);
+            cr_assert_eq(l[slots], nrb * bh);
+            int seen[70] = {0};
+            double mx = 0, sum = 0;
+            for (int x = 0; x < slots; x++) {
+                cr_assert_leq(l[x], l[x + 1]);
+                double load = 0;
+                int64_t last_group = -1;
+                for (int i = l[x]; i < l[x + 1]; i++) {
+                    const int it = l[slots + 1 + i];
+                    cr_assert(it >= 0 && it < nrb * bh);
+                    seen[it]++;
+                    load += w[it / bh] + 0.5;
+                    const int64_t grp = hg > 0 ? (it % bh) / hg : 0;
+                    cr_assert_geq(grp, last_group, "slot %d out of order", x);
+                    last_group = grp;
+                }
+                mx = load > mx ? load : mx;
+                sum += load;
+            }
+            for (int i = 0; i < nrb * bh; i++)
+                cr_assert_eq(seen[i], 1, "item %d dealt %d times", i, seen[i]);
+            cr_expect_leq(mx, sum / slots + 32.5 + 1e-9,
+                          "hg %d, %d slots: busiest %.1f, mean %.1f", hg,
+                          slots, mx, sum / slots);
+            free(l);
+        }
+    size_t n = 1;
+    cr_expect_null(stof__wgmma_persist_list(w, nrb, STOF_PERSIST_LIST_MAX, 0,
+                                            4, 0.0, &n));
+    cr_expect_eq(n, 0);
+}

@@ -95,8 +95,10 @@ static const wg_cfg configs[] = {
 /* The persistent schedule: in order (0), groups of 1 or 2 (batch, head)s
  * by rank (1, 2) or in pairs of ranks (-1, -2): with cases of 2-6
  * (batch, head)s, several groups, the last one short, groups ending
- * inside a round, odd row block counts (a pair of one). */
-#define PERSIST_TEST_GROUPS(i) ((i) % 5 - 2)
+ * inside a round, odd row block counts (a pair of one); 3: the host's
+ * list (stof__wgmma_persist_list, groups of 2). */
+#define PERSIST_TEST_GROUPS(i) ((i) % 6 - 2)
+#define PERSIST_TEST_LIST 3
 
 /* A mask: a spec, or (spec starting with '#') a generated one:
  *   "#single"  each row i allows exactly key (7 i + 3) mod seq_k, so the
@@ -309,12 +311,37 @@ static int run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     }
     /* Poison: 0xffff is a NaN in fp16 and bf16. */
     cr_assert_eq(api->cuMemsetD8(dout, 0xff, nq * 2), CUDA_SUCCESS);
+    CUdeviceptr dsched = 0;
+    if (groups == PERSIST_TEST_LIST) {
+        /* Rank r: row block order[r] (or r), weighed by its tiles. */
+        const int nrb = f->n_row_blocks;
+        double *w = malloc(sizeof(double) * (size_t)nrb);
+        cr_assert(w);
+        for (int r = 0; r < nrb; r++) {
+            const int rb = order ? order[r] : r;
+            w[r] = (double)(f->row_ptr[rb + 1] - f->row_ptr[rb]);
+        }
+        /* The launch's CTAs: ctas, or one per item when fewer. */
+        const int64_t items = (int64_t)nrb * c->batch * c->heads;
+        size_t nl = 0;
+        int32_t *list = stof__wgmma_persist_list(
+            w, nrb, (int64_t)c->batch * c->heads, 2,
+            ctas < items ? ctas : (int)items, 1.0, &nl);
+        cr_assert(list && nl > 0);
+        cr_assert_eq(api->cuMemAlloc(&dsched, nl * 4), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyHtoD(dsched, list, nl * 4), CUDA_SUCCESS);
+        free(list);
+        free(w);
+    }
     if (gather)
         st = stof__wgmma_gather_launch(fn, &k->c, k->head_dim, &d, 0.0f, &rf,
                                        dord, dperm, dq, dk, dv, dout, NULL,
                                        api);
     else {
-        const stof_attn_ext x = {.ctas = ctas, .persist_heads = groups};
+        const stof_attn_ext x = {.ctas = ctas,
+                                 .persist_heads =
+                                     groups == PERSIST_TEST_LIST ? 0 : groups,
+                                 .sched = dsched};
         st = stof__wgmma_launch_ex(fn, &k->c, k->head_dim, &d, 0.0f, &bf,
                                    dord, dq, dk, dv, dout, &x, NULL, api);
     }
@@ -328,6 +355,8 @@ static int run_case(stof_context *ctx, const wg_cfg *k, CUfunction fn,
     api->cuMemFree(dout);
     if (dord)
         api->cuMemFree(dord);
+    if (dsched)
+        api->cuMemFree(dsched);
     if (dperm)
         api->cuMemFree(dperm);
     stof__ctx_pop(ctx);
@@ -456,7 +485,12 @@ static void run_config(int idx)
                          ((i / 2) % 2 || strncmp(cases[i].spec, "dilated",
                                                  7) == 0),
                      k->c.persist ? PERSIST_TEST_CTAS(i) : 0,
-                     k->c.persist ? PERSIST_TEST_GROUPS(i) : 0, &rng);
+                     !k->c.persist ? 0
+                     : stof__wgmma_block_m(&k->c) == 192 &&
+                             PERSIST_TEST_GROUPS(i) == PERSIST_TEST_LIST
+                         ? 0 /* (no list for 192-row CTAs) */
+                         : PERSIST_TEST_GROUPS(i),
+                     &rng);
     /* 192 rows: the dense and empty cases (five even in quick mode). */
     if (stof__wgmma_block_m(&k->c) == 192)
         cr_expect_geq(ran, 5, "config %d ran only %d cases", idx, ran);

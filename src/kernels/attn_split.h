@@ -35,6 +35,9 @@ typedef struct stof_attn_ext {
     int persist_heads; /* persistent kernels: the schedule, 0 in order, G
                         * groups of G (batch, head)s, -G the same in pairs
                         * of row blocks (stof__wgmma_persist_heads) */
+    CUdeviceptr sched; /* persistent wgmma kernels: 0, or the list schedule
+                        * for `ctas` CTAs (stof__wgmma_persist_list),
+                        * which replaces persist_heads' deal */
 } stof_attn_ext;
 
 /* Score modifiers (stof_block_cfg.mods, stof_wgmma_cfg.mods): the kernel

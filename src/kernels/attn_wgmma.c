@@ -38,7 +38,8 @@ typedef struct stof_attn_wgmma_params {
     CUdeviceptr alibi;     /* ALIBI: float[heads] */
     CUdeviceptr bias;      /* BIAS: the additive bias (16-bit) */
     int64_t bias_stride[3];
-    uint8_t tail_[56];     /* to 768 bytes, as the template */
+    CUdeviceptr sched;     /* persistent: 0, or the list schedule */
+    uint8_t tail_[48];     /* to 768 bytes, as the template */
 } stof_attn_wgmma_params;
 _Static_assert(sizeof(stof_attn_wgmma_params) == 768,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
@@ -267,6 +268,85 @@ double stof__wgmma_persist_deal_max(const double *w, int nrb, int64_t bh,
         if (t[i] > m)
             m = t[i];
     return m;
+}
+
+/* A binary min-heap of slots by load (ties: the lower slot). */
+static int heap_less(const double *t, int a, int b)
+{
+    return t[a] < t[b] || (t[a] == t[b] && a < b);
+}
+
+static void heap_down(int *h, int n, const double *t, int i)
+{
+    for (;;) {
+        int m = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && heap_less(t, h[l], h[m]))
+            m = l;
+        if (r < n && heap_less(t, h[r], h[m]))
+            m = r;
+        if (m == i)
+            return;
+        const int x = h[i];
+        h[i] = h[m];
+        h[m] = x;
+        i = m;
+    }
+}
+
+int32_t *stof__wgmma_persist_list(const double *w, int nrb, int64_t bh,
+                                  int hg, int slots, double over, size_t *n)
+{
+    *n = 0;
+    const int64_t items = (int64_t)nrb * bh;
+    if (!w || nrb < 1 || bh < 1 || slots < 1 || items > STOF_PERSIST_LIST_MAX)
+        return NULL;
+    const int64_t gn = hg > 0 && hg < bh ? hg : bh;
+    int32_t *out = malloc(sizeof(int32_t) * ((size_t)slots + 1 + (size_t)items));
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)items); /* item's slot */
+    int *heap = malloc(sizeof(int) * (size_t)slots);
+    double *t = calloc((size_t)slots, sizeof(double));
+    int64_t *fill = calloc((size_t)slots + 1, sizeof(int64_t));
+    if (!out || !at || !heap || !t || !fill) {
+        free(out);
+        out = NULL;
+        goto done;
+    }
+    for (int i = 0; i < slots; i++)
+        heap[i] = i;
+    /* Group by group; in a group rank by rank (heaviest first), head by
+     * head; each item to the least loaded slot. k: the deal's order. */
+    int64_t k = 0;
+    for (int64_t g0 = 0; g0 < bh; g0 += gn) {
+        const int64_t ge = g0 + gn < bh ? g0 + gn : bh;
+        for (int r = 0; r < nrb; r++)
+            for (int64_t b = g0; b < ge; b++, k++) {
+                const int s = heap[0];
+                at[k] = s;
+                t[s] += w[r] + over;
+                heap_down(heap, slots, t, 0);
+                fill[s + 1]++;
+            }
+    }
+    /* Each slot's items in the deal's order. */
+    for (int i = 0; i < slots; i++)
+        fill[i + 1] += fill[i];
+    for (int i = 0; i <= slots; i++)
+        out[i] = (int32_t)fill[i];
+    int32_t *list = out + slots + 1;
+    k = 0;
+    for (int64_t g0 = 0; g0 < bh; g0 += gn) {
+        const int64_t ge = g0 + gn < bh ? g0 + gn : bh;
+        for (int r = 0; r < nrb; r++)
+            for (int64_t b = g0; b < ge; b++, k++)
+                list[fill[at[k]]++] = (int32_t)((int64_t)r * bh + b);
+    }
+    *n = (size_t)slots + 1 + (size_t)items;
+done:
+    free(at);
+    free(heap);
+    free(t);
+    free(fill);
+    return out;
 }
 
 static int cmp_double_desc(const void *a, const void *b)
@@ -564,6 +644,7 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
                                                  : (unsigned)items;
         gy = 1;
         p.persist_hg = x ? x->persist_heads : 0;
+        p.sched = x ? x->sched : 0;
     }
     void *args[] = {&p};
     const stof_launch_opts pdl = {.pdl = 1};
@@ -713,6 +794,43 @@ int stof__wgmma_format_persist_heads(const stof_device *dev,
         dev, d, w, nb, stof__wgmma_persist_ctas(dev, d->head_dim, c));
     free(w);
     return sched;
+}
+
+int32_t *stof__wgmma_format_persist_list(const stof_device *dev,
+                                         const stof_attention_desc *d,
+                                         const stof_wgmma_cfg *c,
+                                         const stof_format *f, size_t *n)
+{
+    *n = 0;
+    if (!f || f->n_row_blocks < 1 || !f->row_ptr || !f->kind ||
+        stof__wgmma_block_m(c) == 192)
+        return NULL;
+    const int nrb = f->n_row_blocks;
+    double *w = malloc(sizeof(double) * (size_t)nrb);
+    if (!w)
+        return NULL;
+    double mean = 0.0;
+    for (int i = 0; i < nrb; i++) {
+        int64_t t = 0; /* as stof__wgmma_row_order weighs them */
+        for (int64_t e = f->row_ptr[i]; e < f->row_ptr[i + 1]; e++)
+            t += f->kind[e] == STOF_TILE_PARTIAL ? 5 : 4;
+        w[i] = (double)t;
+        mean += w[i];
+    }
+    mean /= nrb;
+    /* rank r is the r-th heaviest row block (the row order) */
+    qsort(w, (size_t)nrb, sizeof(double), cmp_double_desc);
+    /* An item's fixed cost: about half a mean row block's work (as
+     * stof__wgmma_persist_heads). */
+    /* As many slots as the launch has CTAs: the persistent CTAs, or one
+     * per item when there are fewer (stof__wgmma_launch_ex). */
+    const int64_t bh = (int64_t)d->batch * d->heads, items = nrb * bh;
+    const int ctas = stof__wgmma_persist_ctas(dev, d->head_dim, c);
+    int32_t *l = stof__wgmma_persist_list(
+        w, nrb, bh, stof__wgmma_persist_group(dev, d),
+        ctas < items ? ctas : (int)items, mean / 2, n);
+    free(w);
+    return l;
 }
 
 void stof__wgmma_row_order(const stof_format *f, int32_t *order)

@@ -106,6 +106,33 @@ double stof__wgmma_persist_deal_max(const double *w, int nrb, int64_t bh,
                                     int hg, int slots, double over,
                                     double *t);
 
+/* At most this many items (row blocks x (batch, head)s) in a list
+ * schedule (4 MB of int32): larger problems keep persist_hg's deal. */
+#define STOF_PERSIST_LIST_MAX ((int64_t)1 << 20)
+
+/* The persistent kernel's list schedule (stof_attn_ext.sched): the items,
+ * numbered as the kernel's deal numbers them (rank * bh + (batch, head);
+ * rank r weighing w[r], w heaviest first, plus `over` an item), a group of
+ * hg (batch, head)s after another (hg <= 0: one group), in a group rank by
+ * rank then head by head, each to the slot with the least work so far
+ * (the lower slot on a tie): the CTAs share a group's K and V in the L2
+ * and end about together. A malloc'ed int32 array of slots + 1 offsets
+ * (slot x's items are list[off[x]] .. list[off[x + 1] - 1]) then the
+ * items, *n its length; NULL (n 0) without memory or past
+ * STOF_PERSIST_LIST_MAX items. */
+int32_t *stof__wgmma_persist_list(const double *w, int nrb, int64_t bh,
+                                  int hg, int slots, double over, size_t *n);
+
+/* stof__wgmma_persist_list for a persistent launch of c on format f (its
+ * row blocks weighed as stof__wgmma_row_order weighs them, in groups of
+ * stof__wgmma_persist_group), for the launch's CTAs: stof__wgmma_persist_
+ * ctas, or the items when fewer (a list is for one CTA count); NULL for
+ * 192-row CTAs. */
+int32_t *stof__wgmma_format_persist_list(const stof_device *dev,
+                                         const stof_attention_desc *d,
+                                         const stof_wgmma_cfg *c,
+                                         const stof_format *f, size_t *n);
+
 /* The persistent schedule for problem d on dev (persist_hg), row blocks of
  * work row_work[0..nrb-1] (any order, any unit) dealt to `slots` CTAs: the
  * groups of stof__wgmma_persist_group, by rank (G) or in pairs of ranks

@@ -300,8 +300,10 @@ void stof__plan_release(stof_plan *p)
     stof__block_format_free(p->ctx, &p->bf);
     stof__rowwise_format_free(p->ctx, &p->rf);
     if ((p->d_mask || p->module || p->d_row_order || p->d_q_rows ||
-         p->d_split || p->d_alibi) &&
+         p->d_split || p->d_alibi || p->d_sched) &&
         stof__ctx_push(p->ctx) == STOF_OK) {
+        if (p->d_sched)
+            api->cuMemFree(p->d_sched);
         if (p->d_mask)
             api->cuMemFree(p->d_mask);
         if (p->d_alibi)
@@ -591,6 +593,17 @@ order:
                                              &p->wcfg, f);
     st = upload_i32(ctx, order, (size_t)f->n_row_blocks, &p->d_row_order,
                     "uploading the row order");
+    if (st == STOF_OK && !rowwise && p->wcfg.persist) {
+        /* The items dealt on the host, each to the least loaded CTA (else
+         * the kernel's own deal, persist_heads). */
+        size_t nl = 0;
+        int32_t *list = stof__wgmma_format_persist_list(
+            &ctx->device, &p->desc, &p->wcfg, f, &nl);
+        if (list)
+            st = upload_i32(ctx, list, nl, &p->d_sched,
+                            "uploading the persistent schedule");
+        free(list);
+    }
 done:
     free(order);
     free(perm);

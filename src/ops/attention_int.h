@@ -47,6 +47,9 @@ struct stof_plan {
     stof_block_format bf;     /* block / wgmma kernels: the device tile BSR */
     stof_rowwise_format rf;   /* row-wise kernel: compacted key tiles */
     CUdeviceptr d_row_order;  /* wgmma kernels: row blocks, heaviest first */
+    CUdeviceptr d_sched;      /* persistent wgmma kernels: 0, or the items
+                                 dealt to the CTAs on the host
+                                 (stof__wgmma_persist_list) */
     int persist_heads;        /* persistent wgmma kernel: its schedule
                                  (stof__wgmma_persist_heads: 0 in order,
                                  G or -G groups of G (batch, head)s) */

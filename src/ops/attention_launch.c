@@ -143,6 +143,7 @@ stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
             x.ctas = stof__wgmma_persist_ctas(&p->ctx->device,
                                               p->desc.head_dim, &p->wcfg);
             x.persist_heads = p->persist_heads;
+            x.sched = p->d_sched;
         }
         st = stof__wgmma_launch_ex(p->fn, &p->wcfg, p->desc.head_dim, &ld,
                                    p->scale, &lbf, p->d_row_order, q, k, v,
