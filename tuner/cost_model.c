@@ -353,8 +353,12 @@ double stof__cost_predict(const stof_device *dev, const stof_attention_desc *d,
  * at head_dim 64 three (64-key tiles, up to 3 stages) gain another tenth,
  * and four (no overlap, 2 stages: its 0.89 applies too) 3-9% more than
  * three on sparse masks at 512 and 2048 tokens (H100, 2026-11-25).
- * The persistent grid's 64-row CTAs trail the ordinary grid's (their
- * static deal is coarser than the hardware's scheduling of 3 CTAs an SM). */
+ * The persistent grid's 64-row CTAs trailed the ordinary grid's (fitted
+ * when the kernel dealt its items itself, unbalanced or L2-unfriendly);
+ * with the host's list schedule (stof__wgmma_persist_list) they match it
+ * at 2048 tokens and win at 4096 on sparse masks (H100, 2026-11-25), which
+ * the factor below does not know yet (stage 1 ranks persistence as a
+ * shape of its own: the search timed it on every problem measured). */
 static const double M64_RATE[2][4] = {
     {0.72, 1.08, 1.20, 1.36}, /* head_dim 64 */
     {0.67, 0.91, 0.91, 0.91}}; /* 128, 256 */
