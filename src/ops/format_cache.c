@@ -86,17 +86,20 @@ static stof_format *counts_copy(const stof_format *f)
     stof_format *c = calloc(1, sizeof(*c));
     if (!c)
         return NULL;
-    *c = *f;
-    c->row_ptr = NULL;
-    c->col_idx = NULL;
-    c->kind = NULL;
-    c->bitmap_idx = NULL;
-    c->bitmaps = NULL;
-    c->rw_ptr = NULL;
-    c->rw_keys = NULL;
-    c->rw_words = NULL;
-    c->rw_bitmap_off = NULL;
-    c->rw_bitmaps = NULL;
+    /* The sizes and counts, field by field (no pointer of f is shared). */
+    c->seq_q = f->seq_q;
+    c->seq_k = f->seq_k;
+    c->block_m = f->block_m;
+    c->block_n = f->block_n;
+    c->n_row_blocks = f->n_row_blocks;
+    c->n_col_blocks = f->n_col_blocks;
+    c->n_full = f->n_full;
+    c->n_partial = f->n_partial;
+    c->n_empty = f->n_empty;
+    c->bitmap_words_per_row = f->bitmap_words_per_row;
+    c->allowed = f->allowed;
+    c->partial_fill = f->partial_fill;
+    c->rowwise_fill = f->rowwise_fill;
     const size_t nrb = (size_t)f->n_row_blocks;
     const size_t nt = f->row_ptr ? (size_t)f->row_ptr[nrb] : 0;
     c->row_ptr = malloc(sizeof(int64_t) * (nrb + 1));
