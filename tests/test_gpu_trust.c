@@ -20,6 +20,7 @@
 
 #include "cuda_shim.h"
 #include "db.h"
+#include "gemm.h"
 #include "attention_int.h"
 #include "internal.h"
 #include "record_check.h"
@@ -322,9 +323,11 @@ Test(gpu_trust, every_layout_hits_the_same_record)
 }
 
 /* In a child: plan a small Transformer layer with the given databases. */
-static void layer_fn(const void *arg, report *out)
+/* A layer of batch x seq tokens, hidden, heads (a causal mask), planned
+ * through job j's databases; its description in the report. */
+static void layer_plan_job(const job *j, int batch, int seq, int hidden,
+                           int heads, report *out)
 {
-    const job *j = arg;
     stof_settings s;
     stof_default_settings(&s);
     s.user_db = j->user_db;
@@ -337,10 +340,10 @@ static void layer_fn(const void *arg, report *out)
     if (stof_open(&ctx, &s) != STOF_OK)
         _exit(3);
     stof_mask *m = NULL;
-    if (stof_mask_from_spec(ctx, "causal", 128, 128, &m) != STOF_OK)
+    if (stof_mask_from_spec(ctx, "causal", seq, seq, &m) != STOF_OK)
         _exit(4);
     stof_layer_desc d;
-    stof_layer_desc_init(&d, 2, 128, 128, 2, STOF_DTYPE_FP16);
+    stof_layer_desc_init(&d, batch, seq, hidden, heads, STOF_DTYPE_FP16);
     stof_layer *L = NULL;
     long before = stof__jit_compile_count();
     if (stof_layer_plan(ctx, &d, m, &L) != STOF_OK) {
@@ -353,6 +356,18 @@ static void layer_fn(const void *arg, report *out)
     stof_layer_free(&L);
     stof_mask_free(&m);
     stof_close(&ctx);
+}
+
+static void layer_fn(const void *arg, report *out)
+{
+    layer_plan_job(arg, 2, 128, 128, 2, out);
+}
+
+/* BERT-base's layer at 8 x 512 tokens: its tuned scheme fuses the norms
+ * into the GEMMs before them (H100). */
+static void bert_layer_fn(const void *arg, report *out)
+{
+    layer_plan_job(arg, 8, 512, 768, 12, out);
 }
 
 Test(gpu_trust, layer_kernels_are_verified_once_then_trusted)
@@ -370,6 +385,92 @@ Test(gpu_trust, layer_kernels_are_verified_once_then_trusted)
     cr_assert_eq(verify_ms(&r2), 0.0, "%s", r2.js);
     cr_log_info("first use of a layer's records: verified in %.1f ms",
                 verify_ms(&r1));
+}
+
+/* The user database's Hopper GEMM records with a row norm, rewritten as
+ * the same kernel with 64-column tiles: a valid configuration, compiled
+ * for real, stored as verified and trusted here, whose row statistics
+ * need more workspace than a layer plan allocates (it holds the
+ * candidates' largest, 128-column tiles). */
+typedef struct {
+    stof_context *ctx;
+    stof_db_record r[16];
+    int n;
+} widen_set;
+
+static int widen_collect(void *user, const stof_db_record *r)
+{
+    widen_set *w = user;
+    stof_gemm_cfg c;
+    stof_gemm_epi e;
+    if (w->n < 16 && !strcmp(r->op, "gemm") && !strcmp(r->kernel, "gemm") &&
+        stof__gemm_cfg_parse(r->config, &c, &e) && c.wgmma && e.norm &&
+        c.block_n > 64) {
+        w->r[w->n] = *r;
+        w->r[w->n++].cubin = NULL;
+    }
+    return 0;
+}
+
+static void widen_fn(const void *arg, report *out)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = arg;
+    s.require_device = 1;
+    stof_context *ctx = NULL;
+    if (stof_open(&ctx, &s) != STOF_OK)
+        _exit(3);
+    stof_db *db = stof__ctx_db(ctx);
+    widen_set *w = calloc(1, sizeof(*w));
+    if (!db || !w || stof__db_foreach(db, 0, widen_collect, w) != STOF_OK)
+        _exit(4);
+    int done = 0;
+    for (int i = 0; i < w->n; i++) {
+        stof_db_record *r = &w->r[i];
+        stof_gemm_cfg c;
+        stof_gemm_epi e;
+        if (!stof__gemm_cfg_parse(r->config, &c, &e))
+            _exit(5);
+        c.block_n = 64;
+        const stof_dtype dt = strcmp(r->dtype, "bf16") ? STOF_DTYPE_FP16
+                                                       : STOF_DTYPE_BF16;
+        if (stof__gemm_compile(ctx, dt, &c, &e, r->seq_q, NULL, &r->cubin,
+                               &r->cubin_size) != STOF_OK)
+            _exit(6);
+        stof_str js = {0};
+        stof__gemm_cfg_json(&c, &e, &js);
+        if (!js.p || js.oom)
+            _exit(7);
+        snprintf(r->config, sizeof(r->config), "%s", js.p);
+        stof__str_free(&js);
+        if (stof__db_store(db, r, 1, 1) != STOF_OK)
+            _exit(8);
+        stof__db_record_clear(r);
+        done++;
+    }
+    snprintf(out->js, sizeof(out->js), "{\"widened\":%d}", done);
+    free(w);
+    stof_close(&ctx);
+}
+
+Test(gpu_trust, a_layer_kernel_needing_more_workspace_is_not_used)
+{
+    job tune = {P("wide.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r0 = run(bert_layer_fn, &tune);
+    expect_source(&r0, "tuned");
+    if (!strstr(r0.js, "\"fused\""))
+        cr_skip_test("the tuned scheme runs no norm GEMM here: %s", r0.js);
+    report w = run(widen_fn, P("wide.db"));
+    cr_assert(strstr(w.js, "\"widened\":"), "%s", w.js);
+    cr_assert(!strstr(w.js, "\"widened\":0}"),
+              "no row-norm GEMM record to rewrite: %s\n%s", w.js, r0.js);
+    /* Trusted, never verified again: only the workspace check keeps the
+     * kernel from writing past the plan's workspace. The plan tunes that
+     * kernel again. */
+    report r1 = run(bert_layer_fn, &tune);
+    expect_source(&r1, "tuned");
+    cr_assert(strstr(r1.log, "cannot be used"), "%s", r1.log);
 }
 
 /* Criterion's main, after a probe that reports the suite skipped (exit 77)

@@ -427,7 +427,9 @@ static stof_status alloc_buffers(stof_layer *L)
         stof__log(ctx, STOF_LOG_INFO,
                   "cuBLASLt is not a candidate: %s", why);
     /* The workspace of a Hopper GEMM with a norm (the two junctions' in
-     * turn), for its widest shape (128-column tiles), zeroed here once. */
+     * turn), for the largest of the candidates' (128-column tiles), zeroed
+     * here once. A stored tile that needs more (64 columns, valid but no
+     * candidate) is refused when loaded (layer_db.c). */
     const stof_gemm_cfg narrow = {128, 128, 64, 1, 1, 2, 1, 1};
     const stof_gemm_epi norm = {0, 0, 0, 1, 0, 0};
     const size_t norm_ws =
@@ -441,6 +443,7 @@ static stof_status alloc_buffers(stof_layer *L)
         L->buf[s] = L->mem + off[s];
     if (lt)
         L->lt_ws = L->mem + ws_off;
+    L->norm_ws_bytes = norm_ws;
     if (norm_ws) {
         L->norm_ws = L->mem + norm_off;
         STOF_CU(ctx, api->cuMemsetD8(L->norm_ws, 0, norm_ws));

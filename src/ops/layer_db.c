@@ -292,7 +292,11 @@ stof_status stof__layer_from_db(stof_layer *L)
                 t_lt += stof__now_ms() - t;
             } else if (strcmp(rec.kernel, "gemm") == 0 &&
                        stof__gemm_cfg_parse(rec.config, &c, &e) &&
-                       epi_matches(g, &c, &e) && rec.cubin) {
+                       epi_matches(g, &c, &e) && rec.cubin &&
+                       stof__gemm_ws_bytes(&c, &e, g->M, g->N) <=
+                           L->norm_ws_bytes) {
+                /* (a valid tile whose norm workspace is larger than the
+                 * plan's, e.g. 64 columns wide, is not used) */
                 st = stof__layer_gemm_load_template(L, g, &c, rec.cubin,
                                                     rec.cubin_size);
                 t_mod += stof__now_ms() - t;

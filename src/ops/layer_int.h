@@ -102,6 +102,8 @@ struct stof_layer {
     CUfunction gate_fn;
     CUdeviceptr mem, lt_ws, norm_ws; /* norm_ws: the Hopper GEMMs' with a
                                         norm (stof__gemm_ws_bytes) */
+    size_t norm_ws_bytes;     /* its size: a stored configuration needing
+                                 more is not used */
     CUstream cap_stream;
     CUgraph graph;
     CUgraphExec gexec;

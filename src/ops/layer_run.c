@@ -56,6 +56,8 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     a.ldc = g->N;
     a.eps = L->eps;
     a.ws = L->norm_ws;
+    if (stof__gemm_ws_bytes(&g->cfg, &g->epi, g->M, g->N) > L->norm_ws_bytes)
+        return STOF_ERR_INTERNAL; /* (the loads refuse such a kernel) */
     if (stof__layer_gemm_split(g, g->lt, &g->cfg)) {
         /* [M][2 ffn] into SYM_G, then out = act(gate) * up. */
         if (!L->gate_fn || !L->buf[SYM_G])
