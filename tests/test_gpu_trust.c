@@ -131,7 +131,9 @@ static void plan_job(const job *j, report *out)
  * database) by one whose cubin is the same kernel compiled for the other
  * dtype: it loads and runs, reads the same bytes, and computes the wrong
  * thing; its content hash is made to match, so only running it can tell. */
-static void poison_job(const char *path, report *out)
+/* A child's context on the GPU with `path` as its user database (exit 3
+ * when it cannot open). */
+static stof_context *open_with_db(const char *path)
 {
     stof_settings s;
     stof_default_settings(&s);
@@ -140,6 +142,12 @@ static void poison_job(const char *path, report *out)
     stof_context *ctx = NULL;
     if (stof_open(&ctx, &s) != STOF_OK)
         _exit(3);
+    return ctx;
+}
+
+static void poison_job(const char *path, report *out)
+{
+    stof_context *ctx = open_with_db(path);
     stof_mask *m = NULL;
     stof_attention_desc d;
     tu_make_desc(&d, B, H, N, N, D, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0);
@@ -414,13 +422,7 @@ static int widen_collect(void *user, const stof_db_record *r)
 
 static void widen_fn(const void *arg, report *out)
 {
-    stof_settings s;
-    stof_default_settings(&s);
-    s.user_db = arg;
-    s.require_device = 1;
-    stof_context *ctx = NULL;
-    if (stof_open(&ctx, &s) != STOF_OK)
-        _exit(3);
+    stof_context *ctx = open_with_db(arg);
     stof_db *db = stof__ctx_db(ctx);
     widen_set *w = calloc(1, sizeof(*w));
     if (!db || !w || stof__db_foreach(db, 0, widen_collect, w) != STOF_OK)
