@@ -391,6 +391,32 @@ static int bench_reps(int def)
     return r && atoi(r) > 0 ? atoi(r) : def;
 }
 
+/* The inputs (A, W, bias, residual) hold random values (A and the
+ * residual uniform in [-1, 1], W in [-0.07, 0.07], the bias in [-0.5,
+ * 0.5]), as a model's do; STOF_GEMM_BENCH_RANDOM=0 fills each with one
+ * repeated constant (0x1111, ~3e-4), the protocol of the entries before
+ * 2026-11-25's fifth session. The data matters: on an H100 at the same
+ * 1980 MHz, random operands made both the template and cuBLASLt 6-14%
+ * slower than constant ones, cuBLASLt more (bench/RESULTS.md). */
+static int bench_random(void)
+{
+    const char *v = getenv("STOF_GEMM_BENCH_RANDOM");
+    return !v || !v[0] || atoi(v) > 0;
+}
+
+/* n 16-bit values uniform in [-amp, amp] into device memory at d. */
+static void upload_random(const stof_api *api, CUdeviceptr d, size_t n,
+                          float amp, uint64_t salt)
+{
+    uint16_t *h = malloc(n * 2);
+    cr_assert_not_null(h);
+    tu_rng rng = {tu_seed() ^ salt};
+    for (size_t i = 0; i < n; i++)
+        h[i] = tu_f32_to_f16(amp * (float)(2.0 * tu_uniform(&rng) - 1.0));
+    cr_assert_eq(api->cuMemcpyHtoD(d, h, n * 2), CUDA_SUCCESS);
+    free(h);
+}
+
 /* STOF_GEMM_BENCH_ALONE=1: time_ms times each launch alone, the host
  * waiting for the GPU to be idle first; =2: launches back to back with an
  * event between each two, the median interval (a launch's time in the
@@ -832,6 +858,13 @@ Test(gpu, bench_hopper, .timeout = 600)
     cr_assert_eq(api->cuMemsetD8(da, 0x11, maxa * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemsetD8(dw, 0x11, maxw * 2), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemsetD8(dbias, 0x11, 16384 * 2), CUDA_SUCCESS);
+    if (bench_random()) {
+        upload_random(api, da, maxa, 1.0f, 1);
+        upload_random(api, dw, maxw, 0.07f, 2);
+        upload_random(api, dres, maxc, 1.0f, 3);
+        upload_random(api, dbias, 16384, 0.5f, 4);
+        cr_log_info("random inputs (STOF_GEMM_BENCH_RANDOM=0: constant)");
+    }
     CUevent e0, e1;
     cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
     cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
