@@ -226,6 +226,49 @@ static void poison_fn(const void *arg, report *r)
     poison_job(arg, r);
 }
 
+/* In a child: the tuned problem's record in `path` made the persistent
+ * 64 x 64 wgmma kernel (compiled for real: a correct kernel, so only a
+ * crash or a wrong deal can fail it). A host that reads `path` as a system
+ * database checks the plan on its first use on one batch element and two
+ * heads: fewer work items than the plan's schedule was dealt for. */
+static void persist_fn(const void *arg, report *out)
+{
+    stof_context *ctx = open_with_db(arg);
+    stof_mask *m = NULL;
+    stof_attention_desc d;
+    tu_make_desc(&d, B, H, N, N, D, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0);
+    if (stof_mask_from_spec(ctx, SPEC, N, N, &m) != STOF_OK)
+        _exit(4);
+    char hex[33], key[33], why[256];
+    stof_mask_digest(m, NULL, hex);
+    stof__attention_key(ctx, &d, hex, key, NULL, 0);
+    stof_db *db = stof__ctx_db(ctx);
+    stof_db_record r;
+    stof_candidate c;
+    if (!db || stof__db_lookup(db, key, &r) != STOF_OK)
+        _exit(6);
+    snprintf(r.kernel, sizeof(r.kernel), "wgmma");
+    snprintf(r.config, sizeof(r.config),
+             "{\"kind\":\"wgmma\",\"block_m\":64,\"block_n\":64,"
+             "\"warps\":8,\"stages\":2,\"overlap\":0,\"group\":0,"
+             "\"splits\":0,\"mods\":0,\"persist\":1}");
+    void *bin = NULL;
+    size_t size = 0;
+    if (!stof__attention_record_candidate(&r, &c, why, sizeof(why)) ||
+        stof__kernel_compile(ctx, &c, D, STOF_DTYPE_FP16, &bin, &size) !=
+            STOF_OK)
+        _exit(7);
+    free(r.cubin);
+    r.cubin = bin;
+    r.cubin_size = size;
+    if (stof__db_store(db, &r, 1, 0) != STOF_OK)
+        _exit(8);
+    snprintf(out->js, sizeof(out->js), "persistent %s", key);
+    stof__db_record_clear(&r);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
 static double verify_ms(const report *r)
 {
     const char *v = strstr(r->js, "\"verify_ms\":");
@@ -313,6 +356,24 @@ Test(gpu_trust, a_wrong_kernel_is_never_used)
     report r5 = run(plan_fn, &own);
     expect_source(&r5, "user db");
     cr_assert_eq(verify_ms(&r5), 0.0);
+}
+
+/* The first-use check of a persistent plan runs fewer work items than
+ * the plan dealt its CTAs (one batch element, two heads): it must not
+ * walk the plan's list (which named items past its launch: out-of-bounds
+ * reads, an illegal address that poisoned the context). */
+Test(gpu_trust, a_persistent_system_record_is_checked_on_fewer_items)
+{
+    job tune = {P("fleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    expect_source((report[]){run(plan_fn, &tune)}, "tuned");
+    report pr = run(persist_fn, P("fleet.db"));
+    cr_assert(!strncmp(pr.js, "persistent ", 11), "%s", pr.js);
+    job use = {P("host.db"), P("fleet.db"), STOF_TUNE_CACHE_ONLY,
+               STOF_LAYOUT_BHSD};
+    report r1 = run(plan_fn, &use);
+    expect_source(&r1, "system db");
+    cr_assert(strstr(r1.log, "verified on this GPU"), "%s", r1.log);
+    cr_assert(strstr(r1.js, "\"PERSIST\":1"), "%s", r1.js);
 }
 
 Test(gpu_trust, every_layout_hits_the_same_record)

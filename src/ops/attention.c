@@ -602,6 +602,8 @@ order:
         if (list)
             st = upload_i32(ctx, list, nl, &p->d_sched,
                             "uploading the persistent schedule");
+        p->sched_items = (int64_t)f->n_row_blocks * p->desc.batch *
+                         p->desc.heads;
         free(list);
     }
 done:

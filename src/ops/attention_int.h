@@ -50,6 +50,11 @@ struct stof_plan {
     CUdeviceptr d_sched;      /* persistent wgmma kernels: 0, or the items
                                  dealt to the CTAs on the host
                                  (stof__wgmma_persist_list) */
+    int64_t sched_items;      /* the work items (row blocks x batch x
+                                 heads) d_sched deals: a launch of other
+                                 sizes (the first-use check's one batch
+                                 element and two heads, packed calls)
+                                 runs the kernel's own deal */
     int persist_heads;        /* persistent wgmma kernel: its schedule
                                  (stof__wgmma_persist_heads: 0 in order,
                                  G or -G groups of G (batch, head)s) */

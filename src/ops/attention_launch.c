@@ -143,7 +143,11 @@ stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
             x.ctas = stof__wgmma_persist_ctas(&p->ctx->device,
                                               p->desc.head_dim, &p->wcfg);
             x.persist_heads = p->persist_heads;
-            x.sched = p->d_sched;
+            /* The host's list only for the work it was dealt for. */
+            x.sched = (int64_t)lbf.n_row_blocks * ld.batch * ld.heads ==
+                              p->sched_items
+                          ? p->d_sched
+                          : 0;
         }
         st = stof__wgmma_launch_ex(p->fn, &p->wcfg, p->desc.head_dim, &ld,
                                    p->scale, &lbf, p->d_row_order, q, k, v,
