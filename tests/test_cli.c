@@ -396,6 +396,9 @@ Test(cli, gpu_commands_without_gpu)
     cr_assert_eq(run("tune %s", tu_src_path("examples/suite.workload")), 3,
                  "%s", err_buf);
     cr_assert(strstr(err_buf, "no GPU found"), "%s", err_buf);
+    cr_assert_eq(run("tune %s", tu_src_path("examples/layers.workload")), 3,
+                 "%s", err_buf);
+    cr_assert(strstr(err_buf, "no GPU found"), "%s", err_buf);
     cr_assert_eq(run("pending"), 3);
     cr_assert(strstr(err_buf, "no GPU found"));
     cr_assert_eq(run("verify"), 3);
@@ -423,7 +426,41 @@ Test(cli, bad_workload_files)
         {"mask causal\nshape 1x2x64x64\nlayout xyz\n", "bad.workload:3:"},
         {"\n\nmask sliding:\nshape 1x2x64x64\n", "bad.workload:3: bad mask"},
         {"mask\nshape 1x2x64x64\n", "bad.workload:1:"},
+        /* layers */
+        {"mask causal\nlayer b hidden=768 heads=12\n", "no 'tokens'"},
+        {"mask causal\ntokens 8x512\n", "'tokens' but no 'layer'"},
+        {"mask causal\nlayer b heads=12\ntokens 1x128\n",
+         "bad.workload:2: layer b needs hidden= and heads="},
+        {"mask causal\nlayer b hidden=768 heads=12 act=gelu\ntokens 1x8\n",
+         "bad.workload:2: layer b: bad act=gelu"},
+        {"mask causal\nlayer hidden=768 heads=12\ntokens 1x8\n",
+         "bad.workload:2: 'layer' needs a name"},
+        {"mask causal\nlayer b hidden=768 heads=12 colour=red\ntokens 1x8\n",
+         "unknown setting 'colour'"},
+        {"mask causal\nlayer b hidden=768 heads=7\ntokens 1x8\n",
+         "heads 7 must divide hidden 768"},
+        {"mask causal\nlayer b hidden=64 heads=4 kv_heads=3\ntokens 1x8\n",
+         "kv_heads 3 divide heads"},
+        {"mask causal\nlayer b hidden=768 heads=12\ntokens 8x\n",
+         "bad.workload:3: bad tokens '8x'"},
+        {"mask causal\nlayer b hidden=768 heads=12\ntokens 0x128\n",
+         "bad tokens '0x128'"},
+        {"mask causal\nlayer b hidden=768 heads=12 pre=1\ntokens 1x8\n",
+         "bad pre=1"},
+        {"mask causal\nlayer b hidden=768 heads=12 eps=2\ntokens 1x8\n",
+         "bad eps=2"},
+        {"mask causal\nlayer b hidden=768 heads=12 norm=batch\ntokens 1x8\n",
+         "bad norm=batch"},
     };
+    /* 256 masks x 256 tokens sizes x 2 layers: more than one run tunes. */
+    FILE *big = fopen(P("big.workload"), "w");
+    for (int i = 0; i < 256; i++)
+        fprintf(big, "mask sliding:%d\ntokens %dx128\n", 64 + i, 1 + i);
+    fputs("layer a hidden=64 heads=2\nlayer b hidden=64 heads=2\n", big);
+    fclose(big);
+    cr_assert_eq(run("tune %s --dry-run", P("big.workload")), 1, "%s",
+                 err_buf);
+    cr_assert(strstr(err_buf, "131072 problems"), "%s", err_buf);
     for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
         FILE *f = fopen(P("bad.workload"), "w");
         fputs(cases[i].text, f);
@@ -433,6 +470,75 @@ Test(cli, bad_workload_files)
         cr_assert(strstr(err_buf, cases[i].want), "case %zu: %s", i, err_buf);
         cr_assert_eq(count_lines(err_buf), 1, "case %zu: %s", i, err_buf);
     }
+}
+
+/* --dry-run lists a workload's problems without a GPU: attention problems
+ * (masks x shapes x dtypes x layouts), then layers x tokens x masks x
+ * dtypes. */
+Test(cli, tune_dry_run_lists_attention_and_layer_problems)
+{
+    FILE *f = fopen(P("mix.workload"), "w");
+    fputs("mask causal\nmask sliding:64\nshape 1x2x128x64\n"
+          "layer enc hidden=256 heads=4 act=gelu_erf\n"
+          "layer dec hidden=256 heads=4 kv_heads=2 ffn=512 act=silu "
+          "norm=rms pre gated no_bias eps=1e-6\n"
+          "tokens 2x128 1x256\ndtype fp16 bf16\n",
+          f);
+    fclose(f);
+    cr_assert_eq(run("tune %s --dry-run", P("mix.workload")), 0, "%s",
+                 err_buf);
+    /* 2 masks x 1 shape x 2 dtypes, then 2 layers x 2 sizes x 2 masks x 2
+     * dtypes. */
+    cr_assert_eq(count_lines(out_buf), 4 + 16, "%s", out_buf);
+    cr_assert(!strncmp(out_buf, "causal 1x2x128x128x64 fp16 bhsd\n", 32),
+              "%s", out_buf);
+    cr_assert(strstr(out_buf, "\nlayer enc causal 2x128 fp16\n"), "%s",
+              out_buf);
+    cr_assert(strstr(out_buf, "\nlayer dec sliding:64 1x256 bf16\n"), "%s",
+              out_buf);
+    cr_assert_eq(run("tune %s --dry-run --json", P("mix.workload")), 0);
+    cr_assert(out_buf[0] == '[' && strstr(out_buf, "\"layer dec causal "
+                                                   "2x128 bf16\""),
+              "%s", out_buf);
+    /* The example file parses. */
+    cr_assert_eq(run("tune %s --dry-run",
+                     tu_src_path("examples/layers.workload")),
+                 0, "%s", err_buf);
+    cr_assert_eq(count_lines(out_buf), 6, "%s", out_buf);
+}
+
+/* On a GPU: a layer workload tunes into --db (a row per layer problem,
+ * kernel "layer"), a second run loads every plan from it, and verify
+ * re-checks the layer's records. */
+Test(cli, tune_layers_on_the_gpu, .timeout = 300)
+{
+    if (!gpu_present()) {
+        cr_skip_test("no GPU: stof-tune cannot plan layers here");
+        return;
+    }
+    FILE *f = fopen(P("tiny.workload"), "w");
+    fputs("mask causal\nlayer tiny hidden=128 heads=2 ffn=256 act=gelu_erf\n"
+          "layer tinyg hidden=128 heads=2 kv_heads=1 ffn=128 act=silu "
+          "norm=rms pre gated no_bias\ntokens 2x128\n",
+          f);
+    fclose(f);
+    cr_assert_eq(run("tune %s --db %s", P("tiny.workload"), P("layers.db")),
+                 0, "%s\n%s", out_buf, err_buf);
+    cr_assert(strstr(out_buf, "layer tiny causal 2x128 fp16"), "%s",
+              out_buf);
+    cr_assert(strstr(out_buf, "layer tinyg causal 2x128 fp16"), "%s",
+              out_buf);
+    cr_assert_eq(count_lines(out_buf), 3, "%s", out_buf); /* + header */
+    cr_assert(strstr(out_buf, " tuned"), "%s", out_buf);
+    cr_assert_eq(run("tune %s --db %s --json", P("tiny.workload"),
+                     P("layers.db")),
+                 0, "%s", err_buf);
+    cr_assert(strstr(out_buf, "\"kernel\":\"layer\""), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"source\":\"database\""), "%s", out_buf);
+    cr_assert(!strstr(out_buf, "\"source\":\"tuned\""), "%s", out_buf);
+    cr_assert(strstr(out_buf, "\"junction_a\""), "%s", out_buf);
+    cr_assert_eq(run("verify --db %s", P("layers.db")), 0, "%s\n%s", out_buf,
+                 err_buf);
 }
 
 /* ------------------------------------------------ export and import */

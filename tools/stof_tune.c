@@ -106,15 +106,18 @@ typedef struct command {
 
 static const command commands[] = {
     {"tune", cmd_tune,
-     "db mask shape dtype layout force budget json devices", 0, 1,
+     "db mask shape dtype layout force budget json devices dry-run", 0, 1,
      "usage: stof-tune tune WORKLOAD [options]\n"
      "       stof-tune tune --mask SPEC --shape SHAPE [options]\n"
      "\n"
      "Tune every problem of a workload file (masks x shapes x dtypes;\n"
-     "format in examples/suite.workload) into the user database or --db,\n"
-     "then print a table: problem, kernel, time, speed-up over the cost\n"
-     "model's first choice, source (tuned, user db, system db). The GPU is\n"
-     "checked first; each mask is built when its problem is tuned.\n"
+     "format in examples/suite.workload; Transformer layers x tokens x\n"
+     "masks x dtypes with 'layer' and 'tokens' lines, as in\n"
+     "examples/layers.workload) into the user database or --db, then\n"
+     "print a table: problem, kernel (a layer: \"layer\", its time the\n"
+     "whole layer's), time, speed-up over the cost model's first choice,\n"
+     "source (tuned, user db, system db; a layer: tuned or database). The\n"
+     "GPU is checked first; each mask is built when its problem is tuned.\n"
      "\n"
      "  --mask SPEC      a mask spec (repeatable), e.g. sliding:256\n"
      "  --shape SHAPE    BxHxNxD or BxHxSQxSKxD (repeatable)\n"
@@ -127,7 +130,10 @@ static const command commands[] = {
      "  --db PATH        the database to tune into (default: user database)\n"
      "  --force          re-tune problems already in the database\n"
      "  --budget S       tuning budget per problem in seconds (0: none)\n"
-     "  --json           print the summary as JSON\n"},
+     "  --json           print the summary as JSON\n"
+     "  --dry-run        list the problems (one a line; --json: a JSON\n"
+     "                   array of their names) and tune nothing: no GPU\n"
+     "                   needed\n"},
     {"pending", cmd_pending, "db force budget json devices", 0, 0,
      "usage: stof-tune pending [--db PATH] [--devices LIST] [--json]\n"
      "\n"

@@ -143,6 +143,60 @@ static double wall_now(void)
 
 /* ---------------------------------------------------------------- tune */
 
+/* A planned layer's row, from its description: kernel "layer", the
+ * fusion scheme as its parameters (junctions, kernel count), the layer's
+ * time and the cost model's choice's. */
+static void row_from_layer(tune_row *r, const stof_layer *L)
+{
+    size_t need = 0;
+    json_t *d = NULL;
+    stof_status st = stof_layer_describe(L, NULL, 0, &need);
+    char *text = st == STOF_OK || st == STOF_ERR_BUFFER_TOO_SMALL
+                     ? malloc(need + 1)
+                     : NULL;
+    if (text && stof_layer_describe(L, text, need + 1, NULL) == STOF_OK)
+        d = json_loads(text, 0, NULL);
+    free(text);
+    snprintf(r->kernel, sizeof(r->kernel), "layer");
+    snprintf(r->source, sizeof(r->source), "%s", member_str(d, "source"));
+    snprintf(r->key, sizeof(r->key), "%s", member_str(d, "key"));
+    const json_t *sc = json_object_get(d, "scheme");
+    int nk = 0;
+    member_int(sc, "kernels", &nk);
+    json_t *params = json_pack("{s:s, s:s, s:i}", "junction_a",
+                               member_str(sc, "junction_a"), "junction_b",
+                               member_str(sc, "junction_b"), "kernels", nk);
+    char *ptext = params ? json_dumps(params, JSON_COMPACT) : NULL;
+    snprintf(r->params, sizeof(r->params), "%s",
+             ptext && strlen(ptext) < sizeof(r->params) ? ptext : "");
+    free(ptext);
+    json_decref(params);
+    r->time_ms = json_number_value(json_object_get(d, "layer_ms"));
+    r->model_ms = json_number_value(json_object_get(d, "model_ms"));
+    json_decref(d);
+    r->ok = 1;
+}
+
+/* A layer problem of a workload, planned on ctx. */
+static int tune_layer(stof_context *ctx, const tw_problem *p, tune_row *r)
+{
+    stof_mask *m = NULL;
+    stof_layer *L = NULL;
+    stof_layer_desc d;
+    tw_layer_desc(p, &d);
+    stof_status st = stof_mask_from_spec(ctx, p->mask, p->seq_q, p->seq_k,
+                                         &m);
+    if (st == STOF_OK)
+        st = stof_layer_plan(ctx, &d, m, &L);
+    if (st == STOF_OK)
+        row_from_layer(r, L);
+    else
+        snprintf(r->error, sizeof(r->error), "%s", stof_errmsg(ctx));
+    stof_layer_free(&L);
+    stof_mask_free(&m);
+    return st != STOF_OK;
+}
+
 /* Problem i of a workload, planned on ctx (in a worker). */
 static int tune_one(void *user, stof_context *ctx, int i, tune_row *r)
 {
@@ -150,6 +204,8 @@ static int tune_one(void *user, stof_context *ctx, int i, tune_row *r)
     tw_problem p;
     tw_get(w, i, &p);
     tw_describe(&p, r->problem, sizeof(r->problem));
+    if (p.layer)
+        return tune_layer(ctx, &p, r);
     stof_mask *m = NULL;
     stof_plan *plan = NULL;
     stof_attention_desc d;
@@ -202,6 +258,23 @@ int cmd_tune(stof_context *cpu, const opts *o)
         err("%s", msg);
         tw_free(&w);
         return o->n_pos == 1 ? EXIT_FAIL : EXIT_USAGE;
+    }
+    if (o->dry_run) { /* the problems' names, nothing tuned */
+        json_t *list = o->json ? json_array() : NULL;
+        for (int i = 0; i < tw_count(&w); i++) {
+            tw_problem p;
+            char name[192];
+            tw_get(&w, i, &p);
+            tw_describe(&p, name, sizeof(name));
+            if (list)
+                json_array_append_new(list, tt_jstr(name));
+            else {
+                printf("%s\n", tt_term(name));
+                tt_release();
+            }
+        }
+        tw_free(&w);
+        return o->json ? print_json(list) : EXIT_OK;
     }
     int ords[TD_MAX_DEVICES], rc = EXIT_OK;
     int n_dev = td_devices(o->devices, ords, TD_MAX_DEVICES, msg, sizeof(msg),

@@ -171,11 +171,174 @@ static int add_words(tw_workload *w, int is_dtype, char *words, int line,
     return 0;
 }
 
+/* A positive integer of at most 2^20 from the whole of text. */
+static int small_int(const char *text, int *out)
+{
+    char *end;
+    errno = 0;
+    const long v = strtol(text, &end, 10);
+    if (end == text || *end || errno || v < 1 || v > (1 << 20))
+        return 0;
+    *out = (int)v;
+    return 1;
+}
+
+/* tokens BxS [BxS ...]: the layers' sizes. */
+static int add_tokens(tw_workload *w, char *text, int line, char *msg,
+                      size_t n)
+{
+    char at[600];
+    where(w, line, at, sizeof(at));
+    int any = 0;
+    for (char *t = strtok(text, " \t,"); t; t = strtok(NULL, " \t,")) {
+        char *x = strpbrk(t, "xX");
+        int b = 0, sq = 0;
+        if (x)
+            *x = '\0';
+        if (!x || !small_int(t, &b) || !small_int(x + 1, &sq)) {
+            if (x)
+                *x = 'x';
+            snprintf(msg, n,
+                     "%s: bad tokens '%s': expected BATCHxSEQ, each 1..%d "
+                     "(e.g. tokens 8x512)",
+                     at, t, 1 << 20);
+            return 1;
+        }
+        if (w->n_tokens == TW_MAX) {
+            snprintf(msg, n, "%s: more than %d tokens sizes", at, TW_MAX);
+            return 1;
+        }
+        w->tokens[w->n_tokens][0] = b;
+        w->tokens[w->n_tokens++][1] = sq;
+        any = 1;
+    }
+    if (!any) {
+        snprintf(msg, n, "%s: 'tokens' needs a size, e.g. tokens 8x512", at);
+        return 1;
+    }
+    return 0;
+}
+
+static const char *const act_names[] = {"none", "gelu_tanh", "gelu_erf",
+                                        "relu", "silu"};
+
+/* layer NAME key=value ... (tune_workload.h). */
+static int add_layer(tw_workload *w, char *text, int line, char *msg,
+                     size_t n)
+{
+    char at[600];
+    where(w, line, at, sizeof(at));
+    char *name = strtok(text, " \t");
+    if (!name || strchr(name, '=')) {
+        snprintf(msg, n,
+                 "%s: 'layer' needs a name, then its sizes, e.g. layer "
+                 "bert-base hidden=768 heads=12 ffn=3072 act=gelu_erf",
+                 at);
+        return 1;
+    }
+    if (strlen(name) >= sizeof(w->layers[0].name)) {
+        snprintf(msg, n, "%s: layer name '%.40s...' is too long", at, name);
+        return 1;
+    }
+    if (w->n_layers == TW_MAX_LAYERS) {
+        snprintf(msg, n, "%s: more than %d layers", at, TW_MAX_LAYERS);
+        return 1;
+    }
+    tw_layer *L = &w->layers[w->n_layers];
+    memset(L, 0, sizeof(*L));
+    snprintf(L->name, sizeof(L->name), "%s", name);
+    L->line = line;
+    stof_layer_desc_init(&L->d, 1, 1, 0, 0, STOF_DTYPE_FP16);
+    L->d.ffn = 0;
+    for (char *t = strtok(NULL, " \t"); t; t = strtok(NULL, " \t")) {
+        char *eq = strchr(t, '=');
+        const char *v = eq ? eq + 1 : "";
+        if (eq)
+            *eq = '\0';
+        int ok = 1;
+        if (!strcmp(t, "hidden"))
+            ok = eq && small_int(v, &L->d.hidden);
+        else if (!strcmp(t, "heads"))
+            ok = eq && small_int(v, &L->d.heads);
+        else if (!strcmp(t, "ffn"))
+            ok = eq && small_int(v, &L->d.ffn);
+        else if (!strcmp(t, "kv_heads"))
+            ok = eq && small_int(v, &L->d.kv_heads);
+        else if (!strcmp(t, "eps")) {
+            char *end;
+            errno = 0;
+            const double e = eq ? strtod(v, &end) : 0.0;
+            ok = eq && end != v && !*end && !errno && e > 0.0 && e < 1.0;
+            L->d.norm_eps = (float)e;
+        } else if (!strcmp(t, "act")) {
+            ok = 0;
+            for (int a = 0; eq && a < 5; a++)
+                if (!strcmp(v, act_names[a])) {
+                    L->d.act = (stof_activation)a;
+                    ok = 1;
+                }
+        } else if (!strcmp(t, "norm")) {
+            ok = eq && (!strcmp(v, "layer") || !strcmp(v, "rms"));
+            L->d.norm = ok && !strcmp(v, "rms") ? STOF_NORM_RMS
+                                                : STOF_NORM_LAYER;
+        } else if (!strcmp(t, "pre") || !strcmp(t, "post")) {
+            ok = !eq;
+            L->d.pre_norm = !strcmp(t, "pre");
+        } else if (!strcmp(t, "gated"))
+            L->d.gated = ok = !eq;
+        else if (!strcmp(t, "no_bias"))
+            L->d.no_bias = ok = !eq;
+        else {
+            snprintf(msg, n,
+                     "%s: layer %s: unknown setting '%.40s' (hidden, heads, "
+                     "ffn, kv_heads, act, norm, pre, post, gated, no_bias, "
+                     "eps)",
+                     at, L->name, t);
+            return 1;
+        }
+        if (!ok) {
+            snprintf(msg, n,
+                     "%s: layer %s: bad %s%s%.40s (sizes 1..%d; act none, "
+                     "gelu_tanh, gelu_erf, relu or silu; norm layer or rms; "
+                     "eps in (0, 1); pre, post, gated, no_bias take no value)",
+                     at, L->name, t, eq ? "=" : "", v, 1 << 20);
+            return 1;
+        }
+    }
+    if (!L->d.hidden || !L->d.heads) {
+        snprintf(msg, n, "%s: layer %s needs hidden= and heads=", at,
+                 L->name);
+        return 1;
+    }
+    if (!L->d.ffn)
+        L->d.ffn = 4 * L->d.hidden;
+    if (L->d.hidden % L->d.heads ||
+        (L->d.kv_heads && L->d.heads % L->d.kv_heads)) {
+        snprintf(msg, n,
+                 "%s: layer %s: heads %d must divide hidden %d, and kv_heads "
+                 "%d divide heads",
+                 at, L->name, L->d.heads, L->d.hidden, L->d.kv_heads);
+        return 1;
+    }
+    w->n_layers++;
+    return 0;
+}
+
 static int finish(tw_workload *w, char *msg, size_t n)
 {
-    if (!w->n_masks || !w->n_shapes) {
+    if (w->n_layers && !w->n_tokens) {
+        snprintf(msg, n, "%s: layers but no 'tokens' line (their batch x "
+                 "sequence sizes, e.g. tokens 8x512)",
+                 w->source);
+        return 1;
+    }
+    if (w->n_tokens && !w->n_layers) {
+        snprintf(msg, n, "%s: 'tokens' but no 'layer' line", w->source);
+        return 1;
+    }
+    if (!w->n_masks || (!w->n_shapes && !w->n_layers)) {
         snprintf(msg, n, "%s: no %s given (a workload needs at least one "
-                 "'mask' and one 'shape' line)",
+                 "'mask' and one 'shape' line, or 'layer' and 'tokens')",
                  w->source, !w->n_masks ? "mask" : "shape");
         return 1;
     }
@@ -183,6 +346,15 @@ static int finish(tw_workload *w, char *msg, size_t n)
         w->dtypes[w->n_dtypes++] = STOF_DTYPE_FP16;
     if (!w->n_layouts)
         w->layouts[w->n_layouts++] = STOF_LAYOUT_BHSD;
+    const long long problems =
+        (long long)w->n_masks * w->n_dtypes *
+        ((long long)w->n_shapes * w->n_layouts +
+         (long long)w->n_layers * w->n_tokens);
+    if (problems > TW_MAX_PROBLEMS) {
+        snprintf(msg, n, "%s: %lld problems, more than the %d one run tunes",
+                 w->source, problems, TW_MAX_PROBLEMS);
+        return 1;
+    }
     return 0;
 }
 
@@ -294,10 +466,14 @@ int tw_parse_file(const char *path, tw_workload *w, char *msg, size_t n)
             bad = add_words(w, 1, arg, ln, msg, n);
         else if (!strcmp(s, "layout"))
             bad = add_words(w, 0, arg, ln, msg, n);
+        else if (!strcmp(s, "layer"))
+            bad = add_layer(w, arg, ln, msg, n);
+        else if (!strcmp(s, "tokens"))
+            bad = add_tokens(w, arg, ln, msg, n);
         else {
             snprintf(msg, n,
                      "%s:%d: unknown directive '%.40s' (expected mask, shape, "
-                     "dtype or layout)",
+                     "dtype, layout, layer or tokens)",
                      path, ln, s);
             bad = 1;
         }
@@ -357,13 +533,36 @@ int tw_check_specs(stof_context *ctx, const tw_workload *w, char *msg,
     return 0;
 }
 
-int tw_count(const tw_workload *w)
+/* Attention problems come first, then the layers'. */
+static int attn_count(const tw_workload *w)
 {
     return w->n_masks * w->n_shapes * w->n_dtypes * w->n_layouts;
 }
 
+int tw_count(const tw_workload *w)
+{
+    return attn_count(w) +
+           w->n_layers * w->n_tokens * w->n_masks * w->n_dtypes;
+}
+
 void tw_get(const tw_workload *w, int i, tw_problem *p)
 {
+    memset(p, 0, sizeof(*p));
+    if (i >= attn_count(w)) {
+        i -= attn_count(w);
+        const int d = i % w->n_dtypes;
+        i /= w->n_dtypes;
+        const int m = i % w->n_masks;
+        i /= w->n_masks;
+        const int t = i % w->n_tokens;
+        p->layer = &w->layers[i / w->n_tokens];
+        p->mask = w->masks[m];
+        p->batch = w->tokens[t][0];
+        p->seq_q = p->seq_k = w->tokens[t][1];
+        p->dtype = w->dtypes[d];
+        p->layout = STOF_LAYOUT_BHSD;
+        return;
+    }
     int l = i % w->n_layouts;
     i /= w->n_layouts;
     int d = i % w->n_dtypes;
@@ -380,8 +579,22 @@ void tw_get(const tw_workload *w, int i, tw_problem *p)
     p->layout = w->layouts[l];
 }
 
+void tw_layer_desc(const tw_problem *p, stof_layer_desc *d)
+{
+    *d = p->layer->d;
+    d->batch = p->batch;
+    d->seq = p->seq_q;
+    d->dtype = p->dtype;
+}
+
 void tw_describe(const tw_problem *p, char *buf, size_t n)
 {
+    if (p->layer) {
+        snprintf(buf, n, "layer %s %s %dx%d %s", p->layer->name, p->mask,
+                 p->batch, p->seq_q,
+                 p->dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16");
+        return;
+    }
     snprintf(buf, n, "%s %dx%dx%dx%dx%d %s %s", p->mask, p->batch, p->heads,
              p->seq_q, p->seq_k, p->head_dim,
              p->dtype == STOF_DTYPE_BF16 ? "bf16" : "fp16",

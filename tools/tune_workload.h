@@ -9,8 +9,15 @@
  *     shape BxHxSQxSKxD      (or the numbers separated by spaces)
  *     dtype fp16 [bf16]      default fp16
  *     layout bhsd [bshd]     default bhsd
+ *     layer NAME hidden=H heads=N ffn=F [kv_heads=K] [act=A] [norm=L]
+ *           [pre|post] [gated] [no_bias] [eps=E]
+ *                            a Transformer layer (stof_layer_plan)
+ *     tokens BxS [BxS...]    the layers' batch x sequence sizes
  *
- * Every directive may repeat; at least one mask and one shape are needed.
+ * Every directive may repeat; at least one mask and one shape, or one
+ * layer and one tokens size, are needed. The problems: masks x shapes x
+ * dtypes x layouts attention problems, then layers x tokens x masks x
+ * dtypes layer problems (a mask applies to every sequence of a layer).
  * A file with a NUL byte, or larger than 4 MiB, is not a workload file.
  */
 #ifndef STOF_TUNE_WORKLOAD_H
@@ -21,6 +28,16 @@
 #include "stof.h"
 
 #define TW_MAX 256
+#define TW_MAX_LAYERS 32
+#define TW_MAX_PROBLEMS 65536 /* problems of one workload */
+
+/* A layer of the workload: its descriptor without the sizes and dtype
+ * (batch, seq, dtype are the problem's). */
+typedef struct tw_layer {
+    char name[64];
+    stof_layer_desc d;
+    int line;
+} tw_layer;
 
 typedef struct tw_workload {
     char *masks[TW_MAX];
@@ -32,6 +49,10 @@ typedef struct tw_workload {
     int n_dtypes;
     stof_layout layouts[2];
     int n_layouts;
+    tw_layer layers[TW_MAX_LAYERS];
+    int n_layers;
+    int tokens[TW_MAX][2];   /* batch, seq */
+    int n_tokens;
     char source[512];        /* file name, or "command line" */
 } tw_workload;
 
@@ -40,6 +61,9 @@ typedef struct tw_problem {
     int batch, heads, seq_q, seq_k, head_dim;
     stof_dtype dtype;
     stof_layout layout;
+    /* a layer problem: the layer (batch, seq_q = seq_k and dtype above;
+     * heads and head_dim 0), else NULL */
+    const tw_layer *layer;
 } tw_problem;
 
 void tw_init(tw_workload *w /* OUT */);
@@ -60,9 +84,11 @@ int tw_from_args(const char *const *masks, int n_masks,
 int tw_check_specs(stof_context *ctx, const tw_workload *w, char *msg,
                    size_t n);
 
-/* The number of problems, problem i of them, and a one-line name. */
+/* The number of problems, problem i of them, and a one-line name. A
+ * layer problem's descriptor: *d (filled when p->layer is set). */
 int tw_count(const tw_workload *w);
 void tw_get(const tw_workload *w, int i, tw_problem *p /* OUT */);
 void tw_describe(const tw_problem *p, char *buf, size_t n);
+void tw_layer_desc(const tw_problem *p, stof_layer_desc *d /* OUT */);
 
 #endif
