@@ -541,6 +541,61 @@ Test(cli, tune_layers_on_the_gpu, .timeout = 300)
                  err_buf);
 }
 
+/* Plan the tiny layer (hidden 128, 2 heads, causal, 2 x 128 tokens) with
+ * `db` as the user database in cache-only mode; the plan's source. */
+static void tiny_layer_cache_only(const char *db, char *source, size_t n)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = db;
+    s.require_device = 1;
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 128, 128, &m), STOF_OK);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 2, 128, 128, 2, STOF_DTYPE_FP16);
+    d.ffn = 256;
+    d.act = STOF_ACT_GELU_ERF;
+    stof_layer *L = NULL;
+    cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    char js[8192];
+    cr_assert_eq(stof_layer_describe(L, js, sizeof(js), NULL), STOF_OK);
+    json_t *o = json_loads(js, 0, NULL);
+    snprintf(source, n, "%s",
+             json_string_value(json_object_get(o, "source")));
+    json_decref(o);
+    stof_layer_free(&L);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* On a GPU: a cache-only layer plan that misses records its miss (with
+ * its attention's); `pending` tunes both and drops them; the next
+ * cache-only plan loads the layer from the database. */
+Test(cli, pending_tunes_a_missed_layer, .timeout = 300)
+{
+    if (!gpu_present()) {
+        cr_skip_test("no GPU: stof-tune cannot plan layers here");
+        return;
+    }
+    char source[32];
+    tiny_layer_cache_only(P("miss.db"), source, sizeof(source));
+    cr_assert_str_eq(source, "model");
+    cr_assert_eq(run("stats --db %s", P("miss.db")), 0, "%s", err_buf);
+    cr_assert(strstr(out_buf, "2 misses recorded"), "%s", out_buf);
+    cr_assert_eq(run("pending --db %s", P("miss.db")), 0, "%s\n%s", out_buf,
+                 err_buf);
+    cr_assert(strstr(out_buf, "layer 2x128 hidden 128 heads 2 fp16"), "%s",
+              out_buf);
+    cr_assert_eq(run("stats --db %s", P("miss.db")), 0, "%s", err_buf);
+    cr_assert(strstr(out_buf, "0 misses recorded"), "%s", out_buf);
+    tiny_layer_cache_only(P("miss.db"), source, sizeof(source));
+    cr_assert_str_eq(source, "database");
+}
+
 /* ------------------------------------------------ export and import */
 
 Test(cli, export_import_round_trip)

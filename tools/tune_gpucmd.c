@@ -362,6 +362,34 @@ static void miss_list_free(miss_list *l)
     memset(l, 0, sizeof(*l));
 }
 
+/* A miss's sq x sk mask: from its spec when it had one (so the tuned
+ * record keeps the spec and `verify` can rebuild it), checked against the
+ * recorded digest; else from the recorded bits. 1, or 0 with why set. */
+static int miss_mask(stof_context *ctx, const miss *ms, const json_t *js,
+                     int sq, int sk, stof_mask **m, char *why, size_t wn)
+{
+    const char *spec = member_str(js, "mask_spec");
+    if (spec[0] && stof_mask_from_spec(ctx, spec, sq, sk, m) == STOF_OK) {
+        char hex[33];
+        stof_mask_digest(*m, NULL, hex);
+        if (!strcmp(hex, member_str(js, "mask_digest")))
+            return 1;
+        stof_mask_free(m);
+    }
+    size_t wpr = ((size_t)sk + 63) / 64;
+    if (!ms->bits || ms->nbits != (size_t)sq * wpr * 8) {
+        snprintf(why, wn, "no mask recorded for it");
+        return 0;
+    }
+    if (stof__mask_alloc(ctx, sq, sk, m) != STOF_OK) {
+        snprintf(why, wn, "%s", stof_errmsg(ctx));
+        return 0;
+    }
+    memcpy((*m)->bits, ms->bits, ms->nbits);
+    stof__mask_recount(*m);
+    return 1;
+}
+
 /* Rebuild a missed problem from the JSON object recorded with it (the
  * problem, its strides, the mask's spec and digest: plan_fallback in
  * src/ops/attention_plan.c) and the recorded mask bits; 0 with why set
@@ -476,31 +504,7 @@ static int miss_problem(stof_context *ctx, const miss *ms,
         ok = 1;
         goto out;
     }
-    /* From its spec when it had one (so the tuned record keeps the spec
-     * and `verify` can rebuild it), checked against the recorded digest;
-     * else from the recorded bits. */
-    const char *spec = member_str(js, "mask_spec");
-    if (spec[0] && stof_mask_from_spec(ctx, spec, sq, sk, m) == STOF_OK) {
-        char hex[33];
-        stof_mask_digest(*m, NULL, hex);
-        if (!strcmp(hex, member_str(js, "mask_digest"))) {
-            ok = 1;
-            goto out;
-        }
-        stof_mask_free(m);
-    }
-    size_t wpr = ((size_t)sk + 63) / 64;
-    if (!ms->bits || ms->nbits != (size_t)sq * wpr * 8) {
-        snprintf(why, wn, "no mask recorded for it");
-        goto out;
-    }
-    if (stof__mask_alloc(ctx, sq, sk, m) != STOF_OK) {
-        snprintf(why, wn, "%s", stof_errmsg(ctx));
-        goto out;
-    }
-    memcpy((*m)->bits, ms->bits, ms->nbits);
-    stof__mask_recount(*m);
-    ok = 1;
+    ok = miss_mask(ctx, ms, js, sq, sk, m, why, wn);
 out:
     json_decref(js);
     return ok;
@@ -542,6 +546,74 @@ static int pending_family(stof_context *ctx, const miss *ms,
     return failed;
 }
 
+/* A layer's miss (stof_layer_plan in cache-only mode: its descriptor and
+ * mask, record_layer_miss in src/ops/layer.c), planned on ctx; the miss
+ * goes once the plan's key is the recorded one and it was tuned or
+ * loaded. 0, or 1 when the problem failed; unreadable: skipped. */
+static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
+                         tune_row *r)
+{
+    int b = 0, s = 0, hid = 0, heads = 0, ffn = 0, kvh = 0, act = 0, norm = 0,
+        pre = 0, nob = 0, gated = 0;
+    const char *dt = member_str(js, "dtype");
+    stof_layer_desc d;
+    if (!member_int(js, "batch", &b) || !member_int(js, "seq", &s) ||
+        !member_int(js, "hidden", &hid) || !member_int(js, "heads", &heads) ||
+        !member_int(js, "ffn", &ffn) || !member_int(js, "kv_heads", &kvh) ||
+        !member_int(js, "act", &act) || !member_int(js, "norm", &norm) ||
+        !member_int(js, "pre_norm", &pre) ||
+        !member_int(js, "no_bias", &nob) || !member_int(js, "gated", &gated) ||
+        (strcmp(dt, "fp16") && strcmp(dt, "bf16")) ||
+        stof_layer_desc_init(&d, b, s, hid, heads,
+                             strcmp(dt, "bf16") ? STOF_DTYPE_FP16
+                                                : STOF_DTYPE_BF16) !=
+            STOF_OK) {
+        snprintf(r->error, sizeof(r->error), "unreadable layer problem %.200s",
+                 ms->problem);
+        r->skipped = 1;
+        return 0;
+    }
+    d.ffn = ffn;
+    d.kv_heads = kvh;
+    d.act = (stof_activation)act;
+    d.norm = (stof_norm_kind)norm;
+    d.pre_norm = pre;
+    d.no_bias = nob;
+    d.gated = gated;
+    d.norm_eps = (float)json_number_value(json_object_get(js, "eps"));
+    snprintf(r->problem, sizeof(r->problem),
+             "layer %dx%d hidden %d heads %d %s mask %.12s", b, s, hid, heads,
+             dt, ms->key);
+    stof_mask *m = NULL;
+    char why[256] = "";
+    if (!miss_mask(ctx, ms, js, s, s, &m, why, sizeof(why))) {
+        snprintf(r->error, sizeof(r->error), "%s", why);
+        r->skipped = 1;
+        return 0;
+    }
+    stof_layer *L = NULL;
+    int failed = 0;
+    if (stof_layer_plan(ctx, &d, m, &L) == STOF_OK) {
+        row_from_layer(r, L);
+        if (strcmp(r->key, ms->key)) {
+            snprintf(r->error, sizeof(r->error),
+                     "recorded on another GPU, driver or build");
+            r->ok = 0;
+            r->skipped = 1;
+        } else if (strcmp(r->source, "model")) {
+            stof_db *db = stof__ctx_db(ctx);
+            if (db)
+                (void)stof__db_delete_miss(db, ms->key);
+        }
+    } else {
+        snprintf(r->error, sizeof(r->error), "%s", stof_errmsg(ctx));
+        failed = 1;
+    }
+    stof_layer_free(&L);
+    stof_mask_free(&m);
+    return failed;
+}
+
 /* Miss i, rebuilt and planned on ctx (in a worker); its miss is deleted
  * from the database once it has a record. */
 typedef struct pending_job {
@@ -562,6 +634,13 @@ static int pending_one(void *user, stof_context *ctx, int i, tune_row *r)
     float slopes[4096]; /* ALiBi slopes of the problem, when it has them */
     snprintf(r->problem, sizeof(r->problem), "miss %.12s (%lld times)",
              ms->key, (long long)ms->count);
+    json_t *js = json_loads(ms->problem, 0, NULL);
+    if (!strcmp(member_str(js, "op"), "layer")) {
+        const int failed = pending_layer(ctx, ms, js, r);
+        json_decref(js);
+        return failed;
+    }
+    json_decref(js);
     if (!miss_problem(ctx, ms, &d, &m, &fam, &sample, slopes, why,
                       sizeof(why))) {
         snprintf(r->error, sizeof(r->error), "%s", why);

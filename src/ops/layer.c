@@ -490,6 +490,36 @@ static void drop_unused_g(stof_layer *L)
     }
 }
 
+/* A cache-only plan of a mask layer missed the database: record what
+ * `stof-tune pending` needs to tune it (the descriptor, the mask's spec
+ * and digest as JSON, its bits), under the layer's key. */
+static void record_layer_miss(stof_layer *L, const stof_mask *m,
+                              const char *mask_hex)
+{
+    stof_db *db = stof__ctx_db(L->ctx);
+    if (!db || !stof__db_writable(db))
+        return;
+    const stof_layer_desc *d = &L->d;
+    json_t *pj = json_pack(
+        "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:i, s:i, "
+        "s:f, s:s, s:s}",
+        "op", "layer", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
+        "heads", d->heads, "ffn", d->ffn, "kv_heads", d->kv_heads, "dtype",
+        stof__layer_dtype_str(d->dtype), "act", (int)d->act, "norm",
+        (int)d->norm, "pre_norm", d->pre_norm, "no_bias", d->no_bias, "gated",
+        d->gated, "eps", (double)L->eps, "mask_spec", m->spec ? m->spec : "",
+        "mask_digest", mask_hex);
+    char *problem = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
+    json_decref(pj);
+    if (!problem ||
+        stof__db_record_miss(db, L->key, problem, m->bits,
+                             (size_t)m->seq_q * m->words_per_row * 8u) !=
+            STOF_OK)
+        stof__log(L->ctx, STOF_LOG_WARN, "could not record the miss: %s",
+                  problem ? stof_errmsg(L->ctx) : "out of memory");
+    free(problem);
+}
+
 /* stof_layer_plan (m) and stof_layer_plan_family (fam, sample). */
 static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
                               const stof_mask *m, const stof_mask_family *fam,
@@ -561,6 +591,8 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         if (mode != STOF_TUNE_FORCE && stof__layer_from_db(L) == STOF_OK) {
             snprintf(L->source, sizeof(L->source), "database");
         } else if (mode == STOF_TUNE_CACHE_ONLY) {
+            if (m)
+                record_layer_miss(L, m, mask_hex);
             st = stof__layer_tune(L, spec, mask_hex, 1);
             snprintf(L->source, sizeof(L->source), "model");
         } else {
