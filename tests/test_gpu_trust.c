@@ -127,10 +127,6 @@ static void plan_job(const job *j, report *out)
     stof_close(&ctx);
 }
 
-/* In a child: replace the record of the tuned problem in `path` (its user
- * database) by one whose cubin is the same kernel compiled for the other
- * dtype: it loads and runs, reads the same bytes, and computes the wrong
- * thing; its content hash is made to match, so only running it can tell. */
 /* A child's context on the GPU with `path` as its user database (exit 3
  * when it cannot open). */
 static stof_context *open_with_db(const char *path)
@@ -145,7 +141,13 @@ static stof_context *open_with_db(const char *path)
     return ctx;
 }
 
-static void poison_job(const char *path, report *out)
+/* In a child: replace the tuned problem's record in `path` (its user
+ * database) by a kernel compiled here for dtype dt: the record's own
+ * configuration, or (kind, config not NULL) that one; fast: it also
+ * claims 1e-4 ms. Reports "WHAT KEY (KERNEL)". */
+static void replace_record(const char *path, const char *kind,
+                           const char *config, stof_dtype dt, int fast,
+                           const char *what, report *out)
 {
     stof_context *ctx = open_with_db(path);
     stof_mask *m = NULL;
@@ -160,24 +162,37 @@ static void poison_job(const char *path, report *out)
     stof_db_record r;
     stof_candidate c;
     char why[256];
-    if (!db || stof__db_lookup(db, key, &r) != STOF_OK ||
-        !stof__attention_record_candidate(&r, &c, why, sizeof(why)))
+    if (!db || stof__db_lookup(db, key, &r) != STOF_OK)
         _exit(6);
-    void *bad = NULL;
+    if (config) {
+        snprintf(r.kernel, sizeof(r.kernel), "%s", kind);
+        snprintf(r.config, sizeof(r.config), "%s", config);
+    }
+    if (!stof__attention_record_candidate(&r, &c, why, sizeof(why)))
+        _exit(6);
+    void *bin = NULL;
     size_t size = 0;
-    if (stof__kernel_compile(ctx, &c, D, STOF_DTYPE_BF16, &bad, &size) !=
-        STOF_OK)
+    if (stof__kernel_compile(ctx, &c, D, dt, &bin, &size) != STOF_OK)
         _exit(7);
     free(r.cubin);
-    r.cubin = bad;
+    r.cubin = bin;
     r.cubin_size = size;
-    r.time_ms = 1e-4; /* and it claims to be very fast */
+    if (fast)
+        r.time_ms = 1e-4;
     if (stof__db_store(db, &r, 1, 0) != STOF_OK)
         _exit(8);
-    snprintf(out->js, sizeof(out->js), "poisoned %s (%s)", key, r.kernel);
+    snprintf(out->js, sizeof(out->js), "%s %s (%s)", what, key, r.kernel);
     stof__db_record_clear(&r);
     stof_mask_free(&m);
     stof_close(&ctx);
+}
+
+/* The record's own kernel compiled for bf16 on fp16 data, claiming to be
+ * very fast: it loads, runs, reads the same bytes and computes the wrong
+ * thing; its content hash is made to match, so only running it can tell. */
+static void poison_job(const char *path, report *out)
+{
+    replace_record(path, NULL, NULL, STOF_DTYPE_BF16, 1, "poisoned", out);
 }
 
 /* Run fn(arg, report) in a child process and return its report. */
@@ -233,40 +248,11 @@ static void poison_fn(const void *arg, report *r)
  * heads: fewer work items than the plan's schedule was dealt for. */
 static void persist_fn(const void *arg, report *out)
 {
-    stof_context *ctx = open_with_db(arg);
-    stof_mask *m = NULL;
-    stof_attention_desc d;
-    tu_make_desc(&d, B, H, N, N, D, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0);
-    if (stof_mask_from_spec(ctx, SPEC, N, N, &m) != STOF_OK)
-        _exit(4);
-    char hex[33], key[33], why[256];
-    stof_mask_digest(m, NULL, hex);
-    stof__attention_key(ctx, &d, hex, key, NULL, 0);
-    stof_db *db = stof__ctx_db(ctx);
-    stof_db_record r;
-    stof_candidate c;
-    if (!db || stof__db_lookup(db, key, &r) != STOF_OK)
-        _exit(6);
-    snprintf(r.kernel, sizeof(r.kernel), "wgmma");
-    snprintf(r.config, sizeof(r.config),
-             "{\"kind\":\"wgmma\",\"block_m\":64,\"block_n\":64,"
-             "\"warps\":8,\"stages\":2,\"overlap\":0,\"group\":0,"
-             "\"splits\":0,\"mods\":0,\"persist\":1}");
-    void *bin = NULL;
-    size_t size = 0;
-    if (!stof__attention_record_candidate(&r, &c, why, sizeof(why)) ||
-        stof__kernel_compile(ctx, &c, D, STOF_DTYPE_FP16, &bin, &size) !=
-            STOF_OK)
-        _exit(7);
-    free(r.cubin);
-    r.cubin = bin;
-    r.cubin_size = size;
-    if (stof__db_store(db, &r, 1, 0) != STOF_OK)
-        _exit(8);
-    snprintf(out->js, sizeof(out->js), "persistent %s", key);
-    stof__db_record_clear(&r);
-    stof_mask_free(&m);
-    stof_close(&ctx);
+    replace_record(arg, "wgmma",
+                   "{\"kind\":\"wgmma\",\"block_m\":64,\"block_n\":64,"
+                   "\"warps\":8,\"stages\":2,\"overlap\":0,\"group\":0,"
+                   "\"splits\":0,\"mods\":0,\"persist\":1}",
+                   STOF_DTYPE_FP16, 0, "persistent", out);
 }
 
 static double verify_ms(const report *r)

@@ -510,6 +510,24 @@ out:
     return ok;
 }
 
+/* After miss ms was planned (key: the plan's; untuned: the source of a
+ * plan that was not tuned nor loaded): a plan under another key is
+ * skipped (recorded on another GPU, driver or build), else the miss goes
+ * once a record holds it. */
+static void settle_miss(stof_context *ctx, const miss *ms, const char *key,
+                        const char *untuned, tune_row *r)
+{
+    if (strcmp(key, ms->key)) {
+        snprintf(r->error, sizeof(r->error),
+                 "recorded on another GPU, driver or build");
+        r->skipped = 1;
+    } else if (strcmp(r->source, untuned)) {
+        stof_db *db = stof__ctx_db(ctx);
+        if (db)
+            (void)stof__db_delete_miss(db, ms->key);
+    }
+}
+
 /* A family's miss: planned with its sample in this (tuning) context; the
  * miss goes once the plan's key is the recorded one and a record holds
  * it. */
@@ -528,15 +546,7 @@ static int pending_family(stof_context *ctx, const miss *ms,
     if (stof_attention_plan_family(ctx, d, fam, has_sample ? sample : NULL,
                                    &plan) == STOF_OK) {
         row_from_plan(r, plan);
-        if (strcmp(stof__plan_key(plan), ms->key)) {
-            snprintf(r->error, sizeof(r->error),
-                     "recorded on another GPU, driver or build");
-            r->skipped = 1;
-        } else if (strcmp(r->source, "fallback")) {
-            stof_db *db = stof__ctx_db(ctx);
-            if (db)
-                (void)stof__db_delete_miss(db, ms->key);
-        }
+        settle_miss(ctx, ms, stof__plan_key(plan), "fallback", r);
     } else {
         snprintf(r->error, sizeof(r->error), "%s", stof_errmsg(ctx));
         failed = 1;
@@ -595,16 +605,7 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
     int failed = 0;
     if (stof_layer_plan(ctx, &d, m, &L) == STOF_OK) {
         row_from_layer(r, L);
-        if (strcmp(r->key, ms->key)) {
-            snprintf(r->error, sizeof(r->error),
-                     "recorded on another GPU, driver or build");
-            r->ok = 0;
-            r->skipped = 1;
-        } else if (strcmp(r->source, "model")) {
-            stof_db *db = stof__ctx_db(ctx);
-            if (db)
-                (void)stof__db_delete_miss(db, ms->key);
-        }
+        settle_miss(ctx, ms, r->key, "model", r);
     } else {
         snprintf(r->error, sizeof(r->error), "%s", stof_errmsg(ctx));
         failed = 1;
@@ -666,11 +667,7 @@ static int pending_one(void *user, stof_context *ctx, int i, tune_row *r)
     int failed = 0;
     if (stof_attention_plan(ctx, &d, m, &plan) == STOF_OK) {
         row_from_plan(r, plan);
-        if (strcmp(r->source, "fallback")) {
-            stof_db *db = stof__ctx_db(ctx);
-            if (db)
-                (void)stof__db_delete_miss(db, ms->key);
-        }
+        settle_miss(ctx, ms, key, "fallback", r); /* (key checked above) */
     } else {
         snprintf(r->error, sizeof(r->error), "%s", stof_errmsg(ctx));
         failed = 1;
