@@ -150,8 +150,9 @@ static const command commands[] = {
      "usage: stof-tune ls [--db PATH] [--gpu NAME] [--driver N] [--json]\n"
      "\n"
      "List the records of a database: key, GPU, mask, shape, dtype, kernel,\n"
-     "time, speed-up over the model's choice, age, hits. Records that fail\n"
-     "their checks are marked INVALID (they are never used).\n"},
+     "time, speed-up over the model's choice, age, hits (the shape of a\n"
+     "layer's GEMM is M x N x K, of its norm rows x hidden). Records that\n"
+     "fail their checks are marked INVALID (they are never used).\n"},
     {"show", cmd_show, "db json", 1, 1,
      "usage: stof-tune show KEY [--db PATH] [--json]\n"
      "\n"

@@ -68,6 +68,20 @@ static void age_str(int64_t created, char *buf, size_t n)
 /* A record as a JSON object, with its verdict (why: "" when valid); NULL
  * when out of memory. Text fields are strings whatever they hold ("config"
  * and "measured" are JSON text, kept as the strings they are stored as). */
+/* A record's sizes for `ls`: an attention problem's BxHxSQxSKxD (a layer's
+ * too: its batch, heads, sequence and head_dim), a layer GEMM's M x N x K,
+ * a layer norm's rows x hidden. */
+static void shape_label(const stof_db_record *r, char *buf, size_t n)
+{
+    if (!strcmp(r->op, "gemm"))
+        snprintf(buf, n, "%dx%dx%d MNK", r->batch, r->seq_q, r->seq_k);
+    else if (!strcmp(r->op, "norm"))
+        snprintf(buf, n, "%dx%d rows", r->batch, r->seq_q);
+    else
+        snprintf(buf, n, "%dx%dx%dx%dx%d", r->batch, r->heads, r->seq_q,
+                 r->seq_k, r->head_dim);
+}
+
 static json_t *record_json(const stof_db_record *r, const char *why)
 {
     char cc[32];
@@ -137,8 +151,7 @@ int cmd_ls(stof_context *ctx, const opts *o)
                 continue;
             char mask[300], shape[64], age[16], sp[16];
             mask_label(r, mask, sizeof(mask));
-            snprintf(shape, sizeof(shape), "%dx%dx%dx%dx%d", r->batch,
-                     r->heads, r->seq_q, r->seq_k, r->head_dim);
+            shape_label(r, shape, sizeof(shape));
             age_str(r->created_at, age, sizeof(age));
             if (r->time_ms > 0 && r->model_ms > 0)
                 snprintf(sp, sizeof(sp), "%.2fx", r->model_ms / r->time_ms);
