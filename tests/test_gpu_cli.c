@@ -77,6 +77,58 @@ static void tiny_layer_cache_only(const char *db, char *source, size_t n)
     stof_close(&ctx);
 }
 
+/* The tiny layer over the mask family `spec` (its default instance) in
+ * cache-only mode with `db` as the user database; the plan's source. */
+static void tiny_family_layer_cache_only(const char *db, const char *spec,
+                                         char *source, size_t n)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = db;
+    s.require_device = 1;
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, spec, &fam), STOF_OK);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 2, 128, 128, 2, STOF_DTYPE_FP16);
+    d.ffn = 256;
+    stof_layer *L = NULL;
+    cr_assert_eq(stof_layer_plan_family(ctx, &d, fam, NULL, &L), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    char js[8192];
+    cr_assert_eq(stof_layer_describe(L, js, sizeof(js), NULL), STOF_OK);
+    json_t *o = json_loads(js, 0, NULL);
+    snprintf(source, n, "%s",
+             json_string_value(json_object_get(o, "source")));
+    json_decref(o);
+    stof_layer_free(&L);
+    stof_mask_family_free(&fam);
+    stof_close(&ctx);
+}
+
+/* The same for a layer over a mask family: its miss keeps the family's
+ * spec (and sample instance), pending plans it with
+ * stof_layer_plan_family. */
+Test(gpu_cli, pending_tunes_a_missed_family_layer)
+{
+    char source[32];
+    tiny_family_layer_cache_only(P("fmiss.db"), "causal&docs", source,
+                                 sizeof(source));
+    cr_assert_str_eq(source, "model");
+    cr_assert_eq(run("pending --db %s", P("fmiss.db")), 0, "%s\n%s",
+                 out_buf, err_buf);
+    cr_assert(strstr(out_buf, "layer 2x128 hidden 128 heads 2 fp16 family "
+                              "causal&docs"),
+              "%s", out_buf);
+    cr_assert_eq(run("stats --db %s", P("fmiss.db")), 0, "%s", err_buf);
+    cr_assert(strstr(out_buf, "0 misses recorded"), "%s", out_buf);
+    tiny_family_layer_cache_only(P("fmiss.db"), "causal&docs", source,
+                                 sizeof(source));
+    cr_assert_str_eq(source, "database");
+}
+
 /* On a GPU: a cache-only layer plan that misses records its miss (with
  * its attention's); `pending` tunes both and drops them; the next
  * cache-only plan loads the layer from the database. */

@@ -142,10 +142,10 @@ static const command commands[] = {
      "has a record. A mask family's miss (stof_attention_plan_family) is\n"
      "planned again with the sample instance kept with it (lengths,\n"
      "offsets, documents, bitmaps; up to 64 MB). A layer's miss\n"
-     "(stof_layer_plan of a mask) is planned again from its descriptor and\n"
-     "mask: its fusion scheme and kernels are tuned. Misses recorded on\n"
-     "another GPU, driver or build are skipped and kept. --devices as for\n"
-     "tune.\n"},
+     "(stof_layer_plan, stof_layer_plan_family) is planned again from its\n"
+     "descriptor and mask, or family and sample: its fusion scheme and\n"
+     "kernels are tuned. Misses recorded on another GPU, driver or build\n"
+     "are skipped and kept. --devices as for tune.\n"},
     {"ls", cmd_ls, "db gpu driver json", 0, 0,
      "usage: stof-tune ls [--db PATH] [--gpu NAME] [--driver N] [--json]\n"
      "\n"

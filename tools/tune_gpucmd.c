@@ -556,10 +556,11 @@ static int pending_family(stof_context *ctx, const miss *ms,
     return failed;
 }
 
-/* A layer's miss (stof_layer_plan in cache-only mode: its descriptor and
- * mask, record_layer_miss in src/ops/layer.c), planned on ctx; the miss
- * goes once the plan's key is the recorded one and it was tuned or
- * loaded. 0, or 1 when the problem failed; unreadable: skipped. */
+/* A layer's miss (stof_layer_plan or stof_layer_plan_family in
+ * cache-only mode: its descriptor and mask or family and sample,
+ * record_layer_miss in src/ops/layer.c), planned on ctx; the miss goes
+ * once the plan's key is the recorded one and it was tuned or loaded. 0,
+ * or 1 when the problem failed; unreadable: skipped. */
 static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
                          tune_row *r)
 {
@@ -573,6 +574,7 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
         !member_int(js, "act", &act) || !member_int(js, "norm", &norm) ||
         !member_int(js, "pre_norm", &pre) ||
         !member_int(js, "no_bias", &nob) || !member_int(js, "gated", &gated) ||
+        b < 1 || s < 1 || hid < 1 || heads < 1 ||
         (strcmp(dt, "fp16") && strcmp(dt, "bf16")) ||
         stof_layer_desc_init(&d, b, s, hid, heads,
                              strcmp(dt, "bf16") ? STOF_DTYPE_FP16
@@ -591,19 +593,61 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
     d.no_bias = nob;
     d.gated = gated;
     d.norm_eps = (float)json_number_value(json_object_get(js, "eps"));
-    snprintf(r->problem, sizeof(r->problem),
-             "layer %dx%d hidden %d heads %d %s mask %.12s", b, s, hid, heads,
-             dt, ms->key);
     stof_mask *m = NULL;
+    stof_mask_family *fam = NULL;
+    stof_mask_data sample;
+    memset(&sample, 0, sizeof(sample));
     char why[256] = "";
-    if (!miss_mask(ctx, ms, js, s, s, &m, why, sizeof(why))) {
-        snprintf(r->error, sizeof(r->error), "%s", why);
-        r->skipped = 1;
-        return 0;
+    const char *fs = member_str(js, "family_spec");
+    if (fs[0]) {
+        /* A family layer's miss: the family, and the sample instance its
+         * attention was planned on (the blob, packed for the layer's
+         * attention: batch x heads x seq). */
+        snprintf(r->problem, sizeof(r->problem),
+                 "layer %dx%d hidden %d heads %d %s family %.40s", b, s, hid,
+                 heads, dt, fs);
+        const char *kept = member_str(js, "family_sample");
+        stof_attention_desc ad;
+        int ok = stof_attention_desc_init(&ad, b, heads, s, s, hid / heads,
+                                          d.dtype, STOF_LAYOUT_BHSD) ==
+                 STOF_OK;
+        ad.kv_heads = kvh;
+        if (ok && strcmp(kept, "default") &&
+            !stof__family_sample_unpack(&ad, ms->bits, ms->nbits, &sample)) {
+            snprintf(why, sizeof(why),
+                     "a family layer's miss whose sample instance was %s: "
+                     "plan it with stof_layer_plan_family in default mode",
+                     strcmp(kept, "kept") ? "not kept (too large)"
+                                          : "recorded unreadably");
+            ok = 0;
+        } else if (ok && stof_mask_family_create(ctx, fs, &fam) != STOF_OK) {
+            snprintf(why, sizeof(why), "family \"%s\": %s", fs,
+                     stof_errmsg(ctx));
+            ok = 0;
+        }
+        if (!ok) {
+            snprintf(r->error, sizeof(r->error), "%s",
+                     why[0] ? why : "unreadable layer problem");
+            r->skipped = 1;
+            return 0;
+        }
+    } else {
+        snprintf(r->problem, sizeof(r->problem),
+                 "layer %dx%d hidden %d heads %d %s mask %.12s", b, s, hid,
+                 heads, dt, ms->key);
+        if (!miss_mask(ctx, ms, js, s, s, &m, why, sizeof(why))) {
+            snprintf(r->error, sizeof(r->error), "%s", why);
+            r->skipped = 1;
+            return 0;
+        }
     }
+    const int has_sample = memcmp(&sample, &(stof_mask_data){0},
+                                  sizeof(sample)) != 0;
     stof_layer *L = NULL;
     int failed = 0;
-    if (stof_layer_plan(ctx, &d, m, &L) == STOF_OK) {
+    if ((fam ? stof_layer_plan_family(ctx, &d, fam,
+                                      has_sample ? &sample : NULL, &L)
+             : stof_layer_plan(ctx, &d, m, &L)) == STOF_OK) {
         row_from_layer(r, L);
         settle_miss(ctx, ms, r->key, "model", r);
     } else {
@@ -612,6 +656,7 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
     }
     stof_layer_free(&L);
     stof_mask_free(&m);
+    stof_mask_family_free(&fam);
     return failed;
 }
 

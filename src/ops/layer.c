@@ -490,10 +490,15 @@ static void drop_unused_g(stof_layer *L)
     }
 }
 
-/* A cache-only plan of a mask layer missed the database: record what
- * `stof-tune pending` needs to tune it (the descriptor, the mask's spec
- * and digest as JSON, its bits), under the layer's key. */
+/* A cache-only plan of a layer missed the database: record what
+ * `stof-tune pending` needs to tune it under the layer's key: the
+ * descriptor as JSON with the mask's spec and digest (its bits as the
+ * blob), or the family's spec (the sample instance, packed for the
+ * layer's attention descriptor ad, as the blob: up to 64 MB). */
 static void record_layer_miss(stof_layer *L, const stof_mask *m,
+                              const stof_mask_family *fam,
+                              const stof_mask_data *sample,
+                              const stof_attention_desc *ad,
                               const char *mask_hex)
 {
     stof_db *db = stof__ctx_db(L->ctx);
@@ -507,17 +512,31 @@ static void record_layer_miss(stof_layer *L, const stof_mask *m,
         "heads", d->heads, "ffn", d->ffn, "kv_heads", d->kv_heads, "dtype",
         stof__layer_dtype_str(d->dtype), "act", (int)d->act, "norm",
         (int)d->norm, "pre_norm", d->pre_norm, "no_bias", d->no_bias, "gated",
-        d->gated, "eps", (double)L->eps, "mask_spec", m->spec ? m->spec : "",
-        "mask_digest", mask_hex);
+        d->gated, "eps", (double)L->eps, "mask_spec",
+        m && m->spec ? m->spec : "", "mask_digest", m ? mask_hex : "");
+    size_t blob_n = 0;
+    void *blob = NULL;
+    if (pj && fam) {
+        blob = sample ? stof__family_sample_pack(ad, sample, (size_t)64 << 20,
+                                                 &blob_n)
+                      : NULL;
+        json_object_set_new(pj, "family_spec",
+                            json_string(stof_mask_family_spec(fam)));
+        json_object_set_new(pj, "family_sample",
+                            json_string(!sample ? "default"
+                                        : blob  ? "kept"
+                                                : "too large"));
+    }
     char *problem = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
     json_decref(pj);
     if (!problem ||
-        stof__db_record_miss(db, L->key, problem, m->bits,
-                             (size_t)m->seq_q * m->words_per_row * 8u) !=
-            STOF_OK)
+        stof__db_record_miss(
+            db, L->key, problem, m ? (const void *)m->bits : blob,
+            m ? (size_t)m->seq_q * m->words_per_row * 8u : blob_n) != STOF_OK)
         stof__log(L->ctx, STOF_LOG_WARN, "could not record the miss: %s",
                   problem ? stof_errmsg(L->ctx) : "out of memory");
     free(problem);
+    free(blob);
 }
 
 /* stof_layer_plan (m) and stof_layer_plan_family (fam, sample). */
@@ -591,8 +610,7 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         if (mode != STOF_TUNE_FORCE && stof__layer_from_db(L) == STOF_OK) {
             snprintf(L->source, sizeof(L->source), "database");
         } else if (mode == STOF_TUNE_CACHE_ONLY) {
-            if (m)
-                record_layer_miss(L, m, mask_hex);
+            record_layer_miss(L, m, fam, sample, &ad, mask_hex);
             st = stof__layer_tune(L, spec, mask_hex, 1);
             snprintf(L->source, sizeof(L->source), "model");
         } else {
