@@ -153,23 +153,33 @@ void fx_record(const fx *f, stof_db_record *r)
 }
 
 /* A database at path holding the records (stored with replace). */
-void make_db(const char *path, const fx *recs, int n)
+void store_records(const char *path, const struct stof_db_record *recs,
+                   int n)
 {
     stof_context *ctx = ctx_new();
     stof_db *db = NULL;
     cr_assert_eq(stof__db_open(STOF_DB_SINK(ctx), path, NULL, &db), STOF_OK);
     cr_assert(stof__db_writable(db), "%s not writable", path);
-    for (int i = 0; i < n; i++) {
-        stof_db_record r;
-        fx_record(&recs[i], &r);
-        unsigned char cubin[64];
-        memset(cubin, recs[i].cubin_byte, sizeof(cubin));
-        r.cubin = cubin;
-        r.cubin_size = sizeof(cubin);
-        cr_assert_eq(stof__db_store(db, &r, 1, 0), STOF_OK, "%s",
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(stof__db_store(db, &recs[i], 1, 0), STOF_OK, "%s",
                      stof_errmsg(ctx));
-    }
     stof__db_close(&db);
     stof_close(&ctx);
+}
+
+void make_db(const char *path, const fx *recs, int n)
+{
+    stof_db_record *r = calloc((size_t)n + 1, sizeof(*r));
+    unsigned char(*cubin)[64] = calloc((size_t)n + 1, sizeof(*cubin));
+    cr_assert(r && cubin);
+    for (int i = 0; i < n; i++) {
+        fx_record(&recs[i], &r[i]);
+        memset(cubin[i], recs[i].cubin_byte, sizeof(cubin[i]));
+        r[i].cubin = cubin[i];
+        r[i].cubin_size = sizeof(cubin[i]);
+    }
+    store_records(path, r, n);
+    free(r);
+    free(cubin);
 }
 

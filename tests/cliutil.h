@@ -54,5 +54,8 @@ void fx_record(const fx *f, struct stof_db_record *r);
 
 /* A database at path holding the records (stored with replace). */
 void make_db(const char *path, const fx *recs, int n);
+/* The same for records built by the caller (their cubins set). */
+void store_records(const char *path, const struct stof_db_record *recs,
+                   int n);
 
 #endif

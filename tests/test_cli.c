@@ -675,10 +675,6 @@ Test(cli, ls_stats_show)
     cr_assert_eq(run("show ffff --db %s", P("a.db")), 1);
     cr_assert_eq(count_lines(err_buf), 1);
     /* A layer's GEMM record: its M x N x K. */
-    stof_context *ctx = ctx_new();
-    stof_db *db = NULL;
-    cr_assert_eq(stof__db_open(STOF_DB_SINK(ctx), P("g.db"), NULL, &db),
-                 STOF_OK);
     stof_db_record r;
     const fx g = {9, "NVIDIA H100", 13000, 0.05, 1, "a", 0, 1, NULL};
     fx_record(&g, &r);
@@ -691,10 +687,7 @@ Test(cli, ls_stats_show)
     unsigned char cubin[64] = {1};
     r.cubin = cubin;
     r.cubin_size = sizeof(cubin);
-    cr_assert_eq(stof__db_store(db, &r, 1, 0), STOF_OK, "%s",
-                 stof_errmsg(ctx));
-    stof__db_close(&db);
-    stof_close(&ctx);
+    store_records(P("g.db"), &r, 1);
     cr_assert_eq(run("ls --db %s", P("g.db")), 0, "%s", err_buf);
     cr_assert(strstr(out_buf, "4096x768x3072 MNK"), "%s", out_buf);
 }

@@ -46,9 +46,11 @@ Test(gpu_cli, tune_layers)
                  err_buf);
 }
 
-/* Plan the tiny layer (hidden 128, 2 heads, causal, 2 x 128 tokens) with
- * `db` as the user database in cache-only mode; the plan's source. */
-static void tiny_layer_cache_only(const char *db, char *source, size_t n)
+/* Plan the tiny layer (hidden 128, 2 heads, 2 x 128 tokens) with `db` as
+ * the user database in cache-only mode, over a causal mask or (family not
+ * NULL) that mask family's default instance; the plan's source. */
+static void tiny_layer_cache_only(const char *db, const char *family,
+                                  char *source, size_t n)
 {
     stof_settings s;
     stof_default_settings(&s);
@@ -58,14 +60,22 @@ static void tiny_layer_cache_only(const char *db, char *source, size_t n)
     stof_context *ctx = NULL;
     cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
     stof_mask *m = NULL;
-    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 128, 128, &m), STOF_OK);
+    stof_mask_family *fam = NULL;
     stof_layer_desc d;
     stof_layer_desc_init(&d, 2, 128, 128, 2, STOF_DTYPE_FP16);
     d.ffn = 256;
     d.act = STOF_ACT_GELU_ERF;
     stof_layer *L = NULL;
-    cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
-                 stof_errmsg(ctx));
+    if (family) {
+        cr_assert_eq(stof_mask_family_create(ctx, family, &fam), STOF_OK);
+        cr_assert_eq(stof_layer_plan_family(ctx, &d, fam, NULL, &L), STOF_OK,
+                     "%s", stof_errmsg(ctx));
+    } else {
+        cr_assert_eq(stof_mask_from_spec(ctx, "causal", 128, 128, &m),
+                     STOF_OK);
+        cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+    }
     char js[8192];
     cr_assert_eq(stof_layer_describe(L, js, sizeof(js), NULL), STOF_OK);
     json_t *o = json_loads(js, 0, NULL);
@@ -74,36 +84,6 @@ static void tiny_layer_cache_only(const char *db, char *source, size_t n)
     json_decref(o);
     stof_layer_free(&L);
     stof_mask_free(&m);
-    stof_close(&ctx);
-}
-
-/* The tiny layer over the mask family `spec` (its default instance) in
- * cache-only mode with `db` as the user database; the plan's source. */
-static void tiny_family_layer_cache_only(const char *db, const char *spec,
-                                         char *source, size_t n)
-{
-    stof_settings s;
-    stof_default_settings(&s);
-    s.user_db = db;
-    s.require_device = 1;
-    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
-    stof_context *ctx = NULL;
-    cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
-    stof_mask_family *fam = NULL;
-    cr_assert_eq(stof_mask_family_create(ctx, spec, &fam), STOF_OK);
-    stof_layer_desc d;
-    stof_layer_desc_init(&d, 2, 128, 128, 2, STOF_DTYPE_FP16);
-    d.ffn = 256;
-    stof_layer *L = NULL;
-    cr_assert_eq(stof_layer_plan_family(ctx, &d, fam, NULL, &L), STOF_OK,
-                 "%s", stof_errmsg(ctx));
-    char js[8192];
-    cr_assert_eq(stof_layer_describe(L, js, sizeof(js), NULL), STOF_OK);
-    json_t *o = json_loads(js, 0, NULL);
-    snprintf(source, n, "%s",
-             json_string_value(json_object_get(o, "source")));
-    json_decref(o);
-    stof_layer_free(&L);
     stof_mask_family_free(&fam);
     stof_close(&ctx);
 }
@@ -114,8 +94,8 @@ static void tiny_family_layer_cache_only(const char *db, const char *spec,
 Test(gpu_cli, pending_tunes_a_missed_family_layer)
 {
     char source[32];
-    tiny_family_layer_cache_only(P("fmiss.db"), "causal&docs", source,
-                                 sizeof(source));
+    tiny_layer_cache_only(P("fmiss.db"), "causal&docs", source,
+                          sizeof(source));
     cr_assert_str_eq(source, "model");
     cr_assert_eq(run("pending --db %s", P("fmiss.db")), 0, "%s\n%s",
                  out_buf, err_buf);
@@ -124,8 +104,8 @@ Test(gpu_cli, pending_tunes_a_missed_family_layer)
               "%s", out_buf);
     cr_assert_eq(run("stats --db %s", P("fmiss.db")), 0, "%s", err_buf);
     cr_assert(strstr(out_buf, "0 misses recorded"), "%s", out_buf);
-    tiny_family_layer_cache_only(P("fmiss.db"), "causal&docs", source,
-                                 sizeof(source));
+    tiny_layer_cache_only(P("fmiss.db"), "causal&docs", source,
+                          sizeof(source));
     cr_assert_str_eq(source, "database");
 }
 
@@ -135,7 +115,7 @@ Test(gpu_cli, pending_tunes_a_missed_family_layer)
 Test(gpu_cli, pending_tunes_a_missed_layer)
 {
     char source[32];
-    tiny_layer_cache_only(P("miss.db"), source, sizeof(source));
+    tiny_layer_cache_only(P("miss.db"), NULL, source, sizeof(source));
     cr_assert_str_eq(source, "model");
     cr_assert_eq(run("stats --db %s", P("miss.db")), 0, "%s", err_buf);
     cr_assert(strstr(out_buf, "2 misses recorded"), "%s", out_buf);
@@ -145,7 +125,7 @@ Test(gpu_cli, pending_tunes_a_missed_layer)
               out_buf);
     cr_assert_eq(run("stats --db %s", P("miss.db")), 0, "%s", err_buf);
     cr_assert(strstr(out_buf, "0 misses recorded"), "%s", out_buf);
-    tiny_layer_cache_only(P("miss.db"), source, sizeof(source));
+    tiny_layer_cache_only(P("miss.db"), NULL, source, sizeof(source));
     cr_assert_str_eq(source, "database");
 }
 

@@ -14,6 +14,8 @@
 
 #include "attention_int.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -411,6 +413,42 @@ void *stof__family_sample_pack(const stof_attention_desc *d,
     }
     *n = total;
     return b;
+}
+
+void stof__record_miss(stof_context *ctx, stof_db *db, const char *key,
+                       json_t *pj, const stof_mask *m, const char *mask_hex,
+                       const stof_mask_family *fam,
+                       const stof_attention_desc *d,
+                       const stof_mask_data *host)
+{
+    /* Specs never contain quotes or backslashes. */
+    size_t blob_n = 0;
+    void *blob = NULL;
+    if (pj && m) {
+        json_object_set_new(pj, "mask_spec",
+                            json_string(m->spec ? m->spec : ""));
+        json_object_set_new(pj, "mask_digest", json_string(mask_hex));
+    } else if (pj && fam) {
+        json_object_set_new(pj, "family_spec",
+                            json_string(stof_mask_family_spec(fam)));
+        blob = host ? stof__family_sample_pack(d, host, (size_t)64 << 20,
+                                               &blob_n)
+                    : NULL;
+        json_object_set_new(pj, "family_sample",
+                            json_string(!host ? "default"
+                                        : blob ? "kept"
+                                               : "too large"));
+    }
+    char *problem = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
+    json_decref(pj);
+    if (!problem ||
+        stof__db_record_miss(
+            db, key, problem, m ? (const void *)m->bits : blob,
+            m ? (size_t)m->seq_q * m->words_per_row * 8u : blob_n) != STOF_OK)
+        stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
+                  problem ? stof_errmsg(ctx) : "out of memory");
+    free(problem);
+    free(blob);
 }
 
 int stof__family_sample_unpack(const stof_attention_desc *d, const void *blob,

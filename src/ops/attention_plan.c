@@ -493,37 +493,8 @@ static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d
                 json_array_append_new(a, json_integer(pd->bias_stride[i]));
             json_object_set_new(pj, "bias_stride", a);
         }
-        if (pj && m) {
-            json_object_set_new(pj, "mask_spec",
-                                json_string(m->spec ? m->spec : ""));
-            json_object_set_new(pj, "mask_digest", json_string(mask_hex));
-        }
-        /* A family's sample instance as the miss's blob (up to 64 MB). */
-        size_t blob_n = 0;
-        void *blob = NULL;
-        if (pj && !m) {
-            json_object_set_new(pj, "family_spec",
-                                json_string(stof_mask_family_spec(pr->fam)));
-            blob = pr->host ? stof__family_sample_pack(pd, pr->host,
-                                                       (size_t)64 << 20,
-                                                       &blob_n)
-                            : NULL;
-            json_object_set_new(pj, "family_sample",
-                                json_string(!pr->host ? "default"
-                                            : blob   ? "kept"
-                                                     : "too large"));
-        }
-        char *problem = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
-        json_decref(pj);
-        if (!problem ||
-            stof__db_record_miss(
-                db, key, problem, m ? (const void *)m->bits : blob,
-                m ? (size_t)m->seq_q * m->words_per_row * 8u : blob_n) !=
-                STOF_OK)
-            stof__log(ctx, STOF_LOG_WARN, "could not record the miss: %s",
-                      problem ? stof_errmsg(ctx) : "out of memory");
-        free(problem);
-        free(blob);
+        stof__record_miss(ctx, db, key, pj, m, mask_hex, pr->fam, pd,
+                          pr->host);
     }
     stof_status st = m ? stof__attention_plan_kernel(ctx, d, m, NULL, out)
                        : family_model_plan(ctx, nd, pr, out);

@@ -507,36 +507,13 @@ static void record_layer_miss(stof_layer *L, const stof_mask *m,
     const stof_layer_desc *d = &L->d;
     json_t *pj = json_pack(
         "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:i, s:i, "
-        "s:f, s:s, s:s}",
+        "s:f}",
         "op", "layer", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
         "heads", d->heads, "ffn", d->ffn, "kv_heads", d->kv_heads, "dtype",
         stof__layer_dtype_str(d->dtype), "act", (int)d->act, "norm",
         (int)d->norm, "pre_norm", d->pre_norm, "no_bias", d->no_bias, "gated",
-        d->gated, "eps", (double)L->eps, "mask_spec",
-        m && m->spec ? m->spec : "", "mask_digest", m ? mask_hex : "");
-    size_t blob_n = 0;
-    void *blob = NULL;
-    if (pj && fam) {
-        blob = sample ? stof__family_sample_pack(ad, sample, (size_t)64 << 20,
-                                                 &blob_n)
-                      : NULL;
-        json_object_set_new(pj, "family_spec",
-                            json_string(stof_mask_family_spec(fam)));
-        json_object_set_new(pj, "family_sample",
-                            json_string(!sample ? "default"
-                                        : blob  ? "kept"
-                                                : "too large"));
-    }
-    char *problem = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
-    json_decref(pj);
-    if (!problem ||
-        stof__db_record_miss(
-            db, L->key, problem, m ? (const void *)m->bits : blob,
-            m ? (size_t)m->seq_q * m->words_per_row * 8u : blob_n) != STOF_OK)
-        stof__log(L->ctx, STOF_LOG_WARN, "could not record the miss: %s",
-                  problem ? stof_errmsg(L->ctx) : "out of memory");
-    free(problem);
-    free(blob);
+        d->gated, "eps", (double)L->eps);
+    stof__record_miss(L->ctx, db, L->key, pj, m, mask_hex, fam, ad, sample);
 }
 
 /* stof_layer_plan (m) and stof_layer_plan_family (fam, sample). */

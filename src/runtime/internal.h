@@ -277,6 +277,19 @@ const char *stof__plan_key(const stof_plan *p);
 void *stof__family_sample_pack(const stof_attention_desc *d,
                                const stof_mask_data *h, size_t max_bytes,
                                size_t *n /* OUT */);
+/* A cache-only plan's miss under key in db (for `stof-tune pending`): the
+ * problem pj (consumed), to which the mask's spec and digest (mask_hex)
+ * are added, or the family's spec and what became of its sample instance
+ * `host` ("default" without one, "kept", "too large"); recorded with the
+ * mask's bits, or the instance packed for d (up to 64 MB), as its blob.
+ * A failure is logged on ctx. */
+struct stof_db;
+void stof__record_miss(stof_context *ctx, struct stof_db *db, const char *key,
+                       json_t *pj, const stof_mask *m, const char *mask_hex,
+                       const stof_mask_family *fam,
+                       const stof_attention_desc *d,
+                       const stof_mask_data *host);
+
 /* The instance in a blob of stof__family_sample_pack for descriptor d:
  * *out's arrays point into blob (which must outlive it and be 8-byte
  * aligned). 0 when the blob is malformed or its arrays are shorter than
