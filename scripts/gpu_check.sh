@@ -36,6 +36,7 @@ for t in test_gpu_block test_gpu_wgmma test_gpu_gemm test_gpu_blaslt test_gpu_la
 done
 run jit "$T/test_jit" --jobs=8
 export STOF_TUNE=$PWD/${BIN:-build/tools}/stof-tune
+[ -x "$T/test_gpu_cli" ] && run gpu "$T/test_gpu_cli" --jobs=4
 for t in test_api test_reference test_mask test_spec test_format test_cost \
          test_search test_db test_cli test_layer test_gemm_cpu; do
     [ -x "$T/$t" ] && run cpu "$T/$t" --jobs=8
