@@ -500,6 +500,23 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
     cr_assert(out_buf[0] == '[' && strstr(out_buf, "\"layer dec causal "
                                                    "2x128 bf16\""),
               "%s", out_buf);
+    /* The same problems from the command line. */
+    cr_assert_eq(run("tune --mask causal --layer 'enc hidden=256 heads=4' "
+                     "--layer 'dec hidden=256 heads=4 pre gated' --tokens 2x128 "
+                     "--tokens '1x256 4x64' --dtype bf16 --dry-run"),
+                 0, "%s", err_buf);
+    cr_assert_eq(count_lines(out_buf), 6, "%s", out_buf);
+    cr_assert(strstr(out_buf, "layer dec causal 4x64 bf16\n"), "%s", out_buf);
+    cr_assert_eq(run("tune --mask causal --layer 'enc hidden=256 heads=4' "
+                     "--dry-run"),
+                 2);
+    cr_assert(strstr(err_buf, "command line: layers but no --tokens"), "%s",
+              err_buf);
+    cr_assert_eq(run("tune --mask causal --tokens 2x8 --dry-run"), 2);
+    cr_assert(strstr(err_buf, "--tokens but no --layer"), "%s", err_buf);
+    cr_assert_eq(run("tune --mask causal --layer 'x heads=2' --tokens 1x8"),
+                 2);
+    cr_assert(strstr(err_buf, "layer x needs hidden="), "%s", err_buf);
     /* The example file parses. */
     cr_assert_eq(run("tune %s --dry-run",
                      tu_src_path("examples/layers.workload")),

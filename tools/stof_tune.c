@@ -106,9 +106,12 @@ typedef struct command {
 
 static const command commands[] = {
     {"tune", cmd_tune,
-     "db mask shape dtype layout force budget json devices dry-run", 0, 1,
+     "db mask shape layer tokens dtype layout force budget json devices "
+     "dry-run",
+     0, 1,
      "usage: stof-tune tune WORKLOAD [options]\n"
      "       stof-tune tune --mask SPEC --shape SHAPE [options]\n"
+     "       stof-tune tune --mask SPEC --layer LAYER --tokens BxS [options]\n"
      "\n"
      "Tune every problem of a workload file (masks x shapes x dtypes;\n"
      "format in examples/suite.workload; Transformer layers x tokens x\n"
@@ -121,6 +124,9 @@ static const command commands[] = {
      "\n"
      "  --mask SPEC      a mask spec (repeatable), e.g. sliding:256\n"
      "  --shape SHAPE    BxHxNxD or BxHxSQxSKxD (repeatable)\n"
+     "  --layer LAYER    a layer, as after 'layer' in a workload file, e.g.\n"
+     "                   'bert hidden=768 heads=12 act=gelu_erf' (repeatable)\n"
+     "  --tokens BxS     the layers' batch x sequence sizes (repeatable)\n"
      "  --dtype T        fp16 (default) or bf16\n"
      "  --layout L       bhsd (default) or bshd: the tensors used while\n"
      "                   tuning (a record serves every layout)\n"
@@ -288,6 +294,8 @@ static const struct option long_opts[] = {
     {"driver", required_argument, NULL, 'D'},
     {"mask", required_argument, NULL, 'm'},
     {"shape", required_argument, NULL, 's'},
+    {"layer", required_argument, NULL, 'y'},
+    {"tokens", required_argument, NULL, 'z'},
     {"dtype", required_argument, NULL, 't'},
     {"layout", required_argument, NULL, 'l'},
     {"budget", required_argument, NULL, 'b'},
@@ -406,6 +414,14 @@ static int parse_opts(const command *c, int argc, char **argv, opts *o)
             break;
         case 's':
             if (!add_list(c->name, name, o->shapes, &o->n_shapes, optarg))
+                return 0;
+            break;
+        case 'y':
+            if (!add_list(c->name, name, o->layers, &o->n_layers, optarg))
+                return 0;
+            break;
+        case 'z':
+            if (!add_list(c->name, name, o->tokens, &o->n_tokens, optarg))
                 return 0;
             break;
         case 'D':

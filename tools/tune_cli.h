@@ -34,6 +34,10 @@ typedef struct opts {
     int n_masks;
     const char *shapes[OPT_MAX_LIST];
     int n_shapes;
+    const char *layers[OPT_MAX_LIST]; /* tune --layer, --tokens */
+    int n_layers;
+    const char *tokens[OPT_MAX_LIST];
+    int n_tokens;
     const char *dtype, *layout;
     const char *png, *tile; /* show-mask */
     int pixels;             /* show-mask: 0 = the default */

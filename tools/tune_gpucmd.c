@@ -243,11 +243,13 @@ int cmd_tune(stof_context *cpu, const opts *o)
     int bad;
     if (o->n_pos == 1)
         bad = tw_parse_file(o->pos[0], &w, msg, sizeof(msg));
-    else if (o->n_masks && o->n_shapes)
+    else if (o->n_masks && (o->n_shapes || o->n_layers || o->n_tokens))
         bad = tw_from_args(o->masks, o->n_masks, o->shapes, o->n_shapes,
+                           o->layers, o->n_layers, o->tokens, o->n_tokens,
                            o->dtype, o->layout, &w, msg, sizeof(msg));
     else {
-        err("tune: give a WORKLOAD file, or --mask SPEC and --shape SHAPE");
+        err("tune: give a WORKLOAD file, or --mask SPEC and --shape SHAPE "
+            "(or --layer and --tokens)");
         return EXIT_USAGE;
     }
     /* Specs are checked cheaply (their validity does not depend on the

@@ -326,14 +326,17 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
 
 static int finish(tw_workload *w, char *msg, size_t n)
 {
+    const int cl = !strcmp(w->source, "command line");
     if (w->n_layers && !w->n_tokens) {
-        snprintf(msg, n, "%s: layers but no 'tokens' line (their batch x "
-                 "sequence sizes, e.g. tokens 8x512)",
-                 w->source);
+        snprintf(msg, n, "%s: layers but no %s (their batch x sequence "
+                 "sizes, e.g. %s 8x512)",
+                 w->source, cl ? "--tokens" : "'tokens' line",
+                 cl ? "--tokens" : "tokens");
         return 1;
     }
     if (w->n_tokens && !w->n_layers) {
-        snprintf(msg, n, "%s: 'tokens' but no 'layer' line", w->source);
+        snprintf(msg, n, "%s: %s but no %s", w->source,
+                 cl ? "--tokens" : "'tokens'", cl ? "--layer" : "'layer' line");
         return 1;
     }
     if (!w->n_masks || (!w->n_shapes && !w->n_layers)) {
@@ -487,7 +490,9 @@ int tw_parse_file(const char *path, tw_workload *w, char *msg, size_t n)
 }
 
 int tw_from_args(const char *const *masks, int n_masks,
-                 const char *const *shapes, int n_shapes, const char *dtype,
+                 const char *const *shapes, int n_shapes,
+                 const char *const *layers, int n_layers,
+                 const char *const *tokens, int n_tokens, const char *dtype,
                  const char *layout, tw_workload *w, char *msg, size_t n)
 {
     tw_init(w);
@@ -497,6 +502,15 @@ int tw_from_args(const char *const *masks, int n_masks,
         bad = add_mask(w, masks[i], 0, msg, n);
     for (int i = 0; !bad && i < n_shapes; i++)
         bad = add_shape(w, shapes[i], 0, msg, n);
+    char line[4096]; /* the directives' parsers cut their text */
+    for (int i = 0; !bad && i < n_layers; i++) {
+        snprintf(line, sizeof(line), "%s", layers[i]);
+        bad = add_layer(w, line, 0, msg, n);
+    }
+    for (int i = 0; !bad && i < n_tokens; i++) {
+        snprintf(line, sizeof(line), "%s", tokens[i]);
+        bad = add_tokens(w, line, 0, msg, n);
+    }
     char buf[256];
     if (!bad && dtype) {
         snprintf(buf, sizeof(buf), "%s", dtype);

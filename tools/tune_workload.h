@@ -73,9 +73,13 @@ void tw_free(tw_workload *w);
  * message "FILE:LINE: what" (or "FILE: why" when it cannot be read). */
 int tw_parse_file(const char *path, tw_workload *w, char *msg, size_t n);
 
-/* The same from command-line values (dtype, layout may be NULL). */
+/* The same from command-line values: each mask, shape, layer ("NAME
+ * key=value ...", as after a file's 'layer') and tokens value a line's
+ * (dtype, layout may be NULL). */
 int tw_from_args(const char *const *masks, int n_masks,
-                 const char *const *shapes, int n_shapes, const char *dtype,
+                 const char *const *shapes, int n_shapes,
+                 const char *const *layers, int n_layers,
+                 const char *const *tokens, int n_tokens, const char *dtype,
                  const char *layout, tw_workload *w, char *msg, size_t n);
 
 /* Check every mask spec (cheaply, at a small size: a spec's validity does
