@@ -534,3 +534,69 @@ Test(gemm_cpu, hopper_template)
         "\"wg\":\"1\"}",
         &c2, &e2));
 }
+
+/* The templates' erf-GELU (jit_templates/stof_gelu.cuh, the formula
+ * gemm_epi.cuh evaluates, with exp2f for the SFU's ex2) against erfc in
+ * double: over every finite fp16 value, a dense sweep of [-12, 12] and
+ * large values, within the header's stated bounds; the limits and NaN. */
+#include "../jit_templates/stof_gelu.cuh"
+#include "testutil.h"
+
+static float gelu_tpl(float v)
+{
+    const float ac = stof_gelu_erf_clamp(v);
+    return stof_gelu_erf_finish(v, ac, exp2f(stof_gelu_erf_exponent(v, ac)));
+}
+
+static void gelu_check(float v, double *max_abs, double *max_rel)
+{
+    const double x = v, ref = 0.5 * x * erfc(-x / sqrt(2.0));
+    const double g = gelu_tpl(v);
+    cr_assert(isfinite(g), "gelu(%.9g) = %g", v, g);
+    /* the fp32 result's own rounding aside */
+    const double err = fabs(g - ref) - fabs(ref) * 0x1p-24;
+    cr_assert(err <= 7e-7, "gelu(%.9g) = %.9g, exact %.9g", v, g, ref);
+    if (err > *max_abs)
+        *max_abs = err;
+    if (fabs(ref) > 1e-6) {
+        cr_assert(err / fabs(ref) <= 7e-6, "gelu(%.9g) = %.9g, exact %.9g",
+                  v, g, ref);
+        if (err / fabs(ref) > *max_rel)
+            *max_rel = err / fabs(ref);
+    } else {
+        cr_assert(x > -5.5 || err <= 2e-9, "gelu(%.9g) = %.9g, exact %.9g",
+                  v, g, ref);
+    }
+}
+
+Test(gemm_cpu, gelu_erf_formula)
+{
+    double max_abs = 0, max_rel = 0;
+    for (unsigned b = 0; b < 0x10000u; b++) {
+        const float v = tu_f16_to_f32((uint16_t)b);
+        if (isfinite(v))
+            gelu_check(v, &max_abs, &max_rel);
+    }
+    for (int i = 0; i <= 2400000; i++)
+        gelu_check(-12.0f + (float)i * 1e-5f, &max_abs, &max_rel);
+    const float big[] = {1e3f, -1e3f, 3.0e38f, -3.0e38f, 1e-30f, -1e-30f};
+    for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++)
+        gelu_check(big[i], &max_abs, &max_rel);
+    cr_assert(max_abs > 1e-8, "the check compares something (%g)", max_abs);
+    cr_log_info("erf-GELU: max abs error %.3g, max relative %.3g", max_abs,
+                max_rel);
+    /* the limits: +inf, 0 far below (and at -inf), NaN kept */
+    cr_assert(isinf(gelu_tpl(INFINITY)) && gelu_tpl(INFINITY) > 0);
+    cr_assert(gelu_tpl(-INFINITY) == 0.0f);
+    cr_assert(isnan(gelu_tpl(NAN)));
+    cr_assert(gelu_tpl(0.0f) == 0.0f && gelu_tpl(-0.0f) == 0.0f);
+    /* the tail falls to 0 without a jump at T */
+    float prev = gelu_tpl(-5.0f);
+    for (float v = -5.0f; v > -40.0f; v -= 0.01f) {
+        const float g = gelu_tpl(v);
+        cr_assert(g <= 0.0f && fabsf(g) <= fabsf(prev) * 1.0001f + 1e-12f,
+                  "gelu(%g) = %g after %g", v, g, prev);
+        prev = g;
+    }
+    cr_assert(gelu_tpl(-40.0f) == 0.0f);
+}

@@ -354,7 +354,8 @@ static void bench_or_skip(void)
  * those of bench_hopper's tile list; STOF_GEMM_BENCH_REPS launches a
  * timing (default `def`; for the template's configurations and each of
  * cuBLASLt's algorithms alike: thousands keep the GPU at its sustained
- * clock and power for seconds). */
+ * clock and power for seconds); STOF_GEMM_BENCH_ACT (bench_hopper's
+ * second epilogue's activation). */
 static int bench_verbose(void)
 {
     const char *b = getenv("STOF_GEMM_BENCH");
@@ -828,11 +829,18 @@ Test(gpu, bench_hopper, .timeout = 600)
     enum { NS = sizeof(shapes) / sizeof(*shapes) };
     const stof_dtype dt = STOF_DTYPE_FP16;
     enum { NE = 3 };
-    const stof_gemm_epi epis[NE] = {{0, 0, 0, 0, 0, 0},
-                                    {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0},
-                                    {1, 0, 1, 0, 0, 0}};
-    static const char *const epi_name[NE] = {"plain", "erf-GELU",
-                                             "bias+res"};
+    /* STOF_GEMM_BENCH_ACT=a: the second epilogue's activation (a
+     * stof_activation; default erf-GELU), e.g. 3 (ReLU, no FP32
+     * arithmetic) to separate an activation's cost from the bias's. */
+    const char *act_env = getenv("STOF_GEMM_BENCH_ACT");
+    const int act = act_env && act_env[0] >= '0' && act_env[0] <= '4'
+                        ? act_env[0] - '0'
+                        : STOF_ACT_GELU_ERF;
+    static const char *const act_name[5] = {"bias", "tanh-GELU",
+                                            "erf-GELU", "ReLU", "SiLU"};
+    const stof_gemm_epi epis[NE] = {
+        {0, 0, 0, 0, 0, 0}, {1, act, 0, 0, 0, 0}, {1, 0, 1, 0, 0, 0}};
+    const char *const epi_name[NE] = {"plain", act_name[act], "bias+res"};
     kernel k[NE][N_WG_TILES] = {{{0}}};
     /* Each list entry with as many stages as fit the epilogue (a
      * residual's take one stage less at 128x256 s4 / ping-pong s6). */
@@ -931,21 +939,24 @@ Test(gpu, bench_hopper, .timeout = 600)
         const stof_gemm_cfg *b0 = &tiles[0][best_i[0]],
                             *b1 = &tiles[1][best_i[1]];
         cr_log_info("HOPPER M=%d N=%d K=%d: wgmma %.4f ms (%.0f TF/s, "
-                    "128x%d s%d%s%s; shared tiles only %.4f), erf-GELU+bias "
+                    "128x%d s%d%s%s; shared tiles only %.4f), %s+bias "
                     "%.4f ms (128x%d s%d%s%s; shared tiles only %.4f); "
                     "cuBLASLt %.4f ms (%.0f TF/s); wgmma/cuBLASLt time %.3f "
                     "(without pairs %.3f); "
                     "cuBLASLt+bias then erf-GELU kernel %.4f ms, fused "
-                    "speed-up %.2fx",
+                    "speed-up %.2fx%s",
                     M, N, K, best[0], flop / (best[0] * 1e9), b0->block_n,
                     b0->stages, b0->warps_m == 1 ? " ping-pong" : "",
-                    b0->cluster > 1 ? " pairs" : "", coop[0], best[1],
+                    b0->cluster > 1 ? " pairs" : "", coop[0],
+                    act == STOF_ACT_GELU_ERF ? "erf-GELU" : epi_name[1],
+                    best[1],
                     b1->block_n, b1->stages,
                     b1->warps_m == 1 ? " ping-pong" : "",
                     b1->cluster > 1 ? " pairs" : "", coop[1], lt_ms,
                     flop / (lt_ms * 1e9), best[0] / lt_ms, alone[0] / lt_ms,
-                    lt_gelu_ms,
-                    lt_gelu_ms / best[1]);
+                    lt_gelu_ms, lt_gelu_ms / best[1],
+                    act == STOF_ACT_GELU_ERF ? "" : " (against another "
+                                                    "activation)");
     }
     api->cuEventDestroy(e0);
     api->cuEventDestroy(e1);
