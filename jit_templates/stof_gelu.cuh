@@ -7,17 +7,18 @@
  * a polynomial. Abramowitz & Stegun 7.1.26, used before, took an exp2 and
  * a reciprocal and had a fixed absolute error (1.5e-7 of Phi), so large
  * relative errors in the negative tail; in isolation (H100, a warp a
- * sub-partition) it took 34 cycles a value a warp, this 16. In the
- * ping-pong GEMM both cost the same (there the FMA-pipe instructions
- * count: gemm_epi.cuh). h is a degree-7 polynomial, minimax on [0, T]
- * (T = 5.5, Phi(-T) = 1.9e-8), evaluated at min(a, T); past T the
- * exponent falls by K = 8 a unit (2^-8 of Phi a unit of v), so gelu goes
- * to 0 far below instead of to v Phi(-T). K a is folded into the linear
- * coefficient and subtracted again at a itself: one FMA. Errors (fp32,
- * ex2.approx), over v in [-12, 12]: absolute at most 6e-7, relative at
- * most 6e-6 wherever |gelu| > 1e-6 (tests/test_gemm_cpu.c bounds both);
- * the product takes min(a, T) as well, so +inf gives +inf and -inf gives
- * 0 (the limit), NaN stays NaN. */
+ * sub-partition) it took 34 cycles a value a warp, this 15. In the
+ * ping-pong GEMM (gemm_wgmma.cu) both cost the same: there an epilogue's
+ * FMA-pipe and SFU instructions stretch the other warpgroup's K loop
+ * (bench/RESULTS.md, 2026-11-25, per activation). h is a degree-7
+ * polynomial, minimax on [0, T] (T = 5.5, Phi(-T) = 1.9e-8), evaluated
+ * at min(a, T); past T the exponent falls by K = 8 a unit (2^-8 of Phi a
+ * unit of v), so gelu goes to 0 far below instead of to v Phi(-T). K a is
+ * folded into the linear coefficient and subtracted again at a itself:
+ * one FMA. Errors (fp32, ex2.approx), over v in [-12, 12]: absolute at
+ * most 6e-7, relative at most 6e-6 wherever |gelu| > 1e-6
+ * (tests/test_gemm_cpu.c bounds both); the product takes min(a, T) as
+ * well, so +inf gives +inf and -inf gives 0 (the limit), NaN stays NaN. */
 #ifndef STOF_GELU_CUH
 #define STOF_GELU_CUH
 
