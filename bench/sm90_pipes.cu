@@ -138,6 +138,17 @@ static const char *const mode_name[M_N] = {
     "erf-GELU (A&S 7.1.26)", "erf-GELU (12 KB table)"};
 
 template <int MODE>
+__device__ __forceinline__ void gelu_form(float (&w)[8], const float2 *tab)
+{
+    if (MODE == M_GELU)
+        gelu_now(w);
+    else if (MODE == M_GELU_AS)
+        gelu_as(w);
+    else
+        gelu_tab(w, tab);
+}
+
+template <int MODE>
 __device__ __forceinline__ void work(float (&v)[64], const float2 *tab)
 {
     // four passes between the checks of the done flag: the warp issues
@@ -193,12 +204,7 @@ __device__ __forceinline__ void work(float (&v)[64], const float2 *tab)
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 w[i] = v[j + i];
-            if (MODE == M_GELU)
-                gelu_now(w);
-            else if (MODE == M_GELU_AS)
-                gelu_as(w);
-            else
-                gelu_tab(w, tab);
+            gelu_form<MODE>(w, tab);
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 v[j + i] = w[i] + 0.5f;
@@ -299,12 +305,7 @@ __global__ void alone(float *out, long long *cycles, int reps)
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 w[i] = v[j + i] + 0.001f;
-            if (MODE == M_GELU)
-                gelu_now(w);
-            else if (MODE == M_GELU_AS)
-                gelu_as(w);
-            else
-                gelu_tab(w, tab);
+            gelu_form<MODE>(w, tab);
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 v[j + i] = w[i] * 0.5f;
