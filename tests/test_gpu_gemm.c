@@ -841,6 +841,9 @@ Test(gpu, bench_hopper, .timeout = 600)
     const stof_gemm_epi epis[NE] = {
         {0, 0, 0, 0, 0, 0}, {1, act, 0, 0, 0, 0}, {1, 0, 1, 0, 0, 0}};
     const char *const epi_name[NE] = {"plain", act_name[act], "bias+res"};
+    char act_label[32]; /* the summary's name of the second epilogue */
+    snprintf(act_label, sizeof(act_label), "%s%s", act_name[act],
+             act ? "+bias" : "");
     kernel k[NE][N_WG_TILES] = {{{0}}};
     /* Each list entry with as many stages as fit the epilogue (a
      * residual's take one stage less at 128x256 s4 / ping-pong s6). */
@@ -939,7 +942,7 @@ Test(gpu, bench_hopper, .timeout = 600)
         const stof_gemm_cfg *b0 = &tiles[0][best_i[0]],
                             *b1 = &tiles[1][best_i[1]];
         cr_log_info("HOPPER M=%d N=%d K=%d: wgmma %.4f ms (%.0f TF/s, "
-                    "128x%d s%d%s%s; shared tiles only %.4f), %s+bias "
+                    "128x%d s%d%s%s; shared tiles only %.4f), %s "
                     "%.4f ms (128x%d s%d%s%s; shared tiles only %.4f); "
                     "cuBLASLt %.4f ms (%.0f TF/s); wgmma/cuBLASLt time %.3f "
                     "(without pairs %.3f); "
@@ -947,8 +950,7 @@ Test(gpu, bench_hopper, .timeout = 600)
                     "speed-up %.2fx%s",
                     M, N, K, best[0], flop / (best[0] * 1e9), b0->block_n,
                     b0->stages, b0->warps_m == 1 ? " ping-pong" : "",
-                    b0->cluster > 1 ? " pairs" : "", coop[0],
-                    act == STOF_ACT_GELU_ERF ? "erf-GELU" : epi_name[1],
+                    b0->cluster > 1 ? " pairs" : "", coop[0], act_label,
                     best[1],
                     b1->block_n, b1->stages,
                     b1->warps_m == 1 ? " ping-pong" : "",
