@@ -381,7 +381,7 @@ Test(gpu_trust, every_layout_hits_the_same_record)
 /* A layer of batch x seq tokens, hidden, heads (a causal mask), planned
  * through job j's databases; its description in the report. */
 static void layer_plan_job(const job *j, int batch, int seq, int hidden,
-                           int heads, report *out)
+                           int heads, int llama, report *out)
 {
     stof_settings s;
     stof_default_settings(&s);
@@ -399,6 +399,15 @@ static void layer_plan_job(const job *j, int batch, int seq, int hidden,
         _exit(4);
     stof_layer_desc d;
     stof_layer_desc_init(&d, batch, seq, hidden, heads, STOF_DTYPE_FP16);
+    if (llama) { /* gated (SwiGLU), grouped-query, bias-free, RMSNorm */
+        d.act = STOF_ACT_SILU;
+        d.gated = 1;
+        d.ffn = 2 * hidden;
+        d.kv_heads = heads / 2;
+        d.no_bias = 1;
+        d.norm = STOF_NORM_RMS;
+        d.pre_norm = 1;
+    }
     stof_layer *L = NULL;
     long before = stof__jit_compile_count();
     if (stof_layer_plan(ctx, &d, m, &L) != STOF_OK) {
@@ -415,14 +424,19 @@ static void layer_plan_job(const job *j, int batch, int seq, int hidden,
 
 static void layer_fn(const void *arg, report *out)
 {
-    layer_plan_job(arg, 2, 128, 128, 2, out);
+    layer_plan_job(arg, 2, 128, 128, 2, 0, out);
+}
+
+static void llama_layer_fn(const void *arg, report *out)
+{
+    layer_plan_job(arg, 2, 128, 128, 2, 1, out);
 }
 
 /* BERT-base's layer at 8 x 512 tokens: its tuned scheme fuses the norms
  * into the GEMMs before them (H100). */
 static void bert_layer_fn(const void *arg, report *out)
 {
-    layer_plan_job(arg, 8, 512, 768, 12, out);
+    layer_plan_job(arg, 8, 512, 768, 12, 0, out);
 }
 
 Test(gpu_trust, layer_kernels_are_verified_once_then_trusted)
@@ -440,6 +454,24 @@ Test(gpu_trust, layer_kernels_are_verified_once_then_trusted)
     cr_assert_eq(verify_ms(&r2), 0.0, "%s", r2.js);
     cr_log_info("first use of a layer's records: verified in %.1f ms",
                 verify_ms(&r1));
+}
+
+/* The same for a gated layer (SwiGLU, grouped-query, no biases, RMSNorm,
+ * pre-norm): its first use from a system database checks kernels whose
+ * first FFN GEMM runs fused with the gate (no [tokens][2 ffn] buffer). */
+Test(gpu_trust, gated_layer_kernels_are_verified_once_then_trusted)
+{
+    job tune = {P("gfleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r0 = run(llama_layer_fn, &tune);
+    expect_source(&r0, "tuned");
+    job use = {P("ghost.db"), P("gfleet.db"), STOF_TUNE_DEFAULT,
+               STOF_LAYOUT_BHSD};
+    report r1 = run(llama_layer_fn, &use);
+    expect_source(&r1, "database");
+    cr_assert_gt(verify_ms(&r1), 0.0, "%s", r1.js);
+    report r2 = run(llama_layer_fn, &use);
+    expect_source(&r2, "database");
+    cr_assert_eq(verify_ms(&r2), 0.0, "%s", r2.js);
 }
 
 /* The user database's Hopper GEMM records with a row norm, rewritten as

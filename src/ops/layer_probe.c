@@ -333,9 +333,13 @@ stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t)
     }
     if (st == STOF_OK)
         st = fill(L, &t->aux, t->x, M * h, seed + 100, 1.0f, 0.0f);
+    /* (A gated layer's [tokens][2 ffn] buffer exists only while a split
+     * first FFN GEMM is timed or used: stof__layer_gate_ready.) */
     for (int s = SYM_FIRST_BUF; s <= SYM_LAST_BUF && st == STOF_OK; s++)
-        st = fill(L, &t->aux, L->buf[s], M * (size_t)stof__layer_tok_ld(L, s),
-                  seed + 200 + (uint64_t)s, 1.0f, 0.0f);
+        if (L->buf[s])
+            st = fill(L, &t->aux, L->buf[s],
+                      M * (size_t)stof__layer_tok_ld(L, s),
+                      seed + 200 + (uint64_t)s, 1.0f, 0.0f);
     if (st == STOF_OK && api->cuCtxSynchronize() != CUDA_SUCCESS)
         st = stof__fail(ctx, STOF_ERR_CUDA, "filling the scratch data failed");
     /* Sampled rows: the first, the last and a few in between. */
