@@ -1,7 +1,8 @@
 /*
  * test_gpu_cli.c - stof-tune's GPU commands on Transformer layers: a
  * layer workload tuned into a database and loaded from it, verified; a
- * serving process's cache-only layer miss tuned by `pending`. The suite
+ * serving process's cache-only layer miss tuned by `pending`; verify
+ * checks a layer's kernel records and finds a wrong one. The suite
  * reports itself skipped (exit 77) without a GPU (test_cli.c covers the
  * commands' parsing and their no-GPU paths).
  */
@@ -12,9 +13,43 @@
 #include <string.h>
 
 #include "cliutil.h"
+#include "db.h"
+#include "gemm.h"
+#include "internal.h"
 #include "testutil.h"
 
 TestSuite(gpu_cli, .init = cli_setup, .fini = cli_teardown, .timeout = 300);
+
+/* Count the verdicts of a `verify --json` document: n[op][v] with op 0
+ * layer, 1 a layer's kernel (gemm, norm), 2 anything else, v 0 ok, 1 bad,
+ * 2 skipped. With key set, that record's verdict and why go to *verdict
+ * and why (each up to 511 characters). */
+static void verdicts(const char *js, int n[3][3], const char *key,
+                     char (*verdict)[512])
+{
+    memset(n, 0, sizeof(int[3][3]));
+    json_t *o = json_loads(js, 0, NULL);
+    cr_assert(o, "%s", js);
+    json_t *recs = json_object_get(o, "records"), *r;
+    size_t i;
+    json_array_foreach(recs, i, r)
+    {
+        const char *op = json_string_value(json_object_get(r, "op"));
+        const char *v = json_string_value(json_object_get(r, "verdict"));
+        const char *k = json_string_value(json_object_get(r, "key"));
+        cr_assert(op && v && k, "%s", js);
+        const int oi = !strcmp(op, "layer")
+                           ? 0
+                           : !strcmp(op, "gemm") || !strcmp(op, "norm") ? 1
+                                                                        : 2;
+        const int vi = !strcmp(v, "ok") ? 0 : !strcmp(v, "bad") ? 1 : 2;
+        n[oi][vi]++;
+        if (key && !strcmp(k, key))
+            snprintf(verdict[0], 512, "%s: %s", v,
+                     json_string_value(json_object_get(r, "why")));
+    }
+    json_decref(o);
+}
 
 /* On a GPU: a layer workload tunes into --db (a row per layer problem,
  * kernel "layer"), a second run loads every plan from it, and verify
@@ -44,6 +79,18 @@ Test(gpu_cli, tune_layers)
     cr_assert(strstr(out_buf, "\"junction_a\""), "%s", out_buf);
     cr_assert_eq(run("verify --db %s", P("layers.db")), 0, "%s\n%s", out_buf,
                  err_buf);
+    /* Both layers (the second gated, grouped-query, bias-free, RMSNorm,
+     * pre-norm) are planned again from their records and every kernel
+     * record of theirs checked. */
+    cr_assert_eq(run("verify --db %s --json", P("layers.db")), 0, "%s\n%s",
+                 out_buf, err_buf);
+    int n[3][3];
+    verdicts(out_buf, n, NULL, NULL);
+    cr_expect_eq(n[0][0], 2, "%s", out_buf);
+    cr_expect_geq(n[1][0], 8, "%s", out_buf);
+    for (int op = 0; op < 2; op++)
+        cr_expect_eq(n[op][1] + n[op][2], 0, "op %d: %s", op, out_buf);
+    cr_expect_eq(n[2][1], 0, "%s", out_buf); /* (a builder is skipped) */
 }
 
 /* Plan the tiny layer (hidden 128, 2 heads, 2 x 128 tokens) with `db` as
@@ -90,7 +137,7 @@ static void tiny_layer_cache_only(const char *db, const char *family,
 
 /* The same for a layer over a mask family: its miss keeps the family's
  * spec (and sample instance), pending plans it with
- * stof_layer_plan_family. */
+ * stof_layer_plan_family; verify skips its records. */
 Test(gpu_cli, pending_tunes_a_missed_family_layer)
 {
     char source[32];
@@ -107,6 +154,15 @@ Test(gpu_cli, pending_tunes_a_missed_family_layer)
     tiny_layer_cache_only(P("fmiss.db"), "causal&docs", source,
                           sizeof(source));
     cr_assert_str_eq(source, "database");
+    /* verify skips the family's records with the reason (the library
+     * checks them on first use), never calls them bad. */
+    cr_assert_eq(run("verify --db %s --json", P("fmiss.db")), 0, "%s\n%s",
+                 out_buf, err_buf);
+    int n[3][3];
+    verdicts(out_buf, n, NULL, NULL);
+    cr_expect_eq(n[0][1] + n[1][1] + n[2][1], 0, "%s", out_buf);
+    cr_expect_eq(n[0][2], 1, "%s", out_buf);
+    cr_expect(strstr(out_buf, "mask family"), "%s", out_buf);
 }
 
 /* On a GPU: a cache-only layer plan that misses records its miss (with
@@ -127,6 +183,88 @@ Test(gpu_cli, pending_tunes_a_missed_layer)
     cr_assert(strstr(out_buf, "0 misses recorded"), "%s", out_buf);
     tiny_layer_cache_only(P("miss.db"), NULL, source, sizeof(source));
     cr_assert_str_eq(source, "database");
+}
+
+/* The first template GEMM record of the database at path, replaced by its
+ * own kernel compiled for bf16 (the layer is fp16): it loads, reads the
+ * same bytes and computes the wrong thing. Its key ("" when none). */
+static int first_template_gemm(void *user, const stof_db_record *r)
+{
+    stof_db_record *out = user;
+    if (out->key[0] || strcmp(r->op, "gemm") || strcmp(r->kernel, "gemm"))
+        return 0;
+    *out = *r;
+    out->cubin = NULL;
+    return 1;
+}
+
+static void poison_template_gemm(const char *path, char key[33])
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = path;
+    s.require_device = 1;
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
+    stof_db *db = stof__ctx_db(ctx);
+    stof_db_record r;
+    memset(&r, 0, sizeof(r));
+    cr_assert(db);
+    cr_assert_eq(stof__db_foreach(db, 0, first_template_gemm, &r), STOF_OK);
+    key[0] = '\0';
+    if (r.key[0]) {
+        stof_gemm_cfg c;
+        stof_gemm_epi e;
+        cr_assert(stof__gemm_cfg_parse(r.config, &c, &e), "%s", r.config);
+        cr_assert_eq(stof__gemm_compile(ctx, STOF_DTYPE_BF16, &c, &e,
+                                        r.seq_q, NULL, &r.cubin,
+                                        &r.cubin_size),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        cr_assert_eq(stof__db_store(db, &r, 1, 0), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        snprintf(key, 33, "%s", r.key);
+        stof__db_record_clear(&r);
+    }
+    stof_close(&ctx);
+}
+
+/* On a GPU: a layer record whose GEMM kernel computes the wrong thing.
+ * verify names that record and its layer bad (the layer's other kernels
+ * not reached are skipped, never called bad), --drop deletes the two, and
+ * the database then verifies clean. cuBLASLt is left out
+ * (STOF_LIBCUBLASLT=none), so the layer's GEMMs are template kernels. */
+Test(gpu_cli, verify_finds_a_wrong_layer_kernel)
+{
+    cr_assert_eq(setenv("STOF_LIBCUBLASLT", "none", 1), 0);
+    FILE *f = fopen(P("one.workload"), "w");
+    fputs("mask causal\nlayer tiny hidden=128 heads=2 ffn=256 "
+          "act=gelu_erf\ntokens 2x128\n",
+          f);
+    fclose(f);
+    cr_assert_eq(run("tune %s --db %s", P("one.workload"), P("w.db")), 0,
+                 "%s\n%s", out_buf, err_buf);
+    char key[33], v[1][512] = {""};
+    poison_template_gemm(P("w.db"), key);
+    cr_assert(key[0], "no template GEMM record to replace");
+    cr_assert_eq(run("verify --db %s --json", P("w.db")), 1, "%s\n%s",
+                 out_buf, err_buf);
+    int n[3][3];
+    verdicts(out_buf, n, key, v);
+    cr_expect(!strncmp(v[0], "bad: ", 5) && strstr(v[0], "verification"),
+              "%s", v[0]);
+    cr_expect_eq(n[0][1], 1, "the layer: %s", out_buf);
+    cr_expect_eq(n[1][1], 1, "its kernels: %s", out_buf);
+    cr_expect_eq(n[2][1], 0, "%s", out_buf);
+    cr_expect_eq(n[1][0], 0, "%s", out_buf);
+    cr_assert_eq(run("verify --db %s --drop", P("w.db")), 0, "%s\n%s",
+                 out_buf, err_buf);
+    cr_assert(strstr(out_buf, "2 bad (dropped)"), "%s", out_buf);
+    cr_assert_eq(run("verify --db %s --json", P("w.db")), 0, "%s\n%s",
+                 out_buf, err_buf);
+    verdicts(out_buf, n, NULL, NULL);
+    cr_expect_eq(n[0][0] + n[0][1] + n[0][2], 0, "%s", out_buf);
+    cr_expect_eq(n[1][1] + n[2][1], 0, "%s", out_buf);
+    cr_expect_geq(n[1][2], 1, "%s", out_buf);
 }
 
 /* Criterion's main, after a probe that reports the suite skipped (exit 77)

@@ -2,9 +2,11 @@
  * test_layer.c - the layer API on the CPU: descriptor defaults and
  * validation (every bad field is named in the message), NULL handling of
  * every entry point, and, without a GPU, a clear STOF_ERR_NO_DEVICE; the
- * steps of a scheme and which of them a stack runs.
+ * steps of a scheme and which of them a stack runs; a scheme record's
+ * layer found again from its fields (stof-tune verify).
  */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -215,4 +217,95 @@ Test(layer, stack_ending_steps)
     cr_expect_eq(L->steps[L->n_steps - 1].op, G_B_NORM);
     cr_expect_eq(L->steps[L->n_steps - 1].s[O_OUT], SYM_Y);
     free(L);
+}
+
+/* `stof-tune verify` plans a layer again from its scheme record alone:
+ * the record's fields and configuration give back the descriptor whose
+ * key is the record's; an older record (without kv_heads, no_bias, gated
+ * and eps in its configuration) by the usual values of those; a record
+ * whose fields describe another layer matches nothing. */
+Test(layer, scheme_record_gives_back_its_layer)
+{
+    stof_context *ctx = ctx_open();
+    stof_layer *L = calloc(1, sizeof(*L));
+    cr_assert(L);
+    L->ctx = ctx;
+    stof_layer_desc_init(&L->d, 2, 256, 512, 8, STOF_DTYPE_BF16);
+    L->d.ffn = 1376;
+    L->d.act = STOF_ACT_SILU;
+    L->d.norm = STOF_NORM_RMS;
+    L->d.pre_norm = 1;
+    L->d.kv_heads = 2;
+    L->d.no_bias = 1;
+    L->d.gated = 1;
+    L->eps = L->d.norm_eps = 1e-6f;
+    const char *hex = "00112233445566778899aabbccddeeff";
+    stof__layer_key(L, hex);
+    stof_db_record r;
+    memset(&r, 0, sizeof(r));
+    snprintf(r.key, sizeof(r.key), "%s", L->key);
+    snprintf(r.op, sizeof(r.op), "layer");
+    snprintf(r.kernel, sizeof(r.kernel), "scheme");
+    snprintf(r.mask_digest, sizeof(r.mask_digest), "%s", hex);
+    snprintf(r.dtype, sizeof(r.dtype), "bf16");
+    r.batch = 2;
+    r.heads = 8;
+    r.seq_q = r.seq_k = 256;
+    static const char *const configs[] = {
+        /* as stored now */
+        "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": 1376, "
+        "\"act\": 4, \"norm\": 1, \"kv_heads\": 2, \"no_bias\": 1, "
+        "\"gated\": 1, \"eps\": 9.9999999747524271e-07}",
+        /* as stored before */
+        "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": 1376, "
+        "\"act\": 4, \"norm\": 1}"};
+    for (int c = 0; c < 2; c++) {
+        snprintf(r.config, sizeof(r.config), "%s", configs[c]);
+        stof_layer_desc d;
+        int old = -1;
+        char why[256] = "";
+        cr_assert_eq(stof__layer_record_desc(ctx, &r, &d, &old, why,
+                                             sizeof(why)),
+                     1, "config %d: %s", c, why);
+        cr_expect_eq(d.batch, 2);
+        cr_expect_eq(d.seq, 256);
+        cr_expect_eq(d.hidden, 512);
+        cr_expect_eq(d.heads, 8);
+        cr_expect_eq(d.ffn, 1376);
+        cr_expect_eq(d.dtype, STOF_DTYPE_BF16);
+        cr_expect_eq(d.act, STOF_ACT_SILU);
+        cr_expect_eq(d.norm, STOF_NORM_RMS);
+        cr_expect_eq(d.pre_norm, 1);
+        cr_expect_eq(d.kv_heads, 2);
+        cr_expect_eq(d.no_bias, 1);
+        cr_expect_eq(d.gated, 1);
+        cr_expect_eq(d.norm_eps, 1e-6f);
+    }
+    /* Another layer: a field changed (now: bad; before: not found among
+     * the usual values, so old = 1). */
+    snprintf(r.config, sizeof(r.config), "%s", configs[0]);
+    char *g = strstr(r.config, "\"gated\": 1");
+    cr_assert(g);
+    g[9] = '0';
+    stof_layer_desc d;
+    int old = -1;
+    char why[256] = "";
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, why, sizeof(why)),
+                 0);
+    cr_expect_eq(old, 0, "%s", why);
+    L->eps = 3e-5f; /* not a usual eps */
+    stof__layer_key(L, hex);
+    snprintf(r.key, sizeof(r.key), "%s", L->key);
+    snprintf(r.config, sizeof(r.config), "%s", configs[1]);
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, why, sizeof(why)),
+                 0);
+    cr_expect_eq(old, 1, "%s", why);
+    snprintf(r.config, sizeof(r.config), "%s", configs[0]);
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, why, sizeof(why)),
+                 0, "eps 1e-6 in the record, 3e-5 in its key");
+    r.heads = 0;
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, why, sizeof(why)),
+                 0);
+    free(L);
+    stof_close(&ctx);
 }

@@ -3,7 +3,9 @@
  * driver, NVRTC and build, plan its problem from the database alone (the
  * database is the only, read-only, layer and the context never tunes), so
  * the stored cubin is what gets loaded; run it on random inputs and compare
- * head 0 of batch 0 with the C reference. A record that passes is marked
+ * head 0 of batch 0 with the C reference; plan each layer (its scheme
+ * record) likewise, the library checking every kernel record it loads
+ * against the C reference on sampled rows. A record that passes is marked
  * trusted in the user database (db.h, "Local trust"): this host has
  * checked it, so programs here use it without checking it again. The
  * plan descriptions are read, and the --json report is written, with
@@ -20,6 +22,7 @@
 #include "db.h"
 #include "db_tools.h"
 #include "internal.h"
+#include "layer_int.h"
 #include "record_check.h"
 #include "tune_cli.h"
 #include "tune_text.h"
@@ -196,6 +199,182 @@ static int tv_matches(const stof_context *ctx, const stof_db_record *r)
            !strcmp(r->template_hash, th);
 }
 
+/* Whether spec names a mask family (whose records are keyed by the
+ * family and its sample's statistics, not by one mask's bits). */
+static int tv_is_family(stof_context *ctx, const char *spec)
+{
+    stof_mask_family *fam = NULL;
+    const int ok = stof_mask_family_create(ctx, spec, &fam) == STOF_OK;
+    stof_mask_family_free(&fam);
+    return ok;
+}
+
+/* Record r's mask (*m) when its spec gives its digest: 1. Otherwise 0 with
+ * the verdict: skipped (no spec, a family's record) or bad. */
+static int tv_mask(stof_context *ctx, const stof_db_record *r, int seq_q,
+                   int seq_k, stof_mask **m, const char **verdict, char *why,
+                   size_t wn)
+{
+    *m = NULL;
+    if (!r->mask_spec[0]) {
+        *verdict = "skipped";
+        snprintf(why, wn, "no mask spec: the mask cannot be rebuilt");
+        return 0;
+    }
+    char hex[33] = "";
+    if (stof_mask_from_spec(ctx, r->mask_spec, seq_q, seq_k, m) == STOF_OK) {
+        stof_mask_digest(*m, NULL, hex);
+        if (!strcmp(hex, r->mask_digest))
+            return 1;
+        stof_mask_free(m);
+    }
+    if (tv_is_family(ctx, r->mask_spec)) {
+        *verdict = "skipped";
+        snprintf(why, wn, "made over the mask family '%s' (keyed by its "
+                          "sample's statistics): checked by the library on "
+                          "first use instead", r->mask_spec);
+        return 0;
+    }
+    *verdict = "bad";
+    if (hex[0])
+        snprintf(why, wn, "mask spec '%s' does not give the recorded digest",
+                 r->mask_spec);
+    else
+        snprintf(why, wn, "cannot rebuild the mask: %s", stof_errmsg(ctx));
+    return 0;
+}
+
+/* An attention record: plan its problem from the database under test, run
+ * it and compare with the C reference. The verdict; why and *rel set. */
+static const char *tv_attention(stof_context *ctx, const stof_db_record *r,
+                                double *rel, char *why, size_t wn)
+{
+    const char *verdict = "ok";
+    stof_attention_desc d;
+    stof_mask *m = NULL;
+    stof_plan *plan = NULL;
+    char hex[33];
+    int skip = 0;
+    if (!tv_mask(ctx, r, r->seq_q, r->seq_k, &m, &verdict, why, wn))
+        return verdict;
+    stof_mask_digest(m, NULL, hex);
+    if (stof_attention_desc_init(&d, r->batch, r->heads, r->seq_q, r->seq_k,
+                                 r->head_dim,
+                                 strcmp(r->dtype, "bf16") ? STOF_DTYPE_FP16
+                                                          : STOF_DTYPE_BF16,
+                                 STOF_LAYOUT_BHSD) != STOF_OK) {
+        verdict = "bad";
+        snprintf(why, wn, "cannot rebuild the problem: %s", stof_errmsg(ctx));
+    } else if (!tv_rebuild(ctx, r, &d, hex, &skip, why, wn)) {
+        verdict = skip ? "skipped" : "bad";
+    } else if (stof_attention_plan(ctx, &d, m, &plan) != STOF_OK) {
+        verdict = "bad";
+        snprintf(why, wn, "plan failed: %s", stof_errmsg(ctx));
+    } else {
+        /* The plan must have loaded this very record from the database
+         * under test, not tuned or fallen back. */
+        json_t *desc = plan_description(plan);
+        const char *src = json_string_value(json_object_get(desc, "source"));
+        const char *key = json_string_value(json_object_get(desc, "key"));
+        const int stored = src && key && !strcmp(src, "system db") &&
+                           !strcmp(key, r->key);
+        json_decref(desc);
+        if (!stored) {
+            verdict = "bad";
+            snprintf(why, wn, "the stored kernel was not used: it did not "
+                              "load or failed its check on this GPU");
+        } else {
+            *rel = tv_check(ctx, plan, &d, m, why, wn);
+            double tol = d.dtype == STOF_DTYPE_BF16 ? 2e-2 : 1e-2;
+            if (*rel < 0)
+                verdict = "bad";
+            else if (!(*rel <= tol)) {
+                verdict = "bad";
+                snprintf(why, wn, "relative error %.3g exceeds %.3g", *rel,
+                         tol);
+            }
+        }
+    }
+    stof_plan_free(&plan);
+    stof_mask_free(&m);
+    return verdict;
+}
+
+/* Verdicts of the records of a database, in the order they are decided. */
+typedef struct tv_out {
+    const char **verdict; /* per record; NULL: not decided yet */
+    char (*why)[512];
+} tv_out;
+
+/* A layer's scheme record (index i): plan its layer from the database
+ * under test. Nothing is trusted in this context, so the library checks
+ * every stored kernel of the layer against the C reference on sampled
+ * rows as it loads it (its first use); the layer's kernel records (op
+ * "gemm", "norm") get their verdicts from that too. */
+static void tv_layer(stof_context *ctx, const stof_dbt_records *l, int i,
+                     tv_out *o)
+{
+    const stof_db_record *r = &l->v[i];
+    char *why = o->why[i];
+    const size_t wn = sizeof(o->why[i]);
+    stof_layer_desc d;
+    int old = 0;
+    stof_mask *m = NULL;
+    stof_layer *L = NULL;
+    o->verdict[i] = "bad";
+    if (l->why[i][0]) {
+        snprintf(why, wn, "invalid record: %s", l->why[i]);
+        return;
+    }
+    if (!stof__layer_record_desc(ctx, r, &d, &old, why, wn)) {
+        if (old) {
+            o->verdict[i] = "skipped";
+            snprintf(why, wn, "the record predates the full layer "
+                              "description and its key matches no usual "
+                              "one: checked by the library on first use "
+                              "instead");
+        }
+        return;
+    }
+    if (!tv_mask(ctx, r, d.seq, d.seq, &m, &o->verdict[i], why, wn))
+        return;
+    if (stof_layer_plan(ctx, &d, m, &L) != STOF_OK) {
+        snprintf(why, wn, "plan failed: %s", stof_errmsg(ctx));
+        stof_mask_free(&m);
+        return;
+    }
+    const int ok = !strcmp(L->source, "database") && !strcmp(L->key, r->key);
+    if (ok) {
+        o->verdict[i] = "ok";
+        snprintf(why, wn, "%d kernel(s) checked against the C reference",
+                 L->n_db_keys);
+    } else {
+        snprintf(why, wn, "not planned from its records: %s",
+                 L->db_why[0] ? L->db_why : "another key");
+    }
+    /* Its kernels' records: checked with it, the one it failed on, or not
+     * reached. */
+    for (int k = 0; k < L->n_db_keys; k++)
+        for (int j = 0; j < l->n; j++) {
+            if (strcmp(l->v[j].key, L->db_keys[k]) || o->verdict[j])
+                continue;
+            if (ok) {
+                o->verdict[j] = "ok";
+                snprintf(o->why[j], wn, "checked with its layer %.12s",
+                         r->key);
+            } else if (!strcmp(l->v[j].key, L->db_bad_key)) {
+                o->verdict[j] = "bad";
+                snprintf(o->why[j], wn, "%s", L->db_why);
+            } else {
+                o->verdict[j] = "skipped";
+                snprintf(o->why[j], wn, "not checked: its layer %.12s "
+                                        "failed on another record", r->key);
+            }
+        }
+    stof_layer_free(&L);
+    stof_mask_free(&m);
+}
+
 int tv_verify(stof_context *cpu, const char *path, int drop, int json,
               tv_open_gpu_fn open_gpu)
 {
@@ -228,128 +407,103 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
     /* Where trust is written: the user database of this host. */
     (void)stof__db_open(STOF_DB_SINK(cpu), NULL, NULL, &udb);
     char (*bad)[33] = calloc((size_t)l.n + 1, sizeof(*bad));
+    tv_out o = {calloc((size_t)l.n + 1, sizeof(*o.verdict)),
+                calloc((size_t)l.n + 1, sizeof(*o.why))};
+    double *rel = calloc((size_t)l.n + 1, sizeof(*rel));
     int n_ok = 0, n_bad = 0, n_skip = 0, n_other = 0, n_dropped = 0;
     /* With --json the verdicts are gathered and printed in one document
      * at the end (NULL once that ran out of memory). */
     json_t *verdicts = json ? json_array() : NULL;
-    for (int i = 0; bad && i < l.n; i++) {
-        const stof_db_record *r = &l.v[i];
-        if (!tv_matches(ctx, r)) {
-            n_other++;
-            continue;
-        }
-        char why[512] = "";
-        const char *verdict = "ok";
-        double rel = -1;
-        stof_attention_desc d;
-        stof_mask *m = NULL;
-        stof_plan *plan = NULL;
-        if (strcmp(r->op, "attention") != 0) {
-            verdict = "skipped";
-            snprintf(why, sizeof(why),
-                     !strcmp(r->op, "builder")
-                         ? "the GPU format builder's cubin: compiled on this "
-                           "kind of machine, used only where it was made"
-                         : "a %s record of a layer: checked against the C "
-                           "reference when tuned, not rebuilt here",
-                     r->op);
-        } else if (l.why[i][0]) {
-            verdict = "bad";
-            snprintf(why, sizeof(why), "invalid record: %s", l.why[i]);
-        } else if (!r->mask_spec[0]) {
-            verdict = "skipped";
-            snprintf(why, sizeof(why),
-                     "no mask spec: the mask cannot be rebuilt");
-        } else if (stof_mask_from_spec(ctx, r->mask_spec, r->seq_q, r->seq_k,
-                                       &m) != STOF_OK ||
-                   stof_attention_desc_init(
-                       &d, r->batch, r->heads, r->seq_q, r->seq_k, r->head_dim,
-                       strcmp(r->dtype, "bf16") ? STOF_DTYPE_FP16
-                                                : STOF_DTYPE_BF16,
-                       STOF_LAYOUT_BHSD) !=
-                       STOF_OK) {
-            verdict = "bad";
-            snprintf(why, sizeof(why), "cannot rebuild the problem: %s",
-                     stof_errmsg(ctx));
-        } else {
-            char hex[33];
-            int skip = 0;
-            stof_mask_digest(m, NULL, hex);
-            if (strcmp(hex, r->mask_digest)) {
-                verdict = "bad";
-                snprintf(why, sizeof(why),
-                         "mask spec '%s' does not give the recorded digest",
-                         r->mask_spec);
-            } else if (!tv_rebuild(ctx, r, &d, hex, &skip, why,
-                                   sizeof(why))) {
-                verdict = skip ? "skipped" : "bad";
-            } else if (stof_attention_plan(ctx, &d, m, &plan) != STOF_OK) {
-                verdict = "bad";
-                snprintf(why, sizeof(why), "plan failed: %s", stof_errmsg(ctx));
-            } else {
-                /* The plan must have loaded this very record from the
-                 * database under test, not tuned or fallen back. */
-                json_t *desc = plan_description(plan);
-                const char *src =
-                    json_string_value(json_object_get(desc, "source"));
-                const char *key =
-                    json_string_value(json_object_get(desc, "key"));
-                const int stored = src && key && !strcmp(src, "system db") &&
-                                   !strcmp(key, r->key);
-                json_decref(desc);
-                if (!stored) {
-                    verdict = "bad";
-                    snprintf(why, sizeof(why),
-                             "the stored kernel was not used: it did not load "
-                             "or failed its check on this GPU");
-                } else {
-                    rel = tv_check(ctx, plan, &d, m, why, sizeof(why));
-                    double tol = d.dtype == STOF_DTYPE_BF16 ? 2e-2 : 1e-2;
-                    if (rel < 0)
-                        verdict = "bad";
-                    else if (!(rel <= tol)) {
-                        verdict = "bad";
-                        snprintf(why, sizeof(why),
-                                 "relative error %.3g exceeds %.3g", rel, tol);
-                    }
+    /* Pass 0: attention, builder and layer records (a layer decides its
+     * kernels' records); pass 1: the kernels' records. */
+    for (int pass = 0; bad && o.verdict && o.why && rel && pass < 2; pass++)
+        for (int i = 0; i < l.n; i++) {
+            const stof_db_record *r = &l.v[i];
+            const int kernel_rec =
+                !strcmp(r->op, "gemm") || !strcmp(r->op, "norm");
+            if (kernel_rec != pass)
+                continue;
+            if (!tv_matches(ctx, r)) {
+                n_other++;
+                continue;
+            }
+            char *why = o.why[i];
+            const size_t wn = sizeof(o.why[i]);
+            rel[i] = -1;
+            if (!strcmp(r->op, "layer")) {
+                tv_layer(ctx, &l, i, &o);
+            } else if (kernel_rec) {
+                if (!o.verdict[i]) {
+                    o.verdict[i] = "skipped";
+                    snprintf(why, wn, l.why[i][0]
+                                          ? "invalid record, of no layer "
+                                            "record here"
+                                          : "no layer record of this "
+                                            "database uses it");
                 }
+            } else if (!strcmp(r->op, "builder")) {
+                o.verdict[i] = "skipped";
+                snprintf(why, wn, "the GPU format builder's cubin: compiled "
+                                  "on this kind of machine, used only where "
+                                  "it was made");
+            } else if (strcmp(r->op, "attention") != 0) {
+                o.verdict[i] = "bad";
+                snprintf(why, wn, "unknown op '%s'", r->op);
+            } else if (l.why[i][0]) {
+                o.verdict[i] = "bad";
+                snprintf(why, wn, "invalid record: %s", l.why[i]);
+            } else {
+                o.verdict[i] = tv_attention(ctx, r, &rel[i], why, wn);
             }
-        }
-        stof_plan_free(&plan);
-        stof_mask_free(&m);
-        if (!strcmp(verdict, "ok")) {
-            n_ok++;
-            stof__db_trust(udb, r);
-        }
-        else if (!strcmp(verdict, "skipped"))
-            n_skip++;
-        else
-            snprintf(bad[n_bad++], sizeof(bad[0]), "%s", r->key);
-        if (json) {
-            /* rel_err is -1 when nothing was compared, as it always was;
-             * an error that is not finite is written as null. */
-            if (json_array_append_new(
-                    verdicts,
-                    json_pack("{s:o, s:s, s:o, s:o}", "key", tt_jstr(r->key),
-                              "verdict", verdict, "rel_err", tt_jnum(rel, 4),
-                              "why", tt_jstr(why)))) {
-                json_decref(verdicts);
-                verdicts = NULL;
+            const char *verdict = o.verdict[i];
+            if (!strcmp(verdict, "ok")) {
+                n_ok++;
+                stof__db_trust(udb, r);
+            } else if (!strcmp(verdict, "skipped"))
+                n_skip++;
+            else
+                snprintf(bad[n_bad++], sizeof(bad[0]), "%s", r->key);
+            if (json) {
+                /* rel_err is -1 when nothing was compared, as it always
+                 * was; an error that is not finite is written as null. */
+                if (json_array_append_new(
+                        verdicts,
+                        json_pack("{s:o, s:s, s:s, s:o, s:o}", "key",
+                                  tt_jstr(r->key), "op", r->op, "verdict",
+                                  verdict, "rel_err", tt_jnum(rel[i], 4),
+                                  "why", tt_jstr(why)))) {
+                    json_decref(verdicts);
+                    verdicts = NULL;
+                }
+            } else if (!strcmp(r->op, "attention")) {
+                printf("%-8s %.12s  %s %dx%dx%dx%dx%d %s  %s%s%s\n", verdict,
+                       tt_term(r->key),
+                       r->mask_spec[0] ? tt_term(r->mask_spec) : "(no spec)",
+                       r->batch, r->heads, r->seq_q, r->seq_k, r->head_dim,
+                       tt_term(r->dtype), tt_term(r->kernel),
+                       why[0] ? ": " : "", tt_term(why));
+            } else {
+                /* layer: batch x seq, heads; gemm: M x N x K; norm:
+                 * tokens x width */
+                printf("%-8s %.12s  %s %s %dx%d", verdict, tt_term(r->key),
+                       tt_term(r->op),
+                       r->mask_spec[0] ? tt_term(r->mask_spec) : "(no spec)",
+                       r->batch, r->seq_q);
+                if (!strcmp(r->op, "gemm"))
+                    printf("x%d", r->seq_k);
+                else if (!strcmp(r->op, "layer"))
+                    printf(" heads %d", r->heads);
+                printf(" %s %s%s%s\n", tt_term(r->dtype), tt_term(r->kernel),
+                       why[0] ? ": " : "", tt_term(why));
             }
-        } else {
-            printf("%-8s %.12s  %s %dx%dx%dx%dx%d %s  %s%s%s\n", verdict,
-                   tt_term(r->key),
-                   r->mask_spec[0] ? tt_term(r->mask_spec) : "(no spec)",
-                   r->batch, r->heads, r->seq_q, r->seq_k, r->head_dim,
-                   tt_term(r->dtype), tt_term(r->kernel), why[0] ? ": " : "",
-                   tt_term(why));
+            tt_release();
+            fflush(stdout);
         }
-        tt_release();
-        fflush(stdout);
-    }
     stof_close(&ctx);
     stof__db_close(&udb);
-    int db_failed = 0;
+    int db_failed = !bad || !o.verdict || !o.why || !rel;
+    if (db_failed)
+        fprintf(stderr, "stof-tune: out of memory\n");
     for (int i = 0; drop && i < n_bad; i++) {
         if (stof__dbt_delete(STOF_DB_SINK(cpu), path, bad[i]) == STOF_OK)
             n_dropped++;
@@ -371,6 +525,9 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                "build\n",
                n_ok, n_bad, drop ? " (dropped)" : "", n_skip, n_other);
     free(bad);
+    free(o.verdict);
+    free(o.why);
+    free(rel);
     stof__dbt_records_free(&l);
     if (db_failed)
         return 4;

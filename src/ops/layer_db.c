@@ -28,35 +28,38 @@ static void hash_key(const char *text, char key[33])
              (unsigned long long)h.low64);
 }
 
-/* Everything that decides the winners: the layer, the mask, the device,
- * the versions (cuBLASLt's too: its algorithms are stored). */
-void stof__layer_key(stof_layer *L, const char *mask_hex)
+/* Everything that decides the winners: the layer d (its norm's eps), the
+ * mask, the device, the versions (cuBLASLt's too: its algorithms are
+ * stored). */
+static void key_text(const stof_device *dev, const stof_layer_desc *d,
+                     float eps, const char *mask_hex, char *out, size_t n)
 {
-    const stof_device *dev = &L->ctx->device;
-    const stof_layer_desc *d = &L->d;
-    snprintf(L->key_text, sizeof(L->key_text),
+    snprintf(out, n,
              "op=layer;v=1;mask=%s;batch=%d;seq=%d;hidden=%d;heads=%d;"
              "ffn=%d;dtype=%s;act=%d;norm=%d;pre=%d;eps=%a;device=%s;"
              "cc=%d.%d;sms=%d;driver=%d;nvrtc=%d.%d;stof=%s;"
              "templates=%016llx;cublaslt=%zu",
              mask_hex, d->batch, d->seq, d->hidden, d->heads, d->ffn,
-             stof__layer_dtype_str(d->dtype), (int)d->act, (int)d->norm, d->pre_norm,
-             (double)L->eps, dev->name, dev->cc_major, dev->cc_minor,
-             dev->sm_count, dev->driver_version, dev->nvrtc_major,
-             dev->nvrtc_minor, stof_version_string(),
+             stof__layer_dtype_str(d->dtype), (int)d->act, (int)d->norm,
+             d->pre_norm, (double)eps, dev->name, dev->cc_major,
+             dev->cc_minor, dev->sm_count, dev->driver_version,
+             dev->nvrtc_major, dev->nvrtc_minor, stof_version_string(),
              (unsigned long long)stof_template_hash(), stof__blaslt_version());
-    /* Grouped-query layers only (the others' keys are unchanged). */
-    const size_t kl = strlen(L->key_text);
-    if (d->kv_heads > 0 && d->kv_heads != d->heads)
-        snprintf(L->key_text + kl, sizeof(L->key_text) - kl, ";kv_heads=%d",
-                 d->kv_heads);
-    /* Layers without biases only, likewise. */
-    const size_t kn = strlen(L->key_text);
-    if (d->no_bias)
-        snprintf(L->key_text + kn, sizeof(L->key_text) - kn, ";no_bias=1");
-    const size_t kg = strlen(L->key_text);
-    if (d->gated)
-        snprintf(L->key_text + kg, sizeof(L->key_text) - kg, ";gated=1");
+    /* Grouped-query, bias-free and gated layers only (the others' keys
+     * are unchanged). */
+    size_t k = strlen(out);
+    if (d->kv_heads > 0 && d->kv_heads != d->heads && k < n)
+        k += (size_t)snprintf(out + k, n - k, ";kv_heads=%d", d->kv_heads);
+    if (d->no_bias && k < n)
+        k += (size_t)snprintf(out + k, n - k, ";no_bias=1");
+    if (d->gated && k < n)
+        snprintf(out + k, n - k, ";gated=1");
+}
+
+void stof__layer_key(stof_layer *L, const char *mask_hex)
+{
+    key_text(&L->ctx->device, &L->d, L->eps, mask_hex, L->key_text,
+             sizeof(L->key_text));
     hash_key(L->key_text, L->key);
 }
 
@@ -233,14 +236,86 @@ int stof__layer_record_check(const stof_db_record *r, char *why, size_t n)
     return 1;
 }
 
+/* The layer a scheme record r was tuned for: its descriptor from r's
+ * fields and configuration, kept only when its key over r's mask digest is
+ * r's key. Records made before the configuration named kv_heads, no_bias,
+ * gated and eps are matched by trying the usual values of those. 1, or 0
+ * with why (*old = 1 when an old record matched none of them). */
+int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
+                            stof_layer_desc *d, int *old, char *why,
+                            size_t n)
+{
+    static const char *const keys[] = {"pre", "hidden", "ffn", "act",
+                                       "norm"};
+    static const char *const more[] = {"kv_heads", "no_bias", "gated"};
+    int v[5], w[3] = {0, 0, 0};
+    *old = 0;
+    if (strcmp(r->op, "layer") != 0 || !stof__json_ints(r->config, keys, 5, v))
+        return stof__why(why, n, "not a layer scheme with its descriptor");
+    stof_layer_desc_init(d, r->batch, r->seq_q, v[1], r->heads,
+                         strcmp(r->dtype, "bf16") ? STOF_DTYPE_FP16
+                                                  : STOF_DTYPE_BF16);
+    d->pre_norm = v[0];
+    d->ffn = v[2];
+    d->act = (stof_activation)v[3];
+    d->norm = (stof_norm_kind)v[4];
+    double eps = 0.0;
+    json_t *o = json_loads(r->config, 0, NULL);
+    const int full = o && json_is_number(json_object_get(o, "eps")) &&
+                     stof__json_ints(r->config, more, 3, w);
+    if (full)
+        eps = json_number_value(json_object_get(o, "eps"));
+    json_decref(o);
+    static const float eps_usual[] = {1e-5f, 1e-6f, 1e-12f, 1e-8f, 1e-7f};
+    const int n_eps = full ? 1 : (int)(sizeof(eps_usual) / sizeof(*eps_usual));
+    char text[1024], key[33];
+    if (r->heads < 1 || r->heads > 4096)
+        return stof__why(why, n, "%d heads", r->heads);
+    for (int kvh = 0; kvh <= d->heads; kvh++) {
+        /* (kv_heads = heads is keyed as 0) */
+        if (full ? kvh != w[0]
+                 : kvh == d->heads || (kvh > 0 && d->heads % kvh))
+            continue;
+        for (int f = 0; f < 4; f++) {
+            if (full && f != (w[1] ? 1 : 0) + (w[2] ? 2 : 0))
+                continue;
+            for (int e = 0; e < n_eps; e++) {
+                stof_layer_desc t = *d;
+                t.kv_heads = kvh;
+                t.no_bias = f & 1;
+                t.gated = f >> 1;
+                t.norm_eps = full ? (float)eps : eps_usual[e];
+                key_text(&ctx->device, &t, t.norm_eps, r->mask_digest, text,
+                         sizeof(text));
+                hash_key(text, key);
+                if (!strcmp(key, r->key)) {
+                    *d = t;
+                    return 1;
+                }
+            }
+        }
+    }
+    *old = !full;
+    return stof__why(why, n,
+                     full ? "the record's key is not that of the layer its "
+                            "fields describe"
+                          : "the record's key matches none of the layers "
+                            "its fields and the usual kv_heads, bias, gate "
+                            "and eps values describe");
+}
+
 /* Load the scheme and its kernels stored under L's keys. STOF_OK, or
  * STOF_ERR_NOT_FOUND (a miss, or something unusable: logged). */
 stof_status stof__layer_from_db(stof_layer *L)
 {
     stof_db *db = stof__ctx_db(L->ctx);
     stof_db_record rec;
+    L->n_db_keys = 0;
+    L->db_bad_key[0] = '\0';
+    snprintf(L->db_why, sizeof(L->db_why), "no layer record");
     if (!db || stof__db_lookup(db, L->key, &rec) != STOF_OK)
         return STOF_ERR_NOT_FOUND;
+    L->db_why[0] = '\0';
     int ja = -1, jb = -1;
     const int ok = strcmp(rec.op, "layer") == 0 &&
                    scheme_of(rec.config, &ja, &jb);
@@ -248,6 +323,7 @@ stof_status stof__layer_from_db(stof_layer *L)
     L->model_ms = rec.model_ms;
     stof__db_record_clear(&rec);
     if (!ok) {
+        snprintf(L->db_why, sizeof(L->db_why), "its scheme is malformed");
         stof__log(L->ctx, STOF_LOG_WARN,
                   "layer record %s is malformed; tuning again", L->key);
         return STOF_ERR_NOT_FOUND;
@@ -267,10 +343,14 @@ stof_status stof__layer_from_db(stof_layer *L)
         const char *slot = s->kind == STEP_GEMM ? g_slot[s->op] : n_slot[s->op];
         char key[33];
         stof__layer_op_key(L, slot, key);
+        snprintf(L->db_keys[L->n_db_keys++], 33, "%s", key);
         t = stof__now_ms();
         const stof_status found = stof__db_lookup(db, key, &rec);
         t_lookup += stof__now_ms() - t;
         if (found != STOF_OK) {
+            snprintf(L->db_why, sizeof(L->db_why),
+                     "the record of its %s kernel (%s) is missing", slot,
+                     key);
             stof__log(L->ctx, STOF_LOG_WARN,
                       "layer %s: the record of its %s kernel is missing; "
                       "tuning again",
@@ -320,11 +400,16 @@ stof_status stof__layer_from_db(stof_layer *L)
             t_mod += stof__now_ms() - t;
             n->ms = rec.time_ms;
         }
-        if (st != STOF_OK)
+        if (st != STOF_OK) {
+            snprintf(L->db_bad_key, sizeof(L->db_bad_key), "%s", key);
+            snprintf(L->db_why, sizeof(L->db_why),
+                     "its stored %s kernel cannot be used (%s)", slot,
+                     stof_status_str(st));
             stof__log(L->ctx, STOF_LOG_WARN,
                       "layer %s: its stored %s kernel cannot be used (%s); "
                       "tuning again",
                       L->key, slot, stof_status_str(st));
+        }
         if (st == STOF_OK && !stof__db_trusted(db, &rec) &&
             n_fresh < MAX_STEPS) {
             fresh[n_fresh] = rec;
@@ -345,6 +430,8 @@ stof_status stof__layer_from_db(stof_layer *L)
               "cuBLASLt %.3f ms",
               L->key, t_lookup, t_mod, t_lt);
     if (st != STOF_OK) {
+        if (!L->db_why[0])
+            snprintf(L->db_why, sizeof(L->db_why), "%s", stof_errmsg(L->ctx));
         for (int i = 0; i < G_COUNT; i++)
             stof__layer_gemm_unload(L, &L->g[i]);
         for (int i = 0; i < N_COUNT; i++)
@@ -423,11 +510,15 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
     r.head_dim = L->hd;
     snprintf(r.layout, sizeof(r.layout), "layer");
     snprintf(r.kernel, sizeof(r.kernel), "scheme");
-    stof__json_text(json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "ja",
-                              L->ja, "jb", L->jb, "pre", L->d.pre_norm,
-                              "hidden", L->d.hidden, "ffn", L->d.ffn, "act",
-                              (int)L->d.act, "norm", (int)L->d.norm),
-                    r.config, sizeof(r.config));
+    /* With the rest of the descriptor, so `stof-tune verify` can plan the
+     * layer again from the record alone (stof__layer_record_desc). */
+    stof__json_text(
+        json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f}",
+                  "ja", L->ja, "jb", L->jb, "pre", L->d.pre_norm, "hidden",
+                  L->d.hidden, "ffn", L->d.ffn, "act", (int)L->d.act, "norm",
+                  (int)L->d.norm, "kv_heads", L->d.kv_heads, "no_bias",
+                  L->d.no_bias, "gated", L->d.gated, "eps", (double)L->eps),
+        r.config, sizeof(r.config));
     r.time_ms = L->layer_ms;
     r.model_ms = L->model_ms;
     r.n_candidates = J_COUNT;

@@ -113,6 +113,13 @@ struct stof_layer {
     char source[16];       /* "database", "tuned", "model" */
     double layer_ms, model_ms, tune_s;
     double verify_ms;       /* first use of database kernels here */
+    /* stof__layer_from_db's last run: the kernels' record keys it read,
+     * the one it stopped at ("" when a record was missing or none) and why
+     * (`stof-tune verify` reports these per record). */
+    char db_keys[MAX_STEPS][33];
+    int n_db_keys;
+    char db_bad_key[33];
+    char db_why[256];
     double plan_ms[3];      /* the plan's parts: the attention plan, the
                                buffers, the kernels (database or search) */
     char errmsg[1024];
@@ -229,6 +236,13 @@ int stof__layer_probe_step(stof_layer *L, int is_norm, int op, step *out);
  * versions; the key of one of its kernels (slot). */
 void stof__layer_key(stof_layer *L, const char *mask_hex);
 void stof__layer_op_key(const stof_layer *L, const char *slot, char key[33]);
+/* stof-tune verify: the layer descriptor a scheme record (op "layer") was
+ * tuned for, found by its key. 1, or 0 with why; *old = 1 when the record
+ * predates the full descriptor in its configuration and matched none of
+ * the usual values of the missing fields. */
+int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
+                            stof_layer_desc *d, int *old, char *why,
+                            size_t n);
 void stof__layer_gemm_unload(stof_layer *L, gemm_op *g);
 void stof__layer_norm_unload(stof_layer *L, norm_op *n);
 stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,

@@ -404,6 +404,12 @@ stof_status stof__layer_verify_loaded(stof_layer *L, stof_db *db,
             continue;
         }
         failed = 1;
+        snprintf(L->db_bad_key, sizeof(L->db_bad_key), "%s", recs[i].key);
+        snprintf(L->db_why, sizeof(L->db_why),
+                 "its kernel record %s failed verification on this GPU: %s "
+                 "(relative error %.3g)",
+                 recs[i].key,
+                 rs != STOF_OK ? stof_status_str(rs) : "wrong result", err);
         stof__log(L->ctx, STOF_LOG_WARN,
                   "layer %s: tuning record %s (%s database, made on %s) "
                   "failed verification on this GPU: %s (relative error "
@@ -416,6 +422,9 @@ stof_status stof__layer_verify_loaded(stof_layer *L, stof_db *db,
     stof__layer_tuner_stop(&t);
     L->verify_ms = (now_s() - t0) * 1e3;
     if (st != STOF_OK) {
+        snprintf(L->db_why, sizeof(L->db_why),
+                 "its stored kernels could not be verified: %s",
+                 stof_errmsg(L->ctx));
         stof__log(L->ctx, STOF_LOG_WARN,
                   "layer %s: its stored kernels could not be verified (%s); "
                   "tuning again",
