@@ -378,10 +378,16 @@ Test(gpu_trust, every_layout_hits_the_same_record)
 }
 
 /* In a child: plan a small Transformer layer with the given databases. */
-/* A layer of batch x seq tokens, hidden, heads (a causal mask), planned
- * through job j's databases; its description in the report. */
+/* The layers planned: BERT-like (post-norm, biases), Llama-like (gated
+ * SwiGLU, grouped-query, bias-free, RMSNorm, pre-norm), over a mask
+ * family (its default instance), GPT-2-like in bf16 (pre-norm, tanh). */
+enum { LAYER_BERT, LAYER_LLAMA, LAYER_FAMILY, LAYER_GPT2_BF16 };
+
+/* A layer of batch x seq tokens, hidden, heads (a causal mask, or the
+ * causal&docs family), planned through job j's databases; its description
+ * in the report. */
 static void layer_plan_job(const job *j, int batch, int seq, int hidden,
-                           int heads, int llama, report *out)
+                           int heads, int kind, report *out)
 {
     stof_settings s;
     stof_default_settings(&s);
@@ -395,11 +401,16 @@ static void layer_plan_job(const job *j, int batch, int seq, int hidden,
     if (stof_open(&ctx, &s) != STOF_OK)
         _exit(3);
     stof_mask *m = NULL;
-    if (stof_mask_from_spec(ctx, "causal", seq, seq, &m) != STOF_OK)
+    stof_mask_family *fam = NULL;
+    if (kind == LAYER_FAMILY
+            ? stof_mask_family_create(ctx, "causal&docs", &fam) != STOF_OK
+            : stof_mask_from_spec(ctx, "causal", seq, seq, &m) != STOF_OK)
         _exit(4);
     stof_layer_desc d;
-    stof_layer_desc_init(&d, batch, seq, hidden, heads, STOF_DTYPE_FP16);
-    if (llama) { /* gated (SwiGLU), grouped-query, bias-free, RMSNorm */
+    stof_layer_desc_init(&d, batch, seq, hidden, heads,
+                         kind == LAYER_GPT2_BF16 ? STOF_DTYPE_BF16
+                                                 : STOF_DTYPE_FP16);
+    if (kind == LAYER_LLAMA) {
         d.act = STOF_ACT_SILU;
         d.gated = 1;
         d.ffn = 2 * hidden;
@@ -407,10 +418,13 @@ static void layer_plan_job(const job *j, int batch, int seq, int hidden,
         d.no_bias = 1;
         d.norm = STOF_NORM_RMS;
         d.pre_norm = 1;
+    } else if (kind == LAYER_GPT2_BF16) {
+        d.pre_norm = 1;
     }
     stof_layer *L = NULL;
     long before = stof__jit_compile_count();
-    if (stof_layer_plan(ctx, &d, m, &L) != STOF_OK) {
+    if ((fam ? stof_layer_plan_family(ctx, &d, fam, NULL, &L)
+             : stof_layer_plan(ctx, &d, m, &L)) != STOF_OK) {
         snprintf(out->js, sizeof(out->js), "plan failed: %s",
                  stof_errmsg(ctx));
         _exit(5);
@@ -419,59 +433,80 @@ static void layer_plan_job(const job *j, int batch, int seq, int hidden,
     stof_layer_describe(L, out->js, sizeof(out->js), NULL);
     stof_layer_free(&L);
     stof_mask_free(&m);
+    stof_mask_family_free(&fam);
     stof_close(&ctx);
 }
 
 static void layer_fn(const void *arg, report *out)
 {
-    layer_plan_job(arg, 2, 128, 128, 2, 0, out);
+    layer_plan_job(arg, 2, 128, 128, 2, LAYER_BERT, out);
 }
 
 static void llama_layer_fn(const void *arg, report *out)
 {
-    layer_plan_job(arg, 2, 128, 128, 2, 1, out);
+    layer_plan_job(arg, 2, 128, 128, 2, LAYER_LLAMA, out);
+}
+
+static void family_layer_fn(const void *arg, report *out)
+{
+    layer_plan_job(arg, 2, 128, 128, 2, LAYER_FAMILY, out);
+}
+
+static void gpt2_bf16_layer_fn(const void *arg, report *out)
+{
+    layer_plan_job(arg, 2, 128, 128, 2, LAYER_GPT2_BF16, out);
 }
 
 /* BERT-base's layer at 8 x 512 tokens: its tuned scheme fuses the norms
  * into the GEMMs before them (H100). */
 static void bert_layer_fn(const void *arg, report *out)
 {
-    layer_plan_job(arg, 8, 512, 768, 12, 0, out);
+    layer_plan_job(arg, 8, 512, 768, 12, LAYER_BERT, out);
+}
+
+/* A layer tuned into a fleet database (name.db) is planned from it as a
+ * system database: its kernels are verified at the first use on this
+ * host, then trusted. */
+static void layer_verified_once(void (*fn)(const void *, report *),
+                                const char *name)
+{
+    char fleet[64], host[64];
+    snprintf(fleet, sizeof(fleet), "%s-fleet.db", name);
+    snprintf(host, sizeof(host), "%s-host.db", name);
+    job tune = {P(fleet), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r0 = run(fn, &tune);
+    expect_source(&r0, "tuned");
+    job use = {P(host), P(fleet), STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r1 = run(fn, &use);
+    expect_source(&r1, "database");
+    cr_assert_gt(verify_ms(&r1), 0.0, "%s", r1.js);
+    report r2 = run(fn, &use);
+    expect_source(&r2, "database");
+    cr_assert_eq(verify_ms(&r2), 0.0, "%s", r2.js);
+    cr_log_info("first use of a %s layer's records: verified in %.1f ms",
+                name, verify_ms(&r1));
 }
 
 Test(gpu_trust, layer_kernels_are_verified_once_then_trusted)
 {
-    job tune = {P("fleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
-    report r0 = run(layer_fn, &tune);
-    expect_source(&r0, "tuned");
-    job use = {P("host.db"), P("fleet.db"), STOF_TUNE_DEFAULT,
-               STOF_LAYOUT_BHSD};
-    report r1 = run(layer_fn, &use);
-    expect_source(&r1, "database");
-    cr_assert_gt(verify_ms(&r1), 0.0, "%s", r1.js);
-    report r2 = run(layer_fn, &use);
-    expect_source(&r2, "database");
-    cr_assert_eq(verify_ms(&r2), 0.0, "%s", r2.js);
-    cr_log_info("first use of a layer's records: verified in %.1f ms",
-                verify_ms(&r1));
+    layer_verified_once(layer_fn, "bert");
 }
 
-/* The same for a gated layer (SwiGLU, grouped-query, no biases, RMSNorm,
- * pre-norm): its first use from a system database checks kernels whose
- * first FFN GEMM runs fused with the gate (no [tokens][2 ffn] buffer). */
+/* A gated layer's first FFN GEMM may run fused with the gate (no
+ * [tokens][2 ffn] buffer) or split. */
 Test(gpu_trust, gated_layer_kernels_are_verified_once_then_trusted)
 {
-    job tune = {P("gfleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
-    report r0 = run(llama_layer_fn, &tune);
-    expect_source(&r0, "tuned");
-    job use = {P("ghost.db"), P("gfleet.db"), STOF_TUNE_DEFAULT,
-               STOF_LAYOUT_BHSD};
-    report r1 = run(llama_layer_fn, &use);
-    expect_source(&r1, "database");
-    cr_assert_gt(verify_ms(&r1), 0.0, "%s", r1.js);
-    report r2 = run(llama_layer_fn, &use);
-    expect_source(&r2, "database");
-    cr_assert_eq(verify_ms(&r2), 0.0, "%s", r2.js);
+    layer_verified_once(llama_layer_fn, "llama");
+}
+
+Test(gpu_trust, family_layer_kernels_are_verified_once_then_trusted)
+{
+    layer_verified_once(family_layer_fn, "family");
+}
+
+Test(gpu_trust, bf16_layer_kernels_are_verified_once_then_trusted)
+{
+    layer_verified_once(gpt2_bf16_layer_fn, "gpt2-bf16");
 }
 
 /* The user database's Hopper GEMM records with a row norm, rewritten as
