@@ -185,6 +185,42 @@ Test(gpu_cli, pending_tunes_a_missed_layer)
     cr_assert_str_eq(source, "database");
 }
 
+/* On a GPU: ten layer variants (every activation, both norms, pre- and
+ * post-norm, gated, grouped-query, bias-free, head_dim 64 and 128, a
+ * custom eps) in fp16 and bf16 tune into a database, and verify plans
+ * each of the 20 layers again from its records, every kernel checked:
+ * none bad, none skipped. */
+Test(gpu_cli, verify_checks_every_layer_variant)
+{
+    FILE *f = fopen(P("variants.workload"), "w");
+    fputs("layer a hidden=128 heads=2 act=gelu_tanh\n"
+          "layer b hidden=128 heads=2 act=gelu_erf pre\n"
+          "layer c hidden=128 heads=2 act=relu norm=rms\n"
+          "layer d hidden=128 heads=2 act=silu norm=rms pre no_bias\n"
+          "layer e hidden=128 heads=2 ffn=192 act=silu gated\n"
+          "layer f hidden=128 heads=2 ffn=192 act=gelu_erf gated pre\n"
+          "layer g hidden=128 heads=2 kv_heads=1 act=gelu_erf\n"
+          "layer h hidden=256 heads=2 act=gelu_tanh pre eps=1e-12\n"
+          "layer i hidden=256 heads=4 kv_heads=2 ffn=512 act=silu norm=rms "
+          "pre gated no_bias eps=1e-6\n"
+          "layer j hidden=256 heads=2 act=relu no_bias\n"
+          "tokens 2x128\nmask causal\ndtype fp16 bf16\n",
+          f);
+    fclose(f);
+    cr_assert_eq(run("tune %s --db %s", P("variants.workload"),
+                     P("variants.db")),
+                 0, "%s\n%s", out_buf, err_buf);
+    cr_assert_eq(run("verify --db %s --json", P("variants.db")), 0,
+                 "%s\n%s", out_buf, err_buf);
+    int n[3][3];
+    verdicts(out_buf, n, NULL, NULL);
+    cr_expect_eq(n[0][0], 20, "%s", out_buf);
+    cr_expect_geq(n[1][0], 80, "%s", out_buf);
+    for (int op = 0; op < 2; op++)
+        cr_expect_eq(n[op][1] + n[op][2], 0, "op %d: %s", op, out_buf);
+    cr_expect_eq(n[2][1], 0, "%s", out_buf);
+}
+
 /* The first template GEMM record of the database at path, replaced by its
  * own kernel compiled for bf16 (the layer is fp16): it loads, reads the
  * same bytes and computes the wrong thing. Its key ("" when none). */
