@@ -255,18 +255,21 @@ Test(layer, scheme_record_gives_back_its_layer)
         /* as stored now */
         "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": 1376, "
         "\"act\": 4, \"norm\": 1, \"kv_heads\": 2, \"no_bias\": 1, "
-        "\"gated\": 1, \"eps\": 9.9999999747524271e-07}",
+        "\"gated\": 1, \"eps\": 9.9999999747524271e-07, \"lt\": %d}",
         /* as stored before */
         "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": 1376, "
         "\"act\": 4, \"norm\": 1}"};
+    const int lt = (int)stof__blaslt_version();
+    char text[1024];
     for (int c = 0; c < 2; c++) {
-        snprintf(r.config, sizeof(r.config), "%s", configs[c]);
+        snprintf(r.config, sizeof(r.config), configs[c], lt);
         stof_layer_desc d;
         int old = -1;
         char why[256] = "";
-        cr_assert_eq(stof__layer_record_desc(ctx, &r, &d, &old, why,
-                                             sizeof(why)),
+        cr_assert_eq(stof__layer_record_desc(ctx, &r, &d, &old, text,
+                                             sizeof(text), why, sizeof(why)),
                      1, "config %d: %s", c, why);
+        cr_expect_str_eq(text, L->key_text);
         cr_expect_eq(d.batch, 2);
         cr_expect_eq(d.seq, 256);
         cr_expect_eq(d.hidden, 512);
@@ -281,30 +284,60 @@ Test(layer, scheme_record_gives_back_its_layer)
         cr_expect_eq(d.gated, 1);
         cr_expect_eq(d.norm_eps, 1e-6f);
     }
-    /* Another layer: a field changed (now: bad; before: not found among
-     * the usual values, so old = 1). */
-    snprintf(r.config, sizeof(r.config), "%s", configs[0]);
-    char *g = strstr(r.config, "\"gated\": 1");
-    cr_assert(g);
-    g[9] = '0';
     stof_layer_desc d;
     int old = -1;
     char why[256] = "";
-    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, why, sizeof(why)),
+    /* Made with another cuBLASLt (its key names that version): found, and
+     * said so. */
+    {
+        char lt_text[1024];
+        snprintf(lt_text, sizeof(lt_text), "%s", L->key_text);
+        char *at = strstr(lt_text, ";cublaslt=");
+        cr_assert(at);
+        const char *tail = strchr(at + 1, ';');
+        char rest[256];
+        snprintf(rest, sizeof(rest), "%s", tail ? tail : "");
+        snprintf(at, sizeof(lt_text) - (size_t)(at - lt_text),
+                 ";cublaslt=%d%s", lt + 7, rest);
+        stof_db_record r2 = r;
+        stof__layer_key_hash(lt_text, r2.key);
+        snprintf(r2.config, sizeof(r2.config), configs[0], lt + 7);
+        cr_expect_eq(stof__layer_record_desc(ctx, &r2, &d, &old, text,
+                                             sizeof(text), why, sizeof(why)),
+                     2, "%s", why);
+        cr_expect_str_eq(text, lt_text);
+        cr_expect_eq(d.gated, 1);
+        /* its kernels' keys follow from that text */
+        char k1[33], k2[33];
+        stof__layer_op_key_of(lt_text, "qkv", k1);
+        stof__layer_op_key_of(L->key_text, "qkv", k2);
+        cr_expect_str_neq(k1, k2);
+    }
+    /* Another layer: a field changed (now: bad; before: not found among
+     * the usual values, so old = 1). */
+    snprintf(r.config, sizeof(r.config), configs[0], lt);
+    char *g = strstr(r.config, "\"gated\": 1");
+    cr_assert(g);
+    g[9] = '0';
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, text,
+                                         sizeof(text), why, sizeof(why)),
                  0);
     cr_expect_eq(old, 0, "%s", why);
     L->eps = 3e-5f; /* not a usual eps */
     stof__layer_key(L, hex);
     snprintf(r.key, sizeof(r.key), "%s", L->key);
-    snprintf(r.config, sizeof(r.config), "%s", configs[1]);
-    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, why, sizeof(why)),
+    snprintf(r.config, sizeof(r.config), configs[1], lt);
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, text,
+                                         sizeof(text), why, sizeof(why)),
                  0);
     cr_expect_eq(old, 1, "%s", why);
-    snprintf(r.config, sizeof(r.config), "%s", configs[0]);
-    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, why, sizeof(why)),
+    snprintf(r.config, sizeof(r.config), configs[0], lt);
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, text,
+                                         sizeof(text), why, sizeof(why)),
                  0, "eps 1e-6 in the record, 3e-5 in its key");
     r.heads = 0;
-    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, why, sizeof(why)),
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, text,
+                                         sizeof(text), why, sizeof(why)),
                  0);
     free(L);
     stof_close(&ctx);

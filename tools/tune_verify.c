@@ -199,8 +199,8 @@ static int tv_matches(const stof_context *ctx, const stof_db_record *r)
            !strcmp(r->template_hash, th);
 }
 
-/* Whether spec names a mask family (whose records are keyed by the
- * family and its sample's statistics, not by one mask's bits). */
+/* Whether spec names a mask family (one that stof_mask_from_spec refuses,
+ * since its masks need per-batch data, still parses as a family). */
 static int tv_is_family(stof_context *ctx, const char *spec)
 {
     stof_mask_family *fam = NULL;
@@ -209,45 +209,90 @@ static int tv_is_family(stof_context *ctx, const char *spec)
     return ok;
 }
 
-/* Record r's mask (*m) when its spec gives its digest: 1. Otherwise 0 with
- * the verdict: skipped (no spec, a family's record) or bad. */
-static int tv_mask(stof_context *ctx, const stof_db_record *r, int seq_q,
-                   int seq_k, stof_mask **m, const char **verdict, char *why,
-                   size_t wn)
+/* Whether l holds a family's attention record with this key (a family's
+ * records name their own key where a mask's digest would be). */
+static int tv_family_attention(const stof_dbt_records *l, const char *key)
 {
+    for (int j = 0; j < l->n; j++)
+        if (!strcmp(l->v[j].op, "attention") && !strcmp(l->v[j].key, key) &&
+            !strcmp(l->v[j].mask_digest, key))
+            return 1;
+    return 0;
+}
+
+/* Record r's mask (*m) when its spec gives its digest: 1. Otherwise 0 with
+ * the verdict: skipped (no spec, a family's record, no memory for the
+ * mask here) or bad. */
+static int tv_mask(stof_context *ctx, const stof_dbt_records *l,
+                   const stof_db_record *r, int seq_q, int seq_k,
+                   stof_mask **m, const char **verdict, char *why, size_t wn)
+{
+    const int layer = !strcmp(r->op, "layer");
     *m = NULL;
+    /* (*verdict is set only where the mask is not rebuilt) */
     if (!r->mask_spec[0]) {
         *verdict = "skipped";
         snprintf(why, wn, "no mask spec: the mask cannot be rebuilt");
         return 0;
     }
-    char hex[33] = "";
-    if (stof_mask_from_spec(ctx, r->mask_spec, seq_q, seq_k, m) == STOF_OK) {
-        stof_mask_digest(*m, NULL, hex);
-        if (!strcmp(hex, r->mask_digest))
-            return 1;
-        stof_mask_free(m);
-    }
-    if (tv_is_family(ctx, r->mask_spec)) {
+    /* A family's attention record names its own key as its mask; a layer
+     * over a family names its attention's. */
+    if (!strcmp(r->mask_digest, r->key) ||
+        (layer && tv_family_attention(l, r->mask_digest))) {
         *verdict = "skipped";
         snprintf(why, wn, "made over the mask family '%s' (keyed by its "
                           "sample's statistics): checked by the library on "
                           "first use instead", r->mask_spec);
         return 0;
     }
-    *verdict = "bad";
-    if (hex[0])
+    const stof_status st =
+        stof_mask_from_spec(ctx, r->mask_spec, seq_q, seq_k, m);
+    if (st == STOF_OK) {
+        char hex[33];
+        stof_mask_digest(*m, NULL, hex);
+        if (!strcmp(hex, r->mask_digest))
+            return 1;
+        stof_mask_free(m);
+        if (layer && tv_is_family(ctx, r->mask_spec)) {
+            *verdict = "skipped";
+            /* (a layer over a family whose attention record is elsewhere
+             * looks the same: never looked up by another key, harmless) */
+            snprintf(why, wn, "its mask digest is not that of '%s': a "
+                              "layer over that mask family (its attention "
+                              "record is not here) or a damaged record; "
+                              "checked by the library on first use instead",
+                     r->mask_spec);
+            return 0;
+        }
+        *verdict = "bad";
         snprintf(why, wn, "mask spec '%s' does not give the recorded digest",
                  r->mask_spec);
-    else
-        snprintf(why, wn, "cannot rebuild the mask: %s", stof_errmsg(ctx));
+        return 0;
+    }
+    char msg[400];
+    snprintf(msg, sizeof(msg), "%s", stof_errmsg(ctx));
+    if (st == STOF_ERR_OUT_OF_MEMORY) {
+        *verdict = "skipped";
+        snprintf(why, wn, "cannot build the mask here: %s", msg);
+        return 0;
+    }
+    if (tv_is_family(ctx, r->mask_spec)) {
+        *verdict = "skipped";
+        snprintf(why, wn, "made over the mask family '%s' (its masks need "
+                          "per-batch data): checked by the library on "
+                          "first use instead", r->mask_spec);
+        return 0;
+    }
+    *verdict = "bad";
+    snprintf(why, wn, "cannot rebuild the mask: %s", msg);
     return 0;
 }
 
 /* An attention record: plan its problem from the database under test, run
  * it and compare with the C reference. The verdict; why and *rel set. */
-static const char *tv_attention(stof_context *ctx, const stof_db_record *r,
-                                double *rel, char *why, size_t wn)
+static const char *tv_attention(stof_context *ctx, const stof_dbt_records *l,
+                                const stof_db_record *r, double *rel,
+                                char *why, size_t wn)
 {
     const char *verdict = "ok";
     stof_attention_desc d;
@@ -255,7 +300,8 @@ static const char *tv_attention(stof_context *ctx, const stof_db_record *r,
     stof_plan *plan = NULL;
     char hex[33];
     int skip = 0;
-    if (!tv_mask(ctx, r, r->seq_q, r->seq_k, &m, &verdict, why, wn))
+    stof_status st;
+    if (!tv_mask(ctx, l, r, r->seq_q, r->seq_k, &m, &verdict, why, wn))
         return verdict;
     stof_mask_digest(m, NULL, hex);
     if (stof_attention_desc_init(&d, r->batch, r->heads, r->seq_q, r->seq_k,
@@ -267,8 +313,9 @@ static const char *tv_attention(stof_context *ctx, const stof_db_record *r,
         snprintf(why, wn, "cannot rebuild the problem: %s", stof_errmsg(ctx));
     } else if (!tv_rebuild(ctx, r, &d, hex, &skip, why, wn)) {
         verdict = skip ? "skipped" : "bad";
-    } else if (stof_attention_plan(ctx, &d, m, &plan) != STOF_OK) {
-        verdict = "bad";
+    } else if ((st = stof_attention_plan(ctx, &d, m, &plan)) != STOF_OK) {
+        /* (no memory here is not the record's fault) */
+        verdict = st == STOF_ERR_OUT_OF_MEMORY ? "skipped" : "bad";
         snprintf(why, wn, "plan failed: %s", stof_errmsg(ctx));
     } else {
         /* The plan must have loaded this very record from the database
@@ -306,17 +353,62 @@ typedef struct tv_out {
     char (*why)[512];
 } tv_out;
 
+/* Whether ctx's CUDA context still works: a kernel that faulted leaves
+ * it failing every later call (the error in msg). */
+static int tv_ctx_ok(stof_context *ctx, char *msg, size_t n)
+{
+    const stof_api *api = stof__api();
+    if (stof__ctx_push(ctx) != STOF_OK) {
+        snprintf(msg, n, "%s", stof_errmsg(ctx));
+        return 0;
+    }
+    const CUresult e = api->cuCtxSynchronize();
+    stof__ctx_pop(ctx);
+    if (e == CUDA_SUCCESS)
+        return 1;
+    const char *es = NULL;
+    if (api->cuGetErrorString(e, &es) != CUDA_SUCCESS || !es)
+        es = "unknown error";
+    snprintf(msg, n, "CUDA error %d (%s)", (int)e, es);
+    return 0;
+}
+
+/* The undecided kernel records (any slot) of the layer whose key text is
+ * text: verdict v and why, record bad_key (when not NULL) bad with
+ * bad_why instead. */
+static void tv_kernels(const stof_dbt_records *l, tv_out *o, const char *text,
+                       const char *v, const char *why, const char *bad_key,
+                       const char *bad_why)
+{
+    for (int k = 0; k < G_COUNT + N_COUNT; k++) {
+        char key[33];
+        stof__layer_op_key_of(text,
+                              k < G_COUNT ? stof__layer_g_slot[k]
+                                          : stof__layer_n_slot[k - G_COUNT],
+                              key);
+        for (int j = 0; j < l->n; j++) {
+            if (o->verdict[j] || strcmp(l->v[j].key, key))
+                continue;
+            const int bad = bad_key && !strcmp(key, bad_key);
+            o->verdict[j] = bad ? "bad" : v;
+            snprintf(o->why[j], sizeof(o->why[j]), "%s", bad ? bad_why : why);
+        }
+    }
+}
+
 /* A layer's scheme record (index i): plan its layer from the database
  * under test. Nothing is trusted in this context, so the library checks
  * every stored kernel of the layer against the C reference on sampled
  * rows as it loads it (its first use); the layer's kernel records (op
- * "gemm", "norm") get their verdicts from that too. */
+ * "gemm", "norm") get their verdicts from that too. When the GPU faults
+ * meanwhile (the context is lost), fault is set. */
 static void tv_layer(stof_context *ctx, const stof_dbt_records *l, int i,
-                     tv_out *o)
+                     tv_out *o, char *fault, size_t fn)
 {
     const stof_db_record *r = &l->v[i];
     char *why = o->why[i];
     const size_t wn = sizeof(o->why[i]);
+    char kwhy[512], text[1024];
     stof_layer_desc d;
     int old = 0;
     stof_mask *m = NULL;
@@ -326,7 +418,9 @@ static void tv_layer(stof_context *ctx, const stof_dbt_records *l, int i,
         snprintf(why, wn, "invalid record: %s", l->why[i]);
         return;
     }
-    if (!stof__layer_record_desc(ctx, r, &d, &old, why, wn)) {
+    const int found = stof__layer_record_desc(ctx, r, &d, &old, text,
+                                              sizeof(text), why, wn);
+    if (!found) {
         if (old) {
             o->verdict[i] = "skipped";
             snprintf(why, wn, "the record predates the full layer "
@@ -336,41 +430,85 @@ static void tv_layer(stof_context *ctx, const stof_dbt_records *l, int i,
         }
         return;
     }
-    if (!tv_mask(ctx, r, d.seq, d.seq, &m, &o->verdict[i], why, wn))
+    if (found == 2) {
+        o->verdict[i] = "skipped";
+        snprintf(why, wn, "made with another cuBLASLt version (its key "
+                          "names it): used only where that one is loaded");
+        snprintf(kwhy, sizeof(kwhy), "not checked: its layer %.12s was made "
+                 "with another cuBLASLt version", r->key);
+        tv_kernels(l, o, text, "skipped", kwhy, NULL, NULL);
         return;
+    }
+    if (!tv_mask(ctx, l, r, d.seq, d.seq, &m, &o->verdict[i], why, wn)) {
+        snprintf(kwhy, sizeof(kwhy), "not checked: its layer %.12s: %s",
+                 r->key, why);
+        tv_kernels(l, o, text, "skipped", kwhy, NULL, NULL);
+        return;
+    }
     if (stof_layer_plan(ctx, &d, m, &L) != STOF_OK) {
-        snprintf(why, wn, "plan failed: %s", stof_errmsg(ctx));
+        char msg[400];
+        snprintf(msg, sizeof(msg), "%s", stof_errmsg(ctx));
+        if (!tv_ctx_ok(ctx, fault, fn)) {
+            /* One of its kernels, or stof itself, faulted: the layer and
+             * all its kernel records are bad (dropped, they are tuned
+             * again at their next use). */
+            snprintf(why, wn, "the GPU faulted while its kernels were "
+                              "checked: %s", fault);
+            snprintf(kwhy, sizeof(kwhy), "the GPU faulted while its layer "
+                     "%.12s was checked: %s", r->key, fault);
+            tv_kernels(l, o, text, "bad", kwhy, NULL, NULL);
+        } else {
+            o->verdict[i] = "skipped";
+            snprintf(why, wn, "could not be planned here: %s", msg);
+            snprintf(kwhy, sizeof(kwhy), "not checked: its layer %.12s could "
+                     "not be planned here", r->key);
+            tv_kernels(l, o, text, "skipped", kwhy, NULL, NULL);
+        }
         stof_mask_free(&m);
         return;
     }
-    const int ok = !strcmp(L->source, "database") && !strcmp(L->key, r->key);
-    if (ok) {
+    if (!strcmp(L->source, "database") && !strcmp(L->key, r->key)) {
+        /* Its scheme's kernels were loaded and checked. */
+        int n = 0;
+        for (int s = 0; s < L->n_steps; s++) {
+            const step *st = &L->steps[s];
+            if (st->kind == STEP_ATTN)
+                continue;
+            char key[33];
+            stof__layer_op_key(L, st->kind == STEP_GEMM
+                                      ? stof__layer_g_slot[st->op]
+                                      : stof__layer_n_slot[st->op],
+                               key);
+            for (int j = 0; j < l->n; j++) {
+                if (o->verdict[j] || strcmp(l->v[j].key, key))
+                    continue;
+                n++;
+                o->verdict[j] = l->why[j][0] ? "bad" : "ok";
+                if (l->why[j][0])
+                    snprintf(o->why[j], sizeof(o->why[j]),
+                             "invalid record: %s", l->why[j]);
+                else
+                    snprintf(o->why[j], sizeof(o->why[j]),
+                             "checked with its layer %.12s", r->key);
+            }
+        }
         o->verdict[i] = "ok";
-        snprintf(why, wn, "%d kernel(s) checked against the C reference",
-                 L->n_db_keys);
+        snprintf(why, wn, "%d kernel record(s) checked against the C "
+                          "reference", n);
+    } else if (L->db_transient) {
+        o->verdict[i] = "skipped";
+        snprintf(why, wn, "could not be checked here: %s", L->db_why);
+        snprintf(kwhy, sizeof(kwhy), "not checked: its layer %.12s could "
+                 "not be checked here", r->key);
+        tv_kernels(l, o, text, "skipped", kwhy, NULL, NULL);
     } else {
         snprintf(why, wn, "not planned from its records: %s",
                  L->db_why[0] ? L->db_why : "another key");
+        snprintf(kwhy, sizeof(kwhy), "not checked: its layer %.12s failed on "
+                 "another record", r->key);
+        tv_kernels(l, o, text, "skipped", kwhy,
+                   L->db_bad_key[0] ? L->db_bad_key : NULL, L->db_why);
     }
-    /* Its kernels' records: checked with it, the one it failed on, or not
-     * reached. */
-    for (int k = 0; k < L->n_db_keys; k++)
-        for (int j = 0; j < l->n; j++) {
-            if (strcmp(l->v[j].key, L->db_keys[k]) || o->verdict[j])
-                continue;
-            if (ok) {
-                o->verdict[j] = "ok";
-                snprintf(o->why[j], wn, "checked with its layer %.12s",
-                         r->key);
-            } else if (!strcmp(l->v[j].key, L->db_bad_key)) {
-                o->verdict[j] = "bad";
-                snprintf(o->why[j], wn, "%s", L->db_why);
-            } else {
-                o->verdict[j] = "skipped";
-                snprintf(o->why[j], wn, "not checked: its layer %.12s "
-                                        "failed on another record", r->key);
-            }
-        }
     stof_layer_free(&L);
     stof_mask_free(&m);
 }
@@ -411,6 +549,9 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                 calloc((size_t)l.n + 1, sizeof(*o.why))};
     double *rel = calloc((size_t)l.n + 1, sizeof(*rel));
     int n_ok = 0, n_bad = 0, n_skip = 0, n_other = 0, n_dropped = 0;
+    /* Once the GPU faulted the context is lost: nothing after that record
+     * (fault_key) is checked in this run. */
+    char fault[256] = "", fault_key[33] = "";
     /* With --json the verdicts are gathered and printed in one document
      * at the end (NULL once that ran out of memory). */
     json_t *verdicts = json ? json_array() : NULL;
@@ -430,16 +571,24 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
             char *why = o.why[i];
             const size_t wn = sizeof(o.why[i]);
             rel[i] = -1;
-            if (!strcmp(r->op, "layer")) {
-                tv_layer(ctx, &l, i, &o);
+            if (fault[0] && !o.verdict[i]) {
+                o.verdict[i] = "skipped";
+                snprintf(why, wn, "not checked: the GPU faulted while "
+                                  "%.12s was checked (%s); run verify "
+                                  "again",
+                         fault_key, fault);
+            } else if (!strcmp(r->op, "layer")) {
+                tv_layer(ctx, &l, i, &o, fault, sizeof(fault));
+                if (fault[0])
+                    snprintf(fault_key, sizeof(fault_key), "%s", r->key);
             } else if (kernel_rec) {
                 if (!o.verdict[i]) {
                     o.verdict[i] = "skipped";
                     snprintf(why, wn, l.why[i][0]
                                           ? "invalid record, of no layer "
-                                            "record here"
-                                          : "no layer record of this "
-                                            "database uses it");
+                                            "record checked here"
+                                          : "not checked: no layer record "
+                                            "checked here uses it");
                 }
             } else if (!strcmp(r->op, "builder")) {
                 o.verdict[i] = "skipped";
@@ -453,7 +602,14 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                 o.verdict[i] = "bad";
                 snprintf(why, wn, "invalid record: %s", l.why[i]);
             } else {
-                o.verdict[i] = tv_attention(ctx, r, &rel[i], why, wn);
+                o.verdict[i] = tv_attention(ctx, &l, r, &rel[i], why, wn);
+                if (strcmp(o.verdict[i], "ok") &&
+                    !tv_ctx_ok(ctx, fault, sizeof(fault))) {
+                    o.verdict[i] = "bad";
+                    snprintf(why, wn, "the GPU faulted while it was "
+                                      "checked: %s", fault);
+                    snprintf(fault_key, sizeof(fault_key), "%s", r->key);
+                }
             }
             const char *verdict = o.verdict[i];
             if (!strcmp(verdict, "ok")) {
@@ -468,10 +624,11 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                  * was; an error that is not finite is written as null. */
                 if (json_array_append_new(
                         verdicts,
-                        json_pack("{s:o, s:s, s:s, s:o, s:o}", "key",
-                                  tt_jstr(r->key), "op", r->op, "verdict",
-                                  verdict, "rel_err", tt_jnum(rel[i], 4),
-                                  "why", tt_jstr(why)))) {
+                        json_pack("{s:o, s:o, s:s, s:o, s:o}", "key",
+                                  tt_jstr(r->key), "op", tt_jstr(r->op),
+                                  "verdict", verdict, "rel_err",
+                                  tt_jnum(rel[i], 4), "why",
+                                  tt_jstr(why)))) {
                     json_decref(verdicts);
                     verdicts = NULL;
                 }

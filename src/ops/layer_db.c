@@ -21,7 +21,9 @@
 #define g_slot stof__layer_g_slot
 #define n_slot stof__layer_n_slot
 
-static void hash_key(const char *text, char key[33])
+/* A layer's (or its kernel's) key: the 128-bit XXH3 of its key text, in
+ * hex. */
+void stof__layer_key_hash(const char *text, char key[33])
 {
     XXH128_hash_t h = XXH3_128bits(text, strlen(text));
     snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64,
@@ -29,10 +31,11 @@ static void hash_key(const char *text, char key[33])
 }
 
 /* Everything that decides the winners: the layer d (its norm's eps), the
- * mask, the device, the versions (cuBLASLt's too: its algorithms are
+ * mask, the device, the versions (cuBLASLt's too, lt: its algorithms are
  * stored). */
 static void key_text(const stof_device *dev, const stof_layer_desc *d,
-                     float eps, const char *mask_hex, char *out, size_t n)
+                     float eps, size_t lt, const char *mask_hex, char *out,
+                     size_t n)
 {
     snprintf(out, n,
              "op=layer;v=1;mask=%s;batch=%d;seq=%d;hidden=%d;heads=%d;"
@@ -44,7 +47,7 @@ static void key_text(const stof_device *dev, const stof_layer_desc *d,
              d->pre_norm, (double)eps, dev->name, dev->cc_major,
              dev->cc_minor, dev->sm_count, dev->driver_version,
              dev->nvrtc_major, dev->nvrtc_minor, stof_version_string(),
-             (unsigned long long)stof_template_hash(), stof__blaslt_version());
+             (unsigned long long)stof_template_hash(), lt);
     /* Grouped-query, bias-free and gated layers only (the others' keys
      * are unchanged). */
     size_t k = strlen(out);
@@ -58,16 +61,22 @@ static void key_text(const stof_device *dev, const stof_layer_desc *d,
 
 void stof__layer_key(stof_layer *L, const char *mask_hex)
 {
-    key_text(&L->ctx->device, &L->d, L->eps, mask_hex, L->key_text,
-             sizeof(L->key_text));
-    hash_key(L->key_text, L->key);
+    key_text(&L->ctx->device, &L->d, L->eps, stof__blaslt_version(),
+             mask_hex, L->key_text, sizeof(L->key_text));
+    stof__layer_key_hash(L->key_text, L->key);
+}
+
+void stof__layer_op_key_of(const char *layer_key_text, const char *slot,
+                           char key[33])
+{
+    char text[1100];
+    snprintf(text, sizeof(text), "%s;slot=%s", layer_key_text, slot);
+    stof__layer_key_hash(text, key);
 }
 
 void stof__layer_op_key(const stof_layer *L, const char *slot, char key[33])
 {
-    char text[1100];
-    snprintf(text, sizeof(text), "%s;slot=%s", L->key_text, slot);
-    hash_key(text, key);
+    stof__layer_op_key_of(L->key_text, slot, key);
 }
 
 /* --- loading kernels -------------------------------------------------------- */
@@ -238,20 +247,27 @@ int stof__layer_record_check(const stof_db_record *r, char *why, size_t n)
 
 /* The layer a scheme record r was tuned for: its descriptor from r's
  * fields and configuration, kept only when its key over r's mask digest is
- * r's key. Records made before the configuration named kv_heads, no_bias,
- * gated and eps are matched by trying the usual values of those. 1, or 0
- * with why (*old = 1 when an old record matched none of them). */
+ * r's key; its key text to text (tn bytes). The cuBLASLt version is the
+ * record's ("lt"; older records: this host's). Records made before the
+ * configuration named kv_heads, no_bias, gated, eps and lt are matched by
+ * trying the usual values of those. 1: found, made with this host's
+ * cuBLASLt; 2: found, made with another cuBLASLt (this host cannot use
+ * it); 0: not found, with why (*old = 1 when an old record matched none
+ * of the usual values). */
 int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
-                            stof_layer_desc *d, int *old, char *why,
-                            size_t n)
+                            stof_layer_desc *d, int *old, char *text,
+                            size_t tn, char *why, size_t n)
 {
     static const char *const keys[] = {"pre", "hidden", "ffn", "act",
                                        "norm"};
     static const char *const more[] = {"kv_heads", "no_bias", "gated"};
-    int v[5], w[3] = {0, 0, 0};
+    static const char *const lt_key1[] = {"lt"};
+    int v[5], w[3] = {0, 0, 0}, ltv = 0;
     *old = 0;
     if (strcmp(r->op, "layer") != 0 || !stof__json_ints(r->config, keys, 5, v))
         return stof__why(why, n, "not a layer scheme with its descriptor");
+    if (r->heads < 1 || r->heads > 4096)
+        return stof__why(why, n, "%d heads", r->heads);
     stof_layer_desc_init(d, r->batch, r->seq_q, v[1], r->heads,
                          strcmp(r->dtype, "bf16") ? STOF_DTYPE_FP16
                                                   : STOF_DTYPE_BF16);
@@ -262,15 +278,15 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
     double eps = 0.0;
     json_t *o = json_loads(r->config, 0, NULL);
     const int full = o && json_is_number(json_object_get(o, "eps")) &&
-                     stof__json_ints(r->config, more, 3, w);
+                     stof__json_ints(r->config, more, 3, w) &&
+                     stof__json_ints(r->config, lt_key1, 1, &ltv) && ltv >= 0;
     if (full)
         eps = json_number_value(json_object_get(o, "eps"));
     json_decref(o);
+    const size_t lt = full ? (size_t)ltv : stof__blaslt_version();
     static const float eps_usual[] = {1e-5f, 1e-6f, 1e-12f, 1e-8f, 1e-7f};
     const int n_eps = full ? 1 : (int)(sizeof(eps_usual) / sizeof(*eps_usual));
-    char text[1024], key[33];
-    if (r->heads < 1 || r->heads > 4096)
-        return stof__why(why, n, "%d heads", r->heads);
+    char key[33];
     for (int kvh = 0; kvh <= d->heads; kvh++) {
         /* (kv_heads = heads is keyed as 0) */
         if (full ? kvh != w[0]
@@ -285,12 +301,12 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
                 t.no_bias = f & 1;
                 t.gated = f >> 1;
                 t.norm_eps = full ? (float)eps : eps_usual[e];
-                key_text(&ctx->device, &t, t.norm_eps, r->mask_digest, text,
-                         sizeof(text));
-                hash_key(text, key);
+                key_text(&ctx->device, &t, t.norm_eps, lt, r->mask_digest,
+                         text, tn);
+                stof__layer_key_hash(text, key);
                 if (!strcmp(key, r->key)) {
                     *d = t;
-                    return 1;
+                    return lt == stof__blaslt_version() ? 1 : 2;
                 }
             }
         }
@@ -310,8 +326,8 @@ stof_status stof__layer_from_db(stof_layer *L)
 {
     stof_db *db = stof__ctx_db(L->ctx);
     stof_db_record rec;
-    L->n_db_keys = 0;
     L->db_bad_key[0] = '\0';
+    L->db_transient = 0;
     snprintf(L->db_why, sizeof(L->db_why), "no layer record");
     if (!db || stof__db_lookup(db, L->key, &rec) != STOF_OK)
         return STOF_ERR_NOT_FOUND;
@@ -343,7 +359,6 @@ stof_status stof__layer_from_db(stof_layer *L)
         const char *slot = s->kind == STEP_GEMM ? g_slot[s->op] : n_slot[s->op];
         char key[33];
         stof__layer_op_key(L, slot, key);
-        snprintf(L->db_keys[L->n_db_keys++], 33, "%s", key);
         t = stof__now_ms();
         const stof_status found = stof__db_lookup(db, key, &rec);
         t_lookup += stof__now_ms() - t;
@@ -401,6 +416,7 @@ stof_status stof__layer_from_db(stof_layer *L)
             n->ms = rec.time_ms;
         }
         if (st != STOF_OK) {
+            L->db_transient = st == STOF_ERR_OUT_OF_MEMORY;
             snprintf(L->db_bad_key, sizeof(L->db_bad_key), "%s", key);
             snprintf(L->db_why, sizeof(L->db_why),
                      "its stored %s kernel cannot be used (%s)", slot,
@@ -421,8 +437,10 @@ stof_status stof__layer_from_db(stof_layer *L)
     /* (A split first FFN GEMM runs, and is verified, with the gate.) */
     if (st == STOF_OK && L->d.gated &&
         stof__layer_gemm_split(&L->g[G_FFN1], L->g[G_FFN1].lt,
-                               &L->g[G_FFN1].cfg))
+                               &L->g[G_FFN1].cfg)) {
         st = stof__layer_gate_ready(L);
+        L->db_transient = st != STOF_OK;
+    }
     if (st == STOF_OK && n_fresh)
         st = stof__layer_verify_loaded(L, db, fresh, fresh_step, n_fresh);
     stof__log(L->ctx, STOF_LOG_DEBUG,
@@ -513,11 +531,13 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
     /* With the rest of the descriptor, so `stof-tune verify` can plan the
      * layer again from the record alone (stof__layer_record_desc). */
     stof__json_text(
-        json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f}",
+        json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, "
+                  "s:I}",
                   "ja", L->ja, "jb", L->jb, "pre", L->d.pre_norm, "hidden",
                   L->d.hidden, "ffn", L->d.ffn, "act", (int)L->d.act, "norm",
                   (int)L->d.norm, "kv_heads", L->d.kv_heads, "no_bias",
-                  L->d.no_bias, "gated", L->d.gated, "eps", (double)L->eps),
+                  L->d.no_bias, "gated", L->d.gated, "eps", (double)L->eps,
+                  "lt", (json_int_t)stof__blaslt_version()),
         r.config, sizeof(r.config));
     r.time_ms = L->layer_ms;
     r.model_ms = L->model_ms;

@@ -113,13 +113,13 @@ struct stof_layer {
     char source[16];       /* "database", "tuned", "model" */
     double layer_ms, model_ms, tune_s;
     double verify_ms;       /* first use of database kernels here */
-    /* stof__layer_from_db's last run: the kernels' record keys it read,
-     * the one it stopped at ("" when a record was missing or none) and why
+    /* stof__layer_from_db's last run: the kernel record it stopped at
+     * ("" when a record was missing, or none), why, and whether that was
+     * this host's trouble (memory, a compile) rather than the records'
      * (`stof-tune verify` reports these per record). */
-    char db_keys[MAX_STEPS][33];
-    int n_db_keys;
     char db_bad_key[33];
     char db_why[256];
+    int db_transient;
     double plan_ms[3];      /* the plan's parts: the attention plan, the
                                buffers, the kernels (database or search) */
     char errmsg[1024];
@@ -236,13 +236,20 @@ int stof__layer_probe_step(stof_layer *L, int is_norm, int op, step *out);
  * versions; the key of one of its kernels (slot). */
 void stof__layer_key(stof_layer *L, const char *mask_hex);
 void stof__layer_op_key(const stof_layer *L, const char *slot, char key[33]);
+/* The key of a key text (XXH3-128, hex). */
+void stof__layer_key_hash(const char *text, char key[33]);
+/* A kernel's key from its layer's key text (L->key_text). */
+void stof__layer_op_key_of(const char *layer_key_text, const char *slot,
+                           char key[33]);
 /* stof-tune verify: the layer descriptor a scheme record (op "layer") was
- * tuned for, found by its key. 1, or 0 with why; *old = 1 when the record
- * predates the full descriptor in its configuration and matched none of
- * the usual values of the missing fields. */
+ * tuned for, found by its key, and that key's text (tn bytes). 1: found;
+ * 2: found, made with another cuBLASLt version than this host's; 0: not
+ * found, with why (*old = 1 when the record predates the full descriptor
+ * in its configuration and matched none of the usual values of the
+ * missing fields). */
 int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
-                            stof_layer_desc *d, int *old, char *why,
-                            size_t n);
+                            stof_layer_desc *d, int *old, char *text,
+                            size_t tn, char *why, size_t n);
 void stof__layer_gemm_unload(stof_layer *L, gemm_op *g);
 void stof__layer_norm_unload(stof_layer *L, norm_op *n);
 stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,

@@ -422,6 +422,7 @@ stof_status stof__layer_verify_loaded(stof_layer *L, stof_db *db,
     stof__layer_tuner_stop(&t);
     L->verify_ms = (now_s() - t0) * 1e3;
     if (st != STOF_OK) {
+        L->db_transient = 1;
         snprintf(L->db_why, sizeof(L->db_why),
                  "its stored kernels could not be verified: %s",
                  stof_errmsg(L->ctx));
