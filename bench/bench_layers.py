@@ -17,7 +17,11 @@ and the same input:
            heads);
   compile  the same layer under torch.compile(dynamic=False), attention by
            flex_attention (enable_gqa for grouped-query) with a BlockMask
-           whose mask_mod looks that dense tensor up;
+           whose mask_mod looks that dense tensor up; compiled once a layer
+           and as the whole stack in one function (--compile-scope), in
+           each --compile-mode: the fastest of these is the peer (a stack
+           compiled whole issues far fewer launches: at 8x512 the layer-wise
+           stacks are bound by the host);
   hf-eager with --hf: Hugging Face transformers' own layer classes (BertLayer,
   hf-sdpa  GPT2Block, ViTLayer, LlamaDecoderLayer) built from a config,
            loaded with the same weights, under config._attn_implementation
@@ -652,10 +656,15 @@ def bench_case(args, ctx, cfg, dtype, seed):
     sustained(r, "eager", lambda: run_stack(eager_layer, x, weights, dense),
               args.energy, r["eager_ms"])
 
-    # torch.compile with FlexAttention, in each of the --compile-mode modes;
-    # compile_ms is the fastest mode's (the best of them is the peer)
+    # torch.compile with FlexAttention, in each of the --compile-mode modes,
+    # each layer compiled (called once a layer) and/or the whole stack as
+    # one function (--compile-scope); compile_ms is the fastest's (the best
+    # of them is the peer)
     if not args.no_compile:
-        for mode in args.compile_mode.split(","):
+        runs = [(mode, scope) for scope in args.compile_scope.split(",")
+                for mode in args.compile_mode.split(",")]
+        for mode, scope in runs:
+            name = mode if scope == "layer" else f"{mode} (stack)"
             try:
                 from torch.nn.attention.flex_attention import create_block_mask
                 table = dense
@@ -666,7 +675,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
                 bm = create_block_mask(mask_mod, None, None, S, S, device="cuda")
                 layer = make_layer_fn(cfg, flex_attention_fn())
                 kw = {} if mode == "default" else {"mode": mode}
-                if args.compile_stack:
+                if scope == "stack":
                     stack_c = torch.compile(
                         lambda xx, ws, m: run_stack(layer, xx, ws, m),
                         dynamic=False, **kw)
@@ -685,9 +694,9 @@ def bench_case(args, ctx, cfg, dtype, seed):
                 m["mhz"] = LAST_MHZ[0]
                 sustained(m, "c", fn, args.energy, m["ms"])
                 del fn, bm
-                r.setdefault("compile_modes", {})[mode] = m
+                r.setdefault("compile_modes", {})[name] = m
                 if "compile_ms" not in r or m["ms"] < r["compile_ms"]:
-                    r["compile_ms"], r["compile_mode"] = m["ms"], mode
+                    r["compile_ms"], r["compile_mode"] = m["ms"], name
                     r["compile_mhz"] = m["mhz"]
                     for k in ("sus_ms", "j", "w", "sus_mhz"):
                         if "c_" + k in m:
@@ -696,8 +705,8 @@ def bench_case(args, ctx, cfg, dtype, seed):
                     if "err_fp32" in m:
                         r["compile_err_fp32"] = m["err_fp32"]
             except Exception as e:  # report and go on
-                r["compile_error"] = f"{mode}: {short(e)}"
-                print(f"# {cfg.name} {B}x{S}: torch.compile ({mode}) failed: "
+                r["compile_error"] = f"{name}: {short(e)}"
+                print(f"# {cfg.name} {B}x{S}: torch.compile ({name}) failed: "
                       f"{short(e)}", file=sys.stderr, flush=True)
                 if args.verbose:
                     traceback.print_exc()
@@ -1014,9 +1023,13 @@ def main():
                     help="torch.compile mode, or several comma-separated, each "
                     "timed (default, max-autotune-no-cudagraphs, ...); the "
                     "fastest is the compile peer")
+    ap.add_argument("--compile-scope", default="layer,stack",
+                    help="what torch.compile compiles: 'layer' (one layer, "
+                    "called once a layer), 'stack' (the whole stack as one "
+                    "function, as torch.compile(model) does), or both "
+                    "comma-separated (default; the faster is the peer)")
     ap.add_argument("--compile-stack", action="store_true",
-                    help="compile the whole stack as one function instead of "
-                    "one layer called per layer")
+                    help="the same as --compile-scope stack")
     ap.add_argument("--peers-only", action="store_true",
                     help="only PyTorch (stof still builds the mask)")
     ap.add_argument("--no-fp32-ref", action="store_true",
@@ -1043,6 +1056,13 @@ def main():
     ap.add_argument("--verbose", action="store_true", help="tracebacks of failures")
     args = ap.parse_args()
 
+    if args.compile_stack:
+        args.compile_scope = "stack"
+    scopes = [v.strip() for v in args.compile_scope.split(",")]
+    if not scopes or any(v not in ("layer", "stack") for v in scopes):
+        ap.error("bad --compile-scope %r (layer, stack or both)" %
+                 args.compile_scope)
+    args.compile_scope = ",".join(dict.fromkeys(scopes))
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in MODELS:
