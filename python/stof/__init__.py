@@ -1295,6 +1295,9 @@ class Layer:
 
     # Graph-keyed weight arrays whose tensors stay referenced (the newest).
     _KEEP_TENSORS = 4
+    # Weight arrays kept at most (the oldest go: the library reads an array
+    # during the call only, stof_layer_stack_run).
+    _MAX_STACKS = 64
 
     def __init__(self, ctx, h, desc, mask):
         self._ctx, self._h, self._mask = ctx, h, mask
@@ -1307,11 +1310,18 @@ class Layer:
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype
         # stack_run's stof_layer_weights arrays by call (pointers, x, y,
-        # stream, flags): the library may keep the array's address and replay
-        # a graph recorded from it, so an array lives as long as the Layer
-        # (never freed early, never an address reused for other contents).
+        # stream, flags), each [array, the call's tensors (the newest
+        # _KEEP_TENSORS calls only: a replay must not read memory freed
+        # meanwhile), its _fast identity, the tensors' addresses], the
+        # _MAX_STACKS newest calls' (a server whose x and y move would
+        # otherwise grow this without end).
         self._stacks = {}
         self._stack_order = []
+        # stack_run's fast path: the identity of a call's tensors (weight
+        # names and tensor ids, x, y, stream, flags) -> its _stacks key,
+        # for the calls whose tensors are still referenced there (so no id
+        # can be reused by another tensor meanwhile).
+        self._fast = {}
 
     @property
     def dtype(self):
@@ -1439,7 +1449,11 @@ class Layer:
         same tensors to replay it. Pre-norm layers whose scheme has a stack
         ending (describe()["scheme"]["junction_b"] == "stack") fold each
         layer's input norm into the previous layer's last GEMM, so a stack
-        rounds slightly differently from run() layer by layer."""
+        rounds slightly differently from run() layer by layer. A call with
+        the very tensors of one of the newest calls (the same objects under
+        the same names, at the same addresses) does not check the weights'
+        shapes, dtypes and devices again: change weights' values in place
+        freely, but give a layer other weights as other tensors."""
         lib = self._lib()
         weights = list(weights)
         if not weights:
@@ -1447,35 +1461,82 @@ class Layer:
         self._io(x, y)
         stream_h = _stream_handle(stream)
         flags = _STACK_GRAPH if graph else 0
-        per_layer = [self._weights(w, x.device) for w in weights]
-        ptrs = tuple(tuple(getattr(pw, n) or 0 for n in LAYER_WEIGHT_NAMES)
-                     for pw, _ in per_layer)
-        inst_keep = []
-        md = self._instance(instance, x.device, inst_keep)
-        key = (ptrs, x.data_ptr(), y.data_ptr(), stream_h, flags,
-               tuple(t.data_ptr() for t in inst_keep))
-        entry = self._stacks.get(key)
+        # A call with the very tensors of one of the newest calls (the same
+        # objects under the same names, still at the same addresses) skips
+        # checking each weight again: at small sizes those checks (a dozen
+        # tensors a layer) took longer than the stack on the GPU.
+        ident = self._stack_ident(weights, x, y, stream_h, flags) \
+            if not instance else None
+        key = self._fast.get(ident) if ident is not None else None
+        entry = self._stacks.get(key) if key is not None else None
+        if entry is not None and not self._still_at(key, entry, x, y):
+            entry = None
         if entry is None:
-            arr = (_LayerWeights * len(per_layer))(*(pw for pw, _ in per_layer))
-            entry = [arr, None]
-            self._stacks[key] = entry
+            per_layer = [self._weights(w, x.device) for w in weights]
+            ptrs = tuple(tuple(getattr(pw, n) or 0 for n in LAYER_WEIGHT_NAMES)
+                         for pw, _ in per_layer)
+            inst_keep = []
+            md = self._instance(instance, x.device, inst_keep)
+            key = (ptrs, x.data_ptr(), y.data_ptr(), stream_h, flags,
+                   tuple(t.data_ptr() for t in inst_keep))
+            entry = self._stacks.get(key)
+            if entry is None:
+                arr = (_LayerWeights * len(per_layer))(*(pw for pw, _ in per_layer))
+                entry = [arr, None, None, None]
+                self._stacks[key] = entry
+            else:
+                self._stack_order.remove(key)
+                if entry[2] is not None:
+                    self._fast.pop(entry[2], None)
+            kept = [t for _, k in per_layer for t in k]
+            entry[1] = (kept, x, y, inst_keep)
+            entry[2], entry[3] = ident, tuple(t.data_ptr() for t in kept)
+            if ident is not None:
+                self._fast[ident] = key
         else:
+            md = None
             self._stack_order.remove(key)
-        entry[1] = ([t for _, kept in per_layer for t in kept], x, y, inst_keep)
         self._stack_order.append(key)
-        # Keep the tensors of the newest calls only (the arrays stay).
-        for old in self._stack_order[:-self._KEEP_TENSORS]:
-            self._stacks[old][1] = None
+        while len(self._stack_order) > self._MAX_STACKS:
+            e = self._stacks.pop(self._stack_order.pop(0))
+            if e[2] is not None:
+                self._fast.pop(e[2], None)
+        # Keep the tensors of the newest calls only: the call that has just
+        # left the newest _KEEP_TENSORS (if any) lets its tensors go.
+        if len(self._stack_order) > self._KEEP_TENSORS:
+            e = self._stacks[self._stack_order[-self._KEEP_TENSORS - 1]]
+            e[1] = None
+            if e[2] is not None:
+                self._fast.pop(e[2], None)
+                e[2] = None
         xy = (ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()),
               ctypes.c_void_p(stream_h), flags)
         if md is not None:
             st = lib.stof_layer_stack_run_family(self._h, ctypes.byref(md),
-                                                 len(per_layer), entry[0], *xy)
+                                                 len(weights), entry[0], *xy)
         else:
-            st = lib.stof_layer_stack_run(self._h, len(per_layer), entry[0], *xy)
+            st = lib.stof_layer_stack_run(self._h, len(weights), entry[0], *xy)
         if st != 0:
             self._fail(st)
         return y
+
+    @staticmethod
+    def _stack_ident(weights, x, y, stream_h, flags):
+        """The identity of a stack call's tensors, or None (not dicts)."""
+        try:
+            return (tuple((n, id(t)) for w in weights for n, t in w.items()),
+                    id(x), id(y), stream_h, flags)
+        except AttributeError:
+            return None
+
+    @staticmethod
+    def _still_at(key, entry, x, y):
+        """Whether a fast-path call's tensors are still where they were
+        checked (a tensor given new storage in place is checked again)."""
+        kept = entry[1]
+        return (kept is not None and x.data_ptr() == key[1] and
+                y.data_ptr() == key[2] and
+                all(t.data_ptr() == p for t, p in zip(kept[0], entry[3])))
 
     def close(self):
         """Free the plan (stof_layer_free synchronises first)."""
@@ -1484,6 +1545,7 @@ class Layer:
             self._h = ctypes.c_void_p()
         self._stacks = {}
         self._stack_order = []
+        self._fast = {}
 
     def __enter__(self):
         return self

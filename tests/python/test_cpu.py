@@ -5,7 +5,8 @@ documents, prefixes, a window per head), and bad input is refused with a
 message naming it. Counts are checked against direct evaluations. The
 attention descriptor's mirror (soft-cap, ALiBi slopes, additive bias), the
 ALiBi slopes helper and the bias layout checks are checked first, without
-the library; then that the library reads the mirror's bias fields."""
+the library; then that the library reads the mirror's bias fields.
+Layer.stack_run's records of its calls are checked against a stub library."""
 import os
 import sys
 
@@ -323,9 +324,95 @@ def check_pictures(ctx):
                  stof.StofError, "max_side")
 
 
+class FakeWeight:
+    """What Layer's checks read of a torch tensor (no torch here)."""
+
+    def __init__(self, shape, ptr, dtype="f16"):
+        self.shape, self.ptr, self.dtype = tuple(shape), ptr, dtype
+        self.is_cuda, self.device = True, "cuda:0"
+
+    def data_ptr(self):
+        return self.ptr
+
+    def is_contiguous(self):
+        return True
+
+
+def check_stack_bookkeeping():
+    """Layer.stack_run's records of its calls, against a stub library: a
+    call with the tensors of a recent one checks no weight again (only
+    their addresses), a tensor replaced or given new storage is checked
+    again, and the records stay bounded however many x and y a server
+    passes. No library call, no GPU."""
+    calls = []
+
+    class Lib:
+        def stof_layer_stack_run(self, h, n, arr, x, y, stream, flags):
+            calls.append(([arr[i].w_o for i in range(n)], x.value, flags))
+            return 0
+
+    class Ctx:
+        _lib = Lib()
+
+    checks = [0]
+
+    class FakeLayer(stof.Layer):
+        dtype = "f16"  # (the property imports torch)
+
+        def _weights(self, w, device):
+            checks[0] += 1
+            return stof.Layer._weights(self, w, device)
+
+    L = FakeLayer.__new__(FakeLayer)
+    L._ctx, L._h, L._mask = Ctx(), 1, None
+    L.batch, L.seq, L.hidden, L.heads, L.ffn = 1, 4, 8, 2, 16
+    L.kv_heads, L.bias, L.gated, L.pre_norm, L.rms = 2, True, False, False, False
+    L._stacks, L._stack_order, L._fast = {}, [], {}
+    ptr = [0x10000]
+
+    def tensor(shape):
+        ptr[0] += 0x1000
+        return FakeWeight(shape, ptr[0])
+    ws = [{n: tensor(sh) for n, sh in L._shapes().items()} for _ in range(3)]
+    x, y = tensor((1, 4, 8)), tensor((1, 4, 8))
+
+    def run(expect, what, xx=None, yy=None):
+        before = checks[0]
+        L.stack_run(ws, xx or x, yy or y, stream=7)
+        got = checks[0] - before
+        assert got == expect, "%s: %d layers checked, expected %d" % (what, got, expect)
+        assert calls[-1][0] == [w["w_o"].ptr for w in ws], what
+
+    run(3, "first call")
+    run(0, "the same tensors")
+    ws[:] = [dict(w) for w in ws]
+    run(0, "new dicts of the same tensors")
+    ws[1]["w_o"] = tensor((8, 8))
+    run(3, "a tensor replaced")
+    run(0, "that call again")
+    ws[2]["w_o"].ptr += 0x100000  # new storage in place
+    run(3, "a tensor given new storage")
+    ws[0]["b_o"].shape = (9,)
+    ws[0]["b_o"].ptr += 0x100000
+    expect_error(lambda: L.stack_run(ws, x, y, stream=7), ValueError, "b_o")
+    ws[0]["b_o"].shape = (8,)
+    run(3, "the right shape again")
+    # A server whose x and y move: bounded records, tensors of the newest
+    # calls only, the fast path for those only.
+    for i in range(3 * stof.Layer._MAX_STACKS):
+        run(3, "call %d with new x and y" % i, tensor((1, 4, 8)), tensor((4, 8)))
+    assert len(L._stacks) == len(L._stack_order) == stof.Layer._MAX_STACKS
+    kept = [k for k in L._stack_order if L._stacks[k][1] is not None]
+    assert kept == L._stack_order[-stof.Layer._KEEP_TENSORS:], len(kept)
+    assert len(L._fast) == stof.Layer._KEEP_TENSORS, len(L._fast)
+    assert set(L._fast.values()) == set(kept)
+    print("stack_run bookkeeping: ok (%d library calls)" % len(calls))
+
+
 def main():
     check_score_mods()
     check_bias()
+    check_stack_bookkeeping()
     lib = stof._load()
     version = lib.stof_version_string().decode()
     assert version.count(".") == 2, version
