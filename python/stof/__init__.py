@@ -1486,8 +1486,7 @@ class Layer:
                 self._stacks[key] = entry
             else:
                 self._stack_order.remove(key)
-                if entry[2] is not None:
-                    self._fast.pop(entry[2], None)
+                self._unfast(key, entry)
             kept = [t for _, k in per_layer for t in k]
             entry[1] = (kept, x, y, inst_keep)
             entry[2], entry[3] = ident, tuple(t.data_ptr() for t in kept)
@@ -1498,17 +1497,15 @@ class Layer:
             self._stack_order.remove(key)
         self._stack_order.append(key)
         while len(self._stack_order) > self._MAX_STACKS:
-            e = self._stacks.pop(self._stack_order.pop(0))
-            if e[2] is not None:
-                self._fast.pop(e[2], None)
+            old = self._stack_order.pop(0)
+            self._unfast(old, self._stacks.pop(old))
         # Keep the tensors of the newest calls only: the call that has just
         # left the newest _KEEP_TENSORS (if any) lets its tensors go.
         if len(self._stack_order) > self._KEEP_TENSORS:
-            e = self._stacks[self._stack_order[-self._KEEP_TENSORS - 1]]
+            old = self._stack_order[-self._KEEP_TENSORS - 1]
+            e = self._stacks[old]
             e[1] = None
-            if e[2] is not None:
-                self._fast.pop(e[2], None)
-                e[2] = None
+            self._unfast(old, e)
         xy = (ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()),
               ctypes.c_void_p(stream_h), flags)
         if md is not None:
@@ -1519,6 +1516,13 @@ class Layer:
         if st != 0:
             self._fail(st)
         return y
+
+    def _unfast(self, key, entry):
+        """Forget the fast-path identity of record key (if it still maps
+        to key: another record may have taken it over since)."""
+        if entry[2] is not None and self._fast.get(entry[2]) == key:
+            del self._fast[entry[2]]
+        entry[2] = None
 
     @staticmethod
     def _stack_ident(weights, x, y, stream_h, flags):

@@ -399,13 +399,33 @@ def check_stack_bookkeeping():
     run(3, "the right shape again")
     # A server whose x and y move: bounded records, tensors of the newest
     # calls only, the fast path for those only.
-    for i in range(3 * stof.Layer._MAX_STACKS):
-        run(3, "call %d with new x and y" % i, tensor((1, 4, 8)), tensor((4, 8)))
+    xys = [(tensor((1, 4, 8)), tensor((4, 8)))
+           for _ in range(3 * stof.Layer._MAX_STACKS)]
+    for i, (xx, yy) in enumerate(xys):
+        run(3, "call %d with new x and y" % i, xx, yy)
     assert len(L._stacks) == len(L._stack_order) == stof.Layer._MAX_STACKS
+    keep = stof.Layer._KEEP_TENSORS
     kept = [k for k in L._stack_order if L._stacks[k][1] is not None]
-    assert kept == L._stack_order[-stof.Layer._KEEP_TENSORS:], len(kept)
-    assert len(L._fast) == stof.Layer._KEEP_TENSORS, len(L._fast)
+    assert kept == L._stack_order[-keep:], len(kept)
+    assert len(L._fast) == keep, len(L._fast)
     assert set(L._fast.values()) == set(kept)
+    # The newest calls again, oldest first: no checks (each moves to the
+    # end, the window keeps the same calls); the one before them is checked.
+    for i, (xx, yy) in enumerate(xys[-keep:]):
+        run(0, "recent call %d again" % i, xx, yy)
+    run(3, "the call just older than those", *xys[-keep - 1])
+    run(3, "the oldest of the window it pushed out", *xys[-keep])
+    # The same tensors with x moved in place: checked again, and the
+    # identity (now the moved call's) survives the old record's eviction.
+    xx, yy = xys[-1]
+    run(0, "the newest call", xx, yy)
+    xx.ptr += 0x100000
+    run(3, "x given new storage", xx, yy)
+    for i in range(keep):
+        run(3, "another call %d" % i, tensor((1, 4, 8)), tensor((4, 8)))
+    for k, e in L._stacks.items():
+        assert e[2] is None or L._fast.get(e[2]) == k
+    assert all(L._stacks[k][1] is not None for k in L._fast.values())
     print("stack_run bookkeeping: ok (%d library calls)" % len(calls))
 
 
