@@ -705,7 +705,9 @@ def bench_case(args, ctx, cfg, dtype, seed):
                     if "err_fp32" in m:
                         r["compile_err_fp32"] = m["err_fp32"]
             except Exception as e:  # report and go on
-                r["compile_error"] = f"{name}: {short(e)}"
+                err = f"{name}: {short(e)}"
+                r["compile_error"] = (r["compile_error"] + "; " + err
+                                      if "compile_error" in r else err)
                 print(f"# {cfg.name} {B}x{S}: torch.compile ({name}) failed: "
                       f"{short(e)}", file=sys.stderr, flush=True)
                 if args.verbose:
