@@ -201,13 +201,17 @@ static const command commands[] = {
     {"verify", cmd_verify, "db drop json", 0, 0,
      "usage: stof-tune verify [--db PATH] [--drop] [--json]\n"
      "\n"
-     "Re-check every attention record made for this GPU, driver and build:\n"
-     "load its kernel, run it on random inputs and compare with the C\n"
-     "reference. Records that pass are marked trusted in the user database\n"
-     "($STOF_USER_DB or the default), so programs on this host use them\n"
-     "without checking again; bad ones are reported, and deleted with\n"
-     "--drop. Records without a mask spec cannot be rebuilt and are\n"
-     "skipped.\n"},
+     "Re-check every record made for this GPU, driver and build. An\n"
+     "attention record: load its kernel, run it on random inputs and\n"
+     "compare with the C reference. A layer record: plan its layer from\n"
+     "the database alone, each of its kernel records (gemm, norm) loaded\n"
+     "and checked against the C reference. Records that pass are marked\n"
+     "trusted in the user database ($STOF_USER_DB or the default), so\n"
+     "programs on this host use them without checking again; bad ones are\n"
+     "reported, and deleted with --drop. Records that cannot be rebuilt\n"
+     "here (no mask spec, a mask family's, another cuBLASLt's, score\n"
+     "modifiers, no memory) are skipped with the reason. A kernel that\n"
+     "faults the GPU ends the run's checks: run verify again.\n"},
     {"show-mask", cmd_show_mask, "png tile pixels json", 2, 2,
      "usage: stof-tune show-mask SPEC N|NQxNK [--png FILE] [--tile BMxBN]\n"
      "                          [--pixels PX] [--json]\n"
