@@ -14,7 +14,8 @@ and the same input:
   eager    PyTorch, F.linear / F.layer_norm or F.rms_norm / F.gelu or F.silu,
            attention by F.scaled_dot_product_attention with stof's mask as a
            dense bool tensor (grouped-query K/V heads repeated to the query
-           heads);
+           heads); also captured in a CUDA graph and replayed ("graph", not
+           bound by the host: --no-eager-graph skips it);
   compile  the same layer under torch.compile(dynamic=False), attention by
            flex_attention (enable_gqa for grouped-query) with a BlockMask
            whose mask_mod looks that dense tensor up; compiled once a layer
@@ -89,7 +90,8 @@ DEFAULT_MODELS = "bert-base,bert-large,gpt2,vit-base"
 SIZES = "1x128,8x512,16x2048"
 MASK_SPEC = "bigbird:64:3:2:3:1"
 FAIL_REL_ERR = 2e-2
-PEER_TIMES = ("eager_ms", "compile_ms", "hf_eager_ms", "hf_sdpa_ms")
+PEER_TIMES = ("eager_ms", "eager_graph_ms", "compile_ms", "hf_eager_ms",
+              "hf_sdpa_ms")
 
 
 class Cfg:
@@ -656,6 +658,36 @@ def bench_case(args, ctx, cfg, dtype, seed):
     sustained(r, "eager", lambda: run_stack(eager_layer, x, weights, dense),
               args.energy, r["eager_ms"])
 
+    # The eager stack captured in a CUDA graph and replayed (what a server
+    # that captures its PyTorch model runs: no host work a call; at small
+    # sizes the eager stack is bound by the host issuing it)
+    if not args.no_eager_graph:
+        try:
+            sx = x.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    run_stack(eager_layer, sx, weights, dense)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y_g = run_stack(eager_layer, sx, weights, dense)
+            graph.replay()
+            torch.cuda.synchronize()
+            r["eager_graph_err"] = rel_err(y_g, y_eager)
+            r["eager_graph_ms"] = time_ms(graph.replay, args.reps, args.warmup)
+            r["eager_graph_mhz"] = LAST_MHZ[0]
+            del graph, y_g, sx
+        except Exception as e:  # report and go on
+            r["eager_graph_error"] = short(e)
+            print(f"# {cfg.name} {B}x{S}: eager in a CUDA graph failed: "
+                  f"{short(e)}", file=sys.stderr, flush=True)
+            if args.verbose:
+                traceback.print_exc()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
     # torch.compile with FlexAttention, in each of the --compile-mode modes,
     # each layer compiled (called once a layer) and/or the whole stack as
     # one function (--compile-scope); compile_ms is the fastest's (the best
@@ -866,7 +898,8 @@ def fmt(v, spec):
 
 def print_table(results):
     print()
-    print(f"{'model':>10} {'BxS':>8} {'eager ms':>9} {'compile ms':>10} {'stof ms':>8} "
+    print(f"{'model':>10} {'BxS':>8} {'eager ms':>9} {'graph ms':>9} {'compile ms':>10} "
+          f"{'stof ms':>8} "
           f"{'x best':>7} {'stof err':>9} {'max abs':>8} {'plan s':>7} {'source':>8} "
           f"{'compile 1st s':>13} {'hf eager ms':>11} {'hf sdpa ms':>10}")
     for r in results:
@@ -874,6 +907,7 @@ def print_table(results):
         err = r.get("rel_err")
         flag = "" if r.get("stof_ok", True) or "stof_error" in r else " FAIL"
         print(f"{r['model']:>10} {bs:>8} {fmt(r.get('eager_ms'), '9.3f')} "
+              f"{fmt(r.get('eager_graph_ms'), '9.3f')} "
               f"{fmt(r.get('compile_ms'), '10.3f')} {fmt(r.get('stof_ms'), '8.3f')} "
               f"{fmt(r.get('speedup'), '7.2f')} {fmt(err, '9.1e')} "
               f"{fmt(r.get('max_abs_err'), '8.1e')} {fmt(r.get('stof_plan_s'), '7.2f')} "
@@ -881,8 +915,9 @@ def print_table(results):
               f"{fmt(r.get('compile_first_s'), '13.2f')} "
               f"{fmt(r.get('hf_eager_ms'), '11.3f')} {fmt(r.get('hf_sdpa_ms'), '10.3f')}"
               f"{flag}")
-    print("x best = the fastest peer (eager, compile, hf eager, hf sdpa) / stof "
-          "(whole stack, median); "
+    print("graph = the eager stack captured in a CUDA graph, replayed; "
+          "x best = the fastest peer (eager, graph, compile, hf eager, hf sdpa) / "
+          "stof (whole stack, median); "
           f"stof err = |stof - eager| / |eager|, FAIL above {FAIL_REL_ERR:g}")
     clk = [r for r in results if any(r.get(k) for k in
                                      ("stof_mhz", "eager_mhz", "compile_mhz"))]
@@ -952,12 +987,12 @@ def print_table(results):
             modes = "  ".join(f"{k} {v['ms']:.3f} ({v['first_s']:.1f})"
                               for k, v in r["compile_modes"].items())
             print(f"{r['model']:>10} {bs:>8}  {modes}")
-    errs = [r for r in results
-            if any(k in r for k in ("stof_error", "compile_error", "hf_error"))]
+    errkeys = ("stof_error", "eager_graph_error", "compile_error", "hf_error")
+    errs = [r for r in results if any(k in r for k in errkeys)]
     if errs:
         print()
         for r in errs:
-            for k in ("stof_error", "compile_error", "hf_error"):
+            for k in errkeys:
                 if k in r:
                     print(f"{r['model']} {r['batch']}x{r['seq']} {k}: {r[k]}")
     schemes = [r for r in results if "stof_scheme" in r]
@@ -1025,6 +1060,8 @@ def main():
                     help="torch.compile mode, or several comma-separated, each "
                     "timed (default, max-autotune-no-cudagraphs, ...); the "
                     "fastest is the compile peer")
+    ap.add_argument("--no-eager-graph", action="store_true",
+                    help="skip the eager stack captured in a CUDA graph")
     ap.add_argument("--compile-scope", default="layer,stack",
                     help="what torch.compile compiles: 'layer' (one layer, "
                     "called once a layer), 'stack' (the whole stack as one "
