@@ -1298,6 +1298,8 @@ class Layer:
     # Weight arrays kept at most (the oldest go: the library reads an array
     # during the call only, stof_layer_stack_run).
     _MAX_STACKS = 64
+    # Weight lists whose checks are remembered (stack_run).
+    _KEEP_WEIGHTS = 4
 
     def __init__(self, ctx, h, desc, mask):
         self._ctx, self._h, self._mask = ctx, h, mask
@@ -1310,18 +1312,17 @@ class Layer:
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype
         # stack_run's stof_layer_weights arrays by call (pointers, x, y,
-        # stream, flags), each [array, the call's tensors (the newest
-        # _KEEP_TENSORS calls only: a replay must not read memory freed
-        # meanwhile), its _fast identity, the tensors' addresses], the
-        # _MAX_STACKS newest calls' (a server whose x and y move would
-        # otherwise grow this without end).
+        # stream, flags, instance), each [array, the call's tensors (the
+        # newest _KEEP_TENSORS calls only: a replay must not read memory
+        # freed meanwhile)], the _MAX_STACKS newest calls' (a server whose
+        # x and y move would otherwise grow this without end).
         self._stacks = {}
         self._stack_order = []
-        # stack_run's fast path: the identity of a call's tensors (weight
-        # names and tensor ids, x, y, stream, flags) -> its _stacks key,
-        # for the calls whose tensors are still referenced there (so no id
-        # can be reused by another tensor meanwhile).
-        self._fast = {}
+        # Weight lists already checked: their identity (names and tensor
+        # ids, x's device) -> (per-layer structs, the tensors, their
+        # addresses), the _KEEP_WEIGHTS newest (holding the tensors, so no
+        # id is reused by another tensor meanwhile).
+        self._checked = {}
 
     @property
     def dtype(self):
@@ -1449,11 +1450,12 @@ class Layer:
         same tensors to replay it. Pre-norm layers whose scheme has a stack
         ending (describe()["scheme"]["junction_b"] == "stack") fold each
         layer's input norm into the previous layer's last GEMM, so a stack
-        rounds slightly differently from run() layer by layer. A call with
-        the very tensors of one of the newest calls (the same objects under
-        the same names, at the same addresses) does not check the weights'
-        shapes, dtypes and devices again: change weights' values in place
-        freely, but give a layer other weights as other tensors."""
+        rounds slightly differently from run() layer by layer. Weights that
+        are the very tensors of one of the newest calls (the same objects
+        under the same names, at the same addresses) are not checked again
+        for shape, dtype and device (x and y always are): change weights'
+        values in place freely, but give a layer other weights as other
+        tensors."""
         lib = self._lib()
         weights = list(weights)
         if not weights:
@@ -1461,86 +1463,65 @@ class Layer:
         self._io(x, y)
         stream_h = _stream_handle(stream)
         flags = _STACK_GRAPH if graph else 0
-        # A call with the very tensors of one of the newest calls (the same
-        # objects under the same names, still at the same addresses) skips
-        # checking each weight again: at small sizes those checks (a dozen
-        # tensors a layer) took longer than the stack on the GPU.
-        ident = self._stack_ident(weights, x, y, stream_h, flags) \
-            if not instance else None
-        key = self._fast.get(ident) if ident is not None else None
-        entry = self._stacks.get(key) if key is not None else None
-        if entry is not None and not self._still_at(key, entry, x, y):
-            entry = None
+        per_layer, kept = self._stack_weights(weights, x)
+        ptrs = tuple(tuple(getattr(pw, n) or 0 for n in LAYER_WEIGHT_NAMES)
+                     for pw in per_layer)
+        inst_keep = []
+        md = self._instance(instance, x.device, inst_keep)
+        key = (ptrs, x.data_ptr(), y.data_ptr(), stream_h, flags,
+               tuple(t.data_ptr() for t in inst_keep))
+        entry = self._stacks.get(key)
         if entry is None:
-            per_layer = [self._weights(w, x.device) for w in weights]
-            ptrs = tuple(tuple(getattr(pw, n) or 0 for n in LAYER_WEIGHT_NAMES)
-                         for pw, _ in per_layer)
-            inst_keep = []
-            md = self._instance(instance, x.device, inst_keep)
-            key = (ptrs, x.data_ptr(), y.data_ptr(), stream_h, flags,
-                   tuple(t.data_ptr() for t in inst_keep))
-            entry = self._stacks.get(key)
-            if entry is None:
-                arr = (_LayerWeights * len(per_layer))(*(pw for pw, _ in per_layer))
-                entry = [arr, None, None, None]
-                self._stacks[key] = entry
-            else:
-                self._stack_order.remove(key)
-                self._unfast(key, entry)
-            kept = [t for _, k in per_layer for t in k]
-            entry[1] = (kept, x, y, inst_keep)
-            entry[2], entry[3] = ident, tuple(t.data_ptr() for t in kept)
-            if ident is not None:
-                self._fast[ident] = key
+            arr = (_LayerWeights * len(per_layer))(*per_layer)
+            entry = [arr, None]
+            self._stacks[key] = entry
         else:
-            md = None
             self._stack_order.remove(key)
+        entry[1] = (kept, x, y, inst_keep)
         self._stack_order.append(key)
         while len(self._stack_order) > self._MAX_STACKS:
-            old = self._stack_order.pop(0)
-            self._unfast(old, self._stacks.pop(old))
+            del self._stacks[self._stack_order.pop(0)]
         # Keep the tensors of the newest calls only: the call that has just
         # left the newest _KEEP_TENSORS (if any) lets its tensors go.
         if len(self._stack_order) > self._KEEP_TENSORS:
-            old = self._stack_order[-self._KEEP_TENSORS - 1]
-            e = self._stacks[old]
-            e[1] = None
-            self._unfast(old, e)
+            self._stacks[self._stack_order[-self._KEEP_TENSORS - 1]][1] = None
         xy = (ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()),
               ctypes.c_void_p(stream_h), flags)
         if md is not None:
             st = lib.stof_layer_stack_run_family(self._h, ctypes.byref(md),
-                                                 len(weights), entry[0], *xy)
+                                                 len(per_layer), entry[0], *xy)
         else:
-            st = lib.stof_layer_stack_run(self._h, len(weights), entry[0], *xy)
+            st = lib.stof_layer_stack_run(self._h, len(per_layer), entry[0], *xy)
         if st != 0:
             self._fail(st)
         return y
 
-    def _unfast(self, key, entry):
-        """Forget the fast-path identity of record key (if it still maps
-        to key: another record may have taken it over since)."""
-        if entry[2] is not None and self._fast.get(entry[2]) == key:
-            del self._fast[entry[2]]
-        entry[2] = None
-
-    @staticmethod
-    def _stack_ident(weights, x, y, stream_h, flags):
-        """The identity of a stack call's tensors, or None (not dicts)."""
+    def _stack_weights(self, weights, x):
+        """(per-layer stof_layer_weights, the tensors) of a stack call's
+        weights, checked (Layer._weights) unless the very same tensors
+        (the same objects under the same names, still at the same
+        addresses, for x's device) were checked by one of the newest
+        calls: at small sizes those checks, a dozen tensors a layer, took
+        longer than the stack on the GPU."""
         try:
-            return (tuple((n, id(t)) for w in weights for n, t in w.items()),
-                    id(x), id(y), stream_h, flags)
-        except AttributeError:
-            return None
-
-    @staticmethod
-    def _still_at(key, entry, x, y):
-        """Whether a fast-path call's tensors are still where they were
-        checked (a tensor given new storage in place is checked again)."""
-        kept = entry[1]
-        return (kept is not None and x.data_ptr() == key[1] and
-                y.data_ptr() == key[2] and
-                all(t.data_ptr() == p for t, p in zip(kept[0], entry[3])))
+            ident = (tuple((n, id(t)) for w in weights for n, t in w.items()),
+                     x.get_device())
+        except AttributeError:  # not dicts: the checks say what is wrong
+            ident = None
+        hit = self._checked.pop(ident, None) if ident is not None else None
+        if hit is not None and all(t.data_ptr() == p
+                                   for t, p in zip(hit[1], hit[2])):
+            self._checked[ident] = hit  # the newest again
+            return hit[0], hit[1]
+        checked = [self._weights(w, x.device) for w in weights]
+        per_layer = [pw for pw, _ in checked]
+        kept = [t for _, k in checked for t in k]
+        if ident is not None:
+            self._checked[ident] = (per_layer, kept,
+                                    tuple(t.data_ptr() for t in kept))
+            while len(self._checked) > self._KEEP_WEIGHTS:
+                del self._checked[next(iter(self._checked))]
+        return per_layer, kept
 
     def close(self):
         """Free the plan (stof_layer_free synchronises first)."""
@@ -1549,7 +1530,7 @@ class Layer:
             self._h = ctypes.c_void_p()
         self._stacks = {}
         self._stack_order = []
-        self._fast = {}
+        self._checked = {}
 
     def __enter__(self):
         return self

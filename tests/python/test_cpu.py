@@ -334,16 +334,20 @@ class FakeWeight:
     def data_ptr(self):
         return self.ptr
 
+    def get_device(self):
+        return 0
+
     def is_contiguous(self):
         return True
 
 
 def check_stack_bookkeeping():
-    """Layer.stack_run's records of its calls, against a stub library: a
-    call with the tensors of a recent one checks no weight again (only
-    their addresses), a tensor replaced or given new storage is checked
-    again, and the records stay bounded however many x and y a server
-    passes. No library call, no GPU."""
+    """Layer.stack_run's records of its calls, against a stub library:
+    weights that are the tensors of a recent call are not checked again
+    (only their addresses), whatever x and y are; a tensor replaced or
+    given new storage is checked again; the remembered weight lists and the
+    call records stay bounded however many x and y a server passes. No
+    library call, no GPU."""
     calls = []
 
     class Lib:
@@ -367,7 +371,7 @@ def check_stack_bookkeeping():
     L._ctx, L._h, L._mask = Ctx(), 1, None
     L.batch, L.seq, L.hidden, L.heads, L.ffn = 1, 4, 8, 2, 16
     L.kv_heads, L.bias, L.gated, L.pre_norm, L.rms = 2, True, False, False, False
-    L._stacks, L._stack_order, L._fast = {}, [], {}
+    L._stacks, L._stack_order, L._checked = {}, [], {}
     ptr = [0x10000]
 
     def tensor(shape):
@@ -376,12 +380,14 @@ def check_stack_bookkeeping():
     ws = [{n: tensor(sh) for n, sh in L._shapes().items()} for _ in range(3)]
     x, y = tensor((1, 4, 8)), tensor((1, 4, 8))
 
-    def run(expect, what, xx=None, yy=None):
+    def run(expect, what, xx=None, yy=None, wl=None):
+        wl = ws if wl is None else wl
         before = checks[0]
-        L.stack_run(ws, xx or x, yy or y, stream=7)
+        L.stack_run(wl, xx or x, yy or y, stream=7)
         got = checks[0] - before
         assert got == expect, "%s: %d layers checked, expected %d" % (what, got, expect)
-        assert calls[-1][0] == [w["w_o"].ptr for w in ws], what
+        assert calls[-1][0] == [w["w_o"].ptr for w in wl], what
+        assert calls[-1][1] == (xx or x).ptr, what
 
     run(3, "first call")
     run(0, "the same tensors")
@@ -397,35 +403,26 @@ def check_stack_bookkeeping():
     expect_error(lambda: L.stack_run(ws, x, y, stream=7), ValueError, "b_o")
     ws[0]["b_o"].shape = (8,)
     run(3, "the right shape again")
-    # A server whose x and y move: bounded records, tensors of the newest
-    # calls only, the fast path for those only.
-    xys = [(tensor((1, 4, 8)), tensor((4, 8)))
-           for _ in range(3 * stof.Layer._MAX_STACKS)]
-    for i, (xx, yy) in enumerate(xys):
-        run(3, "call %d with new x and y" % i, xx, yy)
+    # A server whose x and y move: the weights are not checked again, the
+    # call records stay bounded, with the tensors of the newest calls only.
+    for i in range(3 * stof.Layer._MAX_STACKS):
+        run(0, "call %d with new x and y" % i, tensor((1, 4, 8)), tensor((4, 8)))
     assert len(L._stacks) == len(L._stack_order) == stof.Layer._MAX_STACKS
     keep = stof.Layer._KEEP_TENSORS
     kept = [k for k in L._stack_order if L._stacks[k][1] is not None]
     assert kept == L._stack_order[-keep:], len(kept)
-    assert len(L._fast) == keep, len(L._fast)
-    assert set(L._fast.values()) == set(kept)
-    # The newest calls again, oldest first: no checks (each moves to the
-    # end, the window keeps the same calls); the one before them is checked.
-    for i, (xx, yy) in enumerate(xys[-keep:]):
-        run(0, "recent call %d again" % i, xx, yy)
-    run(3, "the call just older than those", *xys[-keep - 1])
-    run(3, "the oldest of the window it pushed out", *xys[-keep])
-    # The same tensors with x moved in place: checked again, and the
-    # identity (now the moved call's) survives the old record's eviction.
-    xx, yy = xys[-1]
-    run(0, "the newest call", xx, yy)
-    xx.ptr += 0x100000
-    run(3, "x given new storage", xx, yy)
-    for i in range(keep):
-        run(3, "another call %d" % i, tensor((1, 4, 8)), tensor((4, 8)))
-    for k, e in L._stacks.items():
-        assert e[2] is None or L._fast.get(e[2]) == k
-    assert all(L._stacks[k][1] is not None for k in L._fast.values())
+    # Several weight lists in turn: the newest _KEEP_WEIGHTS are remembered.
+    n_keep = stof.Layer._KEEP_WEIGHTS
+    lists = []
+    for i in range(n_keep + 1):
+        wl = [dict(w) for w in ws]
+        wl[0]["w_o"] = tensor((8, 8))
+        lists.append(wl)
+        run(3, "weight list %d" % i, wl=wl)
+    run(0, "the newest list again", wl=lists[-1])
+    run(0, "the oldest list still remembered", wl=lists[1])
+    run(3, "a list forgotten", wl=lists[0])
+    assert len(L._checked) == n_keep, len(L._checked)
     print("stack_run bookkeeping: ok (%d library calls)" % len(calls))
 
 
