@@ -1463,9 +1463,7 @@ class Layer:
         self._io(x, y)
         stream_h = _stream_handle(stream)
         flags = _STACK_GRAPH if graph else 0
-        per_layer, kept = self._stack_weights(weights, x)
-        ptrs = tuple(tuple(getattr(pw, n) or 0 for n in LAYER_WEIGHT_NAMES)
-                     for pw in per_layer)
+        per_layer, kept, ptrs = self._stack_weights(weights, x)
         inst_keep = []
         md = self._instance(instance, x.device, inst_keep)
         key = (ptrs, x.data_ptr(), y.data_ptr(), stream_h, flags,
@@ -1497,8 +1495,8 @@ class Layer:
         return y
 
     def _stack_weights(self, weights, x):
-        """(per-layer stof_layer_weights, the tensors) of a stack call's
-        weights, checked (Layer._weights) unless the very same tensors
+        """(per-layer stof_layer_weights, the tensors, the pointers by
+        layer) of a stack call's weights, checked (Layer._weights) unless the very same tensors
         (the same objects under the same names, still at the same
         addresses, for x's device) were checked by one of the newest
         calls: at small sizes those checks, a dozen tensors a layer, took
@@ -1510,18 +1508,20 @@ class Layer:
             ident = None
         hit = self._checked.pop(ident, None) if ident is not None else None
         if hit is not None and all(t.data_ptr() == p
-                                   for t, p in zip(hit[1], hit[2])):
+                                   for t, p in zip(hit[1], hit[3])):
             self._checked[ident] = hit  # the newest again
-            return hit[0], hit[1]
+            return hit[0], hit[1], hit[2]
         checked = [self._weights(w, x.device) for w in weights]
         per_layer = [pw for pw, _ in checked]
         kept = [t for _, k in checked for t in k]
+        ptrs = tuple(tuple(getattr(pw, n) or 0 for n in LAYER_WEIGHT_NAMES)
+                     for pw in per_layer)
         if ident is not None:
-            self._checked[ident] = (per_layer, kept,
+            self._checked[ident] = (per_layer, kept, ptrs,
                                     tuple(t.data_ptr() for t in kept))
             while len(self._checked) > self._KEEP_WEIGHTS:
                 del self._checked[next(iter(self._checked))]
-        return per_layer, kept
+        return per_layer, kept, ptrs
 
     def close(self):
         """Free the plan (stof_layer_free synchronises first)."""
