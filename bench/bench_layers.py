@@ -812,7 +812,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
             r["stof_replay_err"] = rel_err(y, y_eager)
             r["stof_ok"] = r["stof_ok"] and r["stof_replay_err"] <= FAIL_REL_ERR
             if args.profile:
-                r["stof_profile"] = profile_kernels(
+                r["stof_profile"], r["stof_span_us"] = profile_kernels(
                     lambda: layer.stack_run(weights, x, y, graph=True),
                     r["layers"])
             if not args.no_graph_compare:
@@ -849,7 +849,10 @@ def profile_kernels(fn, layers, replays=3):
     """Kernel times of one call of fn (a stack of `layers` layers) under
     torch.profiler, `replays` calls after one untimed: by position in a
     layer, [(name, us a layer, averaged over the layers and calls)], in
-    launch order; None when the kernels do not split into equal layers."""
+    launch order, or by name when the kernels do not split into equal
+    layers; and the mean span of a call on the GPU (its first kernel's
+    start to its last kernel's end, us), so that the time between the
+    kernels shows against their sum."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -861,20 +864,26 @@ def profile_kernels(fn, layers, replays=3):
            if str(getattr(e, "device_type", "")).endswith("CUDA") and
            "Memset" not in e.name and "Memcpy" not in e.name]
     evs.sort(key=lambda e: e.time_range.start)
+    span = None
+    if evs and len(evs) % replays == 0:
+        n = len(evs) // replays
+        span = sum(max(e.time_range.end for e in evs[i:i + n]) -
+                   evs[i].time_range.start
+                   for i in range(0, len(evs), n)) / replays
     per = len(evs) // (replays * layers) if layers else 0
     if per and len(evs) == per * replays * layers:
         rows = []
         for k in range(per):
             ts = [evs[i].time_range.elapsed_us() for i in range(k, len(evs), per)]
             rows.append((evs[k].name, sum(ts) / len(ts)))
-        return rows
+        return rows, span
     # layers of different kernels (a fused stack ending: the first layer
     # runs one norm more): by kernel name, in order of first launch
     by = {}
     for e in evs:
         by[e.name] = by.get(e.name, 0.0) + e.time_range.elapsed_us()
     n = replays * max(layers, 1)
-    return [(name + " (all calls)", us / n) for name, us in by.items()]
+    return [(name + " (all calls)", us / n) for name, us in by.items()], span
 
 
 def print_profiles(results):
@@ -887,6 +896,11 @@ def print_profiles(results):
         print(f"stof kernels of a layer, {r['model']} {r['batch']}x{r['seq']} "
               f"(torch.profiler, mean over the stack's {r['layers']} layers: "
               f"{total:.1f} us a layer)")
+        span = r.get("stof_span_us")
+        if span:
+            print(f"  a stack's span on the GPU {span:.1f} us, its kernels "
+                  f"{total * r['layers']:.1f} us: {span / r['layers'] - total:.1f} "
+                  f"us a layer between kernels")
         for name, us in rows:
             print(f"{us:9.1f} us {100 * us / total:5.1f}%  {name[:90]}")
 
