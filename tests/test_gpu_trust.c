@@ -344,6 +344,44 @@ Test(gpu_trust, a_wrong_kernel_is_never_used)
     cr_assert_eq(verify_ms(&r5), 0.0);
 }
 
+/* The record's own kernel, compiled again and stored with another time:
+ * a correct record whose content hash this host has never checked (as a
+ * record imported from another host is). */
+static void retime_fn(const void *arg, report *r)
+{
+    replace_record(arg, NULL, NULL, STOF_DTYPE_FP16, 1, "retimed", r);
+}
+
+/* plan_fn in a process whose first-use checks cannot run their reference
+ * (as without memory for it). */
+static void plan_no_reference_fn(const void *arg, report *r)
+{
+    stof__test_no_reference = 1;
+    plan_job(arg, r);
+}
+
+/* A record in the user database that this host has not checked yet, whose
+ * first-use check cannot run here for reasons not its own, is kept, not
+ * deleted as a record that failed would be: the next plan checks it and
+ * uses it. */
+Test(gpu_trust, a_record_whose_check_cannot_run_is_kept)
+{
+    job tune = {P("host.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    expect_source((report[]){run(plan_fn, &tune)}, "tuned");
+    report rt = run(retime_fn, P("host.db"));
+    cr_log_info("%s", rt.js);
+    job use = {P("host.db"), NULL, STOF_TUNE_CACHE_ONLY, STOF_LAYOUT_BHSD};
+    report r1 = run(plan_no_reference_fn, &use);
+    cr_assert(strstr(r1.log, "could not be verified on this GPU") &&
+                  strstr(r1.log, "kept"),
+              "%s\n%s", r1.js, r1.log);
+    cr_assert_null(strstr(r1.log, "failed verification"), "%s", r1.log);
+    report r2 = run(plan_fn, &use);
+    expect_source(&r2, "user db");
+    cr_assert_gt(verify_ms(&r2), 0.0, "not checked at its first use");
+    cr_assert(strstr(r2.log, "verified on this GPU"), "%s", r2.log);
+}
+
 /* The first-use check of a persistent plan runs fewer work items than
  * the plan dealt its CTAs (one batch element, two heads): it must not
  * walk the plan's list (which named items past its launch: out-of-bounds

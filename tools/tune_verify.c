@@ -304,7 +304,7 @@ static const char *tv_attention(stof_context *ctx, const stof_dbt_records *l,
     stof_mask *m = NULL;
     stof_plan *plan = NULL;
     char hex[33];
-    int skip = 0;
+    int skip = 0, unchecked = 0;
     stof_status st;
     if (!tv_mask(ctx, l, r, r->seq_q, r->seq_k, &m, &verdict, why, wn))
         return verdict;
@@ -318,7 +318,14 @@ static const char *tv_attention(stof_context *ctx, const stof_dbt_records *l,
         snprintf(why, wn, "cannot rebuild the problem: %s", stof_errmsg(ctx));
     } else if (!tv_rebuild(ctx, r, &d, hex, &skip, why, wn)) {
         verdict = skip ? "skipped" : "bad";
-    } else if ((st = stof_attention_plan(ctx, &d, m, &plan)) != STOF_OK) {
+    } else if ((unchecked = ctx->records_unchecked,
+                st = stof_attention_plan(ctx, &d, m, &plan)) != STOF_OK &&
+               ctx->records_unchecked != unchecked) {
+        /* (its check could not run here: not the record's fault) */
+        verdict = "skipped";
+        snprintf(why, wn, "its first-use check could not run on this host: "
+                          "%.400s", ctx->unchecked_why);
+    } else if (st != STOF_OK) {
         /* (no memory here is not the record's fault) */
         verdict = st == STOF_ERR_OUT_OF_MEMORY ? "skipped" : "bad";
         snprintf(why, wn, "plan failed: %s", stof_errmsg(ctx));
@@ -331,7 +338,11 @@ static const char *tv_attention(stof_context *ctx, const stof_dbt_records *l,
         const int stored = src && key && !strcmp(src, "system db") &&
                            !strcmp(key, r->key);
         json_decref(desc);
-        if (!stored) {
+        if (!stored && ctx->records_unchecked != unchecked) {
+            verdict = "skipped";
+            snprintf(why, wn, "its first-use check could not run on this "
+                              "host: %.400s", ctx->unchecked_why);
+        } else if (!stored) {
             verdict = "bad";
             snprintf(why, wn, "the stored kernel was not used: it did not "
                               "load or failed its check on this GPU");

@@ -267,15 +267,25 @@ static int kernel_takes_strides(const stof_candidate *c,
     return (double)(nd->seq_k - 1) * (double)s / 8.0 < 4294967296.0;
 }
 
+int stof__test_no_reference;
+
 /* Check a plan made from a database record on this GPU before its first
  * real use: run it on seeded random inputs for one batch element and up
  * to two heads (the kernel's code is the same for every (batch, head); two
  * heads exercise the head offsets) over the whole sequence, and compare
  * every output row with the reference kernel. 1 when it matches (within
- * the search's tolerance), else 0 with the reason in why. */
+ * the search's tolerance), else 0 with the reason in why; -1 (why set)
+ * when the check itself could not run here (the reference's inputs or
+ * kernel could not be made: out of memory, a failed compile), which says
+ * nothing of the record. */
 static int verify_here(stof_context *ctx, const stof_plan *p,
                        const stof_attn_problem *pr, char *why, size_t n)
 {
+    if (stof__test_no_reference) {
+        snprintf(why, n, "the reference could not run: out of memory "
+                         "(injected by a test)");
+        return -1;
+    }
     stof_attention_desc vd = p->desc;
     vd.alibi_slopes = p->alibi_host; /* the reference's ALiBi, if any */
     vd.batch = 1;
@@ -309,7 +319,7 @@ static int verify_here(stof_context *ctx, const stof_plan *p,
     if (st != STOF_OK) {
         snprintf(why, n, "the reference could not run: %s",
                  stof_errmsg(ctx));
-        return 0;
+        return -1;
     }
     double rel = INFINITY;
     char err[256] = "";
@@ -330,7 +340,10 @@ static int verify_here(stof_context *ctx, const stof_plan *p,
 /* Use a record's plan on this host only once it is trusted here (db.h,
  * "Local trust"): verify it at its first use and remember that. Returns
  * 1 when the plan may run; 0 when the record failed (logged; a user
- * database record that fails is deleted, so that tuning can replace it). */
+ * database record that fails is deleted, so that tuning can replace it)
+ * or could not be checked here (logged; kept, untrusted, for the next
+ * plan to check: a moment without memory must not cost a host its
+ * tuning records). */
 static int trust_record(stof_context *ctx, stof_db *db, stof_plan *p,
                         const stof_attn_problem *pr, const stof_db_record *rec)
 {
@@ -340,6 +353,15 @@ static int trust_record(stof_context *ctx, stof_db *db, stof_plan *p,
     const double t0 = stof__now_ms();
     const int ok = verify_here(ctx, p, pr, why, sizeof(why));
     p->verify_ms = stof__now_ms() - t0;
+    if (ok < 0) {
+        ctx->records_unchecked++;
+        snprintf(ctx->unchecked_why, sizeof(ctx->unchecked_why), "%s", why);
+        stof__log(ctx, STOF_LOG_WARN,
+                  "tuning record %s (%s database, made on %s) could not be "
+                  "verified on this GPU: %s; not used this time, kept",
+                  rec->key, rec->source, rec->host, why);
+        return 0;
+    }
     if (ok) {
         stof__db_trust(db, rec);
         stof__log(ctx, STOF_LOG_INFO,

@@ -83,6 +83,11 @@ struct stof_context {
      * built on the GPU only if the builder is already compiled (a hit
      * compiles nothing), else on the host. */
     int hit_no_compile;
+    /* Database records whose first-use check could not run on this host
+     * (its reference: no memory, a failed compile), kept and not used; the last
+     * one's reason (stof-tune verify tells these from bad records). */
+    int records_unchecked;
+    char unchecked_why[512];
 };
 
 /* Longest spec a mask keeps (the tuning records' mask_spec field). */
