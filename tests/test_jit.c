@@ -715,6 +715,47 @@ Test(jit, fake_ordinal_out_of_range, .fini = restore_api)
     cr_expect_eq(g_retains, 0);
 }
 
+static CUresult g_load_result;
+
+static CUresult fake_module_load(CUmodule *m, const void *image)
+{
+    (void)image;
+    *m = NULL;
+    return g_load_result;
+}
+
+/* A module that cannot load for want of device memory says so
+ * (STOF_ERR_OUT_OF_MEMORY: the host's state, not the cubin's); any other
+ * load failure is a CUDA error naming the driver's error. */
+Test(jit, fake_module_load_out_of_memory, .fini = restore_api)
+{
+    use_fake_driver();
+    g_fake.cuModuleLoadData = fake_module_load;
+    stof_context *ctx;
+    cr_assert_eq(open_with(0, 1, &ctx), STOF_OK, "%s", stof_errmsg(ctx));
+    CUmodule m = (CUmodule)1;
+    CUfunction f = (CUfunction)1;
+    static const unsigned char cubin[16] = {1};
+    g_load_result = CUDA_ERROR_OUT_OF_MEMORY;
+    cr_expect_eq(stof__module_load(ctx, cubin, "stof_x", 0, &m, &f),
+                 STOF_ERR_OUT_OF_MEMORY);
+    cr_expect(strstr(stof_errmsg(ctx), "CUDA_ERROR_OUT_OF_MEMORY"), "%s",
+              stof_errmsg(ctx));
+    cr_expect_null(m);
+    cr_expect_null(f);
+    g_load_result = CUDA_ERROR_INVALID_IMAGE;
+    cr_expect_eq(stof__module_load(ctx, cubin, "stof_x", 0, &m, &f),
+                 STOF_ERR_CUDA);
+    cr_expect(strstr(stof_errmsg(ctx), "cuModuleLoadData failed"), "%s",
+              stof_errmsg(ctx));
+    /* The module cache passes the status on. */
+    g_load_result = CUDA_ERROR_OUT_OF_MEMORY;
+    cr_expect_eq(stof__module_load_shared(ctx, cubin, sizeof(cubin),
+                                          "stof_x", 0, &m, &f),
+                 STOF_ERR_OUT_OF_MEMORY);
+    stof_close(&ctx);
+}
+
 Test(jit, fake_device_ok, .fini = restore_api)
 {
     use_fake_driver();

@@ -323,8 +323,9 @@ static const char *tv_attention(stof_context *ctx, const stof_dbt_records *l,
                ctx->records_unchecked != unchecked) {
         /* (its check could not run here: not the record's fault) */
         verdict = "skipped";
-        snprintf(why, wn, "its first-use check could not run on this host: "
-                          "%.400s", ctx->unchecked_why);
+        snprintf(why, wn, "this host could not load or check it (not the "
+                          "record's fault): %.400s",
+                 ctx->unchecked_why);
     } else if (st != STOF_OK) {
         /* (no memory here is not the record's fault) */
         verdict = st == STOF_ERR_OUT_OF_MEMORY ? "skipped" : "bad";
@@ -340,8 +341,9 @@ static const char *tv_attention(stof_context *ctx, const stof_dbt_records *l,
         json_decref(desc);
         if (!stored && ctx->records_unchecked != unchecked) {
             verdict = "skipped";
-            snprintf(why, wn, "its first-use check could not run on this "
-                              "host: %.400s", ctx->unchecked_why);
+            snprintf(why, wn, "this host could not load or check it (not "
+                              "the record's fault): %.400s",
+                     ctx->unchecked_why);
         } else if (!stored) {
             verdict = "bad";
             snprintf(why, wn, "the stored kernel was not used: it did not "

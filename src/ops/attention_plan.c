@@ -393,6 +393,7 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
     const double lookup_ms = stof__now_ms() - t0;
     stof_candidate c;
     stof_plan *p = NULL;
+    stof_status st;
     char why[256];
     ctx->hit_no_compile = 1; /* a hit compiles nothing */
     if (!stof__attention_record_candidate(&rec, &c, why, sizeof(why)))
@@ -409,11 +410,18 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
                   "tuning record %s: a %s kernel does not read the family's "
                   "GPU-built formats: ignored",
                   key, rec.kernel);
-    else if (plan_cubin(ctx, nd, pr, &c, rec.cubin, rec.cubin_size, &p) !=
-             STOF_OK)
+    else if ((st = plan_cubin(ctx, nd, pr, &c, rec.cubin, rec.cubin_size,
+                              &p)) != STOF_OK) {
+        if (st == STOF_ERR_OUT_OF_MEMORY) { /* not the record's fault */
+            ctx->records_unchecked++;
+            snprintf(ctx->unchecked_why, sizeof(ctx->unchecked_why),
+                     "it could not be loaded here: %.400s",
+                     stof_errmsg(ctx));
+        }
         stof__log(ctx, STOF_LOG_WARN,
                   "tuning record %s could not be loaded (%s): ignored", key,
                   stof_errmsg(ctx));
+    }
     ctx->hit_no_compile = 0;
     if (p && !trust_record(ctx, db, p, pr, &rec)) {
         stof__plan_release(p);

@@ -83,9 +83,11 @@ struct stof_context {
      * built on the GPU only if the builder is already compiled (a hit
      * compiles nothing), else on the host. */
     int hit_no_compile;
-    /* Database records whose first-use check could not run on this host
-     * (its reference: no memory, a failed compile), kept and not used; the last
-     * one's reason (stof-tune verify tells these from bad records). */
+    /* Database records that could not be loaded or checked at their first
+     * use on this host for reasons not their own (no device memory for
+     * the module or the check's reference, a failed reference compile):
+     * kept and not used. The last one's reason; stof-tune verify tells
+     * these from bad records. */
     int records_unchecked;
     char unchecked_why[512];
 };
