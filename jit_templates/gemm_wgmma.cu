@@ -119,6 +119,7 @@
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,NORM=1,WRITE_PRE=1,N_TOTAL=4096 | DTYPE=0,BLOCK_N=128,STAGES=5,BIAS=1,RESIDUAL=1,NORM=1,PINGPONG=1,N_TOTAL=768
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=128,STAGES=4,RESIDUAL=1,NORM=2,WRITE_PRE=1,PINGPONG=1,N_TOTAL=1000
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768 | DTYPE=1,BLOCK_N=192,STAGES=3,BIAS=1,ACT=2
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768,GW_TRACE=1 | DTYPE=0,BLOCK_N=64,STAGES=6,GW_TRACE=1
 #include "sm90_common.cuh"
 #include "gemm_epi.cuh"
 
@@ -225,6 +226,35 @@ struct stof_gemm_wgmma_params {
 static_assert(sizeof(stof_gemm_wgmma_params) == 768,
               "stof_gemm_wgmma_params layout");
 
+// GW_TRACE (a diagnostic build, never a search candidate): when the
+// module's stof_gw_trace is set, CTA x stamps its phases at
+// stof_gw_trace[16 x + k] (k: 0 entry, 1 entry's global timer (ns), 2
+// barriers set up, 3 first load issued, 4 first K-step's data seen, 5 K
+// loop done, 11 bias and residual added, 12 row statistics computed, 6
+// shared, 7 the row's received, 8 last store issued, 9 stores complete,
+// 10 the end's global timer; the SM clock but 1 and 10; 4.. by the first
+// consumer warpgroup, of its last tile).
+#ifdef GW_TRACE
+__device__ unsigned long long *stof_gw_trace;
+__device__ __forceinline__ void gw_stamp(int k, int global)
+{
+    unsigned long long *t = stof_gw_trace;
+    if (!t)
+        return;
+    unsigned long long v;
+    if (global)
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    else
+        asm volatile("mov.u64 %0, %%clock64;" : "=l"(v));
+    t[blockIdx.x * 16u + (unsigned)k] = v;
+}
+#define GW_T(k) gw_stamp((k), 0)
+#define GW_TG(k) gw_stamp((k), 1)
+#else
+#define GW_T(k) ((void)0)
+#define GW_TG(k) ((void)0)
+#endif
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // The raster's rows: tile rows, or (CLUSTER 2) pairs of them.
@@ -310,11 +340,21 @@ __device__ __forceinline__ void gw_combine(const float2 *st, float eps,
 }
 
 // One arrival on a row counter, releasing at GPU scope what the
-// warpgroup wrote before (ordered by the named barrier before it).
-__device__ __forceinline__ unsigned gw_arrive(unsigned *ctr)
+// warpgroup wrote before (ordered by the named barrier before it); no
+// value back, so no round trip to wait for.
+__device__ __forceinline__ void gw_signal(unsigned *ctr)
+{
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(ctr)
+                 : "memory");
+}
+
+// The counter's second arrival (its reader is done): relaxed, for nothing
+// of the row is touched after it in this launch (the next launch starts
+// after this one's writes are visible, with PDL too). The old value.
+__device__ __forceinline__ unsigned gw_arrive_relaxed(unsigned *ctr)
 {
     unsigned old;
-    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;\n"
+    asm volatile("atom.add.relaxed.gpu.global.u32 %0, [%1], 1;\n"
                  : "=r"(old)
                  : "l"(ctr)
                  : "memory");
@@ -435,6 +475,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     const int t0 = blockIdx.x / CLUSTER, t_step = gridDim.x / CLUSTER;
 
     if (tid == 0) {
+        GW_T(0);
+        GW_TG(1);
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             mb_init(GW_FULL(s), 1);
@@ -457,6 +499,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     // see stof_common.cuh).
     stof_grid_wait();
     stof_grid_release();
+    if (tid == 0)
+        GW_T(2);
 
     if (wg == 0) {
         // ------------------------------------------------------------------
@@ -465,6 +509,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (tid == 0) {
             tma_prefetch_map(&p.tm_a);
+            int traced = 0;
             tma_prefetch_map(&p.tm_w);
             int s = 0, gk = 0; // slot; K-steps loaded so far
             unsigned ph = 0;
@@ -477,6 +522,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                     mb_expect_tx(GW_FULL(s), GW_STAGE_BYTES);
                     tma_load2(GW_SA(s), &p.tm_a, kt * GW_BK, tm * GW_BM,
                               GW_FULL(s));
+                    if (!traced++)
+                        GW_T(3);
 #if CLUSTER > 1
                     // This CTA's half of the pair's W tile, into both.
                     tma_load2_mc(GW_SW(s) + rank * (GW_WH * 128), &p.tm_w,
@@ -575,6 +622,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         int prev = 0;
         for (int kt = 0; kt < kt_n; kt++) {
             mb_wait(GW_FULL(s), ph);
+            if (tid == 128 && kt == 0)
+                GW_T(4);
             wg_fence();
 #pragma unroll
             for (int h = 0; h < GW_HALVES; h++)
@@ -620,6 +669,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             mb_arrive(GW_ORDER(cw));
 #endif
         wg_wait<0>();
+        if (tid == 128)
+            GW_T(5);
 #pragma unroll
         for (int h = 0; h < GW_HALVES; h++)
             wg_keep(acc[h]);
@@ -687,6 +738,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                                   ctid);
 #endif
                 }
+            if (tid == 128)
+                GW_T(11);
             // (2) [4 j + 2 hh + c]: row g + 8 hh, column 8 j + 2 tq + c.
             // Columns past N hold zeros, not values: left out. One thread
             // of each quad writes its rows' (s, m2) to ws.
@@ -726,13 +779,19 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                         st_row[tn * 128 + 64 * h + 8 * hh] =
                             make_float2(s2, m2);
                 }
+            if (tid == 128)
+                GW_T(12);
             // Arrive on the row's counter, wait for the row's tiles.
             unsigned *const ctr = p.ws + tm;
             constexpr unsigned per_row = GW_NC * (PINGPONG ? 1u : 2u);
             named_bar_sync(1 + cw, 128);
             if (ctid == 0) {
-                gw_arrive(ctr);
+                gw_signal(ctr);
+                if (tid == 128)
+                    GW_T(6);
                 gw_wait_count(ctr, per_row);
+                if (tid == 128)
+                    GW_T(7);
             }
             named_bar_sync(1 + cw, 128);
             float mean[GW_HALVES][2], rstd[GW_HALVES][2];
@@ -742,10 +801,6 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                 for (int hh = 0; hh < 2; hh++)
                     gw_combine(st_row + 64 * h + 8 * hh, p.eps, mean[h][hh],
                                rstd[h][hh]);
-            // Read: the last reader of the row resets its counter.
-            named_bar_sync(1 + cw, 128);
-            if (ctid == 0 && gw_arrive(ctr) == 2u * per_row - 1u)
-                atomicExch(ctr, 0u);
             // (3) The units are free: their residual was read above by the
             // warp that now writes, and (WRITE_PRE) the pre stores have
             // read them; else the previous tile's stores have.
@@ -789,6 +844,12 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                                   tm * GW_BM + wg_row0 + 64 * h, s_u, cw,
                                   ctid);
                 }
+            // Read (every thread of the warpgroup has passed the stores'
+            // barriers since its combine): the last reader of the row
+            // resets its counter, after the stores are on their way.
+            if (ctid == 0 &&
+                gw_arrive_relaxed(ctr) == 2u * per_row - 1u)
+                atomicExch(ctr, 0u);
         }
 #else
         // ---- epilogue: registers -> shared memory -> TMA stores, in C
@@ -885,8 +946,14 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     }
     // Leave only once the last stores have completed (they read this
     // CTA's shared memory).
+    if (tid == 128)
+        GW_T(8);
     if (ctid == 0)
         bulk_wait0();
+    if (tid == 128) {
+        GW_T(9);
+        GW_TG(10);
+    }
     } // consumers
 #if CLUSTER > 1
     // Nor before the peer's last arrivals on this CTA's barriers.

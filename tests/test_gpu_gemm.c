@@ -19,8 +19,8 @@
  * Without a usable GPU the program prints why and exits 77 (skip).
  */
 #include <criterion/criterion.h>
-#include <dlfcn.h>
 #include <criterion/logging.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -973,6 +973,185 @@ Test(gpu, bench_hopper, .timeout = 600)
         for (int i = 0; i < N_WG_TILES; i++)
             unload(ctx, &k[x][i]);
     unload(ctx, &gelu_k);
+    stof_close(&ctx);
+}
+
+/* Where a one-round Hopper GEMM's time goes: the template built with
+ * GW_TRACE stamps each CTA's phases (gemm_wgmma.cu); the mean and the
+ * slowest CTA of each phase, in SM cycles, and the CTAs' start skew and
+ * span in ns (global timer). A diagnostic: STOF_GEMM_BENCH=1. */
+typedef CUresult (*get_global_fn)(CUdeviceptr *, size_t *, CUmodule,
+                                  const char *);
+
+static void trace_gemm(stof_context *ctx, const stof_gemm_cfg *c,
+                       const stof_gemm_epi *e, int M, int N, int K,
+                       get_global_fn get_global, CUdeviceptr da,
+                       CUdeviceptr dw, CUdeviceptr dc, CUdeviceptr dres,
+                       CUdeviceptr dvec, CUdeviceptr ws, CUevent e0,
+                       CUevent e1)
+{
+    const stof_api *api = ctx->api;
+    char d[13][32];
+    snprintf(d[0], 32, "DTYPE=0");
+    snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
+    snprintf(d[2], 32, "STAGES=%d", c->stages);
+    snprintf(d[3], 32, "BIAS=%d", e->bias);
+    snprintf(d[4], 32, "ACT=%d", e->act);
+    snprintf(d[5], 32, "RESIDUAL=%d", e->residual);
+    snprintf(d[6], 32, "GATED=0");
+    snprintf(d[7], 32, "PINGPONG=%d", c->warps_m == 1);
+    snprintf(d[8], 32, "CLUSTER=1");
+    snprintf(d[9], 32, "NORM=%d", e->norm);
+    snprintf(d[10], 32, "WRITE_PRE=%d", e->write_pre);
+    snprintf(d[11], 32, "N_TOTAL=%d", e->norm ? N : 0);
+    snprintf(d[12], 32, "GW_TRACE=1");
+    const char *defs[13];
+    for (int i = 0; i < 13; i++)
+        defs[i] = d[i];
+    void *bin = NULL;
+    size_t size = 0;
+    cr_assert_eq(stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 13, "sm_90a",
+                                   &bin, &size),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    kernel k = {0};
+    cr_assert_eq(stof__gemm_load_cubin(ctx, c, e, N, bin, &k.mod, &k.fn),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    free(bin);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    enum { MAXCTA = 1024, NK = 16 };
+    CUdeviceptr trace, gptr;
+    size_t gsize = 0;
+    cr_assert_eq(api->cuMemAlloc(&trace, MAXCTA * NK * 8), CUDA_SUCCESS);
+    cr_assert_eq(get_global(&gptr, &gsize, k.mod, "stof_gw_trace"),
+                 CUDA_SUCCESS);
+    cr_assert_eq(gsize, 8u);
+    stof_gemm_args a = plain_args(da, dw, dc, M, N, K);
+    a.bias = a.gamma = a.beta = dvec;
+    a.residual = dres;
+    a.eps = 1e-5f;
+    a.ws = ws;
+    const timed t = {k.fn, c, e, NULL, 0, 0, NULL};
+    const double ms = time_ms(ctx, &t, &a, bench_reps(50), e0, e1);
+    cr_assert_eq(api->cuMemsetD8(trace, 0, MAXCTA * NK * 8), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(gptr, &trace, 8), CUDA_SUCCESS);
+    for (int rep = 0; rep < 3; rep++) /* the last launch's stamps stay */
+        cr_assert_eq(stof__gemm_launch(k.fn, c, e, &a, ctx->device.sm_count,
+                                       NULL, api),
+                     STOF_OK);
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    static unsigned long long h[MAXCTA * NK];
+    cr_assert_eq(api->cuMemcpyDtoH(h, trace, sizeof(h)), CUDA_SUCCESS);
+    const CUdeviceptr zero = 0;
+    cr_assert_eq(api->cuMemcpyHtoD(gptr, &zero, 8), CUDA_SUCCESS);
+    api->cuMemFree(trace);
+    stof__ctx_pop(ctx);
+    unload(ctx, &k);
+    /* phases: [from, to] stamps */
+    static const int ph[][2] = {{0, 2},  {2, 3},  {3, 4}, {4, 5},
+                                {5, 11}, {11, 12}, {12, 6}, {6, 7},
+                                {7, 8},  {5, 8},  {8, 9}};
+    static const char *const name[] = {
+        "setup",         "to first load",     "first load's latency",
+        "K loop",        "bias + residual",   "row statistics",
+        "to the arrival", "the row's wait",   "normalise + stores issued",
+        "epilogue (all)", "stores drain"};
+    enum { NP = sizeof(ph) / sizeof(*ph) };
+    double sum[NP] = {0}, mx[NP] = {0};
+    unsigned long long g0 = ~0ull, g0max = 0, g1 = 0;
+    double cyc_per_ns = 0;
+    int n = 0;
+    for (int b = 0; b < MAXCTA; b++) {
+        const unsigned long long *r = h + b * NK;
+        if (!r[0] || !r[9])
+            continue;
+        n++;
+        for (int p = 0; p < NP; p++) {
+            if (!r[ph[p][0]] || !r[ph[p][1]])
+                continue;
+            const double v = (double)(r[ph[p][1]] - r[ph[p][0]]);
+            sum[p] += v;
+            if (v > mx[p])
+                mx[p] = v;
+        }
+        g0 = r[1] < g0 ? r[1] : g0;
+        g0max = r[1] > g0max ? r[1] : g0max;
+        g1 = r[10] > g1 ? r[10] : g1;
+        if (r[10] > r[1])
+            cyc_per_ns += (double)(r[9] - r[0]) / (double)(r[10] - r[1]);
+    }
+    cr_assert_gt(n, 0, "no stamps");
+    cr_log_info("TRACE M=%d N=%d K=%d %s 128x%d s%d%s: %d CTAs, %.4f ms a "
+                "launch back to back; CTAs start over %.2f us, span %.2f us; "
+                "%.2f GHz",
+                M, N, K, e->norm ? "bias+res+LN" : e->act ? "bias+act" : "plain",
+                c->block_n, c->stages, c->warps_m == 1 ? " ping-pong" : "", n,
+                ms, (double)(g0max - g0) * 1e-3, (double)(g1 - g0) * 1e-3,
+                cyc_per_ns / n);
+    for (int p = 0; p < NP; p++)
+        if (sum[p] > 0)
+            cr_log_info("TRACE   %-26s mean %7.0f cycles (%.2f us), slowest "
+                        "CTA %7.0f",
+                        name[p], sum[p] / n, sum[p] / n / (cyc_per_ns / n) * 1e-3,
+                        mx[p]);
+}
+
+Test(gpu, trace_hopper, .timeout = 300)
+{
+    bench_or_skip();
+    stof_context *ctx = open_hopper_or_skip();
+    const stof_api *api = ctx->api;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    cr_assert_not_null(lib);
+    get_global_fn get_global =
+        (get_global_fn)(uintptr_t)dlsym(lib, "cuModuleGetGlobal_v2");
+    cr_assert_not_null(get_global);
+    const size_t maxa = 4096u * 3072u, maxw = 3072u * 3072u,
+                 maxc = 4096u * 3072u;
+    CUdeviceptr da, dw, dc, dres, dvec, ws;
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    cr_assert_eq(api->cuMemAlloc(&da, maxa * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dw, maxw * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dc, maxc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dres, maxc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dvec, 4096 * 2), CUDA_SUCCESS);
+    upload_random(api, da, maxa, 1.0f, 1);
+    upload_random(api, dw, maxw, 0.07f, 2);
+    upload_random(api, dres, maxc, 1.0f, 3);
+    upload_random(api, dvec, 4096, 0.5f, 4);
+    const size_t ws_bytes = 1u << 20;
+    cr_assert_eq(api->cuMemAlloc(&ws, ws_bytes), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(ws, 0, ws_bytes), CUDA_SUCCESS);
+    CUevent e0, e1;
+    cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
+    cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
+    stof__ctx_pop(ctx);
+    const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0}, plain = {0, 0, 0, 0, 0, 0},
+                        erf = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0};
+    const stof_gemm_cfg w192 = {128, 192, 64, 2, 1, 4, 1, 1},
+                        w64 = {128, 64, 64, 2, 1, 6, 1, 1},
+                        w128 = {128, 128, 64, 2, 1, 4, 1, 1};
+    trace_gemm(ctx, &w192, &ln, 4096, 768, 768, get_global, da, dw, dc, dres,
+               dvec, ws, e0, e1);
+    trace_gemm(ctx, &w192, &ln, 2048, 768, 768, get_global, da, dw, dc, dres,
+               dvec, ws, e0, e1);
+    trace_gemm(ctx, &w192, &ln, 4096, 768, 3072, get_global, da, dw, dc,
+               dres, dvec, ws, e0, e1);
+    trace_gemm(ctx, &w128, &plain, 4096, 768, 768, get_global, da, dw, dc,
+               dres, dvec, ws, e0, e1);
+    trace_gemm(ctx, &w64, &plain, 128, 2304, 768, get_global, da, dw, dc,
+               dres, dvec, ws, e0, e1);
+    trace_gemm(ctx, &w64, &erf, 128, 3072, 768, get_global, da, dw, dc, dres,
+               dvec, ws, e0, e1);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    api->cuEventDestroy(e0);
+    api->cuEventDestroy(e1);
+    api->cuMemFree(da);
+    api->cuMemFree(dw);
+    api->cuMemFree(dc);
+    api->cuMemFree(dres);
+    api->cuMemFree(dvec);
+    api->cuMemFree(ws);
+    stof__ctx_pop(ctx);
     stof_close(&ctx);
 }
 
