@@ -418,6 +418,48 @@ static void upload_random(const stof_api *api, CUdeviceptr d, size_t n,
     free(h);
 }
 
+/* A benchmark's device operands (the caller's context current): A, W, C
+ * and a residual of na, nw, nc, nc 16-bit elements and a vector (bias,
+ * gamma, beta) of nv, random as a model's (upload_random) or, random 0,
+ * each one small constant (0x1111, ~3e-4 in fp16: no overflow, no
+ * denormals); and a zeroed workspace of ws bytes. */
+typedef struct bench_ops {
+    CUdeviceptr a, w, c, res, vec, ws;
+} bench_ops;
+
+static bench_ops bench_ops_new(const stof_api *api, size_t na, size_t nw,
+                               size_t nc, size_t nv, size_t ws, int random)
+{
+    bench_ops b;
+    cr_assert_eq(api->cuMemAlloc(&b.a, na * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&b.w, nw * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&b.c, nc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&b.res, nc * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&b.vec, nv * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&b.ws, ws), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemsetD8(b.ws, 0, ws), CUDA_SUCCESS);
+    if (random) {
+        upload_random(api, b.a, na, 1.0f, 1);
+        upload_random(api, b.w, nw, 0.07f, 2);
+        upload_random(api, b.res, nc, 1.0f, 3);
+        upload_random(api, b.vec, nv, 0.5f, 4);
+    } else {
+        cr_assert_eq(api->cuMemsetD8(b.a, 0x11, na * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemsetD8(b.w, 0x11, nw * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemsetD8(b.res, 0x11, nc * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemsetD8(b.vec, 0x11, nv * 2), CUDA_SUCCESS);
+    }
+    return b;
+}
+
+static void bench_ops_free(const stof_api *api, bench_ops *b)
+{
+    const CUdeviceptr p[] = {b->a, b->w, b->c, b->res, b->vec, b->ws};
+    for (size_t i = 0; i < sizeof(p) / sizeof(*p); i++)
+        api->cuMemFree(p[i]);
+    memset(b, 0, sizeof(*b));
+}
+
 /* STOF_GEMM_BENCH_ALONE=1: time_ms times each launch alone, the host
  * waiting for the GPU to be idle first; =2: launches back to back with an
  * event between each two, the median interval (a launch's time in the
@@ -854,28 +896,14 @@ Test(gpu, bench_hopper, .timeout = 600)
             if (bench_listed("STOF_GEMM_BENCH_TILES", i))
                 k[x][i] = load(ctx, dt, &tiles[x][i], &epis[x], 8);
         }
-    const size_t maxa = 32768u * 4096u, maxw = 11008u * 4096u,
-                 maxc = 32768u * 4096u;
-    CUdeviceptr da, dw, dc, dres, dbias, ws;
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
-    cr_assert_eq(api->cuMemAlloc(&da, maxa * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&dw, maxw * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&dc, maxc * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&dres, maxc * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemsetD8(dres, 0x11, maxc * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&dbias, 16384 * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&ws, STOF_BLASLT_WORKSPACE), CUDA_SUCCESS);
-    /* Small values (0x1111 ~ 3e-4 in fp16): no overflow, no denormals. */
-    cr_assert_eq(api->cuMemsetD8(da, 0x11, maxa * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemsetD8(dw, 0x11, maxw * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemsetD8(dbias, 0x11, 16384 * 2), CUDA_SUCCESS);
-    if (bench_random()) {
-        upload_random(api, da, maxa, 1.0f, 1);
-        upload_random(api, dw, maxw, 0.07f, 2);
-        upload_random(api, dres, maxc, 1.0f, 3);
-        upload_random(api, dbias, 16384, 0.5f, 4);
+    bench_ops ops =
+        bench_ops_new(api, 32768u * 4096u, 11008u * 4096u, 32768u * 4096u,
+                      16384u, STOF_BLASLT_WORKSPACE, bench_random());
+    const CUdeviceptr da = ops.a, dw = ops.w, dc = ops.c, dres = ops.res,
+                      dbias = ops.vec, ws = ops.ws;
+    if (bench_random())
         cr_log_info("random inputs (STOF_GEMM_BENCH_RANDOM=0: constant)");
-    }
     CUevent e0, e1;
     cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
     cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
@@ -962,12 +990,7 @@ Test(gpu, bench_hopper, .timeout = 600)
     }
     api->cuEventDestroy(e0);
     api->cuEventDestroy(e1);
-    api->cuMemFree(da);
-    api->cuMemFree(dw);
-    api->cuMemFree(dc);
-    api->cuMemFree(dres);
-    api->cuMemFree(dbias);
-    api->cuMemFree(ws);
+    bench_ops_free(api, &ops);
     stof__ctx_pop(ctx);
     for (int x = 0; x < NE; x++)
         for (int i = 0; i < N_WG_TILES; i++)
@@ -1105,22 +1128,12 @@ Test(gpu, trace_hopper, .timeout = 300)
     get_global_fn get_global =
         (get_global_fn)(uintptr_t)dlsym(lib, "cuModuleGetGlobal_v2");
     cr_assert_not_null(get_global);
-    const size_t maxa = 4096u * 3072u, maxw = 3072u * 3072u,
-                 maxc = 4096u * 3072u;
-    CUdeviceptr da, dw, dc, dres, dvec, ws;
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
-    cr_assert_eq(api->cuMemAlloc(&da, maxa * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&dw, maxw * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&dc, maxc * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&dres, maxc * 2), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemAlloc(&dvec, 4096 * 2), CUDA_SUCCESS);
-    upload_random(api, da, maxa, 1.0f, 1);
-    upload_random(api, dw, maxw, 0.07f, 2);
-    upload_random(api, dres, maxc, 1.0f, 3);
-    upload_random(api, dvec, 4096, 0.5f, 4);
-    const size_t ws_bytes = 1u << 20;
-    cr_assert_eq(api->cuMemAlloc(&ws, ws_bytes), CUDA_SUCCESS);
-    cr_assert_eq(api->cuMemsetD8(ws, 0, ws_bytes), CUDA_SUCCESS);
+    /* (the norm's workspace: 4096 tokens' row counters and statistics) */
+    bench_ops ops = bench_ops_new(api, 4096u * 3072u, 3072u * 3072u,
+                                  4096u * 3072u, 4096u, 1u << 20, 1);
+    const CUdeviceptr da = ops.a, dw = ops.w, dc = ops.c, dres = ops.res,
+                      dvec = ops.vec, ws = ops.ws;
     CUevent e0, e1;
     cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
     cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
@@ -1145,14 +1158,10 @@ Test(gpu, trace_hopper, .timeout = 300)
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     api->cuEventDestroy(e0);
     api->cuEventDestroy(e1);
-    api->cuMemFree(da);
-    api->cuMemFree(dw);
-    api->cuMemFree(dc);
-    api->cuMemFree(dres);
-    api->cuMemFree(dvec);
-    api->cuMemFree(ws);
+    bench_ops_free(api, &ops);
     stof__ctx_pop(ctx);
     stof_close(&ctx);
+    dlclose(lib);
 }
 
 /* The gated epilogue (SwiGLU with bias and residual, GeGLU) on M, N, K
