@@ -898,9 +898,11 @@ def print_profiles(results):
               f"{total:.1f} us a layer)")
         span = r.get("stof_span_us")
         if span:
+            gap = span / r['layers'] - total
             print(f"  a stack's span on the GPU {span:.1f} us, its kernels "
-                  f"{total * r['layers']:.1f} us: {span / r['layers'] - total:.1f} "
-                  f"us a layer between kernels")
+                  f"{total * r['layers']:.1f} us: {gap:.1f} us a layer between "
+                  f"kernels" + (" (they overlap: programmatic launches)"
+                                if gap < 0 else ""))
         for name, us in rows:
             print(f"{us:9.1f} us {100 * us / total:5.1f}%  {name[:90]}")
 

@@ -92,7 +92,7 @@ STOF_API const char *stof_version_string(void);
 #define STOF_STATUS_MAP(X)                                                     \
     X(OK, 0, "success")                                                        \
     X(ERR_INVALID_ARGUMENT, 1, "invalid argument")                             \
-    X(ERR_OUT_OF_MEMORY, 2, "out of host memory")                              \
+    X(ERR_OUT_OF_MEMORY, 2, "out of memory (host or device)")                  \
     X(ERR_NO_DEVICE, 3, "no usable CUDA device or driver")                     \
     X(ERR_CUDA, 4, "CUDA driver error")                                        \
     X(ERR_NVRTC, 5, "NVRTC error (run-time compilation failed)")               \

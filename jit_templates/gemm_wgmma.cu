@@ -147,6 +147,9 @@
 #ifndef N_TOTAL
 #define N_TOTAL 0
 #endif
+#ifndef GW_TRACE
+#define GW_TRACE 0
+#endif
 
 #define GW_BM 128                          // tile rows (two warpgroups)
 #define GW_BK 64                           // K per stage (128-byte rows)
@@ -233,8 +236,10 @@ static_assert(sizeof(stof_gemm_wgmma_params) == 768,
 // loop done, 11 bias and residual added, 12 row statistics computed, 6
 // shared, 7 the row's received, 8 last store issued, 9 stores complete,
 // 10 the end's global timer; the SM clock but 1 and 10; 4.. by the first
-// consumer warpgroup, of its last tile).
-#ifdef GW_TRACE
+// consumer warpgroup, of its last tile). Stamps 0 and 1 are written
+// before stof_grid_wait: a traced launch must not follow a programmatic
+// launch that reads its trace. With PDL, "setup" includes that wait.
+#if GW_TRACE
 __device__ unsigned long long *stof_gw_trace;
 __device__ __forceinline__ void gw_stamp(int k, int global)
 {
@@ -509,8 +514,10 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (tid == 0) {
             tma_prefetch_map(&p.tm_a);
-            int traced = 0;
             tma_prefetch_map(&p.tm_w);
+#if GW_TRACE
+            int traced = 0;
+#endif
             int s = 0, gk = 0; // slot; K-steps loaded so far
             unsigned ph = 0;
             for (int t = t0; t < n_tiles; t += t_step) {
@@ -522,8 +529,10 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                     mb_expect_tx(GW_FULL(s), GW_STAGE_BYTES);
                     tma_load2(GW_SA(s), &p.tm_a, kt * GW_BK, tm * GW_BM,
                               GW_FULL(s));
+#if GW_TRACE
                     if (!traced++)
                         GW_T(3);
+#endif
 #if CLUSTER > 1
                     // This CTA's half of the pair's W tile, into both.
                     tma_load2_mc(GW_SW(s) + rank * (GW_WH * 128), &p.tm_w,
@@ -844,9 +853,12 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                                   tm * GW_BM + wg_row0 + 64 * h, s_u, cw,
                                   ctid);
                 }
-            // Read (every thread of the warpgroup has passed the stores'
-            // barriers since its combine): the last reader of the row
-            // resets its counter, after the stores are on their way.
+            // Read: the last reader of the row resets its counter, after the
+            // stores are on their way. Relaxed, and after the stores: each
+            // row's counter and statistics are used once a launch (its
+            // tiles run in one round), and every launch touching ws waits
+            // for the one before it (stream order, or stof_grid_wait with
+            // PDL) before it touches ws.
             if (ctid == 0 &&
                 gw_arrive_relaxed(ctr) == 2u * per_row - 1u)
                 atomicExch(ctr, 0u);

@@ -372,6 +372,7 @@ Test(gpu_trust, a_record_whose_check_cannot_run_is_kept)
     cr_log_info("%s", rt.js);
     job use = {P("host.db"), NULL, STOF_TUNE_CACHE_ONLY, STOF_LAYOUT_BHSD};
     report r1 = run(plan_no_reference_fn, &use);
+    expect_source(&r1, "fallback"); /* not used unchecked */
     cr_assert(strstr(r1.log, "could not be verified on this GPU") &&
                   strstr(r1.log, "kept"),
               "%s\n%s", r1.js, r1.log);

@@ -720,13 +720,27 @@ static CUresult g_load_result;
 static CUresult fake_module_load(CUmodule *m, const void *image)
 {
     (void)image;
-    *m = NULL;
+    *m = g_load_result == CUDA_SUCCESS ? (CUmodule)8 : NULL;
     return g_load_result;
 }
 
+static CUresult fake_get_function(CUfunction *f, CUmodule m, const char *n)
+{
+    (void)m;
+    (void)n;
+    *f = NULL;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult fake_unload(CUmodule m)
+{
+    (void)m;
+    return CUDA_SUCCESS;
+}
+
 /* A module that cannot load for want of device memory says so
- * (STOF_ERR_OUT_OF_MEMORY: the host's state, not the cubin's); any other
- * load failure is a CUDA error naming the driver's error. */
+ * (STOF_ERR_OUT_OF_MEMORY: the host's state, not the cubin's), also when
+ * its functions load lazily; any other load failure is a CUDA error. */
 Test(jit, fake_module_load_out_of_memory, .fini = restore_api)
 {
     use_fake_driver();
@@ -746,8 +760,18 @@ Test(jit, fake_module_load_out_of_memory, .fini = restore_api)
     g_load_result = CUDA_ERROR_INVALID_IMAGE;
     cr_expect_eq(stof__module_load(ctx, cubin, "stof_x", 0, &m, &f),
                  STOF_ERR_CUDA);
-    cr_expect(strstr(stof_errmsg(ctx), "cuModuleLoadData failed"), "%s",
+    cr_expect(strstr(stof_errmsg(ctx), "cuModuleLoadData"), "%s",
               stof_errmsg(ctx));
+    /* Lazy loading (the default since CUDA 12.2): the function's load. */
+    g_load_result = CUDA_SUCCESS;
+    g_fake.cuModuleGetFunction = fake_get_function;
+    g_fake.cuModuleUnload = fake_unload;
+    cr_expect_eq(stof__module_load(ctx, cubin, "stof_x", 0, &m, &f),
+                 STOF_ERR_OUT_OF_MEMORY);
+    cr_expect(strstr(stof_errmsg(ctx), "cuModuleGetFunction") &&
+                  strstr(stof_errmsg(ctx), "CUDA_ERROR_OUT_OF_MEMORY"),
+              "%s", stof_errmsg(ctx));
+    g_load_result = CUDA_ERROR_OUT_OF_MEMORY;
     /* The module cache passes the status on. */
     g_load_result = CUDA_ERROR_OUT_OF_MEMORY;
     cr_expect_eq(stof__module_load_shared(ctx, cubin, sizeof(cubin),
@@ -835,8 +859,8 @@ Test(jit, cuda_fail_message, .fini = restore_api)
     cr_assert_eq(open_with(0, 1, &ctx), STOF_OK);
     int st = stof__cuda_fail(ctx, CUDA_ERROR_OUT_OF_MEMORY,
                              "cuMemAlloc(&p, n)", "../src/attention.c", 123);
-    cr_expect_eq(st, STOF_ERR_CUDA);
-    cr_expect_eq(stof_errcode(ctx), STOF_ERR_CUDA);
+    cr_expect_eq(st, STOF_ERR_OUT_OF_MEMORY);
+    cr_expect_eq(stof_errcode(ctx), STOF_ERR_OUT_OF_MEMORY);
     cr_expect_str_eq(stof_errmsg(ctx),
                      "cuMemAlloc(&p, n) failed: CUDA_ERROR_OUT_OF_MEMORY "
                      "(out of memory) at src/attention.c:123");

@@ -304,10 +304,13 @@ static const char *tv_attention(stof_context *ctx, const stof_dbt_records *l,
     stof_mask *m = NULL;
     stof_plan *plan = NULL;
     char hex[33];
-    int skip = 0, unchecked = 0;
+    int skip = 0;
     stof_status st;
     if (!tv_mask(ctx, l, r, r->seq_q, r->seq_k, &m, &verdict, why, wn))
         return verdict;
+    /* (the library counts the records it could not load or check for
+     * want of memory: not theirs to answer for) */
+    const int unchecked = ctx->records_unchecked;
     stof_mask_digest(m, NULL, hex);
     if (stof_attention_desc_init(&d, r->batch, r->heads, r->seq_q, r->seq_k,
                                  r->head_dim,
@@ -318,8 +321,7 @@ static const char *tv_attention(stof_context *ctx, const stof_dbt_records *l,
         snprintf(why, wn, "cannot rebuild the problem: %s", stof_errmsg(ctx));
     } else if (!tv_rebuild(ctx, r, &d, hex, &skip, why, wn)) {
         verdict = skip ? "skipped" : "bad";
-    } else if ((unchecked = ctx->records_unchecked,
-                st = stof_attention_plan(ctx, &d, m, &plan)) != STOF_OK &&
+    } else if ((st = stof_attention_plan(ctx, &d, m, &plan)) != STOF_OK &&
                ctx->records_unchecked != unchecked) {
         /* (its check could not run here: not the record's fault) */
         verdict = "skipped";

@@ -289,11 +289,17 @@ int stof__cuda_fail(struct stof_context *ctx, CUresult r, const char *what,
         snprintf(num, sizeof(num), "CUresult %d", (int)r);
         name = num;
     }
+    /* Device memory exhausted: the host's state, not a fault (callers
+     * tell it apart: a database record that cannot load or be checked for
+     * it is still a good record). */
+    const stof_status st = r == CUDA_ERROR_OUT_OF_MEMORY
+                               ? STOF_ERR_OUT_OF_MEMORY
+                               : STOF_ERR_CUDA;
     if (text)
-        return stof__fail(ctx, STOF_ERR_CUDA, "%s failed: %s (%s) at %s:%d",
+        return stof__fail(ctx, st, "%s failed: %s (%s) at %s:%d",
                           what ? what : "CUDA call", name, text,
                           short_path(file), line);
-    return stof__fail(ctx, STOF_ERR_CUDA, "%s failed: %s at %s:%d",
+    return stof__fail(ctx, st, "%s failed: %s at %s:%d",
                       what ? what : "CUDA call", name, short_path(file), line);
 }
 

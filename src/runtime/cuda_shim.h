@@ -161,8 +161,9 @@ void stof__pdl_set(int on);
 struct stof_context;
 
 /* Record a failed driver call: the message names the call, the CUDA error
- * name and text, file and line. Returns STOF_ERR_CUDA (device memory
- * exhaustion too: the message then says CUDA_ERROR_OUT_OF_MEMORY). */
+ * name and text, file and line. Returns STOF_ERR_CUDA, or
+ * STOF_ERR_OUT_OF_MEMORY for CUDA_ERROR_OUT_OF_MEMORY (device memory
+ * exhausted: the message says so). */
 int stof__cuda_fail(struct stof_context *ctx, CUresult r, const char *what,
                     const char *file, int line);
 

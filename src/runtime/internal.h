@@ -84,10 +84,9 @@ struct stof_context {
      * compiles nothing), else on the host. */
     int hit_no_compile;
     /* Database records that could not be loaded or checked at their first
-     * use on this host for reasons not their own (no device memory for
-     * the module or the check's reference, a failed reference compile):
-     * kept and not used. The last one's reason; stof-tune verify tells
-     * these from bad records. */
+     * use on this host for want of memory (for the module or the check's
+     * reference): kept and not used. The last one's reason; stof-tune
+     * verify tells these from bad records. */
     int records_unchecked;
     char unchecked_why[512];
 };

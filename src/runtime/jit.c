@@ -286,21 +286,9 @@ int stof__module_load(struct stof_context *ctx, const void *cubin,
     const stof_api *api = ctx->api;
     CUmodule m = NULL;
     CUfunction f = NULL;
-    const CUresult lr = api->cuModuleLoadData(&m, cubin);
-    if (lr == CUDA_ERROR_OUT_OF_MEMORY) {
-        /* The device's memory, not the cubin: callers tell this apart (a
-         * database record that cannot load for it is still a good one). */
-        st = (stof_status)stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                                     "cuModuleLoadData failed: "
-                                     "CUDA_ERROR_OUT_OF_MEMORY (no device "
-                                     "memory left for a kernel's module)");
-        goto fail;
-    }
-    if (lr != CUDA_SUCCESS) {
-        st = (stof_status)stof__cuda_fail(ctx, lr, "cuModuleLoadData",
-                                          __FILE__, __LINE__);
-        goto fail;
-    }
+    /* (no device memory for the module, or for its functions when they
+     * load lazily at cuModuleGetFunction: STOF_ERR_OUT_OF_MEMORY) */
+    STOF_CU_GOTO(ctx, st, fail, api->cuModuleLoadData(&m, cubin));
     STOF_CU_GOTO(ctx, st, fail, api->cuModuleGetFunction(&f, m, fn_name));
     if (smem_bytes > 0)
         STOF_CU_GOTO(ctx, st, fail,
