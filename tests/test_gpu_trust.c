@@ -377,6 +377,12 @@ Test(gpu_trust, a_record_whose_check_cannot_run_is_kept)
                   strstr(r1.log, "kept"),
               "%s\n%s", r1.js, r1.log);
     cr_assert_null(strstr(r1.log, "failed verification"), "%s", r1.log);
+    /* Default mode too: the model's plan, not a tune (that would need
+     * more memory still); the record stays. */
+    job def = {P("host.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report rd = run(plan_no_reference_fn, &def);
+    expect_source(&rd, "fallback");
+    cr_assert_lt(rd.compiles, 4, "tuned: %ld compiles", rd.compiles);
     report r2 = run(plan_fn, &use);
     expect_source(&r2, "user db");
     cr_assert_gt(verify_ms(&r2), 0.0, "not checked at its first use");

@@ -472,16 +472,19 @@ static stof_status family_model_plan(stof_context *ctx,
     return st;
 }
 
-/* Cache-only mode: record the miss and plan the model's choice. */
+/* Cache-only mode: record the miss and plan the model's choice. Also (miss
+ * 0: nothing to record) for a record this host could not load or check
+ * for want of memory, in every mode: tuning would need more memory
+ * still, and the record is kept for the next plan. */
 static stof_status plan_fallback(stof_context *ctx, const stof_attention_desc *d,
                                  const stof_attention_desc *nd,
                                  const stof_attn_problem *pr,
                                  const char *mask_hex, const char *key,
-                                 stof_plan **out)
+                                 int miss, stof_plan **out)
 {
     const stof_mask *m = pr->m;
     stof_db *db = stof__ctx_db(ctx);
-    if (db && stof__db_writable(db)) {
+    if (miss && db && stof__db_writable(db)) {
         /* Everything `stof-tune pending` needs to plan it again: the
          * problem with its strides, and the mask (spec, and its bits
          * below), or the family (spec, the caller's descriptor and the
@@ -738,6 +741,7 @@ stof_status stof__attention_plan_problem(stof_context *ctx,
     if (st != STOF_OK)
         return st;
     const double key_ms = stof__now_ms() - t0;
+    const int unchecked = ctx->records_unchecked;
     if ((*out = plan_from_db(ctx, &x.nd, pr, x.key))) {
         const stof_plan *p = *out;
         (*out)->key_ms += key_ms;
@@ -748,8 +752,10 @@ stof_status stof__attention_plan_problem(stof_context *ctx,
                   p->formats_ms, p->load_ms, p->verify_ms);
         return stof__ok(ctx);
     }
-    if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY) {
-        st = plan_fallback(ctx, d, &x.nd, pr, x.mask_hex, x.key, out);
+    if (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY ||
+        ctx->records_unchecked != unchecked) {
+        st = plan_fallback(ctx, d, &x.nd, pr, x.mask_hex, x.key,
+                           ctx->records_unchecked == unchecked, out);
         if (st == STOF_OK)
             (*out)->key_ms += key_ms;
         return st;
@@ -852,13 +858,16 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
         if (st == STOF_OK)
             st = plan_begin(ctx, di, &x->pr, NULL, &x->nd, x->mask_hex,
                             x->key);
+        const int unchecked = ctx->records_unchecked;
         if (st == STOF_OK &&
             (plans[i] = plan_from_db(ctx, &x->nd, &x->pr, x->key)))
             continue;
         if (st == STOF_OK &&
-            ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY)
+            (ctx->settings.tuning_mode == STOF_TUNE_CACHE_ONLY ||
+             ctx->records_unchecked != unchecked))
             st = plan_fallback(ctx, di, &x->nd, &x->pr, x->mask_hex,
-                               x->key, &plans[i]);
+                               x->key, ctx->records_unchecked == unchecked,
+                               &plans[i]);
         else if (st == STOF_OK) {
             st = miss_prepare(ctx, x, 0, &ops[n_miss]);
             if (st == STOF_OK) {
