@@ -51,6 +51,22 @@ static void verdicts(const char *js, int n[3][3], const char *key,
     json_decref(o);
 }
 
+/* `verify --db db --json`: exit 0, `layers` layer records ok, at least
+ * `kernels` kernel records ok, no layer or kernel record bad or skipped and
+ * nothing else bad (a builder record is skipped). */
+static void expect_all_verified(const char *db, int layers, int kernels)
+{
+    cr_assert_eq(run("verify --db %s --json", db), 0, "%s\n%s", out_buf,
+                 err_buf);
+    int n[3][3];
+    verdicts(out_buf, n, NULL, NULL);
+    cr_expect_eq(n[0][0], layers, "%s", out_buf);
+    cr_expect_geq(n[1][0], kernels, "%s", out_buf);
+    for (int op = 0; op < 2; op++)
+        cr_expect_eq(n[op][1] + n[op][2], 0, "op %d: %s", op, out_buf);
+    cr_expect_eq(n[2][1], 0, "%s", out_buf);
+}
+
 /* On a GPU: a layer workload tunes into --db (a row per layer problem,
  * kernel "layer"), a second run loads every plan from it, and verify
  * re-checks the layer's records. */
@@ -82,15 +98,7 @@ Test(gpu_cli, tune_layers)
     /* Both layers (the second gated, grouped-query, bias-free, RMSNorm,
      * pre-norm) are planned again from their records and every kernel
      * record of theirs checked. */
-    cr_assert_eq(run("verify --db %s --json", P("layers.db")), 0, "%s\n%s",
-                 out_buf, err_buf);
-    int n[3][3];
-    verdicts(out_buf, n, NULL, NULL);
-    cr_expect_eq(n[0][0], 2, "%s", out_buf);
-    cr_expect_geq(n[1][0], 8, "%s", out_buf);
-    for (int op = 0; op < 2; op++)
-        cr_expect_eq(n[op][1] + n[op][2], 0, "op %d: %s", op, out_buf);
-    cr_expect_eq(n[2][1], 0, "%s", out_buf); /* (a builder is skipped) */
+    expect_all_verified(P("layers.db"), 2, 8);
 }
 
 /* Plan the tiny layer (hidden 128, 2 heads, 2 x 128 tokens) with `db` as
@@ -210,15 +218,7 @@ Test(gpu_cli, verify_checks_every_layer_variant)
     cr_assert_eq(run("tune %s --db %s", P("variants.workload"),
                      P("variants.db")),
                  0, "%s\n%s", out_buf, err_buf);
-    cr_assert_eq(run("verify --db %s --json", P("variants.db")), 0,
-                 "%s\n%s", out_buf, err_buf);
-    int n[3][3];
-    verdicts(out_buf, n, NULL, NULL);
-    cr_expect_eq(n[0][0], 20, "%s", out_buf);
-    cr_expect_geq(n[1][0], 80, "%s", out_buf);
-    for (int op = 0; op < 2; op++)
-        cr_expect_eq(n[op][1] + n[op][2], 0, "op %d: %s", op, out_buf);
-    cr_expect_eq(n[2][1], 0, "%s", out_buf);
+    expect_all_verified(P("variants.db"), 20, 80);
 }
 
 /* The first template GEMM record of the database at path, replaced by its
