@@ -20,16 +20,26 @@
 // the launch's N), tiles numbered row by row, and the grid (a multiple of
 // GW_NC CTAs, all resident: a cooperative launch) walks them in rounds of
 // gridDim.x, so a row's tiles run in the same round, each CTA always in
-// the same tile column. After the K loop the warpgroup that owns a tile's
-// rows computes their statistics over its columns (LayerNorm: the sum and
-// the sum of squares about the tile's own mean; RMSNorm: the sum of
-// squares), writes them to the workspace ws, arrives on the row's counter
-// and waits for the row's GW_NC tiles (GW_NC x 2 arrivals, or GW_NC with
-// PINGPONG); every CTA then combines them in tile order, so all agree on
-// each row's mean and rstd bit for bit. With PINGPONG the wait passes
-// under the other warpgroup's K loop. The last reader of a row resets its
-// counter, so ws stays ready for the next launch (zeroed once when
-// allocated: stof__gemm_ws_bytes). C is written once; no norm kernel.
+// the same tile column. After the K loop each warp computes the
+// statistics of its 16 rows over the tile's columns (LayerNorm: the sum
+// and the sum of squares about the tile's own mean; RMSNorm: the sum of
+// squares) and writes them to the workspace ws, one 64-bit word a row and
+// tile that is its own flag (gw_put_stat: never zero once written), then
+// polls the same rows' words of the row's other tiles until none is zero
+// (a warp polls one word a tile, then loads them all), not waiting for
+// the rest of its warpgroup: no fence, no counter. Every CTA combines
+// them in tile order, so all agree on each row's mean and rstd bit for
+// bit. With
+// PINGPONG the wait passes under the other warpgroup's K loop. Then the
+// readers of a warp's rows count themselves on a counter (GW_SLICES a
+// tile row) and the last clears the words and the counter, so ws stays
+// ready for the next launch (zeroed once when allocated:
+// stof__gemm_ws_bytes). Measured (H100, GW_TRACE, bias + residual +
+// LayerNorm, 4096 x 768 x 768, 128 x 192): a release arrival on a row
+// counter, an acquire poll by one thread and then every thread's loads of
+// the statistics took the epilogue 9300 cycles, the words 5900 (a launch
+// 0.0145 -> 0.0132 ms); every lane polling all its words instead flooded
+// the L2 and gained half of that. C is written once; no norm kernel.
 //
 // Compile-time parameters (-D): DTYPE 0 fp16 / 1 bf16; BLOCK_N 64, 128,
 // 192 or 256 (C tile columns; the tile has 128 rows, K goes in steps of
@@ -101,7 +111,7 @@
 // rows x 128 B, W BLOCK_N rows x 128 B}; each warpgroup's ring of GW_CBUF
 // C units of 64 rows x 128 B (the TMA's 128-byte swizzle; 2, or 4 with a
 // residual or a norm); 2 x STAGES + 4 mbarriers; NORM: gamma and beta of
-// the CTA's BLOCK_N columns.
+// the CTA's BLOCK_N columns (fp32).
 // 128 x 256 takes up to 4 stages (3 with a residual or a norm), 128 x 192
 // 4, 128 x 128 up to 6 (5 with a residual or a norm).
 //
@@ -170,7 +180,17 @@
 #define GW_OFF_BAR (GW_OFF_C + GW_C_BYTES)
 #define GW_NBAR (2 * STAGES + 4)           // mbarriers
 #define GW_NC (NORM ? (N_TOTAL + BLOCK_N - 1) / BLOCK_N : 1) // tiles a row
-#define GW_OFF_GB (GW_OFF_BAR + 8 * GW_NBAR) // NORM: gamma, beta (16-bit)
+#define GW_OFF_GB (GW_OFF_BAR + 8 * GW_NBAR) // NORM: gamma, beta (fp32)
+// NORM: row counters a tile row, one a warp's 16 rows (WG_ROW_SLICES in
+// src/kernels/gemm.h), and the words they take in ws (256-byte padded)
+#define GW_SLICES 8
+#define GW_CTR_WORDS(tiles_m) ((((unsigned)(tiles_m)) * GW_SLICES + 63u) & ~63u)
+// NORM: a thread loads all its rows' statistics words at once (one round
+// trip) unless, with its accumulators and bias pairs, they would take
+// more registers than are left (ptxas: 128 x 256 tiles over 16 tiles a
+// row spilled in bf16), then a row pair's words at a time.
+#define GW_WORDS_AT_ONCE                                                    \
+    (GW_HALVES * GW_ACC + 4 * GW_HALVES * GW_NC + BLOCK_N / 8 <= 208)
 #define GW_ACC (BLOCK_N / 2)               // accumulators per thread
 #define GW_RC 8                            // residual 8-column blocks a pass
 #define GW_AB 2                            // 8-column blocks an activation pass
@@ -220,10 +240,10 @@ struct stof_gemm_wgmma_params {
     int M, N, K;
     int tiles_m, tiles_n;
     float eps;                       // NORM
-    unsigned *ws;                    // NORM: the row counters [tiles_m]
-                                     // (256-byte padded), then the tiles'
-                                     // statistics [tiles_m][GW_NC][128]
-                                     // (float2)
+    unsigned *ws;                    // NORM: the row counters
+                                     // [tiles_m][GW_SLICES] (256-byte
+                                     // padded), then the tiles' statistics
+                                     // [tiles_m][GW_NC][128] (float2)
     unsigned char tail_[48];         // to 768 bytes on both sides
 };
 static_assert(sizeof(stof_gemm_wgmma_params) == 768,
@@ -233,8 +253,8 @@ static_assert(sizeof(stof_gemm_wgmma_params) == 768,
 // module's stof_gw_trace is set, CTA x stamps its phases at
 // stof_gw_trace[16 x + k] (k: 0 entry, 1 entry's global timer (ns), 2
 // barriers set up, 3 first load issued, 4 first K-step's data seen, 5 K
-// loop done, 11 bias and residual added, 12 row statistics computed, 6
-// shared, 7 the row's received, 8 last store issued, 9 stores complete,
+// loop done, 11 bias and residual added, 12 row statistics computed and
+// stored, 13 the row's received, 8 last store issued, 9 stores complete,
 // 10 the end's global timer; the SM clock but 1 and 10; 4.. by the first
 // consumer warpgroup, of its last tile). Stamps 0 and 1 are written
 // before stof_grid_wait: a traced launch must not follow a programmatic
@@ -313,18 +333,49 @@ __device__ __forceinline__ constexpr int gw_cols(int r)
     return N_TOTAL - r * BLOCK_N < BLOCK_N ? N_TOTAL - r * BLOCK_N : BLOCK_N;
 }
 
+// A tile's statistics of one row, (s, m2), are one 64-bit word in ws,
+// stored with its bits inverted: the workspace's zeros mean "not written
+// yet", and a written word is never zero (s's all-ones NaN is stored as
+// another NaN). So the word is its own flag: a reader polls the words it
+// needs, with no release or acquire (nothing else is read through them).
+__device__ __forceinline__ void gw_put_stat(float2 *at, float s, float m2)
+{
+    unsigned a = __float_as_uint(s);
+    if (a == 0xffffffffu)
+        a = 0x7fffffffu;
+    const unsigned long long w =
+        ((unsigned long long)~__float_as_uint(m2) << 32) | (unsigned)~a;
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" ::"l"(at), "l"(w)
+                 : "memory");
+}
+
+__device__ __forceinline__ unsigned long long gw_get_stat(const float2 *at)
+{
+    unsigned long long w;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n"
+                 : "=l"(w)
+                 : "l"(at)
+                 : "memory");
+    return w;
+}
+
 // Combine a row's GW_NC tile statistics st[r] = (s, m2) (NORM 1: the
 // tile's sum and its sum of squares about the tile's mean; NORM 2: the
 // sum of squares), in tile order: the row's mean (0 for NORM 2) and rstd.
 // NORM 1 by Chan et al.'s pairwise formula: M2 = sum of m2_r + (s_r -
-// n_r mean)^2 / n_r over the tiles.
-__device__ __forceinline__ void gw_combine(const float2 *st, float eps,
-                                           float &mean, float &rstd)
+// n_r mean)^2 / n_r over the tiles. 0 while a tile's word is unwritten.
+__device__ __forceinline__ bool gw_combine(const float2 *st, float eps,
+                                          float &mean, float &rstd)
 {
     float2 v[GW_NC];
+    bool ok = true;
 #pragma unroll
-    for (int r = 0; r < GW_NC; r++)
-        v[r] = __ldcg(st + r * 128);
+    for (int r = 0; r < GW_NC; r++) {
+        const unsigned long long w = gw_get_stat(st + r * 128);
+        ok = ok && w != 0ull;
+        v[r] = make_float2(__uint_as_float(~(unsigned)w),
+                           __uint_as_float(~(unsigned)(w >> 32)));
+    }
     float t = 0.0f;
 #pragma unroll
     for (int r = 0; r < GW_NC; r++)
@@ -342,20 +393,11 @@ __device__ __forceinline__ void gw_combine(const float2 *st, float eps,
     mean = 0.0f;
     rstd = rsqrtf(t * (1.0f / (float)N_TOTAL) + eps);
 #endif
+    return ok;
 }
 
-// One arrival on a row counter, releasing at GPU scope what the
-// warpgroup wrote before (ordered by the named barrier before it); no
-// value back, so no round trip to wait for.
-__device__ __forceinline__ void gw_signal(unsigned *ctr)
-{
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(ctr)
-                 : "memory");
-}
-
-// The counter's second arrival (its reader is done): relaxed, for nothing
-// of the row is touched after it in this launch (the next launch starts
-// after this one's writes are visible, with PDL too). The old value.
+// A reader has the words of a warp's rows: one arrival on their counter,
+// relaxed (no fence to wait for). The old value.
 __device__ __forceinline__ unsigned gw_arrive_relaxed(unsigned *ctr)
 {
     unsigned old;
@@ -364,21 +406,6 @@ __device__ __forceinline__ unsigned gw_arrive_relaxed(unsigned *ctr)
                  : "l"(ctr)
                  : "memory");
     return old;
-}
-
-// Wait until the row counter reaches n (acquiring at GPU scope).
-__device__ __forceinline__ void gw_wait_count(const unsigned *ctr, unsigned n)
-{
-    unsigned v;
-    for (;;) {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
-                     : "=r"(v)
-                     : "l"(ctr)
-                     : "memory");
-        if (v >= n)
-            break;
-        __nanosleep(32);
-    }
 }
 
 // The sum over the quad (the 4 threads holding a row's columns).
@@ -579,12 +606,15 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     // gamma and beta of this CTA's columns (the same in every tile it
     // takes: gridDim.x is a multiple of GW_NC) into shared memory, zeros
     // past N.
-    unsigned *const gb = (unsigned *)(gw_smem_raw + (base - raw) + GW_OFF_GB);
+    // In fp32: the normalisation reads them without conversions.
+    float2 *const gb = (float2 *)(gw_smem_raw + (base - raw) + GW_OFF_GB);
     for (int i = tid - 128; i < BLOCK_N / 2; i += 256) {
         const int col = (int)(blockIdx.x % GW_NC) * BLOCK_N + 2 * i;
-        gb[i] = col < p.N ? gw_ldg_u32(p.gamma + col) : 0u;
-        gb[BLOCK_N / 2 + i] =
+        const unsigned g2 = col < p.N ? gw_ldg_u32(p.gamma + col) : 0u;
+        const unsigned b2 =
             NORM == 1 && col < p.N ? gw_ldg_u32(p.beta + col) : 0u;
+        gb[i] = make_float2(gm_lo(g2), gm_hi(g2));
+        gb[BLOCK_N / 2 + i] = make_float2(gm_lo(b2), gm_hi(b2));
     }
     named_bar_sync(3, 256);
 #endif
@@ -751,28 +781,31 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                 GW_T(11);
             // (2) [4 j + 2 hh + c]: row g + 8 hh, column 8 j + 2 tq + c.
             // Columns past N hold zeros, not values: left out. One thread
-            // of each quad writes its rows' (s, m2) to ws.
+            // of each quad writes its rows' (s, m2) to ws. Four partial
+            // sums a row: the adds' latency, not their number, is the cost.
             float2 *const st_row =
-                (float2 *)(p.ws + (((unsigned)p.tiles_m + 63u) & ~63u)) +
+                (float2 *)(p.ws + GW_CTR_WORDS(p.tiles_m)) +
                 (size_t)tm * (GW_NC * 128) + wg_row0 + 16 * wl + g;
 #pragma unroll
             for (int h = 0; h < GW_HALVES; h++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
-                    float x = 0.0f;
+                    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                     for (int j = 0; j < GW_ACC / 4; j++)
 #pragma unroll
                         for (int c = 0; c < 2; c++) {
                             const float a = acc[h][4 * j + 2 * hh + c];
-                            x += NORM == 1 ? a : a * a;
+                            x[2 * (j & 1) + c] += NORM == 1 ? a : a * a;
                         }
-                    const float s2 = gw_quad_sum(x);
+                    const float s2 = gw_quad_sum((x[0] + x[1]) + (x[2] + x[3]));
                     float m2 = 0.0f;
 #if NORM == 1
                     // The tile's own mean, then the squares about it.
                     const float mt = s2 * (1.0f / (float)gw_cols(tn));
-                    x = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        x[e] = 0.0f;
 #pragma unroll
                     for (int j = 0; j < GW_ACC / 4; j++)
 #pragma unroll
@@ -780,47 +813,88 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                             const float d = acc[h][4 * j + 2 * hh + c] - mt;
                             if (N_TOTAL % BLOCK_N == 0 ||
                                 tn * BLOCK_N + 8 * j + 2 * tq + c < N_TOTAL)
-                                x += d * d;
+                                x[2 * (j & 1) + c] = fmaf(d, d, x[2 * (j & 1) + c]);
                         }
-                    m2 = gw_quad_sum(x);
+                    m2 = gw_quad_sum((x[0] + x[1]) + (x[2] + x[3]));
 #endif
                     if (tq == 0)
-                        st_row[tn * 128 + 64 * h + 8 * hh] =
-                            make_float2(s2, m2);
+                        gw_put_stat(st_row + tn * 128 + 64 * h + 8 * hh, s2,
+                                    m2);
                 }
             if (tid == 128)
                 GW_T(12);
-            // Arrive on the row's counter, wait for the row's tiles.
-            unsigned *const ctr = p.ws + tm;
-            constexpr unsigned per_row = GW_NC * (PINGPONG ? 1u : 2u);
-            named_bar_sync(1 + cw, 128);
-            if (ctid == 0) {
-                gw_signal(ctr);
-                if (tid == 128)
-                    GW_T(6);
-                gw_wait_count(ctr, per_row);
-                if (tid == 128)
-                    GW_T(7);
-            }
-            named_bar_sync(1 + cw, 128);
+            // Wait for the same rows of the row's other tiles: lane i <
+            // GW_NC x GW_HALVES polls the first row's word of tile i % GW_NC
+            // (half i / GW_NC) until it is written (one sector a poll, not
+            // the L2 traffic of every lane polling every word, which the
+            // other CTAs' K loops need), then every lane loads its rows'
+            // words, again while one is still zero (written by another lane
+            // of its warp, not seen yet).
             float mean[GW_HALVES][2], rstd[GW_HALVES][2];
+            if (lane < GW_NC * GW_HALVES) {
+                const float2 *const w0 = st_row - g + (lane % GW_NC) * 128 +
+                                         64 * (lane / GW_NC);
+                while (gw_get_stat(w0) == 0ull)
+                    __nanosleep(32);
+            }
+            __syncwarp();
+#if GW_WORDS_AT_ONCE
+            for (;;) {
+                bool ok = true;
+#pragma unroll
+                for (int h = 0; h < GW_HALVES; h++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++)
+                        ok = gw_combine(st_row + 64 * h + 8 * hh, p.eps,
+                                        mean[h][hh], rstd[h][hh]) &&
+                             ok;
+                if (__all_sync(0xffffffffu, ok))
+                    break;
+                __nanosleep(32);
+            }
+#else
 #pragma unroll
             for (int h = 0; h < GW_HALVES; h++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++)
-                    gw_combine(st_row + 64 * h + 8 * hh, p.eps, mean[h][hh],
-                               rstd[h][hh]);
+                    while (!__all_sync(0xffffffffu,
+                                       gw_combine(st_row + 64 * h + 8 * hh,
+                                                  p.eps, mean[h][hh],
+                                                  rstd[h][hh])))
+                        __nanosleep(32);
+#endif
+            // The warp has its words: it counts itself on their counter now
+            // (the old value is needed only at the end, so the round trip
+            // passes under the normalisation).
+            unsigned *const ctr = p.ws + tm * GW_SLICES + wg_row0 / 16 + wl;
+            unsigned old_ctr[GW_HALVES];
+            __syncwarp();
+#pragma unroll
+            for (int h = 0; h < GW_HALVES; h++)
+                old_ctr[h] = lane == 0 ? gw_arrive_relaxed(ctr + 4 * h) : 0u;
+            if (tid == 128)
+                GW_T(13);
             // (3) The units are free: their residual was read above by the
             // warp that now writes, and (WRITE_PRE) the pre stores have
             // read them; else the previous tile's stores have.
 #if WRITE_PRE || !RESIDUAL
             gw_units_read<0>(cw, ctid);
 #endif
+            // gamma and beta of a unit's columns (this thread's pairs of its
+            // eight blocks) into registers before its passes: a load between
+            // two stmatrix would wait behind the first.
+            float2 gv[8], bv[8];
 #pragma unroll
             for (int h = 0; h < GW_HALVES; h++)
 #pragma unroll
                 for (int u = 0; u < UH; u++, cu++) {
                     const unsigned s_u = s_c + (cu % GW_CBUF) * (64 * 128);
+#pragma unroll
+                    for (int jj = 0; jj < 8; jj++) {
+                        gv[jj] = gb[4 * (8 * u + jj) + tq];
+                        bv[jj] = NORM == 1 ? gb[BLOCK_N / 2 + 4 * (8 * u + jj) + tq]
+                                           : make_float2(0.0f, 0.0f);
+                    }
 #pragma unroll
                     for (int jb = 0; jb < GW_RC; jb += GW_AB) {
                         const int j = 8 * u + jb;
@@ -830,19 +904,17 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                             // fragment f = 2 jj + hh: block j + jj, row
                             // g + 8 hh
                             const int jj = f >> 1, hh = f & 1;
-                            const int col = 8 * (j + jj) + 2 * tq;
-                            const unsigned gv = gb[col / 2],
-                                           bv = gb[BLOCK_N / 2 + col / 2];
                             const float *x = &acc[h][4 * (j + jj) + 2 * hh];
                             const float r = rstd[h][hh],
                                         sh = -mean[h][hh] * r;
-                            float y0 = fmaf(x[0], r, sh) * gm_lo(gv);
-                            float y1 = fmaf(x[1], r, sh) * gm_hi(gv);
+                            const float2 g2 = gv[jb + jj], b2 = bv[jb + jj];
 #if NORM == 1
-                            y0 += gm_lo(bv);
-                            y1 += gm_hi(bv);
+                            const float y0 = fmaf(fmaf(x[0], r, sh), g2.x, b2.x);
+                            const float y1 = fmaf(fmaf(x[1], r, sh), g2.y, b2.y);
 #else
-                            (void)bv;
+                            (void)b2;
+                            const float y0 = x[0] * r * g2.x;
+                            const float y1 = x[1] * r * g2.y;
 #endif
                             pk[f] = stof_pack2(y0, y1);
                         }
@@ -853,15 +925,32 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                                   tm * GW_BM + wg_row0 + 64 * h, s_u, cw,
                                   ctid);
                 }
-            // Read: the last reader of the row resets its counter, after the
-            // stores are on their way. Relaxed, and after the stores: each
-            // row's counter and statistics are used once a launch (its
-            // tiles run in one round), and every launch touching ws waits
-            // for the one before it (stream order, or stof_grid_wait with
-            // PDL) before it touches ws.
-            if (ctid == 0 &&
-                gw_arrive_relaxed(ctr) == 2u * per_row - 1u)
-                atomicExch(ctr, 0u);
+            // The last of the GW_NC readers of a warp's rows clears their
+            // words and counter, after its stores are on their way. Relaxed:
+            // every reader's loads of the words returned their values (used
+            // above) before its arrival was issued; each word is written
+            // once a launch (a row's tiles run in one round); and every
+            // launch touching ws waits for the one before it (stream order,
+            // or stof_grid_wait with PDL).
+            unsigned last = 0;
+            if (lane == 0) {
+#pragma unroll
+                for (int h = 0; h < GW_HALVES; h++)
+                    if (old_ctr[h] == GW_NC - 1u)
+                        last |= 1u << h;
+            }
+            last = __shfl_sync(0xffffffffu, last, 0);
+#pragma unroll
+            for (int h = 0; h < GW_HALVES; h++)
+                if (last >> h & 1u) {
+                    // row 16 wl + i % 16 of the half, tile i / 16
+                    float2 *const st0 = st_row - g + 64 * h;
+                    for (int i = lane; i < GW_NC * 16; i += 32)
+                        *(volatile unsigned long long *)(st0 + (i >> 4) * 128 +
+                                                         (i & 15)) = 0ull;
+                    if (lane == 0)
+                        *(volatile unsigned *)(ctr + 4 * h) = 0u;
+                }
         }
 #else
         // ---- epilogue: registers -> shared memory -> TMA stores, in C

@@ -510,12 +510,14 @@ Test(gemm_cpu, hopper_template)
                                        sizeof(why)));
     cr_expect(strstr(why, "192") != NULL, "%s", why);
     /* Its shared memory: four C units a warpgroup, gamma and beta of 256
-     * columns; its workspace: a row counter a tile row (256-byte padded)
-     * and 128 rows x 8 bytes a tile. */
+     * columns in fp32; its workspace: a row counter a warp's 16 rows,
+     * eight a tile row (256-byte padded), and 128 rows x 8 bytes a tile. */
     cr_expect_eq(stof__gemm_smem_bytes(&ok, &ln, 768),
-                 3u * 384 * 128 + 65536u + 48u + 32u + 1024u + 1024u);
+                 3u * 384 * 128 + 65536u + 48u + 32u + 2048u + 1024u);
     cr_expect_eq(stof__gemm_ws_bytes(&ok, &ln, 300, 768),
                  256u + 3u * 3u * 1024u);
+    cr_expect_eq(stof__gemm_ws_bytes(&ok, &ln, 9 * 128, 768),
+                 512u + 9u * 3u * 1024u);
     cr_expect_eq(stof__gemm_ws_bytes(&ok, &gelu, 300, 768), 0u);
     /* Records: "wg" only when set; both forms read back. */
     round_trip(&ok, &gelu, "\"wg\":1");

@@ -54,8 +54,8 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                        warpgroups' rings of 64 x 64 C units (two; four with
                        a residual, which is loaded into them, or a norm),
                        the mbarriers (two a stage, four more), with a norm
-                       gamma and beta of the tile's columns, 1024 of
-                       slack */
+                       gamma and beta of the tile's columns in fp32, 1024
+                       of slack */
         const int norm = e && e->norm;
         return (size_t)c->stages *
                    ((size_t)c->block_m + (size_t)c->block_n) *
@@ -63,7 +63,7 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                2u * (e && (e->residual || norm) ? 4u : 2u) * 64u * 64u *
                    2u +
                16u * (size_t)c->stages + 32u +
-               (norm ? 4u * (size_t)c->block_n : 0u) + 1024u;
+               (norm ? 8u * (size_t)c->block_n : 0u) + 1024u;
     }
     const size_t pitch = (size_t)c->block_k + 8u;
     const size_t pipe = (size_t)c->stages *
@@ -83,12 +83,13 @@ size_t stof__gemm_ws_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
     if (!c || !e || !c->wgmma || !e->norm || M <= 0 || N <= 0 ||
         c->block_n <= 0)
         return 0;
-    /* The row counters (one a tile row, padded to 256 bytes), then each
-     * tile's 128 rows' statistics (two floats). */
+    /* The row counters (WG_ROW_SLICES a tile row, padded to 256 bytes),
+     * then each tile's 128 rows' statistics (two floats). */
     const size_t tiles_m = ((size_t)M + WG_BM - 1) / WG_BM;
     const size_t row_tiles = ((size_t)N + (size_t)c->block_n - 1) /
                              (size_t)c->block_n;
-    return (tiles_m + 63u) / 64u * 256u + tiles_m * row_tiles * 128u * 8u;
+    return (tiles_m * WG_ROW_SLICES + 63u) / 64u * 256u +
+           tiles_m * row_tiles * 128u * 8u;
 }
 
 /* The epilogue's own rules (both templates). */

@@ -15,6 +15,9 @@
 #define WG_BM 128
 #define WG_BK 64
 #define WG_NORM_TILES 16
+/* The norm's row counters a tile row in its workspace: one a warp's 16
+ * rows (GW_SLICES in gemm_wgmma.cu). */
+#define WG_ROW_SLICES 8
 
 /* What follows the product, in this order, on v = acc (fp32):
  *   bias:     v += bias[n]
