@@ -942,11 +942,20 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS)
 stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int tid = threadIdx.x;
+#if !GATHER
+    // The tensor maps' descriptors on their way before anything else (the
+    // launch's own parameters, not memory an earlier kernel writes).
+    if (tid == 32) {
+        tma_prefetch_map(&p.tm_q);
+        tma_prefetch_map(&p.tm_k);
+        tma_prefetch_map(&p.tm_v);
+    }
+#endif
     stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
     stof_grid_release();
     extern __shared__ __align__(1024) unsigned char wg_smem_raw[];
 
-    const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2; // 0 producer, 1.. consumers
     // Every offset below is from the first 1024-byte boundary.
@@ -1092,9 +1101,6 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         }
 #else
         if (warp == 0 && lane == 0) {
-            tma_prefetch_map(&p.tm_q);
-            tma_prefetch_map(&p.tm_k);
-            tma_prefetch_map(&p.tm_v);
             int s = 0;      // K/V slot and its phase, over all work items
             unsigned ph = 0;
             int gt = 0;     // tiles loaded so far

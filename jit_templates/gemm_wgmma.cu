@@ -27,14 +27,14 @@
 // tile that is its own flag (gw_put_stat: never zero once written), then
 // polls the same rows' words of the row's other tiles until none is zero
 // (a warp polls one word a tile, then loads them all), not waiting for
-// the rest of its warpgroup: no fence, no counter. Every CTA combines
-// them in tile order, so all agree on each row's mean and rstd bit for
-// bit. With
-// PINGPONG the wait passes under the other warpgroup's K loop. Then the
-// readers of a warp's rows count themselves on a counter (GW_SLICES a
-// tile row) and the last clears the words and the counter, so ws stays
-// ready for the next launch (zeroed once when allocated:
-// stof__gemm_ws_bytes). Measured (H100, GW_TRACE, bias + residual +
+// the rest of its warpgroup: no fence, no counter to wait on. Every CTA
+// combines them in tile order, so all agree on each row's mean and rstd
+// bit for bit. With PINGPONG the wait passes under the other warpgroup's
+// K loop. Then the readers of a warp's rows count themselves on a counter
+// (GW_SLICES a tile row) and the last clears the words and the counter
+// (relaxed: each reader's loads returned their values before it
+// arrived), so ws stays ready for the next launch (zeroed once when
+// allocated: stof__gemm_ws_bytes). Measured (H100, GW_TRACE, bias + residual +
 // LayerNorm, 4096 x 768 x 768, 128 x 192): a release arrival on a row
 // counter, an acquire poll by one thread and then every thread's loads of
 // the statistics took the epilogue 9300 cycles, the words 5900 (a launch
@@ -254,7 +254,7 @@ static_assert(sizeof(stof_gemm_wgmma_params) == 768,
 // stof_gw_trace[16 x + k] (k: 0 entry, 1 entry's global timer (ns), 2
 // barriers set up, 3 first load issued, 4 first K-step's data seen, 5 K
 // loop done, 11 bias and residual added, 12 row statistics computed and
-// stored, 13 the row's received, 8 last store issued, 9 stores complete,
+// stored, 13 the row's received, 8 last store issued, 9 stores read,
 // 10 the end's global timer; the SM clock but 1 and 10; 4.. by the first
 // consumer warpgroup, of its last tile). Stamps 0 and 1 are written
 // before stof_grid_wait: a traced launch must not follow a programmatic
@@ -506,6 +506,20 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #endif
     const int t0 = blockIdx.x / CLUSTER, t_step = gridDim.x / CLUSTER;
 
+    // The tensor maps' descriptors on their way first (the launch's own
+    // parameters, not memory an earlier kernel writes): fetched when the
+    // first load needs them, they took the producer ~500 cycles after the
+    // setup (H100, GW_TRACE).
+    if (tid == 32) {
+        tma_prefetch_map(&p.tm_a);
+        tma_prefetch_map(&p.tm_w);
+    } else if (tid == 64) {
+        tma_prefetch_map(&p.tm_c);
+        if (RESIDUAL)
+            tma_prefetch_map(&p.tm_r);
+        if (WRITE_PRE)
+            tma_prefetch_map(&p.tm_p);
+    }
     if (tid == 0) {
         GW_T(0);
         GW_TG(1);
@@ -540,8 +554,6 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         // ------------------------------------------------------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (tid == 0) {
-            tma_prefetch_map(&p.tm_a);
-            tma_prefetch_map(&p.tm_w);
 #if GW_TRACE
             int traced = 0;
 #endif
@@ -828,8 +840,9 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             // (half i / GW_NC) until it is written (one sector a poll, not
             // the L2 traffic of every lane polling every word, which the
             // other CTAs' K loops need), then every lane loads its rows'
-            // words, again while one is still zero (written by another lane
-            // of its warp, not seen yet).
+            // words, again while one is still zero (seeing one word of a
+            // tile says nothing of its other rows' words, each stored by
+            // its own lane there).
             float mean[GW_HALVES][2], rstd[GW_HALVES][2];
             if (lane < GW_NC * GW_HALVES) {
                 const float2 *const w0 = st_row - g + (lane % GW_NC) * 128 +
@@ -1045,12 +1058,14 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         }
 #endif // NORM
     }
-    // Leave only once the last stores have completed (they read this
-    // CTA's shared memory).
+    // Leave only once the last stores have read this CTA's shared memory;
+    // their writes to C complete with the grid (as for any store), so a
+    // CTA's last tile does not wait for them (measured, H100, GW_TRACE:
+    // 450-1750 cycles at a one-round GEMM's end).
     if (tid == 128)
         GW_T(8);
     if (ctid == 0)
-        bulk_wait0();
+        bulk_wait_read<0>();
     if (tid == 128) {
         GW_T(9);
         GW_TG(10);
