@@ -129,6 +129,7 @@
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,NORM=1,WRITE_PRE=1,N_TOTAL=4096 | DTYPE=0,BLOCK_N=128,STAGES=5,BIAS=1,RESIDUAL=1,NORM=1,PINGPONG=1,N_TOTAL=768
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=128,STAGES=4,RESIDUAL=1,NORM=2,WRITE_PRE=1,PINGPONG=1,N_TOTAL=1000
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768 | DTYPE=1,BLOCK_N=192,STAGES=3,BIAS=1,ACT=2
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=64,STAGES=6,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768 | DTYPE=1,BLOCK_N=64,STAGES=6,RESIDUAL=1,NORM=2,WRITE_PRE=1,PINGPONG=1,N_TOTAL=1000
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768,GW_TRACE=1 | DTYPE=0,BLOCK_N=64,STAGES=6,GW_TRACE=1
 #include "sm90_common.cuh"
 #include "gemm_epi.cuh"
@@ -188,9 +189,10 @@
 // NORM: a thread loads all its rows' statistics words at once (one round
 // trip) unless, with its accumulators and bias pairs, they would take
 // more registers than are left (ptxas: 128 x 256 tiles over 16 tiles a
-// row spilled in bf16), then a row pair's words at a time.
+// row, and 128 x 64 ping-pong over 16, spilled), then a row pair's words
+// at a time.
 #define GW_WORDS_AT_ONCE                                                    \
-    (GW_HALVES * GW_ACC + 4 * GW_HALVES * GW_NC + BLOCK_N / 8 <= 208)
+    (GW_HALVES * GW_ACC + 4 * GW_HALVES * GW_NC + BLOCK_N / 8 <= 192)
 #define GW_ACC (BLOCK_N / 2)               // accumulators per thread
 #define GW_RC 8                            // residual 8-column blocks a pass
 #define GW_AB 2                            // 8-column blocks an activation pass

@@ -482,6 +482,25 @@ Test(gemm_cpu, hopper_template)
     cr_assert_geq(best, 0);
     cr_expect_eq(c[best].wgmma, 1, "the model prefers the row-complete "
                                    "mma.sync kernel for a norm");
+    /* 64-column tiles only where every tile runs in one round: 128
+     * tokens x 768 (12 CTAs, not 128 x 192's 4), not 4096 tokens; the
+     * layer's workspace follows its narrowest candidate. */
+    int n64 = 0;
+    n = stof__gemm_candidates(&dev, &ln, 128, 768, 768, c, 64);
+    for (int i = 0; i < n; i++)
+        n64 += c[i].wgmma && c[i].block_n == 64;
+    cr_expect_eq(n64, 2, "128 x 64 tiles, both kinds, at 128 tokens");
+    n = stof__gemm_candidates(&dev, &ln, 4096, 768, 768, c, 64);
+    for (int i = 0; i < n; i++)
+        cr_expect(!c[i].wgmma || c[i].block_n > 64,
+                  "128 x 64 norm tiles at 4096 tokens (384 tiles)");
+    const stof_gemm_cfg w64 = {128, 64, 64, 2, 1, 6, 1, 1},
+                        w128 = {128, 128, 64, 2, 1, 4, 1, 1};
+    cr_expect_eq(stof__gemm_norm_ws_max(&dev, 128, 768),
+                 stof__gemm_ws_bytes(&w64, &ln, 128, 768));
+    cr_expect_eq(stof__gemm_norm_ws_max(&dev, 4096, 768),
+                 stof__gemm_ws_bytes(&w128, &ln, 4096, 768));
+    cr_expect_eq(stof__gemm_norm_ws_max(NULL, 128, 768), 0u);
     n = stof__gemm_candidates(&dev, &ln, 4096, 4096, 4096, c, 64);
     n_wg = 0;
     for (int i = 0; i < n; i++) {

@@ -1266,6 +1266,14 @@ static void wgmma_norms(stof_dtype dt)
     check(ctx, dt, &w192[1], &erf, 1000, 776, 328, 0, 5523);
     check(ctx, dt, &w192[0], &br, 300, 2304, 768, 8, 5524);
     check(ctx, dt, &w192[0], &plain, 4096, 3072, 1024, 0, 5525);
+    /* 64-wide tiles (short batches): 12 and 16 tiles a row, both kinds,
+     * a row's last tile part past N. */
+    static const stof_gemm_cfg w64[] = {{128, 64, 64, 2, 1, 6, 1, 1},
+                                        {128, 64, 64, 1, 1, 6, 1, 1}};
+    check(ctx, dt, &w64[0], &post, 128, 768, 768, 0, 5530);
+    check(ctx, dt, &w64[1], &post, 128, 768, 3072, 0, 5531);
+    check(ctx, dt, &w64[0], &pre, 300, 1024, 200, 8, 5532);
+    check(ctx, dt, &w64[1], &pre, 130, 1000, 328, 0, 5533);
     stof_close(&ctx);
 }
 

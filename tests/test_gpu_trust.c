@@ -557,8 +557,9 @@ Test(gpu_trust, bf16_layer_kernels_are_verified_once_then_trusted)
 /* The user database's Hopper GEMM records with a row norm, rewritten as
  * the same kernel with 64-column tiles: a valid configuration, compiled
  * for real, stored as verified and trusted here, whose row statistics
- * need more workspace than a layer plan allocates (it holds the
- * candidates' largest, 128-column tiles). */
+ * need more workspace than a layer plan allocates (at 4096 tokens it
+ * holds its candidates' largest: their narrowest tiles have 128
+ * columns). */
 typedef struct {
     stof_context *ctx;
     stof_db_record r[16];

@@ -306,10 +306,31 @@ static const int wgmma_tiles[][4] = {
 /* With a row norm: block_n, stages, warps_m (1: ping-pong, the row
  * statistics' wait passes under the other warpgroup's K loop). 192 makes
  * a 768-wide row 4 tiles, so 4096 tokens' 128 tiles fill 132 SMs in one
- * round (128 x 128: 192 tiles, two rounds; 128 x 256: 96). */
+ * round (128 x 128: 192 tiles, two rounds; 128 x 256: 96). 64 only where
+ * all tiles fit one round (norm_narrow): a few tile rows, whose wider
+ * tiles leave most SMs idle (128 tokens x 768: 4 CTAs of 128 x 192). */
 static const int wgmma_norm_tiles[][3] = {
-    {128, 5, 1}, {128, 4, 1}, {256, 3, 2}, {128, 4, 2},
-    {256, 2, 2}, {192, 4, 2}, {192, 3, 2}};
+    {128, 5, 1}, {128, 4, 1}, {256, 3, 2}, {128, 4, 2}, {256, 2, 2},
+    {192, 4, 2}, {192, 3, 2}, {64, 6, 2},  {64, 6, 1}};
+
+/* Whether 64-column norm tiles are candidates for M x N: every tile in
+ * one round of the SMs. */
+static int norm_narrow(const stof_device *dev, int M, int N)
+{
+    const int sms = dev && dev->ok && dev->sm_count > 0 ? dev->sm_count : 132;
+    const long tiles = (long)((M + WG_BM - 1) / WG_BM) * ((N + 63) / 64);
+    return M > 0 && N > 0 && tiles <= sms;
+}
+
+size_t stof__gemm_norm_ws_max(const stof_device *dev, int M, int N)
+{
+    if (!dev || !dev->ok || dev->cc_major != 9 || dev->cc_minor != 0)
+        return 0;
+    const stof_gemm_cfg c = {WG_BM, norm_narrow(dev, M, N) ? 64 : 128,
+                             WG_BK, 1, 1, 2, 1, 1};
+    const stof_gemm_epi e = {0, 0, 0, 1, 0, 0};
+    return stof__gemm_ws_bytes(&c, &e, M, N);
+}
 
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                           int M, int N, int K, stof_gemm_cfg *out, int max)
@@ -328,6 +349,8 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
                                  WG_BK, wgmma_norm_tiles[i][2],
                                  1,     wgmma_norm_tiles[i][1],
                                  1,     1};
+        if (c.block_n == 64 && !norm_narrow(dev, M, N))
+            continue;
         if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
             out[k++] = c;
     }

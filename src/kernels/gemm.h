@@ -99,6 +99,11 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
 size_t stof__gemm_ws_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                            int M, int N);
 
+/* The largest workspace (stof__gemm_ws_bytes) a Hopper norm candidate of
+ * stof__gemm_candidates for M x N needs on dev (its narrowest tile's): 0
+ * off Hopper. */
+size_t stof__gemm_norm_ws_max(const stof_device *dev, int M, int N);
+
 /* Dynamic shared memory of one CTA in bytes. */
 size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                              int N);

@@ -427,15 +427,12 @@ static stof_status alloc_buffers(stof_layer *L)
         stof__log(ctx, STOF_LOG_INFO,
                   "cuBLASLt is not a candidate: %s", why);
     /* The workspace of a Hopper GEMM with a norm (the two junctions' in
-     * turn), for the largest of the candidates' (128-column tiles), zeroed
-     * here once. A stored tile that needs more (64 columns, valid but no
-     * candidate) is refused when loaded (layer_db.c). */
-    const stof_gemm_cfg narrow = {128, 128, 64, 1, 1, 2, 1, 1};
-    const stof_gemm_epi norm = {0, 0, 0, 1, 0, 0};
+     * turn), for the largest of the candidates' (their narrowest tile's),
+     * zeroed here once. A stored tile that needs more (valid but no
+     * candidate at this size, e.g. 64 columns at 4096 tokens) is refused
+     * when loaded (layer_db.c). */
     const size_t norm_ws =
-        ctx->device.cc_major == 9 && ctx->device.cc_minor == 0
-            ? stof__gemm_ws_bytes(&narrow, &norm, L->M, L->d.hidden)
-            : 0;
+        stof__gemm_norm_ws_max(&ctx->device, L->M, L->d.hidden);
     const size_t norm_off = total;
     total += (norm_ws + 255) / 256 * 256;
     STOF_CU(ctx, api->cuMemAlloc(&L->mem, total));
