@@ -315,9 +315,8 @@ void stof__layer_build_steps(stof_layer *L, int ja, int jb)
     }
 }
 
-/* The ops junction option j of a junction uses (for its cost). */
-static double junction_cost(const stof_layer *L, int j, int g0, int n0,
-                            int measured)
+double stof__layer_junction_cost(const stof_layer *L, int j, int g0, int n0,
+                                 int measured)
 {
     const gemm_op *g = &L->g[g0 + j];
     if (!g->ok)
@@ -338,7 +337,7 @@ int stof__layer_pick_junction(const stof_layer *L, int g0, int n0,
     int best_j = -1;
     double best_t = INFINITY;
     for (int j = 0; j < J_COUNT; j++) {
-        const double c = junction_cost(L, j, g0, n0, measured);
+        const double c = stof__layer_junction_cost(L, j, g0, n0, measured);
         if (c < best_t) {
             best_t = c;
             best_j = j;

@@ -147,6 +147,11 @@ stof_status stof__layer_gate_ready(stof_layer *L);
 int stof__layer_qkv_n(const stof_layer_desc *d);
 /* The steps of scheme (ja, jb) into L->steps. */
 void stof__layer_build_steps(stof_layer *L, int ja, int jb);
+/* The cost of option j of the junction whose GEMMs start at g0 and norm
+ * kernels at n0: its GEMM's, plus its norm kernel's unless fused; the
+ * measured times, or the model's. INFINITY when an op is missing. */
+double stof__layer_junction_cost(const stof_layer *L, int j, int g0, int n0,
+                                 int measured);
 /* The cheapest cut of a junction (measured or modelled costs), or -1. */
 int stof__layer_pick_junction(const stof_layer *L, int g0, int n0,
                               int measured);
