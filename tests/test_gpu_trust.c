@@ -439,6 +439,7 @@ static void layer_plan_job(const job *j, int batch, int seq, int hidden,
     s.user_db = j->user_db;
     const char *sys[] = {j->system_db, NULL};
     s.system_dbs = j->system_db ? sys : NULL;
+    s.tuning_mode = j->mode;
     s.require_device = 1;
     s.log_fn = logcb;
     s.log_level = STOF_LOG_INFO;
@@ -552,6 +553,45 @@ Test(gpu_trust, family_layer_kernels_are_verified_once_then_trusted)
 Test(gpu_trust, bf16_layer_kernels_are_verified_once_then_trusted)
 {
     layer_verified_once(gpt2_bf16_layer_fn, "gpt2-bf16");
+}
+
+/* layer_fn in a process whose first-use checks cannot run (as without
+ * memory for them). */
+static void layer_no_reference_fn(const void *arg, report *out)
+{
+    stof__test_no_reference = 1;
+    layer_fn(arg, out);
+}
+
+/* As for attention records: a layer whose stored kernels this host could
+ * not check for reasons not theirs runs the cost model's choice in every
+ * mode (a tune would need more memory still), and the records stay, to
+ * be checked and used by the next plan. */
+Test(gpu_trust, layer_records_whose_check_cannot_run_are_kept)
+{
+    job tune = {P("lk-fleet.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r0 = run(layer_fn, &tune);
+    expect_source(&r0, "tuned");
+    const stof_tuning_mode modes[] = {STOF_TUNE_CACHE_ONLY,
+                                      STOF_TUNE_DEFAULT};
+    for (int i = 0; i < 2; i++) {
+        job use = {P("lk-host.db"), P("lk-fleet.db"), modes[i],
+                   STOF_LAYOUT_BHSD};
+        report r = run(layer_no_reference_fn, &use);
+        expect_source(&r, "model");
+        cr_assert(strstr(r.log, "could not be verified") &&
+                      strstr(r.log, "not used this time, kept"),
+                  "%s\n%s", r.js, r.log);
+        cr_assert_null(strstr(r.log, "failed verification"), "%s", r.log);
+        cr_assert_lt(r.compiles, r0.compiles, "tuned: %ld compiles (%ld "
+                     "tuning)", r.compiles, r0.compiles);
+    }
+    job use = {P("lk-host.db"), P("lk-fleet.db"), STOF_TUNE_CACHE_ONLY,
+               STOF_LAYOUT_BHSD};
+    report r1 = run(layer_fn, &use);
+    expect_source(&r1, "database");
+    cr_assert_gt(verify_ms(&r1), 0.0, "not checked at its first use: %s",
+                 r1.js);
 }
 
 /* The user database's Hopper GEMM records with a row norm, rewritten as

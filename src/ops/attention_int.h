@@ -340,8 +340,4 @@ void stof__family_mb_data(const stof_mask_data *data, stof_mb_data *md);
 int stof__attention_op_check(stof_attention_op *a, const stof_plan *p,
                              double *rel_err, char *err, size_t errn);
 
-/* Tests only (0 otherwise): when set, the first-use check of a database
- * record fails to run its reference, as it does without memory. */
-extern int stof__test_no_reference;
-
 #endif

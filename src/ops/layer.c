@@ -582,8 +582,14 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         const stof_tuning_mode mode = ctx->settings.tuning_mode;
         if (mode != STOF_TUNE_FORCE && stof__layer_from_db(L) == STOF_OK) {
             snprintf(L->source, sizeof(L->source), "database");
-        } else if (mode == STOF_TUNE_CACHE_ONLY) {
-            record_layer_miss(L, m, fam, sample, &ad, mask_hex);
+        } else if (mode == STOF_TUNE_CACHE_ONLY || L->db_transient) {
+            /* A miss in cache-only mode: recorded, the model's choice
+             * runs. Stored kernels this host could not load or check for
+             * reasons not theirs (its memory, a compile): the model's
+             * choice in every mode (a tune would need more memory still),
+             * no miss, and the records stay for the next plan. */
+            if (!L->db_transient)
+                record_layer_miss(L, m, fam, sample, &ad, mask_hex);
             st = stof__layer_tune(L, spec, mask_hex, 1);
             snprintf(L->source, sizeof(L->source), "model");
         } else {

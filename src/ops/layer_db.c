@@ -423,8 +423,10 @@ stof_status stof__layer_from_db(stof_layer *L)
                      stof_status_str(st));
             stof__log(L->ctx, STOF_LOG_WARN,
                       "layer %s: its stored %s kernel cannot be used (%s); "
-                      "tuning again",
-                      L->key, slot, stof_status_str(st));
+                      "%s",
+                      L->key, slot, stof_status_str(st),
+                      L->db_transient ? "not used this time, kept"
+                                      : "tuning again");
         }
         if (st == STOF_OK && !stof__db_trusted(db, &rec) &&
             n_fresh < MAX_STEPS) {

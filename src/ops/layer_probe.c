@@ -390,6 +390,9 @@ stof_status stof__layer_verify_loaded(stof_layer *L, stof_db *db,
     const double t0 = now_s();
     layer_tuner t;
     stof_status st = stof__layer_tuner_start(L, &t);
+    if (st == STOF_OK && stof__test_no_reference)
+        st = stof__fail(L->ctx, STOF_ERR_OUT_OF_MEMORY,
+                        "out of memory (injected by a test)");
     int failed = 0;
     for (int i = 0; i < n && st == STOF_OK && !failed; i++) {
         const step *s = &L->steps[step_of[i]];
@@ -427,8 +430,8 @@ stof_status stof__layer_verify_loaded(stof_layer *L, stof_db *db,
                  "its stored kernels could not be verified: %s",
                  stof_errmsg(L->ctx));
         stof__log(L->ctx, STOF_LOG_WARN,
-                  "layer %s: its stored kernels could not be verified (%s); "
-                  "tuning again",
+                  "layer %s: its stored kernels could not be verified "
+                  "(%s); not used this time, kept",
                   L->key, stof_errmsg(L->ctx));
         return STOF_ERR_NOT_FOUND;
     }

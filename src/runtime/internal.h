@@ -314,5 +314,9 @@ extern const stof_template stof__templates[];
 extern const int stof__n_templates;
 const stof_template *stof__template_find(const char *name);
 
+/* Tests only (0 otherwise): when set, the first-use check of a database
+ * record (attention, or a layer's kernels) cannot run, as without memory
+ * for it. */
+extern int stof__test_no_reference;
 
 #endif /* STOF_INTERNAL_H */
