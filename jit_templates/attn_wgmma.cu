@@ -75,6 +75,7 @@
 //   sK   STAGES x (HEAD_DIM/64 column blocks of BLOCK_N rows x 128 B)
 //   sV   the same
 //   sB   STAGES x BLOCK_M x BLOCK_N/32 words (partial tiles' bitmaps)
+//   item (PERSIST only) each Q buffer's work item, 2 x 16 bytes
 //   bar  1 + 4*STAGES mbarriers (Q, fullK, fullV, emptyK, emptyV; PERSIST:
 //        + the second Q buffer's full, both buffers' empty)
 //   meta STAGES x {key block (gather: list tile), kind}
@@ -146,7 +147,14 @@
 // WG_Q_BYTES), each with a full barrier (the TMA, or a plain arrival for
 // an item without tiles) and an empty one (every consumer warp, after it
 // has stored the O staged in that buffer); the K/V slots and their phases
-// run on across items. The static schedule suits problems of many
+// run on across items. The producer alone walks the schedule: it stores
+// each item's {b, h, q0, n} beside its Q buffer before arming the full
+// barrier, and after the last item an item with n = -1, so the consumers
+// start an item with no global loads of their own (reading the schedule
+// and the row pointers themselves left two to four dependent loads
+// exposed at each item's start: H200, ncu, 8 x 12 x 512 x 64 bigbird, 8%
+// of the warps' samples; the tuned attention 1-4% faster without them,
+// 2026-11-28). The static schedule suits problems of many
 // similar row blocks (sliding windows, the public suite at 16k tokens);
 // the search times it against the one-CTA-per-item grid.
 // Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
@@ -226,7 +234,12 @@
 #define WG_OFF_K (WG_NQBUF * WG_Q_BYTES)
 #define WG_OFF_V (WG_OFF_K + STAGES * WG_KV_BYTES)
 #define WG_OFF_B (WG_OFF_V + STAGES * WG_KV_BYTES)
-#define WG_OFF_BAR (WG_OFF_B + STAGES * WG_BITS_BYTES)
+#define WG_OFF_ITEM (WG_OFF_B + STAGES * WG_BITS_BYTES)
+// PERSIST: each Q buffer's work item {b, h, q0, n} (n < 0: no more items),
+// stored by the producer before it arms the buffer's barrier, so that the
+// consumers start an item without global loads of their own.
+#define WG_ITEM_BYTES (PERSIST ? 2 * 16 : 0)
+#define WG_OFF_BAR (WG_OFF_ITEM + WG_ITEM_BYTES)
 #define WG_N_BARS (1 + 4 * STAGES + (PERSIST ? 3 : 0))
 #define WG_OFF_META (WG_OFF_BAR + 8 * WG_N_BARS)
 #define WG_OFF_IDX (WG_OFF_META + 8 * STAGES)
@@ -610,17 +623,35 @@ __device__ __forceinline__ void wg_bias(float (&s)[WG_SN],
 #define WG_MAX_SLACK 8.0f
 
 // The max of row half hh (rows r0 and r0 + 8) of the S tile, unscaled.
+// WG_MAX_TREE: four partial maxima instead of one chain of BLOCK_N / 4
+// dependent FMNMX on the tile's critical path. Only the 64-row kernel at
+// head_dim 64 (H200, stof-bench-wgmma, 2026-11-28: 1-2% faster on all
+// seven masks); the 128-row and head_dim 128 kernels measured 2-7% slower
+// on dense and causal masks with it (their schedules changed, not the
+// chain), so they keep the single chain.
+#define WG_MAX_TREE (BLOCK_M == 64 && HEAD_DIM == 64)
 __device__ __forceinline__ float wg_row_max(const float (&s)[WG_SN], int hh)
 {
-    float mx = STOF_NEG_INF;
+#if WG_MAX_TREE
+    float mx[4] = {STOF_NEG_INF, STOF_NEG_INF, STOF_NEG_INF, STOF_NEG_INF};
 #pragma unroll
     for (int nt = 0; nt < BLOCK_N / 8; nt++) {
-        mx = fmaxf(mx, s[4 * nt + 2 * hh]);
-        mx = fmaxf(mx, s[4 * nt + 2 * hh + 1]);
+        const int i = 2 * (nt & 1);
+        mx[i] = fmaxf(mx[i], s[4 * nt + 2 * hh]);
+        mx[i + 1] = fmaxf(mx[i + 1], s[4 * nt + 2 * hh + 1]);
     }
+    float m = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
+#else
+    float m = STOF_NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < BLOCK_N / 8; nt++) {
+        m = fmaxf(m, s[4 * nt + 2 * hh]);
+        m = fmaxf(m, s[4 * nt + 2 * hh + 1]);
+    }
+#endif
     // The four lanes of a quad hold the same row.
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
 }
 
 // s -> exp2(s * sl2 - mu) over row half hh; returns this lane's sum.
@@ -918,6 +949,17 @@ __device__ __forceinline__ wg_sched wg_sched_first(
 #define WG_FOR_WORK(kq, item) for (int item = 0, kq = 0; kq < 1; kq++)
 #endif
 
+// PERSIST: Q buffer j's work item (WG_OFF_ITEM).
+__device__ __forceinline__ void wg_item_store(unsigned char *smem, int j,
+                                              int4 v)
+{
+    *(int4 *)(smem + WG_OFF_ITEM + 16 * j) = v;
+}
+__device__ __forceinline__ int4 wg_item_load(const unsigned char *smem, int j)
+{
+    return *(const int4 *)(smem + WG_OFF_ITEM + 16 * j);
+}
+
 // The work item `item` of WG_FOR_WORK; without PERSIST the CTA's
 // (blockIdx.x, blockIdx.y).
 __device__ __forceinline__ wg_work wg_work_of(const stof_attn_wgmma_params &p,
@@ -1104,6 +1146,9 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             int s = 0;      // K/V slot and its phase, over all work items
             unsigned ph = 0;
             int gt = 0;     // tiles loaded so far
+#if PERSIST
+            int nk = 0;     // work items so far
+#endif
             WG_FOR_WORK(kq, item) {
                 const wg_work w = wg_work_of(p, item);
                 // Q into buffer kq & 1 (PERSIST: once the consumers have
@@ -1111,6 +1156,10 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                 const int j = PERSIST ? (kq & 1) : 0;
                 if (PERSIST && kq >= 2)
                     mb_wait(BAR_Q_EMPTY(j), ((kq >> 1) - 1) & 1u);
+#if PERSIST
+                wg_item_store(smem, j, make_int4(w.b, w.h, w.q0, w.n));
+                nk = kq + 1;
+#endif
                 if (w.n > 0) {
                     mb_expect_tx(BAR_Q_FULL(j), WG_Q_BYTES);
 #pragma unroll
@@ -1170,6 +1219,14 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                     bidx = n_bidx;
                 }
             }
+#if PERSIST
+            // The end: an item with n = -1 in the next Q buffer.
+            const int j = nk & 1;
+            if (nk >= 2)
+                mb_wait(BAR_Q_EMPTY(j), ((nk >> 1) - 1) & 1u);
+            wg_item_store(smem, j, make_int4(0, 0, 0, -1));
+            mb_arrive(BAR_Q_FULL(j));
+#endif
         }
 #endif
         return;
@@ -1192,13 +1249,26 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
     int s = 0;      // K/V slot and its phase, over all work items
     unsigned ph = 0;
 
+#if PERSIST
+    // The producer's items, in order, through the Q buffers (the barrier
+    // of an item without tiles, and of the end, completes by a plain
+    // arrival), so that the buffers' phases stay in step.
+    for (int kq = 0;; kq++) {
+        const int j = kq & 1;
+        mb_wait(BAR_Q_FULL(j), (kq >> 1) & 1u);
+        const int4 wi = wg_item_load(smem, j);
+        if (wi.w < 0)
+            break;
+        const int b = wi.x, h = wi.y, q0 = wi.z, n = wi.w;
+#else
     WG_FOR_WORK(kq, item) {
 #if !GATHER
         const wg_work w = wg_work_of(p, item);
         const int b = w.b, h = w.h, q0 = w.q0, n = w.n;
 #endif
+        const int j = 0;
+#endif
         // This item's Q buffer (its O is staged there at the end).
-        const int j = PERSIST ? (kq & 1) : 0;
         const unsigned sQj = sQ + j * WG_Q_BYTES;
         unsigned char *const smem_o = smem + j * WG_Q_BYTES;
 #if ALIBI
@@ -1234,10 +1304,10 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         for (int i = 0; i < WG_SN; i++)
             sacc[i] = 0.0f;
 
-        // PERSIST: an item without tiles completes its Q barrier too (the
-        // producer's plain arrival), so the buffer's phases stay in step.
-        if (n > 0 || PERSIST)
-            mb_wait(BAR_Q_FULL(j), PERSIST ? (kq >> 1) & 1u : 0u);
+#if !PERSIST
+        if (n > 0)
+            mb_wait(BAR_Q_FULL(0), 0u);
+#endif
         if (n > 0) {
             // Descriptors of k-step 0: Q rows 64 cw.., K and V of slot 0.
             const stof_u64 dq = wg_desc(sQj + cw * 64 * 128, 16, 1024);
@@ -1450,7 +1520,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         if (lane == 0)
             mb_arrive(BAR_Q_EMPTY(j));
 #endif
-    } // WG_FOR_WORK
+    } // the work items
 #else
     __trap(); // needs sm_90a (wgmma, setmaxnreg)
 #endif

@@ -592,7 +592,8 @@ Test(gpu, wgmma_cfg_rules_and_launch_checks)
     cr_expect(stof__wgmma_cfg_valid(NULL, 64, &pe, why, sizeof(why)), "%s",
               why);
     cr_expect_eq(stof__wgmma_smem_bytes(64, &pe),
-                 2u * 16384u + 65536u + 4096u + 72u + 24u + 16u + 1024u);
+                 2u * 16384u + 65536u + 4096u + 72u + 24u + 32u + 16u +
+                     1024u);
     const stof_wgmma_cfg peg = {128, 2, 1, 1, 0, 0, 0, 1};
     cr_expect_not(stof__wgmma_cfg_valid(NULL, 64, &peg, why, sizeof(why)));
     cr_expect(strstr(why, "persistent"), "%s", why);

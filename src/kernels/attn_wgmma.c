@@ -115,7 +115,8 @@ size_t stof__wgmma_smem_bytes(int head_dim, const stof_wgmma_cfg *c)
     bytes += s * bm * (size_t)(c->block_n / 32) * 4u;          /* bits */
     bytes += 8u * (1u + 4u * s);                               /* mbarriers */
     if (c->persist)
-        bytes += bm * row + 8u * 3u;           /* second Q, its barriers */
+        bytes += bm * row + 8u * 3u + 32u;     /* second Q, its barriers,
+                                                  the buffers' work items */
     bytes += 8u * s;                                           /* meta */
     if (c->gather)
         bytes += 2u * 2u * (size_t)c->block_n * 4u;            /* offsets */
