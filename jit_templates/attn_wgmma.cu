@@ -1157,7 +1157,9 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                 if (PERSIST && kq >= 2)
                     mb_wait(BAR_Q_EMPTY(j), ((kq >> 1) - 1) & 1u);
 #if PERSIST
-                wg_item_store(smem, j, make_int4(w.b, w.h, w.q0, w.n));
+                // (n >= 0 here: a negative n is the end marker's)
+                wg_item_store(smem, j,
+                              make_int4(w.b, w.h, w.q0, max(w.n, 0)));
                 nk = kq + 1;
 #endif
                 if (w.n > 0) {
