@@ -152,7 +152,7 @@
 // barrier, and after the last item an item with n = -1, so the consumers
 // start an item with no global loads of their own (reading the schedule
 // and the row pointers themselves left two to four dependent loads
-// exposed at each item's start: H200, ncu, 8 x 12 x 512 x 64 bigbird, 8%
+// exposed at each item's start: H200, ncu, 8 x 12 x 512 x 64 bigbird, 7%
 // of the warps' samples; the tuned attention 1-4% faster without them,
 // 2026-11-28). The static schedule suits problems of many
 // similar row blocks (sliding windows, the public suite at 16k tokens);
