@@ -197,6 +197,21 @@
 #define GW_RC 8                            // residual 8-column blocks a pass
 #define GW_AB 2                            // 8-column blocks an activation pass
 #define GW_WH (BLOCK_N / CLUSTER)          // W rows one producer loads
+// Split tails (ping-pong tiles alone, no norm): when the last round of a
+// launch would leave at least half of the CTAs idle (tiles = R x grid + r,
+// 0 < r <= grid / 2), the host numbers the last r tiles as 2 r items of
+// 64 rows each (n_items, split_from; stof__gemm_split_from), so that the
+// last round takes half a tile's K loop instead of a whole one. A half
+// loads 64 rows of A (tm_ah: the K-steps of the last round then move
+// 24 KB for 64 x 128 x 64 instead of 32 KB for 128 x 128 x 64, and the
+// round has only r <= grid / 2 tiles' worth of them in flight) and its
+// warpgroup runs the K loop and the epilogue of one 64-row half. Measured
+// (H200, fp16, test_gpu_gemm bench_split, split on / off alternating):
+// BERT-base's QKV, 4096 x 2304 x 768 (576 tiles on 132 SMs, 4.5 rounds
+// instead of 5), 0.936 of the time with bias, 0.923 with erf-GELU; at
+// 2048 tokens 0.87-0.89; at 16384 0.97-0.99; 768 tiles (no split) 1.00.
+#define GW_SPLIT (PINGPONG && CLUSTER == 1 && !NORM)
+#define GW_AH_BYTES (64 * GW_BK * 2)       // a half's A a K-step
 
 static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 192 ||
                   BLOCK_N == 256,
@@ -246,9 +261,12 @@ struct stof_gemm_wgmma_params {
                                      // [tiles_m][GW_SLICES] (256-byte
                                      // padded), then the tiles' statistics
                                      // [tiles_m][GW_NC][128] (float2)
-    unsigned char tail_[48];         // to 768 bytes on both sides
+    int n_items, split_from;         // GW_SPLIT: the raster's items; those
+                                     // from split_from on are 64-row halves
+    unsigned char tail_[40];         // to 768 bytes on both sides
+    stof_tmap tm_ah;                 // GW_SPLIT: A again, box 64 x 64 rows
 };
-static_assert(sizeof(stof_gemm_wgmma_params) == 768,
+static_assert(sizeof(stof_gemm_wgmma_params) == 896,
               "stof_gemm_wgmma_params layout");
 
 // GW_TRACE (a diagnostic build, never a search candidate): when the
@@ -309,6 +327,27 @@ __device__ __forceinline__ void gw_tile(const stof_gemm_wgmma_params &p,
     const int r = t % per_group;
     tm = (first + r % rows) * CLUSTER + rank;
     tn = r / rows;
+}
+
+// A compile-time int as a value (the K loop's count of halves).
+template <int N> struct gw_ic {
+    static constexpr int value = N;
+};
+
+// Item t of the launch: its tile (gw_tile) and, for a split tail's
+// item, which 64-row half of it (hs 0 or 1; -1: the whole tile).
+__device__ __forceinline__ void gw_item(const stof_gemm_wgmma_params &p,
+                                        int t, int rank, int &tm, int &tn,
+                                        int &hs)
+{
+    hs = -1;
+#if GW_SPLIT
+    if (t >= p.split_from) {
+        hs = (t - p.split_from) & 1;
+        t = p.split_from + ((t - p.split_from) >> 1);
+    }
+#endif
+    gw_tile(p, t, rank, tm, tn);
 }
 
 __device__ __forceinline__ unsigned gw_ldg_u32(const unsigned short *p)
@@ -499,7 +538,9 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     const int lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
     // Raster items (tiles, or pairs) and this CTA's walk over them.
-    const int n_tiles = NORM ? p.tiles_m * GW_NC : gw_rows(p) * p.tiles_n;
+    const int n_tiles = NORM       ? p.tiles_m * GW_NC
+                        : GW_SPLIT ? p.n_items
+                                   : gw_rows(p) * p.tiles_n;
     const int kt_n = (p.K + GW_BK - 1) / GW_BK;
 #if CLUSTER > 1
     const int rank = (int)cluster_rank();
@@ -515,6 +556,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     if (tid == 32) {
         tma_prefetch_map(&p.tm_a);
         tma_prefetch_map(&p.tm_w);
+        if (GW_SPLIT && p.split_from < p.n_items)
+            tma_prefetch_map(&p.tm_ah);
     } else if (tid == 64) {
         tma_prefetch_map(&p.tm_c);
         if (RESIDUAL)
@@ -562,14 +605,22 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             int s = 0, gk = 0; // slot; K-steps loaded so far
             unsigned ph = 0;
             for (int t = t0; t < n_tiles; t += t_step) {
-                int tm, tn;
-                gw_tile(p, t, rank, tm, tn);
+                int tm, tn, hs;
+                gw_item(p, t, rank, tm, tn, hs);
                 for (int kt = 0; kt < kt_n; kt++, gk++) {
                     if (gk >= STAGES)
                         mb_wait(GW_EMPTY(s), ph ^ 1u);
-                    mb_expect_tx(GW_FULL(s), GW_STAGE_BYTES);
-                    tma_load2(GW_SA(s), &p.tm_a, kt * GW_BK, tm * GW_BM,
-                              GW_FULL(s));
+                    if (GW_SPLIT && hs >= 0) { // a half: its 64 rows of A
+                        mb_expect_tx(GW_FULL(s),
+                                     GW_STAGE_BYTES - GW_A_BYTES +
+                                         GW_AH_BYTES);
+                        tma_load2(GW_SA(s), &p.tm_ah, kt * GW_BK,
+                                  tm * GW_BM + 64 * hs, GW_FULL(s));
+                    } else {
+                        mb_expect_tx(GW_FULL(s), GW_STAGE_BYTES);
+                        tma_load2(GW_SA(s), &p.tm_a, kt * GW_BK, tm * GW_BM,
+                                  GW_FULL(s));
+                    }
 #if GW_TRACE
                     if (!traced++)
                         GW_T(3);
@@ -643,8 +694,12 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #else
     for (int t = t0; t < n_tiles; t += t_step) {
 #endif
-        int tm, tn;
-        gw_tile(p, t, rank, tm, tn);
+        int tm, tn, hs;
+        gw_item(p, t, rank, tm, tn, hs);
+        // The 64-row halves of acc this item fills, and the tile row of
+        // half h's first row.
+        const int nh = GW_SPLIT && hs >= 0 ? 1 : GW_HALVES;
+#define GW_HROW(h) (GW_SPLIT && hs >= 0 ? 64 * hs : wg_row0 + 64 * (h))
 #if BIAS
         // This thread's bias pairs, loaded now: their latency passes under
         // the K loop (loaded in the epilogue, each would wait behind the
@@ -672,51 +727,62 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         if (i > 0)
             mb_wait(GW_ORDER(cw ^ 1), (unsigned)((i - 1) >> 1) & 1u);
 #endif
-        int prev = 0;
-        for (int kt = 0; kt < kt_n; kt++) {
-            mb_wait(GW_FULL(s), ph);
-            if (tid == 128 && kt == 0)
-                GW_T(4);
-            wg_fence();
+        // The K loop over NH 64-row halves of acc, straight-line (a
+        // wgmma under a run-time condition makes ptxas serialise every
+        // wgmma of the kernel): a split tail's half runs the one-half
+        // copy. Returns the slot of the last K-step.
+        auto kloop = [&](auto nh_c) {
+            constexpr int NH = decltype(nh_c)::value;
+            int prev = 0;
+            for (int kt = 0; kt < kt_n; kt++) {
+                mb_wait(GW_FULL(s), ph);
+                if (tid == 128 && kt == 0)
+                    GW_T(4);
+                wg_fence();
+                // (A half's 64 rows of A are the slot's first 64.)
 #pragma unroll
-            for (int h = 0; h < GW_HALVES; h++)
-                gw_kstep(acc[h],
-                         wg_desc(GW_SA(s) + (wg_row0 + 64 * h) * 128, 16,
-                                 1024),
-                         wg_desc(GW_SW(s), 16, 1024), kt == 0);
-            wg_commit();
+                for (int h = 0; h < NH; h++)
+                    gw_kstep(acc[h],
+                             wg_desc(GW_SA(s) + (wg_row0 + 64 * h) * 128, 16,
+                                     1024),
+                             wg_desc(GW_SW(s), 16, 1024), kt == 0);
+                wg_commit();
 #if RESIDUAL
-            // The tile's residual units into its C units (free once the
-            // previous tile's stores have read them, long done by now):
-            // their latency passes under the rest of the K loop.
-            if (ctid == 0 && kt == min(2, kt_n - 1)) {
-                bulk_wait_read<0>();
-                mb_expect_tx(GW_RES(cw), GW_UNITS * 64 * 128);
+                // The tile's residual units into its C units (free once
+                // the previous tile's stores have read them, long done by
+                // now): their latency passes under the rest of the K loop.
+                if (ctid == 0 && kt == min(2, kt_n - 1)) {
+                    bulk_wait_read<0>();
+                    mb_expect_tx(GW_RES(cw), NH * (GW_ON / 64) * 64 * 128);
 #pragma unroll
-                for (int h = 0; h < GW_HALVES; h++)
+                    for (int h = 0; h < NH; h++)
 #pragma unroll
-                    for (int cb = 0; cb < GW_ON / 64; cb++)
-                        tma_load2(base + GW_OFF_C +
-                                      (cw * GW_CBUF +
-                                       (cu + h * (GW_ON / 64) + cb) %
-                                           GW_CBUF) *
-                                          (64 * 128),
-                                  &p.tm_r, tn * GW_ON + cb * 64,
-                                  tm * GW_BM + wg_row0 + 64 * h, GW_RES(cw));
-            }
+                        for (int cb = 0; cb < GW_ON / 64; cb++)
+                            tma_load2(base + GW_OFF_C +
+                                          (cw * GW_CBUF +
+                                           (cu + h * (GW_ON / 64) + cb) %
+                                               GW_CBUF) *
+                                              (64 * 128),
+                                      &p.tm_r, tn * GW_ON + cb * 64,
+                                      tm * GW_BM + GW_HROW(h), GW_RES(cw));
+                }
 #endif
-            if (kt > 0) {
-                wg_wait<1>(); // K-step kt-1 has retired: free its slot
-                __syncwarp();
-                if (lane == 0)
-                    gw_release(GW_EMPTY(prev));
+                if (kt > 0) {
+                    wg_wait<1>(); // K-step kt-1 has retired: free its slot
+                    __syncwarp();
+                    if (lane == 0)
+                        gw_release(GW_EMPTY(prev));
+                }
+                prev = s;
+                if (++s == STAGES) {
+                    s = 0;
+                    ph ^= 1u;
+                }
             }
-            prev = s;
-            if (++s == STAGES) {
-                s = 0;
-                ph ^= 1u;
-            }
-        }
+            return prev;
+        };
+        const int prev = GW_SPLIT && nh == 1 ? kloop(gw_ic<1>())
+                                              : kloop(gw_ic<GW_HALVES>());
 #if PINGPONG
         if (ctid == 0)
             mb_arrive(GW_ORDER(cw));
@@ -985,6 +1051,8 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         const unsigned s_c = base + GW_OFF_C + cw * (GW_CBUF * 64 * 128);
 #pragma unroll
         for (int h = 0; h < GW_HALVES; h++) {
+            if (h >= nh) // a split tail's half: one 64-row half
+                break;
 #pragma unroll
             for (int j0 = 0; j0 < GW_ON / 8; j0 += GW_RC, cu++) {
                 const unsigned s_u = s_c + (cu % GW_CBUF) * (64 * 128);
@@ -1055,7 +1123,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                     st_matrix4(m_addr, pk[0], pk[1], pk[2], pk[3]);
                 }
                 gw_store_unit(&p.tm_c, tn * GW_ON + j0 * 8,
-                              tm * GW_BM + wg_row0 + 64 * h, s_u, cw, ctid);
+                              tm * GW_BM + GW_HROW(h), s_u, cw, ctid);
             }
         }
 #endif // NORM
@@ -1064,6 +1132,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     // their writes to C complete with the grid (as for any store), so a
     // CTA's last tile does not wait for them (measured, H100, GW_TRACE:
     // 450-1750 cycles at a one-round GEMM's end).
+#undef GW_HROW
     if (tid == 128)
         GW_T(8);
     if (ctid == 0)

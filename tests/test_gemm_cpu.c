@@ -383,6 +383,18 @@ Test(gemm_cpu, hopper_template)
     cr_expect(small_k > 1.1 && large_k < 1.05 && large_k >= 1.0,
               "cooperative / ping-pong: %g at K 768, %g at K 11008", small_k,
               large_k);
+    /* Split tails: 576 ping-pong tiles of 128 x 128 (4096 x 2304) are 4.5
+     * rounds on 132 SMs, 608 (4096 x 2432) still 5, and the cooperative
+     * tile never splits. */
+    const double split =
+        stof__gemm_model_ms(&h100, &pp, &plain, 4096, 2304, 768) /
+        stof__gemm_model_ms(&h100, &pp, &plain, 4096, 2432, 768);
+    const double whole =
+        stof__gemm_model_ms(&h100, &co, &plain, 4096, 2304, 768) /
+        stof__gemm_model_ms(&h100, &co, &plain, 4096, 2432, 768);
+    cr_expect(split > 0.85 && split < 0.95 && whole > 0.99,
+              "4096 x 2304 / 4096 x 2432: ping-pong %g, cooperative %g",
+              split, whole);
     static const struct {
         stof_gemm_cfg c;
         stof_gemm_epi e;
@@ -554,6 +566,23 @@ Test(gemm_cpu, hopper_template)
         "\"bias\":1,\"act\":2,\"res\":0,\"norm\":0,\"pre\":0,"
         "\"wg\":\"1\"}",
         &c2, &e2));
+}
+
+/* Which items of a ping-pong launch run as 64-row halves: only a last
+ * round that would leave at least half of the CTAs idle. */
+Test(gemm_cpu, split_tail_items)
+{
+    cr_expect_eq(stof__gemm_split_from(576, 132), 528); /* 48 -> 96 halves */
+    cr_expect_eq(stof__gemm_split_from(198, 132), 132); /* r = grid / 2 */
+    cr_expect_eq(stof__gemm_split_from(199, 132), 199); /* r > grid / 2 */
+    cr_expect_eq(stof__gemm_split_from(768, 132), 768);
+    cr_expect_eq(stof__gemm_split_from(528, 132), 528); /* whole rounds */
+    cr_expect_eq(stof__gemm_split_from(100, 132), 100); /* one round */
+    cr_expect_eq(stof__gemm_split_from(132, 132), 132);
+    cr_expect_eq(stof__gemm_split_from(4, 3), 3);
+    cr_expect_eq(stof__gemm_split_from(7, 3), 6);
+    cr_expect_eq(stof__gemm_split_from(5, 3), 5);
+    cr_expect_eq(stof__gemm_split_from(5, 0), 5);
 }
 
 /* The templates' erf-GELU (jit_templates/stof_gelu.cuh, the formula

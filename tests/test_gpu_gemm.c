@@ -108,6 +108,9 @@ static stof_gemm_cfg fit_stages(const stof_context *ctx,
     return f;
 }
 
+/* The Hopper template's grid in check(): 0, the salt's choice (below). */
+static int check_ctas;
+
 static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
                   const stof_gemm_epi *e, int M, int N, int K, int pad,
                   uint64_t salt)
@@ -175,7 +178,9 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
     /* The Hopper template: a few CTAs on odd salts (each walks many
      * tiles), one per SM otherwise. With a workspace (a norm) twice: the
      * first launch must leave it ready for the second. */
-    const int ctas = salt % 2 ? 3 : ctx->device.sm_count;
+    const int ctas = check_ctas  ? check_ctas
+                     : salt % 2 ? 3
+                                : ctx->device.sm_count;
     for (int run = 0; run < (a.ws ? 2 : 1); run++) {
         /* Poison: 0xffff is a NaN in fp16 and bf16. */
         cr_assert_eq(api->cuMemsetD8(a.c, 0xff, nc * 2), CUDA_SUCCESS);
@@ -868,6 +873,125 @@ Test(gpu, wgmma_tiles, .timeout = 600)
               &r, 1100, 520, 200, 8, (uint64_t)(5310 + i));
     check(ctx, STOF_DTYPE_FP16, &wg_tiles[WG_FIRST_PAIR], &b, 4096, 3072,
           768, 0, 5330);
+    stof_close(&ctx);
+}
+
+/* Split tails (stof__gemm_split_from): grids whose last round of
+ * ping-pong tiles is at most half full, so its tiles run as 64-row halves
+ * on separate CTAs; every epilogue kind with a half (bias and
+ * activations, a residual loaded by TMA into a half's units, gated), the
+ * second half of the last tile row partly or wholly past M, N and K
+ * tails, padded rows; and BERT-base's QKV at 4096 tokens on one CTA an
+ * SM. */
+Test(gpu, wgmma_split_tails, .timeout = 300)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    static const stof_gemm_cfg pp128 = {128, 128, 64, 1, 1, 5, 1, 1},
+                               pp64 = {128, 64, 64, 1, 1, 6, 1, 1};
+    const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0},
+                        res = {1, 0, 1, 0, 0, 0},
+                        silu_res = {0, STOF_ACT_SILU, 1, 0, 0, 0},
+                        gated = {1, STOF_ACT_SILU, 0, 0, 0, 1},
+                        bias = {1, 0, 0, 0, 0, 0};
+    /* 15 tiles on 7 CTAs: 14 whole, then 2 halves (the second past M at
+     * 600 rows, wholly past it at 560). */
+    check_ctas = 7;
+    check(ctx, STOF_DTYPE_FP16, &pp128, &erf, 600, 264, 200, 0, 5601);
+    check(ctx, STOF_DTYPE_BF16, &pp128, &res, 560, 296, 136, 8, 5602);
+    /* 32 tiles of 128 x 64 on 10 CTAs: 2 split; gated (64 output columns
+     * a tile) on 15 tiles. */
+    check_ctas = 10;
+    check(ctx, STOF_DTYPE_FP16, &pp64, &silu_res, 1000, 200, 328, 0, 5603);
+    check_ctas = 7;
+    check(ctx, STOF_DTYPE_BF16, &pp128, &gated, 520, 192, 256, 0, 5604);
+    /* 4 tiles on 3 CTAs split the last; 3 on 2 too (each CTA's second
+     * item a half). */
+    check_ctas = 3;
+    check(ctx, STOF_DTYPE_FP16, &pp128, &res, 512, 128, 64, 0, 5605);
+    check_ctas = 2;
+    check(ctx, STOF_DTYPE_FP16, &pp128, &erf, 384, 104, 72, 0, 5606);
+    check_ctas = 0;
+    check(ctx, STOF_DTYPE_FP16, &pp128, &bias, 4096, 2304, 768, 0, 5607);
+    stof_close(&ctx);
+}
+
+/* STOF_GEMM_BENCH=1: ping-pong tiles with split tails and without
+ * (stof__gemm_split_set), alternating, fp16, with bias and with erf-GELU
+ * + bias: BERT-base's QKV at 2048, 4096 and 16384 tokens (on 132 SMs the
+ * last round splits), the same at K 3072, and its FFN1 at 4096 tokens (a
+ * last round too full to split: the control). One line a shape and
+ * kernel: the median time of each over the rounds. */
+static int cmp_double(const void *x, const void *y)
+{
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+Test(gpu, bench_split, .timeout = 600)
+{
+    bench_or_skip();
+    stof_context *ctx = open_hopper_or_skip();
+    const stof_api *api = ctx->api;
+    static const int shapes[][3] = {
+        {4096, 2304, 768}, {2048, 2304, 768}, {16384, 2304, 768},
+        {4096, 2304, 3072}, {4096, 3072, 768}};
+    enum { NS = sizeof(shapes) / sizeof(*shapes), ROUNDS = 7 };
+    const stof_dtype dt = STOF_DTYPE_FP16;
+    const stof_gemm_epi epis[2] = {{1, 0, 0, 0, 0, 0},
+                                   {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0}};
+    static const stof_gemm_cfg pp[2] = {{128, 128, 64, 1, 1, 6, 1, 1},
+                                        {128, 128, 64, 1, 1, 5, 1, 1}};
+    kernel k[2][2];
+    stof_gemm_cfg cf[2][2];
+    for (int x = 0; x < 2; x++)
+        for (int i = 0; i < 2; i++) {
+            cf[x][i] = fit_stages(ctx, &pp[i], &epis[x], 768, 768);
+            k[x][i] = load(ctx, dt, &cf[x][i], &epis[x], 8);
+        }
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    bench_ops ops = bench_ops_new(api, 16384u * 3072u, 3072u * 3072u,
+                                  16384u * 3072u, 16384u, 256, bench_random());
+    CUevent e0, e1;
+    cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
+    cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
+    const int64_t sms = ctx->device.sm_count;
+    for (int sh = 0; sh < NS; sh++) {
+        const int M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
+        const int64_t tiles = (int64_t)((M + 127) / 128) * ((N + 127) / 128);
+        const int splits = stof__gemm_split_from(tiles, sms) < tiles;
+        stof_gemm_args a = plain_args(ops.a, ops.w, ops.c, M, N, K);
+        a.bias = ops.vec;
+        for (int x = 0; x < 2; x++)
+            for (int i = 0; i < 2; i++) {
+                double t[2][ROUNDS];
+                const timed tm = {k[x][i].fn, &cf[x][i], &epis[x], NULL, 0,
+                                  0,          NULL};
+                for (int r = 0; r < ROUNDS; r++)
+                    for (int on = 0; on < 2; on++) {
+                        stof__gemm_split_set((r + on) % 2);
+                        t[(r + on) % 2][r] =
+                            time_ms(ctx, &tm, &a, bench_reps(20), e0, e1);
+                    }
+                qsort(t[0], ROUNDS, sizeof(double), cmp_double);
+                qsort(t[1], ROUNDS, sizeof(double), cmp_double);
+                const double off = t[0][ROUNDS / 2], on = t[1][ROUNDS / 2];
+                cr_log_info("split M=%d N=%d K=%d %s 128x128 s%d ping-pong "
+                            "(%lld tiles on %lld SMs%s): %.4f ms whole, "
+                            "%.4f ms split, %.3f",
+                            M, N, K, x ? "erf-GELU+bias" : "bias",
+                            cf[x][i].stages, (long long)tiles,
+                            (long long)sms, splits ? "" : ", no split", off,
+                            on, on / off);
+            }
+    }
+    stof__gemm_split_set(1);
+    api->cuEventDestroy(e0);
+    api->cuEventDestroy(e1);
+    bench_ops_free(api, &ops);
+    stof__ctx_pop(ctx);
+    for (int x = 0; x < 2; x++)
+        for (int i = 0; i < 2; i++)
+            unload(ctx, &k[x][i]);
     stof_close(&ctx);
 }
 

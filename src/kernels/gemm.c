@@ -445,8 +445,13 @@ static double wgmma_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
         2.0 * WG_BM * c->block_n * kpad / (WGMMA_SM_PEAK * eff) +
         (e->norm && c->warps_m != 1 ? 2e-6 : 0.0);
     const int grid = e->norm ? sms / tiles_n * tiles_n : sms;
-    const double compute_s =
-        grid > 0 ? ceil(tiles / grid) * tile_s : INFINITY;
+    double rounds = grid > 0 ? ceil(tiles / grid) : INFINITY;
+    /* Ping-pong tiles alone split a short last round into 64-row halves
+     * (stof__gemm_split_from): half a tile's time. */
+    if (grid > 0 && c->warps_m == 1 && !e->norm && c->cluster <= 1 &&
+        stof__gemm_split_from((int64_t)tiles, grid) < (int64_t)tiles)
+        rounds = floor(tiles / grid) + 0.5;
+    const double compute_s = rounds * tile_s;
     const double mem_s = gemm_mem_s(e, M, N, K);
     return (compute_s > mem_s ? compute_s : mem_s) * 1e3 + GEMM_LAUNCH_MS;
 }

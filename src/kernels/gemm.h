@@ -19,6 +19,24 @@
  * rows (GW_SLICES in gemm_wgmma.cu). */
 #define WG_ROW_SLICES 8
 
+/* A launch of `items` ping-pong tiles (no pairs, no norm) on `grid` CTAs:
+ * when its last round would leave at least half of the CTAs idle (items =
+ * R grid + r, R >= 1, 0 < r <= grid / 2), the last r tiles run as 2 r
+ * items of 64 rows (gemm_wgmma.cu, GW_SPLIT). Returns the first of those
+ * items, or items when none is split; the launch then has items +
+ * (items - split) items. */
+static inline int64_t stof__gemm_split_from(int64_t items, int64_t grid)
+{
+    if (grid <= 0 || items <= grid)
+        return items;
+    const int64_t r = items % grid;
+    return r > 0 && 2 * r <= grid ? items - r : items;
+}
+/* Whether launches split tails (default on; STOF_GEMM_SPLIT=0 turns it
+ * off, read once), and a switch for comparisons in tests and benches. */
+int stof__gemm_split_enabled(void);
+void stof__gemm_split_set(int on);
+
 /* What follows the product, in this order, on v = acc (fp32):
  *   bias:     v += bias[n]
  *   act:      v = act(v)                    (stof_activation)

@@ -8,8 +8,10 @@
 #include "gemm.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The kernel receives stof_gemm_args by value (struct stof_gemm_params in
@@ -31,14 +33,18 @@ typedef struct stof_gemm_wgmma_params {
     int tiles_m, tiles_n;
     float eps;
     CUdeviceptr ws;
-    uint8_t tail_[48];
+    int n_items, split_from;
+    uint8_t tail_[40];
+    CUtensorMap tm_ah;
 } stof_gemm_wgmma_params;
-_Static_assert(sizeof(stof_gemm_wgmma_params) == 768,
+_Static_assert(sizeof(stof_gemm_wgmma_params) == 896,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
 _Static_assert(offsetof(stof_gemm_wgmma_params, c) == 640 &&
                    offsetof(stof_gemm_wgmma_params, M) == 688 &&
                    offsetof(stof_gemm_wgmma_params, eps) == 708 &&
-                   offsetof(stof_gemm_wgmma_params, ws) == 712,
+                   offsetof(stof_gemm_wgmma_params, ws) == 712 &&
+                   offsetof(stof_gemm_wgmma_params, n_items) == 720 &&
+                   offsetof(stof_gemm_wgmma_params, tm_ah) == 768,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
 
 /* stof__gemm_compile of the Hopper template (c already checked). */
@@ -294,6 +300,29 @@ static stof_status norm_launch(CUfunction fn, const stof_api *api,
     }
 }
 
+/* Split tails on (the default) unless the environment sets
+ * STOF_GEMM_SPLIT=0 (read once) or stof__gemm_split_set(0) was called:
+ * for comparisons. -1: not read yet. */
+static _Atomic int split_state = -1;
+
+int stof__gemm_split_enabled(void)
+{
+    int v = atomic_load(&split_state);
+    if (v < 0) {
+        const char *e = getenv("STOF_GEMM_SPLIT");
+        v = !(e && e[0] == '0' && e[1] == '\0');
+        int expect = -1;
+        if (!atomic_compare_exchange_strong(&split_state, &expect, v))
+            v = expect;
+    }
+    return v;
+}
+
+void stof__gemm_split_set(int on)
+{
+    atomic_store(&split_state, on ? 1 : 0);
+}
+
 /* stof__gemm_launch of the Hopper template (arguments already checked). */
 static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
                                 const stof_gemm_epi *e,
@@ -347,12 +376,23 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
     const unsigned smem = (unsigned)stof__gemm_smem_bytes(c, e, a->N);
     void *params[] = {&p};
+    p.n_items = p.split_from = (int)items;
     if (e->norm)
         return norm_launch(fn, api, p.tiles_n, ctas, items, smem, stream,
                            params);
     if (!pair) {
         const unsigned grid =
             (unsigned)(ctas > 0 && ctas < items ? ctas : items);
+        /* Ping-pong tiles: a split tail (gemm.h), its halves' A through a
+         * 64-row box. */
+        if (c->warps_m == 1 && stof__gemm_split_enabled()) {
+            p.split_from = (int)stof__gemm_split_from(items, grid);
+            p.n_items = (int)(2 * items - p.split_from);
+            if (p.split_from < items &&
+                make_map2(enc, &p.tm_ah, a->a, a->K, a->M, a->lda, 64u) !=
+                    CUDA_SUCCESS)
+                return STOF_ERR_CUDA;
+        }
         const stof_launch_opts o = {.pdl = 1};
         CUresult r = stof__launch(api, fn, grid, 1, 1, 384, smem, stream,
                                   params, &o);
