@@ -374,12 +374,11 @@ Test(gemm_cpu, hopper_template)
     h100.cc_major = 9;
     h100.max_smem_optin = 232448;
     const stof_gemm_cfg co = {128, 128, 64, 2, 1, 5, 1, 1};
+#define MODEL(c, M, N, K) stof__gemm_model_ms(&h100, &(c), &plain, M, N, K)
     const double small_k =
-        stof__gemm_model_ms(&h100, &co, &plain, 16384, 3072, 768) /
-        stof__gemm_model_ms(&h100, &pp, &plain, 16384, 3072, 768);
+        MODEL(co, 16384, 3072, 768) / MODEL(pp, 16384, 3072, 768);
     const double large_k =
-        stof__gemm_model_ms(&h100, &co, &plain, 4096, 4096, 11008) /
-        stof__gemm_model_ms(&h100, &pp, &plain, 4096, 4096, 11008);
+        MODEL(co, 4096, 4096, 11008) / MODEL(pp, 4096, 4096, 11008);
     cr_expect(small_k > 1.1 && large_k < 1.05 && large_k >= 1.0,
               "cooperative / ping-pong: %g at K 768, %g at K 11008", small_k,
               large_k);
@@ -387,11 +386,10 @@ Test(gemm_cpu, hopper_template)
      * rounds on 132 SMs, 608 (4096 x 2432) still 5, and the cooperative
      * tile never splits. */
     const double split =
-        stof__gemm_model_ms(&h100, &pp, &plain, 4096, 2304, 768) /
-        stof__gemm_model_ms(&h100, &pp, &plain, 4096, 2432, 768);
+        MODEL(pp, 4096, 2304, 768) / MODEL(pp, 4096, 2432, 768);
     const double whole =
-        stof__gemm_model_ms(&h100, &co, &plain, 4096, 2304, 768) /
-        stof__gemm_model_ms(&h100, &co, &plain, 4096, 2432, 768);
+        MODEL(co, 4096, 2304, 768) / MODEL(co, 4096, 2432, 768);
+#undef MODEL
     cr_expect(split > 0.85 && split < 0.95 && whole > 0.99,
               "4096 x 2304 / 4096 x 2432: ping-pong %g, cooperative %g",
               split, whole);

@@ -11,7 +11,6 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* The kernel receives stof_gemm_args by value (struct stof_gemm_params in
@@ -307,15 +306,7 @@ static _Atomic int split_state = -1;
 
 int stof__gemm_split_enabled(void)
 {
-    int v = atomic_load(&split_state);
-    if (v < 0) {
-        const char *e = getenv("STOF_GEMM_SPLIT");
-        v = !(e && e[0] == '0' && e[1] == '\0');
-        int expect = -1;
-        if (!atomic_compare_exchange_strong(&split_state, &expect, v))
-            v = expect;
-    }
-    return v;
+    return stof__env_switch(&split_state, "STOF_GEMM_SPLIT", 1);
 }
 
 void stof__gemm_split_set(int on)

@@ -350,20 +350,26 @@ stof_launch_ex_fn stof__launch_ex(const stof_api *api)
     STOF__OPTIONAL(stof_launch_ex_fn, cached, api, STOF__STR(cuLaunchKernelEx));
 }
 
+int stof__env_switch(_Atomic int *state, const char *name, int dflt)
+{
+    int v = atomic_load(state);
+    if (v < 0) {
+        const char *e = getenv(name);
+        v = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] == '1'
+                                                              : dflt != 0;
+        int expect = -1;
+        if (!atomic_compare_exchange_strong(state, &expect, v))
+            v = expect;
+    }
+    return v;
+}
+
 /* -1: not read yet; else 0 / 1. */
 static _Atomic int pdl_state = -1;
 
 int stof__pdl_enabled(void)
 {
-    int v = atomic_load(&pdl_state);
-    if (v < 0) {
-        const char *e = getenv("STOF_PDL");
-        v = e && e[0] == '1' && e[1] == '\0';
-        int expect = -1;
-        if (!atomic_compare_exchange_strong(&pdl_state, &expect, v))
-            v = expect;
-    }
-    return v;
+    return stof__env_switch(&pdl_state, "STOF_PDL", 0);
 }
 
 void stof__pdl_set(int on)
