@@ -263,8 +263,9 @@ struct stof_gemm_wgmma_params {
                                      // [tiles_m][GW_NC][128] (float2)
     int n_items, split_from;         // GW_SPLIT: the raster's items; those
                                      // from split_from on are 64-row halves
-    unsigned char tail_[40];         // to 768 bytes on both sides
+    unsigned char tail_[40];         // to 768 bytes (64-byte aligned)
     stof_tmap tm_ah;                 // GW_SPLIT: A again, box 64 x 64 rows
+                                     // (896 bytes on both sides)
 };
 static_assert(sizeof(stof_gemm_wgmma_params) == 896,
               "stof_gemm_wgmma_params layout");
