@@ -155,11 +155,11 @@ CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
  * stacks ran 1-3% slower with it at 8x512 and 16x2048 tokens, and 1x128
  * showed no gain beyond its run-to-run spread. */
 int stof__pdl_enabled(void);
+void stof__pdl_set(int on);
 /* A switch read once from the environment into *state (-1: not read
  * yet): 1 for "1", 0 for "0", else dflt; later calls return it (or what a
  * setter stored there). */
 int stof__env_switch(_Atomic int *state, const char *name, int dflt);
-void stof__pdl_set(int on);
 
 
 struct stof_context;
