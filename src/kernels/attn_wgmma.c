@@ -271,27 +271,35 @@ double stof__wgmma_persist_deal_max(const double *w, int nrb, int64_t bh,
     return m;
 }
 
-/* A binary min-heap of slots by load (ties: the lower slot). */
-static int heap_less(const double *t, int a, int b)
+/* A binary min-heap of slots by load (ties: the lower slot), each node
+ * holding its slot's load (no indirection; the deal of 6144 items onto 396
+ * slots took 0.4 ms with the loads in a side array). */
+typedef struct heap_slot {
+    double t;
+    int s;
+} heap_slot;
+
+static int heap_less(const heap_slot *a, const heap_slot *b)
 {
-    return t[a] < t[b] || (t[a] == t[b] && a < b);
+    return a->t < b->t || (a->t == b->t && a->s < b->s);
 }
 
-static void heap_down(int *h, int n, const double *t, int i)
+/* The root's load grew: sift it down. */
+static void heap_down(heap_slot *h, int n)
 {
+    const heap_slot x = h[0];
+    int i = 0;
     for (;;) {
-        int m = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && heap_less(t, h[l], h[m]))
-            m = l;
-        if (r < n && heap_less(t, h[r], h[m]))
-            m = r;
-        if (m == i)
-            return;
-        const int x = h[i];
+        const int l = 2 * i + 1, r = l + 1;
+        if (l >= n)
+            break;
+        const int m = r < n && heap_less(&h[r], &h[l]) ? r : l;
+        if (!heap_less(&h[m], &x))
+            break;
         h[i] = h[m];
-        h[m] = x;
         i = m;
     }
+    h[i] = x;
 }
 
 int32_t *stof__wgmma_persist_list(const double *w, int nrb, int64_t bh,
@@ -304,16 +312,15 @@ int32_t *stof__wgmma_persist_list(const double *w, int nrb, int64_t bh,
     const int64_t gn = hg > 0 && hg < bh ? hg : bh;
     int32_t *out = malloc(sizeof(int32_t) * ((size_t)slots + 1 + (size_t)items));
     int32_t *at = malloc(sizeof(int32_t) * (size_t)items); /* item's slot */
-    int *heap = malloc(sizeof(int) * (size_t)slots);
-    double *t = calloc((size_t)slots, sizeof(double));
+    heap_slot *heap = malloc(sizeof(*heap) * (size_t)slots);
     int64_t *fill = calloc((size_t)slots + 1, sizeof(int64_t));
-    if (!out || !at || !heap || !t || !fill) {
+    if (!out || !at || !heap || !fill) {
         free(out);
         out = NULL;
         goto done;
     }
     for (int i = 0; i < slots; i++)
-        heap[i] = i;
+        heap[i] = (heap_slot){0.0, i};
     /* Group by group; in a group rank by rank (heaviest first), head by
      * head; each item to the least loaded slot. k: the deal's order. */
     int64_t k = 0;
@@ -321,10 +328,10 @@ int32_t *stof__wgmma_persist_list(const double *w, int nrb, int64_t bh,
         const int64_t ge = g0 + gn < bh ? g0 + gn : bh;
         for (int r = 0; r < nrb; r++)
             for (int64_t b = g0; b < ge; b++, k++) {
-                const int s = heap[0];
+                const int s = heap[0].s;
                 at[k] = s;
-                t[s] += w[r] + over;
-                heap_down(heap, slots, t, 0);
+                heap[0].t += w[r] + over;
+                heap_down(heap, slots);
                 fill[s + 1]++;
             }
     }
@@ -345,7 +352,6 @@ int32_t *stof__wgmma_persist_list(const double *w, int nrb, int64_t bh,
 done:
     free(at);
     free(heap);
-    free(t);
     free(fill);
     return out;
 }

@@ -302,7 +302,7 @@ void stof__plan_release(stof_plan *p)
     if ((p->d_mask || p->module || p->d_row_order || p->d_q_rows ||
          p->d_split || p->d_alibi || p->d_sched) &&
         stof__ctx_push(p->ctx) == STOF_OK) {
-        if (p->d_sched)
+        if (p->d_sched && !p->sched_shared)
             api->cuMemFree(p->d_sched);
         if (p->d_mask)
             api->cuMemFree(p->d_mask);
@@ -312,7 +312,7 @@ void stof__plan_release(stof_plan *p)
             api->cuMemFree(p->d_split);
         if (p->d_q_rows)
             api->cuMemFree(p->d_q_rows);
-        if (p->d_row_order)
+        if (p->d_row_order && !p->order_shared)
             api->cuMemFree(p->d_row_order);
         stof__module_release(p->ctx, p->module);
         stof__ctx_pop(p->ctx);
@@ -454,6 +454,24 @@ static stof_status upload_i32(stof_context *ctx, const int32_t *x, size_t n,
     return st;
 }
 
+/* What a persistent wgmma launch's schedule on a given format depends on
+ * besides the format (stof__wgmma_format_persist_heads / _list): the
+ * (batch, head)s, the K/V group, the lengths, head_dim, the kernel's
+ * configuration (its CTAs an SM) and the device's SMs and L2. */
+static void sched_key_of(const stof_context *ctx, const stof_plan *p,
+                         int32_t key[STOF_FMTCACHE_KEY])
+{
+    const stof_wgmma_cfg *c = &p->wcfg;
+    const int32_t k[STOF_FMTCACHE_KEY] = {
+        2, /* a schedule (1: the row order) */
+        p->desc.batch, p->desc.heads, stof__kv_group(&p->desc),
+        p->desc.seq_q, p->desc.seq_k, p->desc.head_dim,
+        c->block_n, c->stages, c->overlap, c->gather, c->block_m, c->split,
+        c->persist, c->mods,
+        ctx->device.sm_count, ctx->device.l2_bytes};
+    memcpy(key, k, sizeof(k));
+}
+
 /* The tile BSR (block-wise kinds) or compacted key tiles (row-wise kinds)
  * for the plan's tile shape, built on the mask with its query rows grouped
  * when the plan groups them (then the permutation goes up as q_rows), and
@@ -578,22 +596,46 @@ order:
                 &ctx->device, &p->desc, &p->wcfg, f);
         goto done;
     }
-    if (!(order = malloc(sizeof(int32_t) * (size_t)f->n_row_blocks))) {
-        st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                        "out of memory ordering row blocks");
-        goto done;
+    /* The row order depends on the format alone, a persistent launch's
+     * schedule also on the problem's (batch, head)s and the launch: with a
+     * shared format both are made once and kept with it. */
+    const int share = p->fmt_ref && !rowwise;
+    const int persist = !rowwise && p->wcfg.persist;
+    int32_t order_key[STOF_FMTCACHE_KEY] = {1}, sched_key[STOF_FMTCACHE_KEY];
+    sched_key_of(ctx, p, sched_key);
+    if (share &&
+        (p->d_row_order = stof__fmtcache_find_array(ctx, p->fmt_ref,
+                                                    order_key, NULL)))
+        p->order_shared = 1;
+    if (persist)
+        p->sched_items = (int64_t)f->n_row_blocks * p->desc.batch *
+                         p->desc.heads;
+    int32_t heads = 0;
+    if (share && persist &&
+        (p->d_sched = stof__fmtcache_find_array(ctx, p->fmt_ref, sched_key,
+                                                &heads))) {
+        p->sched_shared = 1;
+        p->persist_heads = heads;
     }
-    if (rowwise)
-        stof__wgmma_gather_row_order(f, order);
-    else
-        stof__wgmma_row_order(f, order);
-    if (!rowwise && p->wcfg.persist)
-        p->persist_heads =
-            stof__wgmma_format_persist_heads(&ctx->device, &p->desc,
-                                             &p->wcfg, f);
-    st = upload_i32(ctx, order, (size_t)f->n_row_blocks, &p->d_row_order,
-                    "uploading the row order");
-    if (st == STOF_OK && !rowwise && p->wcfg.persist) {
+    if (!p->d_row_order) {
+        if (!(order = malloc(sizeof(int32_t) * (size_t)f->n_row_blocks))) {
+            st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                            "out of memory ordering row blocks");
+            goto done;
+        }
+        if (rowwise)
+            stof__wgmma_gather_row_order(f, order);
+        else
+            stof__wgmma_row_order(f, order);
+        st = upload_i32(ctx, order, (size_t)f->n_row_blocks,
+                        &p->d_row_order, "uploading the row order");
+        if (st == STOF_OK && share)
+            p->order_shared = (unsigned char)stof__fmtcache_keep_array(
+                ctx, p->fmt_ref, order_key, p->d_row_order, 0);
+    }
+    if (st == STOF_OK && persist && !p->sched_shared) {
+        p->persist_heads = stof__wgmma_format_persist_heads(
+            &ctx->device, &p->desc, &p->wcfg, f);
         /* The items dealt on the host, each to the least loaded CTA (else
          * the kernel's own deal, persist_heads). */
         size_t nl = 0;
@@ -602,9 +644,10 @@ order:
         if (list)
             st = upload_i32(ctx, list, nl, &p->d_sched,
                             "uploading the persistent schedule");
-        p->sched_items = (int64_t)f->n_row_blocks * p->desc.batch *
-                         p->desc.heads;
         free(list);
+        if (st == STOF_OK && share && p->d_sched)
+            p->sched_shared = (unsigned char)stof__fmtcache_keep_array(
+                ctx, p->fmt_ref, sched_key, p->d_sched, p->persist_heads);
     }
 done:
     free(order);

@@ -55,6 +55,9 @@ struct stof_plan {
                                  sizes (the first-use check's one batch
                                  element and two heads, packed calls)
                                  runs the kernel's own deal */
+    unsigned char order_shared, sched_shared; /* d_row_order / d_sched
+                                 belong to the shared format (fmt_ref):
+                                 not freed with the plan */
     int persist_heads;        /* persistent wgmma kernel: its schedule
                                  (stof__wgmma_persist_heads: 0 in order,
                                  G or -G groups of G (batch, head)s) */
@@ -308,6 +311,18 @@ void *stof__fmtcache_put(stof_context *ctx, const char *mask_hex, int seq_q,
                          const stof_block_format *bf, int gpu,
                          const stof_format *counts);
 void stof__fmtcache_unref(stof_context *ctx, void *h);
+/* Device int32 arrays derived from a shared format (h: a reference the
+ * caller holds), kept with it under a key of STOF_FMTCACHE_KEY ints that
+ * names all their other inputs (compared whole), with one int: find gives
+ * the kept array (0: none) and its value; keep hands d to the entry (1:
+ * kept, freed with the entry, valid while a reference is held) or leaves
+ * it the caller's (0: another array under that key came first, or no
+ * room). */
+#define STOF_FMTCACHE_KEY 20
+CUdeviceptr stof__fmtcache_find_array(stof_context *ctx, void *h,
+                                      const int32_t *key, int32_t *value);
+int stof__fmtcache_keep_array(stof_context *ctx, void *h, const int32_t *key,
+                              CUdeviceptr d, int32_t value);
 
 /* The block format of the mask of `spec` (seq_q x seq_k, as
  * stof_mask_from_spec makes it) built on the GPU once, for a plan that
