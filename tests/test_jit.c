@@ -23,6 +23,7 @@
 
 #include "internal.h"
 #include "cuda_shim.h"
+#include "attention_int.h"
 
 static void need_nvrtc(void)
 {
@@ -869,4 +870,83 @@ Test(jit, cuda_fail_message, .fini = restore_api)
     cr_expect_str_eq(stof_errmsg(ctx), "cuFoo() failed: CUresult 7777 at "
                                        "src/x.c:9");
     stof_close(&ctx);
+}
+
+/* The format cache's derived arrays (format_cache.c) with a fake driver:
+ * kept under whole keys, found only under the same key, one per key, at
+ * most four an entry, and freed with the entry when the context closes. */
+static CUdeviceptr g_freed[16];
+static int g_n_freed;
+
+static CUresult fake_mem_free(CUdeviceptr p)
+{
+    if (g_n_freed < 16)
+        g_freed[g_n_freed] = p;
+    g_n_freed++;
+    return CUDA_SUCCESS;
+}
+
+static int was_freed(CUdeviceptr p)
+{
+    int n = 0;
+    for (int i = 0; i < g_n_freed && i < 16; i++)
+        n += g_freed[i] == p;
+    return n;
+}
+
+Test(jit, format_cache_keeps_derived_arrays, .fini = restore_api)
+{
+    use_fake_driver();
+    g_fake.cuMemFree = fake_mem_free;
+    g_n_freed = 0;
+    stof_context *ctx;
+    cr_assert_eq(open_with(0, 1, &ctx), STOF_OK, "%s", stof_errmsg(ctx));
+    /* A one-tile format, its device memory a fake address. */
+    int64_t row_ptr[2] = {0, 1};
+    uint8_t kind[1] = {STOF_TILE_FULL};
+    stof_format counts = {.seq_q = 64, .seq_k = 64, .block_m = 64,
+                          .block_n = 64, .n_row_blocks = 1,
+                          .n_col_blocks = 1, .n_full = 1,
+                          .row_ptr = row_ptr, .kind = kind};
+    stof_block_format bf = {0};
+    bf.mem = (CUdeviceptr)0x10000;
+    bf.bytes = 4096;
+    void *h = stof__fmtcache_put(ctx, "00ff", 64, 64, 64, 64, &bf, 1, &counts);
+    cr_assert_not_null(h);
+
+    int32_t k[5][STOF_FMTCACHE_KEY];
+    memset(k, 0, sizeof(k));
+    for (int i = 0; i < 5; i++)
+        k[i][0] = 2, k[i][1] = i + 1; /* differing in one int */
+    int32_t v = -1;
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[0], &v), 0);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[0], 0x100, 7), 1);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[0], &v), 0x100);
+    cr_expect_eq(v, 7);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[1], NULL), 0);
+    /* A key already kept: the second array stays the caller's. */
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[0], 0x200, 8), 0);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[0], &v), 0x100);
+    cr_expect_eq(v, 7);
+    /* Four at most. */
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[1], 0x300, 0), 1);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[2], 0x400, 0), 1);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[3], 0x500, 0), 1);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[4], 0x600, 0), 0);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[3], NULL), 0x500);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[4], NULL), 0);
+    /* Nothing without a handle, a key or an array. */
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, NULL, k[4], 0x600, 0), 0);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[4], 0, 0), 0);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, NULL, NULL), 0);
+    cr_expect_eq(g_n_freed, 0, "freed before the entry went");
+    stof__fmtcache_unref(ctx, h);
+    stof_close(&ctx);
+    /* The entry's four arrays and its format, once each; not the caller's
+     * (0x200, 0x600). */
+    cr_expect_eq(g_n_freed, 5);
+    cr_expect_eq(was_freed(0x100) + was_freed(0x300) + was_freed(0x400) +
+                     was_freed(0x500) + was_freed(0x10000),
+                 5);
+    cr_expect_eq(was_freed(0x200) + was_freed(0x600), 0);
 }
