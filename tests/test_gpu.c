@@ -230,8 +230,10 @@ Test(gpu, plans_of_one_mask_share_its_block_format)
 
 /* Persistent wgmma plans of one mask share the row order and the list
  * schedule made from its shared format (format_cache.c): a schedule per
- * (batch, heads), the same row order for all; plans made after the first
- * is gone still run correctly on the kept arrays. */
+ * (batch, heads), the same row order for all; a plan made after the first
+ * ones are gone borrows the kept arrays and runs correctly on them. 512
+ * and 448 items on the 396 CTAs of 132 SMs: schedules that give some CTAs
+ * two items. */
 Test(gpu, persistent_plans_of_one_mask_share_their_schedule)
 {
     stof_context *ctx = open_or_skip();
@@ -243,44 +245,56 @@ Test(gpu, persistent_plans_of_one_mask_share_their_schedule)
     const stof_candidate pk = {.kind = STOF_KERNEL_WGMMA,
                                .cfg = {64, 64, 4, 2, 0, 0, 0},
                                .wcfg = {64, 2, 1, 0, 64, 0, 0, 1}};
-    const gpu_case c = {"bigbird:64:3:2:3:1", 2, 3, 1024, 1024, 64,
+    const gpu_case c = {"bigbird:64:3:2:3:1", 8, 4, 1024, 1024, 64,
                         STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0, 0};
+    const gpu_case c3 = {"bigbird:64:3:2:3:1", 7, 4, 1024, 1024, 64,
+                         STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0, 0};
     stof_mask *m = NULL;
     cr_assert_eq(stof_mask_from_spec(ctx, c.spec, 1024, 1024, &m), STOF_OK);
     stof_attention_desc d, d3;
-    tu_make_desc(&d, 2, 3, 1024, 1024, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD,
-                 0);
-    tu_make_desc(&d3, 3, 3, 1024, 1024, 64, STOF_DTYPE_FP16,
+    tu_make_desc(&d, 8, 4, 1024, 1024, 64, STOF_DTYPE_FP16,
                  STOF_LAYOUT_BHSD, 0);
-    stof_plan *a = NULL, *b = NULL, *o = NULL;
+    tu_make_desc(&d3, 7, 4, 1024, 1024, 64, STOF_DTYPE_FP16,
+                 STOF_LAYOUT_BHSD, 0);
+    stof_plan *a = NULL, *b = NULL, *o = NULL, *n = NULL;
     cr_assert_eq(stof__attention_plan_kernel(ctx, &d, m, &pk, &a), STOF_OK,
                  "%s", stof_errmsg(ctx));
     cr_assert_eq(stof__attention_plan_kernel(ctx, &d, m, &pk, &b), STOF_OK,
                  "%s", stof_errmsg(ctx));
     cr_assert_eq(stof__attention_plan_kernel(ctx, &d3, m, &pk, &o), STOF_OK,
                  "%s", stof_errmsg(ctx));
-    cr_assert(a->fmt_ref && a->fmt_ref == b->fmt_ref && o->fmt_ref == a->fmt_ref);
+    cr_assert(a->fmt_ref && a->fmt_ref == b->fmt_ref &&
+              o->fmt_ref == a->fmt_ref);
     cr_assert(a->d_sched && a->d_row_order, "no schedule or row order");
     cr_expect(a->sched_shared && a->order_shared);
     cr_expect_eq(b->d_sched, a->d_sched, "the schedule was made again");
     cr_expect_eq(b->d_row_order, a->d_row_order);
     cr_expect_eq(b->persist_heads, a->persist_heads);
     cr_expect_eq(b->sched_items, a->sched_items);
-    /* Three batch elements: a schedule of their own, the same row order. */
+    cr_expect_eq(a->sched_items, 16 * 8 * 4);
+    /* Seven batch elements: a schedule of their own, the same row order. */
     cr_expect(o->d_sched && o->d_sched != a->d_sched);
     cr_expect_eq(o->d_row_order, a->d_row_order);
-    cr_expect_eq(o->sched_items, a->sched_items * 3 / 2);
+    cr_expect_eq(o->sched_items, 16 * 7 * 4);
+    const CUdeviceptr sched = a->d_sched, sched3 = o->d_sched;
     stof_plan_free(&a);
     stof_plan_free(&o);
-    /* The first plans gone: b and a new plan run on the kept arrays. */
+    stof_plan_free(&b);
+    /* Every plan gone: a new one borrows the kept arrays. */
+    cr_assert_eq(stof__attention_plan_kernel(ctx, &d, m, &pk, &n), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    cr_expect(n->sched_shared && n->d_sched == sched,
+              "the kept schedule was not found");
+    stof_plan_free(&n);
     double err = run_case_on(ctx, &c, &rng, &pk);
     cr_expect(err < 2e-3, "a plan on the kept schedule: relative error %.3e",
               err);
-    stof_plan_free(&b);
-    const gpu_case c3 = {"bigbird:64:3:2:3:1", 3, 3, 1024, 1024, 64,
-                         STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0, 0};
+    cr_assert_eq(stof__attention_plan_kernel(ctx, &d3, m, &pk, &n), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    cr_expect(n->sched_shared && n->d_sched == sched3);
+    stof_plan_free(&n);
     err = run_case_on(ctx, &c3, &rng, &pk);
-    cr_expect(err < 2e-3, "three batch elements: relative error %.3e", err);
+    cr_expect(err < 2e-3, "seven batch elements: relative error %.3e", err);
     stof_mask_free(&m);
     stof_close(&ctx);
 }

@@ -873,14 +873,16 @@ Test(jit, cuda_fail_message, .fini = restore_api)
 }
 
 /* The format cache's derived arrays (format_cache.c) with a fake driver:
- * kept under whole keys, found only under the same key, one per key, at
- * most four an entry, and freed with the entry when the context closes. */
-static CUdeviceptr g_freed[16];
+ * kept under whole keys, found only under the same key, one per key; held
+ * by the plans that find or keep them; an array no plan holds gives way,
+ * least recently used first, to one that needs its slot (eight an entry)
+ * or its bytes (16 MB an entry); the rest go with the entry. */
+static CUdeviceptr g_freed[32];
 static int g_n_freed;
 
 static CUresult fake_mem_free(CUdeviceptr p)
 {
-    if (g_n_freed < 16)
+    if (g_n_freed < 32)
         g_freed[g_n_freed] = p;
     g_n_freed++;
     return CUDA_SUCCESS;
@@ -889,7 +891,7 @@ static CUresult fake_mem_free(CUdeviceptr p)
 static int was_freed(CUdeviceptr p)
 {
     int n = 0;
-    for (int i = 0; i < g_n_freed && i < 16; i++)
+    for (int i = 0; i < g_n_freed && i < 32; i++)
         n += g_freed[i] == p;
     return n;
 }
@@ -914,39 +916,73 @@ Test(jit, format_cache_keeps_derived_arrays, .fini = restore_api)
     void *h = stof__fmtcache_put(ctx, "00ff", 64, 64, 64, 64, &bf, 1, &counts);
     cr_assert_not_null(h);
 
-    int32_t k[5][STOF_FMTCACHE_KEY];
+    enum { NK = 10 };
+    int32_t k[NK][STOF_FMTCACHE_KEY];
     memset(k, 0, sizeof(k));
-    for (int i = 0; i < 5; i++)
-        k[i][0] = 2, k[i][1] = i + 1; /* differing in one int */
+    for (int i = 0; i < NK; i++)
+        k[i][0] = 2, k[i][STOF_FMTCACHE_KEY - 1] = i; /* one int apart */
+    const CUdeviceptr a0 = 0x100;
     int32_t v = -1;
     cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[0], &v), 0);
-    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[0], 0x100, 7), 1);
-    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[0], &v), 0x100);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[0], a0, 64, 7), 1);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[0], &v), a0);
     cr_expect_eq(v, 7);
     cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[1], NULL), 0);
     /* A key already kept: the second array stays the caller's. */
-    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[0], 0x200, 8), 0);
-    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[0], &v), 0x100);
-    cr_expect_eq(v, 7);
-    /* Four at most. */
-    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[1], 0x300, 0), 1);
-    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[2], 0x400, 0), 1);
-    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[3], 0x500, 0), 1);
-    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[4], 0x600, 0), 0);
-    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[3], NULL), 0x500);
-    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[4], NULL), 0);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[0], 0x200, 64, 8), 0);
+    /* Eight slots, each array held by its keeper: a ninth is not kept. */
+    for (int i = 1; i < 8; i++)
+        cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[i],
+                                               (CUdeviceptr)(0x1000 * i), 64,
+                                               i),
+                     1, "array %d", i);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[8], 0x9000, 64, 0), 0);
+    /* An array no plan holds gives way to a new one, the least recently
+     * used first; a0, held by its keep and its find, released once, stays. */
+    stof__fmtcache_release_array(ctx, h, 0x3000);
+    stof__fmtcache_release_array(ctx, h, 0x5000);
+    stof__fmtcache_release_array(ctx, h, a0);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[8], 0x9000, 64, 0), 1);
+    cr_expect_eq(was_freed(0x3000), 1, "the least recently used one");
+    cr_expect_eq(was_freed(0x5000) + was_freed(a0), 0);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[3], NULL), 0);
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[5], NULL), 0x5000);
+    stof__fmtcache_release_array(ctx, h, 0x5000); /* the find's hold */
+    /* Bytes: more than an entry's 16 MB is never kept, evicting nothing;
+     * 10 MB evicts the unheld 0x5000 for its slot. */
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[9], 0xa000,
+                                           ((size_t)16 << 20) + 1, 0),
+                 0);
+    cr_expect_eq(was_freed(0x5000), 0);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[9], 0xa000,
+                                           (size_t)10 << 20, 0),
+                 1);
+    cr_expect_eq(was_freed(0x5000), 1);
+    /* A slot made free, but 10 MB more beside the held 10 MB: not kept,
+     * and nothing evicted for it. */
+    stof__fmtcache_release_array(ctx, h, 0x7000);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[5], 0xb000,
+                                           (size_t)10 << 20, 0),
+                 0, "20 MB of arrays in one entry");
+    cr_expect_eq(was_freed(0x7000), 0);
+    /* Every slot held: not kept. */
+    cr_expect_eq(stof__fmtcache_find_array(ctx, h, k[7], NULL), 0x7000);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[5], 0xb000, 64, 0), 0);
     /* Nothing without a handle, a key or an array. */
-    cr_expect_eq(stof__fmtcache_keep_array(ctx, NULL, k[4], 0x600, 0), 0);
-    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[4], 0, 0), 0);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, NULL, k[5], 0x600, 64, 0), 0);
+    cr_expect_eq(stof__fmtcache_keep_array(ctx, h, k[5], 0, 64, 0), 0);
     cr_expect_eq(stof__fmtcache_find_array(ctx, h, NULL, NULL), 0);
-    cr_expect_eq(g_n_freed, 0, "freed before the entry went");
+    cr_expect_eq(g_n_freed, 2);
     stof__fmtcache_unref(ctx, h);
     stof_close(&ctx);
-    /* The entry's four arrays and its format, once each; not the caller's
-     * (0x200, 0x600). */
-    cr_expect_eq(g_n_freed, 5);
-    cr_expect_eq(was_freed(0x100) + was_freed(0x300) + was_freed(0x400) +
-                     was_freed(0x500) + was_freed(0x10000),
-                 5);
-    cr_expect_eq(was_freed(0x200) + was_freed(0x600), 0);
+    /* The rest go with the entry, once each: a0, 0x1000, 0x2000, 0x4000,
+     * 0x6000, 0x7000, 0x9000, 0xa000 and the format; never the callers'
+     * own (0x200, 0xb000). */
+    cr_expect_eq(g_n_freed, 2 + 9);
+    const CUdeviceptr kept[] = {a0,     0x1000, 0x2000, 0x4000, 0x6000,
+                                0x7000, 0x9000, 0xa000, 0x10000};
+    for (size_t i = 0; i < sizeof(kept) / sizeof(*kept); i++)
+        cr_expect_eq(was_freed(kept[i]), 1, "0x%llx",
+                     (unsigned long long)kept[i]);
+    cr_expect_eq(was_freed(0x200) + was_freed(0xb000), 0);
 }

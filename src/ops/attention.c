@@ -294,6 +294,10 @@ void stof__plan_release(stof_plan *p)
         stof__mb_unload(p->ctx, &p->mb_k);
     }
     if (p->fmt_ref) { /* the context's shared format: released */
+        if (p->order_shared)
+            stof__fmtcache_release_array(p->ctx, p->fmt_ref, p->d_row_order);
+        if (p->sched_shared)
+            stof__fmtcache_release_array(p->ctx, p->fmt_ref, p->d_sched);
         stof__fmtcache_unref(p->ctx, p->fmt_ref);
         memset(&p->bf, 0, sizeof(p->bf));
     }
@@ -631,7 +635,8 @@ order:
                         &p->d_row_order, "uploading the row order");
         if (st == STOF_OK && share)
             p->order_shared = (unsigned char)stof__fmtcache_keep_array(
-                ctx, p->fmt_ref, order_key, p->d_row_order, 0);
+                ctx, p->fmt_ref, order_key, p->d_row_order,
+                sizeof(int32_t) * (size_t)f->n_row_blocks, 0);
     }
     if (st == STOF_OK && persist && !p->sched_shared) {
         p->persist_heads = stof__wgmma_format_persist_heads(
@@ -647,7 +652,8 @@ order:
         free(list);
         if (st == STOF_OK && share && p->d_sched)
             p->sched_shared = (unsigned char)stof__fmtcache_keep_array(
-                ctx, p->fmt_ref, sched_key, p->d_sched, p->persist_heads);
+                ctx, p->fmt_ref, sched_key, p->d_sched,
+                sizeof(int32_t) * nl, p->persist_heads);
     }
 done:
     free(order);

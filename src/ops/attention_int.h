@@ -311,18 +311,20 @@ void *stof__fmtcache_put(stof_context *ctx, const char *mask_hex, int seq_q,
                          const stof_block_format *bf, int gpu,
                          const stof_format *counts);
 void stof__fmtcache_unref(stof_context *ctx, void *h);
-/* Device int32 arrays derived from a shared format (h: a reference the
- * caller holds), kept with it under a key of STOF_FMTCACHE_KEY ints that
- * names all their other inputs (compared whole), with one int: find gives
- * the kept array (0: none) and its value; keep hands d to the entry (1:
- * kept, freed with the entry, valid while a reference is held) or leaves
- * it the caller's (0: another array under that key came first, or no
- * room). */
+/* Device arrays derived from a shared format (h: a reference the caller
+ * holds), kept with it under a key of STOF_FMTCACHE_KEY ints that names all
+ * their other inputs (compared whole), with one int. find: the kept array
+ * (0: none) and its value, now held by the caller too. keep: d (bytes
+ * long) handed to the entry and held by the caller (1), or left the
+ * caller's (0: an array under that key came first, or no room among the
+ * arrays other plans hold). A held array stays until released (release,
+ * before unref); the entry frees it. */
 #define STOF_FMTCACHE_KEY 20
 CUdeviceptr stof__fmtcache_find_array(stof_context *ctx, void *h,
                                       const int32_t *key, int32_t *value);
 int stof__fmtcache_keep_array(stof_context *ctx, void *h, const int32_t *key,
-                              CUdeviceptr d, int32_t value);
+                              CUdeviceptr d, size_t bytes, int32_t value);
+void stof__fmtcache_release_array(stof_context *ctx, void *h, CUdeviceptr d);
 
 /* The block format of the mask of `spec` (seq_q x seq_k, as
  * stof_mask_from_spec makes it) built on the GPU once, for a plan that

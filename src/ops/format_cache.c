@@ -17,7 +17,9 @@
  * under a key naming the rest of its inputs (stof__fmtcache_find_array):
  * the wgmma row order and a persistent kernel's list schedule, whose deal
  * over every item (6144 at 16 x 2048 tokens, 12 heads) took about 1 ms of
- * a warm layer plan on an H200's host. They go with the entry. */
+ * a warm layer plan on an H200's host. A plan holds the arrays it uses
+ * (find, keep) until it releases them; they go with the entry, or sooner
+ * when no plan holds them and a new one needs the room. */
 #include "attention_int.h"
 #include "../runtime/internal.h"
 
@@ -33,13 +35,20 @@
 #define FMTCACHE_ENTRY_BYTES ((size_t)32 << 20)
 #define FMTCACHE_TOTAL_BYTES ((size_t)128 << 20)
 
-/* Derived arrays an entry keeps (a row order and a schedule or two). */
-#define FMTCACHE_ARRAYS 4
+/* Derived arrays an entry keeps: the row order and a few schedules
+ * (batch sizes, and the search's persistent candidates, which all plan on
+ * the same format). One no plan holds gives way, least recently used
+ * first, to a new one that needs its slot or its bytes. */
+#define FMTCACHE_ARRAYS 8
+#define FMTCACHE_ARRAY_BYTES ((size_t)16 << 20) /* an entry's, in all */
 
 typedef struct fmt_array {
     int32_t key[STOF_FMTCACHE_KEY];
     CUdeviceptr d; /* owned; 0: an empty slot */
+    size_t bytes;
     int32_t value;
+    int refs; /* the plans holding it */
+    uint64_t tick;
 } fmt_array;
 
 typedef struct fmt_entry {
@@ -248,43 +257,92 @@ CUdeviceptr stof__fmtcache_find_array(stof_context *ctx, void *h,
         return 0;
     CUdeviceptr d = 0;
     pthread_mutex_lock(&c->mu);
-    const fmt_entry *e = h;
-    for (int i = 0; i < FMTCACHE_ARRAYS && !d; i++)
-        if (e->arr[i].d &&
-            memcmp(e->arr[i].key, key, sizeof(e->arr[i].key)) == 0) {
-            d = e->arr[i].d;
+    fmt_entry *e = h;
+    for (int i = 0; i < FMTCACHE_ARRAYS && !d; i++) {
+        fmt_array *a = &e->arr[i];
+        if (a->d && memcmp(a->key, key, sizeof(a->key)) == 0) {
+            d = a->d;
+            a->refs++;
+            a->tick = ++c->tick;
             if (value)
-                *value = e->arr[i].value;
+                *value = a->value;
         }
+    }
     pthread_mutex_unlock(&c->mu);
     return d;
 }
 
 int stof__fmtcache_keep_array(stof_context *ctx, void *h, const int32_t *key,
-                              CUdeviceptr d, int32_t value)
+                              CUdeviceptr d, size_t bytes, int32_t value)
 {
     struct stof_fmtcache *c = ctx ? ctx->fmtcache : NULL;
     if (!c || !h || !key || !d)
         return 0;
-    int kept = 0, taken = 0, free_slot = -1;
     pthread_mutex_lock(&c->mu);
     fmt_entry *e = h;
+    /* Another plan kept one under this key first, or the arrays other
+     * plans hold leave no room: the caller's stays its own. */
+    size_t held = bytes;
+    int n_held = 0, taken = 0;
     for (int i = 0; i < FMTCACHE_ARRAYS; i++) {
-        if (!e->arr[i].d) {
-            free_slot = free_slot < 0 ? i : free_slot;
-            continue;
+        const fmt_array *a = &e->arr[i];
+        taken |= a->d && memcmp(a->key, key, sizeof(a->key)) == 0;
+        if (a->d && a->refs > 0) {
+            held += a->bytes;
+            n_held++;
         }
-        taken |= memcmp(e->arr[i].key, key, sizeof(e->arr[i].key)) == 0;
     }
-    /* Another plan kept one under this key first, or no room: the
-     * caller's stays its own. */
-    if (!taken && free_slot >= 0) {
-        fmt_array *a = &e->arr[free_slot];
-        memcpy(a->key, key, sizeof(a->key));
-        a->d = d;
-        a->value = value;
-        kept = 1;
+    fmt_array *slot = NULL;
+    if (!taken && n_held < FMTCACHE_ARRAYS && held <= FMTCACHE_ARRAY_BYTES)
+        for (;;) { /* the unheld ones give way, least recently used first */
+            size_t total = bytes;
+            fmt_array *lru = NULL;
+            slot = NULL;
+            for (int i = 0; i < FMTCACHE_ARRAYS; i++) {
+                fmt_array *a = &e->arr[i];
+                if (!a->d) {
+                    slot = slot ? slot : a;
+                    continue;
+                }
+                total += a->bytes;
+                if (a->refs == 0 && (!lru || a->tick < lru->tick))
+                    lru = a;
+            }
+            if (slot && total <= FMTCACHE_ARRAY_BYTES)
+                break;
+            if (!lru) { /* (the check above leaves room: not reached) */
+                slot = NULL;
+                break;
+            }
+            if (stof__ctx_push(ctx) == STOF_OK) {
+                ctx->api->cuMemFree(lru->d);
+                stof__ctx_pop(ctx);
+            }
+            memset(lru, 0, sizeof(*lru));
+        }
+    if (slot) {
+        memcpy(slot->key, key, sizeof(slot->key));
+        slot->d = d;
+        slot->bytes = bytes;
+        slot->value = value;
+        slot->refs = 1;
+        slot->tick = ++c->tick;
     }
     pthread_mutex_unlock(&c->mu);
-    return kept;
+    return slot != NULL;
+}
+
+void stof__fmtcache_release_array(stof_context *ctx, void *h, CUdeviceptr d)
+{
+    struct stof_fmtcache *c = ctx ? ctx->fmtcache : NULL;
+    if (!c || !h || !d)
+        return;
+    pthread_mutex_lock(&c->mu);
+    fmt_entry *e = h;
+    for (int i = 0; i < FMTCACHE_ARRAYS; i++)
+        if (e->arr[i].d == d && e->arr[i].refs > 0) {
+            e->arr[i].refs--;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
 }
