@@ -46,7 +46,10 @@ the same run (--no-floor skips it): the layer's GEMM FLOPs at the best rate
 cuBLAS reaches on its GEMM shapes (at 32768 tokens), the attention's FLOPs
 times the mask's density at the rate of SDPA's dense kernel (16 x 2048), two
 norms a layer at the bandwidth of a device copy; stof's time is reported
-against it.
+against it. A second bound is measured with it: the stack's GEMMs alone
+through cuBLAS (plain, chained, one CUDA graph) plus stof's own attention
+kernels (their time in its stack): the best peer over it is the highest ratio
+a stack with GEMMs at cuBLAS's speed could reach with every other op free.
 
     PYTHONPATH=python python3 bench/bench_layers.py [--models bert-base,gpt2,llama]
         [--sizes 1x128,8x512] [--no-compile] [--hf] [--peers-only] [--json FILE]
@@ -413,6 +416,52 @@ def stack_floor(cfg, dtype, density, reps, warmup):
             "copy_tbps": copy, "cublas_gemm_ms": sum(ms for ms, _ in at_size) * n,
             "floor_gemm_ms": gemm * n, "floor_attn_ms": attn * n,
             "floor_norm_ms": norm * n, "floor_ms": (gemm + attn + norm) * n}
+
+
+def cublas_stack_ms(cfg, weights, dtype, reps, warmup):
+    """The stack's GEMMs alone through cuBLAS (torch.matmul, plain: no bias,
+    activation, residual or norm), chained as the layer chains them (QKV,
+    output projection, FFN1, FFN2; each layer's own weights) and replayed as
+    one CUDA graph: ms a stack. What a stack whose GEMMs run at the vendor
+    library's speed cannot go below before any of its other work."""
+    M, h, f = cfg.batch * cfg.seq, cfg.hidden, cfg.ffn
+    g = torch.Generator(device="cuda")
+    g.manual_seed(11)
+    qn = h + 2 * cfg.kv_heads * cfg.head_dim
+    f1 = 2 * f if cfg.gated else f
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+    x, att = rnd(M, h), rnd(M, h)
+    qkv = torch.empty(M, qn, device="cuda", dtype=dtype)
+    o = torch.empty(M, h, device="cuda", dtype=dtype)
+    hh = torch.empty(M, f1, device="cuda", dtype=dtype)
+
+    def stack():
+        for w in weights:
+            torch.matmul(x, w["w_qkv"].t(), out=qkv)
+            torch.matmul(att, w["w_o"].t(), out=o)
+            torch.matmul(o, w["w_ffn1"].t(), out=hh)
+            torch.matmul(hh[:, :f], w["w_ffn2"].t(), out=x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        stack()
+        stack()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        stack()
+    ms = time_ms(graph.replay, reps, warmup)
+    del graph, x, att, qkv, o, hh
+    return ms
+
+
+def attention_ms(rows, layers):
+    """ms a stack of the attention kernels in profile_kernels' rows (us a
+    layer): every kernel whose name has "attn" or "mask" in it."""
+    return sum(us for name, us in rows
+               if "attn" in name or "mask" in name) * layers * 1e-3
 
 
 def fp32_reference(cfg, x, weights, dense):
@@ -811,10 +860,14 @@ def bench_case(args, ctx, cfg, dtype, seed):
             # the graph replays of the timing must still give the same output
             r["stof_replay_err"] = rel_err(y, y_eager)
             r["stof_ok"] = r["stof_ok"] and r["stof_replay_err"] <= FAIL_REL_ERR
-            if args.profile:
-                r["stof_profile"], r["stof_span_us"] = profile_kernels(
+            if args.profile or not args.no_floor:
+                # (the floor's bound takes the attention's time from it)
+                rows, span = profile_kernels(
                     lambda: layer.stack_run(weights, x, y, graph=True),
                     r["layers"])
+                r["stof_attn_ms"] = attention_ms(rows, r["layers"])
+                if args.profile:
+                    r["stof_profile"], r["stof_span_us"] = rows, span
             if not args.no_graph_compare:
                 r["stof_nograph_ms"] = time_ms(
                     lambda: layer.stack_run(weights, x, y, graph=False),
@@ -839,6 +892,13 @@ def bench_case(args, ctx, cfg, dtype, seed):
     if not args.no_floor:
         try:
             r.update(stack_floor(cfg, dtype, r["density"], args.reps, args.warmup))
+            r["cublas_stack_ms"] = cublas_stack_ms(cfg, weights, dtype,
+                                                   args.reps, args.warmup)
+            if r.get("stof_attn_ms"):
+                r["bound_ms"] = r["cublas_stack_ms"] + r["stof_attn_ms"]
+                peers = [r[k] for k in PEER_TIMES if r.get(k)]
+                if peers:
+                    r["bound_speedup"] = min(peers) / r["bound_ms"]
         except Exception as e:  # e.g. out of memory: report and go on
             print(f"# {cfg.name} {B}x{S}: floor failed: {short(e)}",
                   file=sys.stderr, flush=True)
@@ -970,6 +1030,26 @@ def print_table(results):
                   f"{r['floor_norm_ms']:7.3f} {r['floor_ms']:7.3f} "
                   f"{r['cublas_gemm_ms']:7.3f} {fmt(r.get('stof_ms'), '7.3f')} "
                   f"{fmt(r['floor_ms'] / r['stof_ms'] if r.get('stof_ms') else None, '10.2f')}")
+    bd = [r for r in results if r.get("bound_ms")]
+    if bd:
+        print()
+        print("Bound with the vendor's GEMMs, ms a stack: cuBLAS = the stack's "
+              "GEMMs alone through cuBLAS, plain, chained and replayed as one "
+              "CUDA graph; attn = stof's attention kernels in its stack "
+              "(torch.profiler); bound = their sum, what a stack with GEMMs at "
+              "cuBLAS's speed and stof's attention cannot beat even with every "
+              "bias, activation, residual and norm free; x bound = the best "
+              "peer over it, the highest ratio such a stack could reach:")
+        print(f"{'model':>10} {'BxS':>8} {'cuBLAS':>8} {'attn':>7} {'bound':>8} "
+              f"{'stof':>8} {'bound/stof':>10} {'x best':>7} {'x bound':>7}")
+        for r in bd:
+            bs = f"{r['batch']}x{r['seq']}"
+            print(f"{r['model']:>10} {bs:>8} {r['cublas_stack_ms']:8.3f} "
+                  f"{r['stof_attn_ms']:7.3f} {r['bound_ms']:8.3f} "
+                  f"{fmt(r.get('stof_ms'), '8.3f')} "
+                  f"{fmt(r['bound_ms'] / r['stof_ms'] if r.get('stof_ms') else None, '10.2f')} "
+                  f"{fmt(r.get('speedup'), '7.2f')} "
+                  f"{fmt(r.get('bound_speedup'), '7.2f')}")
     en = [r for r in results if r.get("stof_j") is not None]
     if en:
         print()
@@ -1106,7 +1186,8 @@ def main():
                          "stack (NVML) and mean power")
     ap.add_argument("--no-floor", action="store_true",
                     help="skip measuring each stack's floor (cuBLAS GEMMs, "
-                         "SDPA's dense rate, copy bandwidth)")
+                         "SDPA's dense rate, copy bandwidth) and its bound "
+                         "(the stack's GEMMs through cuBLAS + stof's attention)")
     ap.add_argument("--json", help="write all results to this file")
     ap.add_argument("--verbose", action="store_true", help="tracebacks of failures")
     args = ap.parse_args()

@@ -20,8 +20,9 @@
  * any kernel and the mma.sync block kernel's (same inputs).
  *
  * Usage: stof-bench-wgmma [repetitions] [--sweep]   (default 30)
- * --sweep also times every valid wgmma configuration (block_n, stages,
- * overlap) on the dense and causal masks of both problems.
+ * --sweep also times every valid wgmma configuration (block_m 128 and 64,
+ * block_n, stages, overlap) on the dense, causal and bigbird masks of both
+ * problems.
  * Needs a compute capability 9.0 GPU (exits 77 otherwise).
  */
 #include "attn_wgmma.h"
@@ -619,13 +620,16 @@ static int sweep_problem(stof_context *ctx, const problem *pb, int reps)
     free(h);
     const double flop_dense =
         4.0 * pb->batch * pb->heads * (double)pb->seq * pb->seq * D;
-    printf("\nsweep %dx%dx%dx%d fp16: ms (TF/s), dense | causal ordered\n",
+    printf("\nsweep %dx%dx%dx%d fp16: ms (TF/s of the allowed elements), "
+           "dense | causal | bigbird:64:3:2:3:1, ordered\n",
            pb->batch, pb->heads, pb->seq, D);
-    static const char *specs[2] = {"dense", "causal"};
+    static const char *specs[3] = {"dense", "causal", "bigbird:64:3:2:3:1"};
+    for (int bm = 128; bm >= 64 && !rc; bm /= 2)
     for (int bn = 64; bn <= 128 && !rc; bn *= 2)
         for (int st = 2; st <= 4 && !rc; st++)
             for (int ov = 0; ov <= 1 && !rc; ov++) {
-                const stof_wgmma_cfg c = {bn, st, ov, 0, 0, 0, 0, 0};
+                const stof_wgmma_cfg c = {bn, st, ov, 0, bm == 128 ? 0 : bm,
+                                          0, 0, 0};
                 if (!stof__wgmma_cfg_valid(&ctx->device, D, &c, NULL, 0))
                     continue;
                 CUmodule mod = NULL;
@@ -636,8 +640,8 @@ static int sweep_problem(stof_context *ctx, const problem *pb, int reps)
                     rc = 1;
                     break;
                 }
-                printf("bn%-3d s%d ov%d |", bn, st, ov);
-                for (int mi = 0; mi < 2 && !rc; mi++) {
+                printf("bm%-3d bn%-3d s%d ov%d |", bm, bn, st, ov);
+                for (int mi = 0; mi < 3 && !rc; mi++) {
                     stof_mask *m = NULL;
                     stof_format *f = NULL;
                     stof_block_format bf;
@@ -646,7 +650,8 @@ static int sweep_problem(stof_context *ctx, const problem *pb, int reps)
                     int32_t *o = NULL;
                     if (stof_mask_from_spec(ctx, specs[mi], pb->seq, pb->seq,
                                             &m) != STOF_OK ||
-                        stof_format_build(ctx, m, STOF_WGMMA_BLOCK_M, bn,
+                        stof_format_build(ctx, m,
+                                          stof__wgmma_format_block_m(&c), bn,
                                           &f) != STOF_OK ||
                         stof__block_format_upload(ctx, f, &bf) != STOF_OK ||
                         !(o = malloc((size_t)f->n_row_blocks * 4u))) {
