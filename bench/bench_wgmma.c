@@ -587,7 +587,8 @@ static int run_problem(stof_context *ctx, const problem *pb, int reps)
     return rc;
 }
 
-/* Time every valid wgmma cfg on the dense and causal masks of `pb`. */
+/* Time every valid wgmma cfg (block_m 128 and 64, block_n, stages,
+ * overlap; not persistent) on the dense, causal and bigbird masks of `pb`. */
 static int sweep_problem(stof_context *ctx, const problem *pb, int reps)
 {
     const stof_api *api = ctx->api;
