@@ -4,7 +4,8 @@ that time goes (the layer's "plan_ms": attention, buffers, kernels).
 
 For each size: the bigbird mask bench_layers.py uses, one plan into the
 database (tuning when it is not there yet), then --reps plans of the same
-layer in the same process (wall time of each call and its parts). With
+layer in the same process (wall time of each call and its parts, and the device memory the layer
+holds: its buffers and cuBLASLt's workspace, "device_bytes"). With
 --fresh, the same in a new process started by this one on the same
 database, after the first: its first plan of each size loads the modules
 (and, for the first of all, starts CUDA and cuBLASLt).
@@ -44,7 +45,8 @@ def plans(ctx, model, B, S, n):
                                pre, mask, eps=1e-5)
         ms = (time.perf_counter() - t0) * 1e3
         d = layer.describe()
-        out.append((ms, d.get("source"), d.get("plan_ms") or {}))
+        out.append((ms, d.get("source"), d.get("plan_ms") or {},
+                    d.get("device_bytes") or {}))
         layer.close()
     return out
 
@@ -54,11 +56,17 @@ def run(args, label):
     rows = []
     for size in args.sizes.split(","):
         B, S = (int(x) for x in size.split("x"))
-        for i, (ms, src, parts) in enumerate(plans(ctx, args.model, B, S,
-                                                   args.reps)):
+        for i, (ms, src, parts, mem) in enumerate(plans(ctx, args.model, B,
+                                                        S, args.reps)):
             rows.append({"process": label, "size": size, "plan": i,
-                         "ms": ms, "source": src, "parts": parts})
+                         "ms": ms, "source": src, "parts": parts,
+                         "device_bytes": mem})
     return rows
+
+
+def mib(b):
+    """Bytes as MiB for the table; '-' when the library reports none."""
+    return "-" if b is None else f"{b / 2**20:.1f}"
 
 
 def main():
@@ -93,14 +101,17 @@ def main():
     print(f"{args.model} layer plans, mask {MASK_SPEC}, fp16, database "
           f"{args.db}")
     print(f"{'process':>8} {'size':>8} {'plan':>4} {'ms':>9} {'source':>9}"
-          f" {'attention':>9} {'buffers':>8} {'kernels':>8}")
+          f" {'attention':>9} {'buffers':>8} {'kernels':>8}"
+          f" {'MiB':>7} {'lt MiB':>6}")
     for r in rows:
         p = r["parts"]
         print(f"{r['process']:>8} {r['size']:>8} {r['plan']:>4} "
               f"{r['ms']:>9.3f} {r['source']:>9} "
               f"{p.get('attention', float('nan')):>9.3f} "
               f"{p.get('buffers', float('nan')):>8.3f} "
-              f"{p.get('kernels', float('nan')):>8.3f}")
+              f"{p.get('kernels', float('nan')):>8.3f} "
+              f"{mib(r.get('device_bytes', {}).get('buffers')):>7} "
+              f"{mib(r.get('device_bytes', {}).get('cublaslt')):>6}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -900,8 +900,12 @@ STOF_API stof_status stof_layer_stack_run_family(
     unsigned flags);
 
 /* JSON: the descriptor, the fusion scheme (kernels in order with their
- * parameters), where it came from, measured times and where the plan's
- * time went ("plan_ms": attention, buffers, kernels). Size-then-fetch. */
+ * parameters), where it came from, measured times, where the plan's
+ * time went ("plan_ms": attention, buffers, kernels) and the device
+ * memory it holds besides the attention plan's ("device_bytes":
+ * "buffers", the intermediates and the norm GEMMs' workspace; "cublaslt",
+ * the workspace its cuBLASLt kernels need, 0 without any).
+ * Size-then-fetch. */
 STOF_API stof_status stof_layer_describe(const stof_layer *layer,
                                               char *buf, size_t n,
                                               size_t *needed /* OUT */);

@@ -193,7 +193,11 @@ static double prob_run(stof_context *ctx, prob *p, stof_blaslt_gemm *g,
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     cr_assert_eq(api->cuMemcpyHtoD(p->c, p->hc, nc * 2), CUDA_SUCCESS);
     stof_gemm_args x = prob_args(p);
-    stof_status st = stof__blaslt_run(g, algo, &x, p->ws, p->s);
+    /* Exactly the workspace the algorithm says it needs (none: no
+     * pointer), as a layer plan gives it. */
+    const size_t need = stof__blaslt_ws_need(g, algo);
+    cr_assert(need <= STOF_BLASLT_WORKSPACE);
+    stof_status st = stof__blaslt_run(g, algo, &x, need ? p->ws : 0, need, p->s);
     cr_assert_eq(st, STOF_OK, "stof__blaslt_run algo %d: %s", algo,
                  stof_status_name(st));
     cr_assert_eq(api->cuStreamSynchronize(p->s), CUDA_SUCCESS);
@@ -434,23 +438,35 @@ Test(blaslt, set_algo_round_trip_and_bogus_blobs, .timeout = 300)
 
     /* run's argument checks */
     stof_gemm_args x = prob_args(&p);
-    cr_assert_eq(stof__blaslt_run(g, n, &x, p.ws, p.s),
+    cr_assert_eq(stof__blaslt_run(g, n, &x, p.ws, STOF_BLASLT_WORKSPACE, p.s),
                  STOF_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(stof__blaslt_run(g, -1, &x, p.ws, p.s),
+    cr_assert_eq(stof__blaslt_run(g, -1, &x, p.ws, STOF_BLASLT_WORKSPACE, p.s),
                  STOF_ERR_INVALID_ARGUMENT);
     x.M++;
-    cr_assert_eq(stof__blaslt_run(g, 0, &x, p.ws, p.s),
+    cr_assert_eq(stof__blaslt_run(g, 0, &x, p.ws, STOF_BLASLT_WORKSPACE, p.s),
                  STOF_ERR_INVALID_ARGUMENT);
     x = prob_args(&p);
     x.a += 2;
-    cr_assert_eq(stof__blaslt_run(g, 0, &x, p.ws, p.s),
+    cr_assert_eq(stof__blaslt_run(g, 0, &x, p.ws, STOF_BLASLT_WORKSPACE, p.s),
                  STOF_ERR_INVALID_ARGUMENT);
     x = prob_args(&p);
     x.bias = 0;
-    cr_assert_eq(stof__blaslt_run(g, 0, &x, p.ws, p.s),
+    cr_assert_eq(stof__blaslt_run(g, 0, &x, p.ws, STOF_BLASLT_WORKSPACE, p.s),
                  STOF_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(stof__blaslt_run(NULL, 0, &x, p.ws, p.s),
+    cr_assert_eq(stof__blaslt_run(NULL, 0, &x, p.ws, STOF_BLASLT_WORKSPACE, p.s),
                  STOF_ERR_INVALID_ARGUMENT);
+    /* less workspace than the algorithm needs, or a size without memory */
+    x = prob_args(&p);
+    for (int i = 0; i < n; i++) {
+        const size_t need = stof__blaslt_ws_need(g, i);
+        if (need)
+            cr_assert_eq(stof__blaslt_run(g, i, &x, p.ws, need - 1, p.s),
+                         STOF_ERR_INVALID_ARGUMENT);
+    }
+    cr_assert_eq(stof__blaslt_run(g, 0, &x, 0, 1024, p.s),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_log_info("workspace needs (bytes) of the %d algorithms: first %zu",
+                n, stof__blaslt_ws_need(g, 0));
 
     stof__blaslt_free(&g);
     stof__blaslt_free(&h);
@@ -470,10 +486,10 @@ static double time_algo(stof_context *ctx, prob *p, stof_blaslt_gemm *g,
     cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
     cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
     for (int r = 0; r < 3; r++)
-        cr_assert_eq(stof__blaslt_run(g, i, &x, p->ws, p->s), STOF_OK);
+        cr_assert_eq(stof__blaslt_run(g, i, &x, p->ws, STOF_BLASLT_WORKSPACE, p->s), STOF_OK);
     cr_assert_eq(api->cuEventRecord(e0, p->s), CUDA_SUCCESS);
     for (int r = 0; r < reps; r++)
-        cr_assert_eq(stof__blaslt_run(g, i, &x, p->ws, p->s), STOF_OK);
+        cr_assert_eq(stof__blaslt_run(g, i, &x, p->ws, STOF_BLASLT_WORKSPACE, p->s), STOF_OK);
     cr_assert_eq(api->cuEventRecord(e1, p->s), CUDA_SUCCESS);
     cr_assert_eq(api->cuEventSynchronize(e1), CUDA_SUCCESS);
     float ms = 0.0f;

@@ -573,7 +573,7 @@ static stof_status timed_launch(const stof_context *ctx, const timed *t,
                                 const stof_gemm_args *a)
 {
     stof_status st =
-        t->lt ? stof__blaslt_run(t->lt, t->algo, a, t->ws, NULL)
+        t->lt ? stof__blaslt_run(t->lt, t->algo, a, t->ws, STOF_BLASLT_WORKSPACE, NULL)
               : stof__gemm_launch(t->fn, t->cfg, t->epi, a,
                                   ctx->device.sm_count, NULL, ctx->api);
     const gate_step *g = t->after;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blaslt.h"
 #include "cuda_shim.h"
 #include "gemm.h"
 #include "internal.h"
@@ -303,6 +304,20 @@ static void run_case(const lcase *c)
     size_t need = 0;
     cr_assert_eq(stof_layer_describe(L, desc, sizeof(desc), &need), STOF_OK);
     cr_log_info("layer: %s", desc);
+    /* cuBLASLt's workspace: what the chosen kernels need, none without
+     * one. */
+    const char *dev_bytes = strstr(desc, "\"device_bytes\":");
+    cr_assert(dev_bytes, "%s", desc);
+    const char *q = strstr(dev_bytes, "\"cublaslt\":");
+    long long lt_bytes = -1;
+    cr_assert(q && sscanf(q + strlen("\"cublaslt\":"), "%lld", &lt_bytes) == 1,
+              "%s", desc);
+    cr_assert(lt_bytes >= 0 && lt_bytes <= (long long)STOF_BLASLT_WORKSPACE,
+              "%lld", lt_bytes);
+    if (!strstr(desc, "\"kernel\":\"cublaslt\""))
+        cr_assert_eq(lt_bytes, 0,
+                     "no cuBLASLt kernel, yet %lld bytes of its workspace",
+                     lt_bytes);
     const stof_layer_weights lwt = as_weights(&w, &d);
     ref_layer(&d, m, &w, xf, ref);
     if (c->no_bias) { /* a bias given to a layer planned without is refused */

@@ -343,6 +343,8 @@ struct stof_blaslt_gemm {
     stof_gemm_epi e;
     int n_algos;
     cublasLtMatmulAlgo_t *algos;
+    size_t *ws_need; /* each algorithm's workspace (bytes), as cuBLASLt
+                      * reported it */
     /* Held from setting the bias pointer (part of the descriptor) to the
      * enqueue, so that threads running one gemm do not mix pointers. */
     pthread_mutex_t run_lock;
@@ -421,6 +423,7 @@ void stof__blaslt_free(stof_blaslt_gemm **gp)
     if (g->lock_ok)
         pthread_mutex_destroy(&g->run_lock);
     free(g->algos);
+    free(g->ws_need);
     free(g);
     *gp = NULL;
 }
@@ -544,7 +547,9 @@ stof_status stof__blaslt_create(stof_context *ctx, stof_dtype dt, int M, int N,
     res = calloc((size_t)(max_algos > 0 ? max_algos : 1), sizeof(*res));
     g->algos = calloc((size_t)(max_algos > 0 ? max_algos : 1),
                       sizeof(*g->algos));
-    if (!res || !g->algos) {
+    g->ws_need = calloc((size_t)(max_algos > 0 ? max_algos : 1),
+                        sizeof(*g->ws_need));
+    if (!res || !g->algos || !g->ws_need) {
         st = stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
         goto out;
     }
@@ -560,8 +565,10 @@ stof_status stof__blaslt_create(stof_context *ctx, stof_dtype dt, int M, int N,
         }
         for (int i = 0; i < got; i++)
             if (res[i].state == CUBLAS_STATUS_SUCCESS &&
-                res[i].workspaceSize <= STOF_BLASLT_WORKSPACE)
+                res[i].workspaceSize <= STOF_BLASLT_WORKSPACE) {
+                g->ws_need[g->n_algos] = res[i].workspaceSize;
                 g->algos[g->n_algos++] = res[i].algo;
+            }
         if (g->n_algos == 0) {
             st = stof__fail(ctx, STOF_ERR_UNSUPPORTED,
                             "cuBLASLt: cublasLtMatmulAlgoGetHeuristic found "
@@ -590,6 +597,11 @@ out:
 int stof__blaslt_n_algos(const stof_blaslt_gemm *g)
 {
     return g ? g->n_algos : 0;
+}
+
+size_t stof__blaslt_ws_need(const stof_blaslt_gemm *g, int i)
+{
+    return g && i >= 0 && i < g->n_algos ? g->ws_need[i] : 0;
 }
 
 void stof__blaslt_algo_bytes(const stof_blaslt_gemm *g, int i, void *out)
@@ -753,6 +765,7 @@ stof_status stof__blaslt_set_algo(stof_context *ctx, stof_blaslt_gemm *g,
     cublasLtMatmulAlgo_t blob, algo;
     memcpy(&blob, bytes, sizeof(blob));
     memset(&algo, 0, sizeof(algo));
+    size_t need = 0;
     stof_status st = (stof_status)stof__ctx_push(ctx);
     if (st != STOF_OK)
         return st;
@@ -776,8 +789,10 @@ stof_status stof__blaslt_set_algo(stof_context *ctx, stof_blaslt_gemm *g,
                             res.workspaceSize, STOF_BLASLT_WORKSPACE);
             goto out;
         }
+        need = res.workspaceSize;
     }
     g->algos[0] = algo;
+    g->ws_need[0] = need;
     g->n_algos = 1;
     st = STOF_OK;
 out:
@@ -792,7 +807,7 @@ static int misaligned(CUdeviceptr p)
 
 stof_status stof__blaslt_run(const stof_blaslt_gemm *g, int algo,
                              const stof_gemm_args *x, CUdeviceptr workspace,
-                             CUstream stream)
+                             size_t ws_bytes, CUstream stream)
 {
     if (!g || !x || algo < 0 || algo >= g->n_algos)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -800,7 +815,8 @@ stof_status stof__blaslt_run(const stof_blaslt_gemm *g, int algo,
         x->ldw != g->ldw || x->ldc != g->ldc)
         return STOF_ERR_INVALID_ARGUMENT;
     if (!x->a || !x->w || !x->c || (g->e.bias && !x->bias) ||
-        (g->e.residual && !x->residual) || !workspace)
+        (g->e.residual && !x->residual) || (ws_bytes && !workspace) ||
+        ws_bytes < g->ws_need[algo])
         return STOF_ERR_INVALID_ARGUMENT;
     if (misaligned(x->a) || misaligned(x->w) || misaligned(x->c) ||
         (g->e.residual && misaligned(x->residual)) || misaligned(workspace))
@@ -826,7 +842,7 @@ stof_status stof__blaslt_run(const stof_blaslt_gemm *g, int algo,
             g->h, g->op, &alpha, (const void *)(uintptr_t)x->w, g->lw,
             (const void *)(uintptr_t)x->a, g->la, &beta, cptr, g->lc,
             (void *)(uintptr_t)x->c, g->lc, &g->algos[algo],
-            (void *)(uintptr_t)workspace, STOF_BLASLT_WORKSPACE,
+            (void *)(uintptr_t)workspace, ws_bytes,
             (cudaStream_t)stream);
         if (pushed) {
             CUcontext c = NULL;

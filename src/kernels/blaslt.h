@@ -26,7 +26,9 @@ int stof__blaslt_epi_ok(const stof_gemm_epi *e);
 /* Size of an algorithm's opaque description (cublasLtMatmulAlgo_t). */
 #define STOF_BLASLT_ALGO_BYTES 64
 
-/* The workspace every call may use (bytes); callers allocate it. */
+/* The most workspace an algorithm may ask for (bytes): the heuristic is
+ * asked for algorithms within it. What a chosen one needs is
+ * stof__blaslt_ws_need's (often 0); callers allocate that. */
 #define STOF_BLASLT_WORKSPACE (32u << 20)
 
 typedef struct stof_blaslt_gemm stof_blaslt_gemm;
@@ -41,6 +43,9 @@ stof_status stof__blaslt_create(stof_context *ctx, stof_dtype dt, int M, int N,
                                 const stof_gemm_epi *e, int max_algos,
                                 stof_blaslt_gemm **out /* OUT */);
 int stof__blaslt_n_algos(const stof_blaslt_gemm *g);
+/* The workspace algorithm i needs (bytes, as cuBLASLt reports it); 0 for
+ * an index out of range. */
+size_t stof__blaslt_ws_need(const stof_blaslt_gemm *g, int i);
 /* The opaque bytes of algorithm i (STOF_BLASLT_ALGO_BYTES), to store. */
 void stof__blaslt_algo_bytes(const stof_blaslt_gemm *g, int i, void *out);
 /* Replace the list by one stored algorithm, after checking that cuBLASLt
@@ -48,10 +53,12 @@ void stof__blaslt_algo_bytes(const stof_blaslt_gemm *g, int i, void *out);
  * STOF_ERR_UNSUPPORTED when not. */
 stof_status stof__blaslt_set_algo(stof_context *ctx, stof_blaslt_gemm *g,
                                   const void *bytes);
-/* Enqueue with algorithm i. Capture-safe. */
+/* Enqueue with algorithm i, given ws_bytes of workspace at workspace (0
+ * and 0 allowed); STOF_ERR_INVALID_ARGUMENT when ws_bytes is below the
+ * algorithm's need. Capture-safe. */
 stof_status stof__blaslt_run(const stof_blaslt_gemm *g, int algo,
                              const stof_gemm_args *a, CUdeviceptr workspace,
-                             CUstream stream);
+                             size_t ws_bytes, CUstream stream);
 void stof__blaslt_free(stof_blaslt_gemm **g);
 
 #endif /* STOF_BLASLT_H */

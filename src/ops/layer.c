@@ -384,6 +384,8 @@ static void layer_release(stof_layer *L)
             api->cuStreamDestroy(L->cap_stream);
         if (L->mem)
             api->cuMemFree(L->mem);
+        if (L->lt_ws && !L->lt_in_mem)
+            api->cuMemFree(L->lt_ws);
         if (L->buf[SYM_G])
             api->cuMemFree(L->buf[SYM_G]);
         stof__ctx_pop(ctx);
@@ -405,8 +407,11 @@ const char *stof_layer_errmsg(const stof_layer *L)
     return L ? L->errmsg : "layer is NULL";
 }
 
-static stof_status alloc_buffers(stof_layer *L)
+stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes)
 {
+    if (L->mem)
+        return STOF_OK;
+    const double t0 = stof__now_ms();
     stof_context *ctx = L->ctx;
     const stof_api *api = ctx->api;
     size_t total = 0, off[SYM_COUNT] = {0};
@@ -415,38 +420,65 @@ static stof_status alloc_buffers(stof_layer *L)
         total += ((size_t)L->M * (size_t)stof__layer_tok_ld(L, s) * 2 + 255) /
                  256 * 256;
     }
-    /* cuBLASLt's workspace in the same allocation (one cuMemAlloc a plan:
-     * each costs a warm plan tens of microseconds). */
-    char why[256];
-    const int lt = stof__blaslt_available(why, sizeof(why));
-    const size_t ws_off = total;
-    if (lt)
-        total += ((size_t)STOF_BLASLT_WORKSPACE + 255) / 256 * 256;
-    else
-        stof__log(ctx, STOF_LOG_INFO,
-                  "cuBLASLt is not a candidate: %s", why);
-    /* The workspace of a Hopper GEMM with a norm (the two junctions' in
-     * turn), for the largest of the candidates' (their narrowest tile's),
-     * zeroed here once. A stored tile that needs more (valid but no
-     * candidate at this size, e.g. 64 columns at 4096 tokens) is refused
-     * when loaded (layer_db.c). */
-    const size_t norm_ws =
-        stof__gemm_norm_ws_max(&ctx->device, L->M, L->d.hidden);
+    /* The workspace of a Hopper GEMM with a norm (norm_ws_bytes), zeroed
+     * here once; then cuBLASLt's, as much as the caller knows its kernels
+     * need (one cuMemAlloc a plan: each costs a warm plan tens of
+     * microseconds or more). */
     const size_t norm_off = total;
-    total += (norm_ws + 255) / 256 * 256;
+    total += (L->norm_ws_bytes + 255) / 256 * 256;
+    lt_bytes = (lt_bytes + 255) / 256 * 256;
+    const size_t lt_off = total;
+    total += lt_bytes;
     STOF_CU(ctx, api->cuMemAlloc(&L->mem, total));
+    L->mem_bytes = total;
     for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
         L->buf[s] = L->mem + off[s];
-    if (lt)
-        L->lt_ws = L->mem + ws_off;
-    L->norm_ws_bytes = norm_ws;
-    if (norm_ws) {
+    if (L->norm_ws_bytes) {
         L->norm_ws = L->mem + norm_off;
-        STOF_CU(ctx, api->cuMemsetD8(L->norm_ws, 0, norm_ws));
+        STOF_CU(ctx, api->cuMemsetD8(L->norm_ws, 0, L->norm_ws_bytes));
     }
+    if (lt_bytes && !L->lt_ws) {
+        L->lt_ws = L->mem + lt_off;
+        L->lt_ws_bytes = lt_bytes;
+        L->lt_in_mem = 1;
+    }
+    L->plan_ms[1] += stof__now_ms() - t0;
     /* (A gated layer's split FFN buffer and gate kernel: only when a split
      * FFN is timed or chosen, stof__layer_gate_ready; the capture stream
      * at the first graph run.) */
+    return STOF_OK;
+}
+
+size_t stof__layer_lt_need(const stof_layer *L)
+{
+    size_t need = 0;
+    for (int i = 0; i < G_COUNT; i++) {
+        const gemm_op *g = &L->g[i];
+        const size_t n = g->ok && g->lt ? stof__blaslt_ws_need(g->ltg, 0) : 0;
+        if (n > need)
+            need = n;
+    }
+    return need;
+}
+
+stof_status stof__layer_lt_ws(stof_layer *L, size_t bytes, int exact)
+{
+    bytes = (bytes + 255) / 256 * 256;
+    if (exact ? bytes == L->lt_ws_bytes : bytes <= L->lt_ws_bytes)
+        return STOF_OK;
+    stof_context *ctx = L->ctx;
+    const stof_api *api = ctx->api;
+    /* A graph of the layer holds the old address. */
+    stof__layer_graph_drop(L);
+    if (L->lt_ws && !L->lt_in_mem)
+        api->cuMemFree(L->lt_ws);
+    L->lt_ws = 0;
+    L->lt_in_mem = 0;
+    L->lt_ws_bytes = 0;
+    if (bytes) {
+        STOF_CU(ctx, api->cuMemAlloc(&L->lt_ws, bytes));
+        L->lt_ws_bytes = bytes;
+    }
     return STOF_OK;
 }
 
@@ -575,13 +607,24 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     }
     L->plan_ms[0] = stof__now_ms() - tp;
     tp = stof__now_ms();
-    st = alloc_buffers(L);
-    L->plan_ms[1] = stof__now_ms() - tp;
-    tp = stof__now_ms();
-    if (st == STOF_OK) {
+    /* The buffers are allocated once the kernels are known (a database
+     * hit: with the workspace its cuBLASLt kernels need) or before a
+     * search (stof__layer_buffers; their time is plan_ms[1]). The Hopper
+     * GEMMs with a norm get a workspace for the largest of the
+     * candidates' (their narrowest tile's); a stored tile that needs more
+     * (valid but no candidate at this size, e.g. 64 columns at 4096
+     * tokens) is refused when loaded (layer_db.c). */
+    L->norm_ws_bytes = stof__gemm_norm_ws_max(&ctx->device, L->M, d->hidden);
+    char why[256];
+    if (!stof__blaslt_available(why, sizeof(why)))
+        stof__log(ctx, STOF_LOG_INFO, "cuBLASLt is not a candidate: %s",
+                  why);
+    {
         const stof_tuning_mode mode = ctx->settings.tuning_mode;
         if (mode != STOF_TUNE_FORCE && stof__layer_from_db(L) == STOF_OK) {
             snprintf(L->source, sizeof(L->source), "database");
+        } else if ((st = stof__layer_buffers(L, 0)) != STOF_OK) {
+            /* (out of memory: nothing to run a search with) */
         } else if (mode == STOF_TUNE_CACHE_ONLY || L->db_transient) {
             /* A miss in cache-only mode: recorded, the model's choice
              * runs. Stored kernels this host could not load or check for
@@ -605,7 +648,11 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         st = stof__layer_gate_ready(L);
     if (st == STOF_OK)
         drop_unused_g(L);
-    L->plan_ms[2] = stof__now_ms() - tp;
+    /* cuBLASLt's workspace: what the chosen algorithms need (often none),
+     * not the most a candidate could ask for. */
+    if (st == STOF_OK)
+        st = stof__layer_lt_ws(L, stof__layer_lt_need(L), 1);
+    L->plan_ms[2] = stof__now_ms() - tp - L->plan_ms[1];
     stof__ctx_pop(ctx);
     if (st != STOF_OK) {
         char msg[STOF_ERRMSG_MAX];
@@ -706,7 +753,7 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:b, s:s, s:s, s:s, s:i, "
         "s:o},"
         " s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:o, s:o, s:{s:s, s:s, s:i},"
-        " s:o}",
+        " s:{s:I, s:I}, s:o}",
         "desc", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
         "heads", d->heads, "kv_heads",
         d->kv_heads > 0 ? d->kv_heads : d->heads, "biases", !d->no_bias,
@@ -720,7 +767,13 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         "layer_ms", jnum(L->layer_ms), "model_ms", jnum(L->model_ms),
         "scheme", "junction_a", j_name[L->ja], "junction_b",
         d->pre_norm ? (L->jb == J_FUSED ? "stack" : "none") : j_name[L->jb],
-        "kernels", L->n_steps - stack_end,
+        "kernels", L->n_steps - stack_end, "device_bytes", "buffers",
+        (json_int_t)(L->mem_bytes +
+                     (L->buf[SYM_G] ? (size_t)L->M *
+                                          (size_t)stof__layer_tok_ld(L, SYM_G) *
+                                          2
+                                    : 0)),
+        "cublaslt", (json_int_t)L->lt_ws_bytes,
         "kernels", steps ? steps : json_array());
     return stof__json_out(o, buf, n, needed);
 }

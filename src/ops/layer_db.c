@@ -443,6 +443,11 @@ stof_status stof__layer_from_db(stof_layer *L)
         st = stof__layer_gate_ready(L);
         L->db_transient = st != STOF_OK;
     }
+    /* The buffers, now that the cuBLASLt kernels' workspace is known. */
+    if (st == STOF_OK) {
+        st = stof__layer_buffers(L, stof__layer_lt_need(L));
+        L->db_transient = st != STOF_OK;
+    }
     if (st == STOF_OK && n_fresh)
         st = stof__layer_verify_loaded(L, db, fresh, fresh_step, n_fresh);
     stof__log(L->ctx, STOF_LOG_DEBUG,

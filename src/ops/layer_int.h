@@ -102,6 +102,9 @@ struct stof_layer {
     CUfunction gate_fn;
     CUdeviceptr mem, lt_ws, norm_ws; /* norm_ws: the Hopper GEMMs' with a
                                         norm (stof__gemm_ws_bytes) */
+    size_t mem_bytes;         /* mem's size */
+    size_t lt_ws_bytes;       /* cuBLASLt's workspace (stof__layer_lt_ws) */
+    int lt_in_mem;            /* 1: lt_ws is a part of mem */
     size_t norm_ws_bytes;     /* its size: a stored configuration needing
                                  more is not used */
     CUstream cap_stream;
@@ -174,6 +177,15 @@ int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
     ;
 /* Destroy the stack's captured graph, if any (the context current). */
 void stof__layer_graph_drop(stof_layer *L);
+/* Allocate the plan's buffers (one allocation: the intermediates, the
+ * norm GEMMs' workspace of norm_ws_bytes, zeroed, and lt_bytes of
+ * cuBLASLt workspace) unless they are; the time goes to plan_ms[1]. */
+stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes);
+/* The workspace the loaded cuBLASLt kernels need (bytes; 0 with none). */
+size_t stof__layer_lt_need(const stof_layer *L);
+/* Make L's cuBLASLt workspace `bytes` (exact) or at least that (else),
+ * reallocating (and dropping the layer's graph) when it changes. */
+stof_status stof__layer_lt_ws(stof_layer *L, size_t bytes, int exact);
 /* Whether step i runs in `mode` (RUN_* bits, 0 for one layer). */
 int stof__layer_step_runs(const stof_layer *L, int i, int mode);
 /* Enqueue the steps (mode: RUN_* bits, 0 for one layer); the context

@@ -68,7 +68,8 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
         a.c = L->buf[SYM_G];
         const stof_gemm_epi e = stof__layer_kernel_epi(g, g->lt, &g->cfg);
         stof_status st =
-            g->lt ? stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, stream)
+            g->lt ? stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, L->lt_ws_bytes,
+                                     stream)
                   : stof__gemm_launch(g->fn, &g->cfg, &e, &a,
                                       L->ctx->device.sm_count, stream,
                                       L->ctx->api);
@@ -78,7 +79,8 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
         return st;
     }
     if (g->lt)
-        return stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, stream);
+        return stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, L->lt_ws_bytes,
+                                     stream);
     return stof__gemm_launch(g->fn, &g->cfg, &g->epi, &a,
                              L->ctx->device.sm_count, stream, L->ctx->api);
 }

@@ -582,6 +582,11 @@ stof_status stof__layer_tune(stof_layer *L, const char *spec,
     } else {
         /* The split FFN candidates of a gated layer run with the gate. */
         st = stof__layer_gate_ready(L);
+        /* Any cuBLASLt candidate's workspace while they are timed (the
+         * plan keeps what its choice needs: layer.c). */
+        char why[256];
+        if (st == STOF_OK && stof__blaslt_available(why, sizeof(why)))
+            st = stof__layer_lt_ws(L, STOF_BLASLT_WORKSPACE, 0);
         if (st == STOF_OK)
             st = stof__layer_tuner_start(L, &t);
     }
