@@ -420,12 +420,13 @@ def stack_floor(cfg, dtype, density, reps, warmup):
             "floor_norm_ms": norm * n, "floor_ms": (gemm + attn + norm) * n}
 
 
-def cublas_stack_ms(cfg, weights, dtype, reps, warmup):
+def cublas_stack_ms(cfg, weights, dtype, reps, warmup, profile=False):
     """The stack's GEMMs alone through cuBLAS (torch.matmul, plain: no bias,
     activation, residual or norm), chained as the layer chains them (QKV,
     output projection, FFN1, FFN2; each layer's own weights) and replayed as
     one CUDA graph: ms a stack. About what a stack whose GEMMs run at the
-    vendor library's speed spends before any of its other work."""
+    vendor library's speed spends before any of its other work. With
+    profile, (ms, profile_kernels' rows and span of the graph)."""
     M, h, f = cfg.batch * cfg.seq, cfg.hidden, cfg.ffn
     g = torch.Generator(device="cuda")
     g.manual_seed(11)
@@ -455,8 +456,9 @@ def cublas_stack_ms(cfg, weights, dtype, reps, warmup):
     with torch.cuda.graph(graph):
         stack()
     ms = time_ms(graph.replay, reps, warmup)
+    prof = profile_kernels(graph.replay, len(weights)) if profile else None
     del graph, x, att, qkv, o, hh
-    return ms
+    return (ms, *prof) if profile else ms
 
 
 def attention_ms(rows, layers):
@@ -904,8 +906,13 @@ def bench_case(args, ctx, cfg, dtype, seed):
                   file=sys.stderr, flush=True)
     if args.bound and r.get("stof_ok") and r.get("stof_attn_ms"):
         try:
-            r["cublas_stack_ms"] = cublas_stack_ms(cfg, weights, dtype,
-                                                   args.reps, args.warmup)
+            got = cublas_stack_ms(cfg, weights, dtype, args.reps,
+                                  args.warmup, profile=args.profile)
+            if args.profile:
+                (r["cublas_stack_ms"], r["cublas_profile"],
+                 r["cublas_span_us"]) = got
+            else:
+                r["cublas_stack_ms"] = got
             r["bound_ms"] = r["cublas_stack_ms"] + r["stof_attn_ms"]
             if peers:
                 r["bound_speedup"] = min(peers.values()) / r["bound_ms"]
@@ -960,23 +967,26 @@ def profile_kernels(fn, layers, replays=3):
 
 def print_profiles(results):
     for r in results:
-        rows = r.get("stof_profile")
-        if not rows:
-            continue
-        total = sum(t[1] for t in rows)
-        print()
-        print(f"stof kernels of a layer, {r['model']} {r['batch']}x{r['seq']} "
-              f"(torch.profiler, mean over the stack's {r['layers']} layers: "
-              f"{total:.1f} us a layer)")
-        span = r.get("stof_span_us")
-        if span:
-            gap = span / r['layers'] - total
-            print(f"  a stack's span on the GPU {span:.1f} us, its kernels "
-                  f"{total * r['layers']:.1f} us: {gap:.1f} us a layer between "
-                  f"kernels" + (" (they overlap: programmatic launches)"
-                                if gap < 0 else ""))
-        for name, us in rows:
-            print(f"{us:9.1f} us {100 * us / total:5.1f}%  {name[:90]}")
+        for who, what in (("stof", "stof kernels"),
+                          ("cublas", "the --bound's cuBLAS GEMMs")):
+            rows = r.get(who + "_profile")
+            if not rows:
+                continue
+            total = sum(t[1] for t in rows)
+            print()
+            print(f"{what} of a layer, {r['model']} {r['batch']}x{r['seq']} "
+                  f"(torch.profiler, mean over the stack's {r['layers']} "
+                  f"layers: {total:.1f} us a layer)")
+            span = r.get(who + "_span_us")
+            if span:
+                gap = span / r['layers'] - total
+                print(f"  a stack's span on the GPU {span:.1f} us, its kernels "
+                      f"{total * r['layers']:.1f} us: {gap:.1f} us a layer "
+                      f"between kernels" +
+                      (" (they overlap: programmatic launches)"
+                       if gap < 0 else ""))
+            for name, us in rows:
+                print(f"{us:9.1f} us {100 * us / total:5.1f}%  {name[:90]}")
 
 
 def fmt(v, spec):
@@ -1186,7 +1196,8 @@ def main():
     ap.add_argument("--no-graph-compare", action="store_true",
                     help="skip timing stof's stack without the CUDA graph")
     ap.add_argument("--profile", action="store_true",
-                    help="print stof's kernels of one stack (torch.profiler)")
+                    help="print stof's kernels of one stack (torch.profiler; "
+                    "with --bound also the cuBLAS GEMM chain's)")
     ap.add_argument("--warm-plan", action="store_true",
                     help="also time a second (database-hit) plan")
     ap.add_argument("--user-db", default=os.environ.get("STOF_USER_DB"),
@@ -1265,7 +1276,8 @@ def main():
                         traceback.print_exc()
                 results.append(r)
                 line = {k: v for k, v in r.items()
-                        if k not in ("stof_describe", "stof_profile")}
+                        if k not in ("stof_describe", "stof_profile",
+                                     "cublas_profile")}
                 print(json.dumps(line), file=sys.stderr, flush=True)
                 torch.cuda.synchronize()
                 if not args.no_compile:
