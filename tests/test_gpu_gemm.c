@@ -1273,7 +1273,7 @@ Test(gpu, trace_hopper, .timeout = 300)
     cr_assert_not_null(get_global);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     /* (the norm's workspace: 4096 tokens' row counters and statistics) */
-    bench_ops ops = bench_ops_new(api, 4096u * 3072u, 3072u * 3072u,
+    bench_ops ops = bench_ops_new(api, 4096u * 4096u, 3072u * 3072u,
                                   4096u * 3072u, 4096u, 1u << 20, 1);
     const CUdeviceptr da = ops.a, dw = ops.w, dc = ops.c, dres = ops.res,
                       dvec = ops.vec, ws = ops.ws;
@@ -1298,6 +1298,23 @@ Test(gpu, trace_hopper, .timeout = 300)
                dres, dvec, ws, e0, e1);
     trace_gemm(ctx, &w64, &erf, 128, 3072, 768, get_global, da, dw, dc, dres,
                dvec, ws, e0, e1);
+    /* BERT-large's FFN2 + LayerNorm (N 1024, K 4096; and its output
+     * projection's, K 1024): the wide tile with three stages (a
+     * residual's or a norm's C ring leaves no room for a fourth), 128-wide
+     * ping-pong tiles, and plain with four and three stages. */
+    const stof_gemm_cfg w256s3 = {128, 256, 64, 2, 1, 3, 1, 1},
+                        w256s4 = {128, 256, 64, 2, 1, 4, 1, 1},
+                        p128s5 = {128, 128, 64, 1, 1, 5, 1, 1};
+    trace_gemm(ctx, &w256s3, &ln, 4096, 1024, 4096, get_global, da, dw, dc,
+               dres, dvec, ws, e0, e1);
+    trace_gemm(ctx, &w256s3, &ln, 4096, 1024, 1024, get_global, da, dw, dc,
+               dres, dvec, ws, e0, e1);
+    trace_gemm(ctx, &p128s5, &ln, 4096, 1024, 4096, get_global, da, dw, dc,
+               dres, dvec, ws, e0, e1);
+    trace_gemm(ctx, &w256s4, &plain, 4096, 1024, 4096, get_global, da, dw,
+               dc, dres, dvec, ws, e0, e1);
+    trace_gemm(ctx, &w256s3, &plain, 4096, 1024, 4096, get_global, da, dw,
+               dc, dres, dvec, ws, e0, e1);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     api->cuEventDestroy(e0);
     api->cuEventDestroy(e1);
