@@ -1286,18 +1286,6 @@ Test(gpu, trace_hopper, .timeout = 300)
     const stof_gemm_cfg w192 = {128, 192, 64, 2, 1, 4, 1, 1},
                         w64 = {128, 64, 64, 2, 1, 6, 1, 1},
                         w128 = {128, 128, 64, 2, 1, 4, 1, 1};
-    trace_gemm(ctx, &w192, &ln, 4096, 768, 768, get_global, da, dw, dc, dres,
-               dvec, ws, e0, e1);
-    trace_gemm(ctx, &w192, &ln, 2048, 768, 768, get_global, da, dw, dc, dres,
-               dvec, ws, e0, e1);
-    trace_gemm(ctx, &w192, &ln, 4096, 768, 3072, get_global, da, dw, dc,
-               dres, dvec, ws, e0, e1);
-    trace_gemm(ctx, &w128, &plain, 4096, 768, 768, get_global, da, dw, dc,
-               dres, dvec, ws, e0, e1);
-    trace_gemm(ctx, &w64, &plain, 128, 2304, 768, get_global, da, dw, dc,
-               dres, dvec, ws, e0, e1);
-    trace_gemm(ctx, &w64, &erf, 128, 3072, 768, get_global, da, dw, dc, dres,
-               dvec, ws, e0, e1);
     /* BERT-large's FFN2 + LayerNorm (N 1024, K 4096; and its output
      * projection's, K 1024): the wide tile with three stages (a
      * residual's or a norm's C ring leaves no room for a fourth), 128-wide
@@ -1305,16 +1293,21 @@ Test(gpu, trace_hopper, .timeout = 300)
     const stof_gemm_cfg w256s3 = {128, 256, 64, 2, 1, 3, 1, 1},
                         w256s4 = {128, 256, 64, 2, 1, 4, 1, 1},
                         p128s5 = {128, 128, 64, 1, 1, 5, 1, 1};
-    trace_gemm(ctx, &w256s3, &ln, 4096, 1024, 4096, get_global, da, dw, dc,
-               dres, dvec, ws, e0, e1);
-    trace_gemm(ctx, &w256s3, &ln, 4096, 1024, 1024, get_global, da, dw, dc,
-               dres, dvec, ws, e0, e1);
-    trace_gemm(ctx, &p128s5, &ln, 4096, 1024, 4096, get_global, da, dw, dc,
-               dres, dvec, ws, e0, e1);
-    trace_gemm(ctx, &w256s4, &plain, 4096, 1024, 4096, get_global, da, dw,
-               dc, dres, dvec, ws, e0, e1);
-    trace_gemm(ctx, &w256s3, &plain, 4096, 1024, 4096, get_global, da, dw,
-               dc, dres, dvec, ws, e0, e1);
+    const struct {
+        const stof_gemm_cfg *c;
+        const stof_gemm_epi *e;
+        int m, n, k;
+    } shapes[] = {
+        {&w192, &ln, 4096, 768, 768},       {&w192, &ln, 2048, 768, 768},
+        {&w192, &ln, 4096, 768, 3072},      {&w128, &plain, 4096, 768, 768},
+        {&w64, &plain, 128, 2304, 768},     {&w64, &erf, 128, 3072, 768},
+        {&w256s3, &ln, 4096, 1024, 4096},   {&w256s3, &ln, 4096, 1024, 1024},
+        {&p128s5, &ln, 4096, 1024, 4096},   {&w256s4, &plain, 4096, 1024, 4096},
+        {&w256s3, &plain, 4096, 1024, 4096}};
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(*shapes); i++)
+        trace_gemm(ctx, shapes[i].c, shapes[i].e, shapes[i].m, shapes[i].n,
+                   shapes[i].k, get_global, da, dw, dc, dres, dvec, ws, e0,
+                   e1);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     api->cuEventDestroy(e0);
     api->cuEventDestroy(e1);
