@@ -904,7 +904,8 @@ STOF_API stof_status stof_layer_stack_run_family(
  * time went ("plan_ms": attention, buffers, kernels) and the device
  * memory it holds besides the attention plan's ("device_bytes":
  * "buffers", the intermediates and the norm GEMMs' workspace; "cublaslt",
- * the workspace its cuBLASLt kernels need, 0 without any).
+ * the workspace its cuBLASLt kernels need, 0 without any; the plan holds
+ * their sum).
  * Size-then-fetch. */
 STOF_API stof_status stof_layer_describe(const stof_layer *layer,
                                               char *buf, size_t n,

@@ -768,7 +768,7 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         "scheme", "junction_a", j_name[L->ja], "junction_b",
         d->pre_norm ? (L->jb == J_FUSED ? "stack" : "none") : j_name[L->jb],
         "kernels", L->n_steps - stack_end, "device_bytes", "buffers",
-        (json_int_t)(L->mem_bytes +
+        (json_int_t)(L->mem_bytes - (L->lt_in_mem ? L->lt_ws_bytes : 0) +
                      (L->buf[SYM_G] ? (size_t)L->M *
                                           (size_t)stof__layer_tok_ld(L, SYM_G) *
                                           2
