@@ -18,6 +18,7 @@
 #include "cuda_shim.h"
 #include "gemm.h"
 #include "internal.h"
+#include "layer_int.h"
 #include "testutil.h"
 
 static stof_context *open_ctx(const char *user_db, stof_tuning_mode mode)
@@ -312,8 +313,11 @@ static void run_case(const lcase *c)
     long long lt_bytes = -1;
     cr_assert(q && sscanf(q + strlen("\"cublaslt\":"), "%lld", &lt_bytes) == 1,
               "%s", desc);
-    cr_assert(lt_bytes >= 0 && lt_bytes <= (long long)STOF_BLASLT_WORKSPACE,
-              "%lld", lt_bytes);
+    cr_assert_eq(lt_bytes, (long long)((stof__layer_lt_need(L) + 255) /
+                                       256 * 256),
+                 "cuBLASLt's workspace %lld bytes, its kernels need %zu",
+                 lt_bytes, stof__layer_lt_need(L));
+    cr_assert(lt_bytes <= (long long)STOF_BLASLT_WORKSPACE, "%lld", lt_bytes);
     if (!strstr(desc, "\"kernel\":\"cublaslt\""))
         cr_assert_eq(lt_bytes, 0,
                      "no cuBLASLt kernel, yet %lld bytes of its workspace",

@@ -429,16 +429,26 @@ stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes)
     lt_bytes = (lt_bytes + 255) / 256 * 256;
     const size_t lt_off = total;
     total += lt_bytes;
-    STOF_CU(ctx, api->cuMemAlloc(&L->mem, total));
+    CUdeviceptr mem = 0;
+    STOF_CU(ctx, api->cuMemAlloc(&mem, total));
+    if (L->norm_ws_bytes) {
+        const CUresult r =
+            api->cuMemsetD8(mem + norm_off, 0, L->norm_ws_bytes);
+        if (r != CUDA_SUCCESS) { /* nothing half made stays */
+            api->cuMemFree(mem);
+            return (stof_status)stof__cuda_fail(ctx, r, "cuMemsetD8",
+                                                __FILE__, __LINE__);
+        }
+        L->norm_ws = mem + norm_off;
+    }
+    L->mem = mem;
     L->mem_bytes = total;
     for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
         L->buf[s] = L->mem + off[s];
-    if (L->norm_ws_bytes) {
-        L->norm_ws = L->mem + norm_off;
-        STOF_CU(ctx, api->cuMemsetD8(L->norm_ws, 0, L->norm_ws_bytes));
-    }
+    L->lt_mem = lt_bytes ? L->mem + lt_off : 0;
+    L->lt_mem_bytes = lt_bytes;
     if (lt_bytes && !L->lt_ws) {
-        L->lt_ws = L->mem + lt_off;
+        L->lt_ws = L->lt_mem;
         L->lt_ws_bytes = lt_bytes;
         L->lt_in_mem = 1;
     }
@@ -466,6 +476,7 @@ stof_status stof__layer_lt_ws(stof_layer *L, size_t bytes, int exact)
     bytes = (bytes + 255) / 256 * 256;
     if (exact ? bytes == L->lt_ws_bytes : bytes <= L->lt_ws_bytes)
         return STOF_OK;
+    const double t0 = stof__now_ms();
     stof_context *ctx = L->ctx;
     const stof_api *api = ctx->api;
     /* A graph of the layer holds the old address. */
@@ -475,10 +486,16 @@ stof_status stof__layer_lt_ws(stof_layer *L, size_t bytes, int exact)
     L->lt_ws = 0;
     L->lt_in_mem = 0;
     L->lt_ws_bytes = 0;
-    if (bytes) {
+    if (bytes && bytes <= L->lt_mem_bytes) {
+        /* the part of the buffers' allocation is enough */
+        L->lt_ws = L->lt_mem;
+        L->lt_ws_bytes = bytes;
+        L->lt_in_mem = 1;
+    } else if (bytes) {
         STOF_CU(ctx, api->cuMemAlloc(&L->lt_ws, bytes));
         L->lt_ws_bytes = bytes;
     }
+    L->plan_ms[1] += stof__now_ms() - t0;
     return STOF_OK;
 }
 
@@ -768,12 +785,13 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         "scheme", "junction_a", j_name[L->ja], "junction_b",
         d->pre_norm ? (L->jb == J_FUSED ? "stack" : "none") : j_name[L->jb],
         "kernels", L->n_steps - stack_end, "device_bytes", "buffers",
-        (json_int_t)(L->mem_bytes - (L->lt_in_mem ? L->lt_ws_bytes : 0) +
+        (json_int_t)(L->mem_bytes - L->lt_mem_bytes +
                      (L->buf[SYM_G] ? (size_t)L->M *
                                           (size_t)stof__layer_tok_ld(L, SYM_G) *
                                           2
                                     : 0)),
-        "cublaslt", (json_int_t)L->lt_ws_bytes,
+        "cublaslt",
+        (json_int_t)(L->lt_mem_bytes + (L->lt_in_mem ? 0 : L->lt_ws_bytes)),
         "kernels", steps ? steps : json_array());
     return stof__json_out(o, buf, n, needed);
 }

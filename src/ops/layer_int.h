@@ -103,8 +103,11 @@ struct stof_layer {
     CUdeviceptr mem, lt_ws, norm_ws; /* norm_ws: the Hopper GEMMs' with a
                                         norm (stof__gemm_ws_bytes) */
     size_t mem_bytes;         /* mem's size */
-    size_t lt_ws_bytes;       /* cuBLASLt's workspace (stof__layer_lt_ws) */
-    int lt_in_mem;            /* 1: lt_ws is a part of mem */
+    CUdeviceptr lt_mem;       /* the part of mem for cuBLASLt's workspace */
+    size_t lt_mem_bytes;      /* (0: none) */
+    size_t lt_ws_bytes;       /* cuBLASLt's workspace in use, at lt_ws
+                                 (stof__layer_lt_ws): lt_mem or its own */
+    int lt_in_mem;            /* 1: lt_ws is lt_mem */
     size_t norm_ws_bytes;     /* its size: a stored configuration needing
                                  more is not used */
     CUstream cap_stream;
@@ -183,8 +186,10 @@ void stof__layer_graph_drop(stof_layer *L);
 stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes);
 /* The workspace the loaded cuBLASLt kernels need (bytes; 0 with none). */
 size_t stof__layer_lt_need(const stof_layer *L);
-/* Make L's cuBLASLt workspace `bytes` (exact) or at least that (else),
- * reallocating (and dropping the layer's graph) when it changes. */
+/* Make L's cuBLASLt workspace `bytes` (exact) or at least that (else):
+ * the part of the buffers' allocation when it is large enough, else an
+ * allocation of its own (dropping the layer's graph when the address
+ * changes); the time goes to plan_ms[1]. */
 stof_status stof__layer_lt_ws(stof_layer *L, size_t bytes, int exact);
 /* Whether step i runs in `mode` (RUN_* bits, 0 for one layer). */
 int stof__layer_step_runs(const stof_layer *L, int i, int mode);

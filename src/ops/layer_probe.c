@@ -389,13 +389,11 @@ stof_status stof__layer_verify_loaded(stof_layer *L, stof_db *db,
 {
     const double t0 = now_s();
     layer_tuner t;
+    memset(&t, 0, sizeof(t));
+    t.L = L;
     stof_status st = stof__layer_lt_ws(L, stof__layer_lt_need(L), 0);
     if (st == STOF_OK)
         st = stof__layer_tuner_start(L, &t);
-    else {
-        memset(&t, 0, sizeof(t));
-        t.L = L;
-    }
     if (st == STOF_OK && stof__test_no_reference)
         st = stof__fail(L->ctx, STOF_ERR_OUT_OF_MEMORY,
                         "out of memory (injected by a test)");

@@ -573,12 +573,13 @@ stof_status stof__layer_tune(stof_layer *L, const char *spec,
                           : 3;
     const int per_op = model_only ? 1 : (top_k + 1 < MAX_TPL ? top_k + 1
                                                              : MAX_TPL);
+    /* (stopped at the end whatever happens before it starts) */
     layer_tuner t;
+    memset(&t, 0, sizeof(t));
+    t.L = L;
     stof_status st = STOF_OK;
     if (model_only) {
         /* Nothing is run: no scratch data, no timing. */
-        memset(&t, 0, sizeof(t));
-        t.L = L;
     } else {
         /* The split FFN candidates of a gated layer run with the gate. */
         st = stof__layer_gate_ready(L);
