@@ -80,7 +80,7 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     }
     if (g->lt)
         return stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, L->lt_ws_bytes,
-                                     stream);
+                                stream);
     return stof__gemm_launch(g->fn, &g->cfg, &g->epi, &a,
                              L->ctx->device.sm_count, stream, L->ctx->api);
 }
