@@ -8,11 +8,14 @@ layer in the same process (wall time of each call and its parts, and the device 
 holds: its buffers and cuBLASLt's workspace, "device_bytes"). With
 --fresh, the same in a new process started by this one on the same
 database, after the first: its first plan of each size loads the modules
-(and, for the first of all, starts CUDA and cuBLASLt).
+(and, for the first of all, starts CUDA and cuBLASLt). With --preload too,
+a third process calls stof_preload (Context.preload) first, as a server
+would at start: its row "load" is that call, and its plans then load no
+module.
 
 Usage: python bench/bench_layer_plans.py [--model bert-base]
        [--sizes 1x128,8x512,16x2048] [--reps 3] [--db FILE] [--fresh]
-       [--json FILE]
+       [--preload] [--json FILE]
 """
 import argparse
 import json
@@ -54,6 +57,12 @@ def plans(ctx, model, B, S, n):
 def run(args, label):
     ctx = stof.Context(user_db=args.db)
     rows = []
+    if label == "preload":
+        t0 = time.perf_counter()
+        n = ctx.preload()
+        rows.append({"process": label, "size": "-", "plan": "load",
+                     "ms": (time.perf_counter() - t0) * 1e3,
+                     "source": f"{n} mod", "parts": {}, "device_bytes": {}})
     for size in args.sizes.split(","):
         B, S = (int(x) for x in size.split("x"))
         for i, (ms, src, parts, mem) in enumerate(plans(ctx, args.model, B,
@@ -79,23 +88,30 @@ def main():
                     "new temporary file)")
     ap.add_argument("--fresh", action="store_true",
                     help="then the same in a new process on that database")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--preload", action="store_true",
+                    help="with --fresh: a third process that preloads the "
+                    "database's modules before its plans")
+    ap.add_argument("--child", choices=["fresh", "preload"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.reps < 1:
         ap.error("--reps must be at least 1")
+    if args.preload and not args.fresh:
+        ap.error("--preload needs --fresh")
     temp = None
     if not args.db:
         temp = tempfile.mkdtemp(prefix="stof-plans-")
         args.db = os.path.join(temp, "tuning.db")
     if args.child:
-        json.dump(run(args, "fresh"), sys.stdout)
+        json.dump(run(args, args.child), sys.stdout)
         return
     rows = run(args, "first")
-    if args.fresh:
-        cmd = [sys.executable, __file__, "--child", "--model", args.model,
-               "--sizes", args.sizes, "--reps", str(args.reps), "--db",
-               args.db]
+    for child in (["fresh"] if args.fresh else []) + \
+            (["preload"] if args.preload else []):
+        cmd = [sys.executable, __file__, "--child", child, "--model",
+               args.model, "--sizes", args.sizes, "--reps", str(args.reps),
+               "--db", args.db]
         rows += json.loads(subprocess.run(cmd, check=True, text=True,
                                           stdout=subprocess.PIPE).stdout)
     print(f"{args.model} layer plans, mask {MASK_SPEC}, fp16, database "

@@ -913,4 +913,15 @@ int stof__db_writable(const stof_db *db)
     return db && db->layers[0].conn && db->layers[0].writable;
 }
 
+int stof__db_layers(const stof_db *db)
+{
+    return db ? db->n_layers : 0;
+}
+
+int stof__db_layer_open(const stof_db *db, int layer)
+{
+    return db && layer >= 0 && layer < db->n_layers &&
+           db->layers[layer].conn != NULL;
+}
+
 /* Copy a text column into a char array, truncating. */

@@ -219,6 +219,11 @@ stof_status stof__db_record_miss(stof_db *db, const char *key,
                                  const char *problem_json,
                                  const void *mask_bits, size_t mask_bytes);
 
+/* How many layers the database has (the user database, then each system
+ * database), and whether layer i is open (readable). */
+int stof__db_layers(const stof_db *db);
+int stof__db_layer_open(const stof_db *db, int layer);
+
 /* Iterate the records of the user database (layer 0) or system database
  * i (layer i+1), calling fn for each; fn returns nonzero to stop. Records
  * passed to fn are cleared after the call. */

@@ -283,6 +283,29 @@ static void never_called(void *user, stof_log_level level, const char *msg)
     abort();
 }
 
+Test(api, preload_arguments_and_no_device)
+{
+    int loaded = 7;
+    cr_assert_eq(stof_preload(NULL, 0, &loaded), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(loaded, 0);
+    stof_context *ctx = open_plain(NULL);
+    loaded = 7;
+    cr_assert_eq(stof_preload(ctx, -1, &loaded), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "max_modules"), "%s",
+              stof_errmsg(ctx));
+    cr_assert_eq(loaded, 0);
+    if (stof_has_device(ctx)) {
+        stof_close(&ctx);
+        cr_skip_test("a GPU is present; test_gpu_layer preloads");
+    }
+    loaded = 7;
+    cr_assert_eq(stof_preload(ctx, 0, &loaded), STOF_ERR_NO_DEVICE);
+    cr_assert_eq(loaded, 0);
+    cr_assert(strstr(stof_errmsg(ctx), "GPU"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_preload(ctx, 0, NULL), STOF_ERR_NO_DEVICE);
+    stof_close(&ctx);
+}
+
 Test(api, garbage_settings_are_refused_before_anything_uses_them)
 {
     /* A struct full of garbage: pointers that must not be followed, a

@@ -26,6 +26,8 @@
 #include <unistd.h>
 
 #include <sqlite3.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "db.h"
 #include "internal.h"
@@ -729,6 +731,118 @@ Test(db, hits_are_written_together)
     sqlite3_close(c);
     stof_close(&ctx);
     free(path);
+    tmpdir_free(dir);
+}
+
+/* ---------------------------------------------------------------- preload */
+
+/* What stof_preload would load: the distinct cubins of records made on
+ * this GPU and build, over every layer, most used first; records of
+ * another GPU or template version, cuBLASLt algorithms and records that
+ * fail their integrity check are left out. */
+Test(db, preload_picks_this_gpus_modules_most_used_first)
+{
+    char *dir = tmpdir_new();
+    char *user = path_join(dir, "user.db");
+    char *sys1 = path_join(dir, "sys1.db");
+    logcap lc;
+    stof_context *ctx = ctx_new(&lc);
+    stof_db_record env, r;
+    record_fill(&env, 1, 0);
+    /* seed: {cubin seed, hits, how it differs from env} */
+    enum { SAME, OTHER_GPU, OTHER_TEMPLATES, CUBLASLT, TAMPERED, NO_CUBIN };
+    static const struct {
+        int seed, cubin, hits, how;
+    } recs[] = {
+        {10, 100, 5, SAME},  {11, 100, 2, SAME},   /* one cubin: 7 hits */
+        {12, 101, 9, SAME},  {13, 102, 0, SAME},   /* 9, then 0 */
+        {14, 103, 90, OTHER_GPU}, {15, 104, 80, OTHER_TEMPLATES},
+        {16, 105, 70, CUBLASLT}, {17, 106, 60, TAMPERED},
+        {18, 107, 50, NO_CUBIN},
+    };
+    stof_db *db = db_open(ctx, user, NULL);
+    for (size_t i = 0; i < sizeof(recs) / sizeof(*recs); i++) {
+        record_fill(&r, (uint64_t)recs[i].seed, 0);
+        memcpy(r.device_name, env.device_name, sizeof(r.device_name));
+        memcpy(r.template_hash, env.template_hash, sizeof(r.template_hash));
+        if (recs[i].how == OTHER_GPU)
+            snprintf(r.device_name, sizeof(r.device_name), "NVIDIA H200");
+        if (recs[i].how == OTHER_TEMPLATES)
+            snprintf(r.template_hash, sizeof(r.template_hash), "%016x", 7);
+        if (recs[i].how == CUBLASLT)
+            snprintf(r.kernel, sizeof(r.kernel), "cublaslt");
+        if (recs[i].how != NO_CUBIN) {
+            stof_db_record c;
+            record_fill(&c, (uint64_t)recs[i].cubin, 256 + recs[i].cubin % 2);
+            r.cubin = c.cubin;
+            r.cubin_size = c.cubin_size;
+        }
+        cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        stof__db_record_clear(&r);
+    }
+    stof__db_close(&db);
+    /* A system database: a newer record of its own cubin, no hits. */
+    {
+        stof_db *s = db_open(ctx, sys1, NULL);
+        record_fill(&r, 19, 0);
+        memcpy(r.device_name, env.device_name, sizeof(r.device_name));
+        memcpy(r.template_hash, env.template_hash, sizeof(r.template_hash));
+        r.created_at = env.created_at + 1000;
+        stof_db_record c;
+        record_fill(&c, 108, 300);
+        r.cubin = c.cubin;
+        r.cubin_size = c.cubin_size;
+        cr_assert_eq(stof__db_store(s, &r, 0, 0), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        stof__db_record_clear(&r);
+        stof__db_close(&s);
+    }
+    sqlite3 *c = raw_open(user, SQLITE_OPEN_READWRITE);
+    for (size_t i = 0; i < sizeof(recs) / sizeof(*recs); i++) {
+        char key[33], sql[160];
+        make_key(key, (uint64_t)recs[i].seed);
+        snprintf(sql, sizeof(sql),
+                 "UPDATE records SET hits = %d%s WHERE key = '%s'",
+                 recs[i].hits,
+                 recs[i].how == TAMPERED ? ", time_ms = 0.001" : "", key);
+        cr_assert_eq(sqlite3_exec(c, sql, NULL, NULL, NULL), SQLITE_OK);
+    }
+    sqlite3_close(c);
+
+    const char *sys[] = {sys1, NULL};
+    db = db_open(ctx, user, sys);
+    uint64_t hash[8];
+    size_t size[8];
+    int bad = -1;
+    int n = stof__preload_pick(ctx, db, &env, 8, hash, size, &bad);
+    cr_assert_eq(n, 4, "picked %d", n);
+    cr_expect_eq(bad, 1, "%d records failed the check", bad);
+    /* Expected: cubins 101 (9 hits), 100 (7), then with no hits the newer
+     * first: 108 (the system database's), 102. */
+    static const int order[] = {101, 100, 108, 102};
+    for (int i = 0; i < n; i++) {
+        stof_db_record e;
+        record_fill(&e, (uint64_t)order[i],
+                    order[i] == 108 ? 300 : 256 + order[i] % 2);
+        cr_expect_eq(hash[i], XXH3_64bits(e.cubin, e.cubin_size),
+                     "pick %d is not cubin %d", i, order[i]);
+        cr_expect_eq(size[i], e.cubin_size);
+        stof__db_record_clear(&e);
+    }
+    /* At most max. */
+    cr_assert_eq(stof__preload_pick(ctx, db, &env, 1, hash, size, NULL), 1);
+    stof_db_record e;
+    record_fill(&e, 101, 257);
+    cr_expect_eq(hash[0], XXH3_64bits(e.cubin, e.cubin_size));
+    stof__db_record_clear(&e);
+    /* Another GPU's view: only its one record. */
+    snprintf(env.device_name, sizeof(env.device_name), "NVIDIA H200");
+    cr_assert_eq(stof__preload_pick(ctx, db, &env, 8, hash, size, NULL), 1);
+    stof__db_close(&db);
+    stof_close(&ctx);
+    free(user);
+    free(sys1);
     tmpdir_free(dir);
 }
 

@@ -707,10 +707,10 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
 }
 
 /* Tuned once into a database, a second context loads the layer with no
- * compile and the same scheme. */
-/* A plan from the database compiles nothing (a gated layer: nothing but
- * the gate kernel, and that only when its first FFN GEMM runs split), and
- * says where its time went. */
+ * compile and the same scheme. A plan from the database compiles nothing
+ * (a gated layer: nothing but the gate kernel, and that only when its
+ * first FFN GEMM runs split), and says where its time went. A third
+ * context preloads the database's modules; its plan then loads none. */
 static void database_hit(int gated)
 {
     char path[] = "/tmp/stof-layer-db-XXXXXX";
@@ -718,9 +718,27 @@ static void database_hit(int gated)
     cr_assert(fd >= 0);
     close(fd);
     unlink(path);
-    char json[2][16384];
-    for (int pass = 0; pass < 2; pass++) {
+    char json[3][16384];
+    long compiles_hit = -1; /* a plain database hit's (pass 1) */
+    for (int pass = 0; pass < 3; pass++) {
         stof_context *ctx = open_ctx(path, STOF_TUNE_DEFAULT);
+        if (pass == 2) {
+            /* A fresh context preloads the database's modules: the most
+             * used one, then the rest, then nothing more. */
+            int got = -1;
+            cr_assert_eq(stof_preload(ctx, 1, &got), STOF_OK, "%s",
+                         stof_errmsg(ctx));
+            cr_expect_eq(got, 1, "max_modules 1 loaded %d", got);
+            cr_assert_eq(stof_preload(ctx, 0, &got), STOF_OK, "%s",
+                         stof_errmsg(ctx));
+            cr_expect_gt(got, 0, "the rest: %d", got);
+            const long pre = stof__module_preloads(ctx);
+            cr_assert_eq(stof_preload(ctx, 0, &got), STOF_OK, "%s",
+                         stof_errmsg(ctx));
+            cr_expect_eq(got, 0, "a second preload loaded %d", got);
+            cr_expect_eq(stof__module_preloads(ctx), pre);
+            cr_log_info("preloaded %ld modules", pre);
+        }
         stof_layer_desc d;
         stof_layer_desc_init(&d, 1, 128, 128, 2, STOF_DTYPE_FP16);
         if (gated) { /* Llama-style */
@@ -737,6 +755,10 @@ static void database_hit(int gated)
         cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
                      stof_errmsg(ctx));
         const long compiles = stof__jit_compile_count() - c0;
+        if (pass == 2)
+            cr_expect_eq(stof__module_shared_loads(ctx), 0,
+                         "a plan after the preload loaded %ld modules",
+                         stof__module_shared_loads(ctx));
         size_t need = 0;
         cr_assert_eq(stof_layer_describe(L, json[pass], sizeof(json[pass]),
                                          &need),
@@ -746,6 +768,11 @@ static void database_hit(int gated)
                   json[pass]);
         if (pass == 0) {
             cr_expect(strstr(json[0], "\"source\":\"tuned\""));
+        } else if (pass == 2) {
+            cr_expect(strstr(json[2], "\"source\":\"database\""));
+            cr_expect_eq(compiles, compiles_hit,
+                         "%ld compiles after the preload, %ld without",
+                         compiles, compiles_hit);
         } else {
             /* The split FFN: cuBLASLt's, or the mma.sync template's. */
             const char *f1 = strstr(json[1], "\"op\":\"ffn1\"");
@@ -760,6 +787,7 @@ static void database_hit(int gated)
             cr_log_info("gated %d, first FFN GEMM split %d", gated, split);
             cr_expect_eq(compiles, split, "a database hit compiled %ld kernels",
                          compiles);
+            compiles_hit = compiles;
             cr_expect(strstr(json[1], "\"source\":\"database\""));
             const char *s0 = strstr(json[0], "\"scheme\""),
                        *s1 = strstr(json[1], "\"scheme\"");

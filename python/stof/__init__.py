@@ -597,6 +597,7 @@ def _load():
         "stof_layer_run_family": (i, [vp, md, lw, vp, vp, vp]),
         "stof_layer_stack_run_family": (i, [vp, md, i, lw, vp, vp, vp,
                                             ctypes.c_uint]),
+        "stof_preload": (i, [vp, i, ctypes.POINTER(i)]),
     }
     for name, (res, args) in layer_sigs.items():
         fn = getattr(lib, name, None)
@@ -745,6 +746,21 @@ class Context:
 
     def device(self):
         return _json_out(self._lib.stof_device_describe, self._h)
+
+    def preload(self, max_modules=0):
+        """Load the kernels the tuning databases hold for this GPU into the
+        context, most used first (at most max_modules; 0: as many as its
+        cache holds, 256), so that later plans from the database load no
+        module: for a server, once after opening, before traffic. Returns
+        how many modules it loaded."""
+        fn = getattr(self._lib, "stof_preload", None)
+        if fn is None:
+            raise StofError(6, "this libstof has no stof_preload")
+        if int(max_modules) < 0:
+            raise ValueError("max_modules must be >= 0")
+        n = ctypes.c_int(0)
+        self._check(fn(self._h, int(max_modules), ctypes.byref(n)))
+        return n.value
 
     def mask(self, spec, seq_q, seq_k):
         """A mask from a spec string (see stof.h for the grammar)."""

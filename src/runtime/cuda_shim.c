@@ -453,3 +453,21 @@ stof_max_clusters_fn stof__max_clusters(const stof_api *api)
     STOF__OPTIONAL(stof_max_clusters_fn, cached, api,
                    STOF__STR(cuOccupancyMaxActiveClusters));
 }
+
+int stof__module_enum(const stof_api *api, stof_module_enum *e)
+{
+    static const char *const names[4] = {
+        STOF__STR(cuModuleGetFunctionCount),
+        STOF__STR(cuModuleEnumerateFunctions), STOF__STR(cuFuncGetName),
+        STOF__STR(cuFuncLoad)};
+    void *sym[4];
+    memset(e, 0, sizeof(*e));
+    for (int i = 0; i < 4; i++)
+        if (!(sym[i] = cuda_optional(api, names[i])))
+            return 0;
+    memcpy(&e->count, &sym[0], sizeof(e->count));
+    memcpy(&e->list, &sym[1], sizeof(e->list));
+    memcpy(&e->name, &sym[2], sizeof(e->name));
+    memcpy(&e->load, &sym[3], sizeof(e->load));
+    return 1;
+}

@@ -115,6 +115,19 @@ typedef CUresult (*stof_max_clusters_fn)(int *, CUfunction,
 stof_launch_ex_fn stof__launch_ex(const stof_api *api);
 stof_max_clusters_fn stof__max_clusters(const stof_api *api);
 
+/* Enumerating and loading a module's kernels without their names (CUDA
+ * 12.4+: cuModuleGetFunctionCount, cuModuleEnumerateFunctions,
+ * cuFuncGetName, cuFuncLoad), for preloading a database's modules; NULL
+ * when the driver lacks one. */
+typedef struct stof_module_enum {
+    CUresult (*count)(unsigned int *, CUmodule);
+    CUresult (*list)(CUfunction *, unsigned int, CUmodule);
+    CUresult (*name)(const char **, CUfunction);
+    CUresult (*load)(CUfunction);
+} stof_module_enum;
+/* 1 with all four entry points in *e, else 0. */
+int stof__module_enum(const stof_api *api, stof_module_enum *e /* OUT */);
+
 /* How a kernel is launched (stof__launch). */
 typedef struct stof_launch_opts {
     unsigned cluster; /* CTAs a cluster along x (0 or 1: none) */
@@ -217,9 +230,10 @@ int stof__jit_compile(struct stof_context *ctx, const char *name,
                       size_t *size /* OUT */);
 
 /* stof__module_load through the context's module cache: the same cubin
- * (its `size` bytes, by content), kernel and shared memory limit loaded
- * before and not yet evicted gives the same module (no load; a reference
- * more); size 0: loaded apart. Modules from here are given back with
+ * (its `size` bytes, by content) loaded before and not yet evicted gives
+ * the same module (no load; a reference more), its kernel `fn_name` looked
+ * up once and its shared memory limit raised when smem_bytes is above the
+ * one set; size 0: loaded apart. Modules from here are given back with
  * stof__module_release, never cuModuleUnload; stof_close unloads what the
  * cache holds. */
 int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
@@ -236,6 +250,21 @@ void stof__modcache_close(struct stof_context *ctx);
 
 /* How many cubins the context's shared loads actually loaded (tests). */
 long stof__module_shared_loads(const struct stof_context *ctx);
+
+/* The most modules the cache holds. */
+#define STOF_MODCACHE_MAX 256
+
+/* Load a cubin into the module cache with every kernel it has (loaded, so
+ * that a later stof__module_load_shared of the same cubin and a kernel of
+ * it costs no load), held by nobody: evicted like any module no plan holds.
+ * 1 when loaded, 0 when the cache had it already (or every slot is held),
+ * else a status (STOF_ERR_UNSUPPORTED: the driver cannot list a module's
+ * kernels). */
+int stof__module_preload(struct stof_context *ctx, const void *cubin,
+                         size_t size);
+
+/* How many cubins stof__module_preload loaded (tests). */
+long stof__module_preloads(const struct stof_context *ctx);
 
 /* Load a cubin into the device's primary context and get its kernel
  * `fn_name`, raising its dynamic shared memory limit to smem_bytes when

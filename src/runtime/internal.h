@@ -151,6 +151,18 @@ void stof__ctx_sink_ok(void *ctx);
 struct stof_db_record;
 void stof__record_env(const stof_context *ctx, struct stof_db_record *r);
 
+/* stof_preload's choice (preload.c): the distinct cubins of db's records
+ * that a plan on env's GPU and build could load (cuBLASLt records carry
+ * none), most used first (the records' hits summed per cubin, then the
+ * newest), at most max: XXH3-64 hashes and sizes into hash[] and size[].
+ * Records failing their integrity check are left out and counted in *bad
+ * (may be NULL). Returns how many, or minus a status. */
+struct stof_db;
+int stof__preload_pick(stof_context *ctx, struct stof_db *db,
+                       const struct stof_db_record *env, int max,
+                       uint64_t *hash /* OUT */, size_t *size /* OUT */,
+                       int *bad /* OUT */);
+
 /* JSON through jansson (json.c). stof__json_out dumps v compactly into a
  * caller buffer (size-then-fetch, like stof__str_out) and releases v;
  * stof__json_text dumps it into a fixed field (0 when it does not fit)

@@ -308,14 +308,25 @@ fail:
 
 /* --- the module cache ------------------------------------------------------ */
 
-#define MODCACHE_MAX 64
+/* Modules by content (XXH3 of the cubin and its size), each with the
+ * kernels asked of it by name and the dynamic shared memory limit set on
+ * each. A preloaded module (stof__module_preload) comes in with every
+ * kernel it has, loaded, and no limit set yet. */
+#define MODCACHE_MAX STOF_MODCACHE_MAX
+#define MODCACHE_FNS 4
+
+typedef struct modcache_fn {
+    char name[64];
+    CUfunction fn;
+    size_t smem; /* the limit set on it (0: none) */
+} modcache_fn;
 
 typedef struct modcache_entry {
     uint64_t hash;
-    size_t size, smem;
-    char name[64];
+    size_t size;
     CUmodule mod;
-    CUfunction fn;
+    modcache_fn f[MODCACHE_FNS];
+    int n_fn;
     int refs;
     uint64_t tick; /* last use */
 } modcache_entry;
@@ -325,7 +336,7 @@ struct stof_modcache {
     modcache_entry e[MODCACHE_MAX];
     int n;
     uint64_t tick;
-    long loads;
+    long loads, preloads;
 };
 
 static struct stof_modcache *modcache(struct stof_context *ctx)
@@ -341,6 +352,106 @@ static struct stof_modcache *modcache(struct stof_context *ctx)
     return ctx->modcache;
 }
 
+static modcache_entry *cache_find(struct stof_modcache *c, uint64_t hash,
+                                  size_t size)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].hash == hash && c->e[i].size == size)
+            return &c->e[i];
+    return NULL;
+}
+
+static modcache_fn *entry_fn(modcache_entry *e, const char *name)
+{
+    for (int i = 0; i < e->n_fn; i++)
+        if (strcmp(e->f[i].name, name) == 0)
+            return &e->f[i];
+    return NULL;
+}
+
+/* Put module `mod` (with the n kernels of f) into the cache, evicting the
+ * least recently used module nobody holds when it is full; holds = 1 takes
+ * a reference. Called locked; returns the module to unload (evicted), or
+ * `mod` itself when every slot is held (the caller keeps it alone). */
+static CUmodule cache_insert(struct stof_modcache *c, uint64_t hash,
+                             size_t size, CUmodule mod, const modcache_fn *f,
+                             int n, int holds)
+{
+    int slot = c->n < MODCACHE_MAX ? c->n : -1;
+    if (slot < 0)
+        for (int i = 0; i < c->n; i++)
+            if (c->e[i].refs == 0 &&
+                (slot < 0 || c->e[i].tick < c->e[slot].tick))
+                slot = i;
+    if (slot < 0)
+        return mod;
+    modcache_entry *e = &c->e[slot];
+    CUmodule evict = slot < c->n ? e->mod : NULL;
+    if (slot == c->n)
+        c->n++;
+    memset(e, 0, sizeof(*e));
+    e->hash = hash;
+    e->size = size;
+    e->mod = mod;
+    e->n_fn = n < MODCACHE_FNS ? n : MODCACHE_FNS;
+    memcpy(e->f, f, (size_t)e->n_fn * sizeof(*f));
+    e->refs = holds;
+    e->tick = ++c->tick;
+    return evict;
+}
+
+static void unload(struct stof_context *ctx, CUmodule mod)
+{
+    if (mod && stof__ctx_push(ctx) == STOF_OK) {
+        ctx->api->cuModuleUnload(mod);
+        stof__ctx_pop(ctx);
+    }
+}
+
+/* Kernel `name` of cached module e (held by the caller), with its shared
+ * memory limit at least smem_bytes: looked up or raised outside the lock. */
+static int cached_kernel(struct stof_context *ctx, struct stof_modcache *c,
+                         modcache_entry *e, const char *name,
+                         size_t smem_bytes, CUfunction *fn)
+{
+    pthread_mutex_lock(&c->mu);
+    modcache_fn *f = entry_fn(e, name);
+    CUfunction got = f ? f->fn : NULL;
+    const int ready = f && f->smem >= smem_bytes;
+    CUmodule mod = e->mod;
+    pthread_mutex_unlock(&c->mu);
+    if (ready) {
+        *fn = got;
+        return stof__ok(ctx);
+    }
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    if (!got)
+        STOF_CU_GOTO(ctx, st, done, api->cuModuleGetFunction(&got, mod, name));
+    if (smem_bytes > 0)
+        STOF_CU_GOTO(ctx, st, done,
+                     api->cuFuncSetAttribute(
+                         got, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                         (int)smem_bytes));
+    pthread_mutex_lock(&c->mu);
+    if (!(f = entry_fn(e, name)) && e->n_fn < MODCACHE_FNS) {
+        f = &e->f[e->n_fn++];
+        snprintf(f->name, sizeof(f->name), "%s", name);
+        f->fn = got;
+        f->smem = 0;
+    }
+    if (f && f->smem < smem_bytes)
+        f->smem = smem_bytes;
+    pthread_mutex_unlock(&c->mu);
+    *fn = got;
+    st = STOF_OK;
+done:
+    stof__ctx_pop(ctx);
+    return st == STOF_OK ? stof__ok(ctx) : st;
+}
+
 int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
                              size_t size, const char *fn_name,
                              size_t smem_bytes, CUmodule *mod, CUfunction *fn)
@@ -350,58 +461,99 @@ int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
     STOF_CHECK_ARG(ctx, mod && fn && cubin && fn_name,
                    "NULL cubin, name or output pointer");
     struct stof_modcache *c = modcache(ctx);
-    if (!c || !size || strlen(fn_name) >= sizeof(c->e[0].name))
+    if (!c || !size || strlen(fn_name) >= sizeof(c->e[0].f[0].name))
         return stof__module_load(ctx, cubin, fn_name, smem_bytes, mod, fn);
     const uint64_t hash = XXH3_64bits(cubin, size);
     pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < c->n; i++) {
-        modcache_entry *e = &c->e[i];
-        if (e->hash == hash && e->size == size && e->smem == smem_bytes &&
-            strcmp(e->name, fn_name) == 0) {
-            e->refs++;
-            e->tick = ++c->tick;
-            *mod = e->mod;
-            *fn = e->fn;
-            pthread_mutex_unlock(&c->mu);
-            return stof__ok(ctx);
+    modcache_entry *e = cache_find(c, hash, size);
+    if (e) {
+        e->refs++; /* held while its kernel is looked up */
+        e->tick = ++c->tick;
+        CUmodule m = e->mod;
+        pthread_mutex_unlock(&c->mu);
+        int st = cached_kernel(ctx, c, e, fn_name, smem_bytes, fn);
+        if (st != STOF_OK) {
+            stof__module_release(ctx, m);
+            return st;
         }
+        *mod = m;
+        return STOF_OK;
     }
     pthread_mutex_unlock(&c->mu);
     int st = stof__module_load(ctx, cubin, fn_name, smem_bytes, mod, fn);
     if (st != STOF_OK)
         return st;
+    modcache_fn f;
+    memset(&f, 0, sizeof(f));
+    snprintf(f.name, sizeof(f.name), "%s", fn_name);
+    f.fn = *fn;
+    f.smem = smem_bytes;
     pthread_mutex_lock(&c->mu);
     c->loads++;
-    int slot = c->n < MODCACHE_MAX ? c->n : -1;
-    if (slot < 0) /* full: the least recently used module nobody holds */
-        for (int i = 0; i < c->n; i++)
-            if (c->e[i].refs == 0 &&
-                (slot < 0 || c->e[i].tick < c->e[slot].tick))
-                slot = i;
-    CUmodule evict = NULL;
-    if (slot >= 0) {
-        modcache_entry *e = &c->e[slot];
-        if (slot < c->n)
-            evict = e->mod;
-        else
-            c->n++;
-        e->hash = hash;
-        e->size = size;
-        e->smem = smem_bytes;
-        snprintf(e->name, sizeof(e->name), "%s", fn_name);
-        e->mod = *mod;
-        e->fn = *fn;
-        e->refs = 1;
-        e->tick = ++c->tick;
-    }
-    pthread_mutex_unlock(&c->mu);
     /* (every slot held: the module stays the caller's alone, and
      * stof__module_release unloads it) */
-    if (evict && stof__ctx_push(ctx) == STOF_OK) {
-        ctx->api->cuModuleUnload(evict);
-        stof__ctx_pop(ctx);
-    }
+    CUmodule evict = cache_insert(c, hash, size, *mod, &f, 1, 1);
+    pthread_mutex_unlock(&c->mu);
+    if (evict != *mod)
+        unload(ctx, evict);
     return stof__ok(ctx);
+}
+
+int stof__module_preload(struct stof_context *ctx, const void *cubin,
+                         size_t size)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARGUMENT;
+    STOF_CHECK_ARG(ctx, cubin && size, "NULL or empty cubin");
+    stof_module_enum en;
+    if (!stof__module_enum(ctx->api, &en))
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "the CUDA driver cannot list a module's kernels "
+                          "(cuModuleEnumerateFunctions needs CUDA 12.4)");
+    struct stof_modcache *c = modcache(ctx);
+    if (!c)
+        return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                          "out of memory for the module cache");
+    const uint64_t hash = XXH3_64bits(cubin, size);
+    pthread_mutex_lock(&c->mu);
+    const int have = cache_find(c, hash, size) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (have)
+        return 0;
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const stof_api *api = ctx->api;
+    CUmodule m = NULL;
+    CUfunction fns[MODCACHE_FNS];
+    modcache_fn f[MODCACHE_FNS];
+    unsigned n = 0;
+    memset(f, 0, sizeof(f));
+    STOF_CU_GOTO(ctx, st, fail, api->cuModuleLoadData(&m, cubin));
+    STOF_CU_GOTO(ctx, st, fail, en.count(&n, m));
+    if (n > MODCACHE_FNS)
+        n = MODCACHE_FNS;
+    if (n)
+        STOF_CU_GOTO(ctx, st, fail, en.list(fns, n, m));
+    for (unsigned i = 0; i < n; i++) {
+        const char *name = NULL;
+        STOF_CU_GOTO(ctx, st, fail, en.name(&name, fns[i]));
+        STOF_CU_GOTO(ctx, st, fail, en.load(fns[i]));
+        snprintf(f[i].name, sizeof(f[i].name), "%s", name ? name : "");
+        f[i].fn = fns[i];
+    }
+    stof__ctx_pop(ctx);
+    pthread_mutex_lock(&c->mu);
+    c->preloads++;
+    CUmodule evict = cache_insert(c, hash, size, m, f, (int)n, 0);
+    pthread_mutex_unlock(&c->mu);
+    unload(ctx, evict); /* (or m itself: every slot held) */
+    return evict == m ? 0 : 1;
+fail:
+    if (m)
+        api->cuModuleUnload(m);
+    stof__ctx_pop(ctx);
+    return st;
 }
 
 void stof__module_release(struct stof_context *ctx, CUmodule mod)
@@ -420,10 +572,7 @@ void stof__module_release(struct stof_context *ctx, CUmodule mod)
             }
         pthread_mutex_unlock(&c->mu);
     }
-    if (stof__ctx_push(ctx) == STOF_OK) {
-        ctx->api->cuModuleUnload(mod);
-        stof__ctx_pop(ctx);
-    }
+    unload(ctx, mod);
 }
 
 void stof__modcache_close(struct stof_context *ctx)
@@ -444,4 +593,9 @@ void stof__modcache_close(struct stof_context *ctx)
 long stof__module_shared_loads(const struct stof_context *ctx)
 {
     return ctx && ctx->modcache ? ctx->modcache->loads : 0;
+}
+
+long stof__module_preloads(const struct stof_context *ctx)
+{
+    return ctx && ctx->modcache ? ctx->modcache->preloads : 0;
 }

@@ -56,7 +56,18 @@ def main():
                       name, d["source"], d["compile_ms"], d["verify_ms"],
                       d["kernel"], err, "ok" if ok else "FAILED"))
             failures += not ok
-        print("%d passed, %d failed" % (len(layouts) - failures, failures))
+        # A server's start: a fresh context preloads the database's
+        # modules, and its plan then loads none.
+        ctx = stof.Context(user_db=db, tuning_mode="cache-only")
+        n, again = ctx.preload(), ctx.preload()
+        q, k, v, o = (layouts["bhsd"]() for _ in range(4))
+        d = ctx.attention_plan(q, k, v, ctx.mask(SPEC, N, N), out=o).describe()
+        ok = n >= 1 and again == 0 and d["source"] == "user db"
+        print("preload: %d modules, then %d; plan from %s: %s" % (
+            n, again, d["source"], "ok" if ok else "FAILED"))
+        failures += not ok
+        print("%d passed, %d failed" % (len(layouts) + 1 - failures,
+                                        failures))
         return 1 if failures else 0
 
 

@@ -455,6 +455,10 @@ def main():
     assert d1 == d2 and len(d1) == 32
     expect_error(lambda: ctx.mask("sliding:0", 8, 8), stof.StofError, "sliding")
     expect_error(lambda: ctx.mask("causal&", 8, 8), stof.StofError)
+    # Preloading: a bad limit, and without a GPU a clear error.
+    expect_error(lambda: ctx.preload(-1), ValueError, "max_modules")
+    if not lib.stof_has_device(ctx._h):
+        expect_error(lambda: ctx.preload(), stof.StofError, "GPU")
 
     # A family: canonical spec, per-sequence data.
     fam = ctx.mask_family("causal & docs")
