@@ -381,6 +381,11 @@ static int layer_connect(db_layer *L, db_mode mode, int user,
                                                     SQLITE_OPEN_CREATE
                                               : SQLITE_OPEN_READONLY,
                               DB_BUSY_TIMEOUT_MS, out);
+    /* A page cache that holds a few layers' records with their cubins
+     * (SQLite's default is 2 MiB): read once (stof_preload reads them
+     * all), a plan's lookups then copy rather than read the file. */
+    if (rc == SQLITE_OK)
+        rc = stof__db_exec(*out, "PRAGMA cache_size = -16384");
     if (rc != SQLITE_OK) {
         snprintf(L->why, sizeof(L->why), "%s",
                  *out ? sqlite3_errmsg(*out) : sqlite3_errstr(rc));

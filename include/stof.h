@@ -210,9 +210,10 @@ STOF_API uint64_t stof_template_hash(void);
  * database later do not load modules (in a fresh process a layer plan's
  * module loads take 2-4 ms on an H200; the rest of a warm plan under 1).
  * For a serving process: call it once after stof_open, before traffic.
- * It runs no kernel; records failing their integrity check are skipped,
- * and a record this host has not verified is still verified when a plan
- * first uses it. Preloaded modules nobody uses are evicted first when the
+ * When the databases hold cuBLASLt algorithms for this GPU, it starts
+ * cuBLASLt too (~0.1 s the first time in a process). It runs no kernel;
+ * records failing their integrity check are skipped, and a record this
+ * host has not verified is still verified when a plan first uses it. Preloaded modules nobody uses are evicted first when the
  * cache (256 modules) fills. max_modules: at most this many (0 = as many
  * as the cache holds). *loaded (may be NULL): the modules loaded by this
  * call (those the cache had already are not counted). STOF_OK with

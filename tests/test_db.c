@@ -815,9 +815,11 @@ Test(db, preload_picks_this_gpus_modules_most_used_first)
     uint64_t hash[8];
     size_t size[8];
     int bad = -1;
-    int n = stof__preload_pick(ctx, db, &env, 8, hash, size, &bad);
+    int lt = -1;
+    int n = stof__preload_pick(ctx, db, &env, 8, hash, size, &bad, &lt);
     cr_assert_eq(n, 4, "picked %d", n);
     cr_expect_eq(bad, 1, "%d records failed the check", bad);
+    cr_expect_eq(lt, 1, "%d cuBLASLt records", lt);
     /* Expected: cubins 101 (9 hits), 100 (7), then with no hits the newer
      * first: 108 (the system database's), 102. */
     static const int order[] = {101, 100, 108, 102};
@@ -831,14 +833,14 @@ Test(db, preload_picks_this_gpus_modules_most_used_first)
         stof__db_record_clear(&e);
     }
     /* At most max. */
-    cr_assert_eq(stof__preload_pick(ctx, db, &env, 1, hash, size, NULL), 1);
+    cr_assert_eq(stof__preload_pick(ctx, db, &env, 1, hash, size, NULL, NULL), 1);
     stof_db_record e;
     record_fill(&e, 101, 257);
     cr_expect_eq(hash[0], XXH3_64bits(e.cubin, e.cubin_size));
     stof__db_record_clear(&e);
     /* Another GPU's view: only its one record. */
     snprintf(env.device_name, sizeof(env.device_name), "NVIDIA H200");
-    cr_assert_eq(stof__preload_pick(ctx, db, &env, 8, hash, size, NULL), 1);
+    cr_assert_eq(stof__preload_pick(ctx, db, &env, 8, hash, size, NULL, NULL), 1);
     stof__db_close(&db);
     stof_close(&ctx);
     free(user);

@@ -856,3 +856,42 @@ stof_status stof__blaslt_run(const stof_blaslt_gemm *g, int algo,
         return STOF_ERR_CUDA;
     return STOF_ERR_UNSUPPORTED;
 }
+
+static void warm_close(stof_context *ctx)
+{
+    const lt_api *a = lt();
+    if (a && ctx->lt_warm && stof__ctx_push(ctx) == STOF_OK) {
+        a->cublasLtDestroy((cublasLtHandle_t)ctx->lt_warm);
+        stof__ctx_pop(ctx);
+    }
+    ctx->lt_warm = NULL;
+}
+
+stof_status stof__blaslt_warm(stof_context *ctx)
+{
+    if (ctx->lt_warm)
+        return stof__ok(ctx);
+    const lt_api *a = lt();
+    if (!a)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "cuBLASLt is not available: %s", g_lt.why);
+    stof_status st = (stof_status)stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    cublasLtHandle_t h = NULL;
+    const cublasStatus_t r = a->cublasLtCreate(&h);
+    stof__ctx_pop(ctx);
+    if (r != CUBLAS_STATUS_SUCCESS)
+        return lt_fail(ctx, a, r, "cublasLtCreate", STOF_ERR_UNSUPPORTED);
+    ctx->lt_warm = h;
+    ctx->lt_warm_close = warm_close;
+    /* Its first heuristic query in a process is what takes the time
+     * (~0.1 s on an H200, whatever the shape): ask one. */
+    stof_gemm_epi e;
+    memset(&e, 0, sizeof(e));
+    stof_blaslt_gemm *g = NULL;
+    st = stof__blaslt_create(ctx, STOF_DTYPE_FP16, 128, 128, 128, 128, 128,
+                             128, &e, 1, &g);
+    stof__blaslt_free(&g);
+    return st;
+}

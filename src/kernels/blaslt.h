@@ -61,4 +61,9 @@ stof_status stof__blaslt_run(const stof_blaslt_gemm *g, int algo,
                              size_t ws_bytes, CUstream stream);
 void stof__blaslt_free(stof_blaslt_gemm **g);
 
+/* Start cuBLASLt in ctx (load the library, create a handle that ctx holds
+ * until stof_close), so that a later plan does not pay for it. STOF_OK
+ * when started now or before; STOF_ERR_UNSUPPORTED without cuBLASLt. */
+stof_status stof__blaslt_warm(stof_context *ctx);
+
 #endif /* STOF_BLASLT_H */

@@ -704,6 +704,18 @@ static stof_mask_family *gpu_spec_family(stof_context *ctx, const char *spec)
     return fam;
 }
 
+int stof__family_builder_preload(stof_context *ctx)
+{
+    if (ctx->mb_kernels)
+        return 0;
+    if (builder_cubin(ctx, 0) != STOF_OK)
+        return 0;
+    stof_mb_kernels k;
+    const stof_status st = stof__mb_load(ctx, &k);
+    stof__mb_unload(ctx, &k); /* (the context's: stays loaded) */
+    return st == STOF_OK ? 1 : -(int)st;
+}
+
 stof_status stof__spec_block_format_gpu(stof_context *ctx, const char *spec,
                                         int seq_q, int seq_k, int block_m,
                                         int block_n, stof_block_format *bf,

@@ -163,6 +163,12 @@ stof_status stof__family_rank(stof_context *ctx, const stof_attention_desc *d,
                               const stof_attn_problem *pr,
                               stof_candidate *cands, int max, int *n /* OUT */);
 
+/* stof_preload: load the GPU format builder from its trusted database
+ * record, so that the first spec mask a plan builds on the GPU does not
+ * (attention_family.c). 1 loaded, 0 loaded before or no usable record,
+ * else minus a status. */
+int stof__family_builder_preload(stof_context *ctx);
+
 /* stof_attention_plan for problem pr with the database key `key` (NULL:
  * the mask's own; required for a family) and, when tuning, only the kernel
  * kinds in `kinds` (bit 1 << kind; 0: every kind; a family's plans are of

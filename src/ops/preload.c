@@ -20,6 +20,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "attention_int.h"
+#include "blaslt.h"
 #include "db.h"
 #include "internal.h"
 
@@ -39,6 +41,7 @@ typedef struct pre_walk {
     pre_item *v;
     int n, cap;
     int bad;        /* records that failed their integrity check */
+    int lt;         /* cuBLASLt records */
     int pass;       /* 1 collect, 2 load */
     int loaded, failed;
     int unsupported; /* the driver cannot list a module's kernels */
@@ -47,18 +50,21 @@ typedef struct pre_walk {
 
 /* Whether r was made by this GPU and build, so that some plan here can hit
  * it, and carries a module (cuBLASLt records carry an algorithm). */
-static int usable(const pre_walk *w, const stof_db_record *r)
+static int this_build(const pre_walk *w, const stof_db_record *r)
 {
     const stof_db_record *e = &w->env;
-    return r->cubin && r->cubin_size > 0 &&
-           strcmp(r->kernel, "cublaslt") != 0 &&
-           strcmp(r->device_name, e->device_name) == 0 &&
+    return strcmp(r->device_name, e->device_name) == 0 &&
            r->cc_major == e->cc_major && r->cc_minor == e->cc_minor &&
            r->sm_count == e->sm_count &&
            r->driver_version == e->driver_version &&
            strcmp(r->nvrtc_version, e->nvrtc_version) == 0 &&
            strcmp(r->stof_version, e->stof_version) == 0 &&
            strcmp(r->template_hash, e->template_hash) == 0;
+}
+
+static int is_lt(const stof_db_record *r)
+{
+    return strcmp(r->kernel, "cublaslt") == 0;
 }
 
 static pre_item *find(pre_walk *w, uint64_t hash, size_t size)
@@ -72,7 +78,13 @@ static pre_item *find(pre_walk *w, uint64_t hash, size_t size)
 static int visit(void *user, const stof_db_record *r)
 {
     pre_walk *w = user;
-    if (!usable(w, r))
+    if (!this_build(w, r))
+        return 0;
+    if (w->pass == 1 && is_lt(r))
+        w->lt++;
+    /* (the format builder's record: loaded by its own path) */
+    if (!r->cubin || r->cubin_size == 0 || is_lt(r) ||
+        strcmp(r->op, "builder") == 0)
         return 0;
     const uint64_t hash = XXH3_64bits(r->cubin, r->cubin_size);
     pre_item *it = find(w, hash, r->cubin_size);
@@ -152,7 +164,7 @@ static stof_status walk(stof_db *db, pre_walk *w)
 
 int stof__preload_pick(stof_context *ctx, stof_db *db,
                        const stof_db_record *env, int max, uint64_t *hash,
-                       size_t *size, int *bad)
+                       size_t *size, int *bad, int *lt)
 {
     pre_walk w;
     memset(&w, 0, sizeof(w));
@@ -163,6 +175,8 @@ int stof__preload_pick(stof_context *ctx, stof_db *db,
     const stof_status st = walk(db, &w);
     if (bad)
         *bad = w.bad;
+    if (lt)
+        *lt = w.lt;
     if (st != STOF_OK) {
         free(w.v);
         return -(int)st;
@@ -203,11 +217,22 @@ stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
     stof__record_env(ctx, &env);
     uint64_t hash[STOF_MODCACHE_MAX];
     size_t size[STOF_MODCACHE_MAX];
-    int bad = 0;
+    int bad = 0, lt = 0;
     const int n = stof__preload_pick(ctx, db, &env, max_modules, hash, size,
-                                     &bad);
+                                     &bad, &lt);
     if (n < 0)
         return (stof_status)-n;
+    /* Records of cuBLASLt algorithms: start cuBLASLt now too (its first
+     * handle in a process takes ~0.1 s). */
+    if (lt && stof__blaslt_warm(ctx) != STOF_OK)
+        stof__log(ctx, STOF_LOG_WARN, "preload: cuBLASLt did not start: %s",
+                  stof_errmsg(ctx));
+    /* The GPU format builder of spec masks, when the database has it. */
+    const int mb = stof__family_builder_preload(ctx);
+    if (mb < 0)
+        stof__log(ctx, STOF_LOG_WARN,
+                  "preload: the format builder did not load: %s",
+                  stof_errmsg(ctx));
     pre_item items[STOF_MODCACHE_MAX];
     pre_walk w;
     memset(&w, 0, sizeof(w));
@@ -232,8 +257,10 @@ stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
     stof__log(ctx, STOF_LOG_INFO,
               "preload: %d module%s loaded in %.1f ms (%d chosen, at most "
               "%d; %d failed to load; %d record%s failed the integrity "
-              "check)",
+              "check)%s%s",
               w.loaded, w.loaded == 1 ? "" : "s", stof__now_ms() - t0, n,
-              max_modules, w.failed, bad, bad == 1 ? "" : "s");
+              max_modules, w.failed, bad, bad == 1 ? "" : "s",
+              ctx->lt_warm ? "; cuBLASLt started" : "",
+              mb == 1 ? "; the format builder loaded" : "");
     return stof__ok(ctx);
 }

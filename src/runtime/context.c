@@ -261,6 +261,8 @@ void stof_close(stof_context **pctx)
         ctx->mb_close(ctx);
     if (ctx->fmtcache_close)
         ctx->fmtcache_close(ctx);
+    if (ctx->lt_warm_close)
+        ctx->lt_warm_close(ctx);
     stof__modcache_close(ctx);
     for (int i = 0; i < ctx->n_ref_cubins; i++)
         free(ctx->ref_cubins[i].cubin);

@@ -75,6 +75,11 @@ struct stof_context {
      * shared): a cubin loaded again (a layer planned again from the
      * database, the same kernel in another layer) reuses its module. */
     struct stof_modcache *modcache;
+    /* A cuBLASLt handle held from stof_preload to stof_close, so that
+     * cuBLASLt's start in this context is paid there rather than by the
+     * first plan that uses it (blaslt.c; closed by lt_warm_close). */
+    void *lt_warm;
+    void (*lt_warm_close)(struct stof_context *ctx);
     /* Spec masks' GPU-built block formats shared by the plans of this
      * context (src/ops/format_cache.c), freed by fmtcache_close. */
     struct stof_fmtcache *fmtcache;
@@ -155,13 +160,14 @@ void stof__record_env(const stof_context *ctx, struct stof_db_record *r);
  * that a plan on env's GPU and build could load (cuBLASLt records carry
  * none), most used first (the records' hits summed per cubin, then the
  * newest), at most max: XXH3-64 hashes and sizes into hash[] and size[].
- * Records failing their integrity check are left out and counted in *bad
- * (may be NULL). Returns how many, or minus a status. */
+ * Records failing their integrity check are left out and counted in *bad;
+ * *lt counts the records of cuBLASLt algorithms (either may be NULL).
+ * Returns how many, or minus a status. */
 struct stof_db;
 int stof__preload_pick(stof_context *ctx, struct stof_db *db,
                        const struct stof_db_record *env, int max,
                        uint64_t *hash /* OUT */, size_t *size /* OUT */,
-                       int *bad /* OUT */);
+                       int *bad /* OUT */, int *lt /* OUT */);
 
 /* JSON through jansson (json.c). stof__json_out dumps v compactly into a
  * caller buffer (size-then-fetch, like stof__str_out) and releases v;
