@@ -494,6 +494,10 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
     stof_mask *grouped = NULL;
     int32_t *perm = NULL, *order = NULL;
     stof_format *f = NULL;
+    /* Where a first plan of a size spends its time (debug log): the
+     * format, the row order, the persistent schedule. */
+    double t_fmt = stof__now_ms(), t_order = 0.0, t_sched = 0.0;
+    int fmt_hit = 0;
     /* The block format of these mask bits and tiles, if a plan of this
      * context built it before (format_cache.c): shared, not rebuilt. */
     const int cacheable = !rowwise && p->group <= 1;
@@ -501,6 +505,7 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
         (p->fmt_ref = stof__fmtcache_get(ctx, p->mask_hex, m->seq_q,
                                          m->seq_k, bm, bn, &p->bf,
                                          &p->formats_gpu, wg ? &f : NULL))) {
+        fmt_hit = 1;
         if (!wg)
             goto done;
         goto order;
@@ -603,6 +608,8 @@ order:
     /* The row order depends on the format alone, a persistent launch's
      * schedule also on the problem's (batch, head)s and the launch: with a
      * shared format both are made once and kept with it. */
+    t_fmt = stof__now_ms() - t_fmt;
+    t_order = stof__now_ms();
     const int share = p->fmt_ref && !rowwise;
     const int persist = !rowwise && p->wcfg.persist;
     int32_t order_key[STOF_FMTCACHE_KEY] = {1}, sched_key[STOF_FMTCACHE_KEY];
@@ -638,6 +645,8 @@ order:
                 ctx, p->fmt_ref, order_key, p->d_row_order,
                 sizeof(int32_t) * (size_t)f->n_row_blocks, 0);
     }
+    t_order = stof__now_ms() - t_order;
+    t_sched = stof__now_ms();
     if (st == STOF_OK && persist && !p->sched_shared) {
         p->persist_heads = stof__wgmma_format_persist_heads(
             &ctx->device, &p->desc, &p->wcfg, f);
@@ -655,6 +664,15 @@ order:
                 ctx, p->fmt_ref, sched_key, p->d_sched,
                 sizeof(int32_t) * nl, p->persist_heads);
     }
+    stof__log(ctx, STOF_LOG_DEBUG,
+              "attention formats: the format %.3f ms (%s), row order %.3f "
+              "(%s), persistent schedule %.3f (%s)",
+              t_fmt,
+              fmt_hit ? "kept" : p->formats_gpu ? "built on the GPU"
+                                                : "built on the host",
+              t_order,
+              p->order_shared ? "shared" : "own", stof__now_ms() - t_sched,
+              !persist ? "none" : p->sched_shared ? "shared" : "own");
 done:
     free(order);
     free(perm);

@@ -324,6 +324,7 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
  * STOF_ERR_NOT_FOUND (a miss, or something unusable: logged). */
 stof_status stof__layer_from_db(stof_layer *L)
 {
+    const double t_all = stof__now_ms();
     stof_db *db = stof__ctx_db(L->ctx);
     stof_db_record rec;
     L->db_bad_key[0] = '\0';
@@ -451,9 +452,9 @@ stof_status stof__layer_from_db(stof_layer *L)
     if (st == STOF_OK && n_fresh)
         st = stof__layer_verify_loaded(L, db, fresh, fresh_step, n_fresh);
     stof__log(L->ctx, STOF_LOG_DEBUG,
-              "layer %s from the database: lookups %.3f ms, modules %.3f ms, "
-              "cuBLASLt %.3f ms",
-              L->key, t_lookup, t_mod, t_lt);
+              "layer %s from the database in %.3f ms: lookups %.3f ms, "
+              "modules %.3f ms, cuBLASLt %.3f ms",
+              L->key, stof__now_ms() - t_all, t_lookup, t_mod, t_lt);
     if (st != STOF_OK) {
         if (!L->db_why[0])
             snprintf(L->db_why, sizeof(L->db_why), "%s", stof_errmsg(L->ctx));
