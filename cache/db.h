@@ -219,6 +219,15 @@ stof_status stof__db_record_miss(stof_db *db, const char *key,
                                  const char *problem_json,
                                  const void *mask_bits, size_t mask_bytes);
 
+/* Keep a copy of record r of layer `layer` (as stof__db_foreach gave it,
+ * and checked with stof__db_record_check by the caller) in the handle's
+ * memo, so that its lookups serve it without reading and checking it
+ * again while its row keeps the same content hash (stof_preload). The
+ * memo holds STOF_DB_MEMO_MAX records (64 MiB of cubins), the oldest
+ * giving way. */
+#define STOF_DB_MEMO_MAX 64
+void stof__db_memo_keep(stof_db *db, int layer, const stof_db_record *r);
+
 /* How many layers the database has (the user database, then each system
  * database), and whether layer i is open (readable). */
 int stof__db_layers(const stof_db *db);

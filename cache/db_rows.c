@@ -160,7 +160,7 @@ static int64_t count_hit(stof_db *db, const char *key)
 /* --- the memo (db_int.h) ------------------------------------------------ */
 
 /* At most this many records and bytes of cubins are kept. */
-#define MEMO_MAX 64
+#define MEMO_MAX STOF_DB_MEMO_MAX
 #define MEMO_MAX_BYTES ((size_t)64 << 20)
 
 void stof__db_memo_drop(stof_db *db, const char *key)
@@ -234,6 +234,12 @@ static void memo_put(stof_db *db, int layer, const stof_db_record *r)
     m->e[m->n].layer = layer;
     m->bytes += r->cubin_size;
     m->n++;
+}
+
+void stof__db_memo_keep(stof_db *db, int layer, const stof_db_record *r)
+{
+    if (db && r && layer >= 0 && layer < db->n_layers)
+        memo_put(db, layer, r);
 }
 
 /* The memo's record of key from layer L (index i), when L still stores

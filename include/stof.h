@@ -206,16 +206,19 @@ STOF_API uint64_t stof_template_hash(void);
 
 /* Load the kernels the tuning databases hold for this GPU (records of its
  * name, SM count, driver, NVRTC, stof and template versions) into the
- * context's module cache, the most used first, so that plans that hit the
- * database later do not load modules (in a fresh process a layer plan's
- * module loads take 2-4 ms on an H200; the rest of a warm plan under 1).
+ * context's module cache, the most used first, and keep the most used
+ * records (64) in memory, read and checked, so that plans that hit the
+ * database later neither load modules nor read records again (in a fresh
+ * process a layer plan's module loads take 2-3 ms on an H200; the rest of
+ * a warm plan under 1).
  * For a serving process: call it once after stof_open, before traffic.
  * When the databases hold cuBLASLt algorithms for this GPU, it starts
  * cuBLASLt too (~0.1 s the first time in a process). It runs no kernel;
  * records failing their integrity check are skipped, and a record this
  * host has not verified is still verified when a plan first uses it. Preloaded modules nobody uses are evicted first when the
- * cache (256 modules) fills. max_modules: at most this many (0 = as many
- * as the cache holds). *loaded (may be NULL): the modules loaded by this
+ * cache (256 modules) fills. max_modules: at most this many modules and
+ * records (0 = as many as the caches hold). *loaded (may be NULL): the
+ * modules loaded by this
  * call (those the cache had already are not counted). STOF_OK with
  * *loaded = 0 without a database; STOF_ERR_NO_DEVICE without a GPU;
  * STOF_ERR_UNSUPPORTED when the driver cannot list a module's kernels

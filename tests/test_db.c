@@ -771,6 +771,8 @@ Test(db, preload_picks_this_gpus_modules_most_used_first)
             snprintf(r.template_hash, sizeof(r.template_hash), "%016x", 7);
         if (recs[i].how == CUBLASLT)
             snprintf(r.kernel, sizeof(r.kernel), "cublaslt");
+        if (recs[i].how == NO_CUBIN) /* (a layer's scheme: no module) */
+            snprintf(r.op, sizeof(r.op), "layer");
         if (recs[i].how != NO_CUBIN) {
             stof_db_record c;
             record_fill(&c, (uint64_t)recs[i].cubin, 256 + recs[i].cubin % 2);

@@ -1,21 +1,25 @@
 /*
- * preload.c - stof_preload: the kernels the tuning databases hold for this
- * GPU loaded into the context's module cache before any plan asks for
- * them.
+ * preload.c - stof_preload: what a plan from the tuning databases would
+ * load, loaded before any plan asks for it.
  *
- * A plan that hits the database loads its kernels' modules (a layer's
- * GEMMs, norms and attention: 2-4 ms in a fresh process on an H200, where
- * the rest of a warm plan takes under 1 ms). A serving process can pay
- * that once at start instead of on each size's first request. Preloading
- * runs no kernel and trusts nothing: a record whose integrity check fails
- * is skipped, and a record this host has not verified yet is still
+ * A plan that hits the database reads and checks its records, loads its
+ * kernels' modules (a layer's GEMMs, norms and attention: 2-3 ms in a fresh
+ * process on an H200, where the rest of a warm plan takes under 1 ms) and,
+ * the first of a process, starts cuBLASLt (~0.1 s). A serving process can
+ * pay that once at start instead of on each size's first request:
+ *   - the distinct cubins of the records made on this GPU and build (the
+ *     fields every key covers), most used first, into the context's module
+ *     cache, each with every kernel it has;
+ *   - the most used records themselves into the database handle's memo,
+ *     so that a plan's lookups do not read and check them again;
+ *   - cuBLASLt's start, when cuBLASLt algorithms are stored;
+ *   - the GPU format builder, when its record is there.
+ * It runs no kernel and trusts nothing: a record whose integrity check
+ * fails is skipped, and a record this host has not verified is still
  * verified when a plan first uses it.
  *
- * Two passes over the databases' records: the first keeps, per distinct
- * cubin, how often its records were used (the `hits` column) for the
- * records that match this GPU and build (the fields every key covers),
- * without holding the cubins; the second loads the most used first, up to
- * the limit.
+ * Two passes over the databases' records: the first ranks the cubins and
+ * the records without holding either; the second loads the chosen ones.
  */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -28,28 +32,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A distinct cubin: how often its records were used. */
 typedef struct pre_item {
     uint64_t hash;
     size_t size;
     int64_t hits, created;
-    int chosen; /* second pass: to load (1), loaded or tried (2) */
+    int chosen; /* second pass: to load (1), tried (2) */
 } pre_item;
+
+/* A record, for the memo. */
+typedef struct pre_rec {
+    char key[33];
+    int layer;
+    int64_t hits, created;
+} pre_rec;
 
 typedef struct pre_walk {
     stof_context *ctx;
+    stof_db *db;
     stof_db_record env;
+    int pass;  /* 1 rank, 2 load */
+    int layer; /* the database being walked */
     pre_item *v;
     int n, cap;
-    int bad;        /* records that failed their integrity check */
-    int lt;         /* cuBLASLt records */
-    int pass;       /* 1 collect, 2 load */
-    int loaded, failed;
+    pre_rec *r;
+    int nr, capr;
+    int bad; /* records that failed their integrity check */
+    int lt;  /* cuBLASLt records */
+    int loaded, failed, kept;
     int unsupported; /* the driver cannot list a module's kernels */
     stof_status oom;
 } pre_walk;
 
 /* Whether r was made by this GPU and build, so that some plan here can hit
- * it, and carries a module (cuBLASLt records carry an algorithm). */
+ * it. */
 static int this_build(const pre_walk *w, const stof_db_record *r)
 {
     const stof_db_record *e = &w->env;
@@ -67,6 +83,14 @@ static int is_lt(const stof_db_record *r)
     return strcmp(r->kernel, "cublaslt") == 0;
 }
 
+/* Whether r carries a module for the cache (cuBLASLt records carry an
+ * algorithm; the format builder's is loaded by its own path). */
+static int has_module(const stof_db_record *r)
+{
+    return r->cubin && r->cubin_size > 0 && !is_lt(r) &&
+           strcmp(r->op, "builder") != 0;
+}
+
 static pre_item *find(pre_walk *w, uint64_t hash, size_t size)
 {
     for (int i = 0; i < w->n; i++)
@@ -75,39 +99,66 @@ static pre_item *find(pre_walk *w, uint64_t hash, size_t size)
     return NULL;
 }
 
+static int chosen_rec(const pre_walk *w, int layer, const char *key)
+{
+    for (int i = 0; i < w->nr; i++)
+        if (w->r[i].layer == layer && !strcmp(w->r[i].key, key))
+            return 1;
+    return 0;
+}
+
+/* Room for one more in a growing array; 0 when memory ran out. */
+static int grow(void **p, int n, int *cap, size_t each)
+{
+    if (n < *cap)
+        return 1;
+    const int c = *cap ? 2 * *cap : 64;
+    void *q = realloc(*p, (size_t)c * each);
+    if (!q)
+        return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
+static int load(pre_walk *w, const stof_db_record *r, pre_item *it)
+{
+    it->chosen = 2;
+    const int got = stof__module_preload(w->ctx, r->cubin, r->cubin_size);
+    if (got == STOF_ERR_UNSUPPORTED) {
+        w->unsupported = 1; /* (no use going on) */
+        return 1;
+    }
+    if (got == 1) {
+        w->loaded++;
+    } else if (got != 0) {
+        w->failed++;
+        stof__log(w->ctx, STOF_LOG_WARN,
+                  "preload: the module of record %s did not load: %s",
+                  r->key, stof_errmsg(w->ctx));
+    }
+    return 0;
+}
+
 static int visit(void *user, const stof_db_record *r)
 {
     pre_walk *w = user;
     if (!this_build(w, r))
         return 0;
-    if (w->pass == 1 && is_lt(r))
-        w->lt++;
-    /* (the format builder's record: loaded by its own path) */
-    if (!r->cubin || r->cubin_size == 0 || is_lt(r) ||
-        strcmp(r->op, "builder") == 0)
-        return 0;
-    const uint64_t hash = XXH3_64bits(r->cubin, r->cubin_size);
-    pre_item *it = find(w, hash, r->cubin_size);
+    const int mod = has_module(r);
+    const uint64_t hash = mod ? XXH3_64bits(r->cubin, r->cubin_size) : 0;
+    pre_item *it = mod ? find(w, hash, r->cubin_size) : NULL;
     char why[160];
     if (w->pass == 2) {
-        if (!it || it->chosen != 1 ||
-            !stof__db_record_check(r, why, sizeof(why)))
+        const int keep = chosen_rec(w, w->layer, r->key);
+        const int want = it && it->chosen == 1;
+        if ((!keep && !want) || !stof__db_record_check(r, why, sizeof(why)))
             return 0;
-        it->chosen = 2;
-        const int got = stof__module_preload(w->ctx, r->cubin, r->cubin_size);
-        if (got == STOF_ERR_UNSUPPORTED) {
-            w->unsupported = 1; /* (no use going on) */
-            return 1;
+        if (keep) {
+            stof__db_memo_keep(w->db, w->layer, r);
+            w->kept++;
         }
-        if (got == 1) {
-            w->loaded++;
-        } else if (got != 0) {
-            w->failed++;
-            stof__log(w->ctx, STOF_LOG_WARN,
-                      "preload: the module of record %s did not load: %s",
-                      r->key, stof_errmsg(w->ctx));
-        }
-        return 0;
+        return want ? load(w, r, it) : 0;
     }
     if (!stof__db_record_check(r, why, sizeof(why))) {
         w->bad++;
@@ -115,16 +166,22 @@ static int visit(void *user, const stof_db_record *r)
                   r->key, why);
         return 0;
     }
+    w->lt += is_lt(r);
+    if (!grow((void **)&w->r, w->nr, &w->capr, sizeof(*w->r))) {
+        w->oom = STOF_ERR_OUT_OF_MEMORY;
+        return 1;
+    }
+    pre_rec *pr = &w->r[w->nr++];
+    memcpy(pr->key, r->key, sizeof(pr->key));
+    pr->layer = w->layer;
+    pr->hits = r->hits;
+    pr->created = r->created_at;
+    if (!mod)
+        return 0;
     if (!it) {
-        if (w->n == w->cap) {
-            const int cap = w->cap ? 2 * w->cap : 64;
-            pre_item *v = realloc(w->v, (size_t)cap * sizeof(*v));
-            if (!v) {
-                w->oom = STOF_ERR_OUT_OF_MEMORY;
-                return 1;
-            }
-            w->v = v;
-            w->cap = cap;
+        if (!grow((void **)&w->v, w->n, &w->cap, sizeof(*w->v))) {
+            w->oom = STOF_ERR_OUT_OF_MEMORY;
+            return 1;
         }
         it = &w->v[w->n++];
         memset(it, 0, sizeof(*it));
@@ -138,28 +195,66 @@ static int visit(void *user, const stof_db_record *r)
 }
 
 /* Most used first, then the newest. */
-static int by_use(const void *a, const void *b)
+static int by_use(int64_t ha, int64_t ca, int64_t hb, int64_t cb)
 {
-    const pre_item *x = a, *y = b;
-    if (x->hits != y->hits)
-        return x->hits > y->hits ? -1 : 1;
-    if (x->created != y->created)
-        return x->created > y->created ? -1 : 1;
+    if (ha != hb)
+        return ha > hb ? -1 : 1;
+    if (ca != cb)
+        return ca > cb ? -1 : 1;
     return 0;
 }
 
-static stof_status walk(stof_db *db, pre_walk *w)
+static int item_by_use(const void *a, const void *b)
 {
-    for (int layer = 0; layer < stof__db_layers(db); layer++) {
-        if (!stof__db_layer_open(db, layer))
+    const pre_item *x = a, *y = b;
+    return by_use(x->hits, x->created, y->hits, y->created);
+}
+
+static int rec_by_use(const void *a, const void *b)
+{
+    const pre_rec *x = a, *y = b;
+    return by_use(x->hits, x->created, y->hits, y->created);
+}
+
+static stof_status walk(pre_walk *w)
+{
+    for (int layer = 0; layer < stof__db_layers(w->db); layer++) {
+        if (!stof__db_layer_open(w->db, layer))
             continue;
-        const stof_status st = stof__db_foreach(db, layer, visit, w);
+        w->layer = layer;
+        const stof_status st = stof__db_foreach(w->db, layer, visit, w);
         if (w->oom != STOF_OK)
-            return w->oom;
+            return stof__fail(w->ctx, w->oom, "preload: out of memory");
         if (st != STOF_OK)
             return st;
     }
     return STOF_OK;
+}
+
+/* The first pass: w's cubins and records, most used first. */
+static stof_status rank(stof_context *ctx, stof_db *db,
+                        const stof_db_record *env, pre_walk *w)
+{
+    memset(w, 0, sizeof(*w));
+    w->ctx = ctx;
+    w->db = db;
+    w->env = *env;
+    w->env.cubin = NULL;
+    w->pass = 1;
+    const stof_status st = walk(w);
+    if (st == STOF_OK) {
+        qsort(w->v, (size_t)w->n, sizeof(*w->v), item_by_use);
+        qsort(w->r, (size_t)w->nr, sizeof(*w->r), rec_by_use);
+    }
+    return st;
+}
+
+static void walk_free(pre_walk *w)
+{
+    free(w->v);
+    free(w->r);
+    w->v = NULL;
+    w->r = NULL;
 }
 
 int stof__preload_pick(stof_context *ctx, stof_db *db,
@@ -167,28 +262,18 @@ int stof__preload_pick(stof_context *ctx, stof_db *db,
                        size_t *size, int *bad, int *lt)
 {
     pre_walk w;
-    memset(&w, 0, sizeof(w));
-    w.ctx = ctx;
-    w.env = *env;
-    w.env.cubin = NULL;
-    w.pass = 1;
-    const stof_status st = walk(db, &w);
+    const stof_status st = rank(ctx, db, env, &w);
     if (bad)
         *bad = w.bad;
     if (lt)
         *lt = w.lt;
-    if (st != STOF_OK) {
-        free(w.v);
-        return -(int)st;
-    }
-    qsort(w.v, (size_t)w.n, sizeof(*w.v), by_use);
     const int n = w.n < max ? w.n : max;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; st == STOF_OK && i < n; i++) {
         hash[i] = w.v[i].hash;
         size[i] = w.v[i].size;
     }
-    free(w.v);
-    return n;
+    walk_free(&w);
+    return st == STOF_OK ? n : -(int)st;
 }
 
 stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
@@ -215,16 +300,14 @@ stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
     stof_db_record env;
     memset(&env, 0, sizeof(env));
     stof__record_env(ctx, &env);
-    uint64_t hash[STOF_MODCACHE_MAX];
-    size_t size[STOF_MODCACHE_MAX];
-    int bad = 0, lt = 0;
-    const int n = stof__preload_pick(ctx, db, &env, max_modules, hash, size,
-                                     &bad, &lt);
-    if (n < 0)
-        return (stof_status)-n;
-    /* Records of cuBLASLt algorithms: start cuBLASLt now too (its first
-     * handle in a process takes ~0.1 s). */
-    if (lt && stof__blaslt_warm(ctx) != STOF_OK)
+    pre_walk w;
+    stof_status st = rank(ctx, db, &env, &w);
+    if (st != STOF_OK) {
+        walk_free(&w);
+        return st;
+    }
+    /* Records of cuBLASLt algorithms: start cuBLASLt now too. */
+    if (w.lt && stof__blaslt_warm(ctx) != STOF_OK)
         stof__log(ctx, STOF_LOG_WARN, "preload: cuBLASLt did not start: %s",
                   stof_errmsg(ctx));
     /* The GPU format builder of spec masks, when the database has it. */
@@ -233,21 +316,18 @@ stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
         stof__log(ctx, STOF_LOG_WARN,
                   "preload: the format builder did not load: %s",
                   stof_errmsg(ctx));
-    pre_item items[STOF_MODCACHE_MAX];
-    pre_walk w;
-    memset(&w, 0, sizeof(w));
-    w.ctx = ctx;
-    w.env = env;
+    const int n = w.n < max_modules ? w.n : max_modules;
+    for (int i = 0; i < n; i++)
+        w.v[i].chosen = 1;
+    /* (the memo's capacity, as many records as max_modules allows) */
+    if (w.nr > STOF_DB_MEMO_MAX)
+        w.nr = STOF_DB_MEMO_MAX;
+    if (w.nr > max_modules)
+        w.nr = max_modules;
     w.pass = 2;
-    w.v = items;
-    w.n = w.cap = n;
-    for (int i = 0; i < n; i++) {
-        memset(&items[i], 0, sizeof(items[i]));
-        items[i].hash = hash[i];
-        items[i].size = size[i];
-        items[i].chosen = 1;
-    }
-    const stof_status st = n > 0 ? walk(db, &w) : STOF_OK;
+    if (n > 0 || w.nr > 0)
+        st = walk(&w);
+    walk_free(&w);
     if (st != STOF_OK)
         return st;
     if (w.unsupported) /* (the message is stof__module_preload's) */
@@ -256,10 +336,10 @@ stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
         *loaded = w.loaded;
     stof__log(ctx, STOF_LOG_INFO,
               "preload: %d module%s loaded in %.1f ms (%d chosen, at most "
-              "%d; %d failed to load; %d record%s failed the integrity "
-              "check)%s%s",
+              "%d; %d failed to load; %d record%s kept; %d failed the "
+              "integrity check)%s%s",
               w.loaded, w.loaded == 1 ? "" : "s", stof__now_ms() - t0, n,
-              max_modules, w.failed, bad, bad == 1 ? "" : "s",
+              max_modules, w.failed, w.kept, w.kept == 1 ? "" : "s", w.bad,
               ctx->lt_warm ? "; cuBLASLt started" : "",
               mb == 1 ? "; the format builder loaded" : "");
     return stof__ok(ctx);
