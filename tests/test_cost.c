@@ -603,6 +603,59 @@ Test(cost, persistent_schedule_groups_fit_the_l2)
     cr_expect_eq(stof__wgmma_persist_heads(&dl2, &gd, w, 8, 132), 0);
 }
 
+/* The deal's loads, as its definition states them by division (item pos
+ * of the deal: its group, rank and head; slot pos % slots, every other
+ * round reversed): the counter form must add the same values in the same
+ * order, so the loads come out bit for bit the same. */
+static double deal_by_division(const double *w, int nrb, int64_t bh, int hg,
+                               int slots, double over, double *t)
+{
+    memset(t, 0, sizeof(*t) * (size_t)slots);
+    const int64_t g = hg == 0 ? bh : hg > 0 ? hg : -(int64_t)hg;
+    const int64_t gn = g < bh ? g : bh;
+    const int64_t np = hg < 0 ? (nrb + 1) / 2 : nrb, gs = gn * np;
+    for (int64_t pos = 0; pos < bh * np; pos++) {
+        const int64_t j = pos / gs, g0 = j * gn;
+        const int64_t n = bh - g0 < gn ? bh - g0 : gn;
+        const int64_t i = (pos - j * gs) / n, i2 = nrb - 1 - i;
+        const int64_t round = pos / slots, x = pos % slots;
+        t[round & 1 ? slots - 1 - x : x] +=
+            w[i] + over + (hg < 0 && i2 != i ? w[i2] + over : 0.0);
+    }
+    double m = 0.0;
+    for (int i = 0; i < slots; i++)
+        if (t[i] > m)
+            m = t[i];
+    return m;
+}
+
+Test(cost, persist_deal_loads_as_defined)
+{
+    static const struct {
+        int nrb;
+        int64_t bh;
+        int slots;
+    } cases[] = {{32, 192, 396}, {7, 13, 5}, {1, 1, 1}, {33, 64, 132},
+                 {8, 3, 16}};
+    double w[64], t1[400], t2[400];
+    for (size_t c = 0; c < sizeof(cases) / sizeof(*cases); c++) {
+        const int nrb = cases[c].nrb, slots = cases[c].slots;
+        for (int i = 0; i < nrb; i++)
+            w[i] = 1.0 + (double)((i * 37) % 11) + 0.25 * i;
+        const int hgs[] = {0, 1, 4, -4, 5, -5, 16, -16, 1000, -1000};
+        for (size_t h = 0; h < sizeof(hgs) / sizeof(*hgs); h++) {
+            const double a = stof__wgmma_persist_deal_max(
+                w, nrb, cases[c].bh, hgs[h], slots, 0.75, t1);
+            const double b = deal_by_division(w, nrb, cases[c].bh, hgs[h],
+                                              slots, 0.75, t2);
+            cr_expect_eq(a, b, "case %zu hg %d: max %.17g vs %.17g", c,
+                         hgs[h], a, b);
+            cr_expect(memcmp(t1, t2, sizeof(double) * (size_t)slots) == 0,
+                      "case %zu hg %d: the slots' loads differ", c, hgs[h]);
+        }
+    }
+}
+
 /* 192-row wgmma CTAs (head_dim 64): their rules, the 64-row formats they
  * read (stof__wgmma_uniform_triples: every three row blocks the same full
  * tiles), and their candidates: for masks with such formats only. */

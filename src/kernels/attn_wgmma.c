@@ -245,23 +245,28 @@ double stof__wgmma_persist_deal_max(const double *w, int nrb, int64_t bh,
     memset(t, 0, sizeof(*t) * (size_t)slots);
     const int64_t g = hg == 0 ? bh : hg > 0 ? hg : -(int64_t)hg;
     const int64_t gn = g < bh ? g : bh;
-    if (hg >= 0) { /* groups of gn, rank by rank over a group's heads */
-        const int64_t gs = gn * nrb;
-        for (int64_t pos = 0; pos < bh * nrb; pos++) {
-            const int64_t j = pos / gs, g0 = j * gn;
-            const int64_t n = bh - g0 < gn ? bh - g0 : gn;
-            const int64_t round = pos / slots, x = pos % slots;
-            t[round & 1 ? slots - 1 - x : x] += w[(pos - j * gs) / n] + over;
-        }
-    } else { /* pairs of ranks i, nrb - 1 - i, by group, by i */
-        const int64_t np = (nrb + 1) / 2, gs = gn * np;
-        for (int64_t q = 0; q < bh * np; q++) {
-            const int64_t j = q / gs, g0 = j * gn;
-            const int64_t n = bh - g0 < gn ? bh - g0 : gn;
-            const int64_t i = (q - j * gs) / n, i2 = nrb - 1 - i;
-            const int64_t round = q / slots, x = q % slots;
-            t[round & 1 ? slots - 1 - x : x] +=
-                w[i] + over + (i2 != i ? w[i2] + over : 0.0);
+    /* Item k of the deal goes to slot k % slots, every other round
+     * reversed (a snake). Group by group of gn (batch, head)s: hg >= 0 rank
+     * by rank; hg < 0 pairs of ranks i, nrb - 1 - i; each over the group's
+     * heads. Counters, not divisions: 6144 items dealt three ways took
+     * ~0.7 ms of a plan with two 64-bit divisions an item. */
+    const int pairs = hg < 0;
+    const int nr = pairs ? (nrb + 1) / 2 : nrb;
+    int64_t x = 0;
+    int odd = 0;
+    for (int64_t g0 = 0; g0 < bh; g0 += gn) {
+        const int64_t n = bh - g0 < gn ? bh - g0 : gn;
+        for (int i = 0; i < nr; i++) {
+            const int i2 = nrb - 1 - i;
+            const double add =
+                w[i] + over + (pairs && i2 != i ? w[i2] + over : 0.0);
+            for (int64_t b = 0; b < n; b++) {
+                t[odd ? slots - 1 - x : x] += add;
+                if (++x == slots) {
+                    x = 0;
+                    odd ^= 1;
+                }
+            }
         }
     }
     double m = 0.0;
