@@ -496,7 +496,7 @@ static stof_status prepare_tiles(stof_context *ctx, stof_plan *p,
     stof_format *f = NULL;
     /* Where a first plan of a size spends its time (debug log): the
      * format, the row order, the persistent schedule. */
-    double t_fmt = stof__now_ms(), t_order = 0.0, t_sched = 0.0;
+    double t_fmt = stof__now_ms(), t_order = 0.0, t_sched = 0.0, t_deal = 0.0;
     int fmt_hit = 0;
     /* The block format of these mask bits and tiles, if a plan of this
      * context built it before (format_cache.c): shared, not rebuilt. */
@@ -655,6 +655,7 @@ order:
         size_t nl = 0;
         int32_t *list = stof__wgmma_format_persist_list(
             &ctx->device, &p->desc, &p->wcfg, f, &nl);
+        t_deal = stof__now_ms() - t_sched;
         if (list)
             st = upload_i32(ctx, list, nl, &p->d_sched,
                             "uploading the persistent schedule");
@@ -666,13 +667,13 @@ order:
     }
     stof__log(ctx, STOF_LOG_DEBUG,
               "attention formats: the format %.3f ms (%s), row order %.3f "
-              "(%s), persistent schedule %.3f (%s)",
+              "(%s), persistent schedule %.3f (%s; its deal %.3f)",
               t_fmt,
               fmt_hit ? "kept" : p->formats_gpu ? "built on the GPU"
                                                 : "built on the host",
               t_order,
               p->order_shared ? "shared" : "own", stof__now_ms() - t_sched,
-              !persist ? "none" : p->sched_shared ? "shared" : "own");
+              !persist ? "none" : p->sched_shared ? "shared" : "own", t_deal);
 done:
     free(order);
     free(perm);
