@@ -736,6 +736,22 @@ Test(db, hits_are_written_together)
 
 /* ---------------------------------------------------------------- preload */
 
+/* Record `seed` made on env's GPU and build, with the cubin of record
+ * cubin_seed (cubin_size bytes; 0: none). */
+static void preload_record(stof_db_record *r, const stof_db_record *env,
+                           int seed, int cubin_seed, size_t cubin_size)
+{
+    record_fill(r, (uint64_t)seed, 0);
+    memcpy(r->device_name, env->device_name, sizeof(r->device_name));
+    memcpy(r->template_hash, env->template_hash, sizeof(r->template_hash));
+    if (cubin_size) {
+        stof_db_record c;
+        record_fill(&c, (uint64_t)cubin_seed, cubin_size);
+        r->cubin = c.cubin;
+        r->cubin_size = c.cubin_size;
+    }
+}
+
 /* What stof_preload would load: the distinct cubins of records made on
  * this GPU and build, over every layer, most used first; records of
  * another GPU or template version, cuBLASLt algorithms and records that
@@ -762,9 +778,9 @@ Test(db, preload_picks_this_gpus_modules_most_used_first)
     };
     stof_db *db = db_open(ctx, user, NULL);
     for (size_t i = 0; i < sizeof(recs) / sizeof(*recs); i++) {
-        record_fill(&r, (uint64_t)recs[i].seed, 0);
-        memcpy(r.device_name, env.device_name, sizeof(r.device_name));
-        memcpy(r.template_hash, env.template_hash, sizeof(r.template_hash));
+        preload_record(&r, &env, recs[i].seed, recs[i].cubin,
+                       recs[i].how == NO_CUBIN ? 0
+                                               : 256 + recs[i].cubin % 2);
         if (recs[i].how == OTHER_GPU)
             snprintf(r.device_name, sizeof(r.device_name), "NVIDIA H200");
         if (recs[i].how == OTHER_TEMPLATES)
@@ -773,12 +789,6 @@ Test(db, preload_picks_this_gpus_modules_most_used_first)
             snprintf(r.kernel, sizeof(r.kernel), "cublaslt");
         if (recs[i].how == NO_CUBIN) /* (a layer's scheme: no module) */
             snprintf(r.op, sizeof(r.op), "layer");
-        if (recs[i].how != NO_CUBIN) {
-            stof_db_record c;
-            record_fill(&c, (uint64_t)recs[i].cubin, 256 + recs[i].cubin % 2);
-            r.cubin = c.cubin;
-            r.cubin_size = c.cubin_size;
-        }
         cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
                      stof_errmsg(ctx));
         stof__db_record_clear(&r);
@@ -787,14 +797,8 @@ Test(db, preload_picks_this_gpus_modules_most_used_first)
     /* A system database: a newer record of its own cubin, no hits. */
     {
         stof_db *s = db_open(ctx, sys1, NULL);
-        record_fill(&r, 19, 0);
-        memcpy(r.device_name, env.device_name, sizeof(r.device_name));
-        memcpy(r.template_hash, env.template_hash, sizeof(r.template_hash));
+        preload_record(&r, &env, 19, 108, 300);
         r.created_at = env.created_at + 1000;
-        stof_db_record c;
-        record_fill(&c, 108, 300);
-        r.cubin = c.cubin;
-        r.cubin_size = c.cubin_size;
         cr_assert_eq(stof__db_store(s, &r, 0, 0), STOF_OK, "%s",
                      stof_errmsg(ctx));
         stof__db_record_clear(&r);
