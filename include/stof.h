@@ -222,7 +222,12 @@ STOF_API uint64_t stof_template_hash(void);
  * call (those the cache had already are not counted). STOF_OK with
  * *loaded = 0 without a database; STOF_ERR_NO_DEVICE without a GPU;
  * STOF_ERR_UNSUPPORTED when the driver cannot list a module's kernels
- * (before CUDA 12.4). A module that fails to load is logged and skipped. */
+ * (before CUDA 12.4). A module that fails to load is logged and skipped.
+ * $STOF_PRELOAD=1 (or all) makes stof_open call it once it has the GPU (a
+ * failure is logged, the context opens), so that programs which do not
+ * call it (the PyTorch operator, the transformers integration) preload
+ * too; any value but 0, 1 or all makes stof_open fail with
+ * STOF_ERR_INVALID_ARGUMENT. */
 STOF_API stof_status stof_preload(stof_context *ctx, int max_modules,
                                   int *loaded /* OUT */);
 

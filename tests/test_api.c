@@ -115,6 +115,30 @@ Test(api, tuning_mode_from_the_environment)
     unsetenv("STOF_TUNING_MODE");
 }
 
+/* $STOF_PRELOAD: 0, 1 or all open (with or without a GPU: a context that
+ * cannot preload still opens); anything else fails by name. */
+Test(api, preload_from_the_environment)
+{
+    static const char *const ok[] = {"0", "1", "all", ""};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(*ok); i++) {
+        cr_assert_eq(setenv("STOF_PRELOAD", ok[i], 1), 0);
+        stof_settings s;
+        stof_default_settings(&s);
+        s.user_db = ""; /* (no database: nothing to load) */
+        stof_context *ctx = NULL;
+        cr_assert_eq(stof_open(&ctx, &s), STOF_OK, "STOF_PRELOAD=%s: %s",
+                     ok[i], stof_errmsg(ctx));
+        stof_close(&ctx);
+    }
+    cr_assert_eq(setenv("STOF_PRELOAD", "yes", 1), 0);
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "STOF_PRELOAD=yes"), "%s",
+              stof_errmsg(ctx));
+    stof_close(&ctx);
+    unsetenv("STOF_PRELOAD");
+}
+
 Test(api, device_required_but_absent_or_present)
 {
     stof_settings s;

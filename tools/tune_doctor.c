@@ -220,7 +220,8 @@ static json_t *environment(void)
 {
     static const char *const vars[] = {
         "STOF_USER_DB",   "STOF_TUNING_MODE", "STOF_LOG",
-        "STOF_LIBCUDA",   "STOF_LIBNVRTC",    "STOF_LIBCUBLASLT",
+        "STOF_PRELOAD",   "STOF_LIBCUDA",     "STOF_LIBNVRTC",
+        "STOF_LIBCUBLASLT",
         "CUDA_HOME",      "XDG_CACHE_HOME",   "UV_THREADPOOL_SIZE",
     };
     json_t *e = json_object();

@@ -23,6 +23,16 @@ static int env_tuning_mode(void)
     return -2;
 }
 
+/* $STOF_PRELOAD: 1 (or "all") when stof_open preloads the databases'
+ * kernels (stof_preload), 0 when unset, empty or 0, -2 otherwise. */
+static int env_preload(void)
+{
+    const char *e = getenv("STOF_PRELOAD");
+    if (!e || !*e || strcmp(e, "0") == 0)
+        return 0;
+    return strcmp(e, "1") == 0 || strcmp(e, "all") == 0 ? 1 : -2;
+}
+
 void stof_default_settings(stof_settings *s)
 {
     if (!s)
@@ -191,6 +201,13 @@ static stof_status open_context(stof_context **out, const stof_settings *s,
                           "cache-only or force",
                           getenv("STOF_TUNING_MODE"));
     }
+    if (env_preload() == -2) {
+        ctx->settings.user_db = NULL;
+        ctx->settings.system_dbs = NULL;
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "STOF_PRELOAD=%s: expected 0, 1 or all",
+                          getenv("STOF_PRELOAD"));
+    }
     stof_status st = check_settings(ctx);
     if (st != STOF_OK) {
         ctx->settings.user_db = NULL;
@@ -234,6 +251,9 @@ static stof_status open_context(stof_context **out, const stof_settings *s,
         if (cs->require_device)
             return st; /* message already recorded */
         stof__log(ctx, STOF_LOG_INFO, "no GPU: %s", ctx->errmsg);
+    } else if (env_preload() == 1 && stof_preload(ctx, 0, NULL) != STOF_OK) {
+        /* (a context without its kernels preloaded still works) */
+        stof__log(ctx, STOF_LOG_WARN, "STOF_PRELOAD: %s", ctx->errmsg);
     }
     return stof__ok(ctx);
 }

@@ -4,7 +4,9 @@ from Python with the layouts Python users hold, (batch, heads, seq, dim)
 and a (batch, seq, heads, dim) tensor seen through a transpose. Each plan
 must come from the database ("user db") with nothing compiled or verified
 (the record was tuned, and so verified, on this host), and compute the
-same as PyTorch's attention with the same mask.
+same as PyTorch's attention with the same mask. Then a fresh context
+preloads the database (Context.preload, and stof_open with
+$STOF_PRELOAD=1) before planning.
 
 Exit status 77 (skipped) without torch or a GPU."""
 import os
@@ -66,7 +68,21 @@ def main():
         print("preload: %d modules, then %d; plan from %s: %s" % (
             n, again, d["source"], "ok" if ok else "FAILED"))
         failures += not ok
-        print("%d passed, %d failed" % (len(layouts) + 1 - failures,
+        # $STOF_PRELOAD=1: the same at stof_open, for programs that do not
+        # call it (the PyTorch operator, the transformers integration).
+        said = []
+        os.environ["STOF_PRELOAD"] = "1"
+        try:
+            stof.Context(user_db=db, tuning_mode="cache-only",
+                         log=lambda level, msg: said.append(msg),
+                         log_level="info").close()
+        finally:
+            del os.environ["STOF_PRELOAD"]
+        pre = [m for m in said if m.startswith("preload: ")]
+        ok = len(pre) == 1 and not pre[0].startswith("preload: 0 modules")
+        print("STOF_PRELOAD=1: %s: %s" % (pre, "ok" if ok else "FAILED"))
+        failures += not ok
+        print("%d passed, %d failed" % (len(layouts) + 2 - failures,
                                         failures))
         return 1 if failures else 0
 
