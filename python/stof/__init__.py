@@ -756,8 +756,8 @@ class Context:
         fn = getattr(self._lib, "stof_preload", None)
         if fn is None:
             raise StofError(6, "this libstof has no stof_preload")
-        if int(max_modules) < 0:
-            raise ValueError("max_modules must be >= 0")
+        if not 0 <= int(max_modules) < 2**31:
+            raise ValueError("max_modules must be in 0..2**31-1")
         n = ctypes.c_int(0)
         self._check(fn(self._h, int(max_modules), ctypes.byref(n)))
         return n.value

@@ -60,7 +60,7 @@ typedef struct pre_walk {
     int bad; /* records that failed their integrity check */
     int lt;  /* cuBLASLt records */
     int loaded, failed, kept;
-    int unsupported; /* the driver cannot list a module's kernels */
+    stof_module_enum en; /* the driver's entry points for module loads */
     stof_status oom;
 } pre_walk;
 
@@ -121,23 +121,18 @@ static int grow(void **p, int n, int *cap, size_t each)
     return 1;
 }
 
-static int load(pre_walk *w, const stof_db_record *r, pre_item *it)
+static void load(pre_walk *w, const stof_db_record *r, pre_item *it)
 {
     it->chosen = 2;
-    const int got = stof__module_preload(w->ctx, r->cubin, r->cubin_size);
-    if (got == STOF_ERR_UNSUPPORTED) {
-        w->unsupported = 1; /* (no use going on) */
-        return 1;
-    }
-    if (got == 1) {
-        w->loaded++;
-    } else if (got != 0) {
+    int got = 0;
+    if (stof__module_preload(w->ctx, &w->en, r->cubin, r->cubin_size,
+                             &got) != STOF_OK) {
         w->failed++;
         stof__log(w->ctx, STOF_LOG_WARN,
                   "preload: the module of record %s did not load: %s",
                   r->key, stof_errmsg(w->ctx));
     }
-    return 0;
+    w->loaded += got;
 }
 
 static int visit(void *user, const stof_db_record *r)
@@ -158,7 +153,9 @@ static int visit(void *user, const stof_db_record *r)
             stof__db_memo_keep(w->db, w->layer, r);
             w->kept++;
         }
-        return want ? load(w, r, it) : 0;
+        if (want)
+            load(w, r, it);
+        return 0;
     }
     if (!stof__db_record_check(r, why, sizeof(why))) {
         w->bad++;
@@ -216,6 +213,8 @@ static int rec_by_use(const void *a, const void *b)
     return by_use(x->hits, x->created, y->hits, y->created);
 }
 
+/* Every open database in turn; one that cannot be read is skipped (as a
+ * lookup takes it for a miss), logged. */
 static stof_status walk(pre_walk *w)
 {
     for (int layer = 0; layer < stof__db_layers(w->db); layer++) {
@@ -226,7 +225,10 @@ static stof_status walk(pre_walk *w)
         if (w->oom != STOF_OK)
             return stof__fail(w->ctx, w->oom, "preload: out of memory");
         if (st != STOF_OK)
-            return st;
+            stof__log(w->ctx, STOF_LOG_WARN,
+                      "preload: database %d could not be read (%s); "
+                      "skipped",
+                      layer, stof_errmsg(w->ctx));
     }
     return STOF_OK;
 }
@@ -290,6 +292,12 @@ stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
                                              : "no usable CUDA device");
     if (max_modules == 0 || max_modules > STOF_MODCACHE_MAX)
         max_modules = STOF_MODCACHE_MAX;
+    if (ctx->settings.tuning_mode == STOF_TUNE_FORCE) {
+        stof__log(ctx, STOF_LOG_INFO,
+                  "preload: nothing to load in force mode (every plan "
+                  "tunes)");
+        return stof__ok(ctx);
+    }
     stof_db *db = stof__ctx_db(ctx);
     if (!db) {
         stof__log(ctx, STOF_LOG_INFO,
@@ -316,7 +324,15 @@ stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
         stof__log(ctx, STOF_LOG_WARN,
                   "preload: the format builder did not load: %s",
                   stof_errmsg(ctx));
-    const int n = w.n < max_modules ? w.n : max_modules;
+    /* The modules: without evicting one a plan holds, or one loaded by this
+     * call (the cache evicts the least recently used first). */
+    const int can_load = stof__module_enum(ctx->api, &w.en);
+    const int room = stof__modcache_room(ctx);
+    int n = w.n < max_modules ? w.n : max_modules;
+    if (n > room)
+        n = room;
+    if (!can_load)
+        n = 0;
     for (int i = 0; i < n; i++)
         w.v[i].chosen = 1;
     /* (the memo's capacity, as many records as max_modules allows) */
@@ -327,11 +343,18 @@ stof_status stof_preload(stof_context *ctx, int max_modules, int *loaded)
     w.pass = 2;
     if (n > 0 || w.nr > 0)
         st = walk(&w);
+    /* Loaded in the databases' order: marked used in rank order, the
+     * least used first, so that the cache evicts those first. */
+    for (int i = n - 1; i >= 0 && st == STOF_OK; i--)
+        stof__module_touch(ctx, w.v[i].hash, w.v[i].size);
     walk_free(&w);
     if (st != STOF_OK)
         return st;
-    if (w.unsupported) /* (the message is stof__module_preload's) */
-        return STOF_ERR_UNSUPPORTED;
+    if (!can_load)
+        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
+                          "preload: the CUDA driver cannot list a module's "
+                          "kernels (cuModuleEnumerateFunctions needs CUDA "
+                          "12.4); records kept, no module loaded");
     if (loaded)
         *loaded = w.loaded;
     stof__log(ctx, STOF_LOG_INFO,

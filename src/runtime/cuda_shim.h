@@ -256,12 +256,21 @@ long stof__module_shared_loads(const struct stof_context *ctx);
 
 /* Load a cubin into the module cache with every kernel it has (loaded, so
  * that a later stof__module_load_shared of the same cubin and a kernel of
- * it costs no load), held by nobody: evicted like any module no plan holds.
- * 1 when loaded, 0 when the cache had it already (or every slot is held),
- * else a status (STOF_ERR_UNSUPPORTED: the driver cannot list a module's
- * kernels). */
-int stof__module_preload(struct stof_context *ctx, const void *cubin,
-                         size_t size);
+ * it costs no load), held by nobody: evicted like any module no plan holds,
+ * least recently used first. `en`: the driver's entry points
+ * (stof__module_enum). STOF_OK with *loaded = 1 when loaded, 0 when the
+ * cache had it already or every slot is held; else a status. */
+int stof__module_preload(struct stof_context *ctx,
+                         const stof_module_enum *en, const void *cubin,
+                         size_t size, int *loaded /* OUT */);
+
+/* How many modules the cache can take without evicting one a plan holds
+ * (its size less the modules held). */
+int stof__modcache_room(struct stof_context *ctx);
+
+/* Mark the cached module of this cubin (XXH3-64 and size) as just used,
+ * so that it is evicted after those used before. */
+void stof__module_touch(struct stof_context *ctx, uint64_t hash, size_t size);
 
 /* How many cubins stof__module_preload loaded (tests). */
 long stof__module_preloads(const struct stof_context *ctx);

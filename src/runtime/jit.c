@@ -313,7 +313,7 @@ fail:
  * each. A preloaded module (stof__module_preload) comes in with every
  * kernel it has, loaded, and no limit set yet. */
 #define MODCACHE_MAX STOF_MODCACHE_MAX
-#define MODCACHE_FNS 4
+#define MODCACHE_FNS 8
 
 typedef struct modcache_fn {
     char name[64];
@@ -430,7 +430,15 @@ static int cached_kernel(struct stof_context *ctx, struct stof_modcache *c,
     const stof_api *api = ctx->api;
     if (!got)
         STOF_CU_GOTO(ctx, st, done, api->cuModuleGetFunction(&got, mod, name));
-    if (smem_bytes > 0)
+    /* The kernel is shared: its limit is only ever raised (a kernel the
+     * entry has no room to record asks the driver what it is). */
+    int have = f ? (int)f->smem : 0;
+    if (!f && smem_bytes > 0)
+        STOF_CU_GOTO(ctx, st, done,
+                     api->cuFuncGetAttribute(
+                         &have, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                         got));
+    if (smem_bytes > (size_t)have)
         STOF_CU_GOTO(ctx, st, done,
                      api->cuFuncSetAttribute(
                          got, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -499,17 +507,16 @@ int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
     return stof__ok(ctx);
 }
 
-int stof__module_preload(struct stof_context *ctx, const void *cubin,
-                         size_t size)
+int stof__module_preload(struct stof_context *ctx,
+                         const stof_module_enum *en, const void *cubin,
+                         size_t size, int *loaded)
 {
+    if (loaded)
+        *loaded = 0;
     if (!ctx)
         return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, cubin && size, "NULL or empty cubin");
-    stof_module_enum en;
-    if (!stof__module_enum(ctx->api, &en))
-        return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
-                          "the CUDA driver cannot list a module's kernels "
-                          "(cuModuleEnumerateFunctions needs CUDA 12.4)");
+    STOF_CHECK_ARG(ctx, en && cubin && size && loaded,
+                   "NULL entry points, cubin or output, or an empty cubin");
     struct stof_modcache *c = modcache(ctx);
     if (!c)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
@@ -519,7 +526,7 @@ int stof__module_preload(struct stof_context *ctx, const void *cubin,
     const int have = cache_find(c, hash, size) != NULL;
     pthread_mutex_unlock(&c->mu);
     if (have)
-        return 0;
+        return stof__ok(ctx);
     stof_status st = (stof_status)stof__ctx_push(ctx);
     if (st != STOF_OK)
         return st;
@@ -530,30 +537,57 @@ int stof__module_preload(struct stof_context *ctx, const void *cubin,
     unsigned n = 0;
     memset(f, 0, sizeof(f));
     STOF_CU_GOTO(ctx, st, fail, api->cuModuleLoadData(&m, cubin));
-    STOF_CU_GOTO(ctx, st, fail, en.count(&n, m));
-    if (n > MODCACHE_FNS)
+    STOF_CU_GOTO(ctx, st, fail, en->count(&n, m));
+    if (n > MODCACHE_FNS) /* (the others are looked up when asked for) */
         n = MODCACHE_FNS;
     if (n)
-        STOF_CU_GOTO(ctx, st, fail, en.list(fns, n, m));
+        STOF_CU_GOTO(ctx, st, fail, en->list(fns, n, m));
     for (unsigned i = 0; i < n; i++) {
         const char *name = NULL;
-        STOF_CU_GOTO(ctx, st, fail, en.name(&name, fns[i]));
-        STOF_CU_GOTO(ctx, st, fail, en.load(fns[i]));
+        STOF_CU_GOTO(ctx, st, fail, en->name(&name, fns[i]));
+        STOF_CU_GOTO(ctx, st, fail, en->load(fns[i]));
         snprintf(f[i].name, sizeof(f[i].name), "%s", name ? name : "");
         f[i].fn = fns[i];
     }
     stof__ctx_pop(ctx);
     pthread_mutex_lock(&c->mu);
-    c->preloads++;
     CUmodule evict = cache_insert(c, hash, size, m, f, (int)n, 0);
+    if (evict != m)
+        c->preloads++;
     pthread_mutex_unlock(&c->mu);
     unload(ctx, evict); /* (or m itself: every slot held) */
-    return evict == m ? 0 : 1;
+    *loaded = evict != m;
+    return stof__ok(ctx);
 fail:
     if (m)
         api->cuModuleUnload(m);
     stof__ctx_pop(ctx);
     return st;
+}
+
+int stof__modcache_room(struct stof_context *ctx)
+{
+    struct stof_modcache *c = ctx ? modcache(ctx) : NULL;
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    int held = 0;
+    for (int i = 0; i < c->n; i++)
+        held += c->e[i].refs > 0;
+    pthread_mutex_unlock(&c->mu);
+    return MODCACHE_MAX - held;
+}
+
+void stof__module_touch(struct stof_context *ctx, uint64_t hash, size_t size)
+{
+    struct stof_modcache *c = ctx ? ctx->modcache : NULL;
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    modcache_entry *e = cache_find(c, hash, size);
+    if (e)
+        e->tick = ++c->tick;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void stof__module_release(struct stof_context *ctx, CUmodule mod)
