@@ -788,9 +788,63 @@ Test(cost, wgmma_192_rows)
  * items in the deal's order (group by group), the busiest slot within one
  * item of the mean (longest first onto the least loaded), and no list past
  * STOF_PERSIST_LIST_MAX. */
+/* splitmix64: the random cases' numbers. */
+static uint64_t rng_next(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 /* Each item of the deal goes to the least loaded slot, the lowest of equal
  * ones: found here by scanning every slot, the list must be the same item
- * for item (the library keeps a tournament tree). */
+ * for item (the library deals by levels of equal load). */
+static void check_deal(const double *w, int nrb, int64_t bh, int hg,
+                       int slots, double over, int id)
+{
+    const int64_t items = nrb * bh;
+    size_t n = 0;
+    int32_t *l = stof__wgmma_persist_list(w, nrb, bh, hg, slots, over, &n);
+    cr_assert_not_null(l);
+    cr_assert_eq(n, (size_t)slots + 1 + (size_t)items);
+    /* The reference deal: the slot of each item in the deal's order. */
+    int32_t *slot_of = malloc(sizeof(int32_t) * (size_t)items);
+    int32_t *want = malloc(sizeof(int32_t) * (size_t)items);
+    int *used = calloc((size_t)slots, sizeof(int));
+    double *load = calloc((size_t)slots, sizeof(double));
+    cr_assert(slot_of && want && used && load);
+    const int64_t gn = hg > 0 && hg < bh ? hg : bh;
+    int64_t k = 0;
+    for (int64_t g0 = 0; g0 < bh; g0 += gn)
+        for (int r = 0; r < nrb; r++)
+            for (int64_t b = g0; b < g0 + gn && b < bh; b++, k++) {
+                int best = 0;
+                for (int x = 1; x < slots; x++)
+                    if (load[x] < load[best])
+                        best = x;
+                load[best] += w[r] + over;
+                slot_of[k] = best;
+                want[k] = (int32_t)((int64_t)r * bh + b);
+            }
+    /* Slot x's items, in the deal's order, are its part of the list. */
+    for (int64_t i = 0; i < items; i++) {
+        const int x = slot_of[i];
+        cr_assert_eq(l[slots + 1 + l[x] + used[x]], want[i],
+                     "case %d (nrb %d, bh %lld, hg %d, %d slots): item %lld "
+                     "of slot %d",
+                     id, nrb, (long long)bh, hg, slots, (long long)i, x);
+        used[x]++;
+    }
+    for (int x = 0; x < slots; x++)
+        cr_assert_eq(l[x + 1] - l[x], used[x], "case %d: slot %d", id, x);
+    free(slot_of);
+    free(want);
+    free(used);
+    free(load);
+    free(l);
+}
+
 Test(cost, persist_list_gives_each_item_to_the_least_loaded_slot)
 {
     static const struct {
@@ -798,51 +852,30 @@ Test(cost, persist_list_gives_each_item_to_the_least_loaded_slot)
         int64_t bh;
     } cases[] = {{32, 396, 0, 192}, {32, 396, 24, 192}, {7, 5, 4, 13},
                  {1, 1, 0, 1},      {33, 132, 16, 64},  {5, 50, 0, 3},
-                 {6, 7, 3, 9}};
+                 {6, 7, 3, 9},      {40, 130, 0, 200}};
+    double w[64];
     for (size_t c = 0; c < sizeof(cases) / sizeof(*cases); c++) {
-        const int nrb = cases[c].nrb, slots = cases[c].slots;
-        const int64_t bh = cases[c].bh, items = nrb * bh;
-        double w[64], load[400] = {0};
-        for (int i = 0; i < nrb; i++) /* heaviest first, with ties */
+        for (int i = 0; i < cases[c].nrb; i++) /* heaviest first, ties */
             w[i] = i < 2 ? 128.0 : 40.0 - (double)(i / 3);
-        size_t n = 0;
-        int32_t *l = stof__wgmma_persist_list(w, nrb, bh, cases[c].hg, slots,
-                                              18.0, &n);
-        cr_assert_not_null(l);
-        cr_assert_eq(n, (size_t)slots + 1 + (size_t)items);
-        /* The reference deal: the slot of each item in the deal's order. */
-        int32_t *slot_of = malloc(sizeof(int32_t) * (size_t)items);
-        int32_t *want = malloc(sizeof(int32_t) * (size_t)items);
-        int *used = calloc((size_t)slots, sizeof(int));
-        cr_assert(slot_of && want && used);
-        const int64_t gn = cases[c].hg > 0 && cases[c].hg < bh ? cases[c].hg
-                                                                : bh;
-        int64_t k = 0;
-        for (int64_t g0 = 0; g0 < bh; g0 += gn)
-            for (int r = 0; r < nrb; r++)
-                for (int64_t b = g0; b < g0 + gn && b < bh; b++, k++) {
-                    int best = 0;
-                    for (int x = 1; x < slots; x++)
-                        if (load[x] < load[best])
-                            best = x;
-                    load[best] += w[r] + 18.0;
-                    slot_of[k] = best;
-                    want[k] = (int32_t)((int64_t)r * bh + b);
-                }
-        /* Slot x's items, in the deal's order, are its part of the list. */
-        for (int64_t i = 0; i < items; i++) {
-            const int x = slot_of[i];
-            cr_assert_eq(l[slots + 1 + l[x] + used[x]], want[i],
-                         "case %zu: item %lld of slot %d", c, (long long)i,
-                         x);
-            used[x]++;
-        }
-        for (int x = 0; x < slots; x++)
-            cr_assert_eq(l[x + 1] - l[x], used[x], "case %zu: slot %d", c, x);
-        free(slot_of);
-        free(want);
-        free(used);
-        free(l);
+        check_deal(w, cases[c].nrb, cases[c].bh, cases[c].hg, cases[c].slots,
+                   18.0, (int)c);
+    }
+    /* Random ones: many equal loads (small integer weights, zero weights,
+     * no fixed cost), equal weights, fractions. */
+    uint64_t x = 0x5eed;
+    for (int c = 0; c < 3000; c++) {
+        const int nrb = 1 + (int)(rng_next(&x) % 40);
+        const int64_t bh = 1 + (int64_t)(rng_next(&x) % 30);
+        const int slots = 1 + (int)(rng_next(&x) % 70);
+        const int hg = rng_next(&x) % 3 == 0 ? 0 : 1 + (int)(rng_next(&x) % 40);
+        const int mode = (int)(rng_next(&x) % 3);
+        for (int i = 0; i < nrb; i++)
+            w[i] = mode == 0   ? (double)(rng_next(&x) % 4)
+                   : mode == 1 ? 1.0
+                               : (double)(rng_next(&x) % 1000) / 97.0;
+        const double over = mode == 0 ? (double)(rng_next(&x) % 3)
+                                      : rng_next(&x) % 2 ? 0.5 : 0.0;
+        check_deal(w, nrb, bh, hg, slots, over, 100 + c);
     }
 }
 
