@@ -163,9 +163,15 @@ stof_status stof__family_rank(stof_context *ctx, const stof_attention_desc *d,
                               const stof_attn_problem *pr,
                               stof_candidate *cands, int max, int *n /* OUT */);
 
+/* The GPU format builder's cubin on ctx (family_builder.c): already there,
+ * from a trusted database record, or (may_compile) compiled now and
+ * stored. Without it and without may_compile: STOF_ERR_UNSUPPORTED,
+ * nothing recorded. */
+stof_status stof__family_builder_cubin(stof_context *ctx, int may_compile);
+
 /* stof_preload: load the GPU format builder from its trusted database
  * record, so that the first spec mask a plan builds on the GPU does not
- * (attention_family.c). 1 loaded, 0 loaded before or no usable record,
+ * (family_builder.c). 1 loaded, 0 loaded before or no usable record,
  * else minus a status. */
 int stof__family_builder_preload(stof_context *ctx);
 
