@@ -190,18 +190,10 @@ out:
 /* Was the record made for the device and build of ctx? */
 static int tv_matches(const stof_context *ctx, const stof_db_record *r)
 {
-    const stof_device *dev = &ctx->device;
-    char nv[16], th[17];
-    snprintf(nv, sizeof(nv), "%d.%d", dev->nvrtc_major, dev->nvrtc_minor);
-    snprintf(th, sizeof(th), "%016llx",
-             (unsigned long long)stof_template_hash());
-    return !strncmp(r->device_name, dev->name, sizeof(r->device_name) - 1) &&
-           r->cc_major == dev->cc_major && r->cc_minor == dev->cc_minor &&
-           r->sm_count == dev->sm_count &&
-           r->driver_version == dev->driver_version &&
-           !strcmp(r->nvrtc_version, nv) &&
-           !strcmp(r->stof_version, stof_version_string()) &&
-           !strcmp(r->template_hash, th);
+    stof_db_record env;
+    memset(&env, 0, sizeof(env));
+    stof__record_env(ctx, &env);
+    return stof__record_same_build(r, &env);
 }
 
 /* Whether spec names a mask family (one that stof_mask_from_spec refuses,

@@ -68,14 +68,7 @@ typedef struct pre_walk {
  * it. */
 static int this_build(const pre_walk *w, const stof_db_record *r)
 {
-    const stof_db_record *e = &w->env;
-    return strcmp(r->device_name, e->device_name) == 0 &&
-           r->cc_major == e->cc_major && r->cc_minor == e->cc_minor &&
-           r->sm_count == e->sm_count &&
-           r->driver_version == e->driver_version &&
-           strcmp(r->nvrtc_version, e->nvrtc_version) == 0 &&
-           strcmp(r->stof_version, e->stof_version) == 0 &&
-           strcmp(r->template_hash, e->template_hash) == 0;
+    return stof__record_same_build(r, &w->env);
 }
 
 static int is_lt(const stof_db_record *r)

@@ -89,3 +89,14 @@ void stof__record_env(const stof_context *ctx, stof_db_record *r)
     snprintf(r->template_hash, sizeof(r->template_hash), "%016llx",
              (unsigned long long)stof_template_hash());
 }
+
+int stof__record_same_build(const stof_db_record *r, const stof_db_record *env)
+{
+    return strcmp(r->device_name, env->device_name) == 0 &&
+           r->cc_major == env->cc_major && r->cc_minor == env->cc_minor &&
+           r->sm_count == env->sm_count &&
+           r->driver_version == env->driver_version &&
+           strcmp(r->nvrtc_version, env->nvrtc_version) == 0 &&
+           strcmp(r->stof_version, env->stof_version) == 0 &&
+           strcmp(r->template_hash, env->template_hash) == 0;
+}

@@ -155,6 +155,11 @@ void stof__ctx_sink_ok(void *ctx);
  * hash (problem_key.c). */
 struct stof_db_record;
 void stof__record_env(const stof_context *ctx, struct stof_db_record *r);
+/* Whether record r was made on the GPU and build that env (filled by
+ * stof__record_env) describes: every field a key covers besides the
+ * problem. */
+int stof__record_same_build(const struct stof_db_record *r,
+                            const struct stof_db_record *env);
 
 /* stof_preload's choice (preload.c): the distinct cubins of db's records
  * that a plan on env's GPU and build could load (cuBLASLt records carry
