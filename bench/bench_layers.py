@@ -97,6 +97,10 @@ MASK_SPEC = "bigbird:64:3:2:3:1"
 FAIL_REL_ERR = 2e-2
 PEER_TIMES = ("eager_ms", "eager_graph_ms", "compile_ms", "hf_eager_ms",
               "hf_sdpa_ms")
+# The peers the Hopper-GEMM issue's targets name (eager, SDPA, torch.compile,
+# Hugging Face's own layers): all of the above but the eager stack replayed
+# as a CUDA graph, a stronger peer this script adds ("x list").
+ISSUE_PEER_TIMES = tuple(k for k in PEER_TIMES if k != "eager_graph_ms")
 
 
 class Cfg:
@@ -898,6 +902,9 @@ def bench_case(args, ctx, cfg, dtype, seed):
         best = min(peers, key=peers.get)
         r["best_peer"] = best[:-len("_ms")]
         r["speedup"] = peers[best] / r["stof_ms"]
+        listed = [peers[k] for k in ISSUE_PEER_TIMES if k in peers]
+        if listed:
+            r["speedup_issue"] = min(listed) / r["stof_ms"]
     if not args.no_floor:
         try:
             r.update(stack_floor(cfg, dtype, r["density"], args.reps, args.warmup))
@@ -998,7 +1005,7 @@ def print_table(results):
     print()
     print(f"{'model':>10} {'BxS':>8} {'eager ms':>9} {'graph ms':>9} {'compile ms':>10} "
           f"{'stof ms':>8} "
-          f"{'x best':>7} {'stof err':>9} {'max abs':>8} {'plan s':>7} {'source':>8} "
+          f"{'x best':>7} {'x list':>7} {'stof err':>9} {'max abs':>8} {'plan s':>7} {'source':>8} "
           f"{'compile 1st s':>13} {'hf eager ms':>11} {'hf sdpa ms':>10}")
     for r in results:
         bs = f"{r['batch']}x{r['seq']}"
@@ -1007,7 +1014,8 @@ def print_table(results):
         print(f"{r['model']:>10} {bs:>8} {fmt(r.get('eager_ms'), '9.3f')} "
               f"{fmt(r.get('eager_graph_ms'), '9.3f')} "
               f"{fmt(r.get('compile_ms'), '10.3f')} {fmt(r.get('stof_ms'), '8.3f')} "
-              f"{fmt(r.get('speedup'), '7.2f')} {fmt(err, '9.1e')} "
+              f"{fmt(r.get('speedup'), '7.2f')} "
+              f"{fmt(r.get('speedup_issue'), '7.2f')} {fmt(err, '9.1e')} "
               f"{fmt(r.get('max_abs_err'), '8.1e')} {fmt(r.get('stof_plan_s'), '7.2f')} "
               f"{str(r.get('stof_source') or '-'):>8} "
               f"{fmt(r.get('compile_first_s'), '13.2f')} "
@@ -1015,7 +1023,8 @@ def print_table(results):
               f"{flag}")
     print("graph = the eager stack captured in a CUDA graph, replayed; "
           "x best = the fastest peer (eager, graph, compile, hf eager, hf sdpa) / "
-          "stof (whole stack, median); "
+          "stof (whole stack, median); x list = the same without graph (the "
+          "peers the Hopper-GEMM issue names); "
           f"stof err = |stof - eager| / |eager|, FAIL above {FAIL_REL_ERR:g}")
     clk = [r for r in results if any(r.get(k) for k in
                                      ("stof_mhz", "eager_mhz", "compile_mhz"))]

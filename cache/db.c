@@ -766,6 +766,11 @@ static void layer_open(const stof_db_sink *sink, db_layer *L, int user)
             layer_close(L);
             break;
         }
+        /* And the check that serves a lookup from the memo (db_rows.c), so
+         * that a process's first plan does not prepare it (measured on an
+         * H200 host: 0.06 ms of the first lookup). Best effort: prepared
+         * at its first use otherwise. */
+        (void)stof__db_layer_stmt(L, ST_HASH, &s);
         if (writable) {
             L->why[0] = '\0';
             return;
