@@ -35,7 +35,9 @@ and the same input:
 
 stof's output is checked against eager (and all of them against an fp32 run
 of the eager stack) before timing; rel err = |out - ref| / |ref| (Frobenius).
-"x best" is the fastest peer's time over stof's. Timing: CUDA events around
+"x best" is the fastest peer's time over stof's, "x list" the same without
+the eager stack in a CUDA graph (the peers the Hopper-GEMM issue's targets
+name: eager, SDPA, torch.compile, Hugging Face). Timing: CUDA events around
 the whole stack, warm-ups first, median of --reps; the SM clock NVML reads
 meanwhile is reported per system (back to back, a stack that keeps the GPU at
 its power limit runs at a lower clock). --energy SECONDS also runs each stack
