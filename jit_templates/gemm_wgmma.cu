@@ -47,7 +47,8 @@
 // round on 132 SMs); STAGES 2..6 (K-steps of A and W in flight); BIAS,
 // ACT, RESIDUAL; GATED (BLOCK_N 128 or 256); PINGPONG (BLOCK_N 64 or 128,
 // below); CLUSTER 1 or 2 (below; not with 192); NORM 0..2, WRITE_PRE,
-// N_TOTAL (above, with the workspace).
+// N_TOTAL (above, with the workspace); CSLOT (a tile's C units in the
+// pipeline's slots: GW_NCS below).
 //
 // Grid: at most one CTA per SM (gridDim.x; the host passes the SM count),
 // 384 threads. The C tiles (ceil(M/128) x ceil(N/BLOCK_N)) are numbered in
@@ -110,10 +111,16 @@
 // stof__gemm_smem_bytes adds the 1024 bytes of slack): STAGES x {A 128
 // rows x 128 B, W BLOCK_N rows x 128 B}; each warpgroup's ring of GW_CBUF
 // C units of 64 rows x 128 B (the TMA's 128-byte swizzle; 2, or 4 with a
-// residual or a norm); 2 x STAGES + 4 mbarriers; NORM: gamma and beta of
-// the CTA's BLOCK_N columns (fp32).
-// 128 x 256 takes up to 4 stages (3 with a residual or a norm), 128 x 192
-// 4, 128 x 128 up to 6 (5 with a residual or a norm).
+// residual or a norm; none with CSLOT, whose tiles stage them in the
+// slots); 2 x STAGES + 4 mbarriers; NORM: gamma and beta of the CTA's
+// BLOCK_N columns (fp32).
+// 128 x 256 takes up to 4 stages (3 with a residual or a norm, 4 again
+// with CSLOT), 128 x 192 4 (5 with CSLOT), 128 x 128 up to 6 (5 with a
+// residual or a norm, 6 with CSLOT). Measured (H200, fp16, GW_TRACE, one
+// round): BERT-large's FFN2 + bias + residual + LayerNorm, 4096 x 1024 x
+// 4096 at 128 x 256, 0.0531 ms with a ring and three stages, 0.0503 with
+// CSLOT and four (K loop 68.9k -> 65.8k cycles, a plain four-stage
+// one's 65.5k); its output projection (K 1024) 0.0181 -> 0.0179.
 //
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,BIAS=1,ACT=2,RESIDUAL=0 | DTYPE=1,BLOCK_N=128,STAGES=5,BIAS=0,ACT=0,RESIDUAL=1 | DTYPE=0,BLOCK_N=256,STAGES=2,BIAS=1,ACT=3,RESIDUAL=1
 // STOF_VARIANTS: DTYPE=1,BLOCK_N=64,STAGES=6,BIAS=1,ACT=4,RESIDUAL=1 | DTYPE=0,BLOCK_N=128,STAGES=2,BIAS=1,ACT=1,RESIDUAL=0
@@ -131,6 +138,9 @@
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768 | DTYPE=1,BLOCK_N=192,STAGES=3,BIAS=1,ACT=2
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=64,STAGES=6,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768 | DTYPE=1,BLOCK_N=64,STAGES=6,RESIDUAL=1,NORM=2,WRITE_PRE=1,PINGPONG=1,N_TOTAL=1000
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768,GW_TRACE=1 | DTYPE=0,BLOCK_N=64,STAGES=6,GW_TRACE=1
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=1024,CSLOT=1 | DTYPE=1,BLOCK_N=128,STAGES=6,RESIDUAL=1,CSLOT=1
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=5,BIAS=1,NORM=2,WRITE_PRE=1,N_TOTAL=768,CSLOT=1 | DTYPE=1,BLOCK_N=256,STAGES=4,BIAS=1,RESIDUAL=1,CSLOT=1
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=64,STAGES=6,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768,CSLOT=1 | DTYPE=1,BLOCK_N=128,STAGES=2,RESIDUAL=1,NORM=1,WRITE_PRE=1,N_TOTAL=1000,CSLOT=1
 #include "sm90_common.cuh"
 #include "gemm_epi.cuh"
 
@@ -161,6 +171,9 @@
 #ifndef GW_TRACE
 #define GW_TRACE 0
 #endif
+#ifndef CSLOT
+#define CSLOT 0
+#endif
 
 #define GW_BM 128                          // tile rows (two warpgroups)
 #define GW_BK 64                           // K per stage (128-byte rows)
@@ -175,9 +188,19 @@
 #define GW_WG_ROWS (64 * GW_HALVES)
 #define GW_UNITS (GW_HALVES * GW_ON / 64)  // C units (64 x 64) a tile
 // C units staged a warpgroup: a ring of 2, or (RESIDUAL, NORM) a whole
-// tile's units (at most 4), into which the residual is loaded by TMA
+// tile's units (at most 4), into which the residual is loaded by TMA;
+// none with CSLOT (below)
 #define GW_CBUF (RESIDUAL || NORM ? 4 : 2)
-#define GW_C_BYTES (2 * GW_CBUF * 64 * 128) // both warpgroups' C units
+#define GW_C_BYTES (CSLOT ? 0 : 2 * GW_CBUF * 64 * 128) // both warpgroups'
+// CSLOT (RESIDUAL or NORM; both warpgroups on each tile, no pairs): a
+// tile's C units take the pipeline's slots instead of a ring of their
+// own, GW_NCS slots after the tile's K-steps (the producer loads the
+// residual there as if they were K-steps); so 128 x 256 keeps four
+// stages (three with a ring of 64 KB), 128 x 192 five, 128 x 128 six.
+// Warpgroup cw's GW_ON / 64 units: slot 0 after its half's (NCS 1: one
+// slot holds the whole tile), or slot cw (NCS 2).
+#define GW_UPS (GW_STAGE_BYTES / (64 * 128)) // C units a slot holds
+#define GW_NCS (!CSLOT ? 0 : 2 * (GW_ON / 64) <= GW_UPS ? 1 : 2)
 #define GW_OFF_BAR (GW_OFF_C + GW_C_BYTES)
 #define GW_NBAR (2 * STAGES + 4)           // mbarriers
 #define GW_NC (NORM ? (N_TOTAL + BLOCK_N - 1) / BLOCK_N : 1) // tiles a row
@@ -238,6 +261,9 @@ static_assert(!NORM || (N_TOTAL > 0 && N_TOTAL % 8 == 0 && GW_NC <= 16),
 static_assert(!NORM || (ACT == 0 && !GATED && CLUSTER == 1),
               "NORM: no activation, gate or pairs");
 static_assert(!WRITE_PRE || NORM, "WRITE_PRE needs NORM");
+static_assert(!CSLOT || ((RESIDUAL || NORM) && !PINGPONG && CLUSTER == 1 &&
+                         GW_ON / 64 <= GW_UPS),
+              "CSLOT: a residual or a norm, not ping-pong, no pairs");
 
 // The launch parameters, by value (__grid_constant__: the tensor maps are
 // read in place). Mirrored by stof_gemm_wgmma_params in
@@ -647,6 +673,34 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                         ph ^= 1u;
                     }
                 }
+#if CSLOT
+                // The tile's C slots: free once both warpgroups have
+                // released their last K-steps (and an earlier tile's
+                // stores have read them); the residual's units loaded
+                // there, or (no residual) an arrival that hands them over.
+                for (int j = 0; j < GW_NCS; j++, gk++) {
+                    if (gk >= STAGES)
+                        mb_wait(GW_EMPTY(s), ph ^ 1u);
+#if RESIDUAL
+                    constexpr int UH = GW_ON / 64;
+                    constexpr int NU = GW_NCS == 1 ? 2 * UH : UH;
+                    mb_expect_tx(GW_FULL(s), NU * 64 * 128);
+#pragma unroll
+                    for (int q = 0; q < NU; q++) {
+                        const int c = GW_NCS == 1 ? q / UH : j; // warpgroup
+                        tma_load2(GW_SA(s) + q * (64 * 128), &p.tm_r,
+                                  tn * GW_ON + (q % UH) * 64,
+                                  tm * GW_BM + 64 * c, GW_FULL(s));
+                    }
+#else
+                    mb_arrive(GW_FULL(s));
+#endif
+                    if (++s == STAGES) {
+                        s = 0;
+                        ph ^= 1u;
+                    }
+                }
+#endif
             }
         }
     } else {
@@ -665,7 +719,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
     float acc[GW_HALVES][GW_ACC];
     int s = 0;
     unsigned cu = 0; // C units this warpgroup has staged
-#if RESIDUAL
+#if RESIDUAL && !CSLOT
     unsigned res_ph = 0; // phase of GW_RES(cw)
 #endif
 #if NORM
@@ -748,7 +802,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                                      1024),
                              wg_desc(GW_SW(s), 16, 1024), kt == 0);
                 wg_commit();
-#if RESIDUAL
+#if RESIDUAL && !CSLOT
                 // The tile's residual units into its C units (free once
                 // the previous tile's stores have read them, long done by
                 // now): their latency passes under the rest of the K loop.
@@ -797,6 +851,34 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         __syncwarp();
         if (lane == 0)
             gw_release(GW_EMPTY(prev));
+#if CSLOT
+        // This tile's C slots follow its K-steps: this warpgroup's units
+        // at s_c (in place of the ring), there once the producer has
+        // handed them over (with the residual's units loaded).
+        const int cs0 = s;
+        unsigned s_c;
+        {
+            int my = s;
+            unsigned myph = ph;
+            if (GW_NCS == 2 && cw == 1 && ++my == STAGES) {
+                my = 0;
+                myph ^= 1u;
+            }
+            s_c = GW_SA(my) + (GW_NCS == 1 ? cw * (GW_ON / 64) : 0) *
+                                  (64u * 128u);
+            for (int j = 0; j < GW_NCS; j++)
+                if (++s == STAGES) {
+                    s = 0;
+                    ph ^= 1u;
+                }
+            mb_wait(GW_FULL(my), myph);
+        }
+        const unsigned cu0 = cu;
+        // C unit k of this warpgroup's tile (its ring's place otherwise)
+#define GW_UNIT(k) (s_c + (unsigned)((k) - cu0) * (64u * 128u))
+#else
+#define GW_UNIT(k) (s_c + (unsigned)((k) % GW_CBUF) * (64u * 128u))
+#endif
 
 #if NORM
         // ---- row norm epilogue: (1) v = acc + bias (+ residual), rounded,
@@ -807,11 +889,15 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         // loaded during the K loop); each warp reads and writes only its
         // own 16 rows of each.
         {
+#if !CSLOT
             const unsigned s_c =
                 base + GW_OFF_C + cw * (GW_CBUF * 64 * 128);
+#endif
             const int lr = wl * 16 + 8 * ((lane >> 3) & 1) + (lane & 7);
             constexpr int UH = GW_ON / 64; // C units a 64-row half
-#if RESIDUAL
+#if CSLOT
+            // (the units were handed over above)
+#elif RESIDUAL
             mb_wait(GW_RES(cw), res_ph);
             res_ph ^= 1u;
 #elif WRITE_PRE
@@ -822,8 +908,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             for (int h = 0; h < GW_HALVES; h++)
 #pragma unroll
                 for (int u = 0; u < UH; u++) {
-                    const unsigned s_u =
-                        s_c + ((cu + h * UH + u) % GW_CBUF) * (64 * 128);
+                    const unsigned s_u = GW_UNIT(cu + h * UH + u);
 #pragma unroll
                     for (int jb = 0; jb < GW_RC; jb += GW_AB) {
                         const int j = 8 * u + jb; // first 8-column block
@@ -959,7 +1044,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             // (3) The units are free: their residual was read above by the
             // warp that now writes, and (WRITE_PRE) the pre stores have
             // read them; else the previous tile's stores have.
-#if WRITE_PRE || !RESIDUAL
+#if WRITE_PRE || (!RESIDUAL && !CSLOT)
             gw_units_read<0>(cw, ctid);
 #endif
             // gamma and beta of a unit's columns (this thread's pairs of its
@@ -970,7 +1055,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             for (int h = 0; h < GW_HALVES; h++)
 #pragma unroll
                 for (int u = 0; u < UH; u++, cu++) {
-                    const unsigned s_u = s_c + (cu % GW_CBUF) * (64 * 128);
+                    const unsigned s_u = GW_UNIT(cu);
 #pragma unroll
                     for (int jj = 0; jj < 8; jj++) {
                         gv[jj] = gb[4 * (8 * u + jj) + tq];
@@ -1049,15 +1134,19 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         // H100: loading each thread's pairs from global memory in the
         // epilogue made a 16384 x 2304 x 768 GEMM 1.75x slower than plain,
         // 1.24x cuBLASLt's time with the same epilogue).
+#if !CSLOT
         const unsigned s_c = base + GW_OFF_C + cw * (GW_CBUF * 64 * 128);
+#endif
 #pragma unroll
         for (int h = 0; h < GW_HALVES; h++) {
             if (h >= nh) // a split tail's half: one 64-row half
                 break;
 #pragma unroll
             for (int j0 = 0; j0 < GW_ON / 8; j0 += GW_RC, cu++) {
-                const unsigned s_u = s_c + (cu % GW_CBUF) * (64 * 128);
-#if RESIDUAL
+                const unsigned s_u = GW_UNIT(cu);
+#if CSLOT
+                // (the units were handed over above, the residual in them)
+#elif RESIDUAL
                 // The residual is in the unit already (loaded by TMA).
                 if (h == 0 && j0 == 0) {
                     mb_wait(GW_RES(cw), res_ph);
@@ -1128,6 +1217,17 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
             }
         }
 #endif // NORM
+#if CSLOT
+        // The C slots go back to the producer once this warpgroup's
+        // stores have read them (each consumer warp arrives on every slot
+        // of the tile, as for a K-step).
+        gw_units_read<0>(cw, ctid);
+        __syncwarp();
+        if (lane == 0)
+            for (int j = 0; j < GW_NCS; j++)
+                gw_release(GW_EMPTY((cs0 + j) % STAGES));
+#endif
+#undef GW_UNIT
     }
     // Leave only once the last stores have read this CTA's shared memory;
     // their writes to C complete with the grid (as for any store), so a

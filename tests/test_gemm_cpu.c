@@ -18,7 +18,7 @@ static const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0};
 Test(gemm_cpu, valid_and_invalid)
 {
     char why[256];
-    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0, 1};
+    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0, 1, 0};
     cr_assert(stof__gemm_cfg_valid(NULL, &c, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
@@ -28,21 +28,21 @@ Test(gemm_cpu, valid_and_invalid)
         int N, K;
         const char *needle;
     } bad[] = {
-        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 100, 768, "N 100"},
-        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 20, "K 20"},
-        {{96, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_m"},
-        {{128, 48, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_n"},
-        {{128, 128, 16, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_k"},
-        {{128, 128, 32, 4, 4, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "warps"},
-        {{16, 128, 32, 2, 2, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "of 16"},
-        {{256, 256, 32, 2, 2, 3, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "accumul"},
-        {{128, 128, 32, 2, 4, 1, 0, 1}, {0, 0, 0, 0, 0, 0}, 768, 768, "stages"},
-        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 7, 0, 0, 0, 0}, 768, 768, "act 7"},
-        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 3, 0, 0}, 768, 768, "norm 3"},
-        {{64, 64, 32, 2, 2, 3, 0, 1}, {0, 1, 0, 1, 0, 0}, 768, 768, "act = none"},
-        {{128, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 0, 0, 1, 0}, 768, 768, "write_pre"},
-        {{64, 128, 32, 2, 4, 3, 0, 1}, {0, 0, 1, 1, 1, 0}, 4096, 768, "shared"},
-        {{128, 128, 32, 2, 4, 3, 0, 1}, {2, 0, 0, 0, 0, 0}, 768, 768, "0 or 1"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 100, 768, "N 100"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 20, "K 20"},
+        {{96, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_m"},
+        {{128, 48, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_n"},
+        {{128, 128, 16, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_k"},
+        {{128, 128, 32, 4, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "warps"},
+        {{16, 128, 32, 2, 2, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "of 16"},
+        {{256, 256, 32, 2, 2, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "accumul"},
+        {{128, 128, 32, 2, 4, 1, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "stages"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 7, 0, 0, 0, 0}, 768, 768, "act 7"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 3, 0, 0}, 768, 768, "norm 3"},
+        {{64, 64, 32, 2, 2, 3, 0, 1, 0}, {0, 1, 0, 1, 0, 0}, 768, 768, "act = none"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 1, 0}, 768, 768, "write_pre"},
+        {{64, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 1, 1, 1, 0}, 4096, 768, "shared"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {2, 0, 0, 0, 0, 0}, 768, 768, "0 or 1"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         why[0] = '\0';
@@ -60,7 +60,7 @@ Test(gemm_cpu, valid_and_invalid)
     dev.ok = 1;
     dev.sm_count = 108;
     dev.max_smem_optin = 48 * 1024;
-    stof_gemm_cfg big = {128, 256, 32, 2, 4, 4, 0, 1};
+    stof_gemm_cfg big = {128, 256, 32, 2, 4, 4, 0, 1, 0};
     cr_expect_not(stof__gemm_cfg_valid(&dev, &big, &plain, 768, 768, why,
                                        sizeof(why)));
     cr_expect(strstr(why, "device") != NULL, "%s", why);
@@ -68,14 +68,14 @@ Test(gemm_cpu, valid_and_invalid)
 
 Test(gemm_cpu, smem_bytes)
 {
-    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0, 1};
+    stof_gemm_cfg c = {128, 128, 32, 2, 4, 3, 0, 1, 0};
     /* 3 stages x 256 rows x 40 elements x 2 bytes. */
     cr_expect_eq(stof__gemm_smem_bytes(&c, &plain, 768), 3u * 256 * 40 * 2);
-    stof_gemm_cfg s = {128, 256, 32, 2, 4, 2, 0, 1};
+    stof_gemm_cfg s = {128, 256, 32, 2, 4, 2, 0, 1, 0};
     /* The staging tile 128 x 264 is larger than 2 x 384 x 40. */
     cr_expect_eq(stof__gemm_smem_bytes(&s, &plain, 768), 128u * 264 * 2);
     stof_gemm_epi ln = {1, 0, 1, 1, 1, 0};
-    stof_gemm_cfg n = {32, 128, 32, 2, 4, 3, 0, 1};
+    stof_gemm_cfg n = {32, 128, 32, 2, 4, 3, 0, 1, 0};
     cr_expect_eq(stof__gemm_smem_bytes(&n, &ln, 768),
                  3u * 160 * 40 * 2 + 32u * 776 * 2);
     cr_expect_eq(stof__gemm_smem_bytes(NULL, &plain, 768), 0);
@@ -83,7 +83,7 @@ Test(gemm_cpu, smem_bytes)
 
 Test(gemm_cpu, json_round_trip)
 {
-    stof_gemm_cfg c = {128, 256, 64, 2, 4, 4, 0, 1}, c2;
+    stof_gemm_cfg c = {128, 256, 64, 2, 4, 4, 0, 1, 0}, c2;
     stof_gemm_epi e = {1, 2, 1, 0, 0, 0}, e2;
     stof_str s = {0};
     stof__gemm_cfg_json(&c, &e, &s);
@@ -96,7 +96,7 @@ Test(gemm_cpu, json_round_trip)
     cr_expect_eq(memcmp(&e, &e2, sizeof(e)), 0);
     stof__str_free(&s);
     /* A Hopper kernel in pairs of CTAs keeps "wg" and "cl". */
-    const stof_gemm_cfg pair = {128, 256, 64, 2, 1, 3, 1, 2};
+    const stof_gemm_cfg pair = {128, 256, 64, 2, 1, 3, 1, 2, 0};
     stof__gemm_cfg_json(&pair, &e, &s);
     cr_assert(s.p && !s.oom);
     cr_expect(strstr(s.p, "\"wg\":1,\"cl\":2}") != NULL, "%s", s.p);
@@ -169,7 +169,7 @@ Test(gemm_cpu, model_prefers_sensible_tiles)
     dev.ok = 1;
     dev.sm_count = 132;
     dev.max_smem_optin = 227 * 1024;
-    stof_gemm_cfg big = {128, 256, 32, 2, 4, 3, 0, 1}, small = {32, 64, 32, 1, 2, 4, 0, 1};
+    stof_gemm_cfg big = {128, 256, 32, 2, 4, 3, 0, 1, 0}, small = {32, 64, 32, 1, 2, 4, 0, 1, 0};
     /* Large M: the large tile; tiny M: the small one (more CTAs). */
     cr_expect_lt(stof__gemm_model_ms(&dev, &big, &plain, 4096, 3072, 3072),
                  stof__gemm_model_ms(&dev, &small, &plain, 4096, 3072, 3072));
@@ -243,9 +243,9 @@ Test(gemm_cpu, gated)
 {
     char why[256];
     const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1};
-    const stof_gemm_cfg wg256 = {128, 256, 64, 2, 1, 3, 1, 1},
-                        wg64 = {128, 64, 64, 2, 1, 6, 1, 1},
-                        mma = {128, 128, 32, 2, 4, 3, 0, 1};
+    const stof_gemm_cfg wg256 = {128, 256, 64, 2, 1, 3, 1, 1, 0},
+                        wg64 = {128, 64, 64, 2, 1, 6, 1, 1, 0},
+                        mma = {128, 128, 32, 2, 4, 3, 0, 1, 0};
     cr_expect(stof__gemm_cfg_valid(NULL, &wg256, &swiglu, 11008, 4096, why,
                                    sizeof(why)),
               "%s", why);
@@ -331,7 +331,7 @@ Test(gemm_cpu, gated)
 Test(gemm_cpu, hopper_template)
 {
     char why[256];
-    const stof_gemm_cfg ok = {128, 256, 64, 2, 1, 3, 1, 1};
+    const stof_gemm_cfg ok = {128, 256, 64, 2, 1, 3, 1, 1, 0};
     cr_assert(stof__gemm_cfg_valid(NULL, &ok, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
@@ -341,7 +341,7 @@ Test(gemm_cpu, hopper_template)
                  3u * 384 * 128 + 32768u + 80u + 1024u);
     /* Four stages of 128 x 256 fit (227 KB), five do not; with a residual
      * (loaded into rings of four units) three. */
-    const stof_gemm_cfg s4 = {128, 256, 64, 2, 1, 4, 1, 1};
+    const stof_gemm_cfg s4 = {128, 256, 64, 2, 1, 4, 1, 1, 0};
     const stof_gemm_epi res = {1, 0, 1, 0, 0, 0};
     cr_expect(stof__gemm_cfg_valid(NULL, &s4, &plain, 768, 768, why,
                                    sizeof(why)),
@@ -355,8 +355,8 @@ Test(gemm_cpu, hopper_template)
                      stof__gemm_smem_bytes(&ok, &plain, 768),
                  32768u);
     /* Ping-pong (warps 1x1): block_n <= 128, the same C rings. */
-    const stof_gemm_cfg pp = {128, 128, 64, 1, 1, 5, 1, 1},
-                        pp256 = {128, 256, 64, 1, 1, 3, 1, 1};
+    const stof_gemm_cfg pp = {128, 128, 64, 1, 1, 5, 1, 1, 0},
+                        pp256 = {128, 256, 64, 1, 1, 3, 1, 1, 0};
     cr_assert(stof__gemm_cfg_valid(NULL, &pp, &plain, 768, 768, why,
                                    sizeof(why)),
               "%s", why);
@@ -373,7 +373,7 @@ Test(gemm_cpu, hopper_template)
     h100.sm_count = 132;
     h100.cc_major = 9;
     h100.max_smem_optin = 232448;
-    const stof_gemm_cfg co = {128, 128, 64, 2, 1, 5, 1, 1};
+    const stof_gemm_cfg co = {128, 128, 64, 2, 1, 5, 1, 1, 0};
 #define MODEL(c, M, N, K) stof__gemm_model_ms(&h100, &(c), &plain, M, N, K)
     const double small_k =
         MODEL(co, 16384, 3072, 768) / MODEL(pp, 16384, 3072, 768);
@@ -398,17 +398,17 @@ Test(gemm_cpu, hopper_template)
         stof_gemm_epi e;
         const char *needle;
     } bad[] = {
-        {{64, 128, 64, 2, 1, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 32, 64, 2, 1, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 128, 32, 2, 1, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 128, 64, 2, 4, 4, 1, 1}, {0, 0, 0, 0, 0, 0}, "2x1"},
-        {{128, 128, 64, 2, 1, 7, 1, 1}, {0, 0, 0, 0, 0, 0}, "stages"},
-        {{128, 256, 64, 2, 1, 5, 1, 1}, {0, 0, 0, 0, 0, 0}, "shared memory"},
-        {{128, 256, 64, 2, 1, 3, 1, 2}, {0, 0, 1, 1, 0, 0}, "no pairs"},
-        {{128, 128, 64, 2, 1, 4, 1, 1}, {0, 9, 0, 0, 0, 0}, "act 9"},
-        {{128, 128, 64, 2, 1, 4, 2, 1}, {0, 0, 0, 0, 0, 0}, "wgmma 2"},
-        {{128, 128, 64, 2, 1, 4, 1, 3}, {0, 0, 0, 0, 0, 0}, "cluster 3"},
-        {{128, 128, 32, 2, 4, 3, 0, 2}, {0, 0, 0, 0, 0, 0}, "clusters"},
+        {{64, 128, 64, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 32, 64, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 32, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 64, 2, 4, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "2x1"},
+        {{128, 128, 64, 2, 1, 7, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "stages"},
+        {{128, 256, 64, 2, 1, 5, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "shared memory"},
+        {{128, 256, 64, 2, 1, 3, 1, 2, 0}, {0, 0, 1, 1, 0, 0}, "no pairs"},
+        {{128, 128, 64, 2, 1, 4, 1, 1, 0}, {0, 9, 0, 0, 0, 0}, "act 9"},
+        {{128, 128, 64, 2, 1, 4, 2, 1, 0}, {0, 0, 0, 0, 0, 0}, "wgmma 2"},
+        {{128, 128, 64, 2, 1, 4, 1, 3, 0}, {0, 0, 0, 0, 0, 0}, "cluster 3"},
+        {{128, 128, 32, 2, 4, 3, 0, 2, 0}, {0, 0, 0, 0, 0, 0}, "clusters"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         why[0] = '\0';
@@ -504,8 +504,8 @@ Test(gemm_cpu, hopper_template)
     for (int i = 0; i < n; i++)
         cr_expect(!c[i].wgmma || c[i].block_n > 64,
                   "128 x 64 norm tiles at 4096 tokens (384 tiles)");
-    const stof_gemm_cfg w64 = {128, 64, 64, 2, 1, 6, 1, 1},
-                        w128 = {128, 128, 64, 2, 1, 4, 1, 1};
+    const stof_gemm_cfg w64 = {128, 64, 64, 2, 1, 6, 1, 1, 0},
+                        w128 = {128, 128, 64, 2, 1, 4, 1, 1, 0};
     cr_expect_eq(stof__gemm_norm_ws_max(&dev, 128, 768),
                  stof__gemm_ws_bytes(&w64, &ln, 128, 768));
     cr_expect_eq(stof__gemm_norm_ws_max(&dev, 4096, 768),
@@ -527,8 +527,8 @@ Test(gemm_cpu, hopper_template)
     cr_expect(strstr(why, "more than the 16") != NULL, "%s", why);
     /* 192-wide tiles: four stages with a norm's rings; not gated, not in
      * pairs. */
-    const stof_gemm_cfg w192 = {128, 192, 64, 2, 1, 4, 1, 1},
-                        w192p = {128, 192, 64, 2, 1, 3, 1, 2};
+    const stof_gemm_cfg w192 = {128, 192, 64, 2, 1, 4, 1, 1, 0},
+                        w192p = {128, 192, 64, 2, 1, 3, 1, 2, 0};
     cr_expect(stof__gemm_cfg_valid(&dev, &w192, &ln, 768, 3072, why,
                                    sizeof(why)),
               "%s", why);
@@ -553,7 +553,7 @@ Test(gemm_cpu, hopper_template)
     stof_str s = {0};
     stof_gemm_cfg c2;
     stof_gemm_epi e2;
-    const stof_gemm_cfg mma = {128, 128, 32, 2, 4, 3, 0, 1};
+    const stof_gemm_cfg mma = {128, 128, 32, 2, 4, 3, 0, 1, 0};
     stof__gemm_cfg_json(&mma, &gelu, &s);
     cr_expect(strstr(s.p, "wg") == NULL, "%s", s.p);
     cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2));
@@ -647,4 +647,101 @@ Test(gemm_cpu, gelu_erf_formula)
         prev = g;
     }
     cr_assert(gelu_tpl(-40.0f) == 0.0f);
+}
+
+/* C units in the Hopper template's pipeline slots (cslot): only with a
+ * residual or a norm, both warpgroups on each tile and no pairs; its
+ * shared memory has no C rings, so 128 x 256 keeps four stages with a
+ * residual (three without cslot) and 128 x 192 five with a norm; records
+ * keep "cs" (written only when set); the candidates offer it where it
+ * applies and nowhere else. */
+Test(gemm_cpu, c_in_slots)
+{
+    char why[256];
+    const stof_gemm_epi res = {1, 0, 1, 0, 0, 0},
+                        ln = {1, 0, 1, 1, 0, 0}, rms = {0, 0, 0, 2, 1, 0};
+    const stof_gemm_cfg cs4 = {128, 256, 64, 2, 1, 4, 1, 1, 1},
+                        ring4 = {128, 256, 64, 2, 1, 4, 1, 1, 0},
+                        cs192 = {128, 192, 64, 2, 1, 5, 1, 1, 1},
+                        ring192 = {128, 192, 64, 2, 1, 5, 1, 1, 0};
+    cr_expect(stof__gemm_cfg_valid(NULL, &cs4, &res, 2048, 5632, why,
+                                   sizeof(why)),
+              "%s", why);
+    cr_expect_not(stof__gemm_cfg_valid(NULL, &ring4, &res, 2048, 5632, why,
+                                       sizeof(why)));
+    cr_expect(stof__gemm_cfg_valid(NULL, &cs4, &ln, 1024, 4096, why,
+                                   sizeof(why)),
+              "%s", why);
+    cr_expect(stof__gemm_cfg_valid(NULL, &cs192, &rms, 768, 768, why,
+                                   sizeof(why)),
+              "%s", why);
+    cr_expect_not(stof__gemm_cfg_valid(NULL, &ring192, &ln, 768, 768, why,
+                                       sizeof(why)));
+    /* 4 x (128 + 256) x 64 x 2 + (4 x 2 + 4) mbarriers + 1024; with a norm
+     * gamma and beta of 256 columns in fp32 too. */
+    cr_expect_eq(stof__gemm_smem_bytes(&cs4, &res, 2048),
+                 4u * 384 * 128 + 64u + 32u + 1024u);
+    cr_expect_eq(stof__gemm_smem_bytes(&cs4, &ln, 1024),
+                 4u * 384 * 128 + 64u + 32u + 2048u + 1024u);
+    static const struct {
+        stof_gemm_cfg c;
+        stof_gemm_epi e;
+        const char *needle;
+    } bad[] = {
+        {{128, 256, 64, 2, 1, 3, 1, 1, 1}, {1, 2, 0, 0, 0, 0}, "residual"},
+        {{128, 128, 64, 1, 1, 5, 1, 1, 1}, {1, 0, 1, 0, 0, 0}, "2x1"},
+        {{128, 256, 64, 2, 1, 3, 1, 2, 1}, {1, 0, 1, 0, 0, 0}, "no pairs"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 2}, {1, 0, 1, 0, 0, 0}, "cslot 2"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 1}, {1, 0, 1, 0, 0, 0}, "wgmma"},
+        {{128, 256, 64, 2, 1, 5, 1, 1, 1}, {1, 0, 1, 0, 0, 0},
+         "shared memory"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        why[0] = '\0';
+        cr_expect_not(stof__gemm_cfg_valid(NULL, &bad[i].c, &bad[i].e, 768,
+                                           768, why, sizeof(why)),
+                      "case %zu accepted", i);
+        cr_expect(strstr(why, bad[i].needle) != NULL,
+                  "case %zu: reason '%s' lacks '%s'", i, why, bad[i].needle);
+    }
+    /* Records: "cs" only when set, read back either way. */
+    round_trip(&cs4, &res, "\"cs\":1");
+    stof_str s = {0};
+    stof__gemm_cfg_json(&ring4, &plain, &s);
+    cr_assert(s.p && !s.oom);
+    cr_expect(strstr(s.p, "cs") == NULL, "%s", s.p);
+    stof__str_free(&s);
+    round_trip(&ring4, &plain, "\"wg\":1");
+    /* Candidates on an H100-like device: with a residual or a norm some
+     * put C in the slots (each valid), without neither does. */
+    stof_device dev;
+    memset(&dev, 0, sizeof(dev));
+    dev.ok = 1;
+    dev.cc_major = 9;
+    dev.sm_count = 132;
+    dev.max_smem_optin = 232448;
+    stof_gemm_cfg c[64];
+    const struct {
+        const stof_gemm_epi *e;
+        int M, N, K, want;
+    } cases[] = {{&res, 4096, 2048, 5632, 1}, {&ln, 4096, 1024, 4096, 1},
+                 {&rms, 4096, 768, 768, 1},   {&plain, 4096, 2048, 5632, 0}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(*cases); k++) {
+        const int n = stof__gemm_candidates(&dev, cases[k].e, cases[k].M,
+                                            cases[k].N, cases[k].K, c, 64);
+        int n_cs = 0;
+        for (int i = 0; i < n; i++) {
+            n_cs += c[i].cslot;
+            cr_expect(stof__gemm_cfg_valid(&dev, &c[i], cases[k].e,
+                                           cases[k].N, cases[k].K, why,
+                                           sizeof(why)),
+                      "case %zu: %s", k, why);
+        }
+        if (cases[k].want)
+            cr_expect_gt(n_cs, 0, "case %zu: no candidate with C in the "
+                                  "slots", k);
+        else
+            cr_expect_eq(n_cs, 0, "case %zu: C in the slots without a "
+                                  "residual or a norm", k);
+    }
 }

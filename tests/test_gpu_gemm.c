@@ -102,7 +102,7 @@ static stof_gemm_cfg fit_stages(const stof_context *ctx,
                                 const stof_gemm_epi *e, int N, int K)
 {
     stof_gemm_cfg f = *c;
-    while (f.wgmma && f.stages > 2 &&
+    while (f.wgmma && !f.cslot && f.stages > 2 &&
            !stof__gemm_cfg_valid(&ctx->device, &f, e, N, K, NULL, 0))
         f.stages--;
     return f;
@@ -119,11 +119,12 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
     const stof_gemm_cfg *c = &fitted;
     char tag[256];
     snprintf(tag, sizeof(tag),
-             "[%s%s %dx%dx%d w%dx%d s%d bias=%d act=%d res=%d norm=%d "
+             "[%s%s %dx%dx%d w%dx%d s%d%s bias=%d act=%d res=%d norm=%d "
              "pre=%d gated=%d] M=%d N=%d K=%d pad=%d",
              dt_name(dt), c->wgmma ? " wgmma" : "", c->block_m, c->block_n,
-             c->block_k, c->warps_m, c->warps_n, c->stages, e->bias, e->act,
-             e->residual, e->norm, e->write_pre, e->gated, M, N, K, pad);
+             c->block_k, c->warps_m, c->warps_n, c->stages,
+             c->cslot ? " c-in-slots" : "", e->bias, e->act, e->residual,
+             e->norm, e->write_pre, e->gated, M, N, K, pad);
     char why[256];
     cr_assert(stof__gemm_cfg_valid(&ctx->device, c, e, N, K, why,
                                    sizeof(why)),
@@ -262,7 +263,7 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
     free(fp);
 }
 
-static const stof_gemm_cfg cfg_64 = {64, 64, 32, 2, 2, 3, 0, 1};
+static const stof_gemm_cfg cfg_64 = {64, 64, 32, 2, 2, 3, 0, 1, 0};
 
 /* Every activation, with and without bias / residual, on tails. */
 static void epilogues(stof_dtype dt)
@@ -288,11 +289,11 @@ Test(gpu, tiles, .timeout = 600)
 {
     stof_context *ctx = open_or_skip();
     static const stof_gemm_cfg cfgs[] = {
-        {128, 256, 32, 2, 4, 3, 0, 1}, {256, 128, 32, 4, 2, 3, 0, 1},
-        {128, 128, 32, 2, 4, 4, 0, 1}, {128, 128, 64, 2, 4, 3, 0, 1},
-        {64, 128, 32, 2, 2, 4, 0, 1},  {128, 64, 32, 2, 2, 2, 0, 1},
-        {64, 64, 64, 2, 2, 5, 0, 1},   {32, 64, 32, 1, 2, 4, 0, 1},
-        {32, 128, 32, 1, 4, 3, 0, 1},  {16, 64, 64, 1, 4, 3, 0, 1},
+        {128, 256, 32, 2, 4, 3, 0, 1, 0}, {256, 128, 32, 4, 2, 3, 0, 1, 0},
+        {128, 128, 32, 2, 4, 4, 0, 1, 0}, {128, 128, 64, 2, 4, 3, 0, 1, 0},
+        {64, 128, 32, 2, 2, 4, 0, 1, 0},  {128, 64, 32, 2, 2, 2, 0, 1, 0},
+        {64, 64, 64, 2, 2, 5, 0, 1, 0},   {32, 64, 32, 1, 2, 4, 0, 1, 0},
+        {32, 128, 32, 1, 4, 3, 0, 1, 0},  {16, 64, 64, 1, 4, 3, 0, 1, 0},
     };
     stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0};
     for (size_t i = 0; i < sizeof(cfgs) / sizeof(*cfgs); i++)
@@ -306,9 +307,9 @@ static void norms(stof_dtype dt)
 {
     stof_context *ctx = open_or_skip();
     static const stof_gemm_cfg cfgs[] = {
-        {16, 64, 64, 1, 4, 3, 0, 1},
-        {32, 128, 32, 2, 4, 3, 0, 1},
-        {64, 64, 32, 2, 2, 3, 0, 1}};
+        {16, 64, 64, 1, 4, 3, 0, 1, 0},
+        {32, 128, 32, 2, 4, 3, 0, 1, 0},
+        {64, 64, 32, 2, 2, 3, 0, 1, 0}};
     int i = 0;
     for (int norm = 1; norm <= 2; norm++)
         for (int pre = 0; pre < 2; pre++, i++) {
@@ -713,11 +714,11 @@ Test(gpu, bench, .timeout = 600)
     stof_context *ctx = open_or_skip();
     const stof_api *api = ctx->api;
     static const stof_gemm_cfg cfgs[] = {
-        {128, 256, 32, 2, 4, 3, 0, 1}, {128, 256, 32, 2, 4, 4, 0, 1},
-        {256, 128, 32, 4, 2, 3, 0, 1}, {128, 128, 32, 2, 4, 3, 0, 1},
-        {128, 128, 32, 2, 4, 4, 0, 1}, {128, 128, 64, 2, 4, 3, 0, 1},
-        {64, 128, 32, 2, 2, 4, 0, 1},  {64, 64, 32, 2, 2, 4, 0, 1},
-        {32, 64, 32, 1, 2, 4, 0, 1},
+        {128, 256, 32, 2, 4, 3, 0, 1, 0}, {128, 256, 32, 2, 4, 4, 0, 1, 0},
+        {256, 128, 32, 4, 2, 3, 0, 1, 0}, {128, 128, 32, 2, 4, 3, 0, 1, 0},
+        {128, 128, 32, 2, 4, 4, 0, 1, 0}, {128, 128, 64, 2, 4, 3, 0, 1, 0},
+        {64, 128, 32, 2, 2, 4, 0, 1, 0},  {64, 64, 32, 2, 2, 4, 0, 1, 0},
+        {32, 64, 32, 1, 2, 4, 0, 1, 0},
     };
     enum { NC = sizeof(cfgs) / sizeof(*cfgs) };
     static const int shapes[][3] = {
@@ -814,15 +815,15 @@ static stof_context *open_hopper_or_skip(void)
  * (1x1: they take whole tiles in turn), then both in pairs of CTAs
  * (cluster 2: tile rows 2i and 2i + 1 share each W tile). */
 static const stof_gemm_cfg wg_tiles[] = {
-    {128, 256, 64, 2, 1, 3, 1, 1}, {128, 256, 64, 2, 1, 2, 1, 1},
-    {128, 128, 64, 2, 1, 4, 1, 1}, {128, 128, 64, 2, 1, 6, 1, 1},
-    {128, 64, 64, 2, 1, 6, 1, 1},  {128, 128, 64, 2, 1, 2, 1, 1},
-    {128, 128, 64, 1, 1, 4, 1, 1}, {128, 128, 64, 1, 1, 5, 1, 1},
-    {128, 64, 64, 1, 1, 6, 1, 1},
-    {128, 256, 64, 2, 1, 4, 1, 1}, {128, 128, 64, 1, 1, 6, 1, 1},
-    {128, 256, 64, 2, 1, 3, 1, 2}, {128, 128, 64, 2, 1, 5, 1, 2},
-    {128, 128, 64, 1, 1, 5, 1, 2}, {128, 64, 64, 1, 1, 6, 1, 2},
-    {128, 256, 64, 2, 1, 4, 1, 2},
+    {128, 256, 64, 2, 1, 3, 1, 1, 0}, {128, 256, 64, 2, 1, 2, 1, 1, 0},
+    {128, 128, 64, 2, 1, 4, 1, 1, 0}, {128, 128, 64, 2, 1, 6, 1, 1, 0},
+    {128, 64, 64, 2, 1, 6, 1, 1, 0},  {128, 128, 64, 2, 1, 2, 1, 1, 0},
+    {128, 128, 64, 1, 1, 4, 1, 1, 0}, {128, 128, 64, 1, 1, 5, 1, 1, 0},
+    {128, 64, 64, 1, 1, 6, 1, 1, 0},
+    {128, 256, 64, 2, 1, 4, 1, 1, 0}, {128, 128, 64, 1, 1, 6, 1, 1, 0},
+    {128, 256, 64, 2, 1, 3, 1, 2, 0}, {128, 128, 64, 2, 1, 5, 1, 2, 0},
+    {128, 128, 64, 1, 1, 5, 1, 2, 0}, {128, 64, 64, 1, 1, 6, 1, 2, 0},
+    {128, 256, 64, 2, 1, 4, 1, 2, 0},
 };
 #define WG_FIRST_PAIR 11
 #define N_WG_TILES ((int)(sizeof(wg_tiles) / sizeof(*wg_tiles)))
@@ -886,8 +887,8 @@ Test(gpu, wgmma_tiles, .timeout = 600)
 Test(gpu, wgmma_split_tails, .timeout = 300)
 {
     stof_context *ctx = open_hopper_or_skip();
-    static const stof_gemm_cfg pp128 = {128, 128, 64, 1, 1, 5, 1, 1},
-                               pp64 = {128, 64, 64, 1, 1, 6, 1, 1};
+    static const stof_gemm_cfg pp128 = {128, 128, 64, 1, 1, 5, 1, 1, 0},
+                               pp64 = {128, 64, 64, 1, 1, 6, 1, 1, 0};
     const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0},
                         res = {1, 0, 1, 0, 0, 0},
                         silu_res = {0, STOF_ACT_SILU, 1, 0, 0, 0},
@@ -939,8 +940,8 @@ Test(gpu, bench_split, .timeout = 600)
     const stof_dtype dt = STOF_DTYPE_FP16;
     const stof_gemm_epi epis[2] = {{1, 0, 0, 0, 0, 0},
                                    {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0}};
-    static const stof_gemm_cfg pp[2] = {{128, 128, 64, 1, 1, 6, 1, 1},
-                                        {128, 128, 64, 1, 1, 5, 1, 1}};
+    static const stof_gemm_cfg pp[2] = {{128, 128, 64, 1, 1, 6, 1, 1, 0},
+                                        {128, 128, 64, 1, 1, 5, 1, 1, 0}};
     kernel k[2][2];
     stof_gemm_cfg cf[2][2];
     for (int x = 0; x < 2; x++)
@@ -1155,7 +1156,7 @@ static void trace_gemm(stof_context *ctx, const stof_gemm_cfg *c,
                        CUevent e1)
 {
     const stof_api *api = ctx->api;
-    char d[13][32];
+    char d[14][32];
     snprintf(d[0], 32, "DTYPE=0");
     snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
     snprintf(d[2], 32, "STAGES=%d", c->stages);
@@ -1169,12 +1170,13 @@ static void trace_gemm(stof_context *ctx, const stof_gemm_cfg *c,
     snprintf(d[10], 32, "WRITE_PRE=%d", e->write_pre);
     snprintf(d[11], 32, "N_TOTAL=%d", e->norm ? N : 0);
     snprintf(d[12], 32, "GW_TRACE=1");
-    const char *defs[13];
-    for (int i = 0; i < 13; i++)
+    snprintf(d[13], 32, "CSLOT=%d", c->cslot);
+    const char *defs[14];
+    for (int i = 0; i < 14; i++)
         defs[i] = d[i];
     void *bin = NULL;
     size_t size = 0;
-    cr_assert_eq(stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 13, "sm_90a",
+    cr_assert_eq(stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 14, "sm_90a",
                                    &bin, &size),
                  STOF_OK, "%s", stof_errmsg(ctx));
     kernel k = {0};
@@ -1246,11 +1248,16 @@ static void trace_gemm(stof_context *ctx, const stof_gemm_cfg *c,
             cyc_per_ns += (double)(r[9] - r[0]) / (double)(r[10] - r[1]);
     }
     cr_assert_gt(n, 0, "no stamps");
-    cr_log_info("TRACE M=%d N=%d K=%d %s 128x%d s%d%s: %d CTAs, %.4f ms a "
+    cr_log_info("TRACE M=%d N=%d K=%d %s 128x%d s%d%s%s: %d CTAs, %.4f ms a "
                 "launch back to back; CTAs start over %.2f us, span %.2f us; "
                 "%.2f GHz",
-                M, N, K, e->norm ? "bias+res+LN" : e->act ? "bias+act" : "plain",
-                c->block_n, c->stages, c->warps_m == 1 ? " ping-pong" : "", n,
+                M, N, K,
+                e->norm       ? "bias+res+LN"
+                : e->act      ? "bias+act"
+                : e->residual ? "residual"
+                              : "plain",
+                c->block_n, c->stages, c->warps_m == 1 ? " ping-pong" : "",
+                c->cslot ? " c-in-slots" : "", n,
                 ms, (double)(g0max - g0) * 1e-3, (double)(g1 - g0) * 1e-3,
                 cyc_per_ns / n);
     for (int p = 0; p < NP; p++)
@@ -1272,9 +1279,11 @@ Test(gpu, trace_hopper, .timeout = 300)
         (get_global_fn)(uintptr_t)dlsym(lib, "cuModuleGetGlobal_v2");
     cr_assert_not_null(get_global);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
-    /* (the norm's workspace: 4096 tokens' row counters and statistics) */
-    bench_ops ops = bench_ops_new(api, 4096u * 4096u, 3072u * 3072u,
-                                  4096u * 3072u, 4096u, 1u << 20, 1);
+    /* (the largest shapes' operands: A 16384 x 4096, W 2048 x 5632, C
+     * 16384 x 1024; the norm's workspace: 16384 tokens' row counters and
+     * statistics) */
+    bench_ops ops = bench_ops_new(api, 16384u * 4096u, 2048u * 5632u,
+                                  16384u * 1024u, 4096u, 1u << 20, 1);
     const CUdeviceptr da = ops.a, dw = ops.w, dc = ops.c, dres = ops.res,
                       dvec = ops.vec, ws = ops.ws;
     CUevent e0, e1;
@@ -1283,16 +1292,22 @@ Test(gpu, trace_hopper, .timeout = 300)
     stof__ctx_pop(ctx);
     const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0}, plain = {0, 0, 0, 0, 0, 0},
                         erf = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0};
-    const stof_gemm_cfg w192 = {128, 192, 64, 2, 1, 4, 1, 1},
-                        w64 = {128, 64, 64, 2, 1, 6, 1, 1},
-                        w128 = {128, 128, 64, 2, 1, 4, 1, 1};
+    const stof_gemm_cfg w192 = {128, 192, 64, 2, 1, 4, 1, 1, 0},
+                        w64 = {128, 64, 64, 2, 1, 6, 1, 1, 0},
+                        w128 = {128, 128, 64, 2, 1, 4, 1, 1, 0};
     /* BERT-large's FFN2 + LayerNorm (N 1024, K 4096; and its output
      * projection's, K 1024): the wide tile with three stages (a
      * residual's or a norm's C ring leaves no room for a fourth), 128-wide
      * ping-pong tiles, and plain with four and three stages. */
-    const stof_gemm_cfg w256s3 = {128, 256, 64, 2, 1, 3, 1, 1},
-                        w256s4 = {128, 256, 64, 2, 1, 4, 1, 1},
-                        p128s5 = {128, 128, 64, 1, 1, 5, 1, 1};
+    const stof_gemm_cfg w256s3 = {128, 256, 64, 2, 1, 3, 1, 1, 0},
+                        w256s4 = {128, 256, 64, 2, 1, 4, 1, 1, 0},
+                        p128s5 = {128, 128, 64, 1, 1, 5, 1, 1, 0};
+    /* The same with the C units in the pipeline's slots (four stages for
+     * 128 x 256, five for 128 x 192), and a residual alone (a Llama down
+     * projection's epilogue, 4096 tokens). */
+    const stof_gemm_cfg c256s4 = {128, 256, 64, 2, 1, 4, 1, 1, 1},
+                        c192s5 = {128, 192, 64, 2, 1, 5, 1, 1, 1};
+    const stof_gemm_epi res = {0, 0, 1, 0, 0, 0};
     const struct {
         const stof_gemm_cfg *c;
         const stof_gemm_epi *e;
@@ -1303,7 +1318,12 @@ Test(gpu, trace_hopper, .timeout = 300)
         {&w64, &plain, 128, 2304, 768},     {&w64, &erf, 128, 3072, 768},
         {&w256s3, &ln, 4096, 1024, 4096},   {&w256s3, &ln, 4096, 1024, 1024},
         {&p128s5, &ln, 4096, 1024, 4096},   {&w256s4, &plain, 4096, 1024, 4096},
-        {&w256s3, &plain, 4096, 1024, 4096}};
+        {&w256s3, &plain, 4096, 1024, 4096}, {&c256s4, &ln, 4096, 1024, 4096},
+        {&c256s4, &ln, 4096, 1024, 1024},   {&c192s5, &ln, 4096, 768, 768},
+        {&c192s5, &ln, 4096, 768, 3072},    {&w256s3, &res, 4096, 2048, 5632},
+        {&c256s4, &res, 4096, 2048, 5632},  {&w256s4, &plain, 4096, 2048, 5632},
+        {&c256s4, &ln, 16384, 1024, 4096},  {&w256s3, &ln, 16384, 1024, 4096},
+        {&p128s5, &ln, 16384, 1024, 4096}};
     for (size_t i = 0; i < sizeof(shapes) / sizeof(*shapes); i++)
         trace_gemm(ctx, shapes[i].c, shapes[i].e, shapes[i].m, shapes[i].n,
                    shapes[i].k, get_global, da, dw, dc, dres, dvec, ws, e0,
@@ -1369,9 +1389,9 @@ static void wgmma_norms(stof_dtype dt)
 {
     stof_context *ctx = open_hopper_or_skip();
     static const stof_gemm_cfg cfgs[] = {
-        {128, 256, 64, 2, 1, 3, 1, 1}, {128, 128, 64, 1, 1, 5, 1, 1},
-        {128, 128, 64, 2, 1, 4, 1, 1}, {128, 256, 64, 2, 1, 2, 1, 1},
-        {128, 128, 64, 1, 1, 4, 1, 1}};
+        {128, 256, 64, 2, 1, 3, 1, 1, 0}, {128, 128, 64, 1, 1, 5, 1, 1, 0},
+        {128, 128, 64, 2, 1, 4, 1, 1, 0}, {128, 256, 64, 2, 1, 2, 1, 1, 0},
+        {128, 128, 64, 1, 1, 4, 1, 1, 0}};
     int i = 0;
     for (int norm = 1; norm <= 2; norm++)
         for (int v = 0; v < 3; v++, i++) {
@@ -1390,8 +1410,8 @@ static void wgmma_norms(stof_dtype dt)
     check(ctx, dt, &cfgs[1], &pre, 700, 2048, 128, 0, 5517);
     /* 192-wide tiles (a 768-wide row is 4 of them): the norms, a row's
      * last tile mostly past N, and an epilogue without a norm. */
-    static const stof_gemm_cfg w192[] = {{128, 192, 64, 2, 1, 4, 1, 1},
-                                         {128, 192, 64, 2, 1, 3, 1, 1}};
+    static const stof_gemm_cfg w192[] = {{128, 192, 64, 2, 1, 4, 1, 1, 0},
+                                         {128, 192, 64, 2, 1, 3, 1, 1, 0}};
     check(ctx, dt, &w192[0], &post, 300, 768, 200, 0, 5520);
     check(ctx, dt, &w192[1], &pre, 4096, 768, 3072, 0, 5521);
     check(ctx, dt, &w192[0], &post, 1000, 1000, 328, 8, 5522);
@@ -1402,13 +1422,74 @@ static void wgmma_norms(stof_dtype dt)
     check(ctx, dt, &w192[0], &plain, 4096, 3072, 1024, 0, 5525);
     /* 64-wide tiles (short batches): 12 and 16 tiles a row, both kinds,
      * a row's last tile part past N. */
-    static const stof_gemm_cfg w64[] = {{128, 64, 64, 2, 1, 6, 1, 1},
-                                        {128, 64, 64, 1, 1, 6, 1, 1}};
+    static const stof_gemm_cfg w64[] = {{128, 64, 64, 2, 1, 6, 1, 1, 0},
+                                        {128, 64, 64, 1, 1, 6, 1, 1, 0}};
     check(ctx, dt, &w64[0], &post, 128, 768, 768, 0, 5530);
     check(ctx, dt, &w64[1], &post, 128, 768, 3072, 0, 5531);
     check(ctx, dt, &w64[0], &pre, 300, 1024, 200, 8, 5532);
     check(ctx, dt, &w64[1], &pre, 130, 1000, 328, 0, 5533);
     stof_close(&ctx);
+}
+
+/* C units in the pipeline's slots (cslot): every tile width, stages from
+ * two (the tile's C slots are the two its last K-steps used) to six, a
+ * residual with each activation, with and without bias, and row norms
+ * with and without a residual or pre; M, N, K tails and padded rows, on
+ * three CTAs (each walks many tiles, so the C slots move round the ring
+ * and its phases) and on one CTA an SM; the layer shapes the option is
+ * for (BERT-large's FFN2 and output projection with LayerNorm, a Llama
+ * down projection with its residual). The stages are exact: check()
+ * refuses a configuration that does not fit as given. */
+static void wgmma_c_in_slots(stof_dtype dt)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    static const stof_gemm_cfg cs[] = {
+        {128, 256, 64, 2, 1, 4, 1, 1, 1}, {128, 128, 64, 2, 1, 6, 1, 1, 1},
+        {128, 192, 64, 2, 1, 5, 1, 1, 1}, {128, 64, 64, 2, 1, 6, 1, 1, 1},
+        {128, 256, 64, 2, 1, 2, 1, 1, 1}, {128, 128, 64, 2, 1, 3, 1, 1, 1}};
+    enum { NCS = sizeof(cs) / sizeof(*cs) };
+    int i = 0;
+    for (int act = 0; act <= STOF_ACT_SILU; act++)
+        for (int b = 0; b < 2; b++, i++) {
+            const stof_gemm_epi e = {b, act, 1, 0, 0, 0};
+            check(ctx, dt, &cs[i % NCS], &e, 300, 264, 200, i % 3 ? 0 : 8,
+                  (uint64_t)(5700 + i));
+            check(ctx, dt, &cs[(i + 1) % NCS], &e, 1000, 776, 328, 0,
+                  (uint64_t)(5720 + 2 * i + 1));
+        }
+    const stof_gemm_epi res = {0, 0, 1, 0, 0, 0};
+    check(ctx, dt, &cs[0], &res, 512, 2048, 5632, 0, 5740); /* Llama */
+    check(ctx, dt, &cs[1], &res, 1, 8, 8, 0, 5741);
+    int j = 0;
+    for (int norm = 1; norm <= 2; norm++)
+        for (int v = 0; v < 4; v++, j++) {
+            /* bias + residual; + pre; neither; pre without a residual */
+            const stof_gemm_epi e = {v < 2, 0, v < 2, norm, v & 1, 0};
+            check(ctx, dt, &cs[j % NCS], &e, 300, j % 2 ? 1000 : 768, 200,
+                  v == 1 ? 8 : 0, (uint64_t)(5751 + 2 * j));
+            const stof_gemm_cfg *w = &cs[(j + 3) % NCS];
+            if (w->block_n == 64) /* (a row of 2048 is 16 tiles at most) */
+                w = &cs[4];
+            check(ctx, dt, w, &e, 520, 2048, 136, 0,
+                  (uint64_t)(5770 + 2 * j));
+        }
+    const stof_gemm_epi post = {1, 0, 1, 1, 0, 0}, pre = {1, 0, 1, 2, 1, 0};
+    check(ctx, dt, &cs[0], &post, 1024, 1024, 4096, 0, 5790);
+    check(ctx, dt, &cs[0], &post, 4096, 1024, 1024, 0, 5791);
+    check(ctx, dt, &cs[2], &post, 2048, 768, 3072, 0, 5792);
+    check(ctx, dt, &cs[1], &pre, 2048, 1024, 1024, 0, 5793);
+    check(ctx, dt, &cs[3], &pre, 128, 768, 768, 0, 5794);
+    check(ctx, dt, &cs[4], &post, 1, 1024, 64, 0, 5795);
+    stof_close(&ctx);
+}
+
+Test(gpu, wgmma_c_in_slots_fp16, .timeout = 600)
+{
+    wgmma_c_in_slots(STOF_DTYPE_FP16);
+}
+Test(gpu, wgmma_c_in_slots_bf16, .timeout = 600)
+{
+    wgmma_c_in_slots(STOF_DTYPE_BF16);
 }
 
 /* Programmatic dependent launch: a slow kernel (stof_fill, one CTA)
@@ -1429,10 +1510,10 @@ Test(gpu, pdl_chain, .timeout = 300)
     const int M = 4096, N = 768, K = 768;
     const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0},
                         ln = {1, 0, 1, 1, 0, 0};
-    const stof_gemm_cfg cfgs[] = {{128, 256, 64, 2, 1, 4, 1, 1},
-                                  {128, 256, 64, 2, 1, 4, 1, 2},
-                                  {128, 128, 64, 1, 1, 5, 1, 1},
-                                  {128, 128, 32, 2, 4, 3, 0, 1}};
+    const stof_gemm_cfg cfgs[] = {{128, 256, 64, 2, 1, 4, 1, 1, 0},
+                                  {128, 256, 64, 2, 1, 4, 1, 2, 0},
+                                  {128, 128, 64, 1, 1, 5, 1, 1, 0},
+                                  {128, 128, 32, 2, 4, 3, 0, 1, 0}};
     const stof_gemm_epi *epis[] = {&plain, &plain, &ln, &plain};
     enum { NC = sizeof(cfgs) / sizeof(*cfgs) };
     kernel k[NC];

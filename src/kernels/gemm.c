@@ -52,15 +52,17 @@ size_t stof__gemm_smem_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
         return 0;
     if (c->wgmma) { /* stages x {A, W} tiles, the two consumer
                        warpgroups' rings of 64 x 64 C units (two; four with
-                       a residual, which is loaded into them, or a norm),
-                       the mbarriers (two a stage, four more), with a norm
+                       a residual, which is loaded into them, or a norm;
+                       none with cslot: the slots hold them), the
+                       mbarriers (two a stage, four more), with a norm
                        gamma and beta of the tile's columns in fp32, 1024
                        of slack */
         const int norm = e && e->norm;
         return (size_t)c->stages *
                    ((size_t)c->block_m + (size_t)c->block_n) *
                    (size_t)c->block_k * 2u +
-               2u * (e && (e->residual || norm) ? 4u : 2u) * 64u * 64u *
+               (c->cslot ? 0u : 2u) *
+                   (e && (e->residual || norm) ? 4u : 2u) * 64u * 64u *
                    2u +
                16u * (size_t)c->stages + 32u +
                (norm ? 8u * (size_t)c->block_n : 0u) + 1024u;
@@ -151,6 +153,15 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
     if (c->stages < 2 || c->stages > 6)
         return stof__why(why, n, "wgmma template: stages %d, must be 2..6",
                          c->stages);
+    if (c->cslot != 0 && c->cslot != 1)
+        return stof__why(why, n, "wgmma template: cslot %d, must be 0 or 1",
+                         c->cslot);
+    if (c->cslot && (!(e->residual || e->norm) || c->warps_m != 2 ||
+                     c->cluster > 1))
+        return stof__why(why, n,
+                         "wgmma template: cslot (C units in the pipeline's "
+                         "slots) needs a residual or a norm, warps 2x1 and "
+                         "no pairs");
     if (c->cluster < 0 || c->cluster > 2)
         return stof__why(why, n,
                          "wgmma template: cluster %d, must be 0 or 1 (none) "
@@ -213,6 +224,11 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          "cluster %d: only the wgmma template (sm_90a) runs "
                          "in clusters",
                          c->cluster);
+    if (!c->wgmma && c->cslot)
+        return stof__why(why, n,
+                         "cslot %d: only the wgmma template (sm_90a) has "
+                         "pipeline slots to put C in",
+                         c->cslot);
     if (c->wgmma)
         return wgmma_cfg_valid(dev, c, e, N, why, n);
     if (!is_pow2(c->block_m) || c->block_m < 16 || c->block_m > 256)
@@ -293,25 +309,30 @@ static int round_up(int x, int m)
 
 /* The Hopper template's tiles: block_n, stages, warps_m (2: both
  * consumer warpgroups on each tile; 1: ping-pong), cluster (2: pairs of
- * CTAs sharing each W tile). Of the pairs only 128 x 256 is listed: on an
- * H100 it won the 16384 x 768 x 3072 GEMM (2% over the same tile alone)
- * and was within 6% elsewhere; 128 x 128 and 64-wide pairs (-11% to +9%
- * against the same tile alone) were never the fastest of any shape. */
-static const int wgmma_tiles[][4] = {
-    {256, 4, 2, 1}, {256, 3, 2, 1}, {256, 2, 2, 1}, {128, 4, 2, 1},
-    {128, 5, 2, 1}, {128, 6, 2, 1}, {64, 6, 2, 1},  {128, 4, 1, 1},
-    {128, 5, 1, 1}, {128, 6, 1, 1}, {64, 6, 1, 1},  {256, 4, 2, 2},
-    {256, 3, 2, 2}};
+ * CTAs sharing each W tile), cslot (1: C in the pipeline's slots; only
+ * with a residual, where 128 x 256 then keeps four stages and 128 x 128
+ * six). Of the pairs only 128 x 256 is listed: on an H100 it won the
+ * 16384 x 768 x 3072 GEMM (2% over the same tile alone) and was within 6%
+ * elsewhere; 128 x 128 and 64-wide pairs (-11% to +9% against the same
+ * tile alone) were never the fastest of any shape. */
+static const int wgmma_tiles[][5] = {
+    {256, 4, 2, 1, 0}, {256, 3, 2, 1, 0}, {256, 2, 2, 1, 0},
+    {128, 4, 2, 1, 0}, {128, 5, 2, 1, 0}, {128, 6, 2, 1, 0},
+    {64, 6, 2, 1, 0},  {128, 4, 1, 1, 0}, {128, 5, 1, 1, 0},
+    {128, 6, 1, 1, 0}, {64, 6, 1, 1, 0},  {256, 4, 2, 2, 0},
+    {256, 3, 2, 2, 0}, {256, 4, 2, 1, 1}, {128, 6, 2, 1, 1}};
 
 /* With a row norm: block_n, stages, warps_m (1: ping-pong, the row
- * statistics' wait passes under the other warpgroup's K loop). 192 makes
+ * statistics' wait passes under the other warpgroup's K loop), cslot (C
+ * units in the pipeline's slots: one stage more). 192 makes
  * a 768-wide row 4 tiles, so 4096 tokens' 128 tiles fill 132 SMs in one
  * round (128 x 128: 192 tiles, two rounds; 128 x 256: 96). 64 only where
  * all tiles fit one round (norm_narrow): a few tile rows, whose wider
  * tiles leave most SMs idle (128 tokens x 768: 4 CTAs of 128 x 192). */
-static const int wgmma_norm_tiles[][3] = {
-    {128, 5, 1}, {128, 4, 1}, {256, 3, 2}, {128, 4, 2}, {256, 2, 2},
-    {192, 4, 2}, {192, 3, 2}, {64, 6, 2},  {64, 6, 1}};
+static const int wgmma_norm_tiles[][4] = {
+    {128, 5, 1, 0}, {128, 4, 1, 0}, {256, 3, 2, 0}, {128, 4, 2, 0},
+    {256, 2, 2, 0}, {192, 4, 2, 0}, {192, 3, 2, 0}, {64, 6, 2, 0},
+    {64, 6, 1, 0},  {256, 4, 2, 1}, {192, 5, 2, 1}, {128, 6, 2, 1}};
 
 /* Whether 64-column norm tiles are candidates for M x N: every tile in
  * one round of the SMs. */
@@ -327,7 +348,7 @@ size_t stof__gemm_norm_ws_max(const stof_device *dev, int M, int N)
     if (!dev || !dev->ok || dev->cc_major != 9 || dev->cc_minor != 0)
         return 0;
     const stof_gemm_cfg c = {WG_BM, norm_narrow(dev, M, N) ? 64 : 128,
-                             WG_BK, 1, 1, 2, 1, 1};
+                             WG_BK, 1, 1, 2, 1, 1, 0};
     const stof_gemm_epi e = {0, 0, 0, 1, 0, 0};
     return stof__gemm_ws_bytes(&c, &e, M, N);
 }
@@ -348,7 +369,8 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
         const stof_gemm_cfg c = {WG_BM, wgmma_norm_tiles[i][0],
                                  WG_BK, wgmma_norm_tiles[i][2],
                                  1,     wgmma_norm_tiles[i][1],
-                                 1,     1};
+                                 1,     1,
+                                 wgmma_norm_tiles[i][3]};
         if (c.block_n == 64 && !norm_narrow(dev, M, N))
             continue;
         if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
@@ -363,7 +385,10 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
         if (out_n > 64 && out_n >= 2 * round_up(N > 0 ? N : 1, 32))
             continue;
         stof_gemm_cfg c = {WG_BM, bn,  WG_BK, wgmma_tiles[i][2],
-                           1,     wgmma_tiles[i][1], 1, wgmma_tiles[i][3]};
+                           1,     wgmma_tiles[i][1], 1, wgmma_tiles[i][3],
+                           wgmma_tiles[i][4]};
+        if (c.cslot && !e->residual) /* no residual: a ring of two */
+            continue;
         /* A pair needs two tile rows. */
         if (c.cluster > 1 && M <= WG_BM)
             continue;
@@ -384,7 +409,7 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
         static const int stages[] = {3, 4};
         for (int s = 0; s < 2 && k < max; s++) {
             stof_gemm_cfg c = {t->bm, t->bn, t->bk, t->wm,
-                               t->wn, stages[s], 0, 1};
+                               t->wn, stages[s], 0, 1, 0};
             if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
                 out[k++] = c;
         }
@@ -520,10 +545,11 @@ double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
 static const char *const cfg_keys[] = {"bm",  "bn",   "bk",  "wm",
                                         "wn",  "st",   "bias", "act",
                                         "res", "norm", "pre",  "wg",
-                                        "gated", "cl"};
-/* "wg" (the Hopper template), "gated" and "cl" (its cluster) are written
- * only when set; older records have the first 11 keys. */
-enum { CFG_KEYS = 11, CFG_KEYS_ALL = 14 };
+                                        "gated", "cl",  "cs"};
+/* "wg" (the Hopper template), "gated", "cl" (its cluster) and "cs" (C in
+ * its slots) are written only when set; older records have the first 11
+ * keys. */
+enum { CFG_KEYS = 11, CFG_KEYS_ALL = 15 };
 
 void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                          stof_str *out)
@@ -534,7 +560,8 @@ void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                                  c->warps_m,  c->warps_n,   c->stages,
                                  e->bias,     e->act,       e->residual,
                                  e->norm,     e->write_pre, c->wgmma,
-                                 e->gated,    c->cluster > 1 ? c->cluster : 0};
+                                 e->gated,    c->cluster > 1 ? c->cluster : 0,
+                                 c->cslot};
     json_t *o = json_object();
     for (int i = 0; o && i < CFG_KEYS_ALL; i++)
         if (i < CFG_KEYS || v[i])
@@ -587,6 +614,7 @@ int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
     c->wgmma = val[11];
     e->gated = val[12];
     c->cluster = val[13] > 1 ? val[13] : 1; /* absent: alone */
+    c->cslot = val[14];
     return 1;
 }
 

@@ -80,13 +80,19 @@ typedef struct stof_gemm_epi {
  * row's tiles, and a workspace.
  * cluster (wgmma only): 0 or 1 alone; 2: clusters of two CTAs on tile
  * rows 2i, 2i + 1 of one column, each W tile read once for both (TMA
- * multicast). */
+ * multicast).
+ * cslot (wgmma only, with a residual or a norm, warps_m 2, alone): 1
+ * puts a tile's C units (which hold its residual, or its rows until
+ * their statistics are in) in the pipeline's slots after its K-steps
+ * instead of a ring of their own, so the tile keeps one more stage
+ * (128 x 256: four instead of three; 128 x 192 five, 128 x 128 six). */
 typedef struct stof_gemm_cfg {
     int block_m, block_n, block_k;
     int warps_m, warps_n;
     int stages;
     int wgmma;
     int cluster;
+    int cslot;
 } stof_gemm_cfg;
 
 /* Launch arguments. Pointers the epilogue does not use may be 0. N is the

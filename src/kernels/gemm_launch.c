@@ -52,7 +52,7 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
                                  const stof_gemm_epi *e, int N, void **cubin,
                                  size_t *size)
 {
-    char d[12][32];
+    char d[13][32];
     snprintf(d[0], 32, "DTYPE=%d", (int)dt);
     snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
     snprintf(d[2], 32, "STAGES=%d", c->stages);
@@ -65,9 +65,12 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
     snprintf(d[9], 32, "NORM=%d", e->norm);
     snprintf(d[10], 32, "WRITE_PRE=%d", e->write_pre);
     snprintf(d[11], 32, "N_TOTAL=%d", e->norm ? N : 0);
-    const char *defs[12] = {d[0], d[1], d[2], d[3], d[4],  d[5],
-                            d[6], d[7], d[8], d[9], d[10], d[11]};
-    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, 12,
+    /* (only when set: the other kernels' inputs stay as they were) */
+    snprintf(d[12], 32, "CSLOT=%d", c->cslot);
+    const char *defs[13] = {d[0], d[1], d[2], d[3], d[4],  d[5], d[6],
+                            d[7], d[8], d[9], d[10], d[11], d[12]};
+    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs,
+                                          c->cslot ? 13 : 12,
                                           "sm_90a", cubin, size);
 }
 

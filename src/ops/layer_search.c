@@ -118,10 +118,11 @@ static void so_describe(void *user, int i, char *buf, size_t n)
     else if (c->kind == KIND_CUBLASLT)
         snprintf(buf, n, "cublaslt algo %d", c->algo);
     else if (c->cfg.wgmma)
-        snprintf(buf, n, "gemm wgmma %dx%dx%d st%d%s%s", c->cfg.block_m,
+        snprintf(buf, n, "gemm wgmma %dx%dx%d st%d%s%s%s", c->cfg.block_m,
                  c->cfg.block_n, c->cfg.block_k, c->cfg.stages,
                  c->cfg.warps_m == 1 ? " ping-pong" : "",
-                 c->cfg.cluster > 1 ? " pairs" : "");
+                 c->cfg.cluster > 1 ? " pairs" : "",
+                 c->cfg.cslot ? " c-in-slots" : "");
     else
         snprintf(buf, n, "gemm %dx%dx%d %dx%d st%d", c->cfg.block_m,
                  c->cfg.block_n, c->cfg.block_k, c->cfg.warps_m,
