@@ -7,6 +7,8 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "blaslt.h"
@@ -744,4 +746,39 @@ Test(gemm_cpu, c_in_slots)
             cr_expect_eq(n_cs, 0, "case %zu: C in the slots without a "
                                   "residual or a norm", k);
     }
+}
+
+/* Who decides programmatic dependent launch (cuda_shim.c): STOF_PDL, or
+ * stof__pdl_set(0 / 1), for every launch; else (stof__pdl_set(-1)) the
+ * calling thread's scope, which a layer plan sets around its launches:
+ * off outside one, per thread. */
+static void *pdl_other_thread(void *arg)
+{
+    *(int *)arg = stof__pdl_enabled();
+    return NULL;
+}
+
+Test(gemm_cpu, pdl_choice)
+{
+    const char *env = getenv("STOF_PDL");
+    if (env && (env[0] == '0' || env[0] == '1') && env[1] == '\0')
+        cr_skip_test("STOF_PDL=%s decides for every launch here", env);
+    stof__pdl_set(-1);
+    cr_expect_eq(stof__pdl_enabled(), 0, "on outside a scope");
+    int was = stof__pdl_scope(1);
+    cr_expect_eq(was, 0);
+    cr_expect_eq(stof__pdl_enabled(), 1);
+    int other = -1;
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, pdl_other_thread, &other), 0);
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_expect_eq(other, 0, "another thread sees this thread's scope");
+    stof__pdl_set(0); /* forced off: the scope does not count */
+    cr_expect_eq(stof__pdl_enabled(), 0);
+    stof__pdl_set(1);
+    cr_expect_eq(stof__pdl_scope(0), 1);
+    cr_expect_eq(stof__pdl_enabled(), 1, "forced on: the scope does not count");
+    stof__pdl_set(-1);
+    cr_expect_eq(stof__pdl_enabled(), 0);
+    stof__pdl_scope(was);
 }

@@ -1504,8 +1504,14 @@ Test(gpu, pdl_chain, .timeout = 300)
 {
     stof_context *ctx = open_hopper_or_skip();
     const stof_api *api = ctx->api;
-    const int pdl_was = stof__pdl_enabled();
-    stof__pdl_set(1); /* opt-in (STOF_PDL=1): the launches ask for it */
+    /* (forced on for every launch, then back to STOF_PDL's or the plans'
+     * choice) */
+    const char *pdl_env = getenv("STOF_PDL");
+    const int pdl_was = pdl_env && (pdl_env[0] == '0' || pdl_env[0] == '1') &&
+                                pdl_env[1] == '\0'
+                            ? pdl_env[0] - '0'
+                            : -1;
+    stof__pdl_set(1);
     const stof_dtype dt = STOF_DTYPE_FP16;
     const int M = 4096, N = 768, K = 768;
     const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0},

@@ -659,6 +659,40 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
                       "stack run %d (flags %u) differs", rep, flags);
         }
     }
+    /* Programmatic launches: a plan of 128 tokens asks for them on cc 9.0
+     * (unless STOF_PDL decides); with them forced off the stack is the
+     * same bit for bit; a plan of 4096 tokens does not ask. */
+    const char *pdl_env = getenv("STOF_PDL");
+    if (!pdl_env || ((pdl_env[0] != '0' && pdl_env[0] != '1') ||
+                     pdl_env[1] != '\0')) {
+        const int hopper = ctx->device.cc_major >= 9;
+        cr_expect(strstr(desc, hopper ? "\"pdl\":true" : "\"pdl\":false") !=
+                      NULL,
+                  "128 tokens on cc %d.%d: %s", ctx->device.cc_major,
+                  ctx->device.cc_minor, desc);
+        stof__pdl_set(0);
+        cr_assert_eq(api->cuMemsetD8(y, 0, n * 2), CUDA_SUCCESS);
+        cr_assert_eq(stof_layer_stack_run(L, 3, lwt, px, py, NULL, 0),
+                     STOF_OK, "%s", stof_layer_errmsg(L));
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        download(y, n, d.dtype, b);
+        cr_expect(memcmp(first, b, n * 4) == 0,
+                  "the stack without programmatic launches differs");
+        cr_assert_eq(stof_layer_describe(L, desc, sizeof(desc), NULL),
+                     STOF_OK);
+        cr_expect(strstr(desc, "\"pdl\":false") != NULL, "%s", desc);
+        stof__pdl_set(-1);
+        stof_layer_desc big = d;
+        big.batch = 32; /* 4096 tokens */
+        stof_layer *Lb = NULL;
+        cr_assert_eq(stof_layer_plan(ctx, &big, m, &Lb), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        cr_assert_eq(stof_layer_describe(Lb, desc, sizeof(desc), NULL),
+                     STOF_OK);
+        cr_expect(strstr(desc, "\"pdl\":false") != NULL,
+                  "4096 tokens: %s", desc);
+        stof_layer_free(&Lb);
+    }
     /* New pointers: the graph is recorded again. */
     cr_assert_eq(api->cuMemsetD8(y2, 0, n * 2), CUDA_SUCCESS);
     cr_assert_eq(stof_layer_stack_run(L, 3, lwt, px, py2, NULL,

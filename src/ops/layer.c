@@ -670,6 +670,7 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     if (st == STOF_OK)
         st = stof__layer_lt_ws(L, stof__layer_lt_need(L), 1);
     L->plan_ms[2] = stof__now_ms() - tp - L->plan_ms[1];
+    L->pdl = ctx->device.cc_major >= 9 && L->M <= STOF_LAYER_PDL_TOKENS;
     stof__ctx_pop(ctx);
     if (st != STOF_OK) {
         char msg[STOF_ERRMSG_MAX];
@@ -766,10 +767,16 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         json_array_append_new(steps, describe_step(L, &L->steps[i]));
         stack_end += L->steps[i].stack_end;
     }
+    /* Whether its launches ask for programmatic dependent launch: the
+     * plan's choice unless STOF_PDL decides. */
+    const int pdl_was = stof__pdl_scope(L->pdl);
+    const int pdl = stof__pdl_enabled();
+    stof__pdl_scope(pdl_was);
     json_t *o = json_pack(
         "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:b, s:s, s:s, s:s, s:i, "
         "s:o},"
-        " s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:o, s:o, s:{s:s, s:s, s:i},"
+        " s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:o, s:o,"
+        " s:{s:s, s:s, s:i, s:b},"
         " s:{s:I, s:I}, s:o}",
         "desc", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
         "heads", d->heads, "kv_heads",
@@ -784,7 +791,8 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         "layer_ms", jnum(L->layer_ms), "model_ms", jnum(L->model_ms),
         "scheme", "junction_a", j_name[L->ja], "junction_b",
         d->pre_norm ? (L->jb == J_FUSED ? "stack" : "none") : j_name[L->jb],
-        "kernels", L->n_steps - stack_end, "device_bytes", "buffers",
+        "kernels", L->n_steps - stack_end, "pdl", pdl, "device_bytes",
+        "buffers",
         (json_int_t)(L->mem_bytes - L->lt_mem_bytes +
                      (L->buf[SYM_G] ? (size_t)L->M *
                                           (size_t)stof__layer_tok_ld(L, SYM_G) *

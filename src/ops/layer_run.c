@@ -265,9 +265,11 @@ stof_status stof_layer_run(stof_layer *L, const stof_layer_weights *w,
     if (api->cuCtxPushCurrent(L->ctx->device.pctx) != CUDA_SUCCESS)
         return (stof_status)stof__layer_fail(
             L, STOF_ERR_CUDA, "cannot make the device's context current");
+    const int pdl_was = stof__pdl_scope(L->pdl);
     st = stof__layer_run_steps(L, wp, (CUdeviceptr)(uintptr_t)x,
                                (CUdeviceptr)(uintptr_t)y, (CUstream)stream,
                                0);
+    stof__pdl_scope(pdl_was);
     CUcontext popped;
     api->cuCtxPopCurrent(&popped);
     if (st == STOF_OK)
@@ -351,6 +353,9 @@ stof_status stof_layer_stack_run(stof_layer *L, int n_layers,
         st = (stof_status)stof__layer_fail(L, STOF_ERR_CUDA,
                                      "cannot make the device's context current");
     else if (st == STOF_OK) {
+        /* (the plan's choice of programmatic launches, captured into the
+         * graph too) */
+        const int pdl_was = stof__pdl_scope(L->pdl);
         CUstream s = (CUstream)stream;
         if (!(flags & STOF_STACK_GRAPH)) {
             st = stack_enqueue(L, n_layers, wps, x, y, s);
@@ -432,6 +437,7 @@ stof_status stof_layer_stack_run(stof_layer *L, int n_layers,
                 }
             }
         }
+        stof__pdl_scope(pdl_was);
         CUcontext popped;
         api->cuCtxPopCurrent(&popped);
     }

@@ -356,7 +356,7 @@ int stof__env_switch(_Atomic int *state, const char *name, int dflt)
     if (v < 0) {
         const char *e = getenv(name);
         v = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] == '1'
-                                                              : dflt != 0;
+                                                              : dflt;
         int expect = -1;
         if (!atomic_compare_exchange_strong(state, &expect, v))
             v = expect;
@@ -364,17 +364,27 @@ int stof__env_switch(_Atomic int *state, const char *name, int dflt)
     return v;
 }
 
-/* -1: not read yet; else 0 / 1. */
+/* -1: not read yet; 0 / 1: STOF_PDL (or stof__pdl_set) decides; 2: the
+ * thread's scope does. */
 static _Atomic int pdl_state = -1;
+static _Thread_local int pdl_thread; /* stof__pdl_scope's choice */
 
 int stof__pdl_enabled(void)
 {
-    return stof__env_switch(&pdl_state, "STOF_PDL", 0);
+    const int v = stof__env_switch(&pdl_state, "STOF_PDL", 2);
+    return v == 2 ? pdl_thread : v;
 }
 
 void stof__pdl_set(int on)
 {
-    atomic_store(&pdl_state, on ? 1 : 0);
+    atomic_store(&pdl_state, on < 0 ? 2 : on ? 1 : 0);
+}
+
+int stof__pdl_scope(int on)
+{
+    const int was = pdl_thread;
+    pdl_thread = on != 0;
+    return was;
 }
 
 /* Whether fn was compiled for compute capability 9.0 or later. */

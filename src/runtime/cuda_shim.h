@@ -162,16 +162,22 @@ CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
                       unsigned smem, CUstream stream, void **params,
                       const stof_launch_opts *o);
 
-/* Whether launches may ask for programmatic dependent launch: 0 unless the
- * environment sets STOF_PDL=1 (read once) or stof__pdl_set(1) was called.
- * Off by default: on an H100 (2026-11-25, bench/RESULTS.md) the layer
- * stacks ran 1-3% slower with it at 8x512 and 16x2048 tokens, and 1x128
- * showed no gain beyond its run-to-run spread. */
+/* Whether launches may ask for programmatic dependent launch. STOF_PDL=1
+ * or 0 in the environment (read once), or stof__pdl_set(1 or 0), decides
+ * for every launch; otherwise (stof__pdl_set(-1) returns there) the
+ * calling thread's scope does (stof__pdl_scope, 0 outside one): a layer
+ * plan sets it around its launches to its own choice (stof_layer's pdl:
+ * on for short batches, where an H200's stacks ran 1-5% faster with it,
+ * off from 4096 tokens, where they ran up to 2.5% slower; bench/RESULTS.md,
+ * 2026-11-28, eighth session). */
 int stof__pdl_enabled(void);
 void stof__pdl_set(int on);
+/* Set the calling thread's choice (0 or 1) for launches while the
+ * environment does not decide; returns the previous one, to be restored. */
+int stof__pdl_scope(int on);
 /* A switch read once from the environment into *state (-1: not read
- * yet): 1 for "1", 0 for "0", else dflt; later calls return it (or what a
- * setter stored there). */
+ * yet): 1 for "1", 0 for "0", else dflt (not negative); later calls
+ * return it (or what a setter stored there). */
 int stof__env_switch(_Atomic int *state, const char *name, int dflt);
 
 
