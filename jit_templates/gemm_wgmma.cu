@@ -858,20 +858,21 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
         const int cs0 = s;
         unsigned s_c;
         {
-            int my = s;
-            unsigned myph = ph;
-            if (GW_NCS == 2 && cw == 1 && ++my == STAGES) {
-                my = 0;
-                myph ^= 1u;
-            }
+            const int my = GW_NCS == 2 && cw == 1 ? (s + 1) % STAGES : s;
             s_c = GW_SA(my) + (GW_NCS == 1 ? cw * (GW_ON / 64) : 0) *
                                   (64u * 128u);
-            for (int j = 0; j < GW_NCS; j++)
+            // Every slot's hand-over, the other warpgroup's too: a
+            // parity wait must see each phase of a barrier (waiting for
+            // a slot's next K-step while its C phase is still open would
+            // return at once), and an arrival below on a slot whose data
+            // this warpgroup waited for cannot complete an earlier phase.
+            for (int j = 0; j < GW_NCS; j++) {
+                mb_wait(GW_FULL(s), ph);
                 if (++s == STAGES) {
                     s = 0;
                     ph ^= 1u;
                 }
-            mb_wait(GW_FULL(my), myph);
+            }
         }
         const unsigned cu0 = cu;
         // C unit k of this warpgroup's tile (its ring's place otherwise)
@@ -1219,8 +1220,9 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #endif // NORM
 #if CSLOT
         // The C slots go back to the producer once this warpgroup's
-        // stores have read them (each consumer warp arrives on every slot
-        // of the tile, as for a K-step).
+        // stores have read them: each consumer warp arrives on every slot
+        // of the tile, as for a K-step (safe: it has waited for each
+        // slot's data, so the other warpgroup released the K-step before).
         gw_units_read<0>(cw, ctid);
         __syncwarp();
         if (lane == 0)
