@@ -927,7 +927,10 @@ STOF_API stof_status stof_layer_stack_run_family(
     unsigned flags);
 
 /* JSON: the descriptor, the fusion scheme (kernels in order with their
- * parameters), where it came from, measured times, where the plan's
+ * parameters; "scheme" also says whether its launches use programmatic
+ * dependent launch, "pdl": plans of at most 2048 tokens on compute
+ * capability 9.0+ do, unless STOF_PDL=0 or 1 decides for every launch),
+ * where it came from, measured times, where the plan's
  * time went ("plan_ms": attention, buffers, kernels) and the device
  * memory it holds besides the attention plan's ("device_bytes":
  * "buffers", the intermediates and the norm GEMMs' workspace; "cublaslt",
