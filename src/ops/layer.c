@@ -769,9 +769,7 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
     }
     /* Whether its launches ask for programmatic dependent launch: the
      * plan's choice unless STOF_PDL decides. */
-    const int pdl_was = stof__pdl_scope(L->pdl);
-    const int pdl = stof__pdl_enabled();
-    stof__pdl_scope(pdl_was);
+    const int pdl = stof__pdl_for(L->pdl);
     json_t *o = json_pack(
         "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:b, s:s, s:s, s:s, s:i, "
         "s:o},"

@@ -369,10 +369,15 @@ int stof__env_switch(_Atomic int *state, const char *name, int dflt)
 static _Atomic int pdl_state = -1;
 static _Thread_local int pdl_thread; /* stof__pdl_scope's choice */
 
-int stof__pdl_enabled(void)
+int stof__pdl_for(int choice)
 {
     const int v = stof__env_switch(&pdl_state, "STOF_PDL", 2);
-    return v == 2 ? pdl_thread : v;
+    return v == 2 ? choice != 0 : v;
+}
+
+int stof__pdl_enabled(void)
+{
+    return stof__pdl_for(pdl_thread);
 }
 
 void stof__pdl_set(int on)

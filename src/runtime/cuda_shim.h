@@ -172,6 +172,8 @@ CUresult stof__launch(const stof_api *api, CUfunction fn, unsigned gx,
  * 2026-11-28, eighth session). */
 int stof__pdl_enabled(void);
 void stof__pdl_set(int on);
+/* What stof__pdl_enabled() would say in a scope of `choice`. */
+int stof__pdl_for(int choice);
 /* Set the calling thread's choice (0 or 1) for launches while the
  * environment does not decide; returns the previous one, to be restored. */
 int stof__pdl_scope(int on);
