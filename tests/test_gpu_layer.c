@@ -754,6 +754,7 @@ static void database_hit(int gated)
     unlink(path);
     char json[3][16384];
     long compiles_hit = -1; /* a plain database hit's (pass 1) */
+    int pdl_tuned = -1;     /* the search's timed choice (pass 0) */
     for (int pass = 0; pass < 3; pass++) {
         stof_context *ctx = open_ctx(path, STOF_TUNE_DEFAULT);
         if (pass == 2) {
@@ -800,6 +801,40 @@ static void database_hit(int gated)
         cr_log_info("pass %d: %ld compiles: %s", pass, compiles, json[pass]);
         cr_expect(strstr(json[pass], "\"plan_ms\":{\"attention\":"), "%s",
                   json[pass]);
+        /* Programmatic launches (compute capability 9.0+, STOF_PDL not
+         * set): the search times the stack both ways and keeps the
+         * faster; the record gives the choice back. */
+        const char *pdl_env = getenv("STOF_PDL");
+        const int pdl_forced = pdl_env &&
+                               (pdl_env[0] == '0' || pdl_env[0] == '1') &&
+                               pdl_env[1] == '\0';
+        const char *pm = strstr(json[pass], "\"pdl_ms\":");
+        cr_assert(pm, "%s", json[pass]);
+        const int pdl_on = strstr(json[pass], "\"pdl\":true") != NULL;
+        if (pass == 0 && !pdl_forced && ctx->device.cc_major >= 9) {
+            double off_ms = 0.0, on_ms = 0.0;
+            cr_expect_eq(sscanf(pm, "\"pdl_ms\":{\"off\":%lf,\"on\":%lf}",
+                                &off_ms, &on_ms),
+                         2, "%.60s", pm);
+            cr_expect(off_ms > 0.0 && on_ms > 0.0, "%.60s", pm);
+            /* (the printed times, rounded: not checked next to the
+             * margin's edges) */
+            const double ratio = on_ms / off_ms;
+            if (fabs(fabs(ratio - 1.0) - STOF_LAYER_PDL_MARGIN) > 1e-3)
+                cr_expect_eq(pdl_on,
+                             stof__layer_pdl_pick(off_ms, on_ms,
+                                                  d.batch * d.seq <=
+                                                      STOF_LAYER_PDL_TOKENS),
+                             "%.60s", pm);
+            pdl_tuned = pdl_on;
+        } else {
+            cr_expect(strncmp(pm, "\"pdl_ms\":null", 13) == 0, "%.60s", pm);
+            if (pdl_tuned >= 0)
+                cr_expect_eq(pdl_on, pdl_tuned,
+                             "pass %d: the record's choice %d, the "
+                             "search's %d",
+                             pass, pdl_on, pdl_tuned);
+        }
         if (pass == 0) {
             cr_expect(strstr(json[0], "\"source\":\"tuned\""));
         } else if (pass == 2) {

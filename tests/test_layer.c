@@ -252,7 +252,14 @@ Test(layer, scheme_record_gives_back_its_layer)
     r.heads = 8;
     r.seq_q = r.seq_k = 256;
     static const char *const configs[] = {
-        /* as stored now */
+        /* as stored now, with the search's timed choice of programmatic
+         * launches */
+        "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": 1376, "
+        "\"act\": 4, \"norm\": 1, \"kv_heads\": 2, \"no_bias\": 1, "
+        "\"gated\": 1, \"eps\": 9.9999999747524271e-07, \"lt\": %d, "
+        "\"pdl\": 1}",
+        /* without it (no timing: before compute capability 9.0, STOF_PDL
+         * set, an older record) */
         "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": 1376, "
         "\"act\": 4, \"norm\": 1, \"kv_heads\": 2, \"no_bias\": 1, "
         "\"gated\": 1, \"eps\": 9.9999999747524271e-07, \"lt\": %d}",
@@ -261,8 +268,10 @@ Test(layer, scheme_record_gives_back_its_layer)
         "\"act\": 4, \"norm\": 1}"};
     const int lt = (int)stof__blaslt_version();
     char text[1024];
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 3; c++) {
         snprintf(r.config, sizeof(r.config), configs[c], lt);
+        cr_expect_eq(stof__layer_record_pdl(r.config), c == 0 ? 1 : -1,
+                     "config %d", c);
         stof_layer_desc d;
         int old = -1;
         char why[256] = "";
@@ -326,7 +335,7 @@ Test(layer, scheme_record_gives_back_its_layer)
     L->eps = 3e-5f; /* not a usual eps */
     stof__layer_key(L, hex);
     snprintf(r.key, sizeof(r.key), "%s", L->key);
-    snprintf(r.config, sizeof(r.config), configs[1], lt);
+    snprintf(r.config, sizeof(r.config), configs[2], lt);
     cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, text,
                                          sizeof(text), why, sizeof(why)),
                  0);
@@ -341,4 +350,41 @@ Test(layer, scheme_record_gives_back_its_layer)
                  0);
     free(L);
     stof_close(&ctx);
+}
+
+/* Programmatic launches: the choice a scheme record keeps (0 or 1; none,
+ * or anything else: -1, the rule decides), the rule for plans without one
+ * (compute capability 9.0+, at most STOF_LAYER_PDL_TOKENS tokens) and the
+ * search's pick from its timings. */
+Test(layer, pdl_record_and_rule)
+{
+    cr_expect_eq(stof__layer_record_pdl("{\"ja\": 0, \"jb\": 0, \"pdl\": 0}"),
+                 0);
+    cr_expect_eq(stof__layer_record_pdl("{\"ja\": 0, \"jb\": 0, \"pdl\": 1}"),
+                 1);
+    cr_expect_eq(stof__layer_record_pdl("{\"ja\": 0, \"jb\": 0}"), -1);
+    cr_expect_eq(stof__layer_record_pdl("{\"pdl\": 2}"), -1);
+    cr_expect_eq(stof__layer_record_pdl("{\"pdl\": -1}"), -1);
+    cr_expect_eq(stof__layer_record_pdl("{\"pdl\": \"on\"}"), -1);
+    cr_expect_eq(stof__layer_record_pdl("not json"), -1);
+    cr_expect_eq(stof__layer_record_pdl(""), -1);
+    cr_expect_eq(stof__layer_record_pdl(NULL), -1);
+    stof_device dev;
+    memset(&dev, 0, sizeof(dev));
+    dev.cc_major = 9;
+    cr_expect_eq(stof__layer_pdl_rule(&dev, 128), 1);
+    cr_expect_eq(stof__layer_pdl_rule(&dev, STOF_LAYER_PDL_TOKENS), 1);
+    cr_expect_eq(stof__layer_pdl_rule(&dev, STOF_LAYER_PDL_TOKENS + 1), 0);
+    dev.cc_major = 8;
+    cr_expect_eq(stof__layer_pdl_rule(&dev, 128), 0);
+    /* The search's pick: a clear difference (over the margin) decides,
+     * else the rule; no timing (0, NaN): the rule. */
+    cr_expect_eq(stof__layer_pdl_pick(1.0, 0.98, 0), 1);
+    cr_expect_eq(stof__layer_pdl_pick(1.0, 1.02, 1), 0);
+    cr_expect_eq(stof__layer_pdl_pick(1.0, 0.995, 0), 0);
+    cr_expect_eq(stof__layer_pdl_pick(1.0, 0.995, 1), 1);
+    cr_expect_eq(stof__layer_pdl_pick(1.0, 1.005, 1), 1);
+    cr_expect_eq(stof__layer_pdl_pick(1.0, 1.005, 0), 0);
+    cr_expect_eq(stof__layer_pdl_pick(0.0, 0.5, 1), 1);
+    cr_expect_eq(stof__layer_pdl_pick(0.5, 0.0 / 0.0, 0), 0);
 }

@@ -561,6 +561,21 @@ static void record_layer_miss(stof_layer *L, const stof_mask *m,
     stof__record_miss(L->ctx, db, L->key, pj, m, mask_hex, fam, ad, sample);
 }
 
+int stof__layer_pdl_rule(const stof_device *dev, int tokens)
+{
+    return dev->cc_major >= 9 && tokens <= STOF_LAYER_PDL_TOKENS;
+}
+
+int stof__layer_pdl_pick(double off_ms, double on_ms, int rule)
+{
+    if (!(off_ms > 0.0) || !(on_ms > 0.0))
+        return rule;
+    const double r = on_ms / off_ms;
+    return r < 1.0 - STOF_LAYER_PDL_MARGIN   ? 1
+           : r > 1.0 + STOF_LAYER_PDL_MARGIN ? 0
+                                             : rule;
+}
+
 /* stof_layer_plan (m) and stof_layer_plan_family (fam, sample). */
 static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
                               const stof_mask *m, const stof_mask_family *fam,
@@ -582,6 +597,7 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     L->M = d->batch * d->seq;
     L->hd = d->hidden / d->heads;
     L->eps = d->norm_eps > 0 ? d->norm_eps : 1e-5f;
+    L->pdl = -1; /* (the search or the record decides, else the rule) */
     init_ops(L);
     /* The attention reads Q, K, V from the [tokens][hidden + 2 kvd]
      * projection (kvd = kv_heads * head_dim) and writes [tokens][hidden]. */
@@ -670,7 +686,8 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     if (st == STOF_OK)
         st = stof__layer_lt_ws(L, stof__layer_lt_need(L), 1);
     L->plan_ms[2] = stof__now_ms() - tp - L->plan_ms[1];
-    L->pdl = ctx->device.cc_major >= 9 && L->M <= STOF_LAYER_PDL_TOKENS;
+    if (L->pdl < 0)
+        L->pdl = stof__layer_pdl_rule(&ctx->device, L->M);
     stof__ctx_pop(ctx);
     if (st != STOF_OK) {
         char msg[STOF_ERRMSG_MAX];
@@ -768,13 +785,14 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         stack_end += L->steps[i].stack_end;
     }
     /* Whether its launches ask for programmatic dependent launch: the
-     * plan's choice unless STOF_PDL decides. */
+     * plan's choice unless STOF_PDL decides; the search's timing of it
+     * when this plan's search made it. */
     const int pdl = stof__pdl_for(L->pdl);
     json_t *o = json_pack(
         "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:b, s:s, s:s, s:s, s:i, "
         "s:o},"
         " s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:o, s:o,"
-        " s:{s:s, s:s, s:i, s:b},"
+        " s:{s:s, s:s, s:i, s:b, s:o},"
         " s:{s:I, s:I}, s:o}",
         "desc", "batch", d->batch, "seq", d->seq, "hidden", d->hidden,
         "heads", d->heads, "kv_heads",
@@ -789,7 +807,11 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         "layer_ms", jnum(L->layer_ms), "model_ms", jnum(L->model_ms),
         "scheme", "junction_a", j_name[L->ja], "junction_b",
         d->pre_norm ? (L->jb == J_FUSED ? "stack" : "none") : j_name[L->jb],
-        "kernels", L->n_steps - stack_end, "pdl", pdl, "device_bytes",
+        "kernels", L->n_steps - stack_end, "pdl", pdl, "pdl_ms",
+        L->pdl_ms[0] > 0 ? json_pack("{s:o, s:o}", "off", jnum(L->pdl_ms[0]),
+                                     "on", jnum(L->pdl_ms[1]))
+                         : json_null(),
+        "device_bytes",
         "buffers",
         (json_int_t)(L->mem_bytes - L->lt_mem_bytes +
                      (L->buf[SYM_G] ? (size_t)L->M *

@@ -205,6 +205,15 @@ static int scheme_of(const char *config, int *ja, int *jb)
     return 1;
 }
 
+int stof__layer_record_pdl(const char *config)
+{
+    static const char *const key[] = {"pdl"};
+    int v = -1;
+    if (!config || !stof__json_ints(config, key, 1, &v) || v < 0 || v > 1)
+        return -1;
+    return v;
+}
+
 int stof__layer_record_check(const stof_db_record *r, char *why, size_t n)
 {
     if (!strcmp(r->op, "layer")) {
@@ -338,6 +347,7 @@ stof_status stof__layer_from_db(stof_layer *L)
                    scheme_of(rec.config, &ja, &jb);
     L->layer_ms = rec.time_ms;
     L->model_ms = rec.model_ms;
+    L->pdl = ok ? stof__layer_record_pdl(rec.config) : -1;
     stof__db_record_clear(&rec);
     if (!ok) {
         snprintf(L->db_why, sizeof(L->db_why), "its scheme is malformed");
@@ -456,6 +466,7 @@ stof_status stof__layer_from_db(stof_layer *L)
               "modules %.3f ms, cuBLASLt %.3f ms",
               L->key, stof__now_ms() - t_all, t_lookup, t_mod, t_lt);
     if (st != STOF_OK) {
+        L->pdl = -1;
         if (!L->db_why[0])
             snprintf(L->db_why, sizeof(L->db_why), "%s", stof_errmsg(L->ctx));
         for (int i = 0; i < G_COUNT; i++)
@@ -538,15 +549,18 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
     snprintf(r.kernel, sizeof(r.kernel), "scheme");
     /* With the rest of the descriptor, so `stof-tune verify` can plan the
      * layer again from the record alone (stof__layer_record_desc). */
-    stof__json_text(
-        json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, "
-                  "s:I}",
-                  "ja", L->ja, "jb", L->jb, "pre", L->d.pre_norm, "hidden",
-                  L->d.hidden, "ffn", L->d.ffn, "act", (int)L->d.act, "norm",
-                  (int)L->d.norm, "kv_heads", L->d.kv_heads, "no_bias",
-                  L->d.no_bias, "gated", L->d.gated, "eps", (double)L->eps,
-                  "lt", (json_int_t)stof__blaslt_version()),
-        r.config, sizeof(r.config));
+    json_t *cfg = json_pack(
+        "{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:I}", "ja",
+        L->ja, "jb", L->jb, "pre", L->d.pre_norm, "hidden", L->d.hidden,
+        "ffn", L->d.ffn, "act", (int)L->d.act, "norm", (int)L->d.norm,
+        "kv_heads", L->d.kv_heads, "no_bias", L->d.no_bias, "gated",
+        L->d.gated, "eps", (double)L->eps, "lt",
+        (json_int_t)stof__blaslt_version());
+    /* The search's timed choice of programmatic launches (a record
+     * without it: the rule at load). */
+    if (cfg && L->pdl >= 0)
+        json_object_set_new(cfg, "pdl", json_integer(L->pdl));
+    stof__json_text(cfg, r.config, sizeof(r.config));
     r.time_ms = L->layer_ms;
     r.model_ms = L->model_ms;
     r.n_candidates = J_COUNT;

@@ -130,17 +130,33 @@ struct stof_layer {
                                buffers, the kernels (database or search) */
     int pdl;                /* its launches ask for programmatic dependent
                                launch (stof__pdl_scope) unless STOF_PDL
-                               decides: on Hopper, at most
-                               STOF_LAYER_PDL_TOKENS tokens */
+                               decides: the search's choice (timed, kept in
+                               the layer record), else stof__layer_pdl_rule;
+                               -1 while the plan is made */
+    double pdl_ms[2];       /* the search's timing of that choice, ms a
+                               layer without / with (0: not timed here) */
     char errmsg[1024];
 };
 
-/* The most tokens (batch x seq) a layer plan runs with programmatic
- * dependent launch. Measured (H200, 2026-11-28, eighth session: stacks in
- * CUDA graphs, PDL on / off in alternating processes): 128-2048 tokens
+/* Programmatic dependent launch for a layer plan whose search did not
+ * time it (a record made before the search did, a cache-only miss, a
+ * tuning budget spent): on compute capability 9.0+ and at most this many
+ * tokens (batch x seq). Measured (H200, 2026-11-28, eighth session: stacks
+ * in CUDA graphs, PDL on / off in alternating processes): 128-2048 tokens
  * 1-5% faster in 16 of 18 stacks (BERT-base, GPT-2, BERT-large at 1x128
  * to 4x512; one 2.5% slower, one even), 4096 tokens up to 2.5% slower. */
 #define STOF_LAYER_PDL_TOKENS 2048
+int stof__layer_pdl_rule(const stof_device *dev, int tokens);
+/* The search's choice from its stack graphs' times (ms a layer without and
+ * with): on or off where they differ by more than STOF_LAYER_PDL_MARGIN,
+ * else `rule` (differences within the timings' spread decide nothing; H200,
+ * 2026-11-28, ninth session: 12 stacks of 128-4096 tokens, the timed
+ * choice against the stacks in alternating processes). */
+#define STOF_LAYER_PDL_MARGIN 0.01
+int stof__layer_pdl_pick(double off_ms, double on_ms, int rule);
+/* The choice a layer record's configuration keeps ("pdl": 0 or 1), or -1
+ * when it has none (the rule decides). */
+int stof__layer_record_pdl(const char *config);
 
 /* --- layer.c: the chain ---------------------------------------------------- */
 
@@ -262,6 +278,12 @@ double stof__layer_verify_step(layer_tuner *t, const step *s);
 int stof__layer_time_it(layer_tuner *t, const step *s, double *ms);
 /* The step that exercises op (gemm or norm) on scratch buffers. */
 int stof__layer_probe_step(stof_layer *L, int is_norm, int op, step *out);
+/* The chosen scheme as a stack runs it, a CUDA graph of 8 layers on the
+ * scratch data, with programmatic launches off and on: the median of
+ * PDL_ROUNDS replays each, alternating, in ms a layer (ms[0] off, ms[1]
+ * on). 0 on success. */
+#define PDL_ROUNDS 7
+int stof__layer_time_pdl(layer_tuner *t, double ms[2]);
 
 /* --- layer_db.c: keys, kernels, records ------------------------------------ */
 

@@ -242,6 +242,87 @@ int stof__layer_time_it(layer_tuner *t, const step *s, double *ms)
     return 0;
 }
 
+/* One graph of PDL_CHAIN layers chained as a stack runs them (the first
+ * from x into y, the others in place in y; a fused stack ending as
+ * stack_enqueue does), captured with programmatic launches off (pdl 0) or
+ * on (1). */
+#define PDL_CHAIN 8
+static CUresult chain_graph(layer_tuner *t, CUstream s, int pdl,
+                            CUgraphExec *out)
+{
+    stof_layer *L = t->L;
+    const stof_api *api = L->ctx->api;
+    *out = NULL;
+    CUresult r = api->cuStreamBeginCapture(s,
+                                           CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r != CUDA_SUCCESS)
+        return r;
+    const int was = stof__pdl_scope(pdl);
+    const int fused = L->d.pre_norm && L->jb == J_FUSED;
+    stof_status st = STOF_OK;
+    for (int i = 0; i < PDL_CHAIN && st == STOF_OK; i++) {
+        const int mode = (fused && i > 0 ? RUN_SKIP_NORM_IN : 0) |
+                         (fused && i + 1 < PDL_CHAIN ? RUN_END_FUSED : 0);
+        st = stof__layer_run_steps(L, t->wp, i ? t->y : t->x, t->y, s, mode);
+    }
+    stof__pdl_scope(was);
+    CUgraph g = NULL;
+    r = api->cuStreamEndCapture(s, &g);
+    if (r == CUDA_SUCCESS && st != STOF_OK)
+        r = CUDA_ERROR_UNKNOWN;
+    if (r == CUDA_SUCCESS)
+        r = api->cuGraphInstantiate(out, g, 0);
+    if (g)
+        api->cuGraphDestroy(g);
+    if (r != CUDA_SUCCESS)
+        *out = NULL;
+    return r;
+}
+
+int stof__layer_time_pdl(layer_tuner *t, double ms[2])
+{
+    stof_layer *L = t->L;
+    const stof_api *api = L->ctx->api;
+    ms[0] = ms[1] = 0.0;
+    CUstream s = NULL;
+    CUgraphExec ge[2] = {NULL, NULL};
+    float v[2][PDL_ROUNDS];
+    int rc = api->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
+    for (int k = 0; k < 2 && !rc; k++)
+        rc = chain_graph(t, s, k, &ge[k]) != CUDA_SUCCESS;
+    /* Two untimed replays each, then rounds of one each, the order
+     * alternating (the GPU's clock drifts within a round the same way for
+     * both). */
+    for (int i = 0; i < 2 && !rc; i++)
+        for (int k = 0; k < 2 && !rc; k++)
+            rc = api->cuGraphLaunch(ge[k], s) != CUDA_SUCCESS;
+    for (int i = 0; i < PDL_ROUNDS && !rc; i++) {
+        for (int j = 0; j < 2 && !rc; j++) {
+            const int k = (i + j) & 1;
+            rc = api->cuEventRecord(t->e0, s) != CUDA_SUCCESS ||
+                 api->cuGraphLaunch(ge[k], s) != CUDA_SUCCESS ||
+                 api->cuEventRecord(t->e1, s) != CUDA_SUCCESS ||
+                 api->cuEventSynchronize(t->e1) != CUDA_SUCCESS ||
+                 api->cuEventElapsedTime(&v[k][i], t->e0, t->e1) !=
+                     CUDA_SUCCESS;
+        }
+    }
+    if (s)
+        rc |= api->cuStreamSynchronize(s) != CUDA_SUCCESS;
+    for (int k = 0; k < 2; k++)
+        if (ge[k])
+            api->cuGraphExecDestroy(ge[k]);
+    if (s)
+        api->cuStreamDestroy(s);
+    if (rc)
+        return 1;
+    for (int k = 0; k < 2; k++) {
+        qsort(v[k], PDL_ROUNDS, sizeof(float), cmp_float);
+        ms[k] = v[k][PDL_ROUNDS / 2] / PDL_CHAIN;
+    }
+    return 0;
+}
+
 /* The step that exercises op (gemm or norm) on scratch buffers, from the
  * scheme that uses it. */
 int stof__layer_probe_step(stof_layer *L, int is_norm, int op, step *out)

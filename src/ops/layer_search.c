@@ -564,6 +564,34 @@ static double model_scheme_ms(stof_layer *L, const layer_winner *wg,
     return model;
 }
 
+/* Programmatic launches or not: the scheme as a stack runs it, timed both
+ * ways in CUDA graphs (stof__layer_time_pdl), the choice stored with the
+ * scheme (stof__layer_pdl_pick). Not timed where the choice cannot matter
+ * or is not the plan's (before compute capability 9.0; STOF_PDL set) or
+ * when the tuning budget is spent: the rule decides at plan time then. */
+static void choose_pdl(stof_layer *L, layer_tuner *t)
+{
+    stof_context *ctx = L->ctx;
+    double ms[2];
+    if (ctx->device.cc_major < 9 || stof__pdl_for(0) == stof__pdl_for(1) ||
+        (t->deadline > 0 && now_s() > t->deadline))
+        return;
+    if (stof__layer_time_pdl(t, ms) != 0) {
+        stof__log(ctx, STOF_LOG_INFO,
+                  "layer tune: the stack graphs that time programmatic "
+                  "launches did not run (a CUDA error); the rule decides");
+        return;
+    }
+    L->pdl = stof__layer_pdl_pick(ms[0], ms[1],
+                                  stof__layer_pdl_rule(&ctx->device, L->M));
+    L->pdl_ms[0] = ms[0];
+    L->pdl_ms[1] = ms[1];
+    stof__log(ctx, STOF_LOG_INFO,
+              "layer tune: programmatic launches %s: %.4f ms a layer with, "
+              "%.4f without (a stack graph of 8 layers)",
+              L->pdl ? "on" : "off", ms[1], ms[0]);
+}
+
 stof_status stof__layer_tune(stof_layer *L, const char *spec,
                              const char *mask_hex, int model_only)
 {
@@ -643,6 +671,7 @@ stof_status stof__layer_tune(stof_layer *L, const char *spec,
             double ms = 0;
             if (stof__layer_time_it(&t, NULL, &ms) == 0)
                 L->layer_ms = ms;
+            choose_pdl(L, &t);
             L->tune_s = now_s() - t0;
             stof__log(ctx, STOF_LOG_INFO,
                       "layer tune: scheme %s / %s: %.4f ms a layer (%.1f s "
