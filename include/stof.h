@@ -929,11 +929,12 @@ STOF_API stof_status stof_layer_stack_run_family(
 /* JSON: the descriptor, the fusion scheme (kernels in order with their
  * parameters; "scheme" also says whether its launches use programmatic
  * dependent launch, "pdl": on compute capability 9.0+ the search times
- * the layer's stack both ways in CUDA graphs and the record keeps the
- * faster ("pdl_ms": {"off", "on"}, ms a layer, in the plan whose search
- * timed it; null otherwise); a plan without that timing (an older record,
- * a cache-only miss) uses them at most 2048 tokens; STOF_PDL=0 or 1
- * decides for every launch),
+ * the layer's stack both ways in CUDA graphs and the record keeps its
+ * choice, the faster where they differ by more than 1% ("pdl_ms":
+ * {"off", "on"}, ms a layer, in the plan whose search timed it; null
+ * otherwise); within that margin, and in a plan without that timing (an
+ * older record, a cache-only miss), they are used at most 2048 tokens;
+ * STOF_PDL=0 or 1 decides for every launch),
  * where it came from, measured times, where the plan's
  * time went ("plan_ms": attention, buffers, kernels) and the device
  * memory it holds besides the attention plan's ("device_bytes":
