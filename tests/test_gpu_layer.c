@@ -745,6 +745,44 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
  * (a gated layer: nothing but the gate kernel, and that only when its
  * first FFN GEMM runs split), and says where its time went. A third
  * context preloads the database's modules; its plan then loads none. */
+/* Programmatic launches in a layer's description: a plan the search
+ * tuned (compute capability 9.0+, STOF_PDL not set) timed the stack both
+ * ways and kept the faster beyond the margin (the token rule within it);
+ * a database plan has no timings and gives the tuned plan's choice back
+ * (*pdl_tuned, -1 until a tuned plan set it). */
+static void expect_pdl(const stof_context *ctx, const char *json, int tuned,
+                       int tokens, int *pdl_tuned)
+{
+    const char *pdl_env = getenv("STOF_PDL");
+    const int pdl_forced = pdl_env && (pdl_env[0] == '0' || pdl_env[0] == '1') &&
+                           pdl_env[1] == '\0';
+    const char *pm = strstr(json, "\"pdl_ms\":");
+    cr_assert(pm, "%s", json);
+    const int pdl_on = strstr(json, "\"pdl\":true") != NULL;
+    if (tuned && !pdl_forced && ctx->device.cc_major >= 9) {
+        double off_ms = 0.0, on_ms = 0.0;
+        cr_expect_eq(sscanf(pm, "\"pdl_ms\":{\"off\":%lf,\"on\":%lf}", &off_ms,
+                            &on_ms),
+                     2, "%.60s", pm);
+        cr_expect(off_ms > 0.0 && on_ms > 0.0, "%.60s", pm);
+        /* (the printed times, rounded: not checked next to the margin's
+         * edges) */
+        const double ratio = on_ms / off_ms;
+        if (fabs(fabs(ratio - 1.0) - STOF_LAYER_PDL_MARGIN) > 1e-3)
+            cr_expect_eq(pdl_on,
+                         stof__layer_pdl_pick(off_ms, on_ms,
+                                              tokens <= STOF_LAYER_PDL_TOKENS),
+                         "%.60s", pm);
+        *pdl_tuned = pdl_on;
+    } else {
+        cr_expect(strncmp(pm, "\"pdl_ms\":null", 13) == 0, "%.60s", pm);
+        if (*pdl_tuned >= 0 && !tuned)
+            cr_expect_eq(pdl_on, *pdl_tuned,
+                         "the record's choice %d, the search's %d", pdl_on,
+                         *pdl_tuned);
+    }
+}
+
 static void database_hit(int gated)
 {
     char path[] = "/tmp/stof-layer-db-XXXXXX";
@@ -801,40 +839,7 @@ static void database_hit(int gated)
         cr_log_info("pass %d: %ld compiles: %s", pass, compiles, json[pass]);
         cr_expect(strstr(json[pass], "\"plan_ms\":{\"attention\":"), "%s",
                   json[pass]);
-        /* Programmatic launches (compute capability 9.0+, STOF_PDL not
-         * set): the search times the stack both ways and keeps the
-         * faster; the record gives the choice back. */
-        const char *pdl_env = getenv("STOF_PDL");
-        const int pdl_forced = pdl_env &&
-                               (pdl_env[0] == '0' || pdl_env[0] == '1') &&
-                               pdl_env[1] == '\0';
-        const char *pm = strstr(json[pass], "\"pdl_ms\":");
-        cr_assert(pm, "%s", json[pass]);
-        const int pdl_on = strstr(json[pass], "\"pdl\":true") != NULL;
-        if (pass == 0 && !pdl_forced && ctx->device.cc_major >= 9) {
-            double off_ms = 0.0, on_ms = 0.0;
-            cr_expect_eq(sscanf(pm, "\"pdl_ms\":{\"off\":%lf,\"on\":%lf}",
-                                &off_ms, &on_ms),
-                         2, "%.60s", pm);
-            cr_expect(off_ms > 0.0 && on_ms > 0.0, "%.60s", pm);
-            /* (the printed times, rounded: not checked next to the
-             * margin's edges) */
-            const double ratio = on_ms / off_ms;
-            if (fabs(fabs(ratio - 1.0) - STOF_LAYER_PDL_MARGIN) > 1e-3)
-                cr_expect_eq(pdl_on,
-                             stof__layer_pdl_pick(off_ms, on_ms,
-                                                  d.batch * d.seq <=
-                                                      STOF_LAYER_PDL_TOKENS),
-                             "%.60s", pm);
-            pdl_tuned = pdl_on;
-        } else {
-            cr_expect(strncmp(pm, "\"pdl_ms\":null", 13) == 0, "%.60s", pm);
-            if (pdl_tuned >= 0)
-                cr_expect_eq(pdl_on, pdl_tuned,
-                             "pass %d: the record's choice %d, the "
-                             "search's %d",
-                             pass, pdl_on, pdl_tuned);
-        }
+        expect_pdl(ctx, json[pass], pass == 0, d.batch * d.seq, &pdl_tuned);
         if (pass == 0) {
             cr_expect(strstr(json[0], "\"source\":\"tuned\""));
         } else if (pass == 2) {
@@ -925,6 +930,112 @@ Test(gpu_layer, database_hit_compiles_nothing)
 Test(gpu_layer, database_hit_of_a_gated_layer)
 {
     database_hit(1);
+}
+
+/* A family layer tuned (the causal&docs family's default instance is what
+ * the search times, its programmatic launches included), then planned from
+ * the database in a fresh context: the same choice back, nothing
+ * compiled, and the same output for one instance's data as a two-layer
+ * graph stack. */
+Test(gpu_layer, family_layer_tuned_then_from_the_database)
+{
+    char path[] = "/tmp/stof-layer-fam-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(path);
+    enum { B = 2, S = 128 };
+    int pdl_tuned = -1;
+    float *out[2] = {NULL, NULL};
+    size_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        stof_context *ctx = open_ctx(path, STOF_TUNE_DEFAULT);
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        stof_layer_desc d;
+        stof_layer_desc_init(&d, B, S, 128, 2, STOF_DTYPE_FP16);
+        d.ffn = 256;
+        d.act = STOF_ACT_GELU_ERF;
+        d.pre_norm = 1; /* a fused stack ending where the scheme has one */
+        stof_mask_family *fam = NULL;
+        cr_assert_eq(stof_mask_family_create(ctx, "causal&docs", &fam),
+                     STOF_OK);
+        const long c0 = stof__jit_compile_count();
+        stof_layer *L = NULL;
+        cr_assert_eq(stof_layer_plan_family(ctx, &d, fam, NULL, &L), STOF_OK,
+                     "%s", stof_errmsg(ctx));
+        const long compiles = stof__jit_compile_count() - c0;
+        char json[16384];
+        cr_assert_eq(stof_layer_describe(L, json, sizeof(json), NULL),
+                     STOF_OK);
+        cr_log_info("pass %d: %ld compiles: %s", pass, compiles, json);
+        cr_expect(strstr(json, pass ? "\"source\":\"database\""
+                                    : "\"source\":\"tuned\""),
+                  "%s", json);
+        if (pass)
+            cr_expect_eq(compiles, 0, "a database hit compiled %ld kernels",
+                         compiles);
+        expect_pdl(ctx, json, pass == 0, B * S, &pdl_tuned);
+        /* The same weights, input and instance in both passes. */
+        tu_rng r = {0x5eedfa3u};
+        lw w[2];
+        make_weights(&r, &d, &w[0]);
+        make_weights(&r, &d, &w[1]);
+        const stof_layer_weights lwt[2] = {as_weights(&w[0], &d),
+                                           as_weights(&w[1], &d)};
+        n = (size_t)B * S * d.hidden;
+        float *xf = NULL;
+        const stof_api *api = stof__api();
+        CUdeviceptr x = upload(&r, d.dtype, n, 1.0f, 0.0f, &xf), y = 0,
+                    dd = 0;
+        cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+        int32_t len[B] = {S, 77}, doc[B * S];
+        for (int i = 0; i < B * S; i++)
+            doc[i] = (i % S) / 50;
+        cr_assert_eq(api->cuMemAlloc(&dd, 4096 + sizeof(doc)), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyHtoD(dd, len, sizeof(len)), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyHtoD(dd + 4096, doc, sizeof(doc)),
+                     CUDA_SUCCESS);
+        stof_mask_data dv;
+        memset(&dv, 0, sizeof(dv));
+        dv.q_len = dv.k_len = (const int32_t *)(uintptr_t)dd;
+        dv.doc_id = (const int32_t *)(uintptr_t)(dd + 4096);
+        cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+        cr_assert_eq(stof_layer_stack_run_family(L, &dv, 2, lwt,
+                                                 (void *)(uintptr_t)x,
+                                                 (void *)(uintptr_t)y, NULL,
+                                                 STOF_STACK_GRAPH),
+                     STOF_OK, "%s", stof_layer_errmsg(L));
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        out[pass] = malloc(n * sizeof(float));
+        cr_assert(out[pass]);
+        download(y, n, d.dtype, out[pass]);
+        for (size_t i = 0; i < n; i++)
+            cr_assert(isfinite(out[pass][i]), "pass %d: y[%zu] = %g", pass,
+                      i, out[pass][i]);
+        api->cuMemFree(dd);
+        api->cuMemFree(y);
+        api->cuMemFree(x);
+        free_weights(&w[0]);
+        free_weights(&w[1]);
+        free(xf);
+        stof_layer_free(&L);
+        stof_mask_family_free(&fam);
+        stof__ctx_pop(ctx);
+        stof_close(&ctx);
+    }
+    /* The same kernels: the same output (the search's timings may pick
+     * another launch mode, never other values). */
+    const double e = rel(out[1], out[0], n);
+    cr_log_info("database plan against the tuned one: rel err %.3g", e);
+    cr_expect(e <= 1e-6, "rel err %.3g", e);
+    free(out[0]);
+    free(out[1]);
+    unlink(path);
+    char side[sizeof(path) + 8];
+    snprintf(side, sizeof(side), "%s-wal", path);
+    unlink(side);
+    snprintf(side, sizeof(side), "%s-shm", path);
+    unlink(side);
 }
 
 __attribute__((visibility("default"))) int main(int argc, char **argv)

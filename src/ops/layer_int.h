@@ -138,6 +138,17 @@ struct stof_layer {
     char errmsg[1024];
 };
 
+/* The mode of layer i of a stack of n (stof__layer_run_steps' bits): a
+ * pre-norm scheme whose last GEMM can normalise for the next layer
+ * (J_FUSED) ends each layer but the last with it and skips the input norm
+ * of each but the first. */
+static inline int stof__layer_stack_mode(const stof_layer *L, int i, int n)
+{
+    const int fused = L->d.pre_norm && L->jb == J_FUSED;
+    return (fused && i > 0 ? RUN_SKIP_NORM_IN : 0) |
+           (fused && i + 1 < n ? RUN_END_FUSED : 0);
+}
+
 /* Programmatic dependent launch for a layer plan whose search did not
  * time it (a record made before the search did, a cache-only miss, a
  * tuning budget spent): on compute capability 9.0+ and at most this many

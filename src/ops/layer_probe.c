@@ -258,13 +258,10 @@ static CUresult chain_graph(layer_tuner *t, CUstream s, int pdl,
     if (r != CUDA_SUCCESS)
         return r;
     const int was = stof__pdl_scope(pdl);
-    const int fused = L->d.pre_norm && L->jb == J_FUSED;
     stof_status st = STOF_OK;
-    for (int i = 0; i < PDL_CHAIN && st == STOF_OK; i++) {
-        const int mode = (fused && i > 0 ? RUN_SKIP_NORM_IN : 0) |
-                         (fused && i + 1 < PDL_CHAIN ? RUN_END_FUSED : 0);
-        st = stof__layer_run_steps(L, t->wp, i ? t->y : t->x, t->y, s, mode);
-    }
+    for (int i = 0; i < PDL_CHAIN && st == STOF_OK; i++)
+        st = stof__layer_run_steps(L, t->wp, i ? t->y : t->x, t->y, s,
+                                   stof__layer_stack_mode(L, i, PDL_CHAIN));
     stof__pdl_scope(was);
     CUgraph g = NULL;
     r = api->cuStreamEndCapture(s, &g);

@@ -293,17 +293,11 @@ static stof_status stack_enqueue(stof_layer *L, int n_layers,
                                  const CUdeviceptr *wps, const void *x,
                                  void *y, CUstream stream)
 {
-    /* Pre-norm layers whose last GEMM can normalise for the next layer
-     * (the scheme's stack ending): each but the last does, each but the
-     * first skips its input norm. */
-    const int fused = L->d.pre_norm && L->jb == J_FUSED;
     for (int i = 0; i < n_layers; i++) {
-        const int mode = (fused && i > 0 ? RUN_SKIP_NORM_IN : 0) |
-                         (fused && i + 1 < n_layers ? RUN_END_FUSED : 0);
-        stof_status st =
-            stof__layer_run_steps(L, wps + (size_t)i * SYM_COUNT,
-                                  (CUdeviceptr)(uintptr_t)(i ? y : x),
-                                  (CUdeviceptr)(uintptr_t)y, stream, mode);
+        stof_status st = stof__layer_run_steps(
+            L, wps + (size_t)i * SYM_COUNT,
+            (CUdeviceptr)(uintptr_t)(i ? y : x), (CUdeviceptr)(uintptr_t)y,
+            stream, stof__layer_stack_mode(L, i, n_layers));
         if (st != STOF_OK)
             return st;
     }
