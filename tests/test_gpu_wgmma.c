@@ -86,6 +86,9 @@ static const wg_cfg configs[] = {
     /* 64 x 64 at head_dim 64 without the overlap: four CTAs an SM */
     {64, STOF_DTYPE_FP16, {64, 2, 0, 0, 64, 0, 0, 0}},   /* 25 */
     {64, STOF_DTYPE_BF16, {64, 2, 0, 0, 64, 0, 0, 1}},   /* 26: persistent */
+    /* persistent 64 x 64 with the overlap at two stages (the tuned
+     * attention of the layers' bigbird masks at 512 tokens) */
+    {64, STOF_DTYPE_FP16, {64, 2, 1, 0, 64, 0, 0, 1}},   /* 27 */
 };
 
 /* CTAs of a persistent test launch: fewer than the work items of most
@@ -530,8 +533,9 @@ WGMMA_CONFIG_TEST(23)
 WGMMA_CONFIG_TEST(24)
 WGMMA_CONFIG_TEST(25)
 WGMMA_CONFIG_TEST(26)
+WGMMA_CONFIG_TEST(27)
 
-_Static_assert(sizeof(configs) / sizeof(*configs) == 27,
+_Static_assert(sizeof(configs) / sizeof(*configs) == 28,
                "one WGMMA_CONFIG_TEST per configuration");
 
 /* The host-side rules, the row order, and the launch's argument checks (no
