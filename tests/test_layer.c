@@ -219,6 +219,37 @@ Test(layer, stack_ending_steps)
     free(L);
 }
 
+/* Each layer's mode in a stack of n (stof__layer_stack_mode, what both the
+ * stacks and the search's PDL timing chain run): with the fused stack
+ * ending, every layer but the last ends with it and every layer but the
+ * first skips its input norm; one layer alone, a post-norm layer or
+ * another junction B runs plain. */
+Test(layer, stack_modes)
+{
+    stof_layer *L = calloc(1, sizeof(*L));
+    cr_assert(L);
+    stof_layer_desc_init(&L->d, 2, 128, 256, 4, STOF_DTYPE_FP16);
+    L->d.pre_norm = 1;
+    L->jb = J_FUSED;
+    for (int n = 1; n <= 4; n++)
+        for (int i = 0; i < n; i++)
+            cr_expect_eq(stof__layer_stack_mode(L, i, n),
+                         (i > 0 ? RUN_SKIP_NORM_IN : 0) |
+                             (i + 1 < n ? RUN_END_FUSED : 0),
+                         "layer %d of %d", i, n);
+    cr_expect_eq(stof__layer_stack_mode(L, 0, 1), 0);
+    cr_expect_eq(stof__layer_stack_mode(L, 0, 3), RUN_END_FUSED);
+    cr_expect_eq(stof__layer_stack_mode(L, 2, 3), RUN_SKIP_NORM_IN);
+    L->jb = J_BIAS_RES_NORM;
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(stof__layer_stack_mode(L, i, 3), 0, "layer %d", i);
+    L->jb = J_FUSED;
+    L->d.pre_norm = 0;
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(stof__layer_stack_mode(L, i, 3), 0, "layer %d", i);
+    free(L);
+}
+
 /* `stof-tune verify` plans a layer again from its scheme record alone:
  * the record's fields and configuration give back the descriptor whose
  * key is the record's; an older record (without kv_heads, no_bias, gated
