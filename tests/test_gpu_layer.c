@@ -745,6 +745,17 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
  * (a gated layer: nothing but the gate kernel, and that only when its
  * first FFN GEMM runs split), and says where its time went. A third
  * context preloads the database's modules; its plan then loads none. */
+/* A database file and its SQLite side files removed. */
+static void unlink_db(const char *path)
+{
+    char side[4096];
+    unlink(path);
+    snprintf(side, sizeof(side), "%s-wal", path);
+    unlink(side);
+    snprintf(side, sizeof(side), "%s-shm", path);
+    unlink(side);
+}
+
 /* Programmatic launches in a layer's description: a plan the search
  * tuned (compute capability 9.0+, STOF_PDL not set) timed the stack both
  * ways and kept the faster beyond the margin (the token rule within it);
@@ -914,12 +925,7 @@ static void database_hit(int gated)
         stof_mask_free(&m);
         stof_close(&ctx);
     }
-    unlink(path);
-    char side[sizeof(path) + 8];
-    snprintf(side, sizeof(side), "%s-wal", path);
-    unlink(side);
-    snprintf(side, sizeof(side), "%s-shm", path);
-    unlink(side);
+    unlink_db(path);
 }
 
 Test(gpu_layer, database_hit_compiles_nothing)
@@ -1030,12 +1036,7 @@ Test(gpu_layer, family_layer_tuned_then_from_the_database)
     cr_expect(e <= 1e-6, "rel err %.3g", e);
     free(out[0]);
     free(out[1]);
-    unlink(path);
-    char side[sizeof(path) + 8];
-    snprintf(side, sizeof(side), "%s-wal", path);
-    unlink(side);
-    snprintf(side, sizeof(side), "%s-shm", path);
-    unlink(side);
+    unlink_db(path);
 }
 
 __attribute__((visibility("default"))) int main(int argc, char **argv)
