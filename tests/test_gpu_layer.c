@@ -740,11 +740,6 @@ Test(gpu_layer, stack_graph_matches_layer_runs)
     stof_close(&ctx);
 }
 
-/* Tuned once into a database, a second context loads the layer with no
- * compile and the same scheme. A plan from the database compiles nothing
- * (a gated layer: nothing but the gate kernel, and that only when its
- * first FFN GEMM runs split), and says where its time went. A third
- * context preloads the database's modules; its plan then loads none. */
 /* A database file and its SQLite side files removed. */
 static void unlink_db(const char *path)
 {
@@ -765,7 +760,8 @@ static void expect_pdl(const stof_context *ctx, const char *json, int tuned,
                        int tokens, int *pdl_tuned)
 {
     const char *pdl_env = getenv("STOF_PDL");
-    const int pdl_forced = pdl_env && (pdl_env[0] == '0' || pdl_env[0] == '1') &&
+    const int pdl_forced = pdl_env &&
+                           (pdl_env[0] == '0' || pdl_env[0] == '1') &&
                            pdl_env[1] == '\0';
     const char *pm = strstr(json, "\"pdl_ms\":");
     cr_assert(pm, "%s", json);
@@ -794,6 +790,11 @@ static void expect_pdl(const stof_context *ctx, const char *json, int tuned,
     }
 }
 
+/* Tuned once into a database, a second context loads the layer with no
+ * compile and the same scheme. A plan from the database compiles nothing
+ * (a gated layer: nothing but the gate kernel, and that only when its
+ * first FFN GEMM runs split), and says where its time went. A third
+ * context preloads the database's modules; its plan then loads none. */
 static void database_hit(int gated)
 {
     char path[] = "/tmp/stof-layer-db-XXXXXX";
