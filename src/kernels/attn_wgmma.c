@@ -39,15 +39,18 @@ typedef struct stof_attn_wgmma_params {
     CUdeviceptr bias;      /* BIAS: the additive bias (16-bit) */
     int64_t bias_stride[3];
     CUdeviceptr sched;     /* persistent: 0, or the list schedule */
-    uint8_t tail_[48];     /* to 768 bytes, as the template */
+    uint8_t tail_[48];     /* to the maps' alignment, as the template */
+    CUtensorMap tm_o;      /* block mode: O, boxes of 64 rows */
 } stof_attn_wgmma_params;
-_Static_assert(sizeof(stof_attn_wgmma_params) == 768,
+_Static_assert(sizeof(stof_attn_wgmma_params) == 896,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 _Static_assert(offsetof(stof_attn_wgmma_params, o) == 384,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 _Static_assert(offsetof(stof_attn_wgmma_params, q) == 504,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 _Static_assert(offsetof(stof_attn_wgmma_params, lse) == 624,
+               "stof_attn_wgmma_params must match attn_wgmma.cu");
+_Static_assert(offsetof(stof_attn_wgmma_params, tm_o) == 768,
                "stof_attn_wgmma_params must match attn_wgmma.cu");
 
 /* The largest opt-in shared memory of a cc 9.0 GPU (227 KiB). */
@@ -507,6 +510,14 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
                                 stof_dtype dt, const stof_wgmma_cfg *c,
                                 void **cubin, size_t *size)
 {
+    return stof__wgmma_compile_with(ctx, head_dim, dt, c, NULL, cubin, size);
+}
+
+stof_status stof__wgmma_compile_with(stof_context *ctx, int head_dim,
+                                     stof_dtype dt, const stof_wgmma_cfg *c,
+                                     const char *extra, void **cubin,
+                                     size_t *size)
+{
     if (!ctx)
         return STOF_ERR_INVALID_ARGUMENT;
     *cubin = NULL;
@@ -523,7 +534,7 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
     /* GATHER, BLOCK_M and PERSIST are defined only when they differ from
      * the defaults: the 128-row block-mode kernels compile from exactly
      * the defines they always had. */
-    const char *defs[12] = {d_hd, d_dt, d_bn, d_s, d_o};
+    const char *defs[13] = {d_hd, d_dt, d_bn, d_s, d_o};
     int n_defs =
         stof__attn_option_defines(c->gather, c->split, c->mods, defs, 5);
     if (stof__wgmma_block_m(c) == 64)
@@ -532,6 +543,8 @@ stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
         defs[n_defs++] = "BLOCK_M=192";
     if (c->persist)
         defs[n_defs++] = "PERSIST=1";
+    if (extra)
+        defs[n_defs++] = extra;
     return (stof_status)stof__jit_compile(ctx, "attn_wgmma.cu", defs, n_defs,
                                           "sm_90a", cubin, size);
 }
@@ -694,7 +707,10 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
         make_map(enc, &p.tm_k, d->dtype, k, head_dim, d->seq_k, kvh,
                  d->batch, d->k_stride, (unsigned)c->block_n) != CUDA_SUCCESS ||
         make_map(enc, &p.tm_v, d->dtype, v, head_dim, d->seq_k, kvh,
-                 d->batch, d->v_stride, (unsigned)c->block_n) != CUDA_SUCCESS)
+                 d->batch, d->v_stride, (unsigned)c->block_n) != CUDA_SUCCESS ||
+        (!c->split &&
+         make_map(enc, &p.tm_o, d->dtype, o, head_dim, d->seq_q, d->heads,
+                  d->batch, d->o_stride, 64u) != CUDA_SUCCESS))
         return STOF_ERR_CUDA;
     p.o = o;
     p.row_ptr = bf->row_ptr;

@@ -171,6 +171,13 @@ size_t stof__wgmma_smem_bytes(int head_dim, const stof_wgmma_cfg *c);
 stof_status stof__wgmma_compile(stof_context *ctx, int head_dim,
                                 stof_dtype dt, const stof_wgmma_cfg *c,
                                 void **cubin /* OUT */, size_t *size /* OUT */);
+/* The same with one more define ("NAME=value", or NULL): diagnostic
+ * builds (WG_TRACE=1, stof-trace-wgmma), never a search candidate. */
+stof_status stof__wgmma_compile_with(stof_context *ctx, int head_dim,
+                                     stof_dtype dt, const stof_wgmma_cfg *c,
+                                     const char *extra,
+                                     void **cubin /* OUT */,
+                                     size_t *size /* OUT */);
 stof_status stof__wgmma_load_cubin(stof_context *ctx, int head_dim,
                                    const stof_wgmma_cfg *c, const void *cubin,
                                    CUmodule *mod /* OUT */,
