@@ -150,15 +150,14 @@
 // an item without tiles) and an empty one (each consumer warpgroup's
 // storing thread, once the TMA store of the O staged there has read it,
 // which it checks under the next item's first tile); the K/V slots and
-// their phases
-// run on across items. The producer alone walks the schedule: it stores
-// each item's {b, h, q0, n} beside its Q buffer before arming the full
-// barrier, and after the last item an item with n = -1, so the consumers
-// start an item with no global loads of their own (reading the schedule
-// and the row pointers themselves left two to four dependent loads
-// exposed at each item's start: H200, ncu, 8 x 12 x 512 x 64 bigbird, 7%
-// of the warps' samples; the tuned attention 1-4% faster without them,
-// 2026-11-28). The static schedule suits problems of many
+// their phases run on across items. The producer alone walks the
+// schedule: it stores each item's {b, h, q0, n} beside its Q buffer before
+// arming the full barrier, and after the last item an item with n = -1,
+// so the consumers start an item with no global loads of their own
+// (reading the schedule and the row pointers themselves left two to four
+// dependent loads exposed at each item's start: H200, ncu, 8 x 12 x 512 x
+// 64 bigbird, 7% of the warps' samples; the tuned attention 1-4% faster
+// without them, 2026-11-28). The static schedule suits problems of many
 // similar row blocks (sliding windows, the public suite at 16k tokens);
 // the search times it against the one-CTA-per-item grid.
 // Built for sm_80 / sm_90 the kernel is a trap stub (no wgmma there).
@@ -1641,7 +1640,8 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
         // row l % 8 of fragment l / 8.
         named_bar_sync(1 + cw, 128);
         {
-            const int fr = cw * 64 + wl * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+            const int fr =
+                cw * 64 + wl * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
             for (int k = 0; k < HEAD_DIM / 16; k++) {
                 const int c = 2 * k + (lane >> 4); // 16-byte chunk of the row
