@@ -25,7 +25,7 @@
  * problems.
  * Needs a compute capability 9.0 GPU (exits 77 otherwise).
  */
-#include "attn_wgmma.h"
+#include "bench_hopper.h"
 #include "attn_block.h"
 #include "internal.h"
 
@@ -708,21 +708,9 @@ int main(int argc, char **argv)
                 argv[0], MAX_REPS);
         return 2;
     }
-    stof_context *ctx = NULL;
-    stof_settings s;
-    stof_default_settings(&s);
-    s.require_device = 1;
-    if (stof_open(&ctx, &s) != STOF_OK) {
-        fprintf(stderr, "stof_open: %s\n", stof_errmsg(ctx));
-        stof_close(&ctx);
+    stof_context *ctx = bench_open_hopper();
+    if (!ctx)
         return 77;
-    }
-    if (!stof__wgmma_device_ok(&ctx->device)) {
-        fprintf(stderr, "%s is cc %d.%d: the wgmma kernel needs 9.0\n",
-                ctx->device.name, ctx->device.cc_major, ctx->device.cc_minor);
-        stof_close(&ctx);
-        return 77;
-    }
     printf("stof-bench-wgmma on %s (%d SMs)\n", ctx->device.name,
            ctx->device.sm_count);
     int rc = 0;

@@ -28,8 +28,7 @@
  * overlap), and 16x12x2048x64 dense with the persistent one.
  * Needs a compute capability 9.0 GPU (exits 77 otherwise).
  */
-#include "attn_wgmma.h"
-#include "internal.h"
+#include "bench_hopper.h"
 
 #include <dlfcn.h>
 #include <stdint.h>
@@ -395,21 +394,9 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
-    stof_context *ctx = NULL;
-    stof_settings s;
-    stof_default_settings(&s);
-    s.require_device = 1;
-    if (stof_open(&ctx, &s) != STOF_OK) {
-        fprintf(stderr, "stof_open: %s\n", stof_errmsg(ctx));
-        stof_close(&ctx);
+    stof_context *ctx = bench_open_hopper();
+    if (!ctx)
         return 77;
-    }
-    if (!stof__wgmma_device_ok(&ctx->device)) {
-        fprintf(stderr, "%s is cc %d.%d: the wgmma kernel needs 9.0\n",
-                ctx->device.name, ctx->device.cc_major, ctx->device.cc_minor);
-        stof_close(&ctx);
-        return 77;
-    }
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     get_global_fn get_global =
         lib ? (get_global_fn)(uintptr_t)dlsym(lib, "cuModuleGetGlobal_v2")
