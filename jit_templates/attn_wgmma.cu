@@ -639,10 +639,16 @@ __device__ __forceinline__ void wg_bias(float (&s)[WG_SN],
 // is the same; the FMULs of the rescale and its exp2 drop out once the
 // rows' maxima settle (FlashAttention-4's conditional rescaling). The
 // decision is the warp's (a vote), so the rescale stays a uniform branch.
-// Only the 192-row (dense) kernel: H100, 2026-11-25, dense 1-2% faster
+// The 192-row (dense) kernel: H100, 2026-11-25, dense 1-2% faster
 // (16x12x2048x64 0.978 of the time), but bigbird and sliding tiles 1-4%
-// slower (their rows see few tiles: the vote costs more than it saves).
-#define WG_LAZY_RESCALE (BLOCK_M == 192)
+// slower with the 64-row kernels (their rows see few tiles: the vote costs
+// more than it saves). Except the four-CTA one (WG_OCC4, no overlap)
+// without score modifiers or bias (with them its persistent build would
+// spill): H200, 2026-11-28, tuned bigbird at 16x12x2048x64 and
+// 16x16x2048x64 1.3-1.9% faster, the overlapping 64-row kernel 3.6-4.2%
+// slower.
+#define WG_LAZY_RESCALE                                                        \
+    (BLOCK_M == 192 || (WG_OCC4 && !SOFTCAP && !ALIBI && !BIAS))
 #define WG_MAX_SLACK 8.0f
 
 // The max of row half hh (rows r0 and r0 + 8) of the S tile, unscaled.
