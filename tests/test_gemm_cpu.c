@@ -15,6 +15,16 @@
 #include "gemm.h"
 #include "internal.h"
 
+/* c with epilogue e at N x K: valid (the reason printed if not), or
+ * refused (`why` then holds the reason). Both need a `char why[]`. */
+#define EXPECT_CFG_OK(c, e, N, K)                                              \
+    cr_expect(stof__gemm_cfg_valid(NULL, (c), (e), (N), (K), why,              \
+                                   sizeof(why)),                               \
+              "%s", why)
+#define EXPECT_CFG_REFUSED(c, e, N, K)                                         \
+    cr_expect_not(stof__gemm_cfg_valid(NULL, (c), (e), (N), (K), why,          \
+                                       sizeof(why)))
+
 static const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0};
 
 Test(gemm_cpu, valid_and_invalid)
@@ -248,21 +258,15 @@ Test(gemm_cpu, gated)
     const stof_gemm_cfg wg256 = {128, 256, 64, 2, 1, 3, 1, 1, 0},
                         wg64 = {128, 64, 64, 2, 1, 6, 1, 1, 0},
                         mma = {128, 128, 32, 2, 4, 3, 0, 1, 0};
-    cr_expect(stof__gemm_cfg_valid(NULL, &wg256, &swiglu, 11008, 4096, why,
-                                   sizeof(why)),
-              "%s", why);
-    cr_expect_not(stof__gemm_cfg_valid(NULL, &wg64, &swiglu, 768, 768, why,
-                                       sizeof(why)));
+    EXPECT_CFG_OK(&wg256, &swiglu, 11008, 4096);
+    EXPECT_CFG_REFUSED(&wg64, &swiglu, 768, 768);
     cr_expect(strstr(why, "128 or 256") != NULL, "%s", why);
-    cr_expect_not(stof__gemm_cfg_valid(NULL, &mma, &swiglu, 768, 768, why,
-                                       sizeof(why)));
+    EXPECT_CFG_REFUSED(&mma, &swiglu, 768, 768);
     cr_expect(strstr(why, "only the wgmma template") != NULL, "%s", why);
     const stof_gemm_epi gn = {0, 0, 0, 2, 0, 1}, g2 = {0, 0, 0, 0, 0, 2};
-    cr_expect_not(stof__gemm_cfg_valid(NULL, &wg256, &gn, 768, 768, why,
-                                       sizeof(why)));
+    EXPECT_CFG_REFUSED(&wg256, &gn, 768, 768);
     cr_expect(strstr(why, "gated and norm") != NULL, "%s", why);
-    cr_expect_not(stof__gemm_cfg_valid(NULL, &wg256, &g2, 768, 768, why,
-                                       sizeof(why)));
+    EXPECT_CFG_REFUSED(&wg256, &g2, 768, 768);
     cr_expect(strstr(why, "0 or 1") != NULL, "%s", why);
     cr_expect_not(stof__blaslt_epi_ok(&swiglu));
     /* The C tile is 128 x 128, not 128 x 256, but both are staged
@@ -366,14 +370,9 @@ Test(gemm_cpu, hopper_template)
      * (loaded into rings of four units) three. */
     const stof_gemm_cfg s4 = {128, 256, 64, 2, 1, 4, 1, 1, 0};
     const stof_gemm_epi res = {1, 0, 1, 0, 0, 0};
-    cr_expect(stof__gemm_cfg_valid(NULL, &s4, &plain, 768, 768, why,
-                                   sizeof(why)),
-              "%s", why);
-    cr_expect_not(stof__gemm_cfg_valid(NULL, &s4, &res, 768, 768, why,
-                                       sizeof(why)));
-    cr_expect(stof__gemm_cfg_valid(NULL, &ok, &res, 768, 768, why,
-                                   sizeof(why)),
-              "%s", why);
+    EXPECT_CFG_OK(&s4, &plain, 768, 768);
+    EXPECT_CFG_REFUSED(&s4, &res, 768, 768);
+    EXPECT_CFG_OK(&ok, &res, 768, 768);
     cr_expect_eq(stof__gemm_smem_bytes(&ok, &res, 768) -
                      stof__gemm_smem_bytes(&ok, &plain, 768),
                  32768u);
@@ -385,8 +384,7 @@ Test(gemm_cpu, hopper_template)
               "%s", why);
     cr_expect_eq(stof__gemm_smem_bytes(&pp, &plain, 768),
                  5u * 256 * 128 + 32768u + 112u + 1024u);
-    cr_expect_not(stof__gemm_cfg_valid(NULL, &pp256, &plain, 768, 768, why,
-                                       sizeof(why)));
+    EXPECT_CFG_REFUSED(&pp256, &plain, 768, 768);
     cr_expect(strstr(why, "ping-pong") != NULL, "%s", why);
     /* The model prefers ping-pong at small K (the epilogue's share) far
      * more than at large K. */
@@ -676,19 +674,11 @@ Test(gemm_cpu, c_in_slots)
                         ring4 = {128, 256, 64, 2, 1, 4, 1, 1, 0},
                         cs192 = {128, 192, 64, 2, 1, 5, 1, 1, 1},
                         ring192 = {128, 192, 64, 2, 1, 5, 1, 1, 0};
-    cr_expect(stof__gemm_cfg_valid(NULL, &cs4, &res, 2048, 5632, why,
-                                   sizeof(why)),
-              "%s", why);
-    cr_expect_not(stof__gemm_cfg_valid(NULL, &ring4, &res, 2048, 5632, why,
-                                       sizeof(why)));
-    cr_expect(stof__gemm_cfg_valid(NULL, &cs4, &ln, 1024, 4096, why,
-                                   sizeof(why)),
-              "%s", why);
-    cr_expect(stof__gemm_cfg_valid(NULL, &cs192, &rms, 768, 768, why,
-                                   sizeof(why)),
-              "%s", why);
-    cr_expect_not(stof__gemm_cfg_valid(NULL, &ring192, &ln, 768, 768, why,
-                                       sizeof(why)));
+    EXPECT_CFG_OK(&cs4, &res, 2048, 5632);
+    EXPECT_CFG_REFUSED(&ring4, &res, 2048, 5632);
+    EXPECT_CFG_OK(&cs4, &ln, 1024, 4096);
+    EXPECT_CFG_OK(&cs192, &rms, 768, 768);
+    EXPECT_CFG_REFUSED(&ring192, &ln, 768, 768);
     /* 4 x (128 + 256) x 64 x 2 + (4 x 2 + 4) mbarriers + 1024; with a norm
      * gamma and beta of 256 columns in fp32 too. */
     cr_expect_eq(stof__gemm_smem_bytes(&cs4, &res, 2048),
