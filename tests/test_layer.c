@@ -250,6 +250,144 @@ Test(layer, stack_modes)
     free(L);
 }
 
+/* Buffers of the layer's memory that step `st` reads (rd) and writes (wr)
+ * as bit sets of SYM_* (the intermediates only: X, Y and weights are the
+ * caller's). */
+static void step_syms(const step *st, unsigned *rd, unsigned *wr)
+{
+    *rd = *wr = 0;
+    if (st->kind == STEP_ATTN) {
+        *rd = 1u << SYM_QKV;
+        *wr = 1u << SYM_ATT;
+        return;
+    }
+    const int in[] = {st->s[O_A], st->s[O_RES]};
+    const int out[] = {st->s[O_OUT], st->s[O_PRE]};
+    for (int k = 0; k < 2; k++) {
+        if (in[k] >= SYM_FIRST_BUF && in[k] < SYM_G)
+            *rd |= 1u << in[k];
+        if (out[k] >= SYM_FIRST_BUF && out[k] < SYM_G)
+            *wr |= 1u << out[k];
+    }
+}
+
+/* How many times a step writes memory that holds a value still to be
+ * read (by itself or a later step, in the same layer or the next of a
+ * stack), buffers at off[]: on the steps a stack of two layers runs. */
+static int clobbers(stof_layer *L, const size_t *off, size_t total,
+                    const char *what)
+{
+    unsigned rd[2 * MAX_STEPS], wr[2 * MAX_STEPS];
+    int n = 0, bad = 0;
+    for (int layer = 0; layer < 2; layer++)
+        for (int i = 0; i < L->n_steps; i++)
+            if (stof__layer_step_runs(L, i, stof__layer_stack_mode(L, layer, 2)))
+                step_syms(&L->steps[i], &rd[n], &wr[n]), n++;
+    for (int i = 0; i < n; i++) {
+        for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
+            if (((rd[i] | wr[i]) >> s) & 1u && off[s] == STOF_LAYER_NO_BUF) {
+                cr_log_info("%s: step %d uses buffer %d, which has none", what,
+                            i, s);
+                bad++;
+            }
+        for (int o = SYM_FIRST_BUF; o < SYM_G; o++) {
+            if (!((wr[i] >> o) & 1u) || off[o] == STOF_LAYER_NO_BUF)
+                continue;
+            const size_t o0 = off[o],
+                         o1 = o0 + (size_t)L->M * stof__layer_tok_ld(L, o) * 2;
+            if (o1 > total) {
+                cr_log_info("%s: buffer %d past the end", what, o);
+                bad++;
+            }
+            /* every other buffer written before step i and read at i or
+             * after, before it is written again */
+            for (int s = SYM_FIRST_BUF; s < SYM_G; s++) {
+                if (s == o || off[s] == STOF_LAYER_NO_BUF)
+                    continue;
+                int live = 0, written = 0;
+                for (int j = i; j < n && !live; j++) {
+                    if ((rd[j] >> s) & 1u)
+                        live = 1;
+                    if (j > i && (wr[j] >> s) & 1u)
+                        break;
+                }
+                for (int j = 0; j < i; j++)
+                    written |= (wr[j] >> s) & 1u;
+                const size_t s0 = off[s],
+                             s1 = s0 + (size_t)L->M * stof__layer_tok_ld(L, s) * 2;
+                if (live && written && o0 < s1 && s0 < o1) {
+                    cr_log_info("%s: step %d writes buffer %d [%zu, %zu) over "
+                                "buffer %d [%zu, %zu), still to be read",
+                                what, i, o, o0, o1, s, s0, s1);
+                    bad++;
+                }
+            }
+        }
+    }
+    return bad;
+}
+
+/* The plan's intermediates share memory where their lives do not overlap
+ * (F over QKV and ATT): no step of any scheme, alone or in a stack,
+ * writes over a value still to be read; and the check finds the overlaps
+ * of layouts that would. */
+Test(layer, buffers_share_memory_safely)
+{
+    stof_layer *L = calloc(1, sizeof(*L));
+    cr_assert(L);
+    static const struct {
+        int hidden, heads, kv_heads, ffn;
+    } shapes[] = {{768, 12, 0, 3072}, {1024, 16, 0, 4096},
+                  {4096, 32, 8, 11008}, {512, 8, 2, 512}};
+    char what[96];
+    for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        for (int pre = 0; pre < 2; pre++) {
+            stof_layer_desc_init(&L->d, 2, 256, shapes[k].hidden,
+                                 shapes[k].heads, STOF_DTYPE_FP16);
+            L->d.kv_heads = shapes[k].kv_heads;
+            L->d.ffn = shapes[k].ffn;
+            L->d.pre_norm = pre;
+            L->M = L->d.batch * L->d.seq;
+            size_t off[SYM_COUNT], sum = 0;
+            const size_t total = stof__layer_buf_layout(L, off);
+            for (int ja = 0; ja < J_COUNT; ja++) {
+                for (int jb = 0; jb < J_COUNT; jb++) {
+                    stof__layer_build_steps(L, ja, jb);
+                    snprintf(what, sizeof(what), "hidden %d pre %d ja %d jb %d",
+                             shapes[k].hidden, pre, ja, jb);
+                    cr_expect_eq(clobbers(L, off, total, what), 0, "%s", what);
+                    /* H over F (junction B reads both), T over ATT
+                     * (junction A's GEMM writes T reading ATT when split) */
+                    size_t bad[SYM_COUNT];
+                    memcpy(bad, off, sizeof(bad));
+                    bad[SYM_H] = off[SYM_F];
+                    cr_expect_gt(clobbers(L, bad, total, "H over F"), 0, "%s",
+                                 what);
+                    if (ja == J_BIAS_RES_NORM) {
+                        memcpy(bad, off, sizeof(bad));
+                        bad[SYM_T] = off[SYM_ATT];
+                        cr_expect_gt(clobbers(L, bad, total, "T over ATT"), 0,
+                                     "%s", what);
+                    }
+                    if (pre) {
+                        memcpy(bad, off, sizeof(bad));
+                        bad[SYM_N] = STOF_LAYER_NO_BUF;
+                        cr_expect_gt(clobbers(L, bad, total, "no N"), 0, "%s",
+                                     what);
+                    }
+                }
+            }
+            for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
+                if (off[s] != STOF_LAYER_NO_BUF)
+                    sum += (size_t)L->M * stof__layer_tok_ld(L, s) * 2;
+            cr_expect_lt(total, sum, "hidden %d: %zu of %zu bytes",
+                         shapes[k].hidden, total, sum);
+            cr_expect_eq(off[SYM_N] == STOF_LAYER_NO_BUF, !pre);
+        }
+    }
+    free(L);
+}
+
 /* `stof-tune verify` plans a layer again from its scheme record alone:
  * the record's fields and configuration give back the descriptor whose
  * key is the record's; an older record (without kv_heads, no_bias, gated

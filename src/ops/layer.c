@@ -407,6 +407,44 @@ const char *stof_layer_errmsg(const stof_layer *L)
     return L ? L->errmsg : "layer is NULL";
 }
 
+static size_t buf_bytes(const stof_layer *L, int sym)
+{
+    return ((size_t)L->M * (size_t)stof__layer_tok_ld(L, sym) * 2 + 255) /
+           256 * 256;
+}
+
+size_t stof__layer_buf_layout(const stof_layer *L, size_t off[SYM_COUNT])
+{
+    for (int s = 0; s < SYM_COUNT; s++)
+        off[s] = STOF_LAYER_NO_BUF;
+    /* QKV and ATT first, F over both: the attention's input is dead once
+     * it has run and its output once junction A's GEMM has read it, and
+     * F is first written by the FFN GEMM after that, last read by
+     * junction B's (which writes T, H's successor or Y, never these). In
+     * a stack the next layer's QKV GEMM writes over F after junction B.
+     * Every kernel waits for the one before it before it reads or writes
+     * (stream order, or stof_grid_wait with PDL), so the kernel before is
+     * done, and with it every earlier one. */
+    off[SYM_QKV] = 0;
+    off[SYM_ATT] = buf_bytes(L, SYM_QKV);
+    off[SYM_F] = 0;
+    size_t total = off[SYM_ATT] + buf_bytes(L, SYM_ATT);
+    if (buf_bytes(L, SYM_F) > total)
+        total = buf_bytes(L, SYM_F);
+    /* H carries the residual from junction A to junction B and T each
+     * junction's pre-norm sum: alive across F's or ATT's writes. N (the
+     * normalised input of a pre-norm layer's GEMMs) only in pre-norm
+     * layers; a post-norm layer's junctions write H and Y. */
+    const int rest[] = {SYM_H, SYM_T, SYM_N};
+    for (size_t i = 0; i < sizeof(rest) / sizeof(rest[0]); i++) {
+        if (rest[i] == SYM_N && !L->d.pre_norm)
+            continue;
+        off[rest[i]] = total;
+        total += buf_bytes(L, rest[i]);
+    }
+    return total;
+}
+
 stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes)
 {
     if (L->mem)
@@ -414,12 +452,8 @@ stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes)
     const double t0 = stof__now_ms();
     stof_context *ctx = L->ctx;
     const stof_api *api = ctx->api;
-    size_t total = 0, off[SYM_COUNT] = {0};
-    for (int s = SYM_FIRST_BUF; s < SYM_G; s++) {
-        off[s] = total;
-        total += ((size_t)L->M * (size_t)stof__layer_tok_ld(L, s) * 2 + 255) /
-                 256 * 256;
-    }
+    size_t off[SYM_COUNT];
+    size_t total = stof__layer_buf_layout(L, off);
     /* The workspace of a Hopper GEMM with a norm (norm_ws_bytes), zeroed
      * here once; then cuBLASLt's, as much as the caller knows its kernels
      * need (one cuMemAlloc a plan: each costs a warm plan tens of
@@ -444,7 +478,7 @@ stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes)
     L->mem = mem;
     L->mem_bytes = total;
     for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
-        L->buf[s] = L->mem + off[s];
+        L->buf[s] = off[s] == STOF_LAYER_NO_BUF ? 0 : L->mem + off[s];
     L->lt_mem = lt_bytes ? L->mem + lt_off : 0;
     L->lt_mem_bytes = lt_bytes;
     if (lt_bytes && !L->lt_ws) {

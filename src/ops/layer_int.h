@@ -218,6 +218,12 @@ int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
     ;
 /* Destroy the stack's captured graph, if any (the context current). */
 void stof__layer_graph_drop(stof_layer *L);
+/* Where the intermediates QKV..F lie in the plan's allocation (bytes from
+ * its start, 256-aligned; STOF_LAYER_NO_BUF for one the layer never
+ * uses), buffers whose lives do not overlap sharing memory; returns their
+ * extent. */
+#define STOF_LAYER_NO_BUF ((size_t)-1)
+size_t stof__layer_buf_layout(const stof_layer *L, size_t off[SYM_COUNT]);
 /* Allocate the plan's buffers (one allocation: the intermediates, the
  * norm GEMMs' workspace of norm_ws_bytes, zeroed, and lt_bytes of
  * cuBLASLt workspace) unless they are; the time goes to plan_ms[1]. */
