@@ -838,7 +838,10 @@ def bench_case(args, ctx, cfg, dtype, seed):
                 t0 = time.perf_counter()
                 l2 = plan()
                 r["stof_warm_plan_s"] = time.perf_counter() - t0
-                r["stof_warm_source"] = l2.describe().get("source")
+                d2 = l2.describe()
+                r["stof_warm_source"] = d2.get("source")
+                # its parts (ms): the attention plan, the buffers, the kernels
+                r["stof_warm_plan_parts"] = d2.get("plan_ms")
                 l2.close()
                 del l2
             y = torch.empty_like(x)

@@ -92,6 +92,8 @@ typedef struct stof_db_record {
      * digits (stof__db_record_hash); filled by stof__db_store */
     char content_hash[33];
     /* filled by lookups */
+    uint64_t cubin_xxh3;     /* XXH3-64 of the cubin when the record came
+                                from the memo (0: not known) */
     int64_t hits;
     char source[16];         /* "user" or "system" */
     int layer;               /* 0 user, i + 1 system database i */
@@ -130,6 +132,19 @@ int stof__db_writable(const stof_db *db);
  * writable (best effort). */
 stof_status stof__db_lookup(stof_db *db, const char *key,
                             stof_db_record *out /* OUT */);
+
+/* stof__db_lookup, except that a record served from the memo comes
+ * without its cubin (out->cubin NULL; cubin_size and cubin_xxh3 set): for
+ * a caller that finds the module loaded already by that hash and needs
+ * the bytes only otherwise (then stof__db_lookup), sparing a copy and a
+ * hash of each cubin in a warm plan. A record read from the file comes
+ * whole, as from stof__db_lookup. */
+stof_status stof__db_lookup_lazy(stof_db *db, const char *key,
+                                 stof_db_record *out /* OUT */);
+/* stof__db_lookup of a key just looked up lazily, whole, without counting
+ * another hit. */
+stof_status stof__db_lookup_again(stof_db *db, const char *key,
+                                  stof_db_record *out /* OUT */);
 
 /* Store a record in the user database in one transaction, with its content
  * hash computed here (r->content_hash is ignored). When a record with the

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 /* Copy a text column into a char array, truncating. */
 static void col_text(char *dst, size_t n, sqlite3_stmt *s, int col)
@@ -189,12 +191,13 @@ static int memo_find(const db_memo *m, int layer, const char *key)
     return -1;
 }
 
-/* A deep copy of r into *out; 0 when memory ran out. */
-static int record_copy(stof_db_record *out, const stof_db_record *r)
+/* A deep copy of r into *out (without the cubin when `lazy`); 0 when
+ * memory ran out. */
+static int record_copy(stof_db_record *out, const stof_db_record *r, int lazy)
 {
     *out = *r;
     out->cubin = NULL;
-    if (r->cubin && r->cubin_size) {
+    if (r->cubin && r->cubin_size && !lazy) {
         out->cubin = malloc(r->cubin_size);
         if (!out->cubin) {
             memset(out, 0, sizeof(*out));
@@ -229,8 +232,10 @@ static void memo_put(stof_db *db, int layer, const stof_db_record *r)
         stof__db_record_clear(&m->e[i].rec);
         m->e[i] = m->e[--m->n];
     }
-    if (!record_copy(&m->e[m->n].rec, r))
+    if (!record_copy(&m->e[m->n].rec, r, 0))
         return;
+    m->e[m->n].rec.cubin_xxh3 =
+        r->cubin && r->cubin_size ? XXH3_64bits(r->cubin, r->cubin_size) : 0;
     m->e[m->n].layer = layer;
     m->bytes += r->cubin_size;
     m->n++;
@@ -247,7 +252,7 @@ void stof__db_memo_keep(stof_db *db, int layer, const stof_db_record *r)
  * hits. 1 served; 0 not (the entry is dropped when the row changed or
  * is gone; out is then clear). */
 static int memo_serve(stof_db *db, int i, const char *key,
-                      stof_db_record *out)
+                      stof_db_record *out, int lazy)
 {
     const int j = memo_find(&db->memo, i, key);
     if (j < 0)
@@ -268,13 +273,17 @@ static int memo_serve(stof_db *db, int i, const char *key,
         stof__db_memo_drop(db, key);
         return 0;
     }
-    if (!record_copy(out, &e->rec))
+    if (!record_copy(out, &e->rec, lazy && e->rec.cubin_xxh3))
         return 0;
     out->hits = hits;
     return 1;
 }
 
-stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
+/* lookup's modes */
+enum { LOOKUP_WHOLE, LOOKUP_LAZY, LOOKUP_AGAIN };
+
+static stof_status lookup(stof_db *db, const char *key, stof_db_record *out,
+                          int mode)
 {
     if (out)
         memset(out, 0, sizeof(*out));
@@ -288,7 +297,7 @@ stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
             continue;
         sqlite3_stmt *s = NULL;
         int rc = SQLITE_ROW;
-        if (!memo_serve(db, i, key, out)) {
+        if (!memo_serve(db, i, key, out, mode == LOOKUP_LAZY)) {
             rc = stof__db_layer_stmt(L, ST_LOOKUP, &s);
             if (rc == SQLITE_OK)
                 rc = sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
@@ -325,7 +334,7 @@ stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
                      i == 0 ? "user" : "system");
             out->layer = i;
             /* The row's hits and those still in memory, this one too. */
-            if (i == 0 && L->writable)
+            if (i == 0 && L->writable && mode != LOOKUP_AGAIN)
                 out->hits += count_hit(db, key);
             return STOF_OK;
         }
@@ -340,6 +349,23 @@ stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
         }
     }
     return STOF_ERR_NOT_FOUND;
+}
+
+stof_status stof__db_lookup(stof_db *db, const char *key, stof_db_record *out)
+{
+    return lookup(db, key, out, LOOKUP_WHOLE);
+}
+
+stof_status stof__db_lookup_lazy(stof_db *db, const char *key,
+                                 stof_db_record *out)
+{
+    return lookup(db, key, out, LOOKUP_LAZY);
+}
+
+stof_status stof__db_lookup_again(stof_db *db, const char *key,
+                                  stof_db_record *out)
+{
+    return lookup(db, key, out, LOOKUP_AGAIN);
 }
 
 /* The writable user layer, or a failure recorded on sink. */

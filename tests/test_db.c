@@ -676,6 +676,70 @@ Test(db, lookups_served_again_only_while_unchanged)
     free(ctx);
 }
 
+/* A lazy lookup served from memory leaves the cubin there: the record
+ * without its bytes but with their size and XXH3-64 (what a warm plan
+ * finds its loaded module by); read from the file it comes whole. The
+ * whole record read again counts no second hit; a row stored again is
+ * served with its new bytes' hash. */
+Test(db, lazy_lookups_leave_the_cubin_in_memory)
+{
+    char *dir = tmpdir_new();
+    char *path = path_join(dir, "tuning.db");
+    logcap lc;
+    stof_context *ctx = ctx_new(&lc);
+    stof_db *db = db_open(ctx, path, NULL);
+    stof_db_record r, a, b;
+    record_fill(&r, 12, 4096);
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    /* from the file (a handle that has not read it yet): whole */
+    stof_db *db2 = db_open(ctx, path, NULL);
+    cr_assert_eq(stof__db_lookup_lazy(db2, r.key, &a), STOF_OK);
+    cr_assert_not_null(a.cubin);
+    assert_record_eq(&a, &r);
+    stof__db_close(&db2);
+    /* from memory (the store kept it there), without the bytes */
+    cr_assert_eq(stof__db_lookup(db, r.key, &a), STOF_OK);
+    cr_assert_eq(stof__db_lookup_lazy(db, r.key, &b), STOF_OK);
+    cr_expect_null(b.cubin);
+    cr_expect_eq(b.cubin_size, r.cubin_size);
+    cr_expect_eq(b.cubin_xxh3, XXH3_64bits(r.cubin, r.cubin_size));
+    cr_expect_str_eq(b.content_hash, a.content_hash);
+    cr_expect_str_eq(b.config, r.config);
+    cr_expect_eq(b.hits, a.hits + 1, "hits %lld", (long long)b.hits);
+    const int64_t hits = b.hits;
+    stof__db_record_clear(&b);
+    /* whole again: the bytes, no hit counted */
+    cr_assert_eq(stof__db_lookup_again(db, r.key, &b), STOF_OK);
+    cr_assert_not_null(b.cubin);
+    assert_record_eq(&b, &r);
+    stof__db_record_clear(&b);
+    cr_assert_eq(stof__db_lookup(db, r.key, &b), STOF_OK);
+    cr_expect_eq(b.hits, hits + 1, "hits %lld", (long long)b.hits);
+    stof__db_record_clear(&b);
+    /* a changed row (other bytes, so another content hash): whole */
+    ((unsigned char *)r.cubin)[7] ^= 0x5a;
+    cr_assert_eq(stof__db_store(db, &r, 1, 0), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_eq(stof__db_lookup_lazy(db, r.key, &b), STOF_OK);
+    cr_expect_eq(b.cubin_xxh3, XXH3_64bits(r.cubin, r.cubin_size));
+    cr_expect_str_neq(b.content_hash, a.content_hash);
+    stof__db_record_clear(&b);
+    /* and whole from the file in a handle that has not read it */
+    db2 = db_open(ctx, path, NULL);
+    cr_assert_eq(stof__db_lookup_lazy(db2, r.key, &b), STOF_OK);
+    cr_assert_not_null(b.cubin);
+    assert_record_eq(&b, &r);
+    stof__db_record_clear(&b);
+    stof__db_close(&db2);
+    stof__db_record_clear(&a);
+    stof__db_record_clear(&r);
+    stof__db_close(&db);
+    free(path);
+    tmpdir_free(dir);
+    free(ctx);
+}
+
 /* Hits are counted in memory (a lookup writes nothing, however many keys
  * wait) and written in one transaction when a record is stored and when
  * the database closes. */

@@ -20,6 +20,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <stdint.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "internal.h"
 #include "cuda_shim.h"
@@ -778,6 +781,74 @@ Test(jit, fake_module_load_out_of_memory, .fini = restore_api)
     cr_expect_eq(stof__module_load_shared(ctx, cubin, sizeof(cubin),
                                           "stof_x", 0, &m, &f),
                  STOF_ERR_OUT_OF_MEMORY);
+    stof_close(&ctx);
+}
+
+static int g_loads;
+
+static CUresult fake_module_load_count(CUmodule *m, const void *image)
+{
+    (void)image;
+    *m = (CUmodule)(uintptr_t)(16 + 16 * ++g_loads);
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_get_function_ok(CUfunction *f, CUmodule m, const char *n)
+{
+    (void)n;
+    *f = (CUfunction)((uintptr_t)m + 1);
+    return CUDA_SUCCESS;
+}
+
+/* A module known by its cubin's hash (a warm plan's record served without
+ * its bytes): found in the context's cache without the bytes, the same
+ * module as the load that put it there and no load more; not in the
+ * cache: STOF_ERR_NOT_FOUND with nothing loaded and no message, and with
+ * the bytes it loads as usual. */
+Test(jit, fake_shared_load_by_hash, .fini = restore_api)
+{
+    use_fake_driver();
+    g_loads = 0;
+    g_fake.cuModuleLoadData = fake_module_load_count;
+    g_fake.cuModuleGetFunction = fake_get_function_ok;
+    g_fake.cuModuleUnload = fake_unload;
+    stof_context *ctx;
+    cr_assert_eq(open_with(0, 1, &ctx), STOF_OK, "%s", stof_errmsg(ctx));
+    static const unsigned char a[64] = {1, 2, 3}, b[64] = {4, 5, 6};
+    const uint64_t ha = XXH3_64bits(a, sizeof(a)),
+                   hb = XXH3_64bits(b, sizeof(b));
+    CUmodule m1 = NULL, m2 = NULL, m3 = NULL;
+    CUfunction f1 = NULL, f2 = NULL, f3 = NULL;
+    cr_assert_eq(stof__module_load_shared(ctx, a, sizeof(a), "stof_x", 0, &m1,
+                                          &f1),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    cr_expect_eq(g_loads, 1);
+    cr_expect_eq(stof__module_load_shared_hashed(ctx, NULL, sizeof(a), ha,
+                                                 "stof_x", 0, &m2, &f2),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    cr_expect_eq((void *)m2, (void *)m1);
+    cr_expect_eq((void *)f2, (void *)f1);
+    cr_expect_eq(g_loads, 1);
+    /* another size under the same hash is another cubin */
+    cr_expect_eq(stof__module_load_shared_hashed(ctx, NULL, sizeof(a) - 1, ha,
+                                                 "stof_x", 0, &m3, &f3),
+                 STOF_ERR_NOT_FOUND);
+    cr_expect_eq(stof__module_load_shared_hashed(ctx, NULL, sizeof(b), hb,
+                                                 "stof_x", 0, &m3, &f3),
+                 STOF_ERR_NOT_FOUND);
+    cr_expect_eq(g_loads, 1);
+    cr_expect_eq(stof__module_load_shared_hashed(ctx, b, sizeof(b), hb,
+                                                 "stof_x", 0, &m3, &f3),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    cr_expect_eq(g_loads, 2);
+    cr_expect_neq((void *)m3, (void *)m1);
+    /* no bytes and no hash: refused */
+    cr_expect_eq(stof__module_load_shared_hashed(ctx, NULL, sizeof(b), 0,
+                                                 "stof_x", 0, &m3, &f3),
+                 STOF_ERR_INVALID_ARGUMENT);
+    stof__module_release(ctx, m1);
+    stof__module_release(ctx, m2);
+    stof__module_release(ctx, m3);
     stof_close(&ctx);
 }
 

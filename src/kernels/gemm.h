@@ -156,12 +156,14 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
                                   const stof_gemm_epi *e, int N,
                                   const void *cubin, CUmodule *mod /* OUT */,
                                   CUfunction *fn /* OUT */);
-/* The same through the context's module cache (stof__module_load_shared;
- * give the module back with stof__module_release). */
+/* The same through the context's module cache (stof__module_load_shared_
+ * hashed: hash 0 or the cubin's XXH3-64, cubin NULL for a module the cache
+ * may hold; give the module back with stof__module_release). */
 stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
                                          const stof_gemm_cfg *c,
                                          const stof_gemm_epi *e, int N,
                                          const void *cubin, size_t size,
+                                         uint64_t hash,
                                          CUmodule *mod /* OUT */,
                                          CUfunction *fn /* OUT */);
 

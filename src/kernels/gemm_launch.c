@@ -127,20 +127,21 @@ stof_status stof__gemm_load_cubin(stof_context *ctx, const stof_gemm_cfg *c,
                                   CUfunction *fn)
 {
     /* (size 0: loaded apart, not through the cache) */
-    return stof__gemm_load_cubin_shared(ctx, c, e, N, cubin, 0, mod, fn);
+    return stof__gemm_load_cubin_shared(ctx, c, e, N, cubin, 0, 0, mod, fn);
 }
 
 stof_status stof__gemm_load_cubin_shared(stof_context *ctx,
                                          const stof_gemm_cfg *c,
                                          const stof_gemm_epi *e, int N,
                                          const void *cubin, size_t size,
-                                         CUmodule *mod, CUfunction *fn)
+                                         uint64_t hash, CUmodule *mod,
+                                         CUfunction *fn)
 {
-    if (!c || !e || !cubin || !mod || !fn)
+    if (!c || !e || (!cubin && !hash) || !mod || !fn)
         return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
                           "gemm load: NULL argument");
-    return (stof_status)stof__module_load_shared(
-        ctx, cubin, size, c->wgmma ? "stof_gemm_wgmma" : "stof_gemm",
+    return (stof_status)stof__module_load_shared_hashed(
+        ctx, cubin, size, hash, c->wgmma ? "stof_gemm_wgmma" : "stof_gemm",
         stof__gemm_smem_bytes(c, e, N), mod, fn);
 }
 

@@ -109,12 +109,13 @@ void stof__layer_norm_unload(stof_layer *L, norm_op *n)
 
 stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,
                                            const stof_gemm_cfg *c,
-                                           const void *cubin, size_t size)
+                                           const void *cubin, size_t size,
+                                           uint64_t hash)
 {
     stof__layer_gemm_unload(L, g);
     const stof_gemm_epi e = stof__layer_kernel_epi(g, 0, c);
-    stof_status st = stof__gemm_load_cubin_shared(L->ctx, c, &e, g->N, cubin,
-                                                  size, &g->mod, &g->fn);
+    stof_status st = stof__gemm_load_cubin_shared(
+        L->ctx, c, &e, g->N, cubin, size, hash, &g->mod, &g->fn);
     if (st == STOF_OK) {
         g->cfg = *c;
         g->lt = 0;
@@ -144,11 +145,12 @@ stof_status stof__layer_gemm_load_lt(stof_layer *L, gemm_op *g,
 }
 
 stof_status stof__layer_norm_load(stof_layer *L, norm_op *n, int warps,
-                                  const void *cubin, size_t size)
+                                  const void *cubin, size_t size,
+                                  uint64_t hash)
 {
     stof__layer_norm_unload(L, n);
-    stof_status st = (stof_status)stof__module_load_shared(
-        L->ctx, cubin, size, "stof_norm", 0, &n->mod, &n->fn);
+    stof_status st = (stof_status)stof__module_load_shared_hashed(
+        L->ctx, cubin, size, hash, "stof_norm", 0, &n->mod, &n->fn);
     if (st == STOF_OK) {
         n->warps = warps;
         n->ok = 1;
@@ -370,10 +372,75 @@ stof_status stof__layer_from_db(stof_layer *L)
         const char *slot = s->kind == STEP_GEMM ? g_slot[s->op] : n_slot[s->op];
         char key[33];
         stof__layer_op_key(L, slot, key);
-        t = stof__now_ms();
-        const stof_status found = stof__db_lookup(db, key, &rec);
-        t_lookup += stof__now_ms() - t;
-        if (found != STOF_OK) {
+        /* The record without its cubin when the memo serves it (its module
+         * is then usually loaded already, found by the cubin's hash: no
+         * copy, no hash of the bytes); read whole when the module must be
+         * loaded or the bytes are the kernel (cuBLASLt's algorithm). */
+        int missing = 0;
+        for (int whole = 0;; whole = 1) {
+            t = stof__now_ms();
+            const stof_status found = whole ? stof__db_lookup_again(db, key, &rec)
+                                            : stof__db_lookup_lazy(db, key, &rec);
+            t_lookup += stof__now_ms() - t;
+            if (found != STOF_OK) {
+                missing = 1;
+                break;
+            }
+            const int lazy = !rec.cubin && rec.cubin_size && rec.cubin_xxh3;
+            int need_bytes = 0;
+            if (s->kind == STEP_GEMM) {
+                gemm_op *g = &L->g[s->op];
+                stof_gemm_cfg c;
+                stof_gemm_epi e;
+                int ver = 0;
+                t = stof__now_ms();
+                if (strcmp(rec.kernel, "cublaslt") == 0 &&
+                    stof__json_ints(rec.config, lt_key, 1, &ver) &&
+                    (size_t)ver == stof__blaslt_version() &&
+                    rec.cubin_size == STOF_BLASLT_ALGO_BYTES) {
+                    need_bytes = lazy;
+                    st = lazy ? STOF_ERR_NOT_FOUND
+                              : stof__layer_gemm_load_lt(L, g, rec.cubin);
+                    t_lt += stof__now_ms() - t;
+                } else if (strcmp(rec.kernel, "gemm") == 0 &&
+                           stof__gemm_cfg_parse(rec.config, &c, &e) &&
+                           epi_matches(g, &c, &e) && (rec.cubin || lazy) &&
+                           stof__gemm_ws_bytes(&c, &e, g->M, g->N) <=
+                               L->norm_ws_bytes) {
+                    /* (a valid tile whose norm workspace is larger than
+                     * the plan's, e.g. 64 columns wide, is not used) */
+                    st = stof__layer_gemm_load_template(
+                        L, g, &c, rec.cubin, rec.cubin_size, rec.cubin_xxh3);
+                    need_bytes = lazy && st == STOF_ERR_NOT_FOUND;
+                    t_mod += stof__now_ms() - t;
+                } else {
+                    st = STOF_ERR_NOT_FOUND;
+                }
+                g->ms = rec.time_ms;
+                g->model_ms = rec.model_ms;
+                g->n_timed = rec.n_candidates;
+            } else {
+                norm_op *n = &L->n[s->op];
+                int warps = 0;
+                t = stof__now_ms();
+                if (strcmp(rec.kernel, "norm") == 0 &&
+                    stof__json_ints(rec.config, warps_key, 1, &warps) &&
+                    warps >= 1 && warps <= 32 && (rec.cubin || lazy)) {
+                    st = stof__layer_norm_load(L, n, warps, rec.cubin,
+                                               rec.cubin_size, rec.cubin_xxh3);
+                    need_bytes = lazy && st == STOF_ERR_NOT_FOUND;
+                } else {
+                    st = STOF_ERR_NOT_FOUND;
+                }
+                t_mod += stof__now_ms() - t;
+                n->ms = rec.time_ms;
+            }
+            if (!need_bytes || whole)
+                break;
+            stof__db_record_clear(&rec);
+            st = STOF_OK;
+        }
+        if (missing) {
             snprintf(L->db_why, sizeof(L->db_why),
                      "the record of its %s kernel (%s) is missing", slot,
                      key);
@@ -383,48 +450,6 @@ stof_status stof__layer_from_db(stof_layer *L)
                       L->key, slot);
             st = STOF_ERR_NOT_FOUND;
             break;
-        }
-        if (s->kind == STEP_GEMM) {
-            gemm_op *g = &L->g[s->op];
-            stof_gemm_cfg c;
-            stof_gemm_epi e;
-            int ver = 0;
-            t = stof__now_ms();
-            if (strcmp(rec.kernel, "cublaslt") == 0 &&
-                stof__json_ints(rec.config, lt_key, 1, &ver) &&
-                (size_t)ver == stof__blaslt_version() &&
-                rec.cubin_size == STOF_BLASLT_ALGO_BYTES) {
-                st = stof__layer_gemm_load_lt(L, g, rec.cubin);
-                t_lt += stof__now_ms() - t;
-            } else if (strcmp(rec.kernel, "gemm") == 0 &&
-                       stof__gemm_cfg_parse(rec.config, &c, &e) &&
-                       epi_matches(g, &c, &e) && rec.cubin &&
-                       stof__gemm_ws_bytes(&c, &e, g->M, g->N) <=
-                           L->norm_ws_bytes) {
-                /* (a valid tile whose norm workspace is larger than the
-                 * plan's, e.g. 64 columns wide, is not used) */
-                st = stof__layer_gemm_load_template(L, g, &c, rec.cubin,
-                                                    rec.cubin_size);
-                t_mod += stof__now_ms() - t;
-            } else {
-                st = STOF_ERR_NOT_FOUND;
-            }
-            g->ms = rec.time_ms;
-            g->model_ms = rec.model_ms;
-            g->n_timed = rec.n_candidates;
-        } else {
-            norm_op *n = &L->n[s->op];
-            int warps = 0;
-            t = stof__now_ms();
-            if (strcmp(rec.kernel, "norm") == 0 &&
-                stof__json_ints(rec.config, warps_key, 1, &warps) &&
-                warps >= 1 && warps <= 32 && rec.cubin)
-                st = stof__layer_norm_load(L, n, warps, rec.cubin,
-                                           rec.cubin_size);
-            else
-                st = STOF_ERR_NOT_FOUND;
-            t_mod += stof__now_ms() - t;
-            n->ms = rec.time_ms;
         }
         if (st != STOF_OK) {
             L->db_transient = st == STOF_ERR_OUT_OF_MEMORY;

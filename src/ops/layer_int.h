@@ -324,13 +324,17 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
                             size_t tn, char *why, size_t n);
 void stof__layer_gemm_unload(stof_layer *L, gemm_op *g);
 void stof__layer_norm_unload(stof_layer *L, norm_op *n);
+/* (hash: the cubin's XXH3-64 or 0; cubin NULL: a module the context's
+ * cache holds, else STOF_ERR_NOT_FOUND: stof__module_load_shared_hashed) */
 stof_status stof__layer_gemm_load_template(stof_layer *L, gemm_op *g,
                                            const stof_gemm_cfg *c,
-                                           const void *cubin, size_t size);
+                                           const void *cubin, size_t size,
+                                           uint64_t hash);
 stof_status stof__layer_gemm_load_lt(stof_layer *L, gemm_op *g,
                                      const void *algo);
 stof_status stof__layer_norm_load(stof_layer *L, norm_op *n, int warps,
-                                  const void *cubin, size_t size);
+                                  const void *cubin, size_t size,
+                                  uint64_t hash);
 /* Unload the kernels no step of the current scheme uses. */
 void stof__layer_unload_unused(stof_layer *L);
 /* Load the scheme and its kernels stored under L's keys, each record

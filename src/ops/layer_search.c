@@ -193,14 +193,14 @@ static int so_load(void *user, int i, const void *art, size_t size,
     stof_layer *L = o->L;
     stof_status st;
     if (o->is_norm) {
-        st = stof__layer_norm_load(L, &L->n[o->op], c->warps, art, size);
+        st = stof__layer_norm_load(L, &L->n[o->op], c->warps, art, size, 0);
     } else if (c->kind == KIND_CUBLASLT) {
         uint8_t bytes[STOF_BLASLT_ALGO_BYTES];
         stof__blaslt_algo_bytes(o->lt, c->algo, bytes);
         st = stof__layer_gemm_load_lt(L, &L->g[o->op], bytes);
     } else {
         st = stof__layer_gemm_load_template(L, &L->g[o->op], &c->cfg, art,
-                                            size);
+                                            size, 0);
     }
     if (st != STOF_OK) {
         snprintf(err, errn, "%s", stof_errmsg(L->ctx));
@@ -398,14 +398,14 @@ static int apply_winner(slot_op *o, const stof_search_result *r,
     stof_status st;
     if (o->is_norm) {
         st = stof__layer_norm_load(L, &L->n[o->op], c->warps, r->winner_art,
-                                   r->winner_art_size);
+                                   r->winner_art_size, 0);
     } else if (c->kind == KIND_CUBLASLT) {
         stof__blaslt_algo_bytes(o->lt, c->algo, w->algo);
         st = stof__layer_gemm_load_lt(L, &L->g[o->op], w->algo);
     } else {
         st = stof__layer_gemm_load_template(L, &L->g[o->op], &c->cfg,
                                             r->winner_art,
-                                            r->winner_art_size);
+                                            r->winner_art_size, 0);
     }
     if (st != STOF_OK)
         return 0;

@@ -247,6 +247,14 @@ int stof__jit_compile(struct stof_context *ctx, const char *name,
 int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
                              size_t size, const char *fn_name,
                              size_t smem_bytes, CUmodule *mod, CUfunction *fn);
+/* The same with the cubin's XXH3-64 known (hash; 0: computed here). With
+ * cubin NULL (hash and size given) only a module the cache holds is used:
+ * STOF_ERR_NOT_FOUND, with no message, when it holds none. */
+int stof__module_load_shared_hashed(struct stof_context *ctx,
+                                    const void *cubin, size_t size,
+                                    uint64_t hash, const char *fn_name,
+                                    size_t smem_bytes, CUmodule *mod,
+                                    CUfunction *fn);
 
 /* Give a module back: one reference less to a cached module (kept loaded
  * for the next plan until evicted or stof_close), or unloaded when it is

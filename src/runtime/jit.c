@@ -464,14 +464,27 @@ int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
                              size_t size, const char *fn_name,
                              size_t smem_bytes, CUmodule *mod, CUfunction *fn)
 {
+    return stof__module_load_shared_hashed(ctx, cubin, size, 0, fn_name,
+                                           smem_bytes, mod, fn);
+}
+
+int stof__module_load_shared_hashed(struct stof_context *ctx,
+                                    const void *cubin, size_t size,
+                                    uint64_t hash, const char *fn_name,
+                                    size_t smem_bytes, CUmodule *mod,
+                                    CUfunction *fn)
+{
     if (!ctx)
         return STOF_ERR_INVALID_ARGUMENT;
-    STOF_CHECK_ARG(ctx, mod && fn && cubin && fn_name,
-                   "NULL cubin, name or output pointer");
+    STOF_CHECK_ARG(ctx, mod && fn && fn_name && (cubin || (hash && size)),
+                   "NULL cubin (without its hash), name or output pointer");
     struct stof_modcache *c = modcache(ctx);
+    if (!cubin && (!c || strlen(fn_name) >= sizeof(c->e[0].f[0].name)))
+        return STOF_ERR_NOT_FOUND;
     if (!c || !size || strlen(fn_name) >= sizeof(c->e[0].f[0].name))
         return stof__module_load(ctx, cubin, fn_name, smem_bytes, mod, fn);
-    const uint64_t hash = XXH3_64bits(cubin, size);
+    if (!hash)
+        hash = XXH3_64bits(cubin, size);
     pthread_mutex_lock(&c->mu);
     modcache_entry *e = cache_find(c, hash, size);
     if (e) {
@@ -488,6 +501,8 @@ int stof__module_load_shared(struct stof_context *ctx, const void *cubin,
         return STOF_OK;
     }
     pthread_mutex_unlock(&c->mu);
+    if (!cubin)
+        return STOF_ERR_NOT_FOUND; /* (the caller reads the cubin) */
     int st = stof__module_load(ctx, cubin, fn_name, smem_bytes, mod, fn);
     if (st != STOF_OK)
         return st;
