@@ -134,11 +134,13 @@ stof_status stof__db_lookup(stof_db *db, const char *key,
                             stof_db_record *out /* OUT */);
 
 /* stof__db_lookup, except that a record served from the memo comes
- * without its cubin (out->cubin NULL; cubin_size and cubin_xxh3 set): for
- * a caller that finds the module loaded already by that hash and needs
- * the bytes only otherwise (then stof__db_lookup), sparing a copy and a
- * hash of each cubin in a warm plan. A record read from the file comes
- * whole, as from stof__db_lookup. */
+ * without a cubin of more than STOF_DB_LAZY_MIN_BYTES (out->cubin NULL;
+ * cubin_size and cubin_xxh3 set): for a caller that finds the module
+ * loaded already by that hash and needs the bytes only otherwise (then
+ * stof__db_lookup_again), sparing a copy and a hash of each cubin in a
+ * warm plan. A record read from the file comes whole, as from
+ * stof__db_lookup. */
+#define STOF_DB_LAZY_MIN_BYTES 4096
 stof_status stof__db_lookup_lazy(stof_db *db, const char *key,
                                  stof_db_record *out /* OUT */);
 /* stof__db_lookup of a key just looked up lazily, whole, without counting

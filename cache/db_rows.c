@@ -273,7 +273,11 @@ static int memo_serve(stof_db *db, int i, const char *key,
         stof__db_memo_drop(db, key);
         return 0;
     }
-    if (!record_copy(out, &e->rec, lazy && e->rec.cubin_xxh3))
+    /* (small cubins, cuBLASLt's algorithms, come along: a copy costs less
+     * than the caller's second lookup) */
+    if (!record_copy(out, &e->rec,
+                     lazy && e->rec.cubin_xxh3 &&
+                         e->rec.cubin_size > STOF_DB_LAZY_MIN_BYTES))
         return 0;
     out->hits = hits;
     return 1;

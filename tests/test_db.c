@@ -680,7 +680,7 @@ Test(db, lookups_served_again_only_while_unchanged)
  * without its bytes but with their size and XXH3-64 (what a warm plan
  * finds its loaded module by); read from the file it comes whole. The
  * whole record read again counts no second hit; a row stored again is
- * served with its new bytes' hash. */
+ * served with its new bytes' hash; small cubins come along. */
 Test(db, lazy_lookups_leave_the_cubin_in_memory)
 {
     char *dir = tmpdir_new();
@@ -689,7 +689,7 @@ Test(db, lazy_lookups_leave_the_cubin_in_memory)
     stof_context *ctx = ctx_new(&lc);
     stof_db *db = db_open(ctx, path, NULL);
     stof_db_record r, a, b;
-    record_fill(&r, 12, 4096);
+    record_fill(&r, 12, 8192);
     cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
                  stof_errmsg(ctx));
     /* from the file (a handle that has not read it yet): whole */
@@ -732,6 +732,17 @@ Test(db, lazy_lookups_leave_the_cubin_in_memory)
     assert_record_eq(&b, &r);
     stof__db_record_clear(&b);
     stof__db_close(&db2);
+    stof__db_record_clear(&a);
+    stof__db_record_clear(&r);
+    /* a small cubin (cuBLASLt's algorithm bytes) comes along */
+    record_fill(&r, 13, 64);
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_eq(stof__db_lookup(db, r.key, &a), STOF_OK);
+    cr_assert_eq(stof__db_lookup_lazy(db, r.key, &b), STOF_OK);
+    cr_assert_not_null(b.cubin);
+    assert_record_eq(&b, &r);
+    stof__db_record_clear(&b);
     stof__db_record_clear(&a);
     stof__db_record_clear(&r);
     stof__db_close(&db);
