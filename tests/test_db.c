@@ -260,6 +260,30 @@ static stof_db *db_open(stof_context *ctx, const char *user,
     return db;
 }
 
+/* A test's user database, alone in a fresh directory, with its log. */
+typedef struct one_db {
+    char *dir, *path;
+    logcap lc;
+    stof_context *ctx;
+    stof_db *db;
+} one_db;
+
+static void one_db_open(one_db *f)
+{
+    f->dir = tmpdir_new();
+    f->path = path_join(f->dir, "tuning.db");
+    f->ctx = ctx_new(&f->lc);
+    f->db = db_open(f->ctx, f->path, NULL);
+}
+
+static void one_db_close(one_db *f)
+{
+    stof__db_close(&f->db);
+    free(f->path);
+    tmpdir_free(f->dir);
+    free(f->ctx);
+}
+
 /* Make a valid database at path holding n records seeded base..base+n-1,
  * each with a cubin of cubin_size bytes. */
 static void make_db(const char *path, uint64_t base, int n,
@@ -556,11 +580,10 @@ Test(db, every_field_survives_a_round_trip)
 
 Test(db, replace_rule)
 {
-    char *dir = tmpdir_new();
-    char *path = path_join(dir, "tuning.db");
-    logcap lc;
-    stof_context *ctx = ctx_new(&lc);
-    stof_db *db = db_open(ctx, path, NULL);
+    one_db f;
+    one_db_open(&f);
+    stof_context *ctx = f.ctx;
+    stof_db *db = f.db;
     stof_db_record r, out;
     record_fill(&r, 7, 64);
 
@@ -607,10 +630,7 @@ Test(db, replace_rule)
 #undef STORE
 #undef EXPECT
     stof__db_record_clear(&r);
-    stof__db_close(&db);
-    free(path);
-    tmpdir_free(dir);
-    free(ctx);
+    one_db_close(&f);
 }
 
 /* A record read and checked once is served again from memory while the
@@ -620,11 +640,10 @@ Test(db, replace_rule)
  * rejects the row), a changed hash or a deleted row is read afresh. */
 Test(db, lookups_served_again_only_while_unchanged)
 {
-    char *dir = tmpdir_new();
-    char *path = path_join(dir, "tuning.db");
-    logcap lc;
-    stof_context *ctx = ctx_new(&lc);
-    stof_db *db = db_open(ctx, path, NULL);
+    one_db f;
+    one_db_open(&f);
+    stof_context *ctx = f.ctx;
+    stof_db *db = f.db;
     stof_db_record r, a, b;
     record_fill(&r, 11, 4096);
     cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
@@ -640,7 +659,7 @@ Test(db, lookups_served_again_only_while_unchanged)
         stof__db_record_clear(&b);
     }
     /* The cubin zeroed behind the handle, the hash left as it was. */
-    sqlite3 *c = raw_open(path, SQLITE_OPEN_READWRITE);
+    sqlite3 *c = raw_open(f.path, SQLITE_OPEN_READWRITE);
     char sql[256];
     snprintf(sql, sizeof(sql),
              "UPDATE records SET cubin = zeroblob(4096) WHERE key = '%s'",
@@ -649,7 +668,7 @@ Test(db, lookups_served_again_only_while_unchanged)
     cr_assert_eq(stof__db_lookup(db, r.key, &b), STOF_OK);
     assert_record_eq(&b, &r); /* the checked bytes, not the zeros */
     stof__db_record_clear(&b);
-    stof_db *db2 = db_open(ctx, path, NULL);
+    stof_db *db2 = db_open(ctx, f.path, NULL);
     cr_assert_eq(stof__db_lookup(db2, r.key, &b), STOF_ERR_NOT_FOUND);
     stof__db_close(&db2);
     /* A new hash: read again, checked, rejected. */
@@ -670,10 +689,7 @@ Test(db, lookups_served_again_only_while_unchanged)
     sqlite3_close(c);
     stof__db_record_clear(&a);
     stof__db_record_clear(&r);
-    stof__db_close(&db);
-    free(path);
-    tmpdir_free(dir);
-    free(ctx);
+    one_db_close(&f);
 }
 
 /* A lazy lookup served from memory leaves the cubin there: the record
@@ -683,17 +699,16 @@ Test(db, lookups_served_again_only_while_unchanged)
  * served with its new bytes' hash; small cubins come along. */
 Test(db, lazy_lookups_leave_the_cubin_in_memory)
 {
-    char *dir = tmpdir_new();
-    char *path = path_join(dir, "tuning.db");
-    logcap lc;
-    stof_context *ctx = ctx_new(&lc);
-    stof_db *db = db_open(ctx, path, NULL);
+    one_db f;
+    one_db_open(&f);
+    stof_context *ctx = f.ctx;
+    stof_db *db = f.db;
     stof_db_record r, a, b;
     record_fill(&r, 12, 8192);
     cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s",
                  stof_errmsg(ctx));
     /* from the file (a handle that has not read it yet): whole */
-    stof_db *db2 = db_open(ctx, path, NULL);
+    stof_db *db2 = db_open(ctx, f.path, NULL);
     cr_assert_eq(stof__db_lookup_lazy(db2, r.key, &a), STOF_OK);
     cr_assert_not_null(a.cubin);
     assert_record_eq(&a, &r);
@@ -726,7 +741,7 @@ Test(db, lazy_lookups_leave_the_cubin_in_memory)
     cr_expect_str_neq(b.content_hash, a.content_hash);
     stof__db_record_clear(&b);
     /* and whole from the file in a handle that has not read it */
-    db2 = db_open(ctx, path, NULL);
+    db2 = db_open(ctx, f.path, NULL);
     cr_assert_eq(stof__db_lookup_lazy(db2, r.key, &b), STOF_OK);
     cr_assert_not_null(b.cubin);
     assert_record_eq(&b, &r);
@@ -745,10 +760,7 @@ Test(db, lazy_lookups_leave_the_cubin_in_memory)
     stof__db_record_clear(&b);
     stof__db_record_clear(&a);
     stof__db_record_clear(&r);
-    stof__db_close(&db);
-    free(path);
-    tmpdir_free(dir);
-    free(ctx);
+    one_db_close(&f);
 }
 
 /* Hits are counted in memory (a lookup writes nothing, however many keys
