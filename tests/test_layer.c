@@ -329,8 +329,9 @@ static int clobbers(stof_layer *L, const size_t *off, size_t total,
 
 /* The plan's intermediates share memory where their lives do not overlap
  * (F over QKV and ATT): no step of any scheme, alone or in a stack,
- * writes over a value still to be read; and the check finds the overlaps
- * of layouts that would. */
+ * writes over a value still to be read, in the search's layout (every
+ * scheme's buffers) or a chosen scheme's own; and the check finds the
+ * overlaps of layouts that would. */
 Test(layer, buffers_share_memory_safely)
 {
     stof_layer *L = calloc(1, sizeof(*L));
@@ -349,13 +350,32 @@ Test(layer, buffers_share_memory_safely)
             L->d.pre_norm = pre;
             L->M = L->d.batch * L->d.seq;
             size_t off[SYM_COUNT], sum = 0;
-            const size_t total = stof__layer_buf_layout(L, off);
+            const size_t total = stof__layer_buf_layout(L, 1, off);
             for (int ja = 0; ja < J_COUNT; ja++) {
                 for (int jb = 0; jb < J_COUNT; jb++) {
                     stof__layer_build_steps(L, ja, jb);
                     snprintf(what, sizeof(what), "hidden %d pre %d ja %d jb %d",
                              shapes[k].hidden, pre, ja, jb);
                     cr_expect_eq(clobbers(L, off, total, what), 0, "%s", what);
+                    /* the chosen scheme's own buffers: no more than the
+                     * search's, T only where a junction's GEMM and norm
+                     * are apart (in a pre-norm layer's junction A, the
+                     * residual's sum goes to H unless the bias is apart) */
+                    size_t own[SYM_COUNT];
+                    const size_t own_total = stof__layer_buf_layout(L, 0, own);
+                    cr_expect_eq(clobbers(L, own, own_total, what), 0, "%s",
+                                 what);
+                    cr_expect_leq(own_total, total, "%s", what);
+                    int uses_t = 0;
+                    for (int i = 0; i < L->n_steps; i++)
+                        for (int o = 0; o < O_COUNT; o++)
+                            uses_t |= L->steps[i].s[o] == SYM_T;
+                    cr_expect_eq(own[SYM_T] != STOF_LAYER_NO_BUF, uses_t, "%s",
+                                 what);
+                    cr_expect_eq(uses_t,
+                                 pre ? ja == J_BIAS_RES_NORM
+                                     : ja != J_FUSED || jb != J_FUSED,
+                                 "%s", what);
                     /* H over F (junction B reads both), T over ATT
                      * (junction A's GEMM writes T reading ATT when split) */
                     size_t bad[SYM_COUNT];

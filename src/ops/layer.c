@@ -413,7 +413,26 @@ static size_t buf_bytes(const stof_layer *L, int sym)
            256 * 256;
 }
 
-size_t stof__layer_buf_layout(const stof_layer *L, size_t off[SYM_COUNT])
+/* The intermediates L's steps read or write (bits 1 << SYM_*). */
+static unsigned steps_bufs(const stof_layer *L)
+{
+    unsigned used = 0;
+    for (int i = 0; i < L->n_steps; i++) {
+        const step *s = &L->steps[i];
+        if (s->kind == STEP_ATTN) {
+            used |= 1u << SYM_QKV | 1u << SYM_ATT;
+            continue;
+        }
+        const int syms[] = {s->s[O_A], s->s[O_RES], s->s[O_OUT], s->s[O_PRE]};
+        for (int k = 0; k < 4; k++)
+            if (syms[k] >= SYM_FIRST_BUF && syms[k] < SYM_G)
+                used |= 1u << syms[k];
+    }
+    return used;
+}
+
+size_t stof__layer_buf_layout(const stof_layer *L, int all,
+                              size_t off[SYM_COUNT])
 {
     for (int s = 0; s < SYM_COUNT; s++)
         off[s] = STOF_LAYER_NO_BUF;
@@ -431,13 +450,18 @@ size_t stof__layer_buf_layout(const stof_layer *L, size_t off[SYM_COUNT])
     size_t total = off[SYM_ATT] + buf_bytes(L, SYM_ATT);
     if (buf_bytes(L, SYM_F) > total)
         total = buf_bytes(L, SYM_F);
-    /* H carries the residual from junction A to junction B and T each
+    /* H carries the residual from junction A to junction B and T a split
      * junction's pre-norm sum: alive across F's or ATT's writes. N (the
      * normalised input of a pre-norm layer's GEMMs) only in pre-norm
-     * layers; a post-norm layer's junctions write H and Y. */
+     * layers; a post-norm layer's junctions write H and Y. A search
+     * times every scheme (all); a chosen scheme has only what its steps
+     * use (no T when both junctions are fused). */
+    const unsigned used =
+        all ? (1u << SYM_H | 1u << SYM_T | (L->d.pre_norm ? 1u << SYM_N : 0))
+            : steps_bufs(L);
     const int rest[] = {SYM_H, SYM_T, SYM_N};
     for (size_t i = 0; i < sizeof(rest) / sizeof(rest[0]); i++) {
-        if (rest[i] == SYM_N && !L->d.pre_norm)
+        if (!(used >> rest[i] & 1u))
             continue;
         off[rest[i]] = total;
         total += buf_bytes(L, rest[i]);
@@ -445,15 +469,40 @@ size_t stof__layer_buf_layout(const stof_layer *L, size_t off[SYM_COUNT])
     return total;
 }
 
-stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes)
+/* Free the buffers' allocation (with the norm workspace and cuBLASLt's
+ * when it lies there) and every graph holding their addresses. */
+static void drop_buffers(stof_layer *L)
 {
-    if (L->mem)
+    if (!L->mem)
+        return;
+    stof__layer_graph_drop(L);
+    if (L->lt_in_mem) {
+        L->lt_ws = 0;
+        L->lt_ws_bytes = 0;
+        L->lt_in_mem = 0;
+    }
+    L->ctx->api->cuMemFree(L->mem);
+    L->mem = 0;
+    L->mem_bytes = 0;
+    L->norm_ws = 0;
+    L->lt_mem = 0;
+    L->lt_mem_bytes = 0;
+    for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
+        L->buf[s] = 0;
+}
+
+stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes, int all)
+{
+    if (L->mem && (L->buf_all || !all))
         return STOF_OK;
     const double t0 = stof__now_ms();
+    /* (a plan from the database whose records failed is searched: every
+     * buffer then) */
+    drop_buffers(L);
     stof_context *ctx = L->ctx;
     const stof_api *api = ctx->api;
     size_t off[SYM_COUNT];
-    size_t total = stof__layer_buf_layout(L, off);
+    size_t total = stof__layer_buf_layout(L, all, off);
     /* The workspace of a Hopper GEMM with a norm (norm_ws_bytes), zeroed
      * here once; then cuBLASLt's, as much as the caller knows its kernels
      * need (one cuMemAlloc a plan: each costs a warm plan tens of
@@ -477,6 +526,7 @@ stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes)
     }
     L->mem = mem;
     L->mem_bytes = total;
+    L->buf_all = all;
     for (int s = SYM_FIRST_BUF; s < SYM_G; s++)
         L->buf[s] = off[s] == STOF_LAYER_NO_BUF ? 0 : L->mem + off[s];
     L->lt_mem = lt_bytes ? L->mem + lt_off : 0;
@@ -690,7 +740,7 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         const stof_tuning_mode mode = ctx->settings.tuning_mode;
         if (mode != STOF_TUNE_FORCE && stof__layer_from_db(L) == STOF_OK) {
             snprintf(L->source, sizeof(L->source), "database");
-        } else if ((st = stof__layer_buffers(L, 0)) != STOF_OK) {
+        } else if ((st = stof__layer_buffers(L, 0, 1)) != STOF_OK) {
             /* (out of memory: nothing to run a search with) */
         } else if (mode == STOF_TUNE_CACHE_ONLY || L->db_transient) {
             /* A miss in cache-only mode: recorded, the model's choice
@@ -715,6 +765,11 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         st = stof__layer_gate_ready(L);
     if (st == STOF_OK)
         drop_unused_g(L);
+    /* A search's buffers (every scheme's) down to the chosen scheme's. */
+    if (st == STOF_OK && L->buf_all) {
+        drop_buffers(L);
+        st = stof__layer_buffers(L, stof__layer_lt_need(L), 0);
+    }
     /* cuBLASLt's workspace: what the chosen algorithms need (often none),
      * not the most a candidate could ask for. */
     if (st == STOF_OK)

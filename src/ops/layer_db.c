@@ -481,7 +481,7 @@ stof_status stof__layer_from_db(stof_layer *L)
     }
     /* The buffers, now that the cuBLASLt kernels' workspace is known. */
     if (st == STOF_OK) {
-        st = stof__layer_buffers(L, stof__layer_lt_need(L));
+        st = stof__layer_buffers(L, stof__layer_lt_need(L), 0);
         L->db_transient = st != STOF_OK;
     }
     if (st == STOF_OK && n_fresh)

@@ -103,6 +103,8 @@ struct stof_layer {
     CUdeviceptr mem, lt_ws, norm_ws; /* norm_ws: the Hopper GEMMs' with a
                                         norm (stof__gemm_ws_bytes) */
     size_t mem_bytes;         /* mem's size */
+    int buf_all;              /* mem holds every scheme's buffers (a
+                                 search's), not only L->steps' */
     CUdeviceptr lt_mem;       /* the part of mem for cuBLASLt's workspace */
     size_t lt_mem_bytes;      /* (0: none) */
     size_t lt_ws_bytes;       /* cuBLASLt's workspace in use, at lt_ws
@@ -219,15 +221,18 @@ int stof__layer_fail(stof_layer *L, stof_status st, const char *fmt, ...)
 /* Destroy the stack's captured graph, if any (the context current). */
 void stof__layer_graph_drop(stof_layer *L);
 /* Where the intermediates QKV..F lie in the plan's allocation (bytes from
- * its start, 256-aligned; STOF_LAYER_NO_BUF for one the layer never
- * uses), buffers whose lives do not overlap sharing memory; returns their
- * extent. */
+ * its start, 256-aligned; STOF_LAYER_NO_BUF for one not used), buffers
+ * whose lives do not overlap sharing memory; returns their extent. all:
+ * what any scheme uses (a search), else what L->steps use. */
 #define STOF_LAYER_NO_BUF ((size_t)-1)
-size_t stof__layer_buf_layout(const stof_layer *L, size_t off[SYM_COUNT]);
+size_t stof__layer_buf_layout(const stof_layer *L, int all,
+                              size_t off[SYM_COUNT]);
 /* Allocate the plan's buffers (one allocation: the intermediates, the
  * norm GEMMs' workspace of norm_ws_bytes, zeroed, and lt_bytes of
- * cuBLASLt workspace) unless they are; the time goes to plan_ms[1]. */
-stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes);
+ * cuBLASLt workspace) unless they are, for every scheme (all, a search)
+ * or L->steps' (stof__layer_buf_layout); allocated for one scheme and
+ * asked for all, they are made again. The time goes to plan_ms[1]. */
+stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes, int all);
 /* The workspace the loaded cuBLASLt kernels need (bytes; 0 with none). */
 size_t stof__layer_lt_need(const stof_layer *L);
 /* Make L's cuBLASLt workspace `bytes` (exact) or at least that (else):
