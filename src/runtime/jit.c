@@ -479,10 +479,10 @@ int stof__module_load_shared_hashed(struct stof_context *ctx,
     STOF_CHECK_ARG(ctx, mod && fn && fn_name && (cubin || (hash && size)),
                    "NULL cubin (without its hash), name or output pointer");
     struct stof_modcache *c = modcache(ctx);
-    if (!cubin && (!c || strlen(fn_name) >= sizeof(c->e[0].f[0].name)))
-        return STOF_ERR_NOT_FOUND;
     if (!c || !size || strlen(fn_name) >= sizeof(c->e[0].f[0].name))
-        return stof__module_load(ctx, cubin, fn_name, smem_bytes, mod, fn);
+        return cubin ? stof__module_load(ctx, cubin, fn_name, smem_bytes, mod,
+                                         fn)
+                     : STOF_ERR_NOT_FOUND; /* (no cache to find it in) */
     if (!hash)
         hash = XXH3_64bits(cubin, size);
     pthread_mutex_lock(&c->mu);
