@@ -35,36 +35,26 @@ typedef struct gpu_case {
     int reference; /* 1: force the reference kernel, else the model's pick */
 } gpu_case;
 
-/* Run one case through stof_attention_plan/run and compare with the C
- * reference; returns the relative error. kernel: the plan's kernel (NULL:
- * the reference or the model's pick, as c->reference says). */
-static double run_case_on(stof_context *ctx, const gpu_case *c, tu_rng *rng,
-                          const stof_candidate *kernel)
+/* Run plan (of d and m) on fresh random inputs, its output poisoned
+ * first, and compare with the C reference; returns the relative error.
+ * Rows without an allowed key must come out 0. */
+static double run_plan_check(stof_context *ctx, stof_plan *plan,
+                             const stof_attention_desc *dp, const stof_mask *m,
+                             tu_rng *rng)
 {
-    stof_mask *m = NULL;
-    stof_status st = stof_mask_from_spec(ctx, c->spec, c->seq_q, c->seq_k, &m);
-    cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
-
-    stof_attention_desc d;
-    tu_make_desc(&d, c->batch, c->heads, c->seq_q, c->seq_k, c->head_dim,
-                 c->dtype, c->layout, c->pad);
-    size_t nq = tu_tensor_elems(d.q_stride, c->batch, c->heads, c->seq_q, c->head_dim);
-    size_t nk = tu_tensor_elems(d.k_stride, c->batch, c->heads, c->seq_k, c->head_dim);
+    const stof_attention_desc d = *dp;
+    const int batch = d.batch, heads = d.heads, seq_q = d.seq_q,
+              seq_k = d.seq_k, head_dim = d.head_dim;
+    size_t nq = tu_tensor_elems(d.q_stride, batch, heads, seq_q, head_dim);
+    size_t nk = tu_tensor_elems(d.k_stride, batch, heads, seq_k, head_dim);
     uint16_t *hq = malloc(nq * 2), *hk = malloc(nk * 2), *hv = malloc(nk * 2),
              *ho = malloc(nq * 2);
     float *fq = calloc(nq, 4), *fk = calloc(nk, 4), *fv = calloc(nk, 4),
           *fo = calloc(nq, 4);
     cr_assert(hq && hk && hv && ho && fq && fk && fv && fo);
-    tu_fill_random(rng, hq, fq, nq, c->dtype, 2.0f);
-    tu_fill_random(rng, hk, fk, nk, c->dtype, 2.0f);
-    tu_fill_random(rng, hv, fv, nk, c->dtype, 1.0f);
-
-    stof_plan *plan = NULL;
-    stof_candidate ref_choice = {.kind = STOF_KERNEL_REFERENCE};
-    st = stof__attention_plan_kernel(ctx, &d, m,
-                                     c->reference ? &ref_choice : kernel,
-                                     &plan);
-    cr_assert_eq(st, STOF_OK, "plan %s: %s", c->spec, stof_errmsg(ctx));
+    tu_fill_random(rng, hq, fq, nq, d.dtype, 2.0f);
+    tu_fill_random(rng, hk, fk, nk, d.dtype, 2.0f);
+    tu_fill_random(rng, hv, fv, nk, d.dtype, 1.0f);
 
     const stof_api *api = stof__api();
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
@@ -81,8 +71,9 @@ static double run_case_on(stof_context *ctx, const gpu_case *c, tu_rng *rng,
     cr_assert_eq(api->cuMemsetD8(dout, 0xff, nq * 2), CUDA_SUCCESS);
     stof__ctx_pop(ctx);
 
-    st = stof_attention_run(plan, (void *)(uintptr_t)dq, (void *)(uintptr_t)dk,
-                            (void *)(uintptr_t)dv, (void *)(uintptr_t)dout, NULL);
+    stof_status st = stof_attention_run(
+        plan, (void *)(uintptr_t)dq, (void *)(uintptr_t)dk,
+        (void *)(uintptr_t)dv, (void *)(uintptr_t)dout, NULL);
     cr_assert_eq(st, STOF_OK, "run: %s", stof_plan_errmsg(plan));
 
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
@@ -98,22 +89,22 @@ static double run_case_on(stof_context *ctx, const gpu_case *c, tu_rng *rng,
     cr_assert_eq(stof__ref_attention(&d, m, fq, fk, fv, fo), STOF_OK);
 
     /* Compare only the elements of the output tensor (not the padding). */
-    size_t n = (size_t)c->batch * c->heads * c->seq_q * c->head_dim;
+    size_t n = (size_t)batch * heads * seq_q * head_dim;
     double *got = malloc(n * sizeof(double)), *want = malloc(n * sizeof(double));
     cr_assert(got && want);
     size_t t = 0;
     int empty_rows_nonzero = 0;
-    for (int b = 0; b < c->batch; b++)
-        for (int h = 0; h < c->heads; h++)
-            for (int i = 0; i < c->seq_q; i++) {
+    for (int b = 0; b < batch; b++)
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < seq_q; i++) {
                 int row_empty = 1;
-                for (int j = 0; j < c->seq_k && row_empty; j++)
+                for (int j = 0; j < seq_k && row_empty; j++)
                     row_empty = !stof_mask_get(m, i, j);
-                for (int e = 0; e < c->head_dim; e++) {
+                for (int e = 0; e < head_dim; e++) {
                     size_t off = (size_t)(b * d.o_stride[0] + h * d.o_stride[1] +
                                           (int64_t)i * d.o_stride[2] + e);
-                    got[t] = c->dtype == STOF_DTYPE_FP16 ? tu_f16_to_f32(ho[off])
-                                                         : tu_bf16_to_f32(ho[off]);
+                    got[t] = d.dtype == STOF_DTYPE_FP16 ? tu_f16_to_f32(ho[off])
+                                                        : tu_bf16_to_f32(ho[off]);
                     want[t] = fo[off];
                     if (row_empty && got[t] != 0.0)
                         empty_rows_nonzero++;
@@ -122,13 +113,36 @@ static double run_case_on(stof_context *ctx, const gpu_case *c, tu_rng *rng,
             }
     double err = tu_rel_err(got, want, n);
     cr_assert_eq(empty_rows_nonzero, 0,
-                 "%s: %d outputs of rows with no allowed key are not 0",
-                 c->spec, empty_rows_nonzero);
+                 "%d outputs of rows with no allowed key are not 0",
+                 empty_rows_nonzero);
 
     free(got);
     free(want);
     free(hq), free(hk), free(hv), free(ho);
     free(fq), free(fk), free(fv), free(fo);
+    return err;
+}
+
+/* Run one case through stof_attention_plan/run and compare with the C
+ * reference; returns the relative error. kernel: the plan's kernel (NULL:
+ * the reference or the model's pick, as c->reference says). */
+static double run_case_on(stof_context *ctx, const gpu_case *c, tu_rng *rng,
+                          const stof_candidate *kernel)
+{
+    stof_mask *m = NULL;
+    stof_status st = stof_mask_from_spec(ctx, c->spec, c->seq_q, c->seq_k, &m);
+    cr_assert_eq(st, STOF_OK, "mask %s: %s", c->spec, stof_errmsg(ctx));
+
+    stof_attention_desc d;
+    tu_make_desc(&d, c->batch, c->heads, c->seq_q, c->seq_k, c->head_dim,
+                 c->dtype, c->layout, c->pad);
+    stof_plan *plan = NULL;
+    stof_candidate ref_choice = {.kind = STOF_KERNEL_REFERENCE};
+    st = stof__attention_plan_kernel(ctx, &d, m,
+                                     c->reference ? &ref_choice : kernel,
+                                     &plan);
+    cr_assert_eq(st, STOF_OK, "plan %s: %s", c->spec, stof_errmsg(ctx));
+    const double err = run_plan_check(ctx, plan, &d, m, rng);
     stof_plan_free(&plan);
     cr_assert_null(plan);
     stof_mask_free(&m);
@@ -573,6 +587,23 @@ Test(gpu, batch_warm_up_tunes_misses_together_then_hits, .timeout = 600)
     for (int i = 0; i < 3; i++) {
         stof_plan_describe(p[i], js, sizeof(js), NULL);
         cr_assert(strstr(js, "\"source\":\"user db\""), "%s", js);
+        stof_plan_free(&p[i]);
+    }
+    /* A third time: the records come from the database handle's memory
+     * and their modules are still in the context's cache, found by the
+     * cubins' hashes without their bytes; the plans run correctly. */
+    const long loads = stof__module_shared_loads(ctx);
+    st = stof_attention_plan_batch(ctx, 3, d, (const stof_mask *const *)m, p);
+    cr_assert_eq(st, STOF_OK, "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof__module_shared_loads(ctx), loads);
+    tu_rng rng = {tu_seed() ^ 0xb47cu};
+    for (int i = 0; i < 3; i++) {
+        stof_plan_describe(p[i], js, sizeof(js), NULL);
+        cr_assert(strstr(js, "\"source\":\"user db\""), "%s", js);
+        cr_expect(p[i]->by_hash, "plan %d read its record's cubin: %s", i,
+                  js);
+        const double err = run_plan_check(ctx, p[i], &d[i], m[i], &rng);
+        cr_expect(err < 2e-3, "plan %d: relative error %.3e", i, err);
         stof_plan_free(&p[i]);
     }
     for (int i = 0; i < 4; i++)

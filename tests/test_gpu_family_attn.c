@@ -400,7 +400,7 @@ Test(gpu_family_attn, split_kv_plans_match_the_reference)
                 stof_plan *plan = NULL;
                 cr_assert_eq(stof__family_plan_from_cubin(ctx, &p.d, fam,
                                                           &cs[ci], cubin, size,
-                                                          &plan),
+                                                          0, &plan),
                              STOF_OK, "%s", stof_errmsg(ctx));
                 free(cubin);
                 for (int it = 0; it < 2; it++) {

@@ -759,7 +759,7 @@ Test(gpu, wgmma_192_rows_plan_rules)
                      STOF_LAYOUT_BHSD, 0);
         stof_plan *p = NULL;
         const stof_status st =
-            stof__plan_from_cubin(ctx, &d, m, &c, cubin, size, &p);
+            stof__plan_from_cubin(ctx, &d, m, &c, cubin, size, 0, &p);
         cr_expect_eq(st, want[i].want, "%s: %s", want[i].spec,
                      stof_errmsg(ctx));
         if (st != STOF_OK)

@@ -553,17 +553,19 @@ stof_status stof__wgmma_load_cubin(stof_context *ctx, int head_dim,
                                    const stof_wgmma_cfg *c, const void *cubin,
                                    CUmodule *mod, CUfunction *fn)
 {
-    return stof__wgmma_load_cubin_shared(ctx, head_dim, c, cubin, 0, mod, fn);
+    return stof__wgmma_load_cubin_shared(ctx, head_dim, c, cubin, 0, 0, mod,
+                                          fn);
 }
 
 stof_status stof__wgmma_load_cubin_shared(stof_context *ctx, int head_dim,
                                           const stof_wgmma_cfg *c,
                                           const void *cubin, size_t size,
-                                          CUmodule *mod, CUfunction *fn)
+                                          uint64_t hash, CUmodule *mod,
+                                          CUfunction *fn)
 {
     /* (size 0: loaded apart, not through the cache) */
-    return (stof_status)stof__module_load_shared(
-        ctx, cubin, size, "stof_attn_wgmma",
+    return (stof_status)stof__module_load_shared_hashed(
+        ctx, cubin, size, hash, "stof_attn_wgmma",
         stof__wgmma_smem_bytes(head_dim, c), mod, fn);
 }
 

@@ -183,10 +183,13 @@ stof_status stof__wgmma_load_cubin(stof_context *ctx, int head_dim,
                                    CUmodule *mod /* OUT */,
                                    CUfunction *fn /* OUT */);
 /* The same through the context's module cache (its `size` bytes; size 0:
- * loaded apart); give the module back with stof__module_release. */
+ * loaded apart); give the module back with stof__module_release. hash:
+ * the cubin's XXH3-64 when known (0: computed); with cubin NULL only a
+ * module the cache holds is used (stof__module_load_shared_hashed). */
 stof_status stof__wgmma_load_cubin_shared(stof_context *ctx, int head_dim,
                                           const stof_wgmma_cfg *c,
                                           const void *cubin, size_t size,
+                                          uint64_t hash,
                                           CUmodule *mod /* OUT */,
                                           CUfunction *fn /* OUT */);
 

@@ -384,7 +384,7 @@ stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
 /* Load a cubin into the plan: module, function, its shared memory limit
  * and, for the reference kernel, the launch shape. */
 stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
-                              const void *cubin, size_t size)
+                              const void *cubin, size_t size, uint64_t hash)
 {
     const double t0 = stof__now_ms();
     stof_status st;
@@ -395,16 +395,19 @@ stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
     case STOF_KERNEL_BLOCK:
     case STOF_KERNEL_ROWWISE:
         st = stof__block_load_cubin_shared(ctx, p->desc.head_dim, &p->cfg,
-                                           cubin, size, &p->module, &p->fn);
+                                           cubin, size, hash, &p->module,
+                                           &p->fn);
         break;
     case STOF_KERNEL_WGMMA:
     case STOF_KERNEL_WGMMA_GATHER:
         st = stof__wgmma_load_cubin_shared(ctx, p->desc.head_dim, &p->wcfg,
-                                           cubin, size, &p->module, &p->fn);
+                                           cubin, size, hash, &p->module,
+                                           &p->fn);
         break;
     default:
-        st = (stof_status)stof__module_load_shared(
-            ctx, cubin, size, "stof_attn_reference", 0, &p->module, &p->fn);
+        st = (stof_status)stof__module_load_shared_hashed(
+            ctx, cubin, size, hash, "stof_attn_reference", 0, &p->module,
+            &p->fn);
         p->block[0] = 32 * REF_WARPS;
         p->block[1] = p->block[2] = 1;
         p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS);
@@ -777,17 +780,17 @@ stof_status stof__plan_from_cubin(stof_context *ctx,
                                   const stof_attention_desc *d,
                                   const stof_mask *m, const stof_candidate *c,
                                   const void *cubin, size_t size,
-                                  stof_plan **out)
+                                  uint64_t hash, stof_plan **out)
 {
     *out = NULL;
-    if (!cubin || size < 4)
+    if ((!cubin && !hash) || size < 4)
         return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
                           "no cubin to load");
     stof_plan *p = NULL;
     stof_status st = plan_prepare(ctx, d, m, c, &p);
     if (st != STOF_OK)
         return st;
-    if ((st = stof__plan_attach(ctx, p, cubin, size)) != STOF_OK) {
+    if ((st = stof__plan_attach(ctx, p, cubin, size, hash)) != STOF_OK) {
         stof__plan_release(p);
         return st;
     }
@@ -865,7 +868,7 @@ stof_status stof__attention_plan_kernel(stof_context *ctx,
     st = stof__kernel_cubin(ctx, &pick, d->head_dim, d->dtype, &cubin, &size);
     p->compile_ms = stof__now_ms() - t0;
     if (st == STOF_OK)
-        st = stof__plan_attach(ctx, p, cubin, size);
+        st = stof__plan_attach(ctx, p, cubin, size, 0);
     free(cubin);
     if (st != STOF_OK) {
         stof__plan_release(p);

@@ -134,7 +134,7 @@ static stof_status attach_builder(stof_context *ctx, stof_plan *p,
 static stof_status family_plan(stof_context *ctx, const stof_attention_desc *d,
                                const stof_mask_family *fam,
                                const stof_candidate *c, const void *cubin,
-                               size_t size, stof_mb_kernels *k,
+                               size_t size, uint64_t hash, stof_mb_kernels *k,
                                stof_plan **out)
 {
     *out = NULL;
@@ -147,7 +147,7 @@ static stof_status family_plan(stof_context *ctx, const stof_attention_desc *d,
                           "a %s kernel does not read the GPU-built formats "
                           "of a mask family",
                           stof__kernel_kind_name(c->kind));
-    if (!cubin || size < 4)
+    if ((!cubin && !hash) || size < 4)
         return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT, "no cubin to load");
     stof_plan *p = NULL;
     if ((st = stof__plan_new(ctx, d, scale, c, &p)) != STOF_OK)
@@ -156,7 +156,7 @@ static stof_status family_plan(stof_context *ctx, const stof_attention_desc *d,
     st = attach_builder(ctx, p, fam, k);
     p->formats_ms = stof__now_ms() - t0;
     if (st == STOF_OK)
-        st = stof__plan_attach(ctx, p, cubin, size);
+        st = stof__plan_attach(ctx, p, cubin, size, hash);
     if (st != STOF_OK) {
         stof__plan_release(p);
         return st;
@@ -170,13 +170,13 @@ stof_status stof__family_plan_from_cubin(stof_context *ctx,
                                          const stof_mask_family *fam,
                                          const stof_candidate *c,
                                          const void *cubin, size_t size,
-                                         stof_plan **out)
+                                         uint64_t hash, stof_plan **out)
 {
     stof_mb_kernels k;
     stof_status st = stof__mb_load(ctx, &k);
     if (st != STOF_OK)
         return st;
-    st = family_plan(ctx, d, fam, c, cubin, size, &k, out);
+    st = family_plan(ctx, d, fam, c, cubin, size, hash, &k, out);
     stof__mb_unload(ctx, &k); /* nothing when the plan took it */
     return st;
 }

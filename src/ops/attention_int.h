@@ -97,6 +97,9 @@ struct stof_plan {
     double key_ms;            /* the problem's key (mask digest, or a
                                  family's GPU statistics) */
     double lookup_ms;         /* the database lookup, 0 without one */
+    int by_hash;              /* its record's module found in the context's
+                                 cache by the cubin's hash, the bytes left
+                                 in the database's memory (tests) */
     double formats_ms;        /* formats built and uploaded (or the GPU
                                  builder's workspace made) */
     int formats_gpu;          /* the formats were built on the GPU */
@@ -240,9 +243,12 @@ stof_status stof__plan_new(stof_context *ctx, const stof_attention_desc *d,
 
 /* Load a cubin (`size` bytes) into plan p (kind and configuration set)
  * through the context's module cache: module, function, shared memory
- * limit and, for the reference kernel, the launch shape. */
+ * limit and, for the reference kernel, the launch shape. hash: the
+ * cubin's XXH3-64 when known (0: computed here); with cubin NULL only a
+ * module the cache holds is used, STOF_ERR_NOT_FOUND (no message) when
+ * it holds none. */
 stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
-                              const void *cubin, size_t size);
+                              const void *cubin, size_t size, uint64_t hash);
 
 /* Compile c, or for the reference kernel take the context's copy of an
  * earlier compile (a malloc'd copy either way; the reference module also
@@ -260,12 +266,12 @@ stof_status stof__kernel_compile(stof_context *ctx, const stof_candidate *c,
 
 /* A plan for candidate c whose kernel is the given cubin (from the search
  * or the tuning database): formats are built and uploaded, the cubin is
- * loaded, nothing is compiled. */
+ * loaded, nothing is compiled. hash, cubin NULL: as stof__plan_attach. */
 stof_status stof__plan_from_cubin(stof_context *ctx,
                                   const stof_attention_desc *d,
                                   const stof_mask *m, const stof_candidate *c,
                                   const void *cubin, size_t size,
-                                  stof_plan **out /* OUT */);
+                                  uint64_t hash, stof_plan **out /* OUT */);
 
 /* The attention operation of the search engine (attention_search.c) for
  * problem (d, m) over the candidates cands[0..n-1] (rank order): random
@@ -305,6 +311,7 @@ stof_status stof__family_plan_from_cubin(stof_context *ctx,
                                          const stof_mask_family *fam,
                                          const stof_candidate *c,
                                          const void *cubin, size_t size,
+                                         uint64_t hash,
                                          stof_plan **out /* OUT */);
 
 /* The context's shared block formats (format_cache.c), keyed by the mask's

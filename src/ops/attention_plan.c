@@ -245,11 +245,12 @@ static stof_status plan_begin(stof_context *ctx, const stof_attention_desc *d,
 static stof_status plan_cubin(stof_context *ctx, const stof_attention_desc *nd,
                               const stof_attn_problem *pr,
                               const stof_candidate *c, const void *cubin,
-                              size_t size, stof_plan **out)
+                              size_t size, uint64_t hash, stof_plan **out)
 {
-    return pr->m ? stof__plan_from_cubin(ctx, nd, pr->m, c, cubin, size, out)
+    return pr->m ? stof__plan_from_cubin(ctx, nd, pr->m, c, cubin, size, hash,
+                                         out)
                  : stof__family_plan_from_cubin(ctx, nd, pr->fam, c, cubin,
-                                                size, out);
+                                                size, hash, out);
 }
 
 /* Whether candidate c's kernel can run with nd's strides. The key does
@@ -378,6 +379,24 @@ static int trust_record(stof_context *ctx, stof_db *db, stof_plan *p,
     return 0;
 }
 
+/* A lazily looked-up record's plan once its module, found in the cache a
+ * moment before, has been evicted: the record read whole and loaded. */
+static stof_status load_whole(stof_context *ctx, stof_db *db,
+                              const stof_attention_desc *nd,
+                              const stof_attn_problem *pr,
+                              const stof_candidate *c, const char *key,
+                              stof_db_record *rec, stof_plan **p)
+{
+    stof__db_record_clear(rec);
+    stof_status st = stof__db_lookup_again(db, key, rec);
+    if (st == STOF_OK && !rec->cubin)
+        st = stof__fail(ctx, STOF_ERR_NOT_FOUND, "record %s: no cubin", key);
+    if (st == STOF_OK)
+        st = plan_cubin(ctx, nd, pr, c, rec->cubin, rec->cubin_size,
+                        rec->cubin_xxh3, p);
+    return st;
+}
+
 /* A plan from the database, or NULL (a miss, or an unusable record: logged
  * and treated as a miss). */
 static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
@@ -387,13 +406,23 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
     stof_db_record rec;
     const double t0 = stof__now_ms();
     if (!db || ctx->settings.tuning_mode == STOF_TUNE_FORCE ||
-        stof__db_lookup(db, key, &rec) != STOF_OK)
+        stof__db_lookup_lazy(db, key, &rec) != STOF_OK)
         return NULL;
+    /* The record without its cubin when the memo serves it and the
+     * context's cache holds its module (a warm plan: no copy, no hash of
+     * the bytes); read whole when the module must be loaded. */
+    if (!rec.cubin && rec.cubin_size &&
+        !stof__module_cached(ctx, rec.cubin_xxh3, rec.cubin_size)) {
+        stof__db_record_clear(&rec);
+        if (stof__db_lookup_again(db, key, &rec) != STOF_OK)
+            return NULL;
+    }
     const double lookup_ms = stof__now_ms() - t0;
     stof_candidate c;
     stof_plan *p = NULL;
     stof_status st;
     char why[256];
+    const int lazy = !rec.cubin;
     ctx->hit_no_compile = 1; /* a hit compiles nothing */
     if (!stof__attention_record_candidate(&rec, &c, why, sizeof(why)))
         stof__log(ctx, STOF_LOG_WARN, "tuning record %s: %s (%s): ignored",
@@ -410,7 +439,10 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
                   "GPU-built formats: ignored",
                   key, rec.kernel);
     else if ((st = plan_cubin(ctx, nd, pr, &c, rec.cubin, rec.cubin_size,
-                              &p)) != STOF_OK) {
+                              rec.cubin_xxh3, &p)) != STOF_OK &&
+             !(st == STOF_ERR_NOT_FOUND && !rec.cubin &&
+               (st = load_whole(ctx, db, nd, pr, &c, key, &rec, &p)) ==
+                   STOF_OK)) {
         if (st == STOF_ERR_OUT_OF_MEMORY) { /* not the record's fault */
             ctx->records_unchecked++;
             snprintf(ctx->unchecked_why, sizeof(ctx->unchecked_why),
@@ -433,6 +465,7 @@ static stof_plan *plan_from_db(stof_context *ctx, const stof_attention_desc *nd,
         p->model_ms = rec.model_ms;
         p->n_candidates = rec.n_candidates;
         p->lookup_ms = lookup_ms;
+        p->by_hash = lazy && !rec.cubin;
         snprintf(p->key, sizeof(p->key), "%s", key);
     }
     stof__db_record_clear(&rec);
@@ -463,7 +496,7 @@ static stof_status family_model_plan(stof_context *ctx,
     const double ms = stof__now_ms() - t0;
     if (st == STOF_OK)
         st = stof__family_plan_from_cubin(ctx, nd, pr->fam, &c, cubin, size,
-                                          out);
+                                          0, out);
     free(cubin);
     if (st == STOF_OK) {
         (*out)->compile_ms = ms;
@@ -558,7 +591,7 @@ static stof_status plan_tuned(stof_context *ctx, const stof_attention_desc *nd,
     }
     stof_plan *p = NULL;
     stof_status st = plan_cubin(ctx, nd, pr, winner, res->winner_art,
-                                res->winner_art_size, &p);
+                                res->winner_art_size, 0, &p);
     stof__search_results_free(res, 1);
     if (st != STOF_OK)
         return st;

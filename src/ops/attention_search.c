@@ -343,9 +343,9 @@ static int op_load(void *user, int i, const void *art, size_t size,
     stof_plan *p = NULL;
     stof_status st =
         b->fam ? stof__family_plan_from_cubin(b->ctx, &b->desc, b->fam,
-                                              &b->cands[i], art, size, &p)
+                                              &b->cands[i], art, size, 0, &p)
                : stof__plan_from_cubin(b->ctx, &b->desc, b->mask,
-                                       &b->cands[i], art, size, &p);
+                                       &b->cands[i], art, size, 0, &p);
     if (st != STOF_OK) {
         snprintf(err, errn, "%s", stof_errmsg(b->ctx));
         return 1;

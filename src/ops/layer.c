@@ -768,7 +768,12 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     /* A search's buffers (every scheme's) down to the chosen scheme's. */
     if (st == STOF_OK && L->buf_all) {
         drop_buffers(L);
-        st = stof__layer_buffers(L, stof__layer_lt_need(L), 0);
+        /* The search's own cuBLASLt workspace goes first: the chosen
+         * algorithms' part of the new allocation replaces it (kept, it
+         * would stay beside that part when their need equals its size). */
+        st = stof__layer_lt_ws(L, 0, 1);
+        if (st == STOF_OK)
+            st = stof__layer_buffers(L, stof__layer_lt_need(L), 0);
     }
     /* cuBLASLt's workspace: what the chosen algorithms need (often none),
      * not the most a candidate could ask for. */

@@ -284,6 +284,11 @@ int stof__module_preload(struct stof_context *ctx,
  * (its size less the modules held). */
 int stof__modcache_room(struct stof_context *ctx);
 
+/* Whether the cache holds the module of this cubin (XXH3-64 and size) now
+ * (it may be evicted before a load that counts on it:
+ * stof__module_load_shared_hashed then says STOF_ERR_NOT_FOUND). */
+int stof__module_cached(struct stof_context *ctx, uint64_t hash, size_t size);
+
 /* Mark the cached module of this cubin (XXH3-64 and size) as just used,
  * so that it is evicted after those used before. */
 void stof__module_touch(struct stof_context *ctx, uint64_t hash, size_t size);

@@ -593,6 +593,17 @@ int stof__modcache_room(struct stof_context *ctx)
     return MODCACHE_MAX - held;
 }
 
+int stof__module_cached(struct stof_context *ctx, uint64_t hash, size_t size)
+{
+    struct stof_modcache *c = ctx ? ctx->modcache : NULL;
+    if (!c || !hash || !size)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    const int have = cache_find(c, hash, size) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return have;
+}
+
 void stof__module_touch(struct stof_context *ctx, uint64_t hash, size_t size)
 {
     struct stof_modcache *c = ctx ? ctx->modcache : NULL;
