@@ -480,6 +480,97 @@ Test(gpu_layer, family_causal_documents_bf16)
     family_layer_case("causal&docs", STOF_DTYPE_BF16);
 }
 
+/* A family layer's stack graph records its instance's pointers: a call
+ * whose bitmap is in another buffer (or whose bitmap_words differ) records
+ * again rather than replaying the first bitmap; each call's output matches
+ * the reference layer of its own masks. */
+Test(gpu_layer, family_stack_graph_follows_a_new_bitmap)
+{
+    stof_context *ctx = open_ctx("", STOF_TUNE_CACHE_ONLY);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    enum { B = 2, S = 128, WORDS = S / 32 };
+    const stof_dtype dt = STOF_DTYPE_FP16;
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, B, S, 128, 2, dt);
+    d.ffn = 256;
+    tu_rng r = {tu_seed() ^ 0xb17aau};
+    lw w;
+    make_weights(&r, &d, &w);
+    const size_t per = (size_t)S * d.hidden, n = (size_t)B * per;
+    float *xf = NULL, *yf = malloc(n * sizeof(float)),
+          *ref = malloc(per * sizeof(float));
+    cr_assert(yf && ref);
+    CUdeviceptr x = upload(&r, dt, n, 1.0f, 0.0f, &xf), y = 0, bm[2] = {0};
+    const stof_api *api = stof__api();
+    cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+    enum { WORDS_ALL = B * S * (WORDS + 1) };
+    uint32_t bits[2][WORDS_ALL];
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "bitmap", &fam), STOF_OK);
+    stof_layer *L = NULL;
+    cr_assert_eq(stof_layer_plan_family(ctx, &d, fam, NULL, &L), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    const stof_layer_weights lwt = as_weights(&w, &d);
+    /* call 0: bitmap 0 with WORDS a row; 1: bitmap 1, same shape; 2:
+     * bitmap 1 read with WORDS + 1 words a row */
+    for (int call = 0; call < 3; call++) {
+        const int which = call == 0 ? 0 : 1,
+                  words = call == 2 ? WORDS + 1 : WORDS;
+        /* new bits each call (call 2 in call 1's buffer) */
+        for (int i = 0; i < WORDS_ALL; i++)
+            bits[which][i] = (uint32_t)tu_below(&r, 1u << 16) << 16 |
+                             (uint32_t)tu_below(&r, 1u << 16);
+        if (!bm[which])
+            cr_assert_eq(api->cuMemAlloc(&bm[which], sizeof(bits[0])),
+                         CUDA_SUCCESS);
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemcpyHtoD(bm[which], bits[which],
+                                       sizeof(bits[0])),
+                     CUDA_SUCCESS);
+        stof_mask_data hd, dv;
+        memset(&hd, 0, sizeof(hd));
+        hd.bitmap = bits[which];
+        hd.bitmap_stride = (int64_t)S * words;
+        hd.bitmap_words = words;
+        dv = hd;
+        dv.bitmap = (const uint32_t *)(uintptr_t)bm[which];
+        cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+        cr_assert_eq(stof_layer_stack_run_family(L, &dv, 1, &lwt,
+                                                 (void *)(uintptr_t)x,
+                                                 (void *)(uintptr_t)y, NULL,
+                                                 STOF_STACK_GRAPH),
+                     STOF_OK, "%s", stof_layer_errmsg(L));
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        download(y, n, dt, yf);
+        stof_layer_desc d1 = d;
+        d1.batch = 1;
+        for (int b = 0; b < B; b++) {
+            stof_mask *m = NULL;
+            cr_assert_eq(stof_mask_family_eval(ctx, fam, S, S, &hd, b, &m),
+                         STOF_OK, "%s", stof_errmsg(ctx));
+            ref_layer(&d1, m, &w, xf + b * per, ref);
+            const double e = rel(yf + b * per, ref, per);
+            cr_log_info("bitmap call %d sequence %d: rel err %.3g", call, b,
+                        e);
+            cr_expect(e <= 1.5e-2,
+                      "call %d sequence %d: relative error %.3g", call, b, e);
+            stof_mask_free(&m);
+        }
+    }
+    stof_layer_free(&L);
+    stof_mask_family_free(&fam);
+    api->cuMemFree(bm[0]);
+    api->cuMemFree(bm[1]);
+    api->cuMemFree(y);
+    api->cuMemFree(x);
+    free_weights(&w);
+    free(xf);
+    free(yf);
+    free(ref);
+    stof__ctx_pop(ctx);
+    stof_close(&ctx);
+}
+
 Test(gpu_layer, family_run_on_a_mask_layer_is_refused)
 {
     stof_context *ctx = open_ctx("", STOF_TUNE_CACHE_ONLY);

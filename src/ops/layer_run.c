@@ -158,6 +158,39 @@ int stof__layer_step_runs(const stof_layer *L, int i, int mode)
              s->op == N_IN);
 }
 
+/* What a stack's graph records beside the weights (whose hash is seed):
+ * x, y, the layer count and every field of a family's instance data that
+ * a launch takes (its device pointers, recorded in the graph: a replay
+ * reads their current contents; its values, baked into the launches). A
+ * call that differs in any of them records again. */
+static uint64_t stack_graph_key(uint64_t seed, const void *x, const void *y,
+                                int n_layers, const stof_mask_data *md)
+{
+    const uint64_t v[19] = {
+        (uint64_t)(uintptr_t)x,
+        (uint64_t)(uintptr_t)y,
+        (uint64_t)n_layers,
+        md ? 1u : 0u,
+        md ? (uint64_t)(uintptr_t)md->q_len : 0,
+        md ? (uint64_t)(uintptr_t)md->k_len : 0,
+        md ? (uint64_t)(uintptr_t)md->q_offset : 0,
+        md ? (uint64_t)(uintptr_t)md->prefix : 0,
+        md ? (uint64_t)(uintptr_t)md->doc_id : 0,
+        md ? (uint64_t)md->doc_stride : 0,
+        md ? (uint64_t)(uintptr_t)md->seed : 0,
+        md ? (uint64_t)(uintptr_t)md->cu_seqlens_q : 0,
+        md ? (uint64_t)(uintptr_t)md->cu_seqlens_k : 0,
+        md ? ((uint64_t)(uint32_t)md->total_q << 32 |
+              (uint32_t)md->total_k)
+           : 0,
+        md ? (uint64_t)(uintptr_t)md->bitmap : 0,
+        md ? (uint64_t)md->bitmap_stride : 0,
+        md ? (uint64_t)(uint32_t)md->bitmap_words : 0,
+        md ? (uint64_t)(uintptr_t)md->head_window : 0,
+        0};
+    return XXH3_64bits_withSeed(v, sizeof(v), seed);
+}
+
 /* Enqueue the steps; the context must be current. */
 stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
                                   CUdeviceptr x, CUdeviceptr y,
@@ -356,20 +389,7 @@ stof_status stof_layer_stack_run(stof_layer *L, int n_layers,
         } else {
             uint64_t key = XXH3_64bits(wps, sizeof(CUdeviceptr) * SYM_COUNT *
                                                 (size_t)n_layers);
-            const stof_mask_data *md = L->run_data;
-            /* The instance's device pointers are recorded in the graph (a
-             * replay reads their current contents). */
-            const uintptr_t xy[9] = {
-                (uintptr_t)x,
-                (uintptr_t)y,
-                (uintptr_t)n_layers,
-                md ? (uintptr_t)md->q_len : 1,
-                md ? (uintptr_t)md->k_len : 0,
-                md ? (uintptr_t)md->q_offset : 0,
-                md ? (uintptr_t)md->prefix : 0,
-                md ? (uintptr_t)md->doc_id : 0,
-                md ? (uintptr_t)md->doc_stride : 0};
-            key = XXH3_64bits_withSeed(xy, sizeof(xy), key);
+            key = stack_graph_key(key, x, y, n_layers, L->run_data);
             CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
             if (api->cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS &&
                 cs != CU_STREAM_CAPTURE_STATUS_NONE)
