@@ -621,6 +621,16 @@ static int widen_collect(void *user, const stof_db_record *r)
     return 0;
 }
 
+static int layer_collect(void *user, const stof_db_record *r)
+{
+    widen_set *w = user;
+    if (w->n < 16 && !strcmp(r->op, "layer")) {
+        w->r[w->n] = *r;
+        w->r[w->n++].cubin = NULL;
+    }
+    return 0;
+}
+
 static void widen_fn(const void *arg, report *out)
 {
     stof_context *ctx = open_with_db(arg);
@@ -674,6 +684,51 @@ Test(gpu_trust, a_layer_kernel_needing_more_workspace_is_not_used)
     report r1 = run(bert_layer_fn, &tune);
     expect_source(&r1, "tuned");
     cr_assert(strstr(r1.log, "cannot be used"), "%s", r1.log);
+    /* The search's records replaced the unusable one (kept, it would send
+     * every plan to a search): the next plan is a database hit. */
+    report r2 = run(bert_layer_fn, &tune);
+    expect_source(&r2, "database");
+}
+
+/* In a child: rewrite the layer record of the user database `path` to
+ * name another junction for its attention side (a scheme whose kernels
+ * were never stored), claiming 1e-4 ms, verified and trusted here. */
+static void other_scheme_fn(const void *arg, report *out)
+{
+    stof_context *ctx = open_with_db(arg);
+    stof_db *db = stof__ctx_db(ctx);
+    widen_set *w = calloc(1, sizeof(*w));
+    if (!db || !w || stof__db_foreach(db, 0, layer_collect, w) != STOF_OK ||
+        w->n != 1)
+        _exit(4);
+    stof_db_record *r = &w->r[0];
+    char *ja = strstr(r->config, "\"ja\":");
+    if (!ja || ja[5] < '0' || ja[5] > '2')
+        _exit(5);
+    ja[5] = ja[5] == '0' ? '1' : '0';
+    r->time_ms = 1e-4;
+    if (stof__db_store(db, r, 1, 1) != STOF_OK)
+        _exit(8);
+    snprintf(out->js, sizeof(out->js), "{\"config\":%s}", r->config);
+    free(w);
+    stof_close(&ctx);
+}
+
+/* A layer record whose scheme's kernel records are missing sends the
+ * plan to a search, whose layer record then replaces it although the
+ * stored one claims to be faster: the plan after is a database hit. */
+Test(gpu_trust, a_layer_record_missing_its_kernels_gives_way)
+{
+    job tune = {P("scheme.db"), NULL, STOF_TUNE_DEFAULT, STOF_LAYOUT_BHSD};
+    report r0 = run(layer_fn, &tune);
+    expect_source(&r0, "tuned");
+    report w = run(other_scheme_fn, P("scheme.db"));
+    cr_assert(strstr(w.js, "\"config\":"), "%s", w.js);
+    report r1 = run(layer_fn, &tune);
+    expect_source(&r1, "tuned");
+    cr_assert(strstr(r1.log, "is missing"), "%s", r1.log);
+    report r2 = run(layer_fn, &tune);
+    expect_source(&r2, "database");
 }
 
 /* Criterion's main, after a probe that reports the suite skipped (exit 77)

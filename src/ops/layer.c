@@ -740,18 +740,21 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         const stof_tuning_mode mode = ctx->settings.tuning_mode;
         if (mode != STOF_TUNE_FORCE && stof__layer_from_db(L) == STOF_OK) {
             snprintf(L->source, sizeof(L->source), "database");
-        } else if ((st = stof__layer_buffers(L, 0, 1)) != STOF_OK) {
-            /* (out of memory: nothing to run a search with) */
         } else if (mode == STOF_TUNE_CACHE_ONLY || L->db_transient) {
             /* A miss in cache-only mode: recorded, the model's choice
              * runs. Stored kernels this host could not load or check for
              * reasons not theirs (its memory, a compile): the model's
              * choice in every mode (a tune would need more memory still),
-             * no miss, and the records stay for the next plan. */
+             * no miss, and the records stay for the next plan. Nothing is
+             * run to choose it: only its scheme's buffers are made, below
+             * (what a failed database attempt made goes first). */
             if (!L->db_transient)
                 record_layer_miss(L, m, fam, sample, &ad, mask_hex);
+            drop_buffers(L);
             st = stof__layer_tune(L, spec, mask_hex, 1);
             snprintf(L->source, sizeof(L->source), "model");
+        } else if ((st = stof__layer_buffers(L, 0, 1)) != STOF_OK) {
+            /* (out of memory: nothing to run a search with) */
         } else {
             st = stof__layer_tune(L, spec, mask_hex, 0);
             snprintf(L->source, sizeof(L->source), "tuned");
@@ -765,8 +768,9 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         st = stof__layer_gate_ready(L);
     if (st == STOF_OK)
         drop_unused_g(L);
-    /* A search's buffers (every scheme's) down to the chosen scheme's. */
-    if (st == STOF_OK && L->buf_all) {
+    /* A search's buffers (every scheme's) down to the chosen scheme's; the
+     * model's choice gets its scheme's. */
+    if (st == STOF_OK && (L->buf_all || !L->mem)) {
         drop_buffers(L);
         /* The search's own cuBLASLt workspace goes first: the chosen
          * algorithms' part of the new allocation replaces it (kept, it

@@ -340,6 +340,7 @@ stof_status stof__layer_from_db(stof_layer *L)
     stof_db_record rec;
     L->db_bad_key[0] = '\0';
     L->db_transient = 0;
+    L->db_replace = 0;
     snprintf(L->db_why, sizeof(L->db_why), "no layer record");
     if (!db || stof__db_lookup(db, L->key, &rec) != STOF_OK)
         return STOF_ERR_NOT_FOUND;
@@ -352,6 +353,8 @@ stof_status stof__layer_from_db(stof_layer *L)
     L->pdl = ok ? stof__layer_record_pdl(rec.config) : -1;
     stof__db_record_clear(&rec);
     if (!ok) {
+        L->layer_ms = L->model_ms = 0.0;
+        L->db_replace = 1;
         snprintf(L->db_why, sizeof(L->db_why), "its scheme is malformed");
         stof__log(L->ctx, STOF_LOG_WARN,
                   "layer record %s is malformed; tuning again", L->key);
@@ -492,6 +495,13 @@ stof_status stof__layer_from_db(stof_layer *L)
               L->key, stof__now_ms() - t_all, t_lookup, t_mod, t_lt);
     if (st != STOF_OK) {
         L->pdl = -1;
+        /* (the search or the model's choice sets them again; a
+         * description must not show the failed record's) */
+        L->layer_ms = 0.0;
+        L->model_ms = 0.0;
+        /* records that failed for reasons of their own (a kernel record
+         * missing, unusable or wrong here): the search's replace them */
+        L->db_replace = !L->db_transient;
         if (!L->db_why[0])
             snprintf(L->db_why, sizeof(L->db_why), "%s", stof_errmsg(L->ctx));
         for (int i = 0; i < G_COUNT; i++)
@@ -513,7 +523,12 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
                   "layer tuned but not stored: no writable tuning database");
         return;
     }
-    const int replace = L->ctx->settings.tuning_mode == STOF_TUNE_FORCE;
+    /* A search after stored records failed here for reasons of their own
+     * (stof__layer_from_db: L->db_replace) replaces them, whatever their
+     * times: kept, they would send every later plan to the same failure
+     * and a search again. */
+    const int replace = L->ctx->settings.tuning_mode == STOF_TUNE_FORCE ||
+                        L->db_replace;
     stof_db_record r;
     int fails = 0;
     for (int i = 0; i < L->n_steps; i++) {

@@ -128,6 +128,8 @@ struct stof_layer {
     char db_bad_key[33];
     char db_why[256];
     int db_transient;
+    int db_replace;         /* its records failed for reasons of their own:
+                               the search's replace them (stof__layer_store) */
     double plan_ms[3];      /* the plan's parts: the attention plan, the
                                buffers, the kernels (database or search) */
     int pdl;                /* its launches ask for programmatic dependent
