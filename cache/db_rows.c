@@ -673,17 +673,45 @@ stof_status stof__db_record_miss(stof_db *db, const char *key,
     return run_write(db, L, s, NULL, "recording a miss");
 }
 
-/* Advance an iteration: `last` (malloc'd, NULL before the first row) is
- * replaced by the key of the row now in s. The full key is kept (not the
- * record's truncated copy) so that the next "key > last" moves on. */
-static int save_key(sqlite3_stmt *s, char **last)
+/* Where an iteration stands: the key of the last row read as SQLite holds
+ * it (its type and every byte: a damaged or crafted file may hold a BLOB
+ * key, or text with a NUL inside, which a C string would cut so that
+ * "key > last" found the same row again, for ever), and as text for the
+ * caller. */
+typedef struct iter_key {
+    sqlite3_value *v; /* NULL before the first row */
+    char *text;
+} iter_key;
+
+static void iter_key_free(iter_key *k)
 {
-    const unsigned char *k = sqlite3_column_text(s, 0);
-    char *dup = strdup(k ? (const char *)k : "");
-    if (!dup)
+    sqlite3_value_free(k->v);
+    free(k->text);
+    k->v = NULL;
+    k->text = NULL;
+}
+
+/* Bind the next row's lower bound (exclusive) to parameter 1 of s. */
+static int bind_after(sqlite3_stmt *s, const iter_key *k)
+{
+    return k->v ? sqlite3_bind_value(s, 1, k->v)
+                : sqlite3_bind_text(s, 1, "", -1, SQLITE_STATIC);
+}
+
+/* Advance an iteration to the key of the row now in s (column 0). */
+static int save_key(sqlite3_stmt *s, iter_key *k)
+{
+    sqlite3_value *v = sqlite3_value_dup(sqlite3_column_value(s, 0));
+    const unsigned char *t = sqlite3_column_text(s, 0);
+    char *dup = strdup(t ? (const char *)t : "");
+    if (!v || !dup) {
+        sqlite3_value_free(v);
+        free(dup);
         return SQLITE_NOMEM;
-    free(*last);
-    *last = dup;
+    }
+    iter_key_free(k);
+    k->v = v;
+    k->text = dup;
     return SQLITE_OK;
 }
 
@@ -705,14 +733,13 @@ stof_status stof__db_foreach(stof_db *db, int layer, stof_db_record_fn fn,
                           "tuning database layer %d%s%s is not open: %s",
                           layer, L->path ? " " : "", L->path ? L->path : "",
                           L->why[0] ? L->why : "unusable");
-    char *last = NULL;
+    iter_key last = {0};
     stof_status st = STOF_OK;
     for (;;) {
         sqlite3_stmt *s;
         int rc = stof__db_layer_stmt(L, ST_NEXT_RECORD, &s);
         if (rc == SQLITE_OK)
-            rc = sqlite3_bind_text(s, 1, last ? last : "", -1,
-                                   SQLITE_TRANSIENT);
+            rc = bind_after(s, &last);
         if (rc == SQLITE_OK)
             rc = sqlite3_step(s);
         if (rc == SQLITE_DONE) {
@@ -744,7 +771,7 @@ stof_status stof__db_foreach(stof_db *db, int layer, stof_db_record_fn fn,
         if (stop)
             break;
     }
-    free(last);
+    iter_key_free(&last);
     return st;
 }
 
@@ -759,14 +786,13 @@ stof_status stof__db_foreach_miss(stof_db *db, stof_db_miss_fn fn, void *user)
                           "no user tuning database: %s%s%s",
                           L->path ? L->path : "", L->path ? ": " : "",
                           L->why[0] ? L->why : "not open");
-    char *last = NULL;
+    iter_key last = {0};
     stof_status st = STOF_OK;
     for (;;) {
         sqlite3_stmt *s;
         int rc = stof__db_layer_stmt(L, ST_NEXT_MISS, &s);
         if (rc == SQLITE_OK)
-            rc = sqlite3_bind_text(s, 1, last ? last : "", -1,
-                                   SQLITE_TRANSIENT);
+            rc = bind_after(s, &last);
         if (rc == SQLITE_OK)
             rc = sqlite3_step(s);
         if (rc == SQLITE_DONE) {
@@ -803,13 +829,13 @@ stof_status stof__db_foreach_miss(stof_db *db, stof_db_miss_fn fn, void *user)
             break;
         }
         stof__db_done_stmt(s);
-        int stop = fn(user, last, problem, bits, nbits, count);
+        int stop = fn(user, last.text, problem, bits, nbits, count);
         free(problem);
         free(bits);
         if (stop)
             break;
     }
-    free(last);
+    iter_key_free(&last);
     return st;
 }
 

@@ -1978,6 +1978,45 @@ Test(db, misses_are_counted_listed_and_deleted)
     free(ctx);
 }
 
+/* Iterations over records and misses end on keys a C string cannot hold
+ * (a BLOB, text with a NUL inside: one damaged byte, or a crafted file),
+ * visiting each row once, instead of finding the same row for ever. */
+Test(db, iterations_end_on_keys_a_c_string_cannot_hold, .timeout = 30)
+{
+    one_db f;
+    one_db_open(&f);
+    stof_db *db = f.db;
+    stof_db_record r;
+    for (int i = 0; i < 2; i++) {
+        record_fill(&r, 40 + (uint64_t)i, 64);
+        cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK);
+        stof__db_record_clear(&r);
+    }
+    cr_assert_eq(stof__db_record_miss(db, "k1", "{}", NULL, 0), STOF_OK);
+    sqlite3 *c = raw_open(f.path, SQLITE_OPEN_READWRITE);
+    const char *sql =
+        "CREATE TEMP TABLE t AS SELECT * FROM records LIMIT 1;"
+        "UPDATE t SET key = x'00ff';"
+        "INSERT INTO records SELECT * FROM t;"
+        "UPDATE t SET key = CAST(x'41420043' AS TEXT);"
+        "INSERT INTO records SELECT * FROM t;"
+        "INSERT INTO misses(key, problem, mask, count, first_seen, last_seen)"
+        " VALUES (x'0102', '{}', NULL, 1, 1, 1),"
+        " (CAST(x'41420043' AS TEXT), '{}', NULL, 1, 1, 1);";
+    char *err = NULL;
+    cr_assert_eq(sqlite3_exec(c, sql, NULL, NULL, &err), SQLITE_OK, "%s",
+                 err ? err : "");
+    sqlite3_close(c);
+    int n = 0;
+    cr_assert_eq(stof__db_foreach(db, 0, count_cb, &n), STOF_OK);
+    cr_assert_eq(n, 4, "%d records visited", n);
+    miss_seen m;
+    memset(&m, 0, sizeof(m));
+    cr_assert_eq(stof__db_foreach_miss(db, miss_cb, &m), STOF_OK);
+    cr_assert_eq(m.n, 3, "%d misses visited", m.n);
+    one_db_close(&f);
+}
+
 /* Many processes opening the same new database at once (as a fleet of
  * workers starting together does) all get it writable: SQLite may refuse
  * the WAL switch or the schema creation with SQLITE_BUSY without waiting,
