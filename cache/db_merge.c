@@ -256,12 +256,42 @@ static stof_status stage_inputs(const stof_db_sink *sink, sqlite3 *c,
         if (rc != SQLITE_OK)
             return stof__dbt_sql_fail(sink, c, rc, "cannot attach", inputs[i]);
         rc = run_filtered(c, q->stage, &o->filter, i);
+        /* Misses of the shape stof__db_record_miss writes: a text key
+         * and problem without NUL bytes, the mask NULL or a BLOB, a
+         * positive count and integer times. Others (a damaged byte, a
+         * crafted file) are left out and counted: a BLOB or NUL key
+         * would poison every database merged from this one. */
         if (rc == SQLITE_OK && o->with_misses)
-            rc = stof__dbt_exec(c,
-                                "INSERT INTO temp.stage_miss SELECT key, "
-                                "problem, mask, count, first_seen, last_seen "
-                                "FROM src.misses",
-                                NULL, NULL);
+            rc = stof__dbt_exec(
+                c,
+                "INSERT INTO temp.stage_miss SELECT key, problem, mask, "
+                "count, first_seen, last_seen FROM src.misses WHERE "
+                "typeof(key) = 'text' AND length(CAST(key AS BLOB)) "
+                "BETWEEN 1 AND 256 AND instr(CAST(key AS BLOB), x'00') = 0 "
+                "AND typeof(problem) = 'text' AND length(CAST(problem AS "
+                "BLOB)) <= 65536 AND instr(CAST(problem AS BLOB), x'00') = 0 "
+                "AND (mask IS NULL OR typeof(mask) = 'blob') AND "
+                "typeof(count) = 'integer' AND count >= 1 AND "
+                "typeof(first_seen) = 'integer' AND "
+                "typeof(last_seen) = 'integer'",
+                NULL, NULL);
+        if (rc == SQLITE_OK && o->with_misses) {
+            const int64_t kept = sqlite3_changes(c);
+            sqlite3_stmt *cnt = NULL;
+            int64_t all = kept;
+            if (sqlite3_prepare_v2(c, "SELECT count(*) FROM src.misses", -1,
+                                   &cnt, NULL) == SQLITE_OK &&
+                sqlite3_step(cnt) == SQLITE_ROW)
+                all = sqlite3_column_int64(cnt, 0);
+            sqlite3_finalize(cnt);
+            if (all > kept && o->on_note) {
+                char msg[600];
+                snprintf(msg, sizeof(msg),
+                         "%.500s: %lld invalid miss row(s) left out",
+                         inputs[i], (long long)(all - kept));
+                o->on_note(o->user, msg);
+            }
+        }
         stof_status st = rc == SQLITE_OK
                              ? STOF_OK
                              : stof__dbt_sql_fail(sink, c, rc, "reading",
@@ -515,7 +545,7 @@ stof_status stof__dbt_write(const stof_db_sink *sink, const char *out_path,
                             const char *const *inputs, int n,
                             const stof_dbt_opts *opts, stof_dbt_result *res)
 {
-    DBS_CHECK_ARG(sink, out_path && *out_path, "stof__dbt_write: no output");
+    DBS_CHECK_ARG(sink, out_path && *out_path, "no output file (-o) given");
     DBS_CHECK_ARG(sink, n >= 0 && (inputs || n == 0),
                    "stof__dbt_write: no inputs");
     const stof_dbt_opts *o = opts ? opts : &no_opts;

@@ -549,6 +549,31 @@ Test(cli_safety, merge_refuses_crafted_records)
     cr_assert(strstr(err_buf, "wrong type or is too long"), "%s", err_buf);
 }
 
+/* Misses that stof__db_record_miss could not have written (a BLOB key, a
+ * NUL inside a key or problem, a negative count) are left out of a merge,
+ * and said so; the honest one is merged, and the result lists in full. */
+Test(cli_safety, merge_leaves_out_malformed_misses)
+{
+    make_db(P("a.db"), A, 1);
+    make_db(P("b.db"), B, 1);
+    sql_exec(P("b.db"),
+             "INSERT INTO misses(key, problem, mask, count, first_seen,"
+             " last_seen) VALUES ('good', '{}', NULL, 2, 1, 1),"
+             " (x'0102', '{}', NULL, 1, 1, 1),"
+             " (CAST(x'41420043' AS TEXT), '{}', NULL, 1, 1, 1),"
+             " ('nulproblem', CAST(x'7b00' AS TEXT), NULL, 1, 1, 1),"
+             " ('negative', '{}', NULL, -5, 1, 1),"
+             " ('blobproblem', x'ff00', NULL, 1, 1, 1)");
+    cr_assert_eq(run("merge %s %s -o %s", P("a.db"), P("b.db"), P("m.db")), 0,
+                 "%s", err_buf);
+    cr_assert(strstr(err_buf, "5 invalid miss row(s) left out"), "%s",
+              err_buf);
+    cr_assert_eq(sql_int(P("m.db"), "SELECT count(*) FROM misses"), 1);
+    char k[64];
+    sql_text(P("m.db"), "SELECT key FROM misses", k, sizeof(k));
+    cr_assert_str_eq(k, "good");
+}
+
 /* ------------------------------------------------------ 7-11: input */
 
 Test(cli_safety, workloads_with_nul_bytes_or_no_end_are_refused)
