@@ -250,14 +250,19 @@ stof_status stof__dbt_gc(const stof_db_sink *sink, const char *path,
 }
 
 stof_status stof__dbt_delete(const stof_db_sink *sink, const char *path,
-                             const char *key)
+                             const char *key, const char *content_hash)
 {
     DBS_CHECK_ARG(sink, key && *key, "stof__dbt_delete: no key");
     sqlite3 *c = NULL;
     stof_status st = dbt_open_existing(sink, path, 1, &c);
     if (st != STOF_OK)
         return st;
-    int rc = stof__dbt_exec(c, "DELETE FROM records WHERE key = ?1", key, NULL);
+    const int by_hash = content_hash && *content_hash;
+    int rc = stof__dbt_exec(c,
+                            by_hash ? "DELETE FROM records WHERE key = ?1 AND "
+                                      "content_hash = ?2"
+                                    : "DELETE FROM records WHERE key = ?1",
+                            key, by_hash ? content_hash : NULL);
     int changed = rc == SQLITE_OK ? sqlite3_changes(c) : 0;
     if (rc != SQLITE_OK)
         st = stof__dbt_sql_fail(sink, c, rc, "deleting a record", path);

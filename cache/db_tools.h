@@ -138,9 +138,10 @@ stof_status stof__dbt_gc(const stof_db_sink *sink, const char *path,
                          int dry_run, int64_t *deleted /* OUT */,
                          int64_t *kept /* OUT */);
 
-/* Delete one record by key. STOF_ERR_NOT_FOUND when it is not there. */
+/* Delete one record by key, and content hash unless that is NULL or empty.
+ * STOF_ERR_NOT_FOUND when it is not there. */
 stof_status stof__dbt_delete(const stof_db_sink *sink, const char *path,
-                             const char *key);
+                             const char *key, const char *content_hash);
 
 /* Misses of `path`: their number and the sum of their counts. */
 stof_status stof__dbt_miss_counts(const stof_db_sink *sink, const char *path,

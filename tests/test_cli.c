@@ -496,6 +496,11 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
               out_buf);
     cr_assert(strstr(out_buf, "\nlayer dec sliding:64 1x256 bf16\n"), "%s",
               out_buf);
+    /* Options the file would override are refused, not ignored. */
+    cr_assert_eq(run("tune %s --dtype bf16 --dry-run", P("mix.workload")), 2);
+    cr_assert(strstr(err_buf, "go without one"), "%s", err_buf);
+    cr_assert_eq(run("tune %s --mask causal --dry-run", P("mix.workload")),
+                 2);
     cr_assert_eq(run("tune %s --dry-run --json", P("mix.workload")), 0);
     cr_assert(out_buf[0] == '[' && strstr(out_buf, "\"layer dec causal "
                                                    "2x128 bf16\""),

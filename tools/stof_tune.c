@@ -121,6 +121,8 @@ static const command commands[] = {
      "whole layer's), time, speed-up over the cost model's first choice,\n"
      "source (tuned, user db, system db; a layer: tuned or database). The\n"
      "GPU is checked first; each mask is built when its problem is tuned.\n"
+     "--mask, --shape, --layer, --tokens, --dtype and --layout describe\n"
+     "problems without a file (with one they are refused).\n"
      "\n"
      "  --mask SPEC      a mask spec (repeatable), e.g. sliding:256\n"
      "  --shape SHAPE    BxHxNxD or BxHxSQxSKxD (repeatable)\n"
@@ -190,14 +192,18 @@ static const command commands[] = {
      "database as it was. Imported records are not trusted on this host\n"
      "until their first use verifies them (or `stof-tune verify`).\n"},
     {"merge", cmd_merge, "out gpu driver json drop-invalid", 1, 255,
-     "usage: stof-tune merge A B ... -o OUT [--drop-invalid] [--json]\n"
+     "usage: stof-tune merge A B ... -o OUT [--gpu NAME] [--driver N]\n"
+     "                        [--drop-invalid] [--json]\n"
      "\n"
      "Merge databases into the file OUT (written as for export). Per key\n"
      "the fastest verified record wins; ties are broken by a total order on\n"
      "the record's content, so merge is commutative and idempotent. Hits\n"
      "take the maximum, misses are merged by key. Every input record that\n"
      "lost to a different record is reported as a conflict; every invalid\n"
-     "record is reported and fails the merge unless --drop-invalid.\n"},
+     "record is reported and fails the merge unless --drop-invalid.\n"
+     "--gpu and --driver keep only the records of that GPU name and\n"
+     "driver (misses are merged whole), and an invalid miss row is left\n"
+     "out with a note.\n"},
     {"verify", cmd_verify, "db drop json", 0, 0,
      "usage: stof-tune verify [--db PATH] [--drop] [--json]\n"
      "\n"

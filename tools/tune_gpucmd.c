@@ -241,7 +241,14 @@ int cmd_tune(stof_context *cpu, const opts *o)
     tw_init(&w);
     char msg[512];
     int bad;
-    if (o->n_pos == 1)
+    if (o->n_pos == 1 && (o->n_masks || o->n_shapes || o->n_layers ||
+                          o->n_tokens || o->dtype || o->layout)) {
+        /* (the file names every problem's own: these would be ignored) */
+        err("tune: a WORKLOAD file names its problems' masks, shapes, "
+            "dtypes and layouts; --mask, --shape, --layer, --tokens, "
+            "--dtype and --layout go without one");
+        return EXIT_USAGE;
+    } else if (o->n_pos == 1)
         bad = tw_parse_file(o->pos[0], &w, msg, sizeof(msg));
     else if (o->n_masks && (o->n_shapes || o->n_layers || o->n_tokens))
         bad = tw_from_args(o->masks, o->n_masks, o->shapes, o->n_shapes,

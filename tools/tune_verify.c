@@ -573,7 +573,9 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
     }
     /* Where trust is written: the user database of this host. */
     (void)stof__db_open(STOF_DB_SINK(cpu), NULL, NULL, &udb);
-    char (*bad)[33] = calloc((size_t)l.n + 1, sizeof(*bad));
+    /* each bad record's key and content hash (--drop deletes that
+     * record, not another one stored under its key meanwhile) */
+    char (*bad)[2][33] = calloc((size_t)l.n + 1, sizeof(*bad));
     tv_out o = {calloc((size_t)l.n + 1, sizeof(*o.verdict)),
                 calloc((size_t)l.n + 1, sizeof(*o.why))};
     double *rel = calloc((size_t)l.n + 1, sizeof(*rel));
@@ -648,10 +650,13 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
             if (!strcmp(verdict, "ok")) {
                 n_ok++;
                 stof__db_trust(udb, r);
-            } else if (!strcmp(verdict, "skipped"))
+            } else if (!strcmp(verdict, "skipped")) {
                 n_skip++;
-            else
-                snprintf(bad[n_bad++], sizeof(bad[0]), "%s", r->key);
+            } else {
+                snprintf(bad[n_bad][0], sizeof(bad[0][0]), "%s", r->key);
+                snprintf(bad[n_bad++][1], sizeof(bad[0][1]), "%s",
+                         r->content_hash);
+            }
             if (json) {
                 /* rel_err is -1 when nothing was compared, as it always
                  * was; an error that is not finite is written as null. */
@@ -695,7 +700,8 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
     if (db_failed)
         fprintf(stderr, "stof-tune: out of memory\n");
     for (int i = 0; drop && i < n_bad; i++) {
-        if (stof__dbt_delete(STOF_DB_SINK(cpu), path, bad[i]) == STOF_OK)
+        if (stof__dbt_delete(STOF_DB_SINK(cpu), path, bad[i][0], bad[i][1]) ==
+            STOF_OK)
             n_dropped++;
         else {
             fprintf(stderr, "stof-tune: database error: %s\n",
