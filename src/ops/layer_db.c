@@ -408,6 +408,11 @@ stof_status stof__layer_from_db(stof_layer *L)
                 } else if (strcmp(rec.kernel, "gemm") == 0 &&
                            stof__gemm_cfg_parse(rec.config, &c, &e) &&
                            epi_matches(g, &c, &e) && (rec.cubin || lazy) &&
+                           /* (the compile's own check: a crafted tile
+                            * never reaches a launch) */
+                           stof__gemm_cfg_valid(&L->ctx->device, &c, &e,
+                                                e.norm ? g->N : 8, 8, NULL,
+                                                0) &&
                            stof__gemm_ws_bytes(&c, &e, g->M, g->N) <=
                                L->norm_ws_bytes) {
                     /* (a valid tile whose norm workspace is larger than
