@@ -43,6 +43,7 @@ the system loader (libstof.so.0).
 """
 import ctypes
 import sys
+import weakref
 import json
 import math
 import os
@@ -69,6 +70,7 @@ def __getattr__(name):
 
 _STATUS_BUFFER_TOO_SMALL = 10
 _STATUS_UNSUPPORTED = 6
+_STATUS_INVALID = 1
 _STACK_GRAPH = 1  # STOF_STACK_GRAPH
 
 
@@ -266,14 +268,52 @@ def pack_bitmap(allowed):
     return w.to(torch.int32).contiguous()
 
 
-def _bitmap_field(d, val, device, keep):
+def _check_out_strides(out):
+    """Each element of out needs its own memory: no stride of 0 (an
+    expanded tensor, whose blocks would overwrite each other's rows)."""
+    if any(s == 0 and n > 1 for n, s in zip(out.shape, out.stride())):
+        raise ValueError("out has a stride of 0 (an expanded tensor): each "
+                         "element needs its own memory")
+
+
+def _list_shape(v):
+    """The shape of nested lists (by their first elements)."""
+    shape = []
+    while isinstance(v, (list, tuple)):
+        shape.append(len(v))
+        v = v[0] if v else None
+    return tuple(shape)
+
+
+def _flat_nested(v):
+    """The ints of nested lists, in order."""
+    if not isinstance(v, (list, tuple)):
+        return [int(v)]
+    return [x for e in v for x in _flat_nested(e)]
+
+
+def _bitmap_field(d, val, device, keep, batch, seq_q, seq_k):
     """Set d's bitmap from (rows, words) (shared) or (batch, rows, words)
-    int32 words (pack_bitmap): a CUDA tensor for runs, a host tensor or
-    numpy array for samples."""
-    if val.ndim not in (2, 3):
+    int32 words (pack_bitmap): a CUDA tensor for runs, a host tensor, numpy
+    array or nested lists for samples. It must cover the problem: at least
+    `batch` sequences (3-D), seq_q rows (None: not checked, a packed
+    problem's sequences have rows of their own) and ceil(seq_k / 32) words
+    a row."""
+    shape = tuple(int(x) for x in val.shape) if hasattr(val, "shape") \
+        else _list_shape(val)
+    if len(shape) not in (2, 3):
         raise ValueError("bitmap must be (rows, words) or (batch, rows, words)")
-    d.bitmap_words = int(val.shape[-1])
-    d.bitmap_stride = 0 if val.ndim == 2 else int(val.shape[1]) * int(val.shape[2])
+    if len(shape) == 3 and shape[0] < batch:
+        raise ValueError("bitmap holds %d sequences, the problem has %d"
+                         % (shape[0], batch))
+    if seq_q is not None and shape[-2] < seq_q:
+        raise ValueError("bitmap has %d rows a sequence, the problem %d"
+                         % (shape[-2], seq_q))
+    if shape[-1] < (seq_k + 31) // 32:
+        raise ValueError("bitmap has %d words a row; %d keys need %d"
+                         % (shape[-1], seq_k, (seq_k + 31) // 32))
+    d.bitmap_words = shape[-1]
+    d.bitmap_stride = 0 if len(shape) == 2 else shape[1] * shape[2]
     if device is not None:
         torch = _torch()
         if not isinstance(val, torch.Tensor) or not val.is_cuda or \
@@ -284,7 +324,13 @@ def _bitmap_field(d, val, device, keep):
         keep.append(val)
         d.bitmap = val.data_ptr()
         return
-    ints = _flat_ints(val.reshape(-1))
+    ints = _flat_ints(val.reshape(-1)) if hasattr(val, "reshape") \
+        else _flat_nested(val)
+    n = 1
+    for x in shape:
+        n *= x
+    if len(ints) != n:
+        raise ValueError("bitmap rows must all have %d words" % shape[-1])
     t = (ctypes.c_uint32 * max(len(ints), 1))(*[x & 0xffffffff for x in ints])
     keep.append(t)
     d.bitmap = ctypes.addressof(t)
@@ -303,7 +349,8 @@ def _flat_ints(val):
     return out
 
 
-def _mask_data(fields, device, batch, seq_k, keep, packed=False, heads=None):
+def _mask_data(fields, device, batch, seq_k, keep, packed=False, heads=None,
+               seq_q=None):
     """A _MaskData from a dict of per-sequence values: int32 CUDA tensors on
     `device` (seed: int64, read as uint64), or (device None: host data)
     tensors, numpy arrays or lists. doc_id is (batch, >= seq_k) or flat
@@ -318,7 +365,8 @@ def _mask_data(fields, device, batch, seq_k, keep, packed=False, heads=None):
         if val is None:
             continue
         if name == "bitmap":
-            _bitmap_field(d, val, device, keep)
+            _bitmap_field(d, val, device, keep, batch,
+                          None if packed else seq_q, seq_k)
             continue
         if name.startswith("cu_seqlens") and not packed:
             raise ValueError("%s is for packed plans (Context.attention_plan_packed)" % name)
@@ -657,12 +705,21 @@ def _enum_code(value, table, what):
     return table[key]
 
 
-def _stream_handle(stream):
-    """A cudaStream_t as an int: torch's current stream when None, a
-    torch.cuda.Stream / ExternalStream, or a raw handle (int)."""
+def _adopt(ctx, obj):
+    """Register obj with the context it was made from (Context.close frees
+    it first); a stand-in context (tests) has no registry."""
+    reg = getattr(ctx, "_adopt", None)
+    if reg is not None:
+        reg(obj)
+
+
+def _stream_handle(stream, device=None):
+    """A cudaStream_t as an int: torch's current stream (of `device`, else
+    the current device) when None, a torch.cuda.Stream / ExternalStream, or
+    a raw handle (int)."""
     if stream is None:
         torch = _torch()
-        return torch.cuda.current_stream().cuda_stream
+        return torch.cuda.current_stream(device).cuda_stream
     if isinstance(stream, int):
         return stream
     return stream.cuda_stream
@@ -693,6 +750,11 @@ class Context:
             except ImportError:
                 device = 0
         s.device = int(device)
+        self._device = int(device)
+        # What was made from this context (masks, families, plans, layers):
+        # close() frees them first (the library needs them gone, and a
+        # plan freed after its context would read freed memory).
+        self._children = weakref.WeakSet()
         s.require_device = 1 if require_device else 0
         modes = {"default": 0, "cache-only": 1, "force": 2}
         if tuning_mode is not None:  # None: the library's ($STOF_TUNING_MODE)
@@ -734,9 +796,44 @@ class Context:
         if st != 0:
             raise StofError(st, self._lib.stof_errmsg(self._h).decode())
 
+    def _adopt(self, obj):
+        self._children.add(obj)
+        return obj
+
+    def _check_device(self, **tensors):
+        """Each tensor a CUDA tensor on this context's device: the library
+        launches there, on that device's stream, with their pointers."""
+        for name, t in tensors.items():
+            if t is None:
+                continue
+            if not getattr(t, "is_cuda", False):
+                raise ValueError("%s must be a CUDA tensor" % name)
+            idx = t.device.index
+            if idx is None:
+                idx = _torch().cuda.current_device()
+            if idx != self._device:
+                raise ValueError("%s is on cuda:%d; this context (and its plans) "
+                                 "is on cuda:%d" % (name, idx, self._device))
+
     def close(self):
-        if self._h:
-            self._lib.stof_close(ctypes.byref(self._h))
+        """Free everything made from this context (after waiting for the
+        device: runs may still be in flight), then the context. Objects made
+        from it raise on use afterwards."""
+        if not getattr(self, "_h", None):
+            return
+        kids = list(getattr(self, "_children", ()))
+        if kids:
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_initialized():
+                torch.cuda.synchronize(self._device)
+            # plans and layers before the masks and families they use
+            kids.sort(key=lambda o: isinstance(o, (Mask, MaskFamily)))
+            for o in kids:
+                try:
+                    o._release()
+                except Exception:
+                    pass
+        self._lib.stof_close(ctypes.byref(self._h))
 
     def __del__(self):
         try:
@@ -773,6 +870,9 @@ class Context:
         """A mask from a 2-D bool/uint8 tensor or numpy array (nonzero = allowed)."""
         import numpy as np
         a = t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
+        if a.ndim != 2:
+            raise ValueError("mask_from_dense: a 2-D (seq_q, seq_k) array, not "
+                             "%d-D %s" % (a.ndim, a.shape))
         a = np.ascontiguousarray(a != 0, dtype=np.uint8)
         h = ctypes.c_void_p()
         self._check(self._lib.stof_mask_from_dense(self._h, a.ctypes.data, a.shape[0],
@@ -814,6 +914,7 @@ class Context:
         torch = _torch()
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
             raise ValueError("q, k, v must be 4-D (batch, heads, seq, head_dim)")
+        self._check_device(q=q, k=k, v=v, out=out)
         if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
             raise ValueError("q, k, v must all be float16 or all bfloat16")
         if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] \
@@ -863,7 +964,7 @@ class Context:
         layout = self._bias(d, bias, q, k.shape[2])
         keep = []
         md = _mask_data(sample or {}, None, q.shape[0], k.shape[2], keep,
-                        heads=q.shape[1])
+                        heads=q.shape[1], seq_q=q.shape[2])
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan_family(
             self._h, ctypes.byref(d), family._h,
@@ -907,6 +1008,7 @@ class Context:
         if batch < 1:
             raise ValueError("cu_seqlens_q needs at least 2 offsets")
         o = out if out is not None else q
+        self._check_device(q=q, k=k, v=v, out=out)
         d = _Desc()
         d.batch, d.heads, d.head_dim = batch, q.shape[1], q.shape[2]
         d.seq_q, d.seq_k = q.shape[0], k.shape[0]
@@ -926,7 +1028,8 @@ class Context:
             fields["cu_seqlens_k"] = cu_seqlens_k
         cu_k = _flat_ints(cu_seqlens_k) if cu_seqlens_k is not None else cu_q
         keep = []
-        md = _mask_data(fields, None, batch, cu_k[-1] if cu_k else 0, keep, packed=True)
+        md = _mask_data(fields, None, batch, cu_k[-1] if cu_k else 0, keep, packed=True,
+                        heads=q.shape[1])
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan_family(
             self._h, ctypes.byref(d), family._h, ctypes.byref(md), ctypes.byref(h)))
@@ -983,7 +1086,8 @@ class Context:
         h = ctypes.c_void_p()
         if family:
             keep = []
-            md = _mask_data(sample or {}, None, d.batch, d.seq, keep, heads=d.heads)
+            md = _mask_data(sample or {}, None, d.batch, d.seq, keep, heads=d.heads,
+                            seq_q=d.seq)
             self._check(self._lib.stof_layer_plan_family(
                 self._h, ctypes.byref(d), mask._h,
                 ctypes.byref(md) if sample else None, ctypes.byref(h)))
@@ -996,19 +1100,30 @@ class Context:
 class Mask:
     def __init__(self, ctx, h):
         self._ctx, self._h = ctx, h
+        _adopt(ctx, self)
+
+    def _release(self):
+        if self._h:
+            self._ctx._lib.stof_mask_free(ctypes.byref(self._h))
+
+    def _live(self):
+        if not self._h:
+            raise StofError(_STATUS_INVALID, "the mask was freed (its context "
+                            "is closed)")
+        return self._h
 
     @property
     def shape(self):
         lib = self._ctx._lib
-        return (lib.stof_mask_seq_q(self._h), lib.stof_mask_seq_k(self._h))
+        return (lib.stof_mask_seq_q(self._live()), lib.stof_mask_seq_k(self._h))
 
     @property
     def density(self):
-        return self._ctx._lib.stof_mask_density(self._h)
+        return self._ctx._lib.stof_mask_density(self._live())
 
     def digest(self):
         buf = ctypes.create_string_buffer(33)
-        self._ctx._lib.stof_mask_digest(self._h, None, buf)
+        self._ctx._lib.stof_mask_digest(self._live(), None, buf)
         return buf.value.decode()
 
     def to_dense(self):
@@ -1016,7 +1131,7 @@ class Mask:
         torch = _torch()
         sq, sk = self.shape
         t = torch.empty((sq, sk), dtype=torch.uint8)
-        self._ctx._lib.stof_mask_to_dense(self._h, ctypes.c_void_p(t.data_ptr()))
+        self._ctx._lib.stof_mask_to_dense(self._live(), ctypes.c_void_p(t.data_ptr()))
         return t.bool()
 
     def to_png(self, block_m=128, block_n=128, max_side=1024):
@@ -1028,7 +1143,7 @@ class Mask:
         if not hasattr(lib, "stof_mask_png"):
             raise StofError(_STATUS_UNSUPPORTED, "this libstof has no stof_mask_png")
         need = ctypes.c_size_t()
-        st = lib.stof_mask_png(self._ctx._h, self._h, block_m, block_n, max_side,
+        st = lib.stof_mask_png(self._ctx._h, self._live(), block_m, block_n, max_side,
                                None, 0, ctypes.byref(need))
         if st != _STATUS_BUFFER_TOO_SMALL:
             self._ctx._check(st)
@@ -1054,8 +1169,7 @@ class Mask:
 
     def __del__(self):
         try:
-            if self._h:
-                self._ctx._lib.stof_mask_free(ctypes.byref(self._h))
+            self._release()
         except Exception:
             pass
 
@@ -1063,11 +1177,22 @@ class Mask:
 class MaskFamily:
     def __init__(self, ctx, h):
         self._ctx, self._h = ctx, h
+        _adopt(ctx, self)
+
+    def _release(self):
+        if self._h:
+            self._ctx._lib.stof_mask_family_free(ctypes.byref(self._h))
+
+    def _live(self):
+        if not self._h:
+            raise StofError(_STATUS_INVALID, "the mask family was freed (its "
+                            "context is closed)")
+        return self._h
 
     @property
     def spec(self):
         """The canonical spec."""
-        return self._ctx._lib.stof_mask_family_spec(self._h).decode()
+        return self._ctx._lib.stof_mask_family_spec(self._live()).decode()
 
     def mask(self, seq_q, seq_k, b=0, head=0, **fields):
         """The seq_q x seq_k Mask of sequence b (and, for head_* leaves, head
@@ -1079,18 +1204,23 @@ class MaskFamily:
                                                 "cu_seqlens_q", "cu_seqlens_k"):
                 batch = max(batch, len(val))
         keep = []
-        md = _mask_data(fields, None, batch, seq_k, keep)
+        if head < 0:
+            raise ValueError("head must be >= 0")
+        hw = fields.get("head_window")
+        if hw is not None and len(_flat_ints(hw)) <= head:
+            raise ValueError("head_window has %d entries; head %d reads entry %d"
+                             % (len(_flat_ints(hw)), head, head))
+        md = _mask_data(fields, None, batch, seq_k, keep, seq_q=int(seq_q))
         md.head = int(head)
         h = ctypes.c_void_p()
         self._ctx._check(self._ctx._lib.stof_mask_family_eval(
-            self._ctx._h, self._h, int(seq_q), int(seq_k), ctypes.byref(md), int(b),
+            self._ctx._h, self._live(), int(seq_q), int(seq_k), ctypes.byref(md), int(b),
             ctypes.byref(h)))
         return Mask(self._ctx, h)
 
     def __del__(self):
         try:
-            if self._h:
-                self._ctx._lib.stof_mask_family_free(ctypes.byref(self._h))
+            self._release()
         except Exception:
             pass
 
@@ -1098,6 +1228,7 @@ class MaskFamily:
 class Plan:
     def __init__(self, ctx, h, qshape, kshape, dtype, strides, bias=None):
         self._ctx, self._h = ctx, h
+        _adopt(ctx, self)
         self._qshape, self._kshape, self._dtype = qshape, kshape, dtype
         self._strides = strides
         self._bias = bias  # _bias_layout of the plan's bias, None: none
@@ -1112,6 +1243,9 @@ class Plan:
 
     def _check_tensors(self, q, k, v, out, stream):
         torch = _torch()
+        if not self._h:
+            raise StofError(_STATUS_INVALID, "the plan was freed (its context "
+                            "is closed)")
         if tuple(q.shape) != self._qshape or tuple(k.shape) != self._kshape or \
                 tuple(v.shape) != self._kshape or tuple(out.shape) != self._qshape:
             raise ValueError("tensor shapes differ from the plan's")
@@ -1119,6 +1253,8 @@ class Plan:
             raise ValueError("tensor strides differ from the plan's")
         if any(t.dtype != self._dtype or not t.is_cuda for t in (q, k, v, out)):
             raise ValueError("tensors must be CUDA tensors of the plan's dtype")
+        self._ctx._check_device(q=q, k=k, v=v, out=out)
+        _check_out_strides(out)
         if stream is None:
             stream = torch.cuda.current_stream(q.device)
         return ctypes.c_void_p(stream.cuda_stream)
@@ -1194,10 +1330,13 @@ class Plan:
             raise StofError(st, self._ctx._lib.stof_plan_errmsg(self._h).decode())
         return out
 
+    def _release(self):
+        if self._h:
+            self._ctx._lib.stof_plan_free(ctypes.byref(self._h))
+
     def __del__(self):
         try:
-            if self._h:
-                self._ctx._lib.stof_plan_free(ctypes.byref(self._h))
+            self._release()
         except Exception:
             pass
 
@@ -1218,7 +1357,7 @@ class FamilyPlan(Plan):
         s = self._check_tensors(q, k, v, out, stream)
         keep = []
         md = _mask_data(instance, q.device, self._qshape[0], self._kshape[2], keep,
-                        heads=self._qshape[1])
+                        heads=self._qshape[1], seq_q=self._qshape[2])
         if self._bias is not None or bias is not None or same_data:
             return self._run_ex(s, q, k, v, out, md, lse, bias,
                                 self._qshape[0] * self._qshape[1] * self._qshape[2],
@@ -1283,6 +1422,10 @@ class PackedPlan(Plan):
                              "and elements)")
         if any(t.dtype != self._dtype or not t.is_cuda for t in (q, k, v, out)):
             raise ValueError("tensors must be CUDA tensors of the plan's dtype")
+        if not self._h:
+            raise StofError(_STATUS_INVALID, "the plan was freed (its context "
+                            "is closed)")
+        self._ctx._check_device(q=q, k=k, v=v, out=out)
         if stream is None:
             stream = torch.cuda.current_stream(q.device)
         fields = dict(instance)
@@ -1290,7 +1433,8 @@ class PackedPlan(Plan):
         if cu_seqlens_k is not None:
             fields["cu_seqlens_k"] = cu_seqlens_k
         keep = []
-        md = _mask_data(fields, q.device, self.batch, k.shape[0], keep, packed=True)
+        md = _mask_data(fields, q.device, self.batch, k.shape[0], keep, packed=True,
+                        heads=self._qshape[1])
         md.total_q, md.total_k = q.shape[0], k.shape[0]
         if lse is not None:  # (heads, total_q)
             st = self._ctx._lib.stof_attention_run_lse(
@@ -1319,6 +1463,7 @@ class Layer:
 
     def __init__(self, ctx, h, desc, mask):
         self._ctx, self._h, self._mask = ctx, h, mask
+        _adopt(ctx, self)
         self.batch, self.seq = desc.batch, desc.seq
         self.hidden, self.heads, self.ffn = desc.hidden, desc.heads, desc.ffn
         self.kv_heads = desc.kv_heads if desc.kv_heads > 0 else desc.heads
@@ -1413,6 +1558,10 @@ class Layer:
         return out, kept
 
     def _io(self, x, y):
+        if not self._h:
+            raise StofError(_STATUS_INVALID, "the layer was freed (closed, or "
+                            "its context is)")
+        self._ctx._check_device(x=x, y=y)
         shapes = ((self.tokens, self.hidden), (self.batch, self.seq, self.hidden))
         for name, t in (("x", x), ("y", y)):
             if not hasattr(t, "data_ptr"):
@@ -1434,7 +1583,8 @@ class Layer:
         if not self.family:
             raise ValueError("instance data (%s) is for a layer planned on a "
                              "MaskFamily" % ", ".join(sorted(instance)))
-        return _mask_data(instance, device, self.batch, self.seq, keep, heads=self.heads)
+        return _mask_data(instance, device, self.batch, self.seq, keep, heads=self.heads,
+                          seq_q=self.seq)
 
     def run(self, weights, x, y, stream=None, **instance):
         """Enqueue one layer on `stream` (default: torch's current stream):
@@ -1447,7 +1597,7 @@ class Layer:
         keep = []
         md = self._instance(instance, x.device, keep)
         args = (ctypes.byref(w), ctypes.c_void_p(x.data_ptr()),
-                ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(_stream_handle(stream)))
+                ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(_stream_handle(stream, self._ctx._device)))
         if md is not None:
             st = lib.stof_layer_run_family(self._h, ctypes.byref(md), *args)
         else:
@@ -1477,7 +1627,7 @@ class Layer:
         if not weights:
             raise ValueError("weights is empty")
         self._io(x, y)
-        stream_h = _stream_handle(stream)
+        stream_h = _stream_handle(stream, self._ctx._device)
         flags = _STACK_GRAPH if graph else 0
         per_layer, kept, ptrs = self._stack_weights(weights, x)
         inst_keep = []
@@ -1539,8 +1689,13 @@ class Layer:
                 del self._checked[next(iter(self._checked))]
         return per_layer, kept, ptrs
 
+    def _release(self):
+        self.close()
+
     def close(self):
-        """Free the plan (stof_layer_free synchronises first)."""
+        """Free the plan. The library does not wait for runs in flight
+        (stof_layer_free): wait for them first (e.g. the stream's
+        synchronize) when a run may still use it."""
         if getattr(self, "_h", None):
             self._ctx._lib.stof_layer_free(ctypes.byref(self._h))
             self._h = ctypes.c_void_p()

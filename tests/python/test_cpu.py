@@ -357,6 +357,10 @@ def check_stack_bookkeeping():
 
     class Ctx:
         _lib = Lib()
+        _device = 0
+
+        def _check_device(self, **tensors):  # (fake tensors: no device)
+            pass
 
     checks = [0]
 
@@ -492,7 +496,36 @@ def main():
     expect_error(lambda: ctx.attention_plan_packed(None, None, None, fam, [0, 8],
                                                    bias=(8, 8)),
                  ValueError, "packed")
+    # Instance arrays must cover the problem: a head_window reaching the
+    # head asked for, a bitmap with the rows and words of the problem.
+    expect_error(lambda: hs.mask(10, 10, head=2, head_window=[1, 3]), ValueError,
+                 "head_window has 2 entries")
+    bm = ctx.mask_family("bitmap")
+    full = [[-1] * 2 for _ in range(40)]  # 40 rows of 64 keys, all set
+    assert count(bm.mask(40, 64, bitmap=full)) == 40 * 64
+    expect_error(lambda: bm.mask(41, 64, bitmap=full), ValueError, "40 rows")
+    expect_error(lambda: bm.mask(40, 65, bitmap=full), ValueError, "65 keys need 3")
+    expect_error(lambda: bm.mask(40, 64, b=1, bitmap=[full]), ValueError,
+                 "1 sequences, the problem has 2")
+    check_close_frees_children()
     print("ok")
+
+
+def check_close_frees_children():
+    """Context.close frees what was made from it first (the library needs
+    them gone first); they refuse use afterwards instead of reading freed
+    memory, and their own frees do nothing."""
+    c = stof.Context(require_device=False, user_db="")
+    m = c.mask("causal", 16, 16)
+    f = c.mask_family("causal&docs")
+    fm = f.mask(8, 8, q_len=[8])
+    assert m._h and f._h and fm._h
+    c.close()
+    assert not m._h and not f._h and not fm._h and not c._h
+    expect_error(lambda: m.digest(), stof.StofError, "freed")
+    expect_error(lambda: f.mask(8, 8), stof.StofError, "freed")
+    del m, f, fm
+    c.close()  # twice: nothing
 
 
 if __name__ == "__main__":
