@@ -23,9 +23,12 @@
 #include <string.h>
 
 #define SPEC_MAX_DEPTH 64
-/* Integer parameters above this behave exactly like this value for every
- * allowed size (2^20), so they are clamped to keep the arithmetic in range. */
-#define SPEC_PARAM_CLAMP ((uint64_t)1 << 21)
+/* Integer parameters above this behave exactly like this value: keys are
+ * at most 2^20, query positions at most 2^30 + 2^20 (a family's q_offset,
+ * stof_mask_data, plus the rows), so no window, count, block or stride
+ * beyond it changes a mask. They are clamped to keep the arithmetic (and
+ * the GPU program's 32-bit parameters) in range. */
+#define SPEC_PARAM_CLAMP (((uint64_t)1 << 30) + ((uint64_t)1 << 21))
 
 /* ------------------------------------------------------------------------ */
 /* Leaves                                                                    */
