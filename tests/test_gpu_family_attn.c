@@ -789,6 +789,64 @@ Test(gpu_family_attn, family_misses_are_tuned_by_pending)
     cr_assert(strstr(b, "0:user db ") && strstr(b, "1:user db "), "%s", b);
 }
 
+/* In a child, cache-only: plan two families whose canonical specs share
+ * their first 560 characters and differ after; report both plans' keys. */
+static void long_spec_child(const void *arg, int *fd)
+{
+    (void)arg;
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = "";
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY;
+    stof_context *ctx = NULL;
+    char msg[256] = "open failed";
+    if (stof_open(&ctx, &s) == STOF_OK) {
+        char spec[2][1024];
+        for (int i = 0; i < 2; i++) {
+            size_t o = 0;
+            for (int j = 0; j < 28; j++) /* 20 characters each */
+                o += (size_t)snprintf(spec[i] + o, sizeof(spec[i]) - o,
+                                      "causal_sliding:%04d|", 1000 + j);
+            snprintf(spec[i] + o, sizeof(spec[i]) - o, "sliding:%d",
+                     i ? 7 : 9);
+        }
+        stof_attention_desc d;
+        stof_attention_desc_init(&d, 1, 2, 256, 256, 64, STOF_DTYPE_FP16,
+                                 STOF_LAYOUT_BHSD);
+        snprintf(msg, sizeof(msg), "planned:");
+        for (int i = 0; i < 2; i++) {
+            stof_mask_family *f = NULL;
+            stof_plan *p = NULL;
+            char js[8192];
+            if (stof_mask_family_create(ctx, spec[i], &f) != STOF_OK ||
+                stof_attention_plan_family(ctx, &d, f, NULL, &p) != STOF_OK) {
+                snprintf(msg, sizeof(msg), "error %.200s", stof_errmsg(ctx));
+                stof_mask_family_free(&f);
+                break;
+            }
+            stof_plan_describe(p, js, sizeof(js), NULL);
+            const char *k = strstr(js, "\"key\":\"");
+            snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg), " %.32s",
+                     k ? k + 7 : "?");
+            stof_plan_free(&p);
+            stof_mask_family_free(&f);
+        }
+    }
+    stof_close(&ctx);
+    if (write(fd[1], msg, strlen(msg) + 1) < 0)
+        _exit(2);
+    _exit(0);
+}
+
+Test(gpu_family_attn, long_specs_differing_late_have_their_own_keys)
+{
+    char a[256];
+    in_child(long_spec_child, NULL, a, sizeof(a));
+    char k1[40] = "", k2[40] = "";
+    cr_assert_eq(sscanf(a, "planned: %39s %39s", k1, k2), 2, "%s", a);
+    cr_assert_str_neq(k1, k2, "%s", a);
+}
+
 /* Sampled rows of sequence b, every head, against a direct evaluation of
  * sliding:W (|p - k| < W with p = q + q_offset, q < q_len, k < k_len):
  * no bit matrix on either side. Returns the worst relative error. */

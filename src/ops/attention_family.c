@@ -738,15 +738,30 @@ static void family_key(stof_context *ctx, const stof_attention_desc *d,
     stof__attention_normalise(&nd);
     nd.seq_q = stof__family_len_bucket(d->seq_q);
     nd.seq_k = stof__family_len_bucket(d->seq_k);
-    char buf[512];
-    int n = snprintf(buf, sizeof(buf),
-                     "family;v=2;spec=%s;%s%sactive=%d;partial=%d;most=%d",
-                     stof_mask_family_spec(fam),
-                     stof__family_n_seq(fam) ? "packed;" : "",
-                     stof__family_rows_one(fam) ? "rows1;" : "", b_active,
+    char small[512], *buf = small;
+    const char *fmt = "family;v=2;spec=%s;%s%sactive=%d;partial=%d;most=%d";
+    const char *spec = stof_mask_family_spec(fam);
+    const char *packed = stof__family_n_seq(fam) ? "packed;" : "";
+    const char *rows1 = stof__family_rows_one(fam) ? "rows1;" : "";
+    int n = snprintf(small, sizeof(small), fmt, spec, packed, rows1, b_active,
                      b_partial, b_most);
-    if (n < 0 || (size_t)n >= sizeof(buf))
-        n = (int)sizeof(buf) - 1;
+    /* A long spec: the whole text is hashed (cut, two families sharing
+     * their first 500 characters, or the statistics past them, would
+     * share a record); short ones hash as they always did. */
+    if (n >= (int)sizeof(small) && (buf = malloc((size_t)n + 1)) != NULL)
+        snprintf(buf, (size_t)n + 1, fmt, spec, packed, rows1, b_active,
+                 b_partial, b_most);
+    if (!buf) { /* (out of memory: the hash of the spec stands in for it) */
+        buf = small;
+        const XXH64_hash_t hs = XXH3_64bits(spec, strlen(spec));
+        n = snprintf(small, sizeof(small),
+                     "family;v=2;spec#=%016llx;%s%sactive=%d;partial=%d;"
+                     "most=%d",
+                     (unsigned long long)hs, packed, rows1, b_active,
+                     b_partial, b_most);
+    }
+    if (n < 0)
+        n = 0;
     XXH128_hash_t h = XXH3_128bits(buf, (size_t)n);
     char hex[33];
     snprintf(hex, sizeof(hex), "%016llx%016llx", (unsigned long long)h.high64,
@@ -755,6 +770,8 @@ static void family_key(stof_context *ctx, const stof_attention_desc *d,
     if (text && text_n)
         snprintf(text, text_n, "%s;seq_q=%d;seq_k=%d", buf, nd.seq_q,
                  nd.seq_k);
+    if (buf != small)
+        free(buf);
 }
 
 /* The grouped-query row view of a family problem with one query row
