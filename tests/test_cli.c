@@ -318,6 +318,11 @@ Test(cli, missing_and_bad_databases)
     cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
     cr_assert(strstr(err_buf, "not found"), "%s", err_buf);
     cr_assert(!exists(P("missing.db")), "ls created the database");
+    /* --json: a document on stdout even when the command fails. */
+    cr_assert_eq(run("ls --db %s --json", P("missing.db")), 4);
+    cr_assert(strstr(out_buf, "{\"error\":\"database not found") &&
+                  strstr(out_buf, "\"exit\":4}"),
+              "%s", out_buf);
 
     FILE *f = fopen(P("text.db"), "w");
     fputs("this is not a database, just some text that is long enough\n", f);

@@ -516,6 +516,11 @@ int main(int argc, char **argv)
         return EXIT_FAIL;
     }
     int rc = c->fn(ctx, &o);
+    if (rc != EXIT_OK && o.json && !g_json_printed)
+        (void)print_json(json_pack("{s:s, s:i}", "error",
+                                   g_first_err[0] ? g_first_err
+                                                  : "failed",
+                                   "exit", rc));
     fflush(stdout);
     if (ferror(stdout)) {
         err("cannot write the output: %s", strerror(errno));

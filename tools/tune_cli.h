@@ -47,6 +47,12 @@ typedef struct opts {
     int n_pos;
 } opts;
 
+/* The first error line of the run (err), and whether a JSON document went
+ * to stdout (print_json): a --json command that fails before printing one
+ * prints {"error": ..., "exit": ...} instead (stof_tune.c). */
+extern char g_first_err[1024];
+extern int g_json_printed;
+
 /* One line on stderr, "stof-tune: ...", with everything in it escaped for
  * the terminal. */
 void err(const char *fmt, ...)

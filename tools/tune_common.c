@@ -16,6 +16,9 @@
 
 /* ------------------------------------------------------------ common */
 
+char g_first_err[1024];
+int g_json_printed;
+
 void err(const char *fmt, ...)
 {
     char msg[4096];
@@ -23,6 +26,8 @@ void err(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    if (!g_first_err[0])
+        snprintf(g_first_err, sizeof(g_first_err), "%.1000s", msg);
     fprintf(stderr, PROG ": %s\n", tt_term(msg));
     tt_release();
 }
@@ -71,6 +76,7 @@ int fail_with(stof_context *ctx, stof_status st)
 
 int print_json(json_t *doc)
 {
+    g_json_printed = 1;
     if (tt_json_write(stdout, doc) == 0)
         return EXIT_OK;
     err("out of memory while writing the JSON output");
