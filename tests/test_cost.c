@@ -164,6 +164,16 @@ Test(cost, wgmma_is_ranked_on_hopper_only)
     for (int i = 0; i < k; i++)
         cr_assert_neq(c[i].kind, STOF_KERNEL_WGMMA);
     d.scale = 0.0f;
+    /* Nor K/V expanded over the heads (a head stride of 0): the kernels'
+     * launches refuse such strides, so a plan of it must not pick one. */
+    d.k_stride[1] = d.v_stride[1] = 0;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 256, &k), STOF_OK);
+    cr_assert_gt(k, 0);
+    for (int i = 0; i < k; i++)
+        cr_assert(c[i].kind != STOF_KERNEL_WGMMA &&
+                  c[i].kind != STOF_KERNEL_WGMMA_GATHER);
+    stof_attention_desc_init(&d, 1, 32, 4096, 4096, 128, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
     /* An A100 gets no wgmma candidate. */
     ctx->device.cc_major = 8;
     ctx->device.max_smem_optin = 166912;

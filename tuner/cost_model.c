@@ -560,8 +560,8 @@ static stof_status rank_on(stof_context *ctx, const stof_attention_desc *d,
 {
     static const int bms[] = {64, 128}, bns[] = {32, 64, 128}, ws[] = {4, 8},
                      ss[] = {1, 2, 3};
-    const int wgmma_ok =
-        stof__wgmma_device_ok(&ctx->device) && !(d->scale < 0.0f);
+    const int wgmma_ok = stof__wgmma_device_ok(&ctx->device) &&
+                         !(d->scale < 0.0f) && stof__wgmma_strides_ok(d);
     /* Kernels built for the problem's score modifiers; ALiBi and the bias
      * tensor need key indices, which the gather kernels do not have. */
     const int mods = stof__attn_mods(d);

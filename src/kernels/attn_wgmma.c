@@ -632,6 +632,15 @@ static int strides_ok(const int64_t st[3], int seq, int heads, int batch)
     return 1;
 }
 
+int stof__wgmma_strides_ok(const stof_attention_desc *d)
+{
+    const int kvh = d->heads / stof__kv_group(d);
+    return strides_ok(d->q_stride, d->seq_q, d->heads, d->batch) &&
+           strides_ok(d->o_stride, d->seq_q, d->heads, d->batch) &&
+           strides_ok(d->k_stride, d->seq_k, kvh, d->batch) &&
+           strides_ok(d->v_stride, d->seq_k, kvh, d->batch);
+}
+
 stof_status stof__wgmma_launch(CUfunction fn, const stof_wgmma_cfg *c,
                                int head_dim, const stof_attention_desc *d,
                                float scale, const stof_block_format *bf,

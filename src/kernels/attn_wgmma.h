@@ -79,6 +79,12 @@ int stof__wgmma_cfg_valid(const stof_device *dev, int head_dim,
 /* 1 when `dev` can run the kernel (usable, compute capability 9.0). */
 int stof__wgmma_device_ok(const stof_device *dev);
 
+/* Whether the wgmma kernels' launches take d's strides (as they check
+ * them: non-negative multiples of 8 elements under 2^38, none 0 on a
+ * dimension of more than one; an expanded K/V, say, has a head stride of
+ * 0): planning and ranking leave the kernels out otherwise. */
+int stof__wgmma_strides_ok(const stof_attention_desc *d);
+
 /* CTAs of c that one SM holds: two for 64-row CTAs whose shared memory
  * fits twice (the registers allow two), else one. */
 int stof__wgmma_ctas_per_sm(int head_dim, const stof_wgmma_cfg *c);

@@ -255,12 +255,15 @@ static stof_status plan_cubin(stof_context *ctx, const stof_attention_desc *nd,
 
 /* Whether candidate c's kernel can run with nd's strides. The key does
  * not name the layout (problem_key.c), so a record tuned with one layout
- * serves others; only the gather kernels limit strides (K/V row offsets
- * in 16-byte units must fit 32 bits), as the cost model does when it
- * ranks them. */
+ * serves others; the gather kernels limit strides (K/V row offsets in
+ * 16-byte units must fit 32 bits) and the wgmma kernels take none of 0
+ * (stof__wgmma_strides_ok), as the cost model does when it ranks them. */
 static int kernel_takes_strides(const stof_candidate *c,
                                 const stof_attention_desc *nd)
 {
+    if ((c->kind == STOF_KERNEL_WGMMA || c->kind == STOF_KERNEL_WGMMA_GATHER) &&
+        !stof__wgmma_strides_ok(nd))
+        return 0;
     if (c->kind != STOF_KERNEL_ROWWISE && c->kind != STOF_KERNEL_WGMMA_GATHER)
         return 1;
     const int64_t s = nd->k_stride[2] > nd->v_stride[2] ? nd->k_stride[2]
