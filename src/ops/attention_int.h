@@ -118,6 +118,7 @@ struct stof_plan {
     stof_mb_workspace mb_ws;
     int fmt_valid;            /* mb_ws holds the format of fmt_data */
     int fmt_captured;         /* ... built in a stream capture */
+    unsigned long long fmt_capture_id; /* ... that capture (0: unknown) */
     int ever_captured;        /* a format was built in a capture */
     stof_mask_data fmt_data;  /* the instance data of the last build (a
                                  copy of the struct: device pointers) */

@@ -194,16 +194,22 @@ static int stream_capturing(const stof_api *api, void *stream)
 /* Whether a family run may use the plan's last format: asked to
  * (STOF_RUN_SAME_DATA), one was built, the instance data's struct (its
  * device pointers and values) is the one that built it, and the build
- * happened where this run happens: a captured run reuses only a captured
- * build (the graph then holds both, in order); an eager run reuses only an
- * eager build, and never once the plan has been captured (a replay
- * rewrites the format with the graph's data, unseen here). */
+ * happened where this run happens: a captured run reuses only a build of
+ * the same capture (the graph then holds both, in order; a build in
+ * another graph runs only when that graph does), known by the driver's
+ * capture id (capture_id: 0 when it cannot say, and nothing is reused);
+ * an eager run reuses only an eager build, and never once the plan has
+ * been captured (a replay rewrites the format with the graph's data,
+ * unseen here). */
 static int format_reusable(const stof_plan *p, const stof_mask_data *data,
-                           uint32_t flags, int capturing)
+                           uint32_t flags, int capturing,
+                           unsigned long long capture_id)
 {
     if (!(flags & STOF_RUN_SAME_DATA) || !p->fmt_valid || capturing < 0)
         return 0;
-    if (capturing ? !p->fmt_captured : p->fmt_captured || p->ever_captured)
+    if (capturing ? !p->fmt_captured || !capture_id ||
+                        p->fmt_capture_id != capture_id
+                  : p->fmt_captured || p->ever_captured)
         return 0;
     stof_mask_data none;
     memset(&none, 0, sizeof(none));
@@ -249,7 +255,12 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
                          "cannot make the device's primary context current");
     stof_status st = STOF_OK;
     const int capturing = p->family ? stream_capturing(api, stream) : 0;
-    if (p->family && !format_reusable(p, data, flags, capturing)) {
+    unsigned long long capture_id = 0;
+    if (capturing == 1 &&
+        !stof__capture_id(api, (CUstream)stream, &capture_id))
+        capture_id = 0;
+    if (p->family &&
+        !format_reusable(p, data, flags, capturing, capture_id)) {
         p->fmt_valid = 0;
         if ((st = stof__attention_family_build(p, data, (CUstream)stream)) !=
             STOF_OK) {
@@ -263,6 +274,7 @@ static stof_status run_impl(stof_plan *p, const stof_mask_data *data,
             memcpy(&p->fmt_data, data, sizeof(p->fmt_data));
         p->fmt_valid = 1;
         p->fmt_captured = capturing == 1;
+        p->fmt_capture_id = capture_id;
         p->ever_captured |= capturing == 1;
     }
     st = stof__plan_launch(p, data, (CUdeviceptr)(uintptr_t)q,

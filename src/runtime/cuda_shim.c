@@ -350,6 +350,31 @@ stof_launch_ex_fn stof__launch_ex(const stof_api *api)
     STOF__OPTIONAL(stof_launch_ex_fn, cached, api, STOF__STR(cuLaunchKernelEx));
 }
 
+/* cuStreamGetCaptureInfo_v2's type (CUDA 11.3's), spelled here: newer
+ * headers map the name to later versions with other parameters. */
+typedef CUresult (*capture_info_fn)(CUstream, CUstreamCaptureStatus *,
+                                    cuuint64_t *, CUgraph *,
+                                    const CUgraphNode **, size_t *);
+
+static capture_info_fn capture_info(const stof_api *api)
+{
+    static _Atomic(capture_info_fn) cached;
+    STOF__OPTIONAL(capture_info_fn, cached, api, "cuStreamGetCaptureInfo_v2");
+}
+
+int stof__capture_id(const stof_api *api, CUstream stream,
+                     unsigned long long *id)
+{
+    const capture_info_fn f = capture_info(api);
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t got = 0;
+    if (!f || f(stream, &cs, &got, NULL, NULL, NULL) != CUDA_SUCCESS ||
+        cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return 0;
+    *id = (unsigned long long)got;
+    return 1;
+}
+
 int stof__env_switch(_Atomic int *state, const char *name, int dflt)
 {
     int v = atomic_load(state);

@@ -115,6 +115,12 @@ typedef CUresult (*stof_max_clusters_fn)(int *, CUfunction,
 stof_launch_ex_fn stof__launch_ex(const stof_api *api);
 stof_max_clusters_fn stof__max_clusters(const stof_api *api);
 
+/* The id of the capture `stream` is in (cuStreamGetCaptureInfo_v2, CUDA
+ * 11.3+; every capture has its own): 1 with *id set when the stream is
+ * capturing and the driver says which capture, else 0. */
+int stof__capture_id(const stof_api *api, CUstream stream,
+                     unsigned long long *id);
+
 /* Enumerating and loading a module's kernels without their names (CUDA
  * 12.4+: cuModuleGetFunctionCount, cuModuleEnumerateFunctions,
  * cuFuncGetName, cuFuncLoad), for preloading a database's modules; NULL
