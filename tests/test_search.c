@@ -31,6 +31,8 @@ typedef struct fake_spec {
     uint64_t key; /* shared-compile key (0: none) */
     double first_ms; /* the first timing, when nonzero (a noisy one) */
     uint64_t shape; /* tile shape key (op.shape: f_shape) */
+    int time_fails_after; /* timings that succeed before each fails (0:
+                             none fails) */
 } fake_spec;
 
 typedef struct fake {
@@ -143,6 +145,12 @@ static int f_time(void *u, void *h, double *ms, char *err, size_t n)
     if (f->time_sleep_s > 0)
         usleep((useconds_t)(f->time_sleep_s * 1e6));
     const intptr_t id = (intptr_t)h;
+    if (f->spec[id].time_fails_after &&
+        f->timed[id] >= f->spec[id].time_fails_after) {
+        f->timed[id]++;
+        snprintf(err, n, "fake timing failure for %d", (int)id);
+        return 1;
+    }
     *ms = f->timed[id]++ == 0 && f->spec[id].first_ms > 0
               ? f->spec[id].first_ms
               : f->spec[id].ms;
@@ -164,7 +172,7 @@ static void fake_init(fake *f, int n)
     pthread_mutex_init(&f->mu, NULL);
     f->n = n;
     for (int i = 1; i <= n; i++)
-        f->spec[i] = (fake_spec){0, 0, 1e-4, 1.0, 0, 0, 0, 0, 0};
+        f->spec[i] = (fake_spec){0, 0, 1e-4, 1.0, 0, 0, 0, 0, 0, 0};
 }
 
 static stof_search_op op_of(fake *f, const char *name)
@@ -265,13 +273,13 @@ Test(search, fastest_verified_candidate_wins)
     fake_init(&f, 7);
     /* 1: model's choice, ok but slow; 2: fastest but wrong; 3: does not
      * compile; 4: does not load; 5: ok, fast; 6: NaN; 7: ok, slower. */
-    f.spec[1] = (fake_spec){0, 0, 1e-4, 2.0, 0, 0, 0, 0, 0};
-    f.spec[2] = (fake_spec){0, 0, 0.5, 0.1, 0, 0, 0, 0, 0};
-    f.spec[3] = (fake_spec){1, 0, 1e-4, 0.05, 0, 0, 0, 0, 0};
-    f.spec[4] = (fake_spec){0, 1, 1e-4, 0.05, 0, 0, 0, 0, 0};
-    f.spec[5] = (fake_spec){0, 0, 3e-3, 0.9, 0, 0, 0, 0, 0};
-    f.spec[6] = (fake_spec){0, 0, NAN, 0.01, 0, 0, 0, 0, 0}; /* NaN: never */
-    f.spec[7] = (fake_spec){0, 0, 1e-3, 1.0, 0, 0, 0, 0, 0};
+    f.spec[1] = (fake_spec){0, 0, 1e-4, 2.0, 0, 0, 0, 0, 0, 0};
+    f.spec[2] = (fake_spec){0, 0, 0.5, 0.1, 0, 0, 0, 0, 0, 0};
+    f.spec[3] = (fake_spec){1, 0, 1e-4, 0.05, 0, 0, 0, 0, 0, 0};
+    f.spec[4] = (fake_spec){0, 1, 1e-4, 0.05, 0, 0, 0, 0, 0, 0};
+    f.spec[5] = (fake_spec){0, 0, 3e-3, 0.9, 0, 0, 0, 0, 0, 0};
+    f.spec[6] = (fake_spec){0, 0, NAN, 0.01, 0, 0, 0, 0, 0, 0}; /* NaN: never */
+    f.spec[7] = (fake_spec){0, 0, 1e-3, 1.0, 0, 0, 0, 0, 0, 0};
     stof_search_op op = op_of(&f, "fake");
     stof_search_opts o = {.top_k = 8, .threads = 4};
     stof_search_result res;
@@ -306,7 +314,7 @@ Test(search, near_ties_are_decided_by_the_finals)
     f.spec[2].ms = 0.98;
     f.spec[2].first_ms = 1.02;
     f.spec[3].ms = 1.05;
-    f.spec[4] = (fake_spec){0, 0, 0.5, 0.5, 0, 0, 0, 0, 0};
+    f.spec[4] = (fake_spec){0, 0, 0.5, 0.5, 0, 0, 0, 0, 0, 0};
     f.spec[5].ms = 1.03;
     f.spec[5].first_ms = 1.01;
     stof_search_op op = op_of(&f, "finals");
@@ -397,6 +405,28 @@ Test(search, near_ties_are_decided_by_the_finals)
     cr_assert_eq(f.timed[1], 2);
     cr_assert_eq(f.timed[2], 2);
     stof__search_results_free(&res, 1);
+
+    /* Finalists that all fail when timed again (a kernel faulting now and
+     * then, or a context a fault broke): no winner, not the first
+     * timings' best. */
+    fake_init(&f, 2);
+    f.spec[1].ms = 1.0;
+    f.spec[2].ms = 0.99;
+    f.spec[1].time_fails_after = f.spec[2].time_fails_after = 1;
+    op = op_of(&f, "finals fail");
+    cr_assert_neq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert_eq(res.winner, -1, "winner %d", res.winner + 1);
+    cr_assert_null(res.winner_art);
+    stof__search_results_free(&res, 1);
+    /* One finalist still runs: it wins. */
+    fake_init(&f, 2);
+    f.spec[1].ms = 1.0;
+    f.spec[2].ms = 0.99;
+    f.spec[2].time_fails_after = 1;
+    op = op_of(&f, "one finalist fails");
+    cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK);
+    cr_assert_eq(res.winner, 0, "winner %d", res.winner + 1);
+    stof__search_results_free(&res, 1);
     stof_close(&ctx);
 }
 
@@ -405,8 +435,8 @@ Test(search, nothing_verified_is_an_error)
     stof_context *ctx = ctx_new();
     fake f;
     fake_init(&f, 2);
-    f.spec[1] = (fake_spec){0, 0, 0.2, 1.0, 0, 0, 0, 0, 0};
-    f.spec[2] = (fake_spec){1, 0, 0.0, 1.0, 0, 0, 0, 0, 0};
+    f.spec[1] = (fake_spec){0, 0, 0.2, 1.0, 0, 0, 0, 0, 0, 0};
+    f.spec[2] = (fake_spec){1, 0, 0.0, 1.0, 0, 0, 0, 0, 0, 0};
     stof_search_op op = op_of(&f, "fake");
     stof_search_opts o = {.top_k = 2, .threads = 2};
     stof_search_result res;

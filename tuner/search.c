@@ -456,10 +456,15 @@ static void run_op(stof_context *ctx, const stof_search_op *op, job *jobs,
         int rounds = FINAL_ROUNDS;
         while (rounds > 1 && rounds * round_s > cap)
             rounds--;
-        const int n_ok = round_s <= cap ? run_finals(ctx, op, jobs, a, fin,
-                                                     nf, rounds, all_ms)
-                                        : 0;
-        if (n_ok > 0) {
+        const int ran = round_s <= cap;
+        const int n_ok =
+            ran ? run_finals(ctx, op, jobs, a, fin, nf, rounds, all_ms) : 0;
+        if (ran && n_ok == 0) {
+            /* Every finalist failed to run again (a kernel that faults now
+             * and then, or a context a fault broke): none is kept, rather
+             * than the first timings' best. */
+            best = second = -1;
+        } else if (n_ok > 0) {
             /* Only the finalists that finished compete: the others lost
              * to the first timings already, and a single timing must not
              * beat medians. The runner-up from the others' first timings
