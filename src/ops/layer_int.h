@@ -294,6 +294,15 @@ stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t);
 void stof__layer_tuner_stop(layer_tuner *t);
 /* Run step s on the scratch data (no synchronisation). */
 stof_status stof__layer_launch_step(layer_tuner *t, const step *s);
+/* Fill s's outputs (and its pre-norm output) with 0xff, a NaN in fp16 and
+ * bf16, before a checked run: an element a candidate leaves unwritten
+ * then fails the comparison instead of passing on the value an earlier
+ * candidate left there. An output lying over one of the step's inputs is
+ * left as it is. */
+stof_status stof__layer_poison_step(layer_tuner *t, const step *s);
+/* Fill those outputs with finite scratch data again (after a candidate
+ * that left some of them unwritten: later steps read them as inputs). */
+stof_status stof__layer_refill_step(layer_tuner *t, const step *s);
 /* The relative error of s's last output on the sampled rows against the C
  * reference (INFINITY when it cannot tell). */
 double stof__layer_verify_step(layer_tuner *t, const step *s);
