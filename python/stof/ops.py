@@ -110,9 +110,11 @@ def _attention_impl(q, k, v, mask, scale, softcap, bias):
     p = _plan(q, k, v, out, mask, scale, softcap, bias)
     if _is_capturing():
         _pin(p)
+    s = _raw_stream(q.device)
+    _ordered(p, s, q.device)
     if bias is None:
         # The plan's key holds every property run() would check.
-        return p._launch(q, k, v, out, _raw_stream(q.device))
+        return p._launch(q, k, v, out, s)
     return p.run(q, k, v, out, bias=bias)
 
 
@@ -151,6 +153,21 @@ def _raw_stream(device):
 
 
 _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _ordered(p, stream, device):
+    """Keep a cached plan's runs in the order they are enqueued when they
+    come from different streams: its workspaces (a family's formats,
+    split-KV partial results) serve one run at a time. On a change of
+    stream, the new one waits for what the old one holds (nothing while a
+    graph is captured: the capture has one stream). A plan used from one
+    stream pays one comparison."""
+    last = p.__dict__.get("_ops_stream")
+    if last is not None and last != stream and not _is_capturing():
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.ExternalStream(last, device=device))
+        torch.cuda.ExternalStream(stream, device=device).wait_event(ev)
+    p._ops_stream = stream
 
 
 def family_plan(q, k, v, family, scale, out=None):
@@ -200,8 +217,10 @@ def _family_impl(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
         _pin(p)
     md = _instance(q.shape[0], k.shape[2], qd, q_lens, k_lens, q_offset, prefix,
                    doc_id)
+    s = _raw_stream(qd)
+    _ordered(p, s, qd)
     return p._launch_family(q, k, v, out, md, RUN_SAME_DATA if same_data else 0,
-                            _raw_stream(qd))
+                            s)
 
 
 def _instance(batch, seq_k, device, q_len, k_len, q_offset, prefix, doc_id):
