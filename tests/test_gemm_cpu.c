@@ -172,6 +172,17 @@ Test(gemm_cpu, candidates_of_layer_shapes)
     stof_gemm_cfg c[8];
     stof_gemm_epi ln = {0, 0, 0, 1, 0, 0};
     cr_expect_eq(stof__gemm_candidates(NULL, &ln, 128, 65536, 768, c, 8), 0);
+    /* The mma.sync template's row tiles are its grid's y (at most 65535):
+     * at 2^21 tokens none of 16 or 32 rows is offered. */
+    stof_gemm_cfg many[64];
+    const int M = 1 << 21;
+    for (size_t j = 0; j < sizeof(epis) / sizeof(*epis); j++) {
+        const int n = stof__gemm_candidates(NULL, &epis[j], M, 768, 768, many,
+                                            64);
+        for (int i = 0; i < n; i++)
+            cr_expect_leq((M + many[i].block_m - 1) / many[i].block_m, 65535,
+                          "epi %zu: %d-row tiles", j, many[i].block_m);
+    }
 }
 
 Test(gemm_cpu, model_prefers_sensible_tiles)

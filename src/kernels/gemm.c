@@ -406,6 +406,9 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
             continue;
         if (!e->norm && t->bn > 64 && t->bn >= 2 * n32)
             continue;
+        /* The template's row tiles are its grid's y (at most 65535). */
+        if (((int64_t)M + t->bm - 1) / t->bm > 65535)
+            continue;
         static const int stages[] = {3, 4};
         for (int s = 0; s < 2 && k < max; s++) {
             stof_gemm_cfg c = {t->bm, t->bn, t->bk, t->wm,
