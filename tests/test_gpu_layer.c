@@ -359,6 +359,39 @@ static void run_case(const lcase *c)
     stof_close(&ctx);
 }
 
+/* Each sequence of a family layer's output yf (of input xf) against the
+ * reference layer with that sequence's mask (host instance hd). */
+static void expect_family_layer(stof_context *ctx,
+                                const stof_mask_family *fam,
+                                const stof_layer_desc *d, const lw *w,
+                                const float *xf, const float *yf,
+                                const stof_mask_data *hd, const char *what,
+                                int call)
+{
+    const size_t per = (size_t)d->seq * d->hidden;
+    float *ref = malloc(per * sizeof(float));
+    cr_assert(ref);
+    stof_layer_desc d1 = *d;
+    d1.batch = 1;
+    const double tol = d->dtype == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
+    for (int b = 0; b < d->batch; b++) {
+        stof_mask *m = NULL;
+        cr_assert_eq(stof_mask_family_eval(ctx, fam, d->seq, d->seq, hd, b,
+                                           &m),
+                     STOF_OK, "%s", stof_errmsg(ctx));
+        ref_layer(&d1, m, w, xf + b * per, ref);
+        const double e = rel(yf + b * per, ref, per);
+        const int len = hd->q_len ? hd->q_len[b] : d->seq;
+        cr_log_info("%s call %d sequence %d (length %d): rel err %.3g", what,
+                    call, b, len, e);
+        cr_expect(e <= tol, "%s call %d sequence %d (length %d): relative "
+                            "error %.3g > %.3g",
+                  what, call, b, len, e, tol);
+        stof_mask_free(&m);
+    }
+    free(ref);
+}
+
 /* A family layer (BERT with padding: "dense" plus per-sequence lengths, and
  * causal within documents): one plan, runs with new instance data each
  * time, every sequence against the reference layer with that sequence's
@@ -378,9 +411,8 @@ static void family_layer_case(const char *spec, stof_dtype dt)
     lw w;
     make_weights(&r, &d, &w);
     const size_t per = (size_t)S * d.hidden, n = (size_t)B * per;
-    float *xf = NULL, *yf = malloc(n * sizeof(float)),
-          *ref = malloc(per * sizeof(float));
-    cr_assert(yf && ref);
+    float *xf = NULL, *yf = malloc(n * sizeof(float));
+    cr_assert(yf);
     CUdeviceptr x = upload(&r, dt, n, 1.0f, 0.0f, &xf), y = 0, dd = 0;
     const stof_api *api = stof__api();
     cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
@@ -438,22 +470,7 @@ static void family_layer_case(const char *spec, stof_dtype dt)
         }
         cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
         download(y, n, dt, yf);
-        stof_layer_desc d1 = d;
-        d1.batch = 1;
-        for (int b = 0; b < B; b++) {
-            stof_mask *m = NULL;
-            cr_assert_eq(stof_mask_family_eval(ctx, fam, S, S, &hd, b, &m),
-                         STOF_OK, "%s", stof_errmsg(ctx));
-            ref_layer(&d1, m, &w, xf + b * per, ref);
-            const double e = rel(yf + b * per, ref, per);
-            const double tol = dt == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
-            cr_log_info("%s run %d sequence %d (length %d): rel err %.3g",
-                        spec, it, b, qlen[b], e);
-            cr_expect(e <= tol, "%s run %d sequence %d (length %d): relative "
-                                "error %.3g > %.3g",
-                      spec, it, b, qlen[b], e, tol);
-            stof_mask_free(&m);
-        }
+        expect_family_layer(ctx, fam, &d, &w, xf, yf, &hd, spec, it);
     }
     cr_assert_eq(stof__jit_compile_count(), compiles,
                  "a run compiled something");
@@ -465,7 +482,6 @@ static void family_layer_case(const char *spec, stof_dtype dt)
     free_weights(&w);
     free(xf);
     free(yf);
-    free(ref);
     stof__ctx_pop(ctx);
     stof_close(&ctx);
 }
@@ -497,9 +513,8 @@ Test(gpu_layer, family_stack_graph_follows_a_new_bitmap)
     lw w;
     make_weights(&r, &d, &w);
     const size_t per = (size_t)S * d.hidden, n = (size_t)B * per;
-    float *xf = NULL, *yf = malloc(n * sizeof(float)),
-          *ref = malloc(per * sizeof(float));
-    cr_assert(yf && ref);
+    float *xf = NULL, *yf = malloc(n * sizeof(float));
+    cr_assert(yf);
     CUdeviceptr x = upload(&r, dt, n, 1.0f, 0.0f, &xf), y = 0, bm[2] = {0};
     const stof_api *api = stof__api();
     cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
@@ -542,20 +557,7 @@ Test(gpu_layer, family_stack_graph_follows_a_new_bitmap)
                      STOF_OK, "%s", stof_layer_errmsg(L));
         cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
         download(y, n, dt, yf);
-        stof_layer_desc d1 = d;
-        d1.batch = 1;
-        for (int b = 0; b < B; b++) {
-            stof_mask *m = NULL;
-            cr_assert_eq(stof_mask_family_eval(ctx, fam, S, S, &hd, b, &m),
-                         STOF_OK, "%s", stof_errmsg(ctx));
-            ref_layer(&d1, m, &w, xf + b * per, ref);
-            const double e = rel(yf + b * per, ref, per);
-            cr_log_info("bitmap call %d sequence %d: rel err %.3g", call, b,
-                        e);
-            cr_expect(e <= 1.5e-2,
-                      "call %d sequence %d: relative error %.3g", call, b, e);
-            stof_mask_free(&m);
-        }
+        expect_family_layer(ctx, fam, &d, &w, xf, yf, &hd, "bitmap", call);
     }
     stof_layer_free(&L);
     stof_mask_family_free(&fam);
@@ -566,7 +568,6 @@ Test(gpu_layer, family_stack_graph_follows_a_new_bitmap)
     free_weights(&w);
     free(xf);
     free(yf);
-    free(ref);
     stof__ctx_pop(ctx);
     stof_close(&ctx);
 }
