@@ -330,6 +330,12 @@ Test(cli, missing_and_bad_databases)
     cr_assert_eq(run("stats --db %s", P("text.db")), 4);
     cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
     cr_assert(strstr(err_buf, "not a SQLite database"), "%s", err_buf);
+    /* tune checks the database it would write before any GPU work (it
+     * would store nothing there). */
+    cr_assert_eq(run("tune --db %s --mask causal --shape 1x2x128x64",
+                     P("text.db")),
+                 4, "%s", err_buf);
+    cr_assert(strstr(err_buf, "not a SQLite database"), "%s", err_buf);
 
     f = fopen(P("empty.db"), "w");
     fclose(f);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "db.h"
 #include "db_tools.h"
@@ -284,6 +285,33 @@ int cmd_tune(stof_context *cpu, const opts *o)
         }
         tw_free(&w);
         return o->json ? print_json(list) : EXIT_OK;
+    }
+    /* The database the records go to, before any GPU work: one that
+     * exists must be a stof database this build can write (the library
+     * would open a foreign, newer or read-only one read-only, and tuning
+     * would store nothing); a missing one is made by the first store. */
+    {
+        char buf[4096];
+        const char *path = o->db;
+        if (!path && stof__db_default_path(buf, sizeof(buf)))
+            path = buf;
+        stof_status st = STOF_OK;
+        if (path && *path && access(path, F_OK) == 0) {
+            st = stof__dbt_check(STOF_DB_SINK(cpu), path);
+            stof_db *db = NULL;
+            if (st == STOF_OK)
+                st = stof__db_open(STOF_DB_SINK(cpu), path, NULL, &db);
+            if (st == STOF_OK && !stof__db_writable(db))
+                st = stof__fail(cpu, STOF_ERR_DATABASE,
+                                "%s cannot be written here (read-only, or "
+                                "not a database this build writes)",
+                                path);
+            stof__db_close(&db);
+        }
+        if (st != STOF_OK) {
+            tw_free(&w);
+            return fail_with(cpu, st);
+        }
     }
     int ords[TD_MAX_DEVICES], rc = EXIT_OK;
     int n_dev = td_devices(o->devices, ords, TD_MAX_DEVICES, msg, sizeof(msg),
