@@ -462,6 +462,19 @@ Test(cli, bad_workload_files)
          "bad eps=2"},
         {"mask causal\nlayer b hidden=768 heads=12 norm=batch\ntokens 1x8\n",
          "bad norm=batch"},
+        /* what a plan would refuse, named before any GPU work */
+        {"mask causal\nshape 1048576x1048576x1048576x256\n",
+         "bad.workload: bad shape 1048576x1048576x1048576x1048576x256"},
+        {"mask causal\nshape 512x512x64x64\n", "desc.batch * desc.heads"},
+        {"mask causal\nlayer b hidden=768 heads=768\ntokens 2x128\n",
+         "bad.workload:2: layer b at 2x128 tokens: desc.head_dim: 1"},
+        {"mask causal\nlayer b hidden=768 heads=12\ntokens 1048576x1048576\n",
+         "at most 2^30"},
+        {"mask causal\nlayer b hidden=100 heads=4\ntokens 1x8\n",
+         "desc.hidden 100"},
+        {"mask causal\nlayer b hidden=64 heads=2\nlayer b hidden=128 "
+         "heads=2\ntokens 1x8\n",
+         "bad.workload:3: layer b is given twice"},
     };
     /* 256 masks x 256 tokens sizes x 2 layers: more than one run tunes. */
     FILE *big = fopen(P("big.workload"), "w");
@@ -533,6 +546,15 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
     cr_assert_eq(run("tune --mask causal --layer 'x heads=2' --tokens 1x8"),
                  2);
     cr_assert(strstr(err_buf, "layer x needs hidden="), "%s", err_buf);
+    /* The same problem given twice (written two ways) is tuned once. */
+    f = fopen(P("dup.workload"), "w");
+    fputs("mask causal\nmask causal\nshape 4x16x4096x64\nshape 4 16 4096 64\n"
+          "layer a hidden=64 heads=2\ntokens 2x64 2x64\ntokens 2X64\n",
+          f);
+    fclose(f);
+    cr_assert_eq(run("tune %s --dry-run", P("dup.workload")), 0, "%s",
+                 err_buf);
+    cr_assert_eq(count_lines(out_buf), 2, "%s", out_buf);
     /* The example file parses. */
     cr_assert_eq(run("tune %s --dry-run",
                      tu_src_path("examples/layers.workload")),

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "internal.h"
+
 void tw_init(tw_workload *w)
 {
     memset(w, 0, sizeof(*w));
@@ -51,6 +53,9 @@ static int add_mask(tw_workload *w, const char *spec, int line, char *msg,
         snprintf(msg, n, "%s: 'mask' needs a spec, e.g. mask sliding:256", at);
         return 1;
     }
+    for (int i = 0; i < w->n_masks; i++)
+        if (!strcmp(w->masks[i], spec))
+            return 0; /* given before: one problem, not two */
     if (w->n_masks == TW_MAX) {
         snprintf(msg, n, "%s: more than %d masks", at, TW_MAX);
         return 1;
@@ -113,6 +118,9 @@ static int add_shape(tw_workload *w, const char *text, int line, char *msg,
                  at, text, s[4]);
         return 1;
     }
+    for (int i = 0; i < w->n_shapes; i++)
+        if (!memcmp(w->shapes[i], s, sizeof(s)))
+            return 0; /* given before (perhaps written otherwise) */
     if (w->n_shapes == TW_MAX) {
         snprintf(msg, n, "%s: more than %d shapes", at, TW_MAX);
         return 1;
@@ -203,6 +211,13 @@ static int add_tokens(tw_workload *w, char *text, int line, char *msg,
                      "(e.g. tokens 8x512)",
                      at, t, 1 << 20);
             return 1;
+        }
+        int dup = 0;
+        for (int i = 0; i < w->n_tokens; i++)
+            dup |= w->tokens[i][0] == b && w->tokens[i][1] == sq;
+        if (dup) {
+            any = 1;
+            continue;
         }
         if (w->n_tokens == TW_MAX) {
             snprintf(msg, n, "%s: more than %d tokens sizes", at, TW_MAX);
@@ -320,6 +335,14 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
                  at, L->name, L->d.heads, L->d.hidden, L->d.kv_heads);
         return 1;
     }
+    for (int i = 0; i < w->n_layers; i++)
+        if (!strcmp(w->layers[i].name, L->name)) {
+            snprintf(msg, n,
+                     "%s: layer %s is given twice (a name is its problems' "
+                     "name: give each layer its own)",
+                     at, L->name);
+            return 1;
+        }
     w->n_layers++;
     return 0;
 }
@@ -544,6 +567,31 @@ int tw_check_specs(stof_context *ctx, const tw_workload *w, char *msg,
         }
         stof_mask_free(&m);
     }
+    /* Shapes and layers as a plan checks them (no GPU, no mask built: a
+     * problem a plan would refuse is named before any tuning starts). */
+    for (int i = 0; i < w->n_shapes; i++) {
+        const int *s = w->shapes[i];
+        if (stof__attention_shape_check(ctx, s[0], s[1], 0, s[2], s[3], s[4],
+                                        STOF_DTYPE_FP16) != STOF_OK) {
+            snprintf(msg, n, "%s: bad shape %dx%dx%dx%dx%d: %s", w->source,
+                     s[0], s[1], s[2], s[3], s[4], stof_errmsg(ctx));
+            return 1;
+        }
+    }
+    for (int i = 0; i < w->n_layers; i++)
+        for (int t = 0; t < w->n_tokens; t++) {
+            const tw_layer *L = &w->layers[i];
+            stof_layer_desc d = L->d;
+            d.batch = w->tokens[t][0];
+            d.seq = w->tokens[t][1];
+            if (stof__layer_desc_check(ctx, &d) != STOF_OK) {
+                char at[600];
+                where(w, L->line, at, sizeof(at));
+                snprintf(msg, n, "%s: layer %s at %dx%d tokens: %s", at,
+                         L->name, d.batch, d.seq, stof_errmsg(ctx));
+                return 1;
+            }
+        }
     return 0;
 }
 

@@ -146,6 +146,22 @@ stof_status stof__attention_check_desc(stof_context *ctx,
     return STOF_OK;
 }
 
+stof_status stof__attention_shape_check(stof_context *ctx, int batch,
+                                        int heads, int kv_heads, int seq_q,
+                                        int seq_k, int head_dim,
+                                        stof_dtype dt)
+{
+    stof_attention_desc d;
+    if (stof_attention_desc_init(&d, batch, heads, seq_q, seq_k, head_dim, dt,
+                                 STOF_LAYOUT_BHSD) != STOF_OK)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "%d x %d heads of %d x %d x %d: sizes out of range",
+                          batch, heads, seq_q, seq_k, head_dim);
+    d.kv_heads = kv_heads;
+    float scale;
+    return stof__attention_check_problem(ctx, &d, &scale);
+}
+
 stof_status stof__attention_check_problem(stof_context *ctx,
                                           const stof_attention_desc *d,
                                           float *scale)

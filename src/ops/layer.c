@@ -145,6 +145,16 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
     return STOF_OK;
 }
 
+stof_status stof__layer_desc_check(stof_context *ctx, const stof_layer_desc *d)
+{
+    stof_status st = check_desc(ctx, d, NULL);
+    if (st != STOF_OK)
+        return st;
+    return stof__attention_shape_check(ctx, d->batch, d->heads,
+                                       d->kv_heads, d->seq, d->seq,
+                                       d->hidden / d->heads, d->dtype);
+}
+
 /* --- the chain ------------------------------------------------------------ */
 
 static void init_ops(stof_layer *L)

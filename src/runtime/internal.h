@@ -290,6 +290,18 @@ stof_status stof__ref_attention_bias(const stof_attention_desc *d,
                                      const float *k, const float *v,
                                      const float *bias, float *o);
 
+/* Whether an attention problem of these sizes (BHSD, the default scale)
+ * and a layer descriptor (its sizes, dtype and options, and its
+ * attention's) are valid, without a device: STOF_OK, or the error a plan
+ * would give, with its message (attention.c, layer.c). For checks made
+ * before any GPU work (stof-tune's workload files). */
+stof_status stof__attention_shape_check(stof_context *ctx, int batch,
+                                        int heads, int kv_heads, int seq_q,
+                                        int seq_k, int head_dim,
+                                        stof_dtype dt);
+stof_status stof__layer_desc_check(stof_context *ctx,
+                                   const stof_layer_desc *d);
+
 /* What other modules may ask of an attention plan (attention.c): whether
  * it builds a mask family's formats per run, and its database key. */
 int stof__plan_is_family(const stof_plan *p);
