@@ -19,9 +19,11 @@
 #include "tune_cli.h"
 #include "tune_devices.h"
 
-/* Devices numbered 90 and up "do not exist". */
+/* Devices numbered 90 and up "do not exist"; 80 crashes its opener. */
 static stof_status fake_open(stof_context **out, const stof_settings *s)
 {
+    if (s->device == 80)
+        raise(SIGKILL);
     stof_status st = stof__open_cpu(out, s);
     if (st == STOF_OK && s->device >= 90)
         return stof__fail(*out, STOF_ERR_NO_DEVICE, "device %d is not there",
@@ -101,6 +103,8 @@ Test(devices, a_worker_that_dies_fails_only_its_problem)
             cr_assert(!rows[i].ok);
             cr_assert(strstr(rows[i].error, "died (signal 9)"), "%s",
                       rows[i].error);
+            /* the name it was given before the worker died */
+            cr_assert_str_eq(rows[i].problem, "problem 7");
             continue;
         }
         cr_assert(rows[i].ok, "problem %d: %s", i, rows[i].error);
@@ -132,4 +136,19 @@ Test(devices, workers_that_cannot_open_their_device_say_why)
     for (int i = 0; i < N; i++)
         cr_assert(!rows[i].ok && strstr(rows[i].error, "no worker"), "%s",
                   rows[i].error);
+    /* Workers that die while opening their device are not taken as
+     * opened: the run fails, and a live one still does the work. */
+    memset(rows, 0, sizeof(rows));
+    const int crash[2] = {80, 81};
+    cr_assert_eq(td_run_with(&s, crash, 2, N, fake_plan, &j, rows, 1,
+                             fake_open),
+                 EXIT_OK);
+    for (int i = 0; i < N; i++)
+        cr_assert(rows[i].ok && rows[i].device == 81, "problem %d: %s", i,
+                  rows[i].error);
+    memset(rows, 0, sizeof(rows));
+    const int two_crash[2] = {80, 80};
+    cr_assert_eq(td_run_with(&s, two_crash, 2, N, fake_plan, &j, rows, 1,
+                             fake_open),
+                 EXIT_FAIL);
 }

@@ -186,11 +186,14 @@ static int run_here(const stof_settings *s, int ord, int n, td_problem_fn fn,
     return EXIT_OK;
 }
 
+#define TD_NOT_OPENED (-1)
+
 typedef struct td_shared {
     int next;               /* the next problem to hand out (atomic) */
     int done;               /* problems finished (atomic) */
     int current[TD_MAX_DEVICES]; /* each worker's problem, -1: none */
-    int open_rc[TD_MAX_DEVICES]; /* 0: its GPU opened */
+    int open_rc[TD_MAX_DEVICES]; /* 0: its GPU opened; TD_NOT_OPENED:
+                                    the worker has not said */
     char open_msg[TD_MAX_DEVICES][300];
     int finished[];         /* per problem: 1 when its row is written */
 } td_shared;
@@ -207,22 +210,24 @@ static void worker(td_shared *sh, tune_row *rows, int w, const stof_settings *s,
     if (st != STOF_OK) {
         snprintf(sh->open_msg[w], sizeof(sh->open_msg[w]), "%s",
                  stof_errmsg(ctx));
-        sh->open_rc[w] = exit_for(st);
+        __atomic_store_n(&sh->open_rc[w], exit_for(st), __ATOMIC_SEQ_CST);
         stof_close(&ctx);
         _exit(0);
     }
+    __atomic_store_n(&sh->open_rc[w], 0, __ATOMIC_SEQ_CST); /* opened */
     for (;;) {
         int i = __atomic_fetch_add(&sh->next, 1, __ATOMIC_SEQ_CST);
         if (i >= n)
             break;
         __atomic_store_n(&sh->current[w], i, __ATOMIC_SEQ_CST);
         const double t0 = now_s();
-        tune_row r;
-        memset(&r, 0, sizeof(r));
-        r.device = ord;
-        fn(user, ctx, i, &r);
-        r.plan_s = now_s() - t0;
-        rows[i] = r;
+        /* The shared row itself: the problem's name, set first, stays
+         * when the worker dies on it. */
+        tune_row *r = &rows[i];
+        memset(r, 0, sizeof(*r));
+        r->device = ord;
+        fn(user, ctx, i, r);
+        r->plan_s = now_s() - t0;
         __atomic_store_n(&sh->finished[i], 1, __ATOMIC_SEQ_CST);
         __atomic_store_n(&sh->current[w], -1, __ATOMIC_SEQ_CST);
         __atomic_fetch_add(&sh->done, 1, __ATOMIC_SEQ_CST);
@@ -305,6 +310,7 @@ int td_run_with(const stof_settings *s, const int *ords, int n_dev, int n,
     fflush(NULL);
     for (int w = 0; w < n_dev; w++) {
         sh->current[w] = -1;
+        sh->open_rc[w] = TD_NOT_OPENED; /* until the worker says */
         pids[w] = fork();
         if (pids[w] == 0)
             worker(sh, rw, w, s, ords[w], n, fn, user, open_fn);
@@ -320,6 +326,11 @@ int td_run_with(const stof_settings *s, const int *ords, int n_dev, int n,
     for (int w = 0; w < n_dev; w++) {
         if (!sh->open_rc[w]) {
             opened++;
+            continue;
+        }
+        if (sh->open_rc[w] == TD_NOT_OPENED) { /* died while opening */
+            err("GPU %d: its worker died while opening the device", ords[w]);
+            rc = EXIT_FAIL;
             continue;
         }
         err("GPU %d: %s", ords[w], sh->open_msg[w]);
