@@ -164,6 +164,30 @@ static double now_s(void)
 
 /* --------------------------------------------------------------- run */
 
+/* After a failed problem: whether ctx's GPU still works. A kernel fault
+ * leaves the context unusable, and every later problem would fail at once
+ * (a worker would drain the queue the healthy GPUs share). 1 when it
+ * works, or for a context without a device (a test's stand-in). */
+static int gpu_alive(stof_context *ctx, char *msg, size_t n)
+{
+    if (!ctx || !ctx->device.ok)
+        return 1;
+    const stof_api *api = stof__api();
+    if (stof__ctx_push(ctx) != STOF_OK) {
+        snprintf(msg, n, "%s", stof_errmsg(ctx));
+        return 0;
+    }
+    const CUresult e = api->cuCtxSynchronize();
+    stof__ctx_pop(ctx);
+    if (e == CUDA_SUCCESS)
+        return 1;
+    const char *es = NULL;
+    if (api->cuGetErrorString(e, &es) != CUDA_SUCCESS || !es)
+        es = "unknown error";
+    snprintf(msg, n, "CUDA error %d (%s)", (int)e, es);
+    return 0;
+}
+
 /* One device, in this process. */
 static int run_here(const stof_settings *s, int ord, int n, td_problem_fn fn,
                     void *user, tune_row *rows, int quiet)
@@ -174,11 +198,20 @@ static int run_here(const stof_settings *s, int ord, int n, td_problem_fn fn,
     int rc = open_gpu_ctx(&c, &ctx);
     if (rc)
         return rc;
+    char fault[200] = "";
     for (int i = 0; i < n; i++) {
+        if (fault[0]) { /* (the GPU is unusable: nothing more is tried) */
+            rows[i].device = ord;
+            snprintf(rows[i].error, sizeof(rows[i].error),
+                     "not tuned: GPU %d faulted earlier: %s", ord, fault);
+            continue;
+        }
         const double t0 = now_s();
         rows[i].device = ord;
-        fn(user, ctx, i, &rows[i]);
+        const int failed = fn(user, ctx, i, &rows[i]);
         rows[i].plan_s = now_s() - t0;
+        if (failed && !gpu_alive(ctx, fault, sizeof(fault)) && !fault[0])
+            snprintf(fault, sizeof(fault), "unknown error");
         if (!quiet)
             progress(i + 1, n, ord, rows[i].problem, 1);
     }
@@ -226,8 +259,21 @@ static void worker(td_shared *sh, tune_row *rows, int w, const stof_settings *s,
         tune_row *r = &rows[i];
         memset(r, 0, sizeof(*r));
         r->device = ord;
-        fn(user, ctx, i, r);
+        const int failed = fn(user, ctx, i, r);
         r->plan_s = now_s() - t0;
+        char fault[200] = "";
+        if (failed && !gpu_alive(ctx, fault, sizeof(fault))) {
+            /* This worker's GPU is unusable: it stops, and the other
+             * workers take the problems left. */
+            const size_t used = strlen(r->error);
+            snprintf(r->error + used, sizeof(r->error) - used,
+                     "%s(GPU %d then faulted: %s; its worker stopped)",
+                     used ? " " : "", ord, fault);
+            __atomic_store_n(&sh->finished[i], 1, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&sh->current[w], -1, __ATOMIC_SEQ_CST);
+            __atomic_fetch_add(&sh->done, 1, __ATOMIC_SEQ_CST);
+            _exit(0);
+        }
         __atomic_store_n(&sh->finished[i], 1, __ATOMIC_SEQ_CST);
         __atomic_store_n(&sh->current[w], -1, __ATOMIC_SEQ_CST);
         __atomic_fetch_add(&sh->done, 1, __ATOMIC_SEQ_CST);

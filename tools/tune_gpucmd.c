@@ -558,10 +558,28 @@ static void settle_miss(stof_context *ctx, const miss *ms, const char *key,
         snprintf(r->error, sizeof(r->error),
                  "recorded on another GPU, driver or build");
         r->skipped = 1;
-    } else if (strcmp(r->source, untuned)) {
+    } else if (!strcmp(r->source, untuned)) {
+        /* planned without a record (no kernel of this build fits it):
+         * the miss stays, and is not counted as tuned */
+        snprintf(r->error, sizeof(r->error),
+                 "kept: planned by %s, no tuned record", untuned);
+        r->skipped = 1;
+    } else {
+        /* The miss goes once its record is in the database: a store that
+         * failed (the database busy or full) is only a warning of the
+         * library's, and must not cost the miss. */
         stof_db *db = stof__ctx_db(ctx);
-        if (db)
+        stof_db_record rec;
+        if (db && stof__db_lookup(db, key, &rec) == STOF_OK) {
+            stof__db_record_clear(&rec);
             (void)stof__db_delete_miss(db, ms->key);
+        } else {
+            snprintf(r->error, sizeof(r->error),
+                     "tuned, but its record is not in the database (the "
+                     "store failed; STOF_LOG=warn says why): the miss is "
+                     "kept");
+            r->ok = 0;
+        }
     }
 }
 
