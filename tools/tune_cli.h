@@ -53,6 +53,11 @@ typedef struct opts {
 extern char g_first_err[1024];
 extern int g_json_printed;
 
+/* Whether ctx's GPU still works after a failure (its context synchronises
+ * without error; a kernel fault leaves it unusable), else 0 with the
+ * error in msg. 1 for a context without a device. */
+int gpu_alive(stof_context *ctx, char *msg, size_t n);
+
 /* One line on stderr, "stof-tune: ...", with everything in it escaped for
  * the terminal. */
 void err(const char *fmt, ...)

@@ -153,3 +153,25 @@ void base_settings(const opts *o, stof_settings *s)
     s->tuning_budget_s = o->budget;
 }
 
+/* (tune_cli.h) A kernel fault leaves the context failing every later
+ * call: a --devices worker would drain the queue the healthy GPUs share,
+ * and verify would blame the next records. */
+int gpu_alive(stof_context *ctx, char *msg, size_t n)
+{
+    if (!ctx || !ctx->device.ok)
+        return 1;
+    const stof_api *api = stof__api();
+    if (stof__ctx_push(ctx) != STOF_OK) {
+        snprintf(msg, n, "%s", stof_errmsg(ctx));
+        return 0;
+    }
+    const CUresult e = api->cuCtxSynchronize();
+    stof__ctx_pop(ctx);
+    if (e == CUDA_SUCCESS)
+        return 1;
+    const char *es = NULL;
+    if (api->cuGetErrorString(e, &es) != CUDA_SUCCESS || !es)
+        es = "unknown error";
+    snprintf(msg, n, "CUDA error %d (%s)", (int)e, es);
+    return 0;
+}

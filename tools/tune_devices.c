@@ -164,30 +164,6 @@ static double now_s(void)
 
 /* --------------------------------------------------------------- run */
 
-/* After a failed problem: whether ctx's GPU still works. A kernel fault
- * leaves the context unusable, and every later problem would fail at once
- * (a worker would drain the queue the healthy GPUs share). 1 when it
- * works, or for a context without a device (a test's stand-in). */
-static int gpu_alive(stof_context *ctx, char *msg, size_t n)
-{
-    if (!ctx || !ctx->device.ok)
-        return 1;
-    const stof_api *api = stof__api();
-    if (stof__ctx_push(ctx) != STOF_OK) {
-        snprintf(msg, n, "%s", stof_errmsg(ctx));
-        return 0;
-    }
-    const CUresult e = api->cuCtxSynchronize();
-    stof__ctx_pop(ctx);
-    if (e == CUDA_SUCCESS)
-        return 1;
-    const char *es = NULL;
-    if (api->cuGetErrorString(e, &es) != CUDA_SUCCESS || !es)
-        es = "unknown error";
-    snprintf(msg, n, "CUDA error %d (%s)", (int)e, es);
-    return 0;
-}
-
 /* One device, in this process. */
 static int run_here(const stof_settings *s, int ord, int n, td_problem_fn fn,
                     void *user, tune_row *rows, int quiet)

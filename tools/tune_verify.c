@@ -368,26 +368,6 @@ typedef struct tv_out {
     char (*why)[512];
 } tv_out;
 
-/* Whether ctx's CUDA context still works: a kernel that faulted leaves
- * it failing every later call (the error in msg). */
-static int tv_ctx_ok(stof_context *ctx, char *msg, size_t n)
-{
-    const stof_api *api = stof__api();
-    if (stof__ctx_push(ctx) != STOF_OK) {
-        snprintf(msg, n, "%s", stof_errmsg(ctx));
-        return 0;
-    }
-    const CUresult e = api->cuCtxSynchronize();
-    stof__ctx_pop(ctx);
-    if (e == CUDA_SUCCESS)
-        return 1;
-    const char *es = NULL;
-    if (api->cuGetErrorString(e, &es) != CUDA_SUCCESS || !es)
-        es = "unknown error";
-    snprintf(msg, n, "CUDA error %d (%s)", (int)e, es);
-    return 0;
-}
-
 /* The undecided kernel records (force: all of them; any slot) of the
  * layer whose key text is text: verdict v and why, record bad_key (when
  * not NULL) bad with bad_why instead. */
@@ -484,7 +464,7 @@ static void tv_layer(stof_context *ctx, const stof_dbt_records *l, int i,
     if (stof_layer_plan(ctx, &d, m, &L) != STOF_OK) {
         char msg[400];
         snprintf(msg, sizeof(msg), "%s", stof_errmsg(ctx));
-        if (!tv_ctx_ok(ctx, fault, fn)) {
+        if (!gpu_alive(ctx, fault, fn)) {
             tv_layer_fault(ctx, l, i, o, fault);
         } else {
             o->verdict[i] = "skipped";
@@ -613,7 +593,7 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                 tv_layer(ctx, &l, i, &o, fault, sizeof(fault));
                 /* (a kernel that faulted in the library's check may have
                  * left a plan that needed no further GPU call) */
-                if (!fault[0] && !tv_ctx_ok(ctx, fault, sizeof(fault)))
+                if (!fault[0] && !gpu_alive(ctx, fault, sizeof(fault)))
                     tv_layer_fault(ctx, &l, i, &o, fault);
                 if (fault[0])
                     snprintf(fault_key, sizeof(fault_key), "%s", r->key);
@@ -639,7 +619,7 @@ int tv_verify(stof_context *cpu, const char *path, int drop, int json,
                 snprintf(why, wn, "invalid record: %s", l.why[i]);
             } else {
                 o.verdict[i] = tv_attention(ctx, &l, r, &rel[i], why, wn);
-                if (!tv_ctx_ok(ctx, fault, sizeof(fault))) {
+                if (!gpu_alive(ctx, fault, sizeof(fault))) {
                     o.verdict[i] = "bad";
                     snprintf(why, wn, "the GPU faulted while it was "
                                       "checked: %s", fault);
