@@ -644,8 +644,8 @@ STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
  * verifies
  * against a reference kernel that evaluates the family on the GPU (the
  * first head of every sequence) with inputs made on the GPU, so host
- * memory follows the tiles, not the elements, and lengths are limited by
- * device memory and 32-bit tile indices only. Its database key is the
+ * memory follows the tiles, not the elements: lengths go up to 2^20 each
+ * (1048576, packed totals included), as for any mask. Its database key is the
  * family's, not the sample's bits: the canonical spec; batch, heads,
  * head_dim, dtype, device and versions as for any problem; seq_q and seq_k
  * each rounded up to the next of 128, 192, 256, 384, 512, 768, 1024,

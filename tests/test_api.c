@@ -295,6 +295,15 @@ Test(api, plan_without_device_says_so)
     stof_plan_free(NULL);
     cr_assert_eq(stof_plan_describe(NULL, NULL, 0, NULL),
                  STOF_ERR_INVALID_ARGUMENT);
+    /* *needed is set (0) on every error, as stof_device_describe's. */
+    size_t need = 99;
+    cr_assert_eq(stof_plan_describe(NULL, NULL, 0, &need),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(need, 0);
+    need = 99;
+    cr_assert_eq(stof_layer_describe(NULL, NULL, 5, &need),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(need, 0);
     stof_close(&ctx);
 }
 

@@ -5,6 +5,7 @@
  * argument checks.
  */
 #include <criterion/criterion.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -444,6 +445,26 @@ Test(mask, png_picture)
     cr_assert_eq(stof_mask_png(ctx, m, 16, 16, 8, png, need, &got),
                  STOF_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(stof_errmsg(ctx), "max_side"), "%s", stof_errmsg(ctx));
+    /* A success clears the last error; so does a size query, which says
+     * what it is. */
+    cr_assert_eq(stof_mask_png(ctx, m, 16, 16, 0, png, need, &got), STOF_OK);
+    cr_assert_eq(stof_errcode(ctx), STOF_OK);
+    cr_assert_str_eq(stof_errmsg(ctx), "");
+    cr_assert_eq(stof_mask_png(ctx, m, 16, 16, 0, NULL, 0, &need),
+                 STOF_ERR_BUFFER_TOO_SMALL);
+    cr_assert_eq(stof_errcode(ctx), STOF_ERR_BUFFER_TOO_SMALL);
+    /* Tiles larger than the mask (up to INT_MAX) draw it as one tile. */
+    enum { BIG = 1 << 16 };
+    unsigned char *big = malloc(BIG);
+    cr_assert(big);
+    static const int tiles[3][2] = {{INT_MAX, INT_MAX}, {INT_MAX, 1},
+                                    {1, INT_MAX}};
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(stof_mask_png(ctx, m, tiles[i][0], tiles[i][1], 0, big,
+                                   BIG, &got),
+                     STOF_OK, "%d x %d: %s", tiles[i][0], tiles[i][1],
+                     stof_errmsg(ctx));
+    free(big);
     free(png);
     stof_mask_free(&m);
     stof_close(&ctx);

@@ -78,6 +78,12 @@ stof_status stof_mask_png(stof_context *ctx, const stof_mask *m, int block_m,
                    max_side);
     *size = 0;
     const int sq = m->seq_q, sk = m->seq_k;
+    /* A tile larger than the mask draws as the whole mask (and keeps the
+     * tile counts below in range). */
+    if (block_m > sq)
+        block_m = sq;
+    if (block_n > sk)
+        block_n = sk;
     /* s x s elements a pixel, so that neither side passes max_side. */
     const int s = ((sq > sk ? sq : sk) + max_side - 1) / max_side;
     const int W = (sk + s - 1) / s, H = (sq + s - 1) / s;
@@ -154,12 +160,13 @@ stof_status stof_mask_png(stof_context *ctx, const stof_mask *m, int block_m,
     const size_t need = 8 + 25 + 12 + (size_t)zlen + 12;
     *size = need;
     if (cap < need) {
-        /* A size query (no buffer) is not an error worth a message. */
+        /* A size query (no buffer) is not an error worth a log line. */
         st = buf ? stof__fail(ctx, STOF_ERR_BUFFER_TOO_SMALL,
                               "the picture needs %zu bytes, the buffer has "
                               "%zu",
                               need, cap)
-                 : STOF_ERR_BUFFER_TOO_SMALL;
+                 : stof__fail_quiet(ctx, STOF_ERR_BUFFER_TOO_SMALL,
+                                    "the picture needs %zu bytes", need);
         goto out;
     }
     static const unsigned char sig[8] = {0x89, 'P', 'N', 'G',
@@ -175,6 +182,7 @@ stof_status stof_mask_png(stof_context *ctx, const stof_mask *m, int block_m,
     unsigned char *p = chunk(buf + 8, "IHDR", ihdr, 13);
     p = chunk(p, "IDAT", z, (uint32_t)zlen);
     chunk(p, "IEND", NULL, 0);
+    st = stof__ok(ctx);
 out:
     free(pix);
     free(tile);

@@ -60,7 +60,9 @@ static json_t *describe_kernel(const stof_plan *p, const char *dt,
 stof_status stof_plan_describe(const stof_plan *p, char *buf, size_t n,
                                size_t *needed)
 {
-    if (!p)
+    if (needed)
+        *needed = 0;
+    if (!p || (!buf && n > 0))
         return STOF_ERR_INVALID_ARGUMENT;
     const stof_attention_desc *d = &p->desc;
     static const char *const layouts[] = {"BHSD", "BSHD", "strided"};

@@ -881,7 +881,9 @@ static json_t *describe_step(const stof_layer *L, const step *st)
 stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
                                 size_t *needed)
 {
-    if (!L)
+    if (needed)
+        *needed = 0;
+    if (!L || (!buf && n > 0))
         return STOF_ERR_INVALID_ARGUMENT;
     const stof_layer_desc *d = &L->d;
     static const char *const acts[] = {"none", "gelu_tanh", "gelu_erf",

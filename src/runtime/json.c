@@ -18,6 +18,10 @@ stof_status stof__json_out(json_t *v, char *buf, size_t n, size_t *needed)
 {
     if (needed)
         *needed = 0;
+    if (!buf && n > 0) { /* (n = 0 asks for the size) */
+        json_decref(v);
+        return STOF_ERR_INVALID_ARGUMENT;
+    }
     char *text = v ? json_dumps(v, DUMP_FLAGS) : NULL;
     json_decref(v);
     if (!text)
