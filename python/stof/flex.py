@@ -6,9 +6,12 @@ switches with one line:
     out = flex_attention(q, k, v, block_mask=block_mask)
 
 The mask_mod (a BlockMask's, or one given) is evaluated on the GPU over the
-whole (Sq, Sk) grid once per mask_mod and size, and becomes a stof Mask
-(registered with stof.ops, so the call is stof.attention and its plan
-cache). Masks that depend on the batch element or head are refused by
+whole (Sq, Sk) grid once per BlockMask and size, and becomes a stof Mask
+(registered with stof.ops by its bits, so equal masks share
+stof.attention's plans). A new BlockMask is evaluated again even when its
+mask_mod is the same function: a mask_mod that reads a tensor (document
+ids, lengths) changed in place since gives its new mask, as
+create_block_mask does. Masks that depend on the batch element or head are refused by
 name (stof's 2-D masks apply to every (b, h); its mask families cover
 per-sequence data). score_mod functions are not translated: use
 stof.attention's softcap= and bias=.
@@ -17,7 +20,9 @@ import torch
 
 from . import ops as _ops
 
-_from_mods = {}  # (id(mask_mod), Sq, Sk, device) -> (mask_mod, registered name)
+# (id(block_mask), Sq, Sk, device) -> (block_mask, registered name); the
+# entry holds the BlockMask, so its id is not reused while it is cached
+_from_blocks = {}
 
 
 def mask_from_mask_mod(ctx, mask_mod, seq_q, seq_k, device="cuda", b=0, h=0):
@@ -36,12 +41,12 @@ def _evaluate(mask_mod, seq_q, seq_k, device, b, h):
     return torch.broadcast_to(mask_mod(bi, hi, qi, ki), (seq_q, seq_k)).bool()
 
 
-def _registered_name(mask_mod, batch, heads, seq_q, seq_k, device):
-    """The stof.ops name of the mask of mask_mod (made once per mask_mod,
-    size and device; refused when it depends on b or h)."""
-    key = (id(mask_mod), seq_q, seq_k, str(device))
-    hit = _from_mods.get(key)
-    if hit is not None and hit[0] is mask_mod and hit[1] in _ops._registered:
+def _registered_name(block_mask, mask_mod, batch, heads, seq_q, seq_k, device):
+    """The stof.ops name of the mask of block_mask's mask_mod (evaluated once
+    per BlockMask, size and device; refused when it depends on b or h)."""
+    key = (id(block_mask), seq_q, seq_k, str(device))
+    hit = _from_blocks.get(key)
+    if hit is not None and hit[0] is block_mask and hit[1] in _ops._registered:
         return hit[1]
     first = _evaluate(mask_mod, seq_q, seq_k, device, 0, 0)
     for b, h in ((batch - 1, 0), (0, heads - 1), (batch - 1, heads - 1)):
@@ -54,7 +59,7 @@ def _registered_name(mask_mod, batch, heads, seq_q, seq_k, device):
     ctx = _ops._context(first.device.index if first.device.index is not None
                         else torch.cuda.current_device())
     name = _ops.register_mask(ctx.mask_from_dense(first))
-    _from_mods[key] = (mask_mod, name)
+    _ops.cache_put(_from_blocks, key, (block_mask, name))
     return name
 
 
@@ -83,6 +88,6 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         mask_mod = getattr(block_mask, "mask_mod", None)
         if mask_mod is None:
             raise ValueError("stof.flex: the BlockMask has no mask_mod")
-        mask = _registered_name(mask_mod, query.shape[0], query.shape[1], sq, sk,
+        mask = _registered_name(block_mask, mask_mod, query.shape[0], query.shape[1], sq, sk,
                                 query.device)
     return _ops.attention(query, key, value, mask=mask, scale=scale)

@@ -76,6 +76,29 @@ def main():
         if not e_ours < 1e-2:
             print(f"FAIL: {name}: stof's relative error {e_ours:.2e}")
             return 1
+    # The same mask_mod function over document ids changed in place (a new
+    # batch's documents), with a new BlockMask: the new documents' mask, as
+    # torch's flex_attention gives, not the first BlockMask's.
+    docs = torch.zeros(S, dtype=torch.int64, device=DEV)
+
+    def doc_mod(b, h, qi, ki):
+        return (docs[qi] == docs[ki]) & (qi >= ki)
+
+    q = torch.randn(1, 4, S, 64, device=DEV, dtype=torch.float16)
+    k = torch.randn(1, 4, S, 64, device=DEV, dtype=torch.float16)
+    v = torch.randn(1, 4, S, 64, device=DEV, dtype=torch.float16)
+    for cut in (S // 2, S // 8):
+        docs.copy_((torch.arange(S, device=DEV) >= cut).to(torch.int64))
+        bm = create_block_mask(doc_mod, None, None, S, S, device=DEV)
+        ours = stof.flex.flex_attention(q, k, v, block_mask=bm)
+        again = stof.flex.flex_attention(q, k, v, block_mask=bm)  # cached
+        ref = reference(q, k, v, stof.flex._evaluate(doc_mod, S, S, DEV, 0, 0))
+        e, e2 = rel(ours, ref), rel(again, ref)
+        if not (e < 1e-2 and e2 < 1e-2):
+            print(f"FAIL: documents split at {cut} (ids changed in place, new "
+                  f"BlockMask): relative error {e:.2e}, cached call {e2:.2e}")
+            return 1
+    print("ok: a new BlockMask over document ids changed in place gives the new mask")
     # The Mask of a mask_mod, without a BlockMask.
     ctx = stof.Context()
     m = stof.flex.mask_from_mask_mod(ctx, lambda b, h, q, k: q >= k, 100, 80)
