@@ -513,6 +513,32 @@ Test(search, operations_share_one_pool_and_identical_kernels)
     stof_close(&ctx);
 }
 
+/* compile_threads counts for every search of a process, not only the
+ * first (which fixes libuv's pool size): at most `threads` compiles run at
+ * once. */
+Test(search, each_search_keeps_to_its_own_thread_count)
+{
+    stof_context *ctx = ctx_new();
+    const int threads[3] = {4, 1, 2};
+    for (int r = 0; r < 3; r++) {
+        fake f;
+        fake_init(&f, 8);
+        stof_search_op op = op_of(&f, "fake");
+        stof_search_opts o = {.top_k = 8, .threads = threads[r]};
+        stof_search_result res;
+        cr_assert_eq(stof__search_run(ctx, &op, 1, &o, &res), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        cr_assert_eq(f.compiles, 8);
+        cr_assert_leq(f.max_concurrent, threads[r],
+                      "search %d: %d compiles at once with threads = %d", r,
+                      f.max_concurrent, threads[r]);
+        if (threads[r] > 1)
+            cr_assert_gt(f.max_concurrent, 1, "search %d: no overlap", r);
+        stof__search_results_free(&res, 1);
+    }
+    stof_close(&ctx);
+}
+
 Test(search, model_only_compiles_the_first_choice_and_times_nothing)
 {
     stof_context *ctx = ctx_new();

@@ -4,6 +4,7 @@
 #include "search.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,66 +114,108 @@ static double now_s(void)
 }
 
 /* libuv's pool size is read once per process from UV_THREADPOOL_SIZE, at
- * its first use: set it (when the caller did not) before that. */
-static void size_pool(int threads)
+ * its first use: set it (when the caller did not) before that, once, to
+ * the larger of the cores and the first run's `threads`. Each run then
+ * keeps at most its own `threads` items in the pool (a window), so a later
+ * search's compile_threads counts too, up to that size. */
+static int want_threads(int threads)
 {
-    if (getenv("UV_THREADPOOL_SIZE"))
-        return;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 4;
     }
-    if (threads > 128)
-        threads = 128;
+    return threads > 128 ? 128 : threads;
+}
+
+static int first_threads;
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static void size_pool_once(void)
+{
+    if (getenv("UV_THREADPOOL_SIZE"))
+        return;
+    int t = want_threads(0);
+    if (first_threads > t)
+        t = first_threads;
     char v[16];
-    snprintf(v, sizeof(v), "%d", threads);
+    snprintf(v, sizeof(v), "%d", t);
     setenv("UV_THREADPOOL_SIZE", v, 0);
 }
 
+static void size_pool(int threads)
+{
+    /* (a racing first call's value may be the one taken: either is valid) */
+    if (!first_threads)
+        first_threads = want_threads(threads);
+    pthread_once(&pool_once, size_pool_once);
+}
+
+typedef struct pool_run_state pool_run_state;
+
 typedef struct pool_item {
     uv_work_t req;
-    void (*fn)(void *user, int i);
-    void *user;
+    pool_run_state *run;
     int i;
 } pool_item;
+
+struct pool_run_state {
+    uv_loop_t loop;
+    pool_item *items;
+    void (*fn)(void *user, int i);
+    void *user;
+    int n, next;
+};
 
 static void pool_work(uv_work_t *req)
 {
     pool_item *it = req->data;
-    it->fn(it->user, it->i);
+    it->run->fn(it->run->user, it->i);
+}
+
+static void pool_after(uv_work_t *req, int status);
+
+/* Queue item r->next (on the loop's thread); an item the pool refuses
+ * runs here. Returns 0 when nothing is left to queue. */
+static int pool_queue_next(pool_run_state *r)
+{
+    while (r->next < r->n) {
+        pool_item *it = &r->items[r->next++];
+        it->run = r;
+        it->i = (int)(it - r->items);
+        it->req.data = it;
+        if (uv_queue_work(&r->loop, &it->req, pool_work, pool_after) == 0)
+            return 1;
+        r->fn(r->user, it->i); /* no pool: here */
+    }
+    return 0;
 }
 
 static void pool_after(uv_work_t *req, int status)
 {
-    (void)req;
     (void)status; /* a cancelled item leaves its result unset: the caller
                      sees that as a failure */
+    pool_item *it = req->data;
+    pool_queue_next(it->run); /* the window moves on by one */
 }
 
 void stof__pool_run(int threads, int n, void (*fn)(void *user, int i),
                     void *user)
 {
-    pool_item *items = calloc((size_t)(n > 0 ? n : 1), sizeof(*items));
-    uv_loop_t loop;
-    const int loop_ok = items && uv_loop_init(&loop) == 0;
-    int queue_ok = loop_ok;
-    if (loop_ok)
-        size_pool(threads);
-    for (int i = 0; i < n; i++) {
-        if (queue_ok) {
-            items[i] = (pool_item){.fn = fn, .user = user, .i = i};
-            items[i].req.data = &items[i];
-            if (uv_queue_work(&loop, &items[i].req, pool_work, pool_after) == 0)
-                continue;
-            queue_ok = 0;
-        }
-        fn(user, i); /* no pool: here */
+    pool_run_state r = {.fn = fn, .user = user, .n = n > 0 ? n : 0};
+    r.items = calloc((size_t)(n > 0 ? n : 1), sizeof(*r.items));
+    if (!r.items || uv_loop_init(&r.loop) != 0) {
+        for (int i = 0; i < n; i++)
+            fn(user, i); /* no pool: here */
+        free(r.items);
+        return;
     }
-    if (loop_ok) {
-        uv_run(&loop, UV_RUN_DEFAULT);
-        uv_loop_close(&loop);
-    }
-    free(items);
+    size_pool(threads);
+    const int window = want_threads(threads);
+    for (int k = 0; k < window && pool_queue_next(&r); k++)
+        ;
+    uv_run(&r.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&r.loop);
+    free(r.items);
 }
 
 /* One compile: candidate `cand` of operation `op`. Jobs with the same
