@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <sqlite3.h>
@@ -287,6 +288,34 @@ Test(cli, show_mask_counts_tiles_and_draws)
     cr_assert_eq(count_lines(err_buf), 1, "%s", err_buf);
     cr_assert_eq(run("show-mask causal 64 --png %s", P("nodir/x.png")), 1);
     cr_assert(strstr(err_buf, "cannot write"), "%s", err_buf);
+    cr_assert_eq(run("show-mask causal 64 --tile 7x3"), 2);
+    cr_assert(strstr(err_buf, "power of two"), "%s", err_buf);
+    /* The picture replaces a PNG (m.png above), nothing else: not
+     * someone's notes, a link, a directory or a device. */
+    cr_assert_eq(run("show-mask causal 64 --png %s", P("m.png")), 0, "%s",
+                 err_buf);
+    FILE *nf = fopen(P("notes.txt"), "w");
+    fputs("my notes\n", nf);
+    fclose(nf);
+    cr_assert_eq(symlink(P("m.png"), P("link.png")), 0);
+    const char *keep[] = {"notes.txt", "link.png", "."};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(run("show-mask causal 64 --png %s", P(keep[i])), 1, "%s",
+                     keep[i]);
+        cr_assert(strstr(err_buf, "not replaced") ||
+                      strstr(err_buf, "directory"),
+                  "%s", err_buf);
+    }
+    nf = fopen(P("notes.txt"), "r");
+    char line[32] = "";
+    cr_assert(fgets(line, sizeof(line), nf));
+    fclose(nf);
+    cr_assert_str_eq(line, "my notes\n");
+    struct stat sb;
+    cr_assert(lstat(P("link.png"), &sb) == 0 && S_ISLNK(sb.st_mode));
+    if (exists("/dev/null"))
+        cr_assert_eq(run("show-mask causal 64 --png /dev/null"), 1);
+    cr_assert(!has_tmp_files());
 }
 
 Test(cli, usage_errors)
@@ -299,6 +328,8 @@ Test(cli, usage_errors)
     cr_assert_eq(count_lines(err_buf), 1);
     cr_assert_eq(run("ls --db"), 2);
     cr_assert_eq(run("show"), 2);
+    cr_assert_eq(run("show ''"), 2); /* an empty key is no prefix */
+    cr_assert(strstr(err_buf, "give a key"), "%s", err_buf);
     cr_assert_eq(run("merge -o %s", P("x.db")), 2);
     cr_assert_eq(run("merge %s", P("a.db")), 2); /* no -o */
     cr_assert_eq(run("export"), 2);
@@ -308,6 +339,28 @@ Test(cli, usage_errors)
     cr_assert_eq(run("tune --mask causal --shape 1x2x3"), 2);
     cr_assert(strstr(err_buf, "bad shape"), "%s", err_buf);
     cr_assert_eq(run("tune --mask causal --shape 1x2x64x64 --dtype fp8"), 2);
+    /* --json: a usage error is a JSON document too (options that do not
+     * parse, a missing value, a wrong count of arguments). */
+    const char *bad_json[] = {"tune --json --bogus", "ls --json --db",
+                              "ls --json extra --db x.db"};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(run("%s", bad_json[i]), 2, "%s", bad_json[i]);
+        cr_assert(strstr(out_buf, "{\"error\":") &&
+                      strstr(out_buf, "\"exit\":2}"),
+                  "%s: stdout '%s'", bad_json[i], out_buf);
+    }
+    /* Help written to a full disk is an error, not a success. */
+    if (exists("/dev/full")) {
+        const char *helps[] = {"--help", "ls --help", "--version"};
+        for (int i = 0; i < 3; i++) {
+            char cmd[1024];
+            snprintf(cmd, sizeof(cmd), "'%s' %s >/dev/full 2>/dev/null",
+                     getenv("STOF_TUNE"), helps[i]);
+            const int st = system(cmd);
+            cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0,
+                      "%s to a full disk: exit 0", helps[i]);
+        }
+    }
 }
 
 /* ------------------------------------------------------- bad inputs */
@@ -525,6 +578,12 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
     cr_assert(strstr(err_buf, "go without one"), "%s", err_buf);
     cr_assert_eq(run("tune %s --mask causal --dry-run", P("mix.workload")),
                  2);
+    /* A --devices value that could never run is refused by a dry run too. */
+    cr_assert_eq(run("tune %s --dry-run --devices bogus", P("mix.workload")),
+                 2);
+    cr_assert(strstr(err_buf, "--devices"), "%s", err_buf);
+    cr_assert_eq(run("tune %s --dry-run --devices 0,1", P("mix.workload")), 0,
+                 "%s", err_buf);
     cr_assert_eq(run("tune %s --dry-run --json", P("mix.workload")), 0);
     cr_assert(out_buf[0] == '[' && strstr(out_buf, "\"layer dec causal "
                                                    "2x128 bf16\""),

@@ -5,6 +5,7 @@
  * database on the first run, database hits after), runs it, checks a
  * sample of rows against the C reference and reports the kernel time.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -40,9 +41,10 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: stof-demo [options]\n"
             "\n"
-            "Builds the public mask suite (BENCH.md) and its sparse formats on "
-            "the CPU;\nwith a GPU, also plans, runs and checks masked attention "
-            "for each mask.\n"
+            "Builds the public mask suite (the masks of "
+            "examples/suite.workload) and\nits sparse formats on the CPU; "
+            "with a GPU, also plans, runs and checks\nmasked attention for "
+            "each mask.\n"
             "\n"
             "options:\n"
             "  --seq N        sequence length (default 4096)\n"
@@ -209,7 +211,7 @@ out_nopop:
 
 
 
-int main(int argc, char **argv)
+static int demo(int argc, char **argv)
 {
     demo_opts o = {4096, 1, 8, 64, 0, STOF_DTYPE_FP16};
     static const struct option longopts[] = {
@@ -241,6 +243,11 @@ int main(int argc, char **argv)
         case 'd':
             if (!parse_int(optarg, "--head-dim", 16, 256, &o.head_dim))
                 return 2;
+            if (o.head_dim % 8) {
+                fprintf(stderr, "stof-demo: --head-dim %d: must be a multiple "
+                                "of 8\n", o.head_dim);
+                return 2;
+            }
             break;
         case 'B':
             o.dtype = STOF_DTYPE_BF16;
@@ -360,4 +367,18 @@ int main(int argc, char **argv)
     }
     printf("\nall checks passed\n");
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = demo(argc, argv);
+    /* Output that could not be written (a full disk, a closed pipe) is a
+     * failure, --help included. */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "stof-demo: cannot write the output: %s\n",
+                strerror(errno));
+        if (!rc)
+            rc = 1;
+    }
+    return rc;
 }

@@ -223,7 +223,8 @@ static const command commands[] = {
      "                          [--pixels PX] [--json]\n"
      "\n"
      "A mask spec at a size as the kernels see it: its density, digest and\n"
-     "tiles (--tile, default 128x128) full, partial and empty. --png FILE\n"
+     "tiles (--tile, default 128x128; powers of two from 16 to 256) full,\n"
+     "partial and empty. --png FILE (a new file, or a PNG it replaces)\n"
      "draws it: keys left to right, queries top to bottom, full tiles\n"
      "blue, partial tiles orange (darker where more elements are allowed),\n"
      "empty tiles white, at most PX pixels a side (--pixels, default\n"
@@ -464,7 +465,40 @@ static int parse_opts(const command *c, int argc, char **argv, opts *o)
     return 1;
 }
 
-int main(int argc, char **argv)
+/* The exit code once stdout is flushed: a write that failed (a full disk,
+ * a closed pipe) is an error even for --help. */
+static int finish(int rc)
+{
+    fflush(stdout);
+    if (ferror(stdout)) {
+        err("cannot write the output: %s", strerror(errno));
+        rc = rc ? rc : EXIT_FAIL;
+    }
+    return rc;
+}
+
+/* A failed command's JSON error document, when --json was asked and the
+ * command printed none (its arguments may not even have parsed). */
+static void json_error(int rc)
+{
+    if (rc != EXIT_OK && !g_json_printed)
+        (void)print_json(json_pack("{s:s, s:i}", "error",
+                                   g_first_err[0] ? g_first_err : "failed",
+                                   "exit", rc));
+}
+
+static int wants_json(int argc, char **argv)
+{
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--"))
+            break;
+        if (!strcmp(argv[i], "--json"))
+            return 1;
+    }
+    return 0;
+}
+
+static int run(int argc, char **argv)
 {
     if (argc < 2) {
         usage_main(stderr);
@@ -498,8 +532,11 @@ int main(int argc, char **argv)
     }
     static opts o;
     o.cmd = c->name;
-    if (!parse_opts(c, argc - 1, argv + 1, &o))
+    if (!parse_opts(c, argc - 1, argv + 1, &o)) {
+        if (wants_json(argc, argv))
+            json_error(EXIT_USAGE);
         return EXIT_USAGE;
+    }
     if (o.help) {
         printf("%s%s", c->usage, exit_text);
         return EXIT_OK;
@@ -513,19 +550,18 @@ int main(int argc, char **argv)
     stof_context *ctx = open_cpu_ctx();
     if (!ctx) {
         err("out of memory");
+        if (o.json)
+            json_error(EXIT_FAIL);
         return EXIT_FAIL;
     }
     int rc = c->fn(ctx, &o);
-    if (rc != EXIT_OK && o.json && !g_json_printed)
-        (void)print_json(json_pack("{s:s, s:i}", "error",
-                                   g_first_err[0] ? g_first_err
-                                                  : "failed",
-                                   "exit", rc));
-    fflush(stdout);
-    if (ferror(stdout)) {
-        err("cannot write the output: %s", strerror(errno));
-        rc = rc ? rc : EXIT_FAIL;
-    }
+    if (o.json)
+        json_error(rc);
     stof_close(&ctx);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    return finish(run(argc, argv));
 }

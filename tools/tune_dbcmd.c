@@ -188,6 +188,10 @@ int cmd_show(stof_context *ctx, const opts *o)
         return EXIT_USAGE;
     const char *key = o->pos[0];
     size_t kn = strlen(key);
+    if (!kn) {
+        err("show: give a key or a prefix of one (see stof-tune ls)");
+        return EXIT_USAGE;
+    }
     stof_dbt_records l;
     int rc = read_records(ctx, path, &l);
     if (rc)

@@ -72,44 +72,61 @@ static int device_count(char *why, size_t n)
     return count;
 }
 
+/* The list of --devices (syntax only): the ordinals into ords, k of them
+ * (0 for "all" or NULL), or -1 with a message. */
+static int parse_list(const char *spec, int *ords, int max, char *msg,
+                      size_t n)
+{
+    int k = 0;
+    if (!spec || strcmp(spec, "all") == 0)
+        return 0;
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= 1 << 16 ||
+            (*end && *end != ',')) {
+            snprintf(msg, n,
+                     "--devices: '%s' is not 'all' or a list of GPU "
+                     "ordinals such as 0,1",
+                     spec);
+            return -1;
+        }
+        for (int i = 0; i < k; i++)
+            if (ords[i] == (int)v) {
+                snprintf(msg, n, "--devices: GPU %ld is listed twice", v);
+                return -1;
+            }
+        if (k == max) {
+            snprintf(msg, n, "--devices: more than %d GPUs", max);
+            return -1;
+        }
+        ords[k++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!k) {
+        snprintf(msg, n, "--devices: no GPU given");
+        return -1;
+    }
+    return k;
+}
+
+int td_devices_syntax(const char *spec, char *msg, size_t n)
+{
+    int ords[TD_MAX_DEVICES];
+    return parse_list(spec, ords, TD_MAX_DEVICES, msg, n) >= 0;
+}
+
 int td_devices(const char *spec, int *ords, int max, char *msg, size_t n,
                int *rc)
 {
     *rc = EXIT_USAGE;
-    int k = 0;
-    if (!spec) {
+    int k = parse_list(spec, ords, max, msg, n);
+    if (k < 0)
+        return 0;
+    if (!spec)
         ords[k++] = 0; /* GPU 0, checked below like any list */
-    } else if (strcmp(spec, "all") != 0) {
-        const char *p = spec;
-        while (*p) {
-            char *end;
-            errno = 0;
-            long v = strtol(p, &end, 10);
-            if (end == p || errno || v < 0 || v >= 1 << 16 ||
-                (*end && *end != ',')) {
-                snprintf(msg, n,
-                         "--devices: '%s' is not 'all' or a list of GPU "
-                         "ordinals such as 0,1",
-                         spec);
-                return 0;
-            }
-            for (int i = 0; i < k; i++)
-                if (ords[i] == (int)v) {
-                    snprintf(msg, n, "--devices: GPU %ld is listed twice", v);
-                    return 0;
-                }
-            if (k == max) {
-                snprintf(msg, n, "--devices: more than %d GPUs", max);
-                return 0;
-            }
-            ords[k++] = (int)v;
-            p = *end ? end + 1 : end;
-        }
-        if (!k) {
-            snprintf(msg, n, "--devices: no GPU given");
-            return 0;
-        }
-    }
     char why[300] = "";
     int count = device_count(why, sizeof(why));
     if (count <= 0) {

@@ -41,6 +41,10 @@ typedef int (*td_problem_fn)(void *user, stof_context *ctx, int i,
 int td_devices(const char *spec, int *ords, int max, char *msg, size_t n,
                int *rc);
 
+/* Whether --devices' value is well formed (no GPU is looked at); else 0
+ * with a message in msg. */
+int td_devices_syntax(const char *spec, char *msg, size_t n);
+
 /* Run problems 0..n-1 on the devices: on one device in this process, on
  * several in one forked worker per device that takes the next problem
  * until none is left. A worker that dies fails the problem it was on and

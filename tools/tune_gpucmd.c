@@ -5,12 +5,14 @@
  * worker per GPU (tune_devices.h). Plan descriptions and recorded misses
  * are read, and the --json summary is written, with jansson.
  */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -236,6 +238,28 @@ static int count_failed(const tune_row *rows, int n, int *skipped)
     return failed;
 }
 
+/* Whether a new file at path could be made: the nearest directory above
+ * it that exists is writable (the library makes the missing ones). */
+static int dir_writable(const char *path)
+{
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    for (;;) {
+        char *slash = strrchr(dir, '/');
+        if (!slash)
+            snprintf(dir, sizeof(dir), ".");
+        else if (slash == dir)
+            dir[1] = 0;
+        else
+            *slash = 0;
+        struct stat sb;
+        if (stat(dir, &sb) == 0)
+            return S_ISDIR(sb.st_mode) && access(dir, W_OK | X_OK) == 0;
+        if (errno != ENOENT || !strcmp(dir, ".") || !strcmp(dir, "/"))
+            return 1; /* (the library says why) */
+    }
+}
+
 int cmd_tune(stof_context *cpu, const opts *o)
 {
     tw_workload w;
@@ -268,6 +292,11 @@ int cmd_tune(stof_context *cpu, const opts *o)
         err("%s", msg);
         tw_free(&w);
         return o->n_pos == 1 ? EXIT_FAIL : EXIT_USAGE;
+    }
+    if (!td_devices_syntax(o->devices, msg, sizeof(msg))) {
+        err("%s", msg); /* (a --dry-run too) */
+        tw_free(&w);
+        return EXIT_USAGE;
     }
     if (o->dry_run) { /* the problems' names, nothing tuned */
         json_t *list = o->json ? json_array() : NULL;
@@ -307,6 +336,10 @@ int cmd_tune(stof_context *cpu, const opts *o)
                                 "not a database this build writes)",
                                 path);
             stof__db_close(&db);
+        } else if (path && *path && !dir_writable(path)) {
+            err("%s cannot be made: its directory is not writable", path);
+            tw_free(&w);
+            return EXIT_DB;
         }
         if (st != STOF_OK) {
             tw_free(&w);

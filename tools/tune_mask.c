@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tune_cli.h"
@@ -34,16 +35,61 @@ static int parse_size(const char *s, int *sq, int *sk)
     return 1;
 }
 
-/* "BMxBN" tiles (each 1 .. 4096). */
+static int tile_ok(int t)
+{
+    return t >= 16 && t <= 256 && (t & (t - 1)) == 0;
+}
+
+/* "BMxBN" tiles (each a power of two from 16 to 256, as the formats take). */
 static int parse_tile(const char *s, int *bm, int *bn)
 {
     int a = 0, b = 0;
     char c = 0;
-    if (sscanf(s, "%dx%d%c", &a, &b, &c) != 2 || a < 1 || b < 1 ||
-        a > 4096 || b > 4096)
+    if (sscanf(s, "%dx%d%c", &a, &b, &c) != 2 || !tile_ok(a) || !tile_ok(b))
         return 0;
     *bm = a;
     *bn = b;
+    return 1;
+}
+
+/* Whether path may be replaced by a picture: absent, or a regular file
+ * (not a link) that is writable and empty or a PNG already. Anything else
+ * is refused, not replaced (a device, a pipe, a link, someone's notes). */
+static int png_destination_ok(const char *path)
+{
+    struct stat sb;
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT)
+            return 1;
+        err("show-mask: %s: %s", path, strerror(errno));
+        return 0;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        err("show-mask: %s is a directory: give the picture's file name", path);
+        return 0;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        err("show-mask: %s exists and is not a regular file: not replaced",
+            path);
+        return 0;
+    }
+    if (access(path, W_OK) != 0) {
+        err("show-mask: %s is not writable (mode %04o): not replaced", path,
+            (unsigned)(sb.st_mode & 07777));
+        return 0;
+    }
+    unsigned char head[8];
+    FILE *f = fopen(path, "rb");
+    const size_t n = f ? fread(head, 1, sizeof(head), f) : 0;
+    if (f)
+        fclose(f);
+    if (sb.st_size != 0 &&
+        (n != sizeof(head) || memcmp(head, "\x89PNG\r\n\x1a\n", 8) != 0)) {
+        err("show-mask: %s exists and is not a PNG picture: not replaced; "
+            "remove it or choose another name",
+            path);
+        return 0;
+    }
     return 1;
 }
 
@@ -51,6 +97,8 @@ static int parse_tile(const char *s, int *bm, int *bn)
 static int write_png(stof_context *ctx, const stof_mask *m, int bm, int bn,
                      int px, const char *path)
 {
+    if (!png_destination_ok(path))
+        return EXIT_FAIL;
     size_t need = 0;
     stof_status st = stof_mask_png(ctx, m, bm, bn, px, NULL, 0, &need);
     if (st != STOF_ERR_BUFFER_TOO_SMALL)
@@ -90,7 +138,8 @@ int cmd_show_mask(stof_context *ctx, const opts *o)
         return EXIT_USAGE;
     }
     if (o->tile && !parse_tile(o->tile, &bm, &bn)) {
-        err("show-mask: --tile '%s' is not BMxBN (1 to 4096 each)", o->tile);
+        err("show-mask: --tile '%s' is not BMxBN (each a power of "
+            "two from 16 to 256)", o->tile);
         return EXIT_USAGE;
     }
     if (o->pixels && (o->pixels < 16 || o->pixels > 8192)) {
