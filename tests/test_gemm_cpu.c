@@ -532,6 +532,29 @@ Test(gemm_cpu, hopper_template)
     cr_expect_eq(stof__gemm_norm_ws_max(&dev, 4096, 768),
                  stof__gemm_ws_bytes(&w128, &ln, 4096, 768));
     cr_expect_eq(stof__gemm_norm_ws_max(NULL, 128, 768), 0u);
+    /* The layer's workspace is exactly the largest its norm candidates
+     * need: none where no wgmma tile can take a row (N > 16 x 256), and
+     * the narrowest legal tile's where 128 columns cannot (N > 2048). */
+    {
+        const int ms[] = {128, 4096, 32768}, ns[] = {768,  1024, 2048, 3072,
+                                                     4096, 5120, 8192, 16384};
+        stof_gemm_cfg cc[64];
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 8; b++) {
+                const int got = stof__gemm_candidates(&dev, &ln, ms[a], ns[b],
+                                                      1024, cc, 64);
+                size_t most = 0;
+                for (int i = 0; i < got; i++) {
+                    const size_t w =
+                        stof__gemm_ws_bytes(&cc[i], &ln, ms[a], ns[b]);
+                    most = w > most ? w : most;
+                }
+                cr_expect_eq(stof__gemm_norm_ws_max(&dev, ms[a], ns[b]), most,
+                             "M %d N %d: workspace %zu, candidates need %zu",
+                             ms[a], ns[b],
+                             stof__gemm_norm_ws_max(&dev, ms[a], ns[b]), most);
+            }
+    }
     n = stof__gemm_candidates(&dev, &ln, 4096, 4096, 4096, c, 64);
     n_wg = 0;
     for (int i = 0; i < n; i++) {

@@ -347,10 +347,18 @@ size_t stof__gemm_norm_ws_max(const stof_device *dev, int M, int N)
 {
     if (!dev || !dev->ok || dev->cc_major != 9 || dev->cc_minor != 0)
         return 0;
-    const stof_gemm_cfg c = {WG_BM, norm_narrow(dev, M, N) ? 64 : 128,
-                             WG_BK, 1, 1, 2, 1, 1, 0};
-    const stof_gemm_epi e = {0, 0, 0, 1, 0, 0};
-    return stof__gemm_ws_bytes(&c, &e, M, N);
+    /* The narrowest tile a row norm over N may take (64 columns only when
+     * norm_narrow offers them); none when even 256 columns leave a row
+     * more tiles than it may have (no norm GEMM can run). */
+    static const int widths[] = {64, 128, 192, 256};
+    for (int i = norm_narrow(dev, M, N) ? 0 : 1; i < 4; i++) {
+        if ((N + widths[i] - 1) / widths[i] > WG_NORM_TILES)
+            continue;
+        const stof_gemm_cfg c = {WG_BM, widths[i], WG_BK, 1, 1, 2, 1, 1, 0};
+        const stof_gemm_epi e = {0, 0, 0, 1, 0, 0};
+        return stof__gemm_ws_bytes(&c, &e, M, N);
+    }
+    return 0;
 }
 
 int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,

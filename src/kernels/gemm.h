@@ -125,7 +125,7 @@ size_t stof__gemm_ws_bytes(const stof_gemm_cfg *c, const stof_gemm_epi *e,
 
 /* The largest workspace (stof__gemm_ws_bytes) a Hopper norm candidate of
  * stof__gemm_candidates for M x N needs on dev (its narrowest tile's): 0
- * off Hopper. */
+ * off Hopper, and when no norm tile can take a row of N. */
 size_t stof__gemm_norm_ws_max(const stof_device *dev, int M, int N);
 
 /* Dynamic shared memory of one CTA in bytes. */

@@ -513,6 +513,23 @@ stof_status stof__layer_buffers(stof_layer *L, size_t lt_bytes, int all)
     const stof_api *api = ctx->api;
     size_t off[SYM_COUNT];
     size_t total = stof__layer_buf_layout(L, all, off);
+    /* The norm workspace: a search's, for any candidate; the chosen
+     * kernels', what their norm GEMMs need (none when no norm is fused
+     * into a Hopper GEMM). */
+    if (all) {
+        L->norm_ws_bytes = L->norm_ws_max;
+    } else {
+        L->norm_ws_bytes = 0;
+        for (int i = 0; i < G_COUNT; i++) {
+            const gemm_op *g = &L->g[i];
+            const size_t need =
+                g->ok && !g->lt
+                    ? stof__gemm_ws_bytes(&g->cfg, &g->epi, g->M, g->N)
+                    : 0;
+            if (need > L->norm_ws_bytes)
+                L->norm_ws_bytes = need;
+        }
+    }
     /* The workspace of a Hopper GEMM with a norm (norm_ws_bytes), zeroed
      * here once; then cuBLASLt's, as much as the caller knows its kernels
      * need (one cuMemAlloc a plan: each costs a warm plan tens of
@@ -741,7 +758,8 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
      * candidates' (their narrowest tile's); a stored tile that needs more
      * (valid but no candidate at this size, e.g. 64 columns at 4096
      * tokens) is refused when loaded (layer_db.c). */
-    L->norm_ws_bytes = stof__gemm_norm_ws_max(&ctx->device, L->M, d->hidden);
+    L->norm_ws_max = stof__gemm_norm_ws_max(&ctx->device, L->M, d->hidden);
+    L->norm_ws_bytes = L->norm_ws_max;
     char why[256];
     if (!stof__blaslt_available(why, sizeof(why)))
         stof__log(ctx, STOF_LOG_INFO, "cuBLASLt is not a candidate: %s",

@@ -112,6 +112,9 @@ struct stof_layer {
     int lt_in_mem;            /* 1: lt_ws is lt_mem */
     size_t norm_ws_bytes;     /* its size: a stored configuration needing
                                  more is not used */
+    size_t norm_ws_max;       /* the most a candidate needs (a search's
+                                 buffers); the chosen kernels' buffers
+                                 hold what they need */
     CUstream cap_stream;
     CUgraph graph;
     CUgraphExec gexec;
