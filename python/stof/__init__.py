@@ -46,6 +46,7 @@ import sys
 import weakref
 import json
 import math
+import operator
 import os
 
 __all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
@@ -95,6 +96,59 @@ class StofError(RuntimeError):
     def __init__(self, status, message):
         super().__init__(message)
         self.status = status
+
+
+# C integer types as (lowest, highest, what): Python's ints cross into C
+# through _c_int, which refuses one out of range (ctypes would wrap it).
+_C_INT = (-2 ** 31, 2 ** 31 - 1, "a C int")
+_C_INT64 = (-2 ** 63, 2 ** 63 - 1, "a C int64_t")
+_C_PTR = (0, 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)) - 1, "a pointer-sized handle")
+# A 32-bit bitmap word, signed (pack_bitmap) or not; a seed, int64 or uint64.
+_C_WORD = (-2 ** 31, 2 ** 32 - 1, "a 32-bit word, signed or not")
+_C_SEED = (-2 ** 63, 2 ** 64 - 1, "a 64-bit seed, signed or not")
+
+
+def _arg_name(name, index):
+    return name + "".join("[%d]" % i for i in index)
+
+
+def _c_int(value, name, c_type=_C_INT, index=()):
+    """value as a Python int in the range of c_type (lowest, highest, what),
+    for an argument or struct field that goes to C: ctypes silently wraps an
+    int out of range (2**32 + 8 becomes 8). Refuses anything that is not an
+    integer (a bool, a float: int() would truncate it; a string) with a
+    TypeError and an integer out of range with a ValueError, naming the
+    argument (name, followed by [i] for each of index) and the range."""
+    if type(value) is int:
+        v = value
+    else:
+        if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool") or \
+                not hasattr(type(value), "__index__"):
+            raise TypeError("%s must be an integer, not %s %r"
+                            % (_arg_name(name, index), type(value).__name__, value))
+        v = operator.index(value)
+        if isinstance(v, bool):
+            raise TypeError("%s must be an integer, not a bool" % _arg_name(name, index))
+    lo, hi, what = c_type
+    if not lo <= v <= hi:
+        raise ValueError("%s = %d is out of range: it must be in %d..%d (%s)"
+                         % (_arg_name(name, index), v, lo, hi, what))
+    return v
+
+
+def _c_str(value, name):
+    """A str argument (or a path, os.PathLike) as the bytes of a C string: a
+    str only (TypeError otherwise, bytes included), without a NUL character (ValueError: C
+    would read the string only up to it)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise TypeError("%s must be a str, not %s %r" % (name, type(value).__name__,
+                                                         value))
+    if "\0" in value:
+        raise ValueError("%s contains a NUL character (at index %d), where C would "
+                         "cut it: %r" % (name, value.index("\0"), value))
+    return value.encode()
 
 
 def library_path():
@@ -285,11 +339,13 @@ def _list_shape(v):
     return tuple(shape)
 
 
-def _flat_nested(v):
-    """The ints of nested lists, in order."""
+def _flat_nested(v, name="value", c_type=_C_INT, index=()):
+    """The ints of nested lists, in order, each in c_type's range
+    (_c_int; name and index name an element that is not)."""
     if not isinstance(v, (list, tuple)):
-        return [int(v)]
-    return [x for e in v for x in _flat_nested(e)]
+        return [_c_int(v, name, c_type, index)]
+    return [x for i, e in enumerate(v) for x in _flat_nested(e, name, c_type,
+                                                              index + (i,))]
 
 
 def _bitmap_field(d, val, device, keep, batch, seq_q, seq_k):
@@ -312,8 +368,9 @@ def _bitmap_field(d, val, device, keep, batch, seq_q, seq_k):
     if shape[-1] < (seq_k + 31) // 32:
         raise ValueError("bitmap has %d words a row; %d keys need %d"
                          % (shape[-1], seq_k, (seq_k + 31) // 32))
-    d.bitmap_words = shape[-1]
-    d.bitmap_stride = 0 if len(shape) == 2 else shape[1] * shape[2]
+    d.bitmap_words = _c_int(shape[-1], "bitmap's words a row")
+    d.bitmap_stride = _c_int(0 if len(shape) == 2 else shape[1] * shape[2],
+                             "bitmap's words a sequence", _C_INT64)
     if device is not None:
         torch = _torch()
         if not isinstance(val, torch.Tensor) or not val.is_cuda or \
@@ -324,8 +381,8 @@ def _bitmap_field(d, val, device, keep, batch, seq_q, seq_k):
         keep.append(val)
         d.bitmap = val.data_ptr()
         return
-    ints = _flat_ints(val.reshape(-1)) if hasattr(val, "reshape") \
-        else _flat_nested(val)
+    ints = _flat_ints(val.reshape(-1), "bitmap", _C_WORD) if hasattr(val, "reshape") \
+        else _flat_nested(val, "bitmap", _C_WORD)
     n = 1
     for x in shape:
         n *= x
@@ -336,16 +393,18 @@ def _bitmap_field(d, val, device, keep, batch, seq_q, seq_k):
     d.bitmap = ctypes.addressof(t)
 
 
-def _flat_ints(val):
-    """A list of ints from a list, a nested list or anything with tolist()."""
+def _flat_ints(val, name="value", c_type=_C_INT):
+    """A list of ints from a list, a nested list or anything with tolist(),
+    each in c_type's range (_c_int: name[i] or name[i][j] is named where
+    one is not)."""
     if hasattr(val, "tolist"):
         val = val.tolist()
     out = []
-    for x in val:
+    for i, x in enumerate(val):
         if isinstance(x, (list, tuple)):
-            out.extend(int(y) for y in x)
+            out.extend(_c_int(y, name, c_type, (i, j)) for j, y in enumerate(x))
         else:
-            out.append(int(x))
+            out.append(_c_int(x, name, c_type, (i,)))
     return out
 
 
@@ -392,7 +451,7 @@ def _mask_data(fields, device, batch, seq_k, keep, packed=False, heads=None,
             if name == "doc_id" and packed and n >= want:
                 n = want
         else:
-            ints = _flat_ints(val)
+            ints = _flat_ints(val, name, _C_SEED if wide else _C_INT)
             n = len(ints)
             if name == "doc_id" and not packed and n > want and n % batch == 0:
                 d.doc_stride = n // batch
@@ -466,6 +525,7 @@ def _score_mods(d, softcap, slopes, heads):
 
 
 _BIAS_DIMS = ("batch", "head", "query row")
+_BHSD = ("batch", "heads", "seq", "head_dim")
 
 
 def _bias_descriptor(bias):
@@ -541,7 +601,8 @@ def _set_bias(d, bias, q, seq_k):
         layout = _bias_layout(*_bias_descriptor(bias), size)
     d.bias = 1
     for i in range(3):
-        d.bias_stride[i] = layout[1][i]
+        d.bias_stride[i] = _c_int(layout[1][i], "the bias's %s stride" % _BIAS_DIMS[i],
+                                  _C_INT64)
     return layout
 
 
@@ -581,7 +642,15 @@ def _load():
     global _lib
     if _lib is not None:
         return _lib
-    lib = ctypes.CDLL(library_path())
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        if os.environ.get("STOF_LIBRARY"):
+            raise OSError("stof: cannot load the library %r named by the STOF_LIBRARY "
+                          "environment variable: %s" % (path, e)) from e
+        raise OSError("stof: cannot load the library %r (found without STOF_LIBRARY, "
+                      "which can name it): %s" % (path, e)) from e
     vp, cp, i, u64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64
     sz = ctypes.c_size_t
     sigs = {
@@ -677,6 +746,9 @@ def _status_str(st):
 
 def _dtype_code(dtype):
     """stof_dtype from a torch dtype, "fp16"/"bf16" or the enum value."""
+    if isinstance(dtype, bool):
+        raise TypeError("dtype must be a torch dtype, \"fp16\"/\"bf16\" or 0/1, "
+                        "not a bool")
     if isinstance(dtype, int):
         if dtype not in (0, 1):
             raise ValueError("dtype must be 0 (fp16) or 1 (bf16)")
@@ -721,12 +793,23 @@ def _stream_handle(stream, device=None):
         torch = _torch()
         return torch.cuda.current_stream(device).cuda_stream
     if isinstance(stream, int):
-        return stream
+        return _c_int(stream, "stream", _C_PTR)
     return stream.cuda_stream
 
 
 class Context:
-    """A stof context on one CUDA device (default: torch's current one)."""
+    """A stof context on one CUDA device (default: torch's current one).
+
+    Opening one needs a GPU unless require_device=False: without a GPU (or
+    without PyTorch) Context(require_device=False) opens a context whose
+    masks, mask families, mask pictures and tuning database work on the
+    host (plans and runs need the GPU):
+
+        ctx = stof.Context(require_device=False)
+        png = ctx.mask("causal", 1024, 1024).to_png()
+
+    After close() every method raises StofError("stof: the context is
+    closed"), as do the objects made from it."""
 
     def __init__(self, device=None, require_device=True, user_db=None,
                  system_dbs=(), tuning_mode=None, budget_s=0.0, log=None,
@@ -739,7 +822,10 @@ class Context:
         sends messages to stderr), or a callable log(level, message) that
         receives the library's messages up to log_level ("error", "warn",
         "info", "debug"): a cold plan's progress (candidates ranked,
-        compiled, each timed, the winner) comes at "info"."""
+        compiled, each timed, the winner) comes at "info".
+        require_device: True (the default) fails without a usable GPU;
+        False opens a context for the host-side calls (masks, mask
+        families, pictures, the tuning database) whatever the machine."""
         lib = _load()
         s = _Settings()
         lib.stof_default_settings(ctypes.byref(s))
@@ -749,8 +835,9 @@ class Context:
                 device = torch.cuda.current_device() if torch.cuda.is_available() else 0
             except ImportError:
                 device = 0
-        s.device = int(device)
-        self._device = int(device)
+        device = _c_int(device, "device")
+        s.device = device
+        self._device = device
         # What was made from this context (masks, families, plans, layers):
         # close() frees them first (the library needs them gone, and a
         # plan freed after its context would read freed memory).
@@ -779,9 +866,9 @@ class Context:
             s.log_fn = ctypes.cast(self._log_cb, ctypes.c_void_p)
             s.log_level = _LOG_LEVELS[log_level]
         # Keep the encoded strings alive for the duration of stof_open.
-        self._db_bytes = user_db.encode() if user_db is not None else None
+        self._db_bytes = _c_str(user_db, "user_db") if user_db is not None else None
         s.user_db = self._db_bytes
-        sys_list = [p.encode() for p in system_dbs]
+        sys_list = [_c_str(p, "system_dbs[%d]" % i) for i, p in enumerate(system_dbs)]
         arr = (ctypes.c_char_p * (len(sys_list) + 1))(*sys_list, None)
         s.system_dbs = ctypes.cast(arr, ctypes.c_void_p) if sys_list else None
         self._h = ctypes.c_void_p()
@@ -791,6 +878,13 @@ class Context:
             lib.stof_close(ctypes.byref(self._h))
             raise StofError(st, msg)
         self._lib = lib
+
+    def _live(self):
+        """The context's handle; raises StofError once it is closed."""
+        h = getattr(self, "_h", None)
+        if not h:
+            raise StofError(_STATUS_INVALID, "stof: the context is closed")
+        return h
 
     def _check(self, st):
         if st != 0:
@@ -842,7 +936,8 @@ class Context:
             pass
 
     def device(self):
-        return _json_out(self._lib.stof_device_describe, self._h)
+        """The device's description (stof_device_describe) as a dict."""
+        return _json_out(self._lib.stof_device_describe, self._live())
 
     def preload(self, max_modules=0):
         """Load the kernels the tuning databases hold for this GPU into the
@@ -850,33 +945,39 @@ class Context:
         cache holds, 256), so that later plans from the database load no
         module: for a server, once after opening, before traffic. Returns
         how many modules it loaded."""
+        h = self._live()
         fn = getattr(self._lib, "stof_preload", None)
         if fn is None:
             raise StofError(6, "this libstof has no stof_preload")
-        if not 0 <= int(max_modules) < 2**31:
-            raise ValueError("max_modules must be in 0..2**31-1")
+        max_modules = _c_int(max_modules, "max_modules", (0, 2 ** 31 - 1, "a C int >= 0"))
         n = ctypes.c_int(0)
-        self._check(fn(self._h, int(max_modules), ctypes.byref(n)))
+        self._check(fn(h, max_modules, ctypes.byref(n)))
         return n.value
 
     def mask(self, spec, seq_q, seq_k):
-        """A mask from a spec string (see stof.h for the grammar)."""
+        """A mask from a spec string (a str; see stof.h for the grammar)."""
+        ch = self._live()
+        spec_b = _c_str(spec, "spec")
+        seq_q, seq_k = _c_int(seq_q, "seq_q"), _c_int(seq_k, "seq_k")
         h = ctypes.c_void_p()
-        self._check(self._lib.stof_mask_from_spec(self._h, spec.encode(), int(seq_q),
-                                                  int(seq_k), ctypes.byref(h)))
+        self._check(self._lib.stof_mask_from_spec(ch, spec_b, seq_q, seq_k,
+                                                  ctypes.byref(h)))
         return Mask(self, h)
 
     def mask_from_dense(self, t):
         """A mask from a 2-D bool/uint8 tensor or numpy array (nonzero = allowed)."""
+        ch = self._live()
         import numpy as np
         a = t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
         if a.ndim != 2:
             raise ValueError("mask_from_dense: a 2-D (seq_q, seq_k) array, not "
                              "%d-D %s" % (a.ndim, a.shape))
         a = np.ascontiguousarray(a != 0, dtype=np.uint8)
+        rows, cols = _c_int(a.shape[0], "the mask's rows"), _c_int(a.shape[1],
+                                                                   "the mask's columns")
         h = ctypes.c_void_p()
-        self._check(self._lib.stof_mask_from_dense(self._h, a.ctypes.data, a.shape[0],
-                                                   a.shape[1], ctypes.byref(h)))
+        self._check(self._lib.stof_mask_from_dense(ch, a.ctypes.data, rows, cols,
+                                                   ctypes.byref(h)))
         return Mask(self, h)
 
     def attention_plan(self, q, k, v, mask, scale=0.0, out=None, softcap=0.0,
@@ -894,11 +995,12 @@ class Context:
         (stof.pad_bias). Instead of a tensor: its shape (contiguous) or a
         pair (shape, strides). Every run then takes a bias tensor of that
         shape and those strides (Plan.run(bias=...))."""
+        self._live()
         d, strides = self._desc(q, k, v, scale, out)
         slopes = _score_mods(d, softcap, alibi_slopes, q.shape[1])
         layout = self._bias(d, bias, q, k.shape[2])
         h = ctypes.c_void_p()
-        self._check(self._lib.stof_attention_plan(self._h, ctypes.byref(d), mask._h,
+        self._check(self._lib.stof_attention_plan(self._h, ctypes.byref(d), mask._live(),
                                                   ctypes.byref(h)))
         del slopes  # copied by the plan
         return Plan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides, layout)
@@ -924,9 +1026,10 @@ class Context:
                              % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
         o = out if out is not None else q
         d = _Desc()
-        d.batch, d.heads, d.seq_q, d.head_dim = q.shape
-        d.seq_k = k.shape[2]
-        d.kv_heads = k.shape[1] if k.shape[1] != q.shape[1] else 0
+        d.batch, d.heads, d.seq_q, d.head_dim = (
+            _c_int(n, "q's " + what) for n, what in zip(q.shape, _BHSD))
+        d.seq_k = _c_int(k.shape[2], "k's seq")
+        d.kv_heads = _c_int(k.shape[1], "k's heads") if k.shape[1] != q.shape[1] else 0
         d.dtype = 0 if q.dtype == torch.float16 else 1
         d.scale = float(scale)
         d.layout = 2
@@ -934,18 +1037,20 @@ class Context:
             if t.stride(3) != 1:
                 raise ValueError("the last dimension must be contiguous")
             arr = getattr(d, name)
-            arr[0], arr[1], arr[2] = t.stride(0), t.stride(1), t.stride(2)
+            for i in range(3):
+                arr[i] = _c_int(t.stride(i), name, _C_INT64, (i,))
         return d, tuple(tuple(t.stride()) for t in (q, k, v, o))
 
     def mask_family(self, spec):
         """A mask family (stof_mask_family_create): a spec whose instances
         take per-sequence data on every run (lengths, query offsets,
-        prefixes, document ids)."""
+        prefixes, document ids). spec: a str."""
+        ch = self._live()
         if not hasattr(self._lib, "stof_mask_family_create"):
             raise StofError(_STATUS_UNSUPPORTED, "this libstof has no mask families")
+        spec_b = _c_str(spec, "spec")
         h = ctypes.c_void_p()
-        self._check(self._lib.stof_mask_family_create(self._h, spec.encode(),
-                                                      ctypes.byref(h)))
+        self._check(self._lib.stof_mask_family_create(ch, spec_b, ctypes.byref(h)))
         return MaskFamily(self, h)
 
     def attention_plan_family(self, q, k, v, family, sample=None, scale=0.0,
@@ -957,6 +1062,7 @@ class Context:
         None = the default instance. Runs take their own instance data
         (FamilyPlan.run). softcap, alibi_slopes, bias: score modifiers, as
         for attention_plan (runs then take bias=...)."""
+        self._live()
         if not isinstance(family, MaskFamily):
             raise TypeError("family must be a stof.MaskFamily (Context.mask_family)")
         d, strides = self._desc(q, k, v, scale, out)
@@ -967,7 +1073,7 @@ class Context:
                         heads=q.shape[1], seq_q=q.shape[2])
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan_family(
-            self._h, ctypes.byref(d), family._h,
+            self._h, ctypes.byref(d), family._live(),
             ctypes.byref(md) if sample else None, ctypes.byref(h)))
         del slopes  # copied by the plan
         return FamilyPlan(self, h, tuple(q.shape), tuple(k.shape), q.dtype, strides,
@@ -987,6 +1093,7 @@ class Context:
         offsets (PackedPlan.run). softcap, alibi_slopes: as for
         attention_plan (the library refuses ALiBi with the packed layout).
         bias: must be None (no additive bias with the packed layout)."""
+        self._live()
         if bias is not None:
             raise ValueError("bias: an additive bias is not supported with the packed "
                              "layout; use attention_plan_family with (batch, heads, "
@@ -1003,16 +1110,18 @@ class Context:
             raise ValueError("shapes do not match: q %s, k %s, v %s (k and v may have "
                              "fewer heads than q, dividing them)"
                              % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-        cu_q = _flat_ints(cu_seqlens_q)
+        cu_q = _flat_ints(cu_seqlens_q, "cu_seqlens_q")
         batch = len(cu_q) - 1
         if batch < 1:
             raise ValueError("cu_seqlens_q needs at least 2 offsets")
         o = out if out is not None else q
         self._check_device(q=q, k=k, v=v, out=out)
         d = _Desc()
-        d.batch, d.heads, d.head_dim = batch, q.shape[1], q.shape[2]
-        d.seq_q, d.seq_k = q.shape[0], k.shape[0]
-        d.kv_heads = k.shape[1] if k.shape[1] != q.shape[1] else 0
+        d.batch = _c_int(batch, "the batch (len(cu_seqlens_q) - 1)")
+        d.heads, d.head_dim = _c_int(q.shape[1], "q's heads"), _c_int(q.shape[2],
+                                                                      "q's head_dim")
+        d.seq_q, d.seq_k = _c_int(q.shape[0], "q's rows"), _c_int(k.shape[0], "k's rows")
+        d.kv_heads = _c_int(k.shape[1], "k's heads") if k.shape[1] != q.shape[1] else 0
         d.dtype = 0 if q.dtype == torch.float16 else 1
         d.scale = float(scale)
         d.layout = 3
@@ -1021,18 +1130,21 @@ class Context:
             if t.stride(2) != 1:
                 raise ValueError("the last dimension must be contiguous")
             arr = getattr(d, name)
-            arr[0], arr[1], arr[2] = 0, t.stride(1), t.stride(0)
+            arr[0] = 0
+            arr[1] = _c_int(t.stride(1), name, _C_INT64, (1,))
+            arr[2] = _c_int(t.stride(0), name, _C_INT64, (2,))
         fields = dict(sample)
         fields["cu_seqlens_q"] = cu_q
         if cu_seqlens_k is not None:
             fields["cu_seqlens_k"] = cu_seqlens_k
-        cu_k = _flat_ints(cu_seqlens_k) if cu_seqlens_k is not None else cu_q
+        cu_k = _flat_ints(cu_seqlens_k, "cu_seqlens_k") if cu_seqlens_k is not None \
+            else cu_q
         keep = []
         md = _mask_data(fields, None, batch, cu_k[-1] if cu_k else 0, keep, packed=True,
                         heads=q.shape[1])
         h = ctypes.c_void_p()
         self._check(self._lib.stof_attention_plan_family(
-            self._h, ctypes.byref(d), family._h, ctypes.byref(md), ctypes.byref(h)))
+            self._h, ctypes.byref(d), family._live(), ctypes.byref(md), ctypes.byref(h)))
         del slopes  # copied by the plan
         # Every stride is the plan's (a row stride too: a slice of a packed
         # qkv tensor has its own).
@@ -1060,6 +1172,7 @@ class Context:
         (2 ffn, hidden), the gate's rows then the up projection's
         (torch.cat([gate_proj.weight, up_proj.weight])), b_ffn1 (2 ffn,),
         and the FFN is w_ffn2 (act(gate) * up)."""
+        self._live()
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
                             "this libstof has no layer API (stof_layer_plan)")
@@ -1073,14 +1186,15 @@ class Context:
         if sample is not None and not family:
             raise ValueError("sample is for a MaskFamily")
         d = _LayerDesc()
-        d.batch, d.seq, d.hidden, d.heads, d.ffn = (int(batch), int(seq), int(hidden),
-                                                    int(heads), int(ffn))
+        d.batch, d.seq, d.hidden, d.heads, d.ffn = (
+            _c_int(batch, "batch"), _c_int(seq, "seq"), _c_int(hidden, "hidden"),
+            _c_int(heads, "heads"), _c_int(ffn, "ffn"))
         d.dtype = _dtype_code(dtype)
         d.act = _enum_code(act, _ACTS, "act")
         d.norm = _enum_code(norm, _NORMS, "norm")
         d.pre_norm = 1 if pre_norm else 0
         d.norm_eps = float(eps)
-        d.kv_heads = int(kv_heads)
+        d.kv_heads = _c_int(kv_heads, "kv_heads")
         d.no_bias = 0 if bias else 1
         d.gated = 1 if gated else 0
         h = ctypes.c_void_p()
@@ -1089,10 +1203,10 @@ class Context:
             md = _mask_data(sample or {}, None, d.batch, d.seq, keep, heads=d.heads,
                             seq_q=d.seq)
             self._check(self._lib.stof_layer_plan_family(
-                self._h, ctypes.byref(d), mask._h,
+                self._h, ctypes.byref(d), mask._live(),
                 ctypes.byref(md) if sample else None, ctypes.byref(h)))
         else:
-            self._check(self._lib.stof_layer_plan(self._h, ctypes.byref(d), mask._h,
+            self._check(self._lib.stof_layer_plan(self._h, ctypes.byref(d), mask._live(),
                                                   ctypes.byref(h)))
         return Layer(self, h, d, mask)
 
@@ -1138,12 +1252,16 @@ class Mask:
         """The mask's picture as PNG bytes (stof_mask_png): keys left to
         right, queries top to bottom, block_m x block_n tiles coloured as the
         kernels see them (full blue, partial orange, empty white), at most
-        max_side pixels a side. Needs no PyTorch."""
+        max_side pixels a side (0 for block_m or block_n: 128). Needs no
+        PyTorch."""
         lib = self._ctx._lib
+        h = self._live()
         if not hasattr(lib, "stof_mask_png"):
             raise StofError(_STATUS_UNSUPPORTED, "this libstof has no stof_mask_png")
+        block_m, block_n = _c_int(block_m, "block_m"), _c_int(block_n, "block_n")
+        max_side = _c_int(max_side, "max_side")
         need = ctypes.c_size_t()
-        st = lib.stof_mask_png(self._ctx._h, self._live(), block_m, block_n, max_side,
+        st = lib.stof_mask_png(self._ctx._live(), h, block_m, block_n, max_side,
                                None, 0, ctypes.byref(need))
         if st != _STATUS_BUFFER_TOO_SMALL:
             self._ctx._check(st)
@@ -1198,6 +1316,9 @@ class MaskFamily:
         """The seq_q x seq_k Mask of sequence b (and, for head_* leaves, head
         `head`) of an instance given as host per-sequence data (q_len=[...],
         doc_id=..., head_window=[...], ...)."""
+        fh = self._live()
+        seq_q, seq_k = _c_int(seq_q, "seq_q"), _c_int(seq_k, "seq_k")
+        b, head = _c_int(b, "b"), _c_int(head, "head")
         batch = b + 1
         for name, val in fields.items():
             if val is not None and name not in ("doc_id", "head_window", "bitmap",
@@ -1207,14 +1328,14 @@ class MaskFamily:
         if head < 0:
             raise ValueError("head must be >= 0")
         hw = fields.get("head_window")
-        if hw is not None and len(_flat_ints(hw)) <= head:
+        if hw is not None and len(_flat_ints(hw, "head_window")) <= head:
             raise ValueError("head_window has %d entries; head %d reads entry %d"
-                             % (len(_flat_ints(hw)), head, head))
-        md = _mask_data(fields, None, batch, seq_k, keep, seq_q=int(seq_q))
-        md.head = int(head)
+                             % (len(_flat_ints(hw, "head_window")), head, head))
+        md = _mask_data(fields, None, batch, seq_k, keep, seq_q=seq_q)
+        md.head = head
         h = ctypes.c_void_p()
         self._ctx._check(self._ctx._lib.stof_mask_family_eval(
-            self._ctx._h, self._live(), int(seq_q), int(seq_k), ctypes.byref(md), int(b),
+            self._ctx._live(), fh, seq_q, seq_k, ctypes.byref(md), b,
             ctypes.byref(h)))
         return Mask(self._ctx, h)
 
@@ -1239,6 +1360,10 @@ class Plan:
         return self._bias is not None
 
     def describe(self):
+        """The plan as JSON (kernel, source, times: stof_plan_describe)."""
+        if not self._h:
+            raise StofError(_STATUS_INVALID, "the plan was freed (its context "
+                            "is closed)")
         return _json_out(self._ctx._lib.stof_plan_describe, self._h)
 
     def _check_tensors(self, q, k, v, out, stream):
@@ -1496,7 +1621,7 @@ class Layer:
 
     def _lib(self):
         if not self._h:
-            raise ValueError("the layer is closed")
+            raise ValueError("the layer was freed (closed, or its context is)")
         return self._ctx._lib
 
     def _fail(self, st):

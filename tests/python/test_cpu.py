@@ -6,7 +6,10 @@ message naming it. Counts are checked against direct evaluations. The
 attention descriptor's mirror (soft-cap, ALiBi slopes, additive bias), the
 ALiBi slopes helper and the bias layout checks are checked first, without
 the library; then that the library reads the mirror's bias fields.
-Layer.stack_run's records of its calls are checked against a stub library."""
+Layer.stack_run's records of its calls are checked against a stub library.
+Integers that go to C are checked against the C type's range, specs must
+be str without NUL, a closed context refuses every call, and a bad
+$STOF_LIBRARY is named."""
 import os
 import sys
 
@@ -507,8 +510,102 @@ def main():
     expect_error(lambda: bm.mask(40, 65, bitmap=full), ValueError, "65 keys need 3")
     expect_error(lambda: bm.mask(40, 64, b=1, bitmap=[full]), ValueError,
                  "1 sequences, the problem has 2")
+    check_int_ranges(ctx, fam)
+    check_specs(ctx)
+    check_library_env()
     check_close_frees_children()
+    # Contexts without a GPU are documented (the only way to the host paths
+    # on a machine without one).
+    assert "require_device=False" in stof.Context.__doc__
     print("ok")
+
+
+def check_int_ranges(ctx, fam):
+    """Every integer that crosses into C is checked against its C type's
+    range (ctypes would wrap 2**32 + 8 to 8) and must be an integer (no
+    bool, no float), the argument and the range named; valid ones pass
+    unchanged."""
+    big = 2 ** 32 + 8
+    expect_error(lambda: ctx.mask("causal", big, big), ValueError, "seq_q",
+                 str(big), "2147483647")
+    expect_error(lambda: ctx.mask("causal", 8, -2 ** 31 - 1), ValueError, "seq_k",
+                 "-2147483648")
+    expect_error(lambda: ctx.mask("causal", 8.0, 8), TypeError, "seq_q", "float")
+    expect_error(lambda: ctx.mask("causal", True, 8), TypeError, "seq_q", "bool")
+    expect_error(lambda: ctx.mask("causal", "8", 8), TypeError, "seq_q")
+    expect_error(lambda: fam.mask(big, big), ValueError, "seq_q", "2147483647")
+    expect_error(lambda: fam.mask(8, 8, b=2 ** 31), ValueError, "b =")
+    expect_error(lambda: fam.mask(8, 8, head=2 ** 31), ValueError, "head =")
+    expect_error(lambda: fam.mask(8, 8, q_len=[2 ** 32 + 4]), ValueError, "q_len[0]",
+                 "2147483647")
+    expect_error(lambda: fam.mask(8, 8, q_len=[8.0]), TypeError, "q_len[0]", "float")
+    expect_error(lambda: fam.mask(8, 8, doc_id=[[0] * 7 + [2 ** 31]]), ValueError,
+                 "doc_id[0][7]")
+    m = ctx.mask("causal", 64, 64)
+    expect_error(lambda: m.to_png(block_m=2 ** 40), ValueError, "block_m",
+                 "2147483647")
+    expect_error(lambda: m.to_png(block_m=2 ** 31), ValueError, "block_m",
+                 str(2 ** 31))
+    expect_error(lambda: m.to_png(block_n=16.0), TypeError, "block_n")
+    expect_error(lambda: m.to_png(max_side=2 ** 32 + 256), ValueError, "max_side")
+    expect_error(lambda: ctx.preload(2 ** 31), ValueError, "max_modules")
+    expect_error(lambda: ctx.layer_plan(2 ** 31, 64, 64, 1, 64, "fp16", "relu",
+                                        "layer", False, m), ValueError, "batch")
+    expect_error(lambda: ctx.layer_plan(1, 64, 64, 1, 64, "fp16", "relu", "layer",
+                                        False, m, kv_heads=2 ** 32 + 1),
+                 ValueError, "kv_heads")
+    expect_error(lambda: stof.Context(require_device=False, user_db="",
+                                      device=2 ** 32), ValueError, "device")
+    expect_error(lambda: stof._stream_handle(2 ** 64), ValueError, "stream")
+    expect_error(lambda: stof._stream_handle(True), TypeError, "stream")
+    B, H, S = 2, 4, 64
+    q = FakeTensor((B, H, S, 64), contiguous((B, H, S, 64)))
+    expect_error(lambda: stof._set_bias(stof._Desc(), ((B, H, S, S), (2 ** 66, S * S, S, 1)),
+                                        q, S),
+                 ValueError, "batch stride", str(2 ** 66))
+    # Bitmap words are 32 bits, signed (pack_bitmap) or not; a seed 64.
+    bm = ctx.mask_family("bitmap")
+    assert count(bm.mask(4, 32, bitmap=[[2 ** 32 - 1]] * 4)) == 4 * 32
+    assert count(bm.mask(4, 32, bitmap=[[-1]] * 4)) == 4 * 32
+    expect_error(lambda: bm.mask(4, 32, bitmap=[[2 ** 32]] * 4), ValueError,
+                 "bitmap[0][0]", "4294967295")
+    d = stof._mask_data({"seed": [2 ** 64 - 1, -1]}, None, 2, 8, [])
+    assert d.seed
+    expect_error(lambda: stof._mask_data({"seed": [2 ** 64]}, None, 1, 8, []),
+                 ValueError, "seed[0]")
+    # Valid integers still work: the largest C int, and ints of other types.
+    assert stof._c_int(2 ** 31 - 1, "x") == 2 ** 31 - 1
+    assert count(fam.mask(8, 8, q_len=(8,))) == 36
+
+
+def check_specs(ctx):
+    """Spec arguments are str, refused by name otherwise (bytes too), and
+    a NUL inside one (where C would cut it) is refused."""
+    expect_error(lambda: ctx.mask(b"causal", 8, 8), TypeError, "spec", "str", "bytes")
+    expect_error(lambda: ctx.mask(None, 8, 8), TypeError, "spec", "str")
+    expect_error(lambda: ctx.mask_family(b"causal"), TypeError, "spec", "bytes")
+    expect_error(lambda: ctx.mask("causal\0sliding:3", 8, 8), ValueError, "spec", "NUL")
+    expect_error(lambda: ctx.mask_family("causal\0&docs"), ValueError, "spec", "NUL")
+    expect_error(lambda: stof.Context(require_device=False, user_db="a\0b"),
+                 ValueError, "user_db", "NUL")
+
+
+def check_library_env():
+    """A $STOF_LIBRARY that does not load is named in the error, with its
+    path (a fresh load: the loaded library is put back afterwards)."""
+    bad = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "no-such-dir", "libstof.so")
+    saved_lib, saved_env = stof._lib, os.environ.get("STOF_LIBRARY")
+    stof._lib = None
+    os.environ["STOF_LIBRARY"] = bad
+    try:
+        expect_error(lambda: stof.__version__, OSError, "STOF_LIBRARY", bad)
+    finally:
+        stof._lib = saved_lib
+        if saved_env is None:
+            del os.environ["STOF_LIBRARY"]
+        else:
+            os.environ["STOF_LIBRARY"] = saved_env
 
 
 def check_close_frees_children():
@@ -523,7 +620,24 @@ def check_close_frees_children():
     c.close()
     assert not m._h and not f._h and not fm._h and not c._h
     expect_error(lambda: m.digest(), stof.StofError, "freed")
+    expect_error(lambda: m.to_png(), stof.StofError, "mask was freed")
     expect_error(lambda: f.mask(8, 8), stof.StofError, "freed")
+    expect_error(lambda: f.spec, stof.StofError, "freed")
+    # A plan whose context closed (freed: a NULL handle) says so.
+    import ctypes
+    p = stof.Plan(c, ctypes.c_void_p(), (1, 1, 8, 64), (1, 1, 8, 64), "bf16", None)
+    expect_error(lambda: p.describe(), stof.StofError, "plan was freed")
+    # Every method of the closed context refuses, saying so.
+    closed = "stof: the context is closed"
+    for call in (lambda: c.mask("causal", 8, 8), lambda: c.device(),
+                 lambda: c.mask_family("causal"), lambda: c.preload(),
+                 lambda: c.mask_from_dense([[1]]),
+                 lambda: c.attention_plan(None, None, None, None),
+                 lambda: c.attention_plan_family(None, None, None, None),
+                 lambda: c.attention_plan_packed(None, None, None, None, [0, 8]),
+                 lambda: c.layer_plan(1, 8, 64, 1, 64, "fp16", "relu", "layer",
+                                      False, None)):
+        expect_error(call, stof.StofError, closed)
     del m, f, fm
     c.close()  # twice: nothing
 
