@@ -602,3 +602,8 @@ Test(gpu_gqa, family_decode_is_planned_as_group_rows)
     }
     stof_close(&ctx);
 }
+
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu_gqa", argc, argv);
+}

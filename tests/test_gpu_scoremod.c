@@ -442,3 +442,8 @@ Test(gpu_scoremod, a_searched_plan_with_a_bias_matches_the_reference)
     problem_free(ctx, &p);
     stof_close(&ctx);
 }
+
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu_scoremod", argc, argv);
+}

@@ -246,3 +246,8 @@ Test(gpu_split, bad_split_counts_are_refused)
     stof_mask_free(&m);
     stof_close(&ctx);
 }
+
+__attribute__((visibility("default"))) int main(int argc, char **argv)
+{
+    return tu_gpu_suite_main("gpu_split", argc, argv);
+}
