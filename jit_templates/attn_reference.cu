@@ -70,9 +70,11 @@ __device__ __forceinline__ void stof_ref_row(const stof_attn_params &p, int b,
                 s = p.softcap * tanhf(s / p.softcap);
             if (p.alibi)
                 s += p.alibi[h] * (float)(key - row);
-            if (p.bias) { // additive bias; -inf masks the key
+            if (p.bias) { // additive bias; -inf masks the key, and so does a
+                          // value that overflows once scaled by log2(e), as
+                          // in the fast kernels (bf16's most negative)
                 const float bv = stof_load(bias_row + key);
-                if (bv == STOF_NEG_INF)
+                if (bv * 1.44269504f == STOF_NEG_INF)
                     continue;
                 s += bv;
             }

@@ -121,7 +121,7 @@ static void listing(char *buf, size_t n)
 
 static int has_side_files(const char *path)
 {
-    char p[600];
+    char p[1100];
     snprintf(p, sizeof(p), "%s-wal", path);
     int w = exists(p);
     snprintf(p, sizeof(p), "%s-shm", path);

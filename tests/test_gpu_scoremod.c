@@ -38,13 +38,16 @@ typedef struct mod_case {
 
 /* The bias tensor of a case: varies along batch, head and / or query row
  * (a dimension it does not vary along has stride 0); BIAS_NINF puts -inf
- * at the keys past a per-(batch, head) length and on one whole row. */
+ * at the keys past a per-(batch, head) length and on one whole row;
+ * BIAS_MIN (bf16) puts the most negative finite bf16 value there instead,
+ * which masks as -inf does (stof.h; the value transformers fills with). */
 enum {
     BIAS_ON = 1,
     BIAS_B = 2,
     BIAS_H = 4,
     BIAS_R = 8,
-    BIAS_NINF = 16
+    BIAS_NINF = 16,
+    BIAS_MIN = 32
 };
 
 /* Device buffers and host copies of one problem. */
@@ -82,7 +85,11 @@ static void bias_new(const mod_case *g, tu_rng *r, mod_problem *p)
     p->fb = malloc(n * 4);
     tu_fill_random(r, hb, p->fb, n, g->dt, 2.0f);
     if (g->bias & BIAS_NINF) {
-        const uint16_t ninf = g->dt == STOF_DTYPE_FP16 ? 0xfc00u : 0xff80u;
+        const int use_min = (g->bias & BIAS_MIN) && g->dt == STOF_DTYPE_BF16;
+        const uint16_t ninf = use_min                    ? 0xff7fu
+                              : g->dt == STOF_DTYPE_FP16 ? 0xfc00u
+                                                         : 0xff80u;
+        const float fninf = use_min ? -3.38953139e38f : -INFINITY;
         for (int b = 0; b < (vb ? g->batch : 1); b++)
             for (int h = 0; h < (vh ? g->heads : 1); h++)
                 for (int i = 0; i < (vr ? g->seq_q : 1); i++) {
@@ -92,7 +99,7 @@ static void bias_new(const mod_case *g, tu_rng *r, mod_problem *p)
                     const size_t o0 = (size_t)(b * bat + h * head + i * row);
                     for (int j = len < 0 ? 0 : len; j < g->seq_k; j++) {
                         hb[o0 + (size_t)j] = ninf;
-                        p->fb[o0 + (size_t)j] = -INFINITY;
+                        p->fb[o0 + (size_t)j] = fninf;
                     }
                 }
     }
@@ -356,6 +363,16 @@ Test(gpu_scoremod, every_kind_matches_the_reference)
          BIAS_ON | BIAS_B | BIAS_H | BIAS_R | BIAS_NINF},
         {2, 4, 4, 129, 640, 64, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD,
          "bigbird:64:3:2:3:1", 0.0f, 0, BIAS_ON | BIAS_B | BIAS_NINF},
+        /* bf16's most negative value as the padding and a whole row's
+         * bias (row 3: zeros and an LSE of -inf in every kernel, the
+         * reference included), with the bias divided by the scale and,
+         * soft-capped, scaled by log2(e). */
+        {2, 4, 4, 129, 640, 64, STOF_DTYPE_BF16, STOF_LAYOUT_BHSD,
+         "bigbird:64:3:2:3:1", 0.0f, 0,
+         BIAS_ON | BIAS_B | BIAS_R | BIAS_NINF | BIAS_MIN},
+        {2, 2, 1, 200, 456, 128, STOF_DTYPE_BF16, STOF_LAYOUT_BSHD,
+         "sliding:100", 2.0f, 0,
+         BIAS_ON | BIAS_H | BIAS_R | BIAS_NINF | BIAS_MIN},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         check_case(ctx, &cases[i], &r);

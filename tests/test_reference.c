@@ -163,6 +163,58 @@ Test(reference, grouped_query_heads_read_their_group)
     stof_close(&ctx);
 }
 
+/* An additive bias masks its key at -inf and at a value that overflows
+ * once scaled by log2(e) (bf16's most negative, -3.39e38): a row all such
+ * gives zeros, as a row with no key does, not the mean of V; a row with
+ * one such key equals that key masked out. */
+Test(reference, a_bias_of_bf16_s_most_negative_masks_its_key)
+{
+    tu_rng r = {tu_seed() ^ 0xb1a5};
+    const int S = 5, D = 8;
+    const float lowest = -3.38953139e38f;
+    cr_assert(stof__bias_masks(lowest) && stof__bias_masks(-INFINITY));
+    cr_assert(!stof__bias_masks(-65504.0f) && !stof__bias_masks(-1e30f));
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, NULL), STOF_OK);
+    stof_mask *dense = NULL, *cut = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "dense", S, S, &dense), STOF_OK);
+    uint8_t bits[5 * 5];
+    memset(bits, 1, sizeof(bits));
+    bits[1 * S + 2] = 0; /* row 1 without key 2 */
+    cr_assert_eq(stof_mask_from_dense(ctx, bits, S, S, &cut), STOF_OK);
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 1, 1, S, S, D, STOF_DTYPE_BF16,
+                             STOF_LAYOUT_BHSD);
+    float q[5 * 8], k[5 * 8], v[5 * 8], bias[5 * 8] = {0};
+    for (int i = 0; i < S * D; i++) {
+        q[i] = (float)tu_uniform(&r) - 0.5f;
+        k[i] = (float)tu_uniform(&r) - 0.5f;
+        v[i] = (float)tu_uniform(&r) + 0.5f; /* a mean of V is not zero */
+    }
+    d.bias = 1;
+    d.bias_stride[2] = 8;
+    for (int j = 0; j < S; j++)
+        bias[0 * 8 + j] = lowest;
+    bias[1 * 8 + 2] = lowest;
+    float o[5 * 8], o_cut[5 * 8];
+    cr_assert_eq(stof__ref_attention_bias(&d, dense, q, k, v, bias, o),
+                 STOF_OK);
+    for (int c = 0; c < D; c++)
+        cr_assert_eq(o[c], 0.0f, "row 0 column %d: %g, not 0", c,
+                     (double)o[c]);
+    stof_attention_desc plain = d;
+    plain.bias = 0;
+    memset(plain.bias_stride, 0, sizeof(plain.bias_stride));
+    cr_assert_eq(stof__ref_attention(&plain, cut, q, k, v, o_cut), STOF_OK);
+    for (int c = 0; c < D; c++)
+        cr_assert_float_eq(o[D + c], o_cut[D + c], 1e-6,
+                           "row 1 column %d: %g, masked %g", c,
+                           (double)o[D + c], (double)o_cut[D + c]);
+    stof_mask_free(&dense);
+    stof_mask_free(&cut);
+    stof_close(&ctx);
+}
+
 Test(reference, detects_a_wrong_answer)
 {
     /* The comparison used by every GPU test must notice a small error. */

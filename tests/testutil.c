@@ -442,10 +442,14 @@ void tu_lse_ref_bias(const stof_attention_desc *d, const stof_mask *m,
                         acc = d->softcap * tanh(acc / d->softcap);
                     if (d->alibi_slopes)
                         acc += (double)d->alibi_slopes[h] * (j - i);
-                    if (bias)
-                        acc += bias[b * d->bias_stride[0] +
-                                    h * d->bias_stride[1] +
-                                    i * d->bias_stride[2] + j];
+                    if (bias) {
+                        const float bv = bias[b * d->bias_stride[0] +
+                                              h * d->bias_stride[1] +
+                                              i * d->bias_stride[2] + j];
+                        if (stof__bias_masks(bv))
+                            continue;
+                        acc += bv;
+                    }
                     sc[j] = acc;
                     mx = fmax(mx, sc[j]);
                 }

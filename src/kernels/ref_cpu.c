@@ -69,7 +69,7 @@ stof_status stof__ref_attention_bias(const stof_attention_desc *d,
                     if (d->alibi_slopes)
                         acc += d->alibi_slopes[h] * (float)(j - i);
                     if (brow) {
-                        if (brow[j] == -INFINITY)
+                        if (stof__bias_masks(brow[j]))
                             continue;
                         acc += brow[j];
                     }

@@ -6,6 +6,7 @@
 
 #include "stof.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -282,9 +283,17 @@ stof_status stof__ref_attention(const stof_attention_desc *d,
                                 const stof_mask *m, const float *q,
                                 const float *k, const float *v, float *o);
 
+/* Whether an additive bias element masks its key, as stof.h says and the
+ * kernels do: -inf, or a value so negative that it overflows fp32 once
+ * scaled by log2(e) (torch.finfo(bfloat16).min). */
+static inline int stof__bias_masks(float bv)
+{
+    return bv < 0.0f && isinf(bv * 1.44269504f);
+}
+
 /* stof__ref_attention with the additive bias of a descriptor with bias =
- * 1: fp32, laid out as d->bias_stride says (a -inf element masks its
- * key); bias NULL for descriptors without one. */
+ * 1: fp32, laid out as d->bias_stride says (an element that masks its key
+ * by stof__bias_masks masks it); bias NULL for descriptors without one. */
 stof_status stof__ref_attention_bias(const stof_attention_desc *d,
                                      const stof_mask *m, const float *q,
                                      const float *k, const float *v,
