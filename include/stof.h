@@ -395,7 +395,9 @@ STOF_API void stof_format_free(stof_format **fmt);
  *              (!causal)&sliding:8)
  * so a prefix-LM is "causal|prefix", packed documents "causal&docs".
  * Sequence b of an instance is a seq_q x seq_k mask whose query rows past
- * q_len[b] and keys past k_len[b] are padding (never allowed). Query row q of sequence b
+ * q_len[b] and keys past k_len[b] are padding (never allowed; their K and
+ * V rows may hold anything, NaN and Inf included, e.g. a cache's unwritten
+ * slots: they never reach the output). Query row q of sequence b
  * sits at key position p = q + q_offset[b], and every leaf reads p where
  * the spec says q (so q_offset[b] = k_len[b] - q_len[b] makes `causal`
  * bottom-right aligned, for a chunk of queries at the end of the keys). A

@@ -240,6 +240,9 @@ struct stof_attn_block_params {
     const unsigned short *bias;  // BIAS: element (b, h, row, key) at b *
     stof_i64 bias_stride[3];     // bias_stride[0] + h * [1] + row * [2] +
                                  // key (16-bit, the dtype)
+    const int *k_lim;            // NULL, or [batch]: V rows of sequence b
+                                 // at or past k_lim[b] are loaded as zeros
+                                 // (padding may hold NaN: 0 x NaN is NaN)
 #if GATHER
     // Gather mode: row_ptr, kind, bitmap_idx and bitmaps describe the
     // compacted tiles (row_ptr[i] .. row_ptr[i+1]-1 are row block i's), and
@@ -252,7 +255,7 @@ struct stof_attn_block_params {
 #endif
 };
 static_assert(sizeof(stof_attn_block_params) ==
-                  9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8 + 4 * 8 +
+                  9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8 + 4 * 8 + 8 +
                       GATHER * 3 * 8,
               "stof_attn_block_params layout");
 
@@ -505,6 +508,12 @@ stof_attn_block(const stof_attn_block_params p)
     const unsigned short *kg = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
     const unsigned short *vg = p.v + b * p.v_stride[0] + hk * p.v_stride[1];
     unsigned short *og = p.o + b * p.o_stride[0] + h * p.o_stride[1];
+#if !GATHER
+    // V rows past the sequence's keys load as zeros: P is 0 there, but a
+    // padding row holding NaN or Inf would make 0 x NaN = NaN in P V.
+    const int v_lim =
+        p.k_lim ? min(p.seq_k, max(0, bk_ldg_i32(p.k_lim + b))) : p.seq_k;
+#endif
 
     const unsigned sQ = stof_smem_addr(bk_smem);
     const unsigned sK = sQ + BK_OFF_K;
@@ -635,7 +644,7 @@ stof_attn_block(const stof_attn_block_params p)
                     const int col = bk_ldg_i32(p.col_idx + e0 + s);
                     bk_load_rows<BLOCK_N>(sV + s * BK_KV_BYTES, vg,
                                           p.v_stride[2], col * BLOCK_N,
-                                          p.seq_k, tid);
+                                          v_lim, tid);
 #endif
                 }
                 stof_cp_commit();
@@ -720,7 +729,7 @@ stof_attn_block(const stof_attn_block_params p)
 #else
             if (u < n)
                 bk_load_rows<BLOCK_N>(sV + vs * BK_KV_BYTES, vg, p.v_stride[2],
-                                      s_meta[2 * vs] * BLOCK_N, p.seq_k, tid);
+                                      s_meta[2 * vs] * BLOCK_N, v_lim, tid);
 #endif
             stof_cp_commit();
         }

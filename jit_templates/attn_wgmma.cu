@@ -379,7 +379,11 @@ struct stof_attn_wgmma_params {
                                   // gridDim.x + 1 offsets, then the items
                                   // (CTA x takes items [sched[x],
                                   // sched[x + 1]) in order; wg_sched)
-    unsigned char tail_[48];      // to the maps' alignment on both sides
+    const int *k_lim;             // NULL, or [batch]: V rows of sequence b
+                                  // at or past k_lim[b] are zeroed before
+                                  // P V reads them (block mode; padding
+                                  // may hold NaN: 0 x NaN is NaN)
+    unsigned char tail_[40];      // to the maps' alignment on both sides
     stof_tmap tm_o;               // block mode: O's map, boxes of 64 rows
                                   // (each consumer warpgroup's stores)
 };
@@ -838,6 +842,33 @@ __device__ __forceinline__ void wg_idx_store(unsigned *so, int j, int key,
     so[BLOCK_N + j] = key >= 0 ? (unsigned)(key * v16) : 0u;
 }
 #endif // GATHER
+
+#if !GATHER
+// Rows `from` .. BLOCK_N - 1 of the V tile at `sv` (keys past the
+// sequence's k_len: a padding row holding NaN or Inf would make P V NaN
+// where P is 0) set to zero by one consumer warpgroup (thread wt of 128)
+// before its P V reads them: the rows of each 64-column panel are 128-byte
+// lines (the swizzle permutes chunks inside a line), then the writes are
+// made visible to wgmma and the warpgroup meets at named barrier `bar`.
+// Several warpgroups may write the same zeros.
+__device__ __forceinline__ void wg_zero_v_rows(unsigned sv, int from, int wt,
+                                               int bar)
+{
+    from = max(from, 0);
+    constexpr int UNITS_ROW = HEAD_DIM / 8; // 16-byte units a row
+    const int units = (BLOCK_N - from) * UNITS_ROW;
+    for (int u = wt; u < units; u += 128) {
+        const int r = from + u / UNITS_ROW, c = u % UNITS_ROW;
+        const unsigned a = sv + (unsigned)((c >> 3) * (BLOCK_N * 128) +
+                                           r * 128 + (c & 7) * 16);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a),
+                     "r"(0u)
+                     : "memory");
+    }
+    fence_proxy_async();
+    named_bar_sync(bar, 128);
+}
+#endif
 
 // One CTA's work item: row block rb of (batch b, head h), its first tile
 // e0 in the format and its n non-empty tiles (split: this CTA's share,
@@ -1403,6 +1434,21 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #endif
         // This item's Q buffer (its O is staged there at the end).
         const unsigned sQj = sQ + j * WG_Q_BYTES;
+#if !GATHER
+        // Keys of V read into O: up to the sequence's k_len (a family
+        // instance's; the tail past seq_k is the map's zero fill).
+        const int v_lim = p.k_lim ? min(p.seq_k, max(0, wg_ldg_i32(p.k_lim + b)))
+                                  : p.seq_k + BLOCK_N;
+#define WG_VCUT(st) (v_lim - s_meta[2 * (st)] * BLOCK_N)
+#define WG_VZERO(st, vc)                                                       \
+    do {                                                                       \
+        if ((vc) < BLOCK_N)                                                    \
+            wg_zero_v_rows(sV + (st) * WG_KV_BYTES, (vc), tid & 127, 1 + cw);  \
+    } while (0)
+#else
+#define WG_VCUT(st) BLOCK_N
+#define WG_VZERO(st, vc) ((void)0)
+#endif
 #if ALIBI
         const float slope_l2 = p.alibi[h] * STOF_LOG2E;
 #else
@@ -1456,6 +1502,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #if OVERLAP
             // Tile 0: S, softmax, P (nothing to overlap with yet).
             mb_wait(BAR_FULL_K(s), ph);
+            int vc_pend = WG_VCUT(s); // of the tile whose P V is next
             WG_TRC(kq, 2);
             WG_GFENCE();
             WG_BIAS_LOAD(s_meta[2 * s]);
@@ -1484,9 +1531,12 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                     ph ^= 1u;
                 }
                 mb_wait(BAR_FULL_K(s), ph);
+                const int vc_next = WG_VCUT(s);
                 WG_BIAS_LOAD(s_meta[2 * s]);
                 mb_wait(BAR_FULL_V(ps), pph);
                 WG_GFENCE();
+                WG_VZERO(ps, vc_pend);
+                vc_pend = vc_next;
                 wg_fence();
                 wg_qk(sacc, dq, dk0 + (stof_u64)s * dslot);
                 wg_commit();
@@ -1514,6 +1564,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
             WG_TRC(kq, 5);
             mb_wait(BAR_FULL_V(s), ph);
             WG_GFENCE();
+            WG_VZERO(s, vc_pend);
             wg_fence();
             wg_pv(oacc, pa, dv0 + (stof_u64)s * dslot);
             wg_commit();
@@ -1530,6 +1581,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
 #else
             for (int t = 0; t < n; t++) {
                 mb_wait(BAR_FULL_K(s), ph);
+                const int vc = WG_VCUT(s);
 #if WG_TRACE
                 if (t == 0)
                     WG_TRC(kq, 2);
@@ -1565,6 +1617,7 @@ stof_attn_wgmma(const __grid_constant__ stof_attn_wgmma_params p)
                     WG_O_RELEASE();
                 mb_wait(BAR_FULL_V(s), ph);
                 WG_GFENCE();
+                WG_VZERO(s, vc);
                 wg_fence();
                 wg_pv(oacc, pa, dv0 + (stof_u64)s * dslot);
                 wg_commit();

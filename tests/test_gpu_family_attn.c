@@ -431,6 +431,129 @@ Test(gpu_family_attn, split_kv_plans_match_the_reference)
     stof_close(&ctx);
 }
 
+/* Keys past a sequence's k_len are padding whose memory may hold anything
+ * (a KV cache's unwritten slots, from torch.empty): NaN in V and Inf in K
+ * there must not reach O (P is 0 there, but 0 x NaN is NaN in P V). Every
+ * kernel kind a family runs, split or not, against the reference. */
+Test(gpu_family_attn, padding_keys_holding_nan_stay_out_of_the_output)
+{
+    stof_context *ctx = tu_open_gpu_or_skip(NULL);
+    tu_rng r = {tu_seed() ^ 0x9a2d};
+    static const char *fspecs[] = {"causal", "dense"};
+    static const int dims[][3] = {{200, 520, 64}, {70, 700, 128}};
+    const int sm90 = stof__wgmma_device_ok(&ctx->device);
+    const stof_candidate cs[] = {
+        {.kind = STOF_KERNEL_REFERENCE},
+        {.kind = STOF_KERNEL_BLOCK, .cfg = {64, 64, 4, 2, 0, 0, 0}},
+        {.kind = STOF_KERNEL_BLOCK, .cfg = {64, 64, 4, 2, 0, 1, 0},
+         .splits = 4},
+        {.kind = STOF_KERNEL_WGMMA,
+         .cfg = {128, 128, 8, 2, 0, 0, 0},
+         .wcfg = {128, 2, 1, 0, 128, 0, 0}},
+        {.kind = STOF_KERNEL_WGMMA,
+         .cfg = {128, 64, 8, 2, 0, 0, 0},
+         .wcfg = {64, 2, 0, 0, 128, 0, 0}},
+        {.kind = STOF_KERNEL_WGMMA,
+         .cfg = {64, 128, 8, 2, 0, 1, 0},
+         .wcfg = {128, 2, 1, 0, 64, 1, 0},
+         .splits = 7},
+    };
+    const int nc = sm90 ? 6 : 3;
+    int ran = 0;
+    for (size_t si = 0; si < 2; si++)
+        for (int z = 0; z < 2; z++) {
+            const stof_dtype dt = z ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16;
+            problem p;
+            problem_new(&p, ctx, &r, 3, 2, dims[z][0], dims[z][1], dims[z][2],
+                        dt);
+            stof_mask_family *fam = NULL;
+            cr_assert_eq(stof_mask_family_create(ctx, fspecs[si], &fam),
+                         STOF_OK);
+            inst in;
+            memset(&in, 0, sizeof(in));
+            in.doc = calloc((size_t)p.batch * p.seq_k, sizeof(int32_t));
+            for (int b = 0; b < p.batch; b++) {
+                /* never a multiple of a tile: a tile straddles it */
+                in.k_len[b] = 1 + (int)tu_below(&r, (uint64_t)p.seq_k - 2);
+                if (in.k_len[b] % 64 == 0)
+                    in.k_len[b]--;
+                in.q_len[b] = p.seq_q;
+                in.q_offset[b] = in.k_len[b] > p.seq_q ? in.k_len[b] - p.seq_q
+                                                       : 0;
+            }
+            in.host.q_len = in.q_len;
+            in.host.k_len = in.k_len;
+            in.host.q_offset = in.q_offset;
+            inst_upload(&in, &p, ctx);
+            in.dev.seed = NULL;
+            in.dev.bitmap = NULL;
+            in.dev.prefix = NULL;
+            in.dev.doc_id = NULL;
+            in.dev.head_window = NULL;
+            /* The padding keys of every head: V NaN, K +Inf. */
+            {
+                const stof_api *api = stof__api();
+                const uint16_t vnan = dt == STOF_DTYPE_FP16 ? 0x7e00u : 0x7fc0u;
+                const uint16_t kinf = dt == STOF_DTYPE_FP16 ? 0x7c00u : 0x7f80u;
+                uint16_t *hk = malloc(p.nk * 2), *hv = malloc(p.nk * 2);
+                memcpy(hk, p.hk, p.nk * 2);
+                memcpy(hv, p.hv, p.nk * 2);
+                for (int b = 0; b < p.batch; b++)
+                    for (int h = 0; h < p.heads; h++) {
+                        const size_t row0 =
+                            ((size_t)(b * p.heads + h) * p.seq_k +
+                             (size_t)in.k_len[b]) *
+                            (size_t)p.head_dim;
+                        const size_t n = (size_t)(p.seq_k - in.k_len[b]) *
+                                         (size_t)p.head_dim;
+                        for (size_t i = 0; i < n; i++) {
+                            hv[row0 + i] = vnan;
+                            hk[row0 + i] = kinf;
+                        }
+                    }
+                stof__ctx_push(ctx);
+                api->cuMemcpyHtoD(p.dk, hk, p.nk * 2);
+                api->cuMemcpyHtoD(p.dv, hv, p.nk * 2);
+                stof__ctx_pop(ctx);
+                free(hk);
+                free(hv);
+            }
+            for (int ci = 0; ci < nc; ci++) {
+                void *cubin = NULL;
+                size_t size = 0;
+                cr_assert_eq(stof__kernel_cubin(ctx, &cs[ci], p.head_dim, dt,
+                                                &cubin, &size),
+                             STOF_OK, "%s", stof_errmsg(ctx));
+                stof_plan *plan = NULL;
+                cr_assert_eq(stof__family_plan_from_cubin(ctx, &p.d, fam,
+                                                          &cs[ci], cubin, size,
+                                                          0, &plan),
+                             STOF_OK, "kind %d: %s", cs[ci].kind,
+                             stof_errmsg(ctx));
+                free(cubin);
+                poison(&p, ctx);
+                cr_assert_eq(stof_attention_run_family(
+                                 plan, &in.dev, (void *)(uintptr_t)p.dq,
+                                 (void *)(uintptr_t)p.dk,
+                                 (void *)(uintptr_t)p.dv,
+                                 (void *)(uintptr_t)p.dout, NULL),
+                             STOF_OK, "%s", stof_plan_errmsg(plan));
+                const double e = check(&p, ctx, fam, &in);
+                cr_log_info("%s %dx%d d %d kind %d split %d, NaN padding: "
+                            "rel err %.2e",
+                            fspecs[si], p.seq_q, p.seq_k, p.head_dim,
+                            cs[ci].kind, cs[ci].splits, e);
+                stof_plan_free(&plan);
+                ran++;
+            }
+            inst_free(&in);
+            stof_mask_family_free(&fam);
+            problem_free(&p, ctx);
+        }
+    cr_assert_geq(ran, 12);
+    stof_close(&ctx);
+}
+
 Test(gpu_family_attn, graph_replay_with_new_instance_data)
 {
     stof_settings s;

@@ -34,9 +34,11 @@ typedef struct stof_attn_block_params {
     CUdeviceptr alibi;     /* ALIBI: float[heads] */
     CUdeviceptr bias;      /* BIAS: the additive bias (16-bit) */
     int64_t bias_stride[3];
+    CUdeviceptr k_lim;     /* 0, or int32[batch]: keys of V read (k_len) */
 } stof_attn_block_params;
 _Static_assert(sizeof(stof_attn_block_params) ==
-                   9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8 + 4 * 8,
+                   9 * 8 + 12 * 8 + 10 * 4 + 8 + 2 * 8 + 4 * 4 + 8 + 4 * 8 +
+                       8,
                "stof_attn_block_params must match attn_block.cu");
 
 /* The gather kernel's parameters (GATHER=1): the block ones, row_ptr /
@@ -596,6 +598,7 @@ static void fill_params(stof_attn_block_params *p, int head_dim,
         p->n_split = x->n_split;
         p->alibi = x->alibi;
         p->bias = x->bias;
+        p->k_lim = x->k_lim;
     }
     memcpy(p->bias_stride, d->bias_stride, sizeof(p->bias_stride));
     p->q = q;

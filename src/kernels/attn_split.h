@@ -38,6 +38,11 @@ typedef struct stof_attn_ext {
     CUdeviceptr sched; /* persistent wgmma kernels: 0, or the list schedule
                         * for `ctas` CTAs (stof__wgmma_persist_list),
                         * which replaces persist_heads' deal */
+    CUdeviceptr k_lim; /* 0, or int32[batch] (a family instance's k_len):
+                        * V rows of sequence b at or past k_lim[b] (clamped
+                        * to 0..seq_k) are never read into O, whatever they
+                        * hold (block and wgmma kernels; gather kernels
+                        * read listed keys only) */
 } stof_attn_ext;
 
 /* Score modifiers (stof_block_cfg.mods, stof_wgmma_cfg.mods): the kernel

@@ -39,7 +39,8 @@ typedef struct stof_attn_wgmma_params {
     CUdeviceptr bias;      /* BIAS: the additive bias (16-bit) */
     int64_t bias_stride[3];
     CUdeviceptr sched;     /* persistent: 0, or the list schedule */
-    uint8_t tail_[48];     /* to the maps' alignment, as the template */
+    CUdeviceptr k_lim;     /* 0, or int32[batch]: keys of V read (k_len) */
+    uint8_t tail_[40];     /* to the maps' alignment, as the template */
     CUtensorMap tm_o;      /* block mode: O, boxes of 64 rows */
 } stof_attn_wgmma_params;
 _Static_assert(sizeof(stof_attn_wgmma_params) == 896,
@@ -666,6 +667,7 @@ static void set_out(stof_attn_wgmma_params *p, const stof_attention_desc *d,
     p->n_split = x->n_split;
     p->alibi = x->alibi;
     p->bias = x->bias;
+    p->k_lim = x->k_lim;
 }
 
 stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,

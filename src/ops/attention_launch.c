@@ -134,6 +134,10 @@ stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
     /* A split plan's partials, laid out for this launch's rows (at most
      * the plan's, which sized the workspace). */
     stof_attn_ext x = {.lse = lse, .alibi = p->d_alibi, .bias = bias};
+    /* A family instance's key lengths: the V rows past them (a cache's
+     * unwritten slots, which may hold NaN) stay out of O. */
+    if (p->family && !p->n_seq && data && data->k_len)
+        x.k_lim = (CUdeviceptr)(uintptr_t)data->k_len;
     if (p->n_split > 1)
         stof__split_parts(p->d_split, p->n_split, &ld, &x);
     stof_status st;
