@@ -433,8 +433,8 @@ Test(gpu_family_attn, split_kv_plans_match_the_reference)
 
 /* Keys past a sequence's k_len are padding whose memory may hold anything
  * (a KV cache's unwritten slots, from torch.empty): NaN in V and Inf in K
- * there must not reach O (P is 0 there, but 0 x NaN is NaN in P V). Every
- * kernel kind a family runs, split or not, against the reference. */
+ * there must not reach O (P is 0 there, but 0 x NaN is NaN in P V). The
+ * block and wgmma kinds, split or not, against the reference. */
 Test(gpu_family_attn, padding_keys_holding_nan_stay_out_of_the_output)
 {
     stof_context *ctx = tu_open_gpu_or_skip(NULL);
@@ -442,8 +442,8 @@ Test(gpu_family_attn, padding_keys_holding_nan_stay_out_of_the_output)
     static const char *fspecs[] = {"causal", "dense"};
     static const int dims[][3] = {{200, 520, 64}, {70, 700, 128}};
     const int sm90 = stof__wgmma_device_ok(&ctx->device);
+    /* (the family reference kernel reads allowed keys only) */
     const stof_candidate cs[] = {
-        {.kind = STOF_KERNEL_REFERENCE},
         {.kind = STOF_KERNEL_BLOCK, .cfg = {64, 64, 4, 2, 0, 0, 0}},
         {.kind = STOF_KERNEL_BLOCK, .cfg = {64, 64, 4, 2, 0, 1, 0},
          .splits = 4},
@@ -458,7 +458,7 @@ Test(gpu_family_attn, padding_keys_holding_nan_stay_out_of_the_output)
          .wcfg = {128, 2, 1, 0, 64, 1, 0},
          .splits = 7},
     };
-    const int nc = sm90 ? 6 : 3;
+    const int nc = sm90 ? 5 : 2;
     int ran = 0;
     for (size_t si = 0; si < 2; si++)
         for (int z = 0; z < 2; z++) {
@@ -550,7 +550,7 @@ Test(gpu_family_attn, padding_keys_holding_nan_stay_out_of_the_output)
             stof_mask_family_free(&fam);
             problem_free(&p, ctx);
         }
-    cr_assert_geq(ran, 12);
+    cr_assert_geq(ran, 8);
     stof_close(&ctx);
 }
 
