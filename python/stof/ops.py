@@ -271,6 +271,32 @@ def _attention_lens_fake(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
     return torch.empty_like(q)
 
 
+# stof's attention has no backward. Autograd must not take its output for
+# a constant (a model trained with it would leave q, k and v untrained
+# without a word): where autograd records the call, it goes through the
+# operator, whose backward says so.
+_NO_BACKWARD = ("stof attention is for inference and has no backward: run "
+                "the model under torch.no_grad() or torch.inference_mode(), "
+                "or train with another attention implementation")
+
+
+def _no_backward(ctx, *grads):
+    raise RuntimeError(_NO_BACKWARD)
+
+
+def _no_context(ctx, inputs, output):
+    pass
+
+
+_attention_lens.register_autograd(_no_backward, setup_context=_no_context)
+
+
+def _records_grad(*ts):
+    """Whether autograd records a call on these tensors (None skipped)."""
+    return torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in ts)
+
+
 def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
                      q_offset=None, prefix=None, doc_id=None, after=None):
     """Attention (B, H, S, D) over mask family `family` with per-sequence
@@ -286,7 +312,7 @@ def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
     traced, the same implementation without the dispatcher otherwise."""
     args = (q, k, v, family, 0.0 if scale is None else float(scale), q_lens,
             k_lens, q_offset, prefix, doc_id)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _records_grad(q, k, v):
         return torch.ops.stof.attention_lens(*args, after)
     return _family_impl(*args, same_data=after is not None)
 
@@ -329,6 +355,9 @@ def _attention_fake(q, k, v, mask, scale, softcap, bias):
     return torch.empty_like(q)
 
 
+_attention.register_autograd(_no_backward, setup_context=_no_context)
+
+
 def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
               bias=None, attn_mask=None, q_lens=None, k_lens=None):
     """Masked attention of q against k, v: torch.ops.stof.attention.
@@ -354,7 +383,8 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
     once per shape and reused for every batch's lengths (CUDA-graph and
     torch.compile safe: the lengths are read on the GPU). Returns a new
     tensor shaped and laid out like q. Rows with no allowed key give
-    zeros."""
+    zeros. Inference only: where autograd records the call (q, k or v
+    requiring grad, grad mode on) the output's backward raises."""
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout {layout!r}: 'bhsd' (batch, heads, seq, dim) "
                          "or 'bshd' (batch, seq, heads, dim)")
@@ -377,7 +407,8 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
     # Traced by torch.compile / torch.export: the registered operator (its
     # fake implementation gives the output's shape). Eager: the same
     # implementation without the dispatcher's cost per call.
-    out = (torch.ops.stof.attention(*args) if torch.compiler.is_compiling()
+    out = (torch.ops.stof.attention(*args)
+           if torch.compiler.is_compiling() or _records_grad(q, k, v, bias)
            else _attention_impl(*args))
     return out.transpose(1, 2) if layout == "bshd" else out
 

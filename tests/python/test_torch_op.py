@@ -196,8 +196,36 @@ def main():
           f"us/call ({best_disp - best_run:+.1f} us) (1x8x128x64 causal, "
           f"{n} calls, best of 3)")
     check_streams()
+    check_no_backward()
     print("all checks passed")
     return 0
+
+
+def check_no_backward():
+    """Inference only: with grad mode on and q requiring grad, the output
+    is recorded and its backward raises by name (a model trained with it
+    must not leave q, k, v untrained without a word), for the structured
+    and the family path; the forward's values are the same."""
+    dev = "cuda"
+    q, k, v = (torch.randn(2, 4, 128, 64, device=dev, dtype=torch.float16)
+               for _ in range(3))
+    with torch.no_grad():
+        want = stof.attention(q, k, v, mask="causal")
+        want_f = stof.attention(q, k, v, mask="causal",
+                                k_lens=torch.tensor([100, 128], dtype=torch.int32))
+    for name, kw, ref in (("structured", {}, want),
+                          ("family", {"k_lens": torch.tensor(
+                              [100, 128], dtype=torch.int32)}, want_f)):
+        qg = q.clone().requires_grad_()
+        out = stof.attention(qg, k, v, mask="causal", **kw)
+        expect(out.requires_grad and torch.equal(out.detach(), ref),
+               f"{name}: recorded by autograd, same values")
+        try:
+            out.float().sum().backward()
+        except RuntimeError as e:
+            expect("inference" in str(e), f"{name}: backward raises: {e}")
+        else:
+            expect(False, f"{name}: backward ran (q's grad would be wrong)")
 
 
 def check_streams():

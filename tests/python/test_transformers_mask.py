@@ -106,6 +106,48 @@ def compiled_reuse():
         st._ops._family_impl = real
 
 
+def check_mask_plans():
+    """_mask_plan, the attention's reading of a 4-D mask tensor: an additive
+    mask is a pattern only when its elements are 0 or mask (a soft
+    penalty, ALiBi-like slopes, make it a bias, as SDPA adds them); an
+    integer mask is refused; under torch.inference_mode (no version
+    counter) a mask rewritten in place is worked out again when asked
+    (the first layer of each forward), and a cached plan is one entry."""
+    n = 6
+    qi = torch.arange(n)[:, None]
+    ki = torch.arange(n)[None, :]
+    causal = (ki <= qi)[None, None].expand(2, 1, n, n)
+    soft = torch.where(causal, 0.0, -2.0).to(torch.float32)
+    plan = st._mask_plan(soft, torch.float16, n, None)
+    check(plan[0] == "dense" and isinstance(plan[1], torch.Tensor),
+          f"0 / -2 additive mask is a bias, not causal ({plan[0]})")
+    slopes = (-0.5 * (qi - ki).abs().float())[None, None].expand(2, 1, n, n)
+    plan = st._mask_plan(slopes.contiguous(), torch.float16, n, None)
+    check(plan[0] == "dense" and isinstance(plan[1], torch.Tensor),
+          f"ALiBi-like additive mask is a bias ({plan[0]})")
+    lowest = torch.finfo(torch.float32).min
+    hard = torch.where(causal, 0.0, lowest).to(torch.float32).contiguous()
+    plan = st._mask_plan(hard, torch.float16, n, None)
+    check(plan[0] == "causal" and plan[1] is None,
+          f"0 / lowest additive mask is causal ({plan[0]})")
+    try:
+        st._mask_plan(causal.to(torch.int64).contiguous(), torch.float16, n, None)
+    except TypeError as e:
+        check("boolean" in str(e), f"an integer mask is refused: {e}")
+    else:
+        check(False, "an integer mask is refused")
+    with torch.inference_mode():
+        m = causal.clone()
+        first = st._mask_plan(m, torch.float16, n, None, recheck=True)
+        m[1, :, :, 4:] = False  # sequence 1's keys 4.. become padding
+        again = st._mask_plan(m, torch.float16, n, None, recheck=True)
+    check(first[0] == "causal" and again[0] != "causal",
+          f"inference mode: a mask rewritten in place is worked out again "
+          f"({first[0]} -> {again[0]})")
+    check(isinstance(st._last["entry"], tuple) and len(st._last["entry"]) == 3,
+          "the cached plan is one (key, mask, plan) entry")
+
+
 def main():
     b, s = 4, 48
     emb = torch.zeros(b, s, 8)
@@ -421,6 +463,7 @@ def main():
     except ValueError as e:
         check("doc_id" in str(e), "instance data: doc_id shorter than seq_k refused")
 
+    check_mask_plans()
     return finish()
 
 

@@ -60,17 +60,27 @@ NAME = "stof"
 
 try:
     from transformers import masking_utils as _mu
-    # The code objects of transformers' composite mask functions: a mask
-    # function is recognised by its code and the values it closes over,
-    # exactly, never by evaluating it.
-    _AND_CODE = _mu.and_masks(_mu.causal_mask_function).__code__
-    _SW_CODE = _mu.sliding_window_overlay(1).__code__
-    _SWB_CODE = getattr(_mu, "sliding_window_bidirectional_overlay",
-                        lambda w: None)(1)
-    _SWB_CODE = getattr(_SWB_CODE, "__code__", None)
-    _PACKED_CODE = _mu.packed_sequence_mask_function(None).__code__
-except (ImportError, AttributeError):  # pragma: no cover - older transformers
+except ImportError:  # pragma: no cover - older transformers
     _mu = None
+
+
+def _code_of(make, *args):
+    """The code object of the function make(*args) returns, or None where
+    this transformers lacks make (each recognised on its own: one missing
+    name must not cost the others, or the mask hook)."""
+    try:
+        return make(*args).__code__
+    except Exception:  # (AttributeError, TypeError: another transformers)
+        return None
+
+
+# The code objects of transformers' composite mask functions: a mask
+# function is recognised by its code and the values it closes over,
+# exactly, never by evaluating it.
+_AND_CODE = _code_of(lambda: _mu.and_masks(_mu.causal_mask_function))
+_SW_CODE = _code_of(lambda: _mu.sliding_window_overlay(1))
+_SWB_CODE = _code_of(lambda: _mu.sliding_window_bidirectional_overlay(1))
+_PACKED_CODE = _code_of(lambda: _mu.packed_sequence_mask_function(None))
 
 
 def _is_int(x):
@@ -98,7 +108,7 @@ def mask_spec(mask_function):
         return "causal"
     if mask_function is _mu.bidirectional_mask_function:
         return "dense"
-    if torch.compiler.is_compiling() or \
+    if torch.compiler.is_compiling() or _AND_CODE is None or \
             getattr(mask_function, "__code__", None) is not _AND_CODE:
         # (torch.compile cannot read the closures of functions made in the
         # traced code: composites go to SDPA's mask there, an additive bias)
@@ -129,7 +139,8 @@ def parse_mask_function(mask_function):
     spec = mask_spec(mask_function)
     if spec is not None or _mu is None:
         return None if spec is None else (spec, None)
-    if torch.compiler.is_compiling() or \
+    if torch.compiler.is_compiling() or _AND_CODE is None or \
+            _PACKED_CODE is None or \
             getattr(mask_function, "__code__", None) is not _AND_CODE:
         return None
     parts = _cell(mask_function, "mask_functions")
@@ -242,12 +253,28 @@ def _tracing():
         _capturing()
 
 
-def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
-              mask_function=None, attention_mask=None, **kwargs):
+def stof_mask(batch_size, q_length=None, kv_length=None, q_offset=0,
+              kv_offset=0, mask_function=None, attention_mask=None, **kwargs):
     """transformers' mask interface for "stof": a StofMask when the pattern
     is one stof has kernels for (parse_mask_function) and the offsets are
     ints (or, static caches, the queries' offset a one-element tensor);
-    otherwise transformers' SDPA mask (a boolean 4-D tensor or None)."""
+    otherwise transformers' SDPA mask (a boolean 4-D tensor or None).
+    Called with another signature (a transformers whose hook passes
+    cache_position instead of q_length and q_offset), transformers' SDPA
+    mask with the arguments as given."""
+    if q_length is None or kv_length is None or \
+            not hasattr(_mu, "prepare_padding_mask"):
+        given = dict(kwargs, batch_size=batch_size, kv_offset=kv_offset,
+                     mask_function=mask_function,
+                     attention_mask=attention_mask)
+        if kv_length is not None:
+            given["kv_length"] = kv_length
+        if q_length is not None:
+            given.update(q_length=q_length, q_offset=q_offset)
+        if given["mask_function"] is None:
+            del given["mask_function"]
+        return _mu.sdpa_mask(**given)
+
     def sdpa():  # transformers' own mask, for what stof does not claim
         return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length,
                              kv_length=kv_length, q_offset=q_offset,
@@ -333,10 +360,10 @@ def stof_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
         data["prefix"] = first
     return StofMask(spec, q_length, kv_length, rel, _family_of(spec, left), data)
 
-# The last mask worked out, and the tensor itself: held, its memory cannot
-# be handed to the next batch's mask, so a later mask at the same address
-# is a view of this one (layers slice the forward pass's mask).
-_last = {"mask": None, "key": None, "plan": None}
+# The last mask worked out: (key, the tensor itself, plan). Held, its memory
+# cannot be handed to the next batch's mask, so a later mask at the same
+# address is a view of this one (layers slice the forward pass's mask).
+_last = {"entry": None}
 # Calls of stof_attention_forward (tests check that a model really runs it).
 calls = [0]
 
@@ -395,28 +422,43 @@ def _padding(allowed, window):
     return None
 
 
-def _mask_plan(mask, dtype, seq_k, window):
+def _mask_plan(mask, dtype, seq_k, window, recheck=False):
     """(spec, extra) for a transformers mask, boolean (True = attend) or
     additive: a structured spec and None when the mask is one (see
     _pattern); "family:<spec>" and the lengths for right or left padding
     (_padding: ("k_len" or "prefix", int32 lengths)); else "dense" and an
-    additive bias
-    in q's dtype (key dimension padded to a multiple of 8 elements).
-    Cached for the same mask memory (address, shape, strides; the version
-    counter where tensors have one: not under torch.inference_mode) and
-    the same dtype, seq_k and window."""
+    additive bias in q's dtype (key dimension padded to a multiple of 8
+    elements). An additive mask is read as a pattern only when each of its
+    elements is 0 or masks (-inf, or at most half the dtype's lowest: what
+    transformers fills with); any other value (ALiBi-like slopes, soft
+    penalties) makes it a bias, as SDPA adds it. Cached for the same mask
+    memory (address, shape, strides; the version counter where tensors
+    have one) and the same dtype, seq_k and window; recheck: work it out
+    again even so (tensors made under torch.inference_mode have no version
+    counter, so a mask rewritten in place would look the same: the caller
+    asks once per forward, at its first layer)."""
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(f"stof: an attention mask of dtype {mask.dtype}: "
+                        "give a boolean mask (True = attend) or an additive "
+                        "float one, as SDPA takes")
     try:
         version = mask._version
     except RuntimeError:  # inference tensors have no version counter
         version = None
     key = (mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask.dtype,
-           version, dtype, seq_k, window)
-    if _last["key"] == key:
-        return _last["plan"]
+           mask.device, version, dtype, seq_k, window)
+    hit = _last["entry"]  # (key, mask, plan): one read, one write
+    if hit is not None and hit[0] == key and not recheck:
+        return hit[2]
+    held = mask
     mask = mask[..., :seq_k]
-    allowed = mask if mask.dtype == torch.bool else mask == 0
-    spec = _pattern(allowed, window)
-    padded = None if spec is not None else _padding(allowed, window)
+    if mask.dtype == torch.bool:
+        allowed, binary = mask, True
+    else:
+        allowed = mask == 0
+        binary = bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all())
+    spec = _pattern(allowed, window) if binary else None
+    padded = None if spec is not None or not binary else _padding(allowed, window)
     if spec is not None:
         plan = (spec, None)
     elif padded is not None:
@@ -427,8 +469,18 @@ def _mask_plan(mask, dtype, seq_k, window):
         plan = ("dense", pad_bias(bias))
     else:
         plan = ("dense", pad_bias(mask.to(dtype)))
-    _last["mask"], _last["key"], _last["plan"] = mask, key, plan
+    # (the mask held: its memory cannot go to the next batch's mask, so a
+    # later mask at this address is this one or a view of it)
+    _last["entry"] = (key, held, plan)
     return plan
+
+
+def _has_version(t):
+    try:
+        t._version
+        return True
+    except RuntimeError:  # an inference tensor
+        return False
 
 
 def stof_attention_forward(module, query, key, value, attention_mask,
@@ -455,7 +507,12 @@ def stof_attention_forward(module, query, key, value, attention_mask,
     elif attention_mask is not None:
         window = kwargs.get("sliding_window") or getattr(module, "sliding_window",
                                                          None)
-        spec, bias = _mask_plan(attention_mask, query.dtype, seq_k, window)
+        # (without a version counter, the first layer of each forward
+        # works the mask out again; a module without layer_idx, each call)
+        recheck = not _has_version(attention_mask) and \
+            getattr(module, "layer_idx", None) in (None, 0)
+        spec, bias = _mask_plan(attention_mask, query.dtype, seq_k, window,
+                                recheck)
     else:
         if is_causal is None:
             is_causal = getattr(module, "is_causal", True)
@@ -477,6 +534,8 @@ def _family_attention(q, k, v, family, lengths, scale):
     (("k_len" or "prefix", int32 CUDA tensor)): stof.attention's family
     path (a family plan per shape, strides and dtype, made once)."""
     name, t = lengths
+    if t.shape[0] == 1 and q.shape[0] > 1:  # one mask for the whole batch
+        t = t.expand(q.shape[0]).contiguous()
     last["path"] = "family:" + family
     return _ops.family_attention(q, k, v, family, scale,
                                  k_lens=t if name == "k_len" else None,
@@ -538,6 +597,9 @@ last = {"path": None}
 
 
 AttentionInterface.register(NAME, stof_attention_forward)
+# Registered whenever transformers has the mask interface: without it there,
+# transformers would hand an unregistered implementation no mask at all,
+# and padding would be attended.
 if _mu is not None and hasattr(_mu, "AttentionMaskInterface"):
     _mu.AttentionMaskInterface.register(NAME, stof_mask)
 # (older transformers build SDPA-style masks for any implementation: the
