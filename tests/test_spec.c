@@ -511,6 +511,38 @@ Test(spec, seeded_leaves_are_deterministic_and_seed_dependent)
     stof_close(&ctx);
 }
 
+/* A random mask's element (q, k) does not depend on the mask's width: the
+ * mask at 200 x 640 is the first 640 keys of the mask at 200 x 6400 (and
+ * of 200 x 641), for probabilities on both paths of the generator (the
+ * word cascade with its remainder, and the skipping alone). So a family's
+ * random pattern over old keys stays as its cache grows. */
+Test(spec, random_bits_do_not_depend_on_the_width)
+{
+    stof_context *ctx = open_ctx();
+    const uint64_t seed = tu_seed();
+    const double ps[] = {0.49, 0.0058, 0.003, 0.3, 0.77};
+    const int wide_k[] = {641, 6400, 700};
+    char spec[64];
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) {
+        snprintf(spec, sizeof(spec), "random:%.4f:%llu", ps[i],
+                 (unsigned long long)seed);
+        stof_mask *base = make(ctx, spec, 200, 640);
+        for (size_t w = 0; w < sizeof(wide_k) / sizeof(wide_k[0]); w++) {
+            stof_mask *wide = make(ctx, spec, 200, wide_k[w]);
+            int diff = 0;
+            for (int q = 0; q < 200; q++)
+                for (int k = 0; k < 640; k++)
+                    diff += stof_mask_get(base, q, k) != stof_mask_get(wide, q, k);
+            cr_assert_eq(diff, 0, "%s: %d of the first 640 keys differ at "
+                                  "200 x %d",
+                         spec, diff, wide_k[w]);
+            stof_mask_free(&wide);
+        }
+        stof_mask_free(&base);
+    }
+    stof_close(&ctx);
+}
+
 Test(spec, random_density_and_edge_probabilities)
 {
     stof_context *ctx = open_ctx();

@@ -275,7 +275,9 @@ static void random_sparse(double p, uint64_t *s, uint64_t *row,
  * words with bit probability a come from one random word per binary digit
  * of a (an AND/OR cascade), and the remainder r < 1/512 is ORed in by
  * geometric skipping. Tiny P uses the skipping alone. The result is exactly
- * Bernoulli(P) per element. */
+ * Bernoulli(P) per element, and key k's bit does not depend on seq_k (each
+ * word's cascade draws and the skipping walk are prefixes of their
+ * streams). */
 static void random_row(const node *n, int64_t p, uint64_t *row,
                        const stof_spec_eval *e)
 {
@@ -308,8 +310,14 @@ static void random_row(const node *n, int64_t p, uint64_t *row,
             row[w] = x;
         }
     }
-    if (r > 0.0)
-        random_sparse(r, &s, row, e);
+    if (r > 0.0) {
+        /* The remainder from a stream of its own: after the cascade's
+         * draws (one set a word) the same stream would make key k's bit
+         * depend on how many words the row has, i.e. on seq_k or k_len. */
+        uint64_t s2 = mix64(leaf_seed(e, n->v[1]) ^
+                            mix64((uint64_t)p + 0x9e6c63d0676a9a99ull));
+        random_sparse(r, &s2, row, e);
+    }
     if (invert)
         for (int64_t w = 0; w < e->wpr; w++)
             row[w] = ~row[w];
