@@ -256,7 +256,9 @@ typedef struct stof_mask stof_mask;
  *   none                  no key at all (an empty mask)
  *   docs, prefix, prefix:P, bitmap, head_sliding, head_causal_sliding
  *                         the family leaves (see stof_mask_family); here
- *                         with the default data: one document, prefix 0,
+ *                         with the default data: one document over the
+ *                         keys (a query row at or past seq_k is in no
+ *                         document, so `docs` empties it), prefix 0,
  *                         every key, no window limit
  * combined with `!a` (negation), `a&b` (intersection, binds tighter than
  * union), `a|b` (union) and parentheses. Spaces are ignored. W, D, S, G, B must be positive integers
@@ -304,7 +306,8 @@ STOF_API void stof_mask_to_dense(const stof_mask *m, uint8_t *bytes /* OUT */);
  * root of the share, so that sparse pixels show), empty tiles
  * white, tile lines grey when a tile spans 4 pixels or more. At most
  * max_side pixels a side (0: 1024; 16..8192): each pixel then covers s x s
- * elements. Size-then-fetch: *size gets the bytes needed;
+ * elements. At most 2^24 tiles (STOF_ERR_INVALID_ARGUMENT beyond: larger
+ * tiles). Size-then-fetch: *size gets the bytes needed;
  * STOF_ERR_BUFFER_TOO_SMALL (no message when buf is NULL and cap 0) when
  * cap is smaller. */
 STOF_API stof_status stof_mask_png(stof_context *ctx, const stof_mask *m,
@@ -483,9 +486,11 @@ STOF_API stof_status stof_mask_family_eval(stof_context *ctx,
 
 /* The formats of sequence b (host data, checked for b), equal to
  * stof_format_build of stof_mask_family_eval's mask, built tile by tile
- * from the family's structure without a bit matrix: time and memory follow
- * the non-empty tiles (plus block_m x seq_k / 8 bytes of scratch), not
- * seq_q x seq_k. */
+ * from the family's structure without a bit matrix: the block part's time
+ * and memory follow the non-empty tiles (plus block_m x seq_k / 8 bytes of
+ * scratch), not seq_q x seq_k; the row-wise part (key lists and their
+ * bitmaps) follows the allowed elements, so a causal mask of 2^20 keys
+ * needs tens of GB (STOF_ERR_OUT_OF_MEMORY where they cannot be had). */
 STOF_API stof_status stof_format_build_family(stof_context *ctx,
                                               const stof_mask_family *fam,
                                               int seq_q, int seq_k,

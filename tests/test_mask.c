@@ -465,6 +465,15 @@ Test(mask, png_picture)
                      STOF_OK, "%d x %d: %s", tiles[i][0], tiles[i][1],
                      stof_errmsg(ctx));
     free(big);
+    /* Tiny tiles on a huge mask are refused by name (a tile count beyond
+     * 2^24 took gigabytes and hours), before any drawing. */
+    stof_mask *huge = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 8192, 8192, &huge),
+                 STOF_OK);
+    cr_assert_eq(stof_mask_png(ctx, huge, 1, 1, 0, NULL, 0, &got),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "larger tiles"), "%s", stof_errmsg(ctx));
+    stof_mask_free(&huge);
     free(png);
     stof_mask_free(&m);
     stof_close(&ctx);

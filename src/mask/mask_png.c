@@ -89,6 +89,12 @@ stof_status stof_mask_png(stof_context *ctx, const stof_mask *m, int block_m,
     const int W = (sk + s - 1) / s, H = (sq + s - 1) / s;
     const int tr = (sq + block_m - 1) / block_m,
               tc = (sk + block_n - 1) / block_n;
+    /* Each tile is counted row by row: tiny tiles on a huge mask would
+     * take gigabytes and hours. */
+    STOF_CHECK_ARG(ctx, (int64_t)tr * tc <= (1 << 24),
+                   "tiles of %d x %d make %lld tiles of a %d x %d mask, more "
+                   "than the %d a picture draws: use larger tiles",
+                   block_m, block_n, (long long)tr * tc, sq, sk, 1 << 24);
     uint64_t *pix = calloc((size_t)W * H, sizeof(*pix));
     uint64_t *tile = calloc((size_t)tr * tc, sizeof(*tile));
     const size_t stride = 1 + (size_t)W * 3;
