@@ -38,9 +38,11 @@ the composite mask functions transformers makes inside the traced code
 cannot be read there): sliding windows and packed sequences then take
 SDPA's mask as an additive bias, correct but without the window's
 savings; CUDA graphs captured from eager code keep them. Soft-capping (Gemma 2) reaches the
-structured kernels; with a mask family, and attention sinks, it is refused.
-Inference only: dropout must be 0 (model.eval()). Attention weights are not
-returned (None), as with SDPA.
+structured kernels; with a mask family (padding, packed sequences, or
+queries after cached keys: decoding with a cache) it is refused, as are
+attention sinks. Inference only: dropout must be 0 (model.eval()), and
+where autograd records the call its backward raises. Attention weights are
+not returned (None), as with SDPA.
 """
 import contextlib
 
