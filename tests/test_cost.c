@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "cost_model.h"
 #include "attn_block.h"
@@ -932,4 +933,46 @@ Test(cost, persist_list_deals_every_item_once_and_balanced)
     cr_expect_null(stof__wgmma_persist_list(w, nrb, STOF_PERSIST_LIST_MAX, 0,
                                             4, 0.0, &n));
     cr_expect_eq(n, 0);
+}
+
+/* Stage 1 on a very large batch x heads: the list schedule is simulated
+ * for enough copies to be steady and the rest added at the work rate, so
+ * ranking 256 x 64 heads of a 16384-token causal mask takes a fraction of
+ * a second (it took ~5 s on a CI-class machine, every one of them a
+ * simulated CTA), and the predictions stay linear in the batch (twice the
+ * batch, twice the time, within 0.5%). */
+Test(cost, ranking_a_huge_batch_is_quick_and_linear)
+{
+    stof_context *ctx = open_fake_h100();
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 16384, 16384, &m),
+                 STOF_OK);
+    stof_candidate c[256], c2[256];
+    int k = 0, k2 = 0;
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 256, 64, 16384, 16384, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 256, &k), STOF_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double s = (double)(t1.tv_sec - t0.tv_sec) +
+                     (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    cr_assert_lt(s, 3.0, "ranking took %.2f s", s);
+    d.batch = 128;
+    cr_assert_eq(stof__cost_rank(ctx, &d, m, c2, 256, &k2), STOF_OK);
+    cr_assert(k > 0 && k == k2);
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < k2; j++)
+            if (c2[j].kind == c[i].kind && c2[j].splits == c[i].splits &&
+                !memcmp(&c2[j].cfg, &c[i].cfg, sizeof(c[i].cfg)) &&
+                !memcmp(&c2[j].wcfg, &c[i].wcfg, sizeof(c[i].wcfg)) &&
+                c2[j].group == c[i].group) {
+                const double r = c[i].predicted_ms / c2[j].predicted_ms;
+                cr_expect(fabs(r - 2.0) < 0.01, "candidate %d: 256 / 128 "
+                          "batch predicted %.4f / %.4f ms", i,
+                          c[i].predicted_ms, c2[j].predicted_ms);
+            }
+    stof_mask_free(&m);
+    stof_close(&ctx);
 }
