@@ -129,7 +129,10 @@ __device__ __forceinline__ mb_seq mb_load_seq(const stof_mb_params &P, int sq)
     const int hd = P.heads_data > 1 ? P.heads_data : 1;
     const int b = sq / hd, h = sq - b * hd;
     s.has_win = P.head_window != 0;
-    s.win = s.has_win ? mb_clamp(P.head_window[h], 0, 1 << 30) : 0;
+    // (clamped where no distance reaches, as the host's spec parameters:
+    // q_offset <= 2^30 and keys < 2^20, so equal to the host's unclamped W)
+    s.win = s.has_win ? mb_clamp(P.head_window[h], 0, (1 << 30) + (1 << 21))
+                      : 0;
     if (P.n_seq > 0) {
         const int *pq = P.pk, *pkk = P.pk + P.n_seq + 1;
         s.qs = pq[b];

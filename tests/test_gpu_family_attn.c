@@ -554,6 +554,62 @@ Test(gpu_family_attn, padding_keys_holding_nan_stay_out_of_the_output)
     stof_close(&ctx);
 }
 
+/* A window per head as wide as an int (INT32_MAX: "no limit") with the
+ * queries 2^30 positions after the keys: every key is within it, on the
+ * GPU's builder as on the host (the GPU clamped windows at 2^30, which
+ * masked keys 2^30 or more behind). */
+Test(gpu_family_attn, the_widest_head_windows_match_the_host)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.tuning_mode = STOF_TUNE_CACHE_ONLY; /* the cost model's choice */
+    s.user_db = db_path();
+    stof_context *ctx = tu_open_gpu_or_skip(&s);
+    tu_rng r = {tu_seed() ^ 0x3c1d};
+    problem p;
+    problem_new(&p, ctx, &r, 2, 2, 130, 300, 64, STOF_DTYPE_FP16);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "head_sliding", &fam), STOF_OK);
+    inst in;
+    memset(&in, 0, sizeof(in));
+    in.doc = calloc((size_t)p.batch * p.seq_k, sizeof(int32_t));
+    for (int b = 0; b < p.batch; b++) {
+        in.q_len[b] = p.seq_q;
+        in.k_len[b] = p.seq_k;
+        in.q_offset[b] = 1 << 30;
+    }
+    in.hw[0] = INT32_MAX;
+    in.hw[1] = (1 << 30) + 100; /* keys 0 .. ~ 99 + row of each query */
+    in.host.q_len = in.q_len;
+    in.host.k_len = in.k_len;
+    in.host.q_offset = in.q_offset;
+    in.host.head_window = in.hw;
+    inst_upload(&in, &p, ctx);
+    in.dev.seed = NULL;
+    in.dev.bitmap = NULL;
+    in.dev.prefix = NULL;
+    in.dev.doc_id = NULL;
+    stof_plan *plan = NULL;
+    cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, &in.host, &plan),
+                 STOF_OK, "%s", stof_errmsg(ctx));
+    poison(&p, ctx);
+    cr_assert_eq(stof_attention_run_family(plan, &in.dev,
+                                           (void *)(uintptr_t)p.dq,
+                                           (void *)(uintptr_t)p.dk,
+                                           (void *)(uintptr_t)p.dv,
+                                           (void *)(uintptr_t)p.dout, NULL),
+                 STOF_OK, "%s", stof_plan_errmsg(plan));
+    const double e = check(&p, ctx, fam, &in);
+    cr_log_info("head windows INT32_MAX and 2^30 + 100, q_offset 2^30: rel "
+                "err %.2e",
+                e);
+    stof_plan_free(&plan);
+    inst_free(&in);
+    stof_mask_family_free(&fam);
+    problem_free(&p, ctx);
+    stof_close(&ctx);
+}
+
 Test(gpu_family_attn, graph_replay_with_new_instance_data)
 {
     stof_settings s;
