@@ -165,17 +165,30 @@ static double makespan_us(double *w, int nrb, int64_t bh, int slots, int o,
         return INFINITY;
     /* Greedy list scheduling leaves no slot idle once every slot has
      * work, so after enough copies each further copy adds its work over
-     * the slots to every slot's time on average: many copies (a large
-     * batch x heads) are simulated for the first `sim` and the rest added
-     * at that rate (the last copies' imbalance is the simulated one). */
+     * the slots to the slots' time on average. Many copies (a large batch
+     * x heads) are simulated for about 16 waves and the rest added at that
+     * rate in whole periods of p copies (p x nrb CTAs a whole number of
+     * waves), so the simulated part keeps the last wave's rounding. */
     double copy_work = 0.0;
     for (int i = 0; i < nrb; i++)
         copy_work += o * (w[i] + TAU0_TILES) * tau;
-    int64_t sim = nrb > 0 ? (16 * (int64_t)slots + nrb - 1) / nrb : bh;
-    if (sim < 8)
-        sim = 8;
-    if (bh < 2 * sim)
-        sim = bh;
+    int64_t sim = bh, periods = 0, p = 1;
+    if (nrb > 0) {
+        int64_t a = slots, b = nrb;
+        while (b) {
+            const int64_t t = a % b;
+            a = b;
+            b = t;
+        }
+        p = slots / a; /* copies a whole number of waves */
+        int64_t base = (16 * (int64_t)slots + nrb - 1) / nrb;
+        if (base < 8)
+            base = 8;
+        if (bh >= base + 2 * p) {
+            periods = (bh - base) / p;
+            sim = bh - periods * p;
+        }
+    }
     double makespan = 0.0;
     for (int64_t b = 0; b < sim; b++) {
         for (int i = 0; i < nrb; i++) {
@@ -187,7 +200,7 @@ static double makespan_us(double *w, int nrb, int64_t bh, int slots, int o,
         }
     }
     free(h.t);
-    return makespan + (double)(bh - sim) * copy_work / slots;
+    return makespan + (double)periods * (double)p * copy_work / slots;
 }
 
 /* makespan_us for the persistent kernel, as its static schedule

@@ -135,8 +135,9 @@ static void size_pool_once(void)
     if (getenv("UV_THREADPOOL_SIZE"))
         return;
     int t = want_threads(0);
-    if (first_threads > t)
-        t = first_threads;
+    const int first = __atomic_load_n(&first_threads, __ATOMIC_RELAXED);
+    if (first > t)
+        t = first;
     char v[16];
     snprintf(v, sizeof(v), "%d", t);
     setenv("UV_THREADPOOL_SIZE", v, 0);
@@ -144,9 +145,10 @@ static void size_pool_once(void)
 
 static void size_pool(int threads)
 {
-    /* (a racing first call's value may be the one taken: either is valid) */
-    if (!first_threads)
-        first_threads = want_threads(threads);
+    /* (of racing first calls, one's value is taken: either is valid) */
+    int none = 0;
+    __atomic_compare_exchange_n(&first_threads, &none, want_threads(threads),
+                                0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     pthread_once(&pool_once, size_pool_once);
 }
 

@@ -23,6 +23,7 @@ from . import ops as _ops
 # (id(block_mask), Sq, Sk, device) -> (block_mask, registered name); the
 # entry holds the BlockMask, so its id is not reused while it is cached
 _from_blocks = {}
+_MAX_BLOCK_MASKS = 16
 
 
 def mask_from_mask_mod(ctx, mask_mod, seq_q, seq_k, device="cuda", b=0, h=0):
@@ -59,7 +60,10 @@ def _registered_name(block_mask, mask_mod, batch, heads, seq_q, seq_k, device):
     ctx = _ops._context(first.device.index if first.device.index is not None
                         else torch.cuda.current_device())
     name = _ops.register_mask(ctx.mask_from_dense(first))
-    _ops.cache_put(_from_blocks, key, (block_mask, name))
+    # (a few BlockMasks: a loop making one a step keeps no more alive)
+    while len(_from_blocks) >= _MAX_BLOCK_MASKS:
+        _from_blocks.pop(next(iter(_from_blocks)))
+    _from_blocks[key] = (block_mask, name)
     return name
 
 

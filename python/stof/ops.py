@@ -313,6 +313,10 @@ def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
     args = (q, k, v, family, 0.0 if scale is None else float(scale), q_lens,
             k_lens, q_offset, prefix, doc_id)
     if torch.compiler.is_compiling() or _records_grad(q, k, v):
+        if after is not None and not isinstance(after, torch.Tensor):
+            # (eager callers mark a reuse with any value; the operator
+            # takes a tensor: an empty one says the same)
+            after = q.new_empty(0)
         return torch.ops.stof.attention_lens(*args, after)
     return _family_impl(*args, same_data=after is not None)
 

@@ -226,6 +226,17 @@ def check_no_backward():
             expect("inference" in str(e), f"{name}: backward raises: {e}")
         else:
             expect(False, f"{name}: backward ran (q's grad would be wrong)")
+    # A forward outside no_grad (weights requiring grad) whose later layers
+    # reuse the first one's format (after=, as the transformers backend
+    # passes it): recorded, and not refused.
+    lens = torch.tensor([100, 128], dtype=torch.int32, device=dev)
+    qg = q.clone().requires_grad_()
+    first = stof.ops.family_attention(qg, k, v, "causal", 0.0, k_lens=lens)
+    second = stof.ops.family_attention(qg, k, v, "causal", 0.0, k_lens=lens,
+                                       after=True)
+    expect(second.requires_grad and torch.equal(first.detach(), second.detach())
+           and torch.equal(first.detach(), want_f),
+           "grad mode: a reused format (after=) runs through the operator")
 
 
 def check_streams():

@@ -477,6 +477,20 @@ def _mask_plan(mask, dtype, seq_k, window, recheck=False):
     return plan
 
 
+_lowest_layer = [None]
+
+
+def _first_attention_layer(module):
+    """Whether module is the model's first attention layer (the lowest
+    layer_idx seen so far; True for a module without one)."""
+    li = getattr(module, "layer_idx", None)
+    if not _is_int(li):
+        return True
+    if _lowest_layer[0] is None or li < _lowest_layer[0]:
+        _lowest_layer[0] = li
+    return li == _lowest_layer[0]
+
+
 def _has_version(t):
     try:
         t._version
@@ -509,10 +523,11 @@ def stof_attention_forward(module, query, key, value, attention_mask,
     elif attention_mask is not None:
         window = kwargs.get("sliding_window") or getattr(module, "sliding_window",
                                                          None)
-        # (without a version counter, the first layer of each forward
-        # works the mask out again; a module without layer_idx, each call)
+        # (without a version counter, the first attention layer of each
+        # forward works the mask out again: the lowest layer_idx seen, not
+        # necessarily 0 in hybrid models; a module without one, each call)
         recheck = not _has_version(attention_mask) and \
-            getattr(module, "layer_idx", None) in (None, 0)
+            _first_attention_layer(module)
         spec, bias = _mask_plan(attention_mask, query.dtype, seq_k, window,
                                 recheck)
     else:
