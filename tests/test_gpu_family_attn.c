@@ -220,6 +220,25 @@ static void inst_upload(inst *in, const problem *p, stof_context *ctx)
     in->dev.head_window = (const int32_t *)(uintptr_t)(base + 1280);
 }
 
+/* Instance data of lengths and offsets only (and, with_windows, the head
+ * windows in in->hw): the host view set from in's arrays, uploaded, the
+ * device view's other fields unset (their defaults). */
+static void inst_upload_lengths(inst *in, const problem *p, stof_context *ctx,
+                                int with_windows)
+{
+    in->host.q_len = in->q_len;
+    in->host.k_len = in->k_len;
+    in->host.q_offset = in->q_offset;
+    in->host.head_window = with_windows ? in->hw : NULL;
+    inst_upload(in, p, ctx);
+    in->dev.seed = NULL;
+    in->dev.bitmap = NULL;
+    in->dev.prefix = NULL;
+    in->dev.doc_id = NULL;
+    if (!with_windows)
+        in->dev.head_window = NULL;
+}
+
 /* Poison the output (NaN bits). */
 static void poison(problem *p, stof_context *ctx)
 {
@@ -481,15 +500,7 @@ Test(gpu_family_attn, padding_keys_holding_nan_stay_out_of_the_output)
                 in.q_offset[b] = in.k_len[b] > p.seq_q ? in.k_len[b] - p.seq_q
                                                        : 0;
             }
-            in.host.q_len = in.q_len;
-            in.host.k_len = in.k_len;
-            in.host.q_offset = in.q_offset;
-            inst_upload(&in, &p, ctx);
-            in.dev.seed = NULL;
-            in.dev.bitmap = NULL;
-            in.dev.prefix = NULL;
-            in.dev.doc_id = NULL;
-            in.dev.head_window = NULL;
+            inst_upload_lengths(&in, &p, ctx, 0);
             /* The padding keys of every head: V NaN, K +Inf. */
             {
                 const stof_api *api = stof__api();
@@ -580,15 +591,7 @@ Test(gpu_family_attn, the_widest_head_windows_match_the_host)
     }
     in.hw[0] = INT32_MAX;
     in.hw[1] = (1 << 30) + 100; /* keys 0 .. ~ 99 + row of each query */
-    in.host.q_len = in.q_len;
-    in.host.k_len = in.k_len;
-    in.host.q_offset = in.q_offset;
-    in.host.head_window = in.hw;
-    inst_upload(&in, &p, ctx);
-    in.dev.seed = NULL;
-    in.dev.bitmap = NULL;
-    in.dev.prefix = NULL;
-    in.dev.doc_id = NULL;
+    inst_upload_lengths(&in, &p, ctx, 1);
     stof_plan *plan = NULL;
     cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, &in.host, &plan),
                  STOF_OK, "%s", stof_errmsg(ctx));

@@ -443,10 +443,7 @@ def _mask_plan(mask, dtype, seq_k, window, recheck=False):
         raise TypeError(f"stof: an attention mask of dtype {mask.dtype}: "
                         "give a boolean mask (True = attend) or an additive "
                         "float one, as SDPA takes")
-    try:
-        version = mask._version
-    except RuntimeError:  # inference tensors have no version counter
-        version = None
+    version = _version_of(mask)
     key = (mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask.dtype,
            mask.device, version, dtype, seq_k, window)
     hit = _last["entry"]  # (key, mask, plan): one read, one write
@@ -491,12 +488,12 @@ def _first_attention_layer(module):
     return li == _lowest_layer[0]
 
 
-def _has_version(t):
+def _version_of(t):
+    """t's version counter, or None (inference tensors have none)."""
     try:
-        t._version
-        return True
-    except RuntimeError:  # an inference tensor
-        return False
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def stof_attention_forward(module, query, key, value, attention_mask,
@@ -526,7 +523,7 @@ def stof_attention_forward(module, query, key, value, attention_mask,
         # (without a version counter, the first attention layer of each
         # forward works the mask out again: the lowest layer_idx seen, not
         # necessarily 0 in hybrid models; a module without one, each call)
-        recheck = not _has_version(attention_mask) and \
+        recheck = _version_of(attention_mask) is None and \
             _first_attention_layer(module)
         spec, bias = _mask_plan(attention_mask, query.dtype, seq_k, window,
                                 recheck)
