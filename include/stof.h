@@ -277,6 +277,17 @@ STOF_API stof_status stof_mask_from_dense(stof_context *ctx,
                                           int seq_k,
                                           stof_mask **mask /* OUT */);
 
+/* Make a mask from packed bits: key k of row q is bit k % 8 (the least
+ * significant first) of byte bits[q*row_bytes + k/8], the layout of
+ * numpy's packbits(..., axis=1, bitorder="little") and 8x smaller than
+ * stof_mask_from_dense's bytes. row_bytes >= ceil(seq_k / 8); the bits
+ * past seq_k in a row's last byte, and any bytes after it, are ignored.
+ * The bits are copied; the caller keeps them. */
+STOF_API stof_status stof_mask_from_bits(stof_context *ctx,
+                                         const uint8_t *bits, size_t row_bytes,
+                                         int seq_q, int seq_k,
+                                         stof_mask **mask /* OUT */);
+
 /* Free a mask and set *mask to NULL; NULL is harmless. */
 STOF_API void stof_mask_free(stof_mask **mask);
 

@@ -260,6 +260,79 @@ Test(mask, digest_sensitivity)
     stof_close(&ctx);
 }
 
+/* stof_mask_from_bits gives the mask stof_mask_from_dense gives from the
+ * same elements, whatever the padding of each row holds (bits past seq_k,
+ * bytes past the row's need). */
+Test(mask, packed_bits_give_the_dense_mask)
+{
+    stof_context *ctx = open_ctx();
+    tu_rng rng = {tu_seed()};
+    const double ps[] = {0.0, 0.3, 1.0};
+    for (int d = 0; d < N_DIMS; d++) {
+        for (size_t pi = 0; pi < sizeof(ps) / sizeof(ps[0]); pi++) {
+            int sq = dims[d][0], sk = dims[d][1];
+            uint8_t *b = tu_random_dense(&rng, sq, sk, ps[pi]);
+            cr_assert_not_null(b);
+            stof_mask *want = from_dense(ctx, b, sq, sk);
+            const size_t need = ((size_t)sk + 7) / 8;
+            for (size_t extra = 0; extra <= 9; extra += 9) {
+                size_t rb = need + extra;
+                uint8_t *bits = malloc((size_t)sq * rb);
+                cr_assert_not_null(bits);
+                for (size_t i = 0; i < (size_t)sq * rb; i++)
+                    bits[i] = (uint8_t)tu_below(&rng, 256); /* padding: noise */
+                for (int q = 0; q < sq; q++) {
+                    uint8_t *row = bits + (size_t)q * rb;
+                    for (int k = 0; k < sk; k++) {
+                        uint8_t bit = (uint8_t)(1u << (k % 8));
+                        if (b[(size_t)q * sk + k])
+                            row[k / 8] |= bit;
+                        else
+                            row[k / 8] &= (uint8_t)~bit;
+                    }
+                }
+                stof_mask *m = NULL;
+                cr_assert_eq(stof_mask_from_bits(ctx, bits, rb, sq, sk, &m), STOF_OK,
+                             "%s", stof_errmsg(ctx));
+                cr_assert_eq(stof_mask_count(m), stof_mask_count(want),
+                             "%dx%d p=%g extra %zu", sq, sk, ps[pi], extra);
+                uint64_t dm[2], dw[2];
+                stof_mask_digest(m, dm, NULL);
+                stof_mask_digest(want, dw, NULL);
+                cr_assert(dm[0] == dw[0] && dm[1] == dw[1], "%dx%d p=%g extra %zu",
+                          sq, sk, ps[pi], extra);
+                for (int q = 0; q < sq; q++)
+                    cr_assert_eq(m->bits[(size_t)q * m->words_per_row +
+                                         m->words_per_row - 1] &
+                                     (sk % 64 ? ~((1ull << (sk % 64)) - 1) : 0),
+                                 0, "padding bits set in row %d", q);
+                stof_mask_free(&m);
+                free(bits);
+            }
+            stof_mask_free(&want);
+            free(b);
+        }
+    }
+    /* Arguments. */
+    uint8_t z[8] = {0xff};
+    stof_mask *m = (stof_mask *)(uintptr_t)1;
+    cr_assert_eq(stof_mask_from_bits(ctx, z, 1, 2, 9, &m), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_null(m);
+    cr_assert(strstr(stof_errmsg(ctx), "row_bytes = 1"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_mask_from_bits(ctx, NULL, 1, 1, 8, &m), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "bits"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_mask_from_bits(ctx, z, 1, 0, 8, &m), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "seq_q"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_mask_from_bits(ctx, z, 1, 1, 1048577, &m),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_errmsg(ctx), "seq_k"), "%s", stof_errmsg(ctx));
+    cr_assert_eq(stof_mask_from_bits(ctx, z, 1, 1, 8, NULL), STOF_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(stof_mask_from_bits(ctx, z, 1, 1, 3, &m), STOF_OK);
+    cr_assert_eq(stof_mask_count(m), 3); /* 0xff: bits past 3 ignored */
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
 Test(mask, null_arguments)
 {
     stof_context *ctx = open_ctx();

@@ -50,7 +50,7 @@ import operator
 import os
 
 __all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
-           "StofError", "library_path", "alibi_slopes", "pad_bias",
+           "StofError", "library_path", "alibi_slopes", "pad_bias", "pack_bits",
            "LAYER_WEIGHT_NAMES"]
 
 
@@ -320,6 +320,30 @@ def pack_bitmap(allowed):
     w = (a << torch.arange(32, device=a.device, dtype=torch.int64)).sum(-1)
     w = torch.where(w >= 2 ** 31, w - 2 ** 32, w)
     return w.to(torch.int32).contiguous()
+
+
+def pack_bits(allowed, chunk=1 << 24):
+    """A 2-D tensor (rows, keys), nonzero = allowed, packed to the rows of
+    Context.mask_from_bits: uint8 (rows, ceil(keys / 8)), bit k % 8 (least
+    significant first) of byte k // 8, on the tensor's device, working
+    through about `chunk` elements at a time (no full-size temporaries)."""
+    torch = _torch()
+    if allowed.dim() != 2:
+        raise ValueError("pack_bits: a 2-D (rows, keys) tensor, not %d-D"
+                         % allowed.dim())
+    rows, n = allowed.shape
+    nb = (n + 7) // 8
+    out = torch.empty((rows, nb), dtype=torch.uint8, device=allowed.device)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8,
+                           device=allowed.device)
+    step = max(1, chunk // max(8 * nb, 1))
+    for r0 in range(0, rows, step):
+        part = allowed[r0:r0 + step]
+        z = torch.zeros((part.shape[0], 8 * nb), dtype=torch.uint8,
+                        device=allowed.device)
+        z[:, :n] = part != 0
+        out[r0:r0 + step] = (z.view(-1, nb, 8) * weights).sum(-1, dtype=torch.int32)
+    return out
 
 
 def _check_out_strides(out):
@@ -664,6 +688,7 @@ def _load():
         "stof_device_describe": (i, [vp, cp, sz, ctypes.POINTER(sz)]),
         "stof_mask_from_spec": (i, [vp, cp, i, i, ctypes.POINTER(vp)]),
         "stof_mask_from_dense": (i, [vp, vp, i, i, ctypes.POINTER(vp)]),
+        "stof_mask_from_bits": (i, [vp, vp, sz, i, i, ctypes.POINTER(vp)]),
         "stof_mask_free": (None, [ctypes.POINTER(vp)]),
         "stof_mask_density": (ctypes.c_double, [vp]),
         "stof_mask_seq_q": (i, [vp]),
@@ -965,19 +990,41 @@ class Context:
         return Mask(self, h)
 
     def mask_from_dense(self, t):
-        """A mask from a 2-D bool/uint8 tensor or numpy array (nonzero = allowed)."""
-        ch = self._live()
+        """A mask from a 2-D bool/uint8 tensor or numpy array (nonzero =
+        allowed). A CUDA tensor is packed to bits on its GPU in bounded
+        chunks (pack_bits), so an eighth of it crosses to the host."""
+        self._live()
         import numpy as np
+        if hasattr(t, "detach") and getattr(t, "is_cuda", False):
+            if t.dim() != 2:
+                raise ValueError("mask_from_dense: a 2-D (seq_q, seq_k) tensor, not "
+                                 "%d-D %s" % (t.dim(), tuple(t.shape)))
+            return self.mask_from_bits(pack_bits(t).cpu().numpy(), t.shape[1])
         a = t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
         if a.ndim != 2:
             raise ValueError("mask_from_dense: a 2-D (seq_q, seq_k) array, not "
                              "%d-D %s" % (a.ndim, a.shape))
-        a = np.ascontiguousarray(a != 0, dtype=np.uint8)
-        rows, cols = _c_int(a.shape[0], "the mask's rows"), _c_int(a.shape[1],
-                                                                   "the mask's columns")
+        return self.mask_from_bits(np.packbits(a != 0, axis=1, bitorder="little"),
+                                   a.shape[1])
+
+    def mask_from_bits(self, bits, seq_k):
+        """A mask of seq_k keys from packed rows (stof_mask_from_bits): a 2-D
+        uint8 numpy array (or CPU tensor) of shape (seq_q, >= ceil(seq_k/8)),
+        key k of row q being bit k % 8, least significant first, of byte
+        [q, k // 8]: numpy's packbits(m, axis=1, bitorder="little"), or
+        stof.pack_bits(m) on a GPU."""
+        ch = self._live()
+        import numpy as np
+        a = bits.detach().cpu().numpy() if hasattr(bits, "detach") else np.asarray(bits)
+        if a.ndim != 2 or a.dtype != np.uint8:
+            raise ValueError("mask_from_bits: a 2-D uint8 array of packed rows, not "
+                             "%d-D %s" % (a.ndim, a.dtype))
+        a = np.ascontiguousarray(a)
+        rows = _c_int(a.shape[0], "the mask's rows")
+        cols = _c_int(seq_k, "the mask's columns")
         h = ctypes.c_void_p()
-        self._check(self._lib.stof_mask_from_dense(ch, a.ctypes.data, rows, cols,
-                                                   ctypes.byref(h)))
+        self._check(self._lib.stof_mask_from_bits(ch, a.ctypes.data, a.shape[1], rows,
+                                                  cols, ctypes.byref(h)))
         return Mask(self, h)
 
     def attention_plan(self, q, k, v, mask, scale=0.0, out=None, softcap=0.0,

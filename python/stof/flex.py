@@ -6,7 +6,9 @@ switches with one line:
     out = flex_attention(q, k, v, block_mask=block_mask)
 
 The mask_mod (a BlockMask's, or one given) is evaluated on the GPU over the
-whole (Sq, Sk) grid once per BlockMask and size, and becomes a stof Mask
+(Sq, Sk) grid once per BlockMask and size, a block of rows at a time and
+packed to bits there (about 16M elements at once, so a 32k x 32k mask needs
+no 1 GB temporaries and moves 128 MB to the host), and becomes a stof Mask
 (registered with stof.ops by its bits, so equal masks share
 stof.attention's plans). A new BlockMask is evaluated again even when its
 mask_mod is the same function: a mask_mod that reads a tensor (document
@@ -19,6 +21,7 @@ stof.attention's softcap= and bias=.
 import torch
 
 from . import ops as _ops
+from . import pack_bits as _pack_bits
 
 # (id(block_mask), Sq, Sk, device) -> (block_mask, registered name); the
 # entry holds the BlockMask, so its id is not reused while it is cached
@@ -31,15 +34,28 @@ def mask_from_mask_mod(ctx, mask_mod, seq_q, seq_k, device="cuda", b=0, h=0):
     evaluated on `device` over the (seq_q, seq_k) grid for batch element b
     and head h (broadcasting index tensors, as FlexAttention's own
     create_mask does)."""
-    return ctx.mask_from_dense(_evaluate(mask_mod, seq_q, seq_k, device, b, h))
+    bits = _evaluate(mask_mod, seq_q, seq_k, device, b, h)
+    return ctx.mask_from_bits(bits.cpu().numpy(), seq_k)
+
+
+# elements of the (Sq, Sk) grid a mask_mod is evaluated on at once
+_CHUNK = 1 << 24
 
 
 def _evaluate(mask_mod, seq_q, seq_k, device, b, h):
-    qi = torch.arange(seq_q, device=device)[:, None]
+    """mask_mod over the grid for (b, h), packed to bits a block of rows at
+    a time: uint8 (seq_q, ceil(seq_k / 8)) on device (stof.pack_bits)."""
+    out = torch.empty((seq_q, (seq_k + 7) // 8), dtype=torch.uint8, device=device)
     ki = torch.arange(seq_k, device=device)[None, :]
     bi = torch.tensor(b, device=device)
     hi = torch.tensor(h, device=device)
-    return torch.broadcast_to(mask_mod(bi, hi, qi, ki), (seq_q, seq_k)).bool()
+    step = max(1, _CHUNK // seq_k)
+    for r0 in range(0, seq_q, step):
+        r1 = min(seq_q, r0 + step)
+        qi = torch.arange(r0, r1, device=device)[:, None]
+        m = torch.broadcast_to(mask_mod(bi, hi, qi, ki), (r1 - r0, seq_k))
+        out[r0:r1] = _pack_bits(m, chunk=_CHUNK)
+    return out
 
 
 def _registered_name(block_mask, mask_mod, batch, heads, seq_q, seq_k, device):
@@ -59,7 +75,7 @@ def _registered_name(block_mask, mask_mod, batch, heads, seq_q, seq_k, device):
                 "every (b, h): use a stof mask family for per-sequence data")
     ctx = _ops._context(first.device.index if first.device.index is not None
                         else torch.cuda.current_device())
-    name = _ops.register_mask(ctx.mask_from_dense(first))
+    name = _ops.register_mask(ctx.mask_from_bits(first.cpu().numpy(), seq_k))
     # (a few BlockMasks: a loop making one a step keeps no more alive)
     while len(_from_blocks) >= _MAX_BLOCK_MASKS:
         _from_blocks.pop(next(iter(_from_blocks)))

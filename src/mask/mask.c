@@ -219,6 +219,58 @@ stof_status stof_mask_from_dense(stof_context *ctx, const uint8_t *bytes,
     return stof__ok(ctx);
 }
 
+stof_status stof_mask_from_bits(stof_context *ctx, const uint8_t *bits,
+                                size_t row_bytes, int seq_q, int seq_k,
+                                stof_mask **mask)
+{
+    STOF_CHECK_ARG(ctx, mask != NULL, "stof_mask_from_bits: mask is NULL");
+    *mask = NULL;
+    STOF_CHECK_ARG(ctx, bits != NULL, "stof_mask_from_bits: bits is NULL");
+    STOF_CHECK_ARG(ctx, seq_q >= 1 && seq_q <= MASK_MAX_SEQ,
+                   "stof_mask_from_bits: seq_q = %d, expected 1..%d", seq_q,
+                   MASK_MAX_SEQ);
+    STOF_CHECK_ARG(ctx, seq_k >= 1 && seq_k <= MASK_MAX_SEQ,
+                   "stof_mask_from_bits: seq_k = %d, expected 1..%d", seq_k,
+                   MASK_MAX_SEQ);
+    const size_t need = ((size_t)seq_k + 7) / 8;
+    STOF_CHECK_ARG(ctx, row_bytes >= need,
+                   "stof_mask_from_bits: row_bytes = %zu, a row of %d keys "
+                   "takes at least %zu", row_bytes, seq_k, need);
+    stof_mask *m;
+    stof_status st = stof__mask_alloc(ctx, seq_q, seq_k, &m);
+    if (st != STOF_OK)
+        return st;
+    const int wpr = m->words_per_row;
+    const int tail = seq_k % 64;
+    uint64_t count = 0;
+    for (int q = 0; q < seq_q; q++) {
+        const uint8_t *src = bits + (size_t)q * row_bytes;
+        uint64_t *dst = m->bits + (size_t)q * (size_t)wpr;
+        for (int w = 0; w < wpr; w++) {
+            /* The bytes of this word that lie within the row's need. */
+            size_t at = 8 * (size_t)w;
+            size_t n = need - at < 8 ? need - at : 8;
+            uint64_t x = 0;
+#if MASK_LITTLE_ENDIAN
+            if (n == 8)
+                x = load_u64(src + at);
+            else
+#endif
+                for (size_t i = 0; i < n; i++)
+                    x |= (uint64_t)src[at + i] << (8 * i);
+            dst[w] = x;
+        }
+        /* Bits past seq_k stay zero (the words' invariant). */
+        if (tail)
+            dst[wpr - 1] &= (1ull << tail) - 1;
+        count += count_bits(dst, (size_t)wpr);
+    }
+    m->count = count;
+    stof__mask_seal(m);
+    *mask = m;
+    return stof__ok(ctx);
+}
+
 void stof_mask_free(stof_mask **mask)
 {
     if (!mask || !*mask)

@@ -511,6 +511,7 @@ def main():
     expect_error(lambda: bm.mask(40, 64, b=1, bitmap=[full]), ValueError,
                  "1 sequences, the problem has 2")
     check_int_ranges(ctx, fam)
+    check_masks_from_bits(ctx)
     check_specs(ctx)
     check_library_env()
     check_close_frees_children()
@@ -518,6 +519,36 @@ def main():
     # on a machine without one).
     assert "require_device=False" in stof.Context.__doc__
     print("ok")
+
+
+def check_masks_from_bits(ctx):
+    """mask_from_dense packs with numpy and goes through mask_from_bits: the
+    same mask as a spec's, whatever the rows' padding holds; bad packed
+    arrays are refused by name."""
+    import numpy as np
+    rng = np.random.default_rng(7)
+    for sq, sk in ((1, 1), (5, 7), (9, 64), (33, 65), (100, 1000)):
+        want = ctx.mask("causal", sq, sk)
+        causal = np.tril(np.ones((sq, sk), dtype=np.uint8))
+        assert ctx.mask_from_dense(causal).digest() == want.digest(), (sq, sk)
+        assert ctx.mask_from_dense(causal.astype(bool).tolist()).digest() == \
+            want.digest(), (sq, sk)
+        bits = np.packbits(causal, axis=1, bitorder="little")
+        # Noise past seq_k in the last byte and in extra bytes is ignored.
+        pad = rng.integers(0, 256, size=(sq, bits.shape[1] + 3), dtype=np.uint8)
+        pad[:, :bits.shape[1]] = bits
+        if sk % 8:
+            pad[:, bits.shape[1] - 1] |= np.uint8(0xff << (sk % 8) & 0xff)
+        got = ctx.mask_from_bits(pad, sk)
+        assert got.digest() == want.digest() and got.shape == (sq, sk), (sq, sk)
+        r = rng.integers(0, 3, size=(sq, sk)).astype(np.int16)  # nonzero = allowed
+        a = ctx.mask_from_dense(r)
+        assert count(a) == int((r != 0).sum()), (sq, sk)
+    expect_error(lambda: ctx.mask_from_bits(np.zeros((2, 1), np.uint8), 9),
+                 stof.StofError, "row_bytes = 1")
+    expect_error(lambda: ctx.mask_from_bits(np.zeros((2, 2), np.int32), 9),
+                 ValueError, "uint8")
+    expect_error(lambda: ctx.mask_from_dense(np.zeros(8)), ValueError, "2-D")
 
 
 def check_int_ranges(ctx, fam):

@@ -27,6 +27,14 @@ def reference(q, k, v, allowed):
     return torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, -1).nan_to_num(0), v)
 
 
+def dense(mod, sq, sk, b=0, h=0):
+    """The mask_mod over the whole grid at once (the test's own evaluation)."""
+    qi = torch.arange(sq, device=DEV)[:, None]
+    ki = torch.arange(sk, device=DEV)[None, :]
+    bi, hi = torch.tensor(b, device=DEV), torch.tensor(h, device=DEV)
+    return torch.broadcast_to(mod(bi, hi, qi, ki), (sq, sk)).bool()
+
+
 def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -64,7 +72,7 @@ def main():
         gqa = HKV != H
         ours = stof.flex.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa)
         theirs = flex(q, k, v, block_mask=bm, enable_gqa=gqa)
-        allowed = stof.flex._evaluate(mod, S, S, DEV, 0, 0)
+        allowed = dense(mod, S, S)
         ref = reference(q, k, v, allowed)
         e_ours, e_theirs = rel(ours, ref), rel(theirs, ref)
         t_ours = ms(lambda: stof.flex.flex_attention(q, k, v, block_mask=bm,
@@ -92,7 +100,7 @@ def main():
         bm = create_block_mask(doc_mod, None, None, S, S, device=DEV)
         ours = stof.flex.flex_attention(q, k, v, block_mask=bm)
         again = stof.flex.flex_attention(q, k, v, block_mask=bm)  # cached
-        ref = reference(q, k, v, stof.flex._evaluate(doc_mod, S, S, DEV, 0, 0))
+        ref = reference(q, k, v, dense(doc_mod, S, S))
         e, e2 = rel(ours, ref), rel(again, ref)
         if not (e < 1e-2 and e2 < 1e-2):
             print(f"FAIL: documents split at {cut} (ids changed in place, new "
@@ -106,6 +114,54 @@ def main():
         print("FAIL: mask_from_mask_mod(causal) differs from stof's causal")
         return 1
     print("ok: mask_from_mask_mod(causal) equals stof's causal mask")
+    # Evaluated a block of rows at a time and packed on the GPU: the same
+    # mask as one whole-grid evaluation, at sizes that are not multiples of
+    # 8 or of a block, with blocks of a few rows (and of one).
+    odd = torch.sort(torch.randint(0, 5, (1500,), device=DEV)).values
+
+    def odd_mod(b, h, qi, ki):
+        return (odd[qi] == odd[ki]) & (qi >= ki - 37)
+
+    want = ctx.mask_from_dense(dense(odd_mod, 1000, 1500).cpu()).digest()
+    saved = stof.flex._CHUNK
+    try:
+        for chunk in (1, 7 * 1500, 1 << 24):
+            stof.flex._CHUNK = chunk
+            got = stof.flex.mask_from_mask_mod(ctx, odd_mod, 1000, 1500)
+            if got.digest() != want:
+                print(f"FAIL: the mask_mod evaluated in blocks of {chunk} elements "
+                      "differs from its whole-grid evaluation")
+                return 1
+    finally:
+        stof.flex._CHUNK = saved
+    bits = stof.pack_bits(dense(odd_mod, 1000, 1500), chunk=3000)
+    if ctx.mask_from_bits(bits.cpu(), 1500).digest() != want or \
+            ctx.mask_from_dense(dense(odd_mod, 1000, 1500)).digest() != want:
+        print("FAIL: stof.pack_bits / mask_from_dense of a CUDA tensor differ")
+        return 1
+    # A long mask: 32k x 32k documents (1 G elements; 128 MB of bits).
+    L = 32768
+    ldoc = torch.sort(torch.randint(0, 9, (L,), device=DEV)).values
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    import time
+    t0 = time.perf_counter()
+    big = stof.flex.mask_from_mask_mod(
+        ctx, lambda b, h, qi, ki: (ldoc[qi] == ldoc[ki]) & (qi >= ki), L, L)
+    secs = time.perf_counter() - t0
+    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    counts = torch.bincount(ldoc, minlength=9).tolist()
+    want_n = sum(c * (c + 1) // 2 for c in counts)
+    got_n = round(big.density * L * L)
+    print(f"ok: mask_mod evaluated in blocks, packed on the GPU; 32k x 32k "
+          f"documents in {secs:.2f} s, {peak:.0f} MiB of GPU memory at most")
+    if got_n != want_n:
+        print(f"FAIL: 32k documents mask has {got_n} elements, expected {want_n}")
+        return 1
+    if peak > 512:
+        print(f"FAIL: evaluating a 32k mask took {peak:.0f} MiB of GPU memory")
+        return 1
     # A mask_mod that depends on the batch element is refused by name.
     q = torch.randn(2, 4, 256, 64, device=DEV, dtype=torch.float16)
     bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) | (b == 1), 2, None,
