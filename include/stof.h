@@ -536,7 +536,13 @@ typedef enum stof_layout {
 /* One attention problem: O = softmax(scale * Q K^T + mask) V per batch and
  * head, with the same mask for every batch and head. A query row whose mask
  * row allows no key produces a row of zeros (not NaN).
- * Strides are in elements, in the order {batch, head, seq}. */
+ * Strides are in elements, in the order {batch, head, seq}.
+ * Sizes: batch 1..65535, heads 1..4096 and batch * heads at most 65535 (one
+ * launch's sequence-heads: split a larger batch into several runs), seq_q
+ * and seq_k at least 1 (a mask's at most 2^20), head_dim a multiple of 8 in
+ * 16..256. scale, softcap and the ALiBi slopes must stay finite once
+ * multiplied by log2(e) (and scale / softcap too): the kernels work in
+ * base 2. */
 typedef struct stof_attention_desc {
     int batch, heads, seq_q, seq_k, head_dim;
     stof_dtype dtype;
@@ -675,7 +681,11 @@ STOF_API stof_status stof_attention_run(stof_plan *plan, const void *q,
  * GPU format builder is compiled once per context). The plan's device
  * workspace holds about 14 bytes per tile of the batch and the bitmaps of
  * the most partial tiles the family can have (every tile for strided,
- * docs, bigbird and dilated leaves). Families with random leaves, or
+ * docs, bigbird and dilated leaves). The tiles of the batch (batch x
+ * ceil(seq_q / 128) x ceil(seq_k / 64), times heads with head_* leaves, and
+ * at the chosen kernel's tiling too) must number at most 2^31 - 1
+ * (STOF_ERR_UNSUPPORTED beyond: e.g. at 2^20 tokens a batch of at most 15
+ * sequences). Families with random leaves, or
  * bigbird with more than 64 random blocks a row, are not built on the GPU
  * (STOF_ERR_UNSUPPORTED: use stof_mask_from_spec).
  * The packed layout (d->layout STOF_LAYOUT_PACKED): d->batch sequences
@@ -813,7 +823,11 @@ typedef enum stof_norm_kind {
  *                       y = h + ffn(norm2(h))
  * with attn the masked multi-head attention of the QKV projection
  * x Wqkv^T + bqkv (1/sqrt(head_dim) scale) and
- * ffn(u) = act(u W1^T + b1) W2^T + b2. */
+ * ffn(u) = act(u W1^T + b1) W2^T + b2.
+ * Sizes: tokens at most 2^30; hidden a multiple of 8 in 8..16384; ffn a
+ * multiple of 8 in 8..131072 (65536 gated); head_dim = hidden / heads a
+ * multiple of 8 in 16..256; batch * heads at most 65535 (the attention's,
+ * see stof_attention_desc: run a larger batch as several). */
 typedef struct stof_layer_desc {
     int batch, seq;
     int hidden, heads, ffn;

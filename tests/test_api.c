@@ -227,6 +227,15 @@ Test(api, descriptor_validation_names_the_field)
     const float slopes[4] = {0.5f, 0.25f, 0.0f / 0.0f, 0.125f};
     d = d0; d.alibi_slopes = slopes;
     expect_bad(ctx, &d, m, "desc.alibi_slopes[2]");
+    /* Finite values whose base-2 constants overflow (inf * 0 = NaN in the
+     * kernels). */
+    d = d0; d.scale = 3e38f;        expect_bad(ctx, &d, m, "log2(e)");
+    d = d0; d.softcap = 3e38f;      expect_bad(ctx, &d, m, "desc.softcap: 3");
+    d = d0; d.softcap = 3e-39f; d.scale = 2.0f;
+    expect_bad(ctx, &d, m, "scale / softcap");
+    const float big[4] = {0.5f, 0.25f, 0.125f, 3e38f};
+    d = d0; d.alibi_slopes = big;
+    expect_bad(ctx, &d, m, "desc.alibi_slopes[3]");
     d = d0; d.bias = 2;             expect_bad(ctx, &d, m, "desc.bias");
     d = d0; d.bias_stride[1] = 8;   expect_bad(ctx, &d, m, "desc.bias is 0");
     d = d0; d.bias = 1; d.bias_stride[2] = 100;

@@ -334,8 +334,11 @@ static stof_status workspace_new(stof_context *ctx,
     ws->tile_cap = rbs * ws->n_cb;
     if (ws->tile_cap > INT32_MAX)
         return stof__fail(ctx, STOF_ERR_UNSUPPORTED,
-                          "GPU format builder: %lld tiles (batch %d, %d x %d "
-                          "in %dx%d tiles) do not fit 32-bit indices",
+                          "GPU format builder: %lld tiles (%d sequences, "
+                          "times heads where the mask differs by head, of "
+                          "%d x %d in %dx%d tiles) do not fit 32-bit "
+                          "indices: at most 2^31 - 1 a batch (plan fewer "
+                          "sequences)",
                           (long long)ws->tile_cap, batch, seq_q, seq_k,
                           block_m, block_n);
     STOF_CHECK_ARG(ctx, block_m * ws->bwpr <= MB_MAX_TILE_WORDS,

@@ -248,7 +248,25 @@ stof_status stof__attention_check_problem(stof_context *ctx,
         (st = check_strides(ctx, "o", d->o_stride, d->batch, d->heads,
                             d->seq_q, d->head_dim)))
         return st;
-    *scale = d->scale != 0.0f ? d->scale : 1.0f / sqrtf((float)d->head_dim);
+    const float sc = d->scale != 0.0f ? d->scale : 1.0f / sqrtf((float)d->head_dim);
+    /* The kernels fold log2(e) (and 1 / softcap) into these constants: each
+     * product must stay finite, or a score would be inf * 0 = NaN. */
+    const float l2e = 1.4426950408889634f;
+    STOF_CHECK_ARG(ctx, isfinite(sc * l2e),
+                   "desc.scale: %g overflows fp32 once multiplied by log2(e)",
+                   (double)sc);
+    STOF_CHECK_ARG(ctx,
+                   d->softcap == 0.0f ||
+                       (isfinite(d->softcap * l2e) && isfinite(sc / d->softcap)),
+                   "desc.softcap: %g with scale %g overflows fp32 in the "
+                   "kernels' constants (softcap * log2(e), scale / softcap)",
+                   (double)d->softcap, (double)sc);
+    for (int h = 0; d->alibi_slopes && h < d->heads; h++)
+        STOF_CHECK_ARG(ctx, isfinite(d->alibi_slopes[h] * l2e),
+                       "desc.alibi_slopes[%d]: %g overflows fp32 once "
+                       "multiplied by log2(e)",
+                       h, (double)d->alibi_slopes[h]);
+    *scale = sc;
     return STOF_OK;
 }
 

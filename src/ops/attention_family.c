@@ -56,10 +56,15 @@ static void packed_kernel_desc(const stof_attention_desc *d,
     *kd = *d;
     kd->batch = 1;
     kd->layout = STOF_LAYOUT_STRIDED;
-    kd->q_stride[0] = kd->q_stride[2] * d->seq_q;
-    kd->o_stride[0] = kd->o_stride[2] * d->seq_q;
-    kd->k_stride[0] = kd->k_stride[2] * d->seq_k;
-    kd->v_stride[0] = kd->v_stride[2] * d->seq_k;
+    /* (unchecked strides yet: a product that overflows saturates, and the
+     * row stride itself is refused by the descriptor's extent check) */
+    int64_t *const st[4] = {kd->q_stride, kd->o_stride, kd->k_stride,
+                            kd->v_stride};
+    for (int i = 0; i < 4; i++) {
+        const int64_t rows = i < 2 ? d->seq_q : d->seq_k;
+        if (__builtin_mul_overflow(st[i][2], rows, &st[i][0]))
+            st[i][0] = INT64_MAX / 8 * 8;
+    }
 }
 
 /* Whether the GPU evaluates the family (its program fits the builder). */
