@@ -144,6 +144,61 @@ Test(layer, good_descriptor_without_gpu_says_so)
     stof_close(&ctx);
 }
 
+/* A cuBLASLt step that fails to launch says so in the layer's message, not
+ * whatever last failed on the context (here a bad spec). */
+Test(layer, cublaslt_step_failure_names_itself)
+{
+    stof_context *ctx = ctx_open();
+    stof_mask *m = NULL;
+    cr_assert_neq(stof_mask_from_spec(ctx, "sliding:zz", 64, 64, &m), STOF_OK);
+    stof_layer *L = calloc(1, sizeof(*L));
+    cr_assert_not_null(L);
+    L->ctx = ctx;
+    stof_layer_desc_init(&L->d, 1, 64, 64, 1, STOF_DTYPE_FP16);
+    L->M = 64;
+    stof__layer_build_steps(L, J_RES_NORM, J_RES_NORM);
+    L->n_steps = 1; /* the QKV GEMM, on cuBLASLt with no handle: refused */
+    gemm_op *g = &L->g[G_QKV];
+    g->M = 64;
+    g->N = 192;
+    g->K = 64;
+    g->ok = 1;
+    g->lt = 1;
+    CUdeviceptr wp[SYM_COUNT] = {0};
+    wp[SYM_WQKV] = 0x1000;
+    wp[SYM_BQKV] = 0x2000;
+    cr_assert_neq(stof__layer_run_steps(L, wp, 0x3000, 0x4000, NULL, 0), STOF_OK);
+    const char *msg = stof_layer_errmsg(L);
+    cr_expect(strstr(msg, "cuBLASLt") && strstr(msg, "qkv") && !strstr(msg, "zz"),
+              "%s", msg);
+    free(L);
+    stof_close(&ctx);
+}
+
+/* A norm record loads only into a slot that compiles what it was tuned
+ * for. */
+Test(layer, norm_records_match_their_slot)
+{
+    norm_op n = {.used = 1, .bias = 1, .res = 1, .pre = 0};
+    int w = 0;
+    cr_expect(stof__layer_norm_record_matches(
+        "{\"warps\": 4, \"bias\": 1, \"res\": 1, \"pre\": 0, \"norm\": 0}", &n, 0,
+        &w));
+    cr_expect_eq(w, 4);
+    const char *bad[] = {
+        "{\"warps\": 4, \"bias\": 1, \"res\": 1, \"pre\": 1, \"norm\": 0}",
+        "{\"warps\": 4, \"bias\": 0, \"res\": 1, \"pre\": 0, \"norm\": 0}",
+        "{\"warps\": 4, \"bias\": 1, \"res\": 0, \"pre\": 0, \"norm\": 0}",
+        "{\"warps\": 4, \"bias\": 1, \"res\": 1, \"pre\": 0, \"norm\": 1}",
+        "{\"warps\": 40, \"bias\": 1, \"res\": 1, \"pre\": 0, \"norm\": 0}",
+        "{\"warps\": 4}",
+        NULL,
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
+        cr_expect(!stof__layer_norm_record_matches(bad[i], &n, 0, &w), "case %zu",
+                  i);
+}
+
 Test(layer, null_layer_is_harmless)
 {
     stof_layer_weights w;

@@ -926,6 +926,10 @@ stof_status stof_attention_plan_family(stof_context *ctx,
     snprintf(p->family_key, sizeof(p->family_key), "%s", key_text);
     snprintf(p->mask_hex, sizeof(p->mask_hex), "%s", p->key);
     p->mask_density = stats[3] > 0 ? (double)stats[0] / (double)stats[3] : 0.0;
+    if ((st = stof__plan_settle(ctx)) != STOF_OK) {
+        stof_plan_free(&p);
+        return st;
+    }
     *out = p;
     return stof__ok(ctx);
 }

@@ -732,6 +732,17 @@ static int gqa_rows_view(stof_context *ctx, const stof_attention_desc *d,
     return 1;
 }
 
+/* A new plan st (*out) after its uploads have landed (stof__plan_settle);
+ * freed, with the failure, when waiting fails. */
+static stof_status settled(stof_context *ctx, stof_status st, stof_plan **out)
+{
+    if (st != STOF_OK || !*out)
+        return st;
+    if ((st = stof__plan_settle(ctx)) != STOF_OK)
+        stof_plan_free(out);
+    return st;
+}
+
 stof_status stof_attention_plan(stof_context *ctx,
                                 const stof_attention_desc *d,
                                 const stof_mask *m, stof_plan **out)
@@ -751,14 +762,16 @@ stof_status stof_attention_plan(stof_context *ctx,
     const int view = gqa_rows_view(ctx, d, m, &vd, &vm);
     if (view < 0)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY, "out of memory");
-    if (!view)
-        return stof__attention_plan_problem(ctx, d, &pr, NULL, 0, out);
-    pr.m = vm;
-    st = stof__attention_plan_problem(ctx, &vd, &pr, NULL, 0, out);
-    if (st == STOF_OK)
-        (*out)->gqa_rows = stof__kv_group(d);
-    stof_mask_free(&vm);
-    return st;
+    if (!view) {
+        st = stof__attention_plan_problem(ctx, d, &pr, NULL, 0, out);
+    } else {
+        pr.m = vm;
+        st = stof__attention_plan_problem(ctx, &vd, &pr, NULL, 0, out);
+        if (st == STOF_OK)
+            (*out)->gqa_rows = stof__kv_group(d);
+        stof_mask_free(&vm);
+    }
+    return settled(ctx, st, out);
 }
 
 stof_status stof__attention_plan_problem(stof_context *ctx,
@@ -952,6 +965,17 @@ stof_status stof_attention_plan_batch(stof_context *ctx, int n,
     free(ops);
     free(res);
 #undef BATCH_FAIL
+    int made = 0;
+    for (int i = 0; i < n; i++)
+        made |= plans[i] != NULL;
+    if (made) {
+        stof_status st = stof__plan_settle(ctx);
+        if (st != STOF_OK) {
+            for (int i = 0; i < n; i++)
+                stof_plan_free(&plans[i]);
+            return st;
+        }
+    }
     if (first != STOF_OK)
         return stof__fail(ctx, first, "%s", first_msg);
     return stof__ok(ctx);

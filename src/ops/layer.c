@@ -827,6 +827,10 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     L->plan_ms[2] = stof__now_ms() - tp - L->plan_ms[1];
     if (L->pdl < 0)
         L->pdl = stof__layer_pdl_rule(&ctx->device, L->M);
+    /* The norm workspace's zeroing and the plan's uploads have landed
+     * before a run on any stream reads them. */
+    if (st == STOF_OK)
+        st = stof__plan_settle(ctx);
     stof__ctx_pop(ctx);
     if (st != STOF_OK) {
         char msg[STOF_ERRMSG_MAX];

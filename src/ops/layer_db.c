@@ -207,6 +207,19 @@ static int scheme_of(const char *config, int *ja, int *jb)
     return 1;
 }
 
+int stof__layer_norm_record_matches(const char *config, const norm_op *n,
+                                    int norm_kind, int *warps)
+{
+    static const char *const keys[] = {"warps", "bias", "res", "pre", "norm"};
+    int v[5];
+    if (!config || !stof__json_ints(config, keys, 5, v) || v[0] < 1 ||
+        v[0] > 32 || v[1] != n->bias || v[2] != n->res || v[3] != n->pre ||
+        v[4] != norm_kind)
+        return 0;
+    *warps = v[0];
+    return 1;
+}
+
 int stof__layer_record_pdl(const char *config)
 {
     static const char *const key[] = {"pdl"};
@@ -431,9 +444,13 @@ stof_status stof__layer_from_db(stof_layer *L)
                 norm_op *n = &L->n[s->op];
                 int warps = 0;
                 t = stof__now_ms();
+                /* (what the kernel was compiled for must be this
+                 * slot's: the key alone would not catch a change of what
+                 * a slot means) */
                 if (strcmp(rec.kernel, "norm") == 0 &&
-                    stof__json_ints(rec.config, warps_key, 1, &warps) &&
-                    warps >= 1 && warps <= 32 && (rec.cubin || lazy)) {
+                    stof__layer_norm_record_matches(rec.config, n,
+                                                    (int)L->d.norm, &warps) &&
+                    (rec.cubin || lazy)) {
                     st = stof__layer_norm_load(L, n, warps, rec.cubin,
                                                rec.cubin_size, rec.cubin_xxh3);
                     need_bytes = lazy && st == STOF_ERR_NOT_FOUND;

@@ -66,6 +66,12 @@ typedef struct norm_op {
     double ms, model_ms;
 } norm_op;
 
+/* 1 when a norm record's configuration (text) is what slot n of a layer
+ * with norm kind norm_kind compiles (bias, residual, pre-norm output, the
+ * norm), with *warps its block size in 1..32. */
+int stof__layer_norm_record_matches(const char *config, const norm_op *n,
+                                    int norm_kind, int *warps);
+
 enum { STEP_GEMM, STEP_NORM, STEP_ATTN };
 /* Operand slots of a step. GEMM: a, w, bias, res, out, pre, gamma, beta.
  * NORM: a = x, res, bias, out, pre, gamma, beta. */

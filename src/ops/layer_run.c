@@ -192,6 +192,21 @@ static uint64_t stack_graph_key(uint64_t seed, const void *x, const void *y,
 }
 
 /* Enqueue the steps; the context must be current. */
+/* Why a cuBLASLt step failed, from stof__blaslt_run's status (it writes
+ * no message: the context's belongs to whatever last failed on it). */
+static const char *lt_why(stof_status st)
+{
+    switch (st) {
+    case STOF_ERR_INVALID_ARGUMENT:
+        return "cuBLASLt: the arguments do not match the planned GEMM (a "
+               "pointer missing or not 16-byte aligned)";
+    case STOF_ERR_CUDA:
+        return "cuBLASLt: the launch failed (CUBLAS_STATUS_EXECUTION_FAILED)";
+    default:
+        return "cuBLASLt refused the launch";
+    }
+}
+
 stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
                                   CUdeviceptr x, CUdeviceptr y,
                                   CUstream stream, int mode)
@@ -216,9 +231,8 @@ stof_status stof__layer_run_steps(stof_layer *L, const CUdeviceptr *wp,
             return (stof_status)stof__layer_fail(
                 L, st, "stof_layer_run: launching %s failed: %s", what,
                 s->kind == STEP_ATTN ? stof_plan_errmsg(L->attn)
-                : s->kind == STEP_GEMM && L->g[s->op].lt
-                    ? stof_errmsg(L->ctx)
-                    : stof_status_str(st));
+                : s->kind == STEP_GEMM && L->g[s->op].lt ? lt_why(st)
+                                                          : stof_status_str(st));
     }
     return STOF_OK;
 }

@@ -230,6 +230,12 @@ void stof__device_release(struct stof_context *ctx);
  * it (pop). Every entry point that touches the GPU brackets its work. */
 int stof__ctx_push(struct stof_context *ctx);
 void stof__ctx_pop(struct stof_context *ctx);
+/* Plans upload and zero device memory on the legacy stream, where a
+ * pageable copy returns once staged and a memset without waiting: wait for
+ * that stream before a plan is handed out, so that a run on any stream (a
+ * non-blocking one too, which the legacy stream does not order) reads what
+ * the plan wrote. The context must be usable (pushes it itself). */
+int stof__plan_settle(struct stof_context *ctx);
 
 /* Run-time compilation (jit.c). Compile the embedded template `name` with
  * the given -D definitions (each "NAME=VALUE" or "NAME") for `arch`

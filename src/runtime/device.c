@@ -262,6 +262,19 @@ void stof__ctx_pop(struct stof_context *ctx)
     ctx->api->cuCtxPopCurrent(&c);
 }
 
+int stof__plan_settle(struct stof_context *ctx)
+{
+    int st = stof__ctx_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    const CUresult r = ctx->api->cuStreamSynchronize(NULL);
+    stof__ctx_pop(ctx);
+    if (r != CUDA_SUCCESS)
+        return stof__cuda_fail(ctx, r, "cuStreamSynchronize (a plan's uploads)",
+                               __FILE__, __LINE__);
+    return STOF_OK;
+}
+
 stof_status stof_device_describe(stof_context *ctx, char *buf, size_t n,
                                  size_t *needed)
 {
