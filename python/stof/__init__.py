@@ -405,6 +405,15 @@ def _bitmap_field(d, val, device, keep, batch, seq_q, seq_k):
         keep.append(val)
         d.bitmap = val.data_ptr()
         return
+    if hasattr(val, "dtype") and str(val.dtype) in (
+            "int32", "uint32", "torch.int32", "torch.uint32"):
+        # (an array of words as they are: no Python list of every word)
+        import numpy as np
+        a = val.detach().cpu().numpy() if hasattr(val, "detach") else np.asarray(val)
+        a = np.ascontiguousarray(a).view(np.uint32)
+        keep.append(a)
+        d.bitmap = a.ctypes.data
+        return
     ints = _flat_ints(val.reshape(-1), "bitmap", _C_WORD) if hasattr(val, "reshape") \
         else _flat_nested(val, "bitmap", _C_WORD)
     n = 1

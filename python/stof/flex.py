@@ -13,15 +13,16 @@ no 1 GB temporaries and moves 128 MB to the host), and becomes a stof Mask
 stof.attention's plans). A new BlockMask is evaluated again even when its
 mask_mod is the same function: a mask_mod that reads a tensor (document
 ids, lengths) changed in place since gives its new mask, as
-create_block_mask does. Masks that depend on the batch element or head are refused by
-name (stof's 2-D masks apply to every (b, h); its mask families cover
-per-sequence data). score_mod functions are not translated: use
-stof.attention's softcap= and bias=.
+create_block_mask does. A mask_mod that depends on the batch element (say
+documents per sequence) runs as the `bitmap` mask family, each sequence's
+mask packed to words on the GPU (eagerly: not through a torch operator);
+one that depends on the head is refused by name. score_mod functions are
+not translated: use stof.attention's softcap= and bias=.
 """
 import torch
 
 from . import ops as _ops
-from . import pack_bits as _pack_bits
+from . import _MaskData, pack_bits as _pack_bits
 
 # (id(block_mask), Sq, Sk, device) -> (block_mask, registered name); the
 # entry holds the BlockMask, so its id is not reused while it is cached
@@ -58,29 +59,97 @@ def _evaluate(mask_mod, seq_q, seq_k, device, b, h):
     return out
 
 
-def _registered_name(block_mask, mask_mod, batch, heads, seq_q, seq_k, device):
-    """The stof.ops name of the mask of block_mask's mask_mod (evaluated once
-    per BlockMask, size and device; refused when it depends on b or h)."""
-    key = (id(block_mask), seq_q, seq_k, str(device))
+def _block_dims(block_mask):
+    """The batch and head sizes a BlockMask was made for (1: broadcast)."""
+    t = getattr(block_mask, "kv_num_blocks", None)
+    if t is None or t.dim() < 2:
+        return 1, 1
+    return int(t.shape[0]), int(t.shape[1])
+
+
+def _head_dependent(b, h):
+    return NotImplementedError(
+        "stof.flex: this mask_mod depends on the head "
+        f"(h={h} differs from h=0 at b={b}); stof's masks apply to every head "
+        "(per-sequence masks are supported)")
+
+
+def _mask_of(block_mask, mask_mod, batch, heads, seq_q, seq_k, device):
+    """The stof form of block_mask's mask_mod, evaluated once per BlockMask,
+    size and device: ("name", the stof.ops name of its 2-D mask) when it is
+    the same for every sequence, or ("bitmap", int32 words (batch, seq_q,
+    ceil(seq_k / 32)), each sequence's mask for the `bitmap` family).
+    Every sequence is evaluated when the BlockMask was made per batch
+    element (create_block_mask(mod, B, ...)), the first and last ones
+    otherwise; a mask_mod found to depend on the head is refused."""
+    key = (id(block_mask), batch, seq_q, seq_k, str(device))
     hit = _from_blocks.get(key)
-    if hit is not None and hit[0] is block_mask and hit[1] in _ops._registered:
-        return hit[1]
+    if hit is not None and hit[0] is block_mask and (
+            hit[1] != "name" or hit[2] in _ops._registered):
+        return hit[1], hit[2]
+    bm_batch, bm_heads = _block_dims(block_mask)
     first = _evaluate(mask_mod, seq_q, seq_k, device, 0, 0)
-    for b, h in ((batch - 1, 0), (0, heads - 1), (batch - 1, heads - 1)):
-        if (b, h) != (0, 0) and not torch.equal(
-                first, _evaluate(mask_mod, seq_q, seq_k, device, b, h)):
-            raise NotImplementedError(
-                "stof.flex: this mask_mod depends on the batch element or head "
-                f"(b={b}, h={h} differs from b=0, h=0); stof's masks apply to "
-                "every (b, h): use a stof mask family for per-sequence data")
-    ctx = _ops._context(first.device.index if first.device.index is not None
-                        else torch.cuda.current_device())
-    name = _ops.register_mask(ctx.mask_from_bits(first.cpu().numpy(), seq_k))
+    checked_heads = sorted({heads - 1, heads // 2} - {0}) if heads > 1 else []
+    for h in checked_heads:
+        if not torch.equal(first, _evaluate(mask_mod, seq_q, seq_k, device, 0, h)):
+            raise _head_dependent(0, h)
+    rows = [first]
+    which = range(1, batch) if bm_batch > 1 else ([batch - 1] if batch > 1 else [])
+    for b in which:
+        rows.append(_evaluate(mask_mod, seq_q, seq_k, device, b, 0))
+    if all(torch.equal(first, r) for r in rows[1:]):
+        ctx = _ops._context(first.device.index if first.device.index is not None
+                            else torch.cuda.current_device())
+        entry = ("name", _ops.register_mask(ctx.mask_from_bits(first.cpu().numpy(),
+                                                               seq_k)))
+    else:
+        if bm_batch <= 1:  # (only the last one was evaluated)
+            rows = [first] + [_evaluate(mask_mod, seq_q, seq_k, device, b, 0)
+                              for b in range(1, batch)]
+        last = rows[-1]
+        for h in checked_heads:
+            if not torch.equal(last, _evaluate(mask_mod, seq_q, seq_k, device,
+                                               batch - 1, h)):
+                raise _head_dependent(batch - 1, h)
+        words = (seq_k + 31) // 32
+        bits = torch.zeros((batch, seq_q, 4 * words), dtype=torch.uint8, device=device)
+        for b, r in enumerate(rows):
+            bits[b, :, :r.shape[1]] = r
+        # little-endian bytes: bit k % 32 of word k // 32, as pack_bitmap
+        entry = ("bitmap", bits.view(torch.int32))
     # (a few BlockMasks: a loop making one a step keeps no more alive)
     while len(_from_blocks) >= _MAX_BLOCK_MASKS:
         _from_blocks.pop(next(iter(_from_blocks)))
-    _from_blocks[key] = (block_mask, name)
-    return name
+    _from_blocks[key] = (block_mask,) + entry
+    return entry
+
+
+# (shapes, strides, dtypes, devices, scale) -> the `bitmap` family's plan
+_bitmap_plans = {}
+
+
+def _bitmap_attention(query, key, value, bits, scale):
+    """Attention with each sequence's own mask: the `bitmap` mask family's
+    plan (made once per shapes; its kernel chosen on this first call's
+    sequence 0), run with these words; eager (not through an operator)."""
+    sc = 0.0 if scale is None else float(scale)
+    out = torch.empty_like(query)
+    ck = (query.shape, key.shape, value.shape, query.stride(), key.stride(),
+          value.stride(), query.dtype, key.dtype, value.dtype, query.device,
+          key.device, value.device, sc)
+    p = _bitmap_plans.get(ck)
+    if p is None:
+        sample = {"bitmap": bits[0].cpu()}
+        p = _ops.family_plan(query, key, value, "bitmap", sc, out, sample=sample)
+        p._check_tensors(query, key, value, out, None)
+        _ops.cache_put(_bitmap_plans, ck, p)
+    md = _MaskData()
+    md.bitmap = bits.data_ptr()
+    md.bitmap_words = bits.shape[2]
+    md.bitmap_stride = bits.shape[1] * bits.shape[2]
+    s = _ops._raw_stream(query.device)
+    _ops._ordered(p, s, query.device)
+    return p._launch_family(query, key, value, out, md, 0, s)
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
@@ -108,6 +177,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         mask_mod = getattr(block_mask, "mask_mod", None)
         if mask_mod is None:
             raise ValueError("stof.flex: the BlockMask has no mask_mod")
-        mask = _registered_name(block_mask, mask_mod, query.shape[0], query.shape[1], sq, sk,
-                                query.device)
+        kind, mask = _mask_of(block_mask, mask_mod, query.shape[0], query.shape[1],
+                              sq, sk, query.device)
+        if kind == "bitmap":
+            return _bitmap_attention(query, key, value, mask, scale)
     return _ops.attention(query, key, value, mask=mask, scale=scale)

@@ -170,9 +170,11 @@ def _ordered(p, stream, device):
     p._ops_stream = stream
 
 
-def family_plan(q, k, v, family, scale, out=None):
+def family_plan(q, k, v, family, scale, out=None, sample=None):
     """The cached family plan of stof.attention's family path for these
-    tensors (made on first use: tuned or loaded), without running it."""
+    tensors (made on first use: tuned or loaded, the kernel chosen on
+    `sample`, host instance data, or the default instance), without
+    running it."""
     if out is None:
         out = torch.empty_like(q)
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -186,7 +188,7 @@ def family_plan(q, k, v, family, scale, out=None):
             if p is None:
                 ctx = _context(dev)
                 p = ctx.attention_plan_family(q, k, v, ctx.mask_family(family),
-                                              scale=scale, out=out)
+                                              sample=sample, scale=scale, out=out)
                 cache_put(_family_plans, key, p)
     return p
 

@@ -506,6 +506,14 @@ def main():
     bm = ctx.mask_family("bitmap")
     full = [[-1] * 2 for _ in range(40)]  # 40 rows of 64 keys, all set
     assert count(bm.mask(40, 64, bitmap=full)) == 40 * 64
+    # Word arrays go over as they are (no Python list of every word):
+    # int32 with the top bit set, uint32, per sequence.
+    import numpy as np
+    assert count(bm.mask(40, 64, bitmap=np.full((40, 2), -1, np.int32))) == 40 * 64
+    half = np.zeros((2, 40, 2), np.uint32)
+    half[1, :, 1] = 0x80000001  # sequence 1: keys 32 and 63
+    assert count(bm.mask(40, 64, b=1, bitmap=half)) == 40 * 2
+    assert count(bm.mask(40, 64, b=0, bitmap=half)) == 0
     expect_error(lambda: bm.mask(41, 64, bitmap=full), ValueError, "40 rows")
     expect_error(lambda: bm.mask(40, 65, bitmap=full), ValueError, "65 keys need 3")
     expect_error(lambda: bm.mask(40, 64, b=1, bitmap=[full]), ValueError,
