@@ -118,9 +118,10 @@ def _mask_of(block_mask, mask_mod, batch, heads, seq_q, seq_k, device):
         # little-endian bytes: bit k % 32 of word k // 32, as pack_bitmap
         entry = ("bitmap", bits.view(torch.int32))
     # (a few BlockMasks: a loop making one a step keeps no more alive)
-    while len(_from_blocks) >= _MAX_BLOCK_MASKS:
-        _from_blocks.pop(next(iter(_from_blocks)))
-    _from_blocks[key] = (block_mask,) + entry
+    with _ops._lock:
+        while len(_from_blocks) >= _MAX_BLOCK_MASKS:
+            _from_blocks.pop(next(iter(_from_blocks)))
+        _from_blocks[key] = (block_mask,) + entry
     return entry
 
 
@@ -128,28 +129,69 @@ def _mask_of(block_mask, mask_mod, batch, heads, seq_q, seq_k, device):
 _bitmap_plans = {}
 
 
-def _bitmap_attention(query, key, value, bits, scale):
+def _clear():
+    """Forget the BlockMasks' masks and the bitmap plans (stof.ops.clear_cache)."""
+    with _ops._lock:
+        _from_blocks.clear()
+        _bitmap_plans.clear()
+
+
+def _bitmap_impl(query, key, value, bits, scale):
     """Attention with each sequence's own mask: the `bitmap` mask family's
-    plan (made once per shapes; its kernel chosen on this first call's
-    sequence 0), run with these words; eager (not through an operator)."""
-    sc = 0.0 if scale is None else float(scale)
+    plan (made once per shapes; its kernel chosen on the first call's
+    sequence 0), run with these words (batch, seq_q, words)."""
     out = torch.empty_like(query)
     ck = (query.shape, key.shape, value.shape, query.stride(), key.stride(),
           value.stride(), query.dtype, key.dtype, value.dtype, query.device,
-          key.device, value.device, sc)
+          key.device, value.device, scale)
     p = _bitmap_plans.get(ck)
     if p is None:
-        sample = {"bitmap": bits[0].cpu()}
-        p = _ops.family_plan(query, key, value, "bitmap", sc, out, sample=sample)
+        p = _ops.family_plan(query, key, value, "bitmap", scale, out,
+                             sample={"bitmap": bits[0].cpu()})
         p._check_tensors(query, key, value, out, None)
-        _ops.cache_put(_bitmap_plans, ck, p)
+        with _ops._lock:
+            _ops.cache_put(_bitmap_plans, ck, p)
+    if _ops._is_capturing():
+        # (a graph replays the plan and reads these words)
+        _ops._pin(p)
+        _ops._pin(bits)
+    if bits.dim() != 3 or bits.dtype != torch.int32 or not bits.is_contiguous() \
+            or bits.device != query.device or bits.shape[0] != query.shape[0] \
+            or bits.shape[1] < query.shape[2] or 32 * bits.shape[2] < key.shape[2]:
+        raise ValueError("stof.flex: the bitmap words must be a contiguous int32 "
+                         "(batch, >= seq_q, >= seq_k / 32) tensor on q's device")
     md = _MaskData()
     md.bitmap = bits.data_ptr()
     md.bitmap_words = bits.shape[2]
     md.bitmap_stride = bits.shape[1] * bits.shape[2]
     s = _ops._raw_stream(query.device)
-    _ops._ordered(p, s, query.device)
-    return p._launch_family(query, key, value, out, md, 0, s)
+    with _ops._plan_lock(p):
+        _ops._ordered(p, s, query.device)
+        return p._launch_family(query, key, value, out, md, 0, s)
+
+
+@torch.library.custom_op("stof::attention_bitmap", mutates_args=())
+def _attention_bitmap(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      bits: torch.Tensor, scale: float) -> torch.Tensor:
+    return _bitmap_impl(q, k, v, bits, scale)
+
+
+@_attention_bitmap.register_fake
+def _attention_bitmap_fake(q, k, v, bits, scale):
+    return torch.empty_like(q)
+
+
+_attention_bitmap.register_autograd(_ops._no_backward, setup_context=_ops._no_context)
+
+
+def _bitmap_attention(query, key, value, bits, scale):
+    """Per-sequence masks: the operator where autograd records the call or
+    torch.compile traces it (its backward raises by name), else the same
+    implementation directly."""
+    sc = 0.0 if scale is None else float(scale)
+    if _ops._dispatched(query, key, value):
+        return torch.ops.stof.attention_bitmap(query, key, value, bits, sc)
+    return _bitmap_impl(query, key, value, bits, sc)
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,

@@ -16,8 +16,9 @@ first call of each
 torch.compile's warm-up runs do. The contexts are stof.Context() per device
 (so $STOF_TUNING_MODE and the default databases apply).
 """
+import sys
 import threading
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -62,8 +63,9 @@ MAX_PLANS = 256
 
 
 def cache_put(cache, key, value):
-    """cache[key] = value, dropping the oldest entries past MAX_PLANS."""
-    while len(cache) >= MAX_PLANS:
+    """cache[key] = value, dropping the oldest entries past MAX_PLANS (none
+    during a CUDA-graph capture: freeing a plan's memory would end it)."""
+    while len(cache) >= MAX_PLANS and not _is_capturing():
         cache.pop(next(iter(cache)))
     cache[key] = value
 
@@ -106,16 +108,22 @@ def _plan(q, k, v, out, mask, scale, softcap, bias):
 
 
 def _attention_impl(q, k, v, mask, scale, softcap, bias):
+    if bias is not None and (bias.stride(-1) != 1 and bias.shape[-1] > 1 or any(
+            st % 8 for n, st in zip(bias.shape[:-1], bias.stride()[:-1]) if n > 1)):
+        # (a compiler may hand the operator a contiguous copy of what
+        # pad_bias laid out: its rows are padded again here)
+        bias = pad_bias(bias.contiguous() if bias.stride(-1) != 1 else bias)
     out = torch.empty_like(q)
     p = _plan(q, k, v, out, mask, scale, softcap, bias)
     if _is_capturing():
         _pin(p)
     s = _raw_stream(q.device)
-    _ordered(p, s, q.device)
-    if bias is None:
-        # The plan's key holds every property run() would check.
-        return p._launch(q, k, v, out, s)
-    return p.run(q, k, v, out, bias=bias)
+    with _plan_lock(p):
+        _ordered(p, s, q.device)
+        if bias is None:
+            # The plan's key holds every property run() would check.
+            return p._launch(q, k, v, out, s)
+        return p.run(q, k, v, out, bias=bias)
 
 
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
@@ -155,13 +163,25 @@ def _raw_stream(device):
 _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def _plan_lock(p):
+    """The lock that makes one cached plan's enqueue (the stream hand-over
+    and the launch, whose kernels share the plan's workspaces) one step
+    when threads share the plan."""
+    lk = p.__dict__.get("_ops_lock")
+    if lk is None:
+        lk = p.__dict__.setdefault("_ops_lock", threading.Lock())
+    return lk
+
+
 def _ordered(p, stream, device):
     """Keep a cached plan's runs in the order they are enqueued when they
     come from different streams: its workspaces (a family's formats,
     split-KV partial results) serve one run at a time. On a change of
     stream, the new one waits for what the old one holds (nothing while a
     graph is captured: the capture has one stream). A plan used from one
-    stream pays one comparison."""
+    stream pays one comparison. A graph that captured the plan replays
+    unseen here: replays belong on the stream of the plan's eager calls
+    (README). Called under the plan's lock (_plan_lock)."""
     last = p.__dict__.get("_ops_stream")
     if last is not None and last != stream and not _is_capturing():
         ev = torch.cuda.Event()
@@ -214,15 +234,17 @@ def _family_impl(q, k, v, family, scale, q_lens, k_lens, q_offset=None,
     if p is None:
         p = family_plan(q, k, v, family, scale, out)
         p._check_tensors(q, k, v, out, None)
-        cache_put(_family_fast, key, p)
+        with _lock:
+            cache_put(_family_fast, key, p)
     if _is_capturing():
         _pin(p)
     md = _instance(q.shape[0], k.shape[2], qd, q_lens, k_lens, q_offset, prefix,
                    doc_id)
     s = _raw_stream(qd)
-    _ordered(p, s, qd)
-    return p._launch_family(q, k, v, out, md, RUN_SAME_DATA if same_data else 0,
-                            s)
+    with _plan_lock(p):
+        _ordered(p, s, qd)
+        return p._launch_family(q, k, v, out, md,
+                                RUN_SAME_DATA if same_data else 0, s)
 
 
 def _instance(batch, seq_k, device, q_len, k_len, q_offset, prefix, doc_id):
@@ -282,12 +304,30 @@ _NO_BACKWARD = ("stof attention is for inference and has no backward: run "
                 "or train with another attention implementation")
 
 
-def _no_backward(ctx, *grads):
+@torch.library.custom_op("stof::no_backward", mutates_args=())
+def _no_backward_op(grad: torch.Tensor, k_shape: List[int],
+                    v_shape: List[int]) -> Tuple[torch.Tensor, torch.Tensor,
+                                                 torch.Tensor]:
     raise RuntimeError(_NO_BACKWARD)
 
 
+@_no_backward_op.register_fake
+def _no_backward_fake(grad, k_shape, v_shape):
+    # (torch.compile traces the backward ahead of time, with fakes: the
+    # error comes when a backward really runs)
+    return (torch.empty_like(grad), grad.new_empty(k_shape),
+            grad.new_empty(v_shape))
+
+
+def _no_backward(ctx, grad, *rest):
+    gq, gk, gv = torch.ops.stof.no_backward(grad, ctx.k_shape, ctx.v_shape)
+    return (gq, gk, gv) + (None,) * ctx.n_rest
+
+
 def _no_context(ctx, inputs, output):
-    pass
+    ctx.k_shape = list(inputs[1].shape)
+    ctx.v_shape = list(inputs[2].shape)
+    ctx.n_rest = len(inputs) - 3
 
 
 _attention_lens.register_autograd(_no_backward, setup_context=_no_context)
@@ -297,6 +337,15 @@ def _records_grad(*ts):
     """Whether autograd records a call on these tensors (None skipped)."""
     return torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in ts)
+
+
+def _dispatched(q, *ts):
+    """Whether a call goes through the registered operator rather than
+    straight to the implementation: traced by torch.compile / export,
+    recorded by autograd, or on tensors that are not plain CUDA tensors
+    (fake, meta, subclasses: the operator's fake or their own handling)."""
+    return (torch.compiler.is_compiling() or type(q) is not torch.Tensor
+            or q.is_meta or _records_grad(q, *ts))
 
 
 def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
@@ -314,7 +363,7 @@ def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
     traced, the same implementation without the dispatcher otherwise."""
     args = (q, k, v, family, 0.0 if scale is None else float(scale), q_lens,
             k_lens, q_offset, prefix, doc_id)
-    if torch.compiler.is_compiling() or _records_grad(q, k, v):
+    if _dispatched(q, k, v):
         if after is not None and not isinstance(after, torch.Tensor):
             # (eager callers mark a reuse with any value; the operator
             # takes a tensor: an empty one says the same)
@@ -325,6 +374,10 @@ def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
 
 def _lens(t, batch, device, name):
     """A per-sequence length argument as an int32 CUDA tensor (batch,)."""
+    if _is_capturing() and (not isinstance(t, torch.Tensor) or t.device != device):
+        raise ValueError(f"{name}: under CUDA-graph capture the lengths must "
+                         f"already be a tensor on {device} (a copy from the "
+                         "host cannot be captured)")
     if not isinstance(t, torch.Tensor):
         t = torch.as_tensor(t, dtype=torch.int32)
     if t.shape != (batch,):
@@ -408,13 +461,18 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
     if attn_mask is not None:
         if bias is not None:
             raise ValueError("give attn_mask or bias, not both")
+        if attn_mask.device != q.device:
+            raise ValueError(f"attn_mask is on {attn_mask.device}, q on {q.device}")
         bias = _mask_bias(attn_mask, q.dtype)
+    if bias is not None and (bias.dtype != q.dtype or bias.device != q.device):
+        # (checked before a plan is made for it)
+        raise ValueError(f"bias must be {q.dtype} on {q.device}, not {bias.dtype} "
+                         f"on {bias.device}")
     args = (q, k, v, str(mask), sc, float(softcap), bias)
     # Traced by torch.compile / torch.export: the registered operator (its
     # fake implementation gives the output's shape). Eager: the same
     # implementation without the dispatcher's cost per call.
-    out = (torch.ops.stof.attention(*args)
-           if torch.compiler.is_compiling() or _records_grad(q, k, v, bias)
+    out = (torch.ops.stof.attention(*args) if _dispatched(q, k, v, bias)
            else _attention_impl(*args))
     return out.transpose(1, 2) if layout == "bshd" else out
 
@@ -432,3 +490,6 @@ def clear_cache(captured=False):
         _registered.clear()
         _family_plans.clear()
         _family_fast.clear()
+    flex = sys.modules.get("stof.flex")
+    if flex is not None:
+        flex._clear()

@@ -194,6 +194,25 @@ def main():
         if not (e < 1e-2 and e2 < 1e-2):
             print(f"FAIL: per-sequence masks: relative error {e:.2e} / {e2:.2e}")
             return 1
+    # Inference only: in grad mode the per-sequence path is recorded and its
+    # backward raises by name (training must not leave q untrained).
+    qg = q.clone().requires_grad_()
+    out = stof.flex.flex_attention(qg, k, v, block_mask=bm, enable_gqa=gqa)
+    try:
+        if not out.requires_grad:
+            raise AssertionError("not recorded")
+        out.float().sum().backward()
+    except RuntimeError as e:
+        if "inference" not in str(e):
+            print(f"FAIL: per-sequence backward: unclear error {e}")
+            return 1
+        print("ok: the per-sequence path's backward raises by name")
+    except AssertionError:
+        print("FAIL: per-sequence output in grad mode is not recorded by autograd")
+        return 1
+    else:
+        print("FAIL: per-sequence backward ran")
+        return 1
     # A mask_mod that depends on the head is refused by name.
     q = torch.randn(2, 4, 256, 64, device=DEV, dtype=torch.float16)
     bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) | (h == 3), None, 4,

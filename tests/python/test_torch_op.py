@@ -197,6 +197,8 @@ def main():
           f"{n} calls, best of 3)")
     check_streams()
     check_no_backward()
+    check_compiled_grad_mode()
+    check_threads_share_plans()
     print("all checks passed")
     return 0
 
@@ -237,6 +239,95 @@ def check_no_backward():
     expect(second.requires_grad and torch.equal(first.detach(), second.detach())
            and torch.equal(first.detach(), want_f),
            "grad mode: a reused format (after=) runs through the operator")
+
+
+def check_compiled_grad_mode():
+    """torch.compile of a function calling stof.attention on projections
+    whose weights require grad (eval outside no_grad): compiles (the
+    backward is traced ahead of time with fakes) and gives the eager
+    values; a backward that really runs raises by name."""
+    dev = "cuda"
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(64, 64, device=dev, dtype=torch.float16)
+    x = torch.randn(2, 4, 128, 64, device=dev, dtype=torch.float16)
+
+    def f(t):
+        return stof.attention(lin(t), lin(t), lin(t), mask="causal")
+
+    def g(t):
+        return stof.attention(lin(t), lin(t), lin(t), mask="causal",
+                              k_lens=torch.tensor([100, 128], dtype=torch.int32,
+                                                  device=dev))
+
+    for name, fn in (("structured", f), ("family", g)):
+        with torch.no_grad():
+            want = fn(x)
+        try:
+            out = torch.compile(fn)(x)
+        except Exception as e:  # noqa: BLE001 (what compile raises varies)
+            expect(False, f"compiled {name} in grad mode: {type(e).__name__}: {e}")
+            continue
+        expect(out.requires_grad and
+               (out.detach().float() - want.float()).abs().max().item() < 2e-3,
+               f"compiled {name} in grad mode: recorded, the eager values")
+        try:
+            out.float().sum().backward()
+        except Exception as e:  # noqa: BLE001
+            expect("inference" in str(e), f"compiled {name}: backward raises: "
+                   f"{str(e)[:200]}")
+        else:
+            expect(False, f"compiled {name}: backward ran")
+
+
+def check_threads_share_plans():
+    """Threads calling stof.attention with the same shapes share one cached
+    plan: a padded batch (its formats built each call) and a decode shape
+    (split-KV partial results) from four threads, each its own data, on one
+    stream: every output equals its one-thread run (the plan's enqueue is
+    one step under its lock)."""
+    import threading
+    dev = "cuda"
+    torch.manual_seed(4)
+    cases = []
+    for i in range(4):
+        q = torch.randn(2, 4, 256, 64, device=dev, dtype=torch.float16)
+        k = torch.randn(2, 4, 256, 64, device=dev, dtype=torch.float16)
+        v = torch.randn(2, 4, 256, 64, device=dev, dtype=torch.float16)
+        lens = torch.tensor([64 + 40 * i, 256 - 30 * i], dtype=torch.int32,
+                            device=dev)
+        qd = torch.randn(1, 8, 1, 64, device=dev, dtype=torch.float16)
+        kd = torch.randn(1, 8, 8192, 64, device=dev, dtype=torch.float16)
+        vd = torch.randn(1, 8, 8192, 64, device=dev, dtype=torch.float16)
+        cases.append(((q, k, v, lens), (qd, kd, vd)))
+    with torch.no_grad():
+        want = [(stof.attention(q, k, v, mask="causal", k_lens=lens),
+                 stof.attention(qd, kd, vd)) for (q, k, v, lens), (qd, kd, vd)
+                in cases]
+    torch.cuda.synchronize()
+    got = [[] for _ in cases]
+    errors = []
+
+    def work(i):
+        (q, k, v, lens), (qd, kd, vd) = cases[i]
+        try:
+            with torch.no_grad():
+                for _ in range(40):
+                    got[i].append((stof.attention(q, k, v, mask="causal", k_lens=lens),
+                                   stof.attention(qd, kd, vd)))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    torch.cuda.synchronize()
+    expect(not errors, f"threads: no errors ({errors[:1]})")
+    bad = sum(1 for i in range(len(cases)) for a, b in got[i]
+              if not (torch.equal(a, want[i][0]) and torch.equal(b, want[i][1])))
+    expect(bad == 0, f"threads sharing plans: {bad} of "
+           f"{sum(len(g) for g in got)} call pairs differ from one thread's")
 
 
 def check_streams():
