@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include "db.h"
+#include "cfmt.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -47,7 +48,7 @@ static void feed_num(XXH3_state_t *h, const char *name, const char *fmt, ...)
     char buf[64];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    int n = stof__c_vsnprintf(buf, sizeof(buf), fmt, ap); /* "1.5", never "1,5" */
     va_end(ap);
     feed(h, name, buf, n > 0 ? (size_t)n : 0);
 }

@@ -19,8 +19,9 @@
  *   thread at a time (like an SQLite connection in multi-thread mode). Use
  *   one context per thread, or serialise. stof_status_str(), stof_version*()
  *   and stof_default_settings() are thread-safe. Tuning compiles its
- *   candidates on libuv's thread pool inside the planning call; GPU work
- *   stays on the calling thread. stof_attention_run() may be
+ *   candidates on threads of its own (libuv threads, started and joined
+ *   inside the planning call; not libuv's shared pool, so planning from
+ *   a libuv pool thread is fine); GPU work stays on the calling thread. stof_attention_run() may be
  *   called from any thread once its plan exists, as long as the calls on one
  *   plan do not overlap with stof_plan_free() of that plan.
  * - GPU work uses the primary context of the chosen device, so pointers from

@@ -520,7 +520,7 @@ Test(cli, bad_workload_files)
          "bad.workload: bad shape 1048576x1048576x1048576x1048576x256"},
         {"mask causal\nshape 512x512x64x64\n", "desc.batch * desc.heads"},
         {"mask causal\nlayer b hidden=768 heads=768\ntokens 2x128\n",
-         "bad.workload:2: layer b at 2x128 tokens: desc.head_dim: 1"},
+         "bad.workload:2: layer b at 2x128 tokens: desc.hidden 768 / desc.heads 768 = head_dim 1"},
         {"mask causal\nlayer b hidden=768 heads=12\ntokens 1048576x1048576\n",
          "at most 2^30"},
         {"mask causal\nlayer b hidden=100 heads=4\ntokens 1x8\n",

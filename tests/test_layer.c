@@ -6,6 +6,7 @@
  * layer found again from its fields (stof-tune verify).
  */
 #include <criterion/criterion.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,6 +198,86 @@ Test(layer, norm_records_match_their_slot)
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
         cr_expect(!stof__layer_norm_record_matches(bad[i], &n, 0, &w), "case %zu",
                   i);
+}
+
+/* A locale whose decimal point is a comma, compiled for the test into a
+ * temporary directory (LOCPATH); (locale_t)0 where localedef or glibc's
+ * locale sources are missing. */
+static locale_t comma_locale(void)
+{
+    char dir[] = "/tmp/stof-locale-XXXXXX";
+    if (!mkdtemp(dir))
+        return (locale_t)0;
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "localedef -c -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
+    if (system(cmd) == -1)
+        return (locale_t)0;
+    setenv("LOCPATH", dir, 1);
+    return newlocale(LC_ALL_MASK, "de_DE.UTF-8", (locale_t)0);
+}
+
+/* Database keys and records' content hashes hold numbers as text: a host
+ * program (or thread) whose locale writes a decimal comma must make the
+ * same keys and hashes as stof-tune in the C locale, or it could never use
+ * the fleet's records (and its own would read as damaged elsewhere). */
+Test(layer, keys_and_record_hashes_ignore_the_locale)
+{
+    locale_t de = comma_locale();
+    if (!de)
+        cr_skip_test("no comma locale could be made (localedef or the de_DE "
+                     "locale sources are missing)");
+    char probe[16];
+    locale_t old = uselocale(de);
+    snprintf(probe, sizeof(probe), "%.1f", 1.5);
+    uselocale(old);
+    cr_assert_str_eq(probe, "1,5", "the test locale is not in effect");
+
+    stof_context *ctx = ctx_open();
+    const char *hex = "0123456789abcdef0123456789abcdef";
+    stof_layer *L = calloc(1, sizeof(*L));
+    cr_assert_not_null(L);
+    L->ctx = ctx;
+    stof_layer_desc_init(&L->d, 2, 128, 256, 4, STOF_DTYPE_FP16);
+    L->eps = 1e-5f;
+    stof__layer_key(L, hex);
+    char k1[33], t1[sizeof(L->key_text)];
+    memcpy(k1, L->key, sizeof(k1));
+    memcpy(t1, L->key_text, sizeof(t1));
+    old = uselocale(de);
+    stof__layer_key(L, hex);
+    uselocale(old);
+    cr_expect_str_eq(L->key_text, t1);
+    cr_expect_str_eq(L->key, k1);
+
+    stof_attention_desc d;
+    stof_attention_desc_init(&d, 2, 4, 128, 128, 64, STOF_DTYPE_FP16,
+                             STOF_LAYOUT_BHSD);
+    d.softcap = 30.5f;
+    char a1[33], a2[33], at1[640], at2[640];
+    stof__attention_key(ctx, &d, hex, a1, at1, sizeof(at1));
+    old = uselocale(de);
+    stof__attention_key(ctx, &d, hex, a2, at2, sizeof(at2));
+    uselocale(old);
+    cr_expect(strstr(at1, "softcap=30.5"), "%s", at1);
+    cr_expect_str_eq(at2, at1);
+    cr_expect_str_eq(a2, a1);
+
+    stof_db_record r;
+    memset(&r, 0, sizeof(r));
+    snprintf(r.key, sizeof(r.key), "%s", hex);
+    r.time_ms = 0.125;
+    r.runner_up_ms = 0.5;
+    r.model_ms = 1.0 / 3.0;
+    char h1[33], h2[33];
+    stof__db_record_hash(&r, h1);
+    old = uselocale(de);
+    stof__db_record_hash(&r, h2);
+    uselocale(old);
+    cr_expect_str_eq(h2, h1);
+    free(L);
+    freelocale(de);
+    stof_close(&ctx);
 }
 
 Test(layer, null_layer_is_harmless)

@@ -18,6 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <uv.h>
+
 #include "search.h"
 #include "testutil.h"
 
@@ -513,9 +515,8 @@ Test(search, operations_share_one_pool_and_identical_kernels)
     stof_close(&ctx);
 }
 
-/* compile_threads counts for every search of a process, not only the
- * first (which fixes libuv's pool size): at most `threads` compiles run at
- * once. */
+/* compile_threads counts for every search of a process: at most `threads`
+ * compiles run at once. */
 Test(search, each_search_keeps_to_its_own_thread_count)
 {
     stof_context *ctx = ctx_new();
@@ -537,6 +538,50 @@ Test(search, each_search_keeps_to_its_own_thread_count)
         stof__search_results_free(&res, 1);
     }
     stof_close(&ctx);
+}
+
+/* Searches started from libuv's own pool threads, as many as the pool
+ * has (a host that plans inside uv_queue_work): their compiles do not
+ * wait for that pool (they did, forever). */
+typedef struct pool_plan {
+    uv_work_t req;
+    stof_context *ctx;
+    fake f;
+    int rc;
+} pool_plan;
+
+static void plan_on_pool(uv_work_t *req)
+{
+    pool_plan *p = req->data;
+    stof_search_op op = op_of(&p->f, "fake");
+    stof_search_opts o = {.top_k = 8, .threads = 2};
+    stof_search_result res;
+    p->rc = stof__search_run(p->ctx, &op, 1, &o, &res);
+    if (p->rc == STOF_OK)
+        stof__search_results_free(&res, 1);
+}
+
+Test(search, searches_from_a_full_libuv_pool_finish, .timeout = 30)
+{
+    setenv("UV_THREADPOOL_SIZE", "2", 1); /* (this test's own process) */
+    uv_loop_t loop;
+    cr_assert_eq(uv_loop_init(&loop), 0);
+    pool_plan p[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&p[i], 0, sizeof(p[i]));
+        p[i].ctx = ctx_new();
+        fake_init(&p[i].f, 8);
+        p[i].rc = -1;
+        p[i].req.data = &p[i];
+        cr_assert_eq(uv_queue_work(&loop, &p[i].req, plan_on_pool, NULL), 0);
+    }
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(p[i].rc, STOF_OK);
+        cr_expect_eq(p[i].f.compiles, 8);
+        stof_close(&p[i].ctx);
+    }
 }
 
 Test(search, model_only_compiles_the_first_choice_and_times_nothing)

@@ -222,7 +222,7 @@ static json_t *environment(void)
         "STOF_USER_DB",   "STOF_TUNING_MODE", "STOF_LOG",
         "STOF_PRELOAD",   "STOF_LIBCUDA",     "STOF_LIBNVRTC",
         "STOF_LIBCUBLASLT",
-        "CUDA_HOME",      "XDG_CACHE_HOME",   "UV_THREADPOOL_SIZE",
+        "CUDA_HOME",      "XDG_CACHE_HOME",
     };
     json_t *e = json_object();
     for (size_t i = 0; i < sizeof(vars) / sizeof(*vars); i++) {

@@ -4,7 +4,6 @@
 #include "search.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,11 +112,14 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* libuv's pool size is read once per process from UV_THREADPOOL_SIZE, at
- * its first use: set it (when the caller did not) before that, once, to
- * the larger of the cores and the first run's `threads`. Each run then
- * keeps at most its own `threads` items in the pool (a window), so a later
- * search's compile_threads counts too, up to that size. */
+/* The compiles of a search run on workers of its own, started for the
+ * call and joined at its end (libuv's thread API): not on libuv's
+ * process-wide pool, whose size is fixed by UV_THREADPOOL_SIZE at its
+ * first use (the library would have to setenv it, racing every getenv of
+ * the host's threads) and which a host may fill with its own work (a
+ * planning call made from one of its threads would then wait forever for
+ * compiles queued behind it). Workers take items in order from a shared
+ * counter; the calling thread is one of them. */
 static int want_threads(int threads)
 {
     if (threads <= 0) {
@@ -127,97 +129,45 @@ static int want_threads(int threads)
     return threads > 128 ? 128 : threads;
 }
 
-static int first_threads;
-static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
-
-static void size_pool_once(void)
-{
-    if (getenv("UV_THREADPOOL_SIZE"))
-        return;
-    int t = want_threads(0);
-    const int first = __atomic_load_n(&first_threads, __ATOMIC_RELAXED);
-    if (first > t)
-        t = first;
-    char v[16];
-    snprintf(v, sizeof(v), "%d", t);
-    setenv("UV_THREADPOOL_SIZE", v, 0);
-}
-
-static void size_pool(int threads)
-{
-    /* (of racing first calls, one's value is taken: either is valid) */
-    int none = 0;
-    __atomic_compare_exchange_n(&first_threads, &none, want_threads(threads),
-                                0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-    pthread_once(&pool_once, size_pool_once);
-}
-
-typedef struct pool_run_state pool_run_state;
-
-typedef struct pool_item {
-    uv_work_t req;
-    pool_run_state *run;
-    int i;
-} pool_item;
-
-struct pool_run_state {
-    uv_loop_t loop;
-    pool_item *items;
+typedef struct pool_run_state {
     void (*fn)(void *user, int i);
     void *user;
-    int n, next;
-};
+    int n;
+    int next; /* the next item, taken atomically */
+} pool_run_state;
 
-static void pool_work(uv_work_t *req)
+static void pool_worker(void *arg)
 {
-    pool_item *it = req->data;
-    it->run->fn(it->run->user, it->i);
-}
-
-static void pool_after(uv_work_t *req, int status);
-
-/* Queue item r->next (on the loop's thread); an item the pool refuses
- * runs here. Returns 0 when nothing is left to queue. */
-static int pool_queue_next(pool_run_state *r)
-{
-    while (r->next < r->n) {
-        pool_item *it = &r->items[r->next++];
-        it->run = r;
-        it->i = (int)(it - r->items);
-        it->req.data = it;
-        if (uv_queue_work(&r->loop, &it->req, pool_work, pool_after) == 0)
-            return 1;
-        r->fn(r->user, it->i); /* no pool: here */
+    pool_run_state *r = arg;
+    for (;;) {
+        const int i = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED);
+        if (i >= r->n)
+            return;
+        r->fn(r->user, i);
     }
-    return 0;
-}
-
-static void pool_after(uv_work_t *req, int status)
-{
-    (void)status; /* a cancelled item leaves its result unset: the caller
-                     sees that as a failure */
-    pool_item *it = req->data;
-    pool_queue_next(it->run); /* the window moves on by one */
 }
 
 void stof__pool_run(int threads, int n, void (*fn)(void *user, int i),
                     void *user)
 {
     pool_run_state r = {.fn = fn, .user = user, .n = n > 0 ? n : 0};
-    r.items = calloc((size_t)(n > 0 ? n : 1), sizeof(*r.items));
-    if (!r.items || uv_loop_init(&r.loop) != 0) {
-        for (int i = 0; i < n; i++)
-            fn(user, i); /* no pool: here */
-        free(r.items);
-        return;
+    int t = want_threads(threads);
+    if (t > r.n)
+        t = r.n;
+    uv_thread_t *th = t > 1 ? calloc((size_t)t - 1, sizeof(*th)) : NULL;
+    /* (NVRTC runs on these: the stack libuv's own pool threads get) */
+    const uv_thread_options_t opt = {.flags = UV_THREAD_HAS_STACK_SIZE,
+                                     .stack_size = 8u << 20};
+    int started = 0;
+    for (int k = 0; th && k < t - 1; k++) {
+        if (uv_thread_create_ex(&th[k], &opt, pool_worker, &r) != 0)
+            break; /* fewer workers: the ones there take the rest */
+        started++;
     }
-    size_pool(threads);
-    const int window = want_threads(threads);
-    for (int k = 0; k < window && pool_queue_next(&r); k++)
-        ;
-    uv_run(&r.loop, UV_RUN_DEFAULT);
-    uv_loop_close(&r.loop);
-    free(r.items);
+    pool_worker(&r);
+    for (int k = 0; k < started; k++)
+        uv_thread_join(&th[k]);
+    free(th);
 }
 
 /* One compile: candidate `cand` of operation `op`. Jobs with the same

@@ -131,11 +131,10 @@ stof_status stof__search_run(stof_context *ctx, const stof_search_op *ops,
 /* Free the winners' artifacts of n results. */
 void stof__search_results_free(stof_search_result *res, int n);
 
-/* Run fn(user, i) for i in 0..n-1 on libuv's thread pool, at most
- * `threads` at a time (0 = number of cores; the pool's own size is fixed at
- * its first use in the process: the larger of the cores and that first
- * run's `threads`, unless UV_THREADPOOL_SIZE was set), returning when all
- * are done. Falls back to this thread when no pool can be had. */
+/* Run fn(user, i) for i in 0..n-1 on at most `threads` threads at a time
+ * (0 = number of cores): workers started for this call (the calling thread
+ * one of them) and joined before it returns; where no thread can be
+ * started, on this thread alone. */
 void stof__pool_run(int threads, int n, void (*fn)(void *user, int i),
                     void *user);
 

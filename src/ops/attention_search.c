@@ -310,6 +310,7 @@ static int op_compile(void *user, int i, void **art, size_t *size, char *err,
         return 1;
     }
     tmp->api = b->ctx->api;
+    tmp->settings.log_fn = stof__log_discard;
     tmp->device = b->ctx->device;
     stof_status st = stof__kernel_compile(tmp, &b->cands[i], b->desc.head_dim,
                                           b->desc.dtype, art, size);

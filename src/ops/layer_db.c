@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "layer_int.h"
+#include "cfmt.h"
 #include "record_check.h"
 
 #include <jansson.h>
@@ -37,7 +38,7 @@ static void key_text(const stof_device *dev, const stof_layer_desc *d,
                      float eps, size_t lt, const char *mask_hex, char *out,
                      size_t n)
 {
-    snprintf(out, n,
+    stof__c_snprintf(out, n, /* (eps in the C locale's hex form) */
              "op=layer;v=1;mask=%s;batch=%d;seq=%d;hidden=%d;heads=%d;"
              "ffn=%d;dtype=%s;act=%d;norm=%d;pre=%d;eps=%a;device=%s;"
              "cc=%d.%d;sms=%d;driver=%d;nvrtc=%d.%d;stof=%s;"

@@ -146,6 +146,7 @@ static int so_compile(void *user, int i, void **art, size_t *size, char *err,
     }
     const stof_layer *L = o->L;
     tmp->api = L->ctx->api;
+    tmp->settings.log_fn = stof__log_discard;
     tmp->device = L->ctx->device;
     const stof_gemm_epi e = stof__layer_kernel_epi(&L->g[o->op], 0, &c->cfg);
     stof_status st =

@@ -16,6 +16,7 @@
 
 #include "db.h"
 #include "internal.h"
+#include "cfmt.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -50,8 +51,8 @@ void stof__attention_key(const stof_context *ctx, const stof_attention_desc *d,
      * bias tensor is added and along which of batch, head and row it
      * varies (its reads' reuse; not the strides themselves). */
     if (n > 0 && (size_t)n < sizeof(buf) && d->softcap > 0.0f)
-        n += snprintf(buf + n, sizeof(buf) - (size_t)n, ";softcap=%.9g",
-                      (double)d->softcap);
+        n += stof__c_snprintf(buf + n, sizeof(buf) - (size_t)n, ";softcap=%.9g",
+                              (double)d->softcap);
     if (n > 0 && (size_t)n < sizeof(buf) && d->alibi_slopes)
         n += snprintf(buf + n, sizeof(buf) - (size_t)n, ";alibi=1");
     if (n > 0 && (size_t)n < sizeof(buf) && d->bias)

@@ -63,6 +63,13 @@ static int env_log_level(void)
     return -1;
 }
 
+void stof__log_discard(void *user, stof_log_level level, const char *msg)
+{
+    (void)user;
+    (void)level;
+    (void)msg;
+}
+
 static void vlog(stof_context *ctx, stof_log_level level, const char *fmt,
                  va_list ap)
 {

@@ -201,6 +201,10 @@ void stof__log(stof_context *ctx, stof_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* A log callback that drops everything: the private contexts of pool
+ * threads (their failures reach the search as text; $STOF_LOG is for the
+ * caller's own context, and nothing may print from a pool thread). */
+void stof__log_discard(void *user, stof_log_level level, const char *msg);
 
 /* Check a public argument: `cond` must hold, else fail with
  * STOF_ERR_INVALID_ARGUMENT naming the argument. */

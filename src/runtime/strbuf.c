@@ -3,7 +3,10 @@
  * caller buffers (size-then-fetch).
  */
 #include "internal.h"
+#include "cfmt.h"
 
+#include <locale.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,4 +73,33 @@ int stof__why(char *why, size_t n, const char *fmt, ...)
         va_end(ap);
     }
     return 0;
+}
+
+/* The C locale, made once (NULL where it cannot be: the process's own
+ * locale then applies, which is C unless the host program changed it). */
+static locale_t c_locale;
+static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;
+
+static void make_c_locale(void)
+{
+    c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+}
+
+int stof__c_vsnprintf(char *buf, size_t n, const char *fmt, va_list ap)
+{
+    pthread_once(&c_locale_once, make_c_locale);
+    locale_t old = c_locale ? uselocale(c_locale) : (locale_t)0;
+    int r = vsnprintf(buf, n, fmt, ap);
+    if (old)
+        uselocale(old);
+    return r;
+}
+
+int stof__c_snprintf(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = stof__c_vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    return r;
 }
