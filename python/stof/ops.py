@@ -374,7 +374,8 @@ def family_attention(q, k, v, family, scale, q_lens=None, k_lens=None,
 
 def _lens(t, batch, device, name):
     """A per-sequence length argument as an int32 CUDA tensor (batch,)."""
-    if _is_capturing() and (not isinstance(t, torch.Tensor) or t.device != device):
+    if (not torch.compiler.is_compiling() and _is_capturing()
+            and (not isinstance(t, torch.Tensor) or t.device != device)):
         raise ValueError(f"{name}: under CUDA-graph capture the lengths must "
                          f"already be a tensor on {device} (a copy from the "
                          "host cannot be captured)")
