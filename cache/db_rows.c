@@ -391,6 +391,23 @@ static stof_status user_layer(stof_db *db, db_layer **out)
  * timeout) before anything is read, so concurrent writers queue instead of
  * failing. */
 static stof_status run_write(stof_db *db, db_layer *L, sqlite3_stmt *s,
+                             sqlite3_stmt *s2, const char *what);
+
+/* The writes a plan makes on its way (a miss in cache-only mode, the trust
+ * of a verified record): the same, waiting at most PLAN_WRITE_WAIT_MS for
+ * another connection's write lock (an import, a tuner's commit) instead of
+ * the busy timeout's 10 s; the caller keeps what it could not write. */
+#define PLAN_WRITE_WAIT_MS 100
+static stof_status run_write_on_plan(stof_db *db, db_layer *L, sqlite3_stmt *s,
+                                     const char *what)
+{
+    (void)sqlite3_busy_timeout(L->conn, PLAN_WRITE_WAIT_MS);
+    stof_status st = run_write(db, L, s, NULL, what);
+    (void)sqlite3_busy_timeout(L->conn, DB_BUSY_TIMEOUT_MS);
+    return st;
+}
+
+static stof_status run_write(stof_db *db, db_layer *L, sqlite3_stmt *s,
                              sqlite3_stmt *s2, const char *what)
 {
     int rc = stof__db_exec(L->conn, "BEGIN IMMEDIATE");
@@ -599,7 +616,7 @@ void stof__db_trust(stof_db *db, const stof_db_record *r)
         if (rc == SQLITE_OK)
             rc = bind_trust(t, r);
         if (rc == SQLITE_OK &&
-            run_write(db, L, t, NULL, "recording a verified record") ==
+            run_write_on_plan(db, L, t, "recording a verified record") ==
                 STOF_OK) {
             trust_mem_add(&db->trust, r);
             return;
@@ -670,7 +687,7 @@ stof_status stof__db_record_miss(stof_db *db, const char *key,
         stof__db_done_stmt(s);
         return DB_FAIL(db, L, rc, "binding the miss");
     }
-    return run_write(db, L, s, NULL, "recording a miss");
+    return run_write_on_plan(db, L, s, "recording a miss");
 }
 
 /* Where an iteration stands: the key of the last row read as SQLite holds

@@ -821,6 +821,46 @@ Test(db, hits_are_written_together)
     tmpdir_free(dir);
 }
 
+/* A plan's own writes (a cache-only miss, the trust of a verified record)
+ * do not wait the busy timeout's 10 s while another connection holds the
+ * write lock (an import, a tuner's commit): they give up after a short
+ * wait (the trust stays in memory) and succeed once the lock is free. */
+Test(db, writes_on_a_plans_path_do_not_wait_for_a_busy_database)
+{
+    char *dir = tmpdir_new();
+    char *path = path_join(dir, "tuning.db");
+    logcap lc;
+    stof_context *ctx = ctx_new(&lc);
+    stof_db *db = db_open(ctx, path, NULL);
+    stof_db_record r;
+    record_fill(&r, 4242, 16);
+    cr_assert_eq(stof__db_store(db, &r, 0, 0), STOF_OK, "%s", stof_errmsg(ctx));
+    stof_db_record got;
+    cr_assert_eq(stof__db_lookup(db, r.key, &got), STOF_OK);
+    sqlite3 *c = raw_open(path, SQLITE_OPEN_READWRITE);
+    cr_assert_eq(sqlite3_exec(c, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    (void)stof__db_record_miss(db, "k-busy", "{}", NULL, 0);
+    stof__db_trust(db, &got); /* kept in memory */
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double s_waited = (double)(t1.tv_sec - t0.tv_sec) +
+                            (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    cr_expect_lt(s_waited, 2.0, "a plan's writes waited %.2f s for the lock",
+                 s_waited);
+    cr_expect(stof__db_trusted(db, &got), "trusted for this process");
+    cr_assert_eq(sqlite3_exec(c, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    cr_expect_eq(stof__db_record_miss(db, "k-free", "{}", NULL, 0), STOF_OK);
+    cr_expect_eq(raw_int(c, "SELECT count(*) FROM misses WHERE key = 'k-free'"), 1);
+    stof__db_record_clear(&got);
+    stof__db_record_clear(&r);
+    sqlite3_close(c);
+    stof__db_close(&db);
+    stof_close(&ctx);
+    free(path);
+    tmpdir_free(dir);
+}
+
 /* ---------------------------------------------------------------- preload */
 
 /* Record `seed` made on env's GPU and build, with the cubin of record
