@@ -367,6 +367,29 @@ static int make_parent_dirs(const char *path)
     return 0;
 }
 
+/* The identity of path's contents (and whether a -wal is beside it); 0
+ * when it cannot be read. */
+static int file_id(const char *path, db_file_id *id)
+{
+    struct stat sb;
+    memset(id, 0, sizeof(*id));
+    if (stat(path, &sb) != 0)
+        return 0;
+    id->dev = (unsigned long long)sb.st_dev;
+    id->ino = (unsigned long long)sb.st_ino;
+    id->size = (unsigned long long)sb.st_size;
+    id->mt_s = (long long)sb.st_mtim.tv_sec;
+    id->mt_ns = (long long)sb.st_mtim.tv_nsec;
+    size_t n = strlen(path) + 8;
+    char *wal = malloc(n);
+    if (wal) {
+        snprintf(wal, n, "%s-wal", path);
+        id->wal = stat(wal, &sb) == 0;
+        free(wal);
+    }
+    return 1;
+}
+
 /* Open L->path in `mode`; on failure *out is NULL and the SQLite code is
  * returned (with its message in why). */
 static int layer_connect(db_layer *L, db_mode mode, int user,
@@ -376,6 +399,10 @@ static int layer_connect(db_layer *L, db_mode mode, int user,
                         : mode == MODE_RO ? (user ? "?mode=ro"
                                                   : readonly_query(L->path))
                                           : "?mode=ro&immutable=1";
+    /* (stamped before the connection: a change from here on is seen) */
+    L->immutable = strstr(query, "immutable=1") != NULL;
+    if (L->immutable)
+        file_id(L->path, &L->id);
     int rc = stof__db_connect(L->path, query,
                               mode == MODE_RW ? SQLITE_OPEN_READWRITE |
                                                     SQLITE_OPEN_CREATE
@@ -837,6 +864,26 @@ int stof__db_default_path(char *buf, size_t n)
         return 0;
     }
     return 1;
+}
+
+int stof__db_layer_fresh(stof_db *db, int i)
+{
+    db_layer *L = &db->layers[i];
+    if (!L->conn || !L->immutable)
+        return L->conn != NULL;
+    db_file_id now;
+    if (file_id(L->path, &now) && memcmp(&now, &L->id, sizeof(now)) == 0)
+        return 1;
+    /* Changed under an immutable connection (SQLite would read pages of two
+     * versions): opened again, as what the file is now. */
+    stof__dbs_log(&db->sink, STOF_LOG_INFO,
+                  "tuning database %s (%s): changed on disk; opened again",
+                  L->path, i == 0 ? "user" : "system");
+    stof__db_memo_drop(db, NULL);
+    layer_close(L);
+    L->warned = 0;
+    layer_open(&db->sink, L, i == 0);
+    return L->conn != NULL;
 }
 
 stof_status stof__db_open(const stof_db_sink *sink, const char *user_path,

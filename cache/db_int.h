@@ -57,11 +57,22 @@ extern const char *const stof__db_sql[ST_COUNT_];
 
 typedef enum db_mode { MODE_RW, MODE_RO, MODE_IMMUTABLE } db_mode;
 
+/* What identifies a database file's contents without reading it: an
+ * immutable connection does not see changes, so a change of these reopens
+ * the layer (stof__db_layer_fresh). */
+typedef struct db_file_id {
+    unsigned long long dev, ino, size;
+    long long mt_s, mt_ns;
+    int wal; /* a -wal file beside it */
+} db_file_id;
+
 typedef struct db_layer {
     char *path;            /* NULL: no database in this slot */
     sqlite3 *conn;         /* NULL when unusable */
     int writable;
     db_mode mode;
+    int immutable;         /* opened with immutable=1: id says as what */
+    db_file_id id;
     int warned;            /* a lookup error was logged */
     char why[512];         /* why unusable or read-only */
     sqlite3_stmt *st[ST_COUNT_];
@@ -121,6 +132,10 @@ void stof__db_hits_flush(stof_db *db);
 
 /* Forget the memo's records of key (NULL: all of them, and its memory). */
 void stof__db_memo_drop(stof_db *db, const char *key);
+/* Layer i of db, reopened first when it was opened immutable and its file
+ * has changed since (an import into a system database a server reads):
+ * 1 when the layer is usable. */
+int stof__db_layer_fresh(stof_db *db, int i);
 
 /* sqlite3_exec without callbacks. */
 int stof__db_exec(sqlite3 *c, const char *sql);

@@ -297,7 +297,7 @@ static stof_status lookup(stof_db *db, const char *key, stof_db_record *out,
                           !db ? "db" : !out ? "out" : "key");
     for (int i = 0; i < db->n_layers; i++) {
         db_layer *L = &db->layers[i];
-        if (!L->conn)
+        if (!stof__db_layer_fresh(db, i))
             continue;
         sqlite3_stmt *s = NULL;
         int rc = SQLITE_ROW;

@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #include "db.h"
+#include "db_int.h"
 #include "internal.h"
 #include "testutil.h"
 
@@ -858,6 +859,52 @@ Test(db, writes_on_a_plans_path_do_not_wait_for_a_busy_database)
     stof__db_close(&db);
     stof_close(&ctx);
     free(path);
+    tmpdir_free(dir);
+}
+
+/* A system database a server opened immutable (WAL, no -wal file beside
+ * it) and that is then updated in place (an import into it while the
+ * server runs): its lookups see the new records, no "malformed" warning. */
+Test(db, an_immutable_system_database_changed_on_disk_is_reopened)
+{
+    char *dir = tmpdir_new();
+    char *user = path_join(dir, "user.db");
+    char *sys = path_join(dir, "team.db");
+    make_db(sys, 100, 100, 128, "{old}");
+    logcap lc;
+    stof_context *ctx = ctx_new(&lc);
+    const char *sysv[] = {sys, NULL};
+    stof_db *db = db_open(ctx, user, sysv);
+    cr_assert(db->layers[1].immutable, "the system database was not opened "
+              "immutable: %s", lc.text);
+    char k[33];
+    stof_db_record r;
+    for (int i = 0; i < 100; i += 9) {
+        make_key(k, 100 + (uint64_t)i);
+        cr_assert_eq(stof__db_lookup(db, k, &r), STOF_OK);
+        stof__db_record_clear(&r);
+    }
+    make_db(sys, 1000, 300, 128, "{new}"); /* another process, in place */
+    int hits = 0;
+    for (int i = 0; i < 300; i++) {
+        make_key(k, 1000 + (uint64_t)i);
+        if (stof__db_lookup(db, k, &r) == STOF_OK) {
+            hits++;
+            cr_expect_str_eq(r.config, "{new}");
+            stof__db_record_clear(&r);
+        }
+    }
+    cr_expect_eq(hits, 300, "%d of the 300 new records seen", hits);
+    for (int i = 0; i < 100; i += 7) {
+        make_key(k, 100 + (uint64_t)i);
+        cr_expect_eq(stof__db_lookup(db, k, &r), STOF_OK);
+        stof__db_record_clear(&r);
+    }
+    cr_expect(!strstr(lc.text, "malformed"), "%s", lc.text);
+    stof__db_close(&db);
+    stof_close(&ctx);
+    free(user);
+    free(sys);
     tmpdir_free(dir);
 }
 
