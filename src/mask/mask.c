@@ -183,20 +183,31 @@ static uint64_t pack_tail(const uint8_t *p, int n)
     return w;
 }
 
+/* The arguments every constructor from caller memory checks: the output
+ * pointer (cleared), the input and the sizes, named as `fn` names them. */
+static stof_status check_made_from(stof_context *ctx, const char *fn,
+                                   const char *what, const void *in,
+                                   int seq_q, int seq_k, stof_mask **mask)
+{
+    STOF_CHECK_ARG(ctx, mask != NULL, "%s: mask is NULL", fn);
+    *mask = NULL;
+    STOF_CHECK_ARG(ctx, in != NULL, "%s: %s is NULL", fn, what);
+    STOF_CHECK_ARG(ctx, seq_q >= 1 && seq_q <= MASK_MAX_SEQ,
+                   "%s: seq_q = %d, expected 1..%d", fn, seq_q, MASK_MAX_SEQ);
+    STOF_CHECK_ARG(ctx, seq_k >= 1 && seq_k <= MASK_MAX_SEQ,
+                   "%s: seq_k = %d, expected 1..%d", fn, seq_k, MASK_MAX_SEQ);
+    return STOF_OK;
+}
+
 stof_status stof_mask_from_dense(stof_context *ctx, const uint8_t *bytes,
                                  int seq_q, int seq_k, stof_mask **mask)
 {
-    STOF_CHECK_ARG(ctx, mask != NULL, "stof_mask_from_dense: mask is NULL");
-    *mask = NULL;
-    STOF_CHECK_ARG(ctx, bytes != NULL, "stof_mask_from_dense: bytes is NULL");
-    STOF_CHECK_ARG(ctx, seq_q >= 1 && seq_q <= MASK_MAX_SEQ,
-                   "stof_mask_from_dense: seq_q = %d, expected 1..%d", seq_q,
-                   MASK_MAX_SEQ);
-    STOF_CHECK_ARG(ctx, seq_k >= 1 && seq_k <= MASK_MAX_SEQ,
-                   "stof_mask_from_dense: seq_k = %d, expected 1..%d", seq_k,
-                   MASK_MAX_SEQ);
+    stof_status st = check_made_from(ctx, "stof_mask_from_dense", "bytes",
+                                     bytes, seq_q, seq_k, mask);
+    if (st != STOF_OK)
+        return st;
     stof_mask *m;
-    stof_status st = stof__mask_alloc(ctx, seq_q, seq_k, &m);
+    st = stof__mask_alloc(ctx, seq_q, seq_k, &m);
     if (st != STOF_OK)
         return st;
     const int wpr = m->words_per_row;
@@ -223,21 +234,16 @@ stof_status stof_mask_from_bits(stof_context *ctx, const uint8_t *bits,
                                 size_t row_bytes, int seq_q, int seq_k,
                                 stof_mask **mask)
 {
-    STOF_CHECK_ARG(ctx, mask != NULL, "stof_mask_from_bits: mask is NULL");
-    *mask = NULL;
-    STOF_CHECK_ARG(ctx, bits != NULL, "stof_mask_from_bits: bits is NULL");
-    STOF_CHECK_ARG(ctx, seq_q >= 1 && seq_q <= MASK_MAX_SEQ,
-                   "stof_mask_from_bits: seq_q = %d, expected 1..%d", seq_q,
-                   MASK_MAX_SEQ);
-    STOF_CHECK_ARG(ctx, seq_k >= 1 && seq_k <= MASK_MAX_SEQ,
-                   "stof_mask_from_bits: seq_k = %d, expected 1..%d", seq_k,
-                   MASK_MAX_SEQ);
+    stof_status st = check_made_from(ctx, "stof_mask_from_bits", "bits", bits,
+                                     seq_q, seq_k, mask);
+    if (st != STOF_OK)
+        return st;
     const size_t need = ((size_t)seq_k + 7) / 8;
     STOF_CHECK_ARG(ctx, row_bytes >= need,
                    "stof_mask_from_bits: row_bytes = %zu, a row of %d keys "
                    "takes at least %zu", row_bytes, seq_k, need);
     stof_mask *m;
-    stof_status st = stof__mask_alloc(ctx, seq_q, seq_k, &m);
+    st = stof__mask_alloc(ctx, seq_q, seq_k, &m);
     if (st != STOF_OK)
         return st;
     const int wpr = m->words_per_row;
