@@ -401,8 +401,10 @@ static int layer_connect(db_layer *L, db_mode mode, int user,
                                           : "?mode=ro&immutable=1";
     /* (stamped before the connection: a change from here on is seen) */
     L->immutable = strstr(query, "immutable=1") != NULL;
-    if (L->immutable)
+    if (L->immutable) {
+        L->watched = 1;
         file_id(L->path, &L->id);
+    }
     int rc = stof__db_connect(L->path, query,
                               mode == MODE_RW ? SQLITE_OPEN_READWRITE |
                                                     SQLITE_OPEN_CREATE
@@ -869,19 +871,22 @@ int stof__db_default_path(char *buf, size_t n)
 int stof__db_layer_fresh(stof_db *db, int i)
 {
     db_layer *L = &db->layers[i];
-    if (!L->conn || !L->immutable)
+    /* (a layer open through SQLite's locking sees changes itself) */
+    if (!L->watched || (L->conn && !L->immutable))
         return L->conn != NULL;
     db_file_id now;
-    if (file_id(L->path, &now) && memcmp(&now, &L->id, sizeof(now)) == 0)
-        return 1;
+    if (!file_id(L->path, &now) || memcmp(&now, &L->id, sizeof(now)) == 0)
+        return L->conn != NULL; /* (gone for now: the open file serves) */
     /* Changed under an immutable connection (SQLite would read pages of two
-     * versions): opened again, as what the file is now. */
+     * versions), or changed since an open that failed (a copy under way):
+     * opened again, as what the file is now. */
     stof__dbs_log(&db->sink, STOF_LOG_INFO,
                   "tuning database %s (%s): changed on disk; opened again",
                   L->path, i == 0 ? "user" : "system");
     stof__db_memo_drop(db, NULL);
     layer_close(L);
     L->warned = 0;
+    L->id = now; /* (stamped again if it opens immutable) */
     layer_open(&db->sink, L, i == 0);
     return L->conn != NULL;
 }

@@ -72,6 +72,8 @@ typedef struct db_layer {
     int writable;
     db_mode mode;
     int immutable;         /* opened with immutable=1: id says as what */
+    int watched;           /* was immutable once: a change of id reopens it
+                              (also after a reopen that failed) */
     db_file_id id;
     int warned;            /* a lookup error was logged */
     char why[512];         /* why unusable or read-only */

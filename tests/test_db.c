@@ -901,6 +901,32 @@ Test(db, an_immutable_system_database_changed_on_disk_is_reopened)
         stof__db_record_clear(&r);
     }
     cr_expect(!strstr(lc.text, "malformed"), "%s", lc.text);
+    /* Copied over in two steps (cp truncates first): a lookup between them
+     * finds no usable file; once the copy is whole it is used again. */
+    char *other = path_join(dir, "other.db");
+    make_db(other, 5000, 40, 128, "{copied}");
+    size_t n = 0;
+    unsigned char *bytes = read_file(other, &n);
+    FILE *f = fopen(sys, "wb");
+    cr_assert_not_null(f);
+    fclose(f);
+    make_key(k, 5000);
+    cr_expect_neq(stof__db_lookup(db, k, &r), STOF_OK, "an empty file served");
+    f = fopen(sys, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(bytes, 1, n, f), n);
+    fclose(f);
+    free(bytes);
+    hits = 0;
+    for (int i = 0; i < 40; i++) {
+        make_key(k, 5000 + (uint64_t)i);
+        if (stof__db_lookup(db, k, &r) == STOF_OK) {
+            hits++;
+            stof__db_record_clear(&r);
+        }
+    }
+    cr_expect_eq(hits, 40, "%d of the copied file's 40 records seen", hits);
+    free(other);
     stof__db_close(&db);
     stof_close(&ctx);
     free(user);

@@ -214,7 +214,13 @@ static locale_t comma_locale(void)
     if (system(cmd) == -1)
         return (locale_t)0;
     setenv("LOCPATH", dir, 1);
-    return newlocale(LC_ALL_MASK, "de_DE.UTF-8", (locale_t)0);
+    locale_t l = newlocale(LC_ALL_MASK, "de_DE.UTF-8", (locale_t)0);
+    unsetenv("LOCPATH");
+    /* (loaded: its files may go) */
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(left behind: %s)\n", dir);
+    return l;
 }
 
 /* Database keys and records' content hashes hold numbers as text: a host

@@ -119,7 +119,8 @@ static double now_s(void)
  * the host's threads) and which a host may fill with its own work (a
  * planning call made from one of its threads would then wait forever for
  * compiles queued behind it). Workers take items in order from a shared
- * counter; the calling thread is one of them. */
+ * counter; the calling thread waits (it runs them only where no thread
+ * can be started). */
 static int want_threads(int threads)
 {
     if (threads <= 0) {
@@ -154,17 +155,19 @@ void stof__pool_run(int threads, int n, void (*fn)(void *user, int i),
     int t = want_threads(threads);
     if (t > r.n)
         t = r.n;
-    uv_thread_t *th = t > 1 ? calloc((size_t)t - 1, sizeof(*th)) : NULL;
-    /* (NVRTC runs on these: the stack libuv's own pool threads get) */
+    uv_thread_t *th = t > 0 ? calloc((size_t)t, sizeof(*th)) : NULL;
+    /* (NVRTC runs on these: the stack libuv's own pool threads get, not
+     * whatever the caller's thread has) */
     const uv_thread_options_t opt = {.flags = UV_THREAD_HAS_STACK_SIZE,
                                      .stack_size = 8u << 20};
     int started = 0;
-    for (int k = 0; th && k < t - 1; k++) {
+    for (int k = 0; th && k < t; k++) {
         if (uv_thread_create_ex(&th[k], &opt, pool_worker, &r) != 0)
             break; /* fewer workers: the ones there take the rest */
         started++;
     }
-    pool_worker(&r);
+    if (!started)
+        pool_worker(&r); /* no thread to be had: here */
     for (int k = 0; k < started; k++)
         uv_thread_join(&th[k]);
     free(th);

@@ -132,9 +132,8 @@ stof_status stof__search_run(stof_context *ctx, const stof_search_op *ops,
 void stof__search_results_free(stof_search_result *res, int n);
 
 /* Run fn(user, i) for i in 0..n-1 on at most `threads` threads at a time
- * (0 = number of cores): workers started for this call (the calling thread
- * one of them) and joined before it returns; where no thread can be
- * started, on this thread alone. */
+ * (0 = number of cores): workers started for this call and joined before
+ * it returns; where no thread can be started, on this thread. */
 void stof__pool_run(int threads, int n, void (*fn)(void *user, int i),
                     void *user);
 

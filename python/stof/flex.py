@@ -15,8 +15,11 @@ mask_mod is the same function: a mask_mod that reads a tensor (document
 ids, lengths) changed in place since gives its new mask, as
 create_block_mask does. A mask_mod that depends on the batch element (say
 documents per sequence) runs as the `bitmap` mask family, each sequence's
-mask packed to words on the GPU (eagerly: not through a torch operator);
-one that depends on the head is refused by name. score_mod functions are
+mask packed to words on the GPU. Every sequence is evaluated when the
+BlockMask was made per batch element (create_block_mask(mod, B, ...));
+for a broadcast one (B=None) the first and last sequences are compared
+and, where they differ, all are evaluated. One found to depend on the
+head (heads 0, H/2 and H-1 are compared) is refused by name. score_mod functions are
 not translated: use stof.attention's softcap= and bias=.
 """
 import torch
@@ -140,12 +143,18 @@ def _bitmap_impl(query, key, value, bits, scale):
     """Attention with each sequence's own mask: the `bitmap` mask family's
     plan (made once per shapes; its kernel chosen on the first call's
     sequence 0), run with these words (batch, seq_q, words)."""
+    if bits.dim() != 3 or bits.dtype != torch.int32 or not bits.is_contiguous() \
+            or bits.device != query.device or bits.shape[0] != query.shape[0] \
+            or bits.shape[1] < query.shape[2] or 32 * bits.shape[2] < key.shape[2]:
+        raise ValueError("stof.flex: the bitmap words must be a contiguous int32 "
+                         "(batch, >= seq_q, >= seq_k / 32) tensor on q's device")
     out = torch.empty_like(query)
     ck = (query.shape, key.shape, value.shape, query.stride(), key.stride(),
           value.stride(), query.dtype, key.dtype, value.dtype, query.device,
           key.device, value.device, scale)
     p = _bitmap_plans.get(ck)
     if p is None:
+        _ops._not_capturing()  # (the plan reads its sample on the host)
         p = _ops.family_plan(query, key, value, "bitmap", scale, out,
                              sample={"bitmap": bits[0].cpu()})
         p._check_tensors(query, key, value, out, None)
@@ -155,11 +164,6 @@ def _bitmap_impl(query, key, value, bits, scale):
         # (a graph replays the plan and reads these words)
         _ops._pin(p)
         _ops._pin(bits)
-    if bits.dim() != 3 or bits.dtype != torch.int32 or not bits.is_contiguous() \
-            or bits.device != query.device or bits.shape[0] != query.shape[0] \
-            or bits.shape[1] < query.shape[2] or 32 * bits.shape[2] < key.shape[2]:
-        raise ValueError("stof.flex: the bitmap words must be a contiguous int32 "
-                         "(batch, >= seq_q, >= seq_k / 32) tensor on q's device")
     md = _MaskData()
     md.bitmap = bits.data_ptr()
     md.bitmap_words = bits.shape[2]

@@ -111,8 +111,9 @@ def _attention_impl(q, k, v, mask, scale, softcap, bias):
     if bias is not None and (bias.stride(-1) != 1 and bias.shape[-1] > 1 or any(
             st % 8 for n, st in zip(bias.shape[:-1], bias.stride()[:-1]) if n > 1)):
         # (a compiler may hand the operator a contiguous copy of what
-        # pad_bias laid out: its rows are padded again here)
-        bias = pad_bias(bias.contiguous() if bias.stride(-1) != 1 else bias)
+        # pad_bias laid out, or the caller an unpadded bias: its rows are
+        # copied padded here, on every call; broadcast dimensions stay so)
+        bias = pad_bias(bias)
     out = torch.empty_like(q)
     p = _plan(q, k, v, out, mask, scale, softcap, bias)
     if _is_capturing():
@@ -430,8 +431,9 @@ def attention(q, k, v, mask="dense", scale=None, *, layout="bhsd", softcap=0.0,
     of a registered Mask (register_mask). scale: None =
     1 / sqrt(D). softcap: 0, or scores s -> softcap * tanh(s / softcap).
     bias: None, or an additive bias broadcasting to (B, H, Sq, Sk) in q's
-    dtype (the key dimension contiguous, other strides multiples of 8: see
-    stof.pad_bias); -inf masks a key. attn_mask: what
+    dtype (best laid out by stof.pad_bias once: the key dimension
+    contiguous, other strides multiples of 8; any other layout is copied
+    so at every call); -inf masks a key. attn_mask: what
     F.scaled_dot_product_attention takes, a boolean mask (True = attend)
     or an additive one, broadcasting to (B, H, Sq, Sk), on top of `mask`
     (made into a bias each call; for a padded batch prefer the lengths).

@@ -198,8 +198,9 @@ static const char *lt_why(stof_status st)
 {
     switch (st) {
     case STOF_ERR_INVALID_ARGUMENT:
-        return "cuBLASLt: the arguments do not match the planned GEMM (a "
-               "pointer missing or not 16-byte aligned)";
+        return "cuBLASLt: the call does not match the planned GEMM (its "
+               "sizes, a pointer missing or not 16-byte aligned, the "
+               "workspace, or no cuBLASLt handle)";
     case STOF_ERR_CUDA:
         return "cuBLASLt: the launch failed (CUBLAS_STATUS_EXECUTION_FAILED)";
     default:
