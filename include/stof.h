@@ -449,7 +449,10 @@ typedef struct stof_mask_data {
      * is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q and o and
      * keys cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v (batch + 1
      * non-decreasing offsets, the first >= 0, usually 0; rows before it
-     * belong to no sequence; NULL cu_seqlens_k = cu_seqlens_q).
+     * belong to no sequence; NULL cu_seqlens_k = cu_seqlens_q). K and V
+     * rows after the last sequence's keys may hold anything (NaN and Inf
+     * too: they never reach the output); rows before cu_seqlens_k[0]
+     * must be finite.
      * Its lengths are these (q_len and k_len must be NULL) and its doc_id
      * of key k is doc_id[cu_seqlens_k[b] + k] (doc_stride unused). */
     const int32_t *cu_seqlens_q;

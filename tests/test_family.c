@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "attention_int.h"
 #include "stof.h"
 #include "internal.h"
 #include "testutil.h"
@@ -2474,4 +2475,50 @@ Test(family, length_buckets)
         cr_assert(b >= n && (n < 128 || (double)b <= 1.5 * n + 1e-9),
                   "bucket(%d) = %d", n, b);
     }
+}
+
+/* A run's instance data is checked against the plan as
+ * stof_mask_data_check checks host data: padded sequences' bitmaps that
+ * would overlap (bitmap_stride below seq_q x bitmap_words) are refused by
+ * name, before anything is launched (a plan made by hand: no GPU here). */
+Test(family, run_refuses_overlapping_bitmaps)
+{
+    stof_settings s;
+    stof_default_settings(&s);
+    s.user_db = "";
+    stof_context *ctx = NULL;
+    cr_assert_eq(stof_open(&ctx, &s), STOF_OK);
+    stof_plan *p = calloc(1, sizeof(*p));
+    cr_assert_not_null(p);
+    p->ctx = ctx;
+    p->family = 1;
+    cr_assert_eq(stof_attention_desc_init(&p->desc, 4, 2, 256, 256, 64,
+                                          STOF_DTYPE_FP16, STOF_LAYOUT_BHSD),
+                 STOF_OK);
+    uint32_t words[8];
+    stof_mask_data d;
+    memset(&d, 0, sizeof(d));
+    d.bitmap = words;
+    d.bitmap_stride = 1; /* 256 rows x 8 words a sequence */
+    cr_assert_eq(stof_attention_run_family(p, &d, NULL, NULL, NULL, NULL, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_plan_errmsg(p), "bitmap_stride = 1"), "%s",
+              stof_plan_errmsg(p));
+    d.bitmap_words = 10;
+    d.bitmap_stride = 256 * 10 - 1;
+    cr_assert_eq(stof_attention_run_family(p, &d, NULL, NULL, NULL, NULL, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(stof_plan_errmsg(p), "bitmap_stride"), "%s",
+              stof_plan_errmsg(p));
+    /* Right strides pass the data checks (and stop at the tensors). */
+    d.bitmap_stride = 256 * 10;
+    cr_assert_eq(stof_attention_run_family(p, &d, NULL, NULL, NULL, NULL, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(!strstr(stof_plan_errmsg(p), "bitmap"), "%s", stof_plan_errmsg(p));
+    d.bitmap_stride = 0; /* one bitmap for every sequence */
+    cr_assert_eq(stof_attention_run_family(p, &d, NULL, NULL, NULL, NULL, NULL),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_assert(!strstr(stof_plan_errmsg(p), "bitmap"), "%s", stof_plan_errmsg(p));
+    free(p);
+    stof_close(&ctx);
 }

@@ -920,16 +920,40 @@ Test(gpu_packed, packed_attention_matches_the_reference)
                 dpinst_upload(ctx, &in, &di);
                 prun p;
                 prun_new(&p, ctx, &r, &in, H, D, dt);
+                /* The third run: keys past the last sequence hold V NaN
+                 * and K +Inf (a packed buffer of the most rows, partly
+                 * written): they stay out of every output (0 x NaN in
+                 * P V made whole row blocks NaN). */
+                const int poisoned = it == 2 && in.total_k > in.cu_k[in.n];
+                if (poisoned) {
+                    const size_t row = (size_t)H * (size_t)D;
+                    const uint16_t vnan = dt == STOF_DTYPE_FP16 ? 0x7e00u
+                                                                : 0x7fc0u;
+                    const uint16_t kinf = dt == STOF_DTYPE_FP16 ? 0x7c00u
+                                                                : 0x7f80u;
+                    for (size_t e = (size_t)in.cu_k[in.n] * row; e < p.nk; e++) {
+                        p.hv[e] = vnan;
+                        p.hk[e] = kinf;
+                    }
+                    const stof_api *api = stof__api();
+                    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+                    cr_assert_eq(api->cuMemcpyHtoD(p.dk, p.hk, p.nk * 2),
+                                 CUDA_SUCCESS);
+                    cr_assert_eq(api->cuMemcpyHtoD(p.dv, p.hv, p.nk * 2),
+                                 CUDA_SUCCESS);
+                    stof__ctx_pop(ctx);
+                }
                 stof_mask_data md;
                 dpinst_data(&in, &di, &md);
                 char what[256];
                 snprintf(what, sizeof(what),
                          "%s %s D=%d H=%d run %d (%d x %d rows of %d, cu_k "
-                         "%s, seeds %s)",
+                         "%s, seeds %s%s)",
                          specs[si], dt == STOF_DTYPE_FP16 ? "fp16" : "bf16",
                          D, H, it, in.total_q, in.total_k, max_rows,
                          in.same_k ? "NULL" : "given",
-                         in.has_seed ? "given" : "NULL");
+                         in.has_seed ? "given" : "NULL",
+                         poisoned ? ", NaN/Inf keys after the last" : "");
                 cr_assert_eq(stof_attention_run_family(
                                  plan, &md, (void *)(uintptr_t)p.dq,
                                  (void *)(uintptr_t)p.dk,

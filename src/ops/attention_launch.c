@@ -135,9 +135,14 @@ stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
      * the plan's, which sized the workspace). */
     stof_attn_ext x = {.lse = lse, .alibi = p->d_alibi, .bias = bias};
     /* A family instance's key lengths: the V rows past them (a cache's
-     * unwritten slots, which may hold NaN) stay out of O. */
+     * unwritten slots, which may hold NaN) stay out of O. Packed: the
+     * builder's clamped cu_seqlens_k[n] (its offsets in pk: n + 1 query
+     * offsets, then the key offsets), for the one sequence the kernels
+     * see, so rows past the last sequence's keys stay out too. */
     if (p->family && !p->n_seq && data && data->k_len)
         x.k_lim = (CUdeviceptr)(uintptr_t)data->k_len;
+    else if (p->family && p->n_seq && p->mb_ws.pk)
+        x.k_lim = p->mb_ws.pk + 4u * (2u * (CUdeviceptr)p->n_seq + 1u);
     if (p->n_split > 1)
         stof__split_parts(p->d_split, p->n_split, &ld, &x);
     stof_status st;

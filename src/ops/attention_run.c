@@ -159,6 +159,17 @@ static stof_status run_family_checks(stof_plan *p, const stof_mask_data *data,
                              fn, (int)data->bitmap_words,
                              (p->desc.seq_k + 31) / 32,
                              (long long)data->bitmap_stride);
+        /* (as stof_mask_data_check has it: padded sequences' bitmaps must
+         * not overlap; a packed one's rows are device data) */
+        const int64_t bw = data->bitmap_words ? data->bitmap_words
+                                              : (p->desc.seq_k + 31) / 32;
+        if (!p->n_seq && data->bitmap_stride != 0 &&
+            data->bitmap_stride < (int64_t)p->desc.seq_q * bw)
+            return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
+                             "%s: bitmap_stride = %lld is below seq_q x "
+                             "bitmap_words = %lld (0 shares one bitmap)",
+                             fn, (long long)data->bitmap_stride,
+                             (long long)p->desc.seq_q * bw);
         if (data->total_q < 0 || data->total_q > p->desc.seq_q ||
             data->total_k < 0 || data->total_k > p->desc.seq_k)
             return plan_fail(p, STOF_ERR_INVALID_ARGUMENT,
