@@ -160,6 +160,15 @@ stof_status stof__db_lookup_again(stof_db *db, const char *key,
 stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace,
                            int trusted_here);
 
+/* Store n records that belong together (a layer's kernels and its scheme)
+ * in one transaction: all of them, replacing what their keys hold, when
+ * the lead record recs[lead] would be stored by stof__db_store's rule
+ * against the user database's record of its key (or `replace` is set);
+ * none otherwise. So concurrent tuners of one layer never leave one's
+ * scheme with another's kernels. */
+stof_status stof__db_store_unit(stof_db *db, const stof_db_record *recs, int n,
+                                int lead, int replace, int trusted_here);
+
 /* --- Local trust ---------------------------------------------------------
  * A record names a cubin; a cubin is code. A record may come from anywhere
  * (a system database, an import, a merge), so before a cubin from the

@@ -410,7 +410,10 @@ static stof_status run_write_on_plan(stof_db *db, db_layer *L, sqlite3_stmt *s,
 static stof_status run_write(stof_db *db, db_layer *L, sqlite3_stmt *s,
                              sqlite3_stmt *s2, const char *what)
 {
-    int rc = stof__db_exec(L->conn, "BEGIN IMMEDIATE");
+    /* Inside a unit's transaction (stof__db_store_unit): its statements
+     * only; the unit commits or rolls back. */
+    const int outer = !sqlite3_get_autocommit(L->conn);
+    int rc = outer ? SQLITE_OK : stof__db_exec(L->conn, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK) {
         stof_status st = DB_FAIL(db, L, rc, what);
         stof__db_done_stmt(s);
@@ -424,11 +427,14 @@ static stof_status run_write(stof_db *db, db_layer *L, sqlite3_stmt *s,
         stof_status st = DB_FAIL(db, L, rc, what);
         stof__db_done_stmt(s);
         stof__db_done_stmt(s2);
-        stof__db_rollback(L->conn);
+        if (!outer)
+            stof__db_rollback(L->conn);
         return st;
     }
     stof__db_done_stmt(s);
     stof__db_done_stmt(s2);
+    if (outer)
+        return STOF_OK;
     rc = stof__db_exec(L->conn, "COMMIT");
     if (rc != SQLITE_OK) {
         stof_status st = DB_FAIL(db, L, rc, what);
@@ -547,6 +553,46 @@ stof_status stof__db_store(stof_db *db, const stof_db_record *r, int replace,
         /* The hits counted so far go out with the tuning's writes. */
         stof__db_hits_flush(db);
     }
+    return st;
+}
+
+stof_status stof__db_store_unit(stof_db *db, const stof_db_record *recs, int n,
+                                int lead, int replace, int trusted_here)
+{
+    if (!db)
+        return STOF_ERR_INVALID_ARGUMENT;
+    DBS_CHECK_ARG((&db->sink), recs && n >= 1 && lead >= 0 && lead < n,
+                  "stof__db_store_unit: %d records, lead %d", n, lead);
+    db_layer *L;
+    stof_status st = user_layer(db, &L);
+    if (st != STOF_OK)
+        return st;
+    int rc = stof__db_exec(L->conn, "BEGIN IMMEDIATE");
+    if (rc != SQLITE_OK)
+        return DB_FAIL(db, L, rc, "starting a unit of records");
+    /* The lead record decides for the unit, by stof__db_store's rule. */
+    const stof_db_record *r = &recs[lead];
+    int store = 1;
+    if (!replace) {
+        stof_db_record old;
+        if (stof__db_lookup_again(db, r->key, &old) == STOF_OK) {
+            if (old.layer == 0)
+                store = r->verified &&
+                        (!old.verified || r->time_ms < old.time_ms);
+            stof__db_record_clear(&old);
+        }
+    }
+    for (int i = 0; store && st == STOF_OK && i < n; i++)
+        st = stof__db_store(db, &recs[i], 1, trusted_here);
+    if (st == STOF_OK) {
+        rc = stof__db_exec(L->conn, "COMMIT");
+        if (rc != SQLITE_OK)
+            st = DB_FAIL(db, L, rc, "committing a unit of records");
+    }
+    if (st != STOF_OK)
+        stof__db_rollback(L->conn);
+    else if (store)
+        stof__db_hits_flush(db); /* (skipped inside the unit) */
     return st;
 }
 

@@ -952,13 +952,15 @@ Test(cost, ranking_a_huge_batch_is_quick_and_linear)
     stof_attention_desc d;
     stof_attention_desc_init(&d, 256, 64, 16384, 16384, 64, STOF_DTYPE_FP16,
                              STOF_LAYOUT_BHSD);
+    /* CPU time, not wall time: a loaded machine (CI's parallel suites)
+     * must not fail it; the full simulation took 4.9 s of CPU, this 0.3. */
     struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
     cr_assert_eq(stof__cost_rank(ctx, &d, m, c, 256, &k), STOF_OK);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
     const double s = (double)(t1.tv_sec - t0.tv_sec) +
                      (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    cr_assert_lt(s, 3.0, "ranking took %.2f s", s);
+    cr_assert_lt(s, 3.0, "ranking took %.2f s of CPU", s);
     d.batch = 128;
     cr_assert_eq(stof__cost_rank(ctx, &d, m, c2, 256, &k2), STOF_OK);
     cr_assert(k > 0 && k == k2);

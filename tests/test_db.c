@@ -934,6 +934,89 @@ Test(db, an_immutable_system_database_changed_on_disk_is_reopened)
     tmpdir_free(dir);
 }
 
+/* A layer's records as one unit (stof__db_store_unit): its lead (the
+ * scheme) decides for all. Three tuners store units over the same keys in
+ * turn, through their own handles: a unit whose scheme is slower than the
+ * stored one leaves nothing of its own (not even its faster kernels: they
+ * would be paired with the other's scheme), a faster one replaces every
+ * record, and a unit that fails half way leaves nothing. */
+static void unit_fill(stof_db_record u[3], uint64_t seed, double kernel_ms,
+                      double scheme_ms)
+{
+    for (int i = 0; i < 3; i++) {
+        record_fill(&u[i], seed + (uint64_t)i, 16);
+        make_key(u[i].key, 777 + (uint64_t)i); /* the same keys every time */
+        u[i].time_ms = i < 2 ? kernel_ms : scheme_ms;
+        snprintf(u[i].config, sizeof(u[i].config), "{\"unit\": %llu}",
+                 (unsigned long long)seed);
+    }
+}
+
+static void unit_expect(stof_db *db, uint64_t seed, const char *what)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "{\"unit\": %llu}", (unsigned long long)seed);
+    for (int i = 0; i < 3; i++) {
+        char k[33];
+        make_key(k, 777 + (uint64_t)i);
+        stof_db_record r;
+        cr_assert_eq(stof__db_lookup(db, k, &r), STOF_OK, "%s", what);
+        cr_expect_str_eq(r.config, want, "%s: record %d", what, i);
+        stof__db_record_clear(&r);
+    }
+}
+
+Test(db, a_layers_records_are_stored_as_one_unit)
+{
+    char *dir = tmpdir_new();
+    char *path = path_join(dir, "tuning.db");
+    logcap la, lb;
+    stof_context *ca = ctx_new(&la), *cb = ctx_new(&lb);
+    stof_db *a = db_open(ca, path, NULL), *b = db_open(cb, path, NULL);
+    stof_db_record u[3];
+    unit_fill(u, 100, 1.0, 2.0);
+    cr_assert_eq(stof__db_store_unit(a, u, 3, 2, 0, 1), STOF_OK, "%s",
+                 stof_errmsg(ca));
+    for (int i = 0; i < 3; i++)
+        stof__db_record_clear(&u[i]);
+    unit_expect(b, 100, "the first unit");
+    /* Faster kernels, a slower scheme: nothing of it. */
+    unit_fill(u, 200, 0.5, 3.0);
+    cr_assert_eq(stof__db_store_unit(b, u, 3, 2, 0, 1), STOF_OK, "%s",
+                 stof_errmsg(cb));
+    for (int i = 0; i < 3; i++)
+        stof__db_record_clear(&u[i]);
+    unit_expect(a, 100, "a slower scheme's unit");
+    /* Slower kernels, a faster scheme: all of it. */
+    unit_fill(u, 300, 4.0, 1.5);
+    cr_assert_eq(stof__db_store_unit(a, u, 3, 2, 0, 1), STOF_OK, "%s",
+                 stof_errmsg(ca));
+    for (int i = 0; i < 3; i++)
+        stof__db_record_clear(&u[i]);
+    unit_expect(b, 300, "a faster scheme's unit");
+    /* A unit that fails on its second record: nothing of it, even with
+     * replace set. */
+    unit_fill(u, 400, 0.1, 0.2);
+    u[1].time_ms = 1.0 / 0.0;
+    cr_assert_neq(stof__db_store_unit(b, u, 3, 2, 1, 1), STOF_OK);
+    for (int i = 0; i < 3; i++)
+        stof__db_record_clear(&u[i]);
+    unit_expect(a, 300, "a failed unit");
+    /* replace: a slower unit replaces all. */
+    unit_fill(u, 500, 9.0, 9.0);
+    cr_assert_eq(stof__db_store_unit(b, u, 3, 2, 1, 1), STOF_OK, "%s",
+                 stof_errmsg(cb));
+    for (int i = 0; i < 3; i++)
+        stof__db_record_clear(&u[i]);
+    unit_expect(a, 500, "a replacing unit");
+    stof__db_close(&a);
+    stof__db_close(&b);
+    stof_close(&ca);
+    stof_close(&cb);
+    free(path);
+    tmpdir_free(dir);
+}
+
 /* ---------------------------------------------------------------- preload */
 
 /* Record `seed` made on env's GPU and build, with the cubin of record

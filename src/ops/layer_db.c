@@ -552,12 +552,20 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
      * and a search again. */
     const int replace = L->ctx->settings.tuning_mode == STOF_TUNE_FORCE ||
                         L->db_replace;
-    stof_db_record r;
-    int fails = 0;
+    /* The kernels' records and then the scheme's, stored as one unit (the
+     * scheme decides: stof__db_store_unit). */
+    stof_db_record *recs = calloc((size_t)L->n_steps + 1, sizeof(*recs));
+    if (!recs) {
+        stof__log(L->ctx, STOF_LOG_WARN,
+                  "layer %s: tuning records not stored: out of memory", L->key);
+        return;
+    }
+    int m = 0;
     for (int i = 0; i < L->n_steps; i++) {
         const step *s = &L->steps[i];
         if (s->kind == STEP_ATTN)
             continue;
+        stof_db_record r;
         record_base(L, mask_hex, spec, &r);
         const layer_winner *w = s->kind == STEP_GEMM ? &wg[s->op] : &wn[s->op];
         if (s->kind == STEP_GEMM) {
@@ -599,8 +607,9 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
                                   reps, "rejected", w->n_rejected,
                                   "checked_rows", rows, "tolerance", tol),
                         r.measured, sizeof(r.measured));
-        fails += stof__db_store(db, &r, replace, 1) != STOF_OK;
+        recs[m++] = r;
     }
+    stof_db_record r;
     record_base(L, mask_hex, spec, &r);
     snprintf(r.key, sizeof(r.key), "%s", L->key);
     snprintf(r.op, sizeof(r.op), "layer");
@@ -631,10 +640,10 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
                               "cuda events, median, L2 flushed", "reps", reps,
                               "what", "one layer, scratch weights"),
                     r.measured, sizeof(r.measured));
-    if (!fails)
-        fails += stof__db_store(db, &r, replace, 1) != STOF_OK;
-    if (fails)
+    recs[m++] = r;
+    if (stof__db_store_unit(db, recs, m, m - 1, replace, 1) != STOF_OK)
         stof__log(L->ctx, STOF_LOG_WARN,
-                  "layer %s: %d tuning record(s) could not be stored: %s",
-                  L->key, fails, stof_errmsg(L->ctx));
+                  "layer %s: its %d tuning records could not be stored: %s",
+                  L->key, m, stof_errmsg(L->ctx));
+    free(recs);
 }
