@@ -19,16 +19,17 @@ mask packed to words on the GPU. Every sequence is evaluated when the
 BlockMask was made per batch element (create_block_mask(mod, B, ...));
 for a broadcast one (B=None) the first and last sequences are compared
 and, where they differ, all are evaluated. One found to depend on the
-head (heads 0, H/2 and H-1 are compared) is refused by name. score_mod functions are
-not translated: use stof.attention's softcap= and bias=.
+head (heads 0, H/2 and H-1 are compared) is refused by name. score_mod
+functions are not translated: use stof.attention's softcap= and bias=.
 """
 import torch
 
 from . import ops as _ops
 from . import _MaskData, pack_bits as _pack_bits
 
-# (id(block_mask), Sq, Sk, device) -> (block_mask, registered name); the
-# entry holds the BlockMask, so its id is not reused while it is cached
+# (id(block_mask), batch, Sq, Sk, device) -> (block_mask, kind, value) of
+# _mask_of; the entry holds the BlockMask, so its id is not reused while it
+# is cached
 _from_blocks = {}
 _MAX_BLOCK_MASKS = 16
 
