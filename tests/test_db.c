@@ -966,6 +966,21 @@ static void unit_expect(stof_db *db, uint64_t seed, const char *what)
     }
 }
 
+/* Store the unit of seed (its second record made invalid when `broken`)
+ * through db. */
+static stof_status unit_store(stof_db *db, uint64_t seed, double kernel_ms,
+                              double scheme_ms, int replace, int broken)
+{
+    stof_db_record u[3];
+    unit_fill(u, seed, kernel_ms, scheme_ms);
+    if (broken)
+        u[1].time_ms = 1.0 / 0.0;
+    const stof_status st = stof__db_store_unit(db, u, 3, 2, replace, 1);
+    for (int i = 0; i < 3; i++)
+        stof__db_record_clear(&u[i]);
+    return st;
+}
+
 Test(db, a_layers_records_are_stored_as_one_unit)
 {
     char *dir = tmpdir_new();
@@ -973,41 +988,24 @@ Test(db, a_layers_records_are_stored_as_one_unit)
     logcap la, lb;
     stof_context *ca = ctx_new(&la), *cb = ctx_new(&lb);
     stof_db *a = db_open(ca, path, NULL), *b = db_open(cb, path, NULL);
-    stof_db_record u[3];
-    unit_fill(u, 100, 1.0, 2.0);
-    cr_assert_eq(stof__db_store_unit(a, u, 3, 2, 0, 1), STOF_OK, "%s",
+    cr_assert_eq(unit_store(a, 100, 1.0, 2.0, 0, 0), STOF_OK, "%s",
                  stof_errmsg(ca));
-    for (int i = 0; i < 3; i++)
-        stof__db_record_clear(&u[i]);
     unit_expect(b, 100, "the first unit");
     /* Faster kernels, a slower scheme: nothing of it. */
-    unit_fill(u, 200, 0.5, 3.0);
-    cr_assert_eq(stof__db_store_unit(b, u, 3, 2, 0, 1), STOF_OK, "%s",
+    cr_assert_eq(unit_store(b, 200, 0.5, 3.0, 0, 0), STOF_OK, "%s",
                  stof_errmsg(cb));
-    for (int i = 0; i < 3; i++)
-        stof__db_record_clear(&u[i]);
     unit_expect(a, 100, "a slower scheme's unit");
     /* Slower kernels, a faster scheme: all of it. */
-    unit_fill(u, 300, 4.0, 1.5);
-    cr_assert_eq(stof__db_store_unit(a, u, 3, 2, 0, 1), STOF_OK, "%s",
+    cr_assert_eq(unit_store(a, 300, 4.0, 1.5, 0, 0), STOF_OK, "%s",
                  stof_errmsg(ca));
-    for (int i = 0; i < 3; i++)
-        stof__db_record_clear(&u[i]);
     unit_expect(b, 300, "a faster scheme's unit");
     /* A unit that fails on its second record: nothing of it, even with
      * replace set. */
-    unit_fill(u, 400, 0.1, 0.2);
-    u[1].time_ms = 1.0 / 0.0;
-    cr_assert_neq(stof__db_store_unit(b, u, 3, 2, 1, 1), STOF_OK);
-    for (int i = 0; i < 3; i++)
-        stof__db_record_clear(&u[i]);
+    cr_assert_neq(unit_store(b, 400, 0.1, 0.2, 1, 1), STOF_OK);
     unit_expect(a, 300, "a failed unit");
     /* replace: a slower unit replaces all. */
-    unit_fill(u, 500, 9.0, 9.0);
-    cr_assert_eq(stof__db_store_unit(b, u, 3, 2, 1, 1), STOF_OK, "%s",
+    cr_assert_eq(unit_store(b, 500, 9.0, 9.0, 1, 0), STOF_OK, "%s",
                  stof_errmsg(cb));
-    for (int i = 0; i < 3; i++)
-        stof__db_record_clear(&u[i]);
     unit_expect(a, 500, "a replacing unit");
     stof__db_close(&a);
     stof__db_close(&b);
