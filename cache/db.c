@@ -380,12 +380,15 @@ static int file_id(const char *path, db_file_id *id)
     id->size = (unsigned long long)sb.st_size;
     id->mt_s = (long long)sb.st_mtim.tv_sec;
     id->mt_ns = (long long)sb.st_mtim.tv_nsec;
-    size_t n = strlen(path) + 8;
-    char *wal = malloc(n);
+    /* (on a lookup's path: no allocation for the usual path lengths) */
+    char small[512];
+    const size_t n = strlen(path) + 8;
+    char *wal = n <= sizeof(small) ? small : malloc(n);
     if (wal) {
         snprintf(wal, n, "%s-wal", path);
         id->wal = stat(wal, &sb) == 0;
-        free(wal);
+        if (wal != small)
+            free(wal);
     }
     return 1;
 }

@@ -247,6 +247,20 @@ static void poison(problem *p, stof_context *ctx)
     stof__ctx_pop(ctx);
 }
 
+/* Poison the output and run the plan on p's tensors with in's instance
+ * data (the run must be accepted). */
+static void run_poisoned(problem *p, stof_context *ctx, stof_plan *plan,
+                         const inst *in)
+{
+    poison(p, ctx);
+    cr_assert_eq(stof_attention_run_family(plan, &in->dev,
+                                           (void *)(uintptr_t)p->dq,
+                                           (void *)(uintptr_t)p->dk,
+                                           (void *)(uintptr_t)p->dv,
+                                           (void *)(uintptr_t)p->dout, NULL),
+                 STOF_OK, "%s", stof_plan_errmsg(plan));
+}
+
 /* Download the output and check every sequence against the reference with
  * that sequence's mask. Returns the worst relative error. */
 static double check(problem *p, stof_context *ctx,
@@ -356,13 +370,7 @@ Test(gpu_family_attn, instances_match_the_reference)
                     inst_random(&in, &p, &r);
                 }
                 inst_upload(&in, &p, ctx);
-                poison(&p, ctx);
-                cr_assert_eq(stof_attention_run_family(
-                                 plan, &in.dev, (void *)(uintptr_t)p.dq,
-                                 (void *)(uintptr_t)p.dk,
-                                 (void *)(uintptr_t)p.dv,
-                                 (void *)(uintptr_t)p.dout, NULL),
-                             STOF_OK, "%s", stof_plan_errmsg(plan));
+                run_poisoned(&p, ctx, plan, &in);
                 check(&p, ctx, fam, &in);
             }
             cr_assert_eq(stof__jit_compile_count(), compiles,
@@ -426,13 +434,7 @@ Test(gpu_family_attn, split_kv_plans_match_the_reference)
                     inst in;
                     inst_random(&in, &p, &r);
                     inst_upload(&in, &p, ctx);
-                    poison(&p, ctx);
-                    cr_assert_eq(stof_attention_run_family(
-                                     plan, &in.dev, (void *)(uintptr_t)p.dq,
-                                     (void *)(uintptr_t)p.dk,
-                                     (void *)(uintptr_t)p.dv,
-                                     (void *)(uintptr_t)p.dout, NULL),
-                                 STOF_OK, "%s", stof_plan_errmsg(plan));
+                    run_poisoned(&p, ctx, plan, &in);
                     const double e = check(&p, ctx, fam, &in);
                     cr_log_info("%s %dx%d kind %d split %d: rel err %.2e",
                                 fspecs[si], p.seq_q, p.seq_k, cs[ci].kind,
@@ -542,13 +544,7 @@ Test(gpu_family_attn, padding_keys_holding_nan_stay_out_of_the_output)
                              STOF_OK, "kind %d: %s", cs[ci].kind,
                              stof_errmsg(ctx));
                 free(cubin);
-                poison(&p, ctx);
-                cr_assert_eq(stof_attention_run_family(
-                                 plan, &in.dev, (void *)(uintptr_t)p.dq,
-                                 (void *)(uintptr_t)p.dk,
-                                 (void *)(uintptr_t)p.dv,
-                                 (void *)(uintptr_t)p.dout, NULL),
-                             STOF_OK, "%s", stof_plan_errmsg(plan));
+                run_poisoned(&p, ctx, plan, &in);
                 const double e = check(&p, ctx, fam, &in);
                 cr_log_info("%s %dx%d d %d kind %d split %d, NaN padding: "
                             "rel err %.2e",
@@ -595,13 +591,7 @@ Test(gpu_family_attn, the_widest_head_windows_match_the_host)
     stof_plan *plan = NULL;
     cr_assert_eq(stof_attention_plan_family(ctx, &p.d, fam, &in.host, &plan),
                  STOF_OK, "%s", stof_errmsg(ctx));
-    poison(&p, ctx);
-    cr_assert_eq(stof_attention_run_family(plan, &in.dev,
-                                           (void *)(uintptr_t)p.dq,
-                                           (void *)(uintptr_t)p.dk,
-                                           (void *)(uintptr_t)p.dv,
-                                           (void *)(uintptr_t)p.dout, NULL),
-                 STOF_OK, "%s", stof_plan_errmsg(plan));
+    run_poisoned(&p, ctx, plan, &in);
     const double e = check(&p, ctx, fam, &in);
     cr_log_info("head windows INT32_MAX and 2^30 + 100, q_offset 2^30: rel "
                 "err %.2e",
@@ -1146,13 +1136,7 @@ Test(gpu_family_attn, long_sequences_tune_without_a_bit_matrix)
     cr_log_info("%s", desc);
     cr_assert(strstr(desc, "\"tuned\""), "%s", desc);
     inst_upload(&in, &p, ctx);
-    poison(&p, ctx);
-    cr_assert_eq(stof_attention_run_family(plan, &in.dev,
-                                           (void *)(uintptr_t)p.dq,
-                                           (void *)(uintptr_t)p.dk,
-                                           (void *)(uintptr_t)p.dv,
-                                           (void *)(uintptr_t)p.dout, NULL),
-                 STOF_OK, "%s", stof_plan_errmsg(plan));
+    run_poisoned(&p, ctx, plan, &in);
     const stof_api *api = stof__api();
     stof__ctx_push(ctx);
     cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
