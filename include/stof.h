@@ -826,7 +826,8 @@ typedef enum stof_norm_kind {
  *   pre-norm (GPT-2, ViT): h = x + attn(norm1(x)) Wo^T + bo
  *                       y = h + ffn(norm2(h))
  * with attn the masked multi-head attention of the QKV projection
- * x Wqkv^T + bqkv (1/sqrt(head_dim) scale) and
+ * x Wqkv^T + bqkv (1/sqrt(head_dim) scale; with rope_theta, Q and K
+ * rotated by their positions first) and
  * ffn(u) = act(u W1^T + b1) W2^T + b2.
  * Sizes: tokens at most 2^30; hidden a multiple of 8 in 8..16384; ffn a
  * multiple of 8 in 8..131072 (65536 gated); head_dim = hidden / heads a
@@ -855,7 +856,23 @@ typedef struct stof_layer_desc {
                              projection u, and the FFN is
                              w_ffn2 (act(g) * u) (stof_layer_weights);
                              0: w_ffn2 act(x w_ffn1^T) */
-    uint8_t reserved[52]; /* must be zero */
+    float rope_theta;     /* rotary position embeddings (RoPE) on Q and K,
+                             in the rotate-half form of Llama, GPT-NeoX
+                             and Hugging Face: 0 = none, else the base
+                             (Llama 2: 10000, Llama 3: 500000; finite and
+                             > 1). The token at position p of its
+                             sequence (token b * seq + p) rotates the
+                             channel pairs (i, i + rope_dim / 2), i <
+                             rope_dim / 2, of each Q and K head by the
+                             angle p * theta^(-2 i / rope_dim) (fp32, as
+                             Hugging Face computes it), on the projection
+                             plus its bias in fp32 before the rounding to
+                             the dtype; V is not rotated */
+    int rope_dim;         /* the channels of each head that rotate (the
+                             first rope_dim; GPT-NeoX's partial rotary):
+                             0 = head_dim; else a multiple of 16 that is
+                             at most head_dim. Only with rope_theta */
+    uint8_t reserved[44]; /* must be zero */
 } stof_layer_desc;
 
 /* Fill a descriptor with defaults: GELU (tanh), LayerNorm, post-norm,

@@ -151,8 +151,10 @@ struct stof_gemm_params {
     stof_i64 lda, ldw, ldc;
     float eps;
     unsigned *ws; // (the Hopper template's; unused here)
+    const float *rope_tab; // (the Hopper template's rope; unused here)
+    int rope_seq, rope_cols;
 };
-static_assert(sizeof(stof_gemm_params) == 120, "stof_gemm_params layout");
+static_assert(sizeof(stof_gemm_params) == 136, "stof_gemm_params layout");
 
 // ---------------------------------------------------------------------------
 // PTX helpers

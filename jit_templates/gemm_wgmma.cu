@@ -9,6 +9,11 @@
 //   ACT       v = act(v): 0 none, 1 gelu (tanh), 2 gelu (erf), 3 relu,
 //             4 silu
 //   RESIDUAL  v += residual[m][n]
+//   ROPE      (instead of ACT, RESIDUAL: the QKV projection) after the
+//             bias, rotary position embeddings in the heads of ROPE_HD
+//             columns below rope_cols: row m (position m % rope_seq)
+//             rotates its pairs (i, i + ROPE / 2), i < ROPE / 2, by
+//             rope_tab[position][i] = (cos, sin) (src/kernels/gemm.h)
 // then v is rounded to the dtype once and stored, or with
 //   NORM      1 LayerNorm, 2 RMSNorm over the whole row (gamma, beta; eps),
 //             the rounded v of the row normalised in fp32, optionally
@@ -141,6 +146,8 @@
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=4,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=1024,CSLOT=1 | DTYPE=1,BLOCK_N=128,STAGES=6,RESIDUAL=1,CSLOT=1
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=192,STAGES=5,BIAS=1,NORM=2,WRITE_PRE=1,N_TOTAL=768,CSLOT=1 | DTYPE=1,BLOCK_N=256,STAGES=4,BIAS=1,RESIDUAL=1,CSLOT=1
 // STOF_VARIANTS: DTYPE=0,BLOCK_N=64,STAGES=6,BIAS=1,RESIDUAL=1,NORM=1,N_TOTAL=768,CSLOT=1 | DTYPE=1,BLOCK_N=128,STAGES=2,RESIDUAL=1,NORM=1,WRITE_PRE=1,N_TOTAL=1000,CSLOT=1
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=4,BIAS=1,ROPE=128,ROPE_HD=128 | DTYPE=1,BLOCK_N=128,STAGES=5,PINGPONG=1,ROPE=32,ROPE_HD=64
+// STOF_VARIANTS: DTYPE=0,BLOCK_N=256,STAGES=3,CLUSTER=2,ROPE=64,ROPE_HD=64 | DTYPE=1,BLOCK_N=192,STAGES=4,BIAS=1,ROPE=96,ROPE_HD=96
 #include "sm90_common.cuh"
 #include "gemm_epi.cuh"
 
@@ -173,6 +180,12 @@
 #endif
 #ifndef CSLOT
 #define CSLOT 0
+#endif
+#ifndef ROPE
+#define ROPE 0
+#endif
+#ifndef ROPE_HD
+#define ROPE_HD 0
 #endif
 
 #define GW_BM 128                          // tile rows (two warpgroups)
@@ -261,6 +274,11 @@ static_assert(!NORM || (N_TOTAL > 0 && N_TOTAL % 8 == 0 && GW_NC <= 16),
 static_assert(!NORM || (ACT == 0 && !GATED && CLUSTER == 1),
               "NORM: no activation, gate or pairs");
 static_assert(!WRITE_PRE || NORM, "WRITE_PRE needs NORM");
+static_assert(!ROPE || (ROPE % 16 == 0 && ROPE <= ROPE_HD &&
+                        ROPE_HD % 8 == 0 && BLOCK_N % ROPE_HD == 0 &&
+                        ACT == 0 && !GATED && !RESIDUAL && !NORM),
+              "ROPE: a multiple of 16 <= ROPE_HD, whole heads in a tile, "
+              "no activation, gate, residual or norm");
 static_assert(!CSLOT || ((RESIDUAL || NORM) && !PINGPONG && CLUSTER == 1 &&
                          GW_ON / 64 <= GW_UPS),
               "CSLOT: a residual or a norm, not ping-pong, no pairs");
@@ -289,7 +307,10 @@ struct stof_gemm_wgmma_params {
                                      // [tiles_m][GW_NC][128] (float2)
     int n_items, split_from;         // GW_SPLIT: the raster's items; those
                                      // from split_from on are 64-row halves
-    unsigned char tail_[40];         // to 768 bytes (64-byte aligned)
+    const float4 *rope_tab;          // ROPE: (cos, sin) [rope_seq][ROPE/2]
+    int rope_seq, rope_cols;         // ROPE: positions m % rope_seq; the
+                                     // rotated columns [0, rope_cols)
+    unsigned char tail_[24];         // to 768 bytes (64-byte aligned)
     stof_tmap tm_ah;                 // GW_SPLIT: A again, box 64 x 64 rows
                                      // (896 bytes on both sides)
 };
@@ -1121,6 +1142,69 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
                 }
         }
 #else
+#if ROPE
+        // ---- rotary position embeddings on the accumulators (gemm.h's
+        // rope), the bias first (added here, not in the passes below): a
+        // head's pair (i, i + ROPE / 2) is columns 8 j + 2 tq + c and
+        // 8 (j + ROPE / 16) + 2 tq + c, both this thread's, so nothing is
+        // exchanged. Rows g and g + 8 read their positions' (cos, sin)
+        // pairs i, i + 1 as one float4 each (the table is L2-resident).
+        {
+            constexpr int HB = ROPE_HD / 8, RB = ROPE / 16;
+#pragma unroll
+            for (int h = 0; h < GW_HALVES; h++) {
+                if (h >= nh)
+                    break;
+#if BIAS
+#pragma unroll
+                for (int j = 0; j < BLOCK_N / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[h][4 * j + e] += (e & 1) ? gm_hi(bias_r[j])
+                                                     : gm_lo(bias_r[j]);
+#endif
+                const int r0 = tm * GW_BM + GW_HROW(h) + wl * 16 + g;
+                const float4 *t0 =
+                    p.rope_tab + (stof_i64)(r0 % p.rope_seq) * (ROPE / 4) + tq;
+                const float4 *t1 = p.rope_tab +
+                                   (stof_i64)((r0 + 8) % p.rope_seq) *
+                                       (ROPE / 4) + tq;
+#pragma unroll
+                for (int hd = 0; hd < BLOCK_N / ROPE_HD; hd++) {
+                    // (heads ascend: past rope_cols, V's heads follow)
+                    if (tn * BLOCK_N + hd * ROPE_HD >= p.rope_cols)
+                        break;
+                    // (groups of GR blocks: the loads of a group in
+                    // flight together, 8 GR registers beside acc)
+                    constexpr int GR = RB < 4 ? RB : 4;
+#pragma unroll
+                    for (int j0 = 0; j0 < RB; j0 += GR) {
+                    float4 cs[2 * GR];
+#pragma unroll
+                    for (int jj = 0; jj < GR && j0 + jj < RB; jj++) {
+                        cs[2 * jj] = t0[4 * (j0 + jj)];
+                        cs[2 * jj + 1] = t1[4 * (j0 + jj)];
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < GR && j0 + jj < RB; jj++) {
+                        const int ja = hd * HB + j0 + jj, jz = ja + RB;
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            // e = 2 hh + c: row g + 8 hh, pair i + c
+                            const float4 q = cs[2 * jj + (e >> 1)];
+                            const float co = (e & 1) ? q.z : q.x;
+                            const float si = (e & 1) ? q.w : q.y;
+                            const float x = acc[h][4 * ja + e];
+                            const float y = acc[h][4 * jz + e];
+                            acc[h][4 * ja + e] = x * co - y * si;
+                            acc[h][4 * jz + e] = y * co + x * si;
+                        }
+                    }
+                    }
+                }
+            }
+        }
+#endif
         // ---- epilogue: registers -> shared memory -> TMA stores, in C
         // units of 64 rows x 64 columns (128-byte rows, the TMA's 128-byte
         // swizzle: conflict-free for the fragment pattern) through a ring
@@ -1176,7 +1260,7 @@ stof_gemm_wgmma(const __grid_constant__ stof_gemm_wgmma_params p)
 #if GATED
                             u[4 * jj + e] = acc[h][4 * (j + GW_HB) + e];
 #endif
-#if BIAS
+#if BIAS && !ROPE
                             v[4 * jj + e] += (e & 1) ? gm_hi(bias_r[j])
                                                      : gm_lo(bias_r[j]);
 #if GATED

@@ -1,6 +1,7 @@
 // layer_ops.cu - the memory-bound kernels of the layer chain: bias +
 // residual + LayerNorm/RMSNorm over rows of HIDDEN elements (stof_norm),
-// and a GEMM's unfused activation or gate (stof_gate, below).
+// a GEMM's unfused activation or gate (stof_gate, below) and its unfused
+// rotary position embeddings (stof_rope).
 //
 // One warp per row at a time, WARPS warps per CTA, rows warp-strided over
 // the grid (any grid.x: the host launches at most one wave). A
@@ -302,6 +303,49 @@ extern "C" __global__ void stof_gate(const unsigned short *x,
             g[k] *= u[k];
 #endif
         *(stof_v8 *)(out + r * ld_out + c) = stof_pack8(g);
+    }
+}
+
+// Rotary position embeddings of a GEMM whose kernel cannot fuse them (the
+// mma.sync template, cuBLASLt), in place on its rounded output x [rows]
+// [ld]: in each head of hd columns below cols, row r (position p = r %
+// seq) rotates the pairs (i, i + rope / 2), i < rope / 2, by tab[p][i] =
+// (cos, sin): (a, b) -> (a cos - b sin, b cos + a sin), in fp32, rounded
+// once (gemm.h's rope). hd, rope multiples of 16, cols a multiple of hd,
+// ld of 8, x 16-byte aligned: a thread step rotates 8 pairs (two 16-byte
+// chunks of a row and 64 bytes of the table), grid-stride.
+extern "C" __global__ void stof_rope(unsigned short *x, int rows, stof_i64 ld,
+                                     int cols, int hd, int rope,
+                                     const float4 *tab, int seq)
+{
+    stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
+    stof_grid_release();
+    const int half = rope / 2, groups = half / 8;
+    const stof_i64 per_row = (stof_i64)(cols / hd) * groups;
+    const stof_i64 total = (stof_i64)rows * per_row;
+    for (stof_i64 i = blockIdx.x * (stof_i64)blockDim.x + threadIdx.x;
+         i < total; i += (stof_i64)gridDim.x * blockDim.x) {
+        const stof_i64 r = i / per_row;
+        const int k = (int)(i - r * per_row), h = k / groups;
+        const int c = (k - h * groups) * 8;
+        const int pos = (int)(r % seq);
+        unsigned short *pa = x + r * ld + (stof_i64)h * hd + c;
+        float a[8], b[8];
+        stof_unpack8(*(const stof_v8 *)pa, a);
+        stof_unpack8(*(const stof_v8 *)(pa + half), b);
+        const float4 *t = tab + ((stof_i64)pos * half + c) / 2;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float4 cs = t[q];
+            const float a0 = a[2 * q], b0 = b[2 * q];
+            const float a1 = a[2 * q + 1], b1 = b[2 * q + 1];
+            a[2 * q] = a0 * cs.x - b0 * cs.y;
+            b[2 * q] = b0 * cs.x + a0 * cs.y;
+            a[2 * q + 1] = a1 * cs.z - b1 * cs.w;
+            b[2 * q + 1] = b1 * cs.z + a1 * cs.w;
+        }
+        *(stof_v8 *)pa = stof_pack8(a);
+        *(stof_v8 *)(pa + half) = stof_pack8(b);
     }
 }
 

@@ -25,7 +25,7 @@
     cr_expect_not(stof__gemm_cfg_valid(NULL, (c), (e), (N), (K), why,          \
                                        sizeof(why)))
 
-static const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0};
+static const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0, 0, 0};
 
 Test(gemm_cpu, valid_and_invalid)
 {
@@ -40,21 +40,21 @@ Test(gemm_cpu, valid_and_invalid)
         int N, K;
         const char *needle;
     } bad[] = {
-        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 100, 768, "N 100"},
-        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 20, "K 20"},
-        {{96, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_m"},
-        {{128, 48, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_n"},
-        {{128, 128, 16, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "block_k"},
-        {{128, 128, 32, 4, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "warps"},
-        {{16, 128, 32, 2, 2, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "of 16"},
-        {{256, 256, 32, 2, 2, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "accumul"},
-        {{128, 128, 32, 2, 4, 1, 0, 1, 0}, {0, 0, 0, 0, 0, 0}, 768, 768, "stages"},
-        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 7, 0, 0, 0, 0}, 768, 768, "act 7"},
-        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 3, 0, 0}, 768, 768, "norm 3"},
-        {{64, 64, 32, 2, 2, 3, 0, 1, 0}, {0, 1, 0, 1, 0, 0}, 768, 768, "act = none"},
-        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 1, 0}, 768, 768, "write_pre"},
-        {{64, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 1, 1, 1, 0}, 4096, 768, "shared"},
-        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {2, 0, 0, 0, 0, 0}, 768, 768, "0 or 1"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 100, 768, "N 100"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 768, 20, "K 20"},
+        {{96, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 768, 768, "block_m"},
+        {{128, 48, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 768, 768, "block_n"},
+        {{128, 128, 16, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 768, 768, "block_k"},
+        {{128, 128, 32, 4, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 768, 768, "warps"},
+        {{16, 128, 32, 2, 2, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 768, 768, "of 16"},
+        {{256, 256, 32, 2, 2, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 768, 768, "accumul"},
+        {{128, 128, 32, 2, 4, 1, 0, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, 768, 768, "stages"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 7, 0, 0, 0, 0, 0, 0}, 768, 768, "act 7"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 3, 0, 0, 0, 0}, 768, 768, "norm 3"},
+        {{64, 64, 32, 2, 2, 3, 0, 1, 0}, {0, 1, 0, 1, 0, 0, 0, 0}, 768, 768, "act = none"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 0, 0, 1, 0, 0, 0}, 768, 768, "write_pre"},
+        {{64, 128, 32, 2, 4, 3, 0, 1, 0}, {0, 0, 1, 1, 1, 0, 0, 0}, 4096, 768, "shared"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, 768, 768, "0 or 1"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         why[0] = '\0';
@@ -86,7 +86,7 @@ Test(gemm_cpu, smem_bytes)
     stof_gemm_cfg s = {128, 256, 32, 2, 4, 2, 0, 1, 0};
     /* The staging tile 128 x 264 is larger than 2 x 384 x 40. */
     cr_expect_eq(stof__gemm_smem_bytes(&s, &plain, 768), 128u * 264 * 2);
-    stof_gemm_epi ln = {1, 0, 1, 1, 1, 0};
+    stof_gemm_epi ln = {1, 0, 1, 1, 1, 0, 0, 0};
     stof_gemm_cfg n = {32, 128, 32, 2, 4, 3, 0, 1, 0};
     cr_expect_eq(stof__gemm_smem_bytes(&n, &ln, 768),
                  3u * 160 * 40 * 2 + 32u * 776 * 2);
@@ -96,7 +96,7 @@ Test(gemm_cpu, smem_bytes)
 Test(gemm_cpu, json_round_trip)
 {
     stof_gemm_cfg c = {128, 256, 64, 2, 4, 4, 0, 1, 0}, c2;
-    stof_gemm_epi e = {1, 2, 1, 0, 0, 0}, e2;
+    stof_gemm_epi e = {1, 2, 1, 0, 0, 0, 0, 0}, e2;
     stof_str s = {0};
     stof__gemm_cfg_json(&c, &e, &s);
     cr_assert(s.p && !s.oom);
@@ -146,8 +146,8 @@ Test(gemm_cpu, candidates_of_layer_shapes)
                                     {128, 768, 768},    {128, 3072, 768},
                                     {128, 768, 3072},   {512, 2304, 768},
                                     {1, 768, 768},      {100, 200, 72}};
-    stof_gemm_epi epis[] = {{1, 1, 0, 0, 0, 0}, {1, 0, 1, 0, 0, 0},
-                            {1, 0, 1, 1, 1, 0}, {1, 0, 1, 2, 0, 0}};
+    stof_gemm_epi epis[] = {{1, 1, 0, 0, 0, 0, 0, 0}, {1, 0, 1, 0, 0, 0, 0, 0},
+                            {1, 0, 1, 1, 1, 0, 0, 0}, {1, 0, 1, 2, 0, 0, 0, 0}};
     for (size_t s = 0; s < sizeof(shapes) / sizeof(*shapes); s++)
         for (size_t j = 0; j < sizeof(epis) / sizeof(*epis); j++) {
             stof_gemm_cfg c[64];
@@ -170,7 +170,7 @@ Test(gemm_cpu, candidates_of_layer_shapes)
         }
     /* Norm: no candidate when even 16 rows of N do not fit. */
     stof_gemm_cfg c[8];
-    stof_gemm_epi ln = {0, 0, 0, 1, 0, 0};
+    stof_gemm_epi ln = {0, 0, 0, 1, 0, 0, 0, 0};
     cr_expect_eq(stof__gemm_candidates(NULL, &ln, 128, 65536, 768, c, 8), 0);
     /* The mma.sync template's row tiles are its grid's y (at most 65535):
      * at 2^21 tokens none of 16 or 32 rows is offered. */
@@ -226,7 +226,7 @@ Test(gemm_cpu, references)
     /* A 2x3x2 GEMM with bias, relu, residual; rounding to fp16. */
     const float A[4] = {1, 2, 3, 4}, W[6] = {1, 0, 0, 1, 1, -1},
                 bias[3] = {0.5f, 0, -10}, res[6] = {1, 1, 1, 1, 1, 1};
-    stof_gemm_epi e = {1, STOF_ACT_RELU, 1, 0, 0, 0};
+    stof_gemm_epi e = {1, STOF_ACT_RELU, 1, 0, 0, 0, 0, 0};
     float out[6];
     stof__ref_gemm(A, W, bias, res, NULL, NULL, 2, 3, 2, 2, 2, 3, &e, 0.0f,
                    STOF_DTYPE_FP16, out, NULL);
@@ -265,7 +265,7 @@ static void round_trip(const stof_gemm_cfg *c, const stof_gemm_epi *e,
 Test(gemm_cpu, gated)
 {
     char why[256];
-    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1};
+    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1, 0, 0};
     const stof_gemm_cfg wg256 = {128, 256, 64, 2, 1, 3, 1, 1, 0},
                         wg64 = {128, 64, 64, 2, 1, 6, 1, 1, 0},
                         mma = {128, 128, 32, 2, 4, 3, 0, 1, 0};
@@ -274,7 +274,7 @@ Test(gemm_cpu, gated)
     cr_expect(strstr(why, "128 or 256") != NULL, "%s", why);
     EXPECT_CFG_REFUSED(&mma, &swiglu, 768, 768);
     cr_expect(strstr(why, "only the wgmma template") != NULL, "%s", why);
-    const stof_gemm_epi gn = {0, 0, 0, 2, 0, 1}, g2 = {0, 0, 0, 0, 0, 2};
+    const stof_gemm_epi gn = {0, 0, 0, 2, 0, 1, 0, 0}, g2 = {0, 0, 0, 0, 0, 2, 0, 0};
     EXPECT_CFG_REFUSED(&wg256, &gn, 768, 768);
     cr_expect(strstr(why, "gated and norm") != NULL, "%s", why);
     EXPECT_CFG_REFUSED(&wg256, &g2, 768, 768);
@@ -282,7 +282,7 @@ Test(gemm_cpu, gated)
     cr_expect_not(stof__blaslt_epi_ok(&swiglu));
     /* The C tile is 128 x 128, not 128 x 256, but both are staged
      * through the same rings of 64 x 64 units. */
-    const stof_gemm_epi plain0 = {0, 0, 0, 0, 0, 0};
+    const stof_gemm_epi plain0 = {0, 0, 0, 0, 0, 0, 0, 0};
     cr_expect_eq(stof__gemm_smem_bytes(&wg256, &plain0, 8),
                  stof__gemm_smem_bytes(&wg256, &swiglu, 8));
     /* Candidates on an H100: wgmma tiles of 128 or 256 only, all valid. */
@@ -331,7 +331,7 @@ Test(gemm_cpu, gated)
      * bias (0 0 1 0); A = (1 2): gate (1 2), up (3 3); silu(g) * u. */
     const float A[2] = {1, 2}, W[8] = {1, 0, 0, 1, 2, 0, 1, 1},
                 bias[4] = {0, 0, 1, 0};
-    const stof_gemm_epi sb = {1, STOF_ACT_SILU, 0, 0, 0, 1};
+    const stof_gemm_epi sb = {1, STOF_ACT_SILU, 0, 0, 0, 1, 0, 0};
     float out[2];
     stof__ref_gemm(A, W, bias, NULL, NULL, NULL, 1, 2, 2, 2, 2, 2, &sb, 0.0f,
                    STOF_DTYPE_BF16, out, NULL);
@@ -380,7 +380,7 @@ Test(gemm_cpu, hopper_template)
     /* Four stages of 128 x 256 fit (227 KB), five do not; with a residual
      * (loaded into rings of four units) three. */
     const stof_gemm_cfg s4 = {128, 256, 64, 2, 1, 4, 1, 1, 0};
-    const stof_gemm_epi res = {1, 0, 1, 0, 0, 0};
+    const stof_gemm_epi res = {1, 0, 1, 0, 0, 0, 0, 0};
     EXPECT_CFG_OK(&s4, &plain, 768, 768);
     EXPECT_CFG_REFUSED(&s4, &res, 768, 768);
     EXPECT_CFG_OK(&ok, &res, 768, 768);
@@ -426,17 +426,17 @@ Test(gemm_cpu, hopper_template)
               "4096 x 2304 / 4096 x 2432: ping-pong %g, cooperative %g",
               split, whole);
     static const refused bad[] = {
-        {{64, 128, 64, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 32, 64, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 128, 32, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "128 x"},
-        {{128, 128, 64, 2, 4, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "2x1"},
-        {{128, 128, 64, 2, 1, 7, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "stages"},
-        {{128, 256, 64, 2, 1, 5, 1, 1, 0}, {0, 0, 0, 0, 0, 0}, "shared memory"},
-        {{128, 256, 64, 2, 1, 3, 1, 2, 0}, {0, 0, 1, 1, 0, 0}, "no pairs"},
-        {{128, 128, 64, 2, 1, 4, 1, 1, 0}, {0, 9, 0, 0, 0, 0}, "act 9"},
-        {{128, 128, 64, 2, 1, 4, 2, 1, 0}, {0, 0, 0, 0, 0, 0}, "wgmma 2"},
-        {{128, 128, 64, 2, 1, 4, 1, 3, 0}, {0, 0, 0, 0, 0, 0}, "cluster 3"},
-        {{128, 128, 32, 2, 4, 3, 0, 2, 0}, {0, 0, 0, 0, 0, 0}, "clusters"},
+        {{64, 128, 64, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 32, 64, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 32, 2, 1, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "128 x"},
+        {{128, 128, 64, 2, 4, 4, 1, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "2x1"},
+        {{128, 128, 64, 2, 1, 7, 1, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "stages"},
+        {{128, 256, 64, 2, 1, 5, 1, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "shared memory"},
+        {{128, 256, 64, 2, 1, 3, 1, 2, 0}, {0, 0, 1, 1, 0, 0, 0, 0}, "no pairs"},
+        {{128, 128, 64, 2, 1, 4, 1, 1, 0}, {0, 9, 0, 0, 0, 0, 0, 0}, "act 9"},
+        {{128, 128, 64, 2, 1, 4, 2, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "wgmma 2"},
+        {{128, 128, 64, 2, 1, 4, 1, 3, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "cluster 3"},
+        {{128, 128, 32, 2, 4, 3, 0, 2, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, "clusters"},
     };
     expect_refused(bad, sizeof(bad) / sizeof(*bad));
     /* An A100 refuses it by name. */
@@ -450,7 +450,7 @@ Test(gemm_cpu, hopper_template)
                                        sizeof(why)));
     cr_expect(strstr(why, "9.0") != NULL, "%s", why);
     stof_gemm_cfg c[64];
-    const stof_gemm_epi gelu = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0};
+    const stof_gemm_epi gelu = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0, 0, 0};
     int n = stof__gemm_candidates(&dev, &gelu, 4096, 3072, 768, c, 64);
     for (int i = 0; i < n; i++)
         cr_expect_eq(c[i].wgmma, 0, "an A100 got a wgmma candidate");
@@ -491,7 +491,7 @@ Test(gemm_cpu, hopper_template)
     cr_expect_eq(c[best].wgmma, 1, "the model prefers mma.sync on H100");
     /* A norm: rows of 3 (or 6) tiles at N 768, ranked first; at N 4096
      * only 256-wide tiles (16 a row), none at 8192. */
-    const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0};
+    const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0, 0, 0};
     n = stof__gemm_candidates(&dev, &ln, 4096, 768, 768, c, 64);
     n_wg = 0;
     best = -1;
@@ -576,7 +576,7 @@ Test(gemm_cpu, hopper_template)
     cr_expect(stof__gemm_cfg_valid(&dev, &w192, &ln, 768, 3072, why,
                                    sizeof(why)),
               "%s", why);
-    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1};
+    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1, 0, 0};
     cr_expect_not(stof__gemm_cfg_valid(&dev, &w192, &swiglu, 768, 768, why,
                                        sizeof(why)));
     cr_expect_not(stof__gemm_cfg_valid(&dev, &w192p, &gelu, 768, 768, why,
@@ -702,8 +702,8 @@ Test(gemm_cpu, gelu_erf_formula)
 Test(gemm_cpu, c_in_slots)
 {
     char why[256];
-    const stof_gemm_epi res = {1, 0, 1, 0, 0, 0},
-                        ln = {1, 0, 1, 1, 0, 0}, rms = {0, 0, 0, 2, 1, 0};
+    const stof_gemm_epi res = {1, 0, 1, 0, 0, 0, 0, 0},
+                        ln = {1, 0, 1, 1, 0, 0, 0, 0}, rms = {0, 0, 0, 2, 1, 0, 0, 0};
     const stof_gemm_cfg cs4 = {128, 256, 64, 2, 1, 4, 1, 1, 1},
                         ring4 = {128, 256, 64, 2, 1, 4, 1, 1, 0},
                         cs192 = {128, 192, 64, 2, 1, 5, 1, 1, 1},
@@ -720,12 +720,12 @@ Test(gemm_cpu, c_in_slots)
     cr_expect_eq(stof__gemm_smem_bytes(&cs4, &ln, 1024),
                  4u * 384 * 128 + 64u + 32u + 2048u + 1024u);
     static const refused bad[] = {
-        {{128, 256, 64, 2, 1, 3, 1, 1, 1}, {1, 2, 0, 0, 0, 0}, "residual"},
-        {{128, 128, 64, 1, 1, 5, 1, 1, 1}, {1, 0, 1, 0, 0, 0}, "2x1"},
-        {{128, 256, 64, 2, 1, 3, 1, 2, 1}, {1, 0, 1, 0, 0, 0}, "no pairs"},
-        {{128, 256, 64, 2, 1, 3, 1, 1, 2}, {1, 0, 1, 0, 0, 0}, "cslot 2"},
-        {{128, 128, 32, 2, 4, 3, 0, 1, 1}, {1, 0, 1, 0, 0, 0}, "wgmma"},
-        {{128, 256, 64, 2, 1, 5, 1, 1, 1}, {1, 0, 1, 0, 0, 0},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 1}, {1, 2, 0, 0, 0, 0, 0, 0}, "residual"},
+        {{128, 128, 64, 1, 1, 5, 1, 1, 1}, {1, 0, 1, 0, 0, 0, 0, 0}, "2x1"},
+        {{128, 256, 64, 2, 1, 3, 1, 2, 1}, {1, 0, 1, 0, 0, 0, 0, 0}, "no pairs"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 2}, {1, 0, 1, 0, 0, 0, 0, 0}, "cslot 2"},
+        {{128, 128, 32, 2, 4, 3, 0, 1, 1}, {1, 0, 1, 0, 0, 0, 0, 0}, "wgmma"},
+        {{128, 256, 64, 2, 1, 5, 1, 1, 1}, {1, 0, 1, 0, 0, 0, 0, 0},
          "shared memory"},
     };
     expect_refused(bad, sizeof(bad) / sizeof(*bad));

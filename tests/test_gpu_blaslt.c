@@ -240,14 +240,14 @@ typedef struct epi_case {
 } epi_case;
 
 static const epi_case epis[] = {
-    {"none", {0, STOF_ACT_NONE, 0, 0, 0, 0}},
-    {"bias", {1, STOF_ACT_NONE, 0, 0, 0, 0}},
-    {"bias+gelu_tanh", {1, STOF_ACT_GELU_TANH, 0, 0, 0, 0}},
-    {"bias+relu", {1, STOF_ACT_RELU, 0, 0, 0, 0}},
-    {"bias+residual", {1, STOF_ACT_NONE, 1, 0, 0, 0}},
-    {"residual", {0, STOF_ACT_NONE, 1, 0, 0, 0}},
-    {"gelu_tanh", {0, STOF_ACT_GELU_TANH, 0, 0, 0, 0}},
-    {"relu", {0, STOF_ACT_RELU, 0, 0, 0, 0}},
+    {"none", {0, STOF_ACT_NONE, 0, 0, 0, 0, 0, 0}},
+    {"bias", {1, STOF_ACT_NONE, 0, 0, 0, 0, 0, 0}},
+    {"bias+gelu_tanh", {1, STOF_ACT_GELU_TANH, 0, 0, 0, 0, 0, 0}},
+    {"bias+relu", {1, STOF_ACT_RELU, 0, 0, 0, 0, 0, 0}},
+    {"bias+residual", {1, STOF_ACT_NONE, 1, 0, 0, 0, 0, 0}},
+    {"residual", {0, STOF_ACT_NONE, 1, 0, 0, 0, 0, 0}},
+    {"gelu_tanh", {0, STOF_ACT_GELU_TANH, 0, 0, 0, 0, 0, 0}},
+    {"relu", {0, STOF_ACT_RELU, 0, 0, 0, 0, 0, 0}},
 };
 
 typedef struct shape {
@@ -324,12 +324,12 @@ Test(blaslt, epilogues_all_algos, .timeout = 600)
 Test(blaslt, epi_ok_refuses)
 {
     const stof_gemm_epi bad[] = {
-        {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0}, {1, STOF_ACT_SILU, 0, 0, 0, 0},
-        {0, STOF_ACT_GELU_ERF, 0, 0, 0, 0}, {1, STOF_ACT_NONE, 1, 1, 0, 0},
-        {1, STOF_ACT_NONE, 1, 2, 1, 0},     {0, STOF_ACT_NONE, 0, 1, 0, 0},
-        {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0}, {1, STOF_ACT_RELU, 1, 0, 0, 0},
-        {0, 99, 0, 0, 0, 0},                {0, STOF_ACT_NONE, 0, 0, 0, 1},
-        {1, STOF_ACT_SILU, 0, 0, 0, 1},
+        {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0, 0, 0}, {1, STOF_ACT_SILU, 0, 0, 0, 0, 0, 0},
+        {0, STOF_ACT_GELU_ERF, 0, 0, 0, 0, 0, 0}, {1, STOF_ACT_NONE, 1, 1, 0, 0, 0, 0},
+        {1, STOF_ACT_NONE, 1, 2, 1, 0, 0, 0},     {0, STOF_ACT_NONE, 0, 1, 0, 0, 0, 0},
+        {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0, 0, 0}, {1, STOF_ACT_RELU, 1, 0, 0, 0, 0, 0},
+        {0, 99, 0, 0, 0, 0, 0, 0},                {0, STOF_ACT_NONE, 0, 0, 0, 1, 0, 0},
+        {1, STOF_ACT_SILU, 0, 0, 0, 1, 0, 0},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_expect_not(stof__blaslt_epi_ok(&bad[i]), "case %zu", i);
@@ -351,7 +351,7 @@ Test(blaslt, set_algo_round_trip_and_bogus_blobs, .timeout = 300)
 {
     stof_context *ctx = open_or_skip();
     tu_rng rng = {tu_seed()};
-    const stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 0, 0, 0, 0};
+    const stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 0, 0, 0, 0, 0, 0};
     prob p;
     prob_init(ctx, &p, STOF_DTYPE_FP16, 256, 768, 768, 0, &e, &rng);
     stof_blaslt_gemm *g = NULL;
@@ -570,7 +570,7 @@ static int lookup_check(void)
     if (stof_open(&ctx, &s) != STOF_OK)
         return 1;
     if (!stof_has_device(ctx)) {
-        const stof_gemm_epi e = {1, STOF_ACT_NONE, 0, 0, 0, 0};
+        const stof_gemm_epi e = {1, STOF_ACT_NONE, 0, 0, 0, 0, 0, 0};
         stof_blaslt_gemm *g = NULL;
         stof_status st = stof__blaslt_create(ctx, STOF_DTYPE_FP16, 64, 64, 64,
                                              64, 64, 64, &e, 4, &g);

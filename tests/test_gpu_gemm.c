@@ -272,11 +272,11 @@ static void epilogues(stof_dtype dt)
     for (int act = 0; act <= STOF_ACT_SILU; act++)
         for (int v = 0; v < 2; v++) {
             stof_gemm_epi e = {v == 0 || act == 0, act, v == 1 || act == 0,
-                               0, 0, 0};
+                               0, 0, 0, 0, 0};
             check(ctx, dt, &cfg_64, &e, 100, 200, 72, v ? 8 : 0,
                   (uint64_t)(act * 2 + v));
         }
-    stof_gemm_epi none = {0, 0, 0, 0, 0, 0};
+    stof_gemm_epi none = {0, 0, 0, 0, 0, 0, 0, 0};
     check(ctx, dt, &cfg_64, &none, 1, 8, 8, 0, 99);
     stof_close(&ctx);
 }
@@ -295,7 +295,7 @@ Test(gpu, tiles, .timeout = 600)
         {64, 64, 64, 2, 2, 5, 0, 1, 0},   {32, 64, 32, 1, 2, 4, 0, 1, 0},
         {32, 128, 32, 1, 4, 3, 0, 1, 0},  {16, 64, 64, 1, 4, 3, 0, 1, 0},
     };
-    stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0};
+    stof_gemm_epi e = {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0, 0, 0};
     for (size_t i = 0; i < sizeof(cfgs) / sizeof(*cfgs); i++)
         check(ctx, i % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &cfgs[i], &e,
               300, 264, 200, 0, 1000 + i);
@@ -313,11 +313,11 @@ static void norms(stof_dtype dt)
     int i = 0;
     for (int norm = 1; norm <= 2; norm++)
         for (int pre = 0; pre < 2; pre++, i++) {
-            stof_gemm_epi e = {pre, 0, 1, norm, pre, 0};
+            stof_gemm_epi e = {pre, 0, 1, norm, pre, 0, 0, 0};
             check(ctx, dt, &cfgs[i % 3], &e, 100, 200, 72, pre ? 8 : 0,
                   (uint64_t)(2000 + i));
         }
-    stof_gemm_epi ln = {1, 0, 1, 1, 1, 0};
+    stof_gemm_epi ln = {1, 0, 1, 1, 1, 0, 0, 0};
     check(ctx, dt, &cfgs[1], &ln, 128, 768, 3072, 0, 2100);
     stof_close(&ctx);
 }
@@ -332,7 +332,7 @@ Test(gpu, layer_shapes, .timeout = 600)
     static const int shapes[][3] = {{512, 2304, 768}, {128, 768, 3072}};
     for (int s = 0; s < 2; s++) {
         stof_gemm_epi e = {1, s ? STOF_ACT_NONE : STOF_ACT_GELU_ERF, s,
-                           0, 0, 0};
+                           0, 0, 0, 0, 0};
         stof_gemm_cfg c[32];
         int n = stof__gemm_candidates(&ctx->device, &e, shapes[s][0],
                                       shapes[s][1], shapes[s][2], c, 32);
@@ -727,7 +727,7 @@ Test(gpu, bench, .timeout = 600)
         {128, 2304, 768},  {128, 3072, 768},  {128, 768, 3072}};
     enum { NS = sizeof(shapes) / sizeof(*shapes) };
     const stof_dtype dt = STOF_DTYPE_FP16;
-    stof_gemm_epi e = {0, 0, 0, 0, 0, 0};
+    stof_gemm_epi e = {0, 0, 0, 0, 0, 0, 0, 0};
     kernel k[NC];
     for (int i = 0; i < NC; i++)
         k[i] = load(ctx, dt, &cfgs[i], &e, 8);
@@ -837,11 +837,11 @@ static void wgmma_epilogues(stof_dtype dt)
     for (int act = 0; act <= STOF_ACT_SILU; act++)
         for (int v = 0; v < 2; v++, i++) {
             stof_gemm_epi e = {v == 0 || act == 0, act, v == 1 || act == 0,
-                               0, 0, 0};
+                               0, 0, 0, 0, 0};
             check(ctx, dt, &wg_tiles[i % N_WG_TILES], &e, 300, 264, 200,
                   v ? 8 : 0, (uint64_t)(5000 + i));
         }
-    stof_gemm_epi none = {0, 0, 0, 0, 0, 0};
+    stof_gemm_epi none = {0, 0, 0, 0, 0, 0, 0, 0};
     check(ctx, dt, &wg_tiles[2], &none, 1, 8, 8, 0, 5100);
     stof_close(&ctx);
 }
@@ -860,15 +860,15 @@ Test(gpu, wgmma_epilogues_bf16, .timeout = 300)
 Test(gpu, wgmma_tiles, .timeout = 600)
 {
     stof_context *ctx = open_hopper_or_skip();
-    stof_gemm_epi e = {1, STOF_ACT_GELU_ERF, 1, 0, 0, 0};
+    stof_gemm_epi e = {1, STOF_ACT_GELU_ERF, 1, 0, 0, 0, 0, 0};
     for (int i = 0; i < N_WG_TILES; i++)
         check(ctx, i % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &wg_tiles[i],
               &e, 1000, 776, 328, 0, (uint64_t)(5200 + i));
-    stof_gemm_epi b = {1, STOF_ACT_NONE, 0, 0, 0, 0};
+    stof_gemm_epi b = {1, STOF_ACT_NONE, 0, 0, 0, 0, 0, 0};
     check(ctx, STOF_DTYPE_BF16, &wg_tiles[1], &b, 2048, 3072, 768, 0, 5301);
     /* Pairs on an odd number of tile rows (the last pair's second tile
      * lies past M) with a residual, and a layer shape. */
-    stof_gemm_epi r = {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0};
+    stof_gemm_epi r = {1, STOF_ACT_GELU_TANH, 1, 0, 0, 0, 0, 0};
     for (int i = WG_FIRST_PAIR; i < N_WG_TILES; i++)
         check(ctx, i % 2 ? STOF_DTYPE_BF16 : STOF_DTYPE_FP16, &wg_tiles[i],
               &r, 1100, 520, 200, 8, (uint64_t)(5310 + i));
@@ -889,11 +889,11 @@ Test(gpu, wgmma_split_tails, .timeout = 300)
     stof_context *ctx = open_hopper_or_skip();
     static const stof_gemm_cfg pp128 = {128, 128, 64, 1, 1, 5, 1, 1, 0},
                                pp64 = {128, 64, 64, 1, 1, 6, 1, 1, 0};
-    const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0},
-                        res = {1, 0, 1, 0, 0, 0},
-                        silu_res = {0, STOF_ACT_SILU, 1, 0, 0, 0},
-                        gated = {1, STOF_ACT_SILU, 0, 0, 0, 1},
-                        bias = {1, 0, 0, 0, 0, 0};
+    const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0, 0, 0},
+                        res = {1, 0, 1, 0, 0, 0, 0, 0},
+                        silu_res = {0, STOF_ACT_SILU, 1, 0, 0, 0, 0, 0},
+                        gated = {1, STOF_ACT_SILU, 0, 0, 0, 1, 0, 0},
+                        bias = {1, 0, 0, 0, 0, 0, 0, 0};
     /* 15 tiles on 7 CTAs: 14 whole, then 2 halves (the second past M at
      * 600 rows, wholly past it at 560). */
     check_ctas = 7;
@@ -938,8 +938,8 @@ Test(gpu, bench_split, .timeout = 600)
         {4096, 2304, 3072}, {4096, 3072, 768}};
     enum { NS = sizeof(shapes) / sizeof(*shapes), ROUNDS = 7 };
     const stof_dtype dt = STOF_DTYPE_FP16;
-    const stof_gemm_epi epis[2] = {{1, 0, 0, 0, 0, 0},
-                                   {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0}};
+    const stof_gemm_epi epis[2] = {{1, 0, 0, 0, 0, 0, 0, 0},
+                                   {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0, 0, 0}};
     static const stof_gemm_cfg pp[2] = {{128, 128, 64, 1, 1, 6, 1, 1, 0},
                                         {128, 128, 64, 1, 1, 5, 1, 1, 0}};
     kernel k[2][2];
@@ -1023,7 +1023,7 @@ Test(gpu, bench_hopper, .timeout = 600)
     static const char *const act_name[5] = {"bias", "tanh-GELU",
                                             "erf-GELU", "ReLU", "SiLU"};
     const stof_gemm_epi epis[NE] = {
-        {0, 0, 0, 0, 0, 0}, {1, act, 0, 0, 0, 0}, {1, 0, 1, 0, 0, 0}};
+        {0, 0, 0, 0, 0, 0, 0, 0}, {1, act, 0, 0, 0, 0, 0, 0}, {1, 0, 1, 0, 0, 0, 0, 0}};
     const char *const epi_name[NE] = {"plain", act_name[act], "bias+res"};
     char act_label[32]; /* the summary's name of the second epilogue */
     snprintf(act_label, sizeof(act_label), "%s%s", act_name[act],
@@ -1049,7 +1049,7 @@ Test(gpu, bench_hopper, .timeout = 600)
     CUevent e0, e1;
     cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
     cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
-    const stof_gemm_epi lt_bias = {1, 0, 0, 0, 0, 0};
+    const stof_gemm_epi lt_bias = {1, 0, 0, 0, 0, 0, 0, 0};
     kernel gelu_k = load_gate(ctx, dt, STOF_ACT_GELU_ERF, 0);
     for (int s = 0; s < NS; s++) {
         if (!bench_shape_on(s))
@@ -1290,8 +1290,8 @@ Test(gpu, trace_hopper, .timeout = 300)
     cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
     cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
     stof__ctx_pop(ctx);
-    const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0}, plain = {0, 0, 0, 0, 0, 0},
-                        erf = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0};
+    const stof_gemm_epi ln = {1, 0, 1, 1, 0, 0, 0, 0}, plain = {0, 0, 0, 0, 0, 0, 0, 0},
+                        erf = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 0, 0, 0};
     const stof_gemm_cfg w192 = {128, 192, 64, 2, 1, 4, 1, 1, 0},
                         w64 = {128, 64, 64, 2, 1, 6, 1, 1, 0},
                         w128 = {128, 128, 64, 2, 1, 4, 1, 1, 0};
@@ -1307,7 +1307,7 @@ Test(gpu, trace_hopper, .timeout = 300)
      * projection's epilogue, 4096 tokens). */
     const stof_gemm_cfg c256s4 = {128, 256, 64, 2, 1, 4, 1, 1, 1},
                         c192s5 = {128, 192, 64, 2, 1, 5, 1, 1, 1};
-    const stof_gemm_epi res = {0, 0, 1, 0, 0, 0};
+    const stof_gemm_epi res = {0, 0, 1, 0, 0, 0, 0, 0};
     const struct {
         const stof_gemm_cfg *c;
         const stof_gemm_epi *e;
@@ -1344,10 +1344,10 @@ Test(gpu, trace_hopper, .timeout = 300)
 static void wgmma_gated(stof_dtype dt)
 {
     stof_context *ctx = open_hopper_or_skip();
-    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1},
-                        swiglu_br = {1, STOF_ACT_SILU, 1, 0, 0, 1},
-                        geglu = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 1},
-                        geglu_t = {0, STOF_ACT_GELU_TANH, 1, 0, 0, 1};
+    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1, 0, 0},
+                        swiglu_br = {1, STOF_ACT_SILU, 1, 0, 0, 1, 0, 0},
+                        geglu = {1, STOF_ACT_GELU_ERF, 0, 0, 0, 1, 0, 0},
+                        geglu_t = {0, STOF_ACT_GELU_TANH, 1, 0, 0, 1, 0, 0};
     const stof_gemm_epi *es[] = {&swiglu, &swiglu_br, &geglu, &geglu_t};
     for (int i = 0; i < 4; i++) {
         const stof_gemm_cfg *c = &wg_tiles[i % 4]; /* 256 s3/s2, 128 s4/s6 */
@@ -1396,11 +1396,11 @@ static void wgmma_norms(stof_dtype dt)
     for (int norm = 1; norm <= 2; norm++)
         for (int v = 0; v < 3; v++, i++) {
             const int with_pre = v == 1 || (v == 2 && norm == 2);
-            const stof_gemm_epi e = {v < 2, 0, v < 2, norm, with_pre, 0};
+            const stof_gemm_epi e = {v < 2, 0, v < 2, norm, with_pre, 0, 0, 0};
             check(ctx, dt, &cfgs[i % 5], &e, 300, i % 2 ? 1000 : 768, 200,
                   v == 1 ? 8 : 0, (uint64_t)(5500 + i));
         }
-    const stof_gemm_epi post = {1, 0, 1, 1, 0, 0}, pre = {1, 0, 1, 2, 1, 0};
+    const stof_gemm_epi post = {1, 0, 1, 1, 0, 0, 0, 0}, pre = {1, 0, 1, 2, 1, 0, 0, 0};
     check(ctx, dt, &cfgs[0], &post, 4096, 768, 3072, 0, 5510);
     check(ctx, dt, &cfgs[1], &post, 4096, 768, 768, 0, 5514);
     check(ctx, dt, &cfgs[0], &pre, 2048, 1024, 1024, 0, 5511);
@@ -1415,8 +1415,8 @@ static void wgmma_norms(stof_dtype dt)
     check(ctx, dt, &w192[0], &post, 300, 768, 200, 0, 5520);
     check(ctx, dt, &w192[1], &pre, 4096, 768, 3072, 0, 5521);
     check(ctx, dt, &w192[0], &post, 1000, 1000, 328, 8, 5522);
-    const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 1, 0, 0, 0},
-                        br = {1, 0, 1, 0, 0, 0}, plain = {0, 0, 0, 0, 0, 0};
+    const stof_gemm_epi erf = {1, STOF_ACT_GELU_ERF, 1, 0, 0, 0, 0, 0},
+                        br = {1, 0, 1, 0, 0, 0, 0, 0}, plain = {0, 0, 0, 0, 0, 0, 0, 0};
     check(ctx, dt, &w192[1], &erf, 1000, 776, 328, 0, 5523);
     check(ctx, dt, &w192[0], &br, 300, 2304, 768, 8, 5524);
     check(ctx, dt, &w192[0], &plain, 4096, 3072, 1024, 0, 5525);
@@ -1451,20 +1451,20 @@ static void wgmma_c_in_slots(stof_dtype dt)
     int i = 0;
     for (int act = 0; act <= STOF_ACT_SILU; act++)
         for (int b = 0; b < 2; b++, i++) {
-            const stof_gemm_epi e = {b, act, 1, 0, 0, 0};
+            const stof_gemm_epi e = {b, act, 1, 0, 0, 0, 0, 0};
             check(ctx, dt, &cs[i % NCS], &e, 300, 264, 200, i % 3 ? 0 : 8,
                   (uint64_t)(5700 + i));
             check(ctx, dt, &cs[(i + 1) % NCS], &e, 1000, 776, 328, 0,
                   (uint64_t)(5720 + 2 * i + 1));
         }
-    const stof_gemm_epi res = {0, 0, 1, 0, 0, 0};
+    const stof_gemm_epi res = {0, 0, 1, 0, 0, 0, 0, 0};
     check(ctx, dt, &cs[0], &res, 512, 2048, 5632, 0, 5740); /* Llama */
     check(ctx, dt, &cs[1], &res, 1, 8, 8, 0, 5741);
     int j = 0;
     for (int norm = 1; norm <= 2; norm++)
         for (int v = 0; v < 4; v++, j++) {
             /* bias + residual; + pre; neither; pre without a residual */
-            const stof_gemm_epi e = {v < 2, 0, v < 2, norm, v & 1, 0};
+            const stof_gemm_epi e = {v < 2, 0, v < 2, norm, v & 1, 0, 0, 0};
             check(ctx, dt, &cs[j % NCS], &e, 300, j % 2 ? 1000 : 768, 200,
                   v == 1 ? 8 : 0, (uint64_t)(5751 + 2 * j));
             const stof_gemm_cfg *w = &cs[(j + 3) % NCS];
@@ -1473,7 +1473,7 @@ static void wgmma_c_in_slots(stof_dtype dt)
             check(ctx, dt, w, &e, 520, 2048, 136, 0,
                   (uint64_t)(5770 + 2 * j));
         }
-    const stof_gemm_epi post = {1, 0, 1, 1, 0, 0}, pre = {1, 0, 1, 2, 1, 0};
+    const stof_gemm_epi post = {1, 0, 1, 1, 0, 0, 0, 0}, pre = {1, 0, 1, 2, 1, 0, 0, 0};
     check(ctx, dt, &cs[0], &post, 1024, 1024, 4096, 0, 5790);
     check(ctx, dt, &cs[0], &post, 4096, 1024, 1024, 0, 5791);
     check(ctx, dt, &cs[2], &post, 2048, 768, 3072, 0, 5792);
@@ -1514,8 +1514,8 @@ Test(gpu, pdl_chain, .timeout = 300)
     stof__pdl_set(1);
     const stof_dtype dt = STOF_DTYPE_FP16;
     const int M = 4096, N = 768, K = 768;
-    const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0},
-                        ln = {1, 0, 1, 1, 0, 0};
+    const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0, 0, 0},
+                        ln = {1, 0, 1, 1, 0, 0, 0, 0};
     const stof_gemm_cfg cfgs[] = {{128, 256, 64, 2, 1, 4, 1, 1, 0},
                                   {128, 256, 64, 2, 1, 4, 1, 2, 0},
                                   {128, 128, 64, 1, 1, 5, 1, 1, 0},
@@ -1703,8 +1703,8 @@ Test(gpu, bench_gated, .timeout = 600)
                                     {16384, 5632, 2048},
                                     {16384, 3072, 768}};
     enum { NS = sizeof(shapes) / sizeof(*shapes) };
-    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1},
-                        plain0 = {0, 0, 0, 0, 0, 0};
+    const stof_gemm_epi swiglu = {0, STOF_ACT_SILU, 0, 0, 0, 1, 0, 0},
+                        plain0 = {0, 0, 0, 0, 0, 0, 0, 0};
     const size_t maxa = 16384u * 4096u, maxw = 2u * 14336u * 4096u,
                  maxc = 16384u * 2u * 14336u;
     CUdeviceptr da, dw, dc, dg, ws;

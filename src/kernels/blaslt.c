@@ -317,7 +317,7 @@ int stof__blaslt_epi_ok(const stof_gemm_epi *e)
 {
     if (!e)
         return 0;
-    if (e->norm || e->write_pre || e->gated)
+    if (e->norm || e->write_pre || e->gated || e->rope)
         return 0;
     if (e->act != STOF_ACT_NONE && e->act != STOF_ACT_GELU_TANH &&
         e->act != STOF_ACT_RELU)

@@ -116,6 +116,21 @@ static int epi_valid(const stof_gemm_epi *e, char *why, size_t n)
         return stof__why(why, n, "write_pre needs norm");
     if (e->gated && e->norm)
         return stof__why(why, n, "gated and norm cannot be combined");
+    if (e->rope < 0 || (e->rope == 0 && e->rope_hd != 0))
+        return stof__why(why, n, "rope %d, rope_hd %d: rope 0 wants rope_hd 0",
+                         e->rope, e->rope_hd);
+    if (e->rope &&
+        (e->rope_hd < 16 || e->rope_hd > 256 || e->rope_hd % 8 ||
+         e->rope % 16 || e->rope > e->rope_hd))
+        return stof__why(why, n,
+                         "rope %d over heads of %d: the head a multiple of 8 "
+                         "in 16..256, rope a multiple of 16 at most the head",
+                         e->rope, e->rope_hd);
+    if (e->rope && (e->act != STOF_ACT_NONE || e->gated || e->residual ||
+                    e->norm))
+        return stof__why(why, n,
+                         "rope: not with an activation, a gate, a residual "
+                         "or a norm");
     return 1;
 }
 
@@ -190,6 +205,11 @@ static int wgmma_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          "wgmma template: block_n 192 runs no pairs "
                          "(cluster %d)",
                          c->cluster);
+    if (e->rope && c->block_n % e->rope_hd)
+        return stof__why(why, n,
+                         "wgmma template: rope needs whole heads of %d in "
+                         "a tile of %d columns",
+                         e->rope_hd, c->block_n);
     if (dev && dev->ok && (dev->cc_major != 9 || dev->cc_minor != 0))
         return stof__why(why, n,
                          "wgmma template: needs compute capability 9.0 "
@@ -267,6 +287,11 @@ int stof__gemm_cfg_valid(const stof_device *dev, const stof_gemm_cfg *c,
                          "gated: only the wgmma template (sm_90a) fuses it; "
                          "elsewhere the layer runs the 2N-wide GEMM and a "
                          "gate kernel");
+    if (e->rope)
+        return stof__why(why, n,
+                         "rope: only the wgmma template (sm_90a) fuses it; "
+                         "elsewhere the layer runs the plain GEMM and a "
+                         "rope kernel");
     const size_t smem = stof__gemm_smem_bytes(c, e, N);
     const size_t lim = smem_limit(dev);
     if (smem > lim)
@@ -355,7 +380,7 @@ size_t stof__gemm_norm_ws_max(const stof_device *dev, int M, int N)
         if ((N + widths[i] - 1) / widths[i] > WG_NORM_TILES)
             continue;
         const stof_gemm_cfg c = {WG_BM, widths[i], WG_BK, 1, 1, 2, 1, 1, 0};
-        const stof_gemm_epi e = {0, 0, 0, 1, 0, 0};
+        const stof_gemm_epi e = {.norm = 1};
         return stof__gemm_ws_bytes(&c, &e, M, N);
     }
     return 0;
@@ -556,11 +581,12 @@ double stof__gemm_model_ms(const stof_device *dev, const stof_gemm_cfg *c,
 static const char *const cfg_keys[] = {"bm",  "bn",   "bk",  "wm",
                                         "wn",  "st",   "bias", "act",
                                         "res", "norm", "pre",  "wg",
-                                        "gated", "cl",  "cs"};
-/* "wg" (the Hopper template), "gated", "cl" (its cluster) and "cs" (C in
- * its slots) are written only when set; older records have the first 11
- * keys. */
-enum { CFG_KEYS = 11, CFG_KEYS_ALL = 15 };
+                                        "gated", "cl",  "cs",  "rope",
+                                        "rhd"};
+/* "wg" (the Hopper template), "gated", "cl" (its cluster), "cs" (C in
+ * its slots), "rope" and "rhd" (its head) are written only when set;
+ * older records have the first 11 keys. */
+enum { CFG_KEYS = 11, CFG_KEYS_ALL = 17 };
 
 void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                          stof_str *out)
@@ -572,7 +598,7 @@ void stof__gemm_cfg_json(const stof_gemm_cfg *c, const stof_gemm_epi *e,
                                  e->bias,     e->act,       e->residual,
                                  e->norm,     e->write_pre, c->wgmma,
                                  e->gated,    c->cluster > 1 ? c->cluster : 0,
-                                 c->cslot};
+                                 c->cslot,    e->rope,      e->rope_hd};
     json_t *o = json_object();
     for (int i = 0; o && i < CFG_KEYS_ALL; i++)
         if (i < CFG_KEYS || v[i])
@@ -626,6 +652,8 @@ int stof__gemm_cfg_parse(const char *json, stof_gemm_cfg *c,
     e->gated = val[12];
     c->cluster = val[13] > 1 ? val[13] : 1; /* absent: alone */
     c->cslot = val[14];
+    e->rope = val[15];
+    e->rope_hd = val[16];
     return 1;
 }
 
@@ -697,18 +725,101 @@ void stof__ref_gemm(const float *A, const float *W, const float *bias,
                     int64_t ldw, int64_t ldc, const stof_gemm_epi *e,
                     float eps, stof_dtype dt, float *out, float *pre)
 {
+    stof__ref_gemm_rope(A, W, bias, residual, gamma, beta, M, N, K, lda, ldw,
+                        ldc, e, eps, dt, NULL, out, pre);
+}
+
+void stof__rope_table(float *tab, const int *pos, int n, int rope,
+                      float theta)
+{
+    if (!tab || n <= 0 || rope <= 0 || rope % 2)
+        return;
+    const int half = rope / 2;
+    for (int i = 0; i < half; i++) {
+        /* Hugging Face: 1 / theta ** (arange(0, rope, 2).float() / rope),
+         * each step in fp32. */
+        const float ex = (float)(2 * i) / (float)rope;
+        const float f = 1.0f / powf(theta, ex);
+        const double cf = cos((double)f), sf = sin((double)f);
+        double c = 1.0, s = 0.0;
+        for (int k = 0; k < n; k++) {
+            const int p = pos ? pos[k] : k;
+            /* The angle as Hugging Face has it, one fp32 product; x the
+             * exact p f (exact in double: 24 x 31 bits). */
+            const volatile float ang = (float)p * f;
+            const double x = (double)p * (double)f;
+            float *t = tab + 2 * ((size_t)k * half + i);
+            if (k % 64 == 0) { /* (c, s) = cos, sin of x, anew */
+                c = cos(x);
+                s = sin(x);
+            }
+            /* cos and sin of x + d, d = ang - x (|d| <= 2^-24 |x|), to
+             * second order where |d| <= 2^-12 (the rest below 3e-12),
+             * else from libm */
+            const double d = (double)ang - x, d2 = 0.5 * d * d;
+            if (pos || fabs(d) > 0x1p-12) {
+                t[0] = (float)cos((double)ang);
+                t[1] = (float)sin((double)ang);
+            } else {
+                t[0] = (float)(c - s * d - c * d2);
+                t[1] = (float)(s + c * d - s * d2);
+            }
+            const double nc = c * cf - s * sf;
+            s = s * cf + c * sf;
+            c = nc;
+        }
+    }
+}
+
+/* Rotate row v (N values, unrounded) of position p as e->rope says. */
+static void ref_rope_row(float *v, int N, const stof_gemm_epi *e,
+                         const stof_ref_rope *r, int p)
+{
+    const int hd = e->rope_hd, half = e->rope / 2;
+    const float *t = r->tab + (size_t)p * e->rope;
+    for (int h0 = 0; h0 + hd <= r->cols && h0 + hd <= N; h0 += hd)
+        for (int i = 0; i < half; i++) {
+            const float c = t[2 * i], s = t[2 * i + 1];
+            const float x = v[h0 + i], y = v[h0 + i + half];
+            v[h0 + i] = x * c - y * s;
+            v[h0 + i + half] = y * c + x * s;
+        }
+}
+
+void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
+                         const float *residual, const float *gamma,
+                         const float *beta, int M, int N, int K, int64_t lda,
+                         int64_t ldw, int64_t ldc, const stof_gemm_epi *e,
+                         float eps, stof_dtype dt, const stof_ref_rope *rope,
+                         float *out, float *pre)
+{
     if (!A || !W || !e || !out || M <= 0 || N <= 0 || K < 0)
         return;
+    const int roped = rope && rope->tab && rope->pos && e->rope > 0 &&
+                      e->rope_hd > 0;
     float *row = malloc((size_t)N * 2u * sizeof(float));
     if (!row)
         return;
     float *nrm = row + N;
     for (int m = 0; m < M; m++) {
         const float *a = A + (int64_t)m * lda;
+        if (roped) { /* the biased products first: pairs mix columns */
+            for (int n = 0; n < N; n++) {
+                row[n] = dot_row(a, W + (int64_t)n * ldw, K);
+                if (e->bias && bias)
+                    row[n] += bias[n];
+            }
+            ref_rope_row(row, N, e, rope, rope->pos[m]);
+        }
         for (int n = 0; n < N; n++) {
-            float v = dot_row(a, W + (int64_t)n * ldw, K);
-            if (e->bias && bias)
-                v += bias[n];
+            float v;
+            if (roped) {
+                v = row[n];
+            } else {
+                v = dot_row(a, W + (int64_t)n * ldw, K);
+                if (e->bias && bias)
+                    v += bias[n];
+            }
             v = stof__ref_act(v, e->act);
             if (e->gated) { /* times the up projection, row N + n */
                 float u = dot_row(a, W + (int64_t)(N + n) * ldw, K);

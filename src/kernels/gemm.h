@@ -56,6 +56,17 @@ void stof__gemm_split_set(int on);
  *             only with act = STOF_ACT_NONE. v is rounded to the dtype
  *             before the norm (as an unfused chain would store it).
  *   write_pre: with norm, also store the rounded v to pre[m][n].
+ *   rope:     rotary position embeddings after the bias (rope > 0: the
+ *             rotated channels of each head of rope_hd columns, a
+ *             multiple of 16 <= rope_hd): in the heads whose columns lie
+ *             below args.rope_cols, row m (position p = m % args.rope_seq)
+ *             rotates each pair (i, i + rope / 2), i < rope / 2, of its
+ *             head by the table's angle: (x, y) -> (x c - y s, y c + x s),
+ *             (c, s) = args.rope_tab[p][i] (stof__rope_table). Only the
+ *             Hopper template fuses it (block_n a multiple of rope_hd;
+ *             not with act, gated, residual or norm); elsewhere a layer
+ *             runs the plain GEMM and the rope kernel (stof__rope_launch)
+ *             on its output in place.
  * The output (and residual, pre) use leading dimension ldc. */
 typedef struct stof_gemm_epi {
     int bias;
@@ -64,6 +75,7 @@ typedef struct stof_gemm_epi {
     int norm;
     int write_pre;
     int gated;
+    int rope, rope_hd;
 } stof_gemm_epi;
 
 /* Template configuration: CTA tile block_m x block_n x block_k, a
@@ -107,6 +119,11 @@ typedef struct stof_gemm_args {
      * stof__gemm_ws_bytes, zeroed once when allocated (each launch
      * leaves it ready for the next); launches using it run in order. */
     CUdeviceptr ws;
+    /* rope: the (cos, sin) table [rope_seq][rope / 2] (float pairs), the
+     * sequence length (positions are m % rope_seq) and the rotated
+     * columns [0, rope_cols) (Q and K), a multiple of rope_hd. */
+    CUdeviceptr rope_tab;
+    int rope_seq, rope_cols;
 } stof_gemm_args;
 
 /* Shape rules of the templates: N and K multiples of 8, lda/ldw/ldc
@@ -204,6 +221,46 @@ void stof__ref_gemm(const float *A, const float *W, const float *bias,
                     const float *beta, int M, int N, int K, int64_t lda,
                     int64_t ldw, int64_t ldc, const stof_gemm_epi *e,
                     float eps, stof_dtype dt, float *out, float *pre);
+
+/* stof__ref_gemm with the epilogue's rope (e->rope): tab as the kernels
+ * read it (stof__rope_table), pos[m] the position of output row m, the
+ * columns [0, cols) rotated. rope NULL or e->rope 0: stof__ref_gemm. */
+typedef struct stof_ref_rope {
+    const float *tab;
+    const int *pos;
+    int cols;
+} stof_ref_rope;
+void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
+                         const float *residual, const float *gamma,
+                         const float *beta, int M, int N, int K, int64_t lda,
+                         int64_t ldw, int64_t ldc, const stof_gemm_epi *e,
+                         float eps, stof_dtype dt, const stof_ref_rope *rope,
+                         float *out, float *pre);
+
+/* The RoPE table of n positions (pos[k], or k when pos is NULL) and
+ * `rope` rotated channels (even) with base theta: tab[k][i] = (cos, sin)
+ * of the fp32 angle a = p * f_i, f_i = 1 / theta^(2 i / rope) in fp32
+ * (Hugging Face's inv_freq), to within about 1e-11 of cos(a) and sin(a)
+ * before their rounding to float (without pos: a rotation recurrence in
+ * double, corrected by a's rounding, re-anchored every 64 positions; with
+ * pos: libm). tab holds n * rope floats. */
+void stof__rope_table(float *tab, const int *pos, int n, int rope,
+                      float theta);
+
+/* The unfused RoPE (layer_ops.cu's stof_rope): in place on x [rows][ld],
+ * the heads of hd columns below cols rotated as the epilogue's rope
+ * does (after rounding: x holds the GEMM's rounded output), tab on the
+ * device. Compile (NVRTC for ctx's device, or arch; thread-safe with ctx
+ * NULL) and enqueue (capture-safe): hd a multiple of 8, rope of 16 (rope <=
+ * hd), cols a multiple of hd <= ld, ld a multiple of 8, x 16-byte
+ * aligned. */
+stof_status stof__rope_compile(stof_context *ctx, stof_dtype dt, int hd,
+                               int rope, const char *arch,
+                               void **cubin /* OUT */, size_t *size /* OUT */);
+stof_status stof__rope_launch(CUfunction fn, CUdeviceptr x, int rows,
+                              int64_t ld, int cols, int hd, int rope,
+                              CUdeviceptr tab, int seq, CUstream stream,
+                              const stof_api *api);
 
 /* The activations and a row norm, in float, shared by the references. */
 float stof__ref_act(float v, int act);

@@ -15,7 +15,7 @@
 
 /* The kernel receives stof_gemm_args by value (struct stof_gemm_params in
  * gemm.cu has the same layout; both sides check the size). */
-_Static_assert(sizeof(stof_gemm_args) == 120,
+_Static_assert(sizeof(stof_gemm_args) == 136,
                "stof_gemm_args must match gemm.cu's stof_gemm_params");
 _Static_assert(offsetof(stof_gemm_args, M) == 64 &&
                    offsetof(stof_gemm_args, lda) == 80 &&
@@ -33,7 +33,9 @@ typedef struct stof_gemm_wgmma_params {
     float eps;
     CUdeviceptr ws;
     int n_items, split_from;
-    uint8_t tail_[40];
+    CUdeviceptr rope_tab;
+    int rope_seq, rope_cols;
+    uint8_t tail_[24];
     CUtensorMap tm_ah;
 } stof_gemm_wgmma_params;
 _Static_assert(sizeof(stof_gemm_wgmma_params) == 896,
@@ -43,6 +45,7 @@ _Static_assert(offsetof(stof_gemm_wgmma_params, c) == 640 &&
                    offsetof(stof_gemm_wgmma_params, eps) == 708 &&
                    offsetof(stof_gemm_wgmma_params, ws) == 712 &&
                    offsetof(stof_gemm_wgmma_params, n_items) == 720 &&
+                   offsetof(stof_gemm_wgmma_params, rope_tab) == 728 &&
                    offsetof(stof_gemm_wgmma_params, tm_ah) == 768,
                "stof_gemm_wgmma_params must match gemm_wgmma.cu");
 
@@ -52,7 +55,7 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
                                  const stof_gemm_epi *e, int N, void **cubin,
                                  size_t *size)
 {
-    char d[13][32];
+    char d[15][32];
     snprintf(d[0], 32, "DTYPE=%d", (int)dt);
     snprintf(d[1], 32, "BLOCK_N=%d", c->block_n);
     snprintf(d[2], 32, "STAGES=%d", c->stages);
@@ -66,11 +69,17 @@ static stof_status wgmma_compile(stof_context *ctx, stof_dtype dt,
     snprintf(d[10], 32, "WRITE_PRE=%d", e->write_pre);
     snprintf(d[11], 32, "N_TOTAL=%d", e->norm ? N : 0);
     /* (only when set: the other kernels' inputs stay as they were) */
-    snprintf(d[12], 32, "CSLOT=%d", c->cslot);
-    const char *defs[13] = {d[0], d[1], d[2], d[3], d[4],  d[5], d[6],
-                            d[7], d[8], d[9], d[10], d[11], d[12]};
-    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs,
-                                          c->cslot ? 13 : 12,
+    int k = 12;
+    if (c->cslot)
+        snprintf(d[k++], 32, "CSLOT=%d", c->cslot);
+    if (e->rope) {
+        snprintf(d[k++], 32, "ROPE=%d", e->rope);
+        snprintf(d[k++], 32, "ROPE_HD=%d", e->rope_hd);
+    }
+    const char *defs[15];
+    for (int i = 0; i < k; i++)
+        defs[i] = d[i];
+    return (stof_status)stof__jit_compile(ctx, "gemm_wgmma.cu", defs, k,
                                           "sm_90a", cubin, size);
 }
 
@@ -362,6 +371,9 @@ static stof_status wgmma_launch(CUfunction fn, const stof_gemm_cfg *c,
     p.K = a->K;
     p.tiles_m = (a->M + WG_BM - 1) / WG_BM;
     p.tiles_n = (a->N + out_n - 1) / out_n;
+    p.rope_tab = e->rope ? a->rope_tab : 0;
+    p.rope_seq = e->rope ? a->rope_seq : 1;
+    p.rope_cols = e->rope ? a->rope_cols : 0;
     /* The raster's items: tiles, or pairs of tile rows. */
     const int64_t items = (int64_t)(pair ? (p.tiles_m + 1) / 2 : p.tiles_m) *
                           p.tiles_n;
@@ -421,9 +433,13 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
         return STOF_ERR_INVALID_ARGUMENT;
     if (e->write_pre && (!a->pre || a->pre % 16u))
         return STOF_ERR_INVALID_ARGUMENT;
+    if (e->rope && (!a->rope_tab || a->rope_tab % 16u || a->rope_seq <= 0 ||
+                    a->rope_cols < 0 || a->rope_cols > a->N ||
+                    e->rope_hd <= 0 || a->rope_cols % e->rope_hd))
+        return STOF_ERR_INVALID_ARGUMENT;
     if (c->wgmma)
         return wgmma_launch(fn, c, e, a, ctas, stream, api);
-    if (e->gated) /* the mma.sync template has no gated epilogue */
+    if (e->gated || e->rope) /* the mma.sync template has neither */
         return STOF_ERR_INVALID_ARGUMENT;
     const unsigned gx =
         e->norm ? 1u : (unsigned)((a->N + c->block_n - 1) / c->block_n);
@@ -492,3 +508,47 @@ stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
+
+stof_status stof__rope_compile(stof_context *ctx, stof_dtype dt, int hd,
+                               int rope, const char *arch, void **cubin,
+                               size_t *size)
+{
+    if (!cubin || !size)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "rope compile: NULL output pointer");
+    *cubin = NULL;
+    *size = 0;
+    if ((dt != STOF_DTYPE_FP16 && dt != STOF_DTYPE_BF16) || hd <= 0 ||
+        hd % 8 || rope <= 0 || rope % 16 || rope > hd)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "rope compile: dtype %d, head_dim %d, rope %d",
+                          (int)dt, hd, rope);
+    /* (hd and rope are launch arguments: one module a dtype) */
+    char d[1][32];
+    snprintf(d[0], 32, "DTYPE=%d", (int)dt);
+    const char *defs[1] = {d[0]};
+    return (stof_status)stof__jit_compile(ctx, "layer_ops.cu", defs, 1, arch,
+                                          cubin, size);
+}
+
+stof_status stof__rope_launch(CUfunction fn, CUdeviceptr x, int rows,
+                              int64_t ld, int cols, int hd, int rope,
+                              CUdeviceptr tab, int seq, CUstream stream,
+                              const stof_api *api)
+{
+    if (!fn || !api || !api->cuLaunchKernel || rows < 0 || hd <= 0 ||
+        hd % 8 || rope <= 0 || rope % 16 || rope > hd || cols < 0 ||
+        cols % hd || ld % 8 || ld < cols || !x || x % 16u || !tab ||
+        tab % 16u || seq <= 0)
+        return STOF_ERR_INVALID_ARGUMENT;
+    const int64_t total = (int64_t)rows * (cols / hd) * (rope / 16);
+    if (total == 0)
+        return STOF_OK;
+    const int64_t blocks = (total + 255) / 256;
+    const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
+    void *params[] = {&x, &rows, &ld, &cols, &hd, &rope, &tab, &seq};
+    const stof_launch_opts o = {.pdl = STOF_PDL_IF_SM90};
+    CUresult r = stof__launch(api, fn, grid, 1, 1, 256, 0, stream, params,
+                              &o);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}

@@ -148,6 +148,30 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
     STOF_CHECK_ARG(ctx, isfinite(d->norm_eps) && d->norm_eps >= 0.0f,
                    "desc.norm_eps %g: a finite value >= 0 (0 = 1e-5)",
                    (double)d->norm_eps);
+    STOF_CHECK_ARG(ctx,
+                   d->rope_theta == 0.0f ||
+                       (isfinite(d->rope_theta) && d->rope_theta > 1.0f),
+                   "desc.rope_theta %g: 0 (no rotary embeddings) or a "
+                   "finite base > 1 (Llama: 10000)",
+                   (double)d->rope_theta);
+    STOF_CHECK_ARG(ctx, d->rope_dim == 0 || d->rope_theta != 0.0f,
+                   "desc.rope_dim %d without desc.rope_theta (0: no rotary "
+                   "embeddings)",
+                   d->rope_dim);
+    if (d->rope_theta != 0.0f) {
+        const int hd = d->hidden / d->heads;
+        STOF_CHECK_ARG(ctx,
+                       d->rope_dim >= 0 && d->rope_dim <= hd &&
+                           d->rope_dim % 16 == 0,
+                       "desc.rope_dim %d: 0 (the whole head) or a multiple "
+                       "of 16 up to head_dim %d",
+                       d->rope_dim, hd);
+        STOF_CHECK_ARG(ctx, d->rope_dim != 0 || hd % 16 == 0,
+                       "desc.rope_dim 0 rotates the whole head, but "
+                       "head_dim %d is not a multiple of 16 (the rotated "
+                       "channels must be): set rope_dim",
+                       hd);
+    }
     if (!m)
         return STOF_OK;
     const int sq = stof_mask_seq_q(m), sk = stof_mask_seq_k(m);
@@ -197,6 +221,10 @@ static void init_ops(stof_layer *L)
          * layer). */
         g->epi.write_pre = shape[i].norm && pre;
         g->epi.gated = i == G_FFN1 && d->gated;
+        if (i == G_QKV && L->rope) {
+            g->epi.rope = L->rope;
+            g->epi.rope_hd = L->hd;
+        }
         g->used = !pre || i != G_B_PLAIN;
     }
     for (int i = 0; i < N_COUNT; i++) {
@@ -229,6 +257,11 @@ int stof__layer_gemm_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
     return g->epi.gated && (lt || !c || !c->wgmma);
 }
 
+int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
+{
+    return g->epi.rope && (lt || !c || !c->wgmma);
+}
+
 stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,
                                      const stof_gemm_cfg *c)
 {
@@ -237,6 +270,8 @@ stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,
         e.gated = 0;
         e.act = STOF_ACT_NONE;
     }
+    if (stof__layer_rope_split(g, lt, c)) /* the plain GEMM, then rope */
+        e.rope = e.rope_hd = 0;
     return e;
 }
 
@@ -403,6 +438,10 @@ static void layer_release(stof_layer *L)
             stof__layer_norm_unload(L, &L->n[i]);
         if (L->gate_mod)
             api->cuModuleUnload(L->gate_mod);
+        if (L->rope_mod)
+            api->cuModuleUnload(L->rope_mod);
+        if (L->rope_tab)
+            api->cuMemFree(L->rope_tab);
         if (L->cap_stream)
             api->cuStreamDestroy(L->cap_stream);
         if (L->mem)
@@ -647,6 +686,48 @@ stof_status stof__layer_gate_ready(stof_layer *L)
     return st;
 }
 
+stof_status stof__layer_rope_ready(stof_layer *L, int kernel)
+{
+    stof_context *ctx = L->ctx;
+    const stof_api *api = ctx->api;
+    if (!L->rope)
+        return STOF_OK;
+    if (!L->rope_tab) {
+        const double t0 = stof__now_ms();
+        const size_t n = (size_t)L->d.seq * (size_t)L->rope;
+        float *tab = malloc(n * sizeof(float));
+        if (!tab)
+            return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                              "out of memory (the RoPE table, %zu bytes)",
+                              n * sizeof(float));
+        stof__rope_table(tab, NULL, L->d.seq, L->rope, L->d.rope_theta);
+        CUresult r = api->cuMemAlloc(&L->rope_tab, n * sizeof(float));
+        if (r == CUDA_SUCCESS) {
+            r = api->cuMemcpyHtoD(L->rope_tab, tab, n * sizeof(float));
+            if (r != CUDA_SUCCESS) {
+                api->cuMemFree(L->rope_tab);
+                L->rope_tab = 0;
+            }
+        }
+        free(tab);
+        if (r != CUDA_SUCCESS)
+            return (stof_status)stof__cuda_fail(ctx, r, "the RoPE table",
+                                                __FILE__, __LINE__);
+        L->plan_ms[1] += stof__now_ms() - t0;
+    }
+    if (!kernel || L->rope_fn)
+        return STOF_OK;
+    void *cubin = NULL;
+    size_t size = 0;
+    stof_status st = stof__rope_compile(ctx, L->d.dtype, L->hd, L->rope,
+                                        NULL, &cubin, &size);
+    if (st == STOF_OK)
+        st = (stof_status)stof__module_load(ctx, cubin, "stof_rope", 0,
+                                            &L->rope_mod, &L->rope_fn);
+    free(cubin);
+    return st;
+}
+
 /* A gated layer whose first FFN GEMM runs fused needs no [tokens][2 ffn]
  * buffer (at 32k tokens of a 7B-class FFN, 1.4 GB): freed once the kernel
  * is chosen (the context current). */
@@ -682,6 +763,10 @@ static void record_layer_miss(stof_layer *L, const stof_mask *m,
         stof__layer_dtype_str(d->dtype), "act", (int)d->act, "norm",
         (int)d->norm, "pre_norm", d->pre_norm, "no_bias", d->no_bias, "gated",
         d->gated, "eps", (double)L->eps);
+    if (pj && d->rope_theta != 0.0f) { /* (only with RoPE) */
+        json_object_set_new(pj, "rope_theta", json_real((double)d->rope_theta));
+        json_object_set_new(pj, "rope_dim", json_integer(d->rope_dim));
+    }
     stof__record_miss(L->ctx, db, L->key, pj, m, mask_hex, fam, ad, sample);
 }
 
@@ -722,6 +807,9 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     L->hd = d->hidden / d->heads;
     L->eps = d->norm_eps > 0 ? d->norm_eps : 1e-5f;
     L->pdl = -1; /* (the search or the record decides, else the rule) */
+    L->rope = d->rope_theta == 0.0f ? 0
+              : d->rope_dim > 0     ? d->rope_dim
+                                    : L->hd;
     init_ops(L);
     /* The attention reads Q, K, V from the [tokens][hidden + 2 kvd]
      * projection (kvd = kv_heads * head_dim) and writes [tokens][hidden]. */
@@ -764,6 +852,12 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     }
     L->plan_ms[0] = stof__now_ms() - tp;
     tp = stof__now_ms();
+    /* The RoPE table: every QKV kernel reads it, the checks too. */
+    if ((st = stof__layer_rope_ready(L, 0)) != STOF_OK) {
+        stof__ctx_pop(ctx);
+        layer_release(L);
+        return st;
+    }
     /* The buffers are allocated once the kernels are known (a database
      * hit: with the workspace its cuBLASLt kernels need) or before a
      * search (stof__layer_buffers; their time is plan_ms[1]). The Hopper
@@ -807,6 +901,11 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
         stof__layer_gemm_split(&L->g[G_FFN1], L->g[G_FFN1].lt,
                                &L->g[G_FFN1].cfg))
         st = stof__layer_gate_ready(L);
+    /* A QKV GEMM that cannot fuse RoPE runs with the rope kernel. */
+    if (st == STOF_OK &&
+        stof__layer_rope_split(&L->g[G_QKV], L->g[G_QKV].lt,
+                               &L->g[G_QKV].cfg))
+        st = stof__layer_rope_ready(L, 1);
     if (st == STOF_OK)
         drop_unused_g(L);
     /* A search's buffers (every scheme's) down to the chosen scheme's; the
@@ -904,6 +1003,13 @@ static json_t *describe_step(const stof_layer *L, const step *st)
                               c ? c : json_object(), "ms", jnum(g->ms));
         if (o && st->stack_end) /* runs in stacks only, for the step before */
             json_object_set_new(o, "stack_end", json_true());
+        /* RoPE: in the GEMM's epilogue, or by the rope kernel after it */
+        if (o && g->epi.rope)
+            json_object_set_new(o, "rope",
+                                json_string(stof__layer_rope_split(
+                                                g, g->lt, &g->cfg)
+                                                ? "kernel"
+                                                : "fused"));
         return o;
     }
     const norm_op *nn = &L->n[st->op];
@@ -935,7 +1041,7 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
     const int pdl = stof__pdl_for(L->pdl);
     json_t *o = json_pack(
         "{s:{s:i, s:i, s:i, s:i, s:i, s:b, s:i, s:b, s:s, s:s, s:s, s:i, "
-        "s:o},"
+        "s:o, s:o},"
         " s:s, s:s, s:o, s:{s:o, s:o, s:o}, s:o, s:o, s:o,"
         " s:{s:s, s:s, s:i, s:b, s:o},"
         " s:{s:I, s:I}, s:o}",
@@ -945,7 +1051,11 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         "ffn", d->ffn, "gated", d->gated, "dtype",
         stof__layer_dtype_str(d->dtype), "act", acts[d->act], "norm",
         d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm", "pre_norm",
-        d->pre_norm, "eps", jnum((double)L->eps), "key", L->key, "source",
+        d->pre_norm, "eps", jnum((double)L->eps), "rope",
+        L->rope ? json_pack("{s:o, s:i}", "theta", jnum((double)d->rope_theta),
+                            "dim", L->rope)
+                : json_null(),
+        "key", L->key, "source",
         L->source, "plan_s", jnum(L->tune_s), "plan_ms", "attention",
         jnum(L->plan_ms[0]), "buffers", jnum(L->plan_ms[1]), "kernels",
         jnum(L->plan_ms[2]), "verify_ms", jnum(L->verify_ms),
@@ -962,7 +1072,9 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
                      (L->buf[SYM_G] ? (size_t)L->M *
                                           (size_t)stof__layer_tok_ld(L, SYM_G) *
                                           2
-                                    : 0)),
+                                    : 0) +
+                     (L->rope_tab ? (size_t)d->seq * (size_t)L->rope * 4
+                                  : 0)),
         "cublaslt",
         (json_int_t)(L->lt_mem_bytes + (L->lt_in_mem ? 0 : L->lt_ws_bytes)),
         "kernels", steps ? steps : json_array());

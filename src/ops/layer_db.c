@@ -57,7 +57,11 @@ static void key_text(const stof_device *dev, const stof_layer_desc *d,
     if (d->no_bias && k < n)
         k += (size_t)snprintf(out + k, n - k, ";no_bias=1");
     if (d->gated && k < n)
-        snprintf(out + k, n - k, ";gated=1");
+        k += (size_t)snprintf(out + k, n - k, ";gated=1");
+    /* (theta in the C locale's hex form) */
+    if (d->rope_theta != 0.0f && k < n)
+        stof__c_snprintf(out + k, n - k, ";rope=%a;rope_dim=%d",
+                         (double)d->rope_theta, d->rope_dim);
 }
 
 void stof__layer_key(stof_layer *L, const char *mask_hex)
@@ -307,6 +311,21 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
                      stof__json_ints(r->config, lt_key1, 1, &ltv) && ltv >= 0;
     if (full)
         eps = json_number_value(json_object_get(o, "eps"));
+    /* RoPE (records of RoPE layers name it; the key decides below) */
+    const json_t *jt = o ? json_object_get(o, "rope_theta") : NULL;
+    const json_t *jd = o ? json_object_get(o, "rope_dim") : NULL;
+    if (jt || jd) {
+        const double th = json_is_number(jt) ? json_number_value(jt) : 0.0;
+        const json_int_t rd = json_is_integer(jd) ? json_integer_value(jd)
+                                                  : -1;
+        if (!(th > 1.0 && th < 3.4e38) || rd < 0 || rd > 256) {
+            json_decref(o);
+            return stof__why(why, n, "the record's rope_theta or rope_dim "
+                                     "is not a layer's");
+        }
+        d->rope_theta = (float)th;
+        d->rope_dim = (int)rd;
+    }
     json_decref(o);
     const size_t lt = full ? (size_t)ltv : stof__blaslt_version();
     static const float eps_usual[] = {1e-5f, 1e-6f, 1e-12f, 1e-8f, 1e-7f};
@@ -498,11 +517,18 @@ stof_status stof__layer_from_db(stof_layer *L)
         }
         stof__db_record_clear(&rec);
     }
-    /* (A split first FFN GEMM runs, and is verified, with the gate.) */
+    /* (A split first FFN GEMM runs, and is verified, with the gate; a
+     * split QKV GEMM of a RoPE layer with the rope kernel.) */
     if (st == STOF_OK && L->d.gated &&
         stof__layer_gemm_split(&L->g[G_FFN1], L->g[G_FFN1].lt,
                                &L->g[G_FFN1].cfg)) {
         st = stof__layer_gate_ready(L);
+        L->db_transient = st != STOF_OK;
+    }
+    if (st == STOF_OK &&
+        stof__layer_rope_split(&L->g[G_QKV], L->g[G_QKV].lt,
+                               &L->g[G_QKV].cfg)) {
+        st = stof__layer_rope_ready(L, 1);
         L->db_transient = st != STOF_OK;
     }
     /* The buffers, now that the cuBLASLt kernels' workspace is known. */
@@ -628,6 +654,12 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
         "kv_heads", L->d.kv_heads, "no_bias", L->d.no_bias, "gated",
         L->d.gated, "eps", (double)L->eps, "lt",
         (json_int_t)stof__blaslt_version());
+    /* (only with RoPE: other records stay as they were) */
+    if (cfg && L->d.rope_theta != 0.0f) {
+        json_object_set_new(cfg, "rope_theta",
+                            json_real((double)L->d.rope_theta));
+        json_object_set_new(cfg, "rope_dim", json_integer(L->d.rope_dim));
+    }
     /* The search's timed choice of programmatic launches (a record
      * without it: the rule at load). */
     if (cfg && L->pdl >= 0)

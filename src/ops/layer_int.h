@@ -106,6 +106,11 @@ struct stof_layer {
     CUdeviceptr buf[SYM_COUNT]; /* intermediates (QKV..G) */
     CUmodule gate_mod;        /* desc.gated: the gate kernel (stof_gate) */
     CUfunction gate_fn;
+    int rope;                 /* RoPE's rotated channels a head (0: none) */
+    CUdeviceptr rope_tab;     /* its (cos, sin) table [seq][rope / 2] */
+    CUmodule rope_mod;        /* the rope kernel of a QKV GEMM that cannot
+                                 fuse it (stof_rope) */
+    CUfunction rope_fn;
     CUdeviceptr mem, lt_ws, norm_ws; /* norm_ws: the Hopper GEMMs' with a
                                         norm (stof__gemm_ws_bytes) */
     size_t mem_bytes;         /* mem's size */
@@ -199,6 +204,16 @@ stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,
  * and the gate kernel (NVRTC, tens of ms): made here, once, when a split
  * kernel is timed or chosen; nothing for other layers. */
 stof_status stof__layer_gate_ready(stof_layer *L);
+
+/* A QKV GEMM with RoPE runs split (the plain GEMM, then the rope kernel
+ * in place) on cuBLASLt and the mma.sync template; the Hopper template
+ * fuses it. */
+int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c);
+
+/* A RoPE layer's table on the device (always, made once) and, with
+ * kernel, the rope kernel (NVRTC: only when a split QKV GEMM is timed or
+ * chosen); nothing for other layers. */
+stof_status stof__layer_rope_ready(stof_layer *L, int kernel);
 
 /* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
 int stof__layer_qkv_n(const stof_layer_desc *d);

@@ -144,9 +144,31 @@ double stof__layer_verify_step(layer_tuner *t, const step *s)
             memcpy(ref, c->ref, no * sizeof(float));
             memcpy(ref_pre, c->ref_pre, no * sizeof(float));
         } else {
-            stof__ref_gemm(A, W, bias, pr ? res : NULL, gamma, beta, R, N, K,
-                           K, K, N, &L->g[s->op].epi, L->eps, L->d.dtype, ref,
-                           pp ? ref_pre : NULL);
+            /* RoPE: the sampled rows' positions and their table rows */
+            const stof_gemm_epi *ge = &L->g[s->op].epi;
+            int *pos = ge->rope ? malloc(sizeof(int) * (size_t)R) : NULL;
+            float *tab = ge->rope ? malloc(sizeof(float) * (size_t)R *
+                                           (size_t)ge->rope)
+                                  : NULL;
+            if (ge->rope && (!pos || !tab)) {
+                free(pos);
+                free(tab);
+                goto done;
+            }
+            for (int r = 0; ge->rope && r < R; r++)
+                pos[r] = t->rows[r] % L->d.seq;
+            if (ge->rope)
+                stof__rope_table(tab, pos, R, ge->rope, L->d.rope_theta);
+            for (int r = 0; ge->rope && r < R; r++)
+                pos[r] = r; /* (row r's table row) */
+            const stof_ref_rope rp = {
+                tab, pos, N - (N - L->d.hidden) / 2};
+            stof__ref_gemm_rope(A, W, bias, pr ? res : NULL, gamma, beta, R,
+                                N, K, K, K, N, ge, L->eps, L->d.dtype,
+                                ge->rope ? &rp : NULL, ref,
+                                pp ? ref_pre : NULL);
+            free(pos);
+            free(tab);
             free(c->in);
             c->n_in = n_in;
             c->in = malloc(sizeof(float) * (n_in + 2 * no));

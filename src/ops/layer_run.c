@@ -56,6 +56,11 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     a.ldc = g->N;
     a.eps = L->eps;
     a.ws = L->norm_ws;
+    if (g->epi.rope) { /* Q and K: the columns before V's */
+        a.rope_tab = L->rope_tab;
+        a.rope_seq = L->d.seq;
+        a.rope_cols = g->N - (g->N - L->d.hidden) / 2;
+    }
     if (stof__gemm_ws_bytes(&g->cfg, &g->epi, g->M, g->N) > L->norm_ws_bytes)
         return STOF_ERR_INTERNAL; /* (the loads refuse such a kernel) */
     if (stof__layer_gemm_split(g, g->lt, &g->cfg)) {
@@ -76,6 +81,23 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
         if (st == STOF_OK)
             st = stof__gate_launch(L->gate_fn, a.c, out, g->M, g->N, a.N,
                                    g->N, 1, stream, L->ctx->api);
+        return st;
+    }
+    if (stof__layer_rope_split(g, g->lt, &g->cfg)) {
+        /* The plain product, then RoPE in place. */
+        if (!L->rope_fn || !L->rope_tab)
+            return STOF_ERR_INTERNAL; /* (stof__layer_rope_ready not run) */
+        const stof_gemm_epi e = stof__layer_kernel_epi(g, g->lt, &g->cfg);
+        stof_status st =
+            g->lt ? stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, L->lt_ws_bytes,
+                                     stream)
+                  : stof__gemm_launch(g->fn, &g->cfg, &e, &a,
+                                      L->ctx->device.sm_count, stream,
+                                      L->ctx->api);
+        if (st == STOF_OK)
+            st = stof__rope_launch(L->rope_fn, a.c, g->M, a.ldc, a.rope_cols,
+                                   L->hd, L->rope, L->rope_tab, L->d.seq,
+                                   stream, L->ctx->api);
         return st;
     }
     if (g->lt)

@@ -58,6 +58,14 @@ static double gate_model_ms(const stof_layer *L)
     return 0.003 + (double)L->M * L->d.ffn * 2.0 * 3.0 / 3.0e9;
 }
 
+/* The rope kernel of a split QKV GEMM: reads and writes Q and K. */
+static double rope_model_ms(const stof_layer *L)
+{
+    const double cols = (double)L->d.hidden +
+                        (stof__layer_qkv_n(&L->d) - L->d.hidden) / 2.0;
+    return 0.003 + (double)L->M * cols * 2.0 * 2.0 / 3.0e9;
+}
+
 static double norm_model_ms(const stof_layer *L, const norm_op *n)
 {
     /* Memory-bound: bytes over ~3 TB/s plus a launch. */
@@ -272,10 +280,14 @@ static void gemm_candidates(slot_op *o, int per_op, int model_only)
     char why[256];
     /* A gated op: cuBLASLt makes the 2N-wide product (then the gate
      * kernel); the Hopper template fuses it; elsewhere the mma.sync
-     * template makes the wide product. */
+     * template makes the wide product. A RoPE op likewise: the plain
+     * product, then the rope kernel, but on the Hopper template (whole
+     * heads in its tiles). */
     const stof_gemm_epi wide = stof__layer_kernel_epi(g, 1, NULL);
     const int wn = g->epi.gated ? 2 * g->N : g->N;
-    const double gate_ms = g->epi.gated ? gate_model_ms(L) : 0.0;
+    const double gate_ms = g->epi.gated ? gate_model_ms(L)
+                           : g->epi.rope ? rope_model_ms(L)
+                                         : 0.0;
     if (stof__blaslt_available(why, sizeof(why)) &&
         stof__blaslt_epi_ok(&wide) &&
         stof__blaslt_create(L->ctx, L->d.dtype, g->M, wn, g->K, g->K, g->K,
@@ -293,7 +305,7 @@ static void gemm_candidates(slot_op *o, int per_op, int model_only)
                                          g->N, g->K, cands, 256)
                  : 0;
     int split = 0; /* the templates make the wide product */
-    if (nc == 0 && g->epi.gated && cands && ranked) {
+    if (nc == 0 && (g->epi.gated || g->epi.rope) && cands && ranked) {
         nc = stof__gemm_candidates(&L->ctx->device, &wide, g->M, wn, g->K,
                                    cands, 256);
         int k = 0; /* mma.sync only: a wide wgmma kernel would be split */
@@ -616,8 +628,11 @@ stof_status stof__layer_tune(stof_layer *L, const char *spec,
     if (model_only) {
         /* Nothing is run: no scratch data, no timing. */
     } else {
-        /* The split FFN candidates of a gated layer run with the gate. */
+        /* The split FFN candidates of a gated layer run with the gate,
+         * the split QKV candidates of a RoPE layer with the rope kernel. */
         st = stof__layer_gate_ready(L);
+        if (st == STOF_OK)
+            st = stof__layer_rope_ready(L, 1);
         /* Any cuBLASLt candidate's workspace while they are timed (the
          * plan keeps what its choice needs: layer.c). */
         char why[256];
