@@ -455,6 +455,64 @@ stof_status stof__gemm_launch(CUfunction fn, const stof_gemm_cfg *c,
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
+/* The auxiliary kernels' cubins (gate, rope: layer_ops.cu with a few
+ * defines) kept for the process, so that the next plan of a layer that
+ * runs one compiles nothing (NVRTC: tens of ms, against a warm plan's
+ * 1 ms). Keyed by arch and defines; at most AUX_MEMO of them. */
+#define AUX_MEMO 32
+static pthread_mutex_t aux_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char key[96];
+    void *cubin;
+    size_t size;
+} aux_memo[AUX_MEMO];
+static int aux_n;
+
+static stof_status aux_compile(stof_context *ctx, const char *const *defs,
+                               int n, const char *arch, void **cubin,
+                               size_t *size)
+{
+    if (!arch && ctx && ctx->device.ok)
+        arch = ctx->device.arch;
+    char key[96];
+    int k = snprintf(key, sizeof(key), "%s", arch ? arch : "-");
+    for (int i = 0; i < n && k > 0 && (size_t)k < sizeof(key); i++)
+        k += snprintf(key + k, sizeof(key) - (size_t)k, "|%s", defs[i]);
+    const int keyed = arch && k > 0 && (size_t)k < sizeof(key);
+    pthread_mutex_lock(&aux_lock);
+    for (int i = 0; keyed && i < aux_n; i++)
+        if (!strcmp(aux_memo[i].key, key)) {
+            *cubin = malloc(aux_memo[i].size);
+            if (*cubin) {
+                memcpy(*cubin, aux_memo[i].cubin, aux_memo[i].size);
+                *size = aux_memo[i].size;
+            }
+            pthread_mutex_unlock(&aux_lock);
+            return *cubin ? STOF_OK
+                          : stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
+                                       "out of memory");
+        }
+    pthread_mutex_unlock(&aux_lock);
+    stof_status st = (stof_status)stof__jit_compile(ctx, "layer_ops.cu", defs,
+                                                    n, arch, cubin, size);
+    if (st != STOF_OK || !keyed)
+        return st;
+    pthread_mutex_lock(&aux_lock);
+    int have = 0;
+    for (int i = 0; i < aux_n && !have; i++)
+        have = !strcmp(aux_memo[i].key, key);
+    void *copy = !have && aux_n < AUX_MEMO ? malloc(*size) : NULL;
+    if (copy) {
+        memcpy(copy, *cubin, *size);
+        snprintf(aux_memo[aux_n].key, sizeof(aux_memo[aux_n].key), "%s", key);
+        aux_memo[aux_n].cubin = copy;
+        aux_memo[aux_n].size = *size;
+        aux_n++;
+    }
+    pthread_mutex_unlock(&aux_lock);
+    return st;
+}
+
 stof_status stof__gate_compile(stof_context *ctx, stof_dtype dt, int act,
                                int gated, const char *arch, void **cubin,
                                size_t *size)
@@ -475,8 +533,7 @@ stof_status stof__gate_compile(stof_context *ctx, stof_dtype dt, int act,
     snprintf(d[1], 32, "ACT=%d", act);
     snprintf(d[2], 32, "GATED=%d", gated);
     const char *defs[3] = {d[0], d[1], d[2]};
-    return (stof_status)stof__jit_compile(ctx, "layer_ops.cu", defs, 3, arch,
-                                          cubin, size);
+    return aux_compile(ctx, defs, 3, arch, cubin, size);
 }
 
 stof_status stof__gate_launch(CUfunction fn, CUdeviceptr x, CUdeviceptr out,
@@ -527,8 +584,7 @@ stof_status stof__rope_compile(stof_context *ctx, stof_dtype dt, int hd,
     char d[1][32];
     snprintf(d[0], 32, "DTYPE=%d", (int)dt);
     const char *defs[1] = {d[0]};
-    return (stof_status)stof__jit_compile(ctx, "layer_ops.cu", defs, 1, arch,
-                                          cubin, size);
+    return aux_compile(ctx, defs, 1, arch, cubin, size);
 }
 
 stof_status stof__rope_launch(CUfunction fn, CUdeviceptr x, int rows,

@@ -436,10 +436,8 @@ static void layer_release(stof_layer *L)
             stof__layer_gemm_unload(L, &L->g[i]);
         for (int i = 0; i < N_COUNT; i++)
             stof__layer_norm_unload(L, &L->n[i]);
-        if (L->gate_mod)
-            api->cuModuleUnload(L->gate_mod);
-        if (L->rope_mod)
-            api->cuModuleUnload(L->rope_mod);
+        stof__module_release(ctx, L->gate_mod);
+        stof__module_release(ctx, L->rope_mod);
         if (L->rope_tab)
             api->cuMemFree(L->rope_tab);
         if (L->cap_stream)
@@ -680,8 +678,8 @@ stof_status stof__layer_gate_ready(stof_layer *L)
     stof_status st = stof__gate_compile(ctx, L->d.dtype, (int)L->d.act, 1,
                                         NULL, &cubin, &size);
     if (st == STOF_OK)
-        st = (stof_status)stof__module_load(ctx, cubin, "stof_gate", 0,
-                                            &L->gate_mod, &L->gate_fn);
+        st = (stof_status)stof__module_load_shared(
+            ctx, cubin, size, "stof_gate", 0, &L->gate_mod, &L->gate_fn);
     free(cubin);
     return st;
 }
@@ -722,8 +720,8 @@ stof_status stof__layer_rope_ready(stof_layer *L, int kernel)
     stof_status st = stof__rope_compile(ctx, L->d.dtype, L->hd, L->rope,
                                         NULL, &cubin, &size);
     if (st == STOF_OK)
-        st = (stof_status)stof__module_load(ctx, cubin, "stof_rope", 0,
-                                            &L->rope_mod, &L->rope_fn);
+        st = (stof_status)stof__module_load_shared(
+            ctx, cubin, size, "stof_rope", 0, &L->rope_mod, &L->rope_fn);
     free(cubin);
     return st;
 }
