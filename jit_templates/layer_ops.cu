@@ -311,8 +311,8 @@ extern "C" __global__ void stof_gate(const unsigned short *x,
 // [ld]: in each head of hd columns below cols, row r (position p = r %
 // seq) rotates the pairs (i, i + rope / 2), i < rope / 2, by tab[p][i] =
 // (cos, sin): (a, b) -> (a cos - b sin, b cos + a sin), in fp32, rounded
-// once (gemm.h's rope). hd, rope multiples of 16, cols a multiple of hd,
-// ld of 8, x 16-byte aligned: a thread step rotates 8 pairs (two 16-byte
+// once (gemm.h's rope). hd a multiple of 8, rope of 16, cols of hd, ld
+// of 8, x 16-byte aligned: a thread step rotates 8 pairs (two 16-byte
 // chunks of a row and 64 bytes of the table), grid-stride.
 extern "C" __global__ void stof_rope(unsigned short *x, int rows, stof_i64 ld,
                                      int cols, int hd, int rope,

@@ -515,6 +515,38 @@ Test(cli, bad_workload_files)
          "bad eps=2"},
         {"mask causal\nlayer b hidden=768 heads=12 norm=batch\ntokens 1x8\n",
          "bad norm=batch"},
+        /* RoPE: a finite base > 1 (once a float), a dim of 0 or more */
+        {"mask causal\nlayer b hidden=768 heads=12 rope=1\ntokens 1x8\n",
+         "bad.workload:2: layer b: bad rope=1 ("},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=1.00000001\n"
+         "tokens 1x8\n",
+         "bad rope=1.00000001"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=0\ntokens 1x8\n",
+         "bad rope=0"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=-10000\ntokens 1x8\n",
+         "bad rope=-10000"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=inf\ntokens 1x8\n",
+         "bad rope=inf"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=nan\ntokens 1x8\n",
+         "bad rope=nan"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=1e39\ntokens 1x8\n",
+         "bad rope=1e39"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=1e4x\ntokens 1x8\n",
+         "bad rope=1e4x"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope\ntokens 1x8\n",
+         "layer b: bad rope (sizes"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=10000 rope_dim=-16\n"
+         "tokens 1x8\n",
+         "bad rope_dim=-16"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=10000 rope_dim=16.5\n"
+         "tokens 1x8\n",
+         "bad rope_dim=16.5"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=10000 rope_dim\n"
+         "tokens 1x8\n",
+         "rope a finite base > 1"},
+        {"mask causal\nlayer b hidden=768 heads=12 rotary=10000\ntokens 1x8\n",
+         "unknown setting 'rotary' (hidden, heads, ffn, kv_heads, act, norm, "
+         "pre, post, gated, no_bias, eps, rope, rope_dim)"},
         /* what a plan would refuse, named before any GPU work */
         {"mask causal\nshape 1048576x1048576x1048576x256\n",
          "bad.workload: bad shape 1048576x1048576x1048576x1048576x256"},
@@ -528,6 +560,19 @@ Test(cli, bad_workload_files)
         {"mask causal\nlayer b hidden=64 heads=2\nlayer b hidden=128 "
          "heads=2\ntokens 1x8\n",
          "bad.workload:3: layer b is given twice"},
+        /* RoPE's plan rules (the values parsed into the descriptor) */
+        {"mask causal\nlayer b hidden=768 heads=12 rope_dim=32\ntokens 1x8\n",
+         "bad.workload:2: layer b at 1x8 tokens: desc.rope_dim 32 without "
+         "desc.rope_theta"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=10000 rope_dim=24\n"
+         "tokens 1x8\n",
+         "desc.rope_dim 24: 0 (the whole head) or a multiple of 16 up to "
+         "head_dim 64"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope_dim=80 rope=1e4\n"
+         "tokens 1x8\n",
+         "desc.rope_dim 80"},
+        {"mask causal\nlayer b hidden=192 heads=8 rope=500000\ntokens 1x8\n",
+         "head_dim 24 is not a multiple of 16"},
     };
     /* 256 masks x 256 tokens sizes x 2 layers: more than one run tunes. */
     FILE *big = fopen(P("big.workload"), "w");
@@ -558,7 +603,7 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
     fputs("mask causal\nmask sliding:64\nshape 1x2x128x64\n"
           "layer enc hidden=256 heads=4 act=gelu_erf\n"
           "layer dec hidden=256 heads=4 kv_heads=2 ffn=512 act=silu "
-          "norm=rms pre gated no_bias eps=1e-6\n"
+          "norm=rms pre gated no_bias eps=1e-6 rope=500000 rope_dim=32\n"
           "tokens 2x128 1x256\ndtype fp16 bf16\n",
           f);
     fclose(f);
@@ -590,7 +635,8 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
               "%s", out_buf);
     /* The same problems from the command line. */
     cr_assert_eq(run("tune --mask causal --layer 'enc hidden=256 heads=4' "
-                     "--layer 'dec hidden=256 heads=4 pre gated' --tokens 2x128 "
+                     "--layer 'dec hidden=256 heads=4 pre gated rope=1e4 "
+                     "rope_dim=0' --tokens 2x128 "
                      "--tokens '1x256 4x64' --dtype bf16 --dry-run"),
                  0, "%s", err_buf);
     cr_assert_eq(count_lines(out_buf), 6, "%s", out_buf);

@@ -2,12 +2,13 @@
  * test_gemm_cpu.c - the CPU side of the GEMM template (src/kernels/gemm.c): which
  * configurations are refused and why, the shared memory formula, the JSON
  * round trip, the candidates of the layer shapes, the cost model's sanity,
- * and the references (activations, norms, rounding) on small hand-checked
- * cases. No GPU.
+ * and the references (activations, norms, rounding, RoPE) on small
+ * hand-checked cases; the RoPE table against libm. No GPU.
  */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -804,4 +805,414 @@ Test(gemm_cpu, pdl_choice)
     stof__pdl_set(-1);
     cr_expect_eq(stof__pdl_enabled(), 0);
     stof__pdl_scope(was);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rotary position embeddings (the epilogue's rope)                          */
+/* ------------------------------------------------------------------------ */
+
+/* Hugging Face's inv_freq of pair i: 1 / theta^(2 i / rope), each step in
+ * fp32 (as gemm.h says stof__rope_table computes it). */
+static float rope_freq(int i, int rope, float theta)
+{
+    return 1.0f / powf(theta, (float)(2 * i) / (float)rope);
+}
+
+/* Half a float ulp at |v| (the ulp above |v|: the looser side at a power
+ * of two). */
+static double half_ulp(double v)
+{
+    const float a = fabsf((float)v);
+    return 0.5 * ((double)nextafterf(a, INFINITY) - (double)a);
+}
+
+/* Entry (cos, sin) t of a table against the direct cos and sin in double
+ * of the fp32 angle (float)p * f: within 2e-7, and in fact rounded to
+ * nearest but for the table's stated 1e-11 before the rounding. Counts a
+ * failure in *bad (reported for the first few only). */
+static void rope_entry_check(const float *t, int p, int i, float f,
+                             const char *what, size_t *bad)
+{
+    const volatile float ang = (float)p * f;
+    const double c = cos((double)ang), s = sin((double)ang);
+    const double ec = fabs((double)t[0] - c), es = fabs((double)t[1] - s);
+    const int ok = ec <= 2e-7 && es <= 2e-7 && ec <= half_ulp(c) + 1e-11 &&
+                   es <= half_ulp(s) + 1e-11;
+    if (!ok && (*bad)++ < 5)
+        cr_log_error("%s: p %d pair %d (angle %.9g): (%.9g, %.9g), direct "
+                     "(%.12g, %.12g)",
+                     what, p, i, (double)ang, (double)t[0], (double)t[1], c,
+                     s);
+}
+
+/* stof__rope_table without positions (the rotation recurrence corrected
+ * by the angle's fp32 rounding) against the direct cos and sin of each
+ * fp32 angle, over up to 200000 positions (every position of the first
+ * 2048, a stride of 61 through the rest, so every residue of the 64-
+ * position anchors, and the last 256), each pair, several widths and
+ * bases (Llama 2's 10000, Llama 3's 500000); with positions (libm) the
+ * same values, for sampled positions in any order and repeated. */
+Test(gemm_cpu, rope_table, .timeout = 120)
+{
+    static const struct {
+        int rope, n;
+        float theta;
+    } cases[] = {{128, 200000, 10000.0f},
+                 {64, 200000, 500000.0f},
+                 {96, 5000, 500000.0f},
+                 {16, 3000, 10000.0f},
+                 {32, 131072, 10000.0f}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(*cases); k++) {
+        const int rope = cases[k].rope, n = cases[k].n, half = rope / 2;
+        const float theta = cases[k].theta;
+        char what[64];
+        snprintf(what, sizeof(what), "rope %d theta %g n %d", rope,
+                 (double)theta, n);
+        float *tab = malloc(sizeof(float) * (size_t)n * (size_t)rope);
+        float *f = malloc(sizeof(float) * (size_t)half);
+        int *pos = malloc(sizeof(int) * (size_t)n);
+        cr_assert(tab && f && pos);
+        /* (poisoned: every entry must be written) */
+        memset(tab, 0xff, sizeof(float) * (size_t)n * (size_t)rope);
+        stof__rope_table(tab, NULL, n, rope, theta);
+        for (int i = 0; i < half; i++)
+            f[i] = rope_freq(i, rope, theta);
+        /* Position 0 is the identity, exactly. */
+        for (int i = 0; i < half; i++)
+            cr_expect(tab[2 * i] == 1.0f && tab[2 * i + 1] == 0.0f,
+                      "%s: pair %d at position 0: (%g, %g)", what, i,
+                      (double)tab[2 * i], (double)tab[2 * i + 1]);
+        size_t bad = 0, checked = 0;
+        int np = 0;
+        for (int p = 0; p < n; p++) {
+            if (p >= 2048 && p % 61 != 0 && p < n - 256)
+                continue;
+            pos[np++] = p;
+            for (int i = 0; i < half; i++, checked++)
+                rope_entry_check(tab + 2 * ((size_t)p * half + i), p, i,
+                                 f[i], what, &bad);
+        }
+        cr_expect_eq(bad, 0, "%s: %zu of %zu entries off", what, bad,
+                     checked);
+        /* With positions: the sampled ones reversed, 0 and the last one
+         * again at the end. */
+        for (int a = 0, b = np - 1; a < b; a++, b--) {
+            const int t = pos[a];
+            pos[a] = pos[b];
+            pos[b] = t;
+        }
+        pos[np++] = 0;
+        pos[np++] = n - 1;
+        float *tp = malloc(sizeof(float) * (size_t)np * (size_t)rope);
+        cr_assert(tp);
+        memset(tp, 0xff, sizeof(float) * (size_t)np * (size_t)rope);
+        stof__rope_table(tp, pos, np, rope, theta);
+        size_t bad_pos = 0, differ = 0, equal = 0;
+        snprintf(what, sizeof(what), "rope %d theta %g with pos", rope,
+                 (double)theta);
+        for (int r = 0; r < np; r++)
+            for (int i = 0; i < half; i++) {
+                const float *a = tp + 2 * ((size_t)r * half + i);
+                const float *b = tab + 2 * ((size_t)pos[r] * half + i);
+                rope_entry_check(a, pos[r], i, f[i], what, &bad_pos);
+                for (int j = 0; j < 2; j++) {
+                    /* both rounded to nearest but for 1e-11: an ulp
+                     * apart at most, a few near 0 */
+                    const double d = fabs((double)a[j] - (double)b[j]);
+                    if (!(d <= 2.0 * half_ulp(b[j]) + 2e-11) && differ++ < 5)
+                        cr_log_error("%s: p %d pair %d [%d]: %.9g, without "
+                                     "positions %.9g",
+                                     what, pos[r], i, j, (double)a[j],
+                                     (double)b[j]);
+                    equal += a[j] == b[j];
+                }
+            }
+        cr_expect_eq(bad_pos, 0, "%s: %zu entries off", what, bad_pos);
+        cr_expect_eq(differ, 0, "%s: %zu entries more than an ulp (or "
+                                "2e-11) from the table without positions",
+                     what, differ);
+        cr_expect_geq(equal, (size_t)np * (size_t)rope * 99 / 100,
+                      "%s: only %zu of %zu entries equal", what, equal,
+                      (size_t)np * (size_t)rope);
+        free(tp);
+        free(tab), free(f), free(pos);
+    }
+    /* Bad arguments write nothing. */
+    float t[4] = {7, 7, 7, 7};
+    stof__rope_table(t, NULL, 0, 4, 10000.0f);
+    stof__rope_table(t, NULL, 1, 3, 10000.0f);
+    stof__rope_table(NULL, NULL, 1, 4, 10000.0f);
+    for (int i = 0; i < 4; i++)
+        cr_expect(t[i] == 7.0f);
+}
+
+/* stof__ref_gemm_rope on a small QKV projection against the formula
+ * written out: M 5 rows at scattered positions (0 among them), heads of
+ * 32 (two of Q, one of K, one of V: the first 96 columns rotate), K 24,
+ * with a bias (added before the rotation), rope 16 (partial) and 32
+ * (whole heads), fp16. V and the channels past rope equal the plain
+ * product; rotation keeps each pair's norm; position 0 changes nothing;
+ * without a table, or with e->rope 0, it is stof__ref_gemm. */
+Test(gemm_cpu, rope_reference)
+{
+    enum { M = 5, HD = 32, N = 4 * HD, K = 24, COLS = 3 * HD, SEQ = 4096 };
+    static const int pos[M] = {3, 0, 17, 1000, 4095};
+    const float theta = 10000.0f;
+    tu_rng rng = {tu_seed() ^ 0x70be};
+    float A[M * K], W[N * K], bias[N];
+    for (int i = 0; i < M * K; i++)
+        A[i] = (float)(2.0 * tu_uniform(&rng) - 1.0);
+    for (int i = 0; i < N * K; i++)
+        W[i] = (float)(0.4 * tu_uniform(&rng) - 0.2);
+    for (int i = 0; i < N; i++)
+        bias[i] = (float)(tu_uniform(&rng) - 0.5);
+    float *plain_o = malloc(sizeof(float) * M * N),
+          *out = malloc(sizeof(float) * M * N);
+    cr_assert(plain_o && out);
+    const stof_gemm_epi eb = {.bias = 1};
+    stof__ref_gemm(A, W, bias, NULL, NULL, NULL, M, N, K, K, K, N, &eb, 0.0f,
+                   STOF_DTYPE_FP16, plain_o, NULL);
+    for (int rope = 16; rope <= HD; rope += 16) {
+        const int half = rope / 2;
+        float *tab = malloc(sizeof(float) * (size_t)SEQ * (size_t)rope);
+        cr_assert(tab);
+        stof__rope_table(tab, NULL, SEQ, rope, theta);
+        const stof_gemm_epi e = {.bias = 1, .rope = rope, .rope_hd = HD};
+        const stof_ref_rope rr = {tab, pos, COLS};
+        for (int i = 0; i < M * N; i++)
+            out[i] = NAN;
+        stof__ref_gemm_rope(A, W, bias, NULL, NULL, NULL, M, N, K, K, K, N,
+                            &e, 0.0f, STOF_DTYPE_FP16, &rr, out, NULL);
+        size_t off = 0, moved = 0;
+        for (int m = 0; m < M; m++) {
+            /* The biased product in double. */
+            double v[N];
+            for (int n = 0; n < N; n++) {
+                double acc = bias[n];
+                for (int k = 0; k < K; k++)
+                    acc += (double)A[m * K + k] * W[n * K + k];
+                v[n] = acc;
+            }
+            for (int n = 0; n < N; n++) {
+                const int h0 = n / HD * HD, c = n % HD;
+                double want = v[n];
+                if (n < COLS && c < rope) {
+                    const int i = c % half;
+                    const volatile float ang =
+                        (float)pos[m] * rope_freq(i, rope, theta);
+                    const double co = cos((double)ang), si = sin((double)ang);
+                    const double x = v[h0 + i], y = v[h0 + i + half];
+                    want = c < half ? x * co - y * si : y * co + x * si;
+                } else {
+                    /* V, and the channels past rope: the plain product */
+                    off += out[m * N + n] != plain_o[m * N + n];
+                }
+                if (pos[m] == 0)
+                    off += out[m * N + n] != plain_o[m * N + n];
+                else
+                    moved += out[m * N + n] != plain_o[m * N + n];
+                const double err = fabs(out[m * N + n] - want);
+                if (!(err <= 1e-3 * fabs(want) + 1e-5) && off++ < 1000)
+                    cr_log_error("rope %d: row %d (position %d) column %d: "
+                                 "%.7g, formula %.7g",
+                                 rope, m, pos[m], n, (double)out[m * N + n],
+                                 want);
+            }
+            /* Each rotated pair keeps its norm (both sides in fp16). */
+            for (int h0 = 0; h0 < COLS; h0 += HD)
+                for (int i = 0; i < half; i++) {
+                    const float *o = out + m * N + h0,
+                                *p = plain_o + m * N + h0;
+                    const double r1 = hypot(o[i], o[i + half]),
+                                 r0 = hypot(p[i], p[i + half]);
+                    if (!(fabs(r1 - r0) <= 2e-3 * r0 + 1e-5) && off++ < 1000)
+                        cr_log_error("rope %d: row %d head at %d pair %d: "
+                                     "norm %.7g, before %.7g",
+                                     rope, m, h0, i, r1, r0);
+                }
+        }
+        cr_expect_eq(off, 0, "rope %d: %zu values off", rope, off);
+        cr_expect_gt(moved, (size_t)(M - 1) * 3 * rope / 2,
+                     "rope %d: only %zu values rotated", rope, moved);
+        /* No table, or e->rope 0: the plain product. */
+        stof__ref_gemm_rope(A, W, bias, NULL, NULL, NULL, M, N, K, K, K, N,
+                            &e, 0.0f, STOF_DTYPE_FP16, NULL, out, NULL);
+        cr_expect_eq(memcmp(out, plain_o, sizeof(float) * M * N), 0);
+        stof__ref_gemm_rope(A, W, bias, NULL, NULL, NULL, M, N, K, K, K, N,
+                            &eb, 0.0f, STOF_DTYPE_FP16, &rr, out, NULL);
+        cr_expect_eq(memcmp(out, plain_o, sizeof(float) * M * N), 0);
+        free(tab);
+    }
+    free(plain_o), free(out);
+}
+
+/* The rope epilogue's rules: only the Hopper template fuses it (mma.sync
+ * refuses it by name, naming the rope kernel), with whole heads in a
+ * tile, not with an activation, gate, residual or norm, rope a multiple
+ * of 16 at most a head of 16..256 (a multiple of 8); the shared memory
+ * is the plain kernel's; the candidates on an H100 are Hopper tiles that
+ * hold whole heads, and none elsewhere (the layer splits it). */
+Test(gemm_cpu, rope_rules)
+{
+    char why[256];
+    const stof_gemm_epi q128 = {.bias = 1, .rope = 128, .rope_hd = 128},
+                        q64p = {.rope = 32, .rope_hd = 64},
+                        q64 = {.bias = 1, .rope = 64, .rope_hd = 64},
+                        q96 = {.bias = 1, .rope = 96, .rope_hd = 96},
+                        q96p = {.rope = 32, .rope_hd = 96};
+    const stof_gemm_cfg w256 = {128, 256, 64, 2, 1, 4, 1, 1, 0},
+                        pp128 = {128, 128, 64, 1, 1, 5, 1, 1, 0},
+                        pair256 = {128, 256, 64, 2, 1, 3, 1, 2, 0},
+                        w192 = {128, 192, 64, 2, 1, 4, 1, 1, 0},
+                        w64 = {128, 64, 64, 2, 1, 6, 1, 1, 0},
+                        mma = {128, 128, 32, 2, 4, 3, 0, 1, 0};
+    /* Llama 3 8B's QKV (hd 128), GPT-NeoX-like partial rope (hd 64),
+     * hd 96 in 192-wide tiles. */
+    EXPECT_CFG_OK(&w256, &q128, 6144, 4096);
+    EXPECT_CFG_OK(&pair256, &q128, 6144, 4096);
+    EXPECT_CFG_OK(&pp128, &q64p, 2304, 768);
+    EXPECT_CFG_OK(&pp128, &q64, 2304, 768);
+    EXPECT_CFG_OK(&w64, &q64, 2304, 768);
+    EXPECT_CFG_OK(&pair256, &q64, 2304, 768);
+    EXPECT_CFG_OK(&w192, &q96, 9216, 3072);
+    EXPECT_CFG_OK(&w192, &q96p, 9216, 3072);
+    EXPECT_CFG_OK(&w192, &q64, 2304, 768);
+    cr_expect_eq(stof__gemm_smem_bytes(&w256, &q128, 6144),
+                 stof__gemm_smem_bytes(&w256, &plain, 6144));
+    cr_expect_eq(stof__gemm_ws_bytes(&w256, &q128, 4096, 6144), 0u);
+    static const refused bad[] = {
+        /* mma.sync: the rope kernel after the plain GEMM instead */
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, {.rope = 64, .rope_hd = 64},
+         "rope: only the wgmma template"},
+        {{64, 64, 32, 2, 2, 3, 0, 1, 0}, {.bias = 1, .rope = 16, .rope_hd = 16},
+         "rope kernel"},
+        /* not with an activation, a gate, a residual or a norm */
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0},
+         {.act = STOF_ACT_GELU_ERF, .rope = 64, .rope_hd = 64}, "rope: not"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0},
+         {.bias = 1, .residual = 1, .rope = 64, .rope_hd = 64}, "rope: not"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0},
+         {.gated = 1, .rope = 64, .rope_hd = 64}, "rope: not"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0},
+         {.act = STOF_ACT_SILU, .gated = 1, .rope = 64, .rope_hd = 64},
+         "rope: not"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0},
+         {.norm = 1, .rope = 64, .rope_hd = 64}, "rope: not"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0},
+         {.norm = 2, .write_pre = 1, .rope = 64, .rope_hd = 64}, "rope: not"},
+        /* whole heads in a tile */
+        {{128, 192, 64, 2, 1, 4, 1, 1, 0}, {.rope = 128, .rope_hd = 128},
+         "whole heads of 128 in a tile of 192"},
+        {{128, 64, 64, 2, 1, 6, 1, 1, 0}, {.rope = 64, .rope_hd = 128},
+         "whole heads"},
+        {{128, 128, 64, 1, 1, 5, 1, 1, 0}, {.rope = 32, .rope_hd = 96},
+         "whole heads"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 64, .rope_hd = 72},
+         "whole heads"},
+        /* rope a multiple of 16 at most the head; the head 16..256, of 8 */
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 24, .rope_hd = 64},
+         "rope 24"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 8, .rope_hd = 64},
+         "rope 8"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 80, .rope_hd = 64},
+         "rope 80"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 16, .rope_hd = 0},
+         "heads of 0"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 16, .rope_hd = 12},
+         "heads of 12"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 16, .rope_hd = 36},
+         "heads of 36"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 16, .rope_hd = 512},
+         "heads of 512"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = 0, .rope_hd = 64},
+         "rope_hd 64"},
+        {{128, 256, 64, 2, 1, 3, 1, 1, 0}, {.rope = -16, .rope_hd = 64},
+         "rope -16"},
+    };
+    expect_refused(bad, sizeof(bad) / sizeof(*bad));
+    EXPECT_CFG_REFUSED(&mma, &q64, 2304, 768);
+    cr_expect(strstr(why, "rope") != NULL, "%s", why);
+    /* Devices: an H100 takes it, an A100 refuses the Hopper template by
+     * its compute capability and mma.sync by rope. */
+    stof_device dev;
+    memset(&dev, 0, sizeof(dev));
+    dev.ok = 1;
+    dev.sm_count = 132;
+    dev.cc_major = 9;
+    dev.max_smem_optin = 232448;
+    cr_expect(stof__gemm_cfg_valid(&dev, &w256, &q128, 6144, 4096, why,
+                                   sizeof(why)),
+              "%s", why);
+    stof_gemm_cfg c[64];
+    static const struct {
+        stof_gemm_epi e;
+        int M, N, K;
+    } shapes[] = {{{.bias = 1, .rope = 128, .rope_hd = 128}, 4096, 6144, 4096},
+                  {{.rope = 32, .rope_hd = 64}, 1000, 2304, 768},
+                  {{.bias = 1, .rope = 64, .rope_hd = 64}, 128, 2304, 768}};
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(*shapes); s++) {
+        const stof_gemm_epi *e = &shapes[s].e;
+        const int n = stof__gemm_candidates(&dev, e, shapes[s].M, shapes[s].N,
+                                            shapes[s].K, c, 64);
+        cr_expect_gt(n, 0, "shape %zu: no candidate on an H100", s);
+        for (int i = 0; i < n; i++) {
+            cr_expect(c[i].wgmma && c[i].block_n % e->rope_hd == 0,
+                      "shape %zu: candidate %d (wgmma %d, block_n %d)", s, i,
+                      c[i].wgmma, c[i].block_n);
+            cr_expect(stof__gemm_cfg_valid(&dev, &c[i], e, shapes[s].N,
+                                           shapes[s].K, why, sizeof(why)),
+                      "shape %zu: %s", s, why);
+        }
+        cr_expect_eq(stof__gemm_candidates(NULL, e, shapes[s].M, shapes[s].N,
+                                           shapes[s].K, c, 64),
+                     0, "shape %zu: a candidate without a device", s);
+    }
+    dev.cc_major = 8;
+    dev.max_smem_optin = 166912;
+    cr_expect_not(stof__gemm_cfg_valid(&dev, &w256, &q128, 6144, 4096, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "9.0") != NULL, "%s", why);
+    cr_expect_not(stof__gemm_cfg_valid(&dev, &mma, &q128, 6144, 4096, why,
+                                       sizeof(why)));
+    cr_expect(strstr(why, "rope") != NULL, "%s", why);
+    cr_expect_eq(stof__gemm_candidates(&dev, &q128, 4096, 6144, 4096, c, 64),
+                 0, "an A100 got a candidate that fuses rope");
+    /* cuBLASLt never takes it. */
+    cr_expect_not(stof__blaslt_epi_ok(&q128));
+}
+
+/* Records keep "rope" and "rhd" (written only when set: a record without
+ * them reads back as no rope). */
+Test(gemm_cpu, rope_records)
+{
+    const stof_gemm_cfg w256 = {128, 256, 64, 2, 1, 4, 1, 1, 0},
+                        pp = {128, 128, 64, 1, 1, 5, 1, 2, 0};
+    const stof_gemm_epi q128 = {.bias = 1, .rope = 128, .rope_hd = 128},
+                        q64p = {.rope = 32, .rope_hd = 64};
+    round_trip(&w256, &q128, "\"rope\":128,\"rhd\":128");
+    round_trip(&pp, &q64p, "\"rope\":32,\"rhd\":64");
+    stof_str s = {0};
+    const stof_gemm_epi b = {.bias = 1};
+    stof__gemm_cfg_json(&w256, &b, &s);
+    cr_assert(s.p && !s.oom);
+    cr_expect(strstr(s.p, "rope") == NULL && strstr(s.p, "rhd") == NULL,
+              "%s", s.p);
+    stof_gemm_cfg c2;
+    stof_gemm_epi e2;
+    memset(&e2, 0x5a, sizeof(e2));
+    cr_assert(stof__gemm_cfg_parse(s.p, &c2, &e2), "%s", s.p);
+    cr_expect_eq(e2.rope, 0);
+    cr_expect_eq(e2.rope_hd, 0);
+    stof__str_free(&s);
+    /* A key that is not a number, or not known, is refused. */
+    cr_expect_not(stof__gemm_cfg_parse(
+        "{\"bm\":128,\"bn\":256,\"bk\":64,\"wm\":2,\"wn\":1,\"st\":4,"
+        "\"bias\":1,\"act\":0,\"res\":0,\"norm\":0,\"pre\":0,"
+        "\"wg\":1,\"rope\":\"64\",\"rhd\":64}",
+        &c2, &e2));
+    cr_expect_not(stof__gemm_cfg_parse(
+        "{\"bm\":128,\"bn\":256,\"bk\":64,\"wm\":2,\"wn\":1,\"st\":4,"
+        "\"bias\":1,\"act\":0,\"res\":0,\"norm\":0,\"pre\":0,"
+        "\"wg\":1,\"rope\":64,\"rope_hd\":64}",
+        &c2, &e2));
 }

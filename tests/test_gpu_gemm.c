@@ -10,6 +10,9 @@
  *     summation order (one ulp on a few elements);
  *   - every output element written (no NaN left from the poison), nothing
  *     in the padding columns of ldc written.
+ * RoPE (the Hopper template's fused rope, and the plain GEMM followed by
+ * the rope kernel) is compared with stof__ref_gemm_rope the same way, and
+ * element by element too.
  * STOF_GEMM_BENCH=1 also times the layer shapes (M=4096 and M=128) over a
  * list of configurations and logs the TFLOP/s of each and the best, and
  * the Hopper template against cuBLASLt (bench_hopper; with
@@ -111,20 +114,62 @@ static stof_gemm_cfg fit_stages(const stof_context *ctx,
 /* The Hopper template's grid in check(): 0, the salt's choice (below). */
 static int check_ctas;
 
+/* RoPE in check() (seq 0: none). With e->rope: the fused epilogue's table
+ * of seq positions (base theta; row m at position m % seq) and rotated
+ * columns [0, cols). With split: e (without rope) runs, then the rope
+ * kernel (stof_rope) in place on its output with rope and hd from here;
+ * the reference rotates as the epilogue does (before the rounding). */
+typedef struct rope_setup {
+    int seq, cols;
+    float theta;
+    int split, rope, hd;
+} rope_setup;
+static rope_setup check_rope;
+
+/* The rope kernel's module (stof_rope). */
+static kernel load_rope(stof_context *ctx, stof_dtype dt, int hd, int rope)
+{
+    kernel k = {0};
+    void *bin = NULL;
+    size_t size = 0;
+    stof_status st = stof__rope_compile(ctx, dt, hd, rope, NULL, &bin,
+                                        &size);
+    cr_assert_eq(st, STOF_OK, "rope compile: %s", stof_errmsg(ctx));
+    st = (stof_status)stof__module_load(ctx, bin, "stof_rope", 0, &k.mod,
+                                        &k.fn);
+    free(bin);
+    cr_assert_eq(st, STOF_OK, "rope load: %s", stof_errmsg(ctx));
+    return k;
+}
+
 static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
                   const stof_gemm_epi *e, int M, int N, int K, int pad,
                   uint64_t salt)
 {
     const stof_gemm_cfg fitted = fit_stages(ctx, cfg, e, N, K);
     const stof_gemm_cfg *c = &fitted;
-    char tag[256];
+    /* The reference's epilogue: e, or with split RoPE e with the rope
+     * kernel's rotation. */
+    stof_gemm_epi er = *e;
+    if (check_rope.split) {
+        er.rope = check_rope.rope;
+        er.rope_hd = check_rope.hd;
+    }
+    const int rope = er.rope, rseq = rope ? check_rope.seq : 0;
+    char rtag[96] = "";
+    if (rope)
+        snprintf(rtag, sizeof(rtag), " rope=%d/%d%s seq=%d cols=%d", rope,
+                 er.rope_hd, check_rope.split ? " (kernel)" : "", rseq,
+                 check_rope.cols);
+    char tag[320];
     snprintf(tag, sizeof(tag),
-             "[%s%s %dx%dx%d w%dx%d s%d%s bias=%d act=%d res=%d norm=%d "
-             "pre=%d gated=%d] M=%d N=%d K=%d pad=%d",
+             "[%s%s %dx%dx%d w%dx%d s%d%s%s bias=%d act=%d res=%d norm=%d "
+             "pre=%d gated=%d%s] M=%d N=%d K=%d pad=%d",
              dt_name(dt), c->wgmma ? " wgmma" : "", c->block_m, c->block_n,
              c->block_k, c->warps_m, c->warps_n, c->stages,
-             c->cslot ? " c-in-slots" : "", e->bias, e->act, e->residual,
-             e->norm, e->write_pre, e->gated, M, N, K, pad);
+             c->cluster > 1 ? " pairs" : "", c->cslot ? " c-in-slots" : "",
+             e->bias, e->act, e->residual, e->norm, e->write_pre, e->gated,
+             rtag, M, N, K, pad);
     char why[256];
     cr_assert(stof__gemm_cfg_valid(&ctx->device, c, e, N, K, why,
                                    sizeof(why)),
@@ -151,8 +196,24 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
     fill(&rng, hg, fg, N, dt, 0.5f, 1.5f);
     fill(&rng, hbe, fbe, N, dt, -0.5f, 0.5f);
     const float eps = 1e-5f;
+    /* RoPE's table (rows m % seq) and the reference's positions. */
+    float *tab = NULL;
+    int *rpos = NULL;
+    if (rope) {
+        cr_assert(rseq > 0 && check_rope.cols % er.rope_hd == 0 &&
+                  check_rope.cols <= N);
+        tab = malloc(sizeof(float) * (size_t)rseq * (size_t)rope);
+        rpos = malloc(sizeof(int) * (size_t)M);
+        cr_assert(tab && rpos);
+        stof__rope_table(tab, NULL, rseq, rope, check_rope.theta);
+        for (int m = 0; m < M; m++)
+            rpos[m] = m % rseq;
+    }
 
     kernel k = load(ctx, dt, c, e, N);
+    kernel rk = {0};
+    if (check_rope.split)
+        rk = load_rope(ctx, dt, er.rope_hd, rope);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     stof_gemm_args a;
     memset(&a, 0, sizeof(a));
@@ -176,6 +237,11 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
     a.ldw = ldw;
     a.ldc = ldc;
     a.eps = eps;
+    if (rope) {
+        a.rope_tab = upload(api, tab, sizeof(float) * (size_t)rseq * rope);
+        a.rope_seq = rseq;
+        a.rope_cols = check_rope.cols;
+    }
     /* The Hopper template: a few CTAs on odd salts (each walks many
      * tiles), one per SM otherwise. With a workspace (a norm) twice: the
      * first launch must leave it ready for the second. */
@@ -191,6 +257,13 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
         stof_status st = stof__gemm_launch(k.fn, c, e, &a, ctas, NULL, api);
         cr_assert_eq(st, STOF_OK, "%s: launch: %s", tag,
                      stof_status_str(st));
+        if (rk.fn) { /* split RoPE: the rope kernel on the output */
+            st = stof__rope_launch(rk.fn, a.c, M, ldc, check_rope.cols,
+                                   er.rope_hd, rope, a.rope_tab, rseq, NULL,
+                                   api);
+            cr_assert_eq(st, STOF_OK, "%s: rope launch: %s", tag,
+                         stof_status_str(st));
+        }
         const char *failed = tu_sync_error();
         cr_assert(!failed, "%s: kernel failed: %s", tag, failed);
         if (a.ws) { /* each launch leaves its workspace zero (the row
@@ -214,25 +287,35 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
     cr_assert_eq(api->cuMemcpyDtoH(ho, a.c, nc * 2), CUDA_SUCCESS);
     if (a.pre)
         cr_assert_eq(api->cuMemcpyDtoH(hp, a.pre, nc * 2), CUDA_SUCCESS);
-    CUdeviceptr ptrs[] = {a.a, a.w, a.c, a.bias, a.residual,
-                          a.gamma, a.beta, a.pre, a.ws};
+    CUdeviceptr ptrs[] = {a.a,    a.w,   a.c,   a.bias,    a.residual,
+                          a.gamma, a.beta, a.pre, a.ws, a.rope_tab};
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(*ptrs); i++)
         if (ptrs[i])
             api->cuMemFree(ptrs[i]);
     stof__ctx_pop(ctx);
     unload(ctx, &k);
+    unload(ctx, &rk);
 
-    stof__ref_gemm(fa, fw, fb, fr, fg, fbe, M, N, K, lda, ldw, ldc, e, eps,
-                   dt, fo, e->write_pre ? fp : NULL);
+    const stof_ref_rope rr = {tab, rpos, check_rope.cols};
+    stof__ref_gemm_rope(fa, fw, fb, fr, fg, fbe, M, N, K, lda, ldw, ldc, &er,
+                        eps, dt, rope ? &rr : NULL, fo,
+                        e->write_pre ? fp : NULL);
 
     const size_t n = (size_t)M * N;
     double *got = malloc(n * sizeof(double) * 2), *want = got + n;
     cr_assert(got);
-    const double tol = dt == STOF_DTYPE_FP16 ? 3e-3 : 1.5e-2;
+    /* The rope kernel rotates the rounded product (the reference the
+     * unrounded one): a little more error. */
+    const double tol = (dt == STOF_DTYPE_FP16 ? 3e-3 : 1.5e-2) *
+                       (check_rope.split ? 1.5 : 1.0);
+    /* With RoPE each element too, against 4 ulps of |ref| + 1 (twice
+     * that split): a wrong angle, pair, position or head is far off. */
+    const double el_tol = (dt == STOF_DTYPE_FP16 ? 0x1p-8 : 0x1p-5) *
+                          (check_rope.split ? 2.0 : 1.0);
     for (int pass = 0; pass < (e->write_pre ? 2 : 1); pass++) {
         const uint16_t *h = pass ? hp : ho;
         const float *f = pass ? fp : fo;
-        size_t nan_count = 0, pad_written = 0, t = 0;
+        size_t nan_count = 0, pad_written = 0, t = 0, far = 0;
         for (int i = 0; i < M; i++)
             for (int j = 0; j < (int)ldc; j++) {
                 const size_t off = (size_t)i * ldc + j;
@@ -245,6 +328,13 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
                 if (isnan(got[t]) && nan_count++ < 3)
                     cr_log_error("%s: %s NaN at row %d col %d", tag,
                                  pass ? "pre" : "out", i, j);
+                if (rope && !isnan(got[t]) &&
+                    !(fabs(got[t] - want[t]) <=
+                      el_tol * (fabs(want[t]) + 1.0)) &&
+                    far++ < 3)
+                    cr_log_error("%s: row %d (position %d) col %d: %.6g, "
+                                 "reference %.6g",
+                                 tag, i, i % rseq, j, got[t], want[t]);
                 t++;
             }
         const double err = tu_rel_err(got, want, n);
@@ -255,8 +345,11 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
                      pad_written);
         cr_expect(err < tol, "%s: %s relative error %.3e >= %.1e", tag,
                   pass ? "pre" : "out", err, tol);
+        cr_expect_eq(far, 0, "%s: %zu elements far from the reference", tag,
+                     far);
     }
     free(got);
+    free(tab), free(rpos);
     free(ha), free(hw), free(hb), free(hr), free(hg), free(hbe), free(ho);
     free(hp);
     free(fa), free(fw), free(fb), free(fr), free(fg), free(fbe), free(fo);
@@ -1490,6 +1583,261 @@ Test(gpu, wgmma_c_in_slots_fp16, .timeout = 600)
 Test(gpu, wgmma_c_in_slots_bf16, .timeout = 600)
 {
     wgmma_c_in_slots(STOF_DTYPE_BF16);
+}
+
+/* RoPE fused in the Hopper template's epilogue (gemm.h's rope) against
+ * stof__ref_gemm_rope: the tile kinds (both consumer warpgroups on a tile,
+ * ping-pong, pairs of CTAs, 64-, 192- and 256-wide), heads of 32 to 128
+ * with the whole head rotated and part of it, with and without a bias
+ * (added before the rotation), V's columns (from rope_cols on, in a tile
+ * of their own or sharing one with K's) the plain product, M tails
+ * (1000, 1100 rows: the last tile row's positions continue past M), the
+ * sequence not dividing M (positions m % seq) or longer than it, N tails
+ * and padded rows, ping-pong's split tails (64-row halves), one row; fp16
+ * on one CTA an SM, bf16 on three CTAs (each walks many tiles). */
+typedef struct rope_case {
+    stof_gemm_cfg c;
+    int rope, hd, bias;
+    int M, N, K, pad, seq, cols, ctas;
+} rope_case;
+
+static const rope_case rope_cases[] = {
+    /* 128 x 256, two consumer warpgroups: Q 8, K 1, V 1 heads of 128
+     * (V from the middle of the last tile) */
+    {{128, 256, 64, 2, 1, 4, 1, 1, 0}, 128, 128, 1,
+     1000, 1280, 328, 0, 333, 1152, 0},
+    /* partial (64 of 128), Q 5 K 1 V 1: N ends in the middle of a tile */
+    {{128, 256, 64, 2, 1, 3, 1, 1, 0}, 64, 128, 0,
+     1000, 896, 200, 8, 1000, 768, 0},
+    /* ping-pong, 32 of 64: Q 6 K 2 V 2 */
+    {{128, 128, 64, 1, 1, 5, 1, 1, 0}, 32, 64, 1,
+     1000, 640, 328, 0, 300, 512, 0},
+    /* ping-pong, every head rotated, N 5.5 tiles, seq > M */
+    {{128, 128, 64, 1, 1, 5, 1, 1, 0}, 64, 64, 0,
+     1000, 704, 136, 0, 4096, 704, 0},
+    /* pairs of CTAs on 9 tile rows (the last pair's second past M) */
+    {{128, 256, 64, 2, 1, 3, 1, 2, 0}, 64, 64, 1,
+     1100, 1024, 200, 0, 250, 896, 0},
+    /* ping-pong pairs, heads of 32 (4 a tile), 16 of them rotated */
+    {{128, 128, 64, 1, 1, 5, 1, 2, 0}, 16, 32, 0,
+     1000, 512, 200, 8, 77, 448, 0},
+    /* 192 wide: heads of 96 (Q 4 K 2 V 2) */
+    {{128, 192, 64, 2, 1, 4, 1, 1, 0}, 96, 96, 1,
+     1000, 768, 328, 0, 333, 576, 0},
+    /* 192 wide, heads of 64 (3 a tile), 32 rotated, V mid-tile */
+    {{128, 192, 64, 2, 1, 4, 1, 1, 0}, 32, 64, 0,
+     520, 768, 136, 8, 200, 640, 0},
+    /* 64 wide: a head a tile */
+    {{128, 64, 64, 2, 1, 6, 1, 1, 0}, 64, 64, 1,
+     1000, 384, 200, 0, 333, 256, 0},
+    /* ping-pong split tails: 15 tiles on 7 CTAs, the last two as 64-row
+     * halves (the second past M) */
+    {{128, 128, 64, 1, 1, 5, 1, 1, 0}, 64, 64, 1,
+     600, 384, 200, 0, 100, 256, 7},
+    /* one row */
+    {{128, 256, 64, 2, 1, 4, 1, 1, 0}, 128, 128, 1,
+     1, 384, 64, 0, 1, 256, 0},
+};
+#define N_ROPE_CASES ((int)(sizeof(rope_cases) / sizeof(*rope_cases)))
+
+static void wgmma_rope(stof_dtype dt)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    for (int i = 0; i < N_ROPE_CASES; i++) {
+        const rope_case *r = &rope_cases[i];
+        const stof_gemm_epi e = {.bias = r->bias, .rope = r->rope,
+                                 .rope_hd = r->hd};
+        check_rope = (rope_setup){.seq = r->seq,
+                                  .cols = r->cols,
+                                  .theta = i % 2 ? 500000.0f : 10000.0f};
+        check_ctas = r->ctas;
+        check(ctx, dt, &r->c, &e, r->M, r->N, r->K, r->pad,
+              (uint64_t)(5800 + 2 * i + (dt == STOF_DTYPE_BF16)));
+    }
+    check_rope = (rope_setup){0};
+    check_ctas = 0;
+    stof_close(&ctx);
+}
+
+Test(gpu, wgmma_rope_fp16, .timeout = 300)
+{
+    wgmma_rope(STOF_DTYPE_FP16);
+}
+Test(gpu, wgmma_rope_bf16, .timeout = 300)
+{
+    wgmma_rope(STOF_DTYPE_BF16);
+}
+
+/* A fused rope's launch arguments are checked: a table (16-byte aligned),
+ * a sequence, rotated columns of whole heads within N; mma.sync has no
+ * rope epilogue. Nothing runs. */
+Test(gpu, wgmma_rope_arguments, .timeout = 120)
+{
+    stof_context *ctx = open_hopper_or_skip();
+    const stof_api *api = ctx->api;
+    const stof_gemm_cfg c = {128, 128, 64, 2, 1, 4, 1, 1, 0},
+                        mma = {128, 128, 32, 2, 4, 3, 0, 1, 0};
+    const stof_gemm_epi e = {.rope = 64, .rope_hd = 64};
+    kernel k = load(ctx, STOF_DTYPE_FP16, &c, &e, 256);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    CUdeviceptr buf = upload(api, NULL, 1 << 20);
+    stof_gemm_args a;
+    memset(&a, 0, sizeof(a));
+    a.a = a.w = a.c = buf;
+    a.M = 128;
+    a.N = 256;
+    a.K = 64;
+    a.lda = a.ldw = 64;
+    a.ldc = 256;
+    a.rope_tab = buf;
+    a.rope_seq = 128;
+    a.rope_cols = 128;
+    stof_gemm_args b = a;
+    b.rope_tab = 0;
+    cr_expect_eq(stof__gemm_launch(k.fn, &c, &e, &b, 1, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT, "no table");
+    b = a;
+    b.rope_tab = buf + 8;
+    cr_expect_eq(stof__gemm_launch(k.fn, &c, &e, &b, 1, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT, "a misaligned table");
+    b = a;
+    b.rope_seq = 0;
+    cr_expect_eq(stof__gemm_launch(k.fn, &c, &e, &b, 1, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT, "no sequence");
+    b = a;
+    b.rope_cols = 96;
+    cr_expect_eq(stof__gemm_launch(k.fn, &c, &e, &b, 1, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT, "part of a head");
+    b = a;
+    b.rope_cols = 320;
+    cr_expect_eq(stof__gemm_launch(k.fn, &c, &e, &b, 1, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT, "columns past N");
+    cr_expect_eq(stof__gemm_launch(k.fn, &mma, &e, &a, 1, NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT, "rope on mma.sync");
+    api->cuMemFree(buf);
+    stof__ctx_pop(ctx);
+    unload(ctx, &k);
+    stof_close(&ctx);
+}
+
+/* The split path (a GEMM that cannot fuse RoPE: the plain product, then
+ * the rope kernel stof_rope in place on its rounded output), against
+ * stof__ref_gemm_rope (which rotates before the rounding: a little more
+ * error allowed): the mma.sync template on any GPU, and the Hopper
+ * template without rope on cc 9.0; heads of 128, 64, 72 and 80 (no
+ * Hopper tile holds whole heads of 72 or 80: only this path takes them),
+ * whole and partial, with and without a bias, M tails, seq not dividing
+ * M, padded rows (the padding left alone), V's columns untouched. Then
+ * the kernel's argument checks. */
+static void rope_kernel(stof_dtype dt)
+{
+    stof_context *ctx = open_or_skip();
+    const int hopper = ctx->device.cc_major == 9 &&
+                       ctx->device.cc_minor == 0;
+    static const struct {
+        stof_gemm_cfg c;
+        int rope, hd, bias;
+        int M, N, K, pad, seq, cols;
+    } cases[] = {
+        {{128, 128, 32, 2, 4, 3, 0, 1, 0}, 128, 128, 1,
+         1000, 1280, 328, 0, 333, 1152},
+        {{64, 128, 32, 2, 2, 4, 0, 1, 0}, 32, 64, 0,
+         300, 640, 200, 8, 77, 512},
+        {{128, 64, 32, 2, 2, 3, 0, 1, 0}, 64, 72, 1,
+         1000, 576, 136, 8, 250, 432},
+        {{64, 64, 32, 2, 2, 3, 0, 1, 0}, 32, 80, 1,
+         200, 800, 136, 0, 64, 640},
+        /* the Hopper template's plain product (cc 9.0 only) */
+        {{128, 256, 64, 2, 1, 4, 1, 1, 0}, 64, 128, 1,
+         1000, 1280, 200, 0, 1000, 1024},
+        {{128, 128, 64, 1, 1, 5, 1, 1, 0}, 16, 64, 0,
+         520, 640, 200, 8, 100, 512},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+        if (cases[i].c.wgmma && !hopper)
+            continue;
+        const stof_gemm_epi e = {.bias = cases[i].bias};
+        check_rope = (rope_setup){.seq = cases[i].seq,
+                                  .cols = cases[i].cols,
+                                  .theta = i % 2 ? 10000.0f : 500000.0f,
+                                  .split = 1,
+                                  .rope = cases[i].rope,
+                                  .hd = cases[i].hd};
+        check(ctx, dt, &cases[i].c, &e, cases[i].M, cases[i].N, cases[i].K,
+              cases[i].pad,
+              (uint64_t)(5900 + 2 * i + (dt == STOF_DTYPE_BF16)));
+    }
+    check_rope = (rope_setup){0};
+    /* Arguments: compile refuses a bad dtype or rope; launch refuses
+     * misaligned or partial operands. */
+    void *bin = NULL;
+    size_t size = 0;
+    cr_expect_eq(stof__rope_compile(ctx, (stof_dtype)7, 64, 64, NULL, &bin,
+                                    &size),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(stof_errmsg(ctx), "rope"), "%s", stof_errmsg(ctx));
+    cr_expect_eq(stof__rope_compile(ctx, dt, 64, 24, NULL, &bin, &size),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__rope_compile(ctx, dt, 64, 80, NULL, &bin, &size),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__rope_compile(ctx, dt, 68, 64, NULL, &bin, &size),
+                 STOF_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(stof__rope_compile(ctx, dt, 64, 64, NULL, NULL, &size),
+                 STOF_ERR_INVALID_ARGUMENT);
+    kernel k = load_rope(ctx, dt, 64, 64);
+    const stof_api *api = ctx->api;
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    CUdeviceptr x = upload(api, NULL, 1 << 16), tab = upload(api, NULL, 4096);
+    static const struct {
+        int dx, rows;
+        int64_t ld;
+        int cols, hd, rope, dtab, seq;
+    } bad[] = {
+        {2, 8, 256, 128, 64, 64, 0, 4},   /* x misaligned */
+        {0, 8, 252, 128, 64, 64, 0, 4},   /* ld not a multiple of 8 */
+        {0, 8, 64, 128, 64, 64, 0, 4},    /* ld < cols */
+        {0, 8, 256, 96, 64, 64, 0, 4},    /* part of a head */
+        {0, 8, 256, 128, 64, 24, 0, 4},   /* rope not of 16 */
+        {0, 8, 256, 128, 64, 80, 0, 4},   /* rope > hd */
+        {0, 8, 256, 120, 60, 48, 0, 4},   /* hd not of 8 */
+        {0, 8, 256, 128, 64, 64, 8, 4},   /* table misaligned */
+        {0, 8, 256, 128, 64, 64, 0, 0},   /* no sequence */
+        {0, -1, 256, 128, 64, 64, 0, 4},  /* rows < 0 */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
+        cr_expect_eq(stof__rope_launch(k.fn, x + bad[i].dx, bad[i].rows,
+                                       bad[i].ld, bad[i].cols, bad[i].hd,
+                                       bad[i].rope, tab + bad[i].dtab,
+                                       bad[i].seq, NULL, api),
+                     STOF_ERR_INVALID_ARGUMENT, "bad case %zu", i);
+    cr_expect_eq(stof__rope_launch(k.fn, 0, 8, 256, 128, 64, 64, tab, 4,
+                                   NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT, "no x");
+    cr_expect_eq(stof__rope_launch(NULL, x, 8, 256, 128, 64, 64, tab, 4,
+                                   NULL, api),
+                 STOF_ERR_INVALID_ARGUMENT, "no kernel");
+    /* Nothing to do: no rows, or no rotated columns. */
+    cr_expect_eq(stof__rope_launch(k.fn, x, 0, 256, 128, 64, 64, tab, 4,
+                                   NULL, api),
+                 STOF_OK);
+    cr_expect_eq(stof__rope_launch(k.fn, x, 8, 256, 0, 64, 64, tab, 4, NULL,
+                                   api),
+                 STOF_OK);
+    cr_expect(!tu_sync_error());
+    api->cuMemFree(x);
+    api->cuMemFree(tab);
+    stof__ctx_pop(ctx);
+    unload(ctx, &k);
+    stof_close(&ctx);
+}
+
+Test(gpu, rope_kernel_fp16, .timeout = 300)
+{
+    rope_kernel(STOF_DTYPE_FP16);
+}
+Test(gpu, rope_kernel_bf16, .timeout = 300)
+{
+    rope_kernel(STOF_DTYPE_BF16);
 }
 
 /* Programmatic dependent launch: a slow kernel (stof_fill, one CTA)

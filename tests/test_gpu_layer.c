@@ -164,8 +164,30 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
         }
         in = n1;
     }
-    stof__ref_gemm(in, w->f[W_QKV], bqkv, NULL, NULL, NULL, M, qn, h,
-                   h, h, qn, &e_bias, eps, dt, qkv, NULL);
+    /* The QKV projection; with RoPE, Q's and K's heads (the columns
+     * below hidden + kvd) rotated by their positions in their sequences
+     * (row % seq) after the bias, before the rounding (stof_layer_desc). */
+    const int rope = d->rope_theta == 0.0f ? 0
+                     : d->rope_dim > 0     ? d->rope_dim
+                                           : hd;
+    stof_gemm_epi e_qkv = e_bias;
+    float *tab = NULL;
+    int *pos = NULL;
+    if (rope) {
+        e_qkv.rope = rope;
+        e_qkv.rope_hd = hd;
+        tab = malloc(sizeof(float) * (size_t)d->seq * (size_t)rope);
+        pos = malloc(sizeof(int) * (size_t)M);
+        cr_assert(tab && pos);
+        stof__rope_table(tab, NULL, d->seq, rope, d->rope_theta);
+        for (int r = 0; r < M; r++)
+            pos[r] = r % d->seq;
+    }
+    const stof_ref_rope rp = {tab, pos, h + kvh * hd};
+    stof__ref_gemm_rope(in, w->f[W_QKV], bqkv, NULL, NULL, NULL, M, qn, h, h,
+                        h, qn, &e_qkv, eps, dt, rope ? &rp : NULL, qkv, NULL);
+    free(tab);
+    free(pos);
     /* attention, BHSD copies: Q's heads, then K's and V's kv_heads heads */
     for (int b = 0; b < d->batch; b++)
         for (int s = 0; s < d->seq; s++)
@@ -260,6 +282,59 @@ static void download(CUdeviceptr p, size_t n, stof_dtype dt, float *out)
     free(raw);
 }
 
+/* A layer's description and key name its RoPE: the description's "rope"
+ * is {"theta": the base, "dim": the rotated channels of a head} (null
+ * without), the key text ends in ";rope=THETA;rope_dim=D" (nothing
+ * without), and the QKV step says where the rotation runs: "fused" in
+ * the Hopper template's epilogue, "kernel" after cuBLASLt or the mma.sync
+ * template. Returns 1 when the rope kernel runs, else 0. */
+static int expect_rope_desc(const stof_layer *L, const stof_layer_desc *d,
+                            const char *desc)
+{
+    const int hd = d->hidden / d->heads;
+    if (d->rope_theta == 0.0f) {
+        cr_expect(strstr(desc, "\"rope\":null") != NULL, "%s", desc);
+        cr_expect(strstr(L->key_text, "rope") == NULL, "%s", L->key_text);
+        cr_expect(strstr(desc, "\"rope\":\"") == NULL, "%s", desc);
+        return 0;
+    }
+    char want[96];
+    snprintf(want, sizeof(want), ";rope=%a;rope_dim=%d",
+             (double)d->rope_theta, d->rope_dim);
+    cr_expect(strstr(L->key_text, want) != NULL, "key %s, not %s",
+              L->key_text, want);
+    const char *r = strstr(desc, "\"rope\":{");
+    cr_assert(r, "%s", desc);
+    double theta = 0.0;
+    int dim = 0;
+    cr_expect_eq(sscanf(r, "\"rope\":{\"theta\":%lf,\"dim\":%d}", &theta,
+                        &dim),
+                 2, "%.60s", r);
+    cr_expect_eq((float)theta, d->rope_theta, "%.60s", r);
+    cr_expect_eq(dim, d->rope_dim > 0 ? d->rope_dim : hd, "%.60s", r);
+    /* The QKV step: up to the next step's "op". */
+    const char *q = strstr(desc, "\"op\":\"qkv\"");
+    cr_assert(q, "%s", desc);
+    const char *next = strstr(q + 5, "\"op\":");
+    const char *fused = strstr(q, "\"rope\":\"fused\""),
+               *kern = strstr(q, "\"rope\":\"kernel\""),
+               *wg = strstr(q, "\"wg\":1");
+    if (next) {
+        fused = fused && fused < next ? fused : NULL;
+        kern = kern && kern < next ? kern : NULL;
+        wg = wg && wg < next ? wg : NULL;
+    }
+    static const char lt[] = "\"op\":\"qkv\",\"kernel\":\"cublaslt\"";
+    const int is_lt = strncmp(q, lt, sizeof(lt) - 1) == 0;
+    cr_expect((fused != NULL) + (kern != NULL) == 1,
+              "the QKV step has no \"rope\" (or two): %s", desc);
+    /* The Hopper template fuses it; cuBLASLt and mma.sync cannot. */
+    cr_expect_eq(fused != NULL, !is_lt && wg != NULL,
+                 "rope %s on %s: %s", fused ? "fused" : "kernel",
+                 is_lt ? "cublaslt" : wg ? "wgmma" : "mma.sync", desc);
+    return kern != NULL;
+}
+
 typedef struct lcase {
     stof_dtype dt;
     int pre;
@@ -270,6 +345,10 @@ typedef struct lcase {
     int heads, kv_heads; /* 0, 0: 2 heads of 64 (hidden 128), no grouping */
     int no_bias;
     int gated;
+    float rope_theta; /* RoPE: 0 none */
+    int rope_dim;     /* (0: the whole head) */
+    int hd;           /* head_dim (0: 64) */
+    int rope_split;   /* 1: the QKV GEMM must run split (the rope kernel) */
 } lcase;
 
 static void run_case(const lcase *c)
@@ -277,11 +356,13 @@ static void run_case(const lcase *c)
     stof_context *ctx = open_ctx("", c->mode);
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     stof_layer_desc d;
-    const int heads = c->heads > 0 ? c->heads : 2;
-    stof_layer_desc_init(&d, 2, 128, 64 * heads, heads, c->dt);
+    const int heads = c->heads > 0 ? c->heads : 2, hd = c->hd > 0 ? c->hd : 64;
+    stof_layer_desc_init(&d, 2, 128, hd * heads, heads, c->dt);
     d.kv_heads = c->kv_heads;
     d.no_bias = c->no_bias;
     d.gated = c->gated;
+    d.rope_theta = c->rope_theta;
+    d.rope_dim = c->rope_dim;
     d.ffn = 256;
     d.pre_norm = c->pre;
     d.norm = c->norm;
@@ -322,6 +403,11 @@ static void run_case(const lcase *c)
         cr_assert_eq(lt_bytes, 0,
                      "no cuBLASLt kernel, yet %lld bytes of its workspace",
                      lt_bytes);
+    const int split = expect_rope_desc(L, &d, desc);
+    if (c->rope_split)
+        cr_expect(split, "no Hopper tile holds whole heads of %d: the rope "
+                         "kernel should run (%s)",
+                  hd, desc);
     const stof_layer_weights lwt = as_weights(&w, &d);
     ref_layer(&d, m, &w, xf, ref);
     if (c->no_bias) { /* a bias given to a layer planned without is refused */
@@ -333,6 +419,8 @@ static void run_case(const lcase *c)
         cr_assert(strstr(stof_layer_errmsg(L), "no_bias"), "%s",
                   stof_layer_errmsg(L));
     }
+    if (!c->in_place) /* (NaN in both dtypes: an unwritten element fails) */
+        cr_assert_eq(stof__api()->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
     st = stof_layer_run(L, &lwt, (void *)(uintptr_t)x, (void *)(uintptr_t)y,
                         NULL);
     cr_assert_eq(st, STOF_OK, "stof_layer_run: %s", stof_layer_errmsg(L));
@@ -340,10 +428,15 @@ static void run_case(const lcase *c)
     download(y, n, c->dt, yf);
     const double e = rel(yf, ref, n);
     const double tol = c->dt == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
-    cr_log_info("dtype %d pre %d norm %d act %d mode %d heads %d/%d gated "
-                "%d: relative error %.3g",
+    cr_log_info("dtype %d pre %d norm %d act %d mode %d heads %d/%d of %d "
+                "gated %d rope %g/%d (%s): relative error %.3g",
                 (int)c->dt, c->pre, (int)c->norm, (int)c->act, (int)c->mode,
-                heads, c->kv_heads, c->gated, e);
+                heads, c->kv_heads, hd, c->gated, (double)c->rope_theta,
+                c->rope_dim,
+                !c->rope_theta ? "none"
+                : split        ? "kernel"
+                               : "fused",
+                e);
     cr_expect(e <= tol, "relative error %.3g > %.3g (%s)", e, tol, desc);
     stof_layer_free(&L);
     cr_assert_null(L);
@@ -595,35 +688,35 @@ Test(gpu_layer, family_run_on_a_mask_layer_is_refused)
 Test(gpu_layer, post_layernorm_gelu_tanh_fp16)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_DEFAULT, 0, 0, 0, 0, 0};
+               STOF_TUNE_DEFAULT, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_layernorm_gelu_erf_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_DEFAULT, 0, 0, 0, 0, 0};
+               STOF_TUNE_DEFAULT, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, post_rmsnorm_relu_bf16_in_place)
 {
     lcase c = {STOF_DTYPE_BF16, 0, STOF_NORM_RMS, STOF_ACT_RELU,
-               STOF_TUNE_DEFAULT, 1, 0, 0, 0, 0};
+               STOF_TUNE_DEFAULT, 1, 0, 0, 0, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_rmsnorm_silu_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0, 0};
+               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 0, 0};
+               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 0, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
@@ -632,14 +725,14 @@ Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
 Test(gpu_layer, grouped_query_pre_rmsnorm_silu_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2, 0, 0};
+               STOF_TUNE_DEFAULT, 0, 4, 2, 0, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, multi_query_post_layernorm_gelu_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_CACHE_ONLY, 0, 8, 1, 0, 0};
+               STOF_TUNE_CACHE_ONLY, 0, 8, 1, 0, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
@@ -648,14 +741,14 @@ Test(gpu_layer, multi_query_post_layernorm_gelu_fp16_cost_model)
 Test(gpu_layer, no_bias_grouped_pre_rmsnorm_silu_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2, 1, 0};
+               STOF_TUNE_DEFAULT, 0, 4, 2, 1, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, no_bias_post_layernorm_gelu_erf_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 1, 0};
+               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 1, 0, 0, 0, 0, 0};
     run_case(&c);
 }
 
@@ -667,14 +760,81 @@ Test(gpu_layer, no_bias_post_layernorm_gelu_erf_fp16_cost_model)
 Test(gpu_layer, gated_swiglu_llama_style_bf16)
 {
     lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2, 1, 1};
+               STOF_TUNE_DEFAULT, 0, 4, 2, 1, 1, 0, 0, 0, 0};
     run_case(&c);
 }
 
 Test(gpu_layer, gated_geglu_bias_post_layernorm_fp16_cost_model)
 {
     lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0, 1};
+               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0, 1, 0, 0, 0, 0};
+    run_case(&c);
+}
+
+/* Rotary position embeddings (rotate-half, as Hugging Face computes
+ * them), against the reference's QKV projection with the rotation after
+ * its bias: a Llama-style layer (SwiGLU, no biases, pre-RMSNorm, 4 query
+ * heads of 128 on 2, theta 10000 over whole heads; tuned: on Hopper the
+ * fused epilogue competes with the plain GEMMs and the rope kernel, each
+ * verified by the search), a post-LayerNorm layer with biases rotating
+ * half of each head (GPT-NeoX's partial rotary; tuned), the same with
+ * the cost model's choice (cuBLASLt's first algorithm where it can serve:
+ * the rope kernel) and Llama 3's base. */
+Test(gpu_layer, rope_llama_style_bf16)
+{
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .no_bias = 1,
+                     .gated = 1,
+                     .rope_theta = 10000.0f,
+                     .hd = 128};
+    run_case(&c);
+}
+
+Test(gpu_layer, rope_partial_bias_post_layernorm_fp16)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_ERF,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .rope_theta = 10000.0f,
+                     .rope_dim = 32};
+    run_case(&c);
+}
+
+Test(gpu_layer, rope_partial_grouped_bf16_cost_model)
+{
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_TANH,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .rope_theta = 500000.0f,
+                     .rope_dim = 32};
+    run_case(&c);
+}
+
+/* Heads of 80 channels: no tile of the Hopper template (64, 128, 192 or
+ * 256 columns) holds whole heads, so every QKV candidate runs split (the
+ * plain GEMM, then the rope kernel), on Hopper too; 40 pairs a head (five
+ * groups of 8 in the kernel). */
+Test(gpu_layer, rope_head_dim_80_runs_the_rope_kernel)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .no_bias = 1,
+                     .rope_theta = 10000.0f,
+                     .hd = 80,
+                     .rope_split = 1};
     run_case(&c);
 }
 
@@ -1129,6 +1289,162 @@ Test(gpu_layer, family_layer_tuned_then_from_the_database)
     cr_expect(e <= 1e-6, "rel err %.3g", e);
     free(out[0]);
     free(out[1]);
+    unlink_db(path);
+}
+
+/* The misses of one database, for find_miss: the problem JSON of key. */
+typedef struct miss_find {
+    const char *key;
+    char problem[4096];
+    int found;
+} miss_find;
+
+static int find_miss(void *user, const char *key, const char *problem_json,
+                     const void *mask_bits, size_t mask_bytes, int64_t count)
+{
+    miss_find *f = user;
+    (void)mask_bits;
+    (void)mask_bytes;
+    (void)count;
+    if (strcmp(key, f->key))
+        return 0;
+    snprintf(f->problem, sizeof(f->problem), "%s", problem_json);
+    f->found = 1;
+    return 1;
+}
+
+/* A RoPE layer through the database: tuned into it (against the
+ * reference), planned again in a fresh context (source "database", the
+ * same key and the same output bit for bit), and in a cache-only context
+ * (the same hit); there the same layer with Llama 3's base misses the
+ * record (its key differs), takes the cost model's choice, records a miss
+ * with its base and dim for `stof-tune pending`, and rotates with its own
+ * table. */
+Test(gpu_layer, rope_layer_tuned_then_from_the_database)
+{
+    char path[] = "/tmp/stof-layer-rope-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(path);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 2, 128, 128, 2, STOF_DTYPE_FP16);
+    d.ffn = 256;
+    d.act = STOF_ACT_SILU;
+    d.norm = STOF_NORM_RMS;
+    d.pre_norm = 1;
+    d.no_bias = 1;
+    d.gated = 1;
+    d.rope_theta = 10000.0f;
+    d.rope_dim = 32;
+    stof_layer_desc d3 = d; /* Llama 3's base */
+    d3.rope_theta = 500000.0f;
+    const size_t n = (size_t)d.batch * d.seq * d.hidden;
+    const double tol = 1.5e-2;
+    char key0[33] = "";
+    float *out[3] = {NULL, NULL, NULL};
+    for (int pass = 0; pass < 3; pass++) {
+        stof_context *ctx = open_ctx(
+            path, pass < 2 ? STOF_TUNE_DEFAULT : STOF_TUNE_CACHE_ONLY);
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
+        stof_layer *L = NULL;
+        cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        char json[16384];
+        cr_assert_eq(stof_layer_describe(L, json, sizeof(json), NULL),
+                     STOF_OK);
+        cr_log_info("pass %d: %s", pass, json);
+        cr_expect(strstr(json, pass ? "\"source\":\"database\""
+                                    : "\"source\":\"tuned\"") != NULL,
+                  "pass %d: %s", pass, json);
+        expect_rope_desc(L, &d, json);
+        if (pass == 0)
+            snprintf(key0, sizeof(key0), "%s", L->key);
+        else
+            cr_expect_str_eq(L->key, key0);
+        /* The same weights and input in every pass. */
+        tu_rng r = {0x20be5u};
+        lw w;
+        make_weights(&r, &d, &w);
+        const stof_layer_weights lwt = as_weights(&w, &d);
+        float *xf = NULL;
+        const stof_api *api = stof__api();
+        CUdeviceptr x = upload(&r, d.dtype, n, 1.0f, 0.0f, &xf), y = 0;
+        cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+        cr_assert_eq(stof_layer_run(L, &lwt, (void *)(uintptr_t)x,
+                                    (void *)(uintptr_t)y, NULL),
+                     STOF_OK, "%s", stof_layer_errmsg(L));
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        out[pass] = malloc(n * sizeof(float));
+        float *ref = malloc(n * sizeof(float));
+        cr_assert(out[pass] && ref);
+        download(y, n, d.dtype, out[pass]);
+        if (pass == 0) {
+            ref_layer(&d, m, &w, xf, ref);
+            const double e = rel(out[0], ref, n);
+            cr_log_info("tuned RoPE layer: relative error %.3g", e);
+            cr_expect(e <= tol, "relative error %.3g > %.3g", e, tol);
+        } else {
+            cr_expect(memcmp(out[pass], out[0], n * sizeof(float)) == 0,
+                      "pass %d: the database plan's output differs from the "
+                      "tuned plan's (rel %.3g)",
+                      pass, rel(out[pass], out[0], n));
+        }
+        if (pass == 2) {
+            /* Another base: another key, a miss, the model's plan. */
+            stof_layer *L3 = NULL;
+            cr_assert_eq(stof_layer_plan(ctx, &d3, m, &L3), STOF_OK, "%s",
+                         stof_errmsg(ctx));
+            cr_assert_eq(stof_layer_describe(L3, json, sizeof(json), NULL),
+                         STOF_OK);
+            cr_log_info("theta %g: %s", (double)d3.rope_theta, json);
+            cr_expect(strstr(json, "\"source\":\"model\"") != NULL, "%s",
+                      json);
+            cr_expect_str_neq(L3->key, key0);
+            expect_rope_desc(L3, &d3, json);
+            miss_find f = {.key = L3->key};
+            cr_assert_eq(stof__db_foreach_miss(stof__ctx_db(ctx), find_miss,
+                                               &f),
+                         STOF_OK);
+            cr_expect(f.found, "no miss recorded under %s", L3->key);
+            cr_expect(strstr(f.problem, "\"rope_theta\":500000") != NULL &&
+                          strstr(f.problem, "\"rope_dim\":32") != NULL,
+                      "miss %s", f.problem);
+            cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+            cr_assert_eq(stof_layer_run(L3, &lwt, (void *)(uintptr_t)x,
+                                        (void *)(uintptr_t)y, NULL),
+                         STOF_OK, "%s", stof_layer_errmsg(L3));
+            cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+            float *y3 = malloc(n * sizeof(float));
+            cr_assert(y3);
+            download(y, n, d.dtype, y3);
+            ref_layer(&d3, m, &w, xf, ref);
+            const double e = rel(y3, ref, n), apart = rel(y3, out[0], n);
+            cr_log_info("theta %g: relative error %.3g, %.3g from theta %g",
+                        (double)d3.rope_theta, e, apart,
+                        (double)d.rope_theta);
+            cr_expect(e <= tol, "relative error %.3g > %.3g", e, tol);
+            /* (the base matters: nearer its own reference than the
+             * first base's output) */
+            cr_expect(apart > 2 * e, "theta %g and %g: outputs %.3g apart",
+                      (double)d3.rope_theta, (double)d.rope_theta, apart);
+            free(y3);
+            stof_layer_free(&L3);
+        }
+        free(ref);
+        api->cuMemFree(y);
+        api->cuMemFree(x);
+        free_weights(&w);
+        free(xf);
+        stof_layer_free(&L);
+        stof_mask_free(&m);
+        stof__ctx_pop(ctx);
+        stof_close(&ctx);
+    }
+    for (int i = 0; i < 3; i++)
+        free(out[i]);
     unlink_db(path);
 }
 

@@ -7,6 +7,7 @@
  */
 #include <criterion/criterion.h>
 #include <locale.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,121 @@ Test(layer, good_descriptor_without_gpu_says_so)
     cr_expect_eq(stof_layer_plan(ctx, &d, m, &L), STOF_ERR_NO_DEVICE);
     cr_expect_null(L);
     cr_expect(strstr(stof_errmsg(ctx), "GPU"), "%s", stof_errmsg(ctx));
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}
+
+/* Rotary position embeddings in the descriptor: rope_theta 0 (none) or
+ * a finite base > 1; rope_dim 0 (the whole head, which must then be a
+ * multiple of 16) or a multiple of 16 up to head_dim, and only with
+ * rope_theta. Each bad value refused with the field named (head_dim 64
+ * but for the last two cases, 72); good ones pass the descriptor checks
+ * and, without a GPU, get as far as STOF_ERR_NO_DEVICE. */
+static void e_theta_neg(stof_layer_desc *d) { d->rope_theta = -10000.0f; }
+static void e_theta_nan(stof_layer_desc *d) { d->rope_theta = NAN; }
+static void e_theta_inf(stof_layer_desc *d) { d->rope_theta = INFINITY; }
+static void e_theta_half(stof_layer_desc *d) { d->rope_theta = 0.5f; }
+static void e_theta_one(stof_layer_desc *d) { d->rope_theta = 1.0f; }
+static void e_theta_nan_dim(stof_layer_desc *d)
+{
+    d->rope_theta = NAN;
+    d->rope_dim = 32;
+}
+static void e_rdim_alone(stof_layer_desc *d) { d->rope_dim = 32; }
+static void e_rdim_24(stof_layer_desc *d)
+{
+    d->rope_theta = 10000.0f;
+    d->rope_dim = 24;
+}
+static void e_rdim_big(stof_layer_desc *d)
+{
+    d->rope_theta = 10000.0f;
+    d->rope_dim = 80; /* head_dim 64 */
+}
+static void e_rdim_neg(stof_layer_desc *d)
+{
+    d->rope_theta = 500000.0f;
+    d->rope_dim = -16;
+}
+static void e_rdim_hd72(stof_layer_desc *d)
+{
+    d->hidden = 288; /* head_dim 72: not a multiple of 16 */
+    d->ffn = 1152;
+    d->rope_theta = 10000.0f;
+}
+static void e_rdim_hd72_big(stof_layer_desc *d)
+{
+    e_rdim_hd72(d);
+    d->rope_dim = 80;
+}
+
+Test(layer, rope_descriptors_are_named)
+{
+    stof_context *ctx = ctx_open();
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", 256, 256, &m), STOF_OK);
+    const bad_case cases[] = {
+        {"desc.rope_theta -10000", e_theta_neg},
+        {"desc.rope_theta", e_theta_nan},
+        {"desc.rope_theta inf", e_theta_inf},
+        {"desc.rope_theta 0.5", e_theta_half},
+        {"desc.rope_theta 1:", e_theta_one},
+        {"desc.rope_theta", e_theta_nan_dim},
+        {"desc.rope_dim 32 without desc.rope_theta", e_rdim_alone},
+        {"desc.rope_dim 24", e_rdim_24},
+        {"desc.rope_dim 80", e_rdim_big},
+        {"desc.rope_dim -16", e_rdim_neg},
+        {"desc.rope_dim 0", e_rdim_hd72},
+        {"desc.rope_dim 80", e_rdim_hd72_big},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+        stof_layer_desc d;
+        stof_layer_desc_init(&d, 2, 256, 256, 4, STOF_DTYPE_FP16);
+        cases[i].edit(&d);
+        stof_layer *L = (stof_layer *)(uintptr_t)1;
+        cr_expect_eq(stof_layer_plan(ctx, &d, m, &L),
+                     STOF_ERR_INVALID_ARGUMENT, "case %zu (%s)", i,
+                     cases[i].field);
+        cr_expect_null(L, "case %zu: output not cleared", i);
+        cr_expect(strstr(stof_errmsg(ctx), cases[i].field),
+                  "case %zu: message \"%s\" lacks \"%s\"", i,
+                  stof_errmsg(ctx), cases[i].field);
+        cr_expect_eq(stof__layer_desc_check(ctx, &d),
+                     STOF_ERR_INVALID_ARGUMENT, "case %zu (%s)", i,
+                     cases[i].field);
+    }
+    /* The head_dim 72 message says which head_dim. */
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 2, 256, 256, 4, STOF_DTYPE_FP16);
+    e_rdim_hd72(&d);
+    stof_layer *L = NULL;
+    cr_expect_eq(stof_layer_plan(ctx, &d, m, &L), STOF_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(stof_errmsg(ctx), "head_dim 72"), "%s",
+              stof_errmsg(ctx));
+    /* Good ones: Llama 2 (the whole head), Llama 3's base, GPT-NeoX's
+     * partial rope, head_dim 72 with a rope_dim, the largest. */
+    static const struct {
+        int hidden, heads, rope_dim;
+        float theta;
+    } good[] = {{256, 4, 0, 10000.0f},   {256, 4, 0, 500000.0f},
+                {256, 4, 16, 10000.0f},  {256, 4, 64, 1.5f},
+                {288, 4, 64, 10000.0f},  {288, 4, 16, 1e6f},
+                {1024, 4, 256, 10000.0f}};
+    const int gpu = stof_has_device(ctx);
+    for (size_t i = 0; i < sizeof(good) / sizeof(*good); i++) {
+        stof_layer_desc_init(&d, 2, 256, good[i].hidden, good[i].heads,
+                             STOF_DTYPE_BF16);
+        d.rope_theta = good[i].theta;
+        d.rope_dim = good[i].rope_dim;
+        cr_expect_eq(stof__layer_desc_check(ctx, &d), STOF_OK,
+                     "good case %zu: %s", i, stof_errmsg(ctx));
+        if (gpu)
+            continue; /* (the GPU suite plans layers) */
+        L = NULL;
+        cr_expect_eq(stof_layer_plan(ctx, &d, m, &L), STOF_ERR_NO_DEVICE,
+                     "good case %zu: %s", i, stof_errmsg(ctx));
+        cr_expect_null(L);
+    }
     stof_mask_free(&m);
     stof_close(&ctx);
 }

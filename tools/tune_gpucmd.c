@@ -6,6 +6,7 @@
  * are read, and the --json summary is written, with jansson.
  */
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -653,10 +654,20 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
                          tune_row *r)
 {
     int b = 0, s = 0, hid = 0, heads = 0, ffn = 0, kvh = 0, act = 0, norm = 0,
-        pre = 0, nob = 0, gated = 0;
+        pre = 0, nob = 0, gated = 0, rope_dim = 0;
     const char *dt = member_str(js, "dtype");
+    /* RoPE: only the misses of RoPE layers name it (absent: none); a
+     * base a float cannot hold is unreadable (the rest: the plan's
+     * checks) */
+    const json_t *jt = json_object_get(js, "rope_theta");
+    const int rope_ok =
+        (!jt || (json_is_number(jt) && json_number_value(jt) > 1.0 &&
+                 json_number_value(jt) <= FLT_MAX)) &&
+        (!json_object_get(js, "rope_dim") ||
+         member_int(js, "rope_dim", &rope_dim));
     stof_layer_desc d;
-    if (!member_int(js, "batch", &b) || !member_int(js, "seq", &s) ||
+    if (!rope_ok || !member_int(js, "batch", &b) ||
+        !member_int(js, "seq", &s) ||
         !member_int(js, "hidden", &hid) || !member_int(js, "heads", &heads) ||
         !member_int(js, "ffn", &ffn) || !member_int(js, "kv_heads", &kvh) ||
         !member_int(js, "act", &act) || !member_int(js, "norm", &norm) ||
@@ -681,6 +692,8 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
     d.no_bias = nob;
     d.gated = gated;
     d.norm_eps = (float)json_number_value(json_object_get(js, "eps"));
+    d.rope_theta = jt ? (float)json_number_value(jt) : 0.0f;
+    d.rope_dim = rope_dim;
     stof_mask *m = NULL;
     stof_mask_family *fam = NULL;
     stof_mask_data sample;

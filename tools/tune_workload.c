@@ -6,6 +6,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,16 +180,22 @@ static int add_words(tw_workload *w, int is_dtype, char *words, int line,
     return 0;
 }
 
-/* A positive integer of at most 2^20 from the whole of text. */
-static int small_int(const char *text, int *out)
+/* An integer in [lo, hi] from the whole of text. */
+static int int_in(const char *text, long lo, long hi, int *out)
 {
     char *end;
     errno = 0;
     const long v = strtol(text, &end, 10);
-    if (end == text || *end || errno || v < 1 || v > (1 << 20))
+    if (end == text || *end || errno || v < lo || v > hi)
         return 0;
     *out = (int)v;
     return 1;
+}
+
+/* A positive integer of at most 2^20 (a size). */
+static int small_int(const char *text, int *out)
+{
+    return int_in(text, 1, 1 << 20, out);
 }
 
 /* tokens BxS [BxS ...]: the layers' sizes. */
@@ -303,11 +310,23 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             L->d.gated = ok = !eq;
         else if (!strcmp(t, "no_bias"))
             L->d.no_bias = ok = !eq;
-        else {
+        else if (!strcmp(t, "rope")) {
+            /* (a base a float holds, above 1 once rounded to it) */
+            char *end;
+            errno = 0;
+            const double th = eq ? strtod(v, &end) : 0.0;
+            ok = eq && end != v && !*end && !errno && th > 1.0 &&
+                 th <= FLT_MAX && (float)th > 1.0f;
+            L->d.rope_theta = ok ? (float)th : 0.0f;
+        } else if (!strcmp(t, "rope_dim")) {
+            /* (0: the whole head; the head's size and the multiple of 16
+             * are checked with the plan's rules, tw_check_specs) */
+            ok = eq && int_in(v, 0, 1 << 20, &L->d.rope_dim);
+        } else {
             snprintf(msg, n,
                      "%s: layer %s: unknown setting '%.40s' (hidden, heads, "
                      "ffn, kv_heads, act, norm, pre, post, gated, no_bias, "
-                     "eps)",
+                     "eps, rope, rope_dim)",
                      at, L->name, t);
             return 1;
         }
@@ -315,7 +334,9 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             snprintf(msg, n,
                      "%s: layer %s: bad %s%s%.40s (sizes 1..%d; act none, "
                      "gelu_tanh, gelu_erf, relu or silu; norm layer or rms; "
-                     "eps in (0, 1); pre, post, gated, no_bias take no value)",
+                     "eps in (0, 1); rope a finite base > 1, e.g. 10000; "
+                     "rope_dim 0 (the whole head) or a multiple of 16; pre, "
+                     "post, gated, no_bias take no value)",
                      at, L->name, t, eq ? "=" : "", v, 1 << 20);
             return 1;
         }

@@ -10,8 +10,15 @@
  *     dtype fp16 [bf16]      default fp16
  *     layout bhsd [bshd]     default bhsd
  *     layer NAME hidden=H heads=N ffn=F [kv_heads=K] [act=A] [norm=L]
- *           [pre|post] [gated] [no_bias] [eps=E]
- *                            a Transformer layer (stof_layer_plan)
+ *           [pre|post] [gated] [no_bias] [eps=E] [rope=THETA]
+ *           [rope_dim=D]
+ *                            a Transformer layer (stof_layer_plan); rope:
+ *                            rotary position embeddings with base THETA
+ *                            (a finite number > 1, e.g. 10000), over the
+ *                            first D channels of each head (rope_dim: 0,
+ *                            the default, is the whole head; else a
+ *                            multiple of 16 up to head_dim; only with
+ *                            rope)
  *     tokens BxS [BxS...]    the layers' batch x sequence sizes
  *
  * Every directive may repeat; at least one mask and one shape, or one

@@ -409,17 +409,20 @@ int stof__gemm_candidates(const stof_device *dev, const stof_gemm_epi *e,
         if (stof__gemm_cfg_valid(dev, &c, e, N, K, NULL, 0))
             out[k++] = c;
     }
-    for (int i = 0; hopper && !e->norm &&
-                    i < (int)(sizeof(wgmma_tiles) / sizeof(*wgmma_tiles)) &&
-                    k < max;
-         i++) {
-        const int bn = wgmma_tiles[i][0];
+    /* RoPE wants whole heads in a tile: heads of 96 (48, 24) fit only
+     * 192 columns, which other epilogues never won. */
+    static const int rope_tiles[][5] = {{192, 4, 2, 1, 0}, {192, 3, 2, 1, 0}};
+    const int n_wt = (int)(sizeof(wgmma_tiles) / sizeof(*wgmma_tiles));
+    const int n_rt = e->rope ? (int)(sizeof(rope_tiles) / sizeof(*rope_tiles))
+                             : 0;
+    for (int i = 0; hopper && !e->norm && i < n_wt + n_rt && k < max; i++) {
+        const int *wt = i < n_wt ? wgmma_tiles[i] : rope_tiles[i - n_wt];
+        const int bn = wt[0];
         const int out_n = e->gated ? bn / 2 : bn; /* the C tile's */
         if (out_n > 64 && out_n >= 2 * round_up(N > 0 ? N : 1, 32))
             continue;
-        stof_gemm_cfg c = {WG_BM, bn,  WG_BK, wgmma_tiles[i][2],
-                           1,     wgmma_tiles[i][1], 1, wgmma_tiles[i][3],
-                           wgmma_tiles[i][4]};
+        stof_gemm_cfg c = {WG_BM, bn, WG_BK, wt[2], 1, wt[1], 1, wt[3],
+                           wt[4]};
         if (c.cslot && !e->residual) /* no residual: a ring of two */
             continue;
         /* A pair needs two tile rows. */
@@ -745,7 +748,8 @@ void stof__rope_table(float *tab, const int *pos, int n, int rope,
         for (int k = 0; k < n; k++) {
             const int p = pos ? pos[k] : k;
             /* The angle as Hugging Face has it, one fp32 product; x the
-             * exact p f (exact in double: 24 x 31 bits). */
+             * exact p f (exact in double below 2^29 positions: 24 + 29
+             * bits). */
             const volatile float ang = (float)p * f;
             const double x = (double)p * (double)f;
             float *t = tab + 2 * ((size_t)k * half + i);
@@ -795,8 +799,7 @@ void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
 {
     if (!A || !W || !e || !out || M <= 0 || N <= 0 || K < 0)
         return;
-    const int roped = rope && rope->tab && rope->pos && e->rope > 0 &&
-                      e->rope_hd > 0;
+    const int roped = rope && rope->tab && e->rope > 0 && e->rope_hd > 0;
     float *row = malloc((size_t)N * 2u * sizeof(float));
     if (!row)
         return;
@@ -809,7 +812,7 @@ void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
                 if (e->bias && bias)
                     row[n] += bias[n];
             }
-            ref_rope_row(row, N, e, rope, rope->pos[m]);
+            ref_rope_row(row, N, e, rope, rope->pos ? rope->pos[m] : m);
         }
         for (int n = 0; n < N; n++) {
             float v;

@@ -223,8 +223,9 @@ void stof__ref_gemm(const float *A, const float *W, const float *bias,
                     float eps, stof_dtype dt, float *out, float *pre);
 
 /* stof__ref_gemm with the epilogue's rope (e->rope): tab as the kernels
- * read it (stof__rope_table), pos[m] the position of output row m, the
- * columns [0, cols) rotated. rope NULL or e->rope 0: stof__ref_gemm. */
+ * read it (stof__rope_table), pos[m] the table row of output row m (pos
+ * NULL: row m), the columns [0, cols) rotated. rope NULL, its tab NULL or
+ * e->rope 0: stof__ref_gemm. */
 typedef struct stof_ref_rope {
     const float *tab;
     const int *pos;

@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,7 +319,7 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
         const double th = json_is_number(jt) ? json_number_value(jt) : 0.0;
         const json_int_t rd = json_is_integer(jd) ? json_integer_value(jd)
                                                   : -1;
-        if (!(th > 1.0 && th < 3.4e38) || rd < 0 || rd > 256) {
+        if (!(th > 1.0 && th <= FLT_MAX) || rd < 0 || rd > 256) {
             json_decref(o);
             return stof__why(why, n, "the record's rope_theta or rope_dim "
                                      "is not a layer's");
