@@ -5,32 +5,43 @@ Models (fp16, random weights, seeded): BERT-base and BERT-large (post-norm),
 GPT-2 and ViT-base (pre-norm), LayerNorm eps 1e-5, tanh-GELU (--act erf for
 BERT's exact GELU); with --models ...,llama also a Llama-style stack in the
 TinyLlama-1.1B shape (22 layers, hidden 2048, 32 heads of which 4 K/V heads,
-FFN 5632 SwiGLU, pre-norm RMSNorm eps 1e-5, no biases, no rotary embedding:
-stof's layer has none). The bigbird mask bigbird:64:3:2:3:1 built by stof, at
-(batch, seq) = (1,128), (8,512), (16,2048) (../shared/BENCH.md, "End-to-end
-peer figures"). For each model and size, these stacks over the same weights
-and the same input:
+FFN 5632 SwiGLU, pre-norm RMSNorm eps 1e-5, no biases, rotary position
+embeddings on Q and K with rope_theta 10000, positions 0..seq-1 in every
+sequence). The bigbird mask bigbird:64:3:2:3:1 built by stof, at (batch, seq)
+= (1,128), (8,512), (16,2048) (../shared/BENCH.md, "End-to-end peer
+figures"). For each model and size, these stacks over the same weights and
+the same input:
 
   eager    PyTorch, F.linear / F.layer_norm or F.rms_norm / F.gelu or F.silu,
            attention by F.scaled_dot_product_attention with stof's mask as a
            dense bool tensor (grouped-query K/V heads repeated to the query
-           heads); also captured in a CUDA graph and replayed ("graph", not
-           bound by the host: --no-eager-graph skips it);
+           heads); llama's rotary embedding as Hugging Face's LlamaModel does
+           it: cos and sin computed once a forward of the stack (fp32
+           angles, then the dtype) and given to every layer, which rotates Q
+           and K (rotate-half) in the dtype; also captured in a CUDA graph
+           and replayed ("graph", not bound by the host: --no-eager-graph
+           skips it);
   compile  the same layer under torch.compile(dynamic=False), attention by
            flex_attention (enable_gqa for grouped-query) with a BlockMask
            whose mask_mod looks that dense tensor up; compiled once a layer
            and as the whole stack in one function (--compile-scope), in
            each --compile-mode: the fastest of these is the peer (a stack
            compiled whole issues far fewer launches: at 8x512 the layer-wise
-           stacks are bound by the host);
+           stacks are bound by the host); llama's cos and sin are computed
+           once a stack, compiled with it (or on their own, layer-wise);
   hf-eager with --hf: Hugging Face transformers' own layer classes (BertLayer,
   hf-sdpa  GPT2Block, ViTLayer, LlamaDecoderLayer) built from a config,
            loaded with the same weights, under config._attn_implementation
            "eager" and "sdpa", given the mask as an additive [1, 1, S, S]
            float mask (0 where attended, the dtype's minimum elsewhere). The
-           Llama layer gets the identity rotary embedding (cos = 1, sin = 0),
-           so it does the work of stof's layer, which has no rotary embedding;
-  stof     Context.layer_plan once (cold plan seconds reported), then
+           Llama layers get real rotary embeddings as LlamaModel gives them:
+           its LlamaRotaryEmbedding (rope_theta from the config, 10000, its
+           inverse frequencies kept in fp32) makes cos and sin once a
+           forward of the stack from position_ids 0..seq-1, timed with it,
+           and every layer takes them (position_embeddings);
+  stof     Context.layer_plan once (cold plan seconds reported; llama with
+           rope_theta 10000: the library rotates Q and K itself, in the QKV
+           projection's epilogue or a kernel after it), then
            Layer.stack_run(graph=True): the whole stack as one CUDA graph.
 
 stof's output is checked against eager (and all of them against an fp32 run
@@ -81,7 +92,9 @@ MODELS = {
     # the BERT/GPT-2 kind: kv_heads (grouped-query attention, default heads),
     # norm ("layer" or "rms"), gated (gated FFN), bias (projection biases),
     # act (its own activation, else the GELU of --act), eps (its own norm
-    # eps, else --eps); hf: the family of its Hugging Face peer (--hf)
+    # eps, else --eps), rope_theta (rotary position embeddings on Q and K
+    # with this base; default none); hf: the family of its Hugging Face
+    # peer (--hf)
     "bert-base": dict(layers=12, hidden=768, heads=12, ffn=3072, pre_norm=False,
                       hf="bert"),
     "bert-large": dict(layers=24, hidden=1024, heads=16, ffn=4096, pre_norm=False,
@@ -89,10 +102,11 @@ MODELS = {
     "gpt2": dict(layers=12, hidden=768, heads=12, ffn=3072, pre_norm=True, hf="gpt2"),
     "vit-base": dict(layers=12, hidden=768, heads=12, ffn=3072, pre_norm=True,
                      hf="vit"),
-    # TinyLlama-1.1B: SwiGLU FFN, RMSNorm, 4 K/V heads, no biases
+    # TinyLlama-1.1B: SwiGLU FFN, RMSNorm, 4 K/V heads, no biases, RoPE
+    # (its config's rope_theta: 10000, LlamaConfig's default)
     "llama": dict(layers=22, hidden=2048, heads=32, ffn=5632, pre_norm=True,
                   kv_heads=4, norm="rms", gated=True, bias=False, act="silu",
-                  eps=1e-5, hf="llama"),
+                  eps=1e-5, rope_theta=10000.0, hf="llama"),
 }
 # The models run when --models is not given: the ones from before llama was
 # added, so that old command lines measure the same thing.
@@ -123,6 +137,7 @@ class Cfg:
         self.norm = m.get("norm", "layer")      # "layer" or "rms"
         self.gated = m.get("gated", False)
         self.bias = m.get("bias", True)
+        self.rope_theta = m.get("rope_theta", 0.0)  # 0: no rotary embedding
         self.hf = m.get("hf")
         self.batch, self.seq = batch, seq
         self.head_dim = self.hidden // self.heads
@@ -169,11 +184,42 @@ def make_weights(cfg, dtype, seed):
     return layers
 
 
+def make_rope_fn(cfg):
+    """The rotary embedding of a forward of the stack, as Hugging Face's
+    LlamaModel makes it once and gives to every layer (LlamaRotaryEmbedding
+    with the default rope type): rope(x) -> (cos, sin), each [1, S, D] in
+    x's dtype, the angle of position p (0..seq-1, the same in every
+    sequence) and column j being p * inv_freq[j mod D/2] in fp32, inv_freq =
+    1 / theta^(2i / D) computed once in fp32. None for a model without
+    RoPE."""
+    if not cfg.rope_theta:
+        return None
+    S, D = cfg.seq, cfg.head_dim
+    # on the CPU, then moved, as transformers makes its buffer
+    inv_freq = 1.0 / (cfg.rope_theta ** (
+        torch.arange(0, D, 2, dtype=torch.float32) / D))
+    inv_freq = inv_freq.to("cuda")
+
+    def rope(x):
+        pos = torch.arange(S, device=x.device).unsqueeze(0)  # [1, S]
+        freqs = pos[..., None].float() * inv_freq             # [1, S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return rope
+
+
+def rotate_half(t):
+    d = t.shape[-1] // 2
+    return torch.cat((-t[..., d:], t[..., :d]), dim=-1)
+
+
 def make_layer_fn(cfg, attention):
-    """One encoder layer x [B, S, hidden] -> [B, S, hidden] with the
-    semantics of stof_layer_desc. attention(q, k, v, m) takes (B, H, S, D)
-    queries, (B, kv_heads, S, D) keys and values, and the mask object m
-    passed to the layer."""
+    """One encoder layer (x [B, S, hidden], w, m, pe) -> [B, S, hidden]
+    with the semantics of stof_layer_desc. attention(q, k, v, m) takes
+    (B, H, S, D) queries, (B, kv_heads, S, D) keys and values, and the mask
+    object m passed to the layer; pe: make_rope_fn's (cos, sin) of this
+    forward, with which Q and K rotate (rotate-half, in the dtype, as
+    Hugging Face's apply_rotary_pos_emb), or None (no RoPE)."""
     B, S, h, H, D = cfg.batch, cfg.seq, cfg.hidden, cfg.heads, cfg.head_dim
     KV, f = cfg.kv_heads, cfg.ffn
     eps = cfg.eps
@@ -195,7 +241,7 @@ def make_layer_fn(cfg, attention):
             return F.layer_norm(u, (h,), w[which + "_gamma"], w[which + "_beta"], eps)
 
     # w.get: a model without biases has no b_* keys, and F.linear takes None
-    def attn(u, w, m):
+    def attn(u, w, m, pe):
         qkv = F.linear(u, w["w_qkv"], w.get("b_qkv"))     # [B, S, h + 2 KV D]
         # rows [0,h) of w_qkv make Q, the next KV*D rows K, the last KV*D V;
         # head i is columns i*D..(i+1)*D of each
@@ -203,6 +249,10 @@ def make_layer_fn(cfg, attention):
         q = q.view(B, S, H, D).transpose(1, 2)
         k = k.view(B, S, KV, D).transpose(1, 2)
         v = v.view(B, S, KV, D).transpose(1, 2)
+        if pe is not None:                                 # RoPE on Q and K
+            cos, sin = pe[0].unsqueeze(1), pe[1].unsqueeze(1)  # [1, 1, S, D]
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         o = attention(q, k, v, m)                          # [B, H, S, D]
         o = o.transpose(1, 2).reshape(B, S, h)
         return F.linear(o, w["w_o"], w.get("b_o"))
@@ -217,12 +267,12 @@ def make_layer_fn(cfg, attention):
         return F.linear(t, w["w_ffn2"], w.get("b_ffn2"))
 
     if cfg.pre_norm:
-        def layer(x, w, m):
-            hdn = x + attn(ln(x, w, "norm1"), w, m)
+        def layer(x, w, m, pe=None):
+            hdn = x + attn(ln(x, w, "norm1"), w, m, pe)
             return hdn + ffn(ln(hdn, w, "norm2"), w)
     else:
-        def layer(x, w, m):
-            hdn = ln(x + attn(x, w, m), w, "norm1")
+        def layer(x, w, m, pe=None):
+            hdn = ln(x + attn(x, w, m, pe), w, "norm1")
             return ln(hdn + ffn(hdn, w), w, "norm2")
     return layer
 
@@ -249,9 +299,12 @@ def flex_attention_fn():
     return attention
 
 
-def run_stack(layer, x, weights, m):
+def run_stack(layer, x, weights, m, rope=None):
+    """One forward of the stack: the rotary embedding's cos and sin once
+    (rope: make_rope_fn's, None without RoPE), then every layer."""
+    pe = rope(x) if rope is not None else None
     for w in weights:
-        x = layer(x, w, m)
+        x = layer(x, w, m, pe)
     return x
 
 
@@ -483,11 +536,14 @@ def attention_ms(rows, layers):
 
 
 def fp32_reference(cfg, x, weights, dense):
-    """The eager stack in fp32 (weights converted one layer at a time)."""
+    """The eager stack in fp32 (weights converted one layer at a time; the
+    rotary embedding's cos and sin in fp32)."""
     layer = make_layer_fn(cfg, sdpa_attention)
+    rope = make_rope_fn(cfg)
     h = x.float()
+    pe = rope(h) if rope is not None else None
     for w in weights:
-        h = layer(h, {k: t.float() for k, t in w.items()}, dense)
+        h = layer(h, {k: t.float() for k, t in w.items()}, dense, pe)
     return h
 
 
@@ -498,17 +554,19 @@ def short(e):
 
 def hf_stack(cfg, weights, dtype):
     """The stack as Hugging Face transformers layers (imported here, so that
-    the script needs transformers only with --hf): (config, modules, keyword
-    arguments of each layer's call but the mask), each module on CUDA in
-    dtype, in eval mode, holding a copy of weights. The attention
-    implementation is config._attn_implementation, read by the layers at
-    each call, so one stack serves both "eager" and "sdpa"."""
+    the script needs transformers only with --hf): (config, modules,
+    prepare), each module on CUDA in dtype, in eval mode, holding a copy of
+    weights; prepare(x) gives the keyword arguments of every layer's call
+    but the mask, made once a forward of the stack as the model makes them
+    (llama: the rotary embedding's cos and sin, from LlamaRotaryEmbedding).
+    The attention implementation is config._attn_implementation, read by
+    the layers at each call, so one stack serves both "eager" and "sdpa"."""
     h, H, f, KV, D, eps = (cfg.hidden, cfg.heads, cfg.ffn, cfg.kv_heads,
                            cfg.head_dim, cfg.eps)
-    B, S = cfg.batch, cfg.seq
+    S = cfg.seq
     # "gelu_new" is HF's tanh approximation (GPT-2's own), "gelu" the exact one
     hf_act = "gelu_new" if cfg.act == "gelu_tanh" else "gelu"
-    kw = {}
+    rotary = None  # llama's LlamaRotaryEmbedding
     if cfg.hf == "bert":
         from transformers import BertConfig
         from transformers.models.bert.modeling_bert import BertLayer
@@ -585,10 +643,21 @@ def hf_stack(cfg, weights, dtype):
                     (m.mlp.fc2.weight, w["w_ffn2"]), (m.mlp.fc2.bias, w["b_ffn2"])]
     elif cfg.hf == "llama":
         from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+        from transformers.models.llama.modeling_llama import (
+            LlamaDecoderLayer, LlamaRotaryEmbedding)
         config = LlamaConfig(hidden_size=h, intermediate_size=f, num_attention_heads=H,
                              num_key_value_heads=KV, rms_norm_eps=eps, hidden_act="silu",
-                             attention_bias=False, mlp_bias=False)
+                             attention_bias=False, mlp_bias=False,
+                             rope_theta=cfg.rope_theta)
+        # transformers 5 keeps the base in config.rope_parameters, 4.x in
+        # config.rope_theta; a config that lost it would rotate differently
+        params = getattr(config, "rope_parameters", None)
+        if not isinstance(params, dict):
+            params = {"rope_theta": getattr(config, "rope_theta", None)}
+        theta, rope_type = params.get("rope_theta"), params.get("rope_type", "default")
+        if theta is None or float(theta) != cfg.rope_theta or rope_type != "default":
+            raise ValueError("HF llama config: RoPE %s base %s, not the default "
+                             "rope with base %g" % (rope_type, theta, cfg.rope_theta))
 
         def make(i):
             return LlamaDecoderLayer(config, layer_idx=i)
@@ -603,14 +672,23 @@ def hf_stack(cfg, weights, dtype):
                     (m.post_attention_layernorm.weight, w["norm2_gamma"]),
                     (m.mlp.gate_proj.weight, gate), (m.mlp.up_proj.weight, up),
                     (m.mlp.down_proj.weight, w["w_ffn2"])]
-        # The identity rotary embedding: q * cos + rotate_half(q) * sin = q.
-        # stof's layer has no rotary embedding; this way both do the same work
-        # (HF's layer still spends the two multiply-adds).
-        kw["position_embeddings"] = (
-            torch.ones(B, S, D, device="cuda", dtype=dtype),
-            torch.zeros(B, S, D, device="cuda", dtype=dtype))
+        # LlamaModel's rotary embedding (prepare). Its inverse frequencies
+        # stay in fp32: a buffer that .to(dtype) would round (a model
+        # loaded in fp16 keeps them in fp32 too).
+        rotary = LlamaRotaryEmbedding(config=config).to("cuda")
     else:
         raise ValueError("no Hugging Face peer for %s" % cfg.name)
+
+    def prepare(x):
+        """What a forward gives every layer but the mask, made once as the
+        model makes it: llama's rotary embedding from position_ids 0..S-1
+        ([1, S], as LlamaModel makes them without a cache: every sequence of
+        the batch has the same positions), cos and sin [1, S, D] in x's
+        dtype; nothing for the other models."""
+        if rotary is None:
+            return {}
+        pos = torch.arange(S, device=x.device).unsqueeze(0)
+        return {"position_embeddings": rotary(x, pos), "position_ids": pos}
 
     modules = []
     with torch.no_grad():
@@ -634,7 +712,7 @@ def hf_stack(cfg, weights, dtype):
                 raise ValueError("HF %s layer: parameters not loaded: %s"
                                  % (cfg.hf, ", ".join(left)))
             modules.append(m)
-    return config, modules, kw
+    return config, modules, prepare
 
 
 def bench_hf(args, cfg, r, x, weights, dense, y_eager, ref32, dtype):
@@ -647,7 +725,7 @@ def bench_hf(args, cfg, r, x, weights, dense, y_eager, ref32, dtype):
         import transformers
         r["hf_version"] = transformers.__version__
         t0 = time.perf_counter()
-        config, modules, kw = hf_stack(cfg, weights, dtype)
+        config, modules, prepare = hf_stack(cfg, weights, dtype)
         torch.cuda.synchronize()
         r["hf_build_s"] = time.perf_counter() - t0
         # HF layers add the mask to the scores (eager) or give it to SDPA as
@@ -660,6 +738,7 @@ def bench_hf(args, cfg, r, x, weights, dense, y_eager, ref32, dtype):
 
         def run():
             hh = x
+            kw = prepare(hh)  # once a forward, as the model does
             for m in modules:
                 out = m(hh, attention_mask=ext, **kw)
                 hh = out[0] if isinstance(out, tuple) else out  # older versions: tuples
@@ -700,7 +779,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
          "hidden": cfg.hidden, "heads": cfg.heads, "kv_heads": cfg.kv_heads,
          "ffn": cfg.ffn, "pre_norm": cfg.pre_norm, "norm": cfg.norm,
          "gated": cfg.gated, "bias": cfg.bias, "act": cfg.act, "eps": cfg.eps,
-         "dtype": args.dtype, "mask": MASK_SPEC}
+         "rope_theta": cfg.rope_theta, "dtype": args.dtype, "mask": MASK_SPEC}
     mask = ctx.mask(MASK_SPEC, S, S)
     r["density"] = mask.density
     dense = mask.to_dense().cuda()
@@ -710,19 +789,21 @@ def bench_case(args, ctx, cfg, dtype, seed):
     x = torch.randn(B, S, cfg.hidden, generator=g, device="cuda",
                     dtype=torch.float32).to(dtype)
 
-    # eager (the reference of the checks)
+    # eager (the reference of the checks); rope: the rotary embedding of a
+    # forward (llama), computed once a stack by every PyTorch peer's stack
     eager_layer = make_layer_fn(cfg, sdpa_attention)
-    y_eager = run_stack(eager_layer, x, weights, dense)
+    rope = make_rope_fn(cfg)
+    y_eager = run_stack(eager_layer, x, weights, dense, rope)
     torch.cuda.synchronize()
     if not args.no_fp32_ref:
         ref32 = fp32_reference(cfg, x, weights, dense)
         r["eager_err_fp32"] = rel_err(y_eager, ref32)
     else:
         ref32 = None
-    r["eager_ms"] = time_ms(lambda: run_stack(eager_layer, x, weights, dense),
+    r["eager_ms"] = time_ms(lambda: run_stack(eager_layer, x, weights, dense, rope),
                             args.reps, args.warmup)
     r["eager_mhz"] = LAST_MHZ[0]
-    sustained(r, "eager", lambda: run_stack(eager_layer, x, weights, dense),
+    sustained(r, "eager", lambda: run_stack(eager_layer, x, weights, dense, rope),
               args.energy, r["eager_ms"])
 
     # The eager stack captured in a CUDA graph and replayed (what a server
@@ -735,11 +816,11 @@ def bench_case(args, ctx, cfg, dtype, seed):
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    run_stack(eager_layer, sx, weights, dense)
+                    run_stack(eager_layer, sx, weights, dense, rope)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                y_g = run_stack(eager_layer, sx, weights, dense)
+                y_g = run_stack(eager_layer, sx, weights, dense, rope)
             graph.replay()
             torch.cuda.synchronize()
             r["eager_graph_err"] = rel_err(y_g, y_eager)
@@ -775,13 +856,18 @@ def bench_case(args, ctx, cfg, dtype, seed):
                 layer = make_layer_fn(cfg, flex_attention_fn())
                 kw = {} if mode == "default" else {"mode": mode}
                 if scope == "stack":
+                    # the rotary embedding compiled into the stack
                     stack_c = torch.compile(
-                        lambda xx, ws, m: run_stack(layer, xx, ws, m),
+                        lambda xx, ws, m: run_stack(layer, xx, ws, m, rope),
                         dynamic=False, **kw)
                     fn = lambda: stack_c(x, weights, bm)  # noqa: E731
                 else:
+                    # the rotary embedding compiled on its own, called once
+                    # a stack as the eager stack calls it
                     layer_c = torch.compile(layer, dynamic=False, **kw)
-                    fn = lambda: run_stack(layer_c, x, weights, bm)  # noqa: E731
+                    rope_c = (torch.compile(rope, dynamic=False, **kw)
+                              if rope is not None else None)
+                    fn = lambda: run_stack(layer_c, x, weights, bm, rope_c)  # noqa: E731
                 y_c = fn()
                 torch.cuda.synchronize()
                 m = {"first_s": time.perf_counter() - t0,
@@ -833,7 +919,8 @@ def bench_case(args, ctx, cfg, dtype, seed):
             kv = 0 if cfg.kv_heads == cfg.heads else cfg.kv_heads
             return ctx.layer_plan(B, S, cfg.hidden, cfg.heads, cfg.ffn, dtype, cfg.act,
                                   cfg.norm, cfg.pre_norm, mask, eps=cfg.eps,
-                                  kv_heads=kv, bias=cfg.bias, gated=cfg.gated)
+                                  kv_heads=kv, bias=cfg.bias, gated=cfg.gated,
+                                  rope_theta=cfg.rope_theta)
         try:
             t0 = time.perf_counter()
             layer = plan()
@@ -854,7 +941,8 @@ def bench_case(args, ctx, cfg, dtype, seed):
                 del l2
             y = torch.empty_like(x)
             # one layer, then the stack without and with the graph
-            y1_ref = eager_layer(x, weights[0], dense)
+            y1_ref = eager_layer(x, weights[0], dense,
+                                 rope(x) if rope is not None else None)
             y.fill_(float("nan"))
             layer.run(weights[0], x, y)
             torch.cuda.synchronize()
@@ -1290,7 +1378,7 @@ def main():
     print(f"# {dev.get('name')}, torch {torch.__version__}, "
           f"stof {stof._load().stof_version_string().decode()}, db {user_db}, "
           f"mask {MASK_SPEC}, {args.dtype}, gelu_{args.act}"
-          f"{' (llama: SwiGLU)' if 'llama' in models else ''}, reps {args.reps}",
+          f"{' (llama: SwiGLU, RoPE)' if 'llama' in models else ''}, reps {args.reps}",
           flush=True)
 
     results = []

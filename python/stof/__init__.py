@@ -27,6 +27,9 @@ Transformer layers (stof_layer_* in stof.h):
     layer.run(weights, x, y)                      # one layer, x -> y
     layer.stack_run([weights] * 12, x, y)         # a stack, as a CUDA graph
     layer.describe()                              # the fusion scheme (JSON)
+    llama = ctx.layer_plan(batch, seq, 2048, 32, 5632, torch.bfloat16, "silu",
+                           "rms", True, mask, kv_heads=4, bias=False,
+                           gated=True, rope_theta=10000.0)  # Llama: RoPE
 
 weights: a dict of CUDA tensors named like stof_layer_weights' fields
 (w_qkv, b_qkv, w_o, b_o, w_ffn1, b_ffn1, w_ffn2, b_ffn2, norm1_gamma,
@@ -110,6 +113,28 @@ _C_SEED = (-2 ** 63, 2 ** 64 - 1, "a 64-bit seed, signed or not")
 
 def _arg_name(name, index):
     return name + "".join("[%d]" % i for i in index)
+
+
+# The largest finite C float (FLT_MAX).
+_FLT_MAX = 3.4028234663852886e38
+
+
+def _c_float(value, name):
+    """value as a Python float for a C float argument or struct field:
+    refuses anything but a real number (a bool, a string: TypeError) and a
+    finite value beyond a float's range (ValueError: ctypes would make it
+    infinite), naming the argument. Whether the value is valid for its
+    field is the library's to say (it names the field too)."""
+    if isinstance(value, (bool, str, bytes)) or \
+            type(value).__name__ in ("bool_", "bool") or \
+            not hasattr(type(value), "__float__"):
+        raise TypeError("%s must be a number, not %s %r"
+                        % (name, type(value).__name__, value))
+    v = float(value)
+    if math.isfinite(v) and abs(v) > _FLT_MAX:
+        raise ValueError("%s = %r is out of range: a C float holds at most %g"
+                         % (name, v, _FLT_MAX))
+    return v
 
 
 def _c_int(value, name, c_type=_C_INT, index=()):
@@ -234,7 +259,9 @@ class _LayerDesc(ctypes.Structure):
         ("kv_heads", ctypes.c_int),   # grouped-query attention (0 = heads)
         ("no_bias", ctypes.c_int),    # 1: no projection biases
         ("gated", ctypes.c_int),      # 1: gated FFN (SwiGLU, GeGLU)
-        ("reserved", ctypes.c_uint8 * 52),
+        ("rope_theta", ctypes.c_float),  # RoPE base (0 = none)
+        ("rope_dim", ctypes.c_int),   # rotated channels a head (0 = head_dim)
+        ("reserved", ctypes.c_uint8 * 44),
     ]
 
 
@@ -1210,7 +1237,7 @@ class Context:
 
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
                    pre_norm, mask, eps=0.0, sample=None, kv_heads=0, bias=True,
-                   gated=False):
+                   gated=False, rope_theta=0.0, rope_dim=0):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
         loads from the tuning database or tunes. dtype: torch.float16 /
         torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
@@ -1227,7 +1254,21 @@ class Context:
         gated FFN (act="silu": SwiGLU as in Llama, a GELU: GeGLU): w_ffn1 is
         (2 ffn, hidden), the gate's rows then the up projection's
         (torch.cat([gate_proj.weight, up_proj.weight])), b_ffn1 (2 ffn,),
-        and the FFN is w_ffn2 (act(gate) * up)."""
+        and the FFN is w_ffn2 (act(gate) * up); rope_theta: rotary position
+        embeddings on Q and K in Hugging Face's rotate-half form (Llama,
+        Mistral, GPT-NeoX), 0 for none, else the base (config.rope_theta:
+        10000 for Llama 2, 500000 for Llama 3; finite and > 1): the token at
+        position p of its sequence rotates the channel pairs (i, i +
+        rope_dim / 2) of each Q and K head by p * rope_theta ** (-2 i /
+        rope_dim), on the projection plus its bias, before the rounding to
+        dtype; V is not rotated. Positions count from 0 in every sequence of
+        the batch. Only the default rope type: Hugging Face's rope_scaling
+        (linear, dynamic, yarn, llama3, ...) is not applied. w_qkv keeps
+        the layout above, q_proj's, k_proj's and v_proj's weights stacked
+        as they are (no permutation); rope_dim: the channels of each head
+        that rotate, the first rope_dim (GPT-NeoX's partial rotary:
+        int(head_dim * config.partial_rotary_factor)), 0 for all of them;
+        a multiple of 16 up to head_dim, only with rope_theta."""
         self._live()
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
@@ -1253,6 +1294,8 @@ class Context:
         d.kv_heads = _c_int(kv_heads, "kv_heads")
         d.no_bias = 0 if bias else 1
         d.gated = 1 if gated else 0
+        d.rope_theta = _c_float(rope_theta, "rope_theta")
+        d.rope_dim = _c_int(rope_dim, "rope_dim")
         h = ctypes.c_void_p()
         if family:
             keep = []
@@ -1650,6 +1693,12 @@ class Layer:
         self.kv_heads = desc.kv_heads if desc.kv_heads > 0 else desc.heads
         self.bias = not desc.no_bias
         self.gated = bool(desc.gated)
+        # RoPE: the base (0.0 without) and the channels a head that rotate
+        # (head_dim for desc.rope_dim 0; 0 without RoPE), as kv_heads says
+        # the heads that 0 means.
+        self.rope_theta = float(desc.rope_theta)
+        self.rope_dim = ((desc.rope_dim or desc.hidden // desc.heads)
+                         if desc.rope_theta else 0)
         self.pre_norm = bool(desc.pre_norm)
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype

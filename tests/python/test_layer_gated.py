@@ -4,8 +4,8 @@ heads), a gated FFN (SwiGLU: w_ffn1 stacks gate_proj and up_proj), a
 causal mask, bf16. stof's output is compared with the same layer in
 PyTorch (fp32) and, where transformers is installed, with its own
 LlamaDecoderLayer run in fp32 on the same weights with the rotary
-embedding made the identity (cos 1, sin 0: stof's layer has no rotary
-embedding). Wrong shapes of the gated weights are refused by name. The
+embedding made the identity (cos 1, sin 0: this layer is planned without
+RoPE; test_layer_rope.py checks the rotary embedding). Wrong shapes of the gated weights are refused by name. The
 same layer with GeGLU (tanh GELU) and biases is checked against PyTorch.
 
 Exit status 77 (skipped) without torch or a GPU."""

@@ -1,0 +1,291 @@
+"""Rotary position embeddings (RoPE) in a layer from Python: a Llama-style
+layer (no biases, pre-RMSNorm, grouped-query attention with 4 query heads
+on 2 K/V heads, SwiGLU, a causal mask, rope_theta 10000) planned in fp16.
+
+- Where transformers is installed, its own LlamaDecoderLayer in fp32 on the
+  same weights, with real rotary embeddings from its LlamaRotaryEmbedding
+  (position_ids 0..seq-1 in every sequence of the batch), is the reference:
+  stof's fp16 output must be about as close to it as the same
+  LlamaDecoderLayer run in fp16 is. The hand-written reference below is
+  checked against it too.
+- Partial rotary (GPT-NeoX: rope_dim = head_dim / 2, the first half of each
+  head's channels rotate, the rest pass) against the hand-written
+  reference of rotate-half in fp32.
+- Each comparison first checks that it can see the rotation: the layer
+  without RoPE, or rotating the whole head, is far outside its tolerance.
+- Bad RoPE arguments are refused, naming the argument.
+
+Exit status 77 (skipped) without torch or a GPU; the transformers part is
+skipped, saying so, without transformers."""
+import math
+
+from gpu_test import require
+
+require()
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import stof  # noqa: E402
+
+B, S, HID, HEADS, KV, FFN = 2, 256, 256, 4, 2, 512
+HD = HID // HEADS
+EPS = 1e-5
+THETA = 10000.0
+DEVICE = "cuda"
+# Weights N(0, WSCALE): large enough that the attention scores spread over
+# a few units, so that the softmax (and so the output) depends on how Q and
+# K were rotated; small ones would give a nearly uniform attention that
+# hides any rotation.
+WSCALE = 0.08
+
+
+def weights(gen):
+    """The layer's weights (no biases, RMSNorm: no betas) in fp16, drawn in
+    fp32 and rounded: the fp32 references take the same rounded values."""
+    def rnd(*shape, mean=0.0, scale=WSCALE):
+        t = torch.randn(*shape, generator=gen, device=DEVICE) * scale + mean
+        return t.to(torch.float16).contiguous()
+    qn = HID + 2 * KV * HD
+    return {"w_qkv": rnd(qn, HID), "w_o": rnd(HID, HID),
+            "w_ffn1": rnd(2 * FFN, HID), "w_ffn2": rnd(HID, FFN),
+            "norm1_gamma": rnd(HID, mean=1.0, scale=0.05),
+            "norm2_gamma": rnd(HID, mean=1.0, scale=0.05)}
+
+
+def rope_tables(rope_dim, device):
+    """(cos, sin), each (S, rope_dim) in fp32: position p, column j has the
+    angle p * THETA^(-2 i / rope_dim), i = j mod rope_dim / 2 (both halves
+    of the rotated channels share the frequencies)."""
+    inv_freq = 1.0 / (THETA ** (torch.arange(0, rope_dim, 2, dtype=torch.float32,
+                                             device=device) / rope_dim))
+    pos = torch.arange(S, dtype=torch.float32, device=device)
+    ang = pos[:, None] * inv_freq[None, :]            # (S, rope_dim / 2)
+    ang = torch.cat((ang, ang), dim=-1)               # (S, rope_dim)
+    return ang.cos(), ang.sin()
+
+
+def rotate(t, cos, sin, rope_dim):
+    """Rotate-half RoPE on the first rope_dim channels of t (.., S, HD):
+    channel i and i + rope_dim / 2 form a pair, (a, b) -> (a cos - b sin,
+    b cos + a sin); the channels after rope_dim pass unchanged."""
+    r, keep = t[..., :rope_dim], t[..., rope_dim:]
+    a, b = r[..., :rope_dim // 2], r[..., rope_dim // 2:]
+    half = torch.cat((-b, a), dim=-1)
+    return torch.cat((r * cos + half * sin, keep), dim=-1)
+
+
+def reference(w, x, rope_dim, dt=torch.float32):
+    """The layer computed in dt (fp32: the reference; fp16: how close a plain
+    fp16 computation gets): pre-RMSNorm (in fp32, as Llama's), the QKV
+    projection, RoPE on the first rope_dim channels of each Q and K head
+    (0: none), causal GQA attention (softmax in fp32), the output projection,
+    the residual, RMSNorm, SwiGLU."""
+    f = {k: v.to(dt) for k, v in w.items()}
+    x = x.to(dt)
+
+    def rms(u, g):
+        u32 = u.float()
+        u32 = u32 * torch.rsqrt(u32.pow(2).mean(-1, keepdim=True) + EPS)
+        return g * u32.to(dt)
+    qkv = rms(x, f["norm1_gamma"]) @ f["w_qkv"].T
+    q, k, v = qkv.split([HID, KV * HD, KV * HD], dim=-1)
+    q = q.view(B, S, HEADS, HD).transpose(1, 2)
+    k = k.view(B, S, KV, HD).transpose(1, 2)
+    v = v.view(B, S, KV, HD).transpose(1, 2)
+    if rope_dim:
+        cos, sin = rope_tables(rope_dim, x.device)
+        cos, sin = cos.to(dt), sin.to(dt)
+        q, k = rotate(q, cos, sin, rope_dim), rotate(k, cos, sin, rope_dim)
+    k = k.repeat_interleave(HEADS // KV, 1)
+    v = v.repeat_interleave(HEADS // KV, 1)
+    s = (q @ k.transpose(-1, -2)).float() / math.sqrt(HD)
+    causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
+    p = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).to(dt)
+    a = (p @ v).transpose(1, 2).reshape(B, S, HID)
+    h = x + a @ f["w_o"].T
+    g, u = (rms(h, f["norm2_gamma"]) @ f["w_ffn1"].T).split(FFN, dim=-1)
+    return h + (F.silu(g) * u) @ f["w_ffn2"].T
+
+
+def hf_theta(config):
+    """The RoPE base of a transformers config: config.rope_parameters'
+    (transformers 5), else config.rope_theta (4.x)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(config.rope_theta)
+
+
+def hf_outputs(w, x):
+    """transformers' LlamaDecoderLayer (eager attention) on the same weights
+    with its own rotary embeddings: (fp32 output, fp16 output), or None
+    without transformers."""
+    try:
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import (
+            LlamaDecoderLayer, LlamaRotaryEmbedding)
+    except ImportError as e:
+        print("skip (transformers part): transformers is not available (%s)" % e)
+        return None
+    cfg = LlamaConfig(hidden_size=HID, intermediate_size=FFN,
+                      num_attention_heads=HEADS, num_key_value_heads=KV,
+                      rms_norm_eps=EPS, hidden_act="silu", rope_theta=THETA,
+                      attention_bias=False, mlp_bias=False)
+    cfg._attn_implementation = "eager"
+    assert hf_theta(cfg) == THETA, "LlamaConfig's rope base: %g" % hf_theta(cfg)
+    layer = LlamaDecoderLayer(cfg, layer_idx=0).to(DEVICE).float().eval()
+    # Kept in fp32 (inv_freq is a buffer: .half() would round it), as in a
+    # model loaded in fp16; its cos and sin come out in the input's dtype.
+    rotary = LlamaRotaryEmbedding(config=cfg).to(DEVICE)
+    f = {k: v.float() for k, v in w.items()}
+    qn, kn = HID, KV * HD
+    # Position p of each sequence, as LlamaModel numbers a batch's tokens.
+    pos = torch.arange(S, device=DEVICE).unsqueeze(0).expand(B, S)
+    causal = torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
+    outs = []
+    with torch.no_grad():
+        layer.self_attn.q_proj.weight.copy_(f["w_qkv"][:qn])
+        layer.self_attn.k_proj.weight.copy_(f["w_qkv"][qn:qn + kn])
+        layer.self_attn.v_proj.weight.copy_(f["w_qkv"][qn + kn:])
+        layer.self_attn.o_proj.weight.copy_(f["w_o"])
+        layer.mlp.gate_proj.weight.copy_(f["w_ffn1"][:FFN])
+        layer.mlp.up_proj.weight.copy_(f["w_ffn1"][FFN:])
+        layer.mlp.down_proj.weight.copy_(f["w_ffn2"])
+        layer.input_layernorm.weight.copy_(f["norm1_gamma"])
+        layer.post_attention_layernorm.weight.copy_(f["norm2_gamma"])
+        for dt in (torch.float32, torch.float16):
+            layer = layer.to(dt)
+            xx = x.to(dt)
+            # An additive mask: 0 where attended, the dtype's minimum
+            # elsewhere, as transformers' mask builders make it.
+            mask = torch.zeros(B, 1, S, S, device=DEVICE, dtype=dt).masked_fill(
+                ~causal, torch.finfo(dt).min)
+            pe = rotary(xx, pos)
+            out = layer(xx, attention_mask=mask, position_ids=pos,
+                        position_embeddings=pe)
+            outs.append(out[0] if isinstance(out, tuple) else out)
+    return outs
+
+
+def rel(a, b):
+    """|a - b| / |b| (Frobenius), inf where a has a NaN or an infinity."""
+    a, b = a.float(), b.float()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - b).norm() / b.norm()).item()
+
+
+def run_layer(ctx, mask, w, x, rope_dim):
+    """Plan the layer with RoPE (rope_dim 0: the whole head), check what it
+    says of itself, run it once on an output poisoned with NaN: (the layer,
+    its output)."""
+    L = ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu", "rms",
+                       True, mask, eps=EPS, kv_heads=KV, bias=False, gated=True,
+                       rope_theta=THETA, rope_dim=rope_dim)
+    dim = rope_dim or HD
+    assert L.rope_theta == THETA and L.rope_dim == dim, (L.rope_theta, L.rope_dim)
+    desc = L.describe()
+    assert desc["desc"]["rope"] == {"theta": THETA, "dim": dim}, desc["desc"]["rope"]
+    print("rope_dim %d: plan %s" % (dim, desc["kernels"]))
+    y = torch.full_like(x, float("nan"))
+    L.run(w, x, y)
+    torch.cuda.synchronize()
+    return L, y
+
+
+def expect_error(fn, kind, *words):
+    try:
+        fn()
+    except kind as e:
+        msg = str(e)
+        for word in words:
+            assert word in msg, "%r not in the message: %s" % (word, msg)
+        print("refused: %s" % msg)
+        return
+    raise AssertionError("no %s raised" % kind.__name__)
+
+
+def main():
+    ctx = stof.Context()
+    gen = torch.Generator(device=DEVICE)
+    gen.manual_seed(11)
+    mask = ctx.mask("causal", S, S)
+    x = torch.randn(B, S, HID, generator=gen, device=DEVICE).to(torch.float16)
+    w = weights(gen)
+
+    # The whole head rotates (Llama).
+    L, y = run_layer(ctx, mask, w, x, 0)
+    ref = reference(w, x, HD)
+    e_ref16 = rel(reference(w, x, HD, torch.float16), ref)
+    e_norope = rel(reference(w, x, 0), ref)
+    e = rel(y, ref)
+    print("full RoPE: stof fp16 vs fp32 reference %.3g (the reference in fp16: "
+          "%.3g; without RoPE: %.3g)" % (e, e_ref16, e_norope))
+    limit = max(5 * e_ref16, 5e-3)
+    assert e_norope > 10 * limit, "the check cannot see RoPE: %g" % e_norope
+    assert e < limit, e
+    hf = hf_outputs(w, x)
+    if hf is not None:
+        hf32, hf16 = hf
+        e_hf, e_hf16, e_refhf = rel(y, hf32), rel(hf16, hf32), rel(ref, hf32)
+        print("full RoPE: stof fp16 vs LlamaDecoderLayer fp32 %.3g "
+              "(LlamaDecoderLayer fp16: %.3g; the fp32 reference: %.3g)"
+              % (e_hf, e_hf16, e_refhf))
+        assert e_refhf < 1e-4, "the references disagree: %g" % e_refhf
+        assert e_hf < max(5 * e_hf16, 5e-3), e_hf
+
+    # Two layers as a stack (one CUDA graph; a pre-norm stack may fold the
+    # second layer's input norm into the first's last GEMM): each rotates
+    # its own Q and K from position 0.
+    y2 = torch.full_like(x, float("nan"))
+    L.stack_run([w, w], x, y2)
+    torch.cuda.synchronize()
+    L.close()
+    ref2 = reference(w, ref, HD)
+    e_ref16 = rel(reference(w, reference(w, x, HD, torch.float16), HD,
+                            torch.float16), ref2)
+    e = rel(y2, ref2)
+    print("full RoPE, a stack of 2: stof fp16 vs fp32 reference %.3g (the "
+          "reference in fp16: %.3g)" % (e, e_ref16))
+    assert e < max(5 * e_ref16, 5e-3), e
+
+    # Partial rotary: the first half of each head's channels.
+    rd = HD // 2
+    L, y = run_layer(ctx, mask, w, x, rd)
+    L.close()
+    ref = reference(w, x, rd)
+    e_ref16 = rel(reference(w, x, rd, torch.float16), ref)
+    e_full = rel(reference(w, x, HD), ref)
+    e = rel(y, ref)
+    print("rope_dim %d: stof fp16 vs fp32 reference %.3g (the reference in "
+          "fp16: %.3g; rotating the whole head: %.3g)" % (rd, e, e_ref16, e_full))
+    limit = max(5 * e_ref16, 5e-3)
+    assert e_full > 10 * limit, "the check cannot tell rope_dim: %g" % e_full
+    assert e < limit, e
+
+    # Bad arguments are refused before anything is planned, naming them.
+    def plan(**kw):
+        return ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu",
+                              "rms", True, mask, eps=EPS, kv_heads=KV,
+                              bias=False, gated=True, **kw)
+    expect_error(lambda: plan(rope_theta=-1.0), stof.StofError, "rope_theta", "-1")
+    expect_error(lambda: plan(rope_theta=1.0), stof.StofError, "rope_theta")
+    expect_error(lambda: plan(rope_theta=float("nan")), stof.StofError, "rope_theta")
+    expect_error(lambda: plan(rope_theta=float("inf")), stof.StofError, "rope_theta")
+    expect_error(lambda: plan(rope_theta=THETA, rope_dim=24), stof.StofError,
+                 "rope_dim", "24")
+    expect_error(lambda: plan(rope_theta=THETA, rope_dim=HD + 16), stof.StofError,
+                 "rope_dim", str(HD + 16))
+    expect_error(lambda: plan(rope_theta=THETA, rope_dim=-16), stof.StofError,
+                 "rope_dim")
+    expect_error(lambda: plan(rope_dim=16), stof.StofError, "rope_dim",
+                 "rope_theta")
+    expect_error(lambda: plan(rope_theta="10000"), TypeError, "rope_theta")
+    expect_error(lambda: plan(rope_theta=1e39), ValueError, "rope_theta")
+    expect_error(lambda: plan(rope_theta=THETA, rope_dim=16.0), TypeError, "rope_dim")
+    expect_error(lambda: plan(rope_theta=THETA, rope_dim=2 ** 32 + 16), ValueError,
+                 "rope_dim")
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
