@@ -438,8 +438,7 @@ static void layer_release(stof_layer *L)
             stof__layer_norm_unload(L, &L->n[i]);
         stof__module_release(ctx, L->gate_mod);
         stof__module_release(ctx, L->rope_mod);
-        if (L->rope_tab)
-            api->cuMemFree(L->rope_tab);
+        stof__rope_dev_put(ctx, L->rope_tab);
         if (L->cap_stream)
             api->cuStreamDestroy(L->cap_stream);
         if (L->mem)
@@ -684,36 +683,12 @@ stof_status stof__layer_gate_ready(stof_layer *L)
     return st;
 }
 
-stof_status stof__layer_rope_ready(stof_layer *L, int kernel)
+stof_status stof__layer_rope_ready(stof_layer *L)
 {
     stof_context *ctx = L->ctx;
-    const stof_api *api = ctx->api;
     if (!L->rope)
         return STOF_OK;
-    if (!L->rope_tab) {
-        const double t0 = stof__now_ms();
-        const size_t n = (size_t)L->d.seq * (size_t)L->rope;
-        float *tab = malloc(n * sizeof(float));
-        if (!tab)
-            return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
-                              "out of memory (the RoPE table, %zu bytes)",
-                              n * sizeof(float));
-        stof__rope_table(tab, NULL, L->d.seq, L->rope, L->d.rope_theta);
-        CUresult r = api->cuMemAlloc(&L->rope_tab, n * sizeof(float));
-        if (r == CUDA_SUCCESS) {
-            r = api->cuMemcpyHtoD(L->rope_tab, tab, n * sizeof(float));
-            if (r != CUDA_SUCCESS) {
-                api->cuMemFree(L->rope_tab);
-                L->rope_tab = 0;
-            }
-        }
-        free(tab);
-        if (r != CUDA_SUCCESS)
-            return (stof_status)stof__cuda_fail(ctx, r, "the RoPE table",
-                                                __FILE__, __LINE__);
-        L->plan_ms[1] += stof__now_ms() - t0;
-    }
-    if (!kernel || L->rope_fn)
+    if (L->rope_fn)
         return STOF_OK;
     void *cubin = NULL;
     size_t size = 0;
@@ -850,12 +825,17 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     }
     L->plan_ms[0] = stof__now_ms() - tp;
     tp = stof__now_ms();
-    /* The RoPE table: every QKV kernel reads it, the checks too. */
-    if ((st = stof__layer_rope_ready(L, 0)) != STOF_OK) {
+    /* The RoPE table (every QKV kernel reads it, the checks too): the
+     * context's, uploaded by its first plan of that length and base (its
+     * time counts as the buffers'). */
+    if (L->rope &&
+        (st = stof__rope_dev_get(ctx, d->seq, L->rope, d->rope_theta,
+                                 &L->rope_tab)) != STOF_OK) {
         stof__ctx_pop(ctx);
         layer_release(L);
         return st;
     }
+    L->plan_ms[1] += stof__now_ms() - tp;
     /* The buffers are allocated once the kernels are known (a database
      * hit: with the workspace its cuBLASLt kernels need) or before a
      * search (stof__layer_buffers; their time is plan_ms[1]). The Hopper
@@ -903,7 +883,7 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     if (st == STOF_OK &&
         stof__layer_rope_split(&L->g[G_QKV], L->g[G_QKV].lt,
                                &L->g[G_QKV].cfg))
-        st = stof__layer_rope_ready(L, 1);
+        st = stof__layer_rope_ready(L);
     if (st == STOF_OK)
         drop_unused_g(L);
     /* A search's buffers (every scheme's) down to the chosen scheme's; the
@@ -1070,9 +1050,7 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
                      (L->buf[SYM_G] ? (size_t)L->M *
                                           (size_t)stof__layer_tok_ld(L, SYM_G) *
                                           2
-                                    : 0) +
-                     (L->rope_tab ? (size_t)d->seq * (size_t)L->rope * 4
-                                  : 0)),
+                                    : 0)),
         "cublaslt",
         (json_int_t)(L->lt_mem_bytes + (L->lt_in_mem ? 0 : L->lt_ws_bytes)),
         "kernels", steps ? steps : json_array());

@@ -529,7 +529,7 @@ stof_status stof__layer_from_db(stof_layer *L)
     if (st == STOF_OK &&
         stof__layer_rope_split(&L->g[G_QKV], L->g[G_QKV].lt,
                                &L->g[G_QKV].cfg)) {
-        st = stof__layer_rope_ready(L, 1);
+        st = stof__layer_rope_ready(L);
         L->db_transient = st != STOF_OK;
     }
     /* The buffers, now that the cuBLASLt kernels' workspace is known. */

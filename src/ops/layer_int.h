@@ -107,7 +107,8 @@ struct stof_layer {
     CUmodule gate_mod;        /* desc.gated: the gate kernel (stof_gate) */
     CUfunction gate_fn;
     int rope;                 /* RoPE's rotated channels a head (0: none) */
-    CUdeviceptr rope_tab;     /* its (cos, sin) table [seq][rope / 2] */
+    CUdeviceptr rope_tab;     /* its (cos, sin) table [seq][rope / 2] (the
+                                 context's: stof__rope_dev_get) */
     CUmodule rope_mod;        /* the rope kernel of a QKV GEMM that cannot
                                  fuse it (stof_rope) */
     CUfunction rope_fn;
@@ -210,10 +211,17 @@ stof_status stof__layer_gate_ready(stof_layer *L);
  * fuses it. */
 int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c);
 
-/* A RoPE layer's table on the device (always, made once) and, with
- * kernel, the rope kernel (NVRTC: only when a split QKV GEMM is timed or
- * chosen); nothing for other layers. */
-stof_status stof__layer_rope_ready(stof_layer *L, int kernel);
+/* A RoPE layer's rope kernel (only when a split QKV GEMM is timed or
+ * chosen; its cubin is kept for the process); nothing for other layers. */
+stof_status stof__layer_rope_ready(stof_layer *L);
+
+/* The context's RoPE table of seq positions, rope channels and base theta
+ * on the device (rope_cache.c: computed once a process, uploaded once a
+ * context), with a reference the plan gives back with stof__rope_dev_put
+ * (the context current). */
+stof_status stof__rope_dev_get(stof_context *ctx, int seq, int rope,
+                               float theta, CUdeviceptr *out /* OUT */);
+void stof__rope_dev_put(stof_context *ctx, CUdeviceptr p);
 
 /* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
 int stof__layer_qkv_n(const stof_layer_desc *d);

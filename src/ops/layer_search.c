@@ -632,7 +632,7 @@ stof_status stof__layer_tune(stof_layer *L, const char *spec,
          * the split QKV candidates of a RoPE layer with the rope kernel. */
         st = stof__layer_gate_ready(L);
         if (st == STOF_OK)
-            st = stof__layer_rope_ready(L, 1);
+            st = stof__layer_rope_ready(L);
         /* Any cuBLASLt candidate's workspace while they are timed (the
          * plan keeps what its choice needs: layer.c). */
         char why[256];

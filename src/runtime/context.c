@@ -288,6 +288,8 @@ void stof_close(stof_context **pctx)
         ctx->mb_close(ctx);
     if (ctx->fmtcache_close)
         ctx->fmtcache_close(ctx);
+    if (ctx->ropecache_close)
+        ctx->ropecache_close(ctx);
     if (ctx->lt_warm_close)
         ctx->lt_warm_close(ctx);
     stof__modcache_close(ctx);

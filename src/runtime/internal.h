@@ -85,6 +85,10 @@ struct stof_context {
      * context (src/ops/format_cache.c), freed by fmtcache_close. */
     struct stof_fmtcache *fmtcache;
     void (*fmtcache_close)(struct stof_context *ctx);
+    /* RoPE tables on the device shared by the layer plans of this
+     * context (src/ops/rope_cache.c), freed by ropecache_close. */
+    struct stof_ropecache *ropecache;
+    void (*ropecache_close)(struct stof_context *ctx);
     /* Set while a database hit is being planned: spec masks' formats are
      * built on the GPU only if the builder is already compiled (a hit
      * compiles nothing), else on the host. */
