@@ -18,7 +18,9 @@
  * the Hopper template against cuBLASLt (bench_hopper; with
  * STOF_GEMM_BENCH_ALONE=1 each launch runs on an idle GPU, with
  * STOF_GEMM_BENCH_ENERGY=1 the energy of a launch is logged too; more
- * knobs at bench_verbose).
+ * knobs at bench_verbose), and RoPE fused into the Hopper template's QKV
+ * epilogue against cuBLASLt or the template's plain GEMM followed by the
+ * rope kernel on Llama-class shapes (bench_rope).
  * Without a usable GPU the program prints why and exits 77 (skip).
  */
 #include <criterion/criterion.h>
@@ -651,8 +653,18 @@ typedef struct gate_step {
     int64_t ld_x, ld_out;
 } gate_step;
 
+/* The rope kernel after a GEMM (the chain of a GEMM that cannot fuse
+ * RoPE): stof_rope in place on x [rows][ld], heads of hd below cols. */
+typedef struct rope_step {
+    CUfunction fn;
+    CUdeviceptr x, tab;
+    int rows, cols, hd, rope, seq;
+    int64_t ld;
+} rope_step;
+
 /* One GEMM launch to time: the template's kernel (fn) or, with lt set,
- * cuBLASLt's algorithm `algo`; then `after` when set. */
+ * cuBLASLt's algorithm `algo` (neither: no GEMM); then `after` and `rope`
+ * when set. */
 typedef struct timed {
     CUfunction fn;
     const stof_gemm_cfg *cfg;
@@ -661,19 +673,27 @@ typedef struct timed {
     int algo;
     CUdeviceptr ws;
     const gate_step *after;
+    const rope_step *rope;
 } timed;
 
 static stof_status timed_launch(const stof_context *ctx, const timed *t,
                                 const stof_gemm_args *a)
 {
-    stof_status st =
-        t->lt ? stof__blaslt_run(t->lt, t->algo, a, t->ws, STOF_BLASLT_WORKSPACE, NULL)
-              : stof__gemm_launch(t->fn, t->cfg, t->epi, a,
-                                  ctx->device.sm_count, NULL, ctx->api);
+    stof_status st = STOF_OK;
+    if (t->lt)
+        st = stof__blaslt_run(t->lt, t->algo, a, t->ws, STOF_BLASLT_WORKSPACE,
+                              NULL);
+    else if (t->fn)
+        st = stof__gemm_launch(t->fn, t->cfg, t->epi, a, ctx->device.sm_count,
+                               NULL, ctx->api);
     const gate_step *g = t->after;
     if (st == STOF_OK && g)
         st = stof__gate_launch(g->fn, g->x, g->out, g->rows, g->n, g->ld_x,
                                g->ld_out, g->gated, NULL, ctx->api);
+    const rope_step *r = t->rope;
+    if (st == STOF_OK && r)
+        st = stof__rope_launch(r->fn, r->x, r->rows, r->ld, r->cols, r->hd,
+                               r->rope, r->tab, r->seq, NULL, ctx->api);
     return st;
 }
 
@@ -780,7 +800,7 @@ static double lt_best_dt(stof_context *ctx, stof_dtype dt,
                             a->ldc, e, 8, &lt) != STOF_OK)
         return INFINITY;
     for (int al = 0; al < stof__blaslt_n_algos(lt); al++) {
-        const timed t = {NULL, NULL, NULL, lt, al, ws, after};
+        const timed t = {NULL, NULL, NULL, lt, al, ws, after, NULL};
         const double ms = time_ms(ctx, &t, a, bench_reps(10), e0, e1);
         if (ms < best) {
             best = ms;
@@ -852,7 +872,7 @@ Test(gpu, bench, .timeout = 600)
         double best = 0.0;
         int best_i = -1;
         for (int i = 0; i < NC; i++) {
-            const timed t = {k[i].fn, &cfgs[i], &e, NULL, 0, 0, NULL};
+            const timed t = {k[i].fn, &cfgs[i], &e, NULL, 0, 0, NULL, NULL};
             const double ms =
                 time_ms(ctx, &t, &a, M >= 1024 ? 20 : 50, e0, e1);
             const double tf = 2.0 * M * N * (double)K / (ms * 1e-3) / 1e12;
@@ -1059,7 +1079,7 @@ Test(gpu, bench_split, .timeout = 600)
             for (int i = 0; i < 2; i++) {
                 double t[2][ROUNDS];
                 const timed tm = {k[x][i].fn, &cf[x][i], &epis[x], NULL, 0,
-                                  0,          NULL};
+                                  0,          NULL,      NULL};
                 for (int r = 0; r < ROUNDS; r++)
                     for (int on = 0; on < 2; on++) {
                         stof__gemm_split_set((r + on) % 2);
@@ -1163,7 +1183,7 @@ Test(gpu, bench_hopper, .timeout = 600)
                 if (!k[x][i].fn)
                     continue;
                 const timed t = {k[x][i].fn, &tiles[x][i], &epis[x], NULL, 0,
-                                 0,          NULL};
+                                 0,          NULL,         NULL};
                 const double ms = time_ms(ctx, &t, &a, bench_reps(20), e0, e1);
                 if (bench_verbose())
                     cr_log_info("  M=%d N=%d K=%d %s 128x%d s%d%s%s: %.4f ms "
@@ -1289,7 +1309,7 @@ static void trace_gemm(stof_context *ctx, const stof_gemm_cfg *c,
     a.residual = dres;
     a.eps = 1e-5f;
     a.ws = ws;
-    const timed t = {k.fn, c, e, NULL, 0, 0, NULL};
+    const timed t = {k.fn, c, e, NULL, 0, 0, NULL, NULL};
     const double ms = time_ms(ctx, &t, &a, bench_reps(50), e0, e1);
     cr_assert_eq(api->cuMemsetD8(trace, 0, MAXCTA * NK * 8), CUDA_SUCCESS);
     cr_assert_eq(api->cuMemcpyHtoD(gptr, &trace, 8), CUDA_SUCCESS);
@@ -2086,7 +2106,7 @@ Test(gpu, bench_gated, .timeout = 600)
                 if (!k[i].fn)
                     continue;
                 const timed t = {k[i].fn, &wg_tiles[i], &swiglu, NULL, 0, 0,
-                                 NULL};
+                                 NULL,    NULL};
                 const double ms = time_ms(ctx, &t, &a, 10, e0, e1);
                 if (ms < best) {
                     best = ms;
@@ -2126,6 +2146,354 @@ Test(gpu, bench_gated, .timeout = 600)
     api->cuMemFree(dg);
     api->cuMemFree(ws);
     stof__ctx_pop(ctx);
+    stof_close(&ctx);
+}
+
+/* STOF_GEMM_BENCH=1: RoPE fused into the QKV projection's epilogue (the
+ * Hopper template, stof_gemm_epi.rope) against the chains of a GEMM that
+ * cannot fuse it, the plain product and then the rope kernel in place on
+ * its output (stof__rope_launch, as a layer runs them): cuBLASLt's, and
+ * the template's own plain tiles'. fp16, random operands (bench_ops_new),
+ * the QKV projections of TinyLlama-1.1B (32 query heads of 64 and 4 K/V
+ * heads, every channel of Q's and K's heads rotated; 4096 tokens as 8
+ * sequences of 512, 32768 as 16 of 2048) and Llama-3-8B (32 query heads
+ * of 128, 8 K/V; sequences of 4096).
+ * The configurations: every Hopper candidate of stof__gemm_candidates
+ * with the rope epilogue, and without it (plain, and plain then the rope
+ * kernel); each of the algorithms cuBLASLt's heuristic offers (alone, and
+ * then the rope kernel); the rope kernel alone. Each is timed by time_ms
+ * (bench_reps(20) launches, like bench_hopper) once in each of RB_ROUNDS
+ * rounds that take them all in turn, so that the GPU's clock drift falls
+ * on all alike; its time is the median of its rounds, and a chain's the
+ * best of its configurations'. The fastest fused tile's output is checked
+ * against the fastest cuBLASLt algorithm's followed by the rope kernel
+ * (the same work; without cuBLASLt, the fastest plain tile's): relative
+ * error under 2e-3, every element written. One line a shape ("ROPE");
+ * STOF_GEMM_BENCH=2 logs every configuration's median too, and
+ * STOF_GEMM_BENCH_SHAPES picks shapes of rope_bench_shapes. */
+typedef struct rope_bench_shape {
+    const char *model;
+    int M, N, K;
+    int hd, rope, cols, seq; /* heads of hd, rope rotated, Q and K: cols */
+    float theta;
+} rope_bench_shape;
+
+static const rope_bench_shape rope_bench_shapes[] = {
+    {"TinyLlama-1.1B", 4096, 2048 + 2 * 256, 2048, 64, 64, 2048 + 256, 512,
+     10000.0f},
+    {"TinyLlama-1.1B", 32768, 2048 + 2 * 256, 2048, 64, 64, 2048 + 256, 2048,
+     10000.0f},
+    {"Llama-3-8B", 4096, 4096 + 2 * 1024, 4096, 128, 128, 4096 + 1024, 4096,
+     500000.0f},
+    {"Llama-3-8B", 16384, 4096 + 2 * 1024, 4096, 128, 128, 4096 + 1024, 4096,
+     500000.0f},
+};
+
+enum {
+    RB_ROUNDS = 7,
+    RB_TILES = 32, /* Hopper candidates kept a shape and epilogue */
+    RB_ALGOS = 8,  /* cuBLASLt's heuristic's algorithms asked for */
+    RB_MEMO = 64,
+    RB_ENTRIES = 3 * RB_TILES + 2 * RB_ALGOS + 1
+};
+
+/* The chains bench_rope times. */
+enum {
+    RB_FUSED,
+    RB_PLAIN,
+    RB_PLAIN_ROPE,
+    RB_LT,
+    RB_LT_ROPE,
+    RB_ROPE_ONLY,
+    RB_KINDS
+};
+static const char *const rb_kind_name[RB_KINDS] = {
+    "fused wgmma", "plain wgmma", "plain wgmma + rope kernel",
+    "cuBLASLt",    "cuBLASLt + rope kernel", "rope kernel alone"};
+
+/* bench_rope's Hopper kernels, each loaded once (the shapes share most
+ * of their candidates): by configuration and epilogue, fp16. */
+typedef struct kernel_memo {
+    int n;
+    stof_gemm_cfg c[RB_MEMO];
+    stof_gemm_epi e[RB_MEMO];
+    kernel k[RB_MEMO];
+} kernel_memo;
+
+static CUfunction memo_load(stof_context *ctx, kernel_memo *m,
+                            const stof_gemm_cfg *c, const stof_gemm_epi *e)
+{
+    for (int i = 0; i < m->n; i++)
+        if (memcmp(&m->c[i], c, sizeof(*c)) == 0 &&
+            memcmp(&m->e[i], e, sizeof(*e)) == 0)
+            return m->k[i].fn;
+    cr_assert_lt(m->n, RB_MEMO, "more kernels than the memo holds");
+    m->c[m->n] = *c;
+    m->e[m->n] = *e;
+    m->k[m->n] = load(ctx, STOF_DTYPE_FP16, c, e, 8);
+    return m->k[m->n++].fn;
+}
+
+/* The Hopper template's candidates (stof__gemm_candidates) for M x N x K
+ * with epilogue e on ctx's device: up to RB_TILES into out; how many. */
+static int wg_candidates(const stof_context *ctx, const stof_gemm_epi *e,
+                         int M, int N, int K, stof_gemm_cfg *out)
+{
+    stof_gemm_cfg all[64];
+    const int n = stof__gemm_candidates(&ctx->device, e, M, N, K, all, 64);
+    int k = 0;
+    for (int i = 0; i < n && k < RB_TILES; i++)
+        if (all[i].wgmma)
+            out[k++] = all[i];
+    return k;
+}
+
+/* "128x256 s4", " ping-pong", " pairs": a Hopper tile's name in buf. */
+static const char *wg_tile_name(const stof_gemm_cfg *c, char *buf, size_t n)
+{
+    snprintf(buf, n, "%dx%d s%d%s%s", c->block_m, c->block_n, c->stages,
+             c->warps_m == 1 ? " ping-pong" : "",
+             c->cluster > 1 ? " pairs" : "");
+    return buf;
+}
+
+/* One run of t on a C poisoned with NaN (0xffff), its first n elements
+ * copied to out (OUT). */
+static void run_to_host(const stof_context *ctx, const timed *t,
+                        const stof_gemm_args *a, size_t n, uint16_t *out)
+{
+    const stof_api *api = ctx->api;
+    cr_assert_eq(api->cuMemsetD8(a->c, 0xff, n * 2), CUDA_SUCCESS);
+    const stof_status st = timed_launch(ctx, t, a);
+    cr_assert_eq(st, STOF_OK, "launch: %s", stof_status_str(st));
+    const char *failed = tu_sync_error();
+    cr_assert(!failed, "kernel failed: %s", failed);
+    cr_assert_eq(api->cuMemcpyDtoH(out, a->c, n * 2), CUDA_SUCCESS);
+}
+
+/* ||x - ref|| / ||ref|| over n 16-bit values of dt, in double; *bad (OUT)
+ * counts the elements not finite in either (then INFINITY). */
+static double rel_err_half(const uint16_t *x, const uint16_t *ref, size_t n,
+                           stof_dtype dt, size_t *bad)
+{
+    double d2 = 0.0, r2 = 0.0;
+    size_t nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double v = stof__half_to_f32(x[i], dt),
+                     w = stof__half_to_f32(ref[i], dt);
+        if (!isfinite(v) || !isfinite(w)) {
+            nb++;
+            continue;
+        }
+        d2 += (v - w) * (v - w);
+        r2 += w * w;
+    }
+    *bad = nb;
+    return nb ? INFINITY : r2 > 0.0 ? sqrt(d2 / r2) : sqrt(d2);
+}
+
+Test(gpu, bench_rope, .timeout = 600)
+{
+    bench_or_skip();
+    stof_context *ctx = open_hopper_or_skip();
+    const stof_api *api = ctx->api;
+    const stof_dtype dt = STOF_DTYPE_FP16;
+    enum { NS = sizeof(rope_bench_shapes) / sizeof(*rope_bench_shapes) };
+    size_t na = 0, nw = 0, nc = 0;
+    for (int s = 0; s < NS; s++) {
+        const rope_bench_shape *sh = &rope_bench_shapes[s];
+        const size_t sa = (size_t)sh->M * sh->K, sw = (size_t)sh->N * sh->K,
+                     sc = (size_t)sh->M * sh->N;
+        na = sa > na ? sa : na;
+        nw = sw > nw ? sw : nw;
+        nc = sc > nc ? sc : nc;
+    }
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    bench_ops ops = bench_ops_new(api, na, nw, nc, 8, STOF_BLASLT_WORKSPACE,
+                                  bench_random());
+    if (bench_random())
+        cr_log_info("random inputs (STOF_GEMM_BENCH_RANDOM=0: constant)");
+    CUevent e0, e1;
+    cr_assert_eq(api->cuEventCreate(&e0, 0), CUDA_SUCCESS);
+    cr_assert_eq(api->cuEventCreate(&e1, 0), CUDA_SUCCESS);
+    stof__ctx_pop(ctx);
+    char why[256];
+    const int have_lt = stof__blaslt_available(why, sizeof(why));
+    if (!have_lt)
+        cr_log_warn("no cuBLASLt: %s", why);
+    kernel_memo memo = {0};
+    uint16_t *hf = malloc(nc * 2), *hr = malloc(nc * 2);
+    cr_assert(hf && hr);
+    for (int s = 0; s < NS; s++) {
+        if (!bench_shape_on(s))
+            continue;
+        const rope_bench_shape *sh = &rope_bench_shapes[s];
+        const int M = sh->M, N = sh->N, K = sh->K;
+        char tag[160];
+        snprintf(tag, sizeof(tag),
+                 "%s QKV M=%d N=%d K=%d (heads of %d, rope %d, cols %d, "
+                 "seq %d)",
+                 sh->model, M, N, K, sh->hd, sh->rope, sh->cols, sh->seq);
+        const stof_gemm_epi plain = {0, 0, 0, 0, 0, 0, 0, 0},
+                            fused = {.rope = sh->rope, .rope_hd = sh->hd};
+        stof_gemm_cfg fc[RB_TILES], pc[RB_TILES];
+        const int nf = wg_candidates(ctx, &fused, M, N, K, fc),
+                  np = wg_candidates(ctx, &plain, M, N, K, pc);
+        cr_assert(nf > 0 && np > 0, "%s: %d fused and %d plain candidates",
+                  tag, nf, np);
+        CUfunction ff[RB_TILES], pf[RB_TILES];
+        for (int i = 0; i < nf; i++)
+            ff[i] = memo_load(ctx, &memo, &fc[i], &fused);
+        for (int i = 0; i < np; i++)
+            pf[i] = memo_load(ctx, &memo, &pc[i], &plain);
+        kernel rk = load_rope(ctx, dt, sh->hd, sh->rope);
+        const size_t tab_bytes = sizeof(float) * (size_t)sh->seq * sh->rope;
+        float *tab = malloc(tab_bytes);
+        cr_assert_not_null(tab);
+        stof__rope_table(tab, NULL, sh->seq, sh->rope, sh->theta);
+
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        const CUdeviceptr dtab = upload(api, tab, tab_bytes);
+        free(tab);
+        stof_gemm_args a = plain_args(ops.a, ops.w, ops.c, M, N, K);
+        a.rope_tab = dtab;
+        a.rope_seq = sh->seq;
+        a.rope_cols = sh->cols;
+        const rope_step rs = {.fn = rk.fn,
+                              .x = ops.c,
+                              .tab = dtab,
+                              .rows = M,
+                              .cols = sh->cols,
+                              .hd = sh->hd,
+                              .rope = sh->rope,
+                              .seq = sh->seq,
+                              .ld = N};
+        stof_blaslt_gemm *lt = NULL;
+        if (have_lt && stof__blaslt_create(ctx, dt, M, N, K, K, K, N, &plain,
+                                           RB_ALGOS, &lt) != STOF_OK) {
+            cr_log_warn("%s: cuBLASLt: %s", tag, stof_errmsg(ctx));
+            lt = NULL;
+        }
+        int nl = lt ? stof__blaslt_n_algos(lt) : 0;
+        if (nl > RB_ALGOS)
+            nl = RB_ALGOS;
+        /* The configurations: a chain each, its kind, and its tile's or
+         * algorithm's index. */
+        timed t[RB_ENTRIES];
+        int kind[RB_ENTRIES], idx[RB_ENTRIES], ne = 0;
+        for (int i = 0; i < nf; i++) {
+            t[ne] = (timed){.fn = ff[i], .cfg = &fc[i], .epi = &fused};
+            kind[ne] = RB_FUSED;
+            idx[ne++] = i;
+        }
+        for (int i = 0; i < np; i++)
+            for (int r = 0; r < 2; r++) {
+                t[ne] = (timed){.fn = pf[i],
+                                .cfg = &pc[i],
+                                .epi = &plain,
+                                .rope = r ? &rs : NULL};
+                kind[ne] = r ? RB_PLAIN_ROPE : RB_PLAIN;
+                idx[ne++] = i;
+            }
+        for (int al = 0; al < nl; al++)
+            for (int r = 0; r < 2; r++) {
+                t[ne] = (timed){.lt = lt,
+                                .algo = al,
+                                .ws = ops.ws,
+                                .rope = r ? &rs : NULL};
+                kind[ne] = r ? RB_LT_ROPE : RB_LT;
+                idx[ne++] = al;
+            }
+        t[ne] = (timed){.rope = &rs};
+        kind[ne] = RB_ROPE_ONLY;
+        idx[ne++] = 0;
+
+        double ms[RB_ENTRIES][RB_ROUNDS];
+        for (int r = 0; r < RB_ROUNDS; r++)
+            for (int j = 0; j < ne; j++)
+                ms[j][r] = time_ms(ctx, &t[j], &a, bench_reps(20), e0, e1);
+        double best[RB_KINDS];
+        int best_j[RB_KINDS];
+        for (int x = 0; x < RB_KINDS; x++) {
+            best[x] = INFINITY;
+            best_j[x] = -1;
+        }
+        char name[64];
+        for (int j = 0; j < ne; j++) {
+            qsort(ms[j], RB_ROUNDS, sizeof(double), cmp_double);
+            const double med = ms[j][RB_ROUNDS / 2];
+            if (bench_verbose()) {
+                if (kind[j] == RB_FUSED)
+                    wg_tile_name(&fc[idx[j]], name, sizeof(name));
+                else if (kind[j] == RB_PLAIN || kind[j] == RB_PLAIN_ROPE)
+                    wg_tile_name(&pc[idx[j]], name, sizeof(name));
+                else if (kind[j] == RB_ROPE_ONLY)
+                    name[0] = '\0';
+                else
+                    snprintf(name, sizeof(name), "algorithm %d", idx[j]);
+                cr_log_info("  %s: %s %s: %.4f ms (rounds %.4f..%.4f)", tag,
+                            rb_kind_name[kind[j]], name, med, ms[j][0],
+                            ms[j][RB_ROUNDS - 1]);
+            }
+            if (med < best[kind[j]]) {
+                best[kind[j]] = med;
+                best_j[kind[j]] = j;
+            }
+        }
+        cr_assert(best_j[RB_FUSED] >= 0 && best_j[RB_PLAIN] >= 0 &&
+                      best_j[RB_PLAIN_ROPE] >= 0,
+                  "%s: no Hopper configuration ran", tag);
+
+        /* The same work: the fastest fused tile's output against the
+         * fastest cuBLASLt algorithm's followed by the rope kernel (the
+         * rope kernel rotates the rounded product: a rounding apart). */
+        const int ref_j = best_j[RB_LT_ROPE] >= 0 ? best_j[RB_LT_ROPE]
+                                                  : best_j[RB_PLAIN_ROPE];
+        const size_t n = (size_t)M * N;
+        run_to_host(ctx, &t[best_j[RB_FUSED]], &a, n, hf);
+        run_to_host(ctx, &t[ref_j], &a, n, hr);
+        size_t bad = 0;
+        const double err = rel_err_half(hf, hr, n, dt, &bad);
+        cr_expect_eq(bad, 0,
+                     "%s: %zu elements not finite (unwritten) in the fused "
+                     "or the %s output",
+                     tag, bad, rb_kind_name[kind[ref_j]]);
+        cr_expect(err < 2e-3,
+                  "%s: fused output against %s: relative error %.3e >= "
+                  "2e-3",
+                  tag, rb_kind_name[kind[ref_j]], err);
+
+        char fname[64], pname[64], prname[64];
+        wg_tile_name(&fc[idx[best_j[RB_FUSED]]], fname, sizeof(fname));
+        wg_tile_name(&pc[idx[best_j[RB_PLAIN]]], pname, sizeof(pname));
+        wg_tile_name(&pc[idx[best_j[RB_PLAIN_ROPE]]], prname,
+                     sizeof(prname));
+        const double flop = 2.0 * M * N * (double)K;
+        cr_log_info("ROPE %s: fused %.4f ms (%.0f TF/s, %s), plain %.4f ms "
+                    "(%s), cuBLASLt %.4f ms, cuBLASLt+rope %.4f ms; "
+                    "fused/(cuBLASLt+rope) %.3f, fused/plain %.3f; "
+                    "plain+rope %.4f ms (%s), fused/(plain+rope) %.3f; "
+                    "rope kernel alone %.4f ms; fused against %s rel err "
+                    "%.2e",
+                    tag, best[RB_FUSED], flop / (best[RB_FUSED] * 1e9),
+                    fname, best[RB_PLAIN], pname, best[RB_LT],
+                    best[RB_LT_ROPE], best[RB_FUSED] / best[RB_LT_ROPE],
+                    best[RB_FUSED] / best[RB_PLAIN], best[RB_PLAIN_ROPE],
+                    prname, best[RB_FUSED] / best[RB_PLAIN_ROPE],
+                    best[RB_ROPE_ONLY], rb_kind_name[kind[ref_j]], err);
+        stof__blaslt_free(&lt);
+        api->cuMemFree(dtab);
+        stof__ctx_pop(ctx);
+        unload(ctx, &rk);
+    }
+    free(hf), free(hr);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    api->cuEventDestroy(e0);
+    api->cuEventDestroy(e1);
+    bench_ops_free(api, &ops);
+    stof__ctx_pop(ctx);
+    for (int i = 0; i < memo.n; i++)
+        unload(ctx, &memo.k[i]);
     stof_close(&ctx);
 }
 
