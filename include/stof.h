@@ -858,16 +858,23 @@ typedef struct stof_layer_desc {
                              0: w_ffn2 act(x w_ffn1^T) */
     float rope_theta;     /* rotary position embeddings (RoPE) on Q and K,
                              in the rotate-half form of Llama, GPT-NeoX
-                             and Hugging Face: 0 = none, else the base
-                             (Llama 2: 10000, Llama 3: 500000; finite and
-                             > 1). The token at position p of its
-                             sequence (token b * seq + p) rotates the
-                             channel pairs (i, i + rope_dim / 2), i <
-                             rope_dim / 2, of each Q and K head by the
-                             angle p * theta^(-2 i / rope_dim) (fp32, as
-                             Hugging Face computes it), on the projection
-                             plus its bias in fp32 before the rounding to
-                             the dtype; V is not rotated */
+                             and Hugging Face's default rope type: 0 =
+                             none, else the base (Llama 2: 10000, Llama 3:
+                             500000; finite and > 1). The token at
+                             position p of its sequence (token b * seq +
+                             p) rotates the channel pairs (i, i + rope_dim
+                             / 2), i < rope_dim / 2, of each Q and K head
+                             by the fp32 angle p * f_i, f_i = theta^(-2 i /
+                             rope_dim) in fp32 (Hugging Face's inv_freq;
+                             libm's powf may differ from torch's by an
+                             ulp). Frequency scaling (Hugging Face's
+                             rope_scaling: llama3, linear, dynamic, yarn)
+                             is not applied: such models do not match. The
+                             rotation is of the projection plus its bias
+                             in fp32 before its rounding to the dtype
+                             where the QKV GEMM fuses it (the Hopper
+                             template), else of the rounded projection (a
+                             kernel after it); V is not rotated */
     int rope_dim;         /* the channels of each head that rotate (the
                              first rope_dim; GPT-NeoX's partial rotary):
                              0 = head_dim; else a multiple of 16 that is

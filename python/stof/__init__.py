@@ -1260,8 +1260,9 @@ class Context:
         10000 for Llama 2, 500000 for Llama 3; finite and > 1): the token at
         position p of its sequence rotates the channel pairs (i, i +
         rope_dim / 2) of each Q and K head by p * rope_theta ** (-2 i /
-        rope_dim), on the projection plus its bias, before the rounding to
-        dtype; V is not rotated. Positions count from 0 in every sequence of
+        rope_dim), on the projection plus its bias (before its rounding to
+        dtype where the QKV GEMM fuses it, as the Hopper template does;
+        else on the rounded projection); V is not rotated. Positions count from 0 in every sequence of
         the batch. Only the default rope type: Hugging Face's rope_scaling
         (linear, dynamic, yarn, llama3, ...) is not applied. w_qkv keeps
         the layout above, q_proj's, k_proj's and v_proj's weights stacked

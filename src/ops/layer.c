@@ -259,7 +259,9 @@ int stof__layer_gemm_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
 
 int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
 {
-    return g->epi.rope && (lt || !c || !c->wgmma);
+    /* (a Hopper tile fuses it when it holds whole heads) */
+    return g->epi.rope &&
+           (lt || !c || !c->wgmma || c->block_n % g->epi.rope_hd != 0);
 }
 
 stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,

@@ -207,8 +207,9 @@ stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,
 stof_status stof__layer_gate_ready(stof_layer *L);
 
 /* A QKV GEMM with RoPE runs split (the plain GEMM, then the rope kernel
- * in place) on cuBLASLt and the mma.sync template; the Hopper template
- * fuses it. */
+ * in place) on cuBLASLt, the mma.sync template and Hopper tiles that do
+ * not hold whole heads (heads of 80 in any, of 96 in all but 192); the
+ * Hopper template fuses it in the others. */
 int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c);
 
 /* A RoPE layer's rope kernel (only when a split QKV GEMM is timed or

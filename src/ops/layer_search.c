@@ -308,9 +308,13 @@ static void gemm_candidates(slot_op *o, int per_op, int model_only)
     if (nc == 0 && (g->epi.gated || g->epi.rope) && cands && ranked) {
         nc = stof__gemm_candidates(&L->ctx->device, &wide, g->M, wn, g->K,
                                    cands, 256);
-        int k = 0; /* mma.sync only: a wide wgmma kernel would be split */
+        /* The kernels that run split: mma.sync (a gated wgmma kernel
+         * fuses its gate), and for RoPE the Hopper tiles that hold no
+         * whole heads. */
+        int k = 0;
         for (int c = 0; c < nc; c++)
-            if (!cands[c].wgmma)
+            if (g->epi.rope ? stof__layer_rope_split(g, 0, &cands[c])
+                            : !cands[c].wgmma)
                 cands[k++] = cands[c];
         nc = k;
         split = 1;

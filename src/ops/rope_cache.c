@@ -2,7 +2,9 @@
  * rope_cache.c - RoPE tables for layers (stof_layer_desc.rope_theta): the
  * (cos, sin) table of a sequence length, rotated channels and base,
  * computed once a process on the host (stof__rope_table) and uploaded
- * once a context, shared by every plan of the context that needs it. A
+ * once a context, shared by every plan of the context that needs it (those
+ * no plan holds kept up to 64 MB a context, 64 MB of host tables a
+ * process). A
  * warm plan of a RoPE layer then copies nothing: uploading 512 KB (2048
  * positions of 64 pairs) took a warm plan about 0.7 ms (H200, pageable
  * copy and the plan's closing wait), more than the rest of it.
@@ -16,7 +18,7 @@
 /* --- the host's tables, kept for the process -------------------------------- */
 
 #define HOST_MAX 16
-#define HOST_BYTES ((size_t)256 << 20)
+#define HOST_BYTES ((size_t)64 << 20)
 static pthread_mutex_t host_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     int seq, rope;
@@ -47,6 +49,15 @@ static const float *host_table(int seq, int rope, float theta, int *owned)
     stof__rope_table(tab, NULL, seq, rope, theta);
     pthread_mutex_lock(&host_lock);
     int kept = 0;
+    for (int i = 0; i < host_n; i++)
+        if (host[i].seq == seq && host[i].rope == rope &&
+            host[i].theta == theta) {
+            /* (another thread's, computed meanwhile) */
+            const float *t = host[i].tab;
+            pthread_mutex_unlock(&host_lock);
+            free(tab);
+            return t;
+        }
     if (host_n < HOST_MAX && host_bytes + bytes <= HOST_BYTES) {
         host[host_n].seq = seq;
         host[host_n].rope = rope;
@@ -63,11 +74,15 @@ static const float *host_table(int seq, int rope, float theta, int *owned)
 
 /* --- the context's device tables -------------------------------------------- */
 
+/* At most DEV_MAX tables a context; those no plan holds are kept while
+ * they take at most DEV_IDLE_BYTES together. */
 #define DEV_MAX 8
+#define DEV_IDLE_BYTES ((size_t)64 << 20)
 typedef struct dev_entry {
     int seq, rope;
     float theta;
     CUdeviceptr p;
+    size_t bytes;
     int refs;
 } dev_entry;
 
@@ -161,7 +176,7 @@ stof_status stof__rope_dev_get(stof_context *ctx, int seq, int rope,
                 slot = i;
         if (slot >= 0) {
             evict = c->e[slot].p;
-            c->e[slot] = (dev_entry){seq, rope, theta, p, 1};
+            c->e[slot] = (dev_entry){seq, rope, theta, p, bytes, 1};
         }
         pthread_mutex_unlock(&c->mu);
     }
@@ -182,8 +197,19 @@ void stof__rope_dev_put(stof_context *ctx, CUdeviceptr p)
             if (c->e[i].p == p) {
                 if (c->e[i].refs > 0)
                     c->e[i].refs--;
+                /* Kept for the next plan while the tables no plan holds
+                 * stay small; else freed now. */
+                size_t idle = 0;
+                for (int j = 0; j < DEV_MAX; j++)
+                    if (c->e[j].p && !c->e[j].refs)
+                        idle += c->e[j].bytes;
+                const int drop = !c->e[i].refs && idle > DEV_IDLE_BYTES;
+                if (drop)
+                    memset(&c->e[i], 0, sizeof(c->e[i]));
                 pthread_mutex_unlock(&c->mu);
-                return; /* (kept for the next plan) */
+                if (drop)
+                    ctx->api->cuMemFree(p);
+                return;
             }
         pthread_mutex_unlock(&c->mu);
     }
