@@ -692,6 +692,23 @@ stof_status stof__layer_rope_ready(stof_layer *L)
         return STOF_OK;
     if (L->rope_fn)
         return STOF_OK;
+    /* The rope kernel is in every layer_ops.cu module of the dtype: a
+     * norm kernel's (a pre-norm layer's input norm, loaded from the
+     * database or a search) serves, so a database hit compiles nothing. */
+    for (int i = 0; i < N_COUNT; i++) {
+        const norm_op *n = &L->n[i];
+        CUfunction f = NULL;
+        if (!n->ok || !n->mod || !stof__module_retain(ctx, n->mod))
+            continue;
+        if (ctx->api->cuModuleGetFunction(&f, n->mod, "stof_rope") ==
+                CUDA_SUCCESS &&
+            f) {
+            L->rope_mod = n->mod;
+            L->rope_fn = f;
+            return STOF_OK;
+        }
+        stof__module_release(ctx, n->mod);
+    }
     void *cubin = NULL;
     size_t size = 0;
     stof_status st = stof__rope_compile(ctx, L->d.dtype, L->hd, L->rope,

@@ -268,6 +268,10 @@ int stof__module_load_shared_hashed(struct stof_context *ctx,
                                     size_t smem_bytes, CUmodule *mod,
                                     CUfunction *fn);
 
+/* One reference more to module `mod` of the cache (given back with
+ * stof__module_release): 1, or 0 when the cache does not hold it. */
+int stof__module_retain(struct stof_context *ctx, CUmodule mod);
+
 /* Give a module back: one reference less to a cached module (kept loaded
  * for the next plan until evicted or stof_close), or unloaded when it is
  * not the cache's. Needs nothing current; NULL does nothing. */

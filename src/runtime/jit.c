@@ -616,6 +616,22 @@ void stof__module_touch(struct stof_context *ctx, uint64_t hash, size_t size)
     pthread_mutex_unlock(&c->mu);
 }
 
+int stof__module_retain(struct stof_context *ctx, CUmodule mod)
+{
+    struct stof_modcache *c = ctx && mod ? ctx->modcache : NULL;
+    if (!c)
+        return 0;
+    int held = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n && !held; i++)
+        if (c->e[i].mod == mod) {
+            c->e[i].refs++;
+            held = 1;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return held;
+}
+
 void stof__module_release(struct stof_context *ctx, CUmodule mod)
 {
     if (!ctx || !mod)
