@@ -286,8 +286,11 @@ static void download(CUdeviceptr p, size_t n, stof_dtype dt, float *out)
  * is {"theta": the base, "dim": the rotated channels of a head} (null
  * without), the key text ends in ";rope=THETA;rope_dim=D" (nothing
  * without), and the QKV step says where the rotation runs: "fused" in
- * the Hopper template's epilogue, "kernel" after cuBLASLt or the mma.sync
- * template. Returns 1 when the rope kernel runs, else 0. */
+ * the epilogue of a Hopper tile that holds whole heads (block_n a
+ * multiple of head_dim: heads of 96 fuse only in 192-wide tiles),
+ * "kernel" after cuBLASLt, the mma.sync template or a Hopper tile that
+ * splits heads (heads of 80). Returns 1 when the rope kernel runs, else
+ * 0. */
 static int expect_rope_desc(const stof_layer *L, const stof_layer_desc *d,
                             const char *desc)
 {
@@ -318,20 +321,32 @@ static int expect_rope_desc(const stof_layer *L, const stof_layer_desc *d,
     const char *next = strstr(q + 5, "\"op\":");
     const char *fused = strstr(q, "\"rope\":\"fused\""),
                *kern = strstr(q, "\"rope\":\"kernel\""),
-               *wg = strstr(q, "\"wg\":1");
+               *wg = strstr(q, "\"wg\":1"), *bn_at = strstr(q, "\"bn\":");
     if (next) {
         fused = fused && fused < next ? fused : NULL;
         kern = kern && kern < next ? kern : NULL;
         wg = wg && wg < next ? wg : NULL;
+        bn_at = bn_at && bn_at < next ? bn_at : NULL;
     }
     static const char lt[] = "\"op\":\"qkv\",\"kernel\":\"cublaslt\"";
     const int is_lt = strncmp(q, lt, sizeof(lt) - 1) == 0;
+    int bn = 0; /* the template's tile width (none for cuBLASLt) */
+    if (!is_lt && (!bn_at || sscanf(bn_at, "\"bn\":%d", &bn) != 1))
+        bn = 0;
+    cr_expect(is_lt || bn > 0, "the QKV step has no tile width: %s", desc);
     cr_expect((fused != NULL) + (kern != NULL) == 1,
               "the QKV step has no \"rope\" (or two): %s", desc);
-    /* The Hopper template fuses it; cuBLASLt and mma.sync cannot. */
-    cr_expect_eq(fused != NULL, !is_lt && wg != NULL,
-                 "rope %s on %s: %s", fused ? "fused" : "kernel",
-                 is_lt ? "cublaslt" : wg ? "wgmma" : "mma.sync", desc);
+    /* The Hopper template fuses it in tiles of whole heads; cuBLASLt,
+     * mma.sync and Hopper tiles that split heads cannot. */
+    const int whole = bn > 0 && bn % hd == 0;
+    cr_expect_eq(fused != NULL, !is_lt && wg != NULL && whole,
+                 "rope %s on %s (block_n %d, heads of %d): %s",
+                 fused ? "fused" : "kernel",
+                 is_lt ? "cublaslt" : wg ? "wgmma" : "mma.sync", bn, hd,
+                 desc);
+    cr_log_info("rope %s on %s (block_n %d, heads of %d)",
+                fused ? "fused" : "kernel",
+                is_lt ? "cublaslt" : wg ? "wgmma" : "mma.sync", bn, hd);
     return kern != NULL;
 }
 
@@ -349,6 +364,8 @@ typedef struct lcase {
     int rope_dim;     /* (0: the whole head) */
     int hd;           /* head_dim (0: 64) */
     int rope_split;   /* 1: the QKV GEMM must run split (the rope kernel) */
+    int batch, seq;   /* 0, 0: 2 sequences of 128 */
+    const char *mask; /* NULL: bigbird:32:1:1:1:3 */
 } lcase;
 
 static void run_case(const lcase *c)
@@ -357,7 +374,9 @@ static void run_case(const lcase *c)
     cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
     stof_layer_desc d;
     const int heads = c->heads > 0 ? c->heads : 2, hd = c->hd > 0 ? c->hd : 64;
-    stof_layer_desc_init(&d, 2, 128, hd * heads, heads, c->dt);
+    const int batch = c->batch > 0 ? c->batch : 2,
+              seq = c->seq > 0 ? c->seq : 128;
+    stof_layer_desc_init(&d, batch, seq, hd * heads, heads, c->dt);
     d.kv_heads = c->kv_heads;
     d.no_bias = c->no_bias;
     d.gated = c->gated;
@@ -367,7 +386,8 @@ static void run_case(const lcase *c)
     d.pre_norm = c->pre;
     d.norm = c->norm;
     d.act = c->act;
-    stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
+    stof_mask *m =
+        tu_make_mask(ctx, c->mask ? c->mask : "bigbird:32:1:1:1:3", seq, seq);
     tu_rng r = {tu_seed() ^ 0x1a7e7u};
     lw w;
     make_weights(&r, &d, &w);
@@ -428,10 +448,12 @@ static void run_case(const lcase *c)
     download(y, n, c->dt, yf);
     const double e = rel(yf, ref, n);
     const double tol = c->dt == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
-    cr_log_info("dtype %d pre %d norm %d act %d mode %d heads %d/%d of %d "
-                "gated %d rope %g/%d (%s): relative error %.3g",
-                (int)c->dt, c->pre, (int)c->norm, (int)c->act, (int)c->mode,
-                heads, c->kv_heads, hd, c->gated, (double)c->rope_theta,
+    cr_log_info("%d x %d tokens, dtype %d pre %d norm %d act %d mode %d "
+                "heads %d/%d of %d gated %d rope %g/%d (%s): relative error "
+                "%.3g",
+                batch, seq, (int)c->dt, c->pre, (int)c->norm, (int)c->act,
+                (int)c->mode, heads, c->kv_heads, hd, c->gated,
+                (double)c->rope_theta,
                 c->rope_dim,
                 !c->rope_theta ? "none"
                 : split        ? "kernel"
@@ -687,36 +709,50 @@ Test(gpu_layer, family_run_on_a_mask_layer_is_refused)
 
 Test(gpu_layer, post_layernorm_gelu_tanh_fp16)
 {
-    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_DEFAULT, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_TANH,
+                     .mode = STOF_TUNE_DEFAULT};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_layernorm_gelu_erf_bf16)
 {
-    lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_DEFAULT, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_ERF,
+                     .mode = STOF_TUNE_DEFAULT};
     run_case(&c);
 }
 
 Test(gpu_layer, post_rmsnorm_relu_bf16_in_place)
 {
-    lcase c = {STOF_DTYPE_BF16, 0, STOF_NORM_RMS, STOF_ACT_RELU,
-               STOF_TUNE_DEFAULT, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_RELU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .in_place = 1};
     run_case(&c);
 }
 
 Test(gpu_layer, pre_rmsnorm_silu_fp16_cost_model)
 {
-    lcase c = {STOF_DTYPE_FP16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_CACHE_ONLY};
     run_case(&c);
 }
 
 Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
 {
-    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_ERF,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .in_place = 1};
     run_case(&c);
 }
 
@@ -724,15 +760,24 @@ Test(gpu_layer, post_layernorm_gelu_erf_fp16_cost_model_in_place)
  * multi-query (8 on 1, the cost model's choice). */
 Test(gpu_layer, grouped_query_pre_rmsnorm_silu_bf16)
 {
-    lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2, 0, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 4,
+                     .kv_heads = 2};
     run_case(&c);
 }
 
 Test(gpu_layer, multi_query_post_layernorm_gelu_fp16_cost_model)
 {
-    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_CACHE_ONLY, 0, 8, 1, 0, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_TANH,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .heads = 8,
+                     .kv_heads = 1};
     run_case(&c);
 }
 
@@ -740,15 +785,25 @@ Test(gpu_layer, multi_query_post_layernorm_gelu_fp16_cost_model)
  * and post-LayerNorm without biases with the cost model's choice. */
 Test(gpu_layer, no_bias_grouped_pre_rmsnorm_silu_bf16)
 {
-    lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2, 1, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .no_bias = 1};
     run_case(&c);
 }
 
 Test(gpu_layer, no_bias_post_layernorm_gelu_erf_fp16_cost_model)
 {
-    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_ERF,
-               STOF_TUNE_CACHE_ONLY, 1, 0, 0, 1, 0, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_ERF,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .in_place = 1,
+                     .no_bias = 1};
     run_case(&c);
 }
 
@@ -759,15 +814,25 @@ Test(gpu_layer, no_bias_post_layernorm_gelu_erf_fp16_cost_model)
  * algorithm where it can serve: the split path). */
 Test(gpu_layer, gated_swiglu_llama_style_bf16)
 {
-    lcase c = {STOF_DTYPE_BF16, 1, STOF_NORM_RMS, STOF_ACT_SILU,
-               STOF_TUNE_DEFAULT, 0, 4, 2, 1, 1, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .no_bias = 1,
+                     .gated = 1};
     run_case(&c);
 }
 
 Test(gpu_layer, gated_geglu_bias_post_layernorm_fp16_cost_model)
 {
-    lcase c = {STOF_DTYPE_FP16, 0, STOF_NORM_LAYER, STOF_ACT_GELU_TANH,
-               STOF_TUNE_CACHE_ONLY, 0, 0, 0, 0, 1, 0, 0, 0, 0};
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_TANH,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .gated = 1};
     run_case(&c);
 }
 
@@ -836,6 +901,434 @@ Test(gpu_layer, rope_head_dim_80_runs_the_rope_kernel)
                      .hd = 80,
                      .rope_split = 1};
     run_case(&c);
+}
+
+/* Heads of 96 channels (4 query heads on 2, tuned): the Hopper template
+ * holds whole heads of 96 only in its 192-wide tiles, so on compute
+ * capability 9.0 the rotation is fused there or runs as the rope kernel
+ * after another kernel (either choice passes; expect_rope_desc checks
+ * that "fused" names a Hopper tile whose width is a multiple of 96).
+ * Heads of 256 (tuned, Llama 3's base): 128 pairs a head, one head a
+ * 256-wide tile. */
+Test(gpu_layer, rope_head_dim_96_grouped_fp16)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .no_bias = 1,
+                     .rope_theta = 10000.0f,
+                     .hd = 96};
+    run_case(&c);
+}
+
+Test(gpu_layer, rope_head_dim_256_bias_post_layernorm_bf16)
+{
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_TANH,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 2,
+                     .rope_theta = 500000.0f,
+                     .hd = 256};
+    run_case(&c);
+}
+
+/* 3 causal sequences of 200 tokens: 600 rows, so the last tile of 128
+ * rows is partial (an M tail) and tiles straddle sequences, whose
+ * positions wrap to 0 where each sequence starts (token % 200). Tuned
+ * over heads of 128 (on Hopper the fused epilogue competes), and the
+ * cost model's choice rotating half of heads of 64. */
+Test(gpu_layer, rope_seq_200_tail_tuned_bf16)
+{
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .no_bias = 1,
+                     .rope_theta = 10000.0f,
+                     .hd = 128,
+                     .batch = 3,
+                     .seq = 200,
+                     .mask = "causal"};
+    run_case(&c);
+}
+
+Test(gpu_layer, rope_seq_200_tail_partial_fp16_cost_model)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_ERF,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .rope_theta = 10000.0f,
+                     .rope_dim = 32,
+                     .batch = 3,
+                     .seq = 200,
+                     .mask = "causal"};
+    run_case(&c);
+}
+
+/* A RoPE family layer (pre-RMSNorm, SiLU, no biases, theta 10000 over
+ * whole heads; the cost model's plan) over causal sequences of their own
+ * lengths padded to 192 tokens (tiles of 128 rows straddle sequences):
+ * each token rotates by its position in its padded sequence (token %
+ * seq) whatever the lengths. New lengths each call (two runs, then a
+ * graph stack of one layer); every sequence's valid rows (the padding
+ * rows' values are not meaningful) against the reference layer with that
+ * sequence's mask. Nothing is compiled after the plan. */
+Test(gpu_layer, rope_family_causal_lengths_bf16)
+{
+    stof_context *ctx = open_ctx("", STOF_TUNE_CACHE_ONLY);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    enum { B = 3, S = 192 };
+    const stof_dtype dt = STOF_DTYPE_BF16;
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, B, S, 128, 2, dt);
+    d.ffn = 256;
+    d.pre_norm = 1;
+    d.norm = STOF_NORM_RMS;
+    d.act = STOF_ACT_SILU;
+    d.no_bias = 1;
+    d.rope_theta = 10000.0f;
+    tu_rng r = {tu_seed() ^ 0xf0be5u};
+    lw w;
+    make_weights(&r, &d, &w);
+    const size_t per = (size_t)S * d.hidden, n = (size_t)B * per;
+    float *xf = NULL, *yf = malloc(n * sizeof(float)),
+          *ref = malloc(per * sizeof(float));
+    cr_assert(yf && ref);
+    const stof_api *api = stof__api();
+    CUdeviceptr x = upload(&r, dt, n, 1.0f, 0.0f, &xf), y = 0, dl = 0;
+    cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dl, sizeof(int32_t) * B), CUDA_SUCCESS);
+    stof_mask_family *fam = NULL;
+    cr_assert_eq(stof_mask_family_create(ctx, "causal", &fam), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    stof_layer *L = NULL;
+    cr_assert_eq(stof_layer_plan_family(ctx, &d, fam, NULL, &L), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    char desc[16384];
+    cr_assert_eq(stof_layer_describe(L, desc, sizeof(desc), NULL), STOF_OK);
+    cr_log_info("RoPE family layer: %s", desc);
+    expect_rope_desc(L, &d, desc);
+    const stof_layer_weights lwt = as_weights(&w, &d);
+    const long compiles = stof__jit_compile_count();
+    int32_t len[B];
+    stof_mask_data hd, dv;
+    memset(&hd, 0, sizeof(hd));
+    memset(&dv, 0, sizeof(dv));
+    hd.q_len = hd.k_len = len;
+    dv.q_len = dv.k_len = (const int32_t *)(uintptr_t)dl;
+    stof_layer_desc d1 = d;
+    d1.batch = 1;
+    const double tol = 4e-2;
+    /* Call 0: a whole sequence, one within the first tile of rows, one
+     * past it; then random lengths. */
+    static const int32_t first[B] = {S, 37, 150};
+    for (int call = 0; call < 3; call++) {
+        for (int b = 0; b < B; b++)
+            len[b] = call == 0 ? first[b] : 1 + (int)tu_below(&r, S);
+        cr_assert_eq(api->cuMemcpyHtoD(dl, len, sizeof(len)), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+        const stof_status st =
+            call < 2
+                ? stof_layer_run_family(L, &dv, &lwt, (void *)(uintptr_t)x,
+                                        (void *)(uintptr_t)y, NULL)
+                : stof_layer_stack_run_family(L, &dv, 1, &lwt,
+                                              (void *)(uintptr_t)x,
+                                              (void *)(uintptr_t)y, NULL,
+                                              STOF_STACK_GRAPH);
+        cr_assert_eq(st, STOF_OK, "call %d: %s", call, stof_layer_errmsg(L));
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        download(y, n, dt, yf);
+        for (int b = 0; b < B; b++) {
+            stof_mask *m = NULL;
+            cr_assert_eq(stof_mask_family_eval(ctx, fam, S, S, &hd, b, &m),
+                         STOF_OK, "%s", stof_errmsg(ctx));
+            ref_layer(&d1, m, &w, xf + b * per, ref);
+            const double e =
+                rel(yf + b * per, ref, (size_t)len[b] * d.hidden);
+            cr_log_info("RoPE family call %d sequence %d (length %d): "
+                        "relative error %.3g",
+                        call, b, len[b], e);
+            cr_expect(e <= tol, "call %d sequence %d (length %d): relative "
+                                "error %.3g > %.3g",
+                      call, b, len[b], e, tol);
+            stof_mask_free(&m);
+        }
+    }
+    cr_assert_eq(stof__jit_compile_count(), compiles,
+                 "a run compiled something");
+    stof_layer_free(&L);
+    stof_mask_family_free(&fam);
+    api->cuMemFree(dl);
+    api->cuMemFree(y);
+    api->cuMemFree(x);
+    free_weights(&w);
+    free(xf);
+    free(yf);
+    free(ref);
+    stof__ctx_pop(ctx);
+    stof_close(&ctx);
+}
+
+/* Runs layer L (description d, mask m, weights w) on x (its host copy
+ * xf) into y, poisoned first, and expects the reference layer's output
+ * within the dtype's tolerance. yf and ref: room for the output. */
+static void expect_layer_run(stof_layer *L, const stof_layer_desc *d,
+                             const stof_mask *m, const lw *w, CUdeviceptr x,
+                             const float *xf, CUdeviceptr y, float *yf,
+                             float *ref, const char *what)
+{
+    const stof_api *api = stof__api();
+    const size_t n = (size_t)d->batch * d->seq * d->hidden;
+    const stof_layer_weights lwt = as_weights(w, d);
+    cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(stof_layer_run(L, &lwt, (const void *)(uintptr_t)x,
+                                (void *)(uintptr_t)y, NULL),
+                 STOF_OK, "%s: %s", what, stof_layer_errmsg(L));
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    download(y, n, d->dtype, yf);
+    ref_layer(d, m, w, xf, ref);
+    const double e = rel(yf, ref, n);
+    const double tol = d->dtype == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
+    cr_log_info("%s (theta %g, hidden %d): relative error %.3g", what,
+                (double)d->rope_theta, d->hidden, e);
+    cr_expect(e <= tol, "%s (theta %g, hidden %d): relative error %.3g > "
+                        "%.3g",
+              what, (double)d->rope_theta, d->hidden, e, tol);
+}
+
+/* RoPE tables are the context's (rope_cache.c), keyed by length, rotated
+ * channels and base, and counted by the plans holding them: two layers
+ * with heads of 64 (2 and 4 of them) share one, and the first one's free
+ * leaves it to the second. While that one lives, ten layers of ten other
+ * bases are planned (the context keeps 8 tables, one of them the second
+ * layer's, which must not be taken: the last three of the ten own
+ * theirs, freed by their stof_layer_free); each matches its reference,
+ * and so does the second layer after them. Once all are freed, a new plan of the first of
+ * the ten bases takes the table the context kept, and still matches after
+ * a plan of the last base took a slot no plan held. Cost-model plans:
+ * nothing is timed. */
+Test(gpu_layer, rope_tables_shared_by_a_context)
+{
+    stof_context *ctx = open_ctx("", STOF_TUNE_CACHE_ONLY);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    enum { S = 64, N_THETA = 10 };
+    static const float theta[N_THETA] = {50.0f,    150.0f,   400.0f,
+                                         1000.0f,  3000.0f,  8000.0f,
+                                         20000.0f, 60000.0f, 200000.0f,
+                                         500000.0f};
+    const stof_dtype dt = STOF_DTYPE_FP16;
+    stof_mask *m = tu_make_mask(ctx, "causal", S, S);
+    stof_layer_desc d2, d4;
+    stof_layer_desc_init(&d2, 1, S, 128, 2, dt);
+    d2.ffn = 256;
+    d2.pre_norm = 1;
+    d2.norm = STOF_NORM_RMS;
+    d2.act = STOF_ACT_SILU;
+    d2.rope_theta = 10000.0f;
+    d4 = d2; /* heads of 64 too: the same table */
+    d4.hidden = 256;
+    d4.heads = 4;
+    tu_rng r = {tu_seed() ^ 0x7ab1eu};
+    lw w2, w4;
+    make_weights(&r, &d2, &w2);
+    make_weights(&r, &d4, &w4);
+    const size_t n2 = (size_t)S * d2.hidden, n4 = (size_t)S * d4.hidden;
+    float *x2f = NULL, *x4f = NULL, *yf = malloc(n4 * sizeof(float)),
+          *ref = malloc(n4 * sizeof(float));
+    cr_assert(yf && ref);
+    const stof_api *api = stof__api();
+    CUdeviceptr x2 = upload(&r, dt, n2, 1.0f, 0.0f, &x2f),
+                x4 = upload(&r, dt, n4, 1.0f, 0.0f, &x4f), y = 0;
+    cr_assert_eq(api->cuMemAlloc(&y, n4 * 2), CUDA_SUCCESS);
+    /* One table for both. */
+    stof_layer *La = NULL, *Lb = NULL;
+    cr_assert_eq(stof_layer_plan(ctx, &d2, m, &La), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert_eq(stof_layer_plan(ctx, &d4, m, &Lb), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_assert(La->rope_tab && Lb->rope_tab);
+    cr_expect_eq(Lb->rope_tab, La->rope_tab,
+                 "two layers of one length and base: two tables");
+    expect_layer_run(La, &d2, m, &w2, x2, x2f, y, yf, ref, "2 heads");
+    stof_layer_free(&La);
+    expect_layer_run(Lb, &d4, m, &w4, x4, x4f, y, yf, ref,
+                     "4 heads, the first layer freed");
+    /* Ten bases alive at once, beside Lb. */
+    stof_layer *Ls[N_THETA] = {NULL};
+    stof_layer_desc dl[N_THETA];
+    char what[64], desc[16384];
+    for (int i = 0; i < N_THETA; i++) {
+        dl[i] = d2;
+        dl[i].rope_theta = theta[i];
+        cr_assert_eq(stof_layer_plan(ctx, &dl[i], m, &Ls[i]), STOF_OK,
+                     "theta %g: %s", (double)theta[i], stof_errmsg(ctx));
+        cr_assert(Ls[i]->rope_tab);
+        cr_expect_neq(Ls[i]->rope_tab, Lb->rope_tab,
+                      "theta %g took the table of theta %g",
+                      (double)theta[i], (double)d4.rope_theta);
+        for (int j = 0; j < i; j++)
+            cr_expect_neq(Ls[i]->rope_tab, Ls[j]->rope_tab,
+                          "theta %g and %g: one table", (double)theta[i],
+                          (double)theta[j]);
+    }
+    const CUdeviceptr tab0 = Ls[0]->rope_tab;
+    for (int i = 0; i < N_THETA; i++) {
+        if (i == 0 || i == N_THETA - 1) {
+            cr_assert_eq(stof_layer_describe(Ls[i], desc, sizeof(desc), NULL),
+                         STOF_OK);
+            expect_rope_desc(Ls[i], &dl[i], desc);
+        }
+        snprintf(what, sizeof(what), "base %d of %d", i + 1, N_THETA);
+        expect_layer_run(Ls[i], &dl[i], m, &w2, x2, x2f, y, yf, ref, what);
+    }
+    expect_layer_run(Lb, &d4, m, &w4, x4, x4f, y, yf, ref,
+                     "4 heads, after ten other bases");
+    for (int i = 0; i < N_THETA; i++) {
+        stof_layer_free(&Ls[i]);
+        cr_assert_null(Ls[i]);
+    }
+    stof_layer_free(&Lb);
+    /* Planned again: the first base's table, kept by the context. */
+    stof_layer *L0 = NULL, *L9 = NULL;
+    cr_assert_eq(stof_layer_plan(ctx, &dl[0], m, &L0), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    cr_expect_eq(L0->rope_tab, tab0, "theta %g: its kept table not reused",
+                 (double)theta[0]);
+    expect_layer_run(L0, &dl[0], m, &w2, x2, x2f, y, yf, ref,
+                     "the first base again");
+    cr_assert_eq(stof_layer_plan(ctx, &dl[N_THETA - 1], m, &L9), STOF_OK,
+                 "%s", stof_errmsg(ctx));
+    cr_expect_neq(L9->rope_tab, L0->rope_tab);
+    expect_layer_run(L9, &dl[N_THETA - 1], m, &w2, x2, x2f, y, yf, ref,
+                     "the last base again");
+    expect_layer_run(L0, &dl[0], m, &w2, x2, x2f, y, yf, ref,
+                     "the first base, after the last one's plan");
+    stof_layer_free(&L9);
+    stof_layer_free(&L0);
+    api->cuMemFree(y);
+    api->cuMemFree(x4);
+    api->cuMemFree(x2);
+    free_weights(&w4);
+    free_weights(&w2);
+    free(x2f);
+    free(x4f);
+    free(yf);
+    free(ref);
+    stof_mask_free(&m);
+    stof__ctx_pop(ctx);
+    stof_close(&ctx);
+}
+
+/* A graph stack of 3 pre-norm RoPE layers (RMSNorm, SiLU, theta 10000
+ * over whole heads; the cost model's plan) with distinct weights against
+ * the reference layer applied 3 times, as are layer-by-layer runs; the
+ * stack against those runs as stack_graph_matches_layer_runs has it (the
+ * same bits, or within 1e-2 where each layer's input norm is fused into
+ * the previous layer's last GEMM); replayed, the same bits. */
+Test(gpu_layer, rope_stack_graph_against_the_reference)
+{
+    stof_context *ctx = open_ctx("", STOF_TUNE_CACHE_ONLY);
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    enum { NL = 3 };
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 1, 128, 128, 2, STOF_DTYPE_FP16);
+    d.ffn = 256;
+    d.pre_norm = 1;
+    d.norm = STOF_NORM_RMS;
+    d.act = STOF_ACT_SILU;
+    d.rope_theta = 10000.0f;
+    stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
+    tu_rng r = {tu_seed() ^ 0x57ac5u};
+    lw w[NL];
+    stof_layer_weights lwt[NL];
+    for (int i = 0; i < NL; i++) {
+        make_weights(&r, &d, &w[i]);
+        lwt[i] = as_weights(&w[i], &d);
+    }
+    const size_t n = (size_t)d.batch * d.seq * d.hidden;
+    float *xf = NULL, *a = malloc(n * 4), *b = malloc(n * 4),
+          *first = malloc(n * 4), *ref = malloc(n * 4), *tmp = malloc(n * 4);
+    cr_assert(a && b && first && ref && tmp);
+    const stof_api *api = stof__api();
+    CUdeviceptr x = upload(&r, d.dtype, n, 1.0f, 0.0f, &xf), y, y2;
+    cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&y2, n * 2), CUDA_SUCCESS);
+    stof_layer *L = NULL;
+    cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    char desc[16384];
+    cr_assert_eq(stof_layer_describe(L, desc, sizeof(desc), NULL), STOF_OK);
+    cr_log_info("RoPE stack layer: %s", desc);
+    expect_rope_desc(L, &d, desc);
+    const int fused = strstr(desc, "\"junction_b\":\"stack\"") != NULL;
+    /* The reference, layer after layer. */
+    memcpy(tmp, xf, n * 4);
+    for (int i = 0; i < NL; i++) {
+        ref_layer(&d, m, &w[i], tmp, ref);
+        if (i + 1 < NL)
+            memcpy(tmp, ref, n * 4);
+    }
+    const double tol = 1.5e-2;
+    void *px = (void *)(uintptr_t)x, *py = (void *)(uintptr_t)y,
+         *py2 = (void *)(uintptr_t)y2;
+    /* layer by layer */
+    cr_assert_eq(api->cuMemsetD8(y2, 0xff, n * 2), CUDA_SUCCESS);
+    for (int i = 0; i < NL; i++)
+        cr_assert_eq(stof_layer_run(L, &lwt[i], i ? py2 : px, py2, NULL),
+                     STOF_OK, "%s", stof_layer_errmsg(L));
+    cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+    download(y2, n, d.dtype, a);
+    const double e_runs = rel(a, ref, n);
+    cr_log_info("%d RoPE layer runs: relative error %.3g", NL, e_runs);
+    cr_expect(e_runs <= tol, "%d layer runs: relative error %.3g > %.3g", NL,
+              e_runs, tol);
+    for (int rep = 0; rep < 2; rep++) { /* recorded, then replayed */
+        cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+        cr_assert_eq(stof_layer_stack_run(L, NL, lwt, px, py, NULL,
+                                          STOF_STACK_GRAPH),
+                     STOF_OK, "%s", stof_layer_errmsg(L));
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        download(y, n, d.dtype, b);
+        const double e = rel(b, ref, n), apart = rel(b, a, n);
+        cr_log_info("RoPE graph stack %d (stack ending fused %d): relative "
+                    "error %.3g, %.3g from the layer runs",
+                    rep, fused, e, apart);
+        cr_expect(e <= tol, "graph stack %d: relative error %.3g > %.3g",
+                  rep, e, tol);
+        if (fused)
+            cr_expect(apart < 1e-2, "graph stack %d: %.3g from layer runs",
+                      rep, apart);
+        else
+            cr_expect(memcmp(a, b, n * 4) == 0,
+                      "graph stack %d differs from the layer runs", rep);
+        if (rep == 0)
+            memcpy(first, b, n * 4);
+        else
+            cr_expect(memcmp(first, b, n * 4) == 0,
+                      "the replayed graph differs from its recording");
+    }
+    stof_layer_free(&L);
+    api->cuMemFree(x);
+    api->cuMemFree(y);
+    api->cuMemFree(y2);
+    for (int i = 0; i < NL; i++)
+        free_weights(&w[i]);
+    free(xf);
+    free(a);
+    free(b);
+    free(first);
+    free(ref);
+    free(tmp);
+    stof_mask_free(&m);
+    stof__ctx_pop(ctx);
+    stof_close(&ctx);
 }
 
 /* A stack of 3 layers with distinct weights: the graph replay, the plain
