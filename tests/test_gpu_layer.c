@@ -903,6 +903,118 @@ Test(gpu_layer, rope_head_dim_80_runs_the_rope_kernel)
     run_case(&c);
 }
 
+/* A layer whose QKV GEMM always runs split (heads of 80: no Hopper tile
+ * holds whole heads), tuned into a database; then, with the process's
+ * kept cubins forgotten (a fresh process's view), planned again from the
+ * database in a new context: a hit that compiles nothing (the rope kernel
+ * comes from the layer's own norm module) and runs the same bits. */
+Test(gpu_layer, rope_split_database_hit_compiles_nothing)
+{
+    char path[] = "/tmp/stof-layer-rope-split-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(path);
+    stof_layer_desc d;
+    stof_layer_desc_init(&d, 2, 128, 160, 2, STOF_DTYPE_FP16);
+    d.ffn = 320;
+    d.act = STOF_ACT_SILU;
+    d.norm = STOF_NORM_RMS;
+    d.pre_norm = 1;
+    d.no_bias = 1;
+    d.gated = 1;
+    d.rope_theta = 10000.0f;
+    const size_t n = (size_t)d.batch * d.seq * d.hidden;
+    float *out[2] = {NULL, NULL};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            stof__aux_memo_clear();
+        stof_context *ctx = open_ctx(path, STOF_TUNE_DEFAULT);
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
+        if (pass == 1) {
+            /* Attention over heads of 80 runs the reference kernel, which
+             * a context compiles once for any plan of that head size (no
+             * record holds it): the layer's own attention plan, made
+             * first, compiles it, so the count below is the layer's. */
+            const int hd = d.hidden / d.heads;
+            const int64_t qn = d.hidden + 2 * d.heads * hd, sq = d.seq;
+            stof_attention_desc ad;
+            stof_attention_desc_init(&ad, d.batch, d.heads, d.seq, d.seq, hd,
+                                     d.dtype, STOF_LAYOUT_BSHD);
+            ad.layout = STOF_LAYOUT_STRIDED;
+            const int64_t qs[3] = {sq * qn, hd, qn};
+            const int64_t os[3] = {sq * d.hidden, hd, d.hidden};
+            memcpy(ad.q_stride, qs, sizeof(qs));
+            memcpy(ad.k_stride, qs, sizeof(qs));
+            memcpy(ad.v_stride, qs, sizeof(qs));
+            memcpy(ad.o_stride, os, sizeof(os));
+            stof_plan *ap = NULL;
+            cr_assert_eq(stof_attention_plan(ctx, &ad, m, &ap), STOF_OK,
+                         "%s", stof_errmsg(ctx));
+            stof_plan_free(&ap);
+        }
+        const long c0 = stof__jit_compile_count();
+        stof_layer *L = NULL;
+        cr_assert_eq(stof_layer_plan(ctx, &d, m, &L), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        const long compiles = stof__jit_compile_count() - c0;
+        char json[16384];
+        cr_assert_eq(stof_layer_describe(L, json, sizeof(json), NULL),
+                     STOF_OK);
+        cr_log_info("pass %d, %ld compiles: %s", pass, compiles, json);
+        cr_expect(strstr(json, "\"rope\":\"kernel\"") != NULL, "%s", json);
+        if (pass == 1) {
+            cr_expect(strstr(json, "\"source\":\"database\"") != NULL, "%s",
+                      json);
+            cr_expect_eq(compiles, 0,
+                         "a database hit of a split-RoPE layer compiled %ld "
+                         "kernels",
+                         compiles);
+        }
+        tu_rng r = {0x5eedu};
+        lw w;
+        make_weights(&r, &d, &w);
+        const stof_layer_weights lwt = as_weights(&w, &d);
+        float *xf = NULL;
+        const stof_api *api = stof__api();
+        CUdeviceptr x = upload(&r, d.dtype, n, 1.0f, 0.0f, &xf), y = 0;
+        cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+        cr_assert_eq(api->cuMemsetD8(y, 0xff, n * 2), CUDA_SUCCESS);
+        cr_assert_eq(stof_layer_run(L, &lwt, (void *)(uintptr_t)x,
+                                    (void *)(uintptr_t)y, NULL),
+                     STOF_OK, "%s", stof_layer_errmsg(L));
+        cr_assert_eq(api->cuCtxSynchronize(), CUDA_SUCCESS);
+        out[pass] = malloc(n * sizeof(float));
+        cr_assert(out[pass]);
+        download(y, n, d.dtype, out[pass]);
+        if (pass == 0) {
+            float *ref = malloc(n * sizeof(float));
+            cr_assert(ref);
+            ref_layer(&d, m, &w, xf, ref);
+            const double e = rel(out[0], ref, n);
+            cr_log_info("split RoPE layer: relative error %.3g", e);
+            cr_expect(e <= 1.5e-2, "relative error %.3g", e);
+            free(ref);
+        } else {
+            cr_expect(memcmp(out[1], out[0], n * sizeof(float)) == 0,
+                      "the database plan's output differs (rel %.3g)",
+                      rel(out[1], out[0], n));
+        }
+        api->cuMemFree(x);
+        api->cuMemFree(y);
+        free(xf);
+        free_weights(&w);
+        stof_layer_free(&L);
+        stof_mask_free(&m);
+        stof__ctx_pop(ctx);
+        stof_close(&ctx);
+    }
+    free(out[0]);
+    free(out[1]);
+    unlink(path);
+}
+
 /* Heads of 96 channels (4 query heads on 2, tuned): the Hopper template
  * holds whole heads of 96 only in its 192-wide tiles, so on compute
  * capability 9.0 the rotation is fused there or runs as the rope kernel

@@ -248,6 +248,10 @@ void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
 void stof__rope_table(float *tab, const int *pos, int n, int rope,
                       float theta);
 
+/* Forget the gate and rope kernels' cubins kept for the process (tests:
+ * a fresh process's view). */
+void stof__aux_memo_clear(void);
+
 /* The unfused RoPE (layer_ops.cu's stof_rope): in place on x [rows][ld],
  * the heads of hd columns below cols rotated as the epilogue's rope
  * does (after rounding: x holds the GEMM's rounded output), tab on the

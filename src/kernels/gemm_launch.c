@@ -513,6 +513,16 @@ static stof_status aux_compile(stof_context *ctx, const char *const *defs,
     return st;
 }
 
+void stof__aux_memo_clear(void)
+{
+    pthread_mutex_lock(&aux_lock);
+    for (int i = 0; i < aux_n; i++)
+        free(aux_memo[i].cubin);
+    memset(aux_memo, 0, sizeof(aux_memo));
+    aux_n = 0;
+    pthread_mutex_unlock(&aux_lock);
+}
+
 stof_status stof__gate_compile(stof_context *ctx, stof_dtype dt, int act,
                                int gated, const char *arch, void **cubin,
                                size_t *size)
