@@ -63,48 +63,36 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     }
     if (stof__gemm_ws_bytes(&g->cfg, &g->epi, g->M, g->N) > L->norm_ws_bytes)
         return STOF_ERR_INTERNAL; /* (the loads refuse such a kernel) */
-    if (stof__layer_gemm_split(g, g->lt, &g->cfg)) {
-        /* [M][2 ffn] into SYM_G, then out = act(gate) * up. */
-        if (!L->gate_fn || !L->buf[SYM_G])
-            return STOF_ERR_INTERNAL; /* (stof__layer_gate_ready not run) */
-        const CUdeviceptr out = a.c;
+    /* A split op: the kernel without the gate (the 2 ffn-wide product
+     * into SYM_G, then out = act(gate) * up) or without RoPE (then the
+     * rope kernel in place). */
+    const int gate = stof__layer_gemm_split(g, g->lt, &g->cfg);
+    const int rope = stof__layer_rope_split(g, g->lt, &g->cfg);
+    if ((gate && (!L->gate_fn || !L->buf[SYM_G])) ||
+        (rope && (!L->rope_fn || !L->rope_tab)))
+        return STOF_ERR_INTERNAL; /* (stof__layer_gate_ready or
+                                     stof__layer_rope_ready not run) */
+    const CUdeviceptr out = a.c;
+    if (gate) {
         a.N = 2 * g->N;
         a.ldc = a.N;
         a.c = L->buf[SYM_G];
-        const stof_gemm_epi e = stof__layer_kernel_epi(g, g->lt, &g->cfg);
-        stof_status st =
-            g->lt ? stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, L->lt_ws_bytes,
-                                     stream)
-                  : stof__gemm_launch(g->fn, &g->cfg, &e, &a,
-                                      L->ctx->device.sm_count, stream,
-                                      L->ctx->api);
-        if (st == STOF_OK)
-            st = stof__gate_launch(L->gate_fn, a.c, out, g->M, g->N, a.N,
-                                   g->N, 1, stream, L->ctx->api);
-        return st;
     }
-    if (stof__layer_rope_split(g, g->lt, &g->cfg)) {
-        /* The plain product, then RoPE in place. */
-        if (!L->rope_fn || !L->rope_tab)
-            return STOF_ERR_INTERNAL; /* (stof__layer_rope_ready not run) */
-        const stof_gemm_epi e = stof__layer_kernel_epi(g, g->lt, &g->cfg);
-        stof_status st =
-            g->lt ? stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, L->lt_ws_bytes,
-                                     stream)
-                  : stof__gemm_launch(g->fn, &g->cfg, &e, &a,
-                                      L->ctx->device.sm_count, stream,
-                                      L->ctx->api);
-        if (st == STOF_OK)
-            st = stof__rope_launch(L->rope_fn, a.c, g->M, a.ldc, a.rope_cols,
-                                   L->hd, L->rope, L->rope_tab, L->d.seq,
-                                   stream, L->ctx->api);
-        return st;
-    }
-    if (g->lt)
-        return stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, L->lt_ws_bytes,
-                                stream);
-    return stof__gemm_launch(g->fn, &g->cfg, &g->epi, &a,
-                             L->ctx->device.sm_count, stream, L->ctx->api);
+    const stof_gemm_epi e = stof__layer_kernel_epi(g, g->lt, &g->cfg);
+    stof_status st =
+        g->lt ? stof__blaslt_run(g->ltg, 0, &a, L->lt_ws, L->lt_ws_bytes,
+                                 stream)
+              : stof__gemm_launch(g->fn, &g->cfg, &e, &a,
+                                  L->ctx->device.sm_count, stream,
+                                  L->ctx->api);
+    if (st == STOF_OK && gate)
+        st = stof__gate_launch(L->gate_fn, a.c, out, g->M, g->N, a.N, g->N,
+                               1, stream, L->ctx->api);
+    if (st == STOF_OK && rope)
+        st = stof__rope_launch(L->rope_fn, a.c, g->M, a.ldc, a.rope_cols,
+                               L->hd, L->rope, L->rope_tab, L->d.seq, stream,
+                               L->ctx->api);
+    return st;
 }
 
 stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
