@@ -986,8 +986,10 @@ STOF_API stof_status stof_layer_stack_run_family(
     const stof_layer_weights *w, const void *x, void *y, void *stream,
     unsigned flags);
 
-/* JSON: the descriptor, the fusion scheme (kernels in order with their
- * parameters; "scheme" also says whether its launches use programmatic
+/* JSON: the descriptor ("rope": null, or {"theta", "dim"}), the fusion
+ * scheme (kernels in order with their parameters; a QKV GEMM with RoPE
+ * says "rope": "fused" (in its epilogue) or "kernel" (the rope kernel
+ * after it); "scheme" also says whether its launches use programmatic
  * dependent launch, "pdl": on compute capability 9.0+ the search times
  * the layer's stack both ways in CUDA graphs and the record keeps its
  * choice, the faster where they differ by more than 1% ("pdl_ms":
