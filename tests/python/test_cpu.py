@@ -593,6 +593,22 @@ def check_int_ranges(ctx, fam):
     expect_error(lambda: ctx.layer_plan(1, 64, 64, 1, 64, "fp16", "relu", "layer",
                                         False, m, kv_heads=2 ** 32 + 1),
                  ValueError, "kv_heads")
+    # RoPE arguments: checked by the binding (types, C ranges) and by the
+    # library before it needs a device (the values)
+    def plan_rope(**kw):
+        return ctx.layer_plan(1, 64, 128, 2, 256, "fp16", "silu", "rms", True,
+                              m, **kw)
+    expect_error(lambda: plan_rope(rope_theta="1e4"), TypeError, "rope_theta")
+    expect_error(lambda: plan_rope(rope_theta=1e39), ValueError, "rope_theta")
+    expect_error(lambda: plan_rope(rope_theta=10000.0, rope_dim=16.0),
+                 TypeError, "rope_dim")
+    for kw, words in ((dict(rope_theta=-1.0), ("rope_theta",)),
+                      (dict(rope_theta=float("nan")), ("rope_theta",)),
+                      (dict(rope_theta=0.5), ("rope_theta",)),
+                      (dict(rope_dim=16), ("rope_dim", "rope_theta")),
+                      (dict(rope_theta=1e4, rope_dim=24), ("rope_dim",)),
+                      (dict(rope_theta=1e4, rope_dim=80), ("rope_dim", "64"))):
+        expect_error(lambda: plan_rope(**kw), stof.StofError, *words)
     expect_error(lambda: stof.Context(require_device=False, user_db="",
                                       device=2 ** 32), ValueError, "device")
     expect_error(lambda: stof._stream_handle(2 ** 64), ValueError, "stream")
