@@ -541,8 +541,9 @@ typedef enum stof_layout {
  * head, with the same mask for every batch and head. A query row whose mask
  * row allows no key produces a row of zeros (not NaN).
  * Strides are in elements, in the order {batch, head, seq}.
- * Sizes: batch 1..65535, heads 1..4096 and batch * heads at most 65535 (one
- * launch's sequence-heads: split a larger batch into several runs), seq_q
+ * Sizes: batch 1..65535, heads 1..4096 (batch * heads * ceil(seq_q / 4) at
+ * most 2^31 - 1: one launch's CTAs; a mask family whose windows depend on
+ * the head, batch * heads at most 65535), seq_q
  * and seq_k at least 1 (a mask's at most 2^20), head_dim a multiple of 8 in
  * 16..256. scale, softcap and the ALiBi slopes must stay finite once
  * multiplied by log2(e) (and scale / softcap too): the kernels work in
@@ -831,8 +832,8 @@ typedef enum stof_norm_kind {
  * ffn(u) = act(u W1^T + b1) W2^T + b2.
  * Sizes: tokens at most 2^30; hidden a multiple of 8 in 8..16384; ffn a
  * multiple of 8 in 8..131072 (65536 gated); head_dim = hidden / heads a
- * multiple of 8 in 16..256; batch * heads at most 65535 (the attention's,
- * see stof_attention_desc: run a larger batch as several). */
+ * multiple of 8 in 16..256; batch and heads as stof_attention_desc
+ * allows. */
 typedef struct stof_layer_desc {
     int batch, seq;
     int hidden, heads, ffn;

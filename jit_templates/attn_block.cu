@@ -1,8 +1,9 @@
 // attn_block.cu - block-wise sparse attention, FlashAttention-2 style.
 //
-// One CTA computes BLOCK_M query rows of one (batch, head): grid.x = query
-// row block (n_row_blocks of the format), grid.y = batch * heads with
-// blockIdx.y = b * heads + h; WARPS * 32 threads.
+// One CTA computes BLOCK_M query rows of one (batch, head): grid.x =
+// n_row_blocks of the format times batch * heads, CTA x the row block x %
+// n_row_blocks of sequence x / n_row_blocks = b * heads + h
+// (stof_cta_rb_bh); WARPS * 32 threads.
 // It walks only the non-empty BLOCK_M x BLOCK_N tiles of its row block, as
 // listed by the tile-level BSR of a stof_format built with the same
 // BLOCK_M/BLOCK_N (see stof_format in stof.h):
@@ -497,8 +498,8 @@ stof_attn_block(const stof_attn_block_params p)
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3; // fragment row group / quad lane
-    const int rb = blockIdx.x;              // query row block
-    const int bh = blockIdx.y;
+    int rb, bh; // query row block, batch * heads + head
+    stof_cta_rb_bh(p.n_row_blocks, rb, bh);
     const int b = bh / p.heads, h = bh - b * p.heads;
     const int q0 = rb * BLOCK_M;
     const int wrow = warp * BK_WM; // first row of this warp inside the block

@@ -106,10 +106,11 @@ __device__ __forceinline__ void stof_ref_row(const stof_attn_params &p, int b,
 extern "C" __global__ void __launch_bounds__(32 * STOF_REF_WARPS)
 stof_attn_reference(const stof_attn_params p)
 {
-    const int row = blockIdx.x * STOF_REF_WARPS + (threadIdx.x >> 5);
+    int rb, bh;
+    stof_cta_rb_bh((p.seq_q + STOF_REF_WARPS - 1) / STOF_REF_WARPS, rb, bh);
+    const int row = rb * STOF_REF_WARPS + (threadIdx.x >> 5);
     if (row >= p.seq_q)
         return;
-    const int bh = blockIdx.y;
     const stof_u64 *bits = p.mask_bits + (stof_i64)row * p.mask_words;
     stof_ref_row(p, bh / p.heads, bh % p.heads, row, 2 * p.mask_words,
                  [&](int w) {
@@ -121,16 +122,18 @@ stof_attn_reference(const stof_attn_params p)
 // finds empty is skipped (long rows of banded masks).
 #define STOF_REF_CHUNK 1024
 
-// Grid (ceil(seq_q / STOF_REF_WARPS), batch * p.heads); P holds the
-// program and the instance data (the builder's arrays are not read).
+// Grid ceil(seq_q / STOF_REF_WARPS) x batch * p.heads CTAs in x
+// (stof_cta_rb_bh); P holds the program and the instance data (the
+// builder's arrays are not read).
 // Rows at or past the sequence's q_len write zeros.
 extern "C" __global__ void __launch_bounds__(32 * STOF_REF_WARPS)
 stof_attn_reference_family(const stof_attn_params p, const stof_mb_params P)
 {
-    const int row = blockIdx.x * STOF_REF_WARPS + (threadIdx.x >> 5);
+    int rb, bh;
+    stof_cta_rb_bh((p.seq_q + STOF_REF_WARPS - 1) / STOF_REF_WARPS, rb, bh);
+    const int row = rb * STOF_REF_WARPS + (threadIdx.x >> 5);
     if (row >= p.seq_q)
         return;
-    const int bh = blockIdx.y;
     int b = bh / p.heads;
     // Packed (P.n_seq > 0; p.batch is 1): the row's sequence, with its
     // rows and keys at offsets qs / ks of the packed tensors.
@@ -182,15 +185,18 @@ stof_ref_fill(unsigned short *x, stof_i64 n, unsigned long long seed,
 // Over heads 0 .. p.heads - 1 of every batch element and every row:
 // acc[0] += sum (o - ref)^2, acc[1] += sum ref^2, acc[2] += the values that
 // are not finite in either. p.o is the output, p.q the reference (both with
-// o_stride). Grid (ceil(seq_q / 8), batch * p.heads), 256 threads.
+// o_stride). Grid ceil(seq_q / 8) x batch * p.heads CTAs in x
+// (stof_cta_rb_bh), 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
 stof_ref_diff(const stof_attn_params p, double *acc)
 {
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    int rb, bh;
+    stof_cta_rb_bh((p.seq_q + 7) / 8, rb, bh);
+    const int row = rb * 8 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     double e = 0.0, r = 0.0, bad = 0.0;
     if (row < p.seq_q) {
-        const int b = blockIdx.y / p.heads, h = blockIdx.y % p.heads;
+        const int b = bh / p.heads, h = bh % p.heads;
         const stof_i64 off = b * p.o_stride[0] + h * p.o_stride[1] +
                              (stof_i64)row * p.o_stride[2];
         for (int d = lane; d < HEAD_DIM; d += 32) {

@@ -345,7 +345,7 @@ struct stof_attn_wgmma_params {
     const unsigned char *kind;    // per tile: 1 partial, 2 full
     const int *bitmap_idx;        // per tile: partial index / -1
     const unsigned *bitmaps;      // per partial tile: BLOCK_M x WG_WPR words
-    const int *row_order;         // NULL or gridDim.x row block indices
+    const int *row_order;         // NULL or n_row_blocks row block indices
     stof_i64 o_stride[3];         // b, h, seq (elements)
     int batch, heads, seq_q, seq_k;
     int n_row_blocks;
@@ -1030,7 +1030,9 @@ __device__ __forceinline__ wg_work wg_work_of(const stof_attn_wgmma_params &p,
     return wg_work_at(p, item / bh_n, item % bh_n);
 #else
     (void)item;
-    return wg_work_at(p, blockIdx.x, blockIdx.y);
+    int rb, bh;
+    stof_cta_rb_bh(p.n_row_blocks, rb, bh);
+    return wg_work_at(p, rb, bh);
 #endif
 }
 

@@ -9,6 +9,17 @@ typedef unsigned short stof_bf16_t;  // raw bfloat16 bits
 typedef long long stof_i64;
 typedef unsigned long long stof_u64;
 
+// The attention kernels' grids put the query row blocks (n_x of them) and
+// the batch * heads sequences in x together, row blocks fastest: CTAs
+// start in the order of an (x = row block, y = sequence) grid, without
+// y's limit of 65535 on batch * heads. This CTA's row block and sequence.
+__device__ __forceinline__ void stof_cta_rb_bh(int n_x, int &rb, int &bh)
+{
+    const unsigned x = blockIdx.x, n = (unsigned)n_x;
+    bh = (int)(x / n);
+    rb = (int)(x - (unsigned)bh * n);
+}
+
 // Programmatic dependent launch (compute capability 9.0+): a kernel the
 // host launches with it (stof__launch's pdl) may start while the kernel
 // before it in the stream still runs. stof_grid_wait() returns once that

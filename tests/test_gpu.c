@@ -620,3 +620,111 @@ __attribute__((visibility("default"))) int main(int argc, char **argv)
 {
     return tu_gpu_suite_main("gpu", argc, argv);
 }
+
+/* More sequence-heads than a grid's y holds (65535): the attention kernels'
+ * grids take the row blocks and the (batch, head) pairs together in x. 17
+ * x 4096 = 69632 sequence-heads of 32 causal rows, through the reference
+ * kernel, a block kernel, the model's pick and a tuned plan (whose search
+ * checks its candidates on the GPU with the reference and diff kernels);
+ * heads about 65535 and others sampled, against the C reference of their
+ * slices, outputs poisoned first. */
+Test(gpu, more_than_65535_sequence_heads, .timeout = 300)
+{
+    stof_context *ctx = open_or_skip();
+    tu_rng rng = {tu_seed() ^ 0xb4u};
+    enum { B = 17, H = 4096, S = 32, D = 64 };
+    const size_t n = (size_t)B * H * S * D, slice = (size_t)S * D;
+    stof_mask *m = NULL;
+    cr_assert_eq(stof_mask_from_spec(ctx, "causal", S, S, &m), STOF_OK);
+    stof_attention_desc d;
+    tu_make_desc(&d, B, H, S, S, D, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0);
+    uint16_t *hq = malloc(n * 2), *hk = malloc(n * 2), *hv = malloc(n * 2),
+             *ho = malloc(n * 2);
+    float *fq = malloc(n * 4), *fk = malloc(n * 4), *fv = malloc(n * 4);
+    cr_assert(hq && hk && hv && ho && fq && fk && fv);
+    tu_fill_random(&rng, hq, fq, n, STOF_DTYPE_FP16, 2.0f);
+    tu_fill_random(&rng, hk, fk, n, STOF_DTYPE_FP16, 2.0f);
+    tu_fill_random(&rng, hv, fv, n, STOF_DTYPE_FP16, 1.0f);
+    const stof_api *api = stof__api();
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    CUdeviceptr dq, dk, dv, dout;
+    cr_assert_eq(api->cuMemAlloc(&dq, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dk, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dv, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemAlloc(&dout, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dq, hq, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dk, hk, n * 2), CUDA_SUCCESS);
+    cr_assert_eq(api->cuMemcpyHtoD(dv, hv, n * 2), CUDA_SUCCESS);
+    stof__ctx_pop(ctx);
+    /* The sampled sequence-heads: about 65535, the last, a few others. */
+    int bhs[16] = {0, 1, 4095, 4096, 65534, 65535, 65536, 65537, B * H - 1};
+    int n_bh = 9;
+    while (n_bh < 16)
+        bhs[n_bh++] = (int)(tu_next(&rng) % (uint64_t)(B * H));
+    stof_attention_desc d1;
+    tu_make_desc(&d1, 1, 1, S, S, D, STOF_DTYPE_FP16, STOF_LAYOUT_BHSD, 0);
+    float *want = malloc(slice * 4);
+    double *g = malloc(slice * sizeof(double)),
+           *w = malloc(slice * sizeof(double));
+    cr_assert(want && g && w);
+    const stof_candidate ref = {.kind = STOF_KERNEL_REFERENCE};
+    const stof_candidate blk = {.kind = STOF_KERNEL_BLOCK,
+                                .cfg = {64, 64, 4, 2, 0, 0, 0}};
+    const stof_candidate *choice[4] = {&ref, &blk, NULL, NULL};
+    const char *name[4] = {"reference", "block 64x64", "the model's pick",
+                           "tuned"};
+    for (int c = 0; c < 4; c++) {
+        stof_plan *plan = NULL;
+        const stof_status st =
+            c < 3 ? stof__attention_plan_kernel(ctx, &d, m, choice[c], &plan)
+                  : stof_attention_plan(ctx, &d, m, &plan);
+        cr_assert_eq(st, STOF_OK, "%s: %s", name[c], stof_errmsg(ctx));
+        char js[4096];
+        stof_plan_describe(plan, js, sizeof(js), NULL);
+        cr_log_info("%s: %.300s", name[c], js);
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        cr_assert_eq(api->cuMemsetD8(dout, 0xff, n * 2), CUDA_SUCCESS);
+        stof__ctx_pop(ctx);
+        cr_assert_eq(stof_attention_run(plan, (void *)(uintptr_t)dq,
+                                        (void *)(uintptr_t)dk,
+                                        (void *)(uintptr_t)dv,
+                                        (void *)(uintptr_t)dout, NULL),
+                     STOF_OK, "%s: %s", name[c], stof_plan_errmsg(plan));
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        const char *failed = tu_sync_error();
+        cr_assert(!failed, "%s: kernel failed: %s", name[c], failed);
+        cr_assert_eq(api->cuMemcpyDtoH(ho, dout, n * 2), CUDA_SUCCESS);
+        stof__ctx_pop(ctx);
+        double worst = 0.0;
+        for (int i = 0; i < n_bh; i++) {
+            const size_t off = (size_t)bhs[i] * slice;
+            cr_assert_eq(stof__ref_attention(&d1, m, fq + off, fk + off,
+                                             fv + off, want),
+                         STOF_OK);
+            for (size_t e = 0; e < slice; e++) {
+                g[e] = tu_f16_to_f32(ho[off + e]);
+                w[e] = want[e];
+            }
+            const double err = tu_rel_err(g, w, slice);
+            cr_expect(err < 2e-3, "%s: sequence-head %d: relative error %.3g",
+                      name[c], bhs[i], err);
+            if (!(err <= worst))
+                worst = err;
+        }
+        cr_log_info("%s: %d sequence-heads of %d checked, worst relative "
+                    "error %.3g",
+                    name[c], n_bh, B * H, worst);
+        stof_plan_free(&plan);
+    }
+    cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+    api->cuMemFree(dq);
+    api->cuMemFree(dk);
+    api->cuMemFree(dv);
+    api->cuMemFree(dout);
+    stof__ctx_pop(ctx);
+    free(want), free(g), free(w);
+    free(hq), free(hk), free(hv), free(ho);
+    free(fq), free(fk), free(fv);
+    stof_mask_free(&m);
+    stof_close(&ctx);
+}

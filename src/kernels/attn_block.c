@@ -643,8 +643,8 @@ stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
     if (d->head_dim != head_dim || bf->block_m != c->block_m ||
         bf->block_n != c->block_n || bf->seq_q != d->seq_q ||
         bf->seq_k != d->seq_k || bf->bitmap_words_per_row != c->block_n / 32 ||
-        !bf->mem || d->batch < 1 || d->heads < 1 ||
-        (int64_t)d->batch * d->heads > 65535 || bf->n_row_blocks < 1)
+        !bf->mem || d->batch < 1 || d->heads < 1 || bf->n_row_blocks < 1 ||
+        (int64_t)bf->n_row_blocks * d->batch * d->heads > INT32_MAX)
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -666,9 +666,10 @@ stof_status stof__block_launch_ex(CUfunction fn, const stof_block_cfg *c,
     const size_t smem = stof__block_smem_bytes(head_dim, c);
     void *args[] = {&p};
     const stof_launch_opts pdl = {.pdl = STOF_PDL_IF_SM90};
+    /* (row blocks times batch * heads in x: stof_cta_rb_bh) */
     CUresult r = stof__launch(
-        api, fn, (unsigned)bf->n_row_blocks, (unsigned)(d->batch * d->heads),
-        gz, (unsigned)(32 * c->warps), (unsigned)smem, s, args, &pdl);
+        api, fn, (unsigned)(bf->n_row_blocks * d->batch * d->heads), 1, gz,
+        (unsigned)(32 * c->warps), (unsigned)smem, s, args, &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 
@@ -709,8 +710,8 @@ stof_status stof__rowwise_launch_qperm_ex(
     if (d->head_dim != head_dim || rf->block_m != c->block_m ||
         rf->block_n != c->block_n || rf->seq_q != d->seq_q ||
         rf->seq_k != d->seq_k || rf->bitmap_words_per_row != c->block_n / 32 ||
-        !rf->mem || d->batch < 1 || d->heads < 1 ||
-        (int64_t)d->batch * d->heads > 65535 || rf->n_row_blocks < 1)
+        !rf->mem || d->batch < 1 || d->heads < 1 || rf->n_row_blocks < 1 ||
+        (int64_t)rf->n_row_blocks * d->batch * d->heads > INT32_MAX)
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || q_rows % 4u)
         return STOF_ERR_INVALID_ARGUMENT;
@@ -741,7 +742,7 @@ stof_status stof__rowwise_launch_qperm_ex(
     void *args[] = {&p};
     const stof_launch_opts pdl = {.pdl = STOF_PDL_IF_SM90};
     CUresult r = stof__launch(
-        api, fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads),
-        gz, (unsigned)(32 * c->warps), (unsigned)smem, s, args, &pdl);
+        api, fn, (unsigned)(rf->n_row_blocks * d->batch * d->heads), 1, gz,
+        (unsigned)(32 * c->warps), (unsigned)smem, s, args, &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }

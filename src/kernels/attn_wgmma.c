@@ -688,8 +688,8 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
         bf->block_n != c->block_n || bf->seq_q != d->seq_q ||
         bf->seq_k != d->seq_k ||
         bf->bitmap_words_per_row != c->block_n / 32 || !bf->mem ||
-        d->batch < 1 || d->heads < 1 ||
-        (int64_t)d->batch * d->heads > 65535 || bf->n_row_blocks < 1 ||
+        d->batch < 1 || d->heads < 1 || bf->n_row_blocks < 1 ||
+        (int64_t)bf->n_row_blocks * d->batch * d->heads > INT32_MAX ||
         (stof__wgmma_block_m(c) == 192 && row_order))
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u)
@@ -750,23 +750,23 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
     set_out(&p, d, x);
 
     const size_t smem = stof__wgmma_smem_bytes(head_dim, c);
-    unsigned gx = (unsigned)p.n_row_blocks,
-             gy = (unsigned)(d->batch * d->heads);
+    /* Row blocks times batch * heads: the CTAs (stof_cta_rb_bh), or the
+     * persistent kernel's work items. */
+    const int64_t items = (int64_t)p.n_row_blocks * d->batch * d->heads;
+    if (items > INT32_MAX)
+        return STOF_ERR_INVALID_ARGUMENT;
+    unsigned gx = (unsigned)items;
     if (c->persist) {
         /* One CTA per SM slot at most, each walking the work items. */
-        const int64_t items = (int64_t)gx * gy;
-        if (items > INT32_MAX)
-            return STOF_ERR_INVALID_ARGUMENT;
         gx = x && x->ctas > 0 && x->ctas < items ? (unsigned)x->ctas
                                                  : (unsigned)items;
-        gy = 1;
         p.persist_hg = x ? x->persist_heads : 0;
         p.sched = x ? x->sched : 0;
     }
     void *args[] = {&p};
     const stof_launch_opts pdl = {.pdl = 1};
     CUresult r = stof__launch(
-        api, fn, gx, gy, gz, 128u + 2u * (unsigned)stof__wgmma_block_m(c),
+        api, fn, gx, 1, gz, 128u + 2u * (unsigned)stof__wgmma_block_m(c),
         (unsigned)smem, s, args, &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
@@ -804,8 +804,8 @@ stof_status stof__wgmma_gather_launch_ex(
         rf->block_m != stof__wgmma_block_m(c) || rf->block_n != c->block_n ||
         rf->seq_q != d->seq_q || rf->seq_k != d->seq_k ||
         rf->bitmap_words_per_row != c->block_n / 32 || !rf->mem ||
-        d->batch < 1 || d->heads < 1 ||
-        (int64_t)d->batch * d->heads > 65535 || rf->n_row_blocks < 1)
+        d->batch < 1 || d->heads < 1 || rf->n_row_blocks < 1 ||
+        (int64_t)rf->n_row_blocks * d->batch * d->heads > INT32_MAX)
         return STOF_ERR_INVALID_ARGUMENT;
     if (!q || !k || !v || !o || (q | k | v | o) % 16u || row_order % 4u ||
         q_rows % 4u)
@@ -863,9 +863,9 @@ stof_status stof__wgmma_gather_launch_ex(
     void *args[] = {&p};
     const stof_launch_opts pdl = {.pdl = 1};
     CUresult r = stof__launch(
-        api, fn, (unsigned)rf->n_row_blocks, (unsigned)(d->batch * d->heads),
-        gz, 128u + 2u * (unsigned)stof__wgmma_block_m(c), (unsigned)smem, s,
-        args, &pdl);
+        api, fn, (unsigned)(rf->n_row_blocks * d->batch * d->heads), 1, gz,
+        128u + 2u * (unsigned)stof__wgmma_block_m(c), (unsigned)smem, s, args,
+        &pdl);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
 

@@ -174,11 +174,17 @@ stof_status stof__attention_check_problem(stof_context *ctx,
                    "desc.batch: %d is outside 1..65535", d->batch);
     STOF_CHECK_ARG(ctx, d->heads >= 1 && d->heads <= 4096,
                    "desc.heads: %d is outside 1..4096", d->heads);
-    STOF_CHECK_ARG(ctx, (int64_t)d->batch * d->heads <= 65535,
-                   "desc.batch * desc.heads: %lld exceeds 65535",
-                   (long long)d->batch * d->heads);
     STOF_CHECK_ARG(ctx, d->seq_q >= 1, "desc.seq_q: %d is not positive",
                    d->seq_q);
+    /* The kernels' grids hold a CTA per (row block, batch, head) in x (at
+     * most 2^31 - 1; the reference kernel's row blocks are 4 rows). */
+    STOF_CHECK_ARG(ctx,
+                   (int64_t)d->batch * d->heads * ((d->seq_q + 3) / 4) <=
+                       INT32_MAX,
+                   "desc.batch %d x desc.heads %d x seq_q %d: more query "
+                   "rows than one launch takes (batch * heads * seq_q / 4 "
+                   "at most 2^31 - 1)",
+                   d->batch, d->heads, d->seq_q);
     STOF_CHECK_ARG(ctx, d->seq_k >= 1, "desc.seq_k: %d is not positive",
                    d->seq_k);
     STOF_CHECK_ARG(ctx,
@@ -444,8 +450,10 @@ stof_status stof__plan_attach(stof_context *ctx, stof_plan *p,
             &p->fn);
         p->block[0] = 32 * REF_WARPS;
         p->block[1] = p->block[2] = 1;
-        p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS);
-        p->grid[1] = (unsigned)(p->desc.batch * p->desc.heads);
+        /* (row blocks times batch * heads in x: stof_cta_rb_bh) */
+        p->grid[0] = (unsigned)((p->desc.seq_q + REF_WARPS - 1) / REF_WARPS *
+                                p->desc.batch * p->desc.heads);
+        p->grid[1] = 1;
         p->grid[2] = 1;
         break;
     }

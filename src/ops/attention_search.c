@@ -387,9 +387,9 @@ static int op_verify(void *user, void *handle, double *rel, char *err,
         r = api->cuMemsetD8(b->acc, 0, sizeof(acc));
         if (r == CUDA_SUCCESS)
             r = api->cuLaunchKernel(
-                b->f_diff, (unsigned)((d->seq_q + 7) / 8),
-                (unsigned)(d->batch * b->ref_heads), 1, 256, 1, 1, 0, NULL,
-                args, NULL);
+                b->f_diff,
+                (unsigned)((d->seq_q + 7) / 8 * d->batch * b->ref_heads), 1,
+                1, 256, 1, 1, 0, NULL, args, NULL);
         if (r == CUDA_SUCCESS)
             r = api->cuMemcpyDtoH(acc, b->acc, sizeof(acc));
     }
@@ -592,8 +592,9 @@ stof_status stof__attention_family_op_new(
         }
         st = stof__mb_launch_with(
             f_ref, &prm, &pw, &md,
-            (unsigned)((d->seq_q + REF_WARPS - 1) / REF_WARPS),
-            (unsigned)(d->batch * b->ref_heads), 32 * REF_WARPS, NULL, api);
+            (unsigned)((d->seq_q + REF_WARPS - 1) / REF_WARPS * d->batch *
+                       b->ref_heads),
+            1, 32 * REF_WARPS, NULL, api);
         if (st != STOF_OK)
             stof__fail(ctx, st, "launching the family reference failed");
         else

@@ -111,12 +111,6 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                    "desc.kv_heads %d does not divide desc.heads %d (0 = "
                    "heads)",
                    d->kv_heads, d->heads);
-    STOF_CHECK_ARG(ctx, (int64_t)d->batch * d->heads <= 65535,
-                   "desc.batch %d x desc.heads %d = %lld sequence-heads: the "
-                   "attention takes at most 65535 a launch (run the batch "
-                   "as several of at most %d sequences)",
-                   d->batch, d->heads, (long long)d->batch * d->heads,
-                   65535 / d->heads > 0 ? 65535 / d->heads : 1);
     {
         const int hd = d->hidden / d->heads;
         STOF_CHECK_ARG(ctx, hd >= 16 && hd <= 256 && hd % 8 == 0,
