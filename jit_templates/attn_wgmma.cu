@@ -8,9 +8,11 @@
 // stof_format built with this BLOCK_M and BLOCK_N):
 //   FULL tiles    no mask, except columns >= seq_k of the last key block;
 //   PARTIAL tiles the tile's bitmap (word c/32, bit c%32 of row r) masks.
-// Rows without any allowed key produce exact zeros. grid.x = row blocks
-// (rb = row_order[blockIdx.x] when row_order is not NULL, so the host can
-// start the heavy row blocks first), grid.y = batch * heads (b * heads + h).
+// Rows without any allowed key produce exact zeros. grid.x = row blocks x
+// batch * heads (stof_cta_rb_bh: CTA x is sequence-head x / n_row_blocks =
+// b * heads + h and position x % n_row_blocks, whose row block is
+// row_order[it] when row_order is not NULL, so the host can start the
+// heavy row blocks first).
 //
 // Roles (BLOCK_M 128: 384 threads = 3 warpgroups, __launch_bounds__(384,
 // 1); BLOCK_M 64: 256 threads = 2 warpgroups, __launch_bounds__(256, 2)):
@@ -1020,8 +1022,8 @@ __device__ __forceinline__ int4 wg_item_load(const unsigned char *smem, int j)
     return *(const int4 *)(smem + WG_OFF_ITEM + 16 * j);
 }
 
-// The work item `item` of WG_FOR_WORK; without PERSIST the CTA's
-// (blockIdx.x, blockIdx.y).
+// The work item `item` of WG_FOR_WORK; without PERSIST the CTA's (row
+// block position, sequence-head) (stof_cta_rb_bh).
 __device__ __forceinline__ wg_work wg_work_of(const stof_attn_wgmma_params &p,
                                               int item)
 {

@@ -550,7 +550,8 @@ Test(cli, bad_workload_files)
         /* what a plan would refuse, named before any GPU work */
         {"mask causal\nshape 1048576x1048576x1048576x256\n",
          "bad.workload: bad shape 1048576x1048576x1048576x1048576x256"},
-        {"mask causal\nshape 512x512x64x64\n", "desc.batch * desc.heads"},
+        {"mask causal\nshape 8192x4096x1024x64\n",
+         "more query rows than one launch takes"},
         {"mask causal\nlayer b hidden=768 heads=768\ntokens 2x128\n",
          "bad.workload:2: layer b at 2x128 tokens: desc.hidden 768 / desc.heads 768 = head_dim 1"},
         {"mask causal\nlayer b hidden=768 heads=12\ntokens 1048576x1048576\n",

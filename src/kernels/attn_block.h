@@ -113,8 +113,8 @@ stof_status stof__block_load(stof_context *ctx, int head_dim, stof_dtype dt,
                              const stof_block_cfg *c, const char *arch_or_NULL,
                              CUmodule *mod /* OUT */, CUfunction *fn /* OUT */);
 
-/* Enqueue the kernel on stream `s`: grid (bf->n_row_blocks, batch * heads),
- * warps*32 threads, stof__block_smem_bytes() of dynamic shared memory.
+/* Enqueue the kernel on stream `s`: bf->n_row_blocks x batch * heads CTAs
+ * in grid x (stof_cta_rb_bh), warps*32 threads, stof__block_smem_bytes() of dynamic shared memory.
  * `d` must have its strides filled (as stof_attention_desc_init does) and
  * match bf (seq_q, seq_k) and the kernel (head_dim, dtype); `c` must be the
  * cfg fn was loaded with (gather = 0) and match bf's block sizes. scale: the softmax
@@ -207,8 +207,8 @@ stof_status stof__rowwise_format_upload(stof_context *ctx,
 void stof__rowwise_format_free(stof_context *ctx, stof_rowwise_format *rf);
 
 /* Enqueue the gather kernel (fn loaded by stof__block_load with c->gather =
- * 1) on stream `s`: grid (rf->n_row_blocks, batch * heads), warps*32
- * threads, stof__block_smem_bytes() of dynamic shared memory. Contract and
+ * 1) on stream `s`: rf->n_row_blocks x batch * heads CTAs in grid x,
+ * warps*32 threads, stof__block_smem_bytes() of dynamic shared memory. Contract and
  * errors as stof__block_launch (thread-safe, touches no context); `c` must
  * have gather = 1 and match rf's block sizes, and the K and V sequence
  * strides must be multiples of 8 elements with (seq_k - 1) * stride / 8 <

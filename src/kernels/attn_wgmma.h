@@ -203,8 +203,8 @@ stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
                              const stof_wgmma_cfg *c, CUmodule *mod /* OUT */,
                              CUfunction *fn /* OUT */);
 
-/* Enqueue the kernel on stream `s`: grid (bf->n_row_blocks, batch * heads)
- * (persistent cfgs: min(x->ctas, n_row_blocks * batch * heads) CTAs, or one
+/* Enqueue the kernel on stream `s`: n_row_blocks x batch * heads CTAs in
+ * grid x (stof_cta_rb_bh) (persistent cfgs: min(x->ctas, n_row_blocks * batch * heads) CTAs, or one
  * per row block and head when x or x->ctas is 0), 128 + 2 * block_m
  * threads, stof__wgmma_smem_bytes() of dynamic shared memory. Builds
  * the three TMA tensor maps (q, k, v over (head_dim, seq, heads, batch))
@@ -216,7 +216,8 @@ stof_status stof__wgmma_load(stof_context *ctx, int head_dim, stof_dtype dt,
  * seq_k as d (block_m 192: a format stof__wgmma_uniform_triples accepted).
  * row_order: 0 (block_m 192: must be), or a device array of
  * bf->n_row_blocks int32 (a permutation
- * of the row blocks): CTA x then computes row block row_order[x] (the host
+ * of the row blocks): CTA x then computes row block row_order[x %
+ * n_row_blocks] (the host
  * puts heavy row blocks first, see stof__wgmma_row_order).
  * scale: softmax scale, 0 = 1/sqrt(head_dim); must be > 0.
  * c->gather must be 0 (gather kernels go through stof__wgmma_gather_launch).
@@ -240,8 +241,8 @@ stof_status stof__wgmma_launch_ex(CUfunction fn, const stof_wgmma_cfg *c,
                                   const stof_attn_ext *x, CUstream s,
                                   const stof_api *api);
 
-/* Enqueue the gather kernel (fn loaded with c->gather = 1): grid
- * (rf->n_row_blocks, batch * heads), 128 + 2 * block_m threads,
+/* Enqueue the gather kernel (fn loaded with c->gather = 1):
+ * rf->n_row_blocks x batch * heads CTAs in grid x, 128 + 2 * block_m threads,
  * stof__wgmma_smem_bytes() of dynamic shared memory. No tensor maps: every
  * load is a cp.async.
  * rf: uploaded by stof__rowwise_format_upload from a format built with

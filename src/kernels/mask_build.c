@@ -274,7 +274,8 @@ stof_status stof__mb_workspace_heads(stof_context *ctx,
                    "GPU format builder: a window per head (head_*) with the "
                    "packed layout is not supported");
     STOF_CHECK_ARG(ctx, (int64_t)batch * heads <= 65535,
-                   "GPU format builder: %d x %d (sequence, head) formats",
+                   "GPU format builder: %d x %d (sequence, head) formats, at "
+                   "most 65535 for a family whose windows depend on the head",
                    batch, heads);
     stof_status st = stof__mb_workspace_new(ctx, fam, batch * heads, seq_q,
                                             seq_k, block_m, block_n, ws);

@@ -179,7 +179,8 @@ stof_status stof__attention_check_problem(stof_context *ctx,
     /* The kernels' grids hold a CTA per (row block, batch, head) in x (at
      * most 2^31 - 1; the reference kernel's row blocks are 4 rows). */
     STOF_CHECK_ARG(ctx,
-                   (int64_t)d->batch * d->heads * ((d->seq_q + 3) / 4) <=
+                   (int64_t)d->batch * d->heads *
+                           (((int64_t)d->seq_q + 3) / 4) <=
                        INT32_MAX,
                    "desc.batch %d x desc.heads %d x seq_q %d: more query "
                    "rows than one launch takes (batch * heads * seq_q / 4 "

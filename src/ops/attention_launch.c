@@ -107,9 +107,16 @@ static CUresult launch_reference(const stof_plan *p, CUdeviceptr q,
     prm.bias = bias;
     memcpy(prm.bias_stride, p->desc.bias_stride, sizeof(prm.bias_stride));
     void *args[] = {&prm};
-    return p->ctx->api->cuLaunchKernel(p->fn, p->grid[0], p->grid[1],
-                                       p->grid[2], p->block[0], p->block[1],
-                                       p->block[2], 0, s, args, NULL);
+    /* The grid of the descriptor launched (a first-use check runs the plan
+     * on a smaller one than it was made for): its row blocks times batch *
+     * heads in x (stof_cta_rb_bh). */
+    const int64_t gx = ((int64_t)p->desc.seq_q + REF_WARPS - 1) / REF_WARPS *
+                       p->desc.batch * p->desc.heads;
+    if (gx < 1 || gx > INT32_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    return p->ctx->api->cuLaunchKernel(p->fn, (unsigned)gx, 1, 1, p->block[0],
+                                       p->block[1], p->block[2], 0, s, args,
+                                       NULL);
 }
 
 stof_status stof__plan_launch(const stof_plan *p, const stof_mask_data *data,
