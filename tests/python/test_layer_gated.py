@@ -11,7 +11,7 @@ same layer with GeGLU (tanh GELU) and biases is checked against PyTorch.
 Exit status 77 (skipped) without torch or a GPU."""
 import math
 
-from gpu_test import require
+from gpu_test import load_llama_layer, require
 
 require()
 import torch  # noqa: E402
@@ -83,15 +83,7 @@ def hf_layer_output(w, x):
     f = {k: v.float() for k, v in w.items()}
     qn, kn = HID, KV * HD
     with torch.no_grad():
-        layer.self_attn.q_proj.weight.copy_(f["w_qkv"][:qn])
-        layer.self_attn.k_proj.weight.copy_(f["w_qkv"][qn:qn + kn])
-        layer.self_attn.v_proj.weight.copy_(f["w_qkv"][qn + kn:])
-        layer.self_attn.o_proj.weight.copy_(f["w_o"])
-        layer.mlp.gate_proj.weight.copy_(f["w_ffn1"][:FFN])
-        layer.mlp.up_proj.weight.copy_(f["w_ffn1"][FFN:])
-        layer.mlp.down_proj.weight.copy_(f["w_ffn2"])
-        layer.input_layernorm.weight.copy_(f["norm1_gamma"])
-        layer.post_attention_layernorm.weight.copy_(f["norm2_gamma"])
+        load_llama_layer(layer, f, qn, kn, FFN)
         cos = torch.ones(B, S, HD, device="cuda")
         sin = torch.zeros(B, S, HD, device="cuda")
         causal = torch.ones(S, S, dtype=torch.bool, device="cuda").tril()

@@ -19,7 +19,7 @@ Exit status 77 (skipped) without torch or a GPU; the transformers part is
 skipped, saying so, without transformers."""
 import math
 
-from gpu_test import require
+from gpu_test import load_llama_layer, require
 
 require()
 import torch  # noqa: E402
@@ -143,15 +143,7 @@ def hf_outputs(w, x):
     causal = torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
     outs = []
     with torch.no_grad():
-        layer.self_attn.q_proj.weight.copy_(f["w_qkv"][:qn])
-        layer.self_attn.k_proj.weight.copy_(f["w_qkv"][qn:qn + kn])
-        layer.self_attn.v_proj.weight.copy_(f["w_qkv"][qn + kn:])
-        layer.self_attn.o_proj.weight.copy_(f["w_o"])
-        layer.mlp.gate_proj.weight.copy_(f["w_ffn1"][:FFN])
-        layer.mlp.up_proj.weight.copy_(f["w_ffn1"][FFN:])
-        layer.mlp.down_proj.weight.copy_(f["w_ffn2"])
-        layer.input_layernorm.weight.copy_(f["norm1_gamma"])
-        layer.post_attention_layernorm.weight.copy_(f["norm2_gamma"])
+        load_llama_layer(layer, f, qn, kn, FFN)
         for dt in (torch.float32, torch.float16):
             layer = layer.to(dt)
             xx = x.to(dt)
