@@ -868,10 +868,10 @@ typedef struct stof_layer_desc {
                              by the fp32 angle p * f_i, f_i = theta^(-2 i /
                              rope_dim) in fp32 (Hugging Face's inv_freq;
                              libm's powf may differ from torch's by an
-                             ulp). Frequency scaling (Hugging Face's
-                             rope_scaling: llama3, linear, dynamic, yarn)
-                             is not applied: such models do not match. The
-                             rotation is of the projection plus its bias
+                             ulp). Scaled rope types (Hugging Face's
+                             rope_scaling: llama3, linear, yarn, longrope,
+                             dynamic) give their frequencies in rope_freq
+                             instead, with rope_theta 0. The rotation is of the projection plus its bias
                              in fp32 before its rounding to the dtype
                              where the QKV GEMM fuses it (the Hopper
                              template), else of the rounded projection (a
@@ -879,8 +879,24 @@ typedef struct stof_layer_desc {
     int rope_dim;         /* the channels of each head that rotate (the
                              first rope_dim; GPT-NeoX's partial rotary):
                              0 = head_dim; else a multiple of 16 that is
-                             at most head_dim. Only with rope_theta */
-    uint8_t reserved[44]; /* must be zero */
+                             at most head_dim. Only with RoPE
+                             (rope_theta or rope_freq) */
+    float rope_scale;     /* RoPE's cos and sin multiplied by it, in fp32
+                             (Hugging Face's attention_scaling: yarn,
+                             longrope): 0 = 1; else finite and > 0. Only
+                             with RoPE */
+    const float *rope_freq; /* RoPE with frequencies given instead of a
+                             base (rope_theta 0): rope_dim / 2 (head_dim /
+                             2 for rope_dim 0) finite values >= 0 on the
+                             host, f_i of pair i, e.g. Hugging Face's
+                             rotary_emb.inv_freq for any rope type (the
+                             one of this seq for dynamic and longrope);
+                             read by the plan, not kept. NULL: theta's
+                             (or no RoPE). A tuned scheme does not depend
+                             on the frequencies or rope_scale: one
+                             database record serves every table of its
+                             rope_dim (keys name "rope=table") */
+    uint8_t reserved[32]; /* must be zero */
 } stof_layer_desc;
 
 /* Fill a descriptor with defaults: GELU (tanh), LayerNorm, post-norm,
@@ -987,7 +1003,8 @@ STOF_API stof_status stof_layer_stack_run_family(
     const stof_layer_weights *w, const void *x, void *y, void *stream,
     unsigned flags);
 
-/* JSON: the descriptor ("rope": null, or {"theta", "dim"}), the fusion
+/* JSON: the descriptor ("rope": null, or {"theta" (null with rope_freq),
+ * "dim", "scale", "freq": "theta" or "table"}), the fusion
  * scheme (kernels in order with their parameters; a QKV GEMM with RoPE
  * says "rope": "fused" (in its epilogue) or "kernel" (the rope kernel
  * after it); "scheme" also says whether its launches use programmatic

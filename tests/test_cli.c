@@ -563,8 +563,13 @@ Test(cli, bad_workload_files)
          "bad.workload:3: layer b is given twice"},
         /* RoPE's plan rules (the values parsed into the descriptor) */
         {"mask causal\nlayer b hidden=768 heads=12 rope_dim=32\ntokens 1x8\n",
-         "bad.workload:2: layer b at 1x8 tokens: desc.rope_dim 32 without "
-         "desc.rope_theta"},
+         "bad.workload:2: layer b at 1x8 tokens: desc.rope_dim 32 / "
+         "rope_scale 0 without RoPE"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=tables\ntokens 1x8\n",
+         "bad rope=tables"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=table rope_dim=24\n"
+         "tokens 1x8\n",
+         "desc.rope_dim 24: 0 (the whole head)"},
         {"mask causal\nlayer b hidden=768 heads=12 rope=10000 rope_dim=24\n"
          "tokens 1x8\n",
          "desc.rope_dim 24: 0 (the whole head) or a multiple of 16 up to "
@@ -605,14 +610,18 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
           "layer enc hidden=256 heads=4 act=gelu_erf\n"
           "layer dec hidden=256 heads=4 kv_heads=2 ffn=512 act=silu "
           "norm=rms pre gated no_bias eps=1e-6 rope=500000 rope_dim=32\n"
+          "layer l31 hidden=256 heads=4 act=silu norm=rms pre gated no_bias "
+          "rope=table\n"
           "tokens 2x128 1x256\ndtype fp16 bf16\n",
           f);
     fclose(f);
     cr_assert_eq(run("tune %s --dry-run", P("mix.workload")), 0, "%s",
                  err_buf);
-    /* 2 masks x 1 shape x 2 dtypes, then 2 layers x 2 sizes x 2 masks x 2
-     * dtypes. */
-    cr_assert_eq(count_lines(out_buf), 4 + 16, "%s", out_buf);
+    /* 2 masks x 1 shape x 2 dtypes, then 3 layers x 2 sizes x 2 masks x 2
+     * dtypes (the last one's RoPE frequencies its own: rope=table). */
+    cr_assert_eq(count_lines(out_buf), 4 + 24, "%s", out_buf);
+    cr_assert(strstr(out_buf, "\nlayer l31 causal 1x256 bf16\n"), "%s",
+              out_buf);
     cr_assert(!strncmp(out_buf, "causal 1x2x128x128x64 fp16 bhsd\n", 32),
               "%s", out_buf);
     cr_assert(strstr(out_buf, "\nlayer enc causal 2x128 fp16\n"), "%s",

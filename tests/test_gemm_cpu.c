@@ -946,6 +946,73 @@ Test(gemm_cpu, rope_table, .timeout = 120)
         cr_expect(t[i] == 7.0f);
 }
 
+/* stof__rope_table_f, the table of given frequencies and a scale:
+ * theta's frequencies (stof__rope_freqs, as stof__rope_table computes
+ * them) and scale 1 give stof__rope_table's table bit for bit; any
+ * frequencies (Llama 3.1's scaled ones, large ones, 0: no rotation) give
+ * the direct cos and sin of each fp32 angle as rope_entry_check says; a
+ * scale multiplies both after their rounding, in fp32 (Hugging Face's
+ * attention_scaling). Bad arguments write nothing. */
+Test(gemm_cpu, rope_table_of_given_frequencies)
+{
+    enum { ROPE = 64, HALF = ROPE / 2, N = 5000 };
+    float f[HALF];
+    float *ta = malloc(sizeof(float) * N * ROPE),
+          *tb = malloc(sizeof(float) * N * ROPE);
+    cr_assert(ta && tb);
+    stof__rope_freqs(f, ROPE, 500000.0f);
+    for (int i = 0; i < HALF; i++)
+        cr_expect(f[i] == rope_freq(i, ROPE, 500000.0f), "pair %d", i);
+    stof__rope_table(ta, NULL, N, ROPE, 500000.0f);
+    memset(tb, 0xff, sizeof(float) * N * ROPE);
+    stof__rope_table_f(tb, NULL, N, ROPE, f, 1.0f);
+    cr_expect(memcmp(ta, tb, sizeof(float) * N * ROPE) == 0,
+              "theta's frequencies: another table than stof__rope_table's");
+    /* Llama 3.1's scaling of the low frequencies (factor 8, between
+     * wavelengths 8192 / 4 and 8192 blended), a large one and 0. */
+    for (int i = 0; i < HALF; i++) {
+        const float wl = 2.0f * 3.14159265f / f[i];
+        if (wl > 8192.0f)
+            f[i] /= 8.0f;
+        else if (wl >= 2048.0f) {
+            const float sm = (8192.0f / wl - 1.0f) / 3.0f;
+            f[i] = (1.0f - sm) * f[i] / 8.0f + sm * f[i];
+        }
+    }
+    f[1] = 3.0f;
+    f[HALF - 1] = 0.0f;
+    memset(tb, 0xff, sizeof(float) * N * ROPE);
+    stof__rope_table_f(tb, NULL, N, ROPE, f, 1.0f);
+    size_t bad = 0;
+    for (int p = 0; p < N; p++)
+        for (int i = 0; i < HALF; i++)
+            rope_entry_check(tb + 2 * ((size_t)p * HALF + i), p, i, f[i],
+                             "given frequencies", &bad);
+    cr_expect_eq(bad, 0, "%zu entries off", bad);
+    for (int p = 0; p < N; p++) /* (f 0: the identity at every position) */
+        cr_expect(tb[2 * ((size_t)p * HALF + HALF - 1)] == 1.0f &&
+                      tb[2 * ((size_t)p * HALF + HALF - 1) + 1] == 0.0f,
+                  "f 0 at position %d", p);
+    /* A scale: each entry the unscaled one times it, in fp32. */
+    const float scale = 1.2079441f; /* (yarn's 0.1 ln(8) + 1) */
+    memset(ta, 0xff, sizeof(float) * N * ROPE);
+    stof__rope_table_f(ta, NULL, N, ROPE, f, scale);
+    size_t off = 0;
+    for (size_t k = 0; k < (size_t)N * ROPE; k++)
+        off += ta[k] != tb[k] * scale;
+    cr_expect_eq(off, 0, "%zu scaled entries are not the unscaled times %g",
+                 off, (double)scale);
+    /* Bad arguments write nothing. */
+    float t[4] = {7, 7, 7, 7};
+    stof__rope_table_f(t, NULL, 1, 4, NULL, 1.0f);
+    stof__rope_table_f(t, NULL, 0, 4, f, 1.0f);
+    stof__rope_table_f(t, NULL, 1, 3, f, 1.0f);
+    for (int i = 0; i < 4; i++)
+        cr_expect(t[i] == 7.0f);
+    free(ta);
+    free(tb);
+}
+
 /* stof__ref_gemm_rope on a small QKV projection against the formula
  * written out: M 5 rows at scattered positions (0 among them), heads of
  * 32 (two of Q, one of K, one of V: the first 96 columns rotate), K 24,

@@ -167,9 +167,9 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
     /* The QKV projection; with RoPE, Q's and K's heads (the columns
      * below hidden + kvd) rotated by their positions in their sequences
      * (row % seq) after the bias, before the rounding (stof_layer_desc). */
-    const int rope = d->rope_theta == 0.0f ? 0
-                     : d->rope_dim > 0     ? d->rope_dim
-                                           : hd;
+    const int rope = d->rope_theta == 0.0f && !d->rope_freq ? 0
+                     : d->rope_dim > 0                      ? d->rope_dim
+                                                            : hd;
     stof_gemm_epi e_qkv = e_bias;
     float *tab = NULL;
     int *pos = NULL;
@@ -179,7 +179,11 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
         tab = malloc(sizeof(float) * (size_t)d->seq * (size_t)rope);
         pos = malloc(sizeof(int) * (size_t)M);
         cr_assert(tab && pos);
-        stof__rope_table(tab, NULL, d->seq, rope, d->rope_theta);
+        if (d->rope_freq) /* (the given frequencies and scale) */
+            stof__rope_table_f(tab, NULL, d->seq, rope, d->rope_freq,
+                               d->rope_scale > 0.0f ? d->rope_scale : 1.0f);
+        else
+            stof__rope_table(tab, NULL, d->seq, rope, d->rope_theta);
         for (int r = 0; r < M; r++)
             pos[r] = r % d->seq;
     }
@@ -283,9 +287,11 @@ static void download(CUdeviceptr p, size_t n, stof_dtype dt, float *out)
 }
 
 /* A layer's description and key name its RoPE: the description's "rope"
- * is {"theta": the base, "dim": the rotated channels of a head} (null
- * without), the key text ends in ";rope=THETA;rope_dim=D" (nothing
- * without), and the QKV step says where the rotation runs: "fused" in
+ * is {"theta": the base, "dim": the rotated channels of a head, "scale",
+ * "freq": "theta"} (null without; with frequencies of its own "theta"
+ * null and "freq" "table"), the key text ends in ";rope=THETA;rope_dim=D"
+ * (";rope=table;rope_dim=D" with its own; nothing without), and the QKV
+ * step says where the rotation runs: "fused" in
  * the epilogue of a Hopper tile that holds whole heads (block_n a
  * multiple of head_dim: heads of 96 fuse only in 192-wide tiles),
  * "kernel" after cuBLASLt, the mma.sync template or a Hopper tile that
@@ -295,26 +301,44 @@ static int expect_rope_desc(const stof_layer *L, const stof_layer_desc *d,
                             const char *desc)
 {
     const int hd = d->hidden / d->heads;
-    if (d->rope_theta == 0.0f) {
+    if (d->rope_theta == 0.0f && !d->rope_freq) {
         cr_expect(strstr(desc, "\"rope\":null") != NULL, "%s", desc);
         cr_expect(strstr(L->key_text, "rope") == NULL, "%s", L->key_text);
         cr_expect(strstr(desc, "\"rope\":\"") == NULL, "%s", desc);
         return 0;
     }
     char want[96];
-    snprintf(want, sizeof(want), ";rope=%a;rope_dim=%d",
-             (double)d->rope_theta, d->rope_dim);
+    if (d->rope_freq)
+        snprintf(want, sizeof(want), ";rope=table;rope_dim=%d", d->rope_dim);
+    else
+        snprintf(want, sizeof(want), ";rope=%a;rope_dim=%d",
+                 (double)d->rope_theta, d->rope_dim);
     cr_expect(strstr(L->key_text, want) != NULL, "key %s, not %s",
               L->key_text, want);
     const char *r = strstr(desc, "\"rope\":{");
     cr_assert(r, "%s", desc);
-    double theta = 0.0;
+    double theta = 0.0, scale = 0.0;
     int dim = 0;
-    cr_expect_eq(sscanf(r, "\"rope\":{\"theta\":%lf,\"dim\":%d}", &theta,
-                        &dim),
-                 2, "%.60s", r);
-    cr_expect_eq((float)theta, d->rope_theta, "%.60s", r);
-    cr_expect_eq(dim, d->rope_dim > 0 ? d->rope_dim : hd, "%.60s", r);
+    char freq[8] = "";
+    if (d->rope_freq) {
+        cr_expect_eq(sscanf(r,
+                            "\"rope\":{\"theta\":null,\"dim\":%d,"
+                            "\"scale\":%lf,\"freq\":\"%5[a-z]\"}",
+                            &dim, &scale, freq),
+                     3, "%.80s", r);
+        cr_expect_str_eq(freq, "table", "%.80s", r);
+    } else {
+        cr_expect_eq(sscanf(r,
+                            "\"rope\":{\"theta\":%lf,\"dim\":%d,"
+                            "\"scale\":%lf,\"freq\":\"%5[a-z]\"}",
+                            &theta, &dim, &scale, freq),
+                     4, "%.80s", r);
+        cr_expect_eq((float)theta, d->rope_theta, "%.80s", r);
+        cr_expect_str_eq(freq, "theta", "%.80s", r);
+    }
+    cr_expect_eq((float)scale, d->rope_scale > 0.0f ? d->rope_scale : 1.0f,
+                 "%.80s", r);
+    cr_expect_eq(dim, d->rope_dim > 0 ? d->rope_dim : hd, "%.80s", r);
     /* The QKV step: up to the next step's "op". */
     const char *q = strstr(desc, "\"op\":\"qkv\"");
     cr_assert(q, "%s", desc);
@@ -362,6 +386,8 @@ typedef struct lcase {
     int gated;
     float rope_theta; /* RoPE: 0 none */
     int rope_dim;     /* (0: the whole head) */
+    const float *rope_freq; /* RoPE with its own frequencies (theta 0) */
+    float rope_scale; /* (0: 1) */
     int hd;           /* head_dim (0: 64) */
     int rope_split;   /* 1: the QKV GEMM must run split (the rope kernel) */
     int batch, seq;   /* 0, 0: 2 sequences of 128 */
@@ -382,6 +408,8 @@ static void run_case(const lcase *c)
     d.gated = c->gated;
     d.rope_theta = c->rope_theta;
     d.rope_dim = c->rope_dim;
+    d.rope_freq = c->rope_freq;
+    d.rope_scale = c->rope_scale;
     d.ffn = 256;
     d.pre_norm = c->pre;
     d.norm = c->norm;
@@ -449,15 +477,15 @@ static void run_case(const lcase *c)
     const double e = rel(yf, ref, n);
     const double tol = c->dt == STOF_DTYPE_FP16 ? 1.5e-2 : 4e-2;
     cr_log_info("%d x %d tokens, dtype %d pre %d norm %d act %d mode %d "
-                "heads %d/%d of %d gated %d rope %g/%d (%s): relative error "
-                "%.3g",
+                "heads %d/%d of %d gated %d rope %g%s/%d scale %g (%s): "
+                "relative error %.3g",
                 batch, seq, (int)c->dt, c->pre, (int)c->norm, (int)c->act,
                 (int)c->mode, heads, c->kv_heads, hd, c->gated,
-                (double)c->rope_theta,
-                c->rope_dim,
-                !c->rope_theta ? "none"
-                : split        ? "kernel"
-                               : "fused",
+                (double)c->rope_theta, c->rope_freq ? " (table)" : "",
+                c->rope_dim, (double)c->rope_scale,
+                !c->rope_theta && !c->rope_freq ? "none"
+                : split                         ? "kernel"
+                                                : "fused",
                 e);
     cr_expect(e <= tol, "relative error %.3g > %.3g (%s)", e, tol, desc);
     stof_layer_free(&L);
@@ -2050,6 +2078,186 @@ Test(gpu_layer, rope_layer_tuned_then_from_the_database)
     }
     for (int i = 0; i < 3; i++)
         free(out[i]);
+    unlink_db(path);
+}
+
+/* Llama 3.1's frequencies (Hugging Face's rope type "llama3"): theta's,
+ * those of wavelengths above orig / lo divided by factor, those between
+ * orig / hi and orig / lo blended, in fp32 as transformers computes them
+ * (the test's own formula: the library takes any table). */
+static void llama3_freqs(float *f, int rope, float theta, float factor,
+                         float lo, float hi, float orig)
+{
+    stof__rope_freqs(f, rope, theta);
+    const float low_wl = orig / lo, high_wl = orig / hi;
+    for (int i = 0; i < rope / 2; i++) {
+        const float wl = 2.0f * 3.14159265358979f / f[i];
+        if (wl > low_wl)
+            f[i] /= factor;
+        else if (wl >= high_wl) {
+            const float sm = (orig / wl - lo) / (hi - lo);
+            f[i] = (1.0f - sm) * f[i] / factor + sm * f[i];
+        }
+    }
+}
+
+/* RoPE with frequencies of the layer's own (desc.rope_freq: Llama 3.1's
+ * scaled ones) and a scale on cos and sin (yarn's attention factor),
+ * against the reference rotating with the same table: a tuned Llama-style
+ * layer (on Hopper the fused epilogue competes with the split forms), and
+ * heads of 80 (always split: the rope kernel reads the same table). */
+Test(gpu_layer, rope_table_llama3_scaled_bf16)
+{
+    static float f[64];
+    llama3_freqs(f, 128, 500000.0f, 8.0f, 1.0f, 4.0f, 64.0f);
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .no_bias = 1,
+                     .gated = 1,
+                     .rope_freq = f,
+                     .rope_scale = 1.25f,
+                     .hd = 128};
+    run_case(&c);
+}
+
+Test(gpu_layer, rope_table_head_dim_80_kernel_fp16)
+{
+    static float f[40];
+    for (int i = 0; i < 40; i++) /* (any table: falling, one 0) */
+        f[i] = i == 39 ? 0.0f : 1.5f / (1.0f + (float)i);
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .no_bias = 1,
+                     .rope_freq = f,
+                     .rope_scale = 0.75f,
+                     .hd = 80,
+                     .rope_split = 1};
+    run_case(&c);
+}
+
+/* One record serves every table of its rope_dim: a layer with its own
+ * frequencies (Llama 3.1's) tuned into a database; in a new context, the
+ * same layer with other frequencies and a scale loads that record (source
+ * "database", the same key) and rotates with its own table: each output
+ * matches its own reference, and the two differ. The context shares a
+ * device table between plans of the same bits (a copy of the frequencies
+ * in another buffer), not between different ones. A layer with a base
+ * instead (theta) has another key: a cache-only plan of it misses. */
+Test(gpu_layer, rope_tables_share_one_record)
+{
+    char path[] = "/tmp/stof-layer-rope-table-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(path);
+    static float fa[32], fa2[32], fb[32];
+    llama3_freqs(fa, 64, 10000.0f, 8.0f, 1.0f, 4.0f, 32.0f);
+    memcpy(fa2, fa, sizeof(fa));
+    for (int i = 0; i < 32; i++)
+        fb[i] = 0.02f + 0.5f * (float)((i * 7) % 32) / 32.0f;
+    stof_layer_desc da;
+    stof_layer_desc_init(&da, 2, 128, 128, 2, STOF_DTYPE_FP16);
+    da.ffn = 256;
+    da.act = STOF_ACT_SILU;
+    da.norm = STOF_NORM_RMS;
+    da.pre_norm = 1;
+    da.no_bias = 1;
+    da.gated = 1;
+    da.rope_freq = fa;
+    stof_layer_desc db = da, da2 = da, dt = da;
+    db.rope_freq = fb;
+    db.rope_scale = 1.3f;
+    da2.rope_freq = fa2;
+    dt.rope_freq = NULL;
+    dt.rope_theta = 10000.0f;
+    const stof_api *api = stof__api();
+    const size_t n = (size_t)da.batch * da.seq * da.hidden;
+    char key0[33] = "";
+    for (int pass = 0; pass < 2; pass++) {
+        stof_context *ctx = open_ctx(path, STOF_TUNE_DEFAULT);
+        cr_assert_eq(stof__ctx_push(ctx), STOF_OK);
+        stof_mask *m = tu_make_mask(ctx, "bigbird:32:1:1:1:3", 128, 128);
+        tu_rng r = {0x7ab7e5u};
+        lw w;
+        make_weights(&r, &da, &w);
+        float *xf = NULL, *ya = malloc(n * sizeof(float)),
+              *yb = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+        cr_assert(ya && yb && ref);
+        CUdeviceptr x = upload(&r, da.dtype, n, 1.0f, 0.0f, &xf), y = 0;
+        cr_assert_eq(api->cuMemAlloc(&y, n * 2), CUDA_SUCCESS);
+        stof_layer *La = NULL, *Lb = NULL, *La2 = NULL;
+        cr_assert_eq(stof_layer_plan(ctx, &da, m, &La), STOF_OK, "%s",
+                     stof_errmsg(ctx));
+        char json[16384];
+        cr_assert_eq(stof_layer_describe(La, json, sizeof(json), NULL),
+                     STOF_OK);
+        cr_expect(strstr(json, pass ? "\"source\":\"database\""
+                                    : "\"source\":\"tuned\"") != NULL,
+                  "pass %d: %s", pass, json);
+        expect_rope_desc(La, &da, json);
+        if (pass == 0)
+            snprintf(key0, sizeof(key0), "%s", La->key);
+        cr_expect_str_eq(La->key, key0);
+        expect_layer_run(La, &da, m, &w, x, xf, y, ya, ref, "llama3 table");
+        if (pass == 1) {
+            cr_assert_eq(stof_layer_plan(ctx, &db, m, &Lb), STOF_OK, "%s",
+                         stof_errmsg(ctx));
+            cr_assert_eq(stof_layer_describe(Lb, json, sizeof(json), NULL),
+                         STOF_OK);
+            cr_log_info("other table: %s", json);
+            cr_expect(strstr(json, "\"source\":\"database\"") != NULL, "%s",
+                      json);
+            cr_expect_str_eq(Lb->key, key0);
+            expect_rope_desc(Lb, &db, json);
+            cr_expect_neq(Lb->rope_tab, La->rope_tab,
+                          "two tables' plans share one device table");
+            cr_assert_eq(stof_layer_plan(ctx, &da2, m, &La2), STOF_OK, "%s",
+                         stof_errmsg(ctx));
+            cr_expect_eq(La2->rope_tab, La->rope_tab,
+                         "the same frequencies: two device tables");
+            expect_layer_run(Lb, &db, m, &w, x, xf, y, yb, ref,
+                             "another table, scaled");
+            const double e = rel(yb, ref, n), apart = rel(yb, ya, n);
+            cr_log_info("tables apart: %.3g (own reference %.3g)", apart, e);
+            cr_expect(apart > 2 * e, "two tables' outputs %.3g apart", apart);
+            /* (the first plan still rotates with its own) */
+            expect_layer_run(La, &da, m, &w, x, xf, y, ya, ref,
+                             "llama3 table, again");
+            stof_layer_free(&La2);
+            stof_layer_free(&Lb);
+            /* a base instead: another key (cache-only: a miss) */
+            stof_context *cc = open_ctx(path, STOF_TUNE_CACHE_ONLY);
+            stof_layer *Lt = NULL;
+            cr_assert_eq(stof_layer_plan(cc, &dt, m, &Lt), STOF_OK, "%s",
+                         stof_errmsg(cc));
+            cr_assert_eq(stof_layer_describe(Lt, json, sizeof(json), NULL),
+                         STOF_OK);
+            cr_expect(strstr(json, "\"source\":\"model\"") != NULL, "%s",
+                      json);
+            cr_expect_str_neq(Lt->key, key0);
+            stof_layer_free(&Lt);
+            stof_close(&cc);
+        }
+        stof_layer_free(&La);
+        api->cuMemFree(y);
+        api->cuMemFree(x);
+        free_weights(&w);
+        free(xf);
+        free(ya);
+        free(yb);
+        free(ref);
+        stof_mask_free(&m);
+        stof__ctx_pop(ctx);
+        stof_close(&ctx);
+    }
     unlink_db(path);
 }
 

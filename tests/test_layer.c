@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "layer_int.h"
@@ -27,6 +28,11 @@ static stof_context *ctx_open(void)
 
 Test(layer, desc_init_defaults)
 {
+#if UINTPTR_MAX == 0xffffffffffffffffu
+    /* (rope_scale and rope_freq took reserved bytes: the size is kept) */
+    cr_expect_eq(sizeof(stof_layer_desc), 104);
+    cr_expect_eq(offsetof(stof_layer_desc, rope_freq), 64);
+#endif
     stof_layer_desc d;
     memset(&d, 0x5a, sizeof(d));
     cr_assert_eq(stof_layer_desc_init(&d, 8, 512, 768, 12, STOF_DTYPE_FP16),
@@ -167,6 +173,42 @@ static void e_theta_nan_dim(stof_layer_desc *d)
     d->rope_dim = 32;
 }
 static void e_rdim_alone(stof_layer_desc *d) { d->rope_dim = 32; }
+static float freq32[32] = {1.0f, 0.5f, 0.25f, 0.125f};
+static void e_freq_theta(stof_layer_desc *d)
+{
+    d->rope_theta = 10000.0f;
+    d->rope_freq = freq32;
+}
+static void e_freq_nan(stof_layer_desc *d)
+{
+    static float f[32];
+    f[3] = NAN;
+    d->rope_freq = f;
+}
+static void e_freq_neg(stof_layer_desc *d)
+{
+    static float f[8];
+    f[7] = -1.0f;
+    d->rope_freq = f;
+    d->rope_dim = 16; /* (8 pairs: the last is read) */
+}
+static void e_freq_inf(stof_layer_desc *d)
+{
+    static float f[32];
+    f[31] = INFINITY;
+    d->rope_freq = f;
+}
+static void e_scale_neg(stof_layer_desc *d)
+{
+    d->rope_theta = 10000.0f;
+    d->rope_scale = -1.0f;
+}
+static void e_scale_nan(stof_layer_desc *d)
+{
+    d->rope_freq = freq32;
+    d->rope_scale = NAN;
+}
+static void e_scale_alone(stof_layer_desc *d) { d->rope_scale = 2.0f; }
 static void e_rdim_24(stof_layer_desc *d)
 {
     d->rope_theta = 10000.0f;
@@ -206,7 +248,14 @@ Test(layer, rope_descriptors_are_named)
         {"desc.rope_theta 0.5", e_theta_half},
         {"desc.rope_theta 1:", e_theta_one},
         {"desc.rope_theta", e_theta_nan_dim},
-        {"desc.rope_dim 32 without desc.rope_theta", e_rdim_alone},
+        {"desc.rope_dim 32 / rope_scale 0 without RoPE", e_rdim_alone},
+        {"desc.rope_theta 10000 with desc.rope_freq", e_freq_theta},
+        {"desc.rope_freq[3] nan", e_freq_nan},
+        {"desc.rope_freq[7] -1", e_freq_neg},
+        {"desc.rope_freq[31] inf", e_freq_inf},
+        {"desc.rope_scale -1", e_scale_neg},
+        {"desc.rope_scale nan", e_scale_nan},
+        {"desc.rope_dim 0 / rope_scale 2 without RoPE", e_scale_alone},
         {"desc.rope_dim 24", e_rdim_24},
         {"desc.rope_dim 80", e_rdim_big},
         {"desc.rope_dim -16", e_rdim_neg},
@@ -238,20 +287,29 @@ Test(layer, rope_descriptors_are_named)
     cr_expect(strstr(stof_errmsg(ctx), "head_dim 72"), "%s",
               stof_errmsg(ctx));
     /* Good ones: Llama 2 (the whole head), Llama 3's base, GPT-NeoX's
-     * partial rope, head_dim 72 with a rope_dim, the largest. */
+     * partial rope, head_dim 72 with a rope_dim, the largest; frequencies
+     * of its own (0s allowed) with and without a scale. */
     static const struct {
         int hidden, heads, rope_dim;
-        float theta;
-    } good[] = {{256, 4, 0, 10000.0f},   {256, 4, 0, 500000.0f},
-                {256, 4, 16, 10000.0f},  {256, 4, 64, 1.5f},
-                {288, 4, 64, 10000.0f},  {288, 4, 16, 1e6f},
-                {1024, 4, 256, 10000.0f}};
+        float theta, scale;
+        const float *freq;
+    } good[] = {{256, 4, 0, 10000.0f, 0, NULL},
+                {256, 4, 0, 500000.0f, 1.25f, NULL},
+                {256, 4, 16, 10000.0f, 0, NULL},
+                {256, 4, 64, 1.5f, 0, NULL},
+                {288, 4, 64, 10000.0f, 0, NULL},
+                {288, 4, 16, 1e6f, 0, NULL},
+                {1024, 4, 256, 10000.0f, 0, NULL},
+                {256, 4, 0, 0.0f, 0, freq32},
+                {256, 4, 32, 0.0f, 0.5f, freq32}};
     const int gpu = stof_has_device(ctx);
     for (size_t i = 0; i < sizeof(good) / sizeof(*good); i++) {
         stof_layer_desc_init(&d, 2, 256, good[i].hidden, good[i].heads,
                              STOF_DTYPE_BF16);
         d.rope_theta = good[i].theta;
         d.rope_dim = good[i].rope_dim;
+        d.rope_scale = good[i].scale;
+        d.rope_freq = good[i].freq;
         cr_expect_eq(stof__layer_desc_check(ctx, &d), STOF_OK,
                      "good case %zu: %s", i, stof_errmsg(ctx));
         if (gpu)
@@ -802,6 +860,98 @@ Test(layer, scheme_record_gives_back_its_layer)
     cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, text,
                                          sizeof(text), why, sizeof(why)),
                  0);
+    free(L);
+    stof_close(&ctx);
+}
+
+/* A layer with frequencies of its own (desc.rope_freq): its key says
+ * ";rope=table;rope_dim=D" whatever the frequencies and the scale (a
+ * scheme does not depend on them), unlike a base's; its record
+ * ("rope_table": true) gives back a descriptor with stand-in frequencies
+ * and that key; a record that says rope_table false, or both a table and
+ * a base, is not a layer's. */
+Test(layer, rope_table_key_and_record)
+{
+    stof_context *ctx = ctx_open();
+    stof_layer *L = calloc(1, sizeof(*L));
+    cr_assert(L);
+    L->ctx = ctx;
+    stof_layer_desc_init(&L->d, 2, 256, 512, 8, STOF_DTYPE_BF16);
+    L->d.ffn = 1376;
+    L->d.act = STOF_ACT_SILU;
+    L->d.norm = STOF_NORM_RMS;
+    L->d.pre_norm = 1;
+    L->d.no_bias = 1;
+    L->d.gated = 1;
+    L->d.rope_dim = 32;
+    L->eps = L->d.norm_eps = 1e-6f;
+    const char *hex = "00112233445566778899aabbccddeeff";
+    float fa[16], fb[16];
+    for (int i = 0; i < 16; i++) {
+        fa[i] = 1.0f / (float)(i + 1);
+        fb[i] = 0.5f * fa[i];
+    }
+    L->d.rope_freq = fa;
+    stof__layer_key(L, hex);
+    char ka[33], text[1024];
+    snprintf(ka, sizeof(ka), "%s", L->key);
+    snprintf(text, sizeof(text), "%s", L->key_text);
+    cr_expect(strstr(text, ";rope=table;rope_dim=32"), "%s", text);
+    L->d.rope_freq = fb;
+    L->d.rope_scale = 1.5f;
+    stof__layer_key(L, hex);
+    cr_expect_str_eq(L->key, ka, "another table, another key");
+    L->d.rope_freq = NULL;
+    L->d.rope_scale = 0.0f;
+    L->d.rope_theta = 10000.0f;
+    stof__layer_key(L, hex);
+    cr_expect_str_neq(L->key, ka, "a base's key and a table's are one");
+    cr_expect(strstr(L->key_text, ";rope=0x1.388p+13;rope_dim=32"), "%s",
+              L->key_text);
+
+    stof_db_record r;
+    memset(&r, 0, sizeof(r));
+    snprintf(r.key, sizeof(r.key), "%s", ka);
+    snprintf(r.op, sizeof(r.op), "layer");
+    snprintf(r.kernel, sizeof(r.kernel), "scheme");
+    snprintf(r.mask_digest, sizeof(r.mask_digest), "%s", hex);
+    snprintf(r.dtype, sizeof(r.dtype), "bf16");
+    r.batch = 2;
+    r.heads = 8;
+    r.seq_q = r.seq_k = 256;
+    const int lt = (int)stof__blaslt_version();
+    static const char *const cfg =
+        "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": 1376, "
+        "\"act\": 4, \"norm\": 1, \"kv_heads\": 0, \"no_bias\": 1, "
+        "\"gated\": 1, \"eps\": 9.9999999747524271e-07, \"lt\": %d%s}";
+    snprintf(r.config, sizeof(r.config), cfg, lt,
+             ", \"rope_table\": true, \"rope_dim\": 32");
+    stof_layer_desc d;
+    int old = -1;
+    char got[1024], why[256] = "";
+    cr_assert_eq(stof__layer_record_desc(ctx, &r, &d, &old, got, sizeof(got),
+                                         why, sizeof(why)),
+                 1, "%s", why);
+    cr_expect_str_eq(got, text);
+    cr_expect_eq(d.rope_theta, 0.0f);
+    cr_expect_eq(d.rope_dim, 32);
+    cr_expect_eq(d.rope_freq, stof__rope_freq_standin());
+    cr_expect_eq(stof__layer_desc_check(ctx, &d), STOF_OK, "%s",
+                 stof_errmsg(ctx));
+    for (int i = 0; i < 128; i++) /* (stand-ins a descriptor may hold) */
+        cr_expect(isfinite(d.rope_freq[i]) && d.rope_freq[i] > 0.0f,
+                  "stand-in %d: %g", i, (double)d.rope_freq[i]);
+    static const char *const bad[] = {
+        ", \"rope_table\": false, \"rope_dim\": 32",
+        ", \"rope_table\": 1, \"rope_dim\": 32",
+        ", \"rope_table\": true, \"rope_theta\": 10000.0, \"rope_dim\": 32",
+        ", \"rope_table\": true, \"rope_dim\": -2"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        snprintf(r.config, sizeof(r.config), cfg, lt, bad[i]);
+        cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, got,
+                                             sizeof(got), why, sizeof(why)),
+                     0, "record %zu (%s) read as a layer's", i, bad[i]);
+    }
     free(L);
     stof_close(&ctx);
 }

@@ -20,6 +20,7 @@
 #include "db.h"
 #include "db_tools.h"
 #include "internal.h"
+#include "layer_int.h"
 #include "tune_cli.h"
 #include "tune_devices.h"
 #include "tune_text.h"
@@ -660,9 +661,11 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
      * base a float cannot hold is unreadable (the rest: the plan's
      * checks) */
     const json_t *jt = json_object_get(js, "rope_theta");
+    const json_t *jf = json_object_get(js, "rope_table");
     const int rope_ok =
         (!jt || (json_is_number(jt) && json_number_value(jt) > 1.0 &&
                  json_number_value(jt) <= FLT_MAX)) &&
+        (!jf || (json_is_true(jf) && !jt)) &&
         (!json_object_get(js, "rope_dim") ||
          member_int(js, "rope_dim", &rope_dim));
     stof_layer_desc d;
@@ -694,6 +697,9 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
     d.norm_eps = (float)json_number_value(json_object_get(js, "eps"));
     d.rope_theta = jt ? (float)json_number_value(jt) : 0.0f;
     d.rope_dim = rope_dim;
+    /* (a layer with its own frequencies: stand-ins, as its key is any
+     * table's) */
+    d.rope_freq = jf ? stof__rope_freq_standin() : NULL;
     stof_mask *m = NULL;
     stof_mask_family *fam = NULL;
     stof_mask_data sample;

@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "internal.h"
+#include "layer_int.h"
 
 void tw_init(tw_workload *w)
 {
@@ -310,7 +311,12 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             L->d.gated = ok = !eq;
         else if (!strcmp(t, "no_bias"))
             L->d.no_bias = ok = !eq;
-        else if (!strcmp(t, "rope")) {
+        else if (!strcmp(t, "rope") && eq && !strcmp(v, "table")) {
+            /* a layer with frequencies of its own (the key's "table"; the
+             * scheme does not depend on them: stand-ins) */
+            L->d.rope_theta = 0.0f;
+            L->d.rope_freq = stof__rope_freq_standin();
+        } else if (!strcmp(t, "rope")) {
             /* (a base a float holds, above 1 once rounded to it) */
             char *end;
             errno = 0;
@@ -318,6 +324,7 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             ok = eq && end != v && !*end && !errno && th > 1.0 &&
                  th <= FLT_MAX && (float)th > 1.0f;
             L->d.rope_theta = ok ? (float)th : 0.0f;
+            L->d.rope_freq = NULL;
         } else if (!strcmp(t, "rope_dim")) {
             /* (0: the whole head; the head's size and the multiple of 16
              * are checked with the plan's rules, tw_check_specs) */
@@ -334,7 +341,8 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             snprintf(msg, n,
                      "%s: layer %s: bad %s%s%.40s (sizes 1..%d; act none, "
                      "gelu_tanh, gelu_erf, relu or silu; norm layer or rms; "
-                     "eps in (0, 1); rope a finite base > 1, e.g. 10000; "
+                     "eps in (0, 1); rope a finite base > 1, e.g. 10000, or "
+                     "table; "
                      "rope_dim 0 (the whole head) or a multiple of 16; pre, "
                      "post, gated, no_bias take no value)",
                      at, L->name, t, eq ? "=" : "", v, 1 << 20);

@@ -10,11 +10,13 @@
  *     dtype fp16 [bf16]      default fp16
  *     layout bhsd [bshd]     default bhsd
  *     layer NAME hidden=H heads=N ffn=F [kv_heads=K] [act=A] [norm=L]
- *           [pre|post] [gated] [no_bias] [eps=E] [rope=THETA]
+ *           [pre|post] [gated] [no_bias] [eps=E] [rope=THETA|table]
  *           [rope_dim=D]
  *                            a Transformer layer (stof_layer_plan); rope:
  *                            rotary position embeddings with base THETA
- *                            (a finite number > 1, e.g. 10000), over the
+ *                            (a finite number > 1, e.g. 10000; "table":
+ *                            frequencies of the layer's own, keyed for
+ *                            every table, as Llama 3's), over the
  *                            first D channels of each head (rope_dim: 0,
  *                            the default, is the whole head; else a
  *                            multiple of 16 up to head_dim; only with

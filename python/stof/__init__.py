@@ -54,6 +54,7 @@ import os
 
 __all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
            "StofError", "library_path", "alibi_slopes", "pad_bias", "pack_bits",
+           "rope_args",
            "LAYER_WEIGHT_NAMES"]
 
 
@@ -261,7 +262,9 @@ class _LayerDesc(ctypes.Structure):
         ("gated", ctypes.c_int),      # 1: gated FFN (SwiGLU, GeGLU)
         ("rope_theta", ctypes.c_float),  # RoPE base (0 = none)
         ("rope_dim", ctypes.c_int),   # rotated channels a head (0 = head_dim)
-        ("reserved", ctypes.c_uint8 * 44),
+        ("rope_scale", ctypes.c_float),  # cos and sin multiplied (0 = 1)
+        ("rope_freq", ctypes.POINTER(ctypes.c_float)),  # own frequencies
+        ("reserved", ctypes.c_uint8 * 32),
     ]
 
 
@@ -551,6 +554,47 @@ def alibi_slopes(heads):
     if n == heads:
         return power_of_two(n)
     return power_of_two(n) + power_of_two(2 * n)[0::2][:heads - n]
+
+
+def rope_args(config, seq):
+    """Context.layer_plan's RoPE keywords for a Hugging Face model
+    configuration (LlamaConfig, MistralConfig, Qwen2Config, Phi3Config, ...)
+    and sequences of `seq` tokens, a dict: the default rope type gives
+    rope_theta (and rope_dim for a partial rotary); a scaled one (llama3,
+    linear, yarn, longrope, dynamic, ...) its frequencies and attention
+    scaling, rope_freq and rope_scale, from transformers' own
+    ROPE_INIT_FUNCTIONS at seq_len=seq: dynamic and longrope give what a
+    freshly built model uses for sequences of that length. Raises
+    ValueError for a configuration without RoPE or with a rope per layer
+    type (Gemma 3's local and global layers: give one layer's own)."""
+    params = getattr(config, "rope_parameters", None)  # (transformers 5)
+    if not isinstance(params, dict) or not params:
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        if getattr(config, "rope_theta", None) is not None:
+            params.setdefault("rope_theta", config.rope_theta)
+    if "rope_theta" not in params:
+        raise ValueError("rope_args: the configuration has no single "
+                         "rope_theta (no RoPE, or one per layer type: %s)"
+                         % sorted(params)[:4])
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    head_dim = (getattr(config, "head_dim", None)
+                or config.hidden_size // config.num_attention_heads)
+    partial = params.get("partial_rotary_factor",
+                         getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    dim = int(head_dim * partial)
+    out = {"rope_dim": 0 if dim == head_dim else dim}
+    if rope_type == "default":
+        out["rope_theta"] = float(params["rope_theta"])
+        return out
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError("rope_args: transformers knows no rope type %r"
+                         % (rope_type,))
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, None,
+                                                     seq_len=int(seq))
+    out["rope_freq"] = inv_freq.detach().float().cpu().reshape(-1).tolist()
+    out["rope_scale"] = float(scale)
+    return out
 
 
 def _score_mods(d, softcap, slopes, heads):
@@ -1237,7 +1281,8 @@ class Context:
 
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
                    pre_norm, mask, eps=0.0, sample=None, kv_heads=0, bias=True,
-                   gated=False, rope_theta=0.0, rope_dim=0):
+                   gated=False, rope_theta=0.0, rope_dim=0, rope_freq=None,
+                   rope_scale=0.0):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
         loads from the tuning database or tunes. dtype: torch.float16 /
         torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
@@ -1262,14 +1307,20 @@ class Context:
         rope_dim / 2) of each Q and K head by p * rope_theta ** (-2 i /
         rope_dim), on the projection plus its bias (before its rounding to
         dtype where the QKV GEMM fuses it, as the Hopper template does;
-        else on the rounded projection); V is not rotated. Positions count from 0 in every sequence of
-        the batch. Only the default rope type: Hugging Face's rope_scaling
-        (linear, dynamic, yarn, llama3, ...) is not applied. w_qkv keeps
-        the layout above, q_proj's, k_proj's and v_proj's weights stacked
-        as they are (no permutation); rope_dim: the channels of each head
-        that rotate, the first rope_dim (GPT-NeoX's partial rotary:
-        int(head_dim * config.partial_rotary_factor)), 0 for all of them;
-        a multiple of 16 up to head_dim, only with rope_theta."""
+        else on the rounded projection); V is not rotated. Positions count
+        from 0 in every sequence of the batch. w_qkv keeps the layout above,
+        q_proj's, k_proj's and v_proj's weights stacked as they are (no
+        permutation); rope_dim: the channels of each head that rotate, the
+        first rope_dim (GPT-NeoX's partial rotary: int(head_dim *
+        config.partial_rotary_factor)), 0 for all of them; a multiple of 16
+        up to head_dim, only with RoPE; rope_freq: instead of rope_theta
+        (then 0), the frequencies themselves, rope_dim / 2 (head_dim / 2
+        for rope_dim 0) finite numbers >= 0 (a sequence or a tensor), pair
+        i rotating by p * rope_freq[i] in fp32: Hugging Face's scaled rope
+        types (llama3, linear, yarn, longrope, dynamic), whose inv_freq
+        these are; rope_scale: cos and sin multiplied by it (Hugging Face's
+        attention_scaling: yarn, longrope), 0 for 1. rope_args(config, seq)
+        gives all four from a Hugging Face configuration."""
         self._live()
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
@@ -1297,6 +1348,22 @@ class Context:
         d.gated = 1 if gated else 0
         d.rope_theta = _c_float(rope_theta, "rope_theta")
         d.rope_dim = _c_int(rope_dim, "rope_dim")
+        d.rope_scale = _c_float(rope_scale, "rope_scale")
+        freq = None
+        if rope_freq is not None:
+            # (the library reads rope_dim / 2 of them: exactly that many)
+            if hasattr(rope_freq, "detach"):
+                rope_freq = rope_freq.detach().float().cpu().reshape(-1).tolist()
+            vals = [_c_float(v, "rope_freq[%d]" % i)
+                    for i, v in enumerate(rope_freq)]
+            hd = d.hidden // d.heads if d.heads > 0 else 0
+            want = (d.rope_dim if d.rope_dim > 0 else hd) // 2
+            if len(vals) != want:
+                raise ValueError("rope_freq has %d values; rope_dim %d of "
+                                 "heads of %d rotates %d pairs"
+                                 % (len(vals), d.rope_dim, hd, want))
+            freq = (ctypes.c_float * max(len(vals), 1))(*vals)
+            d.rope_freq = ctypes.cast(freq, ctypes.POINTER(ctypes.c_float))
         h = ctypes.c_void_p()
         if family:
             keep = []
@@ -1308,7 +1375,9 @@ class Context:
         else:
             self._check(self._lib.stof_layer_plan(self._h, ctypes.byref(d), mask._live(),
                                                   ctypes.byref(h)))
-        return Layer(self, h, d, mask)
+        rf = tuple(freq[:len(freq)]) if freq is not None else None
+        d.rope_freq = None  # (read by the plan, not kept)
+        return Layer(self, h, d, mask, rope_freq=rf)
 
 
 class Mask:
@@ -1686,7 +1755,7 @@ class Layer:
     # Weight lists whose checks are remembered (stack_run).
     _KEEP_WEIGHTS = 4
 
-    def __init__(self, ctx, h, desc, mask):
+    def __init__(self, ctx, h, desc, mask, rope_freq=None):
         self._ctx, self._h, self._mask = ctx, h, mask
         _adopt(ctx, self)
         self.batch, self.seq = desc.batch, desc.seq
@@ -1697,9 +1766,14 @@ class Layer:
         # RoPE: the base (0.0 without) and the channels a head that rotate
         # (head_dim for desc.rope_dim 0; 0 without RoPE), as kv_heads says
         # the heads that 0 means.
+        # rope_freq: the frequencies given (a tuple), else None; rope_scale
+        # 1.0 for rope_scale 0.
         self.rope_theta = float(desc.rope_theta)
+        self.rope_freq = rope_freq
+        rope = bool(desc.rope_theta) or rope_freq is not None
         self.rope_dim = ((desc.rope_dim or desc.hidden // desc.heads)
-                         if desc.rope_theta else 0)
+                         if rope else 0)
+        self.rope_scale = (float(desc.rope_scale) or 1.0) if rope else 0.0
         self.pre_norm = bool(desc.pre_norm)
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype

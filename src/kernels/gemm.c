@@ -732,17 +732,34 @@ void stof__ref_gemm(const float *A, const float *W, const float *bias,
                         ldc, e, eps, dt, NULL, out, pre);
 }
 
-void stof__rope_table(float *tab, const int *pos, int n, int rope,
-                      float theta)
+void stof__rope_freqs(float *f, int rope, float theta)
 {
-    if (!tab || n <= 0 || rope <= 0 || rope % 2)
-        return;
-    const int half = rope / 2;
-    for (int i = 0; i < half; i++) {
+    for (int i = 0; f && rope > 0 && i < rope / 2; i++) {
         /* Hugging Face: 1 / theta ** (arange(0, rope, 2).float() / rope),
          * each step in fp32. */
         const float ex = (float)(2 * i) / (float)rope;
-        const float f = 1.0f / powf(theta, ex);
+        f[i] = 1.0f / powf(theta, ex);
+    }
+}
+
+void stof__rope_table(float *tab, const int *pos, int n, int rope,
+                      float theta)
+{
+    float f[128];
+    if (rope <= 0 || rope > 256)
+        return;
+    stof__rope_freqs(f, rope, theta);
+    stof__rope_table_f(tab, pos, n, rope, f, 1.0f);
+}
+
+void stof__rope_table_f(float *tab, const int *pos, int n, int rope,
+                        const float *freq, float scale)
+{
+    if (!tab || !freq || n <= 0 || rope <= 0 || rope % 2)
+        return;
+    const int half = rope / 2;
+    for (int i = 0; i < half; i++) {
+        const float f = freq[i];
         const double cf = cos((double)f), sf = sin((double)f);
         double c = 1.0, s = 0.0;
         for (int k = 0; k < n; k++) {
@@ -761,13 +778,16 @@ void stof__rope_table(float *tab, const int *pos, int n, int rope,
              * second order where |d| <= 2^-12 (the rest below 3e-12),
              * else from libm */
             const double d = (double)ang - x, d2 = 0.5 * d * d;
+            float tc, ts;
             if (pos || fabs(d) > 0x1p-12) {
-                t[0] = (float)cos((double)ang);
-                t[1] = (float)sin((double)ang);
+                tc = (float)cos((double)ang);
+                ts = (float)sin((double)ang);
             } else {
-                t[0] = (float)(c - s * d - c * d2);
-                t[1] = (float)(s + c * d - s * d2);
+                tc = (float)(c - s * d - c * d2);
+                ts = (float)(s + c * d - s * d2);
             }
+            t[0] = tc * scale; /* (exact for 1) */
+            t[1] = ts * scale;
             const double nc = c * cf - s * sf;
             s = s * cf + c * sf;
             c = nc;

@@ -248,6 +248,16 @@ void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
 void stof__rope_table(float *tab, const int *pos, int n, int rope,
                       float theta);
 
+/* Hugging Face's default frequencies: f[i] = 1 / theta^(2 i / rope) in
+ * fp32, i < rope / 2. */
+void stof__rope_freqs(float *f, int rope, float theta);
+
+/* stof__rope_table of given frequencies freq[rope / 2] (f_i, any finite
+ * values >= 0), cos and sin each multiplied by scale in fp32 after their
+ * rounding (Hugging Face's attention_scaling; 1: none). */
+void stof__rope_table_f(float *tab, const int *pos, int n, int rope,
+                        const float *freq, float scale);
+
 /* Forget the gate and rope kernels' cubins kept for the process (tests:
  * a fresh process's view). */
 void stof__aux_memo_clear(void);

@@ -149,11 +149,22 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                    "desc.rope_theta %g: 0 (no rotary embeddings) or a "
                    "finite base > 1 (Llama: 10000)",
                    (double)d->rope_theta);
-    STOF_CHECK_ARG(ctx, d->rope_dim == 0 || d->rope_theta != 0.0f,
-                   "desc.rope_dim %d without desc.rope_theta (0: no rotary "
-                   "embeddings)",
-                   d->rope_dim);
-    if (d->rope_theta != 0.0f) {
+    STOF_CHECK_ARG(ctx, !d->rope_freq || d->rope_theta == 0.0f,
+                   "desc.rope_theta %g with desc.rope_freq: a rotary "
+                   "embedding has a base or its frequencies (set "
+                   "rope_theta 0)",
+                   (double)d->rope_theta);
+    const int has_rope = stof__layer_has_rope(d);
+    STOF_CHECK_ARG(ctx, has_rope || (d->rope_dim == 0 && d->rope_scale == 0.0f),
+                   "desc.rope_dim %d / rope_scale %g without RoPE "
+                   "(desc.rope_theta or desc.rope_freq)",
+                   d->rope_dim, (double)d->rope_scale);
+    STOF_CHECK_ARG(ctx,
+                   d->rope_scale == 0.0f ||
+                       (isfinite(d->rope_scale) && d->rope_scale > 0.0f),
+                   "desc.rope_scale %g: 0 (1) or a finite value > 0",
+                   (double)d->rope_scale);
+    if (has_rope) {
         const int hd = d->hidden / d->heads;
         STOF_CHECK_ARG(ctx,
                        d->rope_dim >= 0 && d->rope_dim <= hd &&
@@ -166,6 +177,13 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                        "head_dim %d is not a multiple of 16 (the rotated "
                        "channels must be): set rope_dim",
                        hd);
+        const int half = (d->rope_dim > 0 ? d->rope_dim : hd) / 2;
+        for (int i = 0; d->rope_freq && i < half; i++)
+            STOF_CHECK_ARG(ctx,
+                           isfinite(d->rope_freq[i]) && d->rope_freq[i] >= 0.0f,
+                           "desc.rope_freq[%d] %g: the frequencies are "
+                           "finite and >= 0",
+                           i, (double)d->rope_freq[i]);
     }
     if (!m)
         return STOF_OK;
@@ -750,10 +768,12 @@ static void record_layer_miss(stof_layer *L, const stof_mask *m,
         stof__layer_dtype_str(d->dtype), "act", (int)d->act, "norm",
         (int)d->norm, "pre_norm", d->pre_norm, "no_bias", d->no_bias, "gated",
         d->gated, "eps", (double)L->eps);
-    if (pj && d->rope_theta != 0.0f) { /* (only with RoPE) */
+    if (pj && d->rope_theta != 0.0f) /* (only with RoPE) */
         json_object_set_new(pj, "rope_theta", json_real((double)d->rope_theta));
+    if (pj && d->rope_freq) /* (the key's: any table) */
+        json_object_set_new(pj, "rope_table", json_true());
+    if (pj && L->rope)
         json_object_set_new(pj, "rope_dim", json_integer(d->rope_dim));
-    }
     stof__record_miss(L->ctx, db, L->key, pj, m, mask_hex, fam, ad, sample);
 }
 
@@ -794,9 +814,17 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     L->hd = d->hidden / d->heads;
     L->eps = d->norm_eps > 0 ? d->norm_eps : 1e-5f;
     L->pdl = -1; /* (the search or the record decides, else the rule) */
-    L->rope = d->rope_theta == 0.0f ? 0
-              : d->rope_dim > 0     ? d->rope_dim
-                                    : L->hd;
+    L->rope = !stof__layer_has_rope(d) ? 0
+              : d->rope_dim > 0          ? d->rope_dim
+                                         : L->hd;
+    /* The frequencies: the descriptor's (copied: L->d's points to the
+     * copy, non-NULL as the key and records say "table") or theta's */
+    L->rope_scale = d->rope_scale > 0.0f ? d->rope_scale : 1.0f;
+    if (d->rope_freq) {
+        memcpy(L->rope_freq, d->rope_freq, sizeof(float) * (size_t)(L->rope / 2));
+        L->d.rope_freq = L->rope_freq;
+    } else if (L->rope)
+        stof__rope_freqs(L->rope_freq, L->rope, d->rope_theta);
     init_ops(L);
     /* The attention reads Q, K, V from the [tokens][hidden + 2 kvd]
      * projection (kvd = kv_heads * head_dim) and writes [tokens][hidden]. */
@@ -843,8 +871,8 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
      * context's, uploaded by its first plan of that length and base (its
      * time counts as the buffers'). */
     if (L->rope &&
-        (st = stof__rope_dev_get(ctx, d->seq, L->rope, d->rope_theta,
-                                 &L->rope_tab)) != STOF_OK) {
+        (st = stof__rope_dev_get(ctx, d->seq, L->rope, L->rope_freq,
+                                 L->rope_scale, &L->rope_tab)) != STOF_OK) {
         stof__ctx_pop(ctx);
         layer_release(L);
         return st;

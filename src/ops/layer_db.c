@@ -59,8 +59,12 @@ static void key_text(const stof_device *dev, const stof_layer_desc *d,
         k += (size_t)snprintf(out + k, n - k, ";no_bias=1");
     if (d->gated && k < n)
         k += (size_t)snprintf(out + k, n - k, ";gated=1");
-    /* (theta in the C locale's hex form) */
-    if (d->rope_theta != 0.0f && k < n)
+    /* (theta in the C locale's hex form; a layer with its own frequencies:
+     * "table", whatever they and the scale are, as a scheme does not
+     * depend on them) */
+    if (d->rope_freq && k < n)
+        snprintf(out + k, n - k, ";rope=table;rope_dim=%d", d->rope_dim);
+    else if (d->rope_theta != 0.0f && k < n)
         stof__c_snprintf(out + k, n - k, ";rope=%a;rope_dim=%d",
                          (double)d->rope_theta, d->rope_dim);
 }
@@ -315,17 +319,23 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
     /* RoPE (records of RoPE layers name it; the key decides below) */
     const json_t *jt = o ? json_object_get(o, "rope_theta") : NULL;
     const json_t *jd = o ? json_object_get(o, "rope_dim") : NULL;
-    if (jt || jd) {
+    const json_t *jf = o ? json_object_get(o, "rope_table") : NULL;
+    if (jt || jd || jf) {
+        /* a base, or a table of its own (stand-in frequencies: the scheme
+         * does not depend on them) */
         const double th = json_is_number(jt) ? json_number_value(jt) : 0.0;
         const json_int_t rd = json_is_integer(jd) ? json_integer_value(jd)
                                                   : -1;
-        if (!(th > 1.0 && th <= FLT_MAX) || rd < 0 || rd > 256) {
+        const int table = json_is_true(jf);
+        if ((table ? jt != NULL : !(th > 1.0 && th <= FLT_MAX)) ||
+            (jf && !table) || rd < 0 || rd > 256) {
             json_decref(o);
-            return stof__why(why, n, "the record's rope_theta or rope_dim "
-                                     "is not a layer's");
+            return stof__why(why, n, "the record's rope_theta, rope_table "
+                                     "or rope_dim is not a layer's");
         }
         d->rope_theta = (float)th;
         d->rope_dim = (int)rd;
+        d->rope_freq = table ? stof__rope_freq_standin() : NULL;
     }
     json_decref(o);
     const size_t lt = full ? (size_t)ltv : stof__blaslt_version();
@@ -656,7 +666,10 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
         L->d.gated, "eps", (double)L->eps, "lt",
         (json_int_t)stof__blaslt_version());
     /* (only with RoPE: other records stay as they were) */
-    if (cfg && L->d.rope_theta != 0.0f) {
+    if (cfg && L->d.rope_freq) {
+        json_object_set_new(cfg, "rope_table", json_true());
+        json_object_set_new(cfg, "rope_dim", json_integer(L->d.rope_dim));
+    } else if (cfg && L->d.rope_theta != 0.0f) {
         json_object_set_new(cfg, "rope_theta",
                             json_real((double)L->d.rope_theta));
         json_object_set_new(cfg, "rope_dim", json_integer(L->d.rope_dim));

@@ -96,8 +96,12 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         stof__layer_dtype_str(d->dtype), "act", acts[d->act], "norm",
         d->norm == STOF_NORM_LAYER ? "layernorm" : "rmsnorm", "pre_norm",
         d->pre_norm, "eps", jnum((double)L->eps), "rope",
-        L->rope ? json_pack("{s:o, s:i}", "theta", jnum((double)d->rope_theta),
-                            "dim", L->rope)
+        L->rope ? json_pack("{s:o, s:i, s:o, s:s}", "theta",
+                            d->rope_freq ? json_null()
+                                         : jnum((double)d->rope_theta),
+                            "dim", L->rope, "scale",
+                            jnum((double)L->rope_scale), "freq",
+                            d->rope_freq ? "table" : "theta")
                 : json_null(),
         "key", L->key, "source",
         L->source, "plan_s", jnum(L->tune_s), "plan_ms", "attention",

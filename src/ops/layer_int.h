@@ -107,6 +107,9 @@ struct stof_layer {
     CUmodule gate_mod;        /* desc.gated: the gate kernel (stof_gate) */
     CUfunction gate_fn;
     int rope;                 /* RoPE's rotated channels a head (0: none) */
+    float rope_freq[128];     /* its frequencies, f_i of pair i (theta's,
+                                 or a copy of desc.rope_freq's) */
+    float rope_scale;         /* cos and sin multiplied by it (1: none) */
     CUdeviceptr rope_tab;     /* its (cos, sin) table [seq][rope / 2] (the
                                  context's: stof__rope_dev_get) */
     CUmodule rope_mod;        /* the rope kernel of a QKV GEMM that cannot
@@ -216,13 +219,27 @@ int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c);
  * chosen; its cubin is kept for the process); nothing for other layers. */
 stof_status stof__layer_rope_ready(stof_layer *L);
 
-/* The context's RoPE table of seq positions, rope channels and base theta
- * on the device (rope_cache.c: computed once a process, uploaded once a
- * context), with a reference the plan gives back with stof__rope_dev_put
- * (the context current). */
+/* The context's RoPE table of seq positions, rope channels, frequencies
+ * freq[rope / 2] and scale on the device (rope_cache.c: computed once a
+ * process, uploaded once a context; the same table for the same bits),
+ * with a reference the plan gives back with stof__rope_dev_put (the
+ * context current). */
 stof_status stof__rope_dev_get(stof_context *ctx, int seq, int rope,
-                               float theta, CUdeviceptr *out /* OUT */);
+                               const float *freq, float scale,
+                               CUdeviceptr *out /* OUT */);
 void stof__rope_dev_put(stof_context *ctx, CUdeviceptr p);
+
+/* Stand-in frequencies (128 of them) for a record of a layer with its own
+ * (desc.rope_freq: the key names none): a scheme does not depend on
+ * them, so re-planning a record (stof-tune verify, a workload's
+ * rope=table) uses these. */
+const float *stof__rope_freq_standin(void);
+
+/* Whether the descriptor asks for RoPE (a base or frequencies). */
+static inline int stof__layer_has_rope(const stof_layer_desc *d)
+{
+    return d->rope_theta != 0.0f || d->rope_freq != NULL;
+}
 
 /* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
 int stof__layer_qkv_n(const stof_layer_desc *d);

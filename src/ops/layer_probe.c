@@ -158,7 +158,8 @@ double stof__layer_verify_step(layer_tuner *t, const step *s)
             for (int r = 0; ge->rope && r < R; r++)
                 pos[r] = t->rows[r] % L->d.seq;
             if (ge->rope)
-                stof__rope_table(tab, pos, R, ge->rope, L->d.rope_theta);
+                stof__rope_table_f(tab, pos, R, ge->rope, L->rope_freq,
+                                   L->rope_scale);
             for (int r = 0; ge->rope && r < R; r++)
                 pos[r] = r; /* (row r's table row) */
             const stof_ref_rope rp = {

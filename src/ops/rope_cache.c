@@ -1,7 +1,7 @@
 /*
- * rope_cache.c - RoPE tables for layers (stof_layer_desc.rope_theta): the
- * (cos, sin) table of a sequence length, rotated channels and base,
- * computed once a process on the host (stof__rope_table) and uploaded
+ * rope_cache.c - RoPE tables for layers (stof_layer_desc.rope_theta or
+ * rope_freq): the (cos, sin) table of a sequence length, rotated channels,
+ * frequencies and scale (compared bit for bit), computed once a process on the host (stof__rope_table) and uploaded
  * once a context, shared by every plan of the context that needs it (those
  * no plan holds kept up to 64 MB a context, 64 MB of host tables a
  * process). A
@@ -20,9 +20,33 @@
 #define HOST_MAX 16
 #define HOST_BYTES ((size_t)64 << 20)
 static pthread_mutex_t host_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
+/* What names a table: its length, channels, frequencies and scale. */
+typedef struct rope_id {
     int seq, rope;
-    float theta;
+    float scale;
+    float freq[128];
+} rope_id;
+
+static rope_id make_id(int seq, int rope, const float *freq, float scale)
+{
+    rope_id id;
+    memset(&id, 0, sizeof(id));
+    id.seq = seq;
+    id.rope = rope;
+    id.scale = scale;
+    memcpy(id.freq, freq, sizeof(float) * (size_t)(rope / 2));
+    return id;
+}
+
+static int same_id(const rope_id *a, const rope_id *b)
+{
+    return a->seq == b->seq && a->rope == b->rope &&
+           memcmp(&a->scale, &b->scale, sizeof(float)) == 0 &&
+           memcmp(a->freq, b->freq, sizeof(float) * (size_t)(a->rope / 2)) == 0;
+}
+
+static struct {
+    rope_id id;
     const float *tab;
 } host[HOST_MAX];
 static int host_n;
@@ -30,13 +54,13 @@ static size_t host_bytes;
 
 /* The table: the memo's (*owned 0, immutable) or one the caller frees
  * (*owned 1: the memo is full); NULL when out of memory. */
-static const float *host_table(int seq, int rope, float theta, int *owned)
+static const float *host_table(const rope_id *id, int *owned)
 {
     *owned = 0;
+    const int seq = id->seq, rope = id->rope;
     pthread_mutex_lock(&host_lock);
     for (int i = 0; i < host_n; i++)
-        if (host[i].seq == seq && host[i].rope == rope &&
-            host[i].theta == theta) {
+        if (same_id(&host[i].id, id)) {
             const float *t = host[i].tab;
             pthread_mutex_unlock(&host_lock);
             return t;
@@ -46,12 +70,11 @@ static const float *host_table(int seq, int rope, float theta, int *owned)
     float *tab = malloc(bytes);
     if (!tab)
         return NULL;
-    stof__rope_table(tab, NULL, seq, rope, theta);
+    stof__rope_table_f(tab, NULL, seq, rope, id->freq, id->scale);
     pthread_mutex_lock(&host_lock);
     int kept = 0;
     for (int i = 0; i < host_n; i++)
-        if (host[i].seq == seq && host[i].rope == rope &&
-            host[i].theta == theta) {
+        if (same_id(&host[i].id, id)) {
             /* (another thread's, computed meanwhile) */
             const float *t = host[i].tab;
             pthread_mutex_unlock(&host_lock);
@@ -59,9 +82,7 @@ static const float *host_table(int seq, int rope, float theta, int *owned)
             return t;
         }
     if (host_n < HOST_MAX && host_bytes + bytes <= HOST_BYTES) {
-        host[host_n].seq = seq;
-        host[host_n].rope = rope;
-        host[host_n].theta = theta;
+        host[host_n].id = *id;
         host[host_n].tab = tab;
         host_n++;
         host_bytes += bytes;
@@ -79,8 +100,7 @@ static const float *host_table(int seq, int rope, float theta, int *owned)
 #define DEV_MAX 8
 #define DEV_IDLE_BYTES ((size_t)64 << 20)
 typedef struct dev_entry {
-    int seq, rope;
-    float theta;
+    rope_id id;
     CUdeviceptr p;
     size_t bytes;
     int refs;
@@ -125,16 +145,21 @@ static struct stof_ropecache *rc(stof_context *ctx)
 }
 
 stof_status stof__rope_dev_get(stof_context *ctx, int seq, int rope,
-                               float theta, CUdeviceptr *out)
+                               const float *freq, float scale,
+                               CUdeviceptr *out)
 {
     *out = 0;
+    if (seq < 1 || rope < 2 || rope > 256 || rope % 2 || !freq)
+        return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
+                          "the RoPE table of %d positions, %d channels",
+                          seq, rope);
+    const rope_id id = make_id(seq, rope, freq, scale);
     struct stof_ropecache *c = rc(ctx);
     if (c) {
         pthread_mutex_lock(&c->mu);
         for (int i = 0; i < DEV_MAX; i++) {
             dev_entry *e = &c->e[i];
-            if (e->p && e->seq == seq && e->rope == rope &&
-                e->theta == theta) {
+            if (e->p && same_id(&e->id, &id)) {
                 e->refs++;
                 *out = e->p;
                 pthread_mutex_unlock(&c->mu);
@@ -145,7 +170,7 @@ stof_status stof__rope_dev_get(stof_context *ctx, int seq, int rope,
     }
     const size_t bytes = (size_t)seq * (size_t)rope * sizeof(float);
     int owned = 0;
-    const float *h = host_table(seq, rope, theta, &owned);
+    const float *h = host_table(&id, &owned);
     if (!h)
         return stof__fail(ctx, STOF_ERR_OUT_OF_MEMORY,
                           "out of memory (the RoPE table, %zu bytes)", bytes);
@@ -176,7 +201,7 @@ stof_status stof__rope_dev_get(stof_context *ctx, int seq, int rope,
                 slot = i;
         if (slot >= 0) {
             evict = c->e[slot].p;
-            c->e[slot] = (dev_entry){seq, rope, theta, p, bytes, 1};
+            c->e[slot] = (dev_entry){id, p, bytes, 1};
         }
         pthread_mutex_unlock(&c->mu);
     }
@@ -214,4 +239,20 @@ void stof__rope_dev_put(stof_context *ctx, CUdeviceptr p)
         pthread_mutex_unlock(&c->mu);
     }
     ctx->api->cuMemFree(p); /* (not the cache's) */
+}
+
+/* --- stand-in frequencies ---------------------------------------------------- */
+
+static float standin[128];
+static pthread_once_t standin_once = PTHREAD_ONCE_INIT;
+
+static void standin_init(void)
+{
+    stof__rope_freqs(standin, 256, 10000.0f);
+}
+
+const float *stof__rope_freq_standin(void)
+{
+    pthread_once(&standin_once, standin_init);
+    return standin;
 }

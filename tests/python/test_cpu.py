@@ -42,6 +42,13 @@ def check_score_mods():
     assert stof._Desc.alibi_slopes.offset == 136, stof._Desc.alibi_slopes.offset
     assert stof._Desc.bias_stride.offset == 144, stof._Desc.bias_stride.offset
     assert stof._Desc.bias.offset == 168, stof._Desc.bias.offset
+    # stof_layer_desc's mirror: the same size as before rope_scale and
+    # rope_freq took reserved bytes (x86-64)
+    if ctypes.sizeof(ctypes.c_void_p) == 8:
+        assert ctypes.sizeof(stof._LayerDesc) == 104, ctypes.sizeof(stof._LayerDesc)
+        assert stof._LayerDesc.rope_scale.offset == 60
+        assert stof._LayerDesc.rope_freq.offset == 64
+        assert stof._LayerDesc.reserved.offset == 72
     assert stof._Desc.reserved.offset == 172, stof._Desc.reserved.offset
 
     s8 = stof.alibi_slopes(8)
@@ -607,8 +614,46 @@ def check_int_ranges(ctx, fam):
                       (dict(rope_theta=0.5), ("rope_theta",)),
                       (dict(rope_dim=16), ("rope_dim", "rope_theta")),
                       (dict(rope_theta=1e4, rope_dim=24), ("rope_dim",)),
-                      (dict(rope_theta=1e4, rope_dim=80), ("rope_dim", "64"))):
+                      (dict(rope_theta=1e4, rope_dim=80), ("rope_dim", "64")),
+                      (dict(rope_theta=1e4, rope_freq=[0.5] * 32),
+                       ("rope_theta", "rope_freq")),
+                      (dict(rope_freq=[1.0, 0.5, float("nan")] + [0.1] * 29),
+                       ("rope_freq[2]",)),
+                      (dict(rope_freq=[-1.0] + [0.1] * 15, rope_dim=32),
+                       ("rope_freq[0]", "-1")),
+                      (dict(rope_theta=1e4, rope_scale=-1.0), ("rope_scale",)),
+                      (dict(rope_scale=2.0), ("rope_scale", "without RoPE"))):
         expect_error(lambda: plan_rope(**kw), stof.StofError, *words)
+    # rope_freq: exactly the pairs the library reads (rope_dim / 2, or
+    # head_dim / 2), numbers
+    expect_error(lambda: plan_rope(rope_freq=[0.5] * 31), ValueError,
+                 "rope_freq", "31 values", "32 pairs")
+    expect_error(lambda: plan_rope(rope_freq=[0.5] * 32, rope_dim=32),
+                 ValueError, "rope_freq", "16 pairs")
+    expect_error(lambda: plan_rope(rope_freq=["0.5"] * 32), TypeError,
+                 "rope_freq[0]")
+    expect_error(lambda: plan_rope(rope_freq=[1e39] * 32), ValueError,
+                 "rope_freq[0]")
+    expect_error(lambda: plan_rope(rope_theta=1e4, rope_scale="2"), TypeError,
+                 "rope_scale")
+    # rope_args from a configuration: the default rope type gives its base
+    # (transformers 5's rope_parameters, or 4's rope_theta), a partial
+    # rotary its rope_dim; no RoPE, or one per layer type: refused
+    from types import SimpleNamespace as NS
+    cfg = NS(hidden_size=256, num_attention_heads=4,
+             rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    assert stof.rope_args(cfg, 128) == {"rope_dim": 0, "rope_theta": 500000.0}
+    cfg = NS(hidden_size=256, num_attention_heads=4, head_dim=64,
+             rope_theta=10000.0, rope_scaling=None, partial_rotary_factor=0.25)
+    assert stof.rope_args(cfg, 128) == {"rope_dim": 16, "rope_theta": 10000.0}
+    expect_error(lambda: stof.rope_args(NS(hidden_size=256,
+                                           num_attention_heads=4), 128),
+                 ValueError, "rope_theta")
+    expect_error(lambda: stof.rope_args(NS(
+        hidden_size=256, num_attention_heads=4,
+        rope_parameters={"full_attention": {"rope_theta": 1e6},
+                         "sliding_attention": {"rope_theta": 1e4}}), 128),
+        ValueError, "per layer type")
     expect_error(lambda: stof.Context(require_device=False, user_db="",
                                       device=2 ** 32), ValueError, "device")
     expect_error(lambda: stof._stream_handle(2 ** 64), ValueError, "stream")

@@ -11,6 +11,12 @@ on 2 K/V heads, SwiGLU, a causal mask, rope_theta 10000) planned in fp16.
 - Partial rotary (GPT-NeoX: rope_dim = head_dim / 2, the first half of each
   head's channels rotate, the rest pass) against the hand-written
   reference of rotate-half in fp32.
+- Scaled rope types (Llama 3.1's "llama3", "yarn" with its attention
+  factor), where transformers is installed: stof.rope_args turns the
+  LlamaConfig into the layer's own frequencies and scale, and stof's output
+  is checked against LlamaDecoderLayer in fp32 with that configuration's
+  rotary embedding, as above; the layer with the unscaled base must be far
+  from it.
 - Each comparison first checks that it can see the rotation: the layer
   without RoPE, or rotating the whole head, is far outside its tolerance.
 - Bad RoPE arguments are refused, naming the argument.
@@ -115,23 +121,37 @@ def hf_theta(config):
     return float(config.rope_theta)
 
 
-def hf_outputs(w, x):
-    """transformers' LlamaDecoderLayer (eager attention) on the same weights
-    with its own rotary embeddings: (fp32 output, fp16 output), or None
-    without transformers."""
+def hf_config(scaling=None):
+    """A LlamaConfig of the layer, base THETA, with the rope type `scaling`
+    (a dict as in a model's config.json: rope_type and its parameters), or
+    None without transformers."""
     try:
+        import transformers
         from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import (
-            LlamaDecoderLayer, LlamaRotaryEmbedding)
     except ImportError as e:
         print("skip (transformers part): transformers is not available (%s)" % e)
         return None
-    cfg = LlamaConfig(hidden_size=HID, intermediate_size=FFN,
-                      num_attention_heads=HEADS, num_key_value_heads=KV,
-                      rms_norm_eps=EPS, hidden_act="silu", rope_theta=THETA,
-                      attention_bias=False, mlp_bias=False)
+    kw = dict(hidden_size=HID, intermediate_size=FFN,
+              num_attention_heads=HEADS, num_key_value_heads=KV,
+              rms_norm_eps=EPS, hidden_act="silu", attention_bias=False,
+              mlp_bias=False, max_position_embeddings=4 * S)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        kw["rope_parameters"] = dict(scaling or {"rope_type": "default"},
+                                     rope_theta=THETA)
+    else:
+        kw.update(rope_theta=THETA, rope_scaling=scaling)
+    cfg = LlamaConfig(**kw)
     cfg._attn_implementation = "eager"
     assert hf_theta(cfg) == THETA, "LlamaConfig's rope base: %g" % hf_theta(cfg)
+    return cfg
+
+
+def hf_outputs(w, x, cfg):
+    """transformers' LlamaDecoderLayer (eager attention) of configuration
+    cfg on the same weights with its own rotary embeddings: (fp32 output,
+    fp16 output)."""
+    from transformers.models.llama.modeling_llama import (
+        LlamaDecoderLayer, LlamaRotaryEmbedding)
     layer = LlamaDecoderLayer(cfg, layer_idx=0).to(DEVICE).float().eval()
     # Kept in fp32 (inv_freq is a buffer: .half() would round it), as in a
     # model loaded in fp16; its cos and sin come out in the input's dtype.
@@ -176,7 +196,8 @@ def run_layer(ctx, mask, w, x, rope_dim):
     dim = rope_dim or HD
     assert L.rope_theta == THETA and L.rope_dim == dim, (L.rope_theta, L.rope_dim)
     desc = L.describe()
-    assert desc["desc"]["rope"] == {"theta": THETA, "dim": dim}, desc["desc"]["rope"]
+    assert desc["desc"]["rope"] == {"theta": THETA, "dim": dim, "scale": 1.0,
+                                    "freq": "theta"}, desc["desc"]["rope"]
     print("rope_dim %d: plan %s" % (dim, desc["kernels"]))
     y = torch.full_like(x, float("nan"))
     L.run(w, x, y)
@@ -206,6 +227,7 @@ def main():
 
     # The whole head rotates (Llama).
     L, y = run_layer(ctx, mask, w, x, 0)
+    y_full = y
     ref = reference(w, x, HD)
     e_ref16 = rel(reference(w, x, HD, torch.float16), ref)
     e_norope = rel(reference(w, x, 0), ref)
@@ -215,9 +237,9 @@ def main():
     limit = max(5 * e_ref16, 5e-3)
     assert e_norope > 10 * limit, "the check cannot see RoPE: %g" % e_norope
     assert e < limit, e
-    hf = hf_outputs(w, x)
-    if hf is not None:
-        hf32, hf16 = hf
+    cfg = hf_config()
+    if cfg is not None:
+        hf32, hf16 = hf_outputs(w, x, cfg)
         e_hf, e_hf16, e_refhf = rel(y, hf32), rel(hf16, hf32), rel(ref, hf32)
         print("full RoPE: stof fp16 vs LlamaDecoderLayer fp32 %.3g "
               "(LlamaDecoderLayer fp16: %.3g; the fp32 reference: %.3g)"
@@ -254,6 +276,45 @@ def main():
     assert e_full > 10 * limit, "the check cannot tell rope_dim: %g" % e_full
     assert e < limit, e
 
+    # Scaled rope types from a LlamaConfig through stof.rope_args: llama3
+    # (wavelengths above 32 positions divided by 8, those between 8 and 32
+    # blended), yarn (factor 4 over S positions: its attention factor
+    # 0.1 ln 4 + 1 scales cos and sin). The unscaled layer's output (y_full)
+    # must be far from each.
+    for scaling in ({"rope_type": "llama3", "factor": 8.0,
+                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 32},
+                    {"rope_type": "yarn", "factor": 4.0,
+                     "original_max_position_embeddings": S}):
+        cfg = hf_config(scaling)
+        if cfg is None:
+            break
+        kw = stof.rope_args(cfg, S)
+        assert "rope_freq" in kw and "rope_theta" not in kw, kw
+        assert len(kw["rope_freq"]) == HD // 2, kw
+        name = scaling["rope_type"]
+        print("%s: rope_scale %.6g, frequencies %s..." % (
+            name, kw["rope_scale"], ["%.4g" % f for f in kw["rope_freq"][:4]]))
+        Ls = ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu", "rms",
+                            True, mask, eps=EPS, kv_heads=KV, bias=False,
+                            gated=True, **kw)
+        r = Ls.describe()["desc"]["rope"]
+        assert (r["theta"] is None and r["dim"] == HD and r["freq"] == "table"
+                and abs(r["scale"] - (kw["rope_scale"] or 1.0)) < 1e-6), r
+        assert abs(Ls.rope_scale - (kw["rope_scale"] or 1.0)) < 1e-6
+        assert Ls.rope_freq is not None and len(Ls.rope_freq) == HD // 2
+        ys = torch.full_like(x, float("nan"))
+        Ls.run(w, x, ys)
+        torch.cuda.synchronize()
+        Ls.close()
+        hf32, hf16 = hf_outputs(w, x, cfg)
+        e, e_hf16, e_plain = rel(ys, hf32), rel(hf16, hf32), rel(y_full, hf32)
+        limit = max(5 * e_hf16, 5e-3)
+        print("%s: stof fp16 vs LlamaDecoderLayer fp32 %.3g (LlamaDecoderLayer "
+              "fp16: %.3g; stof unscaled: %.3g)" % (name, e, e_hf16, e_plain))
+        assert e_plain > 10 * limit, "the check cannot see %s: %g" % (name, e_plain)
+        assert e < limit, e
+
     # Bad arguments are refused before anything is planned, naming them.
     def plan(**kw):
         return ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu",
@@ -271,6 +332,14 @@ def main():
                  "rope_dim")
     expect_error(lambda: plan(rope_dim=16), stof.StofError, "rope_dim",
                  "rope_theta")
+    expect_error(lambda: plan(rope_freq=[0.1] * (HD // 2), rope_theta=THETA),
+                 stof.StofError, "rope_theta", "rope_freq")
+    expect_error(lambda: plan(rope_freq=[0.1] * (HD // 2 - 1)), ValueError,
+                 "rope_freq")
+    expect_error(lambda: plan(rope_freq=[float("inf")] * (HD // 2)),
+                 stof.StofError, "rope_freq[0]")
+    expect_error(lambda: plan(rope_theta=THETA, rope_scale=float("nan")),
+                 stof.StofError, "rope_scale")
     expect_error(lambda: plan(rope_theta="10000"), TypeError, "rope_theta")
     expect_error(lambda: plan(rope_theta=1e39), ValueError, "rope_theta")
     expect_error(lambda: plan(rope_theta=THETA, rope_dim=16.0), TypeError, "rope_dim")
