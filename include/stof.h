@@ -860,8 +860,8 @@ typedef struct stof_layer_desc {
     float rope_theta;     /* rotary position embeddings (RoPE) on Q and K,
                              in the rotate-half form of Llama, GPT-NeoX
                              and Hugging Face's default rope type: 0 =
-                             none, else the base (Llama 2: 10000, Llama 3:
-                             500000; finite and > 1). The token at
+                             none (or rope_freq's), else the base (Llama
+                             2: 10000, Llama 3: 500000; finite and > 1). The token at
                              position p of its sequence (token b * seq +
                              p) rotates the channel pairs (i, i + rope_dim
                              / 2), i < rope_dim / 2, of each Q and K head
@@ -871,8 +871,9 @@ typedef struct stof_layer_desc {
                              ulp). Scaled rope types (Hugging Face's
                              rope_scaling: llama3, linear, yarn, longrope,
                              dynamic) give their frequencies in rope_freq
-                             instead, with rope_theta 0. The rotation is of the projection plus its bias
-                             in fp32 before its rounding to the dtype
+                             instead, with rope_theta 0. The rotation is
+                             of the projection plus its bias in fp32
+                             before its rounding to the dtype
                              where the QKV GEMM fuses it (the Hopper
                              template), else of the rounded projection (a
                              kernel after it); V is not rotated */
@@ -883,12 +884,13 @@ typedef struct stof_layer_desc {
                              (rope_theta or rope_freq) */
     float rope_scale;     /* RoPE's cos and sin multiplied by it, in fp32
                              (Hugging Face's attention_scaling: yarn,
-                             longrope): 0 = 1; else finite and > 0. Only
+                             longrope): 0 = 1; else in (0, 16]. Only
                              with RoPE */
     const float *rope_freq; /* RoPE with frequencies given instead of a
                              base (rope_theta 0): rope_dim / 2 (head_dim /
                              2 for rope_dim 0) finite values >= 0 on the
-                             host, f_i of pair i, e.g. Hugging Face's
+                             host (each angle (seq - 1) f_i finite in
+                             fp32 too), f_i of pair i, e.g. Hugging Face's
                              rotary_emb.inv_freq for any rope type (the
                              one of this seq for dynamic and longrope);
                              read by the plan, not kept. NULL: theta's

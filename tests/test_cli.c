@@ -563,8 +563,8 @@ Test(cli, bad_workload_files)
          "bad.workload:3: layer b is given twice"},
         /* RoPE's plan rules (the values parsed into the descriptor) */
         {"mask causal\nlayer b hidden=768 heads=12 rope_dim=32\ntokens 1x8\n",
-         "bad.workload:2: layer b at 1x8 tokens: desc.rope_dim 32 / "
-         "rope_scale 0 without RoPE"},
+         "bad.workload:2: layer b at 1x8 tokens: desc.rope_dim 32 without "
+         "RoPE"},
         {"mask causal\nlayer b hidden=768 heads=12 rope=tables\ntokens 1x8\n",
          "bad rope=tables"},
         {"mask causal\nlayer b hidden=768 heads=12 rope=table rope_dim=24\n"

@@ -209,6 +209,18 @@ static void e_scale_nan(stof_layer_desc *d)
     d->rope_scale = NAN;
 }
 static void e_scale_alone(stof_layer_desc *d) { d->rope_scale = 2.0f; }
+static void e_scale_big(stof_layer_desc *d)
+{
+    d->rope_theta = 10000.0f;
+    d->rope_scale = 17.0f;
+}
+static void e_freq_angle(stof_layer_desc *d)
+{
+    /* (finite, but 255 times it is not) */
+    static float f[32];
+    f[5] = 1e37f;
+    d->rope_freq = f;
+}
 static void e_rdim_24(stof_layer_desc *d)
 {
     d->rope_theta = 10000.0f;
@@ -248,14 +260,17 @@ Test(layer, rope_descriptors_are_named)
         {"desc.rope_theta 0.5", e_theta_half},
         {"desc.rope_theta 1:", e_theta_one},
         {"desc.rope_theta", e_theta_nan_dim},
-        {"desc.rope_dim 32 / rope_scale 0 without RoPE", e_rdim_alone},
+        {"desc.rope_dim 32 without RoPE", e_rdim_alone},
         {"desc.rope_theta 10000 with desc.rope_freq", e_freq_theta},
         {"desc.rope_freq[3] nan", e_freq_nan},
         {"desc.rope_freq[7] -1", e_freq_neg},
         {"desc.rope_freq[31] inf", e_freq_inf},
         {"desc.rope_scale -1", e_scale_neg},
         {"desc.rope_scale nan", e_scale_nan},
-        {"desc.rope_dim 0 / rope_scale 2 without RoPE", e_scale_alone},
+        {"desc.rope_scale 2 without RoPE", e_scale_alone},
+        {"desc.rope_scale 17: 0 (1) or in (0, 16]", e_scale_big},
+        {"desc.rope_freq[5] 1e+37: the frequencies are finite, >= 0, and "
+         "their angles at position 255", e_freq_angle},
         {"desc.rope_dim 24", e_rdim_24},
         {"desc.rope_dim 80", e_rdim_big},
         {"desc.rope_dim -16", e_rdim_neg},

@@ -16,7 +16,7 @@
  *                            rotary position embeddings with base THETA
  *                            (a finite number > 1, e.g. 10000; "table":
  *                            frequencies of the layer's own, keyed for
- *                            every table, as Llama 3's), over the
+ *                            every table, as Llama 3.1's), over the
  *                            first D channels of each head (rope_dim: 0,
  *                            the default, is the whole head; else a
  *                            multiple of 16 up to head_dim; only with

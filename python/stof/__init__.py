@@ -590,8 +590,14 @@ def rope_args(config, seq):
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError("rope_args: transformers knows no rope type %r"
                          % (rope_type,))
+    seq_len = int(seq)
+    if "dynamic" in rope_type and seq_len > getattr(
+            config, "max_position_embeddings", seq_len):
+        # (as a model's forward gives it, a tensor: the scaled base in fp32)
+        import torch
+        seq_len = torch.tensor(seq_len)
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, None,
-                                                     seq_len=int(seq))
+                                                     seq_len=seq_len)
     out["rope_freq"] = inv_freq.detach().float().cpu().reshape(-1).tolist()
     out["rope_scale"] = float(scale)
     return out
@@ -1352,8 +1358,10 @@ class Context:
         freq = None
         if rope_freq is not None:
             # (the library reads rope_dim / 2 of them: exactly that many)
-            if hasattr(rope_freq, "detach"):
+            if hasattr(rope_freq, "detach"):  # (a tensor)
                 rope_freq = rope_freq.detach().float().cpu().reshape(-1).tolist()
+            elif hasattr(rope_freq, "reshape") and hasattr(rope_freq, "tolist"):
+                rope_freq = rope_freq.reshape(-1).tolist()  # (an array)
             vals = [_c_float(v, "rope_freq[%d]" % i)
                     for i, v in enumerate(rope_freq)]
             hd = d.hidden // d.heads if d.heads > 0 else 0

@@ -246,7 +246,7 @@ void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
  * double, corrected by a's rounding, re-anchored every 64 positions; with
  * pos: libm). tab holds n * rope floats. */
 void stof__rope_table(float *tab, const int *pos, int n, int rope,
-                      float theta);
+                      float theta); /* (rope above 256: nothing written) */
 
 /* Hugging Face's default frequencies: f[i] = 1 / theta^(2 i / rope) in
  * fp32, i < rope / 2. */

@@ -155,14 +155,20 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                    "rope_theta 0)",
                    (double)d->rope_theta);
     const int has_rope = stof__layer_has_rope(d);
-    STOF_CHECK_ARG(ctx, has_rope || (d->rope_dim == 0 && d->rope_scale == 0.0f),
-                   "desc.rope_dim %d / rope_scale %g without RoPE "
-                   "(desc.rope_theta or desc.rope_freq)",
-                   d->rope_dim, (double)d->rope_scale);
+    STOF_CHECK_ARG(ctx, has_rope || d->rope_dim == 0,
+                   "desc.rope_dim %d without RoPE (desc.rope_theta or "
+                   "desc.rope_freq)",
+                   d->rope_dim);
+    STOF_CHECK_ARG(ctx, has_rope || d->rope_scale == 0.0f,
+                   "desc.rope_scale %g without RoPE (desc.rope_theta or "
+                   "desc.rope_freq)",
+                   (double)d->rope_scale);
+    /* (at most 16: Hugging Face's attention factors are 1 to about 2.5;
+     * a larger one would overflow the rotated Q and K) */
     STOF_CHECK_ARG(ctx,
                    d->rope_scale == 0.0f ||
-                       (isfinite(d->rope_scale) && d->rope_scale > 0.0f),
-                   "desc.rope_scale %g: 0 (1) or a finite value > 0",
+                       (d->rope_scale > 0.0f && d->rope_scale <= 16.0f),
+                   "desc.rope_scale %g: 0 (1) or in (0, 16]",
                    (double)d->rope_scale);
     if (has_rope) {
         const int hd = d->hidden / d->heads;
@@ -177,13 +183,20 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                        "head_dim %d is not a multiple of 16 (the rotated "
                        "channels must be): set rope_dim",
                        hd);
+        /* Each frequency finite, >= 0, and its angle at the last position
+         * finite in fp32 (else its cos and sin would be NaN). */
         const int half = (d->rope_dim > 0 ? d->rope_dim : hd) / 2;
-        for (int i = 0; d->rope_freq && i < half; i++)
+        const float last = (float)(d->seq - 1);
+        for (int i = 0; d->rope_freq && i < half; i++) {
+            const volatile float ang = last * d->rope_freq[i];
             STOF_CHECK_ARG(ctx,
-                           isfinite(d->rope_freq[i]) && d->rope_freq[i] >= 0.0f,
+                           isfinite(d->rope_freq[i]) &&
+                               d->rope_freq[i] >= 0.0f && isfinite(ang),
                            "desc.rope_freq[%d] %g: the frequencies are "
-                           "finite and >= 0",
-                           i, (double)d->rope_freq[i]);
+                           "finite, >= 0, and their angles at position %d "
+                           "too",
+                           i, (double)d->rope_freq[i], d->seq - 1);
+        }
     }
     if (!m)
         return STOF_OK;

@@ -1,11 +1,11 @@
 /*
  * rope_cache.c - RoPE tables for layers (stof_layer_desc.rope_theta or
- * rope_freq): the (cos, sin) table of a sequence length, rotated channels,
- * frequencies and scale (compared bit for bit), computed once a process on the host (stof__rope_table) and uploaded
- * once a context, shared by every plan of the context that needs it (those
- * no plan holds kept up to 64 MB a context, 64 MB of host tables a
- * process). A
- * warm plan of a RoPE layer then copies nothing: uploading 512 KB (2048
+ * rope_freq): the (cos, sin) table of a sequence length, rotated
+ * channels, frequencies and scale (compared bit for bit), computed once a
+ * process on the host (stof__rope_table_f) and uploaded once a context,
+ * shared by every plan of the context that needs it (those no plan holds
+ * kept up to 64 MB a context, 64 MB of host tables a process). A warm
+ * plan of a RoPE layer then copies nothing: uploading 512 KB (2048
  * positions of 64 pairs) took a warm plan about 0.7 ms (H200, pageable
  * copy and the plan's closing wait), more than the rest of it.
  */

@@ -315,6 +315,27 @@ def main():
         assert e_plain > 10 * limit, "the check cannot see %s: %g" % (name, e_plain)
         assert e < limit, e
 
+    # rope_args for the sequence-dependent types gives what the model's own
+    # rotary embedding uses after a forward at that length, bit for bit:
+    # dynamic (beyond max_position_embeddings: a scaled base) and longrope
+    # (its long factors beyond the original length, else its short ones).
+    for scaling in ({"rope_type": "dynamic", "factor": 2.0},
+                    {"rope_type": "longrope", "original_max_position_embeddings": S // 2,
+                     "long_factor": [1.0 + 0.1 * i for i in range(HD // 2)],
+                     "short_factor": [1.0] * (HD // 2)}):
+        cfg = hf_config(scaling)
+        if cfg is None:
+            break
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        for seq in (S // 4, 8 * S):
+            kw = stof.rope_args(cfg, seq)
+            rotary = LlamaRotaryEmbedding(config=cfg)
+            rotary(torch.zeros(1, seq, HD), torch.arange(seq)[None])
+            assert torch.equal(torch.tensor(kw["rope_freq"]), rotary.inv_freq.float()), \
+                (scaling["rope_type"], seq)
+            assert kw["rope_scale"] == rotary.attention_scaling, (kw, rotary.attention_scaling)
+        print("%s: rope_args matches the model's rotary embedding" % scaling["rope_type"])
+
     # Bad arguments are refused before anything is planned, naming them.
     def plan(**kw):
         return ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu",
