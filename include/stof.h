@@ -879,8 +879,10 @@ typedef struct stof_layer_desc {
                              kernel after it); V is not rotated */
     int rope_dim;         /* the channels of each head that rotate (the
                              first rope_dim; GPT-NeoX's partial rotary):
-                             0 = head_dim; else a multiple of 16 that is
-                             at most head_dim. Only with RoPE
+                             0 = head_dim; else a multiple of 4 that is
+                             at most head_dim (the Hopper GEMM's epilogue
+                             rotates multiples of 16; others, e.g. GPT-NeoX
+                             20B's 24, run the rope kernel after it). Only with RoPE
                              (rope_theta or rope_freq) */
     float rope_scale;     /* RoPE's cos and sin multiplied by it, in fp32
                              (Hugging Face's attention_scaling: yarn,

@@ -311,25 +311,38 @@ extern "C" __global__ void stof_gate(const unsigned short *x,
 // [ld]: in each head of hd columns below cols, row r (position p = r %
 // seq) rotates the pairs (i, i + rope / 2), i < rope / 2, by tab[p][i] =
 // (cos, sin): (a, b) -> (a cos - b sin, b cos + a sin), in fp32, rounded
-// once (gemm.h's rope). hd a multiple of 8, rope of 16, cols of hd, ld
+// once (gemm.h's rope). hd a multiple of 8, rope of 4, cols of hd, ld
 // of 8, x 16-byte aligned: a thread step rotates 8 pairs (two 16-byte
-// chunks of a row and 64 bytes of the table), grid-stride.
+// chunks of a row and 64 bytes of the table) where rope is a multiple of
+// 16, else 2 pairs (two 4-byte chunks, 16 bytes of the table: GPT-NeoX
+// 20B's 24 channels, StableLM 3B's 20), grid-stride.
 extern "C" __global__ void stof_rope(unsigned short *x, int rows, stof_i64 ld,
                                      int cols, int hd, int rope,
                                      const float4 *tab, int seq)
 {
     stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
     stof_grid_release();
-    const int half = rope / 2, groups = half / 8;
+    const int half = rope / 2, gw = half % 8 == 0 ? 8 : 2,
+              groups = half / gw;
     const stof_i64 per_row = (stof_i64)(cols / hd) * groups;
     const stof_i64 total = (stof_i64)rows * per_row;
     for (stof_i64 i = blockIdx.x * (stof_i64)blockDim.x + threadIdx.x;
          i < total; i += (stof_i64)gridDim.x * blockDim.x) {
         const stof_i64 r = i / per_row;
         const int k = (int)(i - r * per_row), h = k / groups;
-        const int c = (k - h * groups) * 8;
+        const int c = (k - h * groups) * gw;
         const int pos = (int)(r % seq);
         unsigned short *pa = x + r * ld + (stof_i64)h * hd + c;
+        if (gw == 2) { /* (c and half even: 4-byte pairs, a float4) */
+            unsigned *const pu = (unsigned *)pa, *const pv = (unsigned *)(pa + half);
+            const unsigned ua = *pu, ub = *pv;
+            const float4 cs = tab[((stof_i64)pos * half + c) / 2];
+            const float a0 = gm_lo(ua), a1 = gm_hi(ua);
+            const float b0 = gm_lo(ub), b1 = gm_hi(ub);
+            *pu = stof_pack2(a0 * cs.x - b0 * cs.y, a1 * cs.z - b1 * cs.w);
+            *pv = stof_pack2(b0 * cs.x + a0 * cs.y, b1 * cs.z + a1 * cs.w);
+            continue;
+        }
         float a[8], b[8];
         stof_unpack8(*(const stof_v8 *)pa, a);
         stof_unpack8(*(const stof_v8 *)(pa + half), b);

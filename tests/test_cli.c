@@ -567,18 +567,20 @@ Test(cli, bad_workload_files)
          "RoPE"},
         {"mask causal\nlayer b hidden=768 heads=12 rope=tables\ntokens 1x8\n",
          "bad rope=tables"},
-        {"mask causal\nlayer b hidden=768 heads=12 rope=table rope_dim=24\n"
+        {"mask causal\nlayer b hidden=768 heads=12 rope=table rope_dim=22\n"
          "tokens 1x8\n",
-         "desc.rope_dim 24: 0 (the whole head)"},
-        {"mask causal\nlayer b hidden=768 heads=12 rope=10000 rope_dim=24\n"
+         "desc.rope_dim 22: 0 (the whole head)"},
+        {"mask causal\nlayer b hidden=768 heads=12 rope=10000 rope_dim=30\n"
          "tokens 1x8\n",
-         "desc.rope_dim 24: 0 (the whole head) or a multiple of 16 up to "
+         "desc.rope_dim 30: 0 (the whole head) or a multiple of 4 up to "
          "head_dim 64"},
         {"mask causal\nlayer b hidden=768 heads=12 rope_dim=80 rope=1e4\n"
          "tokens 1x8\n",
          "desc.rope_dim 80"},
-        {"mask causal\nlayer b hidden=192 heads=8 rope=500000\ntokens 1x8\n",
-         "head_dim 24 is not a multiple of 16"},
+        {"mask causal\nlayer b hidden=192 heads=8 rope=500000 rope_dim=28\n"
+         "tokens 1x8\n",
+         "desc.rope_dim 28: 0 (the whole head) or a multiple of 4 up to "
+         "head_dim 24"},
     };
     /* 256 masks x 256 tokens sizes x 2 layers: more than one run tunes. */
     FILE *big = fopen(P("big.workload"), "w");

@@ -1744,9 +1744,10 @@ Test(gpu, wgmma_rope_arguments, .timeout = 120)
  * the rope kernel stof_rope in place on its rounded output), against
  * stof__ref_gemm_rope (which rotates before the rounding: a little more
  * error allowed): the mma.sync template on any GPU, and the Hopper
- * template without rope on cc 9.0; heads of 128, 64, 72 and 80 (no
+ * template without rope on cc 9.0; heads of 128, 64, 72, 80 and 96 (no
  * Hopper tile holds whole heads of 72 or 80: only this path takes them),
- * whole and partial, with and without a bias, M tails, seq not dividing
+ * whole and partial, rotations of 20, 24 and 72 channels (not of 16:
+ * only this path), with and without a bias, M tails, seq not dividing
  * M, padded rows (the padding left alone), V's columns untouched. Then
  * the kernel's argument checks. */
 static void rope_kernel(stof_dtype dt)
@@ -1767,6 +1768,14 @@ static void rope_kernel(stof_dtype dt)
          1000, 576, 136, 8, 250, 432},
         {{64, 64, 32, 2, 2, 3, 0, 1, 0}, 32, 80, 1,
          200, 800, 136, 0, 64, 640},
+        /* rotations not of 16 channels (2 pairs a thread step): GPT-NeoX
+         * 20B's 24 of 96, StableLM 3B's 20 of 80, a whole head of 72 */
+        {{64, 128, 32, 2, 2, 4, 0, 1, 0}, 24, 96, 1,
+         500, 960, 200, 8, 100, 768},
+        {{64, 64, 32, 2, 2, 3, 0, 1, 0}, 20, 80, 0,
+         300, 800, 136, 0, 64, 640},
+        {{128, 64, 32, 2, 2, 3, 0, 1, 0}, 72, 72, 1,
+         400, 576, 136, 8, 250, 432},
         /* the Hopper template's plain product (cc 9.0 only) */
         {{128, 256, 64, 2, 1, 4, 1, 1, 0}, 64, 128, 1,
          1000, 1280, 200, 0, 1000, 1024},
@@ -1796,7 +1805,7 @@ static void rope_kernel(stof_dtype dt)
                                     &size),
                  STOF_ERR_INVALID_ARGUMENT);
     cr_expect(strstr(stof_errmsg(ctx), "rope"), "%s", stof_errmsg(ctx));
-    cr_expect_eq(stof__rope_compile(ctx, dt, 64, 24, NULL, &bin, &size),
+    cr_expect_eq(stof__rope_compile(ctx, dt, 64, 22, NULL, &bin, &size),
                  STOF_ERR_INVALID_ARGUMENT);
     cr_expect_eq(stof__rope_compile(ctx, dt, 64, 80, NULL, &bin, &size),
                  STOF_ERR_INVALID_ARGUMENT);
@@ -1817,7 +1826,7 @@ static void rope_kernel(stof_dtype dt)
         {0, 8, 252, 128, 64, 64, 0, 4},   /* ld not a multiple of 8 */
         {0, 8, 64, 128, 64, 64, 0, 4},    /* ld < cols */
         {0, 8, 256, 96, 64, 64, 0, 4},    /* part of a head */
-        {0, 8, 256, 128, 64, 24, 0, 4},   /* rope not of 16 */
+        {0, 8, 256, 128, 64, 22, 0, 4},   /* rope not of 4 */
         {0, 8, 256, 128, 64, 80, 0, 4},   /* rope > hd */
         {0, 8, 256, 120, 60, 48, 0, 4},   /* hd not of 8 */
         {0, 8, 256, 128, 64, 64, 8, 4},   /* table misaligned */

@@ -360,9 +360,11 @@ static int expect_rope_desc(const stof_layer *L, const stof_layer_desc *d,
     cr_expect(is_lt || bn > 0, "the QKV step has no tile width: %s", desc);
     cr_expect((fused != NULL) + (kern != NULL) == 1,
               "the QKV step has no \"rope\" (or two): %s", desc);
-    /* The Hopper template fuses it in tiles of whole heads; cuBLASLt,
-     * mma.sync and Hopper tiles that split heads cannot. */
-    const int whole = bn > 0 && bn % hd == 0;
+    /* The Hopper template fuses it in tiles of whole heads, rotating a
+     * multiple of 16 channels; cuBLASLt, mma.sync, Hopper tiles that split
+     * heads and other rotations (24 channels) cannot. */
+    const int rope = d->rope_dim > 0 ? d->rope_dim : hd;
+    const int whole = bn > 0 && bn % hd == 0 && rope % 16 == 0;
     cr_expect_eq(fused != NULL, !is_lt && wg != NULL && whole,
                  "rope %s on %s (block_n %d, heads of %d): %s",
                  fused ? "fused" : "kernel",
@@ -927,6 +929,56 @@ Test(gpu_layer, rope_head_dim_80_runs_the_rope_kernel)
                      .no_bias = 1,
                      .rope_theta = 10000.0f,
                      .hd = 80,
+                     .rope_split = 1};
+    run_case(&c);
+}
+
+/* Rotations of channels that are not a multiple of 16 run the rope kernel
+ * after the plain GEMM (2 pairs a thread step), on Hopper too: GPT-NeoX
+ * 20B's 24 of 96 channels (tuned: every split candidate verified), and
+ * StableLM 3B's 20 of 80 with a table of its own; a head of 72 rotated
+ * whole (36 pairs). */
+Test(gpu_layer, rope_dim_24_of_96_runs_the_rope_kernel)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 1,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_ERF,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .rope_theta = 10000.0f,
+                     .rope_dim = 24,
+                     .hd = 96,
+                     .rope_split = 1};
+    run_case(&c);
+}
+
+Test(gpu_layer, rope_dim_20_of_80_table_bf16_cost_model)
+{
+    static float f[10];
+    stof__rope_freqs(f, 20, 10000.0f);
+    f[9] *= 0.25f; /* (a table of its own) */
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_TANH,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .rope_freq = f,
+                     .rope_dim = 20,
+                     .hd = 80,
+                     .rope_split = 1};
+    run_case(&c);
+}
+
+Test(gpu_layer, rope_whole_head_of_72_fp16)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .no_bias = 1,
+                     .rope_theta = 500000.0f,
+                     .hd = 72,
                      .rope_split = 1};
     run_case(&c);
 }

@@ -157,10 +157,10 @@ Test(layer, good_descriptor_without_gpu_says_so)
 }
 
 /* Rotary position embeddings in the descriptor: rope_theta 0 (none) or
- * a finite base > 1; rope_dim 0 (the whole head, which must then be a
- * multiple of 16) or a multiple of 16 up to head_dim, and only with
- * rope_theta. Each bad value refused with the field named (head_dim 64
- * but for the last two cases, 72); good ones pass the descriptor checks
+ * a finite base > 1, or frequencies of its own (rope_freq, with a
+ * rope_scale); rope_dim 0 (the whole head) or a multiple of 4 up to
+ * head_dim, and only with RoPE. Each bad value refused with the field
+ * named (head_dim 64 but for the last case, 72); good ones pass the descriptor checks
  * and, without a GPU, get as far as STOF_ERR_NO_DEVICE. */
 static void e_theta_neg(stof_layer_desc *d) { d->rope_theta = -10000.0f; }
 static void e_theta_nan(stof_layer_desc *d) { d->rope_theta = NAN; }
@@ -221,10 +221,10 @@ static void e_freq_angle(stof_layer_desc *d)
     f[5] = 1e37f;
     d->rope_freq = f;
 }
-static void e_rdim_24(stof_layer_desc *d)
+static void e_rdim_22(stof_layer_desc *d)
 {
     d->rope_theta = 10000.0f;
-    d->rope_dim = 24;
+    d->rope_dim = 22;
 }
 static void e_rdim_big(stof_layer_desc *d)
 {
@@ -271,10 +271,9 @@ Test(layer, rope_descriptors_are_named)
         {"desc.rope_scale 17: 0 (1) or in (0, 16]", e_scale_big},
         {"desc.rope_freq[5] 1e+37: the frequencies are finite, >= 0, and "
          "their angles at position 255", e_freq_angle},
-        {"desc.rope_dim 24", e_rdim_24},
+        {"desc.rope_dim 22: 0 (the whole head) or a multiple of 4", e_rdim_22},
         {"desc.rope_dim 80", e_rdim_big},
         {"desc.rope_dim -16", e_rdim_neg},
-        {"desc.rope_dim 0", e_rdim_hd72},
         {"desc.rope_dim 80", e_rdim_hd72_big},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
@@ -293,17 +292,19 @@ Test(layer, rope_descriptors_are_named)
                      STOF_ERR_INVALID_ARGUMENT, "case %zu (%s)", i,
                      cases[i].field);
     }
-    /* The head_dim 72 message says which head_dim. */
+    /* The message says which head_dim. */
     stof_layer_desc d;
     stof_layer_desc_init(&d, 2, 256, 256, 4, STOF_DTYPE_FP16);
-    e_rdim_hd72(&d);
+    e_rdim_hd72_big(&d);
     stof_layer *L = NULL;
     cr_expect_eq(stof_layer_plan(ctx, &d, m, &L), STOF_ERR_INVALID_ARGUMENT);
     cr_expect(strstr(stof_errmsg(ctx), "head_dim 72"), "%s",
               stof_errmsg(ctx));
     /* Good ones: Llama 2 (the whole head), Llama 3's base, GPT-NeoX's
      * partial rope, head_dim 72 with a rope_dim, the largest; frequencies
-     * of its own (0s allowed) with and without a scale. */
+     * of its own (0s allowed) with and without a scale; rotated channels
+     * not a multiple of 16 (the rope kernel): GPT-NeoX 20B's 24 of 96,
+     * StableLM 3B's 20 of 80, the whole of a head of 72. */
     static const struct {
         int hidden, heads, rope_dim;
         float theta, scale;
@@ -316,7 +317,11 @@ Test(layer, rope_descriptors_are_named)
                 {288, 4, 16, 1e6f, 0, NULL},
                 {1024, 4, 256, 10000.0f, 0, NULL},
                 {256, 4, 0, 0.0f, 0, freq32},
-                {256, 4, 32, 0.0f, 0.5f, freq32}};
+                {256, 4, 32, 0.0f, 0.5f, freq32},
+                {384, 4, 24, 10000.0f, 0, NULL},
+                {320, 4, 20, 10000.0f, 0, NULL},
+                {288, 4, 0, 10000.0f, 0, NULL},
+                {288, 4, 36, 0.0f, 0, freq32}};
     const int gpu = stof_has_device(ctx);
     for (size_t i = 0; i < sizeof(good) / sizeof(*good); i++) {
         stof_layer_desc_init(&d, 2, 256, good[i].hidden, good[i].heads,

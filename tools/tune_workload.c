@@ -326,7 +326,7 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             L->d.rope_theta = ok ? (float)th : 0.0f;
             L->d.rope_freq = NULL;
         } else if (!strcmp(t, "rope_dim")) {
-            /* (0: the whole head; the head's size and the multiple of 16
+            /* (0: the whole head; the head's size and the multiple of 4
              * are checked with the plan's rules, tw_check_specs) */
             ok = eq && int_in(v, 0, 1 << 20, &L->d.rope_dim);
         } else {
@@ -343,7 +343,7 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
                      "gelu_tanh, gelu_erf, relu or silu; norm layer or rms; "
                      "eps in (0, 1); rope a finite base > 1, e.g. 10000, or "
                      "table; "
-                     "rope_dim 0 (the whole head) or a multiple of 16; pre, "
+                     "rope_dim 0 (the whole head) or a multiple of 4; pre, "
                      "post, gated, no_bias take no value)",
                      at, L->name, t, eq ? "=" : "", v, 1 << 20);
             return 1;

@@ -19,7 +19,7 @@
  *                            every table, as Llama 3.1's), over the
  *                            first D channels of each head (rope_dim: 0,
  *                            the default, is the whole head; else a
- *                            multiple of 16 up to head_dim; only with
+ *                            multiple of 4 up to head_dim; only with
  *                            rope)
  *     tokens BxS [BxS...]    the layers' batch x sequence sizes
  *

@@ -1318,7 +1318,7 @@ class Context:
         q_proj's, k_proj's and v_proj's weights stacked as they are (no
         permutation); rope_dim: the channels of each head that rotate, the
         first rope_dim (GPT-NeoX's partial rotary: int(head_dim *
-        config.partial_rotary_factor)), 0 for all of them; a multiple of 16
+        config.partial_rotary_factor)), 0 for all of them; a multiple of 4
         up to head_dim, only with RoPE; rope_freq: instead of rope_theta
         (then 0), the frequencies themselves, rope_dim / 2 (head_dim / 2
         for rope_dim 0) finite numbers >= 0 (a sequence or a tensor), pair

@@ -266,7 +266,7 @@ void stof__aux_memo_clear(void);
  * the heads of hd columns below cols rotated as the epilogue's rope
  * does (after rounding: x holds the GEMM's rounded output), tab on the
  * device. Compile (NVRTC for ctx's device, or arch; thread-safe with ctx
- * NULL) and enqueue (capture-safe): hd a multiple of 8, rope of 16 (rope <=
+ * NULL) and enqueue (capture-safe): hd a multiple of 8, rope of 4 (rope <=
  * hd), cols a multiple of hd <= ld, ld a multiple of 8, x 16-byte
  * aligned. */
 stof_status stof__rope_compile(stof_context *ctx, stof_dtype dt, int hd,

@@ -586,7 +586,7 @@ stof_status stof__rope_compile(stof_context *ctx, stof_dtype dt, int hd,
     *cubin = NULL;
     *size = 0;
     if ((dt != STOF_DTYPE_FP16 && dt != STOF_DTYPE_BF16) || hd <= 0 ||
-        hd % 8 || rope <= 0 || rope % 16 || rope > hd)
+        hd % 8 || rope <= 0 || rope % 4 || rope > hd)
         return stof__fail(ctx, STOF_ERR_INVALID_ARGUMENT,
                           "rope compile: dtype %d, head_dim %d, rope %d",
                           (int)dt, hd, rope);
@@ -603,11 +603,13 @@ stof_status stof__rope_launch(CUfunction fn, CUdeviceptr x, int rows,
                               const stof_api *api)
 {
     if (!fn || !api || !api->cuLaunchKernel || rows < 0 || hd <= 0 ||
-        hd % 8 || rope <= 0 || rope % 16 || rope > hd || cols < 0 ||
+        hd % 8 || rope <= 0 || rope % 4 || rope > hd || cols < 0 ||
         cols % hd || ld % 8 || ld < cols || !x || x % 16u || !tab ||
         tab % 16u || seq <= 0)
         return STOF_ERR_INVALID_ARGUMENT;
-    const int64_t total = (int64_t)rows * (cols / hd) * (rope / 16);
+    /* (a thread step: 8 pairs, or 2 where rope is not a multiple of 16) */
+    const int64_t total =
+        (int64_t)rows * (cols / hd) * (rope % 16 ? rope / 4 : rope / 16);
     if (total == 0)
         return STOF_OK;
     const int64_t blocks = (total + 255) / 256;

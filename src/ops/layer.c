@@ -172,17 +172,13 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                    (double)d->rope_scale);
     if (has_rope) {
         const int hd = d->hidden / d->heads;
+        /* (head_dim is a multiple of 8: rope_dim 0 qualifies) */
         STOF_CHECK_ARG(ctx,
                        d->rope_dim >= 0 && d->rope_dim <= hd &&
-                           d->rope_dim % 16 == 0,
+                           d->rope_dim % 4 == 0,
                        "desc.rope_dim %d: 0 (the whole head) or a multiple "
-                       "of 16 up to head_dim %d",
+                       "of 4 up to head_dim %d",
                        d->rope_dim, hd);
-        STOF_CHECK_ARG(ctx, d->rope_dim != 0 || hd % 16 == 0,
-                       "desc.rope_dim 0 rotates the whole head, but "
-                       "head_dim %d is not a multiple of 16 (the rotated "
-                       "channels must be): set rope_dim",
-                       hd);
         /* Each frequency finite, >= 0, and its angle at the last position
          * finite in fp32 (else its cos and sin would be NaN). */
         const int half = (d->rope_dim > 0 ? d->rope_dim : hd) / 2;
@@ -285,9 +281,10 @@ int stof__layer_gemm_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
 
 int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
 {
-    /* (a Hopper tile fuses it when it holds whole heads) */
-    return g->epi.rope &&
-           (lt || !c || !c->wgmma || c->block_n % g->epi.rope_hd != 0);
+    /* (a Hopper tile fuses it when it holds whole heads and the rotated
+     * channels are a multiple of 16) */
+    return g->epi.rope && (g->epi.rope % 16 != 0 || lt || !c || !c->wgmma ||
+                           c->block_n % g->epi.rope_hd != 0);
 }
 
 stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,

@@ -613,7 +613,7 @@ def check_int_ranges(ctx, fam):
                       (dict(rope_theta=float("nan")), ("rope_theta",)),
                       (dict(rope_theta=0.5), ("rope_theta",)),
                       (dict(rope_dim=16), ("rope_dim", "rope_theta")),
-                      (dict(rope_theta=1e4, rope_dim=24), ("rope_dim",)),
+                      (dict(rope_theta=1e4, rope_dim=22), ("rope_dim", "22")),
                       (dict(rope_theta=1e4, rope_dim=80), ("rope_dim", "64")),
                       (dict(rope_theta=1e4, rope_freq=[0.5] * 32),
                        ("rope_theta", "rope_freq")),

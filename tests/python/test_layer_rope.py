@@ -345,8 +345,8 @@ def main():
     expect_error(lambda: plan(rope_theta=1.0), stof.StofError, "rope_theta")
     expect_error(lambda: plan(rope_theta=float("nan")), stof.StofError, "rope_theta")
     expect_error(lambda: plan(rope_theta=float("inf")), stof.StofError, "rope_theta")
-    expect_error(lambda: plan(rope_theta=THETA, rope_dim=24), stof.StofError,
-                 "rope_dim", "24")
+    expect_error(lambda: plan(rope_theta=THETA, rope_dim=22), stof.StofError,
+                 "rope_dim", "22")
     expect_error(lambda: plan(rope_theta=THETA, rope_dim=HD + 16), stof.StofError,
                  "rope_dim", str(HD + 16))
     expect_error(lambda: plan(rope_theta=THETA, rope_dim=-16), stof.StofError,
