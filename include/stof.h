@@ -900,7 +900,17 @@ typedef struct stof_layer_desc {
                              on the frequencies or rope_scale: one
                              database record serves every table of its
                              rope_dim (keys name "rope=table") */
-    uint8_t reserved[32]; /* must be zero */
+    int qk_norm;          /* 1: Q and K normalised per head before RoPE
+                             (Qwen3, Gemma 3: q_norm and k_norm), each
+                             head's head_dim values by RMSNorm with eps
+                             norm_eps and a weight of head_dim shared by
+                             the heads (Q's and K's own), in fp32 on the
+                             rounded projection, then rotated and rounded
+                             once; the weights follow w_qkv's rows
+                             (stof_layer_weights). The QKV GEMM then runs
+                             plain and a kernel after it normalises and
+                             rotates. 0: none */
+    uint8_t reserved[28]; /* must be zero */
 } stof_layer_desc;
 
 /* Fill a descriptor with defaults: GELU (tanh), LayerNorm, post-norm,
@@ -916,7 +926,10 @@ STOF_API stof_status stof_layer_desc_init(stof_layer_desc *d /* OUT */,
  * without grouped-query attention: 3 hidden rows in all); head h uses
  * columns [h*head_dim, (h+1)*head_dim) of each. With desc.gated, w_ffn1 is
  * [2 ffn][hidden]: rows [0, ffn) the gate, [ffn, 2 ffn) the up projection
- * (Llama's gate_proj and up_proj stacked), b_ffn1 [2 ffn] likewise. Every
+ * (Llama's gate_proj and up_proj stacked), b_ffn1 [2 ffn] likewise. With
+ * desc.qk_norm, w_qkv's buffer holds after its (hidden + 2 kvd) rows the
+ * Q norm's weight [head_dim], then the K norm's [head_dim] (Qwen3's
+ * q_norm.weight and k_norm.weight). Every
  * pointer is required
  * (norm beta: only for LayerNorm; the four biases: not with desc.no_bias,
  * which wants them NULL) and must be 16-byte aligned. */

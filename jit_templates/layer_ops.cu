@@ -362,6 +362,76 @@ extern "C" __global__ void stof_rope(unsigned short *x, int rows, stof_i64 ld,
     }
 }
 
+// A QK norm (Qwen3's q_norm and k_norm) and RoPE after a plain QKV
+// product, in place on its rounded output x [rows][ld]: each head of hd
+// columns below cols (Q's below q_cols, then K's) is normalised by RMSNorm
+// over its hd values, v / sqrt(mean(v^2) + eps) * gamma[j] (gamma [2][hd]:
+// Q's weight, then K's), in fp32, then rotated as stof_rope rotates
+// (rope 0: not at all; tab as there, position r % seq), and rounded once.
+// One warp a (row, head), grid-stride; the head is exchanged through
+// shared memory (pairs (i, i + rope / 2) lie in different lanes). hd a
+// multiple of 8 up to 256, rope even (or 0) up to hd, cols a multiple of
+// hd, 4-byte aligned x, gamma and ld even. Blocks of QK_WARPS warps.
+#define QK_WARPS 4
+extern "C" __global__ void __launch_bounds__(32 * QK_WARPS)
+stof_qk_norm(unsigned short *x, int rows, stof_i64 ld, int q_cols,
+             int cols, int hd, int rope, const float2 *tab, int seq,
+             const unsigned short *gamma, float eps)
+{
+    stof_grid_wait(); // programmatic dependent launch: see stof_common.cuh
+    stof_grid_release();
+    __shared__ float sv[QK_WARPS][256];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    float *const v = sv[wi];
+    const int heads = cols / hd, half = rope / 2;
+    const stof_i64 total = (stof_i64)rows * heads;
+    const stof_i64 step = (stof_i64)gridDim.x * QK_WARPS;
+    for (stof_i64 it = (stof_i64)blockIdx.x * QK_WARPS + wi; it < total;
+         it += step) {
+        const stof_i64 r = it / heads;
+        const int h = (int)(it - r * heads);
+        unsigned short *const p = x + r * ld + (stof_i64)h * hd;
+        const unsigned short *const g = gamma + (h * hd < q_cols ? 0 : hd);
+        float a[8];
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int e = lane + 32 * k;
+            a[k] = e < hd ? stof_load(p + e) : 0.0f;
+            ss += a[k] * a[k];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float rs = rsqrtf(ss / (float)hd + eps);
+        __syncwarp(); // (the last item's reads of v are done)
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int e = lane + 32 * k;
+            if (e < hd) {
+                a[k] = a[k] * rs * stof_load(g + e);
+                v[e] = a[k];
+            }
+        }
+        __syncwarp();
+        const int pos = (int)(r % seq);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int e = lane + 32 * k;
+            if (e >= hd)
+                continue;
+            float y = a[k];
+            if (e < rope) {
+                const int i = e < half ? e : e - half;
+                const float2 cs = tab[(stof_i64)pos * half + i];
+                y = e < half ? a[k] * cs.x - v[e + half] * cs.y
+                             : a[k] * cs.x + v[e - half] * cs.y;
+            }
+            p[e] = (unsigned short)(stof_pack2(y, 0.0f) & 0xffffu);
+        }
+    }
+}
+
 // Scratch data for tuning: p[i] = offset + scale * u, u uniform in
 // [-1, 1) from a hash of (seed, i). Grid-stride loop.
 extern "C" __global__ void stof_fill(unsigned short *p, stof_i64 n,

@@ -73,7 +73,9 @@ static void make_weights(tu_rng *r, const stof_layer_desc *d, lw *w)
     const size_t h = (size_t)d->hidden, f = (size_t)d->ffn,
                  qn = (size_t)qkv_cols(d),
                  f1 = d->gated ? 2 * f : f; /* gate and up rows */
-    const size_t n[12] = {qn * h, qn, h * h, h, f1 * h, f1, h * f, h,
+    const size_t hd = h / (size_t)d->heads,
+                 qk = d->qk_norm ? 2 * hd : 0; /* the QK norm's weights */
+    const size_t n[12] = {qn * h + qk, qn, h * h, h, f1 * h, f1, h * f, h,
                           h, h, h, h};
     for (int i = 0; i < 12; i++) {
         const int is_w = i == W_QKV || i == W_O || i == W_1 || i == W_2;
@@ -83,6 +85,18 @@ static void make_weights(tu_rng *r, const stof_layer_desc *d, lw *w)
                                : is_g ? 0.2f : 0.2f;
         w->n[i] = n[i];
         w->d[i] = upload(r, d->dtype, n[i], amp, is_g ? 1.0f : 0.0f, &w->f[i]);
+    }
+    if (qk) { /* the QK norm's weights after w_qkv's rows: near 1 */
+        uint16_t raw[512];
+        float *g = w->f[W_QKV] + qn * h;
+        for (size_t j = 0; j < qk; j++) {
+            raw[j] = stof__f32_to_half(
+                1.0f + 0.5f * (float)(tu_uniform(r) - 0.5), d->dtype);
+            g[j] = stof__half_to_f32(raw[j], d->dtype);
+        }
+        cr_assert_eq(stof__api()->cuMemcpyHtoD(w->d[W_QKV] + qn * h * 2, raw,
+                                               qk * 2),
+                     CUDA_SUCCESS);
     }
 }
 
@@ -173,6 +187,8 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
     stof_gemm_epi e_qkv = e_bias;
     float *tab = NULL;
     int *pos = NULL;
+    if (d->qk_norm) /* (each head normalised first, rotated or not) */
+        e_qkv.rope_hd = hd;
     if (rope) {
         e_qkv.rope = rope;
         e_qkv.rope_hd = hd;
@@ -187,9 +203,17 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
         for (int r = 0; r < M; r++)
             pos[r] = r % d->seq;
     }
-    const stof_ref_rope rp = {tab, pos, h + kvh * hd};
+    /* (a QK norm: its weights after w_qkv's rows) */
+    const stof_ref_rope rp = {tab,
+                              pos,
+                              h + kvh * hd,
+                              d->qk_norm ? w->f[W_QKV] + (size_t)qn * h
+                                         : NULL,
+                              h,
+                              eps};
     stof__ref_gemm_rope(in, w->f[W_QKV], bqkv, NULL, NULL, NULL, M, qn, h, h,
-                        h, qn, &e_qkv, eps, dt, rope ? &rp : NULL, qkv, NULL);
+                        h, qn, &e_qkv, eps, dt,
+                        rope || d->qk_norm ? &rp : NULL, qkv, NULL);
     free(tab);
     free(pos);
     /* attention, BHSD copies: Q's heads, then K's and V's kv_heads heads */
@@ -301,6 +325,22 @@ static int expect_rope_desc(const stof_layer *L, const stof_layer_desc *d,
                             const char *desc)
 {
     const int hd = d->hidden / d->heads;
+    if (d->qk_norm) {
+        /* The qk kernel after the plain product normalises and rotates:
+         * the QKV step says so, and has no "rope" of its own. */
+        const char *q = strstr(desc, "\"op\":\"qkv\"");
+        cr_assert(q, "%s", desc);
+        const char *next = strstr(q + 5, "\"op\":");
+        const char *k = strstr(q, "\"qk_norm\":\"kernel\"");
+        const char *r = strstr(q, "\"rope\":\"");
+        cr_expect(k && (!next || k < next), "no qk kernel: %s", desc);
+        cr_expect(!r || (next && r > next), "a QKV rope with qk_norm: %s",
+                  desc);
+        cr_expect(strstr(desc, "\"qk_norm\":true") != NULL, "%s", desc);
+        cr_expect(strstr(L->key_text, ";qk_norm=1") != NULL, "%s",
+                  L->key_text);
+        return 1;
+    }
     if (d->rope_theta == 0.0f && !d->rope_freq) {
         cr_expect(strstr(desc, "\"rope\":null") != NULL, "%s", desc);
         cr_expect(strstr(L->key_text, "rope") == NULL, "%s", L->key_text);
@@ -390,6 +430,7 @@ typedef struct lcase {
     int rope_dim;     /* (0: the whole head) */
     const float *rope_freq; /* RoPE with its own frequencies (theta 0) */
     float rope_scale; /* (0: 1) */
+    int qk_norm;      /* Q and K normalised per head (then rotated) */
     int hd;           /* head_dim (0: 64) */
     int rope_split;   /* 1: the QKV GEMM must run split (the rope kernel) */
     int batch, seq;   /* 0, 0: 2 sequences of 128 */
@@ -412,6 +453,7 @@ static void run_case(const lcase *c)
     d.rope_dim = c->rope_dim;
     d.rope_freq = c->rope_freq;
     d.rope_scale = c->rope_scale;
+    d.qk_norm = c->qk_norm;
     d.ffn = 256;
     d.pre_norm = c->pre;
     d.norm = c->norm;
@@ -930,6 +972,40 @@ Test(gpu_layer, rope_head_dim_80_runs_the_rope_kernel)
                      .rope_theta = 10000.0f,
                      .hd = 80,
                      .rope_split = 1};
+    run_case(&c);
+}
+
+/* A QK norm (Qwen3's q_norm and k_norm): each Q and K head RMS-normalised
+ * after the plain QKV product, then rotated, by the qk kernel; its
+ * weights after w_qkv's rows. A Qwen3-style layer (GQA, SwiGLU, no
+ * biases, pre-RMSNorm, theta 1e6; tuned: every QKV candidate verified
+ * with the kernel), and a QK norm without RoPE over heads of 64 with
+ * biases (the cost model's choice). */
+Test(gpu_layer, qk_norm_qwen3_style_bf16)
+{
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .no_bias = 1,
+                     .gated = 1,
+                     .rope_theta = 1e6f,
+                     .qk_norm = 1,
+                     .hd = 128};
+    run_case(&c);
+}
+
+Test(gpu_layer, qk_norm_without_rope_fp16_cost_model)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_GELU_TANH,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .qk_norm = 1};
     run_case(&c);
 }
 

@@ -32,6 +32,7 @@ Test(layer, desc_init_defaults)
     /* (rope_scale and rope_freq took reserved bytes: the size is kept) */
     cr_expect_eq(sizeof(stof_layer_desc), 104);
     cr_expect_eq(offsetof(stof_layer_desc, rope_freq), 64);
+    cr_expect_eq(offsetof(stof_layer_desc, qk_norm), 72);
 #endif
     stof_layer_desc d;
     memset(&d, 0x5a, sizeof(d));
@@ -209,6 +210,7 @@ static void e_scale_nan(stof_layer_desc *d)
     d->rope_scale = NAN;
 }
 static void e_scale_alone(stof_layer_desc *d) { d->rope_scale = 2.0f; }
+static void e_qk_norm(stof_layer_desc *d) { d->qk_norm = 2; }
 static void e_scale_big(stof_layer_desc *d)
 {
     d->rope_theta = 10000.0f;
@@ -268,6 +270,7 @@ Test(layer, rope_descriptors_are_named)
         {"desc.rope_scale -1", e_scale_neg},
         {"desc.rope_scale nan", e_scale_nan},
         {"desc.rope_scale 2 without RoPE", e_scale_alone},
+        {"desc.qk_norm 2: 0 (none) or 1", e_qk_norm},
         {"desc.rope_scale 17: 0 (1) or in (0, 16]", e_scale_big},
         {"desc.rope_freq[5] 1e+37: the frequencies are finite, >= 0, and "
          "their angles at position 255", e_freq_angle},
@@ -961,6 +964,27 @@ Test(layer, rope_table_key_and_record)
     for (int i = 0; i < 128; i++) /* (stand-ins a descriptor may hold) */
         cr_expect(isfinite(d.rope_freq[i]) && d.rope_freq[i] > 0.0f,
                   "stand-in %d: %g", i, (double)d.rope_freq[i]);
+    /* A QK norm: its key and its record */
+    L->d.rope_freq = fa;
+    L->d.rope_theta = 0.0f;
+    L->d.qk_norm = 1;
+    stof__layer_key(L, hex);
+    cr_expect(strstr(L->key_text, ";qk_norm=1;rope=table;rope_dim=32"), "%s",
+              L->key_text);
+    snprintf(r.key, sizeof(r.key), "%s", L->key);
+    snprintf(r.config, sizeof(r.config), cfg, lt,
+             ", \"rope_table\": true, \"rope_dim\": 32, \"qk_norm\": 1");
+    cr_assert_eq(stof__layer_record_desc(ctx, &r, &d, &old, got, sizeof(got),
+                                         why, sizeof(why)),
+                 1, "%s", why);
+    cr_expect_str_eq(got, L->key_text);
+    cr_expect_eq(d.qk_norm, 1);
+    snprintf(r.config, sizeof(r.config), cfg, lt,
+             ", \"rope_table\": true, \"rope_dim\": 32, \"qk_norm\": 2");
+    cr_expect_eq(stof__layer_record_desc(ctx, &r, &d, &old, got, sizeof(got),
+                                         why, sizeof(why)),
+                 0, "qk_norm 2 read as a layer's");
+    snprintf(r.key, sizeof(r.key), "%s", ka);
     static const char *const bad[] = {
         ", \"rope_table\": false, \"rope_dim\": 32",
         ", \"rope_table\": 1, \"rope_dim\": 32",

@@ -700,6 +700,10 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
     /* (a layer with its own frequencies: stand-ins, as its key is any
      * table's) */
     d.rope_freq = jf ? stof__rope_freq_standin() : NULL;
+    /* (a QK norm: 1, or absent; anything else the plan refuses) */
+    const json_t *jq = json_object_get(js, "qk_norm");
+    d.qk_norm = jq ? (json_is_integer(jq) ? (int)json_integer_value(jq) : -1)
+                   : 0;
     stof_mask *m = NULL;
     stof_mask_family *fam = NULL;
     stof_mask_data sample;

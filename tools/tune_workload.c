@@ -311,6 +311,8 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             L->d.gated = ok = !eq;
         else if (!strcmp(t, "no_bias"))
             L->d.no_bias = ok = !eq;
+        else if (!strcmp(t, "qk_norm"))
+            L->d.qk_norm = ok = !eq;
         else if (!strcmp(t, "rope") && eq && !strcmp(v, "table")) {
             /* a layer with frequencies of its own (the key's "table"; the
              * scheme does not depend on them: stand-ins) */
@@ -333,7 +335,7 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             snprintf(msg, n,
                      "%s: layer %s: unknown setting '%.40s' (hidden, heads, "
                      "ffn, kv_heads, act, norm, pre, post, gated, no_bias, "
-                     "eps, rope, rope_dim)",
+                     "qk_norm, eps, rope, rope_dim)",
                      at, L->name, t);
             return 1;
         }
@@ -344,7 +346,7 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
                      "eps in (0, 1); rope a finite base > 1, e.g. 10000, or "
                      "table; "
                      "rope_dim 0 (the whole head) or a multiple of 4; pre, "
-                     "post, gated, no_bias take no value)",
+                     "post, gated, no_bias, qk_norm take no value)",
                      at, L->name, t, eq ? "=" : "", v, 1 << 20);
             return 1;
         }

@@ -10,7 +10,8 @@
  *     dtype fp16 [bf16]      default fp16
  *     layout bhsd [bshd]     default bhsd
  *     layer NAME hidden=H heads=N ffn=F [kv_heads=K] [act=A] [norm=L]
- *           [pre|post] [gated] [no_bias] [eps=E] [rope=THETA|table]
+ *           [pre|post] [gated] [no_bias] [qk_norm] [eps=E]
+ *           [rope=THETA|table]
  *           [rope_dim=D]
  *                            a Transformer layer (stof_layer_plan); rope:
  *                            rotary position embeddings with base THETA

@@ -54,7 +54,7 @@ import os
 
 __all__ = ["Context", "Mask", "MaskFamily", "Plan", "FamilyPlan", "Layer",
            "StofError", "library_path", "alibi_slopes", "pad_bias", "pack_bits",
-           "rope_args",
+           "rope_args", "qkv_weight",
            "LAYER_WEIGHT_NAMES"]
 
 
@@ -264,7 +264,8 @@ class _LayerDesc(ctypes.Structure):
         ("rope_dim", ctypes.c_int),   # rotated channels a head (0 = head_dim)
         ("rope_scale", ctypes.c_float),  # cos and sin multiplied (0 = 1)
         ("rope_freq", ctypes.POINTER(ctypes.c_float)),  # own frequencies
-        ("reserved", ctypes.c_uint8 * 32),
+        ("qk_norm", ctypes.c_int),    # 1: Q and K RMS-normalised per head
+        ("reserved", ctypes.c_uint8 * 28),
     ]
 
 
@@ -554,6 +555,27 @@ def alibi_slopes(heads):
     if n == heads:
         return power_of_two(n)
     return power_of_two(n) + power_of_two(2 * n)[0::2][:heads - n]
+
+
+def qkv_weight(q, k, v, q_norm=None, k_norm=None):
+    """A layer's w_qkv from its projections' weights (q_proj.weight,
+    k_proj.weight, v_proj.weight: [out][hidden] each): their rows stacked,
+    (hidden + 2 kvd, hidden); with a QK norm (layer_plan(qk_norm=True)) the
+    flat buffer of those rows followed by q_norm's and k_norm's weights
+    (head_dim each), as stof_layer_weights wants it. A new contiguous
+    tensor."""
+    torch = _torch()
+    rows = torch.cat([q, k, v], dim=0)
+    if q_norm is None and k_norm is None:
+        return rows.contiguous()
+    if q_norm is None or k_norm is None:
+        raise ValueError("qkv_weight: give both q_norm and k_norm, or neither")
+    if q_norm.shape != k_norm.shape or q_norm.dim() != 1:
+        raise ValueError("qkv_weight: q_norm and k_norm are two vectors of "
+                         "head_dim, not %s and %s"
+                         % (tuple(q_norm.shape), tuple(k_norm.shape)))
+    return torch.cat([rows.reshape(-1), q_norm.to(rows.dtype),
+                      k_norm.to(rows.dtype)]).contiguous()
 
 
 def rope_args(config, seq):
@@ -1288,7 +1310,7 @@ class Context:
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
                    pre_norm, mask, eps=0.0, sample=None, kv_heads=0, bias=True,
                    gated=False, rope_theta=0.0, rope_dim=0, rope_freq=None,
-                   rope_scale=0.0):
+                   rope_scale=0.0, qk_norm=False):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
         loads from the tuning database or tunes. dtype: torch.float16 /
         torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
@@ -1326,7 +1348,12 @@ class Context:
         types (llama3, linear, yarn, longrope, dynamic), whose inv_freq
         these are; rope_scale: cos and sin multiplied by it (Hugging Face's
         attention_scaling: yarn, longrope), 0 for 1. rope_args(config, seq)
-        gives all four from a Hugging Face configuration."""
+        gives all four from a Hugging Face configuration. qk_norm: Q and K
+        normalised per head (Qwen3's q_norm and k_norm: RMSNorm over each
+        head's head_dim values with eps, one weight of head_dim for Q's
+        heads and one for K's) before RoPE; w_qkv is then the flat buffer
+        of the stacked projections followed by the two weights
+        (qkv_weight(q, k, v, q_norm, k_norm) makes it)."""
         self._live()
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
@@ -1352,6 +1379,7 @@ class Context:
         d.kv_heads = _c_int(kv_heads, "kv_heads")
         d.no_bias = 0 if bias else 1
         d.gated = 1 if gated else 0
+        d.qk_norm = 1 if qk_norm else 0
         d.rope_theta = _c_float(rope_theta, "rope_theta")
         d.rope_dim = _c_int(rope_dim, "rope_dim")
         d.rope_scale = _c_float(rope_scale, "rope_scale")
@@ -1782,6 +1810,7 @@ class Layer:
         self.rope_dim = ((desc.rope_dim or desc.hidden // desc.heads)
                          if rope else 0)
         self.rope_scale = (float(desc.rope_scale) or 1.0) if rope else 0.0
+        self.qk_norm = bool(desc.qk_norm)
         self.pre_norm = bool(desc.pre_norm)
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype
@@ -1825,7 +1854,10 @@ class Layer:
         h, f = self.hidden, self.ffn
         qn = h + 2 * self.kv_heads * (h // self.heads)  # Q, K, V
         f1 = 2 * f if self.gated else f  # gated: gate rows, then up rows
-        return {"w_qkv": (qn, h), "b_qkv": (qn,), "w_o": (h, h), "b_o": (h,),
+        # (a QK norm: one flat buffer, the projections then the norms'
+        # weights: qkv_weight)
+        wqkv = (qn * h + 2 * (h // self.heads),) if self.qk_norm else (qn, h)
+        return {"w_qkv": wqkv, "b_qkv": (qn,), "w_o": (h, h), "b_o": (h,),
                 "w_ffn1": (f1, h), "b_ffn1": (f1,), "w_ffn2": (h, f), "b_ffn2": (h,),
                 "norm1_gamma": (h,), "norm1_beta": (h,),
                 "norm2_gamma": (h,), "norm2_beta": (h,)}

@@ -795,11 +795,24 @@ void stof__rope_table_f(float *tab, const int *pos, int n, int rope,
     }
 }
 
-/* Rotate row v (N values, unrounded) of position p as e->rope says. */
+/* Rotate row v (N values, unrounded) of position p as e->rope says,
+ * normalising each head first with a QK norm (r->qk_gamma). */
 static void ref_rope_row(float *v, int N, const stof_gemm_epi *e,
                          const stof_ref_rope *r, int p)
 {
     const int hd = e->rope_hd, half = e->rope / 2;
+    for (int h0 = 0; r->qk_gamma && h0 + hd <= r->cols && h0 + hd <= N;
+         h0 += hd) {
+        const float *g = r->qk_gamma + (h0 < r->q_cols ? 0 : hd);
+        double ss = 0.0;
+        for (int i = 0; i < hd; i++)
+            ss += (double)v[h0 + i] * v[h0 + i];
+        const float rs = (float)(1.0 / sqrt(ss / hd + (double)r->qk_eps));
+        for (int i = 0; i < hd; i++)
+            v[h0 + i] = v[h0 + i] * rs * g[i];
+    }
+    if (!r->tab || half == 0)
+        return;
     const float *t = r->tab + (size_t)p * e->rope;
     for (int h0 = 0; h0 + hd <= r->cols && h0 + hd <= N; h0 += hd)
         for (int i = 0; i < half; i++) {
@@ -819,7 +832,8 @@ void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
 {
     if (!A || !W || !e || !out || M <= 0 || N <= 0 || K < 0)
         return;
-    const int roped = rope && rope->tab && e->rope > 0 && e->rope_hd > 0;
+    const int roped = rope && (rope->tab || rope->qk_gamma) &&
+                      e->rope >= 0 && e->rope_hd > 0;
     float *row = malloc((size_t)N * 2u * sizeof(float));
     if (!row)
         return;

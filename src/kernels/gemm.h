@@ -225,11 +225,17 @@ void stof__ref_gemm(const float *A, const float *W, const float *bias,
 /* stof__ref_gemm with the epilogue's rope (e->rope): tab as the kernels
  * read it (stof__rope_table), pos[m] the table row of output row m (pos
  * NULL: row m), the columns [0, cols) rotated. rope NULL, its tab NULL or
- * e->rope 0: stof__ref_gemm. */
+ * e->rope 0: stof__ref_gemm. With qk_gamma ([2][e->rope_hd]: Q's weight
+ * for the heads below q_cols, then K's), each head below cols is first
+ * normalised (RMSNorm, eps qk_eps; the QK norm of stof_qk_norm), then
+ * rotated when tab and e->rope say so. */
 typedef struct stof_ref_rope {
     const float *tab;
     const int *pos;
     int cols;
+    const float *qk_gamma;
+    int q_cols;
+    float qk_eps;
 } stof_ref_rope;
 void stof__ref_gemm_rope(const float *A, const float *W, const float *bias,
                          const float *residual, const float *gamma,
@@ -276,6 +282,20 @@ stof_status stof__rope_launch(CUfunction fn, CUdeviceptr x, int rows,
                               int64_t ld, int cols, int hd, int rope,
                               CUdeviceptr tab, int seq, CUstream stream,
                               const stof_api *api);
+
+/* The QK norm and RoPE (layer_ops.cu's stof_qk_norm, in the module
+ * stof__rope_compile makes): in place on x [rows][ld], the heads of hd
+ * columns below cols normalised by RMSNorm (eps; gamma [2][hd] on the
+ * device: Q's weight for the heads below q_cols, then K's), then rotated
+ * over their first rope channels (0: none) as the rope kernel does, in
+ * fp32, rounded once. hd a multiple of 8 up to 256, rope even up to hd,
+ * q_cols and cols multiples of hd, ld even >= cols; x and gamma 4-byte
+ * aligned, tab (with rope) 8-byte aligned. */
+stof_status stof__qknorm_launch(CUfunction fn, CUdeviceptr x, int rows,
+                                int64_t ld, int q_cols, int cols, int hd,
+                                int rope, CUdeviceptr tab, int seq,
+                                CUdeviceptr gamma, float eps,
+                                CUstream stream, const stof_api *api);
 
 /* The activations and a row norm, in float, shared by the references. */
 float stof__ref_act(float v, int act);

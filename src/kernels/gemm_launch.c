@@ -620,3 +620,31 @@ stof_status stof__rope_launch(CUfunction fn, CUdeviceptr x, int rows,
                               &o);
     return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
 }
+
+stof_status stof__qknorm_launch(CUfunction fn, CUdeviceptr x, int rows,
+                                int64_t ld, int q_cols, int cols, int hd,
+                                int rope, CUdeviceptr tab, int seq,
+                                CUdeviceptr gamma, float eps,
+                                CUstream stream, const stof_api *api)
+{
+    if (!fn || !api || !api->cuLaunchKernel || rows < 0 || hd < 8 ||
+        hd > 256 || hd % 8 || rope < 0 || rope % 2 || rope > hd ||
+        cols < 0 || cols % hd || q_cols < 0 || q_cols % hd ||
+        q_cols > cols || ld % 2 || ld < cols || !x || x % 4u || !gamma ||
+        gamma % 4u || (rope && (!tab || tab % 8u || seq <= 0)) ||
+        !(eps >= 0.0f))
+        return STOF_ERR_INVALID_ARGUMENT;
+    if (seq <= 0)
+        seq = 1; /* (no table read) */
+    const int64_t total = (int64_t)rows * (cols / hd); /* (warps) */
+    if (total == 0)
+        return STOF_OK;
+    const int64_t blocks = (total + 3) / 4; /* (QK_WARPS warps a block) */
+    const unsigned grid = (unsigned)(blocks < 8192 ? blocks : 8192);
+    void *params[] = {&x, &rows, &ld, &q_cols, &cols, &hd,
+                      &rope, &tab, &seq, &gamma, &eps};
+    const stof_launch_opts o = {.pdl = STOF_PDL_IF_SM90};
+    CUresult r = stof__launch(api, fn, grid, 1, 1, 128, 0, stream, params,
+                              &o);
+    return r == CUDA_SUCCESS ? STOF_OK : STOF_ERR_CUDA;
+}

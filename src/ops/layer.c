@@ -124,6 +124,10 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
     STOF_CHECK_ARG(ctx, d->gated == 0 || d->gated == 1,
                    "desc.gated %d: 0 (act(x w1) w2) or 1 (a gated FFN)",
                    d->gated);
+    STOF_CHECK_ARG(ctx, d->qk_norm == 0 || d->qk_norm == 1,
+                   "desc.qk_norm %d: 0 (none) or 1 (Q and K normalised per "
+                   "head)",
+                   d->qk_norm);
     STOF_CHECK_ARG(ctx, !d->gated || d->ffn <= 65536,
                    "desc.ffn %d: a gated FFN's is at most 65536 (its first "
                    "projection makes 2 ffn columns)",
@@ -243,7 +247,11 @@ static void init_ops(stof_layer *L)
          * layer). */
         g->epi.write_pre = shape[i].norm && pre;
         g->epi.gated = i == G_FFN1 && d->gated;
-        if (i == G_QKV && L->rope) {
+        /* RoPE in the QKV epilogue, or with a QK norm after it (the
+         * qk kernel normalises, then rotates) */
+        if (i == G_QKV && d->qk_norm)
+            g->qk_norm = 1;
+        else if (i == G_QKV && L->rope) {
             g->epi.rope = L->rope;
             g->epi.rope_hd = L->hd;
         }
@@ -282,9 +290,11 @@ int stof__layer_gemm_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
 int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
 {
     /* (a Hopper tile fuses it when it holds whole heads and the rotated
-     * channels are a multiple of 16) */
-    return g->epi.rope && (g->epi.rope % 16 != 0 || lt || !c || !c->wgmma ||
-                           c->block_n % g->epi.rope_hd != 0);
+     * channels are a multiple of 16; a QK norm always runs after the
+     * plain product, in the qk kernel) */
+    return g->qk_norm ||
+           (g->epi.rope && (g->epi.rope % 16 != 0 || lt || !c || !c->wgmma ||
+                            c->block_n % g->epi.rope_hd != 0));
 }
 
 stof_gemm_epi stof__layer_kernel_epi(const gemm_op *g, int lt,
@@ -711,19 +721,21 @@ stof_status stof__layer_gate_ready(stof_layer *L)
 stof_status stof__layer_rope_ready(stof_layer *L)
 {
     stof_context *ctx = L->ctx;
-    if (!L->rope)
+    if (!L->rope && !L->d.qk_norm)
         return STOF_OK;
     if (L->rope_fn)
         return STOF_OK;
-    /* The rope kernel is in every layer_ops.cu module of the dtype: a
-     * norm kernel's (a pre-norm layer's input norm, loaded from the
-     * database or a search) serves, so a database hit compiles nothing. */
+    /* The rope kernel (or with a QK norm the qk kernel, stof_qk_norm) is
+     * in every layer_ops.cu module of the dtype: a norm kernel's (a
+     * pre-norm layer's input norm, loaded from the database or a search)
+     * serves, so a database hit compiles nothing. */
+    const char *name = L->d.qk_norm ? "stof_qk_norm" : "stof_rope";
     for (int i = 0; i < N_COUNT; i++) {
         const norm_op *n = &L->n[i];
         CUfunction f = NULL;
         if (!n->ok || !n->mod || !stof__module_retain(ctx, n->mod))
             continue;
-        if (ctx->api->cuModuleGetFunction(&f, n->mod, "stof_rope") ==
+        if (ctx->api->cuModuleGetFunction(&f, n->mod, name) ==
                 CUDA_SUCCESS &&
             f) {
             L->rope_mod = n->mod;
@@ -734,11 +746,13 @@ stof_status stof__layer_rope_ready(stof_layer *L)
     }
     void *cubin = NULL;
     size_t size = 0;
-    stof_status st = stof__rope_compile(ctx, L->d.dtype, L->hd, L->rope,
-                                        NULL, &cubin, &size);
+    /* (one module a dtype: rope is only checked; a QK norm alone: hd) */
+    stof_status st = stof__rope_compile(ctx, L->d.dtype, L->hd,
+                                        L->rope ? L->rope : L->hd, NULL,
+                                        &cubin, &size);
     if (st == STOF_OK)
         st = (stof_status)stof__module_load_shared(
-            ctx, cubin, size, "stof_rope", 0, &L->rope_mod, &L->rope_fn);
+            ctx, cubin, size, name, 0, &L->rope_mod, &L->rope_fn);
     free(cubin);
     return st;
 }
@@ -784,6 +798,8 @@ static void record_layer_miss(stof_layer *L, const stof_mask *m,
         json_object_set_new(pj, "rope_table", json_true());
     if (pj && L->rope)
         json_object_set_new(pj, "rope_dim", json_integer(d->rope_dim));
+    if (pj && d->qk_norm)
+        json_object_set_new(pj, "qk_norm", json_integer(1));
     stof__record_miss(L->ctx, db, L->key, pj, m, mask_hex, fam, ad, sample);
 }
 

@@ -59,6 +59,8 @@ static void key_text(const stof_device *dev, const stof_layer_desc *d,
         k += (size_t)snprintf(out + k, n - k, ";no_bias=1");
     if (d->gated && k < n)
         k += (size_t)snprintf(out + k, n - k, ";gated=1");
+    if (d->qk_norm && k < n)
+        k += (size_t)snprintf(out + k, n - k, ";qk_norm=1");
     /* (theta in the C locale's hex form; a layer with its own frequencies:
      * "table", whatever they and the scale are, as a scheme does not
      * depend on them) */
@@ -336,6 +338,15 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
         d->rope_theta = (float)th;
         d->rope_dim = (int)rd;
         d->rope_freq = table ? stof__rope_freq_standin() : NULL;
+    }
+    /* A QK norm (records of such layers name it) */
+    const json_t *jq = o ? json_object_get(o, "qk_norm") : NULL;
+    if (jq) {
+        if (!json_is_integer(jq) || json_integer_value(jq) != 1) {
+            json_decref(o);
+            return stof__why(why, n, "the record's qk_norm is not a layer's");
+        }
+        d->qk_norm = 1;
     }
     json_decref(o);
     const size_t lt = full ? (size_t)ltv : stof__blaslt_version();
@@ -674,6 +685,8 @@ void stof__layer_store(stof_layer *L, const char *spec, const char *mask_hex,
                             json_real((double)L->d.rope_theta));
         json_object_set_new(cfg, "rope_dim", json_integer(L->d.rope_dim));
     }
+    if (cfg && L->d.qk_norm) /* (only with a QK norm) */
+        json_object_set_new(cfg, "qk_norm", json_integer(1));
     /* The search's timed choice of programmatic launches (a record
      * without it: the rule at load). */
     if (cfg && L->pdl >= 0)

@@ -47,7 +47,10 @@ static json_t *describe_step(const stof_layer *L, const step *st)
                               c ? c : json_object(), "ms", jnum(g->ms));
         if (o && st->stack_end) /* runs in stacks only, for the step before */
             json_object_set_new(o, "stack_end", json_true());
-        /* RoPE: in the GEMM's epilogue, or by the rope kernel after it */
+        /* RoPE: in the GEMM's epilogue, or by the rope kernel after it; a
+         * QK norm (and RoPE) by the qk kernel after it */
+        if (o && g->qk_norm)
+            json_object_set_new(o, "qk_norm", json_string("kernel"));
         if (o && g->epi.rope)
             json_object_set_new(o, "rope",
                                 json_string(stof__layer_rope_split(
@@ -124,5 +127,8 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         "cublaslt",
         (json_int_t)(L->lt_mem_bytes + (L->lt_in_mem ? 0 : L->lt_ws_bytes)),
         "kernels", steps ? steps : json_array());
+    json_t *jd = o ? json_object_get(o, "desc") : NULL;
+    if (jd) /* (after "rope") */
+        json_object_set_new(jd, "qk_norm", json_boolean(d->qk_norm));
     return stof__json_out(o, buf, n, needed);
 }

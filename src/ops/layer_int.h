@@ -46,6 +46,8 @@ typedef struct gemm_op {
     int used;
     int M, N, K;
     stof_gemm_epi epi;
+    int qk_norm;    /* the QKV op of a layer with desc.qk_norm: the plain
+                       product, then the qk kernel (norm and RoPE) */
     /* the chosen kernel */
     int ok, lt;
     stof_gemm_cfg cfg;
@@ -113,7 +115,8 @@ struct stof_layer {
     CUdeviceptr rope_tab;     /* its (cos, sin) table [seq][rope / 2] (the
                                  context's: stof__rope_dev_get) */
     CUmodule rope_mod;        /* the rope kernel of a QKV GEMM that cannot
-                                 fuse it (stof_rope) */
+                                 fuse it (stof_rope), or with desc.qk_norm
+                                 the qk kernel (stof_qk_norm) */
     CUfunction rope_fn;
     CUdeviceptr mem, lt_ws, norm_ws; /* norm_ws: the Hopper GEMMs' with a
                                         norm (stof__gemm_ws_bytes) */
@@ -211,8 +214,10 @@ stof_status stof__layer_gate_ready(stof_layer *L);
 
 /* A QKV GEMM with RoPE runs split (the plain GEMM, then the rope kernel
  * in place) on cuBLASLt, the mma.sync template and Hopper tiles that do
- * not hold whole heads (heads of 80 in any, of 96 in all but 192); the
- * Hopper template fuses it in the others. */
+ * not hold whole heads (heads of 80 in any, of 96 in all but 192) or
+ * rotate other than a multiple of 16 channels; the Hopper template fuses
+ * it in the others. With a QK norm (g->qk_norm) always: the qk kernel
+ * after the plain product. */
 int stof__layer_rope_split(const gemm_op *g, int lt, const stof_gemm_cfg *c);
 
 /* A RoPE layer's rope kernel (only when a split QKV GEMM is timed or

@@ -144,29 +144,46 @@ double stof__layer_verify_step(layer_tuner *t, const step *s)
             memcpy(ref, c->ref, no * sizeof(float));
             memcpy(ref_pre, c->ref_pre, no * sizeof(float));
         } else {
-            /* RoPE: the sampled rows' positions and their table rows */
-            const stof_gemm_epi *ge = &L->g[s->op].epi;
-            int *pos = ge->rope ? malloc(sizeof(int) * (size_t)R) : NULL;
-            float *tab = ge->rope ? malloc(sizeof(float) * (size_t)R *
-                                           (size_t)ge->rope)
-                                  : NULL;
-            if (ge->rope && (!pos || !tab)) {
+            /* RoPE: the sampled rows' positions and their table rows; a
+             * QK norm's weights after W's rows (the qk kernel normalises
+             * and rotates: the epilogue's rope as the reference's) */
+            const gemm_op *go = &L->g[s->op];
+            stof_gemm_epi ge = go->epi;
+            if (go->qk_norm) {
+                ge.rope = L->rope;
+                ge.rope_hd = L->hd;
+            }
+            const int nr_ = ge.rope;
+            int *pos = nr_ ? malloc(sizeof(int) * (size_t)R) : NULL;
+            float *tab = nr_ ? malloc(sizeof(float) * (size_t)R * (size_t)nr_)
+                             : NULL;
+            float qg[512];
+            if ((nr_ && (!pos || !tab)) ||
+                (go->qk_norm &&
+                 fetch_vec(t,
+                           stof__layer_sym_ptr(L, wp, t->x, t->y, s->s[O_W]) +
+                               (CUdeviceptr)WN * (CUdeviceptr)K * 2u,
+                           (size_t)(2 * L->hd), qg))) {
                 free(pos);
                 free(tab);
                 goto done;
             }
-            for (int r = 0; ge->rope && r < R; r++)
+            for (int r = 0; nr_ && r < R; r++)
                 pos[r] = t->rows[r] % L->d.seq;
-            if (ge->rope)
-                stof__rope_table_f(tab, pos, R, ge->rope, L->rope_freq,
+            if (nr_)
+                stof__rope_table_f(tab, pos, R, nr_, L->rope_freq,
                                    L->rope_scale);
-            for (int r = 0; ge->rope && r < R; r++)
+            for (int r = 0; nr_ && r < R; r++)
                 pos[r] = r; /* (row r's table row) */
-            const stof_ref_rope rp = {
-                tab, pos, N - (N - L->d.hidden) / 2};
+            const stof_ref_rope rp = {tab,
+                                      pos,
+                                      N - (N - L->d.hidden) / 2,
+                                      go->qk_norm ? qg : NULL,
+                                      L->d.hidden,
+                                      L->eps};
             stof__ref_gemm_rope(A, W, bias, pr ? res : NULL, gamma, beta, R,
-                                N, K, K, K, N, ge, L->eps, L->d.dtype,
-                                ge->rope ? &rp : NULL, ref,
+                                N, K, K, K, N, &ge, L->eps, L->d.dtype,
+                                nr_ || go->qk_norm ? &rp : NULL, ref,
                                 pp ? ref_pre : NULL);
             free(pos);
             free(tab);
@@ -425,9 +442,11 @@ stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t)
     const size_t h = (size_t)d->hidden, f = (size_t)d->ffn,
                  M = (size_t)L->M, qn = (size_t)stof__layer_qkv_n(d),
                  f1 = d->gated ? 2 * f : f; /* the first FFN GEMM's N */
-    /* Scratch weights, X and Y, each 256-byte aligned. */
+    /* Scratch weights, X and Y, each 256-byte aligned (a QK norm's
+     * weights after w_qkv's rows). */
+    const size_t qk = d->qk_norm ? 2 * (size_t)L->hd : 0;
     const size_t sizes[SYM_COUNT] = {
-        [SYM_X] = M * h, [SYM_Y] = M * h, [SYM_WQKV] = qn * h,
+        [SYM_X] = M * h, [SYM_Y] = M * h, [SYM_WQKV] = qn * h + qk,
         [SYM_BQKV] = qn, [SYM_WO] = h * h, [SYM_BO] = h,
         [SYM_W1] = f1 * h, [SYM_B1] = f1, [SYM_W2] = h * f, [SYM_B2] = h,
         [SYM_G1] = h, [SYM_BE1] = h, [SYM_G2] = h, [SYM_BE2] = h};
@@ -487,6 +506,9 @@ stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t)
         st = fill(L, &t->aux, t->wp[s], sizes[s], seed + (uint64_t)s, scale,
                   offset);
     }
+    if (st == STOF_OK && qk) /* (the QK norm's weights near 1) */
+        st = fill(L, &t->aux, t->wp[SYM_WQKV] + qn * h * 2, qk, seed + 99,
+                  0.1f, 1.0f);
     if (st == STOF_OK)
         st = fill(L, &t->aux, t->x, M * h, seed + 100, 1.0f, 0.0f);
     /* (A gated layer's [tokens][2 ffn] buffer exists only while a split

@@ -69,7 +69,7 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     const int gate = stof__layer_gemm_split(g, g->lt, &g->cfg);
     const int rope = stof__layer_rope_split(g, g->lt, &g->cfg);
     if ((gate && (!L->gate_fn || !L->buf[SYM_G])) ||
-        (rope && (!L->rope_fn || !L->rope_tab)))
+        (rope && (!L->rope_fn || (L->rope && !L->rope_tab))))
         return STOF_ERR_INTERNAL; /* (stof__layer_gate_ready or
                                      stof__layer_rope_ready not run) */
     const CUdeviceptr out = a.c;
@@ -88,7 +88,13 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     if (st == STOF_OK && gate)
         st = stof__gate_launch(L->gate_fn, a.c, out, g->M, g->N, a.N, g->N,
                                1, stream, L->ctx->api);
-    if (st == STOF_OK && rope)
+    if (st == STOF_OK && rope && g->qk_norm) /* Q and K: norm, RoPE */
+        st = stof__qknorm_launch(
+            L->rope_fn, a.c, g->M, a.ldc, L->d.hidden,
+            g->N - (g->N - L->d.hidden) / 2, L->hd, L->rope, L->rope_tab,
+            L->d.seq, a.w + (CUdeviceptr)g->N * (CUdeviceptr)g->K * 2u,
+            L->eps, stream, L->ctx->api);
+    else if (st == STOF_OK && rope)
         st = stof__rope_launch(L->rope_fn, a.c, g->M, a.ldc, a.rope_cols,
                                L->hd, L->rope, L->rope_tab, L->d.seq, stream,
                                L->ctx->api);

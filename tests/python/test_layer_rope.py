@@ -178,6 +178,71 @@ def hf_outputs(w, x, cfg):
     return outs
 
 
+def check_qwen3(ctx, mask, w, x, gen):
+    try:
+        from transformers import Qwen3Config
+        from transformers.models.qwen3.modeling_qwen3 import (
+            Qwen3DecoderLayer, Qwen3RotaryEmbedding)
+    except ImportError as e:
+        print("skip (Qwen3 part): transformers has no Qwen3 (%s)" % e)
+        return
+    theta = 1e6
+    cfg = Qwen3Config(hidden_size=HID, intermediate_size=FFN,
+                      num_attention_heads=HEADS, num_key_value_heads=KV,
+                      head_dim=HD, rms_norm_eps=EPS, hidden_act="silu",
+                      attention_bias=False, max_position_embeddings=4 * S,
+                      rope_theta=theta)
+    cfg._attn_implementation = "eager"
+    qn = (torch.randn(HD, generator=gen, device=DEVICE) * 0.3 + 1.0).to(torch.float16)
+    kn = (torch.randn(HD, generator=gen, device=DEVICE) * 0.3 + 1.0).to(torch.float16)
+    ww = dict(w)
+    ww["w_qkv"] = stof.qkv_weight(w["w_qkv"][:HID], w["w_qkv"][HID:HID + KV * HD],
+                                  w["w_qkv"][HID + KV * HD:], qn, kn)
+    kw = stof.rope_args(cfg, S)
+    assert kw == {"rope_dim": 0, "rope_theta": theta}, kw
+    L = ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu", "rms", True,
+                       mask, eps=EPS, kv_heads=KV, bias=False, gated=True,
+                       qk_norm=True, **kw)
+    d = L.describe()
+    assert L.qk_norm and d["desc"]["qk_norm"] is True, d["desc"]
+    assert any(k.get("qk_norm") == "kernel" for k in d["kernels"]), d["kernels"]
+    y = torch.full_like(x, float("nan"))
+    L.run(ww, x, y)
+    torch.cuda.synchronize()
+    L.close()
+    L0 = ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu", "rms", True,
+                        mask, eps=EPS, kv_heads=KV, bias=False, gated=True, **kw)
+    y0 = torch.full_like(x, float("nan"))
+    L0.run(w, x, y0)
+    torch.cuda.synchronize()
+    L0.close()
+    layer = Qwen3DecoderLayer(cfg, layer_idx=0).to(DEVICE).float().eval()
+    rotary = Qwen3RotaryEmbedding(config=cfg).to(DEVICE)
+    f = {k: v.float() for k, v in w.items()}
+    pos = torch.arange(S, device=DEVICE).unsqueeze(0).expand(B, S)
+    causal = torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
+    outs = []
+    with torch.no_grad():
+        load_llama_layer(layer, f, HID, KV * HD, FFN)
+        layer.self_attn.q_norm.weight.copy_(qn.float())
+        layer.self_attn.k_norm.weight.copy_(kn.float())
+        for dt in (torch.float32, torch.float16):
+            layer = layer.to(dt)
+            xx = x.to(dt)
+            m = torch.zeros(B, 1, S, S, device=DEVICE, dtype=dt).masked_fill(
+                ~causal, torch.finfo(dt).min)
+            out = layer(xx, attention_mask=m, position_ids=pos,
+                        position_embeddings=rotary(xx, pos))
+            outs.append(out[0] if isinstance(out, tuple) else out)
+    hf32, hf16 = outs
+    e, e16, e0 = rel(y, hf32), rel(hf16, hf32), rel(y0, hf32)
+    limit = max(5 * e16, 5e-3)
+    print("qk_norm: stof fp16 vs Qwen3DecoderLayer fp32 %.3g (Qwen3DecoderLayer "
+          "fp16: %.3g; stof without the QK norm: %.3g)" % (e, e16, e0))
+    assert e0 > 10 * limit, "the check cannot see the QK norm: %g" % e0
+    assert e < limit, e
+
+
 def rel(a, b):
     """|a - b| / |b| (Frobenius), inf where a has a NaN or an infinity."""
     a, b = a.float(), b.float()
@@ -314,6 +379,13 @@ def main():
               "fp16: %.3g; stof unscaled: %.3g)" % (name, e, e_hf16, e_plain))
         assert e_plain > 10 * limit, "the check cannot see %s: %g" % (name, e_plain)
         assert e < limit, e
+
+    # A QK norm (Qwen3): transformers' Qwen3DecoderLayer on the same weights
+    # with its own q_norm and k_norm (weights near 1) and rotary embedding
+    # (theta 1e6), in fp32, the reference; stof's layer planned with
+    # qk_norm=True and w_qkv from stof.qkv_weight. The layer without the
+    # norm must be far from it.
+    check_qwen3(ctx, mask, w, x, gen)
 
     # rope_args for the sequence-dependent types gives what the model's own
     # rotary embedding uses after a forward at that length, bit for bit:
