@@ -1045,7 +1045,7 @@ Test(gemm_cpu, rope_reference)
         cr_assert(tab);
         stof__rope_table(tab, NULL, SEQ, rope, theta);
         const stof_gemm_epi e = {.bias = 1, .rope = rope, .rope_hd = HD};
-        const stof_ref_rope rr = {tab, pos, COLS};
+        const stof_ref_rope rr = {tab, pos, COLS, NULL, 0, 0.0f};
         for (int i = 0; i < M * N; i++)
             out[i] = NAN;
         stof__ref_gemm_rope(A, W, bias, NULL, NULL, NULL, M, N, K, K, K, N,
@@ -1111,6 +1111,69 @@ Test(gemm_cpu, rope_reference)
         free(tab);
     }
     free(plain_o), free(out);
+}
+
+/* stof__ref_gemm_rope with a QK norm (qk_gamma): each head below cols
+ * RMS-normalised with Q's weight below q_cols and K's above, then rotated
+ * (rope 16 of 32, positions from pos) or not (rope 0), against the
+ * formula in double on the biased product; V's head untouched. */
+Test(gemm_cpu, qk_norm_reference)
+{
+    enum { M = 4, HD = 32, N = 4 * HD, K = 24, COLS = 3 * HD, QC = 2 * HD };
+    static const int pos[M] = {0, 5, 63, 1};
+    tu_rng rng = {tu_seed() ^ 0x9c0e};
+    float A[M * K], W[N * K], bias[N], g[2 * HD];
+    for (int i = 0; i < M * K; i++)
+        A[i] = (float)(2.0 * tu_uniform(&rng) - 1.0);
+    for (int i = 0; i < N * K; i++)
+        W[i] = (float)(0.4 * tu_uniform(&rng) - 0.2);
+    for (int i = 0; i < N; i++)
+        bias[i] = (float)(tu_uniform(&rng) - 0.5);
+    for (int i = 0; i < 2 * HD; i++)
+        g[i] = (float)(0.5 + tu_uniform(&rng));
+    float *tab = malloc(sizeof(float) * 64 * 16), out[M * N];
+    cr_assert(tab);
+    stof__rope_table(tab, NULL, 64, 16, 10000.0f);
+    for (int rope = 0; rope <= 16; rope += 16) {
+        const stof_gemm_epi e = {.bias = 1, .rope = rope, .rope_hd = HD};
+        const stof_ref_rope rr = {rope ? tab : NULL, pos, COLS, g, QC, 1e-5f};
+        stof__ref_gemm_rope(A, W, bias, NULL, NULL, NULL, M, N, K, K, K, N,
+                            &e, 0.0f, STOF_DTYPE_FP16, &rr, out, NULL);
+        size_t off = 0;
+        for (int m = 0; m < M; m++) {
+            double v[N];
+            for (int n = 0; n < N; n++) {
+                double acc = bias[n];
+                for (int k = 0; k < K; k++)
+                    acc += (double)A[m * K + k] * W[n * K + k];
+                v[n] = acc;
+            }
+            for (int h0 = 0; h0 < COLS; h0 += HD) {
+                double ss = 0.0;
+                for (int i = 0; i < HD; i++)
+                    ss += v[h0 + i] * v[h0 + i];
+                const double rs = 1.0 / sqrt(ss / HD + 1e-5);
+                for (int i = 0; i < HD; i++)
+                    v[h0 + i] *= rs * g[(h0 < QC ? 0 : HD) + i];
+                for (int i = 0; i < rope / 2; i++) {
+                    const double a = (double)pos[m] * (double)(1.0f /
+                                     powf(10000.0f, (float)(2 * i) / 16.0f));
+                    const double x = v[h0 + i], y = v[h0 + i + 8];
+                    v[h0 + i] = x * cos(a) - y * sin(a);
+                    v[h0 + i + 8] = y * cos(a) + x * sin(a);
+                }
+            }
+            for (int n = 0; n < N; n++)
+                if (!(fabs(out[m * N + n] - v[n]) <= 1e-3 * fabs(v[n]) + 1e-4)) {
+                    if (off++ < 5)
+                        cr_log_error("rope %d row %d col %d: %.8g, formula "
+                                     "%.8g", rope, m, n,
+                                     (double)out[m * N + n], v[n]);
+                }
+        }
+        cr_expect_eq(off, 0, "rope %d: %zu values off", rope, off);
+    }
+    free(tab);
 }
 
 /* The rope epilogue's rules: only the Hopper template fuses it (mma.sync

@@ -298,7 +298,7 @@ static void check(stof_context *ctx, stof_dtype dt, const stof_gemm_cfg *cfg,
     unload(ctx, &k);
     unload(ctx, &rk);
 
-    const stof_ref_rope rr = {tab, rpos, check_rope.cols};
+    const stof_ref_rope rr = {tab, rpos, check_rope.cols, NULL, 0, 0.0f};
     stof__ref_gemm_rope(fa, fw, fb, fr, fg, fbe, M, N, K, lda, ldw, ldc, &er,
                         eps, dt, rope ? &rr : NULL, fo,
                         e->write_pre ? fp : NULL);
