@@ -827,13 +827,14 @@ typedef enum stof_norm_kind {
  *   pre-norm (GPT-2, ViT): h = x + attn(norm1(x)) Wo^T + bo
  *                       y = h + ffn(norm2(h))
  * with attn the masked multi-head attention of the QKV projection
- * x Wqkv^T + bqkv (1/sqrt(head_dim) scale; with rope_theta, Q and K
- * rotated by their positions first) and
+ * x Wqkv^T + bqkv (1/sqrt(head_dim) scale; with RoPE, Q and K rotated by
+ * their positions first, and with qk_norm each Q and K head RMS-normalised
+ * before that) and
  * ffn(u) = act(u W1^T + b1) W2^T + b2.
  * Sizes: tokens at most 2^30; hidden a multiple of 8 in 8..16384; ffn a
- * multiple of 8 in 8..131072 (65536 gated); head_dim = hidden / heads a
- * multiple of 8 in 16..256; batch and heads as stof_attention_desc
- * allows. */
+ * multiple of 8 in 8..131072 (65536 gated); head_dim = hidden / heads (or
+ * desc.head_dim) a multiple of 8 in 16..256; batch and heads as
+ * stof_attention_desc allows. */
 typedef struct stof_layer_desc {
     int batch, seq;
     int hidden, heads, ffn;
@@ -901,7 +902,9 @@ typedef struct stof_layer_desc {
                              database record serves every table of its
                              rope_dim (keys name "rope=table") */
     int qk_norm;          /* 1: Q and K normalised per head before RoPE
-                             (Qwen3, Gemma 3: q_norm and k_norm), each
+                             (Qwen3's q_norm and k_norm: the weight
+                             multiplies; a model whose norm multiplies
+                             by 1 + weight passes 1 + weight), each
                              head's head_dim values by RMSNorm with eps
                              norm_eps and a weight of head_dim shared by
                              the heads (Q's and K's own), in fp32 on the
@@ -910,7 +913,16 @@ typedef struct stof_layer_desc {
                              (stof_layer_weights). The QKV GEMM then runs
                              plain and a kernel after it normalises and
                              rotates. 0: none */
-    uint8_t reserved[28]; /* must be zero */
+    int head_dim;         /* 0: hidden / heads (heads dividing hidden);
+                             else each head's size, a multiple of 8 in
+                             16..256, with heads * head_dim (at most
+                             32768) the attention's width, which need not
+                             be hidden (Qwen3 0.6B: hidden 1024, 16 heads
+                             of 128; Qwen3 4B: 2560, 32 of 128): the QKV
+                             projection makes
+                             heads * head_dim + 2 kvd columns and the
+                             output projection takes heads * head_dim */
+    uint8_t reserved[24]; /* must be zero */
 } stof_layer_desc;
 
 /* Fill a descriptor with defaults: GELU (tanh), LayerNorm, post-norm,
@@ -921,20 +933,23 @@ STOF_API stof_status stof_layer_desc_init(stof_layer_desc *d /* OUT */,
 
 /* A layer's weights: device pointers in the descriptor's dtype, laid out
  * like PyTorch's nn.Linear (weight [out][in], row-major). w_qkv stacks the
- * Q, K and V projections: rows [0, hidden) make Q, [hidden, hidden + kvd)
- * K, [hidden + kvd, hidden + 2 kvd) V, kvd = kv_heads * head_dim (hidden
- * without grouped-query attention: 3 hidden rows in all); head h uses
- * columns [h*head_dim, (h+1)*head_dim) of each. With desc.gated, w_ffn1 is
+ * Q, K and V projections: rows [0, qd) make Q, [qd, qd + kvd) K, [qd +
+ * kvd, qd + 2 kvd) V, qd = heads * head_dim (hidden unless desc.head_dim
+ * says otherwise), kvd = kv_heads * head_dim (qd without grouped-query
+ * attention: 3 qd rows in all); head h uses columns [h*head_dim,
+ * (h+1)*head_dim) of each; w_o is [hidden][qd], b_qkv [qd + 2 kvd] (the
+ * comments below write hidden for qd). With desc.gated, w_ffn1 is
  * [2 ffn][hidden]: rows [0, ffn) the gate, [ffn, 2 ffn) the up projection
  * (Llama's gate_proj and up_proj stacked), b_ffn1 [2 ffn] likewise. With
- * desc.qk_norm, w_qkv's buffer holds after its (hidden + 2 kvd) rows the
+ * desc.qk_norm, w_qkv's buffer holds after its (qd + 2 kvd) rows the
  * Q norm's weight [head_dim], then the K norm's [head_dim] (Qwen3's
  * q_norm.weight and k_norm.weight). Every
  * pointer is required
  * (norm beta: only for LayerNorm; the four biases: not with desc.no_bias,
  * which wants them NULL) and must be 16-byte aligned. */
 typedef struct stof_layer_weights {
-    const void *w_qkv, *b_qkv;     /* [hidden + 2 kvd][hidden], [.. + 2 kvd] */
+    const void *w_qkv, *b_qkv;     /* [hidden + 2 kvd][hidden] (then 2
+                                      head_dim with qk_norm), [.. + 2 kvd] */
     const void *w_o, *b_o;         /* [hidden][hidden], [hidden] */
     const void *w_ffn1, *b_ffn1;   /* [ffn][hidden], [ffn] (gated: 2 ffn) */
     const void *w_ffn2, *b_ffn2;   /* [hidden][ffn], [hidden] */
@@ -1021,10 +1036,11 @@ STOF_API stof_status stof_layer_stack_run_family(
     unsigned flags);
 
 /* JSON: the descriptor ("rope": null, or {"theta" (null with rope_freq),
- * "dim", "scale", "freq": "theta" or "table"}), the fusion
- * scheme (kernels in order with their parameters; a QKV GEMM with RoPE
- * says "rope": "fused" (in its epilogue) or "kernel" (the rope kernel
- * after it); "scheme" also says whether its launches use programmatic
+ * "dim", "scale", "freq": "theta" or "table"}; "qk_norm" true or false;
+ * "head_dim"), the fusion scheme (kernels in order with their parameters;
+ * a QKV GEMM with RoPE says "rope": "fused" (in its epilogue) or "kernel"
+ * (the rope kernel after it), one with a QK norm "qk_norm": "kernel" (the
+ * qk kernel after it normalises and rotates; no "rope" of its own); "scheme" also says whether its launches use programmatic
  * dependent launch, "pdl": on compute capability 9.0+ the search times
  * the layer's stack both ways in CUDA graphs and the record keeps its
  * choice, the faster where they differ by more than 1% ("pdl_ms":

@@ -546,7 +546,7 @@ Test(cli, bad_workload_files)
          "rope a finite base > 1"},
         {"mask causal\nlayer b hidden=768 heads=12 rotary=10000\ntokens 1x8\n",
          "unknown setting 'rotary' (hidden, heads, ffn, kv_heads, act, norm, "
-         "pre, post, gated, no_bias, qk_norm, eps, rope, rope_dim)"},
+         "pre, post, gated, no_bias, qk_norm, head_dim, eps, rope, rope_dim)"},
         /* what a plan would refuse, named before any GPU work */
         {"mask causal\nshape 1048576x1048576x1048576x256\n",
          "bad.workload: bad shape 1048576x1048576x1048576x1048576x256"},
@@ -569,6 +569,10 @@ Test(cli, bad_workload_files)
          "bad rope=tables"},
         {"mask causal\nlayer b hidden=768 heads=12 qk_norm=1\ntokens 1x8\n",
          "bad qk_norm=1"},
+        {"mask causal\nlayer b hidden=768 heads=12 head_dim=12\ntokens 1x8\n",
+         "desc.head_dim 12: a multiple of 8"},
+        {"mask causal\nlayer b hidden=768 heads=12 head_dim\ntokens 1x8\n",
+         "bad head_dim ("},
         {"mask causal\nlayer b hidden=768 heads=12 rope=table rope_dim=22\n"
          "tokens 1x8\n",
          "desc.rope_dim 22: 0 (the whole head)"},
@@ -615,7 +619,7 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
           "layer dec hidden=256 heads=4 kv_heads=2 ffn=512 act=silu "
           "norm=rms pre gated no_bias eps=1e-6 rope=500000 rope_dim=32\n"
           "layer l31 hidden=256 heads=4 act=silu norm=rms pre gated no_bias "
-          "qk_norm rope=table\n"
+          "qk_norm head_dim=128 rope=table\n"
           "tokens 2x128 1x256\ndtype fp16 bf16\n",
           f);
     fclose(f);

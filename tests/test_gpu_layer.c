@@ -61,11 +61,23 @@ static CUdeviceptr upload(tu_rng *r, stof_dtype dt, size_t n, float amp,
     return p;
 }
 
-/* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
+/* A head's size, the attention's width (heads of them: hidden unless
+ * desc.head_dim says otherwise) and the QKV projection's columns, qd + 2
+ * kv_heads head_dim. */
+static int head_size(const stof_layer_desc *d)
+{
+    return d->head_dim > 0 ? d->head_dim : d->hidden / d->heads;
+}
+
+static int att_width(const stof_layer_desc *d)
+{
+    return d->heads * head_size(d);
+}
+
 static int qkv_cols(const stof_layer_desc *d)
 {
     const int kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
-    return d->hidden + 2 * kvh * (d->hidden / d->heads);
+    return att_width(d) + 2 * kvh * head_size(d);
 }
 
 static void make_weights(tu_rng *r, const stof_layer_desc *d, lw *w)
@@ -73,15 +85,16 @@ static void make_weights(tu_rng *r, const stof_layer_desc *d, lw *w)
     const size_t h = (size_t)d->hidden, f = (size_t)d->ffn,
                  qn = (size_t)qkv_cols(d),
                  f1 = d->gated ? 2 * f : f; /* gate and up rows */
-    const size_t hd = h / (size_t)d->heads,
+    const size_t hd = (size_t)head_size(d), qd = (size_t)att_width(d),
                  qk = d->qk_norm ? 2 * hd : 0; /* the QK norm's weights */
-    const size_t n[12] = {qn * h + qk, qn, h * h, h, f1 * h, f1, h * f, h,
+    const size_t n[12] = {qn * h + qk, qn, h * qd, h, f1 * h, f1, h * f, h,
                           h, h, h, h};
     for (int i = 0; i < 12; i++) {
         const int is_w = i == W_QKV || i == W_O || i == W_1 || i == W_2;
         const int is_g = i == G_1 || i == G_2;
-        const float amp = is_w ? (i == W_2 ? 1.7f / sqrtf((float)f)
-                                           : 1.7f / sqrtf((float)h))
+        const float amp = is_w ? (i == W_2   ? 1.7f / sqrtf((float)f)
+                                  : i == W_O ? 1.7f / sqrtf((float)qd)
+                                             : 1.7f / sqrtf((float)h))
                                : is_g ? 0.2f : 0.2f;
         w->n[i] = n[i];
         w->d[i] = upload(r, d->dtype, n[i], amp, is_g ? 1.0f : 0.0f, &w->f[i]);
@@ -140,20 +153,20 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
                       const lw *w, const float *x, float *y)
 {
     const int M = d->batch * d->seq, h = d->hidden, f = d->ffn,
-              hd = h / d->heads, qn = qkv_cols(d),
+              hd = head_size(d), qd = att_width(d), qn = qkv_cols(d),
               kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
     const stof_dtype dt = d->dtype;
     const float eps = d->norm_eps > 0 ? d->norm_eps : 1e-5f;
     float *n1 = malloc(sizeof(float) * (size_t)M * h);
     float *qkv = malloc(sizeof(float) * (size_t)M * qn);
-    float *att = malloc(sizeof(float) * (size_t)M * h);
+    float *att = malloc(sizeof(float) * (size_t)M * qd);
     float *hbuf = malloc(sizeof(float) * (size_t)M * h);
     float *n2 = malloc(sizeof(float) * (size_t)M * h);
     float *fb = malloc(sizeof(float) * (size_t)M * f);
-    float *q = malloc(sizeof(float) * (size_t)M * h);
-    float *k = malloc(sizeof(float) * (size_t)M * h);
-    float *v = malloc(sizeof(float) * (size_t)M * h);
-    float *o = malloc(sizeof(float) * (size_t)M * h);
+    float *q = malloc(sizeof(float) * (size_t)M * qd);
+    float *k = malloc(sizeof(float) * (size_t)M * qd);
+    float *v = malloc(sizeof(float) * (size_t)M * qd);
+    float *o = malloc(sizeof(float) * (size_t)M * qd);
     float *row = malloc(sizeof(float) * (size_t)h);
     cr_assert(n1 && qkv && att && hbuf && n2 && fb && q && k && v && o && row);
     const float *g1 = w->f[G_1], *g2 = w->f[G_2];
@@ -206,10 +219,10 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
     /* (a QK norm: its weights after w_qkv's rows) */
     const stof_ref_rope rp = {tab,
                               pos,
-                              h + kvh * hd,
+                              qd + kvh * hd,
                               d->qk_norm ? w->f[W_QKV] + (size_t)qn * h
                                          : NULL,
-                              h,
+                              qd,
                               eps};
     stof__ref_gemm_rope(in, w->f[W_QKV], bqkv, NULL, NULL, NULL, M, qn, h, h,
                         h, qn, &e_qkv, eps, dt,
@@ -230,8 +243,8 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
                         continue;
                     const size_t kdst =
                         (((size_t)b * kvh + hh) * d->seq + s) * hd + j;
-                    k[kdst] = qkv[src + h];
-                    v[kdst] = qkv[src + h + (size_t)kvh * hd];
+                    k[kdst] = qkv[src + qd];
+                    v[kdst] = qkv[src + qd + (size_t)kvh * hd];
                 }
     stof_attention_desc ad;
     stof_attention_desc_init(&ad, d->batch, d->heads, d->seq, d->seq, hd, dt,
@@ -246,12 +259,12 @@ static void ref_layer(const stof_layer_desc *d, const stof_mask *m,
         for (int s = 0; s < d->seq; s++)
             for (int hh = 0; hh < d->heads; hh++)
                 for (int j = 0; j < hd; j++)
-                    att[((size_t)b * d->seq + s) * h + (size_t)hh * hd + j] =
+                    att[((size_t)b * d->seq + s) * qd + (size_t)hh * hd + j] =
                         rnd(o[(((size_t)b * d->heads + hh) * d->seq + s) * hd +
                               j],
                             dt);
     /* output projection + residual, then norm */
-    stof__ref_gemm(att, w->f[W_O], bo, x, NULL, NULL, M, h, h, h, h, h,
+    stof__ref_gemm(att, w->f[W_O], bo, x, NULL, NULL, M, h, qd, qd, qd, h,
                    &e_res, eps, dt, hbuf, NULL);
     const float *gA = d->pre_norm ? g2 : g1, *bA = d->pre_norm ? be2 : be1;
     for (int r = 0; r < M; r++) {
@@ -324,7 +337,7 @@ static void download(CUdeviceptr p, size_t n, stof_dtype dt, float *out)
 static int expect_rope_desc(const stof_layer *L, const stof_layer_desc *d,
                             const char *desc)
 {
-    const int hd = d->hidden / d->heads;
+    const int hd = head_size(d);
     if (d->qk_norm) {
         /* The qk kernel after the plain product normalises and rotates:
          * the QKV step says so, and has no "rope" of its own. */
@@ -435,6 +448,7 @@ typedef struct lcase {
     int rope_split;   /* 1: the QKV GEMM must run split (the rope kernel) */
     int batch, seq;   /* 0, 0: 2 sequences of 128 */
     const char *mask; /* NULL: bigbird:32:1:1:1:3 */
+    int hidden;       /* 0: heads * hd; else hidden, with head_dim hd */
 } lcase;
 
 static void run_case(const lcase *c)
@@ -445,7 +459,10 @@ static void run_case(const lcase *c)
     const int heads = c->heads > 0 ? c->heads : 2, hd = c->hd > 0 ? c->hd : 64;
     const int batch = c->batch > 0 ? c->batch : 2,
               seq = c->seq > 0 ? c->seq : 128;
-    stof_layer_desc_init(&d, batch, seq, hd * heads, heads, c->dt);
+    stof_layer_desc_init(&d, batch, seq, c->hidden > 0 ? c->hidden : hd * heads,
+                         heads, c->dt);
+    if (c->hidden > 0)
+        d.head_dim = hd;
     d.kv_heads = c->kv_heads;
     d.no_bias = c->no_bias;
     d.gated = c->gated;
@@ -496,6 +513,15 @@ static void run_case(const lcase *c)
                      "no cuBLASLt kernel, yet %lld bytes of its workspace",
                      lt_bytes);
     const int split = expect_rope_desc(L, &d, desc);
+    {
+        char want[48];
+        snprintf(want, sizeof(want), "\"head_dim\":%d", hd);
+        cr_expect(strstr(desc, want) != NULL, "%s", desc);
+        snprintf(want, sizeof(want), ";head_dim=%d", hd);
+        cr_expect((strstr(L->key_text, want) != NULL) ==
+                      (heads * hd != d.hidden),
+                  "key %s", L->key_text);
+    }
     if (c->rope_split)
         cr_expect(split, "no Hopper tile holds whole heads of %d: the rope "
                          "kernel should run (%s)",
@@ -975,6 +1001,43 @@ Test(gpu_layer, rope_head_dim_80_runs_the_rope_kernel)
     run_case(&c);
 }
 
+/* Heads whose width is not hidden's (desc.head_dim): Qwen3 0.6B's 16
+ * heads of 128 over a hidden of 1024, here 4 heads of 128 (512 columns)
+ * over 256, with GQA, a QK norm and RoPE (tuned: the output projection's
+ * K is 512); and narrower, 2 heads of 64 over 384 with
+ * biases and LayerNorm (the cost model's choice). The key says head_dim. */
+Test(gpu_layer, head_dim_wider_than_hidden_qwen3_bf16)
+{
+    const lcase c = {.dt = STOF_DTYPE_BF16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_DEFAULT,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .no_bias = 1,
+                     .gated = 1,
+                     .rope_theta = 1e6f,
+                     .qk_norm = 1,
+                     .hd = 128,
+                     .hidden = 256};
+    run_case(&c);
+}
+
+Test(gpu_layer, head_dim_narrower_than_hidden_fp16_cost_model)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 0,
+                     .norm = STOF_NORM_LAYER,
+                     .act = STOF_ACT_GELU_TANH,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .heads = 2,
+                     .rope_theta = 10000.0f,
+                     .hd = 64,
+                     .hidden = 384};
+    run_case(&c);
+}
+
 /* A QK norm (Qwen3's q_norm and k_norm): each Q and K head RMS-normalised
  * after the plain QKV product, then rotated, by the qk kernel; its
  * weights after w_qkv's rows. A Qwen3-style layer (GQA, SwiGLU, no
@@ -995,6 +1058,22 @@ Test(gpu_layer, qk_norm_qwen3_style_bf16)
                      .rope_theta = 1e6f,
                      .qk_norm = 1,
                      .hd = 128};
+    run_case(&c);
+}
+
+/* A QK norm over heads of 256 with a partial rotation (the first 40
+ * channels: 20 pairs, a rotation not of 16) and biases. */
+Test(gpu_layer, qk_norm_partial_rope_head_dim_256_fp16_cost_model)
+{
+    const lcase c = {.dt = STOF_DTYPE_FP16,
+                     .pre = 1,
+                     .norm = STOF_NORM_RMS,
+                     .act = STOF_ACT_SILU,
+                     .mode = STOF_TUNE_CACHE_ONLY,
+                     .rope_theta = 10000.0f,
+                     .rope_dim = 40,
+                     .qk_norm = 1,
+                     .hd = 256};
     run_case(&c);
 }
 

@@ -211,6 +211,14 @@ static void e_scale_nan(stof_layer_desc *d)
 }
 static void e_scale_alone(stof_layer_desc *d) { d->rope_scale = 2.0f; }
 static void e_qk_norm(stof_layer_desc *d) { d->qk_norm = 2; }
+static void e_head_dim_12(stof_layer_desc *d) { d->head_dim = 12; }
+static void e_head_dim_neg(stof_layer_desc *d) { d->head_dim = -64; }
+static void e_head_dim_wide(stof_layer_desc *d)
+{
+    d->heads = 256;
+    d->head_dim = 256; /* (65536 columns) */
+}
+static void e_heads_3(stof_layer_desc *d) { d->heads = 3; }
 static void e_scale_big(stof_layer_desc *d)
 {
     d->rope_theta = 10000.0f;
@@ -271,6 +279,11 @@ Test(layer, rope_descriptors_are_named)
         {"desc.rope_scale nan", e_scale_nan},
         {"desc.rope_scale 2 without RoPE", e_scale_alone},
         {"desc.qk_norm 2: 0 (none) or 1", e_qk_norm},
+        {"desc.head_dim 12: a multiple of 8 in 16..256", e_head_dim_12},
+        {"desc.head_dim -64", e_head_dim_neg},
+        {"desc.heads 256 x desc.head_dim 256", e_head_dim_wide},
+        {"desc.heads 3 does not divide desc.hidden 256 (or give "
+         "desc.head_dim)", e_heads_3},
         {"desc.rope_scale 17: 0 (1) or in (0, 16]", e_scale_big},
         {"desc.rope_freq[5] 1e+37: the frequencies are finite, >= 0, and "
          "their angles at position 255", e_freq_angle},
@@ -324,7 +337,8 @@ Test(layer, rope_descriptors_are_named)
                 {384, 4, 24, 10000.0f, 0, NULL},
                 {320, 4, 20, 10000.0f, 0, NULL},
                 {288, 4, 0, 10000.0f, 0, NULL},
-                {288, 4, 36, 0.0f, 0, freq32}};
+                {288, 4, 36, 0.0f, 0, freq32},
+                {256, 3, 0, 10000.0f, 0, NULL}};
     const int gpu = stof_has_device(ctx);
     for (size_t i = 0; i < sizeof(good) / sizeof(*good); i++) {
         stof_layer_desc_init(&d, 2, 256, good[i].hidden, good[i].heads,
@@ -333,6 +347,8 @@ Test(layer, rope_descriptors_are_named)
         d.rope_dim = good[i].rope_dim;
         d.rope_scale = good[i].scale;
         d.rope_freq = good[i].freq;
+        if (good[i].heads == 3)
+            d.head_dim = 128; /* (heads not dividing hidden: 384 columns) */
         cr_expect_eq(stof__layer_desc_check(ctx, &d), STOF_OK,
                      "good case %zu: %s", i, stof_errmsg(ctx));
         if (gpu)
@@ -996,6 +1012,60 @@ Test(layer, rope_table_key_and_record)
                                              sizeof(got), why, sizeof(why)),
                      0, "record %zu (%s) read as a layer's", i, bad[i]);
     }
+    free(L);
+    stof_close(&ctx);
+}
+
+/* Heads whose width is not hidden's (desc.head_dim): the key says
+ * ";head_dim=D" (a head_dim equal to hidden / heads keys as 0 does), and a
+ * scheme record gives the head_dim back from its row's head_dim. */
+Test(layer, head_dim_key_and_record)
+{
+    stof_context *ctx = ctx_open();
+    stof_layer *L = calloc(1, sizeof(*L));
+    cr_assert(L);
+    L->ctx = ctx;
+    stof_layer_desc_init(&L->d, 2, 256, 512, 8, STOF_DTYPE_BF16);
+    L->d.pre_norm = 1;
+    L->eps = L->d.norm_eps;
+    const char *hex = "00112233445566778899aabbccddeeff";
+    stof__layer_key(L, hex);
+    char k0[33];
+    snprintf(k0, sizeof(k0), "%s", L->key);
+    cr_expect(!strstr(L->key_text, "head_dim"), "%s", L->key_text);
+    L->d.head_dim = 64; /* (= hidden / heads: the same layer) */
+    stof__layer_key(L, hex);
+    cr_expect_str_eq(L->key, k0);
+    L->d.head_dim = 128; /* (1024 columns over a hidden of 512) */
+    stof__layer_key(L, hex);
+    cr_expect(strstr(L->key_text, ";head_dim=128"), "%s", L->key_text);
+    cr_expect_str_neq(L->key, k0);
+    stof_db_record r;
+    memset(&r, 0, sizeof(r));
+    snprintf(r.key, sizeof(r.key), "%s", L->key);
+    snprintf(r.op, sizeof(r.op), "layer");
+    snprintf(r.kernel, sizeof(r.kernel), "scheme");
+    snprintf(r.mask_digest, sizeof(r.mask_digest), "%s", hex);
+    snprintf(r.dtype, sizeof(r.dtype), "bf16");
+    r.batch = 2;
+    r.heads = 8;
+    r.seq_q = r.seq_k = 256;
+    r.head_dim = 128;
+    snprintf(r.config, sizeof(r.config),
+             "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": "
+             "2048, \"act\": 1, \"norm\": 0, \"kv_heads\": 0, \"no_bias\": 0, "
+             "\"gated\": 0, \"eps\": %.17g, \"lt\": %d}",
+             (double)1e-5f, (int)stof__blaslt_version());
+    stof_layer_desc d;
+    int old = -1;
+    char got[1024], why[256] = "";
+    cr_assert_eq(stof__layer_record_desc(ctx, &r, &d, &old, got, sizeof(got),
+                                         why, sizeof(why)),
+                 1, "%s", why);
+    cr_expect_eq(d.head_dim, 128);
+    cr_expect_str_eq(got, L->key_text);
+    cr_expect_eq(stof__layer_desc_check(ctx, &d), STOF_OK, "%s",
+                 stof_errmsg(ctx));
     free(L);
     stof_close(&ctx);
 }

@@ -700,10 +700,18 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
     /* (a layer with its own frequencies: stand-ins, as its key is any
      * table's) */
     d.rope_freq = jf ? stof__rope_freq_standin() : NULL;
+    /* (heads whose width is not hidden's; absent: hidden / heads) */
+    const json_t *jh = json_object_get(js, "head_dim");
+    d.head_dim = !jh ? 0
+                 : json_is_integer(jh) && json_integer_value(jh) > 0 &&
+                         json_integer_value(jh) <= 256
+                     ? (int)json_integer_value(jh)
+                     : -1; /* (refused by the plan) */
     /* (a QK norm: 1, or absent; anything else the plan refuses) */
     const json_t *jq = json_object_get(js, "qk_norm");
-    d.qk_norm = jq ? (json_is_integer(jq) ? (int)json_integer_value(jq) : -1)
-                   : 0;
+    d.qk_norm = !jq                                                   ? 0
+                : json_is_integer(jq) && json_integer_value(jq) == 1 ? 1
+                                                                     : -1;
     stof_mask *m = NULL;
     stof_mask_family *fam = NULL;
     stof_mask_data sample;

@@ -313,6 +313,8 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             L->d.no_bias = ok = !eq;
         else if (!strcmp(t, "qk_norm"))
             L->d.qk_norm = ok = !eq;
+        else if (!strcmp(t, "head_dim"))
+            ok = eq && int_in(v, 1, 1 << 20, &L->d.head_dim);
         else if (!strcmp(t, "rope") && eq && !strcmp(v, "table")) {
             /* a layer with frequencies of its own (the key's "table"; the
              * scheme does not depend on them: stand-ins) */
@@ -335,7 +337,7 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
             snprintf(msg, n,
                      "%s: layer %s: unknown setting '%.40s' (hidden, heads, "
                      "ffn, kv_heads, act, norm, pre, post, gated, no_bias, "
-                     "qk_norm, eps, rope, rope_dim)",
+                     "qk_norm, head_dim, eps, rope, rope_dim)",
                      at, L->name, t);
             return 1;
         }

@@ -10,7 +10,7 @@
  *     dtype fp16 [bf16]      default fp16
  *     layout bhsd [bshd]     default bhsd
  *     layer NAME hidden=H heads=N ffn=F [kv_heads=K] [act=A] [norm=L]
- *           [pre|post] [gated] [no_bias] [qk_norm] [eps=E]
+ *           [pre|post] [gated] [no_bias] [qk_norm] [head_dim=D] [eps=E]
  *           [rope=THETA|table]
  *           [rope_dim=D]
  *                            a Transformer layer (stof_layer_plan); rope:

@@ -265,7 +265,8 @@ class _LayerDesc(ctypes.Structure):
         ("rope_scale", ctypes.c_float),  # cos and sin multiplied (0 = 1)
         ("rope_freq", ctypes.POINTER(ctypes.c_float)),  # own frequencies
         ("qk_norm", ctypes.c_int),    # 1: Q and K RMS-normalised per head
-        ("reserved", ctypes.c_uint8 * 28),
+        ("head_dim", ctypes.c_int),   # 0: hidden / heads
+        ("reserved", ctypes.c_uint8 * 24),
     ]
 
 
@@ -1310,7 +1311,7 @@ class Context:
     def layer_plan(self, batch, seq, hidden, heads, ffn, dtype, act, norm,
                    pre_norm, mask, eps=0.0, sample=None, kv_heads=0, bias=True,
                    gated=False, rope_theta=0.0, rope_dim=0, rope_freq=None,
-                   rope_scale=0.0, qk_norm=False):
+                   rope_scale=0.0, qk_norm=False, head_dim=0):
         """Plan one Transformer layer (stof_layer_plan): the warm-up, which
         loads from the tuning database or tunes. dtype: torch.float16 /
         torch.bfloat16 (or "fp16"/"bf16"); act: "gelu_tanh", "gelu_erf",
@@ -1349,11 +1350,16 @@ class Context:
         these are; rope_scale: cos and sin multiplied by it (Hugging Face's
         attention_scaling: yarn, longrope), 0 for 1. rope_args(config, seq)
         gives all four from a Hugging Face configuration. qk_norm: Q and K
-        normalised per head (Qwen3's q_norm and k_norm: RMSNorm over each
+        normalised per head (Qwen3's q_norm and k_norm, whose weight
+        multiplies (a norm multiplying by 1 + weight: pass 1 + weight): RMSNorm over each
         head's head_dim values with eps, one weight of head_dim for Q's
         heads and one for K's) before RoPE; w_qkv is then the flat buffer
         of the stacked projections followed by the two weights
-        (qkv_weight(q, k, v, q_norm, k_norm) makes it)."""
+        (qkv_weight(q, k, v, q_norm, k_norm) makes it). head_dim: 0 for
+        hidden // heads, else each head's size when heads * head_dim is not
+        hidden (Qwen3 0.6B and 4B: config.head_dim): w_qkv then
+        has heads * head_dim + 2 * kv_heads * head_dim rows and w_o is
+        (hidden, heads * head_dim)."""
         self._live()
         if not hasattr(self._lib, "stof_layer_plan"):
             raise StofError(_STATUS_UNSUPPORTED,
@@ -1380,6 +1386,7 @@ class Context:
         d.no_bias = 0 if bias else 1
         d.gated = 1 if gated else 0
         d.qk_norm = 1 if qk_norm else 0
+        d.head_dim = _c_int(head_dim, "head_dim")
         d.rope_theta = _c_float(rope_theta, "rope_theta")
         d.rope_dim = _c_int(rope_dim, "rope_dim")
         d.rope_scale = _c_float(rope_scale, "rope_scale")
@@ -1811,6 +1818,7 @@ class Layer:
                          if rope else 0)
         self.rope_scale = (float(desc.rope_scale) or 1.0) if rope else 0.0
         self.qk_norm = bool(desc.qk_norm)
+        self.head_dim = desc.head_dim or desc.hidden // desc.heads
         self.pre_norm = bool(desc.pre_norm)
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype
@@ -1852,12 +1860,14 @@ class Layer:
 
     def _shapes(self):
         h, f = self.hidden, self.ffn
-        qn = h + 2 * self.kv_heads * (h // self.heads)  # Q, K, V
+        hd = self.head_dim
+        qd = self.heads * hd  # the attention's width (hidden unless head_dim)
+        qn = qd + 2 * self.kv_heads * hd  # Q, K, V
         f1 = 2 * f if self.gated else f  # gated: gate rows, then up rows
         # (a QK norm: one flat buffer, the projections then the norms'
         # weights: qkv_weight)
-        wqkv = (qn * h + 2 * (h // self.heads),) if self.qk_norm else (qn, h)
-        return {"w_qkv": wqkv, "b_qkv": (qn,), "w_o": (h, h), "b_o": (h,),
+        wqkv = (qn * h + 2 * hd,) if self.qk_norm else (qn, h)
+        return {"w_qkv": wqkv, "b_qkv": (qn,), "w_o": (h, qd), "b_o": (h,),
                 "w_ffn1": (f1, h), "b_ffn1": (f1,), "w_ffn2": (h, f), "b_ffn2": (h,),
                 "norm1_gamma": (h,), "norm1_beta": (h,),
                 "norm2_gamma": (h,), "norm2_beta": (h,)}

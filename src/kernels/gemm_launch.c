@@ -639,7 +639,8 @@ stof_status stof__qknorm_launch(CUfunction fn, CUdeviceptr x, int rows,
     const int64_t total = (int64_t)rows * (cols / hd); /* (warps) */
     if (total == 0)
         return STOF_OK;
-    const int64_t blocks = (total + 3) / 4; /* (QK_WARPS warps a block) */
+    /* (layer_ops.cu's QK_WARPS = 4 warps a block, 128 threads) */
+    const int64_t blocks = (total + 3) / 4;
     const unsigned grid = (unsigned)(blocks < 8192 ? blocks : 8192);
     void *params[] = {&x, &rows, &ld, &q_cols, &cols, &hd,
                       &rope, &tab, &seq, &gamma, &eps};

@@ -102,9 +102,15 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                             d->hidden % 8 == 0,
                    "desc.hidden %d: a multiple of 8 in [8, 16384]",
                    d->hidden);
-    STOF_CHECK_ARG(ctx, d->heads >= 1 && d->hidden % d->heads == 0,
-                   "desc.heads %d does not divide desc.hidden %d", d->heads,
-                   d->hidden);
+    STOF_CHECK_ARG(ctx, d->head_dim >= 0,
+                   "desc.head_dim %d: 0 (hidden / heads) or the head's size",
+                   d->head_dim);
+    STOF_CHECK_ARG(ctx,
+                   d->heads >= 1 &&
+                       (d->head_dim > 0 || d->hidden % d->heads == 0),
+                   "desc.heads %d does not divide desc.hidden %d (or give "
+                   "desc.head_dim)",
+                   d->heads, d->hidden);
     STOF_CHECK_ARG(ctx,
                    d->kv_heads == 0 ||
                        (d->kv_heads >= 1 && d->kv_heads <= d->heads &&
@@ -112,7 +118,17 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                    "desc.kv_heads %d does not divide desc.heads %d (0 = "
                    "heads)",
                    d->kv_heads, d->heads);
-    {
+    if (d->head_dim > 0) {
+        STOF_CHECK_ARG(ctx,
+                       d->head_dim >= 16 && d->head_dim <= 256 &&
+                           d->head_dim % 8 == 0,
+                       "desc.head_dim %d: a multiple of 8 in 16..256",
+                       d->head_dim);
+        STOF_CHECK_ARG(ctx, (int64_t)d->heads * d->head_dim <= 32768,
+                       "desc.heads %d x desc.head_dim %d: the attention's "
+                       "width at most 32768",
+                       d->heads, d->head_dim);
+    } else {
         const int hd = d->hidden / d->heads;
         STOF_CHECK_ARG(ctx, hd >= 16 && hd <= 256 && hd % 8 == 0,
                        "desc.hidden %d / desc.heads %d = head_dim %d: a "
@@ -175,7 +191,7 @@ static stof_status check_desc(stof_context *ctx, const stof_layer_desc *d,
                    "desc.rope_scale %g: 0 (1) or in (0, 16]",
                    (double)d->rope_scale);
     if (has_rope) {
-        const int hd = d->hidden / d->heads;
+        const int hd = stof__layer_hd(d);
         /* (head_dim is a multiple of 8: rope_dim 0 qualifies) */
         STOF_CHECK_ARG(ctx,
                        d->rope_dim >= 0 && d->rope_dim <= hd &&
@@ -215,7 +231,7 @@ stof_status stof__layer_desc_check(stof_context *ctx, const stof_layer_desc *d)
         return st;
     return stof__attention_shape_check(ctx, d->batch, d->heads,
                                        d->kv_heads, d->seq, d->seq,
-                                       d->hidden / d->heads, d->dtype);
+                                       stof__layer_hd(d), d->dtype);
 }
 
 /* --- the chain ------------------------------------------------------------ */
@@ -224,7 +240,7 @@ static void init_ops(stof_layer *L)
 {
     const stof_layer_desc *d = &L->d;
     const int M = L->M, h = d->hidden, f = d->ffn, pre = d->pre_norm;
-    const int nk = (int)d->norm + 1;
+    const int nk = (int)d->norm + 1, qd = stof__layer_qd(d);
     static const struct {
         int n_is_ffn, k_is_ffn, n3, bias, act, res, norm;
     } shape[G_COUNT] = {
@@ -238,7 +254,9 @@ static void init_ops(stof_layer *L)
         memset(g, 0, sizeof(*g));
         g->M = M;
         g->N = shape[i].n3 ? stof__layer_qkv_n(d) : shape[i].n_is_ffn ? f : h;
-        g->K = shape[i].k_is_ffn ? f : h;
+        /* (the output projection takes the attention's qd columns) */
+        const int att_in = i == G_A_RES || i == G_A_PLAIN || i == G_A_NORM;
+        g->K = shape[i].k_is_ffn ? f : att_in ? qd : h;
         g->epi.bias = shape[i].bias && !d->no_bias;
         g->epi.act = shape[i].act ? (int)d->act : STOF_ACT_NONE;
         g->epi.residual = shape[i].res;
@@ -271,15 +289,17 @@ static void init_ops(stof_layer *L)
 int stof__layer_qkv_n(const stof_layer_desc *d)
 {
     const int kvh = d->kv_heads > 0 ? d->kv_heads : d->heads;
-    return d->hidden + 2 * kvh * (d->hidden / d->heads);
+    return stof__layer_qd(d) + 2 * kvh * stof__layer_hd(d);
 }
 
 int stof__layer_tok_ld(const stof_layer *L, int sym)
 {
     if (sym == SYM_G)
         return L->d.gated ? 2 * L->d.ffn : 0;
-    return sym == SYM_QKV ? stof__layer_qkv_n(&L->d)
-                          : sym == SYM_F ? L->d.ffn : L->d.hidden;
+    return sym == SYM_QKV   ? stof__layer_qkv_n(&L->d)
+           : sym == SYM_F   ? L->d.ffn
+           : sym == SYM_ATT ? stof__layer_qd(&L->d)
+                            : L->d.hidden;
 }
 
 int stof__layer_gemm_split(const gemm_op *g, int lt, const stof_gemm_cfg *c)
@@ -800,6 +820,8 @@ static void record_layer_miss(stof_layer *L, const stof_mask *m,
         json_object_set_new(pj, "rope_dim", json_integer(d->rope_dim));
     if (pj && d->qk_norm)
         json_object_set_new(pj, "qk_norm", json_integer(1));
+    if (pj && stof__layer_qd(d) != d->hidden)
+        json_object_set_new(pj, "head_dim", json_integer(L->hd));
     stof__record_miss(L->ctx, db, L->key, pj, m, mask_hex, fam, ad, sample);
 }
 
@@ -837,7 +859,7 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     L->ctx = ctx;
     L->d = *d;
     L->M = d->batch * d->seq;
-    L->hd = d->hidden / d->heads;
+    L->hd = stof__layer_hd(d);
     L->eps = d->norm_eps > 0 ? d->norm_eps : 1e-5f;
     L->pdl = -1; /* (the search or the record decides, else the rule) */
     L->rope = !stof__layer_has_rope(d) ? 0
@@ -859,7 +881,8 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
                              d->dtype, STOF_LAYOUT_BSHD);
     ad.layout = STOF_LAYOUT_STRIDED;
     ad.kv_heads = d->kv_heads;
-    const int64_t h = d->hidden, s = d->seq, qn = stof__layer_qkv_n(d);
+    const int64_t h = stof__layer_qd(d), s = d->seq,
+                  qn = stof__layer_qkv_n(d);
     const int64_t qs[3] = {s * qn, L->hd, qn};
     const int64_t os[3] = {s * h, L->hd, h};
     memcpy(ad.q_stride, qs, sizeof(qs));

@@ -61,6 +61,10 @@ static void key_text(const stof_device *dev, const stof_layer_desc *d,
         k += (size_t)snprintf(out + k, n - k, ";gated=1");
     if (d->qk_norm && k < n)
         k += (size_t)snprintf(out + k, n - k, ";qk_norm=1");
+    /* (heads whose width is not hidden's: Qwen3 0.6B and 4B) */
+    if (stof__layer_qd(d) != d->hidden && k < n)
+        k += (size_t)snprintf(out + k, n - k, ";head_dim=%d",
+                              stof__layer_hd(d));
     /* (theta in the C locale's hex form; a layer with its own frequencies:
      * "table", whatever they and the scale are, as a scheme does not
      * depend on them) */
@@ -309,6 +313,9 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
                                                   : STOF_DTYPE_BF16);
     d->pre_norm = v[0];
     d->ffn = v[2];
+    /* (heads whose width is not hidden's: the record's head_dim says) */
+    if (r->head_dim > 0 && (int64_t)r->head_dim * r->heads != d->hidden)
+        d->head_dim = r->head_dim;
     d->act = (stof_activation)v[3];
     d->norm = (stof_norm_kind)v[4];
     double eps = 0.0;

@@ -128,7 +128,9 @@ stof_status stof_layer_describe(const stof_layer *L, char *buf, size_t n,
         (json_int_t)(L->lt_mem_bytes + (L->lt_in_mem ? 0 : L->lt_ws_bytes)),
         "kernels", steps ? steps : json_array());
     json_t *jd = o ? json_object_get(o, "desc") : NULL;
-    if (jd) /* (after "rope") */
+    if (jd) { /* (after "rope") */
         json_object_set_new(jd, "qk_norm", json_boolean(d->qk_norm));
+        json_object_set_new(jd, "head_dim", json_integer(L->hd));
+    }
     return stof__json_out(o, buf, n, needed);
 }

@@ -240,6 +240,19 @@ void stof__rope_dev_put(stof_context *ctx, CUdeviceptr p);
  * rope=table) uses these. */
 const float *stof__rope_freq_standin(void);
 
+/* A head's size (desc.head_dim, or hidden / heads) and the attention's
+ * width, heads of it (the Q columns; hidden unless head_dim says
+ * otherwise). */
+static inline int stof__layer_hd(const stof_layer_desc *d)
+{
+    return d->head_dim > 0 ? d->head_dim
+                           : d->heads > 0 ? d->hidden / d->heads : 0;
+}
+static inline int stof__layer_qd(const stof_layer_desc *d)
+{
+    return d->heads * stof__layer_hd(d);
+}
+
 /* Whether the descriptor asks for RoPE (a base or frequencies). */
 static inline int stof__layer_has_rope(const stof_layer_desc *d)
 {

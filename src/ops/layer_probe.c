@@ -157,7 +157,7 @@ double stof__layer_verify_step(layer_tuner *t, const step *s)
             int *pos = nr_ ? malloc(sizeof(int) * (size_t)R) : NULL;
             float *tab = nr_ ? malloc(sizeof(float) * (size_t)R * (size_t)nr_)
                              : NULL;
-            float qg[512];
+            float qg[512]; /* (2 head_dim: at most 256 each) */
             if ((nr_ && (!pos || !tab)) ||
                 (go->qk_norm &&
                  fetch_vec(t,
@@ -177,9 +177,9 @@ double stof__layer_verify_step(layer_tuner *t, const step *s)
                 pos[r] = r; /* (row r's table row) */
             const stof_ref_rope rp = {tab,
                                       pos,
-                                      N - (N - L->d.hidden) / 2,
+                                      N - (N - stof__layer_qd(&L->d)) / 2,
                                       go->qk_norm ? qg : NULL,
-                                      L->d.hidden,
+                                      stof__layer_qd(&L->d),
                                       L->eps};
             stof__ref_gemm_rope(A, W, bias, pr ? res : NULL, gamma, beta, R,
                                 N, K, K, K, N, &ge, L->eps, L->d.dtype,
@@ -440,6 +440,7 @@ stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t)
     const stof_api *api = ctx->api;
     const stof_layer_desc *d = &L->d;
     const size_t h = (size_t)d->hidden, f = (size_t)d->ffn,
+                 qd = (size_t)stof__layer_qd(d),
                  M = (size_t)L->M, qn = (size_t)stof__layer_qkv_n(d),
                  f1 = d->gated ? 2 * f : f; /* the first FFN GEMM's N */
     /* Scratch weights, X and Y, each 256-byte aligned (a QK norm's
@@ -447,7 +448,7 @@ stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t)
     const size_t qk = d->qk_norm ? 2 * (size_t)L->hd : 0;
     const size_t sizes[SYM_COUNT] = {
         [SYM_X] = M * h, [SYM_Y] = M * h, [SYM_WQKV] = qn * h + qk,
-        [SYM_BQKV] = qn, [SYM_WO] = h * h, [SYM_BO] = h,
+        [SYM_BQKV] = qn, [SYM_WO] = h * qd, [SYM_BO] = h,
         [SYM_W1] = f1 * h, [SYM_B1] = f1, [SYM_W2] = h * f, [SYM_B2] = h,
         [SYM_G1] = h, [SYM_BE1] = h, [SYM_G2] = h, [SYM_BE2] = h};
     size_t total = 0;
@@ -497,8 +498,10 @@ stof_status stof__layer_tuner_start(stof_layer *L, layer_tuner *t)
         if (!t->wp[s])
             continue;
         float scale = 0.1f, offset = 0.0f;
-        if (s == SYM_WQKV || s == SYM_WO || s == SYM_W1)
+        if (s == SYM_WQKV || s == SYM_W1)
             scale = 1.7f / sqrtf((float)h);
+        else if (s == SYM_WO)
+            scale = 1.7f / sqrtf((float)qd);
         else if (s == SYM_W2)
             scale = 1.7f / sqrtf((float)f);
         else if (s == SYM_G1 || s == SYM_G2)

@@ -59,7 +59,7 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
     if (g->epi.rope) { /* Q and K: the columns before V's */
         a.rope_tab = L->rope_tab;
         a.rope_seq = L->d.seq;
-        a.rope_cols = g->N - (g->N - L->d.hidden) / 2;
+        a.rope_cols = g->N - (g->N - stof__layer_qd(&L->d)) / 2;
     }
     if (stof__gemm_ws_bytes(&g->cfg, &g->epi, g->M, g->N) > L->norm_ws_bytes)
         return STOF_ERR_INTERNAL; /* (the loads refuse such a kernel) */
@@ -90,8 +90,9 @@ stof_status stof__layer_launch_gemm(stof_layer *L, const gemm_op *g,
                                1, stream, L->ctx->api);
     if (st == STOF_OK && rope && g->qk_norm) /* Q and K: norm, RoPE */
         st = stof__qknorm_launch(
-            L->rope_fn, a.c, g->M, a.ldc, L->d.hidden,
-            g->N - (g->N - L->d.hidden) / 2, L->hd, L->rope, L->rope_tab,
+            L->rope_fn, a.c, g->M, a.ldc, stof__layer_qd(&L->d),
+            g->N - (g->N - stof__layer_qd(&L->d)) / 2, L->hd, L->rope,
+            L->rope_tab,
             L->d.seq, a.w + (CUdeviceptr)g->N * (CUdeviceptr)g->K * 2u,
             L->eps, stream, L->ctx->api);
     else if (st == STOF_OK && rope)
@@ -136,11 +137,12 @@ stof_status stof__layer_launch_norm(stof_layer *L, const norm_op *n,
 
 static stof_status launch_attn(stof_layer *L, CUstream stream)
 {
-    /* K after the hidden Q columns, V after K's kvd = kv_heads *
-     * head_dim columns (16-bit: 2 bytes each). */
+    /* K after the qd Q columns, V after K's kvd = kv_heads * head_dim
+     * columns (16-bit: 2 bytes each). */
     const CUdeviceptr q = L->buf[SYM_QKV];
-    const size_t q_bytes = (size_t)L->d.hidden * 2;
-    const size_t kvd = (size_t)(stof__layer_qkv_n(&L->d) - L->d.hidden) / 2;
+    const int qd = stof__layer_qd(&L->d);
+    const size_t q_bytes = (size_t)qd * 2;
+    const size_t kvd = (size_t)(stof__layer_qkv_n(&L->d) - qd) / 2;
     const CUdeviceptr k = q + q_bytes, v = k + kvd * 2;
     if (L->run_data)
         return stof_attention_run_family(

@@ -61,8 +61,8 @@ static double gate_model_ms(const stof_layer *L)
 /* The rope kernel of a split QKV GEMM: reads and writes Q and K. */
 static double rope_model_ms(const stof_layer *L)
 {
-    const double cols = (double)L->d.hidden +
-                        (stof__layer_qkv_n(&L->d) - L->d.hidden) / 2.0;
+    const double qd = stof__layer_qd(&L->d),
+                 cols = qd + (stof__layer_qkv_n(&L->d) - qd) / 2.0;
     return 0.003 + (double)L->M * cols * 2.0 * 2.0 / 3.0e9;
 }
 
@@ -285,9 +285,9 @@ static void gemm_candidates(slot_op *o, int per_op, int model_only)
      * heads in its tiles). */
     const stof_gemm_epi wide = stof__layer_kernel_epi(g, 1, NULL);
     const int wn = g->epi.gated ? 2 * g->N : g->N;
-    const double gate_ms = g->epi.gated ? gate_model_ms(L)
-                           : g->epi.rope ? rope_model_ms(L)
-                                         : 0.0;
+    const double gate_ms = g->epi.gated                  ? gate_model_ms(L)
+                           : g->epi.rope || g->qk_norm ? rope_model_ms(L)
+                                                       : 0.0;
     if (stof__blaslt_available(why, sizeof(why)) &&
         stof__blaslt_epi_ok(&wide) &&
         stof__blaslt_create(L->ctx, L->d.dtype, g->M, wn, g->K, g->K, g->K,

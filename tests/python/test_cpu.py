@@ -49,7 +49,8 @@ def check_score_mods():
         assert stof._LayerDesc.rope_scale.offset == 60
         assert stof._LayerDesc.rope_freq.offset == 64
         assert stof._LayerDesc.qk_norm.offset == 72
-        assert stof._LayerDesc.reserved.offset == 76
+        assert stof._LayerDesc.head_dim.offset == 76
+        assert stof._LayerDesc.reserved.offset == 80
     assert stof._Desc.reserved.offset == 172, stof._Desc.reserved.offset
 
     s8 = stof.alibi_slopes(8)
@@ -386,7 +387,7 @@ def check_stack_bookkeeping():
     L._ctx, L._h, L._mask = Ctx(), 1, None
     L.batch, L.seq, L.hidden, L.heads, L.ffn = 1, 4, 8, 2, 16
     L.kv_heads, L.bias, L.gated, L.pre_norm, L.rms = 2, True, False, False, False
-    L.qk_norm = False
+    L.qk_norm, L.head_dim = False, 4
     L._stacks, L._stack_order, L._checked = {}, [], {}
     ptr = [0x10000]
 

@@ -44,14 +44,15 @@ DEVICE = "cuda"
 WSCALE = 0.08
 
 
-def weights(gen):
+def weights(gen, hd=HD):
     """The layer's weights (no biases, RMSNorm: no betas) in fp16, drawn in
-    fp32 and rounded: the fp32 references take the same rounded values."""
+    fp32 and rounded: the fp32 references take the same rounded values.
+    Heads of hd (HEADS * hd Q columns: hidden's when hd is HD)."""
     def rnd(*shape, mean=0.0, scale=WSCALE):
         t = torch.randn(*shape, generator=gen, device=DEVICE) * scale + mean
         return t.to(torch.float16).contiguous()
-    qn = HID + 2 * KV * HD
-    return {"w_qkv": rnd(qn, HID), "w_o": rnd(HID, HID),
+    qn = HEADS * hd + 2 * KV * hd
+    return {"w_qkv": rnd(qn, HID), "w_o": rnd(HID, HEADS * hd),
             "w_ffn1": rnd(2 * FFN, HID), "w_ffn2": rnd(HID, FFN),
             "norm1_gamma": rnd(HID, mean=1.0, scale=0.05),
             "norm2_gamma": rnd(HID, mean=1.0, scale=0.05)}
@@ -178,7 +179,7 @@ def hf_outputs(w, x, cfg):
     return outs
 
 
-def check_qwen3(ctx, mask, w, x, gen):
+def check_qwen3(ctx, mask, w, x, gen, hd):
     try:
         from transformers import Qwen3Config
         from transformers.models.qwen3.modeling_qwen3 import (
@@ -189,29 +190,33 @@ def check_qwen3(ctx, mask, w, x, gen):
     theta = 1e6
     cfg = Qwen3Config(hidden_size=HID, intermediate_size=FFN,
                       num_attention_heads=HEADS, num_key_value_heads=KV,
-                      head_dim=HD, rms_norm_eps=EPS, hidden_act="silu",
+                      head_dim=hd, rms_norm_eps=EPS, hidden_act="silu",
                       attention_bias=False, max_position_embeddings=4 * S,
                       rope_theta=theta)
     cfg._attn_implementation = "eager"
-    qn = (torch.randn(HD, generator=gen, device=DEVICE) * 0.3 + 1.0).to(torch.float16)
-    kn = (torch.randn(HD, generator=gen, device=DEVICE) * 0.3 + 1.0).to(torch.float16)
+    qn = (torch.randn(hd, generator=gen, device=DEVICE) * 0.3 + 1.0).to(torch.float16)
+    kn = (torch.randn(hd, generator=gen, device=DEVICE) * 0.3 + 1.0).to(torch.float16)
+    qd = HEADS * hd
     ww = dict(w)
-    ww["w_qkv"] = stof.qkv_weight(w["w_qkv"][:HID], w["w_qkv"][HID:HID + KV * HD],
-                                  w["w_qkv"][HID + KV * HD:], qn, kn)
+    ww["w_qkv"] = stof.qkv_weight(w["w_qkv"][:qd], w["w_qkv"][qd:qd + KV * hd],
+                                  w["w_qkv"][qd + KV * hd:], qn, kn)
     kw = stof.rope_args(cfg, S)
     assert kw == {"rope_dim": 0, "rope_theta": theta}, kw
+    hkw = {"head_dim": hd} if qd != HID else {}
     L = ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu", "rms", True,
                        mask, eps=EPS, kv_heads=KV, bias=False, gated=True,
-                       qk_norm=True, **kw)
+                       qk_norm=True, **kw, **hkw)
     d = L.describe()
     assert L.qk_norm and d["desc"]["qk_norm"] is True, d["desc"]
+    assert L.head_dim == hd and d["desc"]["head_dim"] == hd, d["desc"]
     assert any(k.get("qk_norm") == "kernel" for k in d["kernels"]), d["kernels"]
     y = torch.full_like(x, float("nan"))
     L.run(ww, x, y)
     torch.cuda.synchronize()
     L.close()
     L0 = ctx.layer_plan(B, S, HID, HEADS, FFN, torch.float16, "silu", "rms", True,
-                        mask, eps=EPS, kv_heads=KV, bias=False, gated=True, **kw)
+                        mask, eps=EPS, kv_heads=KV, bias=False, gated=True, **kw,
+                        **hkw)
     y0 = torch.full_like(x, float("nan"))
     L0.run(w, x, y0)
     torch.cuda.synchronize()
@@ -223,7 +228,7 @@ def check_qwen3(ctx, mask, w, x, gen):
     causal = torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
     outs = []
     with torch.no_grad():
-        load_llama_layer(layer, f, HID, KV * HD, FFN)
+        load_llama_layer(layer, f, qd, KV * hd, FFN)
         layer.self_attn.q_norm.weight.copy_(qn.float())
         layer.self_attn.k_norm.weight.copy_(kn.float())
         for dt in (torch.float32, torch.float16):
@@ -237,8 +242,9 @@ def check_qwen3(ctx, mask, w, x, gen):
     hf32, hf16 = outs
     e, e16, e0 = rel(y, hf32), rel(hf16, hf32), rel(y0, hf32)
     limit = max(5 * e16, 5e-3)
-    print("qk_norm: stof fp16 vs Qwen3DecoderLayer fp32 %.3g (Qwen3DecoderLayer "
-          "fp16: %.3g; stof without the QK norm: %.3g)" % (e, e16, e0))
+    print("qk_norm, heads of %d (%d columns over %d): stof fp16 vs "
+          "Qwen3DecoderLayer fp32 %.3g (Qwen3DecoderLayer fp16: %.3g; stof "
+          "without the QK norm: %.3g)" % (hd, qd, HID, e, e16, e0))
     assert e0 > 10 * limit, "the check cannot see the QK norm: %g" % e0
     assert e < limit, e
 
@@ -385,7 +391,10 @@ def main():
     # (theta 1e6), in fp32, the reference; stof's layer planned with
     # qk_norm=True and w_qkv from stof.qkv_weight. The layer without the
     # norm must be far from it.
-    check_qwen3(ctx, mask, w, x, gen)
+    check_qwen3(ctx, mask, w, x, gen, HD)
+    # Qwen3 0.6B's shape: heads wider than hidden (4 heads of 128 over 256:
+    # layer_plan(head_dim=128), w_o (256, 512))
+    check_qwen3(ctx, mask, weights(gen, 2 * HD), x, gen, 2 * HD)
 
     # rope_args for the sequence-dependent types gives what the model's own
     # rotary embedding uses after a forward at that length, bit for bit:
