@@ -7,10 +7,15 @@ BERT's exact GELU); with --models ...,llama also a Llama-style stack in the
 TinyLlama-1.1B shape (22 layers, hidden 2048, 32 heads of which 4 K/V heads,
 FFN 5632 SwiGLU, pre-norm RMSNorm eps 1e-5, no biases, rotary position
 embeddings on Q and K with rope_theta 10000, positions 0..seq-1 in every
-sequence). The bigbird mask bigbird:64:3:2:3:1 built by stof, at (batch, seq)
-= (1,128), (8,512), (16,2048) (../shared/BENCH.md, "End-to-end peer
-figures"). For each model and size, these stacks over the same weights and
-the same input:
+sequence), and with --models ...,qwen3 a Qwen3-style stack in the
+Qwen3-1.7B shape (28 layers, hidden 2048, 16 heads of head_dim 128 of which
+8 K/V heads, FFN 6144 SwiGLU, pre-norm RMSNorm eps 1e-6, no biases, RoPE
+with rope_theta 1e6, and a QK norm: Q and K RMS-normalised per head, with a
+weight of head_dim for Q's heads and one for K's, before RoPE, as
+Qwen3Attention's q_norm and k_norm). The bigbird mask bigbird:64:3:2:3:1
+built by stof, at (batch, seq) = (1,128), (8,512), (16,2048)
+(../shared/BENCH.md, "End-to-end peer figures"). For each model and size,
+these stacks over the same weights and the same input:
 
   eager    PyTorch, F.linear / F.layer_norm or F.rms_norm / F.gelu or F.silu,
            attention by F.scaled_dot_product_attention with stof's mask as a
@@ -18,9 +23,11 @@ the same input:
            heads); llama's rotary embedding as Hugging Face's LlamaModel does
            it: cos and sin computed once a forward of the stack (fp32
            angles, then the dtype) and given to every layer, which rotates Q
-           and K (rotate-half) in the dtype; also captured in a CUDA graph
-           and replayed ("graph", not bound by the host: --no-eager-graph
-           skips it);
+           and K (rotate-half) in the dtype (qwen3: after normalising each
+           head of Q and K as Qwen3RMSNorm does: fp32 math, rounded to the
+           dtype, times the weight in the dtype); also captured in a CUDA
+           graph and replayed ("graph", not bound by the host:
+           --no-eager-graph skips it);
   compile  the same layer under torch.compile(dynamic=False), attention by
            flex_attention (enable_gqa for grouped-query) with a BlockMask
            whose mask_mod looks that dense tensor up; compiled once a layer
@@ -30,19 +37,25 @@ the same input:
            stacks are bound by the host); llama's cos and sin are computed
            once a stack, compiled with it (or on their own, layer-wise);
   hf-eager with --hf: Hugging Face transformers' own layer classes (BertLayer,
-  hf-sdpa  GPT2Block, ViTLayer, LlamaDecoderLayer) built from a config,
-           loaded with the same weights, under config._attn_implementation
-           "eager" and "sdpa", given the mask as an additive [1, 1, S, S]
-           float mask (0 where attended, the dtype's minimum elsewhere). The
-           Llama layers get real rotary embeddings as LlamaModel gives them:
-           its LlamaRotaryEmbedding (rope_theta from the config, 10000, its
-           inverse frequencies kept in fp32) makes cos and sin once a
-           forward of the stack from position_ids 0..seq-1, timed with it,
-           and every layer takes them (position_embeddings);
+  hf-sdpa  GPT2Block, ViTLayer, LlamaDecoderLayer, Qwen3DecoderLayer) built
+           from a config, loaded with the same weights, under
+           config._attn_implementation "eager" and "sdpa", given the mask
+           as an additive [1, 1, S, S] float mask (0 where attended, the
+           dtype's minimum elsewhere). The Llama layers get real rotary
+           embeddings as LlamaModel gives them: its LlamaRotaryEmbedding
+           (rope_theta from the config, 10000, its inverse frequencies kept
+           in fp32) makes cos and sin once a forward of the stack from
+           position_ids 0..seq-1, timed with it, and every layer takes them
+           (position_embeddings); the Qwen3 layers likewise from
+           Qwen3RotaryEmbedding (1e6), with their q_norm and k_norm loaded
+           too;
   stof     Context.layer_plan once (cold plan seconds reported; llama with
            rope_theta 10000: the library rotates Q and K itself, in the QKV
-           projection's epilogue or a kernel after it), then
-           Layer.stack_run(graph=True): the whole stack as one CUDA graph.
+           projection's epilogue or a kernel after it; qwen3 with
+           qk_norm=True: its w_qkv is then stof.qkv_weight's flat buffer,
+           the projections' rows followed by q_norm's and k_norm's
+           weights), then Layer.stack_run(graph=True): the whole stack as
+           one CUDA graph.
 
 stof's output is checked against eager (and all of them against an fp32 run
 of the eager stack) before timing; rel err = |out - ref| / |ref| (Frobenius).
@@ -69,7 +82,7 @@ other op free. Where the plan launches its kernels programmatically (at most
 the GEMM before it ends and its profiled span includes that wait: the bound
 is then too high (x bound too low) by up to that overlap.
 
-    PYTHONPATH=python python3 bench/bench_layers.py [--models bert-base,gpt2,llama]
+    PYTHONPATH=python python3 bench/bench_layers.py [--models bert-base,gpt2,llama,qwen3]
         [--sizes 1x128,8x512] [--no-compile] [--hf] [--peers-only] [--json FILE]
 """
 import argparse
@@ -93,8 +106,9 @@ MODELS = {
     # norm ("layer" or "rms"), gated (gated FFN), bias (projection biases),
     # act (its own activation, else the GELU of --act), eps (its own norm
     # eps, else --eps), rope_theta (rotary position embeddings on Q and K
-    # with this base; default none); hf: the family of its Hugging Face
-    # peer (--hf)
+    # with this base; default none), qk_norm (Q and K RMS-normalised per
+    # head before RoPE, Qwen3's q_norm and k_norm; default no); hf: the
+    # family of its Hugging Face peer (--hf)
     "bert-base": dict(layers=12, hidden=768, heads=12, ffn=3072, pre_norm=False,
                       hf="bert"),
     "bert-large": dict(layers=24, hidden=1024, heads=16, ffn=4096, pre_norm=False,
@@ -107,9 +121,15 @@ MODELS = {
     "llama": dict(layers=22, hidden=2048, heads=32, ffn=5632, pre_norm=True,
                   kv_heads=4, norm="rms", gated=True, bias=False, act="silu",
                   eps=1e-5, rope_theta=10000.0, hf="llama"),
+    # Qwen3-1.7B: as llama, with a QK norm (per-head RMSNorm of Q and K
+    # before RoPE), 8 K/V heads, RMSNorm eps 1e-6 and rope_theta 1e6 (its
+    # config's); head_dim 128 = hidden / heads, as stof wants it
+    "qwen3": dict(layers=28, hidden=2048, heads=16, ffn=6144, pre_norm=True,
+                  kv_heads=8, norm="rms", gated=True, bias=False, act="silu",
+                  eps=1e-6, rope_theta=1000000.0, qk_norm=True, hf="qwen3"),
 }
-# The models run when --models is not given: the ones from before llama was
-# added, so that old command lines measure the same thing.
+# The models run when --models is not given: the ones from before llama
+# (and qwen3) was added, so that old command lines measure the same thing.
 DEFAULT_MODELS = "bert-base,bert-large,gpt2,vit-base"
 SIZES = "1x128,8x512,16x2048"
 MASK_SPEC = "bigbird:64:3:2:3:1"
@@ -125,6 +145,9 @@ ISSUE_PEER_TIMES = tuple(k for k in PEER_TIMES if k != "eager_graph_ms")
 # time is left out of every ratio ("peers_excluded").
 PEER_ERRS = {"eager_graph_ms": "eager_graph_err", "compile_ms": "compile_err",
              "hf_eager_ms": "hf_eager_err", "hf_sdpa_ms": "hf_sdpa_err"}
+# The QK norm's weights in make_weights' dicts (the peers' names, none of
+# stof's LAYER_WEIGHT_NAMES): stof takes them inside w_qkv (stof_weights)
+QK_NORM_NAMES = ("q_norm", "k_norm")
 
 
 class Cfg:
@@ -138,6 +161,7 @@ class Cfg:
         self.gated = m.get("gated", False)
         self.bias = m.get("bias", True)
         self.rope_theta = m.get("rope_theta", 0.0)  # 0: no rotary embedding
+        self.qk_norm = m.get("qk_norm", False)    # per-head RMSNorm of Q, K
         self.hf = m.get("hf")
         self.batch, self.seq = batch, seq
         self.head_dim = self.hidden // self.heads
@@ -152,36 +176,64 @@ def make_weights(cfg, dtype, seed):
     stof_layer_weights: weights N(0, 0.02), biases and betas N(0, 0.02),
     gammas 1 + N(0, 0.02). w_qkv has hidden + 2 kv_heads head_dim rows (Q's,
     then K's, then V's); a gated FFN's w_ffn1 has 2 ffn rows (gate, then up).
-    Without biases the b_* keys are left out, with RMSNorm the *_beta keys."""
+    Without biases the b_* keys are left out, with RMSNorm the *_beta keys.
+    A model with a QK norm also has "q_norm" and "k_norm" (head_dim each,
+    1 + N(0, 0.1): Qwen3Attention's q_norm.weight and k_norm.weight), names
+    stof does not take: these dicts are the PyTorch peers' (w_qkv 2-D),
+    stof_weights makes stof's from them."""
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
     h, f = cfg.hidden, cfg.ffn
     qn = h + 2 * cfg.kv_heads * cfg.head_dim
     f1 = 2 * f if cfg.gated else f
 
-    def rnd(*shape, mean=0.0):
+    def rnd(*shape, mean=0.0, std=0.02):
         t = torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32)
-        return (t * 0.02 + mean).to(dtype).contiguous()
+        return (t * std + mean).to(dtype).contiguous()
 
-    # (name, shape, mean), in the order the generator draws them: the order
-    # of before, so that the older models keep the weights they had
+    # (name, shape, mean[, std]), in the order the generator draws them: the
+    # order of before, so that the older models keep the weights they had
+    # (the QK norm's weights come last, drawn only for a model that has one)
     spec = [("w_qkv", (qn, h), 0.0), ("b_qkv", (qn,), 0.0),
             ("w_o", (h, h), 0.0), ("b_o", (h,), 0.0),
             ("w_ffn1", (f1, h), 0.0), ("b_ffn1", (f1,), 0.0),
             ("w_ffn2", (h, f), 0.0), ("b_ffn2", (h,), 0.0),
             ("norm1_gamma", (h,), 1.0), ("norm1_beta", (h,), 0.0),
-            ("norm2_gamma", (h,), 1.0), ("norm2_beta", (h,), 0.0)]
+            ("norm2_gamma", (h,), 1.0), ("norm2_beta", (h,), 0.0),
+            ("q_norm", (cfg.head_dim,), 1.0, 0.1),
+            ("k_norm", (cfg.head_dim,), 1.0, 0.1)]
     layers = []
     for _ in range(cfg.layers):
         w = {}
-        for name, shape, mean in spec:
+        for name, shape, mean, *std in spec:
             if name.startswith("b_") and not cfg.bias:
                 continue
             if name.endswith("_beta") and cfg.norm == "rms":
                 continue
-            w[name] = rnd(*shape, mean=mean)
+            if name in QK_NORM_NAMES and not cfg.qk_norm:
+                continue
+            w[name] = rnd(*shape, mean=mean, std=std[0] if std else 0.02)
         layers.append(w)
     return layers
+
+
+def stof_weights(cfg, weights):
+    """The dicts stof's Layer.run / stack_run take for make_weights'
+    weights: without a QK norm the very same dicts; with one, each layer's
+    w_qkv is stof.qkv_weight's flat buffer (w_qkv's rows, then q_norm's
+    and k_norm's weights: a new tensor, hidden + 2 kv_heads head_dim rows
+    of hidden then 2 head_dim values) and q_norm / k_norm are left out, the
+    other tensors shared with the peers'."""
+    if not cfg.qk_norm:
+        return weights
+    h, kvd = cfg.hidden, cfg.kv_heads * cfg.head_dim
+    out = []
+    for w in weights:
+        sw = {k: t for k, t in w.items() if k not in QK_NORM_NAMES}
+        q, k, v = w["w_qkv"].split((h, kvd, kvd))
+        sw["w_qkv"] = stof.qkv_weight(q, k, v, w["q_norm"], w["k_norm"])
+        out.append(sw)
+    return out
 
 
 def make_rope_fn(cfg):
@@ -219,7 +271,10 @@ def make_layer_fn(cfg, attention):
     (B, H, S, D) queries, (B, kv_heads, S, D) keys and values, and the mask
     object m passed to the layer; pe: make_rope_fn's (cos, sin) of this
     forward, with which Q and K rotate (rotate-half, in the dtype, as
-    Hugging Face's apply_rotary_pos_emb), or None (no RoPE)."""
+    Hugging Face's apply_rotary_pos_emb), or None (no RoPE). With cfg.qk_norm
+    each head of Q and K is RMS-normalised first, as Qwen3Attention's q_norm
+    and k_norm (Qwen3RMSNorm) do it: in fp32, rounded to the dtype, times
+    the weight (w["q_norm"], w["k_norm"]) in the dtype."""
     B, S, h, H, D = cfg.batch, cfg.seq, cfg.hidden, cfg.heads, cfg.head_dim
     KV, f = cfg.kv_heads, cfg.ffn
     eps = cfg.eps
@@ -240,14 +295,23 @@ def make_layer_fn(cfg, attention):
         def ln(u, w, which):
             return F.layer_norm(u, (h,), w[which + "_gamma"], w[which + "_beta"], eps)
 
+    def head_norm(t, weight):
+        """Qwen3RMSNorm over the last dimension (a head's D values)."""
+        t32 = t.float()
+        t32 = t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * t32.to(t.dtype)
+
     # w.get: a model without biases has no b_* keys, and F.linear takes None
     def attn(u, w, m, pe):
         qkv = F.linear(u, w["w_qkv"], w.get("b_qkv"))     # [B, S, h + 2 KV D]
         # rows [0,h) of w_qkv make Q, the next KV*D rows K, the last KV*D V;
         # head i is columns i*D..(i+1)*D of each
         q, k, v = qkv.split((h, KV * D, KV * D), dim=-1)
-        q = q.view(B, S, H, D).transpose(1, 2)
-        k = k.view(B, S, KV, D).transpose(1, 2)
+        q, k = q.view(B, S, H, D), k.view(B, S, KV, D)
+        if cfg.qk_norm:                                    # before RoPE
+            q, k = head_norm(q, w["q_norm"]), head_norm(k, w["k_norm"])
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
         v = v.view(B, S, KV, D).transpose(1, 2)
         if pe is not None:                                 # RoPE on Q and K
             cos, sin = pe[0].unsqueeze(1), pe[1].unsqueeze(1)  # [1, 1, S, D]
@@ -536,8 +600,8 @@ def attention_ms(rows, layers):
 
 
 def fp32_reference(cfg, x, weights, dense):
-    """The eager stack in fp32 (weights converted one layer at a time; the
-    rotary embedding's cos and sin in fp32)."""
+    """The eager stack in fp32 (weights converted one layer at a time, the
+    QK norm's too; the rotary embedding's cos and sin in fp32)."""
     layer = make_layer_fn(cfg, sdpa_attention)
     rope = make_rope_fn(cfg)
     h = x.float()
@@ -558,7 +622,8 @@ def hf_stack(cfg, weights, dtype):
     prepare), each module on CUDA in dtype, in eval mode, holding a copy of
     weights; prepare(x) gives the keyword arguments of every layer's call
     but the mask, made once a forward of the stack as the model makes them
-    (llama: the rotary embedding's cos and sin, from LlamaRotaryEmbedding).
+    (llama, qwen3: the rotary embedding's cos and sin, from
+    LlamaRotaryEmbedding / Qwen3RotaryEmbedding).
     The attention implementation is config._attn_implementation, read by
     the layers at each call, so one stack serves both "eager" and "sdpa"."""
     h, H, f, KV, D, eps = (cfg.hidden, cfg.heads, cfg.ffn, cfg.kv_heads,
@@ -566,7 +631,7 @@ def hf_stack(cfg, weights, dtype):
     S = cfg.seq
     # "gelu_new" is HF's tanh approximation (GPT-2's own), "gelu" the exact one
     hf_act = "gelu_new" if cfg.act == "gelu_tanh" else "gelu"
-    rotary = None  # llama's LlamaRotaryEmbedding
+    rotary = None  # llama's LlamaRotaryEmbedding, qwen3's Qwen3RotaryEmbedding
     if cfg.hf == "bert":
         from transformers import BertConfig
         from transformers.models.bert.modeling_bert import BertLayer
@@ -641,14 +706,34 @@ def hf_stack(cfg, weights, dtype):
                     (m.layernorm_after.bias, w["norm2_beta"]),
                     (m.mlp.fc1.weight, w["w_ffn1"]), (m.mlp.fc1.bias, w["b_ffn1"]),
                     (m.mlp.fc2.weight, w["w_ffn2"]), (m.mlp.fc2.bias, w["b_ffn2"])]
-    elif cfg.hf == "llama":
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import (
-            LlamaDecoderLayer, LlamaRotaryEmbedding)
-        config = LlamaConfig(hidden_size=h, intermediate_size=f, num_attention_heads=H,
-                             num_key_value_heads=KV, rms_norm_eps=eps, hidden_act="silu",
-                             attention_bias=False, mlp_bias=False,
-                             rope_theta=cfg.rope_theta)
+    elif cfg.hf in ("llama", "qwen3"):
+        if cfg.hf == "llama":
+            from transformers import LlamaConfig
+            from transformers.models.llama.modeling_llama import (
+                LlamaDecoderLayer as DecoderLayer,
+                LlamaRotaryEmbedding as RotaryEmbedding)
+            config = LlamaConfig(hidden_size=h, intermediate_size=f,
+                                 num_attention_heads=H, num_key_value_heads=KV,
+                                 rms_norm_eps=eps, hidden_act="silu",
+                                 attention_bias=False, mlp_bias=False,
+                                 rope_theta=cfg.rope_theta)
+        else:
+            # Qwen3: Llama's layer with q_norm and k_norm (Qwen3RMSNorm of
+            # head_dim on each head of Q and K, before RoPE). head_dim given
+            # (its default is 128 whatever the hidden size); num_hidden_layers
+            # the stack's, so that config.layer_types names every layer (all
+            # full attention: no sliding window, checked below)
+            from transformers import Qwen3Config
+            from transformers.models.qwen3.modeling_qwen3 import (
+                Qwen3DecoderLayer as DecoderLayer,
+                Qwen3RotaryEmbedding as RotaryEmbedding)
+            config = Qwen3Config(hidden_size=h, intermediate_size=f,
+                                 num_attention_heads=H, num_key_value_heads=KV,
+                                 head_dim=D, num_hidden_layers=cfg.layers,
+                                 rms_norm_eps=eps, hidden_act="silu",
+                                 attention_bias=False, use_sliding_window=False,
+                                 max_position_embeddings=max(40960, S),
+                                 rope_theta=cfg.rope_theta)
         # transformers 5 keeps the base in config.rope_parameters, 4.x in
         # config.rope_theta; a config that lost it would rotate differently
         params = getattr(config, "rope_parameters", None)
@@ -656,35 +741,46 @@ def hf_stack(cfg, weights, dtype):
             params = {"rope_theta": getattr(config, "rope_theta", None)}
         theta, rope_type = params.get("rope_theta"), params.get("rope_type", "default")
         if theta is None or float(theta) != cfg.rope_theta or rope_type != "default":
-            raise ValueError("HF llama config: RoPE %s base %s, not the default "
-                             "rope with base %g" % (rope_type, theta, cfg.rope_theta))
+            raise ValueError("HF %s config: RoPE %s base %s, not the default "
+                             "rope with base %g" % (cfg.hf, rope_type, theta,
+                                                    cfg.rope_theta))
+        if getattr(config, "head_dim", None) not in (None, D):
+            raise ValueError("HF %s config: head_dim %s, not %d"
+                             % (cfg.hf, config.head_dim, D))
 
         def make(i):
-            return LlamaDecoderLayer(config, layer_idx=i)
+            m = DecoderLayer(config, layer_idx=i)
+            if getattr(m.self_attn, "sliding_window", None):
+                raise ValueError("HF %s layer %d: a sliding window of %s"
+                                 % (cfg.hf, i, m.self_attn.sliding_window))
+            return m
 
         def pairs(m, w):
             a = m.self_attn
             q, k, v = w["w_qkv"].split((h, KV * D, KV * D))
             gate, up = w["w_ffn1"].split(f)
-            return [(m.input_layernorm.weight, w["norm1_gamma"]),
-                    (a.q_proj.weight, q), (a.k_proj.weight, k), (a.v_proj.weight, v),
-                    (a.o_proj.weight, w["w_o"]),
-                    (m.post_attention_layernorm.weight, w["norm2_gamma"]),
-                    (m.mlp.gate_proj.weight, gate), (m.mlp.up_proj.weight, up),
-                    (m.mlp.down_proj.weight, w["w_ffn2"])]
-        # LlamaModel's rotary embedding (prepare). Its inverse frequencies
+            got = [(m.input_layernorm.weight, w["norm1_gamma"]),
+                   (a.q_proj.weight, q), (a.k_proj.weight, k), (a.v_proj.weight, v),
+                   (a.o_proj.weight, w["w_o"]),
+                   (m.post_attention_layernorm.weight, w["norm2_gamma"]),
+                   (m.mlp.gate_proj.weight, gate), (m.mlp.up_proj.weight, up),
+                   (m.mlp.down_proj.weight, w["w_ffn2"])]
+            if cfg.qk_norm:  # (a layer without q_norm fails here)
+                got += [(a.q_norm.weight, w["q_norm"]), (a.k_norm.weight, w["k_norm"])]
+            return got
+        # The model's rotary embedding (prepare). Its inverse frequencies
         # stay in fp32: a buffer that .to(dtype) would round (a model
         # loaded in fp16 keeps them in fp32 too).
-        rotary = LlamaRotaryEmbedding(config=config).to("cuda")
+        rotary = RotaryEmbedding(config=config).to("cuda")
     else:
         raise ValueError("no Hugging Face peer for %s" % cfg.name)
 
     def prepare(x):
         """What a forward gives every layer but the mask, made once as the
-        model makes it: llama's rotary embedding from position_ids 0..S-1
-        ([1, S], as LlamaModel makes them without a cache: every sequence of
-        the batch has the same positions), cos and sin [1, S, D] in x's
-        dtype; nothing for the other models."""
+        model makes it: llama's and qwen3's rotary embedding from
+        position_ids 0..S-1 ([1, S], as LlamaModel makes them without a
+        cache: every sequence of the batch has the same positions), cos and
+        sin [1, S, D] in x's dtype; nothing for the other models."""
         if rotary is None:
             return {}
         pos = torch.arange(S, device=x.device).unsqueeze(0)
@@ -779,7 +875,8 @@ def bench_case(args, ctx, cfg, dtype, seed):
          "hidden": cfg.hidden, "heads": cfg.heads, "kv_heads": cfg.kv_heads,
          "ffn": cfg.ffn, "pre_norm": cfg.pre_norm, "norm": cfg.norm,
          "gated": cfg.gated, "bias": cfg.bias, "act": cfg.act, "eps": cfg.eps,
-         "rope_theta": cfg.rope_theta, "dtype": args.dtype, "mask": MASK_SPEC}
+         "rope_theta": cfg.rope_theta, "qk_norm": cfg.qk_norm, "dtype": args.dtype,
+         "mask": MASK_SPEC}
     mask = ctx.mask(MASK_SPEC, S, S)
     r["density"] = mask.density
     dense = mask.to_dense().cuda()
@@ -911,7 +1008,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
 
     # stof
     if not args.peers_only:
-        layer = None
+        layer = sweights = None
 
         def plan():
             # kv_heads 0 means "= heads": the older models keep the very
@@ -920,8 +1017,11 @@ def bench_case(args, ctx, cfg, dtype, seed):
             return ctx.layer_plan(B, S, cfg.hidden, cfg.heads, cfg.ffn, dtype, cfg.act,
                                   cfg.norm, cfg.pre_norm, mask, eps=cfg.eps,
                                   kv_heads=kv, bias=cfg.bias, gated=cfg.gated,
-                                  rope_theta=cfg.rope_theta)
+                                  rope_theta=cfg.rope_theta, qk_norm=cfg.qk_norm)
         try:
+            # stof's weight dicts (qwen3: w_qkv with the QK norm's weights in
+            # it, a copy; the other models: the peers' very dicts)
+            sweights = stof_weights(cfg, weights)
             t0 = time.perf_counter()
             layer = plan()
             r["stof_plan_s"] = time.perf_counter() - t0
@@ -944,16 +1044,16 @@ def bench_case(args, ctx, cfg, dtype, seed):
             y1_ref = eager_layer(x, weights[0], dense,
                                  rope(x) if rope is not None else None)
             y.fill_(float("nan"))
-            layer.run(weights[0], x, y)
+            layer.run(sweights[0], x, y)
             torch.cuda.synchronize()
             r["stof_layer1_err"] = rel_err(y, y1_ref)
             del y1_ref
             y.fill_(float("nan"))
-            layer.stack_run(weights, x, y, graph=False)
+            layer.stack_run(sweights, x, y, graph=False)
             torch.cuda.synchronize()
             r["stof_nograph_err"] = rel_err(y, y_eager)
             y.fill_(float("nan"))
-            layer.stack_run(weights, x, y, graph=True)
+            layer.stack_run(sweights, x, y, graph=True)
             torch.cuda.synchronize()
             r["rel_err"] = rel_err(y, y_eager)
             r["max_abs_err"] = max_abs_err(y, y_eager)
@@ -961,10 +1061,10 @@ def bench_case(args, ctx, cfg, dtype, seed):
                 r["stof_err_fp32"] = rel_err(y, ref32)
             r["stof_ok"] = (r["rel_err"] <= FAIL_REL_ERR and
                             r["stof_nograph_err"] <= FAIL_REL_ERR)
-            r["stof_ms"] = time_ms(lambda: layer.stack_run(weights, x, y, graph=True),
+            r["stof_ms"] = time_ms(lambda: layer.stack_run(sweights, x, y, graph=True),
                                    args.reps, args.warmup)
             r["stof_mhz"] = LAST_MHZ[0]
-            sustained(r, "stof", lambda: layer.stack_run(weights, x, y, graph=True),
+            sustained(r, "stof", lambda: layer.stack_run(sweights, x, y, graph=True),
                       args.energy, r["stof_ms"])
             # the graph replays of the timing must still give the same output
             r["stof_replay_err"] = rel_err(y, y_eager)
@@ -973,7 +1073,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
                 # (the bound takes the attention's time from it)
                 try:
                     rows, span = profile_kernels(
-                        lambda: layer.stack_run(weights, x, y, graph=True),
+                        lambda: layer.stack_run(sweights, x, y, graph=True),
                         r["layers"])
                     r["stof_attn_ms"] = attention_ms(rows, r["layers"])
                     if args.profile:
@@ -984,7 +1084,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
                     r["bound_error"] = "profile: " + short(e)
             if not args.no_graph_compare:
                 r["stof_nograph_ms"] = time_ms(
-                    lambda: layer.stack_run(weights, x, y, graph=False),
+                    lambda: layer.stack_run(sweights, x, y, graph=False),
                     args.reps, args.warmup)
             del y
         except Exception as e:  # report and go on
@@ -997,7 +1097,7 @@ def bench_case(args, ctx, cfg, dtype, seed):
         finally:
             if layer is not None:
                 layer.close()
-            del layer
+            del layer, sweights
     peers = {k: r[k] for k in PEER_TIMES if k in r}
     for k in list(peers):
         e = r.get(PEER_ERRS.get(k, ""))
@@ -1288,7 +1388,8 @@ def main():
     ap.add_argument("--act", default="tanh", choices=["tanh", "erf"],
                     help="GELU: tanh approximation (the protocol) or exact erf")
     ap.add_argument("--eps", type=float, default=1e-5,
-                    help="LayerNorm eps (llama keeps its RMSNorm eps, 1e-5)")
+                    help="LayerNorm eps (llama and qwen3 keep their RMSNorm "
+                    "eps, 1e-5 and 1e-6)")
     ap.add_argument("--reps", type=int, default=20, help="timed runs (median)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed runs first")
     ap.add_argument("--seed", type=int, default=0)
@@ -1375,10 +1476,13 @@ def main():
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     ctx = stof.Context(user_db=user_db, tuning_mode=args.tuning_mode)
     dev = ctx.device()
+    notes = [n for m, n in (("llama", "llama: SwiGLU, RoPE"),
+                            ("qwen3", "qwen3: SwiGLU, RoPE, QK norm"))
+             if m in models]
     print(f"# {dev.get('name')}, torch {torch.__version__}, "
           f"stof {stof._load().stof_version_string().decode()}, db {user_db}, "
           f"mask {MASK_SPEC}, {args.dtype}, gelu_{args.act}"
-          f"{' (llama: SwiGLU, RoPE)' if 'llama' in models else ''}, reps {args.reps}",
+          f"{' (%s)' % '; '.join(notes) if notes else ''}, reps {args.reps}",
           flush=True)
 
     results = []
