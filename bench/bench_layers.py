@@ -123,7 +123,8 @@ MODELS = {
                   eps=1e-5, rope_theta=10000.0, hf="llama"),
     # Qwen3-1.7B: as llama, with a QK norm (per-head RMSNorm of Q and K
     # before RoPE), 8 K/V heads, RMSNorm eps 1e-6 and rope_theta 1e6 (its
-    # config's); head_dim 128 = hidden / heads, as stof wants it
+    # config's); head_dim 128 = hidden / heads (this script's peers build
+    # their layers with hidden / heads; stof takes other head_dims too)
     "qwen3": dict(layers=28, hidden=2048, heads=16, ffn=6144, pre_norm=True,
                   kv_heads=8, norm="rms", gated=True, bias=False, act="silu",
                   eps=1e-6, rope_theta=1000000.0, qk_norm=True, hf="qwen3"),

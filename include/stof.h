@@ -819,8 +819,8 @@ typedef enum stof_norm_kind {
 } stof_norm_kind;
 
 /* One encoder layer over `batch` sequences of `seq` tokens, hidden size
- * `hidden` = heads * head_dim (head_dim 64 or 128 and the mask decide the
- * attention kernels), FFN size `ffn`. Tensors are row-major [tokens][...]
+ * `hidden` (= heads * head_dim unless desc.head_dim says otherwise;
+ * head_dim and the mask decide the attention kernels), FFN size `ffn`. Tensors are row-major [tokens][...]
  * with tokens = batch * seq, in `dtype`; accumulation is in fp32.
  *   post-norm (BERT):   h = norm1(x + attn(x) Wo^T + bo)
  *                       y = norm2(h + ffn(h))
@@ -845,8 +845,9 @@ typedef struct stof_layer_desc {
     float norm_eps;       /* 0 means 1e-5 */
     int kv_heads;         /* grouped-query attention: K and V have kv_heads
                              heads (dividing heads; 0 = heads), so the QKV
-                             projection makes hidden + 2 * kv_heads *
-                             head_dim columns (stof_layer_weights) and
+                             projection makes heads * head_dim + 2 *
+                             kv_heads * head_dim columns
+                             (stof_layer_weights) and
                              each K/V head serves heads / kv_heads query
                              heads */
     int no_bias;          /* 1: the projections have no biases (Llama-
@@ -937,8 +938,7 @@ STOF_API stof_status stof_layer_desc_init(stof_layer_desc *d /* OUT */,
  * kvd, qd + 2 kvd) V, qd = heads * head_dim (hidden unless desc.head_dim
  * says otherwise), kvd = kv_heads * head_dim (qd without grouped-query
  * attention: 3 qd rows in all); head h uses columns [h*head_dim,
- * (h+1)*head_dim) of each; w_o is [hidden][qd], b_qkv [qd + 2 kvd] (the
- * comments below write hidden for qd). With desc.gated, w_ffn1 is
+ * (h+1)*head_dim) of each; w_o is [hidden][qd]. With desc.gated, w_ffn1 is
  * [2 ffn][hidden]: rows [0, ffn) the gate, [ffn, 2 ffn) the up projection
  * (Llama's gate_proj and up_proj stacked), b_ffn1 [2 ffn] likewise. With
  * desc.qk_norm, w_qkv's buffer holds after its (qd + 2 kvd) rows the
@@ -948,9 +948,9 @@ STOF_API stof_status stof_layer_desc_init(stof_layer_desc *d /* OUT */,
  * (norm beta: only for LayerNorm; the four biases: not with desc.no_bias,
  * which wants them NULL) and must be 16-byte aligned. */
 typedef struct stof_layer_weights {
-    const void *w_qkv, *b_qkv;     /* [hidden + 2 kvd][hidden] (then 2
-                                      head_dim with qk_norm), [.. + 2 kvd] */
-    const void *w_o, *b_o;         /* [hidden][hidden], [hidden] */
+    const void *w_qkv, *b_qkv;     /* [qd + 2 kvd][hidden] (then 2
+                                      head_dim with qk_norm), [qd + 2 kvd] */
+    const void *w_o, *b_o;         /* [hidden][qd], [hidden] */
     const void *w_ffn1, *b_ffn1;   /* [ffn][hidden], [ffn] (gated: 2 ffn) */
     const void *w_ffn2, *b_ffn2;   /* [hidden][ffn], [hidden] */
     const void *norm1_gamma, *norm1_beta; /* [hidden] */

@@ -620,14 +620,16 @@ Test(cli, tune_dry_run_lists_attention_and_layer_problems)
           "norm=rms pre gated no_bias eps=1e-6 rope=500000 rope_dim=32\n"
           "layer l31 hidden=256 heads=4 act=silu norm=rms pre gated no_bias "
           "qk_norm head_dim=128 rope=table\n"
+          "layer odd hidden=256 heads=3 head_dim=128\n"
           "tokens 2x128 1x256\ndtype fp16 bf16\n",
           f);
     fclose(f);
     cr_assert_eq(run("tune %s --dry-run", P("mix.workload")), 0, "%s",
                  err_buf);
-    /* 2 masks x 1 shape x 2 dtypes, then 3 layers x 2 sizes x 2 masks x 2
-     * dtypes (the last one's RoPE frequencies its own: rope=table). */
-    cr_assert_eq(count_lines(out_buf), 4 + 24, "%s", out_buf);
+    /* 2 masks x 1 shape x 2 dtypes, then 4 layers x 2 sizes x 2 masks x 2
+     * dtypes (l31's RoPE frequencies its own: rope=table; odd's 3 heads of
+     * 128 over a hidden of 256). */
+    cr_assert_eq(count_lines(out_buf), 4 + 32, "%s", out_buf);
     cr_assert(strstr(out_buf, "\nlayer l31 causal 1x256 bf16\n"), "%s",
               out_buf);
     cr_assert(!strncmp(out_buf, "causal 1x2x128x128x64 fp16 bhsd\n", 32),

@@ -727,7 +727,9 @@ static int pending_layer(stof_context *ctx, const miss *ms, const json_t *js,
                  heads, dt, fs);
         const char *kept = member_str(js, "family_sample");
         stof_attention_desc ad;
-        int ok = stof_attention_desc_init(&ad, b, heads, s, s, hid / heads,
+        int ok = stof_attention_desc_init(&ad, b, heads, s, s,
+                                          d.head_dim > 0 ? d.head_dim
+                                                         : hid / heads,
                                           d.dtype, STOF_LAYOUT_BHSD) ==
                  STOF_OK;
         ad.kv_heads = kvh;

@@ -314,7 +314,7 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
         else if (!strcmp(t, "qk_norm"))
             L->d.qk_norm = ok = !eq;
         else if (!strcmp(t, "head_dim"))
-            ok = eq && int_in(v, 1, 1 << 20, &L->d.head_dim);
+            ok = eq && int_in(v, 0, 1 << 20, &L->d.head_dim); /* (0: hidden / heads) */
         else if (!strcmp(t, "rope") && eq && !strcmp(v, "table")) {
             /* a layer with frequencies of its own (the key's "table"; the
              * scheme does not depend on them: stand-ins) */
@@ -360,11 +360,11 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
     }
     if (!L->d.ffn)
         L->d.ffn = 4 * L->d.hidden;
-    if (L->d.hidden % L->d.heads ||
+    if ((!L->d.head_dim && L->d.hidden % L->d.heads) ||
         (L->d.kv_heads && L->d.heads % L->d.kv_heads)) {
         snprintf(msg, n,
-                 "%s: layer %s: heads %d must divide hidden %d, and kv_heads "
-                 "%d divide heads",
+                 "%s: layer %s: heads %d must divide hidden %d (or give "
+                 "head_dim), and kv_heads %d divide heads",
                  at, L->name, L->d.heads, L->d.hidden, L->d.kv_heads);
         return 1;
     }

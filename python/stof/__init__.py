@@ -561,7 +561,7 @@ def alibi_slopes(heads):
 def qkv_weight(q, k, v, q_norm=None, k_norm=None):
     """A layer's w_qkv from its projections' weights (q_proj.weight,
     k_proj.weight, v_proj.weight: [out][hidden] each): their rows stacked,
-    (hidden + 2 kvd, hidden); with a QK norm (layer_plan(qk_norm=True)) the
+    (qd + 2 kvd, hidden), qd = heads * head_dim; with a QK norm (layer_plan(qk_norm=True)) the
     flat buffer of those rows followed by q_norm's and k_norm's weights
     (head_dim each), as stof_layer_weights wants it. A new contiguous
     tensor."""
@@ -1321,8 +1321,8 @@ class Context:
         its own instance, e.g. the batch's lengths, and nothing is planned
         again; sample: host instance data as for attention_plan_family);
         eps: the norm's epsilon (0: 1e-5); kv_heads: grouped-query attention,
-        K/V heads dividing heads (0 = heads): w_qkv then has hidden + 2 *
-        kv_heads * (hidden // heads) rows, Q's, then K's, then V's; bias:
+        K/V heads dividing heads (0 = heads): w_qkv then has heads *
+        head_dim + 2 * kv_heads * head_dim rows, Q's, then K's, then V's; bias:
         False for layers whose projections have no biases (Llama-style):
         the weights then leave b_qkv, b_o, b_ffn1 and b_ffn2 out; gated: a
         gated FFN (act="silu": SwiGLU as in Llama, a GELU: GeGLU): w_ffn1 is
@@ -1399,7 +1399,8 @@ class Context:
                 rope_freq = rope_freq.reshape(-1).tolist()  # (an array)
             vals = [_c_float(v, "rope_freq[%d]" % i)
                     for i, v in enumerate(rope_freq)]
-            hd = d.hidden // d.heads if d.heads > 0 else 0
+            hd = (d.head_dim if d.head_dim > 0
+                  else d.hidden // d.heads if d.heads > 0 else 0)
             want = (d.rope_dim if d.rope_dim > 0 else hd) // 2
             if len(vals) != want:
                 raise ValueError("rope_freq has %d values; rope_dim %d of "
@@ -1813,12 +1814,11 @@ class Layer:
         # 1.0 for rope_scale 0.
         self.rope_theta = float(desc.rope_theta)
         self.rope_freq = rope_freq
+        self.head_dim = desc.head_dim or desc.hidden // desc.heads
         rope = bool(desc.rope_theta) or rope_freq is not None
-        self.rope_dim = ((desc.rope_dim or desc.hidden // desc.heads)
-                         if rope else 0)
+        self.rope_dim = (desc.rope_dim or self.head_dim) if rope else 0
         self.rope_scale = (float(desc.rope_scale) or 1.0) if rope else 0.0
         self.qk_norm = bool(desc.qk_norm)
-        self.head_dim = desc.head_dim or desc.hidden // desc.heads
         self.pre_norm = bool(desc.pre_norm)
         self.rms = desc.norm == 1
         self._dtype_code = desc.dtype

@@ -14,8 +14,9 @@
  *              W2^T + b2, N = norm1'(Y) in one GEMM, norm1' the next
  *              layer's, which then skips its first norm]
  * The attention reads Q, K and V in place from the QKV projection's
- * [tokens][hidden + 2 kvd] output (kvd = kv_heads * head_dim) through
- * strides, and writes ATT as [tokens][hidden], so no transposes exist.
+ * [tokens][qd + 2 kvd] output (qd = heads * head_dim, hidden unless
+ * desc.head_dim says otherwise; kvd = kv_heads * head_dim) through
+ * strides, and writes ATT as [tokens][qd], so no transposes exist.
  * A junction (GEMM, then bias, residual and norm) is cut into kernels in
  * one of three ways, the fusion scheme:
  *   res+norm       GEMM with bias and residual in its epilogue -> T (or H),
@@ -874,8 +875,9 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
     } else if (L->rope)
         stof__rope_freqs(L->rope_freq, L->rope, d->rope_theta);
     init_ops(L);
-    /* The attention reads Q, K, V from the [tokens][hidden + 2 kvd]
-     * projection (kvd = kv_heads * head_dim) and writes [tokens][hidden]. */
+    /* The attention reads Q, K, V from the [tokens][qd + 2 kvd] projection
+     * (qd = heads * head_dim, kvd = kv_heads * head_dim) and writes
+     * [tokens][qd]. */
     stof_attention_desc ad;
     stof_attention_desc_init(&ad, d->batch, d->heads, d->seq, d->seq, L->hd,
                              d->dtype, STOF_LAYOUT_BSHD);

@@ -314,8 +314,11 @@ int stof__layer_record_desc(stof_context *ctx, const stof_db_record *r,
     d->pre_norm = v[0];
     d->ffn = v[2];
     /* (heads whose width is not hidden's: the record's head_dim says) */
-    if (r->head_dim > 0 && (int64_t)r->head_dim * r->heads != d->hidden)
+    if (r->head_dim > 0 && (int64_t)r->head_dim * r->heads != d->hidden) {
+        if (r->head_dim < 16 || r->head_dim > 256 || r->head_dim % 8)
+            return stof__why(why, n, "head_dim %d", r->head_dim);
         d->head_dim = r->head_dim;
+    }
     d->act = (stof_activation)v[3];
     d->norm = (stof_norm_kind)v[4];
     double eps = 0.0;

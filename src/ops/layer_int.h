@@ -259,7 +259,7 @@ static inline int stof__layer_has_rope(const stof_layer_desc *d)
     return d->rope_theta != 0.0f || d->rope_freq != NULL;
 }
 
-/* Columns of the QKV projection: hidden + 2 * kv_heads * head_dim. */
+/* Columns of the QKV projection: qd + 2 * kv_heads * head_dim. */
 int stof__layer_qkv_n(const stof_layer_desc *d);
 /* The steps of scheme (ja, jb) into L->steps. */
 void stof__layer_build_steps(stof_layer *L, int ja, int jb);

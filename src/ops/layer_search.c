@@ -328,7 +328,10 @@ static void gemm_candidates(slot_op *o, int per_op, int model_only)
                                             g->M, wn, g->K) +
                             gate_ms
                       : stof__gemm_model_ms(&L->ctx->device, &cands[c],
-                                            &g->epi, g->M, g->N, g->K)};
+                                            &g->epi, g->M, g->N, g->K) +
+                            (g->qk_norm ? gate_ms : 0.0)};
+    /* (a QK norm: every candidate runs the plain product, then the qk
+     * kernel, its time counted above) */
     if (nc)
         qsort(ranked, (size_t)nc, sizeof(*ranked), cmp_model);
     g->model_ms = nc ? ranked[0].model_ms : 0;

@@ -635,6 +635,13 @@ def check_int_ranges(ctx, fam):
                  ValueError, "rope_freq", "16 pairs")
     expect_error(lambda: plan_rope(rope_freq=["0.5"] * 32), TypeError,
                  "rope_freq[0]")
+    # (with head_dim: head_dim / 2 of them, not hidden // heads / 2)
+    expect_error(lambda: plan_rope(rope_freq=[0.5] * 32, head_dim=128),
+                 ValueError, "rope_freq", "32 values", "64 pairs")
+    try:  # (64 pass the binding: planned on a GPU, refused without one)
+        plan_rope(rope_freq=[0.5] * 64, head_dim=128).close()
+    except stof.StofError as e:
+        assert "needs a GPU" in str(e), e
     expect_error(lambda: plan_rope(rope_freq=[1e39] * 32), ValueError,
                  "rope_freq[0]")
     expect_error(lambda: plan_rope(rope_theta=1e4, rope_scale="2"), TypeError,
@@ -657,6 +664,41 @@ def check_int_ranges(ctx, fam):
         rope_parameters={"full_attention": {"rope_theta": 1e6},
                          "sliding_attention": {"rope_theta": 1e4}}), 128),
         ValueError, "per layer type")
+    # hf_layers: layer_plan's arguments from a Llama-family configuration
+    # (Qwen2's Q/K/V biases, Qwen3's QK norm and head_dim, Mistral's
+    # window), other families and activations refused
+    from stof.integrations import hf_layers
+
+    def cfg(mt, **kw):
+        base = dict(model_type=mt, hidden_size=256, num_attention_heads=4,
+                    num_key_value_heads=2, intermediate_size=512,
+                    rms_norm_eps=1e-6, hidden_act="silu",
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        base.update(kw)
+        return NS(**base)
+    kw = hf_layers.layer_kwargs(cfg("qwen2"), 128)
+    assert kw == dict(hidden=256, heads=4, ffn=512, act="silu", norm="rms",
+                      pre_norm=True, eps=1e-6, kv_heads=2, gated=True,
+                      bias=True, qk_norm=False, rope_dim=0,
+                      rope_theta=1e6), kw
+    kw = hf_layers.layer_kwargs(cfg("qwen3", head_dim=128,
+                                    attention_bias=False), 128)
+    assert kw["qk_norm"] and kw["head_dim"] == 128 and not kw["bias"], kw
+    kw = hf_layers.layer_kwargs(cfg("llama", head_dim=64, attention_bias=False,
+                                    mlp_bias=False), 128)
+    assert "head_dim" not in kw and not kw["bias"] and not kw["qk_norm"], kw
+    assert hf_layers.mask_spec(cfg("mistral", sliding_window=4096)) == \
+        "causal_sliding:4096"
+    assert hf_layers.mask_spec(cfg("mistral", sliding_window=None)) == "causal"
+    assert hf_layers.mask_spec(cfg("qwen2", sliding_window=4096,
+                                   use_sliding_window=False)) == "causal"
+    expect_error(lambda: hf_layers.mask_spec(cfg(
+        "qwen2", sliding_window=4096, use_sliding_window=True,
+        max_window_layers=28)), ValueError, "max_window_layers")
+    expect_error(lambda: hf_layers.layer_kwargs(cfg("gpt2"), 128), ValueError,
+                 "'gpt2'")
+    expect_error(lambda: hf_layers.layer_kwargs(cfg("llama", hidden_act="gelu"),
+                                                128), ValueError, "gelu")
     expect_error(lambda: stof.Context(require_device=False, user_db="",
                                       device=2 ** 32), ValueError, "device")
     expect_error(lambda: stof._stream_handle(2 ** 64), ValueError, "stream")
