@@ -775,9 +775,26 @@ Test(layer, buffers_share_memory_safely)
  * key is the record's; an older record (without kv_heads, no_bias, gated
  * and eps in its configuration) by the usual values of those; a record
  * whose fields describe another layer matches nothing. */
-Test(layer, scheme_record_gives_back_its_layer)
+/* A scheme record's row for a layer of 2 x 256 tokens and 8 heads in
+ * bf16 under key, for mask digest hex (its config the caller's). */
+static void scheme_record(stof_db_record *r, const char *key, const char *hex)
 {
-    stof_context *ctx = ctx_open();
+    memset(r, 0, sizeof(*r));
+    snprintf(r->key, sizeof(r->key), "%s", key);
+    snprintf(r->op, sizeof(r->op), "layer");
+    snprintf(r->kernel, sizeof(r->kernel), "scheme");
+    snprintf(r->mask_digest, sizeof(r->mask_digest), "%s", hex);
+    snprintf(r->dtype, sizeof(r->dtype), "bf16");
+    r->batch = 2;
+    r->heads = 8;
+    r->seq_q = r->seq_k = 256;
+}
+
+/* A Llama-style layer (2 x 256 tokens, hidden 512, 8 heads, FFN 1376
+ * SwiGLU, no biases, pre-RMSNorm eps 1e-6) of ctx, unplanned: for keys
+ * and records. */
+static stof_layer *llama_layer(stof_context *ctx)
+{
     stof_layer *L = calloc(1, sizeof(*L));
     cr_assert(L);
     L->ctx = ctx;
@@ -786,22 +803,21 @@ Test(layer, scheme_record_gives_back_its_layer)
     L->d.act = STOF_ACT_SILU;
     L->d.norm = STOF_NORM_RMS;
     L->d.pre_norm = 1;
-    L->d.kv_heads = 2;
     L->d.no_bias = 1;
     L->d.gated = 1;
     L->eps = L->d.norm_eps = 1e-6f;
+    return L;
+}
+
+Test(layer, scheme_record_gives_back_its_layer)
+{
+    stof_context *ctx = ctx_open();
+    stof_layer *L = llama_layer(ctx);
+    L->d.kv_heads = 2;
     const char *hex = "00112233445566778899aabbccddeeff";
     stof__layer_key(L, hex);
     stof_db_record r;
-    memset(&r, 0, sizeof(r));
-    snprintf(r.key, sizeof(r.key), "%s", L->key);
-    snprintf(r.op, sizeof(r.op), "layer");
-    snprintf(r.kernel, sizeof(r.kernel), "scheme");
-    snprintf(r.mask_digest, sizeof(r.mask_digest), "%s", hex);
-    snprintf(r.dtype, sizeof(r.dtype), "bf16");
-    r.batch = 2;
-    r.heads = 8;
-    r.seq_q = r.seq_k = 256;
+    scheme_record(&r, L->key, hex);
     static const char *const configs[] = {
         /* as stored now, with the search's timed choice of programmatic
          * launches */
@@ -912,18 +928,8 @@ Test(layer, scheme_record_gives_back_its_layer)
 Test(layer, rope_table_key_and_record)
 {
     stof_context *ctx = ctx_open();
-    stof_layer *L = calloc(1, sizeof(*L));
-    cr_assert(L);
-    L->ctx = ctx;
-    stof_layer_desc_init(&L->d, 2, 256, 512, 8, STOF_DTYPE_BF16);
-    L->d.ffn = 1376;
-    L->d.act = STOF_ACT_SILU;
-    L->d.norm = STOF_NORM_RMS;
-    L->d.pre_norm = 1;
-    L->d.no_bias = 1;
-    L->d.gated = 1;
+    stof_layer *L = llama_layer(ctx);
     L->d.rope_dim = 32;
-    L->eps = L->d.norm_eps = 1e-6f;
     const char *hex = "00112233445566778899aabbccddeeff";
     float fa[16], fb[16];
     for (int i = 0; i < 16; i++) {
@@ -949,15 +955,7 @@ Test(layer, rope_table_key_and_record)
               L->key_text);
 
     stof_db_record r;
-    memset(&r, 0, sizeof(r));
-    snprintf(r.key, sizeof(r.key), "%s", ka);
-    snprintf(r.op, sizeof(r.op), "layer");
-    snprintf(r.kernel, sizeof(r.kernel), "scheme");
-    snprintf(r.mask_digest, sizeof(r.mask_digest), "%s", hex);
-    snprintf(r.dtype, sizeof(r.dtype), "bf16");
-    r.batch = 2;
-    r.heads = 8;
-    r.seq_q = r.seq_k = 256;
+    scheme_record(&r, ka, hex);
     const int lt = (int)stof__blaslt_version();
     static const char *const cfg =
         "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": 1376, "
@@ -1041,15 +1039,7 @@ Test(layer, head_dim_key_and_record)
     cr_expect(strstr(L->key_text, ";head_dim=128"), "%s", L->key_text);
     cr_expect_str_neq(L->key, k0);
     stof_db_record r;
-    memset(&r, 0, sizeof(r));
-    snprintf(r.key, sizeof(r.key), "%s", L->key);
-    snprintf(r.op, sizeof(r.op), "layer");
-    snprintf(r.kernel, sizeof(r.kernel), "scheme");
-    snprintf(r.mask_digest, sizeof(r.mask_digest), "%s", hex);
-    snprintf(r.dtype, sizeof(r.dtype), "bf16");
-    r.batch = 2;
-    r.heads = 8;
-    r.seq_q = r.seq_k = 256;
+    scheme_record(&r, L->key, hex);
     r.head_dim = 128;
     snprintf(r.config, sizeof(r.config),
              "{\"ja\": 1, \"jb\": 1, \"pre\": 1, \"hidden\": 512, \"ffn\": "
