@@ -692,9 +692,41 @@ def check_int_ranges(ctx, fam):
     assert hf_layers.mask_spec(cfg("mistral", sliding_window=None)) == "causal"
     assert hf_layers.mask_spec(cfg("qwen2", sliding_window=4096,
                                    use_sliding_window=False)) == "causal"
+    # (Qwen2/Qwen3: layer_types decide in transformers 5, else
+    # use_sliding_window from max_window_layers on; Llama has no window)
+    assert hf_layers.mask_spec(cfg("llama", sliding_window=16)) == "causal"
+    assert hf_layers.mask_spec(cfg(
+        "qwen3", sliding_window=16, use_sliding_window=True,
+        max_window_layers=0, layer_types=["full_attention"] * 4)) == "causal"
+    assert hf_layers.mask_spec(cfg(
+        "qwen2", sliding_window=16, use_sliding_window=True,
+        max_window_layers=4, layer_types=["sliding_attention"] * 4)) == \
+        "causal_sliding:16"
+    expect_error(lambda: hf_layers.mask_spec(cfg(
+        "qwen2", sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"])), ValueError,
+        "some layers only")
+    assert hf_layers.mask_spec(cfg(
+        "qwen2", sliding_window=16, use_sliding_window=True,
+        max_window_layers=0, num_hidden_layers=4)) == "causal_sliding:16"
+    assert hf_layers.mask_spec(cfg(
+        "qwen2", sliding_window=16, use_sliding_window=True,
+        max_window_layers=4, num_hidden_layers=4)) == "causal"
     expect_error(lambda: hf_layers.mask_spec(cfg(
         "qwen2", sliding_window=4096, use_sliding_window=True,
-        max_window_layers=28)), ValueError, "max_window_layers")
+        max_window_layers=2, num_hidden_layers=4)), ValueError,
+        "some layers only")
+    # (whole heads: a partial_rotary_factor is ignored by these models'
+    # default rope, and refused with a scaled one; swish is SiLU; eps 0 and
+    # biases a Mistral never has are not taken)
+    kw = hf_layers.layer_kwargs(cfg("llama", rope_parameters={
+        "rope_type": "default", "rope_theta": 1e4,
+        "partial_rotary_factor": 0.5}, hidden_act="swish"), 128)
+    assert kw["rope_dim"] == 0 and kw["rope_theta"] == 1e4, kw
+    assert not hf_layers.layer_kwargs(cfg("mistral", attention_bias=True),
+                                      128)["bias"]
+    expect_error(lambda: hf_layers.layer_kwargs(cfg("llama", rms_norm_eps=0.0),
+                                                128), ValueError, "rms_norm_eps")
     expect_error(lambda: hf_layers.layer_kwargs(cfg("gpt2"), 128), ValueError,
                  "'gpt2'")
     expect_error(lambda: hf_layers.layer_kwargs(cfg("llama", hidden_act="gelu"),

@@ -1,14 +1,16 @@
 """stof.integrations.hf_layers: stof's layer stack planned and loaded from a
 Hugging Face model against that model's own decoder layers.
 
-For three small models built from configurations (random weights, norms'
+For four small models built from configurations (random weights, norms'
 weights and biases perturbed so that they matter): Qwen2 (biases on Q, K
 and V only), Qwen3 (the QK norm, heads of 128 over a hidden of 256:
-head_dim) and Llama with Llama 3.1's rope scaling, two layers each, the
-model's decoder layers run on hidden states in fp32 with its rotary
-embedding and a causal mask are the reference; stof's fp16 stack
-(layer_plan(**layer_kwargs(config, seq)), layer_weights of each layer)
-must be about as close to it as the same layers run in fp16 are.
+head_dim), Llama with Llama 3.1's rope scaling and Mistral with a sliding
+window of 32 (mask_spec's causal_sliding:32), two layers each, the model's
+own forward on input embeddings in fp32 (its masks, positions and rotary
+embedding; the output of its last layer, taken before the final norm) is
+the reference; stof's fp16 stack (layer_plan(**layer_kwargs(config,
+seq)), mask_spec's mask, layer_weights of each layer) must be about as
+close to it as the same model run in fp16 is.
 
 Exit status 77 (skipped) without torch, transformers or a GPU."""
 from gpu_test import require
@@ -39,6 +41,9 @@ def config(kind):
     v5 = int(transformers.__version__.split(".")[0]) >= 5
     if kind == "qwen2":
         cfg = transformers.Qwen2Config(rope_theta=1e6, **common)
+    elif kind == "mistral":
+        cfg = transformers.MistralConfig(sliding_window=32, rope_theta=1e6,
+                                         **common)
     elif kind == "qwen3":
         cfg = transformers.Qwen3Config(head_dim=128, rope_theta=1e6, **common)
     else:
@@ -55,7 +60,8 @@ def config(kind):
 
 def model_of(cfg):
     cls = {"qwen2": transformers.Qwen2Model, "qwen3": transformers.Qwen3Model,
-           "llama": transformers.LlamaModel}[cfg.model_type]
+           "llama": transformers.LlamaModel,
+           "mistral": transformers.MistralModel}[cfg.model_type]
     torch.manual_seed(5)
     model = cls(cfg).to(DEVICE).float().eval()
     with torch.no_grad():
@@ -68,32 +74,30 @@ def model_of(cfg):
 
 
 def hf_run(model, x, dt):
+    """The model's forward on input embeddings x in dt: the input of its
+    final norm (the last decoder layer's output)."""
     model = model.to(dt)
-    pos = torch.arange(S, device=DEVICE).unsqueeze(0).expand(B, S)
-    causal = torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
-    m = torch.zeros(B, 1, S, S, device=DEVICE, dtype=dt).masked_fill(
-        ~causal, torch.finfo(dt).min)
-    h = x.to(dt)
+    seen = []
+    hook = model.norm.register_forward_hook(
+        lambda mod, inp, out: seen.append(inp[0]))
     with torch.no_grad():
-        pe = model.rotary_emb(h, pos)
-        for layer in model.layers:
-            out = layer(h, attention_mask=m, position_ids=pos,
-                        position_embeddings=pe)
-            h = out[0] if isinstance(out, tuple) else out
-    return h
+        model(inputs_embeds=x.to(dt))
+    hook.remove()
+    return seen[0]
 
 
 def main():
     ctx = stof.Context()
-    for kind in ("qwen2", "qwen3", "llama"):
+    for kind in ("qwen2", "qwen3", "llama", "mistral"):
         cfg = config(kind)
         kw = hf_layers.layer_kwargs(cfg, S)
         spec = hf_layers.mask_spec(cfg)
-        assert spec == "causal", spec
+        assert spec == ("causal_sliding:32" if kind == "mistral" else "causal"), spec
         model = model_of(cfg)
         x = torch.randn(B, S, HID, device=DEVICE)
         ref = hf_run(model, x, torch.float32)
         hf16 = hf_run(model, x, torch.float16)
+        model = model.half()  # (the weights stof takes: fp16)
         ws = [hf_layers.layer_weights(layer, cfg) for layer in model.layers]
         L = ctx.layer_plan(B, S, dtype=torch.float16, mask=ctx.mask(spec, S, S),
                            **kw)

@@ -36,15 +36,17 @@ def _model_type(config):
     return mt
 
 
-def _biases(config):
-    """(the layer has projection biases at all, which of q/k/v, o, mlp)."""
-    mt = _model_type(config)
+def _has_biases(mt, config):
+    """Whether the model type's layers have projection biases at all (those
+    they lack while others have them are zeros in layer_weights): Qwen2's
+    on Q, K and V; Llama's and Qwen3's as attention_bias (and Llama's
+    mlp_bias) say; Mistral's never."""
     if mt == "qwen2":
-        qkv, o, mlp = True, False, False
-    else:
-        qkv = o = bool(getattr(config, "attention_bias", False))
-        mlp = bool(getattr(config, "mlp_bias", False))
-    return qkv or o or mlp, qkv, o, mlp
+        return True
+    if mt == "mistral":
+        return False
+    return bool(getattr(config, "attention_bias", False)) or (
+        mt == "llama" and bool(getattr(config, "mlp_bias", False)))
 
 
 def layer_kwargs(config, seq):
@@ -55,39 +57,64 @@ def layer_kwargs(config, seq):
     RoPE (rope_args) and Qwen3's QK norm."""
     mt = _model_type(config)
     act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
+    if act not in ("silu", "swish"):
         raise ValueError("hf_layers: hidden_act %r (stof's gated FFN here is "
                          "SwiGLU: silu)" % (act,))
+    eps = float(config.rms_norm_eps)
+    if not eps > 0.0:
+        raise ValueError("hf_layers: rms_norm_eps %r (stof takes 0 as 1e-5)"
+                         % (eps,))
     hidden, heads = config.hidden_size, config.num_attention_heads
     hd = getattr(config, "head_dim", None) or hidden // heads
     kw = dict(hidden=hidden, heads=heads, ffn=config.intermediate_size,
-              act="silu", norm="rms", pre_norm=True,
-              eps=float(config.rms_norm_eps),
+              act="silu", norm="rms", pre_norm=True, eps=eps,
               kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-              gated=True, bias=_biases(config)[0], qk_norm=mt == "qwen3")
+              gated=True, bias=_has_biases(mt, config), qk_norm=mt == "qwen3")
     if hd * heads != hidden:
         kw["head_dim"] = hd
-    kw.update(rope_args(config, seq))
+    rope = rope_args(config, seq)
+    # These models rotate whole heads: their default rope type ignores a
+    # partial_rotary_factor, and their rotation of a scaled type cannot
+    # apply one.
+    if rope.get("rope_dim"):
+        if "rope_theta" not in rope:
+            raise ValueError("hf_layers: a partial_rotary_factor with a "
+                             "scaled rope type (these models rotate whole "
+                             "heads)")
+        rope["rope_dim"] = 0
+    kw.update(rope)
     return kw
 
 
 def mask_spec(config):
     """The stof mask spec of the configuration's attention: "causal", or
-    "causal_sliding:W" when a sliding window of W applies to every layer
-    (Mistral's sliding_window; Qwen2/Qwen3 with use_sliding_window and
-    max_window_layers 0). A window on some layers only raises ValueError
-    (plan those layers apart)."""
+    "causal_sliding:W" when a sliding window of W keys (the query's own
+    included, as transformers counts it) applies to every layer: Mistral's
+    sliding_window; Qwen2's and Qwen3's layers whose layer_types say
+    "sliding_attention" (transformers 5; before it, use_sliding_window
+    with the layers from max_window_layers on). Llama has none. A window
+    on some layers only raises ValueError (plan those layers apart)."""
     mt = _model_type(config)
     w = getattr(config, "sliding_window", None)
-    if mt in ("qwen2", "qwen3") and not getattr(config, "use_sliding_window",
-                                                 False):
-        w = None
-    if not w:
+    if mt == "llama" or not w:
         return "causal"
-    if mt in ("qwen2", "qwen3") and getattr(config, "max_window_layers", 0):
-        raise ValueError("hf_layers: a sliding window on some layers only "
-                         "(max_window_layers %d)" % config.max_window_layers)
-    return "causal_sliding:%d" % int(w)
+    if mt == "mistral":
+        return "causal_sliding:%d" % int(w)
+    types = getattr(config, "layer_types", None)
+    if types is None:  # (transformers 4: max_window_layers decides)
+        if not getattr(config, "use_sliding_window", False):
+            return "causal"
+        n = config.num_hidden_layers
+        first = getattr(config, "max_window_layers", 0)
+        types = ["full_attention" if i < first else "sliding_attention"
+                 for i in range(n)]
+    kinds = set(types)
+    if kinds == {"full_attention"}:
+        return "causal"
+    if kinds == {"sliding_attention"}:
+        return "causal_sliding:%d" % int(w)
+    raise ValueError("hf_layers: a sliding window on some layers only "
+                     "(layer_types %s)" % sorted(kinds))
 
 
 def layer_weights(layer, config):
@@ -98,9 +125,13 @@ def layer_weights(layer, config):
     Qwen3's q_norm and k_norm weights after them), w_ffn1 gate_proj and
     up_proj. New tensors where stacked, the layer's own otherwise."""
     import torch
-    _model_type(config)
-    any_bias, qkv_b, o_b, mlp_b = _biases(config)
+    any_bias = _has_biases(_model_type(config), config)
     a, m = layer.self_attn, layer.mlp
+    linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj,
+               m.up_proj, m.down_proj)
+    if not any_bias and any(lin.bias is not None for lin in linears):
+        raise ValueError("hf_layers: the layer has projection biases its "
+                         "configuration does not say")
     q, k, v = a.q_proj, a.k_proj, a.v_proj
     qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
     w = {"w_qkv": qkv_weight(q.weight, k.weight, v.weight,
