@@ -177,7 +177,7 @@ static int gpu_present(void)
 static const char *const commands[] = {"tune",   "pending", "ls",
                                        "show",   "stats",   "export",
                                        "import", "merge",   "verify", "gc",
-                                       "doctor", "show-mask"};
+                                       "doctor", "show-mask", "hf-workload"};
 
 Test(cli, help_for_every_command)
 {
@@ -606,6 +606,156 @@ Test(cli, bad_workload_files)
         cr_assert(strstr(err_buf, cases[i].want), "case %zu: %s", i, err_buf);
         cr_assert_eq(count_lines(err_buf), 1, "case %zu: %s", i, err_buf);
     }
+}
+
+/* hf-workload: a Hugging Face config.json (as published: Llama 3.1 8B
+ * with its llama3 rope scaling, Qwen3 0.6B with heads of 128 over a hidden
+ * of 1024 and its QK norm, Qwen2.5 7B with Q/K/V biases and a window it
+ * does not use, Mistral 7B with its sliding window; a transformers 5
+ * config with rope_parameters and layer_types) gives the workload of its
+ * decoder layers, which tune --dry-run takes; other models, activations,
+ * windows on some layers only, bad files and --dtype values are refused. */
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(cli, hf_workload_from_configs)
+{
+    static const struct {
+        const char *name, *json, *want[3];
+    } cases[] = {
+        {"llama31",
+         "{\"attention_bias\": false, \"hidden_act\": \"silu\", "
+         "\"hidden_size\": 4096, \"intermediate_size\": 14336, "
+         "\"mlp_bias\": false, \"model_type\": \"llama\", "
+         "\"num_attention_heads\": 32, \"num_hidden_layers\": 32, "
+         "\"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, "
+         "\"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, "
+         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": "
+         "8192, \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0, "
+         "\"torch_dtype\": \"bfloat16\"}",
+         {"mask causal\n",
+          "layer llama hidden=4096 heads=32 ffn=14336 kv_heads=8 act=silu "
+          "norm=rms pre gated no_bias eps=1.0000000000000001e-05 rope=table\n",
+          "dtype bf16\n"}},
+        {"qwen3",
+         "{\"attention_bias\": false, \"head_dim\": 128, \"hidden_act\": "
+         "\"silu\", \"hidden_size\": 1024, \"intermediate_size\": 3072, "
+         "\"max_window_layers\": 28, \"model_type\": \"qwen3\", "
+         "\"num_attention_heads\": 16, \"num_hidden_layers\": 28, "
+         "\"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-06, "
+         "\"rope_scaling\": null, \"rope_theta\": 1000000, "
+         "\"sliding_window\": null, \"use_sliding_window\": false}",
+         {"mask causal\n",
+          "layer qwen3 hidden=1024 heads=16 ffn=3072 kv_heads=8 act=silu "
+          "norm=rms pre gated no_bias qk_norm head_dim=128 "
+          "eps=9.9999999999999995e-07 rope=1000000\n",
+          "dtype fp16\n"}},
+        {"qwen2",
+         "{\"hidden_act\": \"silu\", \"hidden_size\": 3584, "
+         "\"intermediate_size\": 18944, \"max_window_layers\": 28, "
+         "\"model_type\": \"qwen2\", \"num_attention_heads\": 28, "
+         "\"num_hidden_layers\": 28, \"num_key_value_heads\": 4, "
+         "\"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "
+         "\"sliding_window\": 131072, \"use_sliding_window\": false}",
+         {"mask causal\n",
+          "layer qwen2 hidden=3584 heads=28 ffn=18944 kv_heads=4 act=silu "
+          "norm=rms pre gated eps=9.9999999999999995e-07 rope=1000000\n",
+          "tokens 1x128 8x512 16x2048\n"}},
+        {"mistral",
+         "{\"hidden_act\": \"silu\", \"hidden_size\": 4096, "
+         "\"intermediate_size\": 14336, \"model_type\": \"mistral\", "
+         "\"num_attention_heads\": 32, \"num_hidden_layers\": 32, "
+         "\"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, "
+         "\"rope_theta\": 10000.0, \"sliding_window\": 4096}",
+         {"mask causal_sliding:4096\n", " no_bias eps=", " rope=10000\n"}},
+        /* transformers 5: rope_parameters, layer_types all sliding */
+        {"qwen2v5",
+         "{\"hidden_act\": \"silu\", \"hidden_size\": 256, "
+         "\"intermediate_size\": 512, \"model_type\": \"qwen2\", "
+         "\"num_attention_heads\": 4, \"num_hidden_layers\": 2, "
+         "\"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, "
+         "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, "
+         "\"rope_theta\": 1000000.0}, \"sliding_window\": 64, "
+         "\"layer_types\": [\"sliding_attention\", \"sliding_attention\"]}",
+         {"mask causal_sliding:64\n", " rope=table\n", "dtype fp16\n"}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+        char cfg[64], wl[64];
+        snprintf(cfg, sizeof(cfg), "%s.json", cases[i].name);
+        snprintf(wl, sizeof(wl), "%s.workload", cases[i].name);
+        write_text(P(cfg), cases[i].json);
+        cr_assert_eq(run("hf-workload %s", P(cfg)), 0, "%s: %s",
+                     cases[i].name, err_buf);
+        for (int k = 0; k < 3; k++)
+            cr_expect(strstr(out_buf, cases[i].want[k]), "%s: no '%s' in\n%s",
+                      cases[i].name, cases[i].want[k], out_buf);
+        write_text(P(wl), out_buf);
+        cr_assert_eq(run("tune %s --dry-run", P(wl)), 0, "%s: %s",
+                     cases[i].name, err_buf);
+        cr_expect_eq(count_lines(out_buf), 3, "%s: %s", cases[i].name,
+                     out_buf);
+    }
+    /* --tokens and --dtype */
+    cr_assert_eq(run("hf-workload %s --tokens 2x256 --tokens 4x64 --dtype bf16",
+                     P("qwen3.json")),
+                 0, "%s", err_buf);
+    cr_expect(strstr(out_buf, "\ntokens 2x256 4x64\ndtype bf16\n"), "%s",
+              out_buf);
+    cr_expect_eq(run("hf-workload %s --dtype fp8", P("qwen3.json")), 2);
+    /* refused: another model, activation, a window on some layers, a
+     * partial rotation with a scaled rope, no file, not JSON */
+    static const struct {
+        const char *json, *want;
+    } bad[] = {
+        {"{\"model_type\": \"gpt2\"}", "model_type 'gpt2'"},
+        {"{\"model_type\": \"llama\", \"hidden_act\": \"gelu\"}",
+         "hidden_act 'gelu'"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 256, "
+         "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
+         "\"rms_norm_eps\": 1e-6, \"rope_theta\": 1e4}",
+         NULL},
+        {"{\"model_type\": \"qwen2\", \"hidden_size\": 256, "
+         "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
+         "\"rms_norm_eps\": 1e-6, \"sliding_window\": 64, \"layer_types\": "
+         "[\"sliding_attention\", \"full_attention\"]}",
+         "some layers only (1 of 2)"},
+        {"{\"model_type\": \"qwen2\", \"hidden_size\": 256, "
+         "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
+         "\"rms_norm_eps\": 1e-6, \"sliding_window\": 64, "
+         "\"use_sliding_window\": true, \"max_window_layers\": 1, "
+         "\"num_hidden_layers\": 3}",
+         "some layers only (2 of 3)"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 256, "
+         "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
+         "\"rms_norm_eps\": 1e-6, \"rope_scaling\": {\"rope_type\": "
+         "\"linear\", \"factor\": 2.0}, \"partial_rotary_factor\": 0.5}",
+         "partial_rotary_factor with rope type linear"},
+        {"{\"model_type\": \"llama\", \"num_attention_heads\": 4}",
+         "hidden_size is missing"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 256, "
+         "\"num_attention_heads\": 4, \"intermediate_size\": 512}",
+         "rms_norm_eps is missing"},
+        {"[1, 2]", "not a JSON object"},
+        {"{\"model_type\": ", "hf-workload"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        write_text(P("bad.json"), bad[i].json);
+        const int rc = run("hf-workload %s", P("bad.json"));
+        if (!bad[i].want) { /* (a good one among them: the defaults) */
+            cr_expect_eq(rc, 0, "case %zu: %s", i, err_buf);
+            cr_expect(strstr(out_buf, " rope=10000\n"), "%s", out_buf);
+            continue;
+        }
+        cr_expect_eq(rc, 1, "case %zu: %s", i, bad[i].json);
+        cr_expect(strstr(err_buf, bad[i].want), "case %zu: %s", i, err_buf);
+    }
+    cr_expect_eq(run("hf-workload %s", P("no-such.json")), 1);
+    cr_expect(strstr(err_buf, "no-such.json"), "%s", err_buf);
 }
 
 /* --dry-run lists a workload's problems without a GPU: attention problems

@@ -14,6 +14,7 @@
  *   gc        drop records made by other stof or template versions
  *   doctor    which libraries, GPUs and databases stof uses here (and why)
  *   show-mask a mask's tiles as the kernels see them, and its picture
+ *   hf-workload the workload of a Hugging Face model's decoder layers
  *
  * This file holds the command table, option parsing (getopt_long), the
  * mapping from statuses to exit codes, and the cleanup of temporary output
@@ -238,6 +239,21 @@ static const command commands[] = {
      "database (path, where the path came from, schema, records, misses,\n"
      "trusted records), the tuning mode, the stof variables set, and this\n"
      "build's version and template hash. Exit 0 whatever it finds.\n"},
+    {"hf-workload", cmd_hf_workload, "tokens dtype", 1, 1,
+     "usage: stof-tune hf-workload CONFIG.json [--tokens BxS]... [--dtype T]\n"
+     "\n"
+     "Print the workload file (as examples/layers.workload) of a Hugging\n"
+     "Face model's decoder layers from its config.json, for `stof-tune\n"
+     "tune`: the Llama family (model_type llama, mistral, qwen2, qwen3),\n"
+     "whose layers are stof's: its sizes, grouped-query heads, head_dim,\n"
+     "biases (Qwen2's), Qwen3's QK norm, RoPE (its base; a scaled rope type\n"
+     "such as Llama 3.1's as rope=table), RMSNorm eps and mask (causal, or\n"
+     "causal_sliding:W for a sliding window on every layer). The records it\n"
+     "tunes are those stof.integrations.hf_layers' plans of the same model\n"
+     "look up. --tokens (repeatable; default 1x128 8x512 16x2048) and\n"
+     "--dtype (default the config's torch_dtype: bf16 for bfloat16, else\n"
+     "fp16) set the sizes. Other models, activations or windows on some\n"
+     "layers only fail (exit 1). Needs no GPU.\n"},
     {"gc", cmd_gc, "db dry-run json", 0, 0,
      "usage: stof-tune gc [--db PATH] [--dry-run] [--json]\n"
      "\n"
@@ -272,6 +288,8 @@ static void usage_main(FILE *f)
             "  gc               drop records of other stof/template versions\n"
             "  doctor           libraries, GPUs, databases, settings in use\n"
             "  show-mask SPEC N a mask's tiles; --png FILE draws it\n"
+            "  hf-workload CONFIG.json  a Hugging Face model's layers as a\n"
+            "                   workload\n"
             "\n"
             "common options: --db PATH (default: $STOF_USER_DB, else\n"
             "$XDG_CACHE_HOME/stof/tuning.db, else ~/.cache/stof/tuning.db),\n"

@@ -117,5 +117,6 @@ int cmd_pending(stof_context *ctx, const opts *o);
 int cmd_verify(stof_context *ctx, const opts *o);
 int cmd_doctor(stof_context *ctx, const opts *o);
 int cmd_show_mask(stof_context *ctx, const opts *o);
+int cmd_hf_workload(stof_context *ctx, const opts *o);
 
 #endif
