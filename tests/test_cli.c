@@ -681,8 +681,31 @@ Test(cli, hf_workload_from_configs)
          "\"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, "
          "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, "
          "\"rope_theta\": 1000000.0}, \"sliding_window\": 64, "
+         "\"use_sliding_window\": true, "
          "\"layer_types\": [\"sliding_attention\", \"sliding_attention\"]}",
          {"mask causal_sliding:64\n", " rope=table\n", "dtype fp16\n"}},
+        /* transformers' defaults: no use_sliding_window, no window (its
+         * layer_types aside); max_window_layers 28 of 28 layers: none */
+        {"qwen2def",
+         "{\"hidden_act\": \"silu\", \"hidden_size\": 256, "
+         "\"intermediate_size\": 512, \"model_type\": \"qwen2\", "
+         "\"num_attention_heads\": 4, \"num_hidden_layers\": 28, "
+         "\"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, "
+         "\"sliding_window\": 64, \"layer_types\": [\"sliding_attention\"]}",
+         {"mask causal\n", " rope=10000\n", " kv_heads=2 "}},
+        {"qwen2mwl",
+         "{\"hidden_act\": \"silu\", \"hidden_size\": 256, "
+         "\"intermediate_size\": 512, \"model_type\": \"qwen2\", "
+         "\"num_attention_heads\": 4, \"num_hidden_layers\": 28, "
+         "\"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, "
+         "\"sliding_window\": 64, \"use_sliding_window\": true}",
+         {"mask causal\n", "layer qwen2 ", "tokens "}},
+        /* Mistral without the key: transformers' 4096 */
+        {"mistraldef",
+         "{\"hidden_size\": 256, \"intermediate_size\": 512, "
+         "\"model_type\": \"mistral\", \"num_attention_heads\": 4, "
+         "\"num_key_value_heads\": 4, \"rms_norm_eps\": 1e-05}",
+         {"mask causal_sliding:4096\n", " no_bias ", " rope=10000\n"}},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
         char cfg[64], wl[64];
@@ -707,6 +730,9 @@ Test(cli, hf_workload_from_configs)
     cr_expect(strstr(out_buf, "\ntokens 2x256 4x64\ndtype bf16\n"), "%s",
               out_buf);
     cr_expect_eq(run("hf-workload %s --dtype fp8", P("qwen3.json")), 2);
+    cr_expect_eq(run("hf-workload %s --tokens '8x512 garbage'", P("qwen3.json")),
+                 2);
+    cr_expect(strstr(err_buf, "--tokens 8x512 garbage"), "%s", err_buf);
     /* refused: another model, activation, a window on some layers, a
      * partial rotation with a scaled rope, no file, not JSON */
     static const struct {
@@ -721,15 +747,27 @@ Test(cli, hf_workload_from_configs)
          NULL},
         {"{\"model_type\": \"qwen2\", \"hidden_size\": 256, "
          "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
-         "\"rms_norm_eps\": 1e-6, \"sliding_window\": 64, \"layer_types\": "
+         "\"num_key_value_heads\": 4, "
+         "\"rms_norm_eps\": 1e-6, \"sliding_window\": 64, "
+         "\"use_sliding_window\": true, \"layer_types\": "
          "[\"sliding_attention\", \"full_attention\"]}",
          "some layers only (1 of 2)"},
         {"{\"model_type\": \"qwen2\", \"hidden_size\": 256, "
          "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
+         "\"num_key_value_heads\": 4, "
          "\"rms_norm_eps\": 1e-6, \"sliding_window\": 64, "
          "\"use_sliding_window\": true, \"max_window_layers\": 1, "
          "\"num_hidden_layers\": 3}",
          "some layers only (2 of 3)"},
+        {"{\"model_type\": \"qwen3\", \"hidden_size\": 256, "
+         "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
+         "\"rms_norm_eps\": 1e-6}",
+         "num_key_value_heads is missing"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 256, "
+         "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
+         "\"rms_norm_eps\": 1e-6, \"rope_theta\": 1e4, "
+         "\"rope_parameters\": {\"full_attention\": {\"rope_theta\": 1e6}}}",
+         "rope_parameters per layer type"},
         {"{\"model_type\": \"llama\", \"hidden_size\": 256, "
          "\"num_attention_heads\": 4, \"intermediate_size\": 512, "
          "\"rms_norm_eps\": 1e-6, \"rope_scaling\": {\"rope_type\": "

@@ -64,7 +64,7 @@ static int rope_of(const json_t *c, double *theta, int *scaled, char *msg,
         return 0;
     }
     if (json_is_object(p) && !json_object_get(p, "rope_type") &&
-        !json_object_get(p, "type") && !t) {
+        !json_object_get(p, "type") && !json_object_get(p, "rope_theta")) {
         snprintf(msg, n, "rope_parameters per layer type are not read");
         return 0;
     }
@@ -77,7 +77,7 @@ static int rope_of(const json_t *c, double *theta, int *scaled, char *msg,
     const json_t *pr = json_object_get(src, "partial_rotary_factor");
     if (!pr)
         pr = json_object_get(c, "partial_rotary_factor");
-    if (*scaled && pr && json_number_value(pr) < 1.0) {
+    if (*scaled && json_is_number(pr) && json_number_value(pr) != 1.0) {
         snprintf(msg, n, "a partial_rotary_factor with rope type %s (these "
                          "models rotate whole heads)", type);
         return 0;
@@ -85,20 +85,29 @@ static int rope_of(const json_t *c, double *theta, int *scaled, char *msg,
     return 1;
 }
 
-/* The mask spec into spec. */
+/* The mask spec into spec, as transformers' configurations decide it:
+ * sliding_window defaults to 4096 (null: none); Qwen2's and Qwen3's
+ * window applies only with use_sliding_window, to the layers layer_types
+ * names, else to those from max_window_layers (default 28) on. */
 static int mask_of(const json_t *c, const char *mt, char *spec, size_t ns,
                    char *msg, size_t n)
 {
     const json_t *w = json_object_get(c, "sliding_window");
     snprintf(spec, ns, "causal");
-    if (!strcmp(mt, "llama") || !json_is_integer(w) ||
-        json_integer_value(w) < 1)
+    if (!strcmp(mt, "llama") || json_is_null(w))
         return 1;
-    const long long win = (long long)json_integer_value(w);
+    if (w && (!json_is_integer(w) || json_integer_value(w) < 1 ||
+              json_integer_value(w) > (1 << 30))) {
+        snprintf(msg, n, "sliding_window is not a positive integer or null");
+        return 0;
+    }
+    const long long win = w ? (long long)json_integer_value(w) : 4096;
     if (!strcmp(mt, "mistral")) {
         snprintf(spec, ns, "causal_sliding:%lld", win);
         return 1;
     }
+    if (!get_bool(c, "use_sliding_window"))
+        return 1;
     const json_t *types = json_object_get(c, "layer_types");
     int full = 0, sliding = 0;
     if (json_is_array(types)) {
@@ -114,13 +123,14 @@ static int mask_of(const json_t *c, const char *mt, char *spec, size_t ns,
                              "than full_attention and sliding_attention");
             return 0;
         }
-    } else if (get_bool(c, "use_sliding_window")) {
-        int layers = 0, first = 0;
+    } else {
+        int layers = 0;
         if (!get_pos_int(c, "num_hidden_layers", &layers, msg, n))
             return 0;
         const json_t *m = json_object_get(c, "max_window_layers");
-        first = json_is_integer(m) ? (int)json_integer_value(m) : 0;
-        full = first < layers ? (first > 0 ? first : 0) : layers;
+        const long long first = json_is_integer(m) ? json_integer_value(m)
+                                                   : 28;
+        full = first < layers ? (first > 0 ? (int)first : 0) : layers;
         sliding = layers - full;
     }
     if (sliding && full) {
@@ -159,8 +169,11 @@ static int workload_of(const json_t *c, const char *path, const opts *o,
         !get_pos_int(c, "num_attention_heads", &heads, msg, n) ||
         !get_pos_int(c, "intermediate_size", &ffn, msg, n))
         return 0;
-    if (json_object_get(c, "num_key_value_heads") &&
-        !json_is_null(json_object_get(c, "num_key_value_heads"))) {
+    /* (Llama's default: heads; the others' defaults differ by model:
+     * their configs state it) */
+    if (strcmp(mt, "llama") ||
+        (json_object_get(c, "num_key_value_heads") &&
+         !json_is_null(json_object_get(c, "num_key_value_heads")))) {
         if (!get_pos_int(c, "num_key_value_heads", &kvh, msg, n))
             return 0;
     }
@@ -230,6 +243,16 @@ int cmd_hf_workload(stof_context *ctx, const opts *o)
     if (o->dtype && strcmp(o->dtype, "fp16") && strcmp(o->dtype, "bf16")) {
         err("hf-workload: --dtype %s: fp16 or bf16", o->dtype);
         return EXIT_USAGE;
+    }
+    for (int i = 0; i < o->n_tokens; i++) { /* (BxS, both positive) */
+        long b = 0, s = 0;
+        char tail = 0;
+        if (sscanf(o->tokens[i], "%ldx%ld%c", &b, &s, &tail) != 2 || b < 1 ||
+            s < 1 || b > (1 << 30) || s > (1 << 30)) {
+            err("hf-workload: --tokens %s: batch x sequence, e.g. 8x512",
+                o->tokens[i]);
+            return EXIT_USAGE;
+        }
     }
     json_error_t je;
     json_t *c = json_load_file(o->pos[0], 0, &je);

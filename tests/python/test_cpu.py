@@ -703,9 +703,12 @@ def check_int_ranges(ctx, fam):
         max_window_layers=4, layer_types=["sliding_attention"] * 4)) == \
         "causal_sliding:16"
     expect_error(lambda: hf_layers.mask_spec(cfg(
-        "qwen2", sliding_window=16,
+        "qwen2", sliding_window=16, use_sliding_window=True,
         layer_types=["sliding_attention", "full_attention"])), ValueError,
         "some layers only")
+    assert hf_layers.mask_spec(cfg(  # (no use_sliding_window: no window)
+        "qwen2", sliding_window=16,
+        layer_types=["sliding_attention"] * 2)) == "causal"
     assert hf_layers.mask_spec(cfg(
         "qwen2", sliding_window=16, use_sliding_window=True,
         max_window_layers=0, num_hidden_layers=4)) == "causal_sliding:16"

@@ -65,6 +65,20 @@ CONFIGS = {
                                           "partial_rotary_factor": 0.5},
                       "sliding_window": 64, "use_sliding_window": True,
                       "max_window_layers": 0},
+    # (a window in layer_types but not use_sliding_window: none; Qwen2's
+    # default max_window_layers, 28, over 28 layers: none either)
+    "qwen2-types-only": {"model_type": "qwen2", "hidden_act": "silu",
+                         "hidden_size": 256, "intermediate_size": 512,
+                         "num_attention_heads": 4, "num_hidden_layers": 2,
+                         "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+                         "rope_theta": 1e6, "sliding_window": 64,
+                         "layer_types": ["sliding_attention"] * 2},
+    "qwen2-mwl-default": {"model_type": "qwen2", "hidden_act": "silu",
+                          "hidden_size": 256, "intermediate_size": 512,
+                          "num_attention_heads": 4, "num_hidden_layers": 28,
+                          "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+                          "rope_theta": 1e6, "sliding_window": 64,
+                          "use_sliding_window": True},
 }
 
 

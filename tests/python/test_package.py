@@ -19,6 +19,10 @@ lib = stof.library_path()
 assert lib == os.path.join(pkg, "libstof.so"), f"library {lib} is not the package's"
 want = os.environ["STOF_EXPECT_VERSION"]
 assert stof.__version__ == want, f"stof.__version__ {stof.__version__} != {want}"
+# (the integrations installed too; hf_layers imports without torch)
+from stof.integrations import hf_layers
+assert os.path.dirname(os.path.abspath(hf_layers.__file__)) == \
+    os.path.join(pkg, "integrations"), hf_layers.__file__
 ctx = stof.Context(require_device=False, user_db="")
 m = ctx.mask("causal", 64, 64)
 assert abs(m.density - 65 * 32 / 4096) < 1e-12, m.density

@@ -90,22 +90,22 @@ def mask_spec(config):
     """The stof mask spec of the configuration's attention: "causal", or
     "causal_sliding:W" when a sliding window of W keys (the query's own
     included, as transformers counts it) applies to every layer: Mistral's
-    sliding_window; Qwen2's and Qwen3's layers whose layer_types say
-    "sliding_attention" (transformers 5; before it, use_sliding_window
-    with the layers from max_window_layers on). Llama has none. A window
-    on some layers only raises ValueError (plan those layers apart)."""
+    sliding_window; Qwen2's and Qwen3's only with use_sliding_window, on
+    the layers layer_types names "sliding_attention" (else those from
+    max_window_layers on). Llama has none. A window on some layers only
+    raises ValueError (plan those layers apart)."""
     mt = _model_type(config)
     w = getattr(config, "sliding_window", None)
     if mt == "llama" or not w:
         return "causal"
     if mt == "mistral":
         return "causal_sliding:%d" % int(w)
+    if not getattr(config, "use_sliding_window", False):
+        return "causal"
     types = getattr(config, "layer_types", None)
     if types is None:  # (transformers 4: max_window_layers decides)
-        if not getattr(config, "use_sliding_window", False):
-            return "causal"
         n = config.num_hidden_layers
-        first = getattr(config, "max_window_layers", 0)
+        first = getattr(config, "max_window_layers", 28)
         types = ["full_attention" if i < first else "sliding_attention"
                  for i in range(n)]
     kinds = set(types)
