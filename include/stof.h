@@ -820,8 +820,9 @@ typedef enum stof_norm_kind {
 
 /* One encoder layer over `batch` sequences of `seq` tokens, hidden size
  * `hidden` (= heads * head_dim unless desc.head_dim says otherwise;
- * head_dim and the mask decide the attention kernels), FFN size `ffn`. Tensors are row-major [tokens][...]
- * with tokens = batch * seq, in `dtype`; accumulation is in fp32.
+ * head_dim and the mask decide the attention kernels), FFN size `ffn`.
+ * Tensors are row-major [tokens][...] with tokens = batch * seq, in
+ * `dtype`; accumulation is in fp32.
  *   post-norm (BERT):   h = norm1(x + attn(x) Wo^T + bo)
  *                       y = norm2(h + ffn(h))
  *   pre-norm (GPT-2, ViT): h = x + attn(norm1(x)) Wo^T + bo
@@ -863,10 +864,11 @@ typedef struct stof_layer_desc {
                              in the rotate-half form of Llama, GPT-NeoX
                              and Hugging Face's default rope type: 0 =
                              none (or rope_freq's), else the base (Llama
-                             2: 10000, Llama 3: 500000; finite and > 1). The token at
-                             position p of its sequence (token b * seq +
-                             p) rotates the channel pairs (i, i + rope_dim
-                             / 2), i < rope_dim / 2, of each Q and K head
+                             2: 10000, Llama 3: 500000; finite and > 1).
+                             The token at position p of its sequence
+                             (token b * seq + p) rotates the channel pairs
+                             (i, i + rope_dim / 2), i < rope_dim / 2, of
+                             each Q and K head
                              by the fp32 angle p * f_i, f_i = theta^(-2 i /
                              rope_dim) in fp32 (Hugging Face's inv_freq;
                              libm's powf may differ from torch's by an
@@ -884,8 +886,8 @@ typedef struct stof_layer_desc {
                              0 = head_dim; else a multiple of 4 that is
                              at most head_dim (the Hopper GEMM's epilogue
                              rotates multiples of 16; others, e.g. GPT-NeoX
-                             20B's 24, run the rope kernel after it). Only with RoPE
-                             (rope_theta or rope_freq) */
+                             20B's 24, run the rope kernel after it). Only
+                             with RoPE (rope_theta or rope_freq) */
     float rope_scale;     /* RoPE's cos and sin multiplied by it, in fp32
                              (Hugging Face's attention_scaling: yarn,
                              longrope): 0 = 1; else in (0, 16]. Only
@@ -1040,8 +1042,9 @@ STOF_API stof_status stof_layer_stack_run_family(
  * "head_dim"), the fusion scheme (kernels in order with their parameters;
  * a QKV GEMM with RoPE says "rope": "fused" (in its epilogue) or "kernel"
  * (the rope kernel after it), one with a QK norm "qk_norm": "kernel" (the
- * qk kernel after it normalises and rotates; no "rope" of its own); "scheme" also says whether its launches use programmatic
- * dependent launch, "pdl": on compute capability 9.0+ the search times
+ * qk kernel after it normalises and rotates; no "rope" of its own);
+ * "scheme" also says whether its launches use programmatic dependent
+ * launch, "pdl": on compute capability 9.0+ the search times
  * the layer's stack both ways in CUDA graphs and the record keeps its
  * choice, the faster where they differ by more than 1% ("pdl_ms":
  * {"off", "on"}, ms a layer, in the plan whose search timed it; null

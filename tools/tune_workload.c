@@ -314,7 +314,8 @@ static int add_layer(tw_workload *w, char *text, int line, char *msg,
         else if (!strcmp(t, "qk_norm"))
             L->d.qk_norm = ok = !eq;
         else if (!strcmp(t, "head_dim"))
-            ok = eq && int_in(v, 0, 1 << 20, &L->d.head_dim); /* (0: hidden / heads) */
+            /* (0: hidden / heads; the range is the plan's rule) */
+            ok = eq && int_in(v, 0, 1 << 20, &L->d.head_dim);
         else if (!strcmp(t, "rope") && eq && !strcmp(v, "table")) {
             /* a layer with frequencies of its own (the key's "table"; the
              * scheme does not depend on them: stand-ins) */

@@ -561,7 +561,8 @@ def alibi_slopes(heads):
 def qkv_weight(q, k, v, q_norm=None, k_norm=None):
     """A layer's w_qkv from its projections' weights (q_proj.weight,
     k_proj.weight, v_proj.weight: [out][hidden] each): their rows stacked,
-    (qd + 2 kvd, hidden), qd = heads * head_dim; with a QK norm (layer_plan(qk_norm=True)) the
+    (qd + 2 kvd, hidden), qd = heads * head_dim; with a QK norm
+    (layer_plan(qk_norm=True)) the
     flat buffer of those rows followed by q_norm's and k_norm's weights
     (head_dim each), as stof_layer_weights wants it. A new contiguous
     tensor."""
@@ -1350,11 +1351,11 @@ class Context:
         these are; rope_scale: cos and sin multiplied by it (Hugging Face's
         attention_scaling: yarn, longrope), 0 for 1. rope_args(config, seq)
         gives all four from a Hugging Face configuration. qk_norm: Q and K
-        normalised per head (Qwen3's q_norm and k_norm, whose weight
-        multiplies (a norm multiplying by 1 + weight: pass 1 + weight): RMSNorm over each
+        normalised per head (Qwen3's q_norm and k_norm: RMSNorm over each
         head's head_dim values with eps, one weight of head_dim for Q's
-        heads and one for K's) before RoPE; w_qkv is then the flat buffer
-        of the stacked projections followed by the two weights
+        heads and one for K's, which multiplies; for a norm multiplying
+        by 1 + weight pass 1 + weight) before RoPE; w_qkv is then the
+        flat buffer of the stacked projections followed by the two weights
         (qkv_weight(q, k, v, q_norm, k_norm) makes it). head_dim: 0 for
         hidden // heads, else each head's size when heads * head_dim is not
         hidden (Qwen3 0.6B and 4B: config.head_dim): w_qkv then
@@ -1394,7 +1395,8 @@ class Context:
         if rope_freq is not None:
             # (the library reads rope_dim / 2 of them: exactly that many)
             if hasattr(rope_freq, "detach"):  # (a tensor)
-                rope_freq = rope_freq.detach().float().cpu().reshape(-1).tolist()
+                rope_freq = (rope_freq.detach().float().cpu().reshape(-1)
+                             .tolist())
             elif hasattr(rope_freq, "reshape") and hasattr(rope_freq, "tolist"):
                 rope_freq = rope_freq.reshape(-1).tolist()  # (an array)
             vals = [_c_float(v, "rope_freq[%d]" % i)

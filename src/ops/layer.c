@@ -870,7 +870,8 @@ static stof_status layer_plan(stof_context *ctx, const stof_layer_desc *d,
      * copy, non-NULL as the key and records say "table") or theta's */
     L->rope_scale = d->rope_scale > 0.0f ? d->rope_scale : 1.0f;
     if (d->rope_freq) {
-        memcpy(L->rope_freq, d->rope_freq, sizeof(float) * (size_t)(L->rope / 2));
+        memcpy(L->rope_freq, d->rope_freq,
+               sizeof(float) * (size_t)(L->rope / 2));
         L->d.rope_freq = L->rope_freq;
     } else if (L->rope)
         stof__rope_freqs(L->rope_freq, L->rope, d->rope_theta);

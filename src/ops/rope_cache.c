@@ -241,7 +241,7 @@ void stof__rope_dev_put(stof_context *ctx, CUdeviceptr p)
     ctx->api->cuMemFree(p); /* (not the cache's) */
 }
 
-/* --- stand-in frequencies ---------------------------------------------------- */
+/* --- stand-in frequencies ------------------------------------------------- */
 
 static float standin[128];
 static pthread_once_t standin_once = PTHREAD_ONCE_INIT;
