@@ -259,6 +259,12 @@ static inline int stof__layer_has_rope(const stof_layer_desc *d)
     return d->rope_theta != 0.0f || d->rope_freq != NULL;
 }
 
+/* Check a layer descriptor, and the mask's sizes when m is not NULL
+ * (layer_desc.c): STOF_ERR_INVALID_ARGUMENT naming the field. */
+stof_status stof__layer_check_desc(stof_context *ctx,
+                                   const stof_layer_desc *d,
+                                   const stof_mask *m);
+
 /* Columns of the QKV projection: qd + 2 * kv_heads * head_dim. */
 int stof__layer_qkv_n(const stof_layer_desc *d);
 /* The steps of scheme (ja, jb) into L->steps. */
