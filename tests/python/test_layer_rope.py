@@ -158,13 +158,20 @@ def hf_outputs(w, x, cfg):
     # model loaded in fp16; its cos and sin come out in the input's dtype.
     rotary = LlamaRotaryEmbedding(config=cfg).to(DEVICE)
     f = {k: v.float() for k, v in w.items()}
-    qn, kn = HID, KV * HD
-    # Position p of each sequence, as LlamaModel numbers a batch's tokens.
+    with torch.no_grad():
+        load_llama_layer(layer, f, HID, KV * HD, FFN)
+    return run_causal(layer, rotary, x)
+
+
+def run_causal(layer, rotary, x):
+    """A loaded decoder layer on x with its rotary embedding, positions
+    0..S-1 in every sequence and a causal mask: [fp32 output, fp16
+    output] (the layer is left in fp16)."""
+    # Position p of each sequence, as the models number a batch's tokens.
     pos = torch.arange(S, device=DEVICE).unsqueeze(0).expand(B, S)
     causal = torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
     outs = []
     with torch.no_grad():
-        load_llama_layer(layer, f, qn, kn, FFN)
         for dt in (torch.float32, torch.float16):
             layer = layer.to(dt)
             xx = x.to(dt)
@@ -172,9 +179,8 @@ def hf_outputs(w, x, cfg):
             # elsewhere, as transformers' mask builders make it.
             mask = torch.zeros(B, 1, S, S, device=DEVICE, dtype=dt).masked_fill(
                 ~causal, torch.finfo(dt).min)
-            pe = rotary(xx, pos)
             out = layer(xx, attention_mask=mask, position_ids=pos,
-                        position_embeddings=pe)
+                        position_embeddings=rotary(xx, pos))
             outs.append(out[0] if isinstance(out, tuple) else out)
     return outs
 
@@ -224,22 +230,11 @@ def check_qwen3(ctx, mask, w, x, gen, hd):
     layer = Qwen3DecoderLayer(cfg, layer_idx=0).to(DEVICE).float().eval()
     rotary = Qwen3RotaryEmbedding(config=cfg).to(DEVICE)
     f = {k: v.float() for k, v in w.items()}
-    pos = torch.arange(S, device=DEVICE).unsqueeze(0).expand(B, S)
-    causal = torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
-    outs = []
     with torch.no_grad():
         load_llama_layer(layer, f, qd, KV * hd, FFN)
         layer.self_attn.q_norm.weight.copy_(qn.float())
         layer.self_attn.k_norm.weight.copy_(kn.float())
-        for dt in (torch.float32, torch.float16):
-            layer = layer.to(dt)
-            xx = x.to(dt)
-            m = torch.zeros(B, 1, S, S, device=DEVICE, dtype=dt).masked_fill(
-                ~causal, torch.finfo(dt).min)
-            out = layer(xx, attention_mask=m, position_ids=pos,
-                        position_embeddings=rotary(xx, pos))
-            outs.append(out[0] if isinstance(out, tuple) else out)
-    hf32, hf16 = outs
+    hf32, hf16 = run_causal(layer, rotary, x)
     e, e16, e0 = rel(y, hf32), rel(hf16, hf32), rel(y0, hf32)
     limit = max(5 * e16, 5e-3)
     print("qk_norm, heads of %d (%d columns over %d): stof fp16 vs "
