@@ -1013,6 +1013,19 @@ Test(gemm_cpu, rope_table_of_given_frequencies)
     free(tb);
 }
 
+/* A small QKV projection's operands: A uniform in [-1, 1), W in [-0.2,
+ * 0.2), the bias in [-0.5, 0.5), drawn in that order. */
+static void qkv_operands(tu_rng *rng, float *A, int na, float *W, int nw,
+                         float *bias, int nb)
+{
+    for (int i = 0; i < na; i++)
+        A[i] = (float)(2.0 * tu_uniform(rng) - 1.0);
+    for (int i = 0; i < nw; i++)
+        W[i] = (float)(0.4 * tu_uniform(rng) - 0.2);
+    for (int i = 0; i < nb; i++)
+        bias[i] = (float)(tu_uniform(rng) - 0.5);
+}
+
 /* stof__ref_gemm_rope on a small QKV projection against the formula
  * written out: M 5 rows at scattered positions (0 among them), heads of
  * 32 (two of Q, one of K, one of V: the first 96 columns rotate), K 24,
@@ -1027,12 +1040,7 @@ Test(gemm_cpu, rope_reference)
     const float theta = 10000.0f;
     tu_rng rng = {tu_seed() ^ 0x70be};
     float A[M * K], W[N * K], bias[N];
-    for (int i = 0; i < M * K; i++)
-        A[i] = (float)(2.0 * tu_uniform(&rng) - 1.0);
-    for (int i = 0; i < N * K; i++)
-        W[i] = (float)(0.4 * tu_uniform(&rng) - 0.2);
-    for (int i = 0; i < N; i++)
-        bias[i] = (float)(tu_uniform(&rng) - 0.5);
+    qkv_operands(&rng, A, M * K, W, N * K, bias, N);
     float *plain_o = malloc(sizeof(float) * M * N),
           *out = malloc(sizeof(float) * M * N);
     cr_assert(plain_o && out);
@@ -1123,12 +1131,7 @@ Test(gemm_cpu, qk_norm_reference)
     static const int pos[M] = {0, 5, 63, 1};
     tu_rng rng = {tu_seed() ^ 0x9c0e};
     float A[M * K], W[N * K], bias[N], g[2 * HD];
-    for (int i = 0; i < M * K; i++)
-        A[i] = (float)(2.0 * tu_uniform(&rng) - 1.0);
-    for (int i = 0; i < N * K; i++)
-        W[i] = (float)(0.4 * tu_uniform(&rng) - 0.2);
-    for (int i = 0; i < N; i++)
-        bias[i] = (float)(tu_uniform(&rng) - 0.5);
+    qkv_operands(&rng, A, M * K, W, N * K, bias, N);
     for (int i = 0; i < 2 * HD; i++)
         g[i] = (float)(0.5 + tu_uniform(&rng));
     float *tab = malloc(sizeof(float) * 64 * 16), out[M * N];
