@@ -1015,6 +1015,18 @@ Test(gemm_cpu, rope_table_of_given_frequencies)
 
 /* A small QKV projection's operands: A uniform in [-1, 1), W in [-0.2,
  * 0.2), the bias in [-0.5, 0.5), drawn in that order. */
+/* v[n] = bias[n] + a . W[n] over K, in double (n < N). */
+static void biased_row(const float *a, const float *W, const float *bias,
+                       int N, int K, double *v)
+{
+    for (int n = 0; n < N; n++) {
+        double acc = bias[n];
+        for (int k = 0; k < K; k++)
+            acc += (double)a[k] * W[n * K + k];
+        v[n] = acc;
+    }
+}
+
 static void qkv_operands(tu_rng *rng, float *A, int na, float *W, int nw,
                          float *bias, int nb)
 {
@@ -1060,14 +1072,8 @@ Test(gemm_cpu, rope_reference)
                             &e, 0.0f, STOF_DTYPE_FP16, &rr, out, NULL);
         size_t off = 0, moved = 0;
         for (int m = 0; m < M; m++) {
-            /* The biased product in double. */
-            double v[N];
-            for (int n = 0; n < N; n++) {
-                double acc = bias[n];
-                for (int k = 0; k < K; k++)
-                    acc += (double)A[m * K + k] * W[n * K + k];
-                v[n] = acc;
-            }
+            double v[N]; /* the biased product in double */
+            biased_row(A + m * K, W, bias, N, K, v);
             for (int n = 0; n < N; n++) {
                 const int h0 = n / HD * HD, c = n % HD;
                 double want = v[n];
@@ -1145,12 +1151,7 @@ Test(gemm_cpu, qk_norm_reference)
         size_t off = 0;
         for (int m = 0; m < M; m++) {
             double v[N];
-            for (int n = 0; n < N; n++) {
-                double acc = bias[n];
-                for (int k = 0; k < K; k++)
-                    acc += (double)A[m * K + k] * W[n * K + k];
-                v[n] = acc;
-            }
+            biased_row(A + m * K, W, bias, N, K, v);
             for (int h0 = 0; h0 < COLS; h0 += HD) {
                 double ss = 0.0;
                 for (int i = 0; i < HD; i++)
